@@ -1,0 +1,51 @@
+# nebula's front door. `make demo` and `make test` each install what is missing, build, and run.
+BUILD      ?= build
+JOBS       ?= $(shell nproc)
+CMAKE_ARGS ?=
+CTEST_ARGS ?=
+
+.PHONY: all setup configure build test test-all demo bench sanitize format clean help
+
+all: build
+
+help:
+	@echo "make demo      set up, build, and run the main job"
+	@echo "make test      set up, build, and run the CPU test suite (everything not labelled gpu)"
+	@echo "make sanitize  the unit suite under address+undefined sanitizers (build-asan/)"
+	@echo "make bench     run the benchmarks (after build)"
+	@echo "make format    apply .clang-format to every C/CUDA source"
+
+setup:
+	@bash scripts/setup.sh
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
+
+configure: setup $(BUILD)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE gpu $(CTEST_ARGS)
+
+# gpu tests too (they skip cleanly without a device)
+test-all: build
+	cd $(BUILD) && ctest --output-on-failure $(CTEST_ARGS)
+
+sanitize: setup
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DNB_SANITIZE=address,undefined -DNB_CUDA=OFF
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ctest --output-on-failure -j $(JOBS) -L unit $(CTEST_ARGS)
+
+demo: build
+	@bash scripts/demo.sh $(BUILD)
+
+bench: build
+	$(BUILD)/nebula bench codec
+
+format:
+	@git ls-files '*.c' '*.h' '*.cu' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD) build-asan

@@ -1,0 +1,75 @@
+/* `nebula bench` dispatch and small helpers shared by the benchmarks. */
+#include "bench/bench.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  const char* name;
+  const char* summary;
+  int (*main)(int argc, char** argv);
+} nb_bench_entry_t;
+
+static const nb_bench_entry_t nb__benches[] = {
+    {NULL, NULL, NULL},
+};
+
+static int nb__cmp_double(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
+
+double nb_bench_median(double* v, size_t n) {
+  qsort(v, n, sizeof *v, nb__cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void nb_json_begin(nb_json_obj_t* j, FILE* f) {
+  j->f = f;
+  j->n = 0;
+  fputc('{', f);
+}
+
+static void nb__json_key(nb_json_obj_t* j, const char* key) {
+  fprintf(j->f, "%s\"%s\": ", j->n++ ? ", " : "", key);
+}
+
+void nb_json_num(nb_json_obj_t* j, const char* key, double v) {
+  nb__json_key(j, key);
+  if (isfinite(v)) fprintf(j->f, "%.6g", v);
+  else fputs("null", j->f);
+}
+
+void nb_json_int(nb_json_obj_t* j, const char* key, long long v) {
+  nb__json_key(j, key);
+  fprintf(j->f, "%lld", v);
+}
+
+void nb_json_str(nb_json_obj_t* j, const char* key, const char* v) {
+  nb__json_key(j, key);
+  fputc('"', j->f);
+  for (const char* p = v; *p; p++) {
+    if (*p == '"' || *p == '\\') fprintf(j->f, "\\%c", *p);
+    else if ((unsigned char)*p < 0x20) fprintf(j->f, "\\u%04x", *p);
+    else fputc(*p, j->f);
+  }
+  fputc('"', j->f);
+}
+
+void nb_json_end(nb_json_obj_t* j) { fputs("}\n", j->f); }
+
+int nb_bench_main(int argc, char** argv) {
+  size_t count = 0;
+  while (nb__benches[count].name) count++;
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    printf("usage: nebula bench <name> [options] [--json]\n\nbenchmarks:\n");
+    for (size_t i = 0; i < count; i++)
+      printf("  %-10s %s\n", nb__benches[i].name, nb__benches[i].summary);
+    return argc < 2 ? 2 : 0;
+  }
+  for (size_t i = 0; i < count; i++)
+    if (strcmp(argv[1], nb__benches[i].name) == 0) return nb__benches[i].main(argc - 1, argv + 1);
+  fprintf(stderr, "nebula bench: no benchmark named '%s'; see 'nebula bench --help'\n", argv[1]);
+  return 2;
+}

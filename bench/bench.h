@@ -1,0 +1,33 @@
+/* Benchmarks behind `nebula bench <name>`. Each measures speed against a baseline taken in the
+ * same run and prints ratios (never asserts on absolute time); --json prints one object. */
+#ifndef NB_BENCH_BENCH_H
+#define NB_BENCH_BENCH_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* `nebula bench NAME [options]`: dispatches to the benchmark. */
+int nb_bench_main(int argc, char** argv);
+
+/* Median of n samples (the array is reordered). n must be > 0. */
+double nb_bench_median(double* v, size_t n);
+
+/* Minimal JSON object writer for the --json outputs (flat objects only). */
+typedef struct {
+  FILE* f;
+  int n;
+} nb_json_obj_t;
+void nb_json_begin(nb_json_obj_t* j, FILE* f);
+void nb_json_num(nb_json_obj_t* j, const char* key, double v);
+void nb_json_int(nb_json_obj_t* j, const char* key, long long v);
+void nb_json_str(nb_json_obj_t* j, const char* key, const char* v);
+void nb_json_end(nb_json_obj_t* j);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,53 @@
+/* Subcommand dispatch for the `nebula` binary. Adding a command: one line in nb__cmds. */
+#include "jobs/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "bench/bench.h"
+#include "common/common.h"
+
+static int nb__cmd_help(int argc, char** argv);
+
+static int nb__cmd_version(int argc, char** argv) {
+  printf("nebula %s\n", NB_VERSION_STRING);
+  return NB_EXIT_OK;
+}
+
+static void nb__print_param(const nb_param_t* p, void* ctx) {
+  (void)ctx;
+  printf("%-28s %-12s %-11s %s (default %s)\n", p->env, p->sval, p->source, p->desc, p->defval);
+}
+
+static int nb__cmd_env(int argc, char** argv) {
+  printf("%-28s %-12s %-11s %s\n", "PARAMETER", "VALUE", "SOURCE", "DESCRIPTION");
+  nb_param_foreach(nb__print_param, NULL);
+  return NB_EXIT_OK;
+}
+
+static const nb_cli_cmd_t nb__cmds[] = {
+    {"bench", "run a benchmark (nebula bench --help)", nb_bench_main},
+    {"env", "list the environment parameters and their values", nb__cmd_env},
+    {"version", "print the version", nb__cmd_version},
+    {"help", "show this help", nb__cmd_help},
+};
+
+static int nb__cmd_help(int argc, char** argv) {
+  printf("usage: nebula <command> [options]\n\ncommands:\n");
+  for (size_t i = 0; i < sizeof nb__cmds / sizeof nb__cmds[0]; i++)
+    printf("  %-10s %s\n", nb__cmds[i].name, nb__cmds[i].summary);
+  printf("\nRun 'nebula <command> --help' for the options of a command.\n");
+  return NB_EXIT_OK;
+}
+
+int nb_cli_main(int argc, char** argv) {
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    nb__cmd_help(argc, argv);
+    return argc < 2 ? NB_EXIT_USAGE : NB_EXIT_OK;
+  }
+  if (strcmp(argv[1], "--version") == 0) return nb__cmd_version(argc, argv);
+  for (size_t i = 0; i < sizeof nb__cmds / sizeof nb__cmds[0]; i++)
+    if (strcmp(argv[1], nb__cmds[i].name) == 0) return nb__cmds[i].main(argc - 1, argv + 1);
+  fprintf(stderr, "nebula: '%s' is not a command; see 'nebula help'\n", argv[1]);
+  return NB_EXIT_USAGE;
+}

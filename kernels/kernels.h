@@ -1,0 +1,8 @@
+/* kernels: numeric ops. Each op has a readable CPU reference (<op>.c, always built) beside a
+ * CUDA version (<op>.cu, built when CUDA is present) that tests compare against the reference. */
+#ifndef NB_KERNELS_KERNELS_H
+#define NB_KERNELS_KERNELS_H
+
+#include "kernels/device.h"
+
+#endif

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Installs what nebula needs to build, test and run, from Debian's repository (and pinned PyPI
+# packages for the interop checks). Idempotent: when everything is present it returns in well
+# under a second. It never changes anything that is already installed.
+set -euo pipefail
+
+# Debian packages (build, test and run time). Keep sorted; docs/building.md explains each.
+DEB_PKGS=(
+  build-essential
+  clang
+  cmake
+  iperf3
+  iproute2
+  libcmocka-dev
+  libgrpc-dev
+  libjansson-dev
+  libopenblas-dev
+  libopenmpi-dev
+  libprotobuf-c-dev
+  libsqlite3-dev
+  libssl-dev
+  libxxhash-dev
+  libzstd-dev
+  openmpi-bin
+  openssl
+  pkg-config
+  protobuf-c-compiler
+  python3-grpcio
+  zlib1g-dev
+)
+
+# Python packages for interop and reference checks, pinned; installed into the python3 on PATH.
+PIP_PKGS=(
+  numpy==1.26.4
+  safetensors==0.4.5
+  sacrebleu==2.4.3
+)
+
+stamp_dir="${NB_SETUP_STAMP_DIR:-.cache}"
+mkdir -p "$stamp_dir"
+
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then
+  sudo_cmd=(sudo)
+fi
+
+missing=()
+for p in "${DEB_PKGS[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  case "$status" in
+    *"install ok installed"*) ;;
+    *) missing+=("$p") ;;
+  esac
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# pip: only when the pinned set changed since the last successful install.
+pip_stamp="$stamp_dir/pip-$(printf '%s\n' "${PIP_PKGS[@]}" | sha256sum | cut -c1-16)"
+if [ "${NB_SETUP_SKIP_PIP:-0}" != "1" ] && [ ! -f "$pip_stamp" ]; then
+  py=$(command -v python3 || true)
+  if [ -n "$py" ]; then
+    if "$py" - "${PIP_PKGS[@]}" <<'PYEOF'
+import sys
+from importlib import metadata
+for spec in sys.argv[1:]:
+    name, ver = spec.split("==")
+    try:
+        if metadata.version(name) != ver:
+            sys.exit(1)
+    except metadata.PackageNotFoundError:
+        sys.exit(1)
+PYEOF
+    then
+      :
+    else
+      echo "setup: installing Python packages: ${PIP_PKGS[*]}"
+      "$py" -m pip install -q --disable-pip-version-check "${PIP_PKGS[@]}" ||
+        { echo "setup: pip install failed; interop tests will skip" >&2; exit 0; }
+    fi
+    touch "$pip_stamp"
+  fi
+fi
