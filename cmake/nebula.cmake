@@ -64,7 +64,7 @@ function(nb_glob_module name)
   endif()
   set(deps ${A_DEPS})
   foreach(m ${A_OPTIONAL_MODULES})
-    if(EXISTS ${PROJECT_SOURCE_DIR}/${m}/CMakeLists.txt)
+    if(TARGET nb_${m}) # modules are added lowest layer first
       list(APPEND deps nb_${m})
     endif()
   endforeach()
