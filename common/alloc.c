@@ -48,4 +48,6 @@ nb_status_t nb_realloc(void** p, size_t n, size_t size, const char* what) {
   return NB_OK;
 }
 
-void nb_free(void* p) { free(p); }
+void nb_free(void* p) {
+  free(p);
+}

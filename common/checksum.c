@@ -24,7 +24,9 @@ void nb_xxh3_update(nb_xxh3_state_t* s, const void* data, size_t len) {
   XXH3_64bits_update((XXH3_state_t*)s, data, len);
 }
 
-uint64_t nb_xxh3_digest(const nb_xxh3_state_t* s) { return XXH3_64bits_digest((const XXH3_state_t*)s); }
+uint64_t nb_xxh3_digest(const nb_xxh3_state_t* s) {
+  return XXH3_64bits_digest((const XXH3_state_t*)s);
+}
 
 void nb_xxh3_destroy(nb_xxh3_state_t* s) {
   if (s) XXH3_freeState((XXH3_state_t*)s);

@@ -10,7 +10,9 @@ int64_t nb_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-double nb_now_s(void) { return (double)nb_now_ns() * 1e-9; }
+double nb_now_s(void) {
+  return (double)nb_now_ns() * 1e-9;
+}
 
 int64_t nb_wall_ns(void) {
   struct timespec ts;

@@ -23,10 +23,9 @@ static const struct {
   const char* name;
   uint32_t bit;
 } nb__subs[] = {
-    {"INIT", NB_SUB_INIT},   {"ENV", NB_SUB_ENV},     {"CODEC", NB_SUB_CODEC},
-    {"WIRE", NB_SUB_WIRE},   {"RPC", NB_SUB_RPC},     {"SEC", NB_SUB_SEC},
-    {"INTRA", NB_SUB_INTRA}, {"TRAIN", NB_SUB_TRAIN}, {"SCHED", NB_SUB_SCHED},
-    {"JOB", NB_SUB_JOB},     {"DATA", NB_SUB_DATA},   {"BENCH", NB_SUB_BENCH},
+    {"INIT", NB_SUB_INIT},   {"ENV", NB_SUB_ENV}, {"CODEC", NB_SUB_CODEC}, {"WIRE", NB_SUB_WIRE},
+    {"RPC", NB_SUB_RPC},     {"SEC", NB_SUB_SEC}, {"INTRA", NB_SUB_INTRA}, {"TRAIN", NB_SUB_TRAIN},
+    {"SCHED", NB_SUB_SCHED}, {"JOB", NB_SUB_JOB}, {"DATA", NB_SUB_DATA},   {"BENCH", NB_SUB_BENCH},
     {"ALL", NB_SUB_ALL},
 };
 
@@ -54,9 +53,12 @@ static void nb__log_load_locked(void) {
   const char* lv = getenv("NB_DEBUG");
   nb__log_level = NB_LOG_WARN;
   if (lv) {
-    if (strcasecmp(lv, "NONE") == 0) nb__log_level = NB_LOG_NONE;
-    else if (strcasecmp(lv, "INFO") == 0) nb__log_level = NB_LOG_INFO;
-    else if (strcasecmp(lv, "TRACE") == 0) nb__log_level = NB_LOG_TRACE;
+    if (strcasecmp(lv, "NONE") == 0)
+      nb__log_level = NB_LOG_NONE;
+    else if (strcasecmp(lv, "INFO") == 0)
+      nb__log_level = NB_LOG_INFO;
+    else if (strcasecmp(lv, "TRACE") == 0)
+      nb__log_level = NB_LOG_TRACE;
   }
   const char* subs = getenv("NB_DEBUG_SUBSYS");
   nb__log_subs = subs && *subs ? nb__parse_subs(subs) : NB_SUB_ALL;
@@ -108,8 +110,9 @@ void nb_log(nb_log_level_t level, uint32_t sub, const char* file, int line, cons
   const char* lvl = level == NB_LOG_WARN ? "WARN" : level == NB_LOG_INFO ? "INFO" : "TRACE";
   fprintf(nb__log_out, "%02d:%02d:%02d.%03ld %s:%d [%s] NB %s %s%s%s (%s:%d)\n", tm.tm_hour,
           tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, nb__log_host, (int)getpid(),
-          nb__log_ident[0] ? nb__log_ident : "-", lvl, level == NB_LOG_WARN ? "" : nb__sub_name(sub),
-          level == NB_LOG_WARN ? "" : " ", msg, base, line);
+          nb__log_ident[0] ? nb__log_ident : "-", lvl,
+          level == NB_LOG_WARN ? "" : nb__sub_name(sub), level == NB_LOG_WARN ? "" : " ", msg, base,
+          line);
   fflush(nb__log_out);
   pthread_mutex_unlock(&nb__log_mu);
 }

@@ -50,15 +50,15 @@ void nb_log(nb_log_level_t level, uint32_t sub, const char* file, int line, cons
 void nb_log_reload(void);
 
 #define NB_WARN(...) nb_log(NB_LOG_WARN, NB_SUB_ALL, __FILE__, __LINE__, __VA_ARGS__)
-#define NB_INFO(sub, ...)                                                                   \
-  do {                                                                                      \
-    if (nb_log_enabled(NB_LOG_INFO, NB_SUB_##sub))                                          \
-      nb_log(NB_LOG_INFO, NB_SUB_##sub, __FILE__, __LINE__, __VA_ARGS__);                   \
+#define NB_INFO(sub, ...)                                                 \
+  do {                                                                    \
+    if (nb_log_enabled(NB_LOG_INFO, NB_SUB_##sub))                        \
+      nb_log(NB_LOG_INFO, NB_SUB_##sub, __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
-#define NB_TRACE(sub, ...)                                                                  \
-  do {                                                                                      \
-    if (nb_log_enabled(NB_LOG_TRACE, NB_SUB_##sub))                                         \
-      nb_log(NB_LOG_TRACE, NB_SUB_##sub, __FILE__, __LINE__, __VA_ARGS__);                  \
+#define NB_TRACE(sub, ...)                                                 \
+  do {                                                                     \
+    if (nb_log_enabled(NB_LOG_TRACE, NB_SUB_##sub))                        \
+      nb_log(NB_LOG_TRACE, NB_SUB_##sub, __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 
 #ifdef __cplusplus

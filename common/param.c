@@ -77,9 +77,15 @@ static nb_param_t* nb__param_get(nb_param_t* p) {
   return p;
 }
 
-int64_t nb_param_int(nb_param_t* p) { return nb__param_get(p)->ival; }
-double nb_param_double(nb_param_t* p) { return nb__param_get(p)->dval; }
-const char* nb_param_string(nb_param_t* p) { return nb__param_get(p)->sval; }
+int64_t nb_param_int(nb_param_t* p) {
+  return nb__param_get(p)->ival;
+}
+double nb_param_double(nb_param_t* p) {
+  return nb__param_get(p)->dval;
+}
+const char* nb_param_string(nb_param_t* p) {
+  return nb__param_get(p)->sval;
+}
 
 void nb_param_foreach(void (*fn)(const nb_param_t* p, void* ctx), void* ctx) {
   pthread_mutex_lock(&nb__param_mu);

@@ -14,14 +14,14 @@ extern "C" {
 typedef enum { NB_PARAM_INT = 0, NB_PARAM_DOUBLE = 1, NB_PARAM_STRING = 2 } nb_param_type_t;
 
 typedef struct nb_param {
-  const char* env;     /* "NB_ZSTD_LEVEL" */
+  const char* env; /* "NB_ZSTD_LEVEL" */
   nb_param_type_t type;
-  const char* defval;  /* default, as text */
-  const char* desc;    /* one line */
-  double min, max;     /* bounds for numbers; min > max means unbounded */
+  const char* defval; /* default, as text */
+  const char* desc;   /* one line */
+  double min, max;    /* bounds for numbers; min > max means unbounded */
   /* filled on first read: */
   int loaded;
-  const char* source;  /* "default" or "environment" */
+  const char* source; /* "default" or "environment" */
   int64_t ival;
   double dval;
   char sval[256];
@@ -42,20 +42,21 @@ void nb_param_foreach(void (*fn)(const nb_param_t* p, void* ctx), void* ctx);
 void nb_param_reset_all(void);
 
 /* Declares a parameter in a .c file and a static getter `nb_param_<name>()`. */
-#define NB__PARAM_DECL(name, envname, typ, def, lo, hi, description, rettype, getter)            \
-  static nb_param_t nb__param_##name = {.env = envname, .type = typ, .defval = def,           \
-                                        .desc = description, .min = lo, .max = hi};          \
-  __attribute__((constructor)) static void nb__param_ctor_##name(void) {                       \
-    nb_param_register(&nb__param_##name);                                                      \
-  }                                                                                            \
-  static inline rettype nb_param_##name(void) { return getter(&nb__param_##name); }
+#define NB__PARAM_DECL(name, envname, typ, def, lo, hi, description, rettype, getter)         \
+  static nb_param_t nb__param_##name = {                                                      \
+      .env = envname, .type = typ, .defval = def, .desc = description, .min = lo, .max = hi}; \
+  __attribute__((constructor)) static void nb__param_ctor_##name(void) {                      \
+    nb_param_register(&nb__param_##name);                                                     \
+  }                                                                                           \
+  static inline rettype nb_param_##name(void) {                                               \
+    return getter(&nb__param_##name);                                                         \
+  }
 
 #define NB_PARAM_INT(name, envname, def, lo, hi, description) \
   NB__PARAM_DECL(name, envname, NB_PARAM_INT, #def, lo, hi, description, int64_t, nb_param_int)
-#define NB_PARAM_DOUBLE(name, envname, def, lo, hi, description)                          \
-  NB__PARAM_DECL(name, envname, NB_PARAM_DOUBLE, #def, lo, hi, description, double,     \
-                 nb_param_double)
-#define NB_PARAM_STRING(name, envname, def, description)                                \
+#define NB_PARAM_DOUBLE(name, envname, def, lo, hi, description) \
+  NB__PARAM_DECL(name, envname, NB_PARAM_DOUBLE, #def, lo, hi, description, double, nb_param_double)
+#define NB_PARAM_STRING(name, envname, def, description)                              \
   NB__PARAM_DECL(name, envname, NB_PARAM_STRING, def, 1, 0, description, const char*, \
                  nb_param_string)
 

@@ -68,9 +68,13 @@ nb_status_t nb_error_wrap(nb_status_t st, const char* fmt, ...) {
   return st;
 }
 
-const char* nb_error_last(void) { return nb__errmsg; }
+const char* nb_error_last(void) {
+  return nb__errmsg;
+}
 
-void nb_error_clear(void) { nb__errmsg[0] = '\0'; }
+void nb_error_clear(void) {
+  nb__errmsg[0] = '\0';
+}
 
 nb_status_t nb__error_errno(const char* file, int line, const char* what) {
   int e = errno;

@@ -54,12 +54,13 @@ const char* nb_error_last(void);
 void nb_error_clear(void);
 
 /* Adds context in front of the current message: "reading x: <previous>". Returns `st`. */
-nb_status_t nb_error_wrap(nb_status_t st, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+nb_status_t nb_error_wrap(nb_status_t st, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
-#define NB_CHECK(call)                     \
-  do {                                     \
-    nb_status_t nb__st = (call);           \
-    if (nb__st != NB_OK) return nb__st;    \
+#define NB_CHECK(call)                  \
+  do {                                  \
+    nb_status_t nb__st = (call);        \
+    if (nb__st != NB_OK) return nb__st; \
   } while (0)
 
 #define NB_CHECK_GOTO(call, st, label) \

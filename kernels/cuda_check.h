@@ -7,12 +7,12 @@
 
 #include "common/status.h"
 
-#define NB_CUDA_CHECK(call)                                                            \
-  do {                                                                                 \
-    cudaError_t nb__e = (call);                                                        \
-    if (nb__e != cudaSuccess)                                                          \
-      return nb_error(NB_ERR_CUDA, "%s: %s (%s:%d)", #call, cudaGetErrorString(nb__e), \
-                      __FILE__, __LINE__);                                             \
+#define NB_CUDA_CHECK(call)                                                                      \
+  do {                                                                                           \
+    cudaError_t nb__e = (call);                                                                  \
+    if (nb__e != cudaSuccess)                                                                    \
+      return nb_error(NB_ERR_CUDA, "%s: %s (%s:%d)", #call, cudaGetErrorString(nb__e), __FILE__, \
+                      __LINE__);                                                                 \
   } while (0)
 
 #define NB_CUDA_LAUNCH_CHECK() NB_CUDA_CHECK(cudaGetLastError())
