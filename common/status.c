@@ -56,15 +56,19 @@ nb_status_t nb_error(nb_status_t st, const char* fmt, ...) {
 }
 
 nb_status_t nb_error_wrap(nb_status_t st, const char* fmt, ...) {
-  char prev[NB__ERRMSG_MAX];
-  memcpy(prev, nb__errmsg, sizeof prev);
+  char ctx[NB__ERRMSG_MAX];
   va_list ap;
   va_start(ap, fmt);
-  int n = vsnprintf(nb__errmsg, sizeof nb__errmsg, fmt, ap);
+  vsnprintf(ctx, sizeof ctx, fmt, ap);
   va_end(ap);
-  if (n >= 0 && (size_t)n < sizeof nb__errmsg && prev[0]) {
-    snprintf(nb__errmsg + n, sizeof nb__errmsg - (size_t)n, ": %s", prev);
-  }
+  char joined[2 * NB__ERRMSG_MAX + 8];
+  if (nb__errmsg[0])
+    snprintf(joined, sizeof joined, "%s: %s", ctx, nb__errmsg);
+  else
+    snprintf(joined, sizeof joined, "%s", ctx);
+  size_t len = strnlen(joined, NB__ERRMSG_MAX - 1); /* truncate to the slot */
+  memcpy(nb__errmsg, joined, len);
+  nb__errmsg[len] = '\0';
   return st;
 }
 
