@@ -8,8 +8,8 @@ extern "C" {
 #endif
 
 typedef struct {
-  const char* name;    /* "bench" */
-  const char* summary; /* one line for `nebula help` */
+  const char* name;                   /* "bench" */
+  const char* summary;                /* one line for `nebula help` */
   int (*main)(int argc, char** argv); /* argv[0] is the subcommand name */
 } nb_cli_cmd_t;
 

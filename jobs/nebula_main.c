@@ -1,4 +1,6 @@
 /* main() of the `nebula` binary: everything lives in nb_cli_main. */
 #include "jobs/cli.h"
 
-int main(int argc, char** argv) { return nb_cli_main(argc, argv); }
+int main(int argc, char** argv) {
+  return nb_cli_main(argc, argv);
+}
