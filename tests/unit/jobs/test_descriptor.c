@@ -1,0 +1,400 @@
+/* Unit tests of the job descriptor parser: the shipped examples validate with the expected
+ * settings, defaults are filled in, normalization round-trips, and every file of the bad corpus
+ * (tests/unit/jobs/bad/NAME.json + NAME.expect) is rejected with its precise message.
+ * argv[1]: the source tree's root. */
+#include <dirent.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "jobs/descriptor.h"
+#include "jobs/validate_cli.h"
+
+static const char* nb_src = ".";
+
+static char* read_file(const char* path, size_t* len) {
+  FILE* f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char* buf = malloc((size_t)n + 1);
+  size_t got = fread(buf, 1, (size_t)n, f);
+  fclose(f);
+  buf[got] = 0;
+  if (len) *len = got;
+  return buf;
+}
+
+static void example_path(char* buf, size_t n, const char* name) {
+  snprintf(buf, n, "%s/jobs/examples/%s", nb_src, name);
+}
+
+static const char* minimal_doc =
+    "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": \"m\"},"
+    " \"spec\": {\"clusters\": [{\"id\": \"dc-a\", \"data\": {\"languages\": [\"en\"]}}]}}";
+
+static void test_pretrain_example(void** state) {
+  (void)state;
+  char path[1024];
+  example_path(path, sizeof path, "pretrain-2dc.json");
+  nb_job_config_t cfg;
+  nb_descriptor_diag_t diag;
+  nb_status_t st = nb_descriptor_load(path, &cfg, &diag);
+  if (st != NB_OK && diag.count)
+    fprintf(stderr, "%s: %s\n", diag.errors[0].path, diag.errors[0].message);
+  assert_int_equal(st, NB_OK);
+  assert_int_equal(diag.count, 0);
+  assert_string_equal(cfg.name, "pretrain-2dc");
+  assert_int_equal(cfg.task, NB_JOB_TASK_PRETRAIN);
+  assert_int_equal(cfg.n_clusters, 2);
+  assert_string_equal(cfg.clusters[0].id, "dc-a");
+  assert_string_equal(cfg.clusters[1].id, "dc-b");
+  const char* a[] = {"en", "de", "fr", "es"};
+  const char* b[] = {"en", "ru", "zh", "fa"};
+  assert_int_equal(cfg.clusters[0].n_languages, 4);
+  assert_int_equal(cfg.clusters[1].n_languages, 4);
+  for (int i = 0; i < 4; i++) {
+    assert_string_equal(cfg.clusters[0].languages[i], a[i]);
+    assert_string_equal(cfg.clusters[1].languages[i], b[i]);
+  }
+  assert_int_equal(cfg.clusters[0].workers, 2);
+  assert_int_equal(cfg.sync.mode, NB_JOB_SYNC_OUTER);
+  assert_int_equal(cfg.sync.inner_steps, 50);
+  assert_true(cfg.sync.overlap);
+  assert_true(cfg.compression.adaptive);
+  assert_int_equal(cfg.compression.values, NB_JOB_VALUES_FP16);
+  assert_true(cfg.link.rate_mbit == 100.0);
+  assert_true(cfg.link.delay_ms == 25.0);
+  assert_false(cfg.training.lora.enabled);
+  assert_false(cfg.training.distill.enabled);
+  assert_true(cfg.model.base_checkpoint[0] == 0);
+  assert_int_equal(cfg.training.seed, 1234);
+}
+
+static void test_finetune_example(void** state) {
+  (void)state;
+  char path[1024];
+  example_path(path, sizeof path, "finetune-translation-remote.json");
+  nb_job_config_t cfg;
+  nb_descriptor_diag_t diag;
+  assert_int_equal(nb_descriptor_load(path, &cfg, &diag), NB_OK);
+  assert_int_equal(cfg.task, NB_JOB_TASK_TRANSLATION);
+  assert_int_equal(cfg.n_clusters, 1);
+  assert_string_equal(cfg.clusters[0].id, "dc-b");
+  assert_int_equal(cfg.clusters[0].n_pairs, 4);
+  assert_string_equal(cfg.clusters[0].pair_src[0], "en");
+  assert_string_equal(cfg.clusters[0].pair_tgt[0], "de");
+  assert_string_equal(cfg.clusters[0].pair_tgt[3], "zh");
+  assert_int_equal(cfg.clusters[0].n_languages, 0);
+  assert_string_equal(cfg.model.base_checkpoint, "pretrain-2dc/final.safetensors");
+  assert_string_equal(cfg.model.base_cluster, "dc-a");
+  assert_true(cfg.training.lora.enabled);
+  assert_int_equal(cfg.training.lora.rank, 8);
+  assert_true(cfg.training.lora.alpha == 16.0);
+  assert_int_equal(cfg.training.lora.targets, NB_JOB_LORA_QKV | NB_JOB_LORA_ATTN_OUT |
+                                                  NB_JOB_LORA_MLP_UP | NB_JOB_LORA_MLP_DOWN);
+  assert_true(cfg.training.distill.enabled);
+  assert_string_equal(cfg.training.distill.teacher, "base");
+  assert_true(cfg.training.distill.alpha == 0.3);
+  assert_true(cfg.training.optimizer.weight_decay == 0.0);
+  /* optimizer fields not written keep their defaults */
+  assert_true(cfg.training.optimizer.beta2 == 0.95);
+}
+
+static void test_defaults_filled(void** state) {
+  (void)state;
+  nb_job_config_t cfg, def;
+  assert_int_equal(nb_descriptor_parse(minimal_doc, strlen(minimal_doc), &cfg, NULL), NB_OK);
+  nb_job_config_defaults(&def);
+  /* Everything but what the document names equals the documented defaults. */
+  assert_memory_equal(&cfg.model, &def.model, sizeof def.model);
+  assert_memory_equal(&cfg.training, &def.training, sizeof def.training);
+  assert_memory_equal(&cfg.sync, &def.sync, sizeof def.sync);
+  assert_memory_equal(&cfg.compression, &def.compression, sizeof def.compression);
+  assert_memory_equal(&cfg.link, &def.link, sizeof def.link);
+  assert_memory_equal(&cfg.security, &def.security, sizeof def.security);
+  assert_memory_equal(&cfg.checkpoint, &def.checkpoint, sizeof def.checkpoint);
+  /* And the defaults are the documented values. */
+  assert_int_equal(cfg.task, NB_JOB_TASK_PRETRAIN);
+  assert_int_equal(cfg.clusters[0].workers, 1);
+  assert_int_equal(cfg.clusters[0].device, NB_JOB_DEVICE_CPU);
+  assert_true(cfg.clusters[0].slowdown == 1.0);
+  assert_int_equal(cfg.clusters[0].data_tier, NB_JOB_DATA_QUICK);
+  assert_int_equal(cfg.model.layers, 4);
+  assert_int_equal(cfg.model.width, 256);
+  assert_int_equal(cfg.sync.mode, NB_JOB_SYNC_OUTER);
+  assert_int_equal(cfg.sync.inner_steps, 50);
+  assert_false(cfg.sync.overlap);
+  assert_true(cfg.compression.density_initial == 0.01);
+  assert_true(cfg.compression.density_min == 0.001);
+  assert_true(cfg.compression.density_max == 0.1);
+  assert_int_equal(cfg.compression.zstd_level, 3);
+  assert_int_equal(cfg.link.streams, 4);
+  assert_true(cfg.security.seal);
+  assert_int_equal(cfg.checkpoint.every_rounds, 10);
+  assert_false(cfg.training.lora.enabled);
+}
+
+static void test_default_warmup_shrinks_for_short_runs(void** state) {
+  (void)state;
+  const char* doc =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": \"m\"},"
+      " \"spec\": {\"clusters\": [{\"id\": \"a\", \"data\": {\"languages\": [\"en\"]}}],"
+      " \"training\": {\"maxSteps\": 20}}}";
+  nb_job_config_t cfg;
+  assert_int_equal(nb_descriptor_parse(doc, strlen(doc), &cfg, NULL), NB_OK);
+  assert_int_equal(cfg.training.optimizer.warmup_steps, 2);
+}
+
+/* parse → print → parse gives the same config and the same text. */
+static void roundtrip(const char* text, size_t len) {
+  nb_job_config_t* a = calloc(1, sizeof *a);
+  nb_job_config_t* b = calloc(1, sizeof *b);
+  assert_int_equal(nb_descriptor_parse(text, len, a, NULL), NB_OK);
+  char *j1 = NULL, *j2 = NULL;
+  assert_int_equal(nb_descriptor_to_json(a, &j1), NB_OK);
+  nb_descriptor_diag_t diag;
+  nb_status_t st = nb_descriptor_parse(j1, strlen(j1), b, &diag);
+  if (st != NB_OK) fprintf(stderr, "%s: %s\n%s\n", diag.errors[0].path, diag.errors[0].message, j1);
+  assert_int_equal(st, NB_OK);
+  assert_memory_equal(a, b, sizeof *a);
+  assert_int_equal(nb_descriptor_to_json(b, &j2), NB_OK);
+  assert_string_equal(j1, j2);
+  free(j1);
+  free(j2);
+  free(a);
+  free(b);
+}
+
+static void test_normalized_roundtrip(void** state) {
+  (void)state;
+  const char* names[] = {"pretrain-2dc.json", "finetune-translation-remote.json"};
+  for (int i = 0; i < 2; i++) {
+    char path[1024];
+    example_path(path, sizeof path, names[i]);
+    size_t len;
+    char* text = read_file(path, &len);
+    assert_non_null(text);
+    roundtrip(text, len);
+    free(text);
+  }
+  roundtrip(minimal_doc, strlen(minimal_doc));
+  const char* wall =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": \"w\"},"
+      " \"spec\": {\"clusters\": [{\"id\": \"a\", \"data\": {\"languages\": [\"en\"]}}],"
+      " \"sync\": {\"roundSeconds\": 12.5},"
+      " \"security\": {\"ca\": \"ca.pem\", \"cert\": \"u.pem\", \"key\": \"u.key\"}}}";
+  roundtrip(wall, strlen(wall));
+}
+
+/* Reals are held to 15 significant digits, so the normalized text and the config agree bit for
+ * bit whatever digits the author wrote. */
+static void test_reals_canonical(void** state) {
+  (void)state;
+  const char* doc =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": \"r\"},"
+      " \"spec\": {\"clusters\": [{\"id\": \"a\", \"data\": {\"languages\": [\"en\"]}}],"
+      " \"training\": {\"optimizer\": {\"lr\": 0.30000000000000004}}}}";
+  nb_job_config_t cfg;
+  assert_int_equal(nb_descriptor_parse(doc, strlen(doc), &cfg, NULL), NB_OK);
+  assert_true(cfg.training.optimizer.lr == 0.3);
+  char* j = NULL;
+  assert_int_equal(nb_descriptor_to_json(&cfg, &j), NB_OK);
+  assert_non_null(strstr(j, "\"lr\": 0.3,"));
+  free(j);
+  roundtrip(doc, strlen(doc));
+}
+
+static void test_many_errors_reported(void** state) {
+  (void)state;
+  const char* doc =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+      "\"x\"},\n"
+      " \"spec\": {\"clusters\": [{\"id\": \"a\", \"workrs\": 2, \"data\": {\"languages\": "
+      "[\"en\"]}},\n"
+      "  {\"id\": \"b\", \"workers\": -3, \"data\": {\"languages\": [\"jp\"]}}],\n"
+      "  \"sync\": {\"mode\": \"outr\"}}}";
+  nb_job_config_t cfg;
+  nb_descriptor_diag_t diag;
+  assert_int_equal(nb_descriptor_parse(doc, strlen(doc), &cfg, &diag), NB_ERR_CONFIG);
+  assert_int_equal(diag.count, 4);
+  assert_string_equal(diag.errors[0].path, "$.spec.clusters[0].workrs");
+  assert_string_equal(diag.errors[1].path, "$.spec.clusters[1].workers");
+  assert_string_equal(diag.errors[2].path, "$.spec.clusters[1].data.languages[0]");
+  assert_string_equal(diag.errors[3].path, "$.spec.sync.mode");
+  assert_int_equal(diag.errors[0].line, 0);
+  /* the first error is also the thread's error detail */
+  assert_non_null(strstr(nb_error_last(), "$.spec.clusters[0].workrs"));
+}
+
+static void test_error_limit(void** state) {
+  (void)state;
+  /* 40 unknown fields: 32 kept, 8 counted as dropped. */
+  char doc[4096];
+  size_t off = (size_t)snprintf(doc, sizeof doc,
+                                "{\"apiVersion\": \"nebula/v1\", \"kind\": "
+                                "\"TrainingJob\", \"metadata\": {\"name\": \"x\"");
+  for (int i = 0; i < 40; i++)
+    off += (size_t)snprintf(doc + off, sizeof doc - off, ", \"zz%d\": 1", i);
+  snprintf(doc + off, sizeof doc - off, "}}");
+  nb_job_config_t cfg;
+  nb_descriptor_diag_t diag;
+  assert_int_equal(nb_descriptor_parse(doc, strlen(doc), &cfg, &diag), NB_ERR_CONFIG);
+  assert_int_equal(diag.count, NB_DESCRIPTOR_MAX_ERRORS);
+  assert_true(diag.dropped >= 8);
+}
+
+static void test_limits_and_args(void** state) {
+  (void)state;
+  nb_job_config_t cfg;
+  nb_descriptor_diag_t diag;
+  assert_int_equal(nb_descriptor_parse(NULL, 0, &cfg, &diag), NB_ERR_INVALID);
+  size_t big = NB_DESCRIPTOR_MAX_BYTES + 1;
+  char* buf = malloc(big);
+  memset(buf, ' ', big);
+  assert_int_equal(nb_descriptor_parse(buf, big, &cfg, &diag), NB_ERR_CONFIG);
+  assert_non_null(strstr(diag.errors[0].message, "exceeds the limit"));
+  free(buf);
+  assert_int_equal(nb_descriptor_load("/nonexistent/nebula-job.json", &cfg, &diag), NB_ERR_IO);
+  assert_non_null(strstr(diag.errors[0].message, "cannot open"));
+  /* NUL bytes inside the text are a syntax error, not a truncation */
+  const char nul[] = "{\"apiVersion\": \"nebula/v1\"\0}";
+  assert_int_equal(nb_descriptor_parse(nul, sizeof nul - 1, &cfg, &diag), NB_ERR_CONFIG);
+  assert_true(diag.errors[0].line >= 1);
+}
+
+static int has_suffix(const char* s, const char* suf) {
+  size_t a = strlen(s), b = strlen(suf);
+  return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+static int cmp_str(const void* a, const void* b) {
+  return strcmp(*(char* const*)a, *(char* const*)b);
+}
+
+static void test_bad_corpus(void** state) {
+  (void)state;
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/tests/unit/jobs/bad", nb_src);
+  DIR* d = opendir(dir);
+  assert_non_null(d);
+  char* names[256];
+  int n = 0;
+  struct dirent* e;
+  while ((e = readdir(d)) && n < 256)
+    if (has_suffix(e->d_name, ".json")) names[n++] = strdup(e->d_name);
+  closedir(d);
+  qsort(names, (size_t)n, sizeof names[0], cmp_str);
+  assert_true(n >= 20);
+  int failures = 0;
+  for (int i = 0; i < n; i++) {
+    char path[1400], expect_path[1400];
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    snprintf(expect_path, sizeof expect_path, "%s", path);
+    strcpy(expect_path + strlen(expect_path) - 5, ".expect");
+    char* expect = read_file(expect_path, NULL);
+    if (!expect) {
+      fprintf(stderr, "%s: no .expect file\n", names[i]);
+      failures++;
+      continue;
+    }
+    expect[strcspn(expect, "\n")] = 0;
+    nb_job_config_t cfg;
+    nb_descriptor_diag_t diag;
+    nb_status_t st = nb_descriptor_load(path, &cfg, &diag);
+    int found = 0;
+    char line[640];
+    for (int k = 0; k < diag.count; k++)
+      if (strstr(nb_descriptor_error_format(&diag.errors[k], line, sizeof line), expect)) found = 1;
+    if (st != NB_ERR_CONFIG || !found || expect[0] == 0) {
+      fprintf(stderr, "%s: status %s, wanted an error containing '%s'; got:\n", names[i],
+              nb_status_name(st), expect);
+      for (int k = 0; k < diag.count; k++)
+        fprintf(stderr, "  %s\n", nb_descriptor_error_format(&diag.errors[k], line, sizeof line));
+      failures++;
+    }
+    free(expect);
+    free(names[i]);
+  }
+  printf("bad corpus: %d descriptors, %d failures\n", n, failures);
+  assert_int_equal(failures, 0);
+}
+
+/* Runs `nebula validate` in-process with stdout captured into buf. */
+static int run_validate(char** argv, int argc, char* buf, size_t n) {
+  fflush(stdout);
+  char tmpl[] = "/tmp/nb-validate-XXXXXX";
+  int fd = mkstemp(tmpl);
+  assert_true(fd >= 0);
+  int saved = dup(1);
+  dup2(fd, 1);
+  int rc = nb_validate_main(argc, argv);
+  fflush(stdout);
+  dup2(saved, 1);
+  close(saved);
+  lseek(fd, 0, SEEK_SET);
+  ssize_t got = read(fd, buf, n - 1);
+  buf[got > 0 ? got : 0] = 0;
+  close(fd);
+  unlink(tmpl);
+  return rc;
+}
+
+static void test_validate_cli(void** state) {
+  (void)state;
+  static char out[1 << 16];
+  char good[1024], bad[1024];
+  example_path(good, sizeof good, "pretrain-2dc.json");
+  snprintf(bad, sizeof bad, "%s/tests/unit/jobs/bad/18-workers-negative.json", nb_src);
+
+  char* a1[] = {"validate", good};
+  assert_int_equal(run_validate(a1, 2, out, sizeof out), 0);
+  assert_non_null(strstr(out, "\"peerTimeoutSeconds\": 3.0")); /* a default, written out */
+
+  char* a2[] = {"validate", good, "--json"};
+  assert_int_equal(run_validate(a2, 3, out, sizeof out), 0);
+  assert_non_null(strstr(out, "\"valid\": true"));
+  assert_non_null(strstr(out, "\"config\": {"));
+
+  char* a3[] = {"validate", "--json", bad};
+  assert_int_equal(run_validate(a3, 3, out, sizeof out), 1);
+  assert_non_null(strstr(out, "\"valid\": false"));
+  assert_non_null(strstr(out, "\"path\": \"$.spec.clusters[1].workers\""));
+
+  char* a4[] = {"validate"};
+  assert_int_equal(run_validate(a4, 1, out, sizeof out), 2);
+  char* a5[] = {"validate", good, "--frobnicate"};
+  assert_int_equal(run_validate(a5, 3, out, sizeof out), 2);
+  char* a6[] = {"validate", good, bad};
+  assert_int_equal(run_validate(a6, 3, out, sizeof out), 2);
+  char* a7[] = {"validate", "--help"};
+  assert_int_equal(run_validate(a7, 2, out, sizeof out), 0);
+  assert_non_null(strstr(out, "usage: nebula validate"));
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1) nb_src = argv[1];
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_pretrain_example),
+      cmocka_unit_test(test_finetune_example),
+      cmocka_unit_test(test_defaults_filled),
+      cmocka_unit_test(test_default_warmup_shrinks_for_short_runs),
+      cmocka_unit_test(test_normalized_roundtrip),
+      cmocka_unit_test(test_reals_canonical),
+      cmocka_unit_test(test_many_errors_reported),
+      cmocka_unit_test(test_error_limit),
+      cmocka_unit_test(test_limits_and_args),
+      cmocka_unit_test(test_bad_corpus),
+      cmocka_unit_test(test_validate_cli),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

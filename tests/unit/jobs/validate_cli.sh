@@ -1,0 +1,27 @@
+#!/bin/sh
+# `nebula validate` through the real binary: exit codes 0 (valid), 1 (invalid), 2 (usage), the
+# normalized output of a valid descriptor validates again, and stdin works.
+# usage: validate_cli.sh NEBULA SOURCE_DIR
+set -u
+nebula=$1
+src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+for f in "$src"/jobs/examples/*.json; do
+  "$nebula" validate "$f" >"$tmp/norm.json" || fail "$f should be valid"
+  "$nebula" validate "$tmp/norm.json" >"$tmp/norm2.json" || fail "normalized $f should be valid"
+  cmp -s "$tmp/norm.json" "$tmp/norm2.json" || fail "normalizing $f twice changed it"
+  "$nebula" validate - <"$f" >/dev/null || fail "$f on stdin should be valid"
+done
+"$nebula" validate "$src/tests/unit/jobs/bad/18-workers-negative.json" 2>"$tmp/err"
+[ $? -eq 1 ] || fail "a bad descriptor should exit 1"
+grep -q '\$.spec.clusters\[1\].workers: expected an integer in \[1, 4096\], found integer -2' "$tmp/err" ||
+  fail "missing precise error: $(cat "$tmp/err")"
+"$nebula" validate >/dev/null 2>&1
+[ $? -eq 2 ] || fail "no FILE should exit 2"
+"$nebula" validate --bogus x >/dev/null 2>&1
+[ $? -eq 2 ] || fail "an unknown option should exit 2"
+"$nebula" help | grep -q '^  validate ' || fail "'nebula help' should list validate"
+echo "validate CLI: ok"
