@@ -6,6 +6,7 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
+#include "security/security.h"
 
 static int nb__cmd_help(int argc, char** argv);
 
@@ -27,6 +28,7 @@ static int nb__cmd_env(int argc, char** argv) {
 
 static const nb_cli_cmd_t nb__cmds[] = {
     {"bench", "run a benchmark (nebula bench --help)", nb_bench_main},
+    {"certs", "manage the federation PKI: CA, cluster and user certificates", nb_certs_main},
     {"env", "list the environment parameters and their values", nb__cmd_env},
     {"version", "print the version", nb__cmd_version},
     {"help", "show this help", nb__cmd_help},
