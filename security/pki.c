@@ -192,6 +192,21 @@ nb_status_t nb_pki_identity_from_pem(const char* pem, size_t len, nb_pki_identit
   return st;
 }
 
+nb_status_t nb_pki_identity_check_pem(const char* pem, size_t len,
+                                      const nb_pki_identity_t* expect) {
+  if (!expect) return nb_error(NB_ERR_INVALID, "NULL expected identity");
+  nb_pki_identity_t got;
+  nb_status_t st = nb_pki_identity_from_pem(pem, len, &got);
+  if (st != NB_OK)
+    return nb_error_wrap(NB_ERR_PERMISSION, "peer certificate (expected %s '%s')",
+                         nb_pki_kind_name(expect->kind), expect->name);
+  if (got.kind != expect->kind || strcmp(got.name, expect->name) != 0)
+    return nb_error(NB_ERR_PERMISSION, "peer is %s '%s', expected %s '%s'",
+                    nb_pki_kind_name(got.kind), got.name, nb_pki_kind_name(expect->kind),
+                    expect->name);
+  return NB_OK;
+}
+
 /* ---------------------------------------------------------------- creation */
 
 static nb_status_t nb__keygen(EVP_PKEY** out) {
@@ -530,6 +545,10 @@ nb_status_t nb_pki_key_load(const char* path, EVP_PKEY** out) {
   *out = NULL;
   FILE* f = NULL;
   NB_CHECK(nb__open_read(path, &f));
+  struct stat sb;
+  if (fstat(fileno(f), &sb) == 0 && (sb.st_mode & 077))
+    NB_WARN("private key %s has mode %04o: others may read it; run chmod 600 on it", path,
+            (unsigned)(sb.st_mode & 07777));
   EVP_PKEY* k = PEM_read_PrivateKey(f, NULL, nb__no_password, NULL);
   fclose(f);
   if (!k) {

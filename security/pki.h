@@ -76,6 +76,11 @@ nb_status_t nb_pki_identity_from_cert(X509* cert, nb_pki_identity_t* out);
  * not a PEM certificate. Thread-safe. */
 nb_status_t nb_pki_identity_from_pem(const char* pem, size_t len, nb_pki_identity_t* out);
 
+/* For the TLS layer, after the handshake has verified the peer's chain: NB_OK when the PEM
+ * certificate `pem` (len 0 = NUL-terminated) carries exactly the identity `expect`, else
+ * NB_ERR_PERMISSION naming both identities (or why there is none). Thread-safe. */
+nb_status_t nb_pki_identity_check_pem(const char* pem, size_t len, const nb_pki_identity_t* expect);
+
 /* ---- in-memory creation ---- */
 
 /* A new CA: EC P-256 key and self-signed certificate (basicConstraints CA:TRUE critical,
@@ -108,7 +113,8 @@ nb_status_t nb_pki_key_matches(EVP_PKEY* key, X509* cert);
 /* ---- files ---- */
 
 /* Loads a PEM certificate / private key. NB_ERR_NOT_FOUND (missing), NB_ERR_IO (unreadable),
- * NB_ERR_INVALID (not a PEM certificate / key: the message names the file). Caller owns *out. */
+ * NB_ERR_INVALID (not a PEM certificate / key: the message names the file). Caller owns *out.
+ * A key file that group or others may read is loaded with an NB_WARN saying to chmod it 0600. */
 nb_status_t nb_pki_cert_load(const char* path, X509** out);
 nb_status_t nb_pki_key_load(const char* path, EVP_PKEY** out);
 /* Parses PEM text (len 0 = NUL-terminated). Caller owns *out. */

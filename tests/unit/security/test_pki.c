@@ -114,6 +114,10 @@ static void test_issue_verify_roundtrip(void** state) {
   assert_int_equal(id.kind, NB_PKI_USER);
   assert_string_equal(id.name, "alice");
   assert_int_equal(nb_pki_identity_from_pem(pem, strlen(pem), &id), NB_OK);
+  assert_int_equal(nb_pki_identity_check_pem(pem, 0, &alice), NB_OK);
+  assert_int_equal(nb_pki_identity_check_pem(pem, 0, &dca), NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "peer is user 'alice', expected cluster 'dc-a'"));
+  assert_int_equal(nb_pki_identity_check_pem("junk", 0, &alice), NB_ERR_PERMISSION);
   assert_int_equal(nb_pki_identity_from_pem("-----BEGIN CERTIFICATE-----\ngarbage\n", 0, &id),
                    NB_ERR_INVALID);
   assert_int_equal(id.kind, NB_PKI_NONE);
