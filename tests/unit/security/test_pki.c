@@ -437,13 +437,63 @@ static void test_certs_cli(void** state) {
   sec_rmtree(d);
 }
 
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rng(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return rng_state;
+}
+
+/* Mutated certificates and random text: never a crash, never a mutated certificate accepted. */
+static void test_garbage_certs(void** state) {
+  (void)state;
+  EVP_PKEY* k;
+  X509* c;
+  issue(NB_PKI_CLUSTER, "dc-a", &k, &c);
+  unsigned char* der = NULL;
+  int n = i2d_X509(c, &der);
+  assert_true(n > 100);
+  unsigned char* m = malloc((size_t)n);
+  int parsed = 0;
+  for (int it = 0; it < 400; it++) {
+    memcpy(m, der, (size_t)n);
+    int flips = 1 + (int)(rng() % 4);
+    for (int f = 0; f < flips; f++) m[rng() % (uint64_t)n] ^= (unsigned char)(1 + rng() % 255);
+    const unsigned char* p = m;
+    X509* x = d2i_X509(NULL, &p, n);
+    if (!x) continue;
+    parsed++;
+    nb_pki_identity_t id;
+    (void)nb_pki_identity_from_cert(x, &id);
+    char* text = NULL;
+    if (nb_pki_cert_describe(x, &text) == NB_OK) nb_free(text);
+    if (memcmp(m, der, (size_t)n) != 0)
+      assert_int_not_equal(nb_pki_cert_verify(x, ca_cert, NB_PKI_USAGE_ANY, NULL), NB_OK);
+    X509_free(x);
+  }
+  print_message("%d of 400 mutated certificates parsed; none verified\n", parsed);
+  char junk[600];
+  for (int it = 0; it < 300; it++) {
+    size_t len = rng() % sizeof junk;
+    for (size_t i = 0; i < len; i++) junk[i] = (char)(rng() % 256);
+    if (it % 3 == 0 && len > 40) memcpy(junk, "-----BEGIN CERTIFICATE-----\n", 28);
+    nb_pki_identity_t id;
+    assert_int_not_equal(nb_pki_identity_from_pem(junk, len ? len : 1, &id), NB_OK);
+  }
+  free(m);
+  OPENSSL_free(der);
+  EVP_PKEY_free(k);
+  X509_free(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_names),           cmocka_unit_test(test_issue_verify_roundtrip),
       cmocka_unit_test(test_bad_issue_input), cmocka_unit_test(test_foreign_ca_rejected),
       cmocka_unit_test(test_validity),        cmocka_unit_test(test_dir_files_and_modes),
       cmocka_unit_test(test_dir_bad_inputs),  cmocka_unit_test(test_openssl_cli_reference),
-      cmocka_unit_test(test_certs_cli),
+      cmocka_unit_test(test_certs_cli),       cmocka_unit_test(test_garbage_certs),
   };
   return cmocka_run_group_tests(tests, setup_ca, teardown_ca);
 }

@@ -346,12 +346,34 @@ static void test_concurrent_open(void** state) {
   nb_seal_ctx_destroy(b);
 }
 
+/* Random bytes as sealed chunks: always an integrity failure, never a crash. */
+static void test_garbage_chunks(void** state) {
+  (void)state;
+  nb_seal_ctx_t* b = mk("job-1", "dc-b", "dc-a", NULL);
+  uint64_t x = 88172645463325252ull;
+  uint8_t in[512], out[512];
+  size_t ol;
+  for (int it = 0; it < 500; it++) {
+    size_t len = 0;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    len = x % sizeof in;
+    for (size_t i = 0; i < len; i++) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      in[i] = (uint8_t)x;
+    }
+    assert_int_equal(nb_open_chunk(b, x % 4, x % 1000, in, len / 3, in, len, out, &ol),
+                     NB_ERR_INTEGRITY);
+  }
+  nb_seal_ctx_destroy(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_roundtrip), cmocka_unit_test(test_tamper),
-      cmocka_unit_test(test_replay),    cmocka_unit_test(test_wrong_keys),
-      cmocka_unit_test(test_epochs),    cmocka_unit_test(test_nonces),
-      cmocka_unit_test(test_bad_args),  cmocka_unit_test(test_concurrent_open),
+      cmocka_unit_test(test_roundtrip),      cmocka_unit_test(test_tamper),
+      cmocka_unit_test(test_replay),         cmocka_unit_test(test_wrong_keys),
+      cmocka_unit_test(test_epochs),         cmocka_unit_test(test_nonces),
+      cmocka_unit_test(test_bad_args),       cmocka_unit_test(test_concurrent_open),
+      cmocka_unit_test(test_garbage_chunks),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -251,6 +251,35 @@ static void test_openssl_cli_reference(void** state) {
   sec_rmtree(d);
 }
 
+/* Random text as base64 and as signatures: clean errors, never a crash. */
+static void test_garbage_sigs(void** state) {
+  (void)state;
+  static const char alpha[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=!\n";
+  uint64_t x = 0x2545F4914F6CDD1Dull;
+  char text[200];
+  uint8_t sig[120];
+  for (int it = 0; it < 500; it++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    size_t len = 1 + x % (sizeof text - 1);
+    for (size_t i = 0; i < len; i++) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      text[i] = alpha[x % (sizeof alpha - 1)];
+    }
+    text[len] = '\0';
+    uint8_t* d = NULL;
+    size_t n = 0;
+    nb_status_t st = nb_b64_decode(text, len, &d, &n);
+    assert_true(st == NB_OK || st == NB_ERR_INVALID);
+    nb_free(d);
+    size_t sl = x % sizeof sig;
+    for (size_t i = 0; i < sl; i++) sig[i] = (uint8_t)(x >> (i % 56));
+    if (sl > 2) sig[0] = 0x30, sig[1] = (uint8_t)(sl - 2); /* DER-looking */
+    assert_int_equal(nb_sign_verify(alice, ca, desc, strlen(desc), sig, sl, NULL, NULL),
+                     NB_ERR_INTEGRITY);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_valid),
@@ -260,6 +289,7 @@ int main(void) {
       cmocka_unit_test(test_b64_forms),
       cmocka_unit_test(test_b64),
       cmocka_unit_test(test_openssl_cli_reference),
+      cmocka_unit_test(test_garbage_sigs),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
