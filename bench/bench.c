@@ -12,6 +12,7 @@ typedef struct {
 } nb_bench_entry_t;
 
 static const nb_bench_entry_t nb__benches[] = {
+    {"seal", "AES-256-GCM sealing and opening of frame chunks vs memcpy", nb_bench_seal_main},
     {NULL, NULL, NULL},
 };
 
