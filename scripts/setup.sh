@@ -10,6 +10,7 @@ DEB_PKGS=(
   clang
   cmake
   iperf3
+  iputils-ping
   iproute2
   libcmocka-dev
   libgrpc-dev
