@@ -10,8 +10,9 @@ DEB_PKGS=(
   clang
   cmake
   iperf3
-  iputils-ping
   iproute2
+  iputils-ping
+  jq
   libcmocka-dev
   libgrpc-dev
   libjansson-dev
