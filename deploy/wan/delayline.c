@@ -36,7 +36,7 @@ typedef struct {
   dl_hdr_t* hdr;
   size_t nslots, slot_size, head, count;
   int64_t delay_ns;
-  uint64_t frames, bytes, drop_full, drop_oversize, tx_err, max_depth;
+  uint64_t frames, bytes, drop_full, drop_oversize, drop_cut, tx_err, max_depth;
   int64_t max_late_ns; /* worst lateness of a release against its due time */
 } dl_dir_t;
 
@@ -57,7 +57,9 @@ static void dl_usage(FILE* f) {
       "--delay-ba-ms sets the b->a delay when it differs from a->b.\n"
       "--queue-frames bounds each direction's queue (default 16384); frames arriving at a full\n"
       "queue are dropped and counted. SIGTERM/SIGINT: print statistics and exit 0.\n"
-      "SIGUSR1: print statistics and continue.\n");
+      "SIGUSR1: print statistics and continue. SIGRTMIN: cut the link (every frame is\n"
+      "dropped, in both directions, like a cable cut: endpoints see silence, not errors).\n"
+      "SIGRTMIN+1: restore it.\n");
 }
 
 /* Opens TAP device `dev` inside namespace `ns` ("-" = current) and returns its fd, or -1. The
@@ -127,7 +129,7 @@ static int dl_dir_init(dl_dir_t* d, const char* name, int in, int out, size_t ns
 }
 
 /* Reads up to DL_BATCH frames from d->in into the queue. Returns -1 on a fatal read error. */
-static int dl_ingest(dl_dir_t* d, unsigned char* scratch) {
+static int dl_ingest(dl_dir_t* d, unsigned char* scratch, int cut) {
   for (int i = 0; i < DL_BATCH; ++i) {
     ssize_t n = read(d->in, scratch, DL_MAX_FRAME);
     if (n < 0) {
@@ -138,6 +140,10 @@ static int dl_ingest(dl_dir_t* d, unsigned char* scratch) {
     }
     if (n == 0) return 0;
     int64_t now = dl_now_ns();
+    if (cut) {
+      d->drop_cut++;
+      continue;
+    }
     if ((size_t)n > d->slot_size) {
       d->drop_oversize++;
       continue;
@@ -178,11 +184,11 @@ static void dl_stats(FILE* f, const dl_dir_t* d, int n) {
   for (int i = 0; i < n; ++i)
     fprintf(f,
             "nb-delayline: %s frames=%llu bytes=%llu drop_full=%llu drop_oversize=%llu "
-            "tx_err=%llu max_depth=%llu max_late_us=%.1f queued=%zu\n",
+            "drop_cut=%llu tx_err=%llu max_depth=%llu max_late_us=%.1f queued=%zu\n",
             d[i].name, (unsigned long long)d[i].frames, (unsigned long long)d[i].bytes,
             (unsigned long long)d[i].drop_full, (unsigned long long)d[i].drop_oversize,
-            (unsigned long long)d[i].tx_err, (unsigned long long)d[i].max_depth,
-            (double)d[i].max_late_ns / 1e3, d[i].count);
+            (unsigned long long)d[i].drop_cut, (unsigned long long)d[i].tx_err,
+            (unsigned long long)d[i].max_depth, (double)d[i].max_late_ns / 1e3, d[i].count);
   fflush(f);
 }
 
@@ -283,13 +289,15 @@ int main(int argc, char** argv) {
   sigaddset(&mask, SIGINT);
   sigaddset(&mask, SIGUSR1);
   sigaddset(&mask, SIGHUP);
+  sigaddset(&mask, SIGRTMIN);
+  sigaddset(&mask, SIGRTMIN + 1);
   if (sigprocmask(SIG_BLOCK, &mask, NULL) != 0) {
     perror("nb-delayline: sigprocmask");
     return 1;
   }
   signal(SIGPIPE, SIG_IGN);
 
-  int rc = 1, home = -1, fa = -1, fb = -1, sfd = -1, tfd = -1, ep = -1;
+  int rc = 1, cut = 0, home = -1, fa = -1, fb = -1, sfd = -1, tfd = -1, ep = -1;
   unsigned char* scratch = NULL;
   dl_dir_t dir[2];
   memset(dir, 0, sizeof dir);
@@ -358,12 +366,23 @@ int main(int argc, char** argv) {
           fprintf(stderr, "nb-delayline: device %s went away\n", which == 0 ? tap_a : tap_b);
           goto out;
         }
-        if (dl_ingest(&dir[which], scratch) != 0) goto out;
+        if (dl_ingest(&dir[which], scratch, cut) != 0) goto out;
       } else if (which == 2) {
         struct signalfd_siginfo si;
         while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
           if (si.ssi_signo == SIGUSR1) {
             dl_stats(stdout, dir, 2);
+          } else if ((int)si.ssi_signo == SIGRTMIN || (int)si.ssi_signo == SIGRTMIN + 1) {
+            cut = (int)si.ssi_signo == SIGRTMIN;
+            if (cut) {
+              /* Frames already in flight are lost too, as on a cut cable. */
+              for (int d = 0; d < 2; ++d) {
+                dir[d].drop_cut += dir[d].count;
+                dir[d].count = 0;
+              }
+            }
+            fprintf(stdout, "nb-delayline: link %s\n", cut ? "cut" : "restored");
+            fflush(stdout);
           } else {
             dl_stats(stdout, dir, 2);
             rc = 0;

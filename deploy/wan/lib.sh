@@ -71,7 +71,7 @@ wan_find_delayline() {
 wan_delayline_pids() {
   local prefix=$1 p args
   for p in /proc/[0-9]*; do
-    args=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    args=$(tr "\0" " " 2>/dev/null <"$p/cmdline") || continue
     case "$args" in
       *nb-delayline*" --ns-a $prefix-a "*) printf '%s\n' "${p#/proc/}" ;;
     esac

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Changes a running emulated WAN link (made by wan-up.sh) without tearing it down: the tbf rate of
-# either direction, or the link state (down = both devices down, as in a cut cable; up = back).
-# The one-way delay is fixed for the life of the link.
+# either direction; --cut / --restore (the delay line drops every frame, both ways: endpoints see
+# silence, as on a real WAN outage; needs delay > 0); --down / --up (both devices down: endpoints
+# see "network unreachable" at once). The one-way delay is fixed for the life of the link.
 #
-# usage: wan-set.sh --prefix P [--rate-mbit R] [--rate-ba-mbit R] [--down | --up]
+# usage: wan-set.sh --prefix P [--rate-mbit R] [--rate-ba-mbit R] [--cut | --restore | --down | --up]
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -11,6 +12,7 @@ prefix=""
 rate=""
 rate_ba=""
 state_op=""
+cut_op=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --prefix) prefix=$2; shift 2 ;;
@@ -18,7 +20,9 @@ while [ $# -gt 0 ]; do
     --rate-ba-mbit) rate_ba=$2; shift 2 ;;
     --down) state_op=down; shift ;;
     --up) state_op=up; shift ;;
-    -h | --help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --cut) cut_op=cut; shift ;;
+    --restore) cut_op=restore; shift ;;
+    -h | --help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) wan_die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -45,4 +49,10 @@ if [ -n "$state_op" ]; then
   ip -n "$NB_WAN_NS_A" link set "$NB_WAN_DEV" "$state_op"
   ip -n "$NB_WAN_NS_B" link set "$NB_WAN_DEV" "$state_op"
 fi
-wan_log "set $prefix:${rate:+ rate a->b $rate Mbit/s}${rate_ba:+ b->a $rate_ba Mbit/s}${state_op:+ link $state_op}"
+if [ -n "$cut_op" ]; then
+  pid=${NB_WAN_DELAYLINE_PID:-}
+  [ -n "$pid" ] || wan_die "--$cut_op needs a link with a delay line (wan-up.sh --delay-ms > 0); use --down/--up"
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "nb-delayline" ] || wan_die "delay line $pid of $prefix is not running"
+  if [ "$cut_op" = cut ]; then kill -s RTMIN "$pid"; else kill -s RTMIN+1 "$pid"; fi
+fi
+wan_log "set $prefix:${rate:+ rate a->b $rate Mbit/s}${rate_ba:+ b->a $rate_ba Mbit/s}${state_op:+ link $state_op}${cut_op:+ link $cut_op}"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Integration test of the emulated WAN link (needs root and network namespaces; otherwise exits 77
 # = skipped): a 50 Mbit/s, 10 ms one-way link must show a ping RTT of about 20 ms and an iperf3
-# rate near 50 Mbit/s; halving the rate at run time must halve the iperf3 rate; a veth link without
-# delay must work too; and tear-down must leave no namespace or process of this test behind.
+# rate near 50 Mbit/s; halving the rate at run time must halve the iperf3 rate; a cut link must be
+# silent and a restored one answer; a veth link without delay must work too; and tear-down must
+# leave no namespace or process of this test behind.
 set -u
 wan=$1
 SKIP=77
@@ -53,6 +54,14 @@ j=$("$wan/measure.sh" --prefix "$p" --streams 1 --time 3 --omit 1 --pings 3 --js
 mb2=$(jq '.iperf3_mbit["1"]' <<<"$j")
 echo "after wan-set --rate-mbit 25: $j"
 check "iperf3 after halving $mb2 Mbit/s within [0.75, 1.05] x 25" "$mb2 >= 18.75 && $mb2 <= 26.25"
+
+# A cut link is silent (every ping lost), a restored one answers again.
+"$wan/wan-set.sh" --prefix "$p" --cut 2>/dev/null || { echo "FAIL: wan-set --cut"; fail=1; }
+lc=$(ip netns exec "$p-a" ping -n -q -c 3 -i 0.2 -W 1 169.254.100.2 | sed -n 's/.* \([0-9.]*\)% packet loss.*/\1/p')
+check "cut link loses every ping ($lc%)" "\"$lc\" == \"100\""
+"$wan/wan-set.sh" --prefix "$p" --restore 2>/dev/null || { echo "FAIL: wan-set --restore"; fail=1; }
+lr=$(ip netns exec "$p-a" ping -n -q -c 3 -i 0.2 -W 1 169.254.100.2 | sed -n 's/.* \([0-9.]*\)% packet loss.*/\1/p')
+check "restored link loses no ping ($lr%)" "\"$lr\" == \"0\""
 
 dlpid=$(. "/run/nebula-wan/$p/env" 2>/dev/null; echo "${NB_WAN_DELAYLINE_PID:-}")
 out=$("$wan/wan-down.sh" --prefix "$p" 2>&1) || { echo "FAIL: wan-down: $out"; fail=1; }
