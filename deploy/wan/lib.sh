@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034
 # Shared helpers for the emulated-WAN scripts (sourced, not run). Names, addresses and the tbf
 # parameters live here so that wan-up.sh, wan-set.sh, wan-down.sh and measure.sh agree.
 # Not a general network library: it only knows the two-namespace layout that wan-up.sh builds.

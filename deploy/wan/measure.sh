@@ -8,6 +8,7 @@
 # Prints "rtt_ms_min=.. rtt_ms_avg=.. rtt_ms_max=.." and "iperf3_mbit_P<n>=.." lines, or with
 # --json one object {"rate_mbit":..,"delay_ms":..,"rtt_ms_avg":..,"iperf3_mbit":{"1":..,"4":..}}.
 set -euo pipefail
+# shellcheck source=deploy/wan/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 prefix=""

@@ -5,6 +5,7 @@
 #
 # usage: wan-down.sh --prefix P
 set -uo pipefail
+# shellcheck source=deploy/wan/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 prefix=""
@@ -37,6 +38,7 @@ if [ -s "$state/delayline.pid" ]; then
   p=$(cat "$state/delayline.pid")
   if [ "$(cat "/proc/$p/comm" 2>/dev/null)" = "nb-delayline" ]; then pids="$pids $p"; fi
 fi
+# shellcheck disable=SC2086 # $pids is a whitespace-separated list
 for p in $(printf '%s\n' $pids | sort -u); do
   kill -TERM "$p" 2>/dev/null || continue
   wait_gone "$p" 30 || { wan_log "nb-delayline $p ignored SIGTERM; killing"; kill -KILL "$p" 2>/dev/null; }

@@ -6,6 +6,7 @@
 #
 # usage: wan-set.sh --prefix P [--rate-mbit R] [--rate-ba-mbit R] [--cut | --restore | --down | --up]
 set -euo pipefail
+# shellcheck source=deploy/wan/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 prefix=""
@@ -18,10 +19,10 @@ while [ $# -gt 0 ]; do
     --prefix) prefix=$2; shift 2 ;;
     --rate-mbit) rate=$2; shift 2 ;;
     --rate-ba-mbit) rate_ba=$2; shift 2 ;;
-    --down) state_op=down; shift ;;
-    --up) state_op=up; shift ;;
-    --cut) cut_op=cut; shift ;;
-    --restore) cut_op=restore; shift ;;
+    --down) state_op="down"; shift ;;
+    --up) state_op="up"; shift ;;
+    --cut) cut_op="cut"; shift ;;
+    --restore) cut_op="restore"; shift ;;
     -h | --help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) wan_die "unknown argument '$1' (see --help)" ;;
   esac

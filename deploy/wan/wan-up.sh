@@ -8,6 +8,7 @@
 # Prints shell assignments (NB_WAN_PREFIX=..., NB_WAN_NS_A=..., NB_WAN_ADDR_B=...) on stdout, so
 # `eval "$(wan-up.sh ...)"` works. Tear down with `wan-down.sh --prefix P`.
 set -euo pipefail
+# shellcheck source=deploy/wan/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 prefix="nbw-$$"

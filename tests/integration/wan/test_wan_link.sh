@@ -21,6 +21,7 @@ ip netns del "$probe"
 p="nbt-$$"
 p0="nbt0-$$"
 fail=0
+# shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
   "$wan/wan-down.sh" --prefix "$p" >/dev/null 2>&1
   "$wan/wan-down.sh" --prefix "$p0" >/dev/null 2>&1
@@ -32,7 +33,10 @@ check() { # check "what" condition-expression-for-awk
 }
 
 t0=$(date +%s.%N)
-"$wan/wan-up.sh" --prefix "$p" --rate-mbit 50 --delay-ms 10 >/dev/null || { echo "FAIL: wan-up"; exit 1; }
+upout=$("$wan/wan-up.sh" --prefix "$p" --rate-mbit 50 --delay-ms 10) || { echo "FAIL: wan-up"; exit 1; }
+dlpid=$(sed -n 's/^NB_WAN_DELAYLINE_PID=//p' <<<"$upout")
+statedir=$(sed -n 's/^NB_WAN_STATE=//p' <<<"$upout")
+check "a delay line runs (pid '$dlpid')" "\"$dlpid\" != \"\""
 j=$("$wan/measure.sh" --prefix "$p" --streams 1 --time 3 --omit 1 --pings 10 --json) ||
   { echo "FAIL: measure"; exit 1; }
 echo "50 Mbit/s, 10 ms: $j"
@@ -63,7 +67,6 @@ check "cut link loses every ping ($lc%)" "\"$lc\" == \"100\""
 lr=$(ip netns exec "$p-a" ping -n -q -c 3 -i 0.2 -W 1 169.254.100.2 | sed -n 's/.* \([0-9.]*\)% packet loss.*/\1/p')
 check "restored link loses no ping ($lr%)" "\"$lr\" == \"0\""
 
-dlpid=$(. "/run/nebula-wan/$p/env" 2>/dev/null; echo "${NB_WAN_DELAYLINE_PID:-}")
 out=$("$wan/wan-down.sh" --prefix "$p" 2>&1) || { echo "FAIL: wan-down: $out"; fail=1; }
 echo "$out"
 grep -q 'a->b frames=[1-9]' <<<"$out" || { echo "FAIL: no delay-line statistics"; fail=1; }
@@ -80,9 +83,7 @@ for ns in "$p-a" "$p-b" "$p0-a" "$p0-b"; do
   if ip netns list | awk '{print $1}' | grep -qxF "$ns"; then echo "FAIL: namespace $ns left"; fail=1; fi
 done
 if [ -n "$dlpid" ] && kill -0 "$dlpid" 2>/dev/null; then echo "FAIL: delay line $dlpid left"; fail=1; fi
-for d in /run/nebula-wan/$p /run/nebula-wan/$p0; do
-  [ -e "$d" ] && { echo "FAIL: state $d left"; fail=1; }
-done
+if [ -n "$statedir" ] && [ -e "$statedir" ]; then echo "FAIL: state $statedir left"; fail=1; fi
 echo "took $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
 [ "$fail" -eq 0 ] && echo "PASS" || echo "FAILED"
 exit $fail
