@@ -67,14 +67,19 @@ wan_find_delayline() {
   wan_die "nb-delayline not found: build it (cmake --build build --target nb-delayline) or set NB_DELAYLINE"
 }
 
+# True while pid $1 runs. A zombie counts as exited: a delay line is reparented to init when
+# wan-up.sh returns, and init may reap it only later, so `kill -0` alone would wait for that.
+wan_pid_alive() {
+  kill -0 "$1" 2>/dev/null || return 1
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
+
 # PIDs of nb-delayline processes serving this prefix (found by their command line, so a delay
 # line whose pidfile was never written is found too).
 wan_delayline_pids() {
-  local prefix=$1 p args
-  for p in /proc/[0-9]*; do
-    args=$(tr "\0" " " 2>/dev/null <"$p/cmdline") || continue
-    case "$args" in
-      *nb-delayline*" --ns-a $prefix-a "*) printf '%s\n' "${p#/proc/}" ;;
-    esac
-  done
+  local re=${1//./\\.}
+  pgrep -f -- "nb-delayline .*--ns-a $re-a --" || true
 }

@@ -22,12 +22,12 @@ wan_check_prefix "$prefix"
 
 state="$NB_WAN_STATE_ROOT/$prefix"
 
-# Waits up to $2 tenths of a second for pid $1 to exit.
+# Waits up to $2 hundredths of a second for pid $1 to exit.
 wait_gone() {
   local i
   for ((i = 0; i < $2; i++)); do
-    kill -0 "$1" 2>/dev/null || return 0
-    sleep 0.1
+    wan_pid_alive "$1" || return 0
+    sleep 0.01
   done
   return 1
 }
@@ -41,7 +41,7 @@ fi
 # shellcheck disable=SC2086 # $pids is a whitespace-separated list
 for p in $(printf '%s\n' $pids | sort -u); do
   kill -TERM "$p" 2>/dev/null || continue
-  wait_gone "$p" 30 || { wan_log "nb-delayline $p ignored SIGTERM; killing"; kill -KILL "$p" 2>/dev/null; }
+  wait_gone "$p" 300 || { wan_log "nb-delayline $p ignored SIGTERM; killing"; kill -KILL "$p" 2>/dev/null; }
 done
 if [ -f "$state/delayline.log" ]; then
   grep -E '^nb-delayline: (a->b|b->a)' "$state/delayline.log" | tail -2 >&2 || true
@@ -52,7 +52,7 @@ for ns in "$prefix-a" "$prefix-b"; do
   ip netns list | awk '{print $1}' | grep -qxF "$ns" || continue
   for p in $(ip netns pids "$ns" 2>/dev/null); do kill -TERM "$p" 2>/dev/null || true; done
   for p in $(ip netns pids "$ns" 2>/dev/null); do
-    wait_gone "$p" 20 || kill -KILL "$p" 2>/dev/null || true
+    wait_gone "$p" 200 || kill -KILL "$p" 2>/dev/null || true
   done
   ip netns del "$ns" 2>/dev/null || wan_log "could not delete namespace $ns"
 done

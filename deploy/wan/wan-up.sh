@@ -98,7 +98,7 @@ if [ "$use_delayline" -eq 1 ]; then
   dlpid=$!
   for _ in $(seq 1 100); do
     [ -s "$state/delayline.pid" ] && break
-    kill -0 "$dlpid" 2>/dev/null || { cat "$state/delayline.log" >&2; wan_die "nb-delayline exited"; }
+    wan_pid_alive "$dlpid" || { cat "$state/delayline.log" >&2; wan_die "nb-delayline exited"; }
     sleep 0.05
   done
   [ -s "$state/delayline.pid" ] || wan_die "nb-delayline did not start within 5 s"

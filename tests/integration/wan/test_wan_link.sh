@@ -37,7 +37,7 @@ upout=$("$wan/wan-up.sh" --prefix "$p" --rate-mbit 50 --delay-ms 10) || { echo "
 dlpid=$(sed -n 's/^NB_WAN_DELAYLINE_PID=//p' <<<"$upout")
 statedir=$(sed -n 's/^NB_WAN_STATE=//p' <<<"$upout")
 check "a delay line runs (pid '$dlpid')" "\"$dlpid\" != \"\""
-j=$("$wan/measure.sh" --prefix "$p" --streams 1 --time 3 --omit 1 --pings 10 --json) ||
+j=$("$wan/measure.sh" --prefix "$p" --streams 1 --time 2 --omit 1 --pings 8 --json) ||
   { echo "FAIL: measure"; exit 1; }
 echo "50 Mbit/s, 10 ms: $j"
 rmin=$(jq .rtt_ms_min <<<"$j")
@@ -54,7 +54,7 @@ check "no process left in the namespaces after measure.sh ('$left')" "\"$left\" 
 
 # Halve the rate at run time (what the scheduler tests do mid-run).
 "$wan/wan-set.sh" --prefix "$p" --rate-mbit 25 2>/dev/null || { echo "FAIL: wan-set"; fail=1; }
-j=$("$wan/measure.sh" --prefix "$p" --streams 1 --time 3 --omit 1 --pings 3 --json)
+j=$("$wan/measure.sh" --prefix "$p" --streams 1 --time 2 --omit 1 --pings 2 --json)
 mb2=$(jq '.iperf3_mbit["1"]' <<<"$j")
 echo "after wan-set --rate-mbit 25: $j"
 check "iperf3 after halving $mb2 Mbit/s within [0.75, 1.05] x 25" "$mb2 >= 18.75 && $mb2 <= 26.25"
@@ -82,7 +82,9 @@ check "veth link ping avg ${r0:-none} ms < 5 ms" "\"$r0\" != \"\" && $r0 < 5"
 for ns in "$p-a" "$p-b" "$p0-a" "$p0-b"; do
   if ip netns list | awk '{print $1}' | grep -qxF "$ns"; then echo "FAIL: namespace $ns left"; fail=1; fi
 done
-if [ -n "$dlpid" ] && kill -0 "$dlpid" 2>/dev/null; then echo "FAIL: delay line $dlpid left"; fail=1; fi
+# shellcheck source=deploy/wan/lib.sh
+. "$wan/lib.sh"
+if [ -n "$dlpid" ] && wan_pid_alive "$dlpid"; then echo "FAIL: delay line $dlpid left"; fail=1; fi
 if [ -n "$statedir" ] && [ -e "$statedir" ]; then echo "FAIL: state $statedir left"; fail=1; fi
 echo "took $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
 [ "$fail" -eq 0 ] && echo "PASS" || echo "FAILED"
