@@ -91,6 +91,9 @@ static nb_status_t sched_input_check(const nb_sched_input_t* in) {
   if (!(isfinite(in->bits_per_value) && in->bits_per_value > 0.0 && in->bits_per_value <= 64.0))
     return nb_error(NB_ERR_INVALID, "scheduler: bits per value must be in (0, 64], got %g",
                     in->bits_per_value);
+  if (!fin_ge0(in->round_s))
+    return nb_error(NB_ERR_INVALID, "scheduler: round wall budget must be finite and >= 0, got %g",
+                    in->round_s);
   if (!(isfinite(in->bits_per_index) && in->bits_per_index >= 0.0 && in->bits_per_index <= 64.0))
     return nb_error(NB_ERR_INVALID, "scheduler: bits per index must be in [0, 64], got %g",
                     in->bits_per_index);
@@ -145,12 +148,16 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
   const uint64_t max_steps64 = (uint64_t)in->steps * cfg->max_steps_factor;
   const uint32_t max_steps = max_steps64 > UINT32_MAX ? UINT32_MAX : (uint32_t)max_steps64;
 
+  const int wall = in->round_s > 0.0;
+  const double base_compute = wall ? in->round_s : in->step_compute_s * in->steps;
+  double compute = base_compute;
+
   d.steps = in->steps;
-  if (g <= 0.0 || in->step_compute_s <= 0.0) {
+  if (g <= 0.0 || (!wall && in->step_compute_s <= 0.0)) {
     d.reason = NB_SCHED_NO_ESTIMATE;
     d.density = clampd(cfg->initial_density, cfg->density_floor, cfg->density_ceiling);
   } else {
-    double budget = share * in->step_compute_s * in->steps;
+    double budget = share * base_compute;
     d.density_fit = (budget - fixed_s - fixed_bytes / g) * g / bytes_full;
     if (d.density_fit >= cfg->density_ceiling) {
       d.reason = NB_SCHED_CEILING;
@@ -166,8 +173,13 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
     } else {
       d.density = cfg->density_floor;
       double need_s = fixed_s + (fixed_bytes + d.density * bytes_full) / g;
-      double steps_need = ceil(need_s / (share * in->step_compute_s));
-      if (steps_need <= (double)max_steps) {
+      double steps_need = wall ? 0.0 : ceil(need_s / (share * in->step_compute_s));
+      if (wall) {
+        double round_need = need_s / share, round_max = in->round_s * cfg->max_steps_factor;
+        d.reason = round_need <= round_max ? NB_SCHED_FLOOR_LENGTHEN : NB_SCHED_FLOOR_MAX_STEPS;
+        compute = round_need <= round_max ? (round_need > base_compute ? round_need : base_compute)
+                                          : round_max;
+      } else if (steps_need <= (double)max_steps) {
         d.reason = NB_SCHED_FLOOR_LENGTHEN;
         d.steps = steps_need > (double)in->steps ? (uint32_t)steps_need : in->steps;
       } else {
@@ -180,7 +192,7 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
   d.k = kf < 1.0 ? 1 : (kf > (double)in->n_params ? in->n_params : (uint64_t)kf);
   d.bytes = fixed_bytes + d.density * bytes_full;
   d.transfer_s = g > 0.0 ? fixed_s + d.bytes / g : 0.0;
-  d.compute_s = in->step_compute_s * d.steps;
+  d.compute_s = wall ? compute : in->step_compute_s * d.steps;
   d.budget_s = share * d.compute_s;
   *out = d;
   if (nb_log_enabled(NB_LOG_INFO, NB_SUB_SCHED)) {
@@ -196,10 +208,11 @@ int nb_sched_decision_format(const nb_sched_decision_t* d, char* buf, size_t len
   return snprintf(buf, len,
                   "sched round=%llu reason=%s density=%.6g k=%llu steps=%u base_steps=%u "
                   "fit=%.6g bytes=%.0f transfer_s=%.4f budget_s=%.4f compute_s=%.4f "
-                  "goodput_mbit=%.3f rtt_ms=%.3f step_ms=%.3f params=%llu bits=%.3g+%.3g fanout=%u",
+                  "goodput_mbit=%.3f rtt_ms=%.3f step_ms=%.3f params=%llu bits=%.3g+%.3g fanout=%u "
+                  "round_s=%.4g",
                   (unsigned long long)d->in.round, nb_sched_reason_name(d->reason), d->density,
                   (unsigned long long)d->k, d->steps, d->in.steps, d->density_fit, d->bytes,
                   d->transfer_s, d->budget_s, d->compute_s, d->in.goodput_Bps * 8e-6,
                   d->in.rtt_s * 1e3, d->in.step_compute_s * 1e3, (unsigned long long)d->in.n_params,
-                  d->in.bits_per_value, d->in.bits_per_index, d->in.fanout);
+                  d->in.bits_per_value, d->in.bits_per_index, d->in.fanout, d->in.round_s);
 }

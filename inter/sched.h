@@ -48,6 +48,9 @@ typedef struct {
   double bits_per_value; /* codec bits per kept value, (0, 64] */
   double bits_per_index; /* codec bits per kept index, [0, 64] */
   uint32_t fanout;       /* frames sent over this link per round (peers sharing it), >= 1; 0 = 1 */
+  double round_s;        /* wall-time rounds (heterogeneous clusters): the base round budget in
+                            seconds; step_compute_s is then not needed and steps is passed
+                            through. 0 = a round is `steps` inner steps */
 } nb_sched_input_t;
 
 typedef enum {
@@ -65,12 +68,14 @@ typedef struct {
   nb_sched_reason_t reason;
   double density;     /* chosen top-k density, in [floor, ceiling] */
   uint64_t k;         /* kept values: ceil(density x n_params), >= 1, <= n_params */
-  uint32_t steps;     /* inner steps of the next round, >= in.steps */
+  uint32_t steps;     /* inner steps of the next round, >= in.steps (= in.steps in wall-time
+                         mode) */
   double density_fit; /* unclamped density that exactly fills the budget at in.steps (may
                          be < 0 when even the fixed costs do not fit); 0 with no estimate */
   double bytes;       /* predicted frame bytes x fanout */
   double transfer_s;  /* predicted transfer time */
-  double compute_s;   /* steps x step_compute_s */
+  double compute_s;   /* the next round's compute: steps x step_compute_s, or in wall-time mode
+                         its wall budget (>= in.round_s; lengthened at the floor) */
   double budget_s;    /* the share of compute_s the transfer may take */
 } nb_sched_decision_t;
 

@@ -16,6 +16,9 @@
 #include "inter/estimator.h"
 #include "inter/sched.h"
 
+static void expect_invalid(const nb_sched_config_t* c, const nb_sched_input_t* in,
+                           const char* word);
+
 static nb_sched_config_t cfg(void) {
   nb_sched_config_t c;
   nb_sched_config_default(&c);
@@ -196,6 +199,43 @@ static void test_follows_estimator_through_rate_change(void** state) {
   nb_estimator_destroy(e);
 }
 
+/* Wall-time rounds (heterogeneous clusters): the budget is a share of the round's wall time,
+ * the step time is not needed, and at the floor the wall budget grows instead of the steps. */
+static void test_wall_time_rounds(void** state) {
+  (void)state;
+  nb_sched_config_t c = cfg();
+  nb_sched_decision_t steps_mode, wall, wall_half, floor, maxed;
+  nb_sched_input_t in = input(100);
+  assert_int_equal(nb_sched_decide(&c, &in, NULL, &steps_mode), NB_OK);
+  in.round_s = 5.0; /* the same 5 s round, given as wall time */
+  in.step_compute_s = 0;
+  assert_int_equal(nb_sched_decide(&c, &in, NULL, &wall), NB_OK);
+  assert_int_equal(wall.reason, NB_SCHED_FIT);
+  assert_true(fabs(wall.density - steps_mode.density) < 1e-12);
+  assert_true(fabs(wall.compute_s - 5.0) < 1e-12);
+  in.goodput_Bps /= 2;
+  assert_int_equal(nb_sched_decide(&c, &in, &wall, &wall_half), NB_OK);
+  assert_true(wall_half.density < wall.density * 0.5);
+  in = input(0.5);
+  in.round_s = 5.0;
+  assert_int_equal(nb_sched_decide(&c, &in, NULL, &floor), NB_OK);
+  print(&floor);
+  assert_int_equal(floor.reason, NB_SCHED_FLOOR_LENGTHEN);
+  assert_true(floor.compute_s > 5.0 && floor.compute_s < 40.0);
+  assert_true(fabs(floor.transfer_s - floor.budget_s) < 1e-9); /* exactly long enough */
+  assert_int_equal(floor.steps, 50);                           /* passed through */
+  in = input(0.01);
+  in.round_s = 5.0;
+  assert_int_equal(nb_sched_decide(&c, &in, NULL, &maxed), NB_OK);
+  assert_int_equal(maxed.reason, NB_SCHED_FLOOR_MAX_STEPS);
+  assert_true(fabs(maxed.compute_s - 40.0) < 1e-9);
+  in = input(100);
+  in.round_s = -1;
+  expect_invalid(&c, &in, "round wall budget");
+  in.round_s = NAN;
+  expect_invalid(&c, &in, "round wall budget");
+}
+
 static void test_format_and_names(void** state) {
   (void)state;
   nb_sched_config_t c = cfg();
@@ -300,6 +340,7 @@ int main(void) {
       cmocka_unit_test(test_ceiling_overlap_and_no_estimate),
       cmocka_unit_test(test_hysteresis_only_upwards),
       cmocka_unit_test(test_follows_estimator_through_rate_change),
+      cmocka_unit_test(test_wall_time_rounds),
       cmocka_unit_test(test_format_and_names),
       cmocka_unit_test(test_bad_inputs),
   };
