@@ -51,6 +51,7 @@ static void dl_usage(FILE* f) {
       f,
       "usage: nb-delayline --ns-a NS --tap-a DEV --ns-b NS --tap-b DEV --delay-ms D\n"
       "                    [--delay-ba-ms D] [--mtu N] [--queue-frames N] [--pidfile F]\n"
+      "                    [--realtime]\n"
       "Forwards Ethernet frames between TAP device DEV-a (in network namespace NS-a) and DEV-b\n"
       "(in NS-b), holding each frame D milliseconds (fractions allowed) in each direction.\n"
       "NS is a name under /run/netns or a path; \"-\" means the current namespace.\n"
@@ -59,7 +60,8 @@ static void dl_usage(FILE* f) {
       "queue are dropped and counted. SIGTERM/SIGINT: print statistics and exit 0.\n"
       "SIGUSR1: print statistics and continue. SIGRTMIN: cut the link (every frame is\n"
       "dropped, in both directions, like a cable cut: endpoints see silence, not errors).\n"
-      "SIGRTMIN+1: restore it.\n");
+      "SIGRTMIN+1: restore it. --realtime: run at SCHED_FIFO priority 10 (falls back to nice "
+      "-10).\n");
 }
 
 /* Opens TAP device `dev` inside namespace `ns` ("-" = current) and returns its fd, or -1. The
@@ -222,17 +224,14 @@ int main(int argc, char** argv) {
   const char *ns_a = NULL, *ns_b = NULL, *tap_a = NULL, *tap_b = NULL, *pidfile = NULL;
   int64_t delay_ab = -1, delay_ba = -1;
   long mtu = 1500, nslots = 16384;
-  static const struct option opts[] = {{"ns-a", required_argument, 0, 'A'},
-                                       {"ns-b", required_argument, 0, 'B'},
-                                       {"tap-a", required_argument, 0, 'a'},
-                                       {"tap-b", required_argument, 0, 'b'},
-                                       {"delay-ms", required_argument, 0, 'd'},
-                                       {"delay-ba-ms", required_argument, 0, 'r'},
-                                       {"mtu", required_argument, 0, 'm'},
-                                       {"queue-frames", required_argument, 0, 'q'},
-                                       {"pidfile", required_argument, 0, 'p'},
-                                       {"help", no_argument, 0, 'h'},
-                                       {0, 0, 0, 0}};
+  int realtime = 0;
+  static const struct option opts[] = {
+      {"ns-a", required_argument, 0, 'A'},     {"ns-b", required_argument, 0, 'B'},
+      {"tap-a", required_argument, 0, 'a'},    {"tap-b", required_argument, 0, 'b'},
+      {"delay-ms", required_argument, 0, 'd'}, {"delay-ba-ms", required_argument, 0, 'r'},
+      {"mtu", required_argument, 0, 'm'},      {"queue-frames", required_argument, 0, 'q'},
+      {"pidfile", required_argument, 0, 'p'},  {"realtime", no_argument, 0, 't'},
+      {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
     switch (c) {
@@ -256,6 +255,9 @@ int main(int argc, char** argv) {
         break;
       case 'm':
         if (dl_parse_size(optarg, "--mtu", 68, 9000, &mtu)) return 2;
+        break;
+      case 't':
+        realtime = 1;
         break;
       case 'q':
         if (dl_parse_size(optarg, "--queue-frames", 16, 1 << 20, &nslots)) return 2;
@@ -281,6 +283,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (delay_ba < 0) delay_ba = delay_ab;
+  if (realtime) {
+    /* A delay line that is not scheduled for a while releases frames late and lets the TAP rings
+     * overflow; on a busy machine a modest real-time priority keeps it on time. It sleeps in
+     * epoll between frames, and the kernel's RT throttling bounds it if the link is saturated. */
+    struct sched_param sp = {.sched_priority = 10};
+    if (sched_setscheduler(0, SCHED_FIFO, &sp) != 0) {
+      fprintf(stderr, "nb-delayline: no real-time priority (%s); using nice -10\n",
+              strerror(errno));
+      errno = 0;
+      if (nice(-10) == -1 && errno != 0)
+        fprintf(stderr, "nb-delayline: nice -10 failed too (%s)\n", strerror(errno));
+    }
+  }
 
   /* Signals arrive through a signalfd so the loop sees them in order with I/O. */
   sigset_t mask;

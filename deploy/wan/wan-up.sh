@@ -4,7 +4,7 @@
 # delay), with tbf rate shaping on each side. Needs root. Not a real WAN: no loss, no jitter.
 #
 # usage: wan-up.sh [--prefix P] [--rate-mbit R] [--rate-ba-mbit R] [--delay-ms D] [--ipv6]
-#                  [--queue-frames N]
+#                  [--queue-frames N] [--no-realtime]
 # Prints shell assignments (NB_WAN_PREFIX=..., NB_WAN_NS_A=..., NB_WAN_ADDR_B=...) on stdout, so
 # `eval "$(wan-up.sh ...)"` works. Tear down with `wan-down.sh --prefix P`.
 set -euo pipefail
@@ -17,6 +17,7 @@ rate_ba=""
 delay=25
 ipv6=0
 qframes=16384
+realtime=(--realtime)
 while [ $# -gt 0 ]; do
   case "$1" in
     --prefix) prefix=$2; shift 2 ;;
@@ -25,6 +26,7 @@ while [ $# -gt 0 ]; do
     --delay-ms) delay=$2; shift 2 ;;
     --ipv6) ipv6=1; shift ;;
     --queue-frames) qframes=$2; shift 2 ;;
+    --no-realtime) realtime=(); shift ;;
     -h | --help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) wan_die "unknown argument '$1' (see --help)" ;;
   esac
@@ -80,7 +82,8 @@ fi
 for side in a b; do
   if [ "$side" = a ]; then ns=$ns_a addr=$NB_WAN_ADDR_A addr6=$NB_WAN_ADDR6_A r=$rate
   else ns=$ns_b addr=$NB_WAN_ADDR_B addr6=$NB_WAN_ADDR6_B r=$rate_ba; fi
-  ip -n "$ns" link set "$NB_WAN_DEV" mtu 1500 txqueuelen 1000
+  # A long TAP ring (txqueuelen) absorbs a delay line that was briefly not scheduled.
+  ip -n "$ns" link set "$NB_WAN_DEV" mtu 1500 txqueuelen 5000
   ip -n "$ns" addr add "$addr/24" dev "$NB_WAN_DEV"
   if [ "$ipv6" -eq 1 ]; then
     ip -n "$ns" addr add "$addr6/64" dev "$NB_WAN_DEV" nodad
@@ -93,7 +96,7 @@ if [ "$use_delayline" -eq 1 ]; then
   rm -f "$state/delayline.pid"
   # setsid: the delay line outlives this script and is not hit by the caller's terminal signals.
   setsid "$dl" --ns-a "$ns_a" --tap-a "$NB_WAN_DEV" --ns-b "$ns_b" --tap-b "$NB_WAN_DEV" \
-    --delay-ms "$delay" --queue-frames "$qframes" --pidfile "$state/delayline.pid" \
+    --delay-ms "$delay" --queue-frames "$qframes" --pidfile "$state/delayline.pid" "${realtime[@]}" \
     </dev/null >"$state/delayline.log" 2>&1 &
   dlpid=$!
   for _ in $(seq 1 100); do
