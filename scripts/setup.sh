@@ -11,6 +11,8 @@ DEB_PKGS=(
   cmake
   iperf3
   iproute2
+  iputils-ping
+  jq
   libcmocka-dev
   libgrpc-dev
   libjansson-dev

@@ -1,0 +1,218 @@
+/* Adaptive scheduler decision: a closed-form fit of density to the round's transfer budget, then
+ * clamping, hysteresis and round lengthening at the floor. Transfer model: fixed round trips plus
+ * (header + density x params x bits / 8) x fanout bytes at the measured goodput. Not a
+ * controller with memory: the previous decision is passed in, and only used for hysteresis. */
+#include "inter/sched.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/common.h"
+
+NB_PARAM_DOUBLE(SchedDensityFloor, "NB_SCHED_DENSITY_FLOOR", 0.0001, 1e-9, 1.0,
+                "adaptive scheduler: lowest top-k density; below it rounds are lengthened")
+NB_PARAM_DOUBLE(SchedDensityCeiling, "NB_SCHED_DENSITY_CEILING", 0.1, 1e-9, 1.0,
+                "adaptive scheduler: highest top-k density")
+NB_PARAM_DOUBLE(SchedInitialDensity, "NB_SCHED_INITIAL_DENSITY", 0.01, 1e-9, 1.0,
+                "adaptive scheduler: density used before the link and compute are measured")
+NB_PARAM_DOUBLE(SchedHeadroom, "NB_SCHED_HEADROOM", 0.9, 0.01, 1.0,
+                "adaptive scheduler: share of a round's compute the transfer may fill (overlap on)")
+NB_PARAM_DOUBLE(
+    SchedFraction, "NB_SCHED_FRACTION", 0.1, 0.001, 1.0,
+    "adaptive scheduler: share of a round's compute the transfer may take (overlap off)")
+NB_PARAM_INT(SchedMaxStepsFactor, "NB_SCHED_MAX_STEPS_FACTOR", 8, 1, 1000,
+             "adaptive scheduler: a lengthened round has at most this many times the base steps")
+NB_PARAM_DOUBLE(SchedHysteresis, "NB_SCHED_HYSTERESIS", 0.1, 0.0, 0.99,
+                "adaptive scheduler: keep the density while the new fit is less than this above it")
+
+void nb_sched_config_default(nb_sched_config_t* cfg) {
+  if (!cfg) return;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->density_floor = nb_param_SchedDensityFloor();
+  cfg->density_ceiling = nb_param_SchedDensityCeiling();
+  cfg->initial_density = nb_param_SchedInitialDensity();
+  cfg->overlap = 1;
+  cfg->headroom = nb_param_SchedHeadroom();
+  cfg->fraction = nb_param_SchedFraction();
+  cfg->rtts_per_round = 2.0;
+  cfg->header_bytes = 4096.0;
+  cfg->max_steps_factor = (uint32_t)nb_param_SchedMaxStepsFactor();
+  cfg->hysteresis = nb_param_SchedHysteresis();
+}
+
+static int fin_ge0(double x) {
+  return isfinite(x) && x >= 0.0;
+}
+
+nb_status_t nb_sched_config_check(const nb_sched_config_t* c) {
+  if (!c) return nb_error(NB_ERR_INVALID, "scheduler: config is NULL");
+  if (!(isfinite(c->density_floor) && c->density_floor > 0.0))
+    return nb_error(NB_ERR_INVALID, "scheduler: density_floor must be > 0, got %g",
+                    c->density_floor);
+  if (!(isfinite(c->density_ceiling) && c->density_ceiling <= 1.0 &&
+        c->density_ceiling >= c->density_floor))
+    return nb_error(NB_ERR_INVALID,
+                    "scheduler: density_ceiling must be in [density_floor %g, 1], got %g",
+                    c->density_floor, c->density_ceiling);
+  if (!(isfinite(c->initial_density) && c->initial_density > 0.0 && c->initial_density <= 1.0))
+    return nb_error(NB_ERR_INVALID, "scheduler: initial_density must be in (0, 1], got %g",
+                    c->initial_density);
+  if (!(isfinite(c->headroom) && c->headroom > 0.0 && c->headroom <= 1.0))
+    return nb_error(NB_ERR_INVALID, "scheduler: headroom must be in (0, 1], got %g", c->headroom);
+  if (!(isfinite(c->fraction) && c->fraction > 0.0 && c->fraction <= 1.0))
+    return nb_error(NB_ERR_INVALID, "scheduler: fraction must be in (0, 1], got %g", c->fraction);
+  if (!fin_ge0(c->rtts_per_round))
+    return nb_error(NB_ERR_INVALID, "scheduler: rtts_per_round must be >= 0, got %g",
+                    c->rtts_per_round);
+  if (!fin_ge0(c->header_bytes))
+    return nb_error(NB_ERR_INVALID, "scheduler: header_bytes must be >= 0, got %g",
+                    c->header_bytes);
+  if (c->max_steps_factor < 1)
+    return nb_error(NB_ERR_INVALID, "scheduler: max_steps_factor must be >= 1");
+  if (!(isfinite(c->hysteresis) && c->hysteresis >= 0.0 && c->hysteresis < 1.0))
+    return nb_error(NB_ERR_INVALID, "scheduler: hysteresis must be in [0, 1), got %g",
+                    c->hysteresis);
+  return NB_OK;
+}
+
+static nb_status_t sched_input_check(const nb_sched_input_t* in) {
+  if (!in) return nb_error(NB_ERR_INVALID, "scheduler: input is NULL");
+  if (!fin_ge0(in->goodput_Bps))
+    return nb_error(NB_ERR_INVALID, "scheduler: goodput must be finite and >= 0, got %g",
+                    in->goodput_Bps);
+  if (!fin_ge0(in->rtt_s))
+    return nb_error(NB_ERR_INVALID, "scheduler: rtt must be finite and >= 0, got %g", in->rtt_s);
+  if (!fin_ge0(in->step_compute_s))
+    return nb_error(NB_ERR_INVALID, "scheduler: step compute time must be finite and >= 0, got %g",
+                    in->step_compute_s);
+  if (in->steps < 1) return nb_error(NB_ERR_INVALID, "scheduler: steps per round must be >= 1");
+  if (in->n_params < 1) return nb_error(NB_ERR_INVALID, "scheduler: no synced parameters");
+  if (!(isfinite(in->bits_per_value) && in->bits_per_value > 0.0 && in->bits_per_value <= 64.0))
+    return nb_error(NB_ERR_INVALID, "scheduler: bits per value must be in (0, 64], got %g",
+                    in->bits_per_value);
+  if (!fin_ge0(in->round_s))
+    return nb_error(NB_ERR_INVALID, "scheduler: round wall budget must be finite and >= 0, got %g",
+                    in->round_s);
+  if (!(isfinite(in->bits_per_index) && in->bits_per_index >= 0.0 && in->bits_per_index <= 64.0))
+    return nb_error(NB_ERR_INVALID, "scheduler: bits per index must be in [0, 64], got %g",
+                    in->bits_per_index);
+  return NB_OK;
+}
+
+void nb_sched_input_from_estimate(nb_sched_input_t* in, const nb_estimate_t* est) {
+  if (!in || !est) return;
+  in->goodput_Bps = est->goodput_Bps;
+  in->rtt_s = est->rtt_s;
+}
+
+const char* nb_sched_reason_name(nb_sched_reason_t r) {
+  switch (r) {
+    case NB_SCHED_NO_ESTIMATE:
+      return "no_estimate";
+    case NB_SCHED_FIT:
+      return "fit";
+    case NB_SCHED_CEILING:
+      return "ceiling";
+    case NB_SCHED_HOLD:
+      return "hold";
+    case NB_SCHED_FLOOR_LENGTHEN:
+      return "floor_lengthen";
+    case NB_SCHED_FLOOR_MAX_STEPS:
+      return "floor_max_steps";
+  }
+  return "unknown";
+}
+
+static double clampd(double x, double lo, double hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t* in,
+                            const nb_sched_decision_t* prev, nb_sched_decision_t* out) {
+  if (!out) return nb_error(NB_ERR_INVALID, "scheduler: out is NULL");
+  NB_CHECK(nb_sched_config_check(cfg));
+  NB_CHECK(sched_input_check(in));
+  nb_sched_decision_t d;
+  memset(&d, 0, sizeof d);
+  d.in = *in;
+  if (d.in.fanout == 0) d.in.fanout = 1;
+
+  const double fanout = (double)d.in.fanout;
+  const double bytes_full = (double)in->n_params * (in->bits_per_value + in->bits_per_index) / 8.0 *
+                            fanout; /* bytes at density 1 */
+  const double fixed_bytes = cfg->header_bytes * fanout;
+  const double share = cfg->overlap ? cfg->headroom : cfg->fraction;
+  const double g = in->goodput_Bps;
+  const double fixed_s = cfg->rtts_per_round * in->rtt_s;
+  const uint64_t max_steps64 = (uint64_t)in->steps * cfg->max_steps_factor;
+  const uint32_t max_steps = max_steps64 > UINT32_MAX ? UINT32_MAX : (uint32_t)max_steps64;
+
+  const int wall = in->round_s > 0.0;
+  const double base_compute = wall ? in->round_s : in->step_compute_s * in->steps;
+  double compute = base_compute;
+
+  d.steps = in->steps;
+  if (g <= 0.0 || (!wall && in->step_compute_s <= 0.0)) {
+    d.reason = NB_SCHED_NO_ESTIMATE;
+    d.density = clampd(cfg->initial_density, cfg->density_floor, cfg->density_ceiling);
+  } else {
+    double budget = share * base_compute;
+    d.density_fit = (budget - fixed_s - fixed_bytes / g) * g / bytes_full;
+    if (d.density_fit >= cfg->density_ceiling) {
+      d.reason = NB_SCHED_CEILING;
+      d.density = cfg->density_ceiling;
+    } else if (d.density_fit >= cfg->density_floor) {
+      d.reason = NB_SCHED_FIT;
+      d.density = d.density_fit;
+      if (prev && prev->density >= cfg->density_floor && prev->density < d.density &&
+          d.density <= prev->density * (1.0 + cfg->hysteresis)) {
+        d.reason = NB_SCHED_HOLD; /* the previous density fits with room to spare */
+        d.density = prev->density;
+      }
+    } else {
+      d.density = cfg->density_floor;
+      double need_s = fixed_s + (fixed_bytes + d.density * bytes_full) / g;
+      double steps_need = wall ? 0.0 : ceil(need_s / (share * in->step_compute_s));
+      if (wall) {
+        double round_need = need_s / share, round_max = in->round_s * cfg->max_steps_factor;
+        d.reason = round_need <= round_max ? NB_SCHED_FLOOR_LENGTHEN : NB_SCHED_FLOOR_MAX_STEPS;
+        compute = round_need <= round_max ? (round_need > base_compute ? round_need : base_compute)
+                                          : round_max;
+      } else if (steps_need <= (double)max_steps) {
+        d.reason = NB_SCHED_FLOOR_LENGTHEN;
+        d.steps = steps_need > (double)in->steps ? (uint32_t)steps_need : in->steps;
+      } else {
+        d.reason = NB_SCHED_FLOOR_MAX_STEPS;
+        d.steps = max_steps;
+      }
+    }
+  }
+  double kf = ceil(d.density * (double)in->n_params);
+  d.k = kf < 1.0 ? 1 : (kf > (double)in->n_params ? in->n_params : (uint64_t)kf);
+  d.bytes = fixed_bytes + d.density * bytes_full;
+  d.transfer_s = g > 0.0 ? fixed_s + d.bytes / g : 0.0;
+  d.compute_s = wall ? compute : in->step_compute_s * d.steps;
+  d.budget_s = share * d.compute_s;
+  *out = d;
+  if (nb_log_enabled(NB_LOG_INFO, NB_SUB_SCHED)) {
+    char line[512];
+    nb_sched_decision_format(out, line, sizeof line);
+    NB_INFO(SCHED, "%s", line);
+  }
+  return NB_OK;
+}
+
+int nb_sched_decision_format(const nb_sched_decision_t* d, char* buf, size_t len) {
+  if (!d) return snprintf(buf, len, "sched (null)");
+  return snprintf(buf, len,
+                  "sched round=%llu reason=%s density=%.6g k=%llu steps=%u base_steps=%u "
+                  "fit=%.6g bytes=%.0f transfer_s=%.4f budget_s=%.4f compute_s=%.4f "
+                  "goodput_mbit=%.3f rtt_ms=%.3f step_ms=%.3f params=%llu bits=%.3g+%.3g fanout=%u "
+                  "round_s=%.4g",
+                  (unsigned long long)d->in.round, nb_sched_reason_name(d->reason), d->density,
+                  (unsigned long long)d->k, d->steps, d->in.steps, d->density_fit, d->bytes,
+                  d->transfer_s, d->budget_s, d->compute_s, d->in.goodput_Bps * 8e-6,
+                  d->in.rtt_s * 1e3, d->in.step_compute_s * 1e3, (unsigned long long)d->in.n_params,
+                  d->in.bits_per_value, d->in.bits_per_index, d->in.fanout, d->in.round_s);
+}

@@ -1,0 +1,174 @@
+/* Unit tests of inter/estimator: smoothing of noisy goodput, following a halved (and a doubled)
+ * link within a few samples while ignoring a single outlier, small transfers feeding RTT only,
+ * RTT smoothing and windowed minimum, and bad inputs. Samples are synthetic and deterministic. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "inter/estimator.h"
+
+#define MB 1e6
+
+static nb_estimator_t* make(void) {
+  nb_estimator_config_t c;
+  nb_estimator_config_default(&c);
+  c.alpha = 0.3;
+  c.change_samples = 3;
+  c.change_ratio = 0.25;
+  c.min_bytes = 65536;
+  c.rtt_window = 8;
+  nb_estimator_t* e = NULL;
+  assert_int_equal(nb_estimator_create(&c, &e), NB_OK);
+  return e;
+}
+
+/* A transfer of `bytes` at `rate` bytes/s with a deterministic +-5% wobble. */
+static void feed(nb_estimator_t* e, double rate, int i) {
+  const uint64_t bytes = 8u << 20;
+  double wobble = 1.0 + 0.05 * ((i % 3) - 1);
+  assert_int_equal(nb_estimator_add_transfer(e, bytes, (double)bytes / (rate * wobble), 4), NB_OK);
+}
+
+static double rel(double a, double b) {
+  return fabs(a - b) / b;
+}
+
+static void test_steady_and_halved(void** state) {
+  (void)state;
+  nb_estimator_t* e = make();
+  nb_estimate_t s;
+  for (int i = 0; i < 10; ++i) feed(e, 12.5 * MB, i);
+  nb_estimator_get(e, &s);
+  printf("steady 12.5 MB/s: estimate %.3f MB/s\n", s.goodput_Bps / MB);
+  assert_true(rel(s.goodput_Bps, 12.5 * MB) < 0.05);
+  assert_int_equal(s.transfer_samples, 10);
+  assert_int_equal(s.streams, 4);
+
+  /* One slow outlier moves it by about alpha x the gap, not to the outlier. */
+  feed(e, 6.25 * MB, 1);
+  nb_estimator_get(e, &s);
+  assert_true(s.goodput_Bps > 9.5 * MB);
+
+  /* The link halves: within 3 samples the estimate is within 10% of the new rate. */
+  int followed_at = -1;
+  for (int i = 0; i < 6; ++i) {
+    feed(e, 6.25 * MB, i);
+    nb_estimator_get(e, &s);
+    printf("after %d samples at 6.25 MB/s: estimate %.3f MB/s\n", i + 1, s.goodput_Bps / MB);
+    if (followed_at < 0 && rel(s.goodput_Bps, 6.25 * MB) < 0.10) followed_at = i + 1;
+  }
+  assert_true(followed_at >= 1 && followed_at <= 3);
+  assert_true(rel(s.goodput_Bps, 6.25 * MB) < 0.05);
+  assert_true(s.restarts >= 1);
+
+  /* And it doubles back. */
+  followed_at = -1;
+  for (int i = 0; i < 6; ++i) {
+    feed(e, 12.5 * MB, i);
+    nb_estimator_get(e, &s);
+    if (followed_at < 0 && rel(s.goodput_Bps, 12.5 * MB) < 0.10) followed_at = i + 1;
+  }
+  assert_true(followed_at >= 1 && followed_at <= 3);
+  nb_estimator_destroy(e);
+}
+
+static void test_small_transfers_and_streams(void** state) {
+  (void)state;
+  nb_estimator_t* e = make();
+  nb_estimate_t s;
+  /* 1 KiB in 50 ms is latency, not a 20 kB/s link: it must not count as goodput. */
+  assert_int_equal(nb_estimator_add_transfer(e, 1024, 0.05, 1), NB_OK);
+  nb_estimator_get(e, &s);
+  assert_true(s.goodput_Bps == 0.0);
+  assert_int_equal(s.transfer_samples, 0);
+  assert_int_equal(s.bytes_total, 1024);
+  assert_true(nb_estimator_predict_s(e, 1000) < 0.0);
+
+  for (int i = 0; i < 5; ++i)
+    assert_int_equal(nb_estimator_add_transfer(e, 10 * 1000 * 1000, 1.0, 1), NB_OK);
+  nb_estimator_get(e, &s);
+  assert_true(rel(s.goodput_Bps, 10 * MB) < 1e-9);
+  /* Four streams carry more: the average restarts at the first sample with the new count. */
+  assert_int_equal(nb_estimator_add_transfer(e, 10 * 1000 * 1000, 0.4, 4), NB_OK);
+  nb_estimator_get(e, &s);
+  assert_true(rel(s.goodput_Bps, 25 * MB) < 1e-9);
+  assert_int_equal(s.streams, 4);
+  assert_int_equal(nb_estimator_add_rtt(e, 0.05), NB_OK);
+  double p = nb_estimator_predict_s(e, 25 * 1000 * 1000);
+  assert_true(fabs(p - 1.05) < 1e-6);
+  nb_estimator_destroy(e);
+}
+
+static void test_rtt(void** state) {
+  (void)state;
+  nb_estimator_t* e = make(); /* window of 8 */
+  nb_estimate_t s;
+  for (int i = 0; i < 10; ++i) assert_int_equal(nb_estimator_add_rtt(e, 0.050), NB_OK);
+  assert_int_equal(nb_estimator_add_rtt(e, 0.020), NB_OK);
+  nb_estimator_get(e, &s);
+  assert_true(fabs(s.rtt_min_s - 0.020) < 1e-12);
+  assert_true(s.rtt_s > 0.045 && s.rtt_s < 0.050); /* smoothed: one sample moves it by 1/8 */
+  assert_true(fabs(s.rtt_last_s - 0.020) < 1e-12);
+  /* The path gets longer: after a full window the old minimum is forgotten. */
+  for (int i = 0; i < 8; ++i) assert_int_equal(nb_estimator_add_rtt(e, 0.200), NB_OK);
+  nb_estimator_get(e, &s);
+  assert_true(fabs(s.rtt_min_s - 0.200) < 1e-12);
+  assert_int_equal(s.rtt_samples, 19);
+  nb_estimator_destroy(e);
+}
+
+static void test_bad_inputs(void** state) {
+  (void)state;
+  nb_estimator_t* e = make();
+  assert_int_equal(nb_estimator_add_transfer(e, 0, 1.0, 1), NB_ERR_INVALID);
+  assert_int_equal(nb_estimator_add_transfer(e, 100, 0.0, 1), NB_ERR_INVALID);
+  assert_int_equal(nb_estimator_add_transfer(e, 100, -1.0, 1), NB_ERR_INVALID);
+  assert_int_equal(nb_estimator_add_transfer(e, 100, NAN, 1), NB_ERR_INVALID);
+  assert_int_equal(nb_estimator_add_transfer(e, 100, INFINITY, 1), NB_ERR_INVALID);
+  assert_int_equal(nb_estimator_add_transfer(e, 100, 1.0, 0), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "streams"));
+  assert_int_equal(nb_estimator_add_rtt(e, 0.0), NB_ERR_INVALID);
+  assert_int_equal(nb_estimator_add_rtt(e, NAN), NB_ERR_INVALID);
+  assert_int_equal(nb_estimator_add_rtt(NULL, 0.1), NB_ERR_INVALID);
+  nb_estimate_t s;
+  nb_estimator_get(e, &s);
+  assert_int_equal(s.transfer_samples + s.rtt_samples + s.bytes_total, 0); /* nothing counted */
+  nb_estimator_destroy(e);
+
+  nb_estimator_config_t c;
+  nb_estimator_config_default(&c);
+  nb_estimator_t* e2 = NULL;
+  c.alpha = 0.0;
+  assert_int_equal(nb_estimator_create(&c, &e2), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "alpha"));
+  nb_estimator_config_default(&c);
+  c.change_ratio = 1.5;
+  assert_int_equal(nb_estimator_create(&c, &e2), NB_ERR_INVALID);
+  nb_estimator_config_default(&c);
+  c.rtt_window = 0;
+  assert_int_equal(nb_estimator_create(&c, &e2), NB_ERR_INVALID);
+  nb_estimator_config_default(&c);
+  c.change_samples = 0;
+  assert_int_equal(nb_estimator_create(&c, &e2), NB_ERR_INVALID);
+  assert_null(e2);
+  assert_int_equal(nb_estimator_create(NULL, &e2), NB_OK); /* defaults are valid */
+  nb_estimator_destroy(e2);
+  nb_estimator_destroy(NULL);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_steady_and_halved),
+      cmocka_unit_test(test_small_transfers_and_streams),
+      cmocka_unit_test(test_rtt),
+      cmocka_unit_test(test_bad_inputs),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
