@@ -91,7 +91,9 @@ static int setup(void** state) {
   }
   grpc_init(); /* for the raw-gRPC clients below */
   g_srv_tls = load("ca.pem", "server.pem", "server.key");
-  nb_rpc_server_opts_t o = {.listen = "127.0.0.1:0", .tls = g_srv_tls, .authorize = authorize,
+  nb_rpc_server_opts_t o = {.listen = "127.0.0.1:0",
+                            .tls = g_srv_tls,
+                            .authorize = authorize,
                             .authorize_user = (void*)"dc-b"};
   if (nb_rpc_server_create(&o, &g_srv) != NB_OK) return -1;
   nb_rpc_server_add_method(g_srv, M_PING, NB_RPC_UNARY, h_ping, NULL);
@@ -112,15 +114,15 @@ static int teardown(void** state) {
 /* Ping through the wrapper with the given client identity. */
 static nb_status_t ping_as(const nb_tls_t* tls, const char* expect_server, char* who,
                            size_t wholen) {
-  nb_rpc_client_opts_t o = {.tls = tls, .allow_insecure = tls == NULL,
-                            .expected_cluster = expect_server};
+  nb_rpc_client_opts_t o = {
+      .tls = tls, .allow_insecure = tls == NULL, .expected_cluster = expect_server};
   nb_rpc_client_t* cli = NULL;
   NB_CHECK(nb_rpc_client_create(g_target, &o, &cli));
   Nebula__V1__PingRequest req = NEBULA__V1__PING_REQUEST__INIT;
   req.seq = 5;
   ProtobufCMessage* out = NULL;
-  nb_status_t st = nb_rpc_unary_pb(cli, M_PING, &req.base, &nebula__v1__ping_reply__descriptor,
-                                   &out, 5000, 0);
+  nb_status_t st =
+      nb_rpc_unary_pb(cli, M_PING, &req.base, &nebula__v1__ping_reply__descriptor, &out, 5000, 0);
   if (st == NB_OK) {
     Nebula__V1__PingReply* rep = (Nebula__V1__PingReply*)out;
     if (who) snprintf(who, wholen, "%s", rep->responder);
@@ -140,7 +142,8 @@ static int raw_ping(grpc_channel_credentials* creds) {
   grpc_channel* ch = grpc_channel_create(g_target, creds, NULL);
   grpc_completion_queue* cq = grpc_completion_queue_create_for_pluck(NULL);
   grpc_slice method = grpc_slice_from_static_string(M_PING);
-  gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(5000, GPR_TIMESPAN));
+  gpr_timespec dl =
+      gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(5000, GPR_TIMESPAN));
   grpc_call* call = grpc_channel_create_call(ch, NULL, 0, cq, method, NULL, dl, NULL);
   grpc_slice s = grpc_slice_from_static_buffer("\x08\x05", 2); /* seq = 5 */
   grpc_byte_buffer* req = grpc_raw_byte_buffer_create(&s, 1);
@@ -165,7 +168,8 @@ static int raw_ping(grpc_channel_credentials* creds) {
   ops[5].data.recv_status_on_client.status_details = &details;
   ops[5].data.recv_status_on_client.trailing_metadata = &tmd;
   assert_int_equal(grpc_call_start_batch(call, ops, 6, (void*)1, NULL), GRPC_CALL_OK);
-  grpc_event ev = grpc_completion_queue_pluck(cq, (void*)1, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+  grpc_event ev =
+      grpc_completion_queue_pluck(cq, (void*)1, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
   assert_int_equal(ev.type, GRPC_OP_COMPLETE);
   if (resp) grpc_byte_buffer_destroy(resp);
   grpc_byte_buffer_destroy(req);
@@ -190,8 +194,8 @@ static void test_load_material(void** state) {
   nb_tls_destroy(t);
   nb_tls_destroy(NULL);
 
-  nb_tls_files_t f = {.ca_path = path("ca.pem"), .cert_path = path("client.pem"),
-                      .key_path = path("nope.key")};
+  nb_tls_files_t f = {
+      .ca_path = path("ca.pem"), .cert_path = path("client.pem"), .key_path = path("nope.key")};
   assert_int_equal(nb_tls_create(&f, &t), NB_ERR_IO);
   assert_non_null(strstr(nb_error_last(), "nope.key"));
   f.key_path = path("server.key"); /* another endpoint's key */
@@ -269,7 +273,8 @@ static void test_mtls_foreign_ca(void** state) {
   free(cert);
   free(key);
   /* and the wrapper refuses a server from another CA */
-  nb_tls_files_t f = {.ca_path = path("other-ca.pem"), .cert_path = path("foreign.pem"),
+  nb_tls_files_t f = {.ca_path = path("other-ca.pem"),
+                      .cert_path = path("foreign.pem"),
                       .key_path = path("foreign.key")};
   nb_tls_t* t = NULL;
   assert_int_equal(nb_tls_create(&f, &t), NB_OK);
@@ -315,11 +320,13 @@ static void test_tls_garbage_then_good(void** state) {
   int port = atoi(strrchr(g_target, ':') + 1);
   for (int k = 0; k < 2; k++) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     assert_int_equal(connect(fd, (struct sockaddr*)&a, sizeof a), 0);
     /* junk, then a TLS record header claiming a huge handshake */
-    const char* junk = k == 0 ? "\x16\x03\x01\xff\xff\x01\x00\xff\xfcjunkjunkjunk" : "hello?\r\n\r\n";
+    const char* junk =
+        k == 0 ? "\x16\x03\x01\xff\xff\x01\x00\xff\xfcjunkjunkjunk" : "hello?\r\n\r\n";
     ssize_t w = send(fd, junk, strlen(junk), MSG_NOSIGNAL);
     (void)w;
     struct timeval tv = {.tv_sec = 1};
@@ -341,10 +348,14 @@ int main(int argc, char** argv) {
   }
   g_gen_script = argv[1];
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_load_material),      cmocka_unit_test(test_peer_identities),
-      cmocka_unit_test(test_mtls_valid),         cmocka_unit_test(test_mtls_no_client_cert),
-      cmocka_unit_test(test_mtls_foreign_ca),    cmocka_unit_test(test_mtls_plaintext),
-      cmocka_unit_test(test_mtls_wrong_identity), cmocka_unit_test(test_client_checks_server),
+      cmocka_unit_test(test_load_material),
+      cmocka_unit_test(test_peer_identities),
+      cmocka_unit_test(test_mtls_valid),
+      cmocka_unit_test(test_mtls_no_client_cert),
+      cmocka_unit_test(test_mtls_foreign_ca),
+      cmocka_unit_test(test_mtls_plaintext),
+      cmocka_unit_test(test_mtls_wrong_identity),
+      cmocka_unit_test(test_client_checks_server),
       cmocka_unit_test(test_tls_garbage_then_good),
   };
   return cmocka_run_group_tests_name("tls", tests, setup, teardown);
