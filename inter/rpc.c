@@ -864,7 +864,9 @@ nb_status_t nb_rpc_client_create(const char* target, const nb_rpc_client_opts_t*
   /* Each client is its own TCP connection: a link opens S of them to fill a long fat pipe. */
   nb__rpc_arg_int(&args, GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   nb__rpc_arg_int(&args, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  nb__rpc_arg_int(&args, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  /* In gRPC 1.51 this "min backoff" is the connect timeout (TCP + TLS handshake): keep it
+   * generous, a short one fails every handshake on a long-RTT link or a loaded host. */
+  nb__rpc_arg_int(&args, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10000);
   nb__rpc_arg_int(&args, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, (int)nb_param_RpcMaxBackoffMs());
   if (opts->keepalive_ms >= 0) {
     int ka = opts->keepalive_ms > 0 ? opts->keepalive_ms : (int)nb_param_RpcKeepaliveMs();

@@ -132,7 +132,10 @@ static nb_status_t ping_as(const nb_tls_t* tls, const char* expect_server, char*
   char keep[512];
   snprintf(keep, sizeof keep, "%s", nb_error_last());
   nb_rpc_client_destroy(cli);
-  if (st != NB_OK) nb_error(st, "%s", keep);
+  if (st != NB_OK) {
+    nb_error(st, "%s", keep);
+    fprintf(stderr, "  (ping: %s: %s)\n", nb_status_name(st), keep);
+  }
   return st;
 }
 
