@@ -12,10 +12,12 @@
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/common.h"
 
@@ -31,6 +33,12 @@ NB_PARAM_INT(RpcMaxCalls, "NB_RPC_MAX_CALLS", 64, 1, 4096,
              "concurrent calls (handler threads) per server; more get RESOURCE_EXHAUSTED")
 
 /* ------------------------------------------------------------------ shared helpers */
+
+static uint64_t nb__rpc_mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static gpr_timespec nb__rpc_deadline(int64_t timeout_ms) {
   if (timeout_ms < 0) return gpr_inf_future(GPR_CLOCK_MONOTONIC);
@@ -264,6 +272,7 @@ struct nb_rpc_call {
   grpc_slice status_details;
   int md_sent;
   int recv_busy, send_busy; /* a thread is inside recv/send */
+  int recv_pending;         /* a receive timed out but its op is still running */
   int sends;
   const nb__rpc_method_t* method;
   char method_name[256];
@@ -325,7 +334,11 @@ static void nb__rpc_request_call(nb_rpc_server_t* srv) {
   }
   c->srv = srv;
   pthread_mutex_init(&c->mu, NULL);
-  pthread_cond_init(&c->cv, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&c->cv, &ca);
+  pthread_condattr_destroy(&ca);
   grpc_call_details_init(&c->details);
   grpc_metadata_array_init(&c->req_md);
   nb__rpc_op_t* ops[] = {&c->op_accept, &c->op_recv,  &c->op_send,
@@ -399,7 +412,29 @@ static nb_status_t nb__rpc_call_start(struct nb_rpc_call* c, nb__rpc_op_t* op, c
   return NB_OK;
 }
 
-nb_status_t nb_rpc_call_recv(nb_rpc_call_t* c, nb_rpc_msg_t* msg, int* end) {
+/* Waits for the receive slot until deadline_ns (monotonic; <0 = forever). 1 = completed. */
+static int nb__rpc_call_wait_until(struct nb_rpc_call* c, nb__rpc_op_t* op, int64_t deadline_ns,
+                                   int* ok) {
+  pthread_mutex_lock(&c->mu);
+  while (!op->done) {
+    if (deadline_ns < 0) {
+      pthread_cond_wait(&c->cv, &c->mu);
+    } else {
+      struct timespec ts = {.tv_sec = deadline_ns / 1000000000,
+                            .tv_nsec = deadline_ns % 1000000000};
+      if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) == ETIMEDOUT && !op->done) {
+        pthread_mutex_unlock(&c->mu);
+        return 0;
+      }
+    }
+  }
+  *ok = op->ok;
+  op->started = op->done = 0;
+  pthread_mutex_unlock(&c->mu);
+  return 1;
+}
+
+nb_status_t nb_rpc_call_recv(nb_rpc_call_t* c, nb_rpc_msg_t* msg, int* end, int64_t wait_ms) {
   if (c == NULL || msg == NULL || end == NULL)
     return nb_error(NB_ERR_INVALID, "nb_rpc_call_recv: NULL argument");
   memset(msg, 0, sizeof *msg);
@@ -409,23 +444,34 @@ nb_status_t nb_rpc_call_recv(nb_rpc_call_t* c, nb_rpc_msg_t* msg, int* end) {
   c->recv_busy = 1;
   pthread_mutex_unlock(&c->mu);
   if (busy) return nb_error(NB_ERR_INVALID, "rpc %s: two receives at once", c->method_name);
-  grpc_op op;
-  memset(&op, 0, sizeof op);
-  op.op = GRPC_OP_RECV_MESSAGE;
-  op.data.recv_message.recv_message = &c->recv_bb;
-  c->recv_bb = NULL;
-  nb_status_t st = nb__rpc_call_start(c, &c->op_recv, &op, 1);
-  if (st == NB_OK) {
-    int ok = nb__rpc_call_wait(c, &c->op_recv);
-    grpc_byte_buffer* bb = c->recv_bb;
+  nb_status_t st = NB_OK;
+  if (!c->recv_pending) { /* else a receive that timed out earlier is still running */
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &c->recv_bb;
     c->recv_bb = NULL;
-    if (!ok) {
-      if (bb) grpc_byte_buffer_destroy(bb);
-      st = nb_error(NB_ERR_CANCELLED, "rpc %s: call cancelled while receiving", c->method_name);
-    } else if (bb == NULL) {
-      *end = 1;
+    st = nb__rpc_call_start(c, &c->op_recv, &op, 1);
+    if (st == NB_OK) c->recv_pending = 1;
+  }
+  if (st == NB_OK) {
+    int ok = 0;
+    int64_t until = wait_ms < 0 ? -1 : (int64_t)nb__rpc_mono_ns() + wait_ms * 1000000;
+    if (!nb__rpc_call_wait_until(c, &c->op_recv, until, &ok)) {
+      st = nb_error(NB_ERR_TIMEOUT, "rpc %s: no message within %lld ms (call still open)",
+                    c->method_name, (long long)wait_ms);
     } else {
-      st = nb__rpc_take_buffer(bb, msg);
+      c->recv_pending = 0;
+      grpc_byte_buffer* bb = c->recv_bb;
+      c->recv_bb = NULL;
+      if (!ok) {
+        if (bb) grpc_byte_buffer_destroy(bb);
+        st = nb_error(NB_ERR_CANCELLED, "rpc %s: call cancelled while receiving", c->method_name);
+      } else if (bb == NULL) {
+        *end = 1;
+      } else {
+        st = nb__rpc_take_buffer(bb, msg);
+      }
     }
   }
   pthread_mutex_lock(&c->mu);
@@ -435,12 +481,12 @@ nb_status_t nb_rpc_call_recv(nb_rpc_call_t* c, nb_rpc_msg_t* msg, int* end) {
 }
 
 nb_status_t nb_rpc_call_recv_pb(nb_rpc_call_t* c, const ProtobufCMessageDescriptor* desc,
-                                ProtobufCMessage** out, int* end) {
+                                ProtobufCMessage** out, int* end, int64_t wait_ms) {
   if (desc == NULL || out == NULL)
     return nb_error(NB_ERR_INVALID, "nb_rpc_call_recv_pb: NULL argument");
   *out = NULL;
   nb_rpc_msg_t m;
-  NB_CHECK(nb_rpc_call_recv(c, &m, end));
+  NB_CHECK(nb_rpc_call_recv(c, &m, end, wait_ms));
   if (*end) return NB_OK;
   nb_status_t st = nb__rpc_unpack(&m, desc, out);
   nb_rpc_msg_release(&m);
@@ -567,6 +613,11 @@ static void* nb__rpc_handler_main(void* arg) {
   ops[n++].data.send_status_from_server.status_details = &c->status_details;
   if (nb__rpc_call_start(c, &c->op_status, ops, n) == NB_OK) nb__rpc_call_wait(c, &c->op_status);
   if (close_started) nb__rpc_call_wait(c, &c->op_close);
+  if (c->recv_pending) { /* the call is over: a receive left running completes now */
+    nb__rpc_call_wait(c, &c->op_recv);
+    if (c->recv_bb) grpc_byte_buffer_destroy(c->recv_bb);
+    c->recv_bb = NULL;
+  }
   grpc_slice_unref(c->status_details);
   grpc_call_unref(c->call);
   c->call = NULL;

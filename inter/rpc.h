@@ -110,13 +110,16 @@ void nb_rpc_server_destroy(nb_rpc_server_t* srv);
 
 /* Blocks until the next request message arrives. On NB_OK either *msg holds a message (release
  * it) and *end is 0, or the client has finished sending and *end is 1 (msg zeroed).
- * Returns NB_ERR_CANCELLED when the call is gone, NB_ERR_INVALID when a recv is already pending. */
-nb_status_t nb_rpc_call_recv(nb_rpc_call_t* call, nb_rpc_msg_t* msg, int* end);
+ * wait_ms bounds this wait (NB_RPC_INFINITE: until a message or the call ends): NB_ERR_TIMEOUT
+ * means the call is still open and the same receive continues at the next recv (heartbeats).
+ * Returns NB_ERR_CANCELLED when the call is gone, NB_ERR_INVALID when a recv is already running
+ * on another thread. */
+nb_status_t nb_rpc_call_recv(nb_rpc_call_t* call, nb_rpc_msg_t* msg, int* end, int64_t wait_ms);
 
 /* nb_rpc_call_recv + protobuf-c unpack. *out: caller frees with protobuf_c_message_free_unpacked
  * (NULL at end of stream). Returns NB_ERR_CODEC when the bytes are not a `desc` message. */
 nb_status_t nb_rpc_call_recv_pb(nb_rpc_call_t* call, const ProtobufCMessageDescriptor* desc,
-                                ProtobufCMessage** out, int* end);
+                                ProtobufCMessage** out, int* end, int64_t wait_ms);
 
 /* Sends one response message and blocks until gRPC's transport took it (not until the peer got
  * it). data: borrowed (copied). Returns NB_ERR_CANCELLED, NB_ERR_INVALID. */

@@ -37,7 +37,7 @@ static atomic_int g_block_returned;
 static nb_status_t h_unary(nb_rpc_call_t* call, void* user) {
   nb_rpc_msg_t m;
   int end;
-  NB_CHECK(nb_rpc_call_recv(call, &m, &end));
+  NB_CHECK(nb_rpc_call_recv(call, &m, &end, NB_RPC_INFINITE));
   if (end) return nb_error(NB_ERR_INVALID, "no request");
   nb_status_t st = nb_rpc_call_send(call, m.data, m.len);
   nb_rpc_msg_release(&m);
@@ -47,7 +47,7 @@ static nb_status_t h_unary(nb_rpc_call_t* call, void* user) {
 static nb_status_t h_slow(nb_rpc_call_t* call, void* user) {
   nb_rpc_msg_t m;
   int end;
-  NB_CHECK(nb_rpc_call_recv(call, &m, &end));
+  NB_CHECK(nb_rpc_call_recv(call, &m, &end, NB_RPC_INFINITE));
   nb_rpc_msg_release(&m);
   for (int i = 0; i < 500; i++) { /* up to 5 s */
     if (nb_rpc_call_cancelled(call)) {
@@ -62,7 +62,7 @@ static nb_status_t h_slow(nb_rpc_call_t* call, void* user) {
 static nb_status_t h_sstream(nb_rpc_call_t* call, void* user) {
   nb_rpc_msg_t m;
   int end;
-  NB_CHECK(nb_rpc_call_recv(call, &m, &end));
+  NB_CHECK(nb_rpc_call_recv(call, &m, &end, NB_RPC_INFINITE));
   if (end || m.len != 4) {
     nb_rpc_msg_release(&m);
     return nb_error(NB_ERR_INVALID, "want a 4-byte count");
@@ -79,7 +79,7 @@ static nb_status_t h_cstream(nb_rpc_call_t* call, void* user) {
   for (;;) {
     nb_rpc_msg_t m;
     int end;
-    NB_CHECK(nb_rpc_call_recv(call, &m, &end));
+    NB_CHECK(nb_rpc_call_recv(call, &m, &end, NB_RPC_INFINITE));
     if (end) break;
     count++;
     bytes += m.len;
@@ -93,7 +93,7 @@ static nb_status_t h_bidi(nb_rpc_call_t* call, void* user) {
   for (;;) {
     nb_rpc_msg_t m;
     int end;
-    NB_CHECK(nb_rpc_call_recv(call, &m, &end));
+    NB_CHECK(nb_rpc_call_recv(call, &m, &end, NB_RPC_INFINITE));
     if (end) return NB_OK;
     nb_status_t st = nb_rpc_call_send(call, m.data, m.len);
     nb_rpc_msg_release(&m);
@@ -106,9 +106,37 @@ static nb_status_t h_block(nb_rpc_call_t* call, void* user) {
   nb_rpc_msg_t m;
   int end;
   nb_status_t st;
-  while ((st = nb_rpc_call_recv(call, &m, &end)) == NB_OK && !end) nb_rpc_msg_release(&m);
+  while ((st = nb_rpc_call_recv(call, &m, &end, NB_RPC_INFINITE)) == NB_OK && !end)
+    nb_rpc_msg_release(&m);
   atomic_fetch_add(&g_block_returned, 1);
   return st;
+}
+
+/* Sends "tick" whenever no message came within 50 ms, echoes messages. */
+static nb_status_t h_tick(nb_rpc_call_t* call, void* user) {
+  for (;;) {
+    nb_rpc_msg_t m;
+    int end;
+    nb_status_t st = nb_rpc_call_recv(call, &m, &end, 50);
+    if (st == NB_ERR_TIMEOUT) {
+      NB_CHECK(nb_rpc_call_send(call, "tick", 4));
+      continue;
+    }
+    NB_CHECK(st);
+    if (end) return NB_OK;
+    st = nb_rpc_call_send(call, m.data, m.len);
+    nb_rpc_msg_release(&m);
+    NB_CHECK(st);
+  }
+}
+
+/* Returns while its receive is still running: the wrapper must finish it. */
+static nb_status_t h_leave_pending(nb_rpc_call_t* call, void* user) {
+  nb_rpc_msg_t m;
+  int end;
+  nb_status_t st = nb_rpc_call_recv(call, &m, &end, 10);
+  if (st == NB_OK && !end) nb_rpc_msg_release(&m);
+  return st == NB_ERR_TIMEOUT ? NB_OK : nb_error(NB_ERR_INTERNAL, "expected a timeout");
 }
 
 static nb_status_t h_fail(nb_rpc_call_t* call, void* user) {
@@ -118,7 +146,8 @@ static nb_status_t h_fail(nb_rpc_call_t* call, void* user) {
 static nb_status_t h_ping(nb_rpc_call_t* call, void* user) {
   ProtobufCMessage* in = NULL;
   int end;
-  NB_CHECK(nb_rpc_call_recv_pb(call, &nebula__v1__ping_request__descriptor, &in, &end));
+  NB_CHECK(
+      nb_rpc_call_recv_pb(call, &nebula__v1__ping_request__descriptor, &in, &end, NB_RPC_INFINITE));
   if (end) return nb_error(NB_ERR_INVALID, "no ping");
   Nebula__V1__PingRequest* req = (Nebula__V1__PingRequest*)in;
   Nebula__V1__PingReply rep = NEBULA__V1__PING_REPLY__INIT;
@@ -148,6 +177,8 @@ static nb_status_t start_server(const char* listen, size_t max_msg, int max_call
   nb_rpc_server_add_method(srv, M_BIDI, NB_RPC_BIDI, h_bidi, NULL);
   nb_rpc_server_add_method(srv, M_BLOCK, NB_RPC_BIDI, h_block, NULL);
   nb_rpc_server_add_method(srv, M_FAIL, NB_RPC_UNARY, h_fail, NULL);
+  nb_rpc_server_add_method(srv, "/test.Echo/Tick", NB_RPC_BIDI, h_tick, NULL);
+  nb_rpc_server_add_method(srv, "/test.Echo/LeavePending", NB_RPC_BIDI, h_leave_pending, NULL);
   nb_rpc_server_add_method(srv, M_PING, NB_RPC_UNARY, h_ping, NULL);
   nb_status_t st = nb_rpc_server_start(srv);
   if (st != NB_OK) {
@@ -390,6 +421,42 @@ static void test_recv_wait_then_message(void** state) {
   nb_rpc_stream_destroy(s);
 }
 
+static void test_server_recv_wait(void** state) {
+  fx_t* fx = *state;
+  nb_rpc_stream_t* s = NULL;
+  assert_int_equal(nb_rpc_stream_open(fx->cli, "/test.Echo/Tick", 10000, 0, &s), NB_OK);
+  nb_rpc_msg_t m;
+  int end;
+  /* the handler's bounded receive times out and it sends a tick while the call stays open */
+  assert_int_equal(nb_rpc_stream_recv(s, &m, &end, 5000), NB_OK);
+  assert_int_equal(end, 0);
+  assert_memory_equal(m.data, "tick", 4);
+  nb_rpc_msg_release(&m);
+  assert_int_equal(nb_rpc_stream_send(s, "hello", 5), NB_OK);
+  int seen = 0;
+  for (int i = 0; i < 1000 && !seen; i++) {
+    assert_int_equal(nb_rpc_stream_recv(s, &m, &end, 5000), NB_OK);
+    assert_int_equal(end, 0);
+    seen = m.len == 5 && memcmp(m.data, "hello", 5) == 0;
+    nb_rpc_msg_release(&m);
+  }
+  assert_true(seen);
+  assert_int_equal(nb_rpc_stream_close_send(s), NB_OK);
+  for (end = 0; !end;) {
+    assert_int_equal(nb_rpc_stream_recv(s, &m, &end, 5000), NB_OK);
+    nb_rpc_msg_release(&m);
+  }
+  assert_int_equal(nb_rpc_stream_finish(s), NB_OK);
+  nb_rpc_stream_destroy(s);
+
+  /* a handler that returns with its receive still running */
+  assert_int_equal(nb_rpc_stream_open(fx->cli, "/test.Echo/LeavePending", 5000, 0, &s), NB_OK);
+  assert_int_equal(nb_rpc_stream_recv(s, &m, &end, 5000), NB_OK);
+  assert_int_equal(end, 1);
+  assert_int_equal(nb_rpc_stream_finish(s), NB_OK);
+  nb_rpc_stream_destroy(s);
+}
+
 static void test_errors_mapped(void** state) {
   fx_t* fx = *state;
   nb_rpc_msg_t r;
@@ -610,7 +677,8 @@ int main(void) {
       cmocka_unit_test(test_unary_roundtrip),        cmocka_unit_test(test_unary_protobuf),
       cmocka_unit_test(test_server_streaming),       cmocka_unit_test(test_client_streaming),
       cmocka_unit_test(test_bidi_concurrent),        cmocka_unit_test(test_deadlines),
-      cmocka_unit_test(test_recv_wait_then_message), cmocka_unit_test(test_errors_mapped),
+      cmocka_unit_test(test_recv_wait_then_message), cmocka_unit_test(test_server_recv_wait),
+      cmocka_unit_test(test_errors_mapped),
   };
   const struct CMUnitTest own[] = {
       cmocka_unit_test(test_wait_for_ready), cmocka_unit_test(test_shutdown_in_flight),

@@ -19,7 +19,8 @@ static nb_status_t h_ping(nb_rpc_call_t* call, void* user) {
   int64_t now = (int64_t)nb_wall_ns();
   ProtobufCMessage* in = NULL;
   int end;
-  NB_CHECK(nb_rpc_call_recv_pb(call, &nebula__v1__ping_request__descriptor, &in, &end));
+  NB_CHECK(
+      nb_rpc_call_recv_pb(call, &nebula__v1__ping_request__descriptor, &in, &end, NB_RPC_INFINITE));
   if (end) return nb_error(NB_ERR_INVALID, "Ping without a request");
   Nebula__V1__PingRequest* req = (Nebula__V1__PingRequest*)in;
   nb_status_t st = NB_OK;

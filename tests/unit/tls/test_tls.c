@@ -69,7 +69,8 @@ static nb_status_t h_ping(nb_rpc_call_t* call, void* user) {
   atomic_fetch_add(&g_handled, 1);
   ProtobufCMessage* in = NULL;
   int end;
-  NB_CHECK(nb_rpc_call_recv_pb(call, &nebula__v1__ping_request__descriptor, &in, &end));
+  NB_CHECK(
+      nb_rpc_call_recv_pb(call, &nebula__v1__ping_request__descriptor, &in, &end, NB_RPC_INFINITE));
   if (end) return nb_error(NB_ERR_INVALID, "no ping");
   Nebula__V1__PingRequest* req = (Nebula__V1__PingRequest*)in;
   Nebula__V1__PingReply rep = NEBULA__V1__PING_REPLY__INIT;
