@@ -194,8 +194,9 @@ static const char* nb__rpc_code_name(int code) {
   return code >= 0 && code <= 16 ? names[code] : "?";
 }
 
-/* A client-side final status → nb_status_t with the detail recorded. A refused TLS handshake
- * reaches the client as UNAVAILABLE; it is not transient, so it becomes NB_ERR_PERMISSION. */
+/* A client-side final status → nb_status_t with the detail recorded. A TLS handshake that
+ * failed on a certificate reaches the client as UNAVAILABLE; it is not transient, so it becomes
+ * NB_ERR_PERMISSION. */
 static nb_status_t nb__rpc_client_error(const char* method, int code, grpc_slice details) {
   char det[384];
   size_t n = GRPC_SLICE_LENGTH(details);
@@ -203,9 +204,11 @@ static nb_status_t nb__rpc_client_error(const char* method, int code, grpc_slice
   memcpy(det, GRPC_SLICE_START_PTR(details), n);
   det[n] = '\0';
   nb_status_t st = nb_rpc_status_from_code(code);
+  /* Only certificate verdicts count: "handshaker shutdown" (a connect timeout) and "Socket
+   * closed" stay UNAVAILABLE, they can be transient. */
   if (code == GRPC_STATUS_UNAVAILABLE &&
-      (strstr(det, "andshake") || strstr(det, "SSL") || strstr(det, "ssl") ||
-       strstr(det, "ertificate") || strstr(det, "TLS")))
+      (strstr(det, "SSL_ERROR_SSL") || strstr(det, "ertificate") ||
+       strstr(det, "Verify peer callback")))
     st = NB_ERR_PERMISSION;
   return nb_error(st, "rpc %s: %s (%d): %s", method, nb__rpc_code_name(code), code,
                   det[0] ? det : "no detail");
