@@ -12,6 +12,7 @@ typedef struct {
 } nb_bench_entry_t;
 
 static const nb_bench_entry_t nb__benches[] = {
+    {"rpc", "gRPC wrapper on loopback: plaintext vs mTLS goodput and RTT", nb_bench_rpc_main},
     {NULL, NULL, NULL},
 };
 
