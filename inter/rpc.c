@@ -556,6 +556,14 @@ int nb_rpc_call_cancelled(nb_rpc_call_t* c) {
   return r;
 }
 
+int64_t nb_rpc_call_deadline_left_ms(const nb_rpc_call_t* c) {
+  gpr_timespec dl = gpr_convert_clock_type(c->details.deadline, GPR_CLOCK_MONOTONIC);
+  if (gpr_time_cmp(dl, gpr_inf_future(GPR_CLOCK_MONOTONIC)) == 0) return -1;
+  gpr_timespec left = gpr_time_sub(dl, gpr_now(GPR_CLOCK_MONOTONIC));
+  int64_t ms = (int64_t)left.tv_sec * 1000 + left.tv_nsec / 1000000;
+  return ms < 0 ? 0 : ms;
+}
+
 const nb_tls_peer_t* nb_rpc_call_peer(const nb_rpc_call_t* c) {
   return &c->peer;
 }

@@ -133,6 +133,9 @@ int nb_rpc_call_cancelled(nb_rpc_call_t* call);
  * handler's lifetime. */
 const nb_tls_peer_t* nb_rpc_call_peer(const nb_rpc_call_t* call);
 
+/* Milliseconds left until the client's deadline (clamped at 0), or -1 when it set none. */
+int64_t nb_rpc_call_deadline_left_ms(const nb_rpc_call_t* call);
+
 /* The method name of the call, and the caller's address ("ipv4:127.0.0.1:45678"). Borrowed. */
 const char* nb_rpc_call_method(const nb_rpc_call_t* call);
 const char* nb_rpc_call_peer_address(const nb_rpc_call_t* call);

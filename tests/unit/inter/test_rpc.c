@@ -139,6 +139,18 @@ static nb_status_t h_leave_pending(nb_rpc_call_t* call, void* user) {
   return st == NB_ERR_TIMEOUT ? NB_OK : nb_error(NB_ERR_INTERNAL, "expected a timeout");
 }
 
+/* Answers with the deadline it sees (ms left, -1 for none) and the peer address. */
+static nb_status_t h_deadline(nb_rpc_call_t* call, void* user) {
+  nb_rpc_msg_t m;
+  int end;
+  NB_CHECK(nb_rpc_call_recv(call, &m, &end, NB_RPC_INFINITE));
+  nb_rpc_msg_release(&m);
+  char out[160];
+  int n = snprintf(out, sizeof out, "%lld %s", (long long)nb_rpc_call_deadline_left_ms(call),
+                   nb_rpc_call_peer_address(call));
+  return nb_rpc_call_send(call, out, (size_t)n);
+}
+
 static nb_status_t h_fail(nb_rpc_call_t* call, void* user) {
   return nb_error(NB_ERR_NOT_FOUND, "round %d is not here", 42);
 }
@@ -178,6 +190,7 @@ static nb_status_t start_server(const char* listen, size_t max_msg, int max_call
   nb_rpc_server_add_method(srv, M_BLOCK, NB_RPC_BIDI, h_block, NULL);
   nb_rpc_server_add_method(srv, M_FAIL, NB_RPC_UNARY, h_fail, NULL);
   nb_rpc_server_add_method(srv, "/test.Echo/Tick", NB_RPC_BIDI, h_tick, NULL);
+  nb_rpc_server_add_method(srv, "/test.Echo/Deadline", NB_RPC_UNARY, h_deadline, NULL);
   nb_rpc_server_add_method(srv, "/test.Echo/LeavePending", NB_RPC_BIDI, h_leave_pending, NULL);
   nb_rpc_server_add_method(srv, M_PING, NB_RPC_UNARY, h_ping, NULL);
   nb_status_t st = nb_rpc_server_start(srv);
@@ -457,6 +470,49 @@ static void test_server_recv_wait(void** state) {
   nb_rpc_stream_destroy(s);
 }
 
+/* The reply of /test.Echo/Deadline as a C string. */
+static void reply_text(nb_rpc_msg_t* r, char* out, size_t cap) {
+  size_t n = r->len < cap - 1 ? r->len : cap - 1;
+  memcpy(out, r->data, n);
+  out[n] = '\0';
+  nb_rpc_msg_release(r);
+}
+
+static void test_handler_sees_deadline(void** state) {
+  fx_t* fx = *state;
+  nb_rpc_msg_t r;
+  char text[160];
+  assert_int_equal(nb_rpc_unary(fx->cli, "/test.Echo/Deadline", "x", 1, &r, 3000, 0), NB_OK);
+  reply_text(&r, text, sizeof text);
+  long long left = atoll(text);
+  assert_true(left > 1000 && left <= 3100); /* gRPC rounds the transmitted timeout up a little */
+  assert_non_null(strstr(text, "127.0.0.1"));
+  assert_int_equal(nb_rpc_unary(fx->cli, "/test.Echo/Deadline", "x", 1, &r, NB_RPC_INFINITE, 0),
+                   NB_OK);
+  reply_text(&r, text, sizeof text);
+  assert_int_equal(atoll(text), -1);
+}
+
+static void test_ipv6_loopback(void** state) {
+  nb_rpc_server_t* srv = NULL;
+  if (start_server("[::1]:0", 0, 0, &srv) != NB_OK) {
+    skip(); /* no IPv6 loopback on this host */
+    return;
+  }
+  char target[64];
+  snprintf(target, sizeof target, "[::1]:%d", nb_rpc_server_port(srv));
+  nb_rpc_client_opts_t o = {.allow_insecure = 1};
+  nb_rpc_client_t* cli = NULL;
+  assert_int_equal(nb_rpc_client_create(target, &o, &cli), NB_OK);
+  nb_rpc_msg_t r;
+  char text[160];
+  assert_int_equal(nb_rpc_unary(cli, "/test.Echo/Deadline", "x", 1, &r, 5000, 0), NB_OK);
+  reply_text(&r, text, sizeof text);
+  assert_non_null(strstr(text, "ipv6:"));
+  nb_rpc_client_destroy(cli);
+  nb_rpc_server_destroy(srv);
+}
+
 static void test_errors_mapped(void** state) {
   fx_t* fx = *state;
   nb_rpc_msg_t r;
@@ -678,12 +734,12 @@ int main(void) {
       cmocka_unit_test(test_server_streaming),       cmocka_unit_test(test_client_streaming),
       cmocka_unit_test(test_bidi_concurrent),        cmocka_unit_test(test_deadlines),
       cmocka_unit_test(test_recv_wait_then_message), cmocka_unit_test(test_server_recv_wait),
-      cmocka_unit_test(test_errors_mapped),
+      cmocka_unit_test(test_handler_sees_deadline),  cmocka_unit_test(test_errors_mapped),
   };
   const struct CMUnitTest own[] = {
       cmocka_unit_test(test_wait_for_ready), cmocka_unit_test(test_shutdown_in_flight),
       cmocka_unit_test(test_max_calls),      cmocka_unit_test(test_garbage_and_oversized),
-      cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_bad_arguments),  cmocka_unit_test(test_ipv6_loopback),
   };
   int fails = cmocka_run_group_tests_name("rpc_shared_server", shared, fx_setup, fx_teardown);
   fails += cmocka_run_group_tests_name("rpc_own_server", own, NULL, NULL);
