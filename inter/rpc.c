@@ -549,6 +549,10 @@ nb_status_t nb_rpc_call_send_pb(nb_rpc_call_t* c, const ProtobufCMessage* msg) {
   return nb__rpc_call_send_bb(c, bb);
 }
 
+void nb_rpc_call_cancel(nb_rpc_call_t* c) {
+  if (c != NULL && c->call != NULL) grpc_call_cancel(c->call, NULL);
+}
+
 int nb_rpc_call_cancelled(nb_rpc_call_t* c) {
   pthread_mutex_lock(&c->mu);
   int r = c->op_close.done && c->cancelled;
@@ -1197,6 +1201,10 @@ nb_status_t nb_rpc_stream_finish(nb_rpc_stream_t* s) {
 
 int nb_rpc_stream_code(const nb_rpc_stream_t* s) {
   return s && s->status_done ? (int)s->code : -1;
+}
+
+void nb_rpc_stream_cancel(nb_rpc_stream_t* s) {
+  if (s != NULL && s->call != NULL) grpc_call_cancel(s->call, NULL);
 }
 
 void nb_rpc_stream_destroy(nb_rpc_stream_t* s) {

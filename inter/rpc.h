@@ -126,6 +126,11 @@ nb_status_t nb_rpc_call_recv_pb(nb_rpc_call_t* call, const ProtobufCMessageDescr
 nb_status_t nb_rpc_call_send(nb_rpc_call_t* call, const void* data, size_t len);
 nb_status_t nb_rpc_call_send_pb(nb_rpc_call_t* call, const ProtobufCMessage* msg);
 
+/* Cancels the call from any thread of the handler (for example a helper that saw the peer
+ * stop answering): a recv or send blocked in another thread returns NB_ERR_CANCELLED. The
+ * handler still returns normally. Thread-safe while the handler runs. */
+void nb_rpc_call_cancel(nb_rpc_call_t* call);
+
 /* 1 once the call is cancelled (client went away, deadline passed, server shutting down). */
 int nb_rpc_call_cancelled(nb_rpc_call_t* call);
 
@@ -207,6 +212,11 @@ nb_status_t nb_rpc_stream_finish(nb_rpc_stream_t* s);
 
 /* The gRPC status code of a finished stream (-1 while unknown). */
 int nb_rpc_stream_code(const nb_rpc_stream_t* s);
+
+/* Cancels the call now, from any thread: a send or recv blocked in another thread returns
+ * NB_ERR_CANCELLED (use it when a heartbeat says the peer is gone). The stream must still be
+ * destroyed, once no other thread uses it. Thread-safe. */
+void nb_rpc_stream_cancel(nb_rpc_stream_t* s);
 
 /* Cancels the call if it is still running, drains it and frees it. NULL ok. */
 void nb_rpc_stream_destroy(nb_rpc_stream_t* s);

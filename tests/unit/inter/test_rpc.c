@@ -151,6 +151,16 @@ static nb_status_t h_deadline(nb_rpc_call_t* call, void* user) {
   return nb_rpc_call_send(call, out, (size_t)n);
 }
 
+static nb_status_t h_cancel_self(nb_rpc_call_t* call, void* user) {
+  /* cancels its own call, as a helper thread would; the recv then fails at once */
+  nb_rpc_call_cancel(call);
+  nb_rpc_msg_t m;
+  int end;
+  nb_status_t st = nb_rpc_call_recv(call, &m, &end, 5000);
+  if (st == NB_OK && !end) nb_rpc_msg_release(&m);
+  return st == NB_ERR_CANCELLED ? NB_OK : nb_error(NB_ERR_INTERNAL, "recv after cancel: %d", st);
+}
+
 static nb_status_t h_fail(nb_rpc_call_t* call, void* user) {
   return nb_error(NB_ERR_NOT_FOUND, "round %d is not here", 42);
 }
@@ -191,6 +201,7 @@ static nb_status_t start_server(const char* listen, size_t max_msg, int max_call
   nb_rpc_server_add_method(srv, M_FAIL, NB_RPC_UNARY, h_fail, NULL);
   nb_rpc_server_add_method(srv, "/test.Echo/Tick", NB_RPC_BIDI, h_tick, NULL);
   nb_rpc_server_add_method(srv, "/test.Echo/Deadline", NB_RPC_UNARY, h_deadline, NULL);
+  nb_rpc_server_add_method(srv, "/test.Echo/CancelSelf", NB_RPC_UNARY, h_cancel_self, NULL);
   nb_rpc_server_add_method(srv, "/test.Echo/LeavePending", NB_RPC_BIDI, h_leave_pending, NULL);
   nb_rpc_server_add_method(srv, M_PING, NB_RPC_UNARY, h_ping, NULL);
   nb_status_t st = nb_rpc_server_start(srv);
@@ -623,6 +634,33 @@ static void test_shutdown_in_flight(void** state) {
   nb_rpc_client_destroy(cli);
 }
 
+static void test_cancel_from_other_thread(void** state) {
+  nb_rpc_server_t* srv = NULL;
+  assert_int_equal(start_server("127.0.0.1:0", 0, 0, &srv), NB_OK);
+  nb_rpc_client_t* cli = connect_to(nb_rpc_server_port(srv));
+  /* client: a receive blocked in another thread is released by nb_rpc_stream_cancel */
+  blocked_t b = {.st = NB_OK};
+  assert_int_equal(nb_rpc_stream_open(cli, M_BLOCK, NB_RPC_INFINITE, NB_RPC_WAIT_FOR_READY, &b.s),
+                   NB_OK);
+  assert_int_equal(nb_rpc_stream_send(b.s, "a", 1), NB_OK);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, blocked_recv, &b), 0);
+  nb_sleep_ns(100 * 1000 * 1000);
+  int64_t t0 = (int64_t)nb_now_ns();
+  nb_rpc_stream_cancel(b.s);
+  pthread_join(t, NULL);
+  assert_true(((int64_t)nb_now_ns() - t0) / 1000000 < 2000);
+  assert_int_equal(b.st, NB_ERR_CANCELLED);
+  assert_int_equal(nb_rpc_stream_code(b.s), 1);
+  nb_rpc_stream_destroy(b.s);
+  /* server: a handler cancels its own call; the client sees CANCELLED */
+  nb_rpc_msg_t r;
+  assert_int_equal(nb_rpc_unary(cli, "/test.Echo/CancelSelf", "x", 1, &r, 5000, 0),
+                   NB_ERR_CANCELLED);
+  nb_rpc_server_destroy(srv); /* the blocked handler ends too */
+  nb_rpc_client_destroy(cli);
+}
+
 static void test_max_calls(void** state) {
   nb_rpc_server_t* srv = NULL;
   assert_int_equal(start_server("127.0.0.1:0", 0, 1, &srv), NB_OK);
@@ -737,9 +775,13 @@ int main(void) {
       cmocka_unit_test(test_handler_sees_deadline),  cmocka_unit_test(test_errors_mapped),
   };
   const struct CMUnitTest own[] = {
-      cmocka_unit_test(test_wait_for_ready), cmocka_unit_test(test_shutdown_in_flight),
-      cmocka_unit_test(test_max_calls),      cmocka_unit_test(test_garbage_and_oversized),
-      cmocka_unit_test(test_bad_arguments),  cmocka_unit_test(test_ipv6_loopback),
+      cmocka_unit_test(test_wait_for_ready),
+      cmocka_unit_test(test_shutdown_in_flight),
+      cmocka_unit_test(test_max_calls),
+      cmocka_unit_test(test_garbage_and_oversized),
+      cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_ipv6_loopback),
+      cmocka_unit_test(test_cancel_from_other_thread),
   };
   int fails = cmocka_run_group_tests_name("rpc_shared_server", shared, fx_setup, fx_teardown);
   fails += cmocka_run_group_tests_name("rpc_own_server", own, NULL, NULL);
