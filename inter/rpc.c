@@ -11,6 +11,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
+#include <grpc/support/log.h>
 #include <grpc/support/time.h>
 #include <errno.h>
 #include <pthread.h>
@@ -33,6 +34,27 @@ NB_PARAM_INT(RpcMaxCalls, "NB_RPC_MAX_CALLS", 64, 1, 4096,
              "concurrent calls (handler threads) per server; more get RESOURCE_EXHAUSTED")
 
 /* ------------------------------------------------------------------ shared helpers */
+
+/* gRPC's own log lines (ERROR and above by default, GRPC_VERBOSITY raises it) go through
+ * nebula's log, with its prefix: errors as warnings, the rest as RPC traces. */
+static void nb__rpc_gpr_log(gpr_log_func_args* a) {
+  if (a->severity == GPR_LOG_SEVERITY_ERROR)
+    nb_log(NB_LOG_WARN, NB_SUB_RPC, a->file, a->line, "grpc: %s", a->message);
+  else if (nb_log_enabled(NB_LOG_TRACE, NB_SUB_RPC))
+    nb_log(NB_LOG_TRACE, NB_SUB_RPC, a->file, a->line, "grpc: %s", a->message);
+}
+
+static pthread_once_t nb__rpc_once = PTHREAD_ONCE_INIT;
+static void nb__rpc_once_fn(void) {
+  gpr_set_log_function(nb__rpc_gpr_log);
+}
+
+/* grpc_init with nebula's log hooked in; each successful create pairs it with one
+ * grpc_shutdown_blocking in destroy. */
+static void nb__rpc_grpc_init(void) {
+  pthread_once(&nb__rpc_once, nb__rpc_once_fn);
+  grpc_init();
+}
 
 static uint64_t nb__rpc_mono_ns(void) {
   struct timespec ts;
@@ -740,7 +762,7 @@ nb_status_t nb_rpc_server_create(const nb_rpc_server_opts_t* opts, nb_rpc_server
     free(srv);
     return nb_error(NB_ERR_NOMEM, "rpc server");
   }
-  grpc_init();
+  nb__rpc_grpc_init();
   pthread_mutex_init(&srv->mu, NULL);
   pthread_cond_init(&srv->cv, NULL);
   srv->op_shutdown.kind = NB__OP_SHUTDOWN;
@@ -922,7 +944,7 @@ nb_status_t nb_rpc_client_create(const char* target, const nb_rpc_client_opts_t*
     free(cli);
     return nb_error(NB_ERR_NOMEM, "rpc client");
   }
-  grpc_init();
+  nb__rpc_grpc_init();
   size_t maxmsg = nb__rpc_max_msg(opts->max_message_bytes);
   nb__rpc_args_t args = {.n = 0};
   nb__rpc_arg_int(&args, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, (int)maxmsg);
