@@ -994,6 +994,35 @@ void nb_rpc_client_destroy(nb_rpc_client_t* cli) {
   grpc_shutdown_blocking();
 }
 
+nb_rpc_conn_state_t nb_rpc_client_state(nb_rpc_client_t* cli, int try_connect) {
+  if (cli == NULL || cli->ch == NULL) return NB_RPC_SHUTDOWN;
+  return (nb_rpc_conn_state_t)grpc_channel_check_connectivity_state(cli->ch, try_connect);
+}
+
+nb_status_t nb_rpc_client_wait_ready(nb_rpc_client_t* cli, int64_t timeout_ms) {
+  if (cli == NULL) return nb_error(NB_ERR_INVALID, "nb_rpc_client_wait_ready: NULL");
+  gpr_timespec until = nb__rpc_deadline(timeout_ms);
+  grpc_completion_queue* cq = grpc_completion_queue_create_for_pluck(NULL);
+  char tag;
+  grpc_connectivity_state s = grpc_channel_check_connectivity_state(cli->ch, 1);
+  int timed_out = 0;
+  while (s != GRPC_CHANNEL_READY && s != GRPC_CHANNEL_SHUTDOWN && !timed_out) {
+    grpc_channel_watch_connectivity_state(cli->ch, s, until, cq, &tag);
+    grpc_event ev =
+        grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    timed_out = !ev.success; /* the watch reports failure when the deadline came first */
+    s = grpc_channel_check_connectivity_state(cli->ch, 1);
+  }
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+         GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(cq);
+  if (s == GRPC_CHANNEL_READY) return NB_OK;
+  return nb_error(NB_ERR_TIMEOUT, "channel to %s not ready within %lld ms (state %d)", cli->target,
+                  (long long)timeout_ms, (int)s);
+}
+
 /* Client call tags: the address of one of these. */
 enum { NB__T_MD, NB__T_INIT_MD, NB__T_SEND, NB__T_CLOSE, NB__T_RECV, NB__T_STATUS, NB__T_COUNT };
 

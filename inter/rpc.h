@@ -168,6 +168,23 @@ nb_status_t nb_rpc_client_create(const char* target, const nb_rpc_client_opts_t*
 /* Closes the channel. Every stream of it must be destroyed first. NULL ok. */
 void nb_rpc_client_destroy(nb_rpc_client_t* cli);
 
+/* Connection state of a client's channel (gRPC's connectivity states). */
+typedef enum {
+  NB_RPC_IDLE = 0,
+  NB_RPC_CONNECTING = 1,
+  NB_RPC_READY = 2,
+  NB_RPC_TRANSIENT_FAILURE = 3,
+  NB_RPC_SHUTDOWN = 4,
+} nb_rpc_conn_state_t;
+
+/* The channel's state now; with try_connect = 1 an idle channel starts connecting. */
+nb_rpc_conn_state_t nb_rpc_client_state(nb_rpc_client_t* cli, int try_connect);
+
+/* Connects (if idle) and waits until the channel is READY or timeout_ms passed. Returns NB_OK,
+ * NB_ERR_TIMEOUT (still not connected; the state tells whether attempts are failing). Lets a
+ * link open its S connections in parallel before it starts moving data. */
+nb_status_t nb_rpc_client_wait_ready(nb_rpc_client_t* cli, int64_t timeout_ms);
+
 /* One request, one response. req: borrowed. resp: filled on NB_OK (release it).
  * timeout_ms: the call's deadline (NB_RPC_INFINITE = none). flags: NB_RPC_WAIT_FOR_READY.
  * Returns NB_OK, or the server's status mapped back (see nb_rpc_handler_fn), NB_ERR_TIMEOUT

@@ -570,6 +570,9 @@ static void test_wait_for_ready(void** state) {
   int64_t t0 = (int64_t)nb_now_ns();
   assert_int_equal(nb_rpc_unary(cli, M_UNARY, "x", 1, &r, 5000, 0), NB_ERR_UNAVAILABLE);
   assert_true(((int64_t)nb_now_ns() - t0) / 1000000 < 2500);
+  /* the channel reports its state and waiting for READY times out while nobody listens */
+  assert_int_not_equal(nb_rpc_client_state(cli, 1), NB_RPC_READY);
+  assert_int_equal(nb_rpc_client_wait_ready(cli, 200), NB_ERR_TIMEOUT);
   /* with it, the call waits for a server that starts late */
   late_t a = {.cli = cli, .st = NB_ERR_INTERNAL};
   pthread_t t;
@@ -581,6 +584,8 @@ static void test_wait_for_ready(void** state) {
   assert_int_equal(start_server(listen, 0, 0, &srv), NB_OK);
   pthread_join(t, NULL);
   assert_int_equal(a.st, NB_OK);
+  assert_int_equal(nb_rpc_client_wait_ready(cli, 2000), NB_OK);
+  assert_int_equal(nb_rpc_client_state(cli, 0), NB_RPC_READY);
   /* SO_REUSEPORT is off: a second server cannot take the same port */
   nb_rpc_server_t* srv2 = NULL;
   assert_int_equal(start_server(listen, 0, 0, &srv2), NB_ERR_UNAVAILABLE);
