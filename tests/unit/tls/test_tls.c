@@ -82,7 +82,8 @@ static nb_status_t h_ping(nb_rpc_call_t* call, void* user) {
 }
 
 static int setup(void** state) {
-  snprintf(g_dir, sizeof g_dir, "/tmp/nb_tls_test.XXXXXX");
+  const char* tmp = getenv("TMPDIR");
+  snprintf(g_dir, sizeof g_dir, "%s/nb_tls_test.XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
   if (mkdtemp(g_dir) == NULL) return -1;
   char cmd[1024];
   snprintf(cmd, sizeof cmd, "sh '%s' '%s'", g_gen_script, g_dir);
