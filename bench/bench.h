@@ -15,6 +15,8 @@ int nb_bench_main(int argc, char** argv);
 
 /* `nebula bench seal`: AES-256-GCM chunk sealing throughput vs memcpy (bench_seal.c). */
 int nb_bench_seal_main(int argc, char** argv);
+/* `nebula bench rpc` (bench_rpc.c): loopback goodput and RTT of inter/rpc, plain vs mTLS. */
+int nb_bench_rpc_main(int argc, char** argv);
 
 /* Median of n samples (the array is reordered). n must be > 0. */
 double nb_bench_median(double* v, size_t n);

@@ -1,0 +1,102 @@
+/* security/tls: gRPC mutual-TLS credentials from the federation's PEM files, and the peer
+ * identity read from a verified certificate (cluster or user). It does not create certificates
+ * (security/pki does) and does not run servers or channels (inter/rpc does).
+ *
+ * Identities: a cluster certificate carries the URI SAN "nebula://cluster/<id>" (and CN=<id>);
+ * a user certificate carries "nebula://user/<name>". A nebula:// URI SAN is authoritative; a
+ * certificate without one is identified by its CN as a cluster (older certificates). */
+#ifndef NB_SECURITY_TLS_H
+#define NB_SECURITY_TLS_H
+
+#include <stddef.h>
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* gRPC's own handle types (grpc/grpc.h, grpc/grpc_security.h); forward-declared here so that
+ * including this header does not pull gRPC in. */
+struct grpc_call;
+struct grpc_server_credentials;
+struct grpc_channel_credentials;
+
+#define NB_TLS_ID_MAX 128 /* longest cluster id or user name, including the NUL */
+
+/* PEM file paths of one endpoint. All borrowed; read once by nb_tls_create. */
+typedef struct {
+  const char* ca_path;   /* the federation CA certificate(s); required */
+  const char* cert_path; /* this endpoint's certificate (chain), leaf first; required */
+  const char* key_path;  /* this endpoint's private key; required */
+} nb_tls_files_t;
+
+/* Loaded PEM material of one endpoint. Immutable after creation: thread-safe to share. */
+typedef struct nb_tls nb_tls_t;
+
+typedef enum {
+  NB_TLS_PEER_NONE = 0,    /* no verified certificate (plaintext or not TLS) */
+  NB_TLS_PEER_CLUSTER = 1, /* nebula://cluster/<id>, or a CN without any nebula URI SAN */
+  NB_TLS_PEER_USER = 2,    /* nebula://user/<name> */
+} nb_tls_peer_kind_t;
+
+/* The identity of a peer as its verified certificate states it. */
+typedef struct {
+  nb_tls_peer_kind_t kind;
+  char name[NB_TLS_ID_MAX];        /* cluster id or user name; "" with kind NONE */
+  char common_name[NB_TLS_ID_MAX]; /* subject CN, "" when absent */
+} nb_tls_peer_t;
+
+/* Reads and checks the three PEM files: the CA and the certificate parse, the key parses and
+ * matches the certificate, the certificate is signed by the CA and currently valid.
+ * files: borrowed. out: set on NB_OK; release with nb_tls_destroy.
+ * Returns NB_ERR_INVALID (NULL or missing path), NB_ERR_IO (unreadable file), NB_ERR_CRYPTO
+ * (a file does not parse, key/certificate mismatch, certificate not from that CA or expired),
+ * NB_ERR_NOMEM. */
+nb_status_t nb_tls_create(const nb_tls_files_t* files, nb_tls_t** out);
+
+/* Frees tls (NULL ok). Credentials made from it stay valid (gRPC copies the PEM). */
+void nb_tls_destroy(nb_tls_t* tls);
+
+/* The identity in this endpoint's own certificate. */
+const nb_tls_peer_t* nb_tls_self(const nb_tls_t* tls);
+
+/* Server credentials that require a client certificate and verify it against the CA
+ * (GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY): plaintext clients, clients
+ * without a certificate and clients with a certificate from another CA fail the handshake.
+ * Which identity may call what is decided per call (nb_tls_peer_from_call + the checks below).
+ * Requires grpc_init() to be in effect (inter/rpc does that). out: caller releases with
+ * grpc_server_credentials_release. Returns NB_ERR_INVALID, NB_ERR_RPC. Thread-safe. */
+nb_status_t nb_tls_server_credentials(const nb_tls_t* tls, struct grpc_server_credentials** out);
+
+/* Channel credentials that present this endpoint's certificate, verify the server against the
+ * CA (and its host name or IP against the target), and, when expected_cluster is not NULL,
+ * also refuse a server whose certificate is not that cluster's. expected_cluster: copied.
+ * out: caller releases with grpc_channel_credentials_release. Returns NB_ERR_INVALID,
+ * NB_ERR_RPC. Requires grpc_init() in effect. Thread-safe. */
+nb_status_t nb_tls_channel_credentials(const nb_tls_t* tls, const char* expected_cluster,
+                                       struct grpc_channel_credentials** out);
+
+/* The peer identity of a server-side call, from its auth context (the verified leaf certificate
+ * as PEM). out: filled on NB_OK. Returns NB_ERR_PERMISSION when the call is not authenticated
+ * by a certificate (kind NONE is then also written to out), NB_ERR_CRYPTO when the certificate
+ * cannot be read or states an ambiguous identity. Thread-safe. */
+nb_status_t nb_tls_peer_from_call(struct grpc_call* call, nb_tls_peer_t* out);
+
+/* The identity stated by a PEM certificate (leaf first; only the first certificate is read).
+ * It does not verify the certificate: use it on certificates a TLS handshake verified.
+ * Returns NB_ERR_INVALID, NB_ERR_CRYPTO (unparsable, several nebula identities, a nebula URI
+ * with an empty or over-long name or bad characters). */
+nb_status_t nb_tls_peer_from_pem(const char* pem, size_t len, nb_tls_peer_t* out);
+
+/* NB_OK when peer is the cluster `cluster_id`; otherwise NB_ERR_PERMISSION with a message that
+ * names both identities. A cluster certificate whose CN disagrees with its URI SAN is refused. */
+nb_status_t nb_tls_peer_check_cluster(const nb_tls_peer_t* peer, const char* cluster_id);
+
+/* NB_OK when peer is the user `user` (NB_ERR_PERMISSION otherwise). */
+nb_status_t nb_tls_peer_check_user(const nb_tls_peer_t* peer, const char* user);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
