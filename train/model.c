@@ -1,0 +1,484 @@
+/* The transformer, llm.c style: parameters and gradients in one arena each with a tensor table,
+ * activations in a third arena sized for the largest (B, T) seen, and hand-written backward.
+ * Everything runs on the CPU through kernels/ (sgemm via OpenBLAS); no autograd, no GPU path. */
+#include "train/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "kernels/kernels.h"
+#include "train/model_internal.h"
+#include "train/rng.h"
+
+/* Per-layer parameter tensors, in arena order. */
+enum {
+  P_LN1W,
+  P_LN1B,
+  P_QKVW,
+  P_QKVB,
+  P_PROJW,
+  P_PROJB,
+  P_LN2W,
+  P_LN2B,
+  P_FCW,
+  P_FCB,
+  P_FCPROJW,
+  P_FCPROJB,
+  P_LAYER_COUNT
+};
+
+static const char* const nb__layer_names[P_LAYER_COUNT] = {
+    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+
+/* Activations of one layer (pointers into the activation arena). */
+typedef struct {
+  float* ln1;      /* (N, C) */
+  float* ln1_mean; /* (N) */
+  float* ln1_rstd; /* (N) */
+  float* qkv;      /* (N, 3C) */
+  float* atty;     /* (N, C) */
+  float* att;      /* (B, NH, T, T) */
+  float* attproj;  /* (N, C) */
+  float* res2;     /* (N, C) */
+  float* ln2;      /* (N, C) */
+  float* ln2_mean; /* (N) */
+  float* ln2_rstd; /* (N) */
+  float* fch;      /* (N, 4C) */
+  float* fch_gelu; /* (N, 4C) */
+  float* fcproj;   /* (N, C) */
+  float* res3;     /* (N, C) */
+} nb__layer_acts_t;
+
+struct nb_model {
+  nb_model_config_t cfg;
+  size_t n_params;
+  float* params;
+  float* grads;
+  uint8_t* decay;
+  nb_tensor_view_t* views;
+  size_t n_views;
+  size_t layer_view0; /* index of h.0.ln_1.weight */
+
+  /* activations, sized for cap_B x cap_T */
+  int cap_B, cap_T;
+  float* acts;
+  nb__layer_acts_t* la;
+  float *encoded, *lnf, *lnf_mean, *lnf_rstd, *logits, *probs, *losses;
+  float *dres, *dln, *dqkv, *datty, *dfch, *dfch_gelu, *dlogits, *att_scratch;
+  float *ps, *pt, *kl; /* distillation */
+  int* tokens;
+  int* targets;
+
+  /* last forward */
+  int B, T;
+  int have_targets;
+  int count;
+  float alpha, temp; /* distillation weight (0 = plain CE) and temperature */
+
+  int frozen;
+  nb_lora_t* lora;
+};
+
+nb_model_config_t nb_model_config_make(int n_layer, int n_embd, int n_head, int ctx) {
+  nb_model_config_t c = {n_layer, n_embd, n_head, ctx, NB_VOCAB};
+  return c;
+}
+
+nb_status_t nb_model_config_check(const nb_model_config_t* c) {
+  if (!c) return nb_error(NB_ERR_INVALID, "model config: NULL");
+  if (c->n_layer < 1 || c->n_layer > 256)
+    return nb_error(NB_ERR_INVALID, "model config: n_layer %d not in [1, 256]", c->n_layer);
+  if (c->n_head < 1 || c->n_head > 256)
+    return nb_error(NB_ERR_INVALID, "model config: n_head %d not in [1, 256]", c->n_head);
+  if (c->n_embd < 1 || c->n_embd > 16384 || c->n_embd % c->n_head != 0)
+    return nb_error(NB_ERR_INVALID,
+                    "model config: n_embd %d must be in [1, 16384] and divisible by n_head %d",
+                    c->n_embd, c->n_head);
+  if (c->ctx < 1 || c->ctx > 65536)
+    return nb_error(NB_ERR_INVALID, "model config: ctx %d not in [1, 65536]", c->ctx);
+  if (c->vocab != NB_VOCAB)
+    return nb_error(NB_ERR_INVALID, "model config: vocab %d, this build uses %d", c->vocab,
+                    NB_VOCAB);
+  return NB_OK;
+}
+
+static void nb__add_view(nb_model_t* m, const char* name, int rows, int cols, int decay) {
+  nb_tensor_view_t* v = &m->views[m->n_views++];
+  snprintf(v->name, sizeof v->name, "%s", name);
+  v->offset = m->n_params;
+  v->ndim = cols > 0 ? 2 : 1;
+  v->shape[0] = rows;
+  v->shape[1] = cols > 0 ? cols : 0;
+  v->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+  v->decay = decay;
+  m->n_params += v->numel;
+}
+
+#define LP(m, l, k) \
+  ((m)->params + (m)->views[(m)->layer_view0 + (size_t)(l)*P_LAYER_COUNT + (k)].offset)
+#define LG(m, l, k) \
+  ((m)->grads + (m)->views[(m)->layer_view0 + (size_t)(l)*P_LAYER_COUNT + (k)].offset)
+#define GP(m, i) ((m)->params + (m)->views[(i)].offset)
+#define GG(m, i) ((m)->grads + (m)->views[(i)].offset)
+/* global view indices */
+#define V_WTE 0
+#define V_WPE 1
+#define V_LNFW(m) ((m)->n_views - 2)
+#define V_LNFB(m) ((m)->n_views - 1)
+
+nb_status_t nb_model_create(const nb_model_config_t* cfg, uint64_t seed, nb_model_t** out) {
+  nb_status_t st = NB_OK;
+  nb_model_t* m = NULL;
+  *out = NULL;
+  NB_CHECK(nb_model_config_check(cfg));
+  NB_CHECK(nb_calloc((void**)&m, 1, sizeof *m, "model"));
+  m->cfg = *cfg;
+  int L = cfg->n_layer, C = cfg->n_embd, V = cfg->vocab;
+  NB_CHECK_GOTO(nb_calloc((void**)&m->views, 4 + (size_t)L * P_LAYER_COUNT, sizeof *m->views,
+                          "model tensor table"),
+                st, fail);
+  nb__add_view(m, "wte", V, C, 1);
+  nb__add_view(m, "wpe", cfg->ctx, C, 0);
+  m->layer_view0 = m->n_views;
+  const int rows[P_LAYER_COUNT] = {C, C, 3 * C, 3 * C, C, C, C, C, 4 * C, 4 * C, C, C};
+  const int cols[P_LAYER_COUNT] = {0, 0, C, 0, C, 0, 0, 0, C, 0, 4 * C, 0};
+  for (int l = 0; l < L; l++)
+    for (int k = 0; k < P_LAYER_COUNT; k++) {
+      char name[64];
+      snprintf(name, sizeof name, "h.%d.%s", l, nb__layer_names[k]);
+      nb__add_view(m, name, rows[k], cols[k], cols[k] > 0);
+    }
+  nb__add_view(m, "ln_f.weight", C, 0, 0);
+  nb__add_view(m, "ln_f.bias", C, 0, 0);
+
+  NB_CHECK_GOTO(nb_aligned_alloc((void**)&m->params, m->n_params, sizeof(float), "parameters"), st,
+                fail);
+  NB_CHECK_GOTO(nb_aligned_alloc((void**)&m->grads, m->n_params, sizeof(float), "gradients"), st,
+                fail);
+  NB_CHECK_GOTO(nb_alloc((void**)&m->decay, m->n_params, 1, "decay mask"), st, fail);
+  memset(m->grads, 0, m->n_params * sizeof(float));
+
+  /* deterministic init: one stream, tensors in arena order */
+  nb_rng_t rng;
+  nb_rng_seed(&rng, seed);
+  double proj_std = 0.02 / sqrt(2.0 * L);
+  for (size_t i = 0; i < m->n_views; i++) {
+    const nb_tensor_view_t* v = &m->views[i];
+    float* p = m->params + v->offset;
+    memset(m->decay + v->offset, v->decay, v->numel);
+    size_t len = strlen(v->name);
+    int is_ln_w = strstr(v->name, "ln_") && len > 7 && strcmp(v->name + len - 7, ".weight") == 0;
+    int is_bias = len > 5 && strcmp(v->name + len - 5, ".bias") == 0;
+    if (is_ln_w) {
+      for (size_t j = 0; j < v->numel; j++) p[j] = 1.0f;
+    } else if (is_bias) {
+      memset(p, 0, v->numel * sizeof(float));
+    } else {
+      double sd = strstr(v->name, "c_proj.weight") ? proj_std : 0.02;
+      for (size_t j = 0; j < v->numel; j++) p[j] = (float)(sd * nb_rng_normal(&rng));
+    }
+  }
+  *out = m;
+  return NB_OK;
+fail:
+  nb_model_destroy(m);
+  return st;
+}
+
+static void nb__free_acts(nb_model_t* m) {
+  nb_free(m->acts);
+  nb_free(m->la);
+  nb_free(m->tokens);
+  nb_free(m->targets);
+  m->acts = NULL;
+  m->la = NULL;
+  m->tokens = m->targets = NULL;
+  m->cap_B = m->cap_T = 0;
+}
+
+void nb_model_destroy(nb_model_t* m) {
+  if (!m) return;
+  nb__free_acts(m);
+  nb_free(m->params);
+  nb_free(m->grads);
+  nb_free(m->decay);
+  nb_free(m->views);
+  nb_free(m);
+}
+
+const nb_model_config_t* nb_model_get_config(const nb_model_t* m) {
+  return &m->cfg;
+}
+float* nb_model_params(nb_model_t* m, size_t* n) {
+  if (n) *n = m->n_params;
+  return m->params;
+}
+float* nb_model_grads(nb_model_t* m, size_t* n) {
+  if (n) *n = m->n_params;
+  return m->grads;
+}
+size_t nb_model_num_params(const nb_model_t* m) {
+  return m->n_params;
+}
+size_t nb_model_num_tensors(const nb_model_t* m) {
+  return m->n_views;
+}
+const nb_tensor_view_t* nb_model_tensor(const nb_model_t* m, size_t i) {
+  return i < m->n_views ? &m->views[i] : NULL;
+}
+const nb_tensor_view_t* nb_model_find_tensor(const nb_model_t* m, const char* name) {
+  for (size_t i = 0; i < m->n_views; i++)
+    if (strcmp(m->views[i].name, name) == 0) return &m->views[i];
+  return NULL;
+}
+const uint8_t* nb_model_decay_mask(const nb_model_t* m) {
+  return m->decay;
+}
+const float* nb_model_logits(const nb_model_t* m) {
+  return m->logits;
+}
+void nb_model_zero_grad(nb_model_t* m) {
+  memset(m->grads, 0, m->n_params * sizeof(float));
+}
+void nb_model_set_frozen(nb_model_t* m, int frozen) {
+  m->frozen = frozen;
+}
+
+double nb_model_flops_per_token(const nb_model_t* m, int T) {
+  return 6.0 * (double)m->n_params + 12.0 * m->cfg.n_layer * m->cfg.n_embd * (double)T;
+}
+
+float* nb__model_site_weight(nb_model_t* m, int layer, int site, int* OC, int* IC) {
+  int C = m->cfg.n_embd;
+  static const int k[NB_SITE_COUNT] = {P_QKVW, P_PROJW, P_FCW, P_FCPROJW};
+  static const int oc[NB_SITE_COUNT] = {3, 1, 4, 1}, ic[NB_SITE_COUNT] = {1, 1, 1, 4};
+  *OC = oc[site] * C;
+  *IC = ic[site] * C;
+  return LP(m, layer, k[site]);
+}
+
+void nb__model_attach_lora(nb_model_t* m, nb_lora_t* l) {
+  m->lora = l;
+}
+
+/* Lays the activation arena out for B x T (sizes in floats; one allocation). */
+static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
+  if (m->acts && B <= m->cap_B && T <= m->cap_T) return NB_OK;
+  nb__free_acts(m);
+  int L = m->cfg.n_layer, C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab;
+  size_t N = (size_t)B * T, NC = N * C, NV = N * V, att = (size_t)B * NH * T * T;
+  size_t per_layer = NC * 9 + N * 4 + NC * 3 + att + NC * 8;
+  /* per layer: ln1 atty attproj res2 ln2 fcproj res3 (7 NC) + qkv (3 NC) + fch, fch_gelu (8 NC)
+   * + 4 stats (N) + att; the expression above over-counts by one NC, harmless */
+  size_t total = per_layer * L + NC * 2 + N * 3 + NV * 2 /* encoded lnf stats logits probs */
+                 + NC * 3 + NC * 3 + NC * 8 + NV + (size_t)T * T /* backward scratch */
+                 + NV * 2 + N;                                   /* distillation */
+  nb_status_t st = NB_OK;
+  NB_CHECK_GOTO(nb_aligned_alloc((void**)&m->acts, total, sizeof(float), "activations"), st, fail);
+  NB_CHECK_GOTO(nb_calloc((void**)&m->la, (size_t)L, sizeof *m->la, "activation table"), st, fail);
+  NB_CHECK_GOTO(nb_alloc((void**)&m->tokens, N, sizeof(int), "tokens"), st, fail);
+  NB_CHECK_GOTO(nb_alloc((void**)&m->targets, N, sizeof(int), "targets"), st, fail);
+  float* p = m->acts;
+#define TAKE(dst, n) \
+  do {               \
+    (dst) = p;       \
+    p += (n);        \
+  } while (0)
+  for (int l = 0; l < L; l++) {
+    nb__layer_acts_t* a = &m->la[l];
+    TAKE(a->ln1, NC);
+    TAKE(a->ln1_mean, N);
+    TAKE(a->ln1_rstd, N);
+    TAKE(a->qkv, 3 * NC);
+    TAKE(a->atty, NC);
+    TAKE(a->att, att);
+    TAKE(a->attproj, NC);
+    TAKE(a->res2, NC);
+    TAKE(a->ln2, NC);
+    TAKE(a->ln2_mean, N);
+    TAKE(a->ln2_rstd, N);
+    TAKE(a->fch, 4 * NC);
+    TAKE(a->fch_gelu, 4 * NC);
+    TAKE(a->fcproj, NC);
+    TAKE(a->res3, NC);
+  }
+  TAKE(m->encoded, NC);
+  TAKE(m->lnf, NC);
+  TAKE(m->lnf_mean, N);
+  TAKE(m->lnf_rstd, N);
+  TAKE(m->logits, NV);
+  TAKE(m->probs, NV);
+  TAKE(m->losses, N);
+  TAKE(m->dres, NC);
+  TAKE(m->dln, NC);
+  TAKE(m->dqkv, 3 * NC);
+  TAKE(m->datty, NC);
+  TAKE(m->dfch, 4 * NC);
+  TAKE(m->dfch_gelu, 4 * NC);
+  TAKE(m->dlogits, NV);
+  TAKE(m->att_scratch, (size_t)T * T);
+  TAKE(m->ps, NV);
+  TAKE(m->pt, NV);
+  TAKE(m->kl, N);
+#undef TAKE
+  if ((size_t)(p - m->acts) > total) return nb_error(NB_ERR_INTERNAL, "activation arena overrun");
+  m->cap_B = B;
+  m->cap_T = T;
+  return NB_OK;
+fail:
+  nb__free_acts(m);
+  return st;
+}
+
+static nb_status_t nb__forward(nb_model_t* m, const int* tokens, const int* targets, int B, int T) {
+  const nb_model_config_t* c = &m->cfg;
+  if (!m || !tokens) return nb_error(NB_ERR_INVALID, "model forward: NULL tokens");
+  if (B < 1 || T < 1 || T > c->ctx)
+    return nb_error(NB_ERR_INVALID, "model forward: B=%d T=%d (need B >= 1, 1 <= T <= ctx %d)", B,
+                    T, c->ctx);
+  size_t N = (size_t)B * T;
+  for (size_t i = 0; i < N; i++) {
+    if (tokens[i] < 0 || tokens[i] >= c->vocab)
+      return nb_error(NB_ERR_INVALID, "model forward: token %d at %zu not in [0, %d)", tokens[i], i,
+                      c->vocab);
+    if (targets && (targets[i] < -1 || targets[i] >= c->vocab))
+      return nb_error(NB_ERR_INVALID, "model forward: target %d at %zu not in [-1, %d)", targets[i],
+                      i, c->vocab);
+  }
+  NB_CHECK(nb__ensure_acts(m, B, T));
+  memcpy(m->tokens, tokens, N * sizeof(int));
+  if (targets) memcpy(m->targets, targets, N * sizeof(int));
+  m->B = B;
+  m->T = T;
+  m->have_targets = 0;
+  int L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab, n = (int)N;
+
+  nb_embedding_forward(m->encoded, m->tokens, GP(m, V_WTE), GP(m, V_WPE), B, T, C);
+  const float* residual = m->encoded;
+  for (int l = 0; l < L; l++) {
+    nb__layer_acts_t* a = &m->la[l];
+    nb_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, residual, LP(m, l, P_LN1W),
+                         LP(m, l, P_LN1B), n, C);
+    nb_matmul_forward(a->qkv, a->ln1, LP(m, l, P_QKVW), LP(m, l, P_QKVB), n, C, 3 * C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_QKV, a->ln1, a->qkv, n));
+    nb_attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+    nb_matmul_forward(a->attproj, a->atty, LP(m, l, P_PROJW), LP(m, l, P_PROJB), n, C, C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_ATTN_PROJ, a->atty, a->attproj, n));
+    for (size_t i = 0; i < N * C; i++) a->res2[i] = residual[i] + a->attproj[i];
+    nb_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, LP(m, l, P_LN2W),
+                         LP(m, l, P_LN2B), n, C);
+    nb_matmul_forward(a->fch, a->ln2, LP(m, l, P_FCW), LP(m, l, P_FCB), n, C, 4 * C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC, a->ln2, a->fch, n));
+    nb_gelu_forward(a->fch_gelu, a->fch, N * 4 * C);
+    nb_matmul_forward(a->fcproj, a->fch_gelu, LP(m, l, P_FCPROJW), LP(m, l, P_FCPROJB), n, 4 * C,
+                      C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC_PROJ, a->fch_gelu, a->fcproj, n));
+    for (size_t i = 0; i < N * C; i++) a->res3[i] = a->res2[i] + a->fcproj[i];
+    residual = a->res3;
+  }
+  nb_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, GP(m, V_LNFW(m)),
+                       GP(m, V_LNFB(m)), n, C);
+  nb_matmul_forward(m->logits, m->lnf, GP(m, V_WTE), NULL, n, C, V);
+  return NB_OK;
+}
+
+nb_status_t nb_model_forward(nb_model_t* m, const int* tokens, const int* targets, int B, int T,
+                             float* loss) {
+  NB_CHECK(nb__forward(m, tokens, targets, B, T));
+  m->alpha = 0.0f;
+  if (!targets) return NB_OK;
+  int N = B * T;
+  m->count = nb_crossentropy_forward(m->losses, m->probs, m->logits, m->targets, N, m->cfg.vocab);
+  double s = 0.0;
+  for (int i = 0; i < N; i++) s += m->losses[i];
+  if (loss) *loss = m->count ? (float)(s / m->count) : 0.0f;
+  m->have_targets = 1;
+  return NB_OK;
+}
+
+nb_status_t nb_model_forward_distill(nb_model_t* m, const int* tokens, const int* targets,
+                                     const float* teacher_logits, float alpha, float temp, int B,
+                                     int T, float* loss) {
+  if (!targets || !teacher_logits)
+    return nb_error(NB_ERR_INVALID, "distill forward: targets and teacher logits are required");
+  if (!(alpha >= 0.0f && alpha <= 1.0f) || !(temp > 0.0f))
+    return nb_error(NB_ERR_INVALID, "distill forward: alpha %g must be in [0, 1], temp %g > 0",
+                    (double)alpha, (double)temp);
+  NB_CHECK(nb__forward(m, tokens, targets, B, T));
+  int N = B * T, V = m->cfg.vocab;
+  m->count = nb_crossentropy_forward(m->losses, m->probs, m->logits, m->targets, N, V);
+  nb_kldiv_forward(m->kl, m->ps, m->pt, m->logits, teacher_logits, m->targets, N, V, temp);
+  double ce = 0.0, kl = 0.0;
+  for (int i = 0; i < N; i++) {
+    ce += m->losses[i];
+    kl += m->kl[i];
+  }
+  if (loss) *loss = m->count ? (float)(((1.0 - alpha) * ce + alpha * kl) / m->count) : 0.0f;
+  m->alpha = alpha;
+  m->temp = temp;
+  m->have_targets = 1;
+  return NB_OK;
+}
+
+nb_status_t nb_model_backward(nb_model_t* m) {
+  if (!m->have_targets)
+    return nb_error(NB_ERR_INVALID, "model backward: no forward with targets before it");
+  const nb_model_config_t* c = &m->cfg;
+  int B = m->B, T = m->T, L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab;
+  int n = B * T;
+  size_t N = (size_t)n, NC = N * C;
+  int fz = m->frozen;
+#define G(ptr) (fz ? NULL : (ptr))
+
+  memset(m->dlogits, 0, N * V * sizeof(float));
+  if (m->count > 0) {
+    float inv = 1.0f / (float)m->count;
+    nb_crossentropy_backward(m->dlogits, m->probs, m->targets, (1.0f - m->alpha) * inv, n, V);
+    if (m->alpha > 0.0f)
+      nb_kldiv_backward(m->dlogits, m->ps, m->pt, m->targets, m->alpha * inv, n, V, m->temp);
+  }
+  memset(m->dln, 0, NC * sizeof(float));
+  nb_matmul_backward(m->dln, G(GG(m, V_WTE)), NULL, m->dlogits, m->lnf, GP(m, V_WTE), n, C, V);
+  memset(m->dres, 0, NC * sizeof(float));
+  const float* last = L > 0 ? m->la[L - 1].res3 : m->encoded;
+  nb_layernorm_backward(m->dres, G(GG(m, V_LNFW(m))), G(GG(m, V_LNFB(m))), m->dln, last,
+                        GP(m, V_LNFW(m)), m->lnf_mean, m->lnf_rstd, n, C);
+  for (int l = L - 1; l >= 0; l--) {
+    nb__layer_acts_t* a = &m->la[l];
+    const float* residual = l == 0 ? m->encoded : m->la[l - 1].res3;
+    /* dres is d(res3) = d(res2) (skip) = d(fcproj) */
+    memset(m->dfch_gelu, 0, 4 * NC * sizeof(float));
+    nb_matmul_backward(m->dfch_gelu, G(LG(m, l, P_FCPROJW)), G(LG(m, l, P_FCPROJB)), m->dres,
+                       a->fch_gelu, LP(m, l, P_FCPROJW), n, 4 * C, C);
+    if (m->lora)
+      nb__lora_backward(m->lora, l, NB_SITE_FC_PROJ, a->fch_gelu, m->dres, m->dfch_gelu, n);
+    memset(m->dfch, 0, 4 * NC * sizeof(float));
+    nb_gelu_backward(m->dfch, a->fch, m->dfch_gelu, 4 * NC);
+    memset(m->dln, 0, NC * sizeof(float));
+    nb_matmul_backward(m->dln, G(LG(m, l, P_FCW)), G(LG(m, l, P_FCB)), m->dfch, a->ln2,
+                       LP(m, l, P_FCW), n, C, 4 * C);
+    if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_FC, a->ln2, m->dfch, m->dln, n);
+    nb_layernorm_backward(m->dres, G(LG(m, l, P_LN2W)), G(LG(m, l, P_LN2B)), m->dln, a->res2,
+                          LP(m, l, P_LN2W), a->ln2_mean, a->ln2_rstd, n, C);
+    /* dres is now d(res2) = d(residual) (skip) = d(attproj) */
+    memset(m->datty, 0, NC * sizeof(float));
+    nb_matmul_backward(m->datty, G(LG(m, l, P_PROJW)), G(LG(m, l, P_PROJB)), m->dres, a->atty,
+                       LP(m, l, P_PROJW), n, C, C);
+    if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_ATTN_PROJ, a->atty, m->dres, m->datty, n);
+    memset(m->dqkv, 0, 3 * NC * sizeof(float));
+    nb_attention_backward(m->dqkv, m->att_scratch, m->datty, a->qkv, a->att, B, T, C, NH);
+    memset(m->dln, 0, NC * sizeof(float));
+    nb_matmul_backward(m->dln, G(LG(m, l, P_QKVW)), G(LG(m, l, P_QKVB)), m->dqkv, a->ln1,
+                       LP(m, l, P_QKVW), n, C, 3 * C);
+    if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_QKV, a->ln1, m->dqkv, m->dln, n);
+    nb_layernorm_backward(m->dres, G(LG(m, l, P_LN1W)), G(LG(m, l, P_LN1B)), m->dln, residual,
+                          LP(m, l, P_LN1W), a->ln1_mean, a->ln1_rstd, n, C);
+  }
+  if (!fz) nb_embedding_backward(GG(m, V_WTE), GG(m, V_WPE), m->dres, m->tokens, B, T, C);
+#undef G
+  return NB_OK;
+}
