@@ -130,6 +130,10 @@ void nb_lora_destroy(nb_lora_t* l) {
   nb_free(l);
 }
 
+const nb_lora_config_t* nb_lora_get_config(const nb_lora_t* l) {
+  return &l->cfg;
+}
+
 float* nb_lora_params(nb_lora_t* l, size_t* n) {
   if (n) *n = l->n;
   return l->params;

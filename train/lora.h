@@ -31,6 +31,9 @@ nb_status_t nb_lora_create(nb_model_t* m, const nb_lora_config_t* cfg, uint64_t 
 /* Detaches (if still attached), unfreezes the base, frees. NULL ok. */
 void nb_lora_destroy(nb_lora_t* l);
 
+/* The configuration the adapters were created with. */
+const nb_lora_config_t* nb_lora_get_config(const nb_lora_t* l);
+
 /* The adapters' flat parameter and gradient buffers (owned by l). */
 float* nb_lora_params(nb_lora_t* l, size_t* n);
 float* nb_lora_grads(nb_lora_t* l, size_t* n);
