@@ -12,6 +12,7 @@ typedef struct {
 } nb_bench_entry_t;
 
 static const nb_bench_entry_t nb__benches[] = {
+    {"train", "transformer training step vs the machine's sgemm rate", nb_bench_train_main},
     {NULL, NULL, NULL},
 };
 
