@@ -100,6 +100,10 @@ nb_status_t nb_model_forward_distill(nb_model_t* m, const int* tokens, const int
 /* Logits (B, T, vocab) of the last forward; borrowed, overwritten by the next forward. */
 const float* nb_model_logits(const nb_model_t* m);
 
+/* Per-position cross-entropy in nats (B, T) of the last forward with targets (0 where the
+ * target was -1): for bits-per-byte evaluation. Borrowed, overwritten by the next forward. */
+const float* nb_model_losses(const nb_model_t* m);
+
 /* Sets the gradient arena to zero. */
 void nb_model_zero_grad(nb_model_t* m);
 
