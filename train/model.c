@@ -10,6 +10,7 @@
 #include "common/common.h"
 #include "kernels/kernels.h"
 #include "train/model_internal.h"
+#include "train/parallel.h"
 #include "train/rng.h"
 
 /* Per-layer parameter tensors, in arena order. */
@@ -70,6 +71,7 @@ struct nb_model {
   float *encoded, *lnf, *lnf_mean, *lnf_rstd, *logits, *probs, *losses;
   float *dres, *dln, *dqkv, *datty, *dfch, *dfch_gelu, *dlogits, *att_scratch;
   float *ps, *pt, *kl; /* distillation */
+  float* ln_partial;   /* (NB__CHUNKS, 2C) LayerNorm weight/bias gradient partials */
   int* tokens;
   int* targets;
 
@@ -265,18 +267,149 @@ void nb__model_attach_lora(nb_model_t* m, nb_lora_t* l) {
   m->lora = l;
 }
 
+/* ---- elementwise work over the thread pool. The chunk count is fixed (not the thread count),
+ * so every result, including the LayerNorm partial sums, has the same bits on any pool size. */
+#define NB__CHUNKS 16
+
+typedef struct {
+  float *out, *a, *b, *c, *d, *e, *f;
+  const int* ints;
+  size_t n;
+  int rows, cols;
+  int counts[NB__CHUNKS];
+  float scalar, temp;
+} nb__par_t;
+
+static size_t nb__chunks_for(size_t work) {
+  return work < 16384 ? 1 : NB__CHUNKS;
+}
+
+/* Runs fn over the NB__CHUNKS chunks, inline when the work (rows x cols) is small. */
+static void nb__par_run(void (*fn)(void*, size_t), nb__par_t* p) {
+  if (nb__chunks_for((size_t)p->rows * p->cols) == 1)
+    for (size_t i = 0; i < NB__CHUNKS; i++) fn(p, i);
+  else
+    nb_parallel_for(NB__CHUNKS, fn, p);
+}
+
+static void nb__gelu_fwd_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e;
+  nb_parallel_range(p->n, NB__CHUNKS, i, &b, &e);
+  nb_gelu_forward(p->out + b, p->a + b, e - b);
+}
+static void nb__gelu_bwd_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e;
+  nb_parallel_range(p->n, NB__CHUNKS, i, &b, &e);
+  nb_gelu_backward(p->out + b, p->a + b, p->b + b, e - b);
+}
+static void nb__add_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e;
+  nb_parallel_range(p->n, NB__CHUNKS, i, &b, &e);
+  for (size_t k = b; k < e; k++) p->out[k] = p->a[k] + p->b[k];
+}
+static void nb__par_elementwise(void (*fn)(void*, size_t), float* out, float* a, float* b,
+                                size_t n) {
+  nb__par_t p = {
+      .out = out, .a = a, .b = b, .n = n, .rows = (int)(n > 1u << 30 ? 1u << 30 : n), .cols = 1};
+  nb__par_run(fn, &p);
+}
+
+static void nb__ln_fwd_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e, C = (size_t)p->cols;
+  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  nb_layernorm_forward(p->out + b * C, p->b + b, p->c + b, p->a + b * C, p->d, p->e, (int)(e - b),
+                       p->cols);
+}
+/* out = LN(inp; w, bias), mean/rstd per row */
+static void nb__par_ln_forward(float* out, float* mean, float* rstd, const float* inp,
+                               const float* w, const float* bias, int N, int C) {
+  nb__par_t p = {.out = out,
+                 .a = (float*)inp,
+                 .b = mean,
+                 .c = rstd,
+                 .d = (float*)w,
+                 .e = (float*)bias,
+                 .rows = N,
+                 .cols = C};
+  nb__par_run(nb__ln_fwd_chunk, &p);
+}
+
+static void nb__ln_bwd_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e, C = (size_t)p->cols;
+  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  float* part = p->f ? p->f + i * 2 * C : NULL;
+  if (part) memset(part, 0, 2 * C * sizeof(float));
+  /* a=dinp, b=dout, c=inp, d=weight, e=mean, out=rstd */
+  nb_layernorm_backward(p->a + b * C, part, part ? part + C : NULL, p->b + b * C, p->c + b * C,
+                        p->d, p->e + b, p->out + b, (int)(e - b), p->cols);
+}
+/* Accumulating LayerNorm backward; weight/bias gradients via fixed-order partial sums. */
+static void nb__par_ln_backward(nb_model_t* m, float* dinp, float* dw, float* db, const float* dout,
+                                const float* inp, const float* w, const float* mean,
+                                const float* rstd, int N, int C) {
+  nb__par_t p = {.a = dinp,
+                 .b = (float*)dout,
+                 .c = (float*)inp,
+                 .d = (float*)w,
+                 .e = (float*)mean,
+                 .out = (float*)rstd,
+                 .f = dw ? m->ln_partial : NULL,
+                 .rows = N,
+                 .cols = C};
+  nb__par_run(nb__ln_bwd_chunk, &p);
+  if (!dw) return;
+  for (size_t i = 0; i < NB__CHUNKS; i++) {
+    const float* part = m->ln_partial + i * 2 * (size_t)C;
+    for (int c = 0; c < C; c++) {
+      dw[c] += part[c];
+      db[c] += part[C + c];
+    }
+  }
+}
+
+static void nb__ce_fwd_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e, V = (size_t)p->cols;
+  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  p->counts[i] = nb_crossentropy_forward(p->out + b, p->a + b * V, p->b + b * V, p->ints + b,
+                                         (int)(e - b), p->cols);
+}
+static void nb__ce_bwd_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e, V = (size_t)p->cols;
+  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  nb_crossentropy_backward(p->out + b * V, p->a + b * V, p->ints + b, p->scalar, (int)(e - b),
+                           p->cols);
+  if (p->c) /* distillation term: c = ps, d = pt */
+    nb_kldiv_backward(p->out + b * V, p->c + b * V, p->d + b * V, p->ints + b, p->temp,
+                      (int)(e - b), p->cols, p->e[0]);
+}
+static void nb__kl_fwd_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e, V = (size_t)p->cols;
+  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  nb_kldiv_forward(p->out + b, p->c + b * V, p->d + b * V, p->a + b * V, p->b + b * V, p->ints + b,
+                   (int)(e - b), p->cols, p->scalar);
+}
+
 /* Lays the activation arena out for B x T (sizes in floats; one allocation). */
 static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
   if (m->acts && B <= m->cap_B && T <= m->cap_T) return NB_OK;
   nb__free_acts(m);
   int L = m->cfg.n_layer, C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab;
   size_t N = (size_t)B * T, NC = N * C, NV = N * V, att = (size_t)B * NH * T * T;
-  size_t per_layer = NC * 9 + N * 4 + NC * 3 + att + NC * 8;
-  /* per layer: ln1 atty attproj res2 ln2 fcproj res3 (7 NC) + qkv (3 NC) + fch, fch_gelu (8 NC)
-   * + 4 stats (N) + att; the expression above over-counts by one NC, harmless */
-  size_t total = per_layer * L + NC * 2 + N * 3 + NV * 2 /* encoded lnf stats logits probs */
-                 + NC * 3 + NC * 3 + NC * 8 + NV + (size_t)T * T /* backward scratch */
-                 + NV * 2 + N;                                   /* distillation */
+  /* per layer: ln1 atty attproj res2 ln2 fcproj res3 (7 NC), qkv (3 NC), fch and fch_gelu
+   * (8 NC), four row statistics (4 N) and the attention probabilities */
+  size_t per_layer = NC * 18 + N * 4 + att;
+  size_t total = per_layer * L + NC * 2 + N * 3 + NV * 2 /* encoded lnf, stats, logits probs */
+                 + NC * 14 + NV + (size_t)T * T          /* backward scratch */
+                 + NV * 2 + N                            /* distillation */
+                 + (size_t)NB__CHUNKS * 2 * C;           /* LayerNorm partials */
   nb_status_t st = NB_OK;
   NB_CHECK_GOTO(nb_aligned_alloc((void**)&m->acts, total, sizeof(float), "activations"), st, fail);
   NB_CHECK_GOTO(nb_calloc((void**)&m->la, (size_t)L, sizeof *m->la, "activation table"), st, fail);
@@ -324,6 +457,7 @@ static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
   TAKE(m->ps, NV);
   TAKE(m->pt, NV);
   TAKE(m->kl, N);
+  TAKE(m->ln_partial, (size_t)NB__CHUNKS * 2 * C);
 #undef TAKE
   if ((size_t)(p - m->acts) > total) return nb_error(NB_ERR_INTERNAL, "activation arena overrun");
   m->cap_B = B;
@@ -332,6 +466,19 @@ static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
 fail:
   nb__free_acts(m);
   return st;
+}
+
+static int nb__par_crossentropy(nb_model_t* m, int N) {
+  nb__par_t p = {.out = m->losses,
+                 .a = m->probs,
+                 .b = m->logits,
+                 .ints = m->targets,
+                 .rows = N,
+                 .cols = m->cfg.vocab};
+  nb__par_run(nb__ce_fwd_chunk, &p);
+  int count = 0;
+  for (int i = 0; i < NB__CHUNKS; i++) count += p.counts[i];
+  return count;
 }
 
 static nb_status_t nb__forward(nb_model_t* m, const int* tokens, const int* targets, int B, int T) {
@@ -361,27 +508,27 @@ static nb_status_t nb__forward(nb_model_t* m, const int* tokens, const int* targ
   const float* residual = m->encoded;
   for (int l = 0; l < L; l++) {
     nb__layer_acts_t* a = &m->la[l];
-    nb_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, residual, LP(m, l, P_LN1W),
-                         LP(m, l, P_LN1B), n, C);
+    nb__par_ln_forward(a->ln1, a->ln1_mean, a->ln1_rstd, residual, LP(m, l, P_LN1W),
+                       LP(m, l, P_LN1B), n, C);
     nb_matmul_forward(a->qkv, a->ln1, LP(m, l, P_QKVW), LP(m, l, P_QKVB), n, C, 3 * C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_QKV, a->ln1, a->qkv, n));
     nb_attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
     nb_matmul_forward(a->attproj, a->atty, LP(m, l, P_PROJW), LP(m, l, P_PROJB), n, C, C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_ATTN_PROJ, a->atty, a->attproj, n));
-    for (size_t i = 0; i < N * C; i++) a->res2[i] = residual[i] + a->attproj[i];
-    nb_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, LP(m, l, P_LN2W),
-                         LP(m, l, P_LN2B), n, C);
+    nb__par_elementwise(nb__add_chunk, a->res2, (float*)residual, a->attproj, N * C);
+    nb__par_ln_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, LP(m, l, P_LN2W),
+                       LP(m, l, P_LN2B), n, C);
     nb_matmul_forward(a->fch, a->ln2, LP(m, l, P_FCW), LP(m, l, P_FCB), n, C, 4 * C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC, a->ln2, a->fch, n));
-    nb_gelu_forward(a->fch_gelu, a->fch, N * 4 * C);
+    nb__par_elementwise(nb__gelu_fwd_chunk, a->fch_gelu, a->fch, NULL, N * 4 * C);
     nb_matmul_forward(a->fcproj, a->fch_gelu, LP(m, l, P_FCPROJW), LP(m, l, P_FCPROJB), n, 4 * C,
                       C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC_PROJ, a->fch_gelu, a->fcproj, n));
-    for (size_t i = 0; i < N * C; i++) a->res3[i] = a->res2[i] + a->fcproj[i];
+    nb__par_elementwise(nb__add_chunk, a->res3, a->res2, a->fcproj, N * C);
     residual = a->res3;
   }
-  nb_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, GP(m, V_LNFW(m)),
-                       GP(m, V_LNFB(m)), n, C);
+  nb__par_ln_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, GP(m, V_LNFW(m)), GP(m, V_LNFB(m)),
+                     n, C);
   nb_matmul_forward(m->logits, m->lnf, GP(m, V_WTE), NULL, n, C, V);
   return NB_OK;
 }
@@ -392,7 +539,7 @@ nb_status_t nb_model_forward(nb_model_t* m, const int* tokens, const int* target
   m->alpha = 0.0f;
   if (!targets) return NB_OK;
   int N = B * T;
-  m->count = nb_crossentropy_forward(m->losses, m->probs, m->logits, m->targets, N, m->cfg.vocab);
+  m->count = nb__par_crossentropy(m, N);
   double s = 0.0;
   for (int i = 0; i < N; i++) s += m->losses[i];
   if (loss) *loss = m->count ? (float)(s / m->count) : 0.0f;
@@ -410,8 +557,17 @@ nb_status_t nb_model_forward_distill(nb_model_t* m, const int* tokens, const int
                     (double)alpha, (double)temp);
   NB_CHECK(nb__forward(m, tokens, targets, B, T));
   int N = B * T, V = m->cfg.vocab;
-  m->count = nb_crossentropy_forward(m->losses, m->probs, m->logits, m->targets, N, V);
-  nb_kldiv_forward(m->kl, m->ps, m->pt, m->logits, teacher_logits, m->targets, N, V, temp);
+  m->count = nb__par_crossentropy(m, N);
+  nb__par_t kp = {.out = m->kl,
+                  .a = m->logits,
+                  .b = (float*)teacher_logits,
+                  .c = m->ps,
+                  .d = m->pt,
+                  .ints = m->targets,
+                  .rows = N,
+                  .cols = V,
+                  .scalar = temp};
+  nb__par_run(nb__kl_fwd_chunk, &kp);
   double ce = 0.0, kl = 0.0;
   for (int i = 0; i < N; i++) {
     ce += m->losses[i];
@@ -437,16 +593,26 @@ nb_status_t nb_model_backward(nb_model_t* m) {
   memset(m->dlogits, 0, N * V * sizeof(float));
   if (m->count > 0) {
     float inv = 1.0f / (float)m->count;
-    nb_crossentropy_backward(m->dlogits, m->probs, m->targets, (1.0f - m->alpha) * inv, n, V);
-    if (m->alpha > 0.0f)
-      nb_kldiv_backward(m->dlogits, m->ps, m->pt, m->targets, m->alpha * inv, n, V, m->temp);
+    nb__par_t p = {.out = m->dlogits,
+                   .a = m->probs,
+                   .ints = m->targets,
+                   .rows = n,
+                   .cols = V,
+                   .scalar = (1.0f - m->alpha) * inv,
+                   .temp = m->alpha * inv,
+                   .e = &m->temp};
+    if (m->alpha > 0.0f) {
+      p.c = m->ps;
+      p.d = m->pt;
+    }
+    nb__par_run(nb__ce_bwd_chunk, &p);
   }
   memset(m->dln, 0, NC * sizeof(float));
   nb_matmul_backward(m->dln, G(GG(m, V_WTE)), NULL, m->dlogits, m->lnf, GP(m, V_WTE), n, C, V);
   memset(m->dres, 0, NC * sizeof(float));
   const float* last = L > 0 ? m->la[L - 1].res3 : m->encoded;
-  nb_layernorm_backward(m->dres, G(GG(m, V_LNFW(m))), G(GG(m, V_LNFB(m))), m->dln, last,
-                        GP(m, V_LNFW(m)), m->lnf_mean, m->lnf_rstd, n, C);
+  nb__par_ln_backward(m, m->dres, G(GG(m, V_LNFW(m))), G(GG(m, V_LNFB(m))), m->dln, last,
+                      GP(m, V_LNFW(m)), m->lnf_mean, m->lnf_rstd, n, C);
   for (int l = L - 1; l >= 0; l--) {
     nb__layer_acts_t* a = &m->la[l];
     const float* residual = l == 0 ? m->encoded : m->la[l - 1].res3;
@@ -457,13 +623,13 @@ nb_status_t nb_model_backward(nb_model_t* m) {
     if (m->lora)
       nb__lora_backward(m->lora, l, NB_SITE_FC_PROJ, a->fch_gelu, m->dres, m->dfch_gelu, n);
     memset(m->dfch, 0, 4 * NC * sizeof(float));
-    nb_gelu_backward(m->dfch, a->fch, m->dfch_gelu, 4 * NC);
+    nb__par_elementwise(nb__gelu_bwd_chunk, m->dfch, a->fch, m->dfch_gelu, 4 * NC);
     memset(m->dln, 0, NC * sizeof(float));
     nb_matmul_backward(m->dln, G(LG(m, l, P_FCW)), G(LG(m, l, P_FCB)), m->dfch, a->ln2,
                        LP(m, l, P_FCW), n, C, 4 * C);
     if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_FC, a->ln2, m->dfch, m->dln, n);
-    nb_layernorm_backward(m->dres, G(LG(m, l, P_LN2W)), G(LG(m, l, P_LN2B)), m->dln, a->res2,
-                          LP(m, l, P_LN2W), a->ln2_mean, a->ln2_rstd, n, C);
+    nb__par_ln_backward(m, m->dres, G(LG(m, l, P_LN2W)), G(LG(m, l, P_LN2B)), m->dln, a->res2,
+                        LP(m, l, P_LN2W), a->ln2_mean, a->ln2_rstd, n, C);
     /* dres is now d(res2) = d(residual) (skip) = d(attproj) */
     memset(m->datty, 0, NC * sizeof(float));
     nb_matmul_backward(m->datty, G(LG(m, l, P_PROJW)), G(LG(m, l, P_PROJB)), m->dres, a->atty,
@@ -475,8 +641,8 @@ nb_status_t nb_model_backward(nb_model_t* m) {
     nb_matmul_backward(m->dln, G(LG(m, l, P_QKVW)), G(LG(m, l, P_QKVB)), m->dqkv, a->ln1,
                        LP(m, l, P_QKVW), n, C, 3 * C);
     if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_QKV, a->ln1, m->dqkv, m->dln, n);
-    nb_layernorm_backward(m->dres, G(LG(m, l, P_LN1W)), G(LG(m, l, P_LN1B)), m->dln, residual,
-                          LP(m, l, P_LN1W), a->ln1_mean, a->ln1_rstd, n, C);
+    nb__par_ln_backward(m, m->dres, G(LG(m, l, P_LN1W)), G(LG(m, l, P_LN1B)), m->dln, residual,
+                        LP(m, l, P_LN1W), a->ln1_mean, a->ln1_rstd, n, C);
   }
   if (!fz) nb_embedding_backward(GG(m, V_WTE), GG(m, V_WPE), m->dres, m->tokens, B, T, C);
 #undef G

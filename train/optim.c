@@ -7,6 +7,7 @@
 
 #include "common/common.h"
 #include "kernels/adamw.h"
+#include "train/parallel.h"
 
 struct nb_adamw {
   nb_adamw_config_t cfg;
@@ -76,6 +77,38 @@ double nb_grad_norm(const float* g, size_t n) {
   return sqrt(s);
 }
 
+/* AdamW is elementwise, so splitting the arena into chunks changes no bits. */
+#define NB__ADAMW_CHUNKS 16
+typedef struct {
+  nb_adamw_t* o;
+  float* params;
+  const float* grads;
+  const uint8_t* mask;
+  float lr;
+  long t;
+} nb__adamw_job_t;
+
+static void nb__adamw_chunk(void* ctx, size_t k) {
+  nb__adamw_job_t* j = ctx;
+  const nb_adamw_config_t* c = &j->o->cfg;
+  size_t n = j->o->n, lo, hi;
+  nb_parallel_range(n, NB__ADAMW_CHUNKS, k, &lo, &hi);
+  float *m = j->o->state, *v = j->o->state + n;
+  /* runs of equal mask value go to the kernel in one call */
+  size_t i = lo;
+  while (i < hi) {
+    size_t e = hi;
+    if (j->mask) {
+      e = i + 1;
+      while (e < hi && j->mask[e] == j->mask[i]) e++;
+    }
+    float wd = (!j->mask || j->mask[i]) ? c->weight_decay : 0.0f;
+    nb_adamw_update(j->params + i, j->grads + i, m + i, v + i, e - i, j->lr, c->beta1, c->beta2,
+                    c->eps, wd, j->t);
+    i = e;
+  }
+}
+
 nb_status_t nb_adamw_step(nb_adamw_t* o, float* params, float* grads, const uint8_t* decay_mask,
                           double* grad_norm) {
   size_t n = o->n;
@@ -88,23 +121,13 @@ nb_status_t nb_adamw_step(nb_adamw_t* o, float* params, float* grads, const uint
     float s = (float)(o->cfg.grad_clip / norm);
     for (size_t i = 0; i < n; i++) grads[i] *= s;
   }
-  float lr = nb_adamw_lr(&o->cfg, o->t);
-  long t = ++o->t;
-  const nb_adamw_config_t* c = &o->cfg;
-  float *m = o->state, *v = o->state + n;
-  if (!decay_mask) {
-    nb_adamw_update(params, grads, m, v, n, lr, c->beta1, c->beta2, c->eps, c->weight_decay, t);
-    return NB_OK;
-  }
-  /* runs of equal mask value go to the kernel in one call */
-  size_t i = 0;
-  while (i < n) {
-    size_t j = i + 1;
-    while (j < n && decay_mask[j] == decay_mask[i]) j++;
-    nb_adamw_update(params + i, grads + i, m + i, v + i, j - i, lr, c->beta1, c->beta2, c->eps,
-                    decay_mask[i] ? c->weight_decay : 0.0f, t);
-    i = j;
-  }
+  float lr = nb_adamw_lr(&o->cfg, o->t); /* the schedule is 0-based, the bias correction 1-based */
+  o->t++;
+  nb__adamw_job_t job = {o, params, grads, decay_mask, lr, o->t};
+  if (n < 65536)
+    for (size_t i = 0; i < NB__ADAMW_CHUNKS; i++) nb__adamw_chunk(&job, i);
+  else
+    nb_parallel_for(NB__ADAMW_CHUNKS, nb__adamw_chunk, &job);
   return NB_OK;
 }
 

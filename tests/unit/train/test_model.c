@@ -9,6 +9,10 @@
 #include <cmocka.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/checksum.h"
 
 #include "tests/unit/train/ref_model.h"
 #include "train/bytedata.h"
@@ -255,6 +259,41 @@ static float* train_run(uint64_t seed, int steps, float* first, float* last) {
   return out;
 }
 
+/* Runs train_run in a child process with NB_TRAIN_THREADS=threads; returns the xxh3 of the
+ * final parameters (the thread pool starts lazily, so each child builds its own). */
+static uint64_t hash_in_child(const char* threads, int steps) {
+  int fd[2];
+  assert_int_equal(pipe(fd), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    setenv("NB_TRAIN_THREADS", threads, 1);
+    float h, t;
+    float* p = train_run(42, steps, &h, &t);
+    nb_model_config_t cfg = nb_model_config_make(2, 48, 4, 32);
+    nb_model_t* m;
+    if (nb_model_create(&cfg, 42, &m) != NB_OK) _exit(1);
+    uint64_t x = nb_xxh3_64(p, nb_model_num_params(m) * sizeof(float), 0);
+    if (write(fd[1], &x, sizeof x) != (ssize_t)sizeof x) _exit(1);
+    _exit(0);
+  }
+  close(fd[1]);
+  uint64_t x = 0;
+  assert_int_equal(read(fd[0], &x, sizeof x), sizeof x);
+  close(fd[0]);
+  int ws;
+  waitpid(pid, &ws, 0);
+  assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  return x;
+}
+
+static void test_threads_same_bits(void** state) {
+  uint64_t a = hash_in_child("1", 20), b = hash_in_child("3", 20);
+  printf("  parameter hash after 20 steps: 1 thread %016llx, 3 threads %016llx\n",
+         (unsigned long long)a, (unsigned long long)b);
+  assert_true(a == b);
+}
+
 static void test_loss_falls_and_determinism(void** state) {
   float h1, t1, h2, t2, h3, t3;
   int steps = 150;
@@ -322,6 +361,7 @@ int main(int argc, char** argv) {
   }
   corpus_path = argv[1];
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_threads_same_bits), /* first: before this process starts its pool */
       cmocka_unit_test(test_model_gradcheck),
       cmocka_unit_test(test_lora),
       cmocka_unit_test(test_invalid_and_causal),
