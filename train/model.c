@@ -277,7 +277,7 @@ typedef struct {
   size_t n;
   int rows, cols;
   int counts[NB__CHUNKS];
-  float scalar, temp;
+  float scalar, scalar2, temp; /* loss weights and temperature */
 } nb__par_t;
 
 static size_t nb__chunks_for(size_t work) {
@@ -386,15 +386,15 @@ static void nb__ce_bwd_chunk(void* ctx, size_t i) {
   nb_crossentropy_backward(p->out + b * V, p->a + b * V, p->ints + b, p->scalar, (int)(e - b),
                            p->cols);
   if (p->c) /* distillation term: c = ps, d = pt */
-    nb_kldiv_backward(p->out + b * V, p->c + b * V, p->d + b * V, p->ints + b, p->temp,
-                      (int)(e - b), p->cols, p->e[0]);
+    nb_kldiv_backward(p->out + b * V, p->c + b * V, p->d + b * V, p->ints + b, p->scalar2,
+                      (int)(e - b), p->cols, p->temp);
 }
 static void nb__kl_fwd_chunk(void* ctx, size_t i) {
   nb__par_t* p = ctx;
   size_t b, e, V = (size_t)p->cols;
   nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
   nb_kldiv_forward(p->out + b, p->c + b * V, p->d + b * V, p->a + b * V, p->b + b * V, p->ints + b,
-                   (int)(e - b), p->cols, p->scalar);
+                   (int)(e - b), p->cols, p->temp);
 }
 
 /* Lays the activation arena out for B x T (sizes in floats; one allocation). */
@@ -482,8 +482,8 @@ static int nb__par_crossentropy(nb_model_t* m, int N) {
 }
 
 static nb_status_t nb__forward(nb_model_t* m, const int* tokens, const int* targets, int B, int T) {
+  if (!m || !tokens) return nb_error(NB_ERR_INVALID, "model forward: NULL model or tokens");
   const nb_model_config_t* c = &m->cfg;
-  if (!m || !tokens) return nb_error(NB_ERR_INVALID, "model forward: NULL tokens");
   if (B < 1 || T < 1 || T > c->ctx)
     return nb_error(NB_ERR_INVALID, "model forward: B=%d T=%d (need B >= 1, 1 <= T <= ctx %d)", B,
                     T, c->ctx);
@@ -566,7 +566,7 @@ nb_status_t nb_model_forward_distill(nb_model_t* m, const int* tokens, const int
                   .ints = m->targets,
                   .rows = N,
                   .cols = V,
-                  .scalar = temp};
+                  .temp = temp};
   nb__par_run(nb__kl_fwd_chunk, &kp);
   double ce = 0.0, kl = 0.0;
   for (int i = 0; i < N; i++) {
@@ -599,8 +599,8 @@ nb_status_t nb_model_backward(nb_model_t* m) {
                    .rows = n,
                    .cols = V,
                    .scalar = (1.0f - m->alpha) * inv,
-                   .temp = m->alpha * inv,
-                   .e = &m->temp};
+                   .scalar2 = m->alpha * inv,
+                   .temp = m->temp};
     if (m->alpha > 0.0f) {
       p.c = m->ps;
       p.d = m->pt;
