@@ -648,3 +648,31 @@ nb_status_t nb_model_backward(nb_model_t* m) {
 #undef G
   return NB_OK;
 }
+
+nb_status_t nb_model_generate_greedy(nb_model_t* m, const int* prompt, int n_prompt, int max_new,
+                                     int stop_token, int* out, int* n_out) {
+  if (!m || !prompt || !out || !n_out || n_prompt < 1 || max_new < 0)
+    return nb_error(NB_ERR_INVALID, "generate: need a model, n_prompt >= 1, max_new >= 0");
+  *n_out = 0;
+  int V = m->cfg.vocab, ctx = m->cfg.ctx;
+  size_t cap = (size_t)n_prompt + (size_t)max_new;
+  int* seq = NULL;
+  NB_CHECK(nb_alloc((void**)&seq, cap, sizeof(int), "generate sequence"));
+  memcpy(seq, prompt, (size_t)n_prompt * sizeof(int));
+  size_t len = (size_t)n_prompt;
+  nb_status_t st = NB_OK;
+  for (int k = 0; k < max_new; k++) {
+    int w = len > (size_t)ctx ? ctx : (int)len;
+    st = nb_model_forward(m, seq + len - (size_t)w, NULL, 1, w, NULL);
+    if (st != NB_OK) break;
+    const float* row = m->logits + (size_t)(w - 1) * V;
+    int best = 0;
+    for (int j = 1; j < V; j++)
+      if (row[j] > row[best]) best = j;
+    seq[len++] = best;
+    out[(*n_out)++] = best;
+    if (best == stop_token) break;
+  }
+  nb_free(seq);
+  return st;
+}

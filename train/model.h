@@ -104,6 +104,15 @@ const float* nb_model_logits(const nb_model_t* m);
  * target was -1): for bits-per-byte evaluation. Borrowed, overwritten by the next forward. */
 const float* nb_model_losses(const nb_model_t* m);
 
+/* Greedy decoding without a KV cache (each new token reruns the forward over the window): appends
+ * up to max_new argmax tokens (lowest index on ties) to prompt (n_prompt >= 1 tokens) and writes
+ * them to out (max_new entries, caller-owned); stops after emitting stop_token (pass -1 for
+ * none). Once the sequence is longer than ctx, the last ctx tokens are the window. *n_out
+ * receives the count. Overwrites the logits of the last forward. NB_ERR_INVALID (bad sizes or
+ * prompt tokens), NB_ERR_NOMEM. */
+nb_status_t nb_model_generate_greedy(nb_model_t* m, const int* prompt, int n_prompt, int max_new,
+                                     int stop_token, int* out, int* n_out);
+
 /* Sets the gradient arena to zero. */
 void nb_model_zero_grad(nb_model_t* m);
 

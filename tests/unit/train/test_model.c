@@ -314,6 +314,29 @@ static void test_loss_falls_and_determinism(void** state) {
   nb_model_destroy(m);
 }
 
+static void test_generate(void** state) {
+  nb_model_config_t cfg = nb_model_config_make(1, 16, 2, 6);
+  nb_model_t* m;
+  assert_int_equal(nb_model_create(&cfg, 8, &m), NB_OK);
+  int prompt[3] = {'a', 'b', NB_TOKEN_SEP}, out[10], out2[10], n = 0, n2 = 0;
+  assert_int_equal(nb_model_generate_greedy(m, prompt, 3, 10, -1, out, &n), NB_OK);
+  assert_int_equal(n, 10); /* runs past ctx = 6 with a sliding window */
+  assert_int_equal(nb_model_generate_greedy(m, prompt, 3, 10, -1, out2, &n2), NB_OK);
+  assert_memory_equal(out, out2, sizeof out);
+  /* the first token is the argmax of a plain forward's last row */
+  assert_int_equal(nb_model_forward(m, prompt, NULL, 1, 3, NULL), NB_OK);
+  const float* row = nb_model_logits(m) + 2 * NB_VOCAB;
+  int best = 0;
+  for (int j = 1; j < NB_VOCAB; j++)
+    if (row[j] > row[best]) best = j;
+  assert_int_equal(out[0], best);
+  /* stopping on a token */
+  assert_int_equal(nb_model_generate_greedy(m, prompt, 3, 10, out[0], out2, &n2), NB_OK);
+  assert_int_equal(n2, 1);
+  assert_int_equal(nb_model_generate_greedy(m, prompt, 0, 10, -1, out2, &n2), NB_ERR_INVALID);
+  nb_model_destroy(m);
+}
+
 static void test_optim(void** state) {
   nb_adamw_config_t c = nb_adamw_config_default();
   c.lr = 1.0f;
@@ -365,6 +388,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_model_gradcheck),
       cmocka_unit_test(test_lora),
       cmocka_unit_test(test_invalid_and_causal),
+      cmocka_unit_test(test_generate),
       cmocka_unit_test(test_optim),
       cmocka_unit_test(test_loss_falls_and_determinism),
   };
