@@ -621,3 +621,64 @@ nb_status_t nb_checkpoint_load_lora_into(const char* path, nb_lora_t* l, long* s
   nb_checkpoint_close(c);
   return st;
 }
+
+/* Views of the AdamW state arena (m then v) under the model's names. */
+typedef struct {
+  nb_tensor_view_t* v;
+  size_t n;
+} nb__view_list_t;
+static const nb_tensor_view_t* nb__list_view(const void* l, size_t i) {
+  return &((const nb__view_list_t*)l)->v[i];
+}
+
+static nb_status_t nb__optim_views(const nb_model_t* m, nb_adamw_t* opt, nb__view_list_t* out) {
+  size_t nf, np = nb_model_num_params(m), nt = nb_model_num_tensors(m);
+  (void)nb_adamw_state(opt, &nf);
+  if (nf != 2 * np)
+    return nb_error(NB_ERR_INVALID,
+                    "optimizer checkpoint: optimizer holds %zu parameters, model %zu", nf / 2, np);
+  NB_CHECK(nb_calloc((void**)&out->v, 2 * nt, sizeof *out->v, "optimizer views"));
+  out->n = 2 * nt;
+  for (size_t k = 0; k < 2; k++)
+    for (size_t i = 0; i < nt; i++) {
+      nb_tensor_view_t* v = &out->v[k * nt + i];
+      *v = *nb_model_tensor(m, i);
+      char name[80];
+      int len = snprintf(name, sizeof name, "adam.%c.%s", k ? 'v' : 'm', v->name);
+      if (len < 0 || (size_t)len >= sizeof v->name) {
+        nb_free(out->v);
+        out->v = NULL;
+        return nb_error(NB_ERR_INVALID, "optimizer checkpoint: tensor name %s too long", v->name);
+      }
+      memcpy(v->name, name, (size_t)len + 1);
+      v->offset += k * np;
+    }
+  return NB_OK;
+}
+
+nb_status_t nb_checkpoint_save_optim(const char* path, const nb_model_t* m, nb_adamw_t* opt) {
+  nb__view_list_t l = {0};
+  NB_CHECK(nb__optim_views(m, opt, &l));
+  char step[24];
+  snprintf(step, sizeof step, "%ld", nb_adamw_steps(opt));
+  const char* meta[] = {"step", step};
+  nb_status_t st = nb__save_views(path, nb__list_view, &l, l.n, nb_adamw_state(opt, NULL), meta, 1);
+  nb_free(l.v);
+  return st;
+}
+
+nb_status_t nb_checkpoint_load_optim_into(const char* path, const nb_model_t* m, nb_adamw_t* opt) {
+  nb__view_list_t l = {0};
+  NB_CHECK(nb__optim_views(m, opt, &l));
+  nb_ckpt_t* c = NULL;
+  long step = 0;
+  nb_status_t st = nb_checkpoint_open(path, &c);
+  if (st == NB_OK) st = nb__meta_long(c, path, "step", &step);
+  if (st == NB_OK && step < 0)
+    st = nb_error(NB_ERR_INVALID, "checkpoint %s: negative step %ld", path, step);
+  if (st == NB_OK) st = nb__load_views(c, path, nb__list_view, &l, l.n, nb_adamw_state(opt, NULL));
+  if (st == NB_OK) nb_adamw_set_steps(opt, step);
+  nb_checkpoint_close(c);
+  nb_free(l.v);
+  return st;
+}

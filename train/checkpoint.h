@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "train/lora.h"
 #include "train/model.h"
+#include "train/optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -71,6 +72,12 @@ nb_status_t nb_checkpoint_load(const char* path, nb_model_t** out, long* step);
 /* Adapter checkpoints: the LoRA tensors only (metadata lora_rank, lora_alpha, step). */
 nb_status_t nb_checkpoint_save_lora(const char* path, const nb_lora_t* l, long step);
 nb_status_t nb_checkpoint_load_lora_into(const char* path, nb_lora_t* l, long* step);
+
+/* Optimizer state for resuming: AdamW first and second moments of every model tensor, named
+ * "adam.m.<tensor>" / "adam.v.<tensor>", metadata "step" = nb_adamw_steps(opt). opt must have been
+ * created for nb_model_num_params(m) parameters. Loading restores moments and step counter. */
+nb_status_t nb_checkpoint_save_optim(const char* path, const nb_model_t* m, nb_adamw_t* opt);
+nb_status_t nb_checkpoint_load_optim_into(const char* path, const nb_model_t* m, nb_adamw_t* opt);
 
 #ifdef __cplusplus
 }

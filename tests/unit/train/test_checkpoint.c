@@ -86,6 +86,23 @@ static void test_round_trip(void** state) {
   assert_int_equal(nb_checkpoint_num_tensors(c), nb_model_num_tensors(m));
   nb_checkpoint_close(c);
 
+  /* optimizer state */
+  nb_adamw_config_t oc = nb_adamw_config_default();
+  nb_adamw_t *o1, *o2;
+  assert_int_equal(nb_adamw_create(&oc, n, &o1), NB_OK);
+  assert_int_equal(nb_adamw_create(&oc, n, &o2), NB_OK);
+  float* g = nb_model_grads(m, NULL);
+  for (size_t i = 0; i < n; i++) g[i] = (float)((i % 7) - 3) * 0.01f;
+  for (int s = 0; s < 3; s++) assert_int_equal(nb_adamw_step(o1, p, g, NULL, NULL), NB_OK);
+  assert_int_equal(nb_checkpoint_save_optim(path_in("o.safetensors"), m, o1), NB_OK);
+  assert_int_equal(nb_checkpoint_load_optim_into(path_in("o.safetensors"), m, o2), NB_OK);
+  assert_int_equal(nb_adamw_steps(o2), 3);
+  assert_memory_equal(nb_adamw_state(o1, NULL), nb_adamw_state(o2, NULL), 2 * n * sizeof(float));
+  assert_int_equal(nb_checkpoint_load_optim_into(path_in("a.safetensors"), m, o2), NB_ERR_INVALID);
+  nb_adamw_destroy(o1);
+  nb_adamw_destroy(o2);
+  unlink(path_in("o.safetensors"));
+
   /* LoRA adapters */
   nb_lora_config_t lc = {2, 4.0f, 1u << NB_SITE_QKV};
   nb_lora_t *l1, *l2;
