@@ -95,7 +95,10 @@ nb_status_t nb_checkpoint_write(const char* path, const nb_ckpt_tensor_t* tensor
       st = nb_error(NB_ERR_INVALID, "checkpoint: metadata key %zu is NULL or reserved", i);
       goto done;
     }
-    json_object_set_new(md, k, json_string(v));
+    if (json_object_set_new(md, k, json_string(v)) != 0) {
+      st = nb_error(NB_ERR_INVALID, "checkpoint: metadata key %zu or its value is not UTF-8", i);
+      goto done;
+    }
   }
   json_object_set_new(md, "format", json_string(NB__FORMAT));
   json_object_set_new(hdr, "__metadata__", md);
@@ -118,6 +121,11 @@ nb_status_t nb_checkpoint_write(const char* path, const nb_ckpt_tensor_t* tensor
       }
       json_array_append_new(shape, json_integer(t->shape[d]));
     }
+    if (numel > 0 && !t->data) {
+      json_decref(shape);
+      st = nb_error(NB_ERR_INVALID, "checkpoint: tensor %s: NULL data", t->name);
+      goto done;
+    }
     json_t* e = json_object();
     json_object_set_new(e, "dtype", json_string("F32"));
     json_object_set_new(e, "shape", shape);
@@ -125,7 +133,10 @@ nb_status_t nb_checkpoint_write(const char* path, const nb_ckpt_tensor_t* tensor
     json_array_append_new(offs, json_integer((json_int_t)off));
     json_array_append_new(offs, json_integer((json_int_t)(off + numel * 4)));
     json_object_set_new(e, "data_offsets", offs);
-    json_object_set_new(hdr, t->name, e);
+    if (json_object_set_new(hdr, t->name, e) != 0) {
+      st = nb_error(NB_ERR_INVALID, "checkpoint: tensor %zu: name is not valid UTF-8", i);
+      goto done;
+    }
     parts[i] = t->data;
     lens[i] = numel * 4;
     off += numel * 4;

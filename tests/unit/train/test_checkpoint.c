@@ -334,7 +334,9 @@ static void test_corrupt_corpus(void** state) {
     t[nv - 1].name = "ln_f.bias";
     assert_int_equal(nb_checkpoint_write(path_in("reshaped"), t, nv, meta, 6), NB_OK);
     expect_reject("reshaped", NB_ERR_INVALID, "shape mismatch for h.0.ln_1.bias");
-    t[3].name = t[4].name; /* duplicate names are refused by the writer */
+    t[3].name = "bad\xff"; /* so are names that are not UTF-8 */
+    assert_int_equal(nb_checkpoint_write(path_in("utf8"), t, nv, meta, 6), NB_ERR_INVALID);
+    t[3].name = t[4].name; /* and duplicate names */
     assert_int_equal(nb_checkpoint_write(path_in("dup"), t, nv, meta, 6), NB_ERR_INVALID);
     free(t);
   }
