@@ -7,7 +7,9 @@
 
 /* tanh through one expf: glibc's tanhf (via expm1f) dominated the training step's profile.
  * Saturates cleanly (exp overflow gives -1, underflow gives 1); absolute error ~1e-7. */
-static inline float nb__tanh(float u) { return 2.0f / (1.0f + expf(-2.0f * u)) - 1.0f; }
+static inline float nb__tanh(float u) {
+  return 2.0f / (1.0f + expf(-2.0f * u)) - 1.0f;
+}
 
 void nb_gelu_forward(float* out, const float* inp, size_t n) {
   for (size_t i = 0; i < n; i++) {

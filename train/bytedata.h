@@ -14,6 +14,7 @@ extern "C" {
 #endif
 
 typedef struct nb_bytedata nb_bytedata_t;
+/* Thread safety: one thread at a time per source (batches advance its random stream). */
 
 /* Reads path whole. NB_ERR_IO (unreadable; message names the path), NB_ERR_INVALID (fewer than 2
  * bytes), NB_ERR_NOMEM. *out owned by the caller. */

@@ -21,6 +21,7 @@ typedef struct {
 } nb_lora_config_t;
 
 typedef struct nb_lora nb_lora_t;
+/* Thread safety: adapters belong to their model; use both from one thread at a time. */
 
 /* Creates adapters for every layer x chosen site, attaches them to m (borrowed; must outlive the
  * adapters) and freezes m's base (nb_model_set_frozen). A ~ N(0, 1/r), B = 0, so the attached

@@ -49,6 +49,9 @@ typedef enum {
 } nb_linear_site_t;
 
 typedef struct nb_model nb_model_t;
+/* Thread safety: a model is used by one thread at a time (its forward/backward share activation
+ * buffers); distinct models are independent. The elementwise work inside runs on the pool of
+ * train/parallel.h. */
 
 /* A config with the given sizes and vocab = NB_VOCAB. */
 nb_model_config_t nb_model_config_make(int n_layer, int n_embd, int n_head, int ctx);

@@ -30,6 +30,7 @@ nb_adamw_config_t nb_adamw_config_default(void);
 float nb_adamw_lr(const nb_adamw_config_t* cfg, long step);
 
 typedef struct nb_adamw nb_adamw_t;
+/* Thread safety: one thread at a time per optimizer; nb_adamw_lr and nb_outer_step are pure. */
 
 /* State for n parameters: m and v in one zeroed arena of 2n floats. NB_ERR_INVALID (bad config),
  * NB_ERR_NOMEM. *out owned by the caller. */
