@@ -54,7 +54,17 @@ static void* nb__worker(void* arg) {
   return NULL;
 }
 
+/* A forked child has none of the parent's workers: it runs every loop inline from then on. */
+static void nb__pool_after_fork(void) {
+  pthread_mutex_init(&nb__pool.mu, NULL);
+  pthread_mutex_init(&nb__pool.busy, NULL);
+  pthread_cond_init(&nb__pool.wake, NULL);
+  pthread_cond_init(&nb__pool.done, NULL);
+  nb__pool.n_threads = 1;
+}
+
 static void nb__pool_start(void) {
+  pthread_atfork(NULL, NULL, nb__pool_after_fork);
   long want = (long)nb_param_TrainThreads();
   if (want == 0) want = sysconf(_SC_NPROCESSORS_ONLN);
   if (want < 1) want = 1;

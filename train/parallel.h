@@ -1,7 +1,8 @@
 /* A small persistent thread pool for the training runtime's elementwise work (GELU, LayerNorm,
  * softmax, AdamW). Work is split into a FIXED number of chunks chosen by the caller, never by
  * the thread count, so results are bit-identical whatever NB_TRAIN_THREADS says. Not a general
- * task scheduler: one parallel loop at a time; a concurrent caller runs its loop inline. */
+ * task scheduler: one parallel loop at a time; a concurrent caller runs its loop inline, and so
+ * does a process forked after the pool started (it has no workers). */
 #ifndef NB_TRAIN_PARALLEL_H
 #define NB_TRAIN_PARALLEL_H
 

@@ -292,6 +292,11 @@ static void test_threads_same_bits(void** state) {
   printf("  parameter hash after 20 steps: 1 thread %016llx, 3 threads %016llx\n",
          (unsigned long long)a, (unsigned long long)b);
   assert_true(a == b);
+  /* a child forked after this process's pool started runs inline (and does not hang) */
+  float h, t;
+  free(train_run(42, 2, &h, &t));
+  uint64_t c = hash_in_child("3", 20);
+  assert_true(c == a);
 }
 
 static void test_loss_falls_and_determinism(void** state) {
