@@ -15,7 +15,8 @@ extern "C" {
  * C must be divisible by NH. All borrowed. */
 void nb_attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
 
-/* Accumulating: dqkv (B, T, 3C) += gradient. scratch holds T*T floats (overwritten). */
+/* Accumulating: dqkv (B, T, 3C) += gradient. scratch holds T*T floats (overwritten; entries
+ * above the diagonal are left undefined). */
 void nb_attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                            const float* att, int B, int T, int C, int NH);
 

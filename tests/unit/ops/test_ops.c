@@ -190,6 +190,37 @@ static void test_attention(void** state) {
   free(c.qkv), free(c.lw), free(c.out);
 }
 
+/* Long sequences cross the kernel's query-block boundary (64): forward in full, the backward on a
+ * seeded sample of 400 elements of qkv. */
+static void test_attention_blocks(void** state) {
+  int B = 1, T = 150, C = 8, NH = 2;
+  size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+  float *qkv = rand_f(nq, 1), *lw = rand_f(no, 1), *out = zeros(no);
+  float *att = zeros((size_t)B * NH * T * T), *dqkv = zeros(nq), *scratch = zeros((size_t)T * T);
+  at_ctx c = {to_d(qkv, nq), to_d(lw, no), malloc(sizeof(double) * no), B, T, C, NH};
+  nb_attention_forward(out, att, qkv, B, T, C, NH);
+  at_loss(&c);
+  assert_true(ref_compare("attention T=150 forward", out, c.out, no, 1e-6, 1e-5));
+  nb_attention_backward(dqkv, scratch, lw, qkv, att, B, T, C, NH);
+  enum { S = 400 };
+  float got[S];
+  double ref[S];
+  for (int s = 0; s < S; s++) {
+    size_t i = (size_t)nb_rng_below(&rng, nq);
+    double save = c.qkv[i], h = 1e-6;
+    c.qkv[i] = save + h;
+    double lp = at_loss(&c);
+    c.qkv[i] = save - h;
+    double lm = at_loss(&c);
+    c.qkv[i] = save;
+    ref[s] = (lp - lm) / (2 * h);
+    got[s] = dqkv[i];
+  }
+  assert_true(ref_compare("attention T=150 dqkv (sample)", got, ref, S, 1e-4, 1e-3));
+  free(qkv), free(lw), free(out), free(att), free(dqkv), free(scratch);
+  free(c.qkv), free(c.lw), free(c.out);
+}
+
 /* ---- cross-entropy and KL ---- */
 typedef struct {
   double *logits, *teacher;
@@ -303,9 +334,13 @@ static void test_adamw(void** state) {
 int main(void) {
   nb_rng_seed(&rng, 1234);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_matmul),       cmocka_unit_test(test_layernorm),
-      cmocka_unit_test(test_gelu),         cmocka_unit_test(test_attention),
-      cmocka_unit_test(test_crossentropy), cmocka_unit_test(test_embedding),
+      cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_layernorm),
+      cmocka_unit_test(test_gelu),
+      cmocka_unit_test(test_attention),
+      cmocka_unit_test(test_attention_blocks),
+      cmocka_unit_test(test_crossentropy),
+      cmocka_unit_test(test_embedding),
       cmocka_unit_test(test_adamw),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
