@@ -676,3 +676,37 @@ nb_status_t nb_model_generate_greedy(nb_model_t* m, const int* prompt, int n_pro
   nb_free(seq);
   return st;
 }
+
+nb_status_t nb_model_bits_per_byte(nb_model_t* m, const uint8_t* text, size_t len, int B, int T,
+                                   double* bpb, size_t* n_scored) {
+  if (!m || !text || !bpb || len < 2 || B < 1 || T < 1 || T > m->cfg.ctx)
+    return nb_error(NB_ERR_INVALID,
+                    "bits per byte: need a model, >= 2 bytes, B >= 1 and 1 <= T <= ctx (%d)",
+                    m ? m->cfg.ctx : 0);
+  int *tok = NULL, *tgt = NULL;
+  nb_status_t st = NB_OK;
+  NB_CHECK_GOTO(nb_alloc((void**)&tok, (size_t)B * T, sizeof(int), "eval tokens"), st, done);
+  NB_CHECK_GOTO(nb_alloc((void**)&tgt, (size_t)B * T, sizeof(int), "eval targets"), st, done);
+  double nats = 0.0;
+  size_t scored = 0, start = 0; /* the next window predicts text[start + 1 ...] */
+  while (start + 1 < len) {
+    int b = 0;
+    for (; b < B && start + 1 < len; b++, start += (size_t)T) {
+      for (int t = 0; t < T; t++) {
+        size_t i = start + (size_t)t;
+        tok[b * T + t] = i < len ? text[i] : NB_TOKEN_PAD;
+        tgt[b * T + t] = i + 1 < len ? text[i + 1] : -1;
+      }
+    }
+    float loss;
+    NB_CHECK_GOTO(nb_model_forward(m, tok, tgt, b, T, &loss), st, done);
+    nats += (double)loss * m->count;
+    scored += (size_t)m->count;
+  }
+  *bpb = nats / (double)scored / log(2.0);
+  if (n_scored) *n_scored = scored;
+done:
+  nb_free(tok);
+  nb_free(tgt);
+  return st;
+}

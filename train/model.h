@@ -116,6 +116,14 @@ const float* nb_model_losses(const nb_model_t* m);
 nb_status_t nb_model_generate_greedy(nb_model_t* m, const int* prompt, int n_prompt, int max_new,
                                      int stop_token, int* out, int* n_out);
 
+/* Held-out loss of a byte text in bits per byte: every byte after the first is predicted once,
+ * from windows of up to T bytes of context (consecutive windows of T + 1 bytes overlapping by
+ * one), B windows per forward. *bpb = mean cross-entropy / ln 2; *n_scored (nullable) receives
+ * the number of predicted bytes. Overwrites the last forward. NB_ERR_INVALID (len < 2, T outside
+ * [1, ctx], B < 1), NB_ERR_NOMEM. */
+nb_status_t nb_model_bits_per_byte(nb_model_t* m, const uint8_t* text, size_t len, int B, int T,
+                                   double* bpb, size_t* n_scored);
+
 /* Sets the gradient arena to zero. */
 void nb_model_zero_grad(nb_model_t* m);
 

@@ -339,6 +339,27 @@ static void test_generate(void** state) {
   assert_int_equal(nb_model_generate_greedy(m, prompt, 3, 10, out[0], out2, &n2), NB_OK);
   assert_int_equal(n2, 1);
   assert_int_equal(nb_model_generate_greedy(m, prompt, 0, 10, -1, out2, &n2), NB_ERR_INVALID);
+
+  /* bits per byte: every byte but the first scored once; a fresh model is close to uniform */
+  const uint8_t text[] =
+      "Der schnelle braune Fuchs springt \xc3\xbc"
+      "ber den faulen Hund.";
+  size_t len = sizeof text - 1, scored = 0;
+  double bpb = 0, bpb2 = 0;
+  assert_int_equal(nb_model_bits_per_byte(m, text, len, 3, 6, &bpb, &scored), NB_OK);
+  assert_int_equal(scored, len - 1);
+  printf("  fresh model: %.4f bits per byte (uniform would be %.4f)\n", bpb, log2(NB_VOCAB));
+  assert_true(fabs(bpb - log2(NB_VOCAB)) < 0.2);
+  assert_int_equal(nb_model_bits_per_byte(m, text, len, 1, 6, &bpb2, NULL), NB_OK);
+  assert_true(fabs(bpb - bpb2) < 1e-6); /* batching does not change the result */
+  /* one window of exactly T + 1 bytes equals a plain forward's mean loss */
+  int tk[6], tg[6];
+  for (int i = 0; i < 6; i++) tk[i] = text[i], tg[i] = text[i + 1];
+  float loss;
+  assert_int_equal(nb_model_forward(m, tk, tg, 1, 6, &loss), NB_OK);
+  assert_int_equal(nb_model_bits_per_byte(m, text, 7, 1, 6, &bpb, NULL), NB_OK);
+  assert_true(fabs(bpb - loss / log(2.0)) < 1e-6);
+  assert_int_equal(nb_model_bits_per_byte(m, text, 1, 1, 6, &bpb, NULL), NB_ERR_INVALID);
   nb_model_destroy(m);
 }
 
