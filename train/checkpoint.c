@@ -624,8 +624,19 @@ nb_status_t nb_checkpoint_save_lora(const char* path, const nb_lora_t* l, long s
 nb_status_t nb_checkpoint_load_lora_into(const char* path, nb_lora_t* l, long* step) {
   nb_ckpt_t* c;
   NB_CHECK(nb_checkpoint_open(path, &c));
-  long s = 0;
+  long s = 0, rank = 0, sites = 0;
   nb_status_t st = nb__meta_long(c, path, "step", &s);
+  if (st == NB_OK) st = nb__meta_long(c, path, "lora_rank", &rank);
+  if (st == NB_OK) st = nb__meta_long(c, path, "lora_sites", &sites);
+  const char* alpha = st == NB_OK ? nb_checkpoint_meta(c, "lora_alpha") : NULL;
+  const nb_lora_config_t* lc = nb_lora_get_config(l);
+  if (st == NB_OK &&
+      (!alpha || rank != lc->rank || sites != (long)lc->sites || strtof(alpha, NULL) != lc->alpha))
+    st = nb_error(NB_ERR_INVALID,
+                  "checkpoint %s: adapters rank %ld alpha %s sites 0x%lx, these are rank %d alpha "
+                  "%g sites 0x%x",
+                  path, rank, alpha ? alpha : "(none)", (unsigned long)sites, lc->rank,
+                  (double)lc->alpha, lc->sites);
   if (st == NB_OK)
     st = nb__load_views(c, path, nb__lora_view, l, nb_lora_num_tensors(l), nb_lora_params(l, NULL));
   if (st == NB_OK && step) *step = s;

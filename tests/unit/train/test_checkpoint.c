@@ -115,6 +115,13 @@ static void test_round_trip(void** state) {
   assert_int_equal(nb_checkpoint_load_lora_into(path_in("l.safetensors"), l2, &step), NB_OK);
   assert_int_equal(step, 5);
   assert_memory_equal(nb_lora_params(l2, NULL), lp, ln * sizeof(float));
+  /* adapters of another configuration are refused */
+  nb_lora_destroy(l2);
+  nb_lora_config_t lc2 = {2, 8.0f, 1u << NB_SITE_QKV};
+  assert_int_equal(nb_lora_create(r, &lc2, 10, &l2), NB_OK);
+  assert_int_equal(nb_checkpoint_load_lora_into(path_in("l.safetensors"), l2, &step),
+                   NB_ERR_INVALID);
+  printf("  %s\n", nb_error_last());
   /* a model checkpoint is not an adapter checkpoint */
   assert_int_equal(nb_checkpoint_load_lora_into(path_in("a.safetensors"), l2, NULL),
                    NB_ERR_INVALID);
