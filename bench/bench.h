@@ -17,6 +17,8 @@ int nb_bench_main(int argc, char** argv);
 int nb_bench_seal_main(int argc, char** argv);
 /* `nebula bench rpc` (bench_rpc.c): loopback goodput and RTT of inter/rpc, plain vs mTLS. */
 int nb_bench_rpc_main(int argc, char** argv);
+/* `nebula bench train`: transformer training-step throughput vs cblas_sgemm (bench_train.c). */
+int nb_bench_train_main(int argc, char** argv);
 
 /* Median of n samples (the array is reordered). n must be > 0. */
 double nb_bench_median(double* v, size_t n);

@@ -3,6 +3,13 @@
 #ifndef NB_KERNELS_KERNELS_H
 #define NB_KERNELS_KERNELS_H
 
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/crossentropy.h"
 #include "kernels/device.h"
+#include "kernels/embedding.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
 
 #endif

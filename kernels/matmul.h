@@ -1,0 +1,35 @@
+/* Dense layer y = x W^T + b and its backward, through OpenBLAS cblas_sgemm on the CPU and cuBLAS
+ * on the GPU. Not a general GEMM wrapper: row-major activations (N, C) and weights (OC, C) only. */
+#ifndef NB_KERNELS_MATMUL_H
+#define NB_KERNELS_MATMUL_H
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC). bias may be NULL. All borrowed.
+ * Thread-safe (no shared state); BLAS may use its own threads. */
+void nb_matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                       int C, int OC);
+
+/* Accumulating backward: dinp (N, C) += dout @ weight; dweight (OC, C) += dout^T @ inp;
+ * dbias (OC) += column sums of dout. Any of dinp / dweight / dbias may be NULL (skipped, e.g. for
+ * frozen weights). */
+void nb_matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, int N, int C, int OC);
+
+/* CUDA versions on device pointers (d_*), same semantics, launched on `stream` (cudaStream_t or
+ * NULL for the default stream). NB_ERR_UNSUPPORTED in builds without CUDA; NB_ERR_CUDA on a
+ * cuBLAS / launch failure. Not thread-safe: one process-wide cuBLAS handle. */
+nb_status_t nb_matmul_forward_cuda(float* d_out, const float* d_inp, const float* d_weight,
+                                   const float* d_bias, int N, int C, int OC, void* stream);
+nb_status_t nb_matmul_backward_cuda(float* d_dinp, float* d_dweight, float* d_dbias,
+                                    const float* d_dout, const float* d_inp, const float* d_weight,
+                                    int N, int C, int OC, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

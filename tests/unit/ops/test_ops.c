@@ -1,0 +1,347 @@
+/* Op tests: every kernels/ op's forward against a double-precision reference, and every backward
+ * against finite differences of that reference (central differences in double). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <stdlib.h>
+
+#include "kernels/kernels.h"
+#include "tests/unit/ops/nb_ref.h"
+#include "train/rng.h"
+
+typedef double (*loss_fn)(void* ctx);
+
+static void fd_grad(loss_fn f, void* ctx, double* x, size_t n, double* g) {
+  for (size_t i = 0; i < n; i++) {
+    double save = x[i], h = 1e-6 * (fabs(save) > 1.0 ? fabs(save) : 1.0);
+    x[i] = save + h;
+    double lp = f(ctx);
+    x[i] = save - h;
+    double lm = f(ctx);
+    x[i] = save;
+    g[i] = (lp - lm) / (2 * h);
+  }
+}
+
+static nb_rng_t rng;
+static float* rand_f(size_t n, double sd) {
+  float* p = malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) p[i] = (float)(sd * nb_rng_normal(&rng));
+  return p;
+}
+static double* to_d(const float* p, size_t n) {
+  double* d = malloc(n * sizeof(double));
+  for (size_t i = 0; i < n; i++) d[i] = p[i];
+  return d;
+}
+static float* zeros(size_t n) {
+  return calloc(n, sizeof(float));
+}
+static double dot_d(const double* a, const double* b, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+/* ---- matmul ---- */
+typedef struct {
+  double *inp, *w, *b, *lw, *out;
+  int N, C, OC;
+} mm_ctx;
+static double mm_loss(void* p) {
+  mm_ctx* c = p;
+  ref_matmul(c->out, c->inp, c->w, c->b, c->N, c->C, c->OC);
+  return dot_d(c->out, c->lw, (size_t)c->N * c->OC);
+}
+
+static void test_matmul(void** state) {
+  int N = 6, C = 7, OC = 5;
+  float *inp = rand_f(N * C, 1), *w = rand_f(OC * C, 0.5), *b = rand_f(OC, 0.5);
+  float *lw = rand_f(N * OC, 1), *out = zeros(N * OC);
+  mm_ctx c = {to_d(inp, N * C),
+              to_d(w, OC * C),
+              to_d(b, OC),
+              to_d(lw, N * OC),
+              malloc(sizeof(double) * N * OC),
+              N,
+              C,
+              OC};
+  nb_matmul_forward(out, inp, w, b, N, C, OC);
+  mm_loss(&c);
+  assert_true(ref_compare("matmul forward", out, c.out, N * OC, 1e-6, 1e-5));
+  float *dinp = zeros(N * C), *dw = zeros(OC * C), *db = zeros(OC);
+  nb_matmul_backward(dinp, dw, db, lw, inp, w, N, C, OC);
+  double* g = malloc(sizeof(double) * N * C * 2);
+  fd_grad(mm_loss, &c, c.inp, N * C, g);
+  assert_true(ref_compare("matmul dinp", dinp, g, N * C, 1e-5, 1e-4));
+  fd_grad(mm_loss, &c, c.w, OC * C, g);
+  assert_true(ref_compare("matmul dweight", dw, g, OC * C, 1e-5, 1e-4));
+  fd_grad(mm_loss, &c, c.b, OC, g);
+  assert_true(ref_compare("matmul dbias", db, g, OC, 1e-5, 1e-4));
+  /* accumulation: a second backward doubles the gradient */
+  nb_matmul_backward(dinp, NULL, NULL, lw, inp, w, N, C, OC);
+  fd_grad(mm_loss, &c, c.inp, N * C, g);
+  for (int i = 0; i < N * C; i++) g[i] *= 2;
+  assert_true(ref_compare("matmul dinp accumulates", dinp, g, N * C, 1e-5, 1e-4));
+  free(inp), free(w), free(b), free(lw), free(out), free(dinp), free(dw), free(db), free(g);
+  free(c.inp), free(c.w), free(c.b), free(c.lw), free(c.out);
+}
+
+/* ---- layernorm ---- */
+typedef struct {
+  double *inp, *w, *b, *lw, *out;
+  int N, C;
+} ln_ctx;
+static double ln_loss(void* p) {
+  ln_ctx* c = p;
+  ref_layernorm(c->out, c->inp, c->w, c->b, c->N, c->C);
+  return dot_d(c->out, c->lw, (size_t)c->N * c->C);
+}
+
+static void test_layernorm(void** state) {
+  int N = 5, C = 12;
+  float *inp = rand_f(N * C, 2), *w = rand_f(C, 1), *b = rand_f(C, 1), *lw = rand_f(N * C, 1);
+  float *out = zeros(N * C), mean[5], rstd[5];
+  ln_ctx c = {to_d(inp, N * C),
+              to_d(w, C),
+              to_d(b, C),
+              to_d(lw, N * C),
+              malloc(sizeof(double) * N * C),
+              N,
+              C};
+  nb_layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  ln_loss(&c);
+  assert_true(ref_compare("layernorm forward", out, c.out, N * C, 1e-6, 1e-5));
+  float *dinp = zeros(N * C), *dw = zeros(C), *db = zeros(C);
+  nb_layernorm_backward(dinp, dw, db, lw, inp, w, mean, rstd, N, C);
+  double* g = malloc(sizeof(double) * N * C);
+  fd_grad(ln_loss, &c, c.inp, N * C, g);
+  assert_true(ref_compare("layernorm dinp", dinp, g, N * C, 1e-4, 1e-3));
+  fd_grad(ln_loss, &c, c.w, C, g);
+  assert_true(ref_compare("layernorm dweight", dw, g, C, 1e-5, 1e-4));
+  fd_grad(ln_loss, &c, c.b, C, g);
+  assert_true(ref_compare("layernorm dbias", db, g, C, 1e-5, 1e-4));
+  free(inp), free(w), free(b), free(lw), free(out), free(dinp), free(dw), free(db), free(g);
+  free(c.inp), free(c.w), free(c.b), free(c.lw), free(c.out);
+}
+
+/* ---- gelu ---- */
+typedef struct {
+  double *inp, *lw, *out;
+  size_t n;
+} ge_ctx;
+static double ge_loss(void* p) {
+  ge_ctx* c = p;
+  ref_gelu(c->out, c->inp, c->n);
+  return dot_d(c->out, c->lw, c->n);
+}
+
+static void test_gelu(void** state) {
+  size_t n = 64;
+  float *inp = rand_f(n, 2.5), *lw = rand_f(n, 1), *out = zeros(n), *dinp = zeros(n);
+  ge_ctx c = {to_d(inp, n), to_d(lw, n), malloc(sizeof(double) * n), n};
+  nb_gelu_forward(out, inp, n);
+  ge_loss(&c);
+  assert_true(ref_compare("gelu forward", out, c.out, n, 1e-6, 1e-5));
+  nb_gelu_backward(dinp, inp, lw, n);
+  double* g = malloc(sizeof(double) * n);
+  fd_grad(ge_loss, &c, c.inp, n, g);
+  assert_true(ref_compare("gelu dinp", dinp, g, n, 1e-5, 1e-4));
+  free(inp), free(lw), free(out), free(dinp), free(g), free(c.inp), free(c.lw), free(c.out);
+}
+
+/* ---- attention ---- */
+typedef struct {
+  double *qkv, *lw, *out;
+  int B, T, C, NH;
+} at_ctx;
+static double at_loss(void* p) {
+  at_ctx* c = p;
+  ref_attention(c->out, c->qkv, c->B, c->T, c->C, c->NH);
+  return dot_d(c->out, c->lw, (size_t)c->B * c->T * c->C);
+}
+
+static void test_attention(void** state) {
+  int B = 2, T = 7, C = 12, NH = 3;
+  size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+  float *qkv = rand_f(nq, 1), *lw = rand_f(no, 1), *out = zeros(no);
+  float *att = zeros((size_t)B * NH * T * T), *dqkv = zeros(nq), *scratch = zeros((size_t)T * T);
+  at_ctx c = {to_d(qkv, nq), to_d(lw, no), malloc(sizeof(double) * no), B, T, C, NH};
+  nb_attention_forward(out, att, qkv, B, T, C, NH);
+  at_loss(&c);
+  assert_true(ref_compare("attention forward", out, c.out, no, 1e-6, 1e-5));
+  /* causality: probabilities above the diagonal are exactly zero, rows sum to one */
+  for (int r = 0; r < B * NH * T; r++) {
+    int i = r % T;
+    double s = 0;
+    for (int j = 0; j < T; j++) {
+      if (j > i) assert_true(att[(size_t)r * T + j] == 0.0f);
+      s += att[(size_t)r * T + j];
+    }
+    assert_true(fabs(s - 1.0) < 1e-5);
+  }
+  nb_attention_backward(dqkv, scratch, lw, qkv, att, B, T, C, NH);
+  double* g = malloc(sizeof(double) * nq);
+  fd_grad(at_loss, &c, c.qkv, nq, g);
+  assert_true(ref_compare("attention dqkv", dqkv, g, nq, 1e-4, 1e-3));
+  free(qkv), free(lw), free(out), free(att), free(dqkv), free(scratch), free(g);
+  free(c.qkv), free(c.lw), free(c.out);
+}
+
+/* Long sequences cross the kernel's query-block boundary (64): forward in full, the backward on a
+ * seeded sample of 400 elements of qkv. */
+static void test_attention_blocks(void** state) {
+  int B = 1, T = 150, C = 8, NH = 2;
+  size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+  float *qkv = rand_f(nq, 1), *lw = rand_f(no, 1), *out = zeros(no);
+  float *att = zeros((size_t)B * NH * T * T), *dqkv = zeros(nq), *scratch = zeros((size_t)T * T);
+  at_ctx c = {to_d(qkv, nq), to_d(lw, no), malloc(sizeof(double) * no), B, T, C, NH};
+  nb_attention_forward(out, att, qkv, B, T, C, NH);
+  at_loss(&c);
+  assert_true(ref_compare("attention T=150 forward", out, c.out, no, 1e-6, 1e-5));
+  nb_attention_backward(dqkv, scratch, lw, qkv, att, B, T, C, NH);
+  enum { S = 400 };
+  float got[S];
+  double ref[S];
+  for (int s = 0; s < S; s++) {
+    size_t i = (size_t)nb_rng_below(&rng, nq);
+    double save = c.qkv[i], h = 1e-6;
+    c.qkv[i] = save + h;
+    double lp = at_loss(&c);
+    c.qkv[i] = save - h;
+    double lm = at_loss(&c);
+    c.qkv[i] = save;
+    ref[s] = (lp - lm) / (2 * h);
+    got[s] = dqkv[i];
+  }
+  assert_true(ref_compare("attention T=150 dqkv (sample)", got, ref, S, 1e-4, 1e-3));
+  free(qkv), free(lw), free(out), free(att), free(dqkv), free(scratch);
+  free(c.qkv), free(c.lw), free(c.out);
+}
+
+/* ---- cross-entropy and KL ---- */
+typedef struct {
+  double *logits, *teacher;
+  const int* targets;
+  int N, V;
+  double T;
+} ce_ctx;
+static double ce_loss(void* p) {
+  ce_ctx* c = p;
+  return ref_crossentropy(c->logits, c->targets, c->N, c->V);
+}
+static double kl_loss(void* p) {
+  ce_ctx* c = p;
+  return ref_kl(c->logits, c->teacher, c->targets, c->N, c->V, c->T);
+}
+
+static void test_crossentropy(void** state) {
+  int N = 5, V = 11;
+  int targets[5] = {3, -1, 0, 10, 7};
+  float *logits = rand_f(N * V, 2), *probs = zeros(N * V), losses[5], *dl = zeros(N * V);
+  ce_ctx c = {to_d(logits, N * V), NULL, targets, N, V, 1.0};
+  int count = nb_crossentropy_forward(losses, probs, logits, targets, N, V);
+  assert_int_equal(count, 4);
+  assert_true(losses[1] == 0.0f);
+  double s = 0;
+  for (int i = 0; i < N; i++) s += losses[i];
+  double ref = ce_loss(&c);
+  printf("  cross-entropy mean %.7f ref %.7f\n", s / count, ref);
+  assert_true(fabs(s / count - ref) < 1e-5);
+  nb_crossentropy_backward(dl, probs, targets, 1.0f / count, N, V);
+  double* g = malloc(sizeof(double) * N * V);
+  fd_grad(ce_loss, &c, c.logits, N * V, g);
+  assert_true(ref_compare("cross-entropy dlogits", dl, g, N * V, 1e-5, 1e-4));
+  for (int j = 0; j < V; j++) assert_true(dl[V + j] == 0.0f); /* ignored row */
+
+  /* KL(teacher || student) at temperature 2 */
+  float *teacher = rand_f(N * V, 2), *ps = zeros(N * V), *pt = zeros(N * V), kl[5];
+  float* dk = zeros(N * V);
+  c.teacher = to_d(teacher, N * V);
+  c.T = 2.0;
+  nb_kldiv_forward(kl, ps, pt, logits, teacher, targets, N, V, 2.0f);
+  s = 0;
+  for (int i = 0; i < N; i++) s += kl[i];
+  ref = kl_loss(&c);
+  printf("  KL sum %.7f ref %.7f\n", s, ref);
+  assert_true(fabs(s - ref) < 1e-5 * (1 + fabs(ref)));
+  nb_kldiv_backward(dk, ps, pt, targets, 1.0f, N, V, 2.0f);
+  fd_grad(kl_loss, &c, c.logits, N * V, g);
+  assert_true(ref_compare("KL dstudent", dk, g, N * V, 1e-5, 1e-4));
+  /* KL of a distribution with itself is zero */
+  nb_kldiv_forward(kl, ps, pt, logits, logits, NULL, N, V, 2.0f);
+  for (int i = 0; i < N; i++) assert_true(fabsf(kl[i]) < 1e-5f);
+  free(logits), free(probs), free(dl), free(g), free(c.logits), free(teacher), free(ps), free(pt);
+  free(dk), free(c.teacher);
+}
+
+/* ---- embedding ---- */
+typedef struct {
+  double *wte, *wpe, *lw, *out;
+  const int* tok;
+  int B, T, C;
+} em_ctx;
+static double em_loss(void* p) {
+  em_ctx* c = p;
+  ref_embedding(c->out, c->tok, c->wte, c->wpe, c->B, c->T, c->C);
+  return dot_d(c->out, c->lw, (size_t)c->B * c->T * c->C);
+}
+
+static void test_embedding(void** state) {
+  int B = 2, T = 4, C = 6, V = 9;
+  int tok[8] = {1, 8, 1, 0, 5, 5, 5, 2}; /* repeats: scatter-add must accumulate */
+  size_t no = (size_t)B * T * C;
+  float *wte = rand_f(V * C, 1), *wpe = rand_f(T * C, 1), *lw = rand_f(no, 1), *out = zeros(no);
+  float *dwte = zeros(V * C), *dwpe = zeros(T * C);
+  em_ctx c = {
+      to_d(wte, V * C), to_d(wpe, T * C), to_d(lw, no), malloc(sizeof(double) * no), tok, B, T, C};
+  nb_embedding_forward(out, tok, wte, wpe, B, T, C);
+  em_loss(&c);
+  assert_true(ref_compare("embedding forward", out, c.out, no, 1e-7, 1e-6));
+  nb_embedding_backward(dwte, dwpe, lw, tok, B, T, C);
+  double* g = malloc(sizeof(double) * V * C);
+  fd_grad(em_loss, &c, c.wte, V * C, g);
+  assert_true(ref_compare("embedding dwte", dwte, g, V * C, 1e-5, 1e-4));
+  fd_grad(em_loss, &c, c.wpe, T * C, g);
+  assert_true(ref_compare("embedding dwpe", dwpe, g, T * C, 1e-5, 1e-4));
+  free(wte), free(wpe), free(lw), free(out), free(dwte), free(dwpe), free(g);
+  free(c.wte), free(c.wpe), free(c.lw), free(c.out);
+}
+
+/* ---- AdamW: three steps against the formula in double ---- */
+static void test_adamw(void** state) {
+  size_t n = 33;
+  float *p = rand_f(n, 1), *m = zeros(n), *v = zeros(n);
+  double *pd = to_d(p, n), *md = calloc(n, sizeof(double)), *vd = calloc(n, sizeof(double));
+  double b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, lr = 1e-2;
+  for (long t = 1; t <= 3; t++) {
+    float* g = rand_f(n, 1);
+    nb_adamw_update(p, g, m, v, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, t);
+    for (size_t i = 0; i < n; i++) {
+      md[i] = b1 * md[i] + (1 - b1) * g[i];
+      vd[i] = b2 * vd[i] + (1 - b2) * (double)g[i] * g[i];
+      double mh = md[i] / (1 - pow(b1, t)), vh = vd[i] / (1 - pow(b2, t));
+      pd[i] -= lr * (mh / (sqrt(vh) + eps) + wd * pd[i]);
+    }
+    free(g);
+  }
+  assert_true(ref_compare("adamw params after 3 steps", p, pd, n, 1e-6, 1e-5));
+  free(p), free(m), free(v), free(pd), free(md), free(vd);
+}
+
+int main(void) {
+  nb_rng_seed(&rng, 1234);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_layernorm),
+      cmocka_unit_test(test_gelu),
+      cmocka_unit_test(test_attention),
+      cmocka_unit_test(test_attention_blocks),
+      cmocka_unit_test(test_crossentropy),
+      cmocka_unit_test(test_embedding),
+      cmocka_unit_test(test_adamw),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,712 @@
+/* The transformer, llm.c style: parameters and gradients in one arena each with a tensor table,
+ * activations in a third arena sized for the largest (B, T) seen, and hand-written backward.
+ * Everything runs on the CPU through kernels/ (sgemm via OpenBLAS); no autograd, no GPU path. */
+#include "train/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "kernels/kernels.h"
+#include "train/model_internal.h"
+#include "train/parallel.h"
+#include "train/rng.h"
+
+/* Per-layer parameter tensors, in arena order. */
+enum {
+  P_LN1W,
+  P_LN1B,
+  P_QKVW,
+  P_QKVB,
+  P_PROJW,
+  P_PROJB,
+  P_LN2W,
+  P_LN2B,
+  P_FCW,
+  P_FCB,
+  P_FCPROJW,
+  P_FCPROJB,
+  P_LAYER_COUNT
+};
+
+static const char* const nb__layer_names[P_LAYER_COUNT] = {
+    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+
+/* Activations of one layer (pointers into the activation arena). */
+typedef struct {
+  float* ln1;      /* (N, C) */
+  float* ln1_mean; /* (N) */
+  float* ln1_rstd; /* (N) */
+  float* qkv;      /* (N, 3C) */
+  float* atty;     /* (N, C) */
+  float* att;      /* (B, NH, T, T) */
+  float* attproj;  /* (N, C) */
+  float* res2;     /* (N, C) */
+  float* ln2;      /* (N, C) */
+  float* ln2_mean; /* (N) */
+  float* ln2_rstd; /* (N) */
+  float* fch;      /* (N, 4C) */
+  float* fch_gelu; /* (N, 4C) */
+  float* fcproj;   /* (N, C) */
+  float* res3;     /* (N, C) */
+} nb__layer_acts_t;
+
+struct nb_model {
+  nb_model_config_t cfg;
+  size_t n_params;
+  float* params;
+  float* grads;
+  uint8_t* decay;
+  nb_tensor_view_t* views;
+  size_t n_views;
+  size_t layer_view0; /* index of h.0.ln_1.weight */
+
+  /* activations, sized for cap_B x cap_T */
+  int cap_B, cap_T;
+  float* acts;
+  nb__layer_acts_t* la;
+  float *encoded, *lnf, *lnf_mean, *lnf_rstd, *logits, *probs, *losses;
+  float *dres, *dln, *dqkv, *datty, *dfch, *dfch_gelu, *dlogits, *att_scratch;
+  float *ps, *pt, *kl; /* distillation */
+  float* ln_partial;   /* (NB__CHUNKS, 2C) LayerNorm weight/bias gradient partials */
+  int* tokens;
+  int* targets;
+
+  /* last forward */
+  int B, T;
+  int have_targets;
+  int count;
+  float alpha, temp; /* distillation weight (0 = plain CE) and temperature */
+
+  int frozen;
+  nb_lora_t* lora;
+};
+
+nb_model_config_t nb_model_config_make(int n_layer, int n_embd, int n_head, int ctx) {
+  nb_model_config_t c = {n_layer, n_embd, n_head, ctx, NB_VOCAB};
+  return c;
+}
+
+nb_status_t nb_model_config_check(const nb_model_config_t* c) {
+  if (!c) return nb_error(NB_ERR_INVALID, "model config: NULL");
+  if (c->n_layer < 1 || c->n_layer > 256)
+    return nb_error(NB_ERR_INVALID, "model config: n_layer %d not in [1, 256]", c->n_layer);
+  if (c->n_head < 1 || c->n_head > 256)
+    return nb_error(NB_ERR_INVALID, "model config: n_head %d not in [1, 256]", c->n_head);
+  if (c->n_embd < 1 || c->n_embd > 16384 || c->n_embd % c->n_head != 0)
+    return nb_error(NB_ERR_INVALID,
+                    "model config: n_embd %d must be in [1, 16384] and divisible by n_head %d",
+                    c->n_embd, c->n_head);
+  if (c->ctx < 1 || c->ctx > 65536)
+    return nb_error(NB_ERR_INVALID, "model config: ctx %d not in [1, 65536]", c->ctx);
+  if (c->vocab != NB_VOCAB)
+    return nb_error(NB_ERR_INVALID, "model config: vocab %d, this build uses %d", c->vocab,
+                    NB_VOCAB);
+  return NB_OK;
+}
+
+static void nb__add_view(nb_model_t* m, const char* name, int rows, int cols, int decay) {
+  nb_tensor_view_t* v = &m->views[m->n_views++];
+  snprintf(v->name, sizeof v->name, "%s", name);
+  v->offset = m->n_params;
+  v->ndim = cols > 0 ? 2 : 1;
+  v->shape[0] = rows;
+  v->shape[1] = cols > 0 ? cols : 0;
+  v->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+  v->decay = decay;
+  m->n_params += v->numel;
+}
+
+#define LP(m, l, k) \
+  ((m)->params + (m)->views[(m)->layer_view0 + (size_t)(l)*P_LAYER_COUNT + (k)].offset)
+#define LG(m, l, k) \
+  ((m)->grads + (m)->views[(m)->layer_view0 + (size_t)(l)*P_LAYER_COUNT + (k)].offset)
+#define GP(m, i) ((m)->params + (m)->views[(i)].offset)
+#define GG(m, i) ((m)->grads + (m)->views[(i)].offset)
+/* global view indices */
+#define V_WTE 0
+#define V_WPE 1
+#define V_LNFW(m) ((m)->n_views - 2)
+#define V_LNFB(m) ((m)->n_views - 1)
+
+nb_status_t nb_model_create(const nb_model_config_t* cfg, uint64_t seed, nb_model_t** out) {
+  nb_status_t st = NB_OK;
+  nb_model_t* m = NULL;
+  *out = NULL;
+  NB_CHECK(nb_model_config_check(cfg));
+  NB_CHECK(nb_calloc((void**)&m, 1, sizeof *m, "model"));
+  m->cfg = *cfg;
+  int L = cfg->n_layer, C = cfg->n_embd, V = cfg->vocab;
+  NB_CHECK_GOTO(nb_calloc((void**)&m->views, 4 + (size_t)L * P_LAYER_COUNT, sizeof *m->views,
+                          "model tensor table"),
+                st, fail);
+  nb__add_view(m, "wte", V, C, 1);
+  nb__add_view(m, "wpe", cfg->ctx, C, 0);
+  m->layer_view0 = m->n_views;
+  const int rows[P_LAYER_COUNT] = {C, C, 3 * C, 3 * C, C, C, C, C, 4 * C, 4 * C, C, C};
+  const int cols[P_LAYER_COUNT] = {0, 0, C, 0, C, 0, 0, 0, C, 0, 4 * C, 0};
+  for (int l = 0; l < L; l++)
+    for (int k = 0; k < P_LAYER_COUNT; k++) {
+      char name[64];
+      snprintf(name, sizeof name, "h.%d.%s", l, nb__layer_names[k]);
+      nb__add_view(m, name, rows[k], cols[k], cols[k] > 0);
+    }
+  nb__add_view(m, "ln_f.weight", C, 0, 0);
+  nb__add_view(m, "ln_f.bias", C, 0, 0);
+
+  NB_CHECK_GOTO(nb_aligned_alloc((void**)&m->params, m->n_params, sizeof(float), "parameters"), st,
+                fail);
+  NB_CHECK_GOTO(nb_aligned_alloc((void**)&m->grads, m->n_params, sizeof(float), "gradients"), st,
+                fail);
+  NB_CHECK_GOTO(nb_alloc((void**)&m->decay, m->n_params, 1, "decay mask"), st, fail);
+  memset(m->grads, 0, m->n_params * sizeof(float));
+
+  /* deterministic init: one stream, tensors in arena order */
+  nb_rng_t rng;
+  nb_rng_seed(&rng, seed);
+  double proj_std = 0.02 / sqrt(2.0 * L);
+  for (size_t i = 0; i < m->n_views; i++) {
+    const nb_tensor_view_t* v = &m->views[i];
+    float* p = m->params + v->offset;
+    memset(m->decay + v->offset, v->decay, v->numel);
+    size_t len = strlen(v->name);
+    int is_ln_w = strstr(v->name, "ln_") && len > 7 && strcmp(v->name + len - 7, ".weight") == 0;
+    int is_bias = len > 5 && strcmp(v->name + len - 5, ".bias") == 0;
+    if (is_ln_w) {
+      for (size_t j = 0; j < v->numel; j++) p[j] = 1.0f;
+    } else if (is_bias) {
+      memset(p, 0, v->numel * sizeof(float));
+    } else {
+      double sd = strstr(v->name, "c_proj.weight") ? proj_std : 0.02;
+      for (size_t j = 0; j < v->numel; j++) p[j] = (float)(sd * nb_rng_normal(&rng));
+    }
+  }
+  *out = m;
+  return NB_OK;
+fail:
+  nb_model_destroy(m);
+  return st;
+}
+
+static void nb__free_acts(nb_model_t* m) {
+  nb_free(m->acts);
+  nb_free(m->la);
+  nb_free(m->tokens);
+  nb_free(m->targets);
+  m->acts = NULL;
+  m->la = NULL;
+  m->tokens = m->targets = NULL;
+  m->cap_B = m->cap_T = 0;
+}
+
+void nb_model_destroy(nb_model_t* m) {
+  if (!m) return;
+  nb__free_acts(m);
+  nb_free(m->params);
+  nb_free(m->grads);
+  nb_free(m->decay);
+  nb_free(m->views);
+  nb_free(m);
+}
+
+const nb_model_config_t* nb_model_get_config(const nb_model_t* m) {
+  return &m->cfg;
+}
+float* nb_model_params(nb_model_t* m, size_t* n) {
+  if (n) *n = m->n_params;
+  return m->params;
+}
+float* nb_model_grads(nb_model_t* m, size_t* n) {
+  if (n) *n = m->n_params;
+  return m->grads;
+}
+size_t nb_model_num_params(const nb_model_t* m) {
+  return m->n_params;
+}
+size_t nb_model_num_tensors(const nb_model_t* m) {
+  return m->n_views;
+}
+const nb_tensor_view_t* nb_model_tensor(const nb_model_t* m, size_t i) {
+  return i < m->n_views ? &m->views[i] : NULL;
+}
+const nb_tensor_view_t* nb_model_find_tensor(const nb_model_t* m, const char* name) {
+  for (size_t i = 0; i < m->n_views; i++)
+    if (strcmp(m->views[i].name, name) == 0) return &m->views[i];
+  return NULL;
+}
+const uint8_t* nb_model_decay_mask(const nb_model_t* m) {
+  return m->decay;
+}
+const float* nb_model_logits(const nb_model_t* m) {
+  return m->logits;
+}
+void nb_model_zero_grad(nb_model_t* m) {
+  memset(m->grads, 0, m->n_params * sizeof(float));
+}
+void nb_model_set_frozen(nb_model_t* m, int frozen) {
+  m->frozen = frozen;
+}
+
+double nb_model_flops_per_token(const nb_model_t* m, int T) {
+  return 6.0 * (double)m->n_params + 12.0 * m->cfg.n_layer * m->cfg.n_embd * (double)T;
+}
+
+float* nb__model_site_weight(nb_model_t* m, int layer, int site, int* OC, int* IC) {
+  int C = m->cfg.n_embd;
+  static const int k[NB_SITE_COUNT] = {P_QKVW, P_PROJW, P_FCW, P_FCPROJW};
+  static const int oc[NB_SITE_COUNT] = {3, 1, 4, 1}, ic[NB_SITE_COUNT] = {1, 1, 1, 4};
+  *OC = oc[site] * C;
+  *IC = ic[site] * C;
+  return LP(m, layer, k[site]);
+}
+
+void nb__model_attach_lora(nb_model_t* m, nb_lora_t* l) {
+  m->lora = l;
+}
+
+/* ---- elementwise work over the thread pool. The chunk count is fixed (not the thread count),
+ * so every result, including the LayerNorm partial sums, has the same bits on any pool size. */
+#define NB__CHUNKS 16
+
+typedef struct {
+  float *out, *a, *b, *c, *d, *e, *f;
+  const int* ints;
+  size_t n;
+  int rows, cols;
+  int counts[NB__CHUNKS];
+  float scalar, scalar2, temp; /* loss weights and temperature */
+} nb__par_t;
+
+static size_t nb__chunks_for(size_t work) {
+  return work < 16384 ? 1 : NB__CHUNKS;
+}
+
+/* Runs fn over the NB__CHUNKS chunks, inline when the work (rows x cols) is small. */
+static void nb__par_run(void (*fn)(void*, size_t), nb__par_t* p) {
+  if (nb__chunks_for((size_t)p->rows * p->cols) == 1)
+    for (size_t i = 0; i < NB__CHUNKS; i++) fn(p, i);
+  else
+    nb_parallel_for(NB__CHUNKS, fn, p);
+}
+
+static void nb__gelu_fwd_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e;
+  nb_parallel_range(p->n, NB__CHUNKS, i, &b, &e);
+  nb_gelu_forward(p->out + b, p->a + b, e - b);
+}
+static void nb__gelu_bwd_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e;
+  nb_parallel_range(p->n, NB__CHUNKS, i, &b, &e);
+  nb_gelu_backward(p->out + b, p->a + b, p->b + b, e - b);
+}
+static void nb__add_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e;
+  nb_parallel_range(p->n, NB__CHUNKS, i, &b, &e);
+  for (size_t k = b; k < e; k++) p->out[k] = p->a[k] + p->b[k];
+}
+static void nb__par_elementwise(void (*fn)(void*, size_t), float* out, float* a, float* b,
+                                size_t n) {
+  nb__par_t p = {
+      .out = out, .a = a, .b = b, .n = n, .rows = (int)(n > 1u << 30 ? 1u << 30 : n), .cols = 1};
+  nb__par_run(fn, &p);
+}
+
+static void nb__ln_fwd_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e, C = (size_t)p->cols;
+  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  nb_layernorm_forward(p->out + b * C, p->b + b, p->c + b, p->a + b * C, p->d, p->e, (int)(e - b),
+                       p->cols);
+}
+/* out = LN(inp; w, bias), mean/rstd per row */
+static void nb__par_ln_forward(float* out, float* mean, float* rstd, const float* inp,
+                               const float* w, const float* bias, int N, int C) {
+  nb__par_t p = {.out = out,
+                 .a = (float*)inp,
+                 .b = mean,
+                 .c = rstd,
+                 .d = (float*)w,
+                 .e = (float*)bias,
+                 .rows = N,
+                 .cols = C};
+  nb__par_run(nb__ln_fwd_chunk, &p);
+}
+
+static void nb__ln_bwd_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e, C = (size_t)p->cols;
+  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  float* part = p->f ? p->f + i * 2 * C : NULL;
+  if (part) memset(part, 0, 2 * C * sizeof(float));
+  /* a=dinp, b=dout, c=inp, d=weight, e=mean, out=rstd */
+  nb_layernorm_backward(p->a + b * C, part, part ? part + C : NULL, p->b + b * C, p->c + b * C,
+                        p->d, p->e + b, p->out + b, (int)(e - b), p->cols);
+}
+/* Accumulating LayerNorm backward; weight/bias gradients via fixed-order partial sums. */
+static void nb__par_ln_backward(nb_model_t* m, float* dinp, float* dw, float* db, const float* dout,
+                                const float* inp, const float* w, const float* mean,
+                                const float* rstd, int N, int C) {
+  nb__par_t p = {.a = dinp,
+                 .b = (float*)dout,
+                 .c = (float*)inp,
+                 .d = (float*)w,
+                 .e = (float*)mean,
+                 .out = (float*)rstd,
+                 .f = dw ? m->ln_partial : NULL,
+                 .rows = N,
+                 .cols = C};
+  nb__par_run(nb__ln_bwd_chunk, &p);
+  if (!dw) return;
+  for (size_t i = 0; i < NB__CHUNKS; i++) {
+    const float* part = m->ln_partial + i * 2 * (size_t)C;
+    for (int c = 0; c < C; c++) {
+      dw[c] += part[c];
+      db[c] += part[C + c];
+    }
+  }
+}
+
+static void nb__ce_fwd_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e, V = (size_t)p->cols;
+  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  p->counts[i] = nb_crossentropy_forward(p->out + b, p->a + b * V, p->b + b * V, p->ints + b,
+                                         (int)(e - b), p->cols);
+}
+static void nb__ce_bwd_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e, V = (size_t)p->cols;
+  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  nb_crossentropy_backward(p->out + b * V, p->a + b * V, p->ints + b, p->scalar, (int)(e - b),
+                           p->cols);
+  if (p->c) /* distillation term: c = ps, d = pt */
+    nb_kldiv_backward(p->out + b * V, p->c + b * V, p->d + b * V, p->ints + b, p->scalar2,
+                      (int)(e - b), p->cols, p->temp);
+}
+static void nb__kl_fwd_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e, V = (size_t)p->cols;
+  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  nb_kldiv_forward(p->out + b, p->c + b * V, p->d + b * V, p->a + b * V, p->b + b * V, p->ints + b,
+                   (int)(e - b), p->cols, p->temp);
+}
+
+/* Lays the activation arena out for B x T (sizes in floats; one allocation). */
+static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
+  if (m->acts && B <= m->cap_B && T <= m->cap_T) return NB_OK;
+  nb__free_acts(m);
+  int L = m->cfg.n_layer, C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab;
+  size_t N = (size_t)B * T, NC = N * C, NV = N * V, att = (size_t)B * NH * T * T;
+  /* per layer: ln1 atty attproj res2 ln2 fcproj res3 (7 NC), qkv (3 NC), fch and fch_gelu
+   * (8 NC), four row statistics (4 N) and the attention probabilities */
+  size_t per_layer = NC * 18 + N * 4 + att;
+  size_t total = per_layer * L + NC * 2 + N * 3 + NV * 2 /* encoded lnf, stats, logits probs */
+                 + NC * 14 + NV + (size_t)T * T          /* backward scratch */
+                 + NV * 2 + N                            /* distillation */
+                 + (size_t)NB__CHUNKS * 2 * C;           /* LayerNorm partials */
+  nb_status_t st = NB_OK;
+  NB_CHECK_GOTO(nb_aligned_alloc((void**)&m->acts, total, sizeof(float), "activations"), st, fail);
+  NB_CHECK_GOTO(nb_calloc((void**)&m->la, (size_t)L, sizeof *m->la, "activation table"), st, fail);
+  NB_CHECK_GOTO(nb_alloc((void**)&m->tokens, N, sizeof(int), "tokens"), st, fail);
+  NB_CHECK_GOTO(nb_alloc((void**)&m->targets, N, sizeof(int), "targets"), st, fail);
+  float* p = m->acts;
+#define TAKE(dst, n) \
+  do {               \
+    (dst) = p;       \
+    p += (n);        \
+  } while (0)
+  for (int l = 0; l < L; l++) {
+    nb__layer_acts_t* a = &m->la[l];
+    TAKE(a->ln1, NC);
+    TAKE(a->ln1_mean, N);
+    TAKE(a->ln1_rstd, N);
+    TAKE(a->qkv, 3 * NC);
+    TAKE(a->atty, NC);
+    TAKE(a->att, att);
+    TAKE(a->attproj, NC);
+    TAKE(a->res2, NC);
+    TAKE(a->ln2, NC);
+    TAKE(a->ln2_mean, N);
+    TAKE(a->ln2_rstd, N);
+    TAKE(a->fch, 4 * NC);
+    TAKE(a->fch_gelu, 4 * NC);
+    TAKE(a->fcproj, NC);
+    TAKE(a->res3, NC);
+  }
+  TAKE(m->encoded, NC);
+  TAKE(m->lnf, NC);
+  TAKE(m->lnf_mean, N);
+  TAKE(m->lnf_rstd, N);
+  TAKE(m->logits, NV);
+  TAKE(m->probs, NV);
+  TAKE(m->losses, N);
+  TAKE(m->dres, NC);
+  TAKE(m->dln, NC);
+  TAKE(m->dqkv, 3 * NC);
+  TAKE(m->datty, NC);
+  TAKE(m->dfch, 4 * NC);
+  TAKE(m->dfch_gelu, 4 * NC);
+  TAKE(m->dlogits, NV);
+  TAKE(m->att_scratch, (size_t)T * T);
+  TAKE(m->ps, NV);
+  TAKE(m->pt, NV);
+  TAKE(m->kl, N);
+  TAKE(m->ln_partial, (size_t)NB__CHUNKS * 2 * C);
+#undef TAKE
+  if ((size_t)(p - m->acts) > total) return nb_error(NB_ERR_INTERNAL, "activation arena overrun");
+  m->cap_B = B;
+  m->cap_T = T;
+  return NB_OK;
+fail:
+  nb__free_acts(m);
+  return st;
+}
+
+static int nb__par_crossentropy(nb_model_t* m, int N) {
+  nb__par_t p = {.out = m->losses,
+                 .a = m->probs,
+                 .b = m->logits,
+                 .ints = m->targets,
+                 .rows = N,
+                 .cols = m->cfg.vocab};
+  nb__par_run(nb__ce_fwd_chunk, &p);
+  int count = 0;
+  for (int i = 0; i < NB__CHUNKS; i++) count += p.counts[i];
+  return count;
+}
+
+static nb_status_t nb__forward(nb_model_t* m, const int* tokens, const int* targets, int B, int T) {
+  if (!m || !tokens) return nb_error(NB_ERR_INVALID, "model forward: NULL model or tokens");
+  const nb_model_config_t* c = &m->cfg;
+  if (B < 1 || T < 1 || T > c->ctx)
+    return nb_error(NB_ERR_INVALID, "model forward: B=%d T=%d (need B >= 1, 1 <= T <= ctx %d)", B,
+                    T, c->ctx);
+  size_t N = (size_t)B * T;
+  for (size_t i = 0; i < N; i++) {
+    if (tokens[i] < 0 || tokens[i] >= c->vocab)
+      return nb_error(NB_ERR_INVALID, "model forward: token %d at %zu not in [0, %d)", tokens[i], i,
+                      c->vocab);
+    if (targets && (targets[i] < -1 || targets[i] >= c->vocab))
+      return nb_error(NB_ERR_INVALID, "model forward: target %d at %zu not in [-1, %d)", targets[i],
+                      i, c->vocab);
+  }
+  NB_CHECK(nb__ensure_acts(m, B, T));
+  memcpy(m->tokens, tokens, N * sizeof(int));
+  if (targets) memcpy(m->targets, targets, N * sizeof(int));
+  m->B = B;
+  m->T = T;
+  m->have_targets = 0;
+  int L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab, n = (int)N;
+
+  nb_embedding_forward(m->encoded, m->tokens, GP(m, V_WTE), GP(m, V_WPE), B, T, C);
+  const float* residual = m->encoded;
+  for (int l = 0; l < L; l++) {
+    nb__layer_acts_t* a = &m->la[l];
+    nb__par_ln_forward(a->ln1, a->ln1_mean, a->ln1_rstd, residual, LP(m, l, P_LN1W),
+                       LP(m, l, P_LN1B), n, C);
+    nb_matmul_forward(a->qkv, a->ln1, LP(m, l, P_QKVW), LP(m, l, P_QKVB), n, C, 3 * C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_QKV, a->ln1, a->qkv, n));
+    nb_attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+    nb_matmul_forward(a->attproj, a->atty, LP(m, l, P_PROJW), LP(m, l, P_PROJB), n, C, C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_ATTN_PROJ, a->atty, a->attproj, n));
+    nb__par_elementwise(nb__add_chunk, a->res2, (float*)residual, a->attproj, N * C);
+    nb__par_ln_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, LP(m, l, P_LN2W),
+                       LP(m, l, P_LN2B), n, C);
+    nb_matmul_forward(a->fch, a->ln2, LP(m, l, P_FCW), LP(m, l, P_FCB), n, C, 4 * C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC, a->ln2, a->fch, n));
+    nb__par_elementwise(nb__gelu_fwd_chunk, a->fch_gelu, a->fch, NULL, N * 4 * C);
+    nb_matmul_forward(a->fcproj, a->fch_gelu, LP(m, l, P_FCPROJW), LP(m, l, P_FCPROJB), n, 4 * C,
+                      C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC_PROJ, a->fch_gelu, a->fcproj, n));
+    nb__par_elementwise(nb__add_chunk, a->res3, a->res2, a->fcproj, N * C);
+    residual = a->res3;
+  }
+  nb__par_ln_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, GP(m, V_LNFW(m)), GP(m, V_LNFB(m)),
+                     n, C);
+  nb_matmul_forward(m->logits, m->lnf, GP(m, V_WTE), NULL, n, C, V);
+  return NB_OK;
+}
+
+nb_status_t nb_model_forward(nb_model_t* m, const int* tokens, const int* targets, int B, int T,
+                             float* loss) {
+  NB_CHECK(nb__forward(m, tokens, targets, B, T));
+  m->alpha = 0.0f;
+  if (!targets) return NB_OK;
+  int N = B * T;
+  m->count = nb__par_crossentropy(m, N);
+  double s = 0.0;
+  for (int i = 0; i < N; i++) s += m->losses[i];
+  if (loss) *loss = m->count ? (float)(s / m->count) : 0.0f;
+  m->have_targets = 1;
+  return NB_OK;
+}
+
+nb_status_t nb_model_forward_distill(nb_model_t* m, const int* tokens, const int* targets,
+                                     const float* teacher_logits, float alpha, float temp, int B,
+                                     int T, float* loss) {
+  if (!targets || !teacher_logits)
+    return nb_error(NB_ERR_INVALID, "distill forward: targets and teacher logits are required");
+  if (!(alpha >= 0.0f && alpha <= 1.0f) || !(temp > 0.0f))
+    return nb_error(NB_ERR_INVALID, "distill forward: alpha %g must be in [0, 1], temp %g > 0",
+                    (double)alpha, (double)temp);
+  NB_CHECK(nb__forward(m, tokens, targets, B, T));
+  int N = B * T, V = m->cfg.vocab;
+  m->count = nb__par_crossentropy(m, N);
+  nb__par_t kp = {.out = m->kl,
+                  .a = m->logits,
+                  .b = (float*)teacher_logits,
+                  .c = m->ps,
+                  .d = m->pt,
+                  .ints = m->targets,
+                  .rows = N,
+                  .cols = V,
+                  .temp = temp};
+  nb__par_run(nb__kl_fwd_chunk, &kp);
+  double ce = 0.0, kl = 0.0;
+  for (int i = 0; i < N; i++) {
+    ce += m->losses[i];
+    kl += m->kl[i];
+  }
+  if (loss) *loss = m->count ? (float)(((1.0 - alpha) * ce + alpha * kl) / m->count) : 0.0f;
+  m->alpha = alpha;
+  m->temp = temp;
+  m->have_targets = 1;
+  return NB_OK;
+}
+
+nb_status_t nb_model_backward(nb_model_t* m) {
+  if (!m->have_targets)
+    return nb_error(NB_ERR_INVALID, "model backward: no forward with targets before it");
+  const nb_model_config_t* c = &m->cfg;
+  int B = m->B, T = m->T, L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab;
+  int n = B * T;
+  size_t N = (size_t)n, NC = N * C;
+  int fz = m->frozen;
+#define G(ptr) (fz ? NULL : (ptr))
+
+  memset(m->dlogits, 0, N * V * sizeof(float));
+  if (m->count > 0) {
+    float inv = 1.0f / (float)m->count;
+    nb__par_t p = {.out = m->dlogits,
+                   .a = m->probs,
+                   .ints = m->targets,
+                   .rows = n,
+                   .cols = V,
+                   .scalar = (1.0f - m->alpha) * inv,
+                   .scalar2 = m->alpha * inv,
+                   .temp = m->temp};
+    if (m->alpha > 0.0f) {
+      p.c = m->ps;
+      p.d = m->pt;
+    }
+    nb__par_run(nb__ce_bwd_chunk, &p);
+  }
+  memset(m->dln, 0, NC * sizeof(float));
+  nb_matmul_backward(m->dln, G(GG(m, V_WTE)), NULL, m->dlogits, m->lnf, GP(m, V_WTE), n, C, V);
+  memset(m->dres, 0, NC * sizeof(float));
+  const float* last = L > 0 ? m->la[L - 1].res3 : m->encoded;
+  nb__par_ln_backward(m, m->dres, G(GG(m, V_LNFW(m))), G(GG(m, V_LNFB(m))), m->dln, last,
+                      GP(m, V_LNFW(m)), m->lnf_mean, m->lnf_rstd, n, C);
+  for (int l = L - 1; l >= 0; l--) {
+    nb__layer_acts_t* a = &m->la[l];
+    const float* residual = l == 0 ? m->encoded : m->la[l - 1].res3;
+    /* dres is d(res3) = d(res2) (skip) = d(fcproj) */
+    memset(m->dfch_gelu, 0, 4 * NC * sizeof(float));
+    nb_matmul_backward(m->dfch_gelu, G(LG(m, l, P_FCPROJW)), G(LG(m, l, P_FCPROJB)), m->dres,
+                       a->fch_gelu, LP(m, l, P_FCPROJW), n, 4 * C, C);
+    if (m->lora)
+      nb__lora_backward(m->lora, l, NB_SITE_FC_PROJ, a->fch_gelu, m->dres, m->dfch_gelu, n);
+    memset(m->dfch, 0, 4 * NC * sizeof(float));
+    nb__par_elementwise(nb__gelu_bwd_chunk, m->dfch, a->fch, m->dfch_gelu, 4 * NC);
+    memset(m->dln, 0, NC * sizeof(float));
+    nb_matmul_backward(m->dln, G(LG(m, l, P_FCW)), G(LG(m, l, P_FCB)), m->dfch, a->ln2,
+                       LP(m, l, P_FCW), n, C, 4 * C);
+    if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_FC, a->ln2, m->dfch, m->dln, n);
+    nb__par_ln_backward(m, m->dres, G(LG(m, l, P_LN2W)), G(LG(m, l, P_LN2B)), m->dln, a->res2,
+                        LP(m, l, P_LN2W), a->ln2_mean, a->ln2_rstd, n, C);
+    /* dres is now d(res2) = d(residual) (skip) = d(attproj) */
+    memset(m->datty, 0, NC * sizeof(float));
+    nb_matmul_backward(m->datty, G(LG(m, l, P_PROJW)), G(LG(m, l, P_PROJB)), m->dres, a->atty,
+                       LP(m, l, P_PROJW), n, C, C);
+    if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_ATTN_PROJ, a->atty, m->dres, m->datty, n);
+    memset(m->dqkv, 0, 3 * NC * sizeof(float));
+    nb_attention_backward(m->dqkv, m->att_scratch, m->datty, a->qkv, a->att, B, T, C, NH);
+    memset(m->dln, 0, NC * sizeof(float));
+    nb_matmul_backward(m->dln, G(LG(m, l, P_QKVW)), G(LG(m, l, P_QKVB)), m->dqkv, a->ln1,
+                       LP(m, l, P_QKVW), n, C, 3 * C);
+    if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_QKV, a->ln1, m->dqkv, m->dln, n);
+    nb__par_ln_backward(m, m->dres, G(LG(m, l, P_LN1W)), G(LG(m, l, P_LN1B)), m->dln, residual,
+                        LP(m, l, P_LN1W), a->ln1_mean, a->ln1_rstd, n, C);
+  }
+  if (!fz) nb_embedding_backward(GG(m, V_WTE), GG(m, V_WPE), m->dres, m->tokens, B, T, C);
+#undef G
+  return NB_OK;
+}
+
+nb_status_t nb_model_generate_greedy(nb_model_t* m, const int* prompt, int n_prompt, int max_new,
+                                     int stop_token, int* out, int* n_out) {
+  if (!m || !prompt || !out || !n_out || n_prompt < 1 || max_new < 0)
+    return nb_error(NB_ERR_INVALID, "generate: need a model, n_prompt >= 1, max_new >= 0");
+  *n_out = 0;
+  int V = m->cfg.vocab, ctx = m->cfg.ctx;
+  size_t cap = (size_t)n_prompt + (size_t)max_new;
+  int* seq = NULL;
+  NB_CHECK(nb_alloc((void**)&seq, cap, sizeof(int), "generate sequence"));
+  memcpy(seq, prompt, (size_t)n_prompt * sizeof(int));
+  size_t len = (size_t)n_prompt;
+  nb_status_t st = NB_OK;
+  for (int k = 0; k < max_new; k++) {
+    int w = len > (size_t)ctx ? ctx : (int)len;
+    st = nb_model_forward(m, seq + len - (size_t)w, NULL, 1, w, NULL);
+    if (st != NB_OK) break;
+    const float* row = m->logits + (size_t)(w - 1) * V;
+    int best = 0;
+    for (int j = 1; j < V; j++)
+      if (row[j] > row[best]) best = j;
+    seq[len++] = best;
+    out[(*n_out)++] = best;
+    if (best == stop_token) break;
+  }
+  nb_free(seq);
+  return st;
+}
+
+nb_status_t nb_model_bits_per_byte(nb_model_t* m, const uint8_t* text, size_t len, int B, int T,
+                                   double* bpb, size_t* n_scored) {
+  if (!m || !text || !bpb || len < 2 || B < 1 || T < 1 || T > m->cfg.ctx)
+    return nb_error(NB_ERR_INVALID,
+                    "bits per byte: need a model, >= 2 bytes, B >= 1 and 1 <= T <= ctx (%d)",
+                    m ? m->cfg.ctx : 0);
+  int *tok = NULL, *tgt = NULL;
+  nb_status_t st = NB_OK;
+  NB_CHECK_GOTO(nb_alloc((void**)&tok, (size_t)B * T, sizeof(int), "eval tokens"), st, done);
+  NB_CHECK_GOTO(nb_alloc((void**)&tgt, (size_t)B * T, sizeof(int), "eval targets"), st, done);
+  double nats = 0.0;
+  size_t scored = 0, start = 0; /* the next window predicts text[start + 1 ...] */
+  while (start + 1 < len) {
+    int b = 0;
+    for (; b < B && start + 1 < len; b++, start += (size_t)T) {
+      for (int t = 0; t < T; t++) {
+        size_t i = start + (size_t)t;
+        tok[b * T + t] = i < len ? text[i] : NB_TOKEN_PAD;
+        tgt[b * T + t] = i + 1 < len ? text[i + 1] : -1;
+      }
+    }
+    float loss;
+    NB_CHECK_GOTO(nb_model_forward(m, tok, tgt, b, T, &loss), st, done);
+    nats += (double)loss * m->count;
+    scored += (size_t)m->count;
+  }
+  *bpb = nats / (double)scored / log(2.0);
+  if (n_scored) *n_scored = scored;
+done:
+  nb_free(tok);
+  nb_free(tgt);
+  return st;
+}

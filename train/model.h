@@ -1,0 +1,146 @@
+/* The byte-level decoder-only transformer (GPT-2 shape): forward, backward, and the flat
+ * parameter / gradient arenas the optimizer, codec and collectives consume. CPU only here; this
+ * is not a serving runtime (no KV cache) and not a tokenizer: tokens are bytes plus specials. */
+#ifndef NB_TRAIN_MODEL_H
+#define NB_TRAIN_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Vocabulary: the 256 byte values, then the specials. */
+#define NB_TOKEN_SEP 256 /* source / target separator in translation pairs */
+#define NB_TOKEN_EOS 257 /* end of sequence */
+#define NB_TOKEN_PAD 258 /* padding (never a target: pair it with target -1) */
+#define NB_VOCAB 259
+
+typedef struct {
+  int n_layer; /* transformer blocks, >= 1 */
+  int n_embd;  /* width C, divisible by n_head */
+  int n_head;  /* attention heads */
+  int ctx;     /* maximum sequence length T (learned positions) */
+  int vocab;   /* NB_VOCAB; kept in the config so checkpoints say what they hold */
+} nb_model_config_t;
+
+/* One named tensor inside an arena: elements [offset, offset + numel). Row-major; matrices are
+ * (out, in). decay says whether AdamW weight decay applies (matrices yes; biases, LayerNorm and
+ * position tables no). */
+typedef struct {
+  char name[64];
+  size_t offset;
+  size_t numel;
+  int ndim;
+  int shape[2];
+  int decay;
+} nb_tensor_view_t;
+
+/* The four linear projections of a block (used by LoRA to pick sites). */
+typedef enum {
+  NB_SITE_QKV = 0,       /* attn.c_attn: (3C, C) */
+  NB_SITE_ATTN_PROJ = 1, /* attn.c_proj: (C, C) */
+  NB_SITE_FC = 2,        /* mlp.c_fc: (4C, C) */
+  NB_SITE_FC_PROJ = 3,   /* mlp.c_proj: (C, 4C) */
+  NB_SITE_COUNT = 4
+} nb_linear_site_t;
+
+typedef struct nb_model nb_model_t;
+/* Thread safety: a model is used by one thread at a time (its forward/backward share activation
+ * buffers); distinct models are independent. The elementwise work inside runs on the pool of
+ * train/parallel.h. */
+
+/* A config with the given sizes and vocab = NB_VOCAB. */
+nb_model_config_t nb_model_config_make(int n_layer, int n_embd, int n_head, int ctx);
+
+/* NB_ERR_INVALID naming the field when a size is out of range or n_embd % n_head != 0. */
+nb_status_t nb_model_config_check(const nb_model_config_t* cfg);
+
+/* Allocates the model and initialises parameters deterministically from seed (same seed → same
+ * bits): weights N(0, 0.02), the residual projections N(0, 0.02/sqrt(2L)), biases 0, LayerNorm
+ * weights 1. Gradients start at zero. *out owned by the caller (nb_model_destroy).
+ * NB_ERR_INVALID (bad config), NB_ERR_NOMEM. */
+nb_status_t nb_model_create(const nb_model_config_t* cfg, uint64_t seed, nb_model_t** out);
+void nb_model_destroy(nb_model_t* m); /* NULL ok */
+
+const nb_model_config_t* nb_model_get_config(const nb_model_t* m);
+
+/* The flat arenas (owned by the model, valid until destroy; n set to the element count). The
+ * gradient arena has the same layout as the parameter arena. */
+float* nb_model_params(nb_model_t* m, size_t* n);
+float* nb_model_grads(nb_model_t* m, size_t* n);
+size_t nb_model_num_params(const nb_model_t* m);
+
+/* Tensor table: views into both arenas, in arena order (GPT-2 names: wte, wpe, h.<l>.ln_1.weight,
+ * ..., ln_f.bias). Borrowed pointers. nb_model_find_tensor returns NULL when absent. */
+size_t nb_model_num_tensors(const nb_model_t* m);
+const nb_tensor_view_t* nb_model_tensor(const nb_model_t* m, size_t i);
+const nb_tensor_view_t* nb_model_find_tensor(const nb_model_t* m, const char* name);
+
+/* Per-element weight-decay mask over the arena (1 = decay), for nb_adamw_step. Borrowed. */
+const uint8_t* nb_model_decay_mask(const nb_model_t* m);
+
+/* Forward pass on tokens (B, T) (values in [0, vocab)). With targets (B, T) (values in [-1,
+ * vocab), -1 = not scored) computes the mean cross-entropy over scored positions into *loss (0
+ * when none is scored) and prepares nb_model_backward; targets may be NULL (logits only; loss
+ * untouched). tokens/targets are copied. Activations are reallocated when B or T grow.
+ * NB_ERR_INVALID (T > ctx, B < 1, token or target out of range), NB_ERR_NOMEM. Not thread-safe
+ * per model. */
+nb_status_t nb_model_forward(nb_model_t* m, const int* tokens, const int* targets, int B, int T,
+                             float* loss);
+
+/* Distillation forward: loss = (1 - alpha) * CE + alpha * temp^2 * KL(softmax(teacher/temp) ||
+ * softmax(student/temp)), both means over scored positions. teacher_logits (B, T, vocab) is
+ * borrowed until the next forward (the teacher is frozen: nothing flows back into it).
+ * NB_ERR_INVALID also for alpha outside [0, 1] or temp <= 0. */
+nb_status_t nb_model_forward_distill(nb_model_t* m, const int* tokens, const int* targets,
+                                     const float* teacher_logits, float alpha, float temp, int B,
+                                     int T, float* loss);
+
+/* Logits (B, T, vocab) of the last forward; borrowed, overwritten by the next forward. */
+const float* nb_model_logits(const nb_model_t* m);
+
+/* Per-position cross-entropy in nats (B, T) of the last forward with targets (0 where the
+ * target was -1): for bits-per-byte evaluation. Borrowed, overwritten by the next forward. */
+const float* nb_model_losses(const nb_model_t* m);
+
+/* Greedy decoding without a KV cache (each new token reruns the forward over the window): appends
+ * up to max_new argmax tokens (lowest index on ties) to prompt (n_prompt >= 1 tokens) and writes
+ * them to out (max_new entries, caller-owned); stops after emitting stop_token (pass -1 for
+ * none). Once the sequence is longer than ctx, the last ctx tokens are the window. *n_out
+ * receives the count. Overwrites the logits of the last forward. NB_ERR_INVALID (bad sizes or
+ * prompt tokens), NB_ERR_NOMEM. */
+nb_status_t nb_model_generate_greedy(nb_model_t* m, const int* prompt, int n_prompt, int max_new,
+                                     int stop_token, int* out, int* n_out);
+
+/* Held-out loss of a byte text in bits per byte: every byte after the first is predicted once,
+ * from windows of up to T bytes of context (consecutive windows of T + 1 bytes overlapping by
+ * one), B windows per forward. *bpb = mean cross-entropy / ln 2; *n_scored (nullable) receives
+ * the number of predicted bytes. Overwrites the last forward. NB_ERR_INVALID (len < 2, T outside
+ * [1, ctx], B < 1), NB_ERR_NOMEM. */
+nb_status_t nb_model_bits_per_byte(nb_model_t* m, const uint8_t* text, size_t len, int B, int T,
+                                   double* bpb, size_t* n_scored);
+
+/* Sets the gradient arena to zero. */
+void nb_model_zero_grad(nb_model_t* m);
+
+/* Backward of the last forward (which must have had targets): ADDS the gradient of its loss into
+ * the gradient arena (call nb_model_zero_grad first unless accumulating). With the base frozen
+ * (nb_model_set_frozen) the base gradients are not computed at all; attached adapters still get
+ * theirs. NB_ERR_INVALID when there was no forward with targets. */
+nb_status_t nb_model_backward(nb_model_t* m);
+
+/* Freeze (1) or unfreeze (0) the base parameters for the backward. */
+void nb_model_set_frozen(nb_model_t* m, int frozen);
+
+/* Model FLOPs per token for one training step (forward + backward): 6 * params + 12 * L * C * T
+ * (attention scores and values, PaLM's accounting). */
+double nb_model_flops_per_token(const nb_model_t* m, int T);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
