@@ -4,5 +4,8 @@
 #define NB_KERNELS_KERNELS_H
 
 #include "kernels/device.h"
+#include "kernels/error_feedback.h"
+#include "kernels/quantize.h"
+#include "kernels/topk.h"
 
 #endif
