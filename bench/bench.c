@@ -12,6 +12,7 @@ typedef struct {
 } nb_bench_entry_t;
 
 static const nb_bench_entry_t nb__benches[] = {
+    {"codec", "the update codec: wire size, encode/decode speed vs memcpy", nb_bench_codec_main},
     {NULL, NULL, NULL},
 };
 
