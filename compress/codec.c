@@ -7,7 +7,7 @@
 #include "common/common.h"
 #include "compress/codec_internal.h"
 
-NB_PARAM_INT(ZstdLevel, "NB_ZSTD_LEVEL", 3, 0, 19,
+NB_PARAM_INT(ZstdLevel, "NB_ZSTD_LEVEL", 1, 0, 19,
              "zstd level of codec frames (0 = no zstd, sections stored as-is)")
 NB_PARAM_INT(CodecThreads, "NB_CODEC_THREADS", 2, 1, 64, "threads of the sparse encode pass")
 NB_PARAM_INT(CodecInt8Block, "NB_CODEC_INT8_BLOCK", 256, 1, 65536,
@@ -125,7 +125,11 @@ void nb_codec_destroy(nb_codec_t* k) {
   ZSTD_freeCCtx(k->cctx);
   ZSTD_freeDCtx(k->dctx);
   nb_free(k->sample);
-  for (int t = 0; t < NB__CODEC_MAX_THREADS; t++) nb_free(k->cand[t]);
+  for (int t = 0; t < NB__CODEC_MAX_THREADS; t++) {
+    nb_free(k->cand[t]);
+    nb_free(k->cval[t]);
+  }
+  nb_free(k->hist);
   nb_free(k->work);
   nb_free(k->idx);
   nb_free(k->vals);

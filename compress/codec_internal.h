@@ -22,7 +22,10 @@ struct nb_codec {
   uint64_t* sample;
   size_t sample_cap;
   uint64_t* cand[NB__CODEC_MAX_THREADS];
+  float* cval[NB__CODEC_MAX_THREADS];
   size_t cand_cap[NB__CODEC_MAX_THREADS];
+  uint32_t* hist;
+  size_t hist_cap;
   uint64_t* work;
   size_t work_cap;
   uint32_t* idx;

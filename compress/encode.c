@@ -26,17 +26,21 @@ typedef struct {
   size_t b, e;
   uint32_t t;
   int accumulate; /* 1: res += upd first; 0: only collect from res (or upd when res is NULL) */
-  uint64_t* buf;
+  uint64_t* buf;  /* packed key/index of each candidate */
+  float* vbuf;    /* its value (residual after the update), so nothing is gathered later */
   size_t cap, cnt;
 } nb__pass_t;
 
 /* Candidates of src[j0, j1) with key >= t (scalar tail and the slow path of a hit). */
 static inline size_t nb__collect(const float* src, size_t j0, size_t j1, uint32_t t, uint64_t* buf,
-                                 size_t cap, size_t cnt) {
+                                 float* vbuf, size_t cap, size_t cnt) {
   for (size_t j = j0; j < j1; j++) {
     uint32_t key = nb_topk_key(src[j]);
     if (key >= t) {
-      if (cnt < cap) buf[cnt] = nb_topk_pack(key, (uint32_t)j);
+      if (cnt < cap) {
+        buf[cnt] = nb_topk_pack(key, (uint32_t)j);
+        vbuf[cnt] = src[j];
+      }
       cnt++;
     }
   }
@@ -48,6 +52,7 @@ static void* nb__pass_run(void* arg) {
   const uint32_t t = p->t;
   const size_t cap = p->cap;
   uint64_t* buf = p->buf;
+  float* vbuf = p->vbuf;
   size_t cnt = 0, j = p->b;
   float* res = p->res;
   const float* upd = p->upd;
@@ -72,12 +77,12 @@ static void* nb__pass_run(void* arg) {
     __m128i ka = _mm_and_si128(_mm_castps_si128(a), abs);
     __m128i kb = _mm_and_si128(_mm_castps_si128(b), abs);
     __m128i hit = _mm_or_si128(_mm_cmpgt_epi32(ka, tm1), _mm_cmpgt_epi32(kb, tm1));
-    if (_mm_movemask_epi8(hit)) cnt = nb__collect(src, j, j + 8, t, buf, cap, cnt);
+    if (_mm_movemask_epi8(hit)) cnt = nb__collect(src, j, j + 8, t, buf, vbuf, cap, cnt);
   }
 #endif
   if (acc)
     for (size_t i = j; i < p->e; i++) res[i] += upd[i];
-  cnt = nb__collect(src, j, p->e, t, buf, cap, cnt);
+  cnt = nb__collect(src, j, p->e, t, buf, vbuf, cap, cnt);
   p->cnt = cnt;
   return NULL;
 }
@@ -87,6 +92,15 @@ static uint64_t nb__splitmix(uint64_t* s) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
+}
+
+static nb_status_t nb__grow_candidates(nb_codec_t* c, int i, size_t want) {
+  if (want <= c->cand_cap[i] && c->cand[i]) return NB_OK;
+  size_t cap = c->cand_cap[i], vcap = cap;
+  NB_CHECK(nb__codec_grow((void**)&c->cand[i], &cap, want, 8, "codec candidates"));
+  NB_CHECK(nb__codec_grow((void**)&c->cval[i], &vcap, want, 4, "codec candidate values"));
+  c->cand_cap[i] = cap < vcap ? cap : vcap;
+  return NB_OK;
 }
 
 /* Runs the pass over [0, n) on `threads` threads; thread 0 is the caller. */
@@ -222,7 +236,7 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
   int scans = 1;
   /* 1. threshold from a sample of residual + update (computed the same way as the pass) */
   uint32_t t = 0;
-  double fraction = n ? 1.15 * (double)k / (double)n : 1.0;
+  double fraction = n ? 1.05 * (double)k / (double)n : 1.0;
   size_t s = 0;
   if (n >= NB__NO_SAMPLE && k > 0 && k < n) {
     s = (size_t)NB__SAMPLE_RUNS * NB__SAMPLE_RUN;
@@ -248,8 +262,7 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
     if (e > n) e = n;
     size_t want = t == 0 ? e - b : 2 * k / (size_t)threads + 4096;
     if (want > e - b) want = e - b;
-    NB_CHECK(nb__codec_grow((void**)&c->cand[i], &c->cand_cap[i], want ? want : 1, 8,
-                            "codec candidates"));
+    NB_CHECK(nb__grow_candidates(c, i, want ? want : 1));
     ps[i] = (nb__pass_t){.res = residual,
                          .upd = update,
                          .b = b,
@@ -257,6 +270,7 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
                          .t = t,
                          .accumulate = 1,
                          .buf = c->cand[i],
+                         .vbuf = c->cval[i],
                          .cap = c->cand_cap[i]};
   }
   NB_CHECK(nb__pass(ps, threads));
@@ -276,10 +290,9 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
     }
     for (int i = 0; i < threads; i++) {
       /* a buffer that overflowed grows to the exact count it saw; the next scan then fits */
-      if (total >= k && ps[i].cnt > ps[i].cap)
-        NB_CHECK(
-            nb__codec_grow((void**)&c->cand[i], &c->cand_cap[i], ps[i].cnt, 8, "codec candidates"));
+      if (total >= k && ps[i].cnt > ps[i].cap) NB_CHECK(nb__grow_candidates(c, i, ps[i].cnt));
       ps[i].buf = c->cand[i];
+      ps[i].vbuf = c->cval[i];
       ps[i].cap = c->cand_cap[i];
       ps[i].t = t;
       ps[i].accumulate = 0;
@@ -289,48 +302,71 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
   }
   t_pass = nb_now_ns();
 
-  /* 3. exact top-k among the candidates, in index order */
+  /* 3. exact top-k among the candidates: a histogram of the top 16 key bits finds the bucket
+   * that holds the k-th; only that bucket's few candidates are quickselected */
   size_t m = 0;
   for (int i = 0; i < threads; i++) m += ps[i].cnt;
   NB_CHECK(nb__codec_grow((void**)&c->idx, &c->idx_cap, k ? k : 1, 4, "codec indices"));
   NB_CHECK(nb__codec_grow((void**)&c->vals, &c->vals_cap, k ? k : 1, 4, "codec values"));
   uint64_t kth = 0;
   if (k > 0 && k < m) {
-    NB_CHECK(nb__codec_grow((void**)&c->work, &c->work_cap, m, 8, "codec selection"));
-    size_t w = 0;
-    for (int i = 0; i < threads; i++) {
-      memcpy(c->work + w, ps[i].buf, ps[i].cnt * 8);
-      w += ps[i].cnt;
+    NB_CHECK(nb__codec_grow((void**)&c->hist, &c->hist_cap, 65536, 4, "codec histogram"));
+    uint32_t* hist = c->hist;
+    memset(hist, 0, 65536 * sizeof *hist);
+    for (int i = 0; i < threads; i++)
+      for (size_t j = 0; j < ps[i].cnt; j++) hist[ps[i].buf[j] >> 47]++;
+    size_t above = 0;
+    int bucket = 65535;
+    for (; bucket > 0; bucket--) {
+      if (above + hist[bucket] >= k) break;
+      above += hist[bucket];
     }
-    kth = nb_topk_kth_largest(c->work, m, k);
-  }
-  const float* src = residual ? residual : update;
-  size_t o = 0;
-  if (k > 0) {
+    size_t nbk = hist[bucket], w = 0;
+    NB_CHECK(nb__codec_grow((void**)&c->work, &c->work_cap, nbk, 8, "codec selection"));
     for (int i = 0; i < threads; i++)
       for (size_t j = 0; j < ps[i].cnt; j++)
-        if (ps[i].buf[j] >= kth) {
-          uint32_t ix = nb_topk_unpack_index(ps[i].buf[j]);
-          c->idx[o] = ix;
-          c->vals[o++] = src[ix];
+        if ((int)(ps[i].buf[j] >> 47) == bucket) c->work[w++] = ps[i].buf[j];
+    kth = nb_topk_kth_largest(c->work, nbk, k - above);
+  }
+  size_t o = 0;
+  if (k > 0) {
+    for (int i = 0; i < threads; i++) {
+      const uint64_t* cb = ps[i].buf;
+      const float* cv = ps[i].vbuf;
+      for (size_t j = 0; j < ps[i].cnt; j++)
+        if (cb[j] >= kth) {
+          c->idx[o] = nb_topk_unpack_index(cb[j]);
+          c->vals[o++] = cv[j];
         }
+    }
   }
   if (o != k) return nb_error(NB_ERR_INTERNAL, "codec: top-k kept %zu of %zu", o, k);
-  for (size_t j = 0; j < k; j++)
-    if (!isfinite(c->vals[j]))
-      return nb_error(NB_ERR_INVALID, "codec: the %s holds a non-finite value at index %u",
-                      residual ? "residual (after adding the update)" : "update", c->idx[j]);
-
   t_select = nb_now_ns();
-  /* 4. sections: [scales][values][indices] */
+
+  /* 4. sections [scales][values][indices]; values are gathered, quantized and taken out of the
+   * residual a group at a time so each residual line is touched once */
   size_t nbl = (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size);
   size_t sb = 4 * nbl, vb = k * nb__values_size(c->cfg.values);
   size_t varint = nb__varint_bytes(c->idx, k), bitmap = n / 8 + (n % 8 != 0);
   int use_bitmap = bitmap < varint;
   size_t ib = use_bitmap ? bitmap : varint;
   NB_CHECK(nb__codec_grow((void**)&c->raw, &c->raw_cap, sb + vb + ib + 8, 1, "codec sections"));
-  NB_CHECK(nb__quantize(&c->cfg, c->vals, k, c->raw, c->raw + sb));
-  if (residual) nb_ef_subtract_sent(residual, c->idx, c->vals, k);
+  size_t group = c->cfg.values == NB_VALUES_INT8
+                     ? (size_t)c->cfg.block_size * ((1023 + c->cfg.block_size) / c->cfg.block_size)
+                     : 1024;
+  size_t vsz = nb__values_size(c->cfg.values);
+  for (size_t g0 = 0; g0 < k; g0 += group) {
+    size_t g1 = k - g0 < group ? k : g0 + group;
+    for (size_t j = g0; j < g1; j++) {
+      if (residual && j + 32 < k) __builtin_prefetch(&residual[c->idx[j + 32]], 1);
+      if (!isfinite(c->vals[j]))
+        return nb_error(NB_ERR_INVALID, "codec: the %s holds a non-finite value at index %u",
+                        residual ? "residual (after adding the update)" : "update", c->idx[j]);
+    }
+    size_t sc = c->cfg.values == NB_VALUES_INT8 ? g0 / c->cfg.block_size : 0;
+    NB_CHECK(nb__quantize(&c->cfg, c->vals + g0, g1 - g0, c->raw + 4 * sc, c->raw + sb + g0 * vsz));
+    if (residual) nb_ef_subtract_sent(residual, c->idx + g0, c->vals + g0, g1 - g0);
+  }
   uint8_t* ip = c->raw + sb + vb;
   if (use_bitmap) {
     memset(ip, 0, bitmap);
