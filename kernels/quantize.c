@@ -10,10 +10,7 @@ nb_status_t nb_quantize_int8_block(const float* x, size_t n, uint32_t block, int
   for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
     size_t b1 = n - b0 < block ? n : b0 + block;
     float amax = 0.0f;
-    for (size_t i = b0; i < b1; i++) {
-      float a = fabsf(x[i]);
-      if (!(a <= amax)) amax = a; /* also catches NaN */
-    }
+    for (size_t i = b0; i < b1; i++) amax = nb_absmax_merge(amax, fabsf(x[i]));
     if (!isfinite(amax))
       return nb_error(NB_ERR_INVALID, "int8 quantization: non-finite value in block %zu", bi);
     float scale = amax / 127.0f;

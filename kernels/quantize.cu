@@ -11,18 +11,13 @@ __global__ void nb__q8_kernel(const float* x, size_t n, uint32_t block, int8_t* 
   size_t b0 = (size_t)blockIdx.x * block;
   size_t b1 = n - b0 < block ? n : b0 + block;
   float amax = 0.0f;
-  for (size_t i = b0 + threadIdx.x; i < b1; i += blockDim.x) {
-    float a = fabsf(x[i]);
-    if (!(a <= amax)) amax = a;
-  }
+  for (size_t i = b0 + threadIdx.x; i < b1; i += blockDim.x)
+    amax = nb_absmax_merge(amax, fabsf(x[i]));
   __shared__ float red[256];
   red[threadIdx.x] = amax;
   __syncthreads();
   for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) {
-      float o = red[threadIdx.x + s];
-      if (!(o <= red[threadIdx.x])) red[threadIdx.x] = o;
-    }
+    if (threadIdx.x < s) red[threadIdx.x] = nb_absmax_merge(red[threadIdx.x], red[threadIdx.x + s]);
     __syncthreads();
   }
   float scale = red[0] / 127.0f;

@@ -82,6 +82,12 @@ NB_HD float nb_bf16_to_f32(uint16_t h) {
   return f;
 }
 
+/* Running absmax that keeps a NaN once one is seen (so non-finite blocks are detected). */
+NB_HD float nb_absmax_merge(float m, float a) {
+  if (m != m) return m;
+  return (a > m || a != a) ? a : m;
+}
+
 /* One int8 value: q = rint(x / scale) clamped to [-127, 127]; 0 when scale is 0. */
 NB_HD int8_t nb_quant_int8(float x, float scale) {
   if (!(scale > 0.0f)) return 0;
