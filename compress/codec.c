@@ -154,8 +154,8 @@ size_t nb_codec_k_for_density(size_t n, double density) {
 
 size_t nb_codec_frame_bound(size_t n, size_t k, nb_values_t values, uint32_t block_size) {
   if (k > n) k = n;
-  size_t idx = 0;
-  if (k < n) {
+  size_t idx = 0; /* a sparse frame has an index section even when k == n */
+  if (k > 0) {
     size_t varint = 5 * k, bitmap = n / 8 + (n % 8 != 0);
     idx = varint < bitmap ? varint : bitmap;
   }
