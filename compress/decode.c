@@ -1,6 +1,7 @@
 /* Strict decoding: every size, index, scale and value is checked before the caller's buffer is
  * touched, then out += w * decoded. Sparse payloads are decompressed whole (O(k) scratch); dense
  * payloads are streamed through a fixed chunk twice (check, then apply), never materialized. */
+#include <float.h>
 #include <math.h>
 
 #include "common/common.h"
@@ -75,8 +76,9 @@ static nb_status_t nb__check_scales(const uint8_t* s, uint64_t count, uint64_t f
   for (uint64_t j = 0; j < count; j++) {
     float v;
     memcpy(&v, s + 4 * j, 4);
-    if (!isfinite(v) || v < 0.0f)
-      return NB__BAD("int8 scale %llu is %g (must be finite and >= 0)",
+    /* the encoder's scales are absmax / 127, so 127 * scale is always finite */
+    if (!(v >= 0.0f && v <= FLT_MAX / 127.0f))
+      return NB__BAD("int8 scale %llu is %g (must be in [0, FLT_MAX / 127])",
                      (unsigned long long)(first + j), (double)v);
   }
   return NB_OK;

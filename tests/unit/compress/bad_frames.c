@@ -200,6 +200,8 @@ size_t nb_test_frames_build(nb_test_frame_t** out) {
   put32(p + HDR + 4, 0x7fc00000u), reseal(p, B.len);
   p = add(&l, "scale-negative", &B, B.len, C, "scale 2");
   put32(p + HDR + 8, 0xbf800000u), reseal(p, B.len);
+  p = add(&l, "scale-overflows", &B, B.len, C, "scale 3");
+  put32(p + HDR + 12, 0x7f000000u), reseal(p, B.len);
   p = add(&l, "int8-minus-128", &B, B.len, C, "-128");
   p[HDR + sb + 7] = 0x80, reseal(p, B.len);
   p = add(&l, "fp16-infinite", &E, E.len, C, "not finite");
