@@ -13,9 +13,7 @@ extern "C" {
 /* `nebula bench NAME [options]`: dispatches to the benchmark. */
 int nb_bench_main(int argc, char** argv);
 
-/* `nebula bench codec` (bench_codec.c). */
-int nb_bench_codec_main(int argc, char** argv);
-
+int nb_bench_codec_main(int argc, char** argv); /* `nebula bench codec` (bench_codec.c) */
 /* Median of n samples (the array is reordered). n must be > 0. */
 double nb_bench_median(double* v, size_t n);
 
