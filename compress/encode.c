@@ -38,6 +38,15 @@ typedef struct {
 /* Candidates of src[j0, j1) with key >= t (scalar tail and the slow path of a hit). */
 static inline size_t nb__collect(const float* src, size_t j0, size_t j1, uint32_t t, uint64_t* buf,
                                  float* vbuf, size_t cap, size_t cnt) {
+  if (cap - (cnt < cap ? cnt : cap) >= j1 - j0) { /* room for all: branch-free compaction */
+    for (size_t j = j0; j < j1; j++) {
+      uint32_t key = nb_topk_key(src[j]);
+      buf[cnt] = nb_topk_pack(key, (uint32_t)j);
+      vbuf[cnt] = src[j];
+      cnt += key >= t;
+    }
+    return cnt;
+  }
   for (size_t j = j0; j < j1; j++) {
     uint32_t key = nb_topk_key(src[j]);
     if (key >= t) {

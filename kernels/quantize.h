@@ -91,7 +91,13 @@ NB_HD float nb_absmax_merge(float m, float a) {
 /* One int8 value: q = rint(x / scale) clamped to [-127, 127]; 0 when scale is 0. */
 NB_HD int8_t nb_quant_int8(float x, float scale) {
   if (!(scale > 0.0f)) return 0;
+#if defined(__CUDA_ARCH__)
   float q = rintf(x / scale);
+#else
+  /* round half to even without a libm call: |x / scale| <= 127 (+ rounding), far below 2^22,
+   * so adding and removing 1.5 * 2^23 rounds exactly like rintf in the default rounding mode */
+  float q = (x / scale + 12582912.0f) - 12582912.0f;
+#endif
   if (q > 127.0f) q = 127.0f;
   if (q < -127.0f) q = -127.0f;
   return (int8_t)q;

@@ -324,6 +324,13 @@ static void test_arguments(void** state) {
   assert_non_null(strstr(nb_error_last(), "n = 100"));
   assert_int_equal(nb_codec_decode_accumulate(c, frame, len, NAN, out, 100, NULL), NB_ERR_INVALID);
   assert_int_equal(nb_codec_decode_accumulate(c, NULL, len, 1.0f, out, 100, NULL), NB_ERR_INVALID);
+  /* an empty vector is a valid (empty) frame both ways */
+  assert_int_equal(nb_codec_encode_sparse(c, NULL, NULL, 0, 0.5, 0, 0, frame, sizeof frame, &len),
+                   NB_OK);
+  assert_int_equal(len, NB_FRAME_HEADER_BYTES);
+  assert_int_equal(nb_codec_decode_accumulate(c, frame, len, 1.0f, NULL, 0, NULL), NB_OK);
+  assert_int_equal(nb_codec_encode_dense(c, NULL, 0, 0, 0, frame, sizeof frame, &len), NB_OK);
+  assert_int_equal(nb_codec_decode_accumulate(c, frame, len, 1.0f, NULL, 0, NULL), NB_OK);
   nb_codec_destroy(c);
 }
 

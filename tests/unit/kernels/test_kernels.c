@@ -115,6 +115,16 @@ static void test_int8_block(void** state) {
     }
   }
   assert_int_equal(scales[2], 0.0f);
+  /* the scalar rounding equals rintf (round half to even), ties included */
+  for (int i = 0; i < 1000000; i++) {
+    float sc = fabsf(rnd_float()) + 1e-30f,
+          v = sc * (float)((int64_t)(rng() % 25401) - 12700) / 100;
+    if (i % 4 == 0) v = sc * ((float)(int)(rng() % 255) - 127.0f + 0.5f); /* near ties */
+    float r = rintf(v / sc);
+    int want = r > 127 ? 127 : r < -127 ? -127 : (int)r;
+    if (nb_quant_int8(v, sc) != want)
+      fail_msg("nb_quant_int8(%a, %a) = %d, rintf gives %d", v, sc, nb_quant_int8(v, sc), want);
+  }
   x[300] = NAN;
   assert_int_equal(nb_quantize_int8_block(x, N, B, q, scales), NB_ERR_INVALID);
   assert_non_null(strstr(nb_error_last(), "block 4"));
