@@ -52,13 +52,17 @@ static void nb__fill(float* x, size_t n, uint64_t seed) {
 static void nb__usage(void) {
   fprintf(stderr,
           "usage: nebula bench codec [--n N] [--density D] [--values int8|fp16|bf16|fp32]\n"
-          "                          [--zstd-level L] [--runs R] [--json]\n");
+          "                          [--zstd-level L] [--threads T] [--runs R]\n"
+          "                          [--input FILE.f32] [--json]\n"
+          "  --input reads a raw little-endian fp32 vector (for example a real pseudo-gradient)\n"
+          "  instead of the synthetic heavy-tailed one; n is then its length.\n");
 }
 
 int nb_bench_codec_main(int argc, char** argv) {
   size_t n = 64u << 20;
   double density = 0.01;
   int json = 0, runs = 7;
+  const char* input = NULL;
   nb_codec_config_t cfg;
   nb_codec_config_default(&cfg);
   for (int i = 1; i < argc; i++) {
@@ -91,6 +95,12 @@ int nb_bench_codec_main(int argc, char** argv) {
       long l = strtol(v, &end, 10);
       if (*end || l < 0 || l > 19) goto bad;
       cfg.zstd_level = (int)l;
+    } else if (strcmp(a, "--threads") == 0) {
+      long t = strtol(v, &end, 10);
+      if (*end || t < 1 || t > 64) goto bad;
+      cfg.threads = (int)t;
+    } else if (strcmp(a, "--input") == 0) {
+      input = v;
     } else if (strcmp(a, "--runs") == 0) {
       long r = strtol(v, &end, 10);
       if (*end || r < 1 || r > 1000) goto bad;
@@ -109,6 +119,19 @@ int nb_bench_codec_main(int argc, char** argv) {
   }
 
   int rc = 1;
+  FILE* in = NULL;
+  if (input) {
+    in = fopen(input, "rb");
+    long bytes = -1;
+    if (in && fseek(in, 0, SEEK_END) == 0) bytes = ftell(in);
+    if (!in || bytes <= 0 || bytes % 4 || fseek(in, 0, SEEK_SET) != 0) {
+      fprintf(stderr, "nebula bench codec: cannot use '%s' (need a non-empty raw fp32 file)\n",
+              input);
+      if (in) fclose(in);
+      return 1;
+    }
+    n = (size_t)bytes / 4;
+  }
   nb_codec_t* codec = NULL;
   float *upd = nb__big(n), *res = nb__big(n), *out = nb__big(n);
   size_t k = nb_codec_k_for_density(n, density);
@@ -126,7 +149,17 @@ int nb_bench_codec_main(int argc, char** argv) {
     fprintf(stderr, "nebula bench codec: %s\n", nb_error_last());
     goto done;
   }
-  nb__fill(upd, n, 42);
+  if (in) {
+    size_t got = fread(upd, sizeof(float), n, in);
+    fclose(in);
+    in = NULL;
+    if (got != n) {
+      fprintf(stderr, "nebula bench codec: short read from '%s'\n", input);
+      goto done;
+    }
+  } else {
+    nb__fill(upd, n, 42);
+  }
   memset(frame, 0, cap);
   int same = 1;
   /* one warm-up round each, then the timed runs */
@@ -170,11 +203,11 @@ int nb_bench_codec_main(int argc, char** argv) {
       goto done;
     }
     ZSTD_CCtx_setParameter(z, ZSTD_c_compressionLevel, cfg.zstd_level ? cfg.zstd_level : 3);
-    ZSTD_inBuffer in = {upd, n * sizeof(float), 0};
+    ZSTD_inBuffer zin = {upd, n * sizeof(float), 0};
     size_t left;
     do {
       ZSTD_outBuffer ob = {obuf, ocap, 0};
-      left = ZSTD_compressStream2(z, &ob, &in, ZSTD_e_end);
+      left = ZSTD_compressStream2(z, &ob, &zin, ZSTD_e_end);
       if (ZSTD_isError(left)) break;
       zbytes += ob.pos;
     } while (left != 0);
@@ -216,6 +249,7 @@ int nb_bench_codec_main(int argc, char** argv) {
   }
   rc = same ? 0 : 1;
 done:
+  if (in) fclose(in);
   nb_codec_destroy(codec);
   free(upd);
   free(res);

@@ -324,11 +324,13 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
   double fraction = n ? 1.05 * (double)k / (double)n : 1.0;
   size_t s = 0;
   if (n >= NB__NO_SAMPLE && k > 0 && k < n) {
-    s = (size_t)NB__SAMPLE_RUNS * NB__SAMPLE_RUN;
+    size_t runs = n / (64 * NB__SAMPLE_RUN); /* about n/64 samples, at most 4096 runs */
+    if (runs > NB__SAMPLE_RUNS) runs = NB__SAMPLE_RUNS;
+    s = runs * NB__SAMPLE_RUN;
     NB_CHECK(nb__codec_grow((void**)&c->sample, &c->sample_cap, s, 8, "codec sample"));
     uint64_t seed = 0x6e6562756c61ull ^ n;
     size_t lines = n / NB__SAMPLE_RUN, j = 0;
-    for (size_t r = 0; r < NB__SAMPLE_RUNS; r++) {
+    for (size_t r = 0; r < runs; r++) {
       size_t b = (size_t)(nb__splitmix(&seed) % lines) * NB__SAMPLE_RUN;
       for (size_t q = 0; q < NB__SAMPLE_RUN; q++, j++) {
         float v = residual ? residual[b + q] + update[b + q] : update[b + q];
@@ -394,7 +396,15 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
   NB_CHECK(nb__codec_grow((void**)&c->idx, &c->idx_cap, k ? k : 1, 4, "codec indices"));
   NB_CHECK(nb__codec_grow((void**)&c->vals, &c->vals_cap, k ? k : 1, 4, "codec values"));
   uint64_t kth = 0;
-  if (k > 0 && k < m) {
+  if (k > 0 && k < m && m < (1u << 18)) { /* few candidates: quickselect them all */
+    NB_CHECK(nb__codec_grow((void**)&c->work, &c->work_cap, m, 8, "codec selection"));
+    size_t w = 0;
+    for (int i = 0; i < threads; i++) {
+      memcpy(c->work + w, ps[i].buf, ps[i].cnt * 8);
+      w += ps[i].cnt;
+    }
+    kth = nb_topk_kth_largest(c->work, m, k);
+  } else if (k > 0 && k < m) {
     NB_CHECK(nb__codec_grow((void**)&c->hist, &c->hist_cap, 65536, 4, "codec histogram"));
     uint32_t* hist = c->hist;
     memset(hist, 0, 65536 * sizeof *hist);
