@@ -90,7 +90,9 @@ const nb_codec_config_t* nb_codec_config(const nb_codec_t* codec);
 /* k for a density: round(density * n), clamped to [0, n]. */
 size_t nb_codec_k_for_density(size_t n, double density);
 /* An upper bound of the frame size for n values of which k are sent (k = n for dense frames).
- * An output buffer of this size never fails with "buffer too small". */
+ * An output buffer of this size never fails with "buffer too small". Encoders check up front
+ * (before touching the residual) that the buffer holds the frame uncompressed: header, scales,
+ * values and min(5k, ceil(n/8)) index bytes. */
 size_t nb_codec_frame_bound(size_t n, size_t k, nb_values_t values, uint32_t block_size);
 
 /* Sparse encode with error feedback, one round:
@@ -103,8 +105,10 @@ size_t nb_codec_frame_bound(size_t n, size_t k, nb_values_t values, uint32_t blo
  * Deterministic: the same inputs and settings give the same bytes, whatever the thread count.
  * Returns NB_ERR_INVALID for bad arguments (NULL, n > 2^32-1, density outside [0,1], cap too
  * small — the message gives the size needed, see nb_codec_frame_bound) or when the residual
- * holds a non-finite value (the residual has then already absorbed the update), NB_ERR_NOMEM,
- * NB_ERR_CODEC when zstd fails. Not thread-safe per codec; it runs its own worker threads. */
+ * holds a non-finite value, NB_ERR_NOMEM, NB_ERR_CODEC when zstd fails. After an error that
+ * follows argument checking the residual has absorbed the update but nothing was subtracted:
+ * the update is kept for the next round, not lost. Not thread-safe per codec; it runs its own
+ * worker threads (NB_CODEC_THREADS; one below 2^20 values). */
 nb_status_t nb_codec_encode_sparse(nb_codec_t* codec, const float* update, float* residual,
                                    size_t n, double density, uint64_t round, uint32_t sender,
                                    void* out, size_t cap, size_t* len);

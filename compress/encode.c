@@ -314,6 +314,16 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
   if (n > UINT32_MAX) return nb_error(NB_ERR_INVALID, "codec: n (%zu) > 2^32-1", n);
   if (k > n) k = n;
   *len = 0;
+  /* the stored (uncompressed) frame always fits in this; checked before the residual changes */
+  size_t need = NB_FRAME_HEADER_BYTES +
+                4 * (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size) +
+                k * nb__values_size(c->cfg.values) +
+                (k ? (5 * k < n / 8 + (n % 8 != 0) ? 5 * k : n / 8 + (n % 8 != 0)) : 0);
+  if (cap < need)
+    return nb_error(NB_ERR_INVALID,
+                    "codec: output buffer of %zu bytes is too small; %zu needed (k = %zu of n = "
+                    "%zu, see nb_codec_frame_bound)",
+                    cap, need, k, n);
   int threads = c->cfg.threads;
   if (n < (1u << 20)) threads = 1; /* thread start-up would dominate */
 

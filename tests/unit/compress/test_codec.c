@@ -310,6 +310,7 @@ static void test_arguments(void** state) {
   assert_int_equal(nb_codec_encode_sparse(c, x, res, 100, 0.5, 0, 0, frame, 90, &len),
                    NB_ERR_INVALID);
   assert_non_null(strstr(nb_error_last(), "too small"));
+  for (int i = 0; i < 100; i++) assert_true(res[i] == 0.0f); /* refused before any change */
   x[42] = NAN;
   assert_int_equal(nb_codec_encode_sparse(c, x, NULL, 100, 0.1, 0, 0, frame, sizeof frame, &len),
                    NB_ERR_INVALID);
