@@ -215,6 +215,35 @@ static void test_error_feedback_rounds(void** state) {
   free(upd), free(res), free(before), free(out), free(frame);
 }
 
+/* Error feedback keeps the residual bounded: with the same update every round, what is not sent
+ * now is sent later, so the residual does not grow with the number of rounds. */
+static void test_error_feedback_bounded(void** state) {
+  (void)state;
+  size_t n = 20000, cap = nb_codec_frame_bound(n, n, NB_VALUES_INT8, 256), len = 0;
+  float *upd = malloc(n * 4), *res = calloc(n, 4);
+  uint8_t* frame = malloc(cap);
+  assert_true(upd && res && frame);
+  double un = 0;
+  for (size_t i = 0; i < n; i++) {
+    upd[i] = heavy();
+    un += (double)upd[i] * upd[i];
+  }
+  nb_codec_t* c = make_codec(NB_VALUES_INT8, 1, 256, 1);
+  double worst = 0;
+  for (int round = 0; round < 200; round++) {
+    assert_int_equal(
+        nb_codec_encode_sparse(c, upd, res, n, 0.05, (uint64_t)round, 0, frame, cap, &len), NB_OK);
+    double rn = 0;
+    for (size_t i = 0; i < n; i++) rn += (double)res[i] * res[i];
+    if (round >= 100 && rn > worst) worst = rn;
+  }
+  /* after 200 rounds the unsent part is a few updates' worth, not 200 */
+  if (sqrt(worst) > 10.0 * sqrt(un))
+    fail_msg("residual norm %g vs update norm %g after 200 rounds", sqrt(worst), sqrt(un));
+  nb_codec_destroy(c);
+  free(upd), free(res), free(frame);
+}
+
 static void test_index_coding_choice(void** state) {
   (void)state;
   size_t n = 100000, cap = nb_codec_frame_bound(n, n, NB_VALUES_INT8, 256), len = 0;
@@ -337,9 +366,13 @@ static void test_arguments(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_round_trips),         cmocka_unit_test(test_round_trips_large),
-      cmocka_unit_test(test_ties_and_rescans),    cmocka_unit_test(test_error_feedback_rounds),
-      cmocka_unit_test(test_index_coding_choice), cmocka_unit_test(test_dense),
+      cmocka_unit_test(test_round_trips),
+      cmocka_unit_test(test_round_trips_large),
+      cmocka_unit_test(test_ties_and_rescans),
+      cmocka_unit_test(test_error_feedback_rounds),
+      cmocka_unit_test(test_error_feedback_bounded),
+      cmocka_unit_test(test_index_coding_choice),
+      cmocka_unit_test(test_dense),
       cmocka_unit_test(test_arguments),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
