@@ -136,7 +136,8 @@ nb_status_t nb_codec_frame_info(const void* frame, size_t len, const nb_codec_li
  * order (strictly increasing, < n), canonical varints, bitmap population, finite scales and
  * values. No dense temporaries: sparse frames use O(k) scratch, dense frames are streamed.
  * codec: borrowed scratch (NULL = allocate for this call). frame: borrowed. out: n floats,
- * borrowed, must be the frame's n. limits: NULL = defaults.
+ * borrowed, must be the frame's n (so scratch stays within a small multiple of out's size
+ * whatever the header claims). limits: NULL = defaults.
  * Returns NB_ERR_CODEC naming the defect, NB_ERR_INTEGRITY on checksum mismatch, NB_ERR_INVALID
  * for bad arguments (NULL, n differs from the frame's, non-finite w), NB_ERR_NOMEM.
  * Thread-safe when each thread uses its own codec (or NULL). */

@@ -3,7 +3,8 @@
  * indices in ascending order. CPU reference (topk.c): a threshold estimated from a random sample,
  * one pass collecting the candidates at or above it, then an exact selection among the candidates
  * (quickselect on packed key/index pairs) — never a full sort. CUDA (topk.cu): radix select of the
- * exact k-th key, then an order-preserving compaction. Indices are 32-bit: n <= UINT32_MAX. */
+ * exact k-th key, then an order-preserving compaction. Indices are 32-bit: n <= UINT32_MAX.
+ * Not a sort or partial-sort utility: the winners come back in index order, not by size. */
 #ifndef NB_KERNELS_TOPK_H
 #define NB_KERNELS_TOPK_H
 
