@@ -4,6 +4,13 @@
  * bf16, int8-blockwise). Decoding is strict and accumulates into the caller's buffer. The byte
  * layout is in docs/wire-format.md. Not here: sealing/encryption (security/) and transport
  * (inter/); this module never sees a socket or a key. */
+/* Typical use, once per round (errors elided):
+ *   nb_codec_t* codec;  nb_codec_create(NULL, &codec);          // once; holds warm scratch
+ *   size_t cap = nb_codec_frame_bound(n, nb_codec_k_for_density(n, d), NB_VALUES_INT8, 256);
+ *   nb_codec_encode_sparse(codec, delta, residual, n, d, round, my_id, buf, cap, &len);
+ *   ... send buf[0..len), receive peers' frames ...
+ *   for each peer frame f: nb_codec_decode_accumulate(codec, f, flen, w_peer, sum, n, NULL);
+ */
 #ifndef NB_COMPRESS_COMPRESS_H
 #define NB_COMPRESS_COMPRESS_H
 
@@ -119,7 +126,7 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* codec, const float* update, flo
 
 /* Dense encode of x[0..n) with the codec's value type (fp32 is exact; int8 per block, fp16 and
  * bf16 saturate at their largest finite value). x is borrowed. Statuses as encode_sparse
- * (NB_ERR_INVALID for non-finite values in int8 blocks). */
+ * (NB_ERR_INVALID, naming the index or block, when x holds a non-finite value). */
 nb_status_t nb_codec_encode_dense(nb_codec_t* codec, const float* x, size_t n, uint64_t round,
                                   uint32_t sender, void* out, size_t cap, size_t* len);
 
