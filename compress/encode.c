@@ -186,17 +186,6 @@ static size_t nb__put_varints(uint8_t* o, const uint32_t* idx, size_t k) {
   return (size_t)(p - o);
 }
 
-static size_t nb__varint_bytes(const uint32_t* idx, size_t k) {
-  size_t total = 0;
-  uint32_t prev = 0;
-  for (size_t j = 0; j < k; j++) {
-    uint32_t d = idx[j] - prev;
-    prev = idx[j];
-    total += 1 + (d >= (1u << 7)) + (d >= (1u << 14)) + (d >= (1u << 21)) + (d >= (1u << 28));
-  }
-  return total;
-}
-
 /* Quantizes vals[0..k) into the value (and scale) section and replaces vals by what the receiver
  * will decode. */
 static nb_status_t nb__quantize(const nb_codec_config_t* c, float* vals, size_t k, uint8_t* scales,
@@ -433,33 +422,40 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
         if ((int)(ps[i].buf[j] >> 47) == bucket) c->work[w++] = ps[i].buf[j];
     kth = nb_topk_kth_largest(c->work, nbk, k - above);
   }
-  size_t o = 0;
+  /* keep the winners in index order; the same loop sizes the varint index section and spots
+   * the first non-finite value (NaN and infinity rank first, so any would be kept) */
+  size_t o = 0, varint = 0, bad = SIZE_MAX;
+  uint32_t prev = 0;
   if (k > 0) {
     for (int i = 0; i < threads; i++) {
       const uint64_t* cb = ps[i].buf;
       const float* cv = ps[i].vbuf;
       for (size_t j = 0; j < ps[i].cnt; j++)
         if (cb[j] >= kth) {
-          c->idx[o] = nb_topk_unpack_index(cb[j]);
+          uint32_t ix = nb_topk_unpack_index(cb[j]), d = ix - prev;
+          prev = ix;
+          varint +=
+              1 + (d >= (1u << 7)) + (d >= (1u << 14)) + (d >= (1u << 21)) + (d >= (1u << 28));
+          if (bad == SIZE_MAX && (cb[j] >> 32) >= 0x7f800000u) bad = o;
+          c->idx[o] = ix;
           c->vals[o++] = cv[j];
         }
     }
   }
   if (o != k) return nb_error(NB_ERR_INTERNAL, "codec: top-k kept %zu of %zu", o, k);
+  if (bad != SIZE_MAX)
+    return nb_error(NB_ERR_INVALID, "codec: the %s holds a non-finite value at index %u",
+                    residual ? "residual (after adding the update)" : "update", c->idx[bad]);
   t_select = nb_now_ns();
 
   /* 4. sections [scales][values][indices]; values are gathered, quantized and taken out of the
    * residual a group at a time so each residual line is touched once */
   size_t nbl = (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size);
   size_t sb = 4 * nbl, vb = k * nb__values_size(c->cfg.values);
-  size_t varint = nb__varint_bytes(c->idx, k), bitmap = n / 8 + (n % 8 != 0);
+  size_t bitmap = n / 8 + (n % 8 != 0);
   int use_bitmap = bitmap < varint;
   size_t ib = use_bitmap ? bitmap : varint;
   NB_CHECK(nb__codec_grow((void**)&c->raw, &c->raw_cap, sb + vb + ib + 8, 1, "codec sections"));
-  for (size_t j = 0; j < k; j++)
-    if (!isfinite(c->vals[j]))
-      return nb_error(NB_ERR_INVALID, "codec: the %s holds a non-finite value at index %u",
-                      residual ? "residual (after adding the update)" : "update", c->idx[j]);
   /* groups are whole int8 blocks; threads take contiguous runs of groups */
   size_t group = c->cfg.values == NB_VALUES_INT8
                      ? (size_t)c->cfg.block_size * ((1023 + c->cfg.block_size) / c->cfg.block_size)
