@@ -369,8 +369,11 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
     }
     if (total >= k && !overflow) break;
     if (total < k) { /* the sample put the threshold too high: lower it, scan again */
-      fraction *= 4.0;
-      t = fraction >= 1.0 || s == 0 ? 0 : nb_topk_sample_threshold(c->sample, s, fraction);
+      uint32_t t_old = t;
+      do { /* a lower threshold than the one that failed, or everything */
+        fraction *= 4.0;
+        t = fraction >= 1.0 || s == 0 ? 0 : nb_topk_sample_threshold(c->sample, s, fraction);
+      } while (t >= t_old && t != 0);
       NB_INFO(CODEC, "top-k: %zu candidates for k = %zu; rescanning at threshold key 0x%08x", total,
               k, t);
     }

@@ -78,12 +78,12 @@ nb_status_t nb_topk(const float* x, size_t n, size_t k, uint32_t* idx) {
   NB_CHECK_GOTO(NB_ALLOC(sample, s, "top-k sample"), st, done);
   uint64_t seed = 0x6e6562756c61ull ^ n;
   double fraction = 1.15 * (double)k / (double)n;
+  for (size_t j = 0; j < s; j++) {
+    uint32_t i = (uint32_t)(nb__splitmix(&seed) % n);
+    sample[j] = nb_topk_pack(nb_topk_key(x[i]), (uint32_t)j);
+  }
+  uint32_t t = n <= s ? 0 : nb_topk_sample_threshold(sample, s, fraction);
   for (;;) {
-    for (size_t j = 0; j < s; j++) {
-      uint32_t i = (uint32_t)(nb__splitmix(&seed) % n);
-      sample[j] = nb_topk_pack(nb_topk_key(x[i]), (uint32_t)j);
-    }
-    uint32_t t = n <= s ? 0 : nb_topk_sample_threshold(sample, s, fraction);
     m = 0;
     for (size_t i = 0; i < n; i++) {
       uint32_t key = nb_topk_key(x[i]);
@@ -96,7 +96,11 @@ nb_status_t nb_topk(const float* x, size_t n, size_t k, uint32_t* idx) {
       cand[m++] = nb_topk_pack(key, (uint32_t)i);
     }
     if (m >= k) break;
-    fraction *= 4.0; /* the sample overestimated the threshold: lower it and scan again */
+    uint32_t t_old = t;
+    do { /* the sample overestimated the threshold: lower it (or take everything), scan again */
+      fraction *= 4.0;
+      t = fraction >= 1.0 ? 0 : nb_topk_sample_threshold(sample, s, fraction);
+    } while (t >= t_old && t != 0);
   }
   NB_CHECK_GOTO(NB_ALLOC(work, m, "top-k selection"), st, done);
   memcpy(work, cand, m * sizeof *cand);

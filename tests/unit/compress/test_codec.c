@@ -186,6 +186,51 @@ static void test_ties_and_rescans(void** state) {
   free(upd), free(res), free(out), free(frame), free(idx);
 }
 
+/* The sample is fooled: the values it sees (the lines the encoder samples, recomputed here the
+ * way encode.c draws them) are larger than everything else, so its threshold keeps fewer than k
+ * candidates and the encoder must lower the threshold and rescan. Whatever the sampling does,
+ * the result must be the exact top-k: the sampled lines, then the lowest indices. */
+static uint64_t splitmix(uint64_t* s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+static void test_sample_misses(void** state) {
+  (void)state;
+  size_t n = 1u << 20, k = 50000, runs = n / 1024, lines = n / 16;
+  float *upd = malloc(n * 4), *out = calloc(n, 4);
+  uint8_t* hit = calloc(n, 1);
+  size_t cap = nb_codec_frame_bound(n, k, NB_VALUES_FP32, 256), len = 0;
+  uint8_t* frame = malloc(cap);
+  assert_true(upd && out && hit && frame);
+  uint64_t seed = 0x6e6562756c61ull ^ n;
+  for (size_t r = 0; r < runs; r++) {
+    size_t b = (size_t)(splitmix(&seed) % lines) * 16;
+    memset(hit + b, 1, 16);
+  }
+  size_t big = 0;
+  for (size_t i = 0; i < n; i++) {
+    upd[i] = hit[i] ? 2.0f : 1.0f;
+    big += hit[i];
+  }
+  assert_true(big < k);
+  nb_codec_t* c = make_codec(NB_VALUES_FP32, 1, 256, 2);
+  assert_int_equal(nb_codec_encode_sparse_k(c, upd, NULL, n, k, 1, 1, frame, cap, &len), NB_OK);
+  assert_int_equal(nb_codec_decode_accumulate(c, frame, len, 1.0f, out, n, NULL), NB_OK);
+  size_t small_left = k - big;
+  for (size_t i = 0; i < n; i++) {
+    float want = 0.0f;
+    if (hit[i])
+      want = 2.0f;
+    else if (small_left)
+      want = 1.0f, small_left--;
+    if (out[i] != want) fail_msg("decoded[%zu] = %g, want %g", i, out[i], want);
+  }
+  nb_codec_destroy(c);
+  free(upd), free(out), free(hit), free(frame);
+}
+
 /* Several rounds on one codec: the invariant holds each round, scratch is reused. */
 static void test_error_feedback_rounds(void** state) {
   (void)state;
@@ -369,6 +414,7 @@ int main(void) {
       cmocka_unit_test(test_round_trips),
       cmocka_unit_test(test_round_trips_large),
       cmocka_unit_test(test_ties_and_rescans),
+      cmocka_unit_test(test_sample_misses),
       cmocka_unit_test(test_error_feedback_rounds),
       cmocka_unit_test(test_error_feedback_bounded),
       cmocka_unit_test(test_index_coding_choice),
