@@ -15,6 +15,7 @@ static const nb_bench_entry_t nb__benches[] = {
     {"seal", "AES-256-GCM sealing and opening of frame chunks vs memcpy", nb_bench_seal_main},
     {"rpc", "gRPC wrapper on loopback: plaintext vs mTLS goodput and RTT", nb_bench_rpc_main},
     {"train", "transformer training step vs the machine's sgemm rate", nb_bench_train_main},
+    {"codec", "the update codec: wire size, encode/decode speed vs memcpy", nb_bench_codec_main},
     {NULL, NULL, NULL},
 };
 

@@ -20,6 +20,7 @@ int nb_bench_rpc_main(int argc, char** argv);
 /* `nebula bench train`: transformer training-step throughput vs cblas_sgemm (bench_train.c). */
 int nb_bench_train_main(int argc, char** argv);
 
+int nb_bench_codec_main(int argc, char** argv); /* `nebula bench codec` (bench_codec.c) */
 /* Median of n samples (the array is reordered). n must be > 0. */
 double nb_bench_median(double* v, size_t n);
 

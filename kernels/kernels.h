@@ -11,5 +11,8 @@
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/error_feedback.h"
+#include "kernels/quantize.h"
+#include "kernels/topk.h"
 
 #endif

@@ -1,0 +1,108 @@
+/* Internals shared by the codec's files: the codec object, scratch growth, header byte layout.
+ * Not a public header. */
+#ifndef NB_COMPRESS_CODEC_INTERNAL_H
+#define NB_COMPRESS_CODEC_INTERNAL_H
+
+#include <string.h>
+#include <zstd.h>
+
+#include "compress/compress.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the codec writes little-endian frames with memcpy; add byte swaps for this target"
+#endif
+
+#define NB__CODEC_MAX_THREADS 64
+
+struct nb_codec {
+  nb_codec_config_t cfg;
+  ZSTD_CCtx* cctx;
+  ZSTD_DCtx* dctx;
+  /* encoder scratch */
+  uint64_t* sample;
+  size_t sample_cap;
+  uint64_t* cand[NB__CODEC_MAX_THREADS];
+  float* cval[NB__CODEC_MAX_THREADS];
+  size_t cand_cap[NB__CODEC_MAX_THREADS];
+  uint32_t* hist;
+  size_t hist_cap;
+  uint64_t* work;
+  size_t work_cap;
+  uint32_t* idx;
+  size_t idx_cap;
+  float* vals;
+  size_t vals_cap;
+  uint8_t* raw;
+  size_t raw_cap;
+  /* decoder scratch */
+  uint32_t* didx;
+  size_t didx_cap;
+  uint8_t* draw;
+  size_t draw_cap;
+  float* dscales;
+  size_t dscales_cap;
+  uint8_t* chunk; /* NB__CHUNK bytes for streamed dense payloads */
+};
+
+#define NB__CHUNK (1u << 17)
+
+/* Grows *p to hold at least `want` elements of `size` bytes (no copy of old contents). */
+nb_status_t nb__codec_grow(void** p, size_t* cap, size_t want, size_t size, const char* what);
+
+/* Header offsets (docs/wire-format.md). */
+enum {
+  NB__H_MAGIC = 0,
+  NB__H_VERSION = 4,
+  NB__H_HDRSIZE = 6,
+  NB__H_FLAGS = 8,
+  NB__H_VALUES = 12,
+  NB__H_INDEX = 13,
+  NB__H_LEVEL = 14,
+  NB__H_RESERVED = 15,
+  NB__H_N = 16,
+  NB__H_K = 24,
+  NB__H_ROUND = 32,
+  NB__H_SENDER = 40,
+  NB__H_BLOCK = 44,
+  NB__H_SCALE_BYTES = 48,
+  NB__H_VALUE_BYTES = 56,
+  NB__H_INDEX_BYTES = 64,
+  NB__H_PAYLOAD_BYTES = 72,
+  NB__H_CHECKSUM = 80,
+};
+
+static inline void nb__put16(uint8_t* p, uint16_t v) {
+  memcpy(p, &v, 2);
+}
+static inline void nb__put32(uint8_t* p, uint32_t v) {
+  memcpy(p, &v, 4);
+}
+static inline void nb__put64(uint8_t* p, uint64_t v) {
+  memcpy(p, &v, 8);
+}
+static inline uint16_t nb__get16(const uint8_t* p) {
+  uint16_t v;
+  memcpy(&v, p, 2);
+  return v;
+}
+static inline uint32_t nb__get32(const uint8_t* p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+static inline uint64_t nb__get64(const uint8_t* p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+
+/* Bytes per value on the wire (1, 2 or 4); 0 for an unknown type. */
+size_t nb__values_size(nb_values_t v);
+/* Number of int8 scale blocks for k values (0 for other types). */
+uint64_t nb__scale_blocks(nb_values_t v, uint64_t k, uint32_t block);
+/* Checksum of a frame: XXH3-64 of the payload seeded with XXH3-64 of header bytes [0, 80). */
+uint64_t nb__frame_checksum(const uint8_t* frame, size_t payload_bytes);
+/* Writes the header (checksum included) in front of a payload already at frame + 88. */
+void nb__write_header(uint8_t* frame, const nb_frame_info_t* h);
+
+#endif

@@ -1,0 +1,296 @@
+/* Strict decoding: every size, index, scale and value is checked before the caller's buffer is
+ * touched, then out += w * decoded. Sparse payloads are decompressed whole (O(k) scratch); dense
+ * payloads are streamed through a fixed chunk twice (check, then apply), never materialized. */
+#include <float.h>
+#include <math.h>
+
+#include "common/common.h"
+#include "compress/codec_internal.h"
+#include "kernels/quantize.h"
+
+#define NB__BAD(...) nb_error(NB_ERR_CODEC, "bad frame: " __VA_ARGS__)
+
+static nb_status_t nb__decode_varints(const uint8_t* p, size_t ib, uint64_t n, uint64_t k,
+                                      uint32_t* idx) {
+  size_t pos = 0;
+  uint64_t prev = 0;
+  for (uint64_t j = 0; j < k; j++) {
+    uint64_t v = 0;
+    unsigned len = 0;
+    uint8_t b;
+    for (;;) {
+      if (pos >= ib)
+        return NB__BAD("index section ends inside varint %llu of %llu", (unsigned long long)j,
+                       (unsigned long long)k);
+      b = p[pos++];
+      v |= (uint64_t)(b & 0x7f) << (7 * len);
+      len++;
+      if (!(b & 0x80)) break;
+      if (len == 5)
+        return NB__BAD("varint %llu of the index section is longer than 5 bytes",
+                       (unsigned long long)j);
+    }
+    if (len > 1 && b == 0)
+      return NB__BAD("varint %llu of the index section is not canonical (trailing zero byte)",
+                     (unsigned long long)j);
+    if (v > UINT32_MAX)
+      return NB__BAD("varint %llu of the index section exceeds 32 bits", (unsigned long long)j);
+    if (j > 0 && v == 0)
+      return NB__BAD("indices not strictly increasing: index %llu repeats %llu",
+                     (unsigned long long)j, (unsigned long long)prev);
+    uint64_t cur = j == 0 ? v : prev + v;
+    if (cur >= n)
+      return NB__BAD("index %llu is %llu, not below n = %llu", (unsigned long long)j,
+                     (unsigned long long)cur, (unsigned long long)n);
+    idx[j] = (uint32_t)cur;
+    prev = cur;
+  }
+  if (pos != ib)
+    return NB__BAD("%zu unused bytes at the end of the varint index section", ib - pos);
+  return NB_OK;
+}
+
+static nb_status_t nb__decode_bitmap(const uint8_t* p, size_t ib, uint64_t n, uint64_t k,
+                                     uint32_t* idx) {
+  if (n % 8 && (p[ib - 1] >> (n % 8)))
+    return NB__BAD("bitmap index section has bits set at or beyond n = %llu",
+                   (unsigned long long)n);
+  uint64_t cnt = 0;
+  for (size_t i = 0; i < ib; i++) {
+    unsigned b = p[i];
+    while (b) {
+      if (cnt == k)
+        return NB__BAD("bitmap index section holds more than k = %llu indices",
+                       (unsigned long long)k);
+      idx[cnt++] = (uint32_t)(8 * i + (unsigned)__builtin_ctz(b));
+      b &= b - 1;
+    }
+  }
+  if (cnt != k)
+    return NB__BAD("bitmap index section holds %llu indices, the header says k = %llu",
+                   (unsigned long long)cnt, (unsigned long long)k);
+  return NB_OK;
+}
+
+static nb_status_t nb__check_scales(const uint8_t* s, uint64_t count, uint64_t first) {
+  for (uint64_t j = 0; j < count; j++) {
+    float v;
+    memcpy(&v, s + 4 * j, 4);
+    /* the encoder's scales are absmax / 127, so 127 * scale is always finite */
+    if (!(v >= 0.0f && v <= FLT_MAX / 127.0f))
+      return NB__BAD("int8 scale %llu is %g (must be in [0, FLT_MAX / 127])",
+                     (unsigned long long)(first + j), (double)v);
+  }
+  return NB_OK;
+}
+
+/* Checks `count` values starting at value position `first`. */
+static nb_status_t nb__check_values(nb_values_t t, const uint8_t* v, uint64_t count,
+                                    uint64_t first) {
+  uint64_t bad = count;
+  switch (t) {
+    case NB_VALUES_INT8:
+      for (uint64_t j = 0; j < count && bad == count; j++)
+        if ((int8_t)v[j] == -128) bad = j;
+      if (bad < count)
+        return NB__BAD("int8 value %llu is -128 (the range is [-127, 127])",
+                       (unsigned long long)(first + bad));
+      return NB_OK;
+    case NB_VALUES_FP16:
+    case NB_VALUES_BF16: {
+      uint16_t mask = t == NB_VALUES_FP16 ? 0x7c00 : 0x7f80;
+      for (uint64_t j = 0; j < count && bad == count; j++)
+        if ((nb__get16(v + 2 * j) & mask) == mask) bad = j;
+      break;
+    }
+    case NB_VALUES_FP32:
+      for (uint64_t j = 0; j < count && bad == count; j++)
+        if ((nb__get32(v + 4 * j) & 0x7f800000u) == 0x7f800000u) bad = j;
+      break;
+  }
+  if (bad < count)
+    return NB__BAD("%s value %llu is not finite", nb_values_name(t),
+                   (unsigned long long)(first + bad));
+  return NB_OK;
+}
+
+static inline float nb__value(nb_values_t t, const uint8_t* v, uint64_t j, const float* scales,
+                              uint32_t block) {
+  switch (t) {
+    case NB_VALUES_INT8:
+      return (float)(int8_t)v[j] * scales[j / block];
+    case NB_VALUES_FP16:
+      return nb_f16_to_f32(nb__get16(v + 2 * j));
+    case NB_VALUES_BF16:
+      return nb_bf16_to_f32(nb__get16(v + 2 * j));
+    case NB_VALUES_FP32: {
+      float f;
+      memcpy(&f, v + 4 * j, 4);
+      return f;
+    }
+  }
+  return 0.0f;
+}
+
+/* Applies `count` values starting at position `first` (idx = NULL: dense positions). */
+static void nb__apply(const nb_frame_info_t* h, const uint8_t* v, uint64_t count, uint64_t first,
+                      const uint32_t* idx, const float* scales, float w, float* out) {
+  nb_values_t t = h->values;
+  uint32_t block = h->block_size ? h->block_size : 1;
+  if (idx) {
+    for (uint64_t j = 0; j < count; j++)
+      out[idx[first + j]] += w * nb__value(t, v, j, scales - first / block, block);
+    return;
+  }
+  float* o = out + first;
+  if (t == NB_VALUES_INT8) {
+    for (uint64_t j = 0; j < count; j++)
+      o[j] += w * ((float)(int8_t)v[j] * scales[(first + j) / block]);
+  } else {
+    for (uint64_t j = 0; j < count; j++) o[j] += w * nb__value(t, v, j, scales, block);
+  }
+}
+
+static nb_status_t nb__check_zstd_payload(const uint8_t* p, uint64_t pb, uint64_t raw) {
+  unsigned long long cs = ZSTD_getFrameContentSize(p, (size_t)pb);
+  if (cs == ZSTD_CONTENTSIZE_ERROR) return NB__BAD("the payload is not a zstd frame");
+  if (cs == ZSTD_CONTENTSIZE_UNKNOWN)
+    return NB__BAD("the zstd payload does not declare its decompressed size");
+  if (cs != raw)
+    return NB__BAD("the zstd payload holds %llu bytes, the sections total %llu", cs,
+                   (unsigned long long)raw);
+  size_t fs = ZSTD_findFrameCompressedSize(p, (size_t)pb);
+  if (ZSTD_isError(fs))
+    return NB__BAD("zstd payload is truncated or corrupt (%s)", ZSTD_getErrorName(fs));
+  if (fs != pb)
+    return NB__BAD("%llu bytes after the zstd frame inside the payload",
+                   (unsigned long long)(pb - fs));
+  return NB_OK;
+}
+
+/* ---- dense frames: the payload is streamed in pieces of whole 4-byte words ---- */
+
+typedef struct {
+  const nb_frame_info_t* h;
+  float* scales;
+  uint64_t off;
+  int apply;
+  float w;
+  float* out;
+} nb__dense_t;
+
+static nb_status_t nb__dense_consume(nb__dense_t* d, const uint8_t* p, size_t len) {
+  const nb_frame_info_t* h = d->h;
+  size_t vs = nb__values_size(h->values);
+  while (len > 0) {
+    if (d->off < h->scale_bytes) {
+      size_t take =
+          (size_t)(h->scale_bytes - d->off) < len ? (size_t)(h->scale_bytes - d->off) : len;
+      if (!d->apply) NB_CHECK(nb__check_scales(p, take / 4, d->off / 4));
+      memcpy((uint8_t*)d->scales + d->off, p, take);
+      d->off += take;
+      p += take;
+      len -= take;
+      continue;
+    }
+    uint64_t first = (d->off - h->scale_bytes) / vs, count = len / vs;
+    if (d->apply)
+      nb__apply(h, p, count, first, NULL, d->scales, d->w, d->out);
+    else
+      NB_CHECK(nb__check_values(h->values, p, count, first));
+    d->off += len;
+    len = 0;
+  }
+  return NB_OK;
+}
+
+static nb_status_t nb__dense_stream(nb_codec_t* c, const uint8_t* payload, nb__dense_t* d) {
+  const nb_frame_info_t* h = d->h;
+  uint64_t raw = h->scale_bytes + h->value_bytes;
+  d->off = 0;
+  if (!(h->flags & NB_FRAME_FLAG_ZSTD)) return nb__dense_consume(d, payload, (size_t)raw);
+  ZSTD_DCtx_reset(c->dctx, ZSTD_reset_session_only);
+  ZSTD_inBuffer in = {payload, (size_t)h->payload_bytes, 0};
+  size_t fill = 0;
+  for (;;) {
+    ZSTD_outBuffer ob = {c->chunk, NB__CHUNK, fill};
+    size_t r = ZSTD_decompressStream(c->dctx, &ob, &in);
+    if (ZSTD_isError(r)) return NB__BAD("zstd payload: %s", ZSTD_getErrorName(r));
+    if (d->off + ob.pos > raw)
+      return NB__BAD("the zstd payload decompresses past the %llu bytes declared",
+                     (unsigned long long)raw);
+    size_t whole = r == 0 ? ob.pos : (ob.pos & ~(size_t)3);
+    NB_CHECK(nb__dense_consume(d, c->chunk, whole));
+    fill = ob.pos - whole;
+    memmove(c->chunk, c->chunk + whole, fill);
+    if (r == 0) break;
+    if (in.pos == in.size && ob.pos < ob.size) return NB__BAD("the zstd payload is truncated");
+  }
+  if (in.pos != in.size) return NB__BAD("bytes after the zstd frame inside the payload");
+  if (d->off != raw)
+    return NB__BAD("the zstd payload holds %llu bytes, the sections total %llu",
+                   (unsigned long long)d->off, (unsigned long long)raw);
+  return NB_OK;
+}
+
+static nb_status_t nb__decode(nb_codec_t* c, const uint8_t* f, size_t len, float w, float* out,
+                              size_t n, const nb_codec_limits_t* limits) {
+  nb_frame_info_t h;
+  NB_CHECK(nb_codec_frame_info(f, len, limits, &h));
+  if (h.n != n)
+    return nb_error(NB_ERR_INVALID, "decode: the frame is for n = %llu, the destination has %zu",
+                    (unsigned long long)h.n, n);
+  const uint8_t* payload = f + NB_FRAME_HEADER_BYTES;
+  uint64_t raw = h.scale_bytes + h.value_bytes + h.index_bytes;
+  int zstd = (h.flags & NB_FRAME_FLAG_ZSTD) != 0;
+  if (zstd) NB_CHECK(nb__check_zstd_payload(payload, h.payload_bytes, raw));
+
+  if (!(h.flags & NB_FRAME_FLAG_SPARSE)) {
+    size_t nbl = (size_t)(h.scale_bytes / 4);
+    NB_CHECK(
+        nb__codec_grow((void**)&c->dscales, &c->dscales_cap, nbl ? nbl : 1, 4, "decode scales"));
+    nb__dense_t d = {.h = &h, .scales = c->dscales, .apply = 0, .w = w, .out = out};
+    NB_CHECK(nb__dense_stream(c, payload, &d));
+    d.apply = 1;
+    return nb__dense_stream(c, payload, &d);
+  }
+
+  const uint8_t* base = payload;
+  if (zstd) {
+    NB_CHECK(nb__codec_grow((void**)&c->draw, &c->draw_cap, (size_t)raw, 1, "decode sections"));
+    size_t got =
+        ZSTD_decompressDCtx(c->dctx, c->draw, (size_t)raw, payload, (size_t)h.payload_bytes);
+    if (ZSTD_isError(got)) return NB__BAD("zstd payload: %s", ZSTD_getErrorName(got));
+    if (got != raw)
+      return NB__BAD("the zstd payload holds %zu bytes, the sections total %llu", got,
+                     (unsigned long long)raw);
+    base = c->draw;
+  }
+  const uint8_t *scales = base, *values = base + h.scale_bytes, *index = values + h.value_bytes;
+  NB_CHECK(
+      nb__codec_grow((void**)&c->didx, &c->didx_cap, h.k ? (size_t)h.k : 1, 4, "decode indices"));
+  if (h.index_coding == NB_INDEX_BITMAP)
+    NB_CHECK(nb__decode_bitmap(index, (size_t)h.index_bytes, h.n, h.k, c->didx));
+  else
+    NB_CHECK(nb__decode_varints(index, (size_t)h.index_bytes, h.n, h.k, c->didx));
+  size_t nbl = (size_t)(h.scale_bytes / 4);
+  NB_CHECK(nb__check_scales(scales, nbl, 0));
+  NB_CHECK(nb__check_values(h.values, values, h.k, 0));
+  NB_CHECK(nb__codec_grow((void**)&c->dscales, &c->dscales_cap, nbl ? nbl : 1, 4, "decode scales"));
+  memcpy(c->dscales, scales, nbl * 4);
+  nb__apply(&h, values, h.k, 0, c->didx, c->dscales, w, out);
+  return NB_OK;
+}
+
+nb_status_t nb_codec_decode_accumulate(nb_codec_t* codec, const void* frame, size_t len, float w,
+                                       float* out, size_t n, const nb_codec_limits_t* limits) {
+  if (!frame || (!out && n))
+    return nb_error(NB_ERR_INVALID, "decode: frame or destination is NULL");
+  if (!isfinite(w)) return nb_error(NB_ERR_INVALID, "decode: weight %g is not finite", (double)w);
+  if (codec) return nb__decode(codec, (const uint8_t*)frame, len, w, out, n, limits);
+  nb_codec_t* tmp = NULL;
+  NB_CHECK(nb_codec_create(NULL, &tmp));
+  nb_status_t st = nb__decode(tmp, (const uint8_t*)frame, len, w, out, n, limits);
+  nb_codec_destroy(tmp);
+  return st;
+}

@@ -1,0 +1,549 @@
+/* Encoding: the fused multithreaded error-feedback + candidate pass, exact top-k among the
+ * candidates, quantization, residual correction, index coding, zstd and framing. Dense frames
+ * too. Decoding is in decode.c. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <zstd_errors.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
+
+#include "common/common.h"
+#include "compress/codec_internal.h"
+#include "kernels/error_feedback.h"
+#include "kernels/quantize.h"
+#include "kernels/topk.h"
+
+/* Sample: 4096 cache lines of 16 consecutive values, enough for a threshold within a few % at
+ * density 0.01 while touching few pages. Below kNoSample values everything is a candidate. */
+#define NB__SAMPLE_RUNS 4096
+#define NB__SAMPLE_RUN 16
+#define NB__NO_SAMPLE (1u << 17)
+
+typedef struct {
+  float* res;
+  const float* upd;
+  size_t b, e;
+  uint32_t t;
+  int accumulate; /* 1: res += upd first; 0: only collect from res (or upd when res is NULL) */
+  uint64_t* buf;  /* packed key/index of each candidate */
+  float* vbuf;    /* its value (residual after the update), so nothing is gathered later */
+  size_t cap, cnt;
+} nb__pass_t;
+
+/* Candidates of src[j0, j1) with key >= t (scalar tail and the slow path of a hit). */
+static inline size_t nb__collect(const float* src, size_t j0, size_t j1, uint32_t t, uint64_t* buf,
+                                 float* vbuf, size_t cap, size_t cnt) {
+  if (cap - (cnt < cap ? cnt : cap) >= j1 - j0) { /* room for all: branch-free compaction */
+    for (size_t j = j0; j < j1; j++) {
+      uint32_t key = nb_topk_key(src[j]);
+      buf[cnt] = nb_topk_pack(key, (uint32_t)j);
+      vbuf[cnt] = src[j];
+      cnt += key >= t;
+    }
+    return cnt;
+  }
+  for (size_t j = j0; j < j1; j++) {
+    uint32_t key = nb_topk_key(src[j]);
+    if (key >= t) {
+      if (cnt < cap) {
+        buf[cnt] = nb_topk_pack(key, (uint32_t)j);
+        vbuf[cnt] = src[j];
+      }
+      cnt++;
+    }
+  }
+  return cnt;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define NB__HAVE_AVX2_PATH 1
+/* The same step on 16 values with AVX2, chosen at run time (the baseline build is SSE2). */
+__attribute__((target("avx2"))) static size_t nb__pass_avx2(float* res, const float* upd,
+                                                            const float* src, int acc, size_t* pj,
+                                                            size_t e, uint32_t t, uint64_t* buf,
+                                                            float* vbuf, size_t cap, size_t cnt) {
+  const __m256i tm1 = _mm256_set1_epi32((int32_t)t - 1), abs = _mm256_set1_epi32(0x7fffffff);
+  size_t j = *pj;
+  for (; j + 16 <= e; j += 16) {
+    __m256 a, b;
+    if (acc) {
+      a = _mm256_add_ps(_mm256_loadu_ps(res + j), _mm256_loadu_ps(upd + j));
+      b = _mm256_add_ps(_mm256_loadu_ps(res + j + 8), _mm256_loadu_ps(upd + j + 8));
+      _mm256_storeu_ps(res + j, a);
+      _mm256_storeu_ps(res + j + 8, b);
+    } else {
+      a = _mm256_loadu_ps(src + j);
+      b = _mm256_loadu_ps(src + j + 8);
+    }
+    __m256i ka = _mm256_and_si256(_mm256_castps_si256(a), abs);
+    __m256i kb = _mm256_and_si256(_mm256_castps_si256(b), abs);
+    __m256i hit = _mm256_or_si256(_mm256_cmpgt_epi32(ka, tm1), _mm256_cmpgt_epi32(kb, tm1));
+    if (!_mm256_testz_si256(hit, hit)) cnt = nb__collect(src, j, j + 16, t, buf, vbuf, cap, cnt);
+  }
+  *pj = j;
+  return cnt;
+}
+#endif
+
+static void* nb__pass_run(void* arg) {
+  nb__pass_t* p = (nb__pass_t*)arg;
+  const uint32_t t = p->t;
+  const size_t cap = p->cap;
+  uint64_t* buf = p->buf;
+  float* vbuf = p->vbuf;
+  size_t cnt = 0, j = p->b;
+  float* res = p->res;
+  const float* upd = p->upd;
+  const float* src = res ? res : upd;
+  const int acc = p->accumulate && res;
+#ifdef NB__HAVE_AVX2_PATH
+  if (__builtin_cpu_supports("avx2"))
+    cnt = nb__pass_avx2(res, upd, src, acc, &j, p->e, t, buf, vbuf, cap, cnt);
+#endif
+#ifdef __SSE2__
+  /* 8 values per step: (add,) mask the sign, compare with t - 1 as signed int32 (keys are
+   * < 2^31), and take the scalar path only when one of the 8 is a candidate (~10% of steps at
+   * density 0.01). Memory-bound on two cores. */
+  const __m128i tm1 = _mm_set1_epi32((int32_t)t - 1), abs = _mm_set1_epi32(0x7fffffff);
+  for (; j + 8 <= p->e; j += 8) {
+    __m128 a, b;
+    if (acc) {
+      a = _mm_add_ps(_mm_loadu_ps(res + j), _mm_loadu_ps(upd + j));
+      b = _mm_add_ps(_mm_loadu_ps(res + j + 4), _mm_loadu_ps(upd + j + 4));
+      _mm_storeu_ps(res + j, a);
+      _mm_storeu_ps(res + j + 4, b);
+    } else {
+      a = _mm_loadu_ps(src + j);
+      b = _mm_loadu_ps(src + j + 4);
+    }
+    __m128i ka = _mm_and_si128(_mm_castps_si128(a), abs);
+    __m128i kb = _mm_and_si128(_mm_castps_si128(b), abs);
+    __m128i hit = _mm_or_si128(_mm_cmpgt_epi32(ka, tm1), _mm_cmpgt_epi32(kb, tm1));
+    if (_mm_movemask_epi8(hit)) cnt = nb__collect(src, j, j + 8, t, buf, vbuf, cap, cnt);
+  }
+#endif
+  if (acc)
+    for (size_t i = j; i < p->e; i++) res[i] += upd[i];
+  cnt = nb__collect(src, j, p->e, t, buf, vbuf, cap, cnt);
+  p->cnt = cnt;
+  return NULL;
+}
+
+static uint64_t nb__splitmix(uint64_t* s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static nb_status_t nb__grow_candidates(nb_codec_t* c, int i, size_t want) {
+  if (want <= c->cand_cap[i] && c->cand[i]) return NB_OK;
+  size_t cap = c->cand_cap[i], vcap = cap;
+  NB_CHECK(nb__codec_grow((void**)&c->cand[i], &cap, want, 8, "codec candidates"));
+  NB_CHECK(nb__codec_grow((void**)&c->cval[i], &vcap, want, 4, "codec candidate values"));
+  c->cand_cap[i] = cap < vcap ? cap : vcap;
+  return NB_OK;
+}
+
+/* Runs the pass over [0, n) on `threads` threads; thread 0 is the caller. */
+/* Runs fn on args[0..threads) (each `stride` bytes), on threads 1.. and the caller. */
+static void nb__parallel(void* (*fn)(void*), void* args, size_t stride, int threads) {
+  pthread_t tid[NB__CODEC_MAX_THREADS];
+  int started = 0;
+  for (int t = 1; t < threads; t++) {
+    if (pthread_create(&tid[t], NULL, fn, (char*)args + (size_t)t * stride) != 0) break;
+    started = t;
+  }
+  /* parts whose thread could not start run here: the work is complete either way */
+  for (int t = started + 1; t < threads; t++) fn((char*)args + (size_t)t * stride);
+  fn(args);
+  for (int t = 1; t <= started; t++) pthread_join(tid[t], NULL);
+}
+
+static nb_status_t nb__pass(nb__pass_t* ps, int threads) {
+  nb__parallel(nb__pass_run, ps, sizeof *ps, threads);
+  return NB_OK;
+}
+
+/* Writes the varint index section; returns its size. */
+static size_t nb__put_varints(uint8_t* o, const uint32_t* idx, size_t k) {
+  uint8_t* p = o;
+  uint32_t prev = 0;
+  for (size_t j = 0; j < k; j++) {
+    uint32_t d = idx[j] - prev;
+    prev = idx[j];
+    while (d >= 0x80) {
+      *p++ = (uint8_t)(d | 0x80);
+      d >>= 7;
+    }
+    *p++ = (uint8_t)d;
+  }
+  return (size_t)(p - o);
+}
+
+/* Quantizes vals[0..k) into the value (and scale) section and replaces vals by what the receiver
+ * will decode. */
+static nb_status_t nb__quantize(const nb_codec_config_t* c, float* vals, size_t k, uint8_t* scales,
+                                uint8_t* values) {
+  switch (c->values) {
+    case NB_VALUES_FP32:
+      memcpy(values, vals, k * 4);
+      break;
+    case NB_VALUES_FP16:
+      for (size_t j = 0; j < k; j++) {
+        uint16_t h = nb_f32_to_f16(vals[j]);
+        memcpy(values + 2 * j, &h, 2);
+        vals[j] = nb_f16_to_f32(h);
+      }
+      break;
+    case NB_VALUES_BF16:
+      for (size_t j = 0; j < k; j++) {
+        uint16_t h = nb_f32_to_bf16(vals[j]);
+        memcpy(values + 2 * j, &h, 2);
+        vals[j] = nb_bf16_to_f32(h);
+      }
+      break;
+    case NB_VALUES_INT8:
+      /* scales sits at offset 0 of an aligned buffer, so it is float-aligned */
+      NB_CHECK(nb_quantize_int8_block(vals, k, c->block_size, (int8_t*)values, (float*)scales));
+      nb_dequantize_int8_block((const int8_t*)values, (const float*)scales, k, c->block_size, vals);
+      break;
+  }
+  return NB_OK;
+}
+
+typedef struct {
+  nb_codec_t* c;
+  float* residual;
+  size_t k, group, sb, g0, g1; /* values [g0, min(g1, k)) */
+  nb_status_t st;
+  char msg[160];
+} nb__qjob_t;
+
+/* Quantizes a run of groups into the sections and takes what is sent out of the residual. */
+static void* nb__quant_run(void* arg) {
+  nb__qjob_t* q = (nb__qjob_t*)arg;
+  nb_codec_t* c = q->c;
+  size_t vsz = nb__values_size(c->cfg.values), end = q->g1 < q->k ? q->g1 : q->k;
+  q->st = NB_OK;
+  for (size_t g0 = q->g0; g0 < end; g0 += q->group) {
+    size_t g1 = end - g0 < q->group ? end : g0 + q->group;
+    size_t sc = c->cfg.values == NB_VALUES_INT8 ? g0 / c->cfg.block_size : 0;
+    q->st =
+        nb__quantize(&c->cfg, c->vals + g0, g1 - g0, c->raw + 4 * sc, c->raw + q->sb + g0 * vsz);
+    if (q->st != NB_OK) {
+      snprintf(q->msg, sizeof q->msg, "%s", nb_error_last());
+      return NULL;
+    }
+    if (q->residual) {
+      for (size_t j = g0; j < g1; j++) {
+        if (j + 32 < end) __builtin_prefetch(&q->residual[c->idx[j + 32]], 1);
+        q->residual[c->idx[j]] -= c->vals[j];
+      }
+    }
+  }
+  return NULL;
+}
+
+/* zstd (or store) codec->raw[0..raw) behind the header and write the header. */
+static nb_status_t nb__finish(nb_codec_t* c, nb_frame_info_t* h, size_t raw, uint8_t* out,
+                              size_t cap, size_t* len) {
+  if (cap < NB_FRAME_HEADER_BYTES)
+    return nb_error(NB_ERR_INVALID, "codec: output buffer of %zu bytes; a frame needs at least %d",
+                    cap, NB_FRAME_HEADER_BYTES);
+  size_t room = cap - NB_FRAME_HEADER_BYTES, pb = 0;
+  int compressed = 0;
+  if (c->cfg.zstd_level > 0 && raw > 0) {
+    ZSTD_CCtx_reset(c->cctx, ZSTD_reset_session_and_parameters);
+    ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_compressionLevel, c->cfg.zstd_level);
+    ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_contentSizeFlag, 1);
+    size_t z = ZSTD_compress2(c->cctx, out + NB_FRAME_HEADER_BYTES, room, c->raw, raw);
+    if (ZSTD_isError(z) && ZSTD_getErrorCode(z) != ZSTD_error_dstSize_tooSmall)
+      return nb_error(NB_ERR_CODEC, "codec: zstd compression failed: %s", ZSTD_getErrorName(z));
+    if (!ZSTD_isError(z) && z < raw) {
+      compressed = 1;
+      pb = z;
+    }
+  }
+  if (!compressed) {
+    if (raw > room)
+      return nb_error(NB_ERR_INVALID, "codec: output buffer of %zu bytes is too small; %zu needed",
+                      cap, NB_FRAME_HEADER_BYTES + raw);
+    memcpy(out + NB_FRAME_HEADER_BYTES, c->raw, raw);
+    pb = raw;
+  }
+  h->flags |= compressed ? NB_FRAME_FLAG_ZSTD : 0;
+  h->zstd_level = compressed ? c->cfg.zstd_level : 0;
+  h->payload_bytes = pb;
+  nb__write_header(out, h);
+  *len = NB_FRAME_HEADER_BYTES + pb;
+  return NB_OK;
+}
+
+nb_status_t nb_codec_encode_sparse(nb_codec_t* codec, const float* update, float* residual,
+                                   size_t n, double density, uint64_t round, uint32_t sender,
+                                   void* out, size_t cap, size_t* len) {
+  if (!(density >= 0.0 && density <= 1.0))
+    return nb_error(NB_ERR_INVALID, "codec: density %g outside [0, 1]", density);
+  return nb_codec_encode_sparse_k(codec, update, residual, n, nb_codec_k_for_density(n, density),
+                                  round, sender, out, cap, len);
+}
+
+nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* residual, size_t n,
+                                     size_t k, uint64_t round, uint32_t sender, void* out_,
+                                     size_t cap, size_t* len) {
+  uint8_t* out = (uint8_t*)out_;
+  if (!c || (!update && n) || !out || !len)
+    return nb_error(NB_ERR_INVALID, "codec: encode_sparse with a NULL argument");
+  if (n > UINT32_MAX) return nb_error(NB_ERR_INVALID, "codec: n (%zu) > 2^32-1", n);
+  if (k > n) k = n;
+  *len = 0;
+  /* the stored (uncompressed) frame always fits in this; checked before the residual changes */
+  size_t need = NB_FRAME_HEADER_BYTES +
+                4 * (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size) +
+                k * nb__values_size(c->cfg.values) +
+                (k ? (5 * k < n / 8 + (n % 8 != 0) ? 5 * k : n / 8 + (n % 8 != 0)) : 0);
+  if (cap < need)
+    return nb_error(NB_ERR_INVALID,
+                    "codec: output buffer of %zu bytes is too small; %zu needed (k = %zu of n = "
+                    "%zu, see nb_codec_frame_bound)",
+                    cap, need, k, n);
+  int threads = c->cfg.threads;
+  if (n < (1u << 20)) threads = 1; /* thread start-up would dominate */
+
+  int64_t t_start = nb_now_ns(), t_pass, t_select, t_quant;
+  int scans = 1;
+  /* 1. threshold from a sample of residual + update (computed the same way as the pass) */
+  uint32_t t = 0;
+  double fraction = n ? 1.05 * (double)k / (double)n : 1.0;
+  size_t s = 0;
+  if (n >= NB__NO_SAMPLE && k > 0 && k < n) {
+    size_t runs = n / (64 * NB__SAMPLE_RUN); /* about n/64 samples, at most 4096 runs */
+    if (runs > NB__SAMPLE_RUNS) runs = NB__SAMPLE_RUNS;
+    s = runs * NB__SAMPLE_RUN;
+    NB_CHECK(nb__codec_grow((void**)&c->sample, &c->sample_cap, s, 8, "codec sample"));
+    uint64_t seed = 0x6e6562756c61ull ^ n;
+    size_t lines = n / NB__SAMPLE_RUN, j = 0;
+    for (size_t r = 0; r < runs; r++) {
+      size_t b = (size_t)(nb__splitmix(&seed) % lines) * NB__SAMPLE_RUN;
+      for (size_t q = 0; q < NB__SAMPLE_RUN; q++, j++) {
+        float v = residual ? residual[b + q] + update[b + q] : update[b + q];
+        c->sample[j] = nb_topk_pack(nb_topk_key(v), (uint32_t)j);
+      }
+    }
+    t = nb_topk_sample_threshold(c->sample, s, fraction);
+  }
+
+  /* 2. fused pass: residual += update, collect candidates with key >= t */
+  nb__pass_t ps[NB__CODEC_MAX_THREADS];
+  size_t chunk = threads > 1 ? ((n / (size_t)threads + 1023) & ~(size_t)1023) : n;
+  for (int i = 0; i < threads; i++) {
+    size_t b = (size_t)i * chunk, e = i == threads - 1 ? n : b + chunk;
+    if (b > n) b = n;
+    if (e > n) e = n;
+    size_t want = t == 0 ? e - b : 2 * k / (size_t)threads + 4096;
+    if (want > e - b) want = e - b;
+    NB_CHECK(nb__grow_candidates(c, i, want ? want : 1));
+    ps[i] = (nb__pass_t){.res = residual,
+                         .upd = update,
+                         .b = b,
+                         .e = e,
+                         .t = t,
+                         .accumulate = 1,
+                         .buf = c->cand[i],
+                         .vbuf = c->cval[i],
+                         .cap = c->cand_cap[i]};
+  }
+  NB_CHECK(nb__pass(ps, threads));
+  for (;;) {
+    size_t total = 0;
+    int overflow = 0;
+    for (int i = 0; i < threads; i++) {
+      total += ps[i].cnt;
+      overflow |= ps[i].cnt > ps[i].cap;
+    }
+    if (total >= k && !overflow) break;
+    if (total < k) { /* the sample put the threshold too high: lower it, scan again */
+      uint32_t t_old = t;
+      do { /* a lower threshold than the one that failed, or everything */
+        fraction *= 4.0;
+        t = fraction >= 1.0 || s == 0 ? 0 : nb_topk_sample_threshold(c->sample, s, fraction);
+      } while (t >= t_old && t != 0);
+      NB_INFO(CODEC, "top-k: %zu candidates for k = %zu; rescanning at threshold key 0x%08x", total,
+              k, t);
+    }
+    for (int i = 0; i < threads; i++) {
+      /* a buffer that overflowed grows to the exact count it saw; the next scan then fits */
+      if (total >= k && ps[i].cnt > ps[i].cap) NB_CHECK(nb__grow_candidates(c, i, ps[i].cnt));
+      ps[i].buf = c->cand[i];
+      ps[i].vbuf = c->cval[i];
+      ps[i].cap = c->cand_cap[i];
+      ps[i].t = t;
+      ps[i].accumulate = 0;
+    }
+    NB_CHECK(nb__pass(ps, threads));
+    scans++;
+  }
+  t_pass = nb_now_ns();
+
+  /* 3. exact top-k among the candidates: a histogram of the top 16 key bits finds the bucket
+   * that holds the k-th; only that bucket's few candidates are quickselected */
+  size_t m = 0;
+  for (int i = 0; i < threads; i++) m += ps[i].cnt;
+  NB_CHECK(nb__codec_grow((void**)&c->idx, &c->idx_cap, k ? k : 1, 4, "codec indices"));
+  NB_CHECK(nb__codec_grow((void**)&c->vals, &c->vals_cap, k ? k : 1, 4, "codec values"));
+  uint64_t kth = 0;
+  if (k > 0 && k < m && m < (1u << 18)) { /* few candidates: quickselect them all */
+    NB_CHECK(nb__codec_grow((void**)&c->work, &c->work_cap, m, 8, "codec selection"));
+    size_t w = 0;
+    for (int i = 0; i < threads; i++) {
+      memcpy(c->work + w, ps[i].buf, ps[i].cnt * 8);
+      w += ps[i].cnt;
+    }
+    kth = nb_topk_kth_largest(c->work, m, k);
+  } else if (k > 0 && k < m) {
+    NB_CHECK(nb__codec_grow((void**)&c->hist, &c->hist_cap, 65536, 4, "codec histogram"));
+    uint32_t* hist = c->hist;
+    memset(hist, 0, 65536 * sizeof *hist);
+    for (int i = 0; i < threads; i++)
+      for (size_t j = 0; j < ps[i].cnt; j++) hist[ps[i].buf[j] >> 47]++;
+    size_t above = 0;
+    int bucket = 65535;
+    for (; bucket > 0; bucket--) {
+      if (above + hist[bucket] >= k) break;
+      above += hist[bucket];
+    }
+    size_t nbk = hist[bucket], w = 0;
+    NB_CHECK(nb__codec_grow((void**)&c->work, &c->work_cap, nbk, 8, "codec selection"));
+    for (int i = 0; i < threads; i++)
+      for (size_t j = 0; j < ps[i].cnt; j++)
+        if ((int)(ps[i].buf[j] >> 47) == bucket) c->work[w++] = ps[i].buf[j];
+    kth = nb_topk_kth_largest(c->work, nbk, k - above);
+  }
+  /* keep the winners in index order; the same loop sizes the varint index section and spots
+   * the first non-finite value (NaN and infinity rank first, so any would be kept) */
+  size_t o = 0, varint = 0, bad = SIZE_MAX;
+  uint32_t prev = 0;
+  if (k > 0) {
+    for (int i = 0; i < threads; i++) {
+      const uint64_t* cb = ps[i].buf;
+      const float* cv = ps[i].vbuf;
+      for (size_t j = 0; j < ps[i].cnt; j++)
+        if (cb[j] >= kth) {
+          uint32_t ix = nb_topk_unpack_index(cb[j]), d = ix - prev;
+          prev = ix;
+          varint +=
+              1 + (d >= (1u << 7)) + (d >= (1u << 14)) + (d >= (1u << 21)) + (d >= (1u << 28));
+          if (bad == SIZE_MAX && (cb[j] >> 32) >= 0x7f800000u) bad = o;
+          c->idx[o] = ix;
+          c->vals[o++] = cv[j];
+        }
+    }
+  }
+  if (o != k) return nb_error(NB_ERR_INTERNAL, "codec: top-k kept %zu of %zu", o, k);
+  if (bad != SIZE_MAX)
+    return nb_error(NB_ERR_INVALID, "codec: the %s holds a non-finite value at index %u",
+                    residual ? "residual (after adding the update)" : "update", c->idx[bad]);
+  t_select = nb_now_ns();
+
+  /* 4. sections [scales][values][indices]; values are gathered, quantized and taken out of the
+   * residual a group at a time so each residual line is touched once */
+  size_t nbl = (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size);
+  size_t sb = 4 * nbl, vb = k * nb__values_size(c->cfg.values);
+  size_t bitmap = n / 8 + (n % 8 != 0);
+  int use_bitmap = bitmap < varint;
+  size_t ib = use_bitmap ? bitmap : varint;
+  NB_CHECK(nb__codec_grow((void**)&c->raw, &c->raw_cap, sb + vb + ib + 8, 1, "codec sections"));
+  /* groups are whole int8 blocks; threads take contiguous runs of groups */
+  size_t group = c->cfg.values == NB_VALUES_INT8
+                     ? (size_t)c->cfg.block_size * ((1023 + c->cfg.block_size) / c->cfg.block_size)
+                     : 1024;
+  size_t ngroups = (k + group - 1) / group;
+  int qthreads = k >= 65536 ? threads : 1;
+  nb__qjob_t qj[NB__CODEC_MAX_THREADS];
+  for (int i = 0; i < qthreads; i++)
+    qj[i] = (nb__qjob_t){.c = c,
+                         .residual = residual,
+                         .k = k,
+                         .group = group,
+                         .sb = sb,
+                         .g0 = ngroups * (size_t)i / (size_t)qthreads * group,
+                         .g1 = ngroups * (size_t)(i + 1) / (size_t)qthreads * group};
+  nb__parallel(nb__quant_run, qj, sizeof qj[0], qthreads);
+  for (int i = 0; i < qthreads; i++)
+    if (qj[i].st != NB_OK) return nb_error(qj[i].st, "codec: quantization failed: %s", qj[i].msg);
+  uint8_t* ip = c->raw + sb + vb;
+  if (use_bitmap) {
+    memset(ip, 0, bitmap);
+    for (size_t j = 0; j < k; j++) ip[c->idx[j] >> 3] |= (uint8_t)(1u << (c->idx[j] & 7));
+  } else {
+    nb__put_varints(ip, c->idx, k);
+  }
+
+  t_quant = nb_now_ns();
+  nb_frame_info_t h = {.flags = NB_FRAME_FLAG_SPARSE,
+                       .values = c->cfg.values,
+                       .index_coding = use_bitmap ? NB_INDEX_BITMAP : NB_INDEX_DELTA_VARINT,
+                       .n = n,
+                       .k = k,
+                       .round = round,
+                       .sender = sender,
+                       .block_size = c->cfg.values == NB_VALUES_INT8 ? c->cfg.block_size : 0,
+                       .scale_bytes = sb,
+                       .value_bytes = vb,
+                       .index_bytes = ib};
+  nb_status_t st = nb__finish(c, &h, sb + vb + ib, out, cap, len);
+  NB_TRACE(CODEC,
+           "encode n=%zu k=%zu: %zu candidates over %d scan(s); sample+pass %.2f ms, select %.2f "
+           "ms, quantize+index %.2f ms, zstd+frame %.2f ms, %zu bytes",
+           n, k, m, scans, (t_pass - t_start) / 1e6, (t_select - t_pass) / 1e6,
+           (t_quant - t_select) / 1e6, (nb_now_ns() - t_quant) / 1e6, *len);
+  return st;
+}
+
+nb_status_t nb_codec_encode_dense(nb_codec_t* c, const float* x, size_t n, uint64_t round,
+                                  uint32_t sender, void* out, size_t cap, size_t* len) {
+  if (!c || (!x && n) || !out || !len)
+    return nb_error(NB_ERR_INVALID, "codec: encode_dense with a NULL argument");
+  if (n > UINT32_MAX) return nb_error(NB_ERR_INVALID, "codec: n (%zu) > 2^32-1", n);
+  *len = 0;
+  size_t nbl = (size_t)nb__scale_blocks(c->cfg.values, n, c->cfg.block_size);
+  size_t sb = 4 * nbl, vb = n * nb__values_size(c->cfg.values);
+  NB_CHECK(nb__codec_grow((void**)&c->raw, &c->raw_cap, sb + vb + 8, 1, "codec sections"));
+  uint8_t *scales = c->raw, *values = c->raw + sb;
+  if (c->cfg.values != NB_VALUES_INT8) /* int8 quantization reports its own non-finite blocks */
+    for (size_t i = 0; i < n; i++)
+      if (!isfinite(x[i]))
+        return nb_error(NB_ERR_INVALID, "codec: dense input holds a non-finite value at index %zu",
+                        i);
+  switch (c->cfg.values) {
+    case NB_VALUES_FP32:
+      memcpy(values, x, n * 4);
+      break;
+    case NB_VALUES_FP16:
+      nb_quantize_fp16(x, n, (uint16_t*)values);
+      break;
+    case NB_VALUES_BF16:
+      nb_quantize_bf16(x, n, (uint16_t*)values);
+      break;
+    case NB_VALUES_INT8:
+      NB_CHECK(nb_quantize_int8_block(x, n, c->cfg.block_size, (int8_t*)values, (float*)scales));
+      break;
+  }
+  nb_frame_info_t h = {.flags = 0,
+                       .values = c->cfg.values,
+                       .index_coding = NB_INDEX_NONE,
+                       .n = n,
+                       .k = n,
+                       .round = round,
+                       .sender = sender,
+                       .block_size = c->cfg.values == NB_VALUES_INT8 ? c->cfg.block_size : 0,
+                       .scale_bytes = sb,
+                       .value_bytes = vb};
+  return nb__finish(c, &h, sb + vb, out, cap, len);
+}
