@@ -12,6 +12,7 @@ typedef struct {
 } nb_bench_entry_t;
 
 static const nb_bench_entry_t nb__benches[] = {
+    {"allreduce", "intra-cluster allreduce vs raw MPI/NCCL (mpirun)", nb_bench_allreduce_main},
     {NULL, NULL, NULL},
 };
 

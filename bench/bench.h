@@ -13,6 +13,9 @@ extern "C" {
 /* `nebula bench NAME [options]`: dispatches to the benchmark. */
 int nb_bench_main(int argc, char** argv);
 
+/* `nebula bench allreduce` (bench_allreduce.c). */
+int nb_bench_allreduce_main(int argc, char** argv);
+
 /* Median of n samples (the array is reordered). n must be > 0. */
 double nb_bench_median(double* v, size_t n);
 
