@@ -315,6 +315,8 @@ typedef enum {
   NB__BAD_NULL_FN,
   NB__BAD_MODE,
   NB__BAD_OVERLAP,
+  NB__BAD_NULL_REQ,
+  NB__BAD_NOMEM,
   NB__BAD_COUNT_,
 } nb__bad_t;
 
@@ -338,6 +340,10 @@ static const char* nb__bad_text(nb__bad_t b) {
       return "unknown hierarchical mode";
     case NB__BAD_OVERLAP:
       return "send and receive buffers overlap without being in place";
+    case NB__BAD_NULL_REQ:
+      return "NULL request pointer for an asynchronous call";
+    case NB__BAD_NOMEM:
+      return "out of memory for the request";
     default:
       return "invalid argument";
   }
@@ -361,7 +367,14 @@ static int nb__overlap(const void* a, size_t an, const void* b, size_t bn) {
   return an && bn && x < y + bn && y < x + an;
 }
 
+static nb_status_t nb__bad_status(nb__bad_t b) {
+  return b == NB__BAD_TOO_BIG ? NB_ERR_UNSUPPORTED
+         : b == NB__BAD_NOMEM ? NB_ERR_NOMEM
+                              : NB_ERR_INVALID;
+}
+
 static nb__bad_t nb__local_check(const nb_comm_t* c, const nb__args_t* a) {
+  if (c->next_bad) return (nb__bad_t)c->next_bad;
   if (a->extra_bad) return (nb__bad_t)a->extra_bad;
   if (a->dt < 0 || a->dt >= NB_COMM_DTYPE_COUNT_) return NB__BAD_DTYPE;
   if (a->op != -1 && (a->op < 0 || a->op >= NB_COMM_OP_COUNT_)) return NB__BAD_OP;
@@ -383,10 +396,10 @@ enum { NB__AG_BAD = 0, NB__AG_PAIRS = 1, NB__AG_NPAIRS = 6, NB__AG_LEN = 1 + 2 *
 
 static nb_status_t nb__validate(nb_comm_t* c, const nb__args_t* a) {
   nb__bad_t bad = nb__local_check(c, a);
+  c->next_bad = 0;
   if (!c->validate) {
     if (bad == NB__BAD_NONE) return NB_OK;
-    return nb_error(bad == NB__BAD_TOO_BIG ? NB_ERR_UNSUPPORTED : NB_ERR_INVALID, "%s: %s",
-                    nb__coll_name(a->coll), nb__bad_text(bad));
+    return nb_error(nb__bad_status(bad), "%s: %s", nb__coll_name(a->coll), nb__bad_text(bad));
   }
   int64_t v[NB__AG_LEN], r[NB__AG_LEN];
   v[NB__AG_BAD] = bad ? (int64_t)(c->size - c->rank) * 64 + (int64_t)bad : 0;
@@ -415,9 +428,8 @@ static nb_status_t nb__validate(nb_comm_t* c, const nb__args_t* a) {
   if (r[NB__AG_BAD]) {
     int first = c->size - (int)(r[NB__AG_BAD] / 64);
     nb__bad_t why = (nb__bad_t)(r[NB__AG_BAD] % 64);
-    return nb_error(why == NB__BAD_TOO_BIG ? NB_ERR_UNSUPPORTED : NB_ERR_INVALID,
-                    "%s: %s on rank %d (count %zu, dtype %d); every rank fails this call", coll,
-                    nb__bad_text(why), first, a->count, a->dt);
+    return nb_error(nb__bad_status(why), "%s: %s on rank %d; every rank fails this call", coll,
+                    nb__bad_text(why), first);
   }
   if (mx[1] != mn[1])
     return nb_error(NB_ERR_INVALID,
@@ -441,21 +453,31 @@ static nb_status_t nb__validate(nb_comm_t* c, const nb__args_t* a) {
 
 static nb_status_t nb__finish(nb_comm_t* c, nb_comm_request_t* r, nb_comm_request_t** out,
                               nb_status_t st) {
-  if (st != NB_OK) {
+  if (st != NB_OK || !r) {
     nb_free(r);
-    return st;
+    return st != NB_OK ? st : nb_error(NB_ERR_INTERNAL, "asynchronous call without a request");
   }
   *out = r;
   return NB_OK;
 }
 
-static nb_status_t nb__new_req(nb_comm_t* c, nb_comm_request_t** out, nb_comm_request_t** r) {
-  if (!out) return nb_error(NB_ERR_INVALID, "asynchronous collective: req is NULL");
+/* A request for an asynchronous call. A NULL `out` or a failed allocation is not returned at
+ * once (the other ranks would wait in the collective): it is recorded as this rank's bad
+ * argument for the check that follows, which fails the call on every rank. */
+static nb_comm_request_t* nb__new_req(nb_comm_t* c, nb_comm_request_t** out) {
+  nb_comm_request_t* r = NULL;
+  if (!out) {
+    c->next_bad = NB__BAD_NULL_REQ;
+    return NULL;
+  }
   *out = NULL;
-  NB_CHECK(NB_CALLOC(*r, 1, "collective request"));
-  (*r)->c = c;
-  (*r)->mreq = MPI_REQUEST_NULL;
-  return NB_OK;
+  if (nb_calloc((void**)&r, 1, sizeof *r, "collective request") != NB_OK) {
+    c->next_bad = NB__BAD_NOMEM;
+    return NULL;
+  }
+  r->c = c;
+  r->mreq = MPI_REQUEST_NULL;
+  return r;
 }
 
 static nb_status_t nb__allreduce(nb_comm_t* c, const void* send, void* recv, size_t count,
@@ -607,32 +629,28 @@ nb_status_t nb_comm_barrier(nb_comm_t* c) {
 nb_status_t nb_comm_iallreduce(nb_comm_t* c, const void* send, void* recv, size_t count,
                                nb_comm_dtype_t dt, nb_comm_op_t op, nb_comm_request_t** req) {
   if (!c) return nb_error(NB_ERR_INVALID, "allreduce: communicator is NULL");
-  nb_comm_request_t* r = NULL;
-  NB_CHECK(nb__new_req(c, req, &r));
+  nb_comm_request_t* r = nb__new_req(c, req);
   return nb__finish(c, r, req, nb__allreduce(c, send, recv, count, dt, op, r));
 }
 
 nb_status_t nb_comm_ireduce_scatter(nb_comm_t* c, const void* send, void* recv, size_t recv_count,
                                     nb_comm_dtype_t dt, nb_comm_op_t op, nb_comm_request_t** req) {
   if (!c) return nb_error(NB_ERR_INVALID, "reduce-scatter: communicator is NULL");
-  nb_comm_request_t* r = NULL;
-  NB_CHECK(nb__new_req(c, req, &r));
+  nb_comm_request_t* r = nb__new_req(c, req);
   return nb__finish(c, r, req, nb__reduce_scatter(c, send, recv, recv_count, dt, op, r));
 }
 
 nb_status_t nb_comm_iallgather(nb_comm_t* c, const void* send, void* recv, size_t send_count,
                                nb_comm_dtype_t dt, nb_comm_request_t** req) {
   if (!c) return nb_error(NB_ERR_INVALID, "allgather: communicator is NULL");
-  nb_comm_request_t* r = NULL;
-  NB_CHECK(nb__new_req(c, req, &r));
+  nb_comm_request_t* r = nb__new_req(c, req);
   return nb__finish(c, r, req, nb__allgather(c, send, recv, send_count, dt, r));
 }
 
 nb_status_t nb_comm_ibroadcast(nb_comm_t* c, const void* send, void* recv, size_t count,
                                nb_comm_dtype_t dt, int root, nb_comm_request_t** req) {
   if (!c) return nb_error(NB_ERR_INVALID, "broadcast: communicator is NULL");
-  nb_comm_request_t* r = NULL;
-  NB_CHECK(nb__new_req(c, req, &r));
+  nb_comm_request_t* r = nb__new_req(c, req);
   return nb__finish(c, r, req, nb__broadcast(c, send, recv, count, dt, root, r));
 }
 

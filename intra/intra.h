@@ -44,7 +44,9 @@ typedef struct {
   /* GPU only: CUDA device ordinal; -1 (default) = node-local rank modulo the device count. */
   int gpu;
   /* GPU only: cudaStream_t to enqueue on (borrowed, must outlive the communicator); NULL
-   * (default) = the communicator creates its own non-blocking stream. */
+   * (default) = the communicator creates its own stream, which (being a blocking stream) is
+   * ordered after work on the legacy default stream. Inputs produced on other streams must be
+   * complete, or ordered before the call with an event, when a collective is called. */
   void* stream;
 } nb_comm_config_t;
 

@@ -16,6 +16,7 @@ struct nb_comm {
   void* be_state;
   MPI_Op op_sum_f16, op_sum_bf16; /* user-defined commutative sums over 2-byte types */
   int validate;
+  int next_bad; /* a bad argument found before the check (NULL request pointer) */
   void* stream; /* GPU: the cudaStream_t operations are enqueued on */
 };
 

@@ -65,7 +65,9 @@ static nb_status_t nb__nccl_local(nb_comm_t* c, nb__nccl_t* s, const nb_comm_con
   if (cfg->stream) {
     s->stream = (cudaStream_t)cfg->stream;
   } else {
-    NB__CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    /* A blocking stream: ordered after work on the legacy default stream (cudaMemcpy, kernels
+     * launched without a stream), so inputs written that way are ready. */
+    NB__CUDA_CHECK(cudaStreamCreate(&s->stream));
     s->own_stream = 1;
   }
   return NB_OK;

@@ -101,13 +101,17 @@ static void tb_alloc(tbuf_t* b, size_t bytes) {
   if (g_gpu) {
     assert_int_equal(cudaMalloc(&b->d, bytes ? bytes : 1), cudaSuccess);
     assert_int_equal(cudaMemset(b->d, 0, bytes ? bytes : 1), cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
   }
 #endif
 }
 
 static void tb_push(tbuf_t* b) {
 #ifdef NB_HAVE_NCCL
-  if (g_gpu) assert_int_equal(cudaMemcpy(b->d, b->h, b->bytes, cudaMemcpyHostToDevice), 0);
+  if (g_gpu) { /* from pageable memory the copy may still be in flight when cudaMemcpy returns */
+    assert_int_equal(cudaMemcpy(b->d, b->h, b->bytes, cudaMemcpyHostToDevice), 0);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+  }
 #endif
 }
 
@@ -436,6 +440,7 @@ static nb_status_t peer_cluster(void* shard, size_t count, size_t offset, nb_com
 #ifdef NB_HAVE_NCCL
   if (g_gpu) {
     cudaMemcpy(shard, h, count * es, cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
     free(h);
   }
 #endif
@@ -576,6 +581,14 @@ static void test_bad_arguments(void** state) {
       nb_hier_allreduce(g_comm, s.d, n, bad, NB_COMM_SUM, NB_HIER_SHARDED, peer_cluster, NULL),
       NB_ERR_INVALID, "unknown dtype");
   agree(ok, "unknown dtype is an error on every rank");
+
+  /* a NULL request pointer on one rank (an asynchronous call) */
+  req = NULL;
+  ok = error_is(nb_comm_iallreduce(g_comm, s.d, r.d, n, NB_COMM_FP32, NB_COMM_SUM,
+                                   g_rank == last ? NULL : &req),
+                NB_ERR_INVALID, "NULL request pointer") &&
+       req == NULL;
+  agree(ok, "NULL request pointer is an error on every rank");
 
   /* unknown op, bad root, root mismatch, NULL callback, in-place use that differs */
   nb_comm_op_t bop = g_rank == last ? (nb_comm_op_t)9 : NB_COMM_SUM;
