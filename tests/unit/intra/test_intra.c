@@ -227,6 +227,23 @@ static void test_create(void** state) {
   }
   MPI_Comm_free(&half);
   agree(ok, "communicator over a split MPI communicator");
+
+  /* AUTO follows the machine: GPU only where NCCL is built and every rank sees a device. */
+  nb_comm_t* autoc = NULL;
+  ok = nb_comm_create(NULL, &autoc) == NB_OK;
+  if (ok) {
+    int expect_gpu = 0;
+#ifdef NB_HAVE_NCCL
+    expect_gpu = nb_device_count() > 0;
+#endif
+    int any_cpu = !expect_gpu, all_gpu = 0;
+    MPI_Allreduce(&any_cpu, &all_gpu, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    all_gpu = !all_gpu;
+    ok = nb_comm_device(autoc) == (all_gpu ? NB_COMM_DEVICE_GPU : NB_COMM_DEVICE_CPU) &&
+         strcmp(nb_comm_backend_name(autoc), all_gpu ? "nccl" : "mpi") == 0;
+  }
+  nb_comm_destroy(autoc);
+  agree(ok, "AUTO device choice");
 }
 
 static void test_allreduce(void** state) {
