@@ -230,11 +230,16 @@ nb_status_t nb_comm_create(const nb_comm_config_t* cfg_in, nb_comm_t** out) {
       cfg.device != NB_COMM_DEVICE_GPU)
     st = nb_error(NB_ERR_INVALID, "nb_comm_create: unknown device %d", (int)cfg.device);
   int gpu_ok = nb__gpu_usable(), all_gpu = 0;
-  rc = MPI_Allreduce(&gpu_ok, &all_gpu, 1, MPI_INT, MPI_MIN, c->mpi);
+  int mine[3] = {gpu_ok, (int)cfg.device, -(int)cfg.device}, agreed[3];
+  rc = MPI_Allreduce(mine, agreed, 3, MPI_INT, MPI_MIN, c->mpi);
   if (rc != MPI_SUCCESS) {
     st = nb__mpi_error(rc, "MPI_Allreduce(device)");
     goto fail;
   }
+  all_gpu = agreed[0];
+  if (st == NB_OK && agreed[1] != -agreed[2])
+    st = nb_error(NB_ERR_INVALID, "nb_comm_create: ranks asked for different devices (%d and %d)",
+                  agreed[1], -agreed[2]);
   if (cfg.device == NB_COMM_DEVICE_AUTO)
     cfg.device = all_gpu ? NB_COMM_DEVICE_GPU : NB_COMM_DEVICE_CPU;
   if (st == NB_OK && cfg.device == NB_COMM_DEVICE_GPU && !gpu_ok) {

@@ -639,6 +639,14 @@ static void test_bad_arguments(void** state) {
     ok = error_is(nb_comm_create(&cfg, &c2), NB_ERR_UNSUPPORTED, "gpu") && c2 == NULL;
     agree(ok, "a GPU communicator without a device fails on every rank");
   }
+  if (g_size > 1) { /* ranks that ask for different devices */
+    nb_comm_config_t cfg;
+    nb_comm_config_init(&cfg);
+    cfg.device = g_rank == last ? NB_COMM_DEVICE_AUTO : NB_COMM_DEVICE_CPU;
+    nb_comm_t* c3 = NULL;
+    ok = error_is(nb_comm_create(&cfg, &c3), NB_ERR_INVALID, "different devices") && c3 == NULL;
+    agree(ok, "ranks asking for different devices fail on every rank");
+  }
   agree(still_works(), "allreduce after all the bad calls");
   /* zero counts are valid no-ops, NULL buffers allowed */
   ok = nb_comm_allreduce(g_comm, NULL, NULL, 0, NB_COMM_BF16, NB_COMM_AVG) == NB_OK;
