@@ -132,7 +132,7 @@ int nb_bench_allreduce_main(int argc, char** argv) {
   NB_CHECK_GOTO(nb__ar_alloc(&b, &b.recv, bytes), st, out);
   /* iters calls of each, in batches of k, the batches interleaved (alternating which goes
    * first) so that both see the same machine. */
-  int k = bytes >= (1u << 20) ? 4 : 50, batches = (iters + k - 1) / k;
+  int k = bytes >= (1u << 20) ? 2 : 50, batches = (iters + k - 1) / k;
   NB_CHECK_GOTO(NB_ALLOC(t_nb, (size_t)batches, "timings"), st, out);
   NB_CHECK_GOTO(NB_ALLOC(t_raw, (size_t)batches, "timings"), st, out);
   double dummy;
