@@ -429,6 +429,7 @@ typedef struct {
   int calls;
   size_t offset, count;
   int fail_on_rank; /* -1: never fail */
+  int avg;          /* AVG: the clusters' averages are averaged (equal cluster sizes) */
 } peer_t;
 
 static double peer_sum(size_t i) {
@@ -453,7 +454,10 @@ static nb_status_t peer_cluster(void* shard, size_t count, size_t offset, nb_com
     cudaMemcpy(h, shard, count * es, cudaMemcpyDeviceToHost);
   }
 #endif
-  for (size_t i = 0; i < count; i++) put(h, dt, i, get(h, dt, i) + peer_sum(offset + i));
+  for (size_t i = 0; i < count; i++) {
+    double mine = get(h, dt, i), peer = peer_sum(offset + i);
+    put(h, dt, i, p->avg ? (mine + peer / g_size) / 2 : mine + peer);
+  }
 #ifdef NB_HAVE_NCCL
   if (g_gpu) {
     cudaMemcpy(shard, h, count * es, cudaMemcpyHostToDevice);
@@ -466,7 +470,8 @@ static nb_status_t peer_cluster(void* shard, size_t count, size_t offset, nb_com
 
 static double e_two_clusters(size_t i, void* ctx) {
   ectx_t x = {0};
-  return e_sum(i, &x) + peer_sum(i);
+  int avg = *(const int*)ctx;
+  return avg ? (e_sum(i, &x) / g_size + peer_sum(i) / g_size) / 2 : e_sum(i, &x) + peer_sum(i);
 }
 
 static void test_hier(void** state) {
@@ -477,17 +482,18 @@ static void test_hier(void** state) {
     nb_comm_dtype_t dt = kDtypes[d];
     size_t es = nb_comm_dtype_size(dt);
     for (int mode = 0; mode < 2; mode++) {
-      for (size_t k = 0; k < 3; k++) {
-        size_t n = counts[k];
+      for (size_t k = 0; k < 6; k++) {
+        size_t n = counts[k % 3];
+        int avg = k >= 3;
         tbuf_t b;
         tb_alloc(&b, n * es);
         for (size_t i = 0; i < n; i++) put(b.h, dt, i, val(g_rank, i));
         tb_push(&b);
-        peer_t p = {.fail_on_rank = -1};
-        nb_status_t st = nb_hier_allreduce(g_comm, b.d, n, dt, NB_COMM_SUM, (nb_hier_mode_t)mode,
-                                           peer_cluster, &p);
+        peer_t p = {.fail_on_rank = -1, .avg = avg};
+        nb_status_t st = nb_hier_allreduce(g_comm, b.d, n, dt, avg ? NB_COMM_AVG : NB_COMM_SUM,
+                                           (nb_hier_mode_t)mode, peer_cluster, &p);
         tb_pull(&b);
-        int ok = st == NB_OK && check("hier allreduce", dt, b.h, n, e_two_clusters, NULL);
+        int ok = st == NB_OK && check("hier allreduce", dt, b.h, n, e_two_clusters, &avg);
         if (st != NB_OK) fprintf(stderr, "hier: %s\n", nb_error_last());
         /* Who ran the callback on what: shards must tile [0, n) once; leader mode: rank 0. */
         long long mine[3] = {p.calls, (long long)p.offset, (long long)p.count};
