@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "intra/half.h"
 #include "intra/intra_internal.h"
 #include "kernels/device.h"
 
@@ -94,61 +95,17 @@ const char* nb_comm_dtype_name(nb_comm_dtype_t dt) {
   }
 }
 
-/* Round-to-nearest-even binary32 → binary16 (F. Giesen's float_to_half_fast3_rtne). */
 unsigned short nb_comm_f32_to_f16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  uint32_t sign = u & 0x80000000u;
-  u ^= sign;
-  uint16_t o;
-  if (u >= (127u + 16u) << 23) { /* >= 65536, Inf or NaN */
-    o = u > 0x7f800000u ? 0x7e00 : 0x7c00;
-  } else if (u < 113u << 23) { /* subnormal half or zero: align with a magic add */
-    const uint32_t magic_u = 126u << 23;
-    float fm, fv;
-    memcpy(&fm, &magic_u, 4);
-    memcpy(&fv, &u, 4);
-    fv += fm;
-    memcpy(&u, &fv, 4);
-    o = (uint16_t)(u - magic_u);
-  } else {
-    uint32_t mant_odd = (u >> 13) & 1u;
-    u += ((uint32_t)(15 - 127) << 23) + 0xfffu; /* rebias exponent, rounding bias part 1 */
-    u += mant_odd;                              /* ties to even */
-    o = (uint16_t)(u >> 13);
-  }
-  return (unsigned short)(o | (sign >> 16));
+  return nb__f32_to_f16(f);
 }
-
 float nb_comm_f16_to_f32(unsigned short h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
-  if (exp == 0) { /* zero or subnormal: exact in binary32 */
-    float f = (float)mant * 0x1p-24f;
-    memcpy(&u, &f, 4);
-    u |= sign;
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | (mant << 13);
-  } else {
-    u = sign | ((exp + 112u) << 23) | (mant << 13);
-  }
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
+  return nb__f16_to_f32(h);
 }
-
 unsigned short nb_comm_f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u); /* quiet NaN */
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (unsigned short)(u >> 16);
+  return nb__f32_to_bf16(f);
 }
-
 float nb_comm_bf16_to_f32(unsigned short h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
+  return nb__bf16_to_f32(h);
 }
 
 void nb__comm_post_apply(const nb__comm_post_t* p) {
@@ -160,12 +117,10 @@ void nb__comm_post_apply(const nb__comm_post_t* p) {
     for (size_t i = 0; i < p->scale_count; i++) x[i] /= d;
   } else if (p->dt == NB_COMM_FP16) {
     unsigned short* x = p->scale_buf;
-    for (size_t i = 0; i < p->scale_count; i++)
-      x[i] = nb_comm_f32_to_f16(nb_comm_f16_to_f32(x[i]) / d);
+    for (size_t i = 0; i < p->scale_count; i++) x[i] = nb__f32_to_f16(nb__f16_to_f32(x[i]) / d);
   } else if (p->dt == NB_COMM_BF16) {
     unsigned short* x = p->scale_buf;
-    for (size_t i = 0; i < p->scale_count; i++)
-      x[i] = nb_comm_f32_to_bf16(nb_comm_bf16_to_f32(x[i]) / d);
+    for (size_t i = 0; i < p->scale_count; i++) x[i] = nb__f32_to_bf16(nb__bf16_to_f32(x[i]) / d);
   }
 }
 

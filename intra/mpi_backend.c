@@ -5,23 +5,18 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "intra/half.h"
 #include "intra/intra_internal.h"
 
 /* Pairwise sums of 2-byte floats, computed in fp32 and rounded to nearest even. Because binary32
- * has more than 2p+2 bits for p = 11 (fp16) and p = 8 (bf16), the double rounding is innocuous:
+ * has at least 2p+2 bits for p = 11 (fp16) and p = 8 (bf16), the double rounding is innocuous:
  * each result is the correctly rounded IEEE sum, and a + b == b + a bit for bit (commutative). */
-static void nb__sum_f16(void* in, void* inout, int* len, MPI_Datatype* type) {
-  const unsigned short* a = in;
-  unsigned short* b = inout;
-  for (int i = 0; i < *len; i++)
-    b[i] = nb_comm_f32_to_f16(nb_comm_f16_to_f32(a[i]) + nb_comm_f16_to_f32(b[i]));
+static void nb__op_sum_f16(void* in, void* inout, int* len, MPI_Datatype* type) {
+  nb__sum_f16(in, inout, (size_t)*len, 1);
 }
 
-static void nb__sum_bf16(void* in, void* inout, int* len, MPI_Datatype* type) {
-  const unsigned short* a = in;
-  unsigned short* b = inout;
-  for (int i = 0; i < *len; i++)
-    b[i] = nb_comm_f32_to_bf16(nb_comm_bf16_to_f32(a[i]) + nb_comm_bf16_to_f32(b[i]));
+static void nb__op_sum_bf16(void* in, void* inout, int* len, MPI_Datatype* type) {
+  nb__sum_bf16(in, inout, (size_t)*len, 1);
 }
 
 static MPI_Datatype nb__type(nb_comm_dtype_t dt) {
@@ -40,8 +35,8 @@ static MPI_Op nb__op(const nb_comm_t* c, nb_comm_dtype_t dt) {
 }
 
 static nb_status_t nb__mpi_init(nb_comm_t* c, const nb_comm_config_t* cfg) {
-  NB_MPI_CHECK(MPI_Op_create(nb__sum_f16, 1, &c->op_sum_f16));
-  NB_MPI_CHECK(MPI_Op_create(nb__sum_bf16, 1, &c->op_sum_bf16));
+  NB_MPI_CHECK(MPI_Op_create(nb__op_sum_f16, 1, &c->op_sum_f16));
+  NB_MPI_CHECK(MPI_Op_create(nb__op_sum_bf16, 1, &c->op_sum_bf16));
   return NB_OK;
 }
 

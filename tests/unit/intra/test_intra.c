@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "intra/half.h" /* internal: the element-pair sums behind the MPI ops */
 #include "intra/intra.h"
 #include "kernels/device.h"
 
@@ -193,6 +194,51 @@ static void test_half_conversions(void** state) {
   assert_int_equal(nb_comm_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82); /* tie → even */
   assert_true(isnan(nb_comm_bf16_to_f32(nb_comm_f32_to_bf16(NAN))));
   assert_true(nb_comm_bf16_to_f32(0xc040) == -3.0f);
+}
+
+/* The F16C / AVX2 sums give the same bits as the portable ones: every 2-byte value against a
+ * set of partners (zeros, subnormals, the largest finite, infinities, NaNs, random values). */
+static void test_half_sums(void** state) {
+  (void)state;
+  uint16_t partners[96] = {0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x0400, 0x7bff, 0xfbff,
+                           0x7c00, 0xfc00, 0x7e00, 0x7c01, 0x3c00, 0xbc00, 0x7f80, 0xff80,
+                           0x7fc0, 0x7f81, 0x0080, 0x007f, 0x7f7f, 0xff7f, 0x3f80, 0x3f81};
+  uint32_t x = 12345;
+  for (int i = 24; i < 96; i++) {
+    x = x * 1664525u + 1013904223u;
+    partners[i] = (uint16_t)(x >> 16);
+  }
+  const size_t n = 65536;
+  uint16_t* a = malloc(n * 2);
+  uint16_t* hw = malloc(n * 2);
+  uint16_t* sw = malloc(n * 2);
+  assert_non_null(a);
+  assert_non_null(hw);
+  assert_non_null(sw);
+  for (size_t i = 0; i < n; i++) a[i] = (uint16_t)i;
+  for (int dt = 0; dt < 2; dt++) {
+    for (int p = 0; p < 96; p++) {
+      for (size_t i = 0; i < n; i++) hw[i] = sw[i] = partners[p];
+      if (dt == 0) {
+        nb__sum_f16(a, hw, n, 1);
+        nb__sum_f16(a, sw, n, 0);
+      } else {
+        nb__sum_bf16(a, hw, n, 1);
+        nb__sum_bf16(a, sw, n, 0);
+      }
+      for (size_t i = 0; i < n; i++)
+        if (hw[i] != sw[i])
+          fail_msg("%s %#zx + %#x: vector path %#x, portable %#x", dt ? "bf16" : "fp16", i,
+                   partners[p], hw[i], sw[i]);
+    }
+  }
+  /* and the portable fp16 sum is the IEEE sum: exact cases and a rounding tie */
+  uint16_t one = 0x3c00, tiny = 0x1000; /* 1.0 and 2^-11: 1 + 2^-11 ties to 1.0 */
+  nb__sum_f16(&tiny, &one, 1, 0);
+  assert_int_equal(one, 0x3c00);
+  free(a);
+  free(hw);
+  free(sw);
 }
 
 static void test_create(void** state) {
@@ -689,6 +735,7 @@ int main(int argc, char** argv) {
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_half_conversions),
+      cmocka_unit_test(test_half_sums),
       cmocka_unit_test(test_create),
       cmocka_unit_test(test_allreduce),
       cmocka_unit_test(test_reduce_scatter),
