@@ -166,13 +166,15 @@ int nb_bench_allreduce_main(int argc, char** argv) {
       nb_json_num(&j, "vs_raw", vs_raw);
       nb_json_end(&j);
     } else {
-      printf("allreduce fp32 sum, %zu bytes, %d ranks, backend %s, %d iterations (median)\n", bytes,
-             size, nb_comm_backend_name(b.c), iters);
-      printf("  %-22s %9.3f ms  algbw %7.3f GB/s  busbw %7.3f GB/s\n", "nebula allreduce", tn * 1e3,
-             (double)bytes / tn / 1e9, busbw);
-      printf("  %-22s %9.3f ms  algbw %7.3f GB/s  busbw %7.3f GB/s\n",
-             b.gpu ? "raw ncclAllReduce" : "raw MPI_Allreduce", tr * 1e3, (double)bytes / tr / 1e9,
-             raw_busbw);
+      printf(
+          "allreduce fp32 sum, %zu bytes, %d ranks, backend %s, %d calls each (median of %d "
+          "batches of %d)\n",
+          bytes, size, nb_comm_backend_name(b.c), batches * k, batches, k);
+      const char* raw_name = b.gpu ? "raw ncclAllReduce" : "raw MPI_Allreduce";
+      printf("  %-18s %12.1f us  algbw %8.3f GB/s  busbw %8.3f GB/s\n", "nebula allreduce",
+             tn * 1e6, (double)bytes / tn / 1e9, busbw);
+      printf("  %-18s %12.1f us  algbw %8.3f GB/s  busbw %8.3f GB/s\n", raw_name, tr * 1e6,
+             (double)bytes / tr / 1e9, raw_busbw);
       printf("  vs_raw %.3f (1.0 = parity)\n", vs_raw);
     }
     fflush(stdout);
