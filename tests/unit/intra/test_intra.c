@@ -699,6 +699,12 @@ static void test_bad_arguments(void** state) {
     ok = error_is(nb_comm_create(&cfg, &c3), NB_ERR_INVALID, "different devices") && c3 == NULL;
     agree(ok, "ranks asking for different devices fail on every rank");
   }
+  if (!g_gpu) { /* MPI counts are int: a larger count is refused everywhere, nothing touched */
+    ok = error_is(
+        nb_comm_allreduce(g_comm, s.d, r.d, (size_t)INT32_MAX + 1, NB_COMM_FP32, NB_COMM_SUM),
+        NB_ERR_UNSUPPORTED, "too large");
+    agree(ok, "a count above INT_MAX is refused on every rank");
+  }
   agree(still_works(), "allreduce after all the bad calls");
   /* zero counts are valid no-ops, NULL buffers allowed */
   ok = nb_comm_allreduce(g_comm, NULL, NULL, 0, NB_COMM_BF16, NB_COMM_AVG) == NB_OK;
