@@ -100,7 +100,8 @@ const char* nb_comm_dtype_name(nb_comm_dtype_t dt);
  *   the send buffer holds scratch values.
  * - fp16/bf16 sums on MPI use a commutative user-defined MPI_Op that adds element pairs in fp32
  *   and rounds to nearest even: every pairwise sum is the correctly rounded IEEE sum, so inputs
- *   whose partial sums are exact give bit-identical results at any rank count.
+ *   whose partial sums are exact give bit-identical results at any rank count. A NaN sum is
+ *   the canonical quiet NaN (0x7e00 / 0x7fc0).
  * - On GPU, the blocking forms synchronize the communicator's stream before returning.
  * - A communicator is used by one thread at a time (MPI_THREAD_SERIALIZED).
  * - count is in elements and must fit an int for MPI (NB_ERR_UNSUPPORTED above INT_MAX).
