@@ -54,7 +54,7 @@ echo "gpu-check: built in $(($(date +%s) - t0)) s"
 ctest_rc=$?
 # 4. The NCCL allreduce benchmark on every GPU (a single GPU is one rank: busbw is 0 there, as
 #    in nccl-tests, and vs_raw compares times).
-mpirun_args=(--allow-run-as-root --oversubscribe --bind-to none -np "$ngpu")
+mpirun_args=(--allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader -np "$ngpu")
 bench_json=$(GLIBC_TUNABLES=glibc.malloc.hugetlb=1 timeout 120 mpirun "${mpirun_args[@]}" \
   -x GLIBC_TUNABLES "$build/nebula" bench allreduce --device gpu --mib "$mib" --iters 30 \
   --json 2>"$build/gpu-bench.err" | grep '^{' | tail -1)
