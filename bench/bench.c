@@ -16,6 +16,7 @@ static const nb_bench_entry_t nb__benches[] = {
     {"rpc", "gRPC wrapper on loopback: plaintext vs mTLS goodput and RTT", nb_bench_rpc_main},
     {"train", "transformer training step vs the machine's sgemm rate", nb_bench_train_main},
     {"codec", "the update codec: wire size, encode/decode speed vs memcpy", nb_bench_codec_main},
+    {"allreduce", "intra-cluster allreduce vs raw MPI/NCCL (mpirun)", nb_bench_allreduce_main},
     {NULL, NULL, NULL},
 };
 
