@@ -493,6 +493,7 @@ static nb_status_t peer_cluster(void* shard, size_t count, size_t offset, nb_com
   if (p->fail_on_rank == g_rank)
     return nb_error(NB_ERR_UNAVAILABLE, "simulated peer cluster unreachable");
   size_t es = nb_comm_dtype_size(dt);
+  (void)es; /* used only by the GPU path */
   void* h = shard;
 #ifdef NB_HAVE_NCCL
   if (g_gpu) {
