@@ -166,24 +166,49 @@ static nb_status_t nb__read_file(const char* path, uint8_t** out, size_t* len) {
   return NB_OK;
 }
 
-/* Appends every non-empty line of text (without '\r' at its end) to train or held. */
+/* Calls fn for every non-empty line of text (without a '\r' at its end). */
+#define NB__FOR_LINES(text, len, body)                               \
+  do {                                                               \
+    size_t i_ = 0;                                                   \
+    while (i_ < (len)) {                                             \
+      const uint8_t* nl_ = memchr((text) + i_, '\n', (len)-i_);      \
+      size_t e_ = nl_ ? (size_t)(nl_ - (text)) : (len), n = e_ - i_; \
+      const uint8_t* line = (text) + i_;                             \
+      if (n > 0 && line[n - 1] == '\r') n--;                         \
+      if (n > 0) body;                                               \
+      i_ = e_ + 1;                                                   \
+    }                                                                \
+  } while (0)
+
+/* The hash of the segment the fallback holds out when the rate selects none: the smallest. */
+static uint64_t nb__fallback_hash(const uint8_t* text, size_t len, int permille) {
+  uint64_t best = UINT64_MAX;
+  int any = 0;
+  NB__FOR_LINES(text, len, {
+    uint64_t h = nb_xxh3_64(line, n, NB_TRAIN_HOLDOUT_SEED);
+    if ((int)(h % 1000u) < permille) any = 1;
+    if (h < best) best = h;
+  });
+  return any ? UINT64_MAX : best;
+}
+
+/* Appends every non-empty line of text to train or held (all_train / all_held force the side;
+ * otherwise the held-out rule, or the fallback segment whose hash is `fallback`). */
 static void nb__split_lines(const uint8_t* text, size_t len, int permille, int all_train,
-                            int all_held, uint8_t* train, size_t* tl, uint8_t* held, size_t* hl) {
-  size_t i = 0;
-  while (i < len) {
-    const uint8_t* nl = memchr(text + i, '\n', len - i);
-    size_t e = nl ? (size_t)(nl - text) : len, n = e - i;
-    if (n > 0 && text[i + n - 1] == '\r') n--;
-    if (n > 0) {
-      int h = all_held || (!all_train && nb_train_is_heldout(text + i, n, permille));
-      uint8_t* dst = h ? held : train;
-      size_t* dl = h ? hl : tl;
-      memcpy(dst + *dl, text + i, n);
-      dst[*dl + n] = '\n';
-      *dl += n + 1;
+                            int all_held, uint64_t fallback, uint8_t* train, size_t* tl,
+                            uint8_t* held, size_t* hl) {
+  NB__FOR_LINES(text, len, {
+    int h = all_held;
+    if (!all_train && !all_held) {
+      uint64_t x = nb_xxh3_64(line, n, NB_TRAIN_HOLDOUT_SEED);
+      h = (int)(x % 1000u) < permille || x == fallback;
     }
-    i = e + 1;
-  }
+    uint8_t* dst = h ? held : train;
+    size_t* dl = h ? hl : tl;
+    memcpy(dst + *dl, line, n);
+    dst[*dl + n] = '\n';
+    *dl += n + 1;
+  });
 }
 
 static nb_status_t nb__index_pairs(const uint8_t* text, size_t len, int swap, nb__pair_t** out,
@@ -229,11 +254,12 @@ static nb_status_t nb__load_source(const nb_train_config_t* c, int idx, nb__sour
   if (st == NB_OK) st = nb_alloc((void**)&s->train, raw_len + 1, 1, "training text");
   if (st == NB_OK) st = nb_alloc((void**)&s->held, raw_len + dev_len + 2, 1, "held-out text");
   if (st == NB_OK) {
-    nb__split_lines(raw, raw_len, c->heldout_permille, has_dev, 0, s->train, &s->train_len, s->held,
-                    &s->held_len);
+    uint64_t fb = has_dev ? UINT64_MAX : nb__fallback_hash(raw, raw_len, c->heldout_permille);
+    nb__split_lines(raw, raw_len, c->heldout_permille, has_dev, 0, fb, s->train, &s->train_len,
+                    s->held, &s->held_len);
     if (has_dev)
-      nb__split_lines(dev, dev_len, c->heldout_permille, 0, 1, s->train, &s->train_len, s->held,
-                      &s->held_len);
+      nb__split_lines(dev, dev_len, c->heldout_permille, 0, 1, UINT64_MAX, s->train, &s->train_len,
+                      s->held, &s->held_len);
   }
   nb_free(raw);
   nb_free(dev);

@@ -22,9 +22,11 @@ extern "C" {
 #define NB_TRAIN_LABEL_MAX 16
 #define NB_TRAIN_PATH_MAX 1024
 
-/* Held-out rule: a segment (one line, without its newline) is held out when
- * xxh3_64(segment, NB_TRAIN_HOLDOUT_SEED) % 1000 < heldout_permille. The seed is fixed (not the
- * training seed) so every run and `nebula eval` agree on the slice. */
+/* Held-out rule: a segment (one non-empty line, without its newline) is held out when
+ * xxh3_64(segment, NB_TRAIN_HOLDOUT_SEED) % 1000 < heldout_permille; in a file where no segment
+ * qualifies (a small one), the segment with the smallest hash is held out instead. The seed is
+ * fixed (not the training seed) so every run and `nebula eval` agree on the slice, and identical
+ * segments always land on the same side. */
 #define NB_TRAIN_HOLDOUT_SEED 0x6e6562756c61ull /* "nebula" */
 
 typedef enum {
@@ -122,7 +124,8 @@ void nb_train_config_defaults(nb_train_config_t* cfg);
 /* NB_ERR_CONFIG naming the field when a setting is out of range or inconsistent. */
 nb_status_t nb_train_config_check(const nb_train_config_t* cfg);
 
-/* 1 when a segment is in the held-out slice at this rate (see NB_TRAIN_HOLDOUT_SEED). */
+/* 1 when a segment is in the held-out slice at this rate by the hash rule (see
+ * NB_TRAIN_HOLDOUT_SEED; the small-file fallback is not covered). */
 int nb_train_is_heldout(const void* segment, size_t len, int heldout_permille);
 
 typedef struct nb_trainer nb_trainer_t;
