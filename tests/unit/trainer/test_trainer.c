@@ -222,7 +222,8 @@ static nb_status_t count_hook(void* ctx, float* g, size_t n) {
   return NB_OK;
 }
 
-/* LoRA: only the adapters change; they are the synced buffer; the grad hook sees them. */
+/* LoRA: only the adapters change; they are the synced buffer; the grad hook sees them; resume
+ * is bit-exact. Distillation from the base runs. */
 static void test_lora_trains_only_adapters(void** state) {
   (void)state;
   char* dir = make_tmpdir();
@@ -267,6 +268,46 @@ static void test_lora_trains_only_adapters(void** state) {
   assert_int_equal(nb_trainer_set_sync_params(t, before, nl - 1), NB_ERR_INVALID);
   free(before);
   nb_trainer_destroy(t);
+
+  /* LoRA resume: stopped at 13, resumed to 20 == 20 in one go (adapters and base) */
+  c.grad_hook = NULL;
+  c.max_steps = 20;
+  nb_trainer_t *a, *b;
+  assert_int_equal(nb_trainer_create(&c, &a), NB_OK);
+  assert_int_equal(nb_trainer_run(a, NULL), NB_OK);
+  snprintf(c.checkpoint_dir, sizeof c.checkpoint_dir, "%s/ck", dir);
+  c.progress = stop_at_13;
+  assert_int_equal(nb_trainer_create(&c, &b), NB_OK);
+  assert_int_equal(nb_trainer_run(b, NULL), NB_ERR_CANCELLED);
+  nb_trainer_destroy(b);
+  c.progress = NULL;
+  c.resume = 1;
+  assert_int_equal(nb_trainer_create(&c, &b), NB_OK);
+  assert_int_equal(nb_trainer_step(b), 13);
+  assert_int_equal(nb_trainer_run(b, NULL), NB_OK);
+  size_t n1, n2;
+  float* l1 = nb_trainer_sync_params(a, &n1);
+  float* l2 = nb_trainer_sync_params(b, &n2);
+  assert_int_equal(n1, n2);
+  assert_memory_equal(l1, l2, n1 * sizeof(float));
+  assert_memory_equal(nb_model_params(nb_trainer_model(b), NULL), p0, n * sizeof(float));
+  nb_trainer_destroy(a);
+  nb_trainer_destroy(b);
+
+  /* distillation from the base as teacher: runs, finite loss, and differs from plain CE */
+  tiny_config(&c);
+  snprintf(c.init_checkpoint, sizeof c.init_checkpoint, "%s", base);
+  snprintf(c.teacher_checkpoint, sizeof c.teacher_checkpoint, "%s", base);
+  c.distill_alpha = 0.5f;
+  double ld, lc;
+  assert_int_equal(nb_trainer_create(&c, &a), NB_OK);
+  assert_int_equal(nb_trainer_steps(a, 3, &ld), NB_OK);
+  nb_trainer_destroy(a);
+  c.teacher_checkpoint[0] = 0;
+  assert_int_equal(nb_trainer_create(&c, &a), NB_OK);
+  assert_int_equal(nb_trainer_steps(a, 3, &lc), NB_OK);
+  nb_trainer_destroy(a);
+  assert_true(isfinite(ld) && ld != lc);
   nb_model_destroy(m);
   rm_rf(dir);
 }
