@@ -29,6 +29,7 @@ nb_status_t nb_train_config_from_job(const nb_job_config_t* job, int ci, const c
   c->seed = tr->seed;
   c->batch_size = tr->batch_size;
   c->micro_batches = cl->workers;
+  c->slowdown = cl->slowdown;
   c->max_steps = tr->max_steps;
   c->max_seconds = tr->max_seconds;
   c->optim.lr = (float)tr->optimizer.lr;

@@ -70,6 +70,7 @@ void nb_train_config_defaults(nb_train_config_t* c) {
   c->distill_temp = 2.0f;
   c->data_kind = NB_TRAIN_DATA_MONO;
   c->heldout_permille = 10;
+  c->slowdown = 1.0;
   c->eval_every = 100;
   c->eval_batches = 4;
   c->checkpoint_keep = 3;
@@ -111,6 +112,8 @@ nb_status_t nb_train_config_check(const nb_train_config_t* c) {
   }
   if (c->heldout_permille < 1 || c->heldout_permille > 500)
     return NB__CFGERR("heldout_permille must be in [1, 500], got %d", c->heldout_permille);
+  if (!(c->slowdown >= 1.0) || !isfinite(c->slowdown))
+    return NB__CFGERR("slowdown must be a number >= 1, got %g", c->slowdown);
   if (c->eval_every < 0) return NB__CFGERR("eval_every must be >= 0");
   if (c->eval_batches < 1) return NB__CFGERR("eval_batches must be >= 1, got %d", c->eval_batches);
   if (c->checkpoint_every < 0) return NB__CFGERR("checkpoint_every must be >= 0");
@@ -688,7 +691,12 @@ static nb_status_t nb__one_step(nb_trainer_t* t, double* loss_out, double* gn_ou
   t->samples += (uint64_t)B * (uint64_t)M;
   t->tokens_total += (uint64_t)scored;
   t->session_tokens += (uint64_t)scored;
-  t->compute_s += nb_now_s() - t0;
+  double dt = nb_now_s() - t0;
+  if (c->slowdown > 1.0) {
+    nb_sleep_ns((int64_t)((c->slowdown - 1.0) * dt * 1e9));
+    dt = nb_now_s() - t0;
+  }
+  t->compute_s += dt;
   *loss_out = loss_sum / M;
   return NB_OK;
 }
@@ -730,6 +738,29 @@ nb_status_t nb_trainer_steps(nb_trainer_t* t, long k, double* loss_mean) {
   }
   if (loss_mean) *loss_mean = k > 0 ? sum / (double)k : 0;
   return NB_OK;
+}
+
+nb_status_t nb_trainer_steps_budget(nb_trainer_t* t, long k_max, double seconds, long* k_done,
+                                    double* loss_mean) {
+  if (!t || k_max < 1 || !(seconds >= 0))
+    return nb_error(NB_ERR_INVALID, "trainer: bad round budget (%ld steps, %g s)", k_max, seconds);
+  double t0 = nb_now_s(), sum = 0;
+  long k = 0;
+  nb_status_t st = NB_OK;
+  while (k < k_max) {
+    double loss, gn;
+    if ((st = nb__one_step(t, &loss, &gn)) != NB_OK) break;
+    sum += loss;
+    k++;
+    if (nb__report_step(t, loss, gn)) {
+      st = nb_error(NB_ERR_CANCELLED, "training stopped");
+      break;
+    }
+    if (nb_now_s() - t0 >= seconds) break;
+  }
+  if (k_done) *k_done = k;
+  if (loss_mean) *loss_mean = k > 0 ? sum / (double)k : 0;
+  return st;
 }
 
 nb_status_t nb_trainer_eval(nb_trainer_t* t, nb_train_eval_t* out) {

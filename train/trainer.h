@@ -99,6 +99,9 @@ typedef struct {
   nb_train_source_t sources[NB_TRAIN_MAX_SOURCES];
   int heldout_permille; /* segments held out per source, in [1, 500]; default 10 */
   int data_rank;        /* mixes into the data order: distinct ranks see distinct batches */
+  /* Testing aid for heterogeneous clusters: each step is made this many times slower (the step
+   * sleeps (slowdown - 1) x its own compute time, counted as compute). 1 = off; >= 1. */
+  double slowdown;
 
   long eval_every;  /* evaluate at step 0, every N steps and at the end; 0 = only at the end */
   int eval_batches; /* batches of batch_size sequences per source and evaluation (>= 1) */
@@ -117,8 +120,8 @@ typedef struct {
 
 /* Defaults: 4 layers, width 256, 4 heads, ctx 256; seed 1; batch 8; 1 micro-batch; 1000 steps;
  * AdamW defaults with lr 6e-4, warm-up 50; LoRA rank 8 alpha 16 on qkv + attn proj (off);
- * distillation alpha 0.5, T 2 (off); mono data, no sources; 10 permille held out; eval every
- * 100 steps over 4 batches; no checkpoints. */
+ * distillation alpha 0.5, T 2 (off); mono data, no sources; 10 permille held out; slowdown 1;
+ * eval every 100 steps over 4 batches; no checkpoints. */
 void nb_train_config_defaults(nb_train_config_t* cfg);
 
 /* NB_ERR_CONFIG naming the field when a setting is out of range or inconsistent. */
@@ -150,6 +153,12 @@ nb_status_t nb_trainer_run(nb_trainer_t* t, nb_train_eval_t* final_eval);
 /* K optimizer steps (the hybrid loop's inner steps), with no evaluation or checkpoint; progress
  * STEP events are reported. *loss_mean (nullable): mean training loss over the K steps. */
 nb_status_t nb_trainer_steps(nb_trainer_t* t, long k, double* loss_mean);
+
+/* A wall-time round: optimizer steps until `seconds` have passed since the call (checked
+ * after each step; at least one step) or k_max steps are done. *k_done (nullable) receives the
+ * steps taken, *loss_mean (nullable) their mean loss. Errors as nb_trainer_steps. */
+nb_status_t nb_trainer_steps_budget(nb_trainer_t* t, long k_max, double seconds, long* k_done,
+                                    double* loss_mean);
 
 /* Held-out bits per byte per source. Does not change parameters or the data order. */
 nb_status_t nb_trainer_eval(nb_trainer_t* t, nb_train_eval_t* out);

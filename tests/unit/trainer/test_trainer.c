@@ -92,8 +92,15 @@ static void test_loss_falls_and_eval_per_language(void** state) {
   nb_train_eval_t e2;
   assert_int_equal(nb_trainer_eval(t, &e2), NB_OK);
   assert_memory_equal(e1.bpb, e2.bpb, sizeof e1.bpb);
-  assert_int_equal(nb_trainer_step(t), 150);
-  assert_int_equal(nb_trainer_samples(t), 150 * 8);
+  /* a round as a wall-time budget: at least one step; k_max bounds it */
+  long k = 0;
+  assert_int_equal(nb_trainer_steps_budget(t, 1000, 0.0, &k, NULL), NB_OK);
+  assert_int_equal(k, 1);
+  assert_int_equal(nb_trainer_steps_budget(t, 3, 1e9, &k, NULL), NB_OK);
+  assert_int_equal(k, 3);
+  assert_int_equal(nb_trainer_steps_budget(t, 0, 1.0, &k, NULL), NB_ERR_INVALID);
+  assert_int_equal(nb_trainer_step(t), 154);
+  assert_int_equal(nb_trainer_samples(t), 154 * 8);
   nb_trainer_destroy(t);
 }
 
@@ -390,6 +397,9 @@ static void test_bad_config(void** state) {
   c.lora_enabled = 1;
   c.lora.sites = 0;
   expect_config_error(&c, NB_ERR_CONFIG, "lora sites");
+  tiny_config(&c);
+  c.slowdown = 0.5;
+  expect_config_error(&c, NB_ERR_CONFIG, "slowdown");
   tiny_config(&c);
   c.optim.lr = -1;
   expect_config_error(&c, NB_ERR_CONFIG, "lr");
