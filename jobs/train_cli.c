@@ -324,8 +324,11 @@ int nb_train_main(int argc, char** argv) {
   tc->progress_ctx = &px;
 
   double t0 = nb_now_s();
-  if (nb_trainer_create(tc, &t) != NB_OK) {
+  nb_status_t cst = nb_trainer_create(tc, &t);
+  if (cst != NB_OK) {
     rc = nb__fail("train", file);
+    if (cst == NB_ERR_IO)
+      fprintf(stderr, "nebula train: prepare the data with 'make data', or pass --data-dir\n");
     goto done;
   }
   double setup_s = nb_now_s() - t0;
