@@ -46,7 +46,7 @@ struct nb_trainer {
   int* tokens; /* (B, T) */
   int* targets;
   long step;
-  uint64_t samples, tokens_total, session_tokens;
+  uint64_t samples, tokens_total, run_tokens;
   double compute_s;
   double started_s;
 };
@@ -690,7 +690,7 @@ static nb_status_t nb__one_step(nb_trainer_t* t, double* loss_out, double* gn_ou
   t->step++;
   t->samples += (uint64_t)B * (uint64_t)M;
   t->tokens_total += (uint64_t)scored;
-  t->session_tokens += (uint64_t)scored;
+  t->run_tokens += (uint64_t)scored;
   double dt = nb_now_s() - t0;
   if (c->slowdown > 1.0) {
     nb_sleep_ns((int64_t)((c->slowdown - 1.0) * dt * 1e9));
@@ -710,7 +710,7 @@ static int nb__report_step(nb_trainer_t* t, double loss, double gn) {
                            .loss = loss,
                            .lr = nb_adamw_lr(&oc, t->step - 1),
                            .grad_norm = gn,
-                           .tokens_per_s = t->compute_s > 0 ? t->session_tokens / t->compute_s : 0,
+                           .tokens_per_s = t->compute_s > 0 ? t->run_tokens / t->compute_s : 0,
                            .elapsed_s = nb_now_s() - t->started_s,
                            .samples = t->samples};
   return t->cfg.progress(t->cfg.progress_ctx, &p);
@@ -720,7 +720,7 @@ static int nb__report_eval(nb_trainer_t* t, const nb_train_eval_t* e) {
   if (!t->cfg.progress) return 0;
   nb_train_progress_t p = {.event = NB_TRAIN_EVENT_EVAL,
                            .step = t->step,
-                           .tokens_per_s = t->compute_s > 0 ? t->session_tokens / t->compute_s : 0,
+                           .tokens_per_s = t->compute_s > 0 ? t->run_tokens / t->compute_s : 0,
                            .elapsed_s = nb_now_s() - t->started_s,
                            .samples = t->samples,
                            .eval = e};
