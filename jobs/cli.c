@@ -6,6 +6,7 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
+#include "jobs/train_cli.h"
 #include "jobs/validate_cli.h"
 #include "security/security.h"
 
@@ -31,6 +32,8 @@ static const nb_cli_cmd_t nb__cmds[] = {
     {"bench", "run a benchmark (nebula bench --help)", nb_bench_main},
     {"certs", "manage the federation PKI: CA, cluster and user certificates", nb_certs_main},
     {"env", "list the environment parameters and their values", nb__cmd_env},
+    {"eval", "held-out bits per byte per language of a checkpoint", nb_eval_main},
+    {"train", "train one cluster of a job descriptor in this process", nb_train_main},
     {"validate", "check a job descriptor and print it with defaults filled in", nb_validate_main},
     {"version", "print the version", nb__cmd_version},
     {"help", "show this help", nb__cmd_help},

@@ -1,0 +1,570 @@
+/* `nebula train CONFIG.json` (one cluster of a job, in this process) and `nebula eval
+ * CHECKPOINT` (held-out bits per byte per language). Not the multi-cluster runner: no MPI, no
+ * WAN; several workers are emulated by gradient accumulation. */
+#include "jobs/train_cli.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/common.h"
+#include "jobs/cli.h"
+#include "jobs/descriptor.h"
+#include "train/checkpoint.h"
+
+#define NB__CP(dst, ...) (snprintf((dst), sizeof(dst), __VA_ARGS__) >= (int)sizeof(dst))
+
+nb_status_t nb_train_config_from_job(const nb_job_config_t* job, int ci, const char* data_dir,
+                                     nb_train_config_t* c) {
+  if (!job || !c || ci < 0 || ci >= job->n_clusters)
+    return nb_error(NB_ERR_CONFIG, "job has no cluster #%d", ci);
+  const nb_job_cluster_t* cl = &job->clusters[ci];
+  const nb_job_training_t* tr = &job->training;
+  nb_train_config_defaults(c);
+  c->model = nb_model_config_make(job->model.layers, job->model.width, job->model.heads,
+                                  job->model.context);
+  c->seed = tr->seed;
+  c->batch_size = tr->batch_size;
+  c->micro_batches = cl->workers;
+  c->slowdown = cl->slowdown;
+  c->max_steps = tr->max_steps;
+  c->max_seconds = tr->max_seconds;
+  c->optim.lr = (float)tr->optimizer.lr;
+  c->optim.beta1 = (float)tr->optimizer.beta1;
+  c->optim.beta2 = (float)tr->optimizer.beta2;
+  c->optim.eps = (float)tr->optimizer.eps;
+  c->optim.weight_decay = (float)tr->optimizer.weight_decay;
+  c->optim.grad_clip = (float)tr->optimizer.grad_clip;
+  c->optim.warmup_steps = tr->optimizer.warmup_steps;
+  c->optim.total_steps = tr->max_steps;
+  c->optim.min_lr_frac =
+      tr->optimizer.schedule == NB_JOB_LR_CONSTANT ? 1.0f : (float)tr->optimizer.min_lr_ratio;
+  if (job->model.base_checkpoint[0] && NB__CP(c->init_checkpoint, "%s", job->model.base_checkpoint))
+    return nb_error(NB_ERR_CONFIG, "model.base.checkpoint: path too long");
+  if (tr->lora.enabled) {
+    c->lora_enabled = 1;
+    c->lora.rank = tr->lora.rank;
+    c->lora.alpha = (float)tr->lora.alpha;
+    c->lora.sites = 0;
+    if (tr->lora.targets & NB_JOB_LORA_QKV) c->lora.sites |= 1u << NB_SITE_QKV;
+    if (tr->lora.targets & NB_JOB_LORA_ATTN_OUT) c->lora.sites |= 1u << NB_SITE_ATTN_PROJ;
+    if (tr->lora.targets & NB_JOB_LORA_MLP_UP) c->lora.sites |= 1u << NB_SITE_FC;
+    if (tr->lora.targets & NB_JOB_LORA_MLP_DOWN) c->lora.sites |= 1u << NB_SITE_FC_PROJ;
+  }
+  if (tr->distill.enabled) {
+    const char* teacher =
+        strcmp(tr->distill.teacher, "base") == 0 ? job->model.base_checkpoint : tr->distill.teacher;
+    if (!teacher[0])
+      return nb_error(NB_ERR_CONFIG, "distillation: teacher \"base\" needs model.base");
+    if (NB__CP(c->teacher_checkpoint, "%s", teacher))
+      return nb_error(NB_ERR_CONFIG, "distillation.teacher: path too long");
+    c->distill_alpha = (float)tr->distill.alpha;
+    c->distill_temp = (float)tr->distill.temperature;
+  }
+
+  char dir[NB_TRAIN_PATH_MAX];
+  const char* tier = cl->data_tier == NB_JOB_DATA_FULL ? "full" : "quick";
+  if (data_dir && data_dir[0])
+    snprintf(dir, sizeof dir, "%s", data_dir);
+  else if (cl->data_dir[0])
+    snprintf(dir, sizeof dir, "%s", cl->data_dir);
+  else
+    snprintf(dir, sizeof dir, "data/%s", tier);
+  if (job->task == NB_JOB_TASK_PRETRAIN) {
+    c->data_kind = NB_TRAIN_DATA_MONO;
+    if (cl->n_languages < 1)
+      return nb_error(NB_ERR_CONFIG, "cluster %s: pretraining needs data.languages", cl->id);
+    c->n_sources = cl->n_languages;
+    for (int i = 0; i < cl->n_languages; i++) {
+      nb_train_source_t* s = &c->sources[i];
+      snprintf(s->label, sizeof s->label, "%s", cl->languages[i]);
+      if (NB__CP(s->path, "%s/mono/%s.txt", dir, cl->languages[i]))
+        return nb_error(NB_ERR_CONFIG, "data dir path too long: %s", dir);
+    }
+  } else {
+    c->data_kind = NB_TRAIN_DATA_PAIRS;
+    if (cl->n_pairs < 1)
+      return nb_error(NB_ERR_CONFIG, "cluster %s: translation needs data.pairs", cl->id);
+    c->n_sources = cl->n_pairs;
+    for (int i = 0; i < cl->n_pairs; i++) {
+      nb_train_source_t* s = &c->sources[i];
+      const char *src = cl->pair_src[i], *tgt = cl->pair_tgt[i], *x;
+      if (strcmp(src, "en") == 0) {
+        x = tgt;
+        s->swap = 0;
+      } else if (strcmp(tgt, "en") == 0) {
+        x = src;
+        s->swap = 1;
+      } else {
+        return nb_error(NB_ERR_CONFIG,
+                        "cluster %s: pair %s-%s: the data pipeline builds English pairs only "
+                        "(en-X or X-en)",
+                        cl->id, src, tgt);
+      }
+      snprintf(s->label, sizeof s->label, "%s-%s", src, tgt);
+      if (NB__CP(s->path, "%s/pairs/en-%s.train.tsv", dir, x) ||
+          NB__CP(s->dev_path, "%s/pairs/en-%s.dev.tsv", dir, x))
+        return nb_error(NB_ERR_CONFIG, "data dir path too long: %s", dir);
+    }
+  }
+  long round = job->sync.inner_steps > 0 ? job->sync.inner_steps : 50;
+  c->eval_every = tr->eval_every_rounds > 0 ? tr->eval_every_rounds * round : 0;
+  c->eval_batches = tr->eval_batches;
+  c->checkpoint_every = job->checkpoint.every_rounds > 0 ? job->checkpoint.every_rounds * round : 0;
+  c->checkpoint_keep = job->checkpoint.keep;
+  return NB_OK;
+}
+
+/* ---- nebula train ------------------------------------------------------------------------- */
+
+typedef struct {
+  FILE* curve;
+  FILE* log; /* progress lines (stdout, or stderr with --json) */
+  long print_every;
+} nb__train_ctx_t;
+
+static int nb__on_progress(void* vctx, const nb_train_progress_t* p) {
+  nb__train_ctx_t* x = vctx;
+  if (p->event == NB_TRAIN_EVENT_STEP) {
+    if (x->print_every > 0 && p->step % x->print_every == 0)
+      fprintf(x->log, "step %6ld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  %.1f s\n", p->step,
+              p->loss, p->lr, p->grad_norm, p->tokens_per_s, p->elapsed_s);
+    return 0;
+  }
+  const nb_train_eval_t* e = p->eval;
+  fprintf(x->log, "eval %6ld ", p->step);
+  for (int i = 0; i < e->n; i++) fprintf(x->log, " %s %.3f", e->label[i], e->bpb[i]);
+  fprintf(x->log, "  mean %.3f bits/byte\n", e->mean_bpb);
+  fflush(x->log);
+  if (x->curve) {
+    fprintf(x->curve, "%ld\t%llu\t%.1f", p->step, (unsigned long long)p->samples, p->elapsed_s);
+    for (int i = 0; i < e->n; i++) fprintf(x->curve, "\t%.4f", e->bpb[i]);
+    fprintf(x->curve, "\t%.4f\n", e->mean_bpb);
+    fflush(x->curve);
+  }
+  return 0;
+}
+
+static void nb__train_usage(FILE* f) {
+  fprintf(f,
+          "usage: nebula train CONFIG.json [--out DIR] [--steps N] [--seconds S] [--data-dir D]\n"
+          "                    [--cluster ID] [--resume] [--json]\n"
+          "\n"
+          "Trains one cluster of a job descriptor (the first, or --cluster ID) in this process.\n"
+          "Writes DIR/summary.json, DIR/curve.tsv (step, samples, seconds, held-out bits per\n"
+          "byte per language, mean), DIR/final.safetensors (LoRA merged into the base) and\n"
+          "checkpoints under the descriptor's checkpoint.dir or DIR/checkpoints.\n"
+          "\n"
+          "  --out DIR      output folder (default runs/<job name>)\n"
+          "  --steps N      override training.maxSteps (also the cosine schedule's length)\n"
+          "  --seconds S    override training.maxSeconds\n"
+          "  --data-dir D   data folder (mono/, pairs/) instead of the cluster's data.dir\n"
+          "  --cluster ID   which cluster of the job to train\n"
+          "  --resume       continue from the newest checkpoint\n"
+          "  --json         print the summary as JSON on stdout (progress goes to stderr)\n"
+          "\n"
+          "Exit status: 0 done, 1 failure, 2 usage error.\n");
+}
+
+static int nb__fail(const char* cmd, const char* what) {
+  fprintf(stderr, "nebula %s: %s%s%s\n", cmd, what ? what : "", what ? ": " : "", nb_error_last());
+  return NB_EXIT_FAIL;
+}
+
+static json_t* nb__eval_json(const nb_train_eval_t* e) {
+  json_t* o = json_object();
+  for (int i = 0; i < e->n; i++) json_object_set_new(o, e->label[i], json_real(e->bpb[i]));
+  return o;
+}
+
+static int nb__parse_long(const char* s, long lo, long* out) {
+  char* end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end || end == s || v < lo) return -1;
+  *out = v;
+  return 0;
+}
+
+int nb_train_main(int argc, char** argv) {
+  const char *file = NULL, *out = NULL, *data_dir = NULL, *cluster = NULL;
+  long steps = 0;
+  double seconds = -1;
+  int as_json = 0, resume = 0;
+  for (int i = 1; i < argc; i++) {
+    const char* a = argv[i];
+    int has_val = i + 1 < argc;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      nb__train_usage(stdout);
+      return NB_EXIT_OK;
+    } else if (strcmp(a, "--json") == 0) {
+      as_json = 1;
+    } else if (strcmp(a, "--resume") == 0) {
+      resume = 1;
+    } else if (strcmp(a, "--out") == 0 && has_val) {
+      out = argv[++i];
+    } else if (strcmp(a, "--data-dir") == 0 && has_val) {
+      data_dir = argv[++i];
+    } else if (strcmp(a, "--cluster") == 0 && has_val) {
+      cluster = argv[++i];
+    } else if (strcmp(a, "--steps") == 0 && has_val) {
+      if (nb__parse_long(argv[++i], 1, &steps)) {
+        fprintf(stderr, "nebula train: --steps needs an integer >= 1, got '%s'\n", argv[i]);
+        return NB_EXIT_USAGE;
+      }
+    } else if (strcmp(a, "--seconds") == 0 && has_val) {
+      char* end;
+      seconds = strtod(argv[++i], &end);
+      if (*end || end == argv[i] || !(seconds >= 0)) {
+        fprintf(stderr, "nebula train: --seconds needs a number >= 0, got '%s'\n", argv[i]);
+        return NB_EXIT_USAGE;
+      }
+    } else if (a[0] == '-') {
+      fprintf(stderr, "nebula train: unknown option or missing value: '%s'\n", a);
+      nb__train_usage(stderr);
+      return NB_EXIT_USAGE;
+    } else if (file) {
+      fprintf(stderr, "nebula train: one CONFIG only (got '%s' and '%s')\n", file, a);
+      return NB_EXIT_USAGE;
+    } else {
+      file = a;
+    }
+  }
+  if (!file) {
+    nb__train_usage(stderr);
+    return NB_EXIT_USAGE;
+  }
+
+  nb_job_config_t* job = NULL;
+  nb_descriptor_diag_t* diag = NULL;
+  nb_train_config_t* tc = NULL;
+  if (nb_calloc((void**)&job, 1, sizeof *job, "job") != NB_OK ||
+      nb_calloc((void**)&diag, 1, sizeof *diag, "diag") != NB_OK ||
+      nb_calloc((void**)&tc, 1, sizeof *tc, "train config") != NB_OK) {
+    nb_free(job);
+    nb_free(diag);
+    return nb__fail("train", NULL);
+  }
+  int rc = NB_EXIT_FAIL;
+  nb_trainer_t* t = NULL;
+  FILE* curve = NULL;
+  if (nb_descriptor_load(file, job, diag) != NB_OK) {
+    char line[640];
+    for (int i = 0; i < diag->count; i++)
+      fprintf(stderr, "%s: %s\n", file,
+              nb_descriptor_error_format(&diag->errors[i], line, sizeof line));
+    fprintf(stderr, "nebula train: %s: invalid descriptor\n", file);
+    goto done;
+  }
+  int ci = 0;
+  if (cluster) {
+    for (ci = 0; ci < job->n_clusters && strcmp(job->clusters[ci].id, cluster) != 0; ci++) {
+    }
+    if (ci == job->n_clusters) {
+      fprintf(stderr, "nebula train: job %s has no cluster '%s'\n", job->name, cluster);
+      rc = NB_EXIT_USAGE;
+      goto done;
+    }
+  }
+  const nb_job_cluster_t* cl = &job->clusters[ci];
+  if (steps > 0) {
+    job->training.max_steps = steps;
+    if (job->training.optimizer.warmup_steps >= steps)
+      job->training.optimizer.warmup_steps = (int)(steps / 10);
+  }
+  if (seconds >= 0) job->training.max_seconds = seconds;
+  if (nb_train_config_from_job(job, ci, data_dir, tc) != NB_OK) {
+    rc = nb__fail("train", file);
+    goto done;
+  }
+  if (cl->device == NB_JOB_DEVICE_CUDA)
+    fprintf(stderr, "nebula train: cluster %s asks for cuda; the training loop runs on the CPU\n",
+            cl->id);
+  if (cl->threads_per_worker > 0 && !getenv("NB_TRAIN_THREADS")) {
+    char v[16];
+    snprintf(v, sizeof v, "%d", cl->threads_per_worker);
+    setenv("NB_TRAIN_THREADS", v, 0);
+  }
+
+  char odir[NB_TRAIN_PATH_MAX - 64], path[NB_TRAIN_PATH_MAX + 64];
+  if (out ? NB__CP(odir, "%s", out) : NB__CP(odir, "runs/%s", job->name)) {
+    fprintf(stderr, "nebula train: --out path too long\n");
+    rc = NB_EXIT_USAGE;
+    goto done;
+  }
+  if (mkdir(odir, 0755) != 0 && errno != EEXIST) {
+    if (errno == ENOENT && !out && mkdir("runs", 0755) == 0 && mkdir(odir, 0755) == 0) {
+    } else {
+      fprintf(stderr, "nebula train: cannot create %s: %s\n", odir, strerror(errno));
+      goto done;
+    }
+  }
+  if (job->checkpoint.dir[0])
+    snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s", job->checkpoint.dir);
+  else
+    snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s/checkpoints", odir);
+  tc->resume = resume;
+
+  snprintf(path, sizeof path, "%s/curve.tsv", odir);
+  curve = fopen(path, resume ? "a" : "w");
+  if (!curve) {
+    fprintf(stderr, "nebula train: cannot write %s: %s\n", path, strerror(errno));
+    goto done;
+  }
+  if (ftell(curve) == 0) {
+    fprintf(curve, "step\tsamples\tseconds");
+    for (int i = 0; i < tc->n_sources; i++) fprintf(curve, "\t%s", tc->sources[i].label);
+    fprintf(curve, "\tmean\n");
+  }
+  nb__train_ctx_t px = {curve, as_json ? stderr : stdout, tc->max_steps >= 200 ? 25 : 5};
+  tc->progress = nb__on_progress;
+  tc->progress_ctx = &px;
+
+  double t0 = nb_now_s();
+  nb_status_t cst = nb_trainer_create(tc, &t);
+  if (cst != NB_OK) {
+    rc = nb__fail("train", file);
+    if (cst == NB_ERR_IO)
+      fprintf(stderr, "nebula train: prepare the data with 'make data', or pass --data-dir\n");
+    goto done;
+  }
+  double setup_s = nb_now_s() - t0;
+  long step0 = nb_trainer_step(t);
+  uint64_t tok0 = nb_trainer_tokens(t);
+  size_t n_sync;
+  nb_trainer_sync_params(t, &n_sync);
+  fprintf(px.log,
+          "nebula train: job %s, cluster %s, %zu parameters (%zu trained), %d sources, "
+          "steps %ld..%ld\n",
+          job->name, cl->id, nb_model_num_params(nb_trainer_model(t)), n_sync, tc->n_sources, step0,
+          tc->max_steps);
+  nb_train_eval_t ev;
+  double t1 = nb_now_s();
+  nb_status_t st = nb_trainer_run(t, &ev);
+  double wall = nb_now_s() - t1;
+  if (st != NB_OK) {
+    rc = nb__fail("train", NULL);
+    goto done;
+  }
+  /* The final model, LoRA merged, as one safetensors file `nebula eval` reads. */
+  snprintf(path, sizeof path, "%s/final.safetensors", odir);
+  if (nb_trainer_lora(t) && nb_lora_merge(nb_trainer_lora(t)) != NB_OK) {
+    rc = nb__fail("train", "merge LoRA");
+    goto done;
+  }
+  if (nb_checkpoint_save(path, nb_trainer_model(t), nb_trainer_step(t)) != NB_OK) {
+    rc = nb__fail("train", path);
+    goto done;
+  }
+
+  size_t n_tr;
+  nb_trainer_sync_params(t, &n_tr);
+  double comp = nb_trainer_compute_seconds(t);
+  uint64_t toks = nb_trainer_tokens(t) - tok0;
+  json_t* o = json_object();
+  json_object_set_new(o, "job", json_string(job->name));
+  json_object_set_new(o, "cluster", json_string(cl->id));
+  json_object_set_new(o, "task", json_string(nb_job_task_name(job->task)));
+  json_object_set_new(o, "params",
+                      json_integer((json_int_t)nb_model_num_params(nb_trainer_model(t))));
+  json_object_set_new(o, "trainable_params", json_integer((json_int_t)n_tr));
+  json_object_set_new(o, "steps", json_integer(nb_trainer_step(t)));
+  json_object_set_new(o, "steps_this_run", json_integer(nb_trainer_step(t) - step0));
+  json_object_set_new(o, "samples", json_integer((json_int_t)nb_trainer_samples(t)));
+  json_object_set_new(o, "tokens", json_integer((json_int_t)nb_trainer_tokens(t)));
+  json_object_set_new(o, "wall_s", json_real(wall));
+  json_object_set_new(o, "setup_s", json_real(setup_s));
+  json_object_set_new(o, "compute_s", json_real(comp));
+  json_object_set_new(o, "tokens_per_s", json_real(comp > 0 ? toks / comp : 0));
+  json_object_set_new(o, "final_eval_bpb", nb__eval_json(&ev));
+  json_object_set_new(o, "final_mean_bpb", json_real(ev.mean_bpb));
+  json_object_set_new(o, "final_model", json_string(path));
+  json_object_set_new(o, "checkpoint_dir", json_string(tc->checkpoint_dir));
+  char* text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
+  json_decref(o);
+  char spath[NB_TRAIN_PATH_MAX + 64];
+  snprintf(spath, sizeof spath, "%s/summary.json", odir);
+  FILE* sf = text ? fopen(spath, "w") : NULL;
+  if (!sf || fprintf(sf, "%s\n", text) < 0 || fclose(sf) != 0) {
+    fprintf(stderr, "nebula train: cannot write %s\n", spath);
+    free(text);
+    goto done;
+  }
+  if (as_json)
+    printf("%s\n", text);
+  else
+    printf("done: %ld steps in %.1f s (%.0f tokens/s), mean held-out %.3f bits/byte; %s\n",
+           nb_trainer_step(t) - step0, wall, comp > 0 ? toks / comp : 0, ev.mean_bpb, spath);
+  free(text);
+  rc = NB_EXIT_OK;
+done:
+  if (curve) fclose(curve);
+  nb_trainer_destroy(t);
+  nb_free(tc);
+  nb_free(diag);
+  nb_free(job);
+  return rc;
+}
+
+/* ---- nebula eval -------------------------------------------------------------------------- */
+
+static void nb__eval_usage(FILE* f) {
+  fprintf(f,
+          "usage: nebula eval CHECKPOINT [--data-dir D] [--langs en,de,...] [--pairs en-de,...]\n"
+          "                   [--batches N] [--batch B] [--json]\n"
+          "\n"
+          "Held-out bits per byte of a model checkpoint (safetensors) per language, on the same\n"
+          "held-out slice `nebula train` never trains on (mono/<lang>.txt segments selected by\n"
+          "hash), or per pair on pairs/en-<x>.dev.tsv (target bytes given the source).\n"
+          "\n"
+          "  --data-dir D   data folder (default data/quick)\n"
+          "  --langs L,...  languages (default: every mono/<lang>.txt of en de fr ru es zh fa)\n"
+          "  --pairs P,...  evaluate translation pairs instead\n"
+          "  --batches N    batches per language (default 8)\n"
+          "  --batch B      sequences per batch (default 8)\n"
+          "  --json         print one JSON object\n");
+}
+
+static int nb__add_sources(nb_train_config_t* c, const char* list, const char* dir, int pairs) {
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", list);
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    if (c->n_sources == NB_TRAIN_MAX_SOURCES) return -1;
+    nb_train_source_t* s = &c->sources[c->n_sources++];
+    snprintf(s->label, sizeof s->label, "%s", tok);
+    if (!pairs) {
+      snprintf(s->path, sizeof s->path, "%s/mono/%s.txt", dir, tok);
+      continue;
+    }
+    const char* x = strncmp(tok, "en-", 3) == 0 ? tok + 3 : NULL;
+    if (!x && strlen(tok) > 3 && strcmp(tok + strlen(tok) - 3, "-en") == 0) {
+      static char xs[8];
+      snprintf(xs, sizeof xs, "%.*s", (int)(strlen(tok) - 3), tok);
+      x = xs;
+      s->swap = 1;
+    }
+    if (!x) return -2;
+    snprintf(s->path, sizeof s->path, "%s/pairs/en-%s.train.tsv", dir, x);
+    snprintf(s->dev_path, sizeof s->dev_path, "%s/pairs/en-%s.dev.tsv", dir, x);
+  }
+  return 0;
+}
+
+int nb_eval_main(int argc, char** argv) {
+  const char *ckpt = NULL, *dir = "data/quick", *langs = NULL, *pairs = NULL;
+  long batches = 8, batch = 8;
+  int as_json = 0;
+  for (int i = 1; i < argc; i++) {
+    const char* a = argv[i];
+    int has_val = i + 1 < argc;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      nb__eval_usage(stdout);
+      return NB_EXIT_OK;
+    } else if (strcmp(a, "--json") == 0) {
+      as_json = 1;
+    } else if (strcmp(a, "--data-dir") == 0 && has_val) {
+      dir = argv[++i];
+    } else if (strcmp(a, "--langs") == 0 && has_val) {
+      langs = argv[++i];
+    } else if (strcmp(a, "--pairs") == 0 && has_val) {
+      pairs = argv[++i];
+    } else if ((strcmp(a, "--batches") == 0 || strcmp(a, "--batch") == 0) && has_val) {
+      if (nb__parse_long(argv[++i], 1, strcmp(a, "--batch") == 0 ? &batch : &batches)) {
+        fprintf(stderr, "nebula eval: %s needs an integer >= 1, got '%s'\n", a, argv[i]);
+        return NB_EXIT_USAGE;
+      }
+    } else if (a[0] == '-') {
+      fprintf(stderr, "nebula eval: unknown option or missing value: '%s'\n", a);
+      nb__eval_usage(stderr);
+      return NB_EXIT_USAGE;
+    } else if (ckpt) {
+      fprintf(stderr, "nebula eval: one CHECKPOINT only\n");
+      return NB_EXIT_USAGE;
+    } else {
+      ckpt = a;
+    }
+  }
+  if (!ckpt || (langs && pairs)) {
+    nb__eval_usage(stderr);
+    return NB_EXIT_USAGE;
+  }
+  nb_model_t* m = NULL;
+  long step = 0;
+  if (nb_checkpoint_load(ckpt, &m, &step) != NB_OK) return nb__fail("eval", NULL);
+  nb_train_config_t* c = NULL;
+  if (nb_calloc((void**)&c, 1, sizeof *c, "config") != NB_OK) {
+    nb_model_destroy(m);
+    return nb__fail("eval", NULL);
+  }
+  nb_train_config_defaults(c);
+  c->model = *nb_model_get_config(m);
+  nb_model_destroy(m);
+  snprintf(c->init_checkpoint, sizeof c->init_checkpoint, "%s", ckpt);
+  c->batch_size = (int)batch;
+  c->eval_batches = (int)batches;
+  c->max_steps = 1;
+  int rc = NB_EXIT_FAIL;
+  if (pairs) {
+    c->data_kind = NB_TRAIN_DATA_PAIRS;
+    if (nb__add_sources(c, pairs, dir, 1)) {
+      fprintf(stderr, "nebula eval: --pairs: expected en-X or X-en items, at most %d\n",
+              NB_TRAIN_MAX_SOURCES);
+      nb_free(c);
+      return NB_EXIT_USAGE;
+    }
+  } else if (langs) {
+    if (nb__add_sources(c, langs, dir, 0)) {
+      fprintf(stderr, "nebula eval: --langs: at most %d languages\n", NB_TRAIN_MAX_SOURCES);
+      nb_free(c);
+      return NB_EXIT_USAGE;
+    }
+  } else {
+    static const char* all[] = {"en", "de", "fr", "ru", "es", "zh", "fa"};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+      char p[NB_TRAIN_PATH_MAX + 32];
+      snprintf(p, sizeof p, "%s/mono/%s.txt", dir, all[i]);
+      struct stat sb;
+      if (stat(p, &sb) == 0) nb__add_sources(c, all[i], dir, 0);
+    }
+    if (c->n_sources == 0) {
+      fprintf(stderr, "nebula eval: no mono/<lang>.txt under %s (run make data, or --data-dir)\n",
+              dir);
+      nb_free(c);
+      return NB_EXIT_FAIL;
+    }
+  }
+  nb_trainer_t* t = NULL;
+  nb_train_eval_t ev;
+  if (nb_trainer_create(c, &t) != NB_OK || nb_trainer_eval(t, &ev) != NB_OK) {
+    rc = nb__fail("eval", ckpt);
+    goto done;
+  }
+  if (as_json) {
+    json_t* o = json_object();
+    json_object_set_new(o, "checkpoint", json_string(ckpt));
+    json_object_set_new(o, "step", json_integer(step));
+    json_object_set_new(o, "bits_per_byte", nb__eval_json(&ev));
+    json_t* sc = json_object();
+    for (int i = 0; i < ev.n; i++)
+      json_object_set_new(sc, ev.label[i], json_integer((json_int_t)ev.scored[i]));
+    json_object_set_new(o, "scored_bytes", sc);
+    json_object_set_new(o, "mean_bpb", json_real(ev.mean_bpb));
+    char* text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
+    json_decref(o);
+    if (text) printf("%s\n", text);
+    free(text);
+  } else {
+    printf("%s (step %ld): held-out bits per byte\n", ckpt, step);
+    for (int i = 0; i < ev.n; i++)
+      printf("  %-6s %.4f  (%zu bytes)\n", ev.label[i], ev.bpb[i], ev.scored[i]);
+    printf("  %-6s %.4f\n", "mean", ev.mean_bpb);
+  }
+  rc = NB_EXIT_OK;
+done:
+  nb_trainer_destroy(t);
+  nb_free(c);
+  return rc;
+}

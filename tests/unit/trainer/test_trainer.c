@@ -1,0 +1,525 @@
+/* Tests of the single-cluster training loop (train/trainer.h) and `nebula train` / `nebula eval`
+ * on a tiny committed corpus (60 lines each of en, de, ru, zh; 60 + 12 en-de pairs). Tiny model
+ * so the whole file runs in seconds. argv[1] = data folder, argv[2] = the nebula binary. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+
+static const char* g_data;
+static const char* g_nebula;
+
+static void tiny_config(nb_train_config_t* c) {
+  nb_train_config_defaults(c);
+  c->model = nb_model_config_make(2, 32, 2, 32);
+  c->seed = 7;
+  c->batch_size = 4;
+  c->max_steps = 40;
+  c->optim.lr = 3e-3f;
+  c->optim.warmup_steps = 5;
+  c->optim.total_steps = 0; /* = max_steps */
+  c->heldout_permille = 150;
+  c->eval_every = 0;
+  c->eval_batches = 2;
+  static const char* langs[] = {"en", "de", "ru", "zh"};
+  c->n_sources = 4;
+  for (int i = 0; i < 4; i++) {
+    snprintf(c->sources[i].label, sizeof c->sources[i].label, "%s", langs[i]);
+    snprintf(c->sources[i].path, sizeof c->sources[i].path, "%s/mono/%s.txt", g_data, langs[i]);
+  }
+}
+
+static char* make_tmpdir(void) {
+  static char buf[8][64];
+  static int k = 0;
+  char* d = buf[k++ % 8];
+  snprintf(d, 64, "/tmp/nb_trainer_test.XXXXXX");
+  assert_non_null(mkdtemp(d));
+  return d;
+}
+
+static void rm_rf(const char* d) {
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
+  assert_int_equal(system(cmd), 0);
+}
+
+/* Training loss falls; the held-out bits per byte of every language fall from about log2(259). */
+static void test_loss_falls_and_eval_per_language(void** state) {
+  (void)state;
+  nb_train_config_t c;
+  tiny_config(&c);
+  c.max_steps = 150;
+  c.batch_size = 8;
+  c.optim.lr = 1e-2f;
+  nb_trainer_t* t;
+  assert_int_equal(nb_trainer_create(&c, &t), NB_OK);
+  nb_train_eval_t e0, e1;
+  assert_int_equal(nb_trainer_eval(t, &e0), NB_OK);
+  assert_int_equal(e0.n, 4);
+  for (int i = 0; i < 4; i++) {
+    assert_string_equal(e0.label[i], c.sources[i].label);
+    assert_true(e0.scored[i] > 100);
+    assert_true(fabs(e0.bpb[i] - log2(259.0)) < 0.3); /* a fresh model is near uniform */
+  }
+  double first = 0, last = 0, l;
+  for (int s = 0; s < 150; s++) {
+    assert_int_equal(nb_trainer_steps(t, 1, &l), NB_OK);
+    if (s < 5) first += l / 5;
+    if (s >= 145) last += l / 5;
+  }
+  print_message("loss first %.3f last %.3f\n", first, last);
+  assert_true(last < 0.7 * first);
+  assert_int_equal(nb_trainer_eval(t, &e1), NB_OK);
+  for (int i = 0; i < 4; i++)
+    print_message("%s: %.3f -> %.3f bits/byte\n", e1.label[i], e0.bpb[i], e1.bpb[i]);
+  for (int i = 0; i < 4; i++) assert_true(e1.bpb[i] < e0.bpb[i] - 1.5);
+  assert_true(e1.mean_bpb < e0.mean_bpb);
+  /* evaluating changes nothing: same figures twice */
+  nb_train_eval_t e2;
+  assert_int_equal(nb_trainer_eval(t, &e2), NB_OK);
+  assert_memory_equal(e1.bpb, e2.bpb, sizeof e1.bpb);
+  /* a round as a wall-time budget: at least one step; k_max bounds it */
+  long k = 0;
+  assert_int_equal(nb_trainer_steps_budget(t, 1000, 0.0, &k, NULL), NB_OK);
+  assert_int_equal(k, 1);
+  assert_int_equal(nb_trainer_steps_budget(t, 3, 1e9, &k, NULL), NB_OK);
+  assert_int_equal(k, 3);
+  assert_int_equal(nb_trainer_steps_budget(t, 0, 1.0, &k, NULL), NB_ERR_INVALID);
+  assert_int_equal(nb_trainer_step(t), 154);
+  assert_int_equal(nb_trainer_samples(t), 154 * 8);
+  nb_trainer_destroy(t);
+}
+
+/* Every training window is a piece of the training text, and no held-out segment is in it. */
+static void test_heldout_never_trained_on(void** state) {
+  (void)state;
+  nb_train_config_t c;
+  tiny_config(&c);
+  nb_trainer_t* t;
+  assert_int_equal(nb_trainer_create(&c, &t), NB_OK);
+  int total_held = 0;
+  for (int i = 0; i < 4; i++) {
+    size_t tl, hl;
+    const uint8_t* tr = nb_trainer_train_text(t, i, &tl);
+    const uint8_t* he = nb_trainer_heldout_text(t, i, &hl);
+    assert_non_null(tr);
+    assert_non_null(he);
+    /* every line classified by the rule, and no held-out line inside the training text */
+    for (size_t a = 0; a < hl;) {
+      const uint8_t* nl = memchr(he + a, '\n', hl - a);
+      size_t n = (size_t)(nl - (he + a));
+      assert_true(nb_train_is_heldout(he + a, n, c.heldout_permille));
+      assert_null(memmem(tr, tl, he + a, n));
+      total_held++;
+      a += n + 1;
+    }
+    for (size_t a = 0; a < tl;) {
+      const uint8_t* nl = memchr(tr + a, '\n', tl - a);
+      size_t n = (size_t)(nl - (tr + a));
+      assert_false(nb_train_is_heldout(tr + a, n, c.heldout_permille));
+      a += n + 1;
+    }
+  }
+  assert_true(total_held >= 8); /* 15% of 240 lines: the slice is not empty */
+  const int B = c.batch_size, T = c.model.ctx;
+  int tok[4 * 32], tgt[4 * 32];
+  uint8_t w[33];
+  for (long s = 0; s < 200; s++) {
+    nb_trainer_batch(t, s, 0, tok, tgt);
+    for (int r = 0; r < B; r++) {
+      int n = 0;
+      for (int j = 0; j < T && tok[r * T + j] < 256; j++) w[n++] = (uint8_t)tok[r * T + j];
+      int found = 0;
+      for (int i = 0; i < 4 && !found; i++) {
+        size_t tl;
+        const uint8_t* tr = nb_trainer_train_text(t, i, &tl);
+        found = memmem(tr, tl, w, (size_t)n) != NULL;
+      }
+      assert_true(found);
+    }
+  }
+  /* the batches are a pure function of (seed, step): same step, same batch */
+  int tok2[4 * 32], tgt2[4 * 32];
+  nb_trainer_batch(t, 3, 0, tok, tgt);
+  nb_trainer_batch(t, 3, 0, tok2, tgt2);
+  assert_memory_equal(tok, tok2, sizeof tok);
+  assert_memory_equal(tgt, tgt2, sizeof tgt);
+  nb_trainer_destroy(t);
+}
+
+static int stop_at_13(void* ctx, const nb_train_progress_t* p) {
+  (void)ctx;
+  return p->event == NB_TRAIN_EVENT_STEP && p->step == 13;
+}
+
+/* Stopped at step 13 and resumed from the checkpoint: the same bits as 30 steps in one go. */
+static void test_checkpoint_resume_bit_exact(void** state) {
+  (void)state;
+  nb_train_config_t c;
+  tiny_config(&c);
+  c.max_steps = 30;
+  c.micro_batches = 2;
+  nb_trainer_t* a;
+  assert_int_equal(nb_trainer_create(&c, &a), NB_OK);
+  assert_int_equal(nb_trainer_run(a, NULL), NB_OK);
+
+  char* dir = make_tmpdir();
+  snprintf(c.checkpoint_dir, sizeof c.checkpoint_dir, "%s/ck", dir);
+  c.checkpoint_every = 5;
+  c.checkpoint_keep = 2;
+  c.progress = stop_at_13;
+  nb_trainer_t* b;
+  assert_int_equal(nb_trainer_create(&c, &b), NB_OK);
+  assert_int_equal(nb_trainer_run(b, NULL), NB_ERR_CANCELLED);
+  assert_int_equal(nb_trainer_step(b), 13);
+  nb_trainer_destroy(b);
+  char p[256];
+  struct stat sb;
+  snprintf(p, sizeof p, "%s/ck/step-13/model.safetensors", dir);
+  assert_int_equal(stat(p, &sb), 0);
+  snprintf(p, sizeof p, "%s/ck/step-5", dir); /* pruned: keep 2 (step-10, step-13) */
+  assert_int_not_equal(stat(p, &sb), 0);
+  snprintf(p, sizeof p, "%s/ck/step-10/optim.safetensors", dir);
+  assert_int_equal(stat(p, &sb), 0);
+
+  c.progress = NULL;
+  c.resume = 1;
+  assert_int_equal(nb_trainer_create(&c, &b), NB_OK);
+  assert_int_equal(nb_trainer_step(b), 13);
+  assert_int_equal(nb_trainer_samples(b), 13 * 8);
+  assert_int_equal(nb_trainer_run(b, NULL), NB_OK);
+  assert_int_equal(nb_trainer_step(b), 30);
+  size_t na, nb;
+  float* pa = nb_trainer_sync_params(a, &na);
+  float* pb = nb_trainer_sync_params(b, &nb);
+  assert_int_equal(na, nb);
+  assert_memory_equal(pa, pb, na * sizeof(float));
+  assert_int_equal(nb_trainer_samples(a), nb_trainer_samples(b));
+  nb_trainer_destroy(b);
+
+  /* resuming with another seed is refused with a clear message */
+  c.seed = 8;
+  assert_int_equal(nb_trainer_create(&c, &b), NB_ERR_CONFIG);
+  assert_non_null(strstr(nb_error_last(), "seed"));
+  nb_trainer_destroy(a);
+  rm_rf(dir);
+}
+
+static int g_hook_calls;
+static size_t g_hook_n;
+static nb_status_t count_hook(void* ctx, float* g, size_t n) {
+  (void)ctx;
+  (void)g;
+  g_hook_calls++;
+  g_hook_n = n;
+  return NB_OK;
+}
+
+/* LoRA: only the adapters change; they are the synced buffer; the grad hook sees them; resume
+ * is bit-exact. Distillation from the base runs. */
+static void test_lora_trains_only_adapters(void** state) {
+  (void)state;
+  char* dir = make_tmpdir();
+  char base[128];
+  snprintf(base, sizeof base, "%s/base.safetensors", dir);
+  nb_train_config_t c;
+  tiny_config(&c);
+  nb_model_t* m;
+  assert_int_equal(nb_model_create(&c.model, 3, &m), NB_OK);
+  assert_int_equal(nb_checkpoint_save(base, m, 0), NB_OK);
+  size_t n;
+  float* p0 = nb_model_params(m, &n);
+
+  snprintf(c.init_checkpoint, sizeof c.init_checkpoint, "%s", base);
+  c.lora_enabled = 1;
+  c.lora.rank = 4;
+  c.lora.sites = (1u << NB_SITE_QKV) | (1u << NB_SITE_FC);
+  c.grad_hook = count_hook;
+  g_hook_calls = 0;
+  nb_trainer_t* t;
+  assert_int_equal(nb_trainer_create(&c, &t), NB_OK);
+  size_t nl;
+  float* lp = nb_trainer_sync_params(t, &nl);
+  size_t nl2;
+  assert_ptr_equal(lp, nb_lora_params(nb_trainer_lora(t), &nl2));
+  assert_int_equal(nl, nl2);
+  assert_true(nl < n / 4);
+  float* before = malloc(nl * sizeof(float));
+  memcpy(before, lp, nl * sizeof(float));
+  nb_train_eval_t e0, e1;
+  assert_int_equal(nb_trainer_eval(t, &e0), NB_OK);
+  assert_int_equal(nb_trainer_steps(t, 15, NULL), NB_OK);
+  assert_int_equal(g_hook_calls, 15);
+  assert_int_equal(g_hook_n, nl);
+  assert_memory_equal(nb_model_params(nb_trainer_model(t), NULL), p0, n * sizeof(float));
+  assert_memory_not_equal(before, lp, nl * sizeof(float));
+  assert_int_equal(nb_trainer_eval(t, &e1), NB_OK);
+  assert_true(e1.mean_bpb < e0.mean_bpb);
+  /* set_sync_params writes the buffer; a wrong size is refused */
+  assert_int_equal(nb_trainer_set_sync_params(t, before, nl), NB_OK);
+  assert_memory_equal(before, lp, nl * sizeof(float));
+  assert_int_equal(nb_trainer_set_sync_params(t, before, nl - 1), NB_ERR_INVALID);
+  free(before);
+  nb_trainer_destroy(t);
+
+  /* LoRA resume: stopped at 13, resumed to 20 == 20 in one go (adapters and base) */
+  c.grad_hook = NULL;
+  c.max_steps = 20;
+  nb_trainer_t *a, *b;
+  assert_int_equal(nb_trainer_create(&c, &a), NB_OK);
+  assert_int_equal(nb_trainer_run(a, NULL), NB_OK);
+  snprintf(c.checkpoint_dir, sizeof c.checkpoint_dir, "%s/ck", dir);
+  c.progress = stop_at_13;
+  assert_int_equal(nb_trainer_create(&c, &b), NB_OK);
+  assert_int_equal(nb_trainer_run(b, NULL), NB_ERR_CANCELLED);
+  nb_trainer_destroy(b);
+  c.progress = NULL;
+  c.resume = 1;
+  assert_int_equal(nb_trainer_create(&c, &b), NB_OK);
+  assert_int_equal(nb_trainer_step(b), 13);
+  assert_int_equal(nb_trainer_run(b, NULL), NB_OK);
+  size_t n1, n2;
+  float* l1 = nb_trainer_sync_params(a, &n1);
+  float* l2 = nb_trainer_sync_params(b, &n2);
+  assert_int_equal(n1, n2);
+  assert_memory_equal(l1, l2, n1 * sizeof(float));
+  assert_memory_equal(nb_model_params(nb_trainer_model(b), NULL), p0, n * sizeof(float));
+  nb_trainer_destroy(a);
+  nb_trainer_destroy(b);
+
+  /* distillation from the base as teacher: runs, finite loss, and differs from plain CE */
+  tiny_config(&c);
+  snprintf(c.init_checkpoint, sizeof c.init_checkpoint, "%s", base);
+  snprintf(c.teacher_checkpoint, sizeof c.teacher_checkpoint, "%s", base);
+  c.distill_alpha = 0.5f;
+  double ld, lc;
+  assert_int_equal(nb_trainer_create(&c, &a), NB_OK);
+  assert_int_equal(nb_trainer_steps(a, 3, &ld), NB_OK);
+  nb_trainer_destroy(a);
+  c.teacher_checkpoint[0] = 0;
+  assert_int_equal(nb_trainer_create(&c, &a), NB_OK);
+  assert_int_equal(nb_trainer_steps(a, 3, &lc), NB_OK);
+  nb_trainer_destroy(a);
+  assert_true(isfinite(ld) && ld != lc);
+  nb_model_destroy(m);
+  rm_rf(dir);
+}
+
+/* Translation pairs: "source SEP target EOS", scored only on target and EOS; dev split held out. */
+static void test_pairs_format(void** state) {
+  (void)state;
+  nb_train_config_t c;
+  tiny_config(&c);
+  c.model = nb_model_config_make(2, 32, 2, 160);
+  c.data_kind = NB_TRAIN_DATA_PAIRS;
+  c.n_sources = 1;
+  snprintf(c.sources[0].label, sizeof c.sources[0].label, "en-de");
+  snprintf(c.sources[0].path, sizeof c.sources[0].path, "%s/pairs/en-de.train.tsv", g_data);
+  snprintf(c.sources[0].dev_path, sizeof c.sources[0].dev_path, "%s/pairs/en-de.dev.tsv", g_data);
+  nb_trainer_t* t;
+  assert_int_equal(nb_trainer_create(&c, &t), NB_OK);
+  size_t hl;
+  nb_trainer_heldout_text(t, 0, &hl);
+  assert_true(hl > 500); /* the dev file */
+  int T = 160, tok[4 * 160], tgt[4 * 160];
+  nb_trainer_batch(t, 0, 0, tok, tgt);
+  for (int r = 0; r < 4; r++) {
+    int* k = tok + r * T;
+    int* g = tgt + r * T;
+    int sep = -1, eos = -1;
+    for (int j = 0; j < T; j++) {
+      if (k[j] == NB_TOKEN_SEP && sep < 0) sep = j;
+      if (k[j] == NB_TOKEN_EOS && eos < 0) eos = j;
+    }
+    assert_true(sep > 0);
+    assert_true(eos > sep + 1);
+    for (int j = 0; j < sep; j++) assert_int_equal(g[j], -1); /* source not scored */
+    for (int j = sep; j < eos; j++) assert_int_equal(g[j], k[j + 1]);
+    assert_int_equal(g[eos - 1], NB_TOKEN_EOS);
+    for (int j = eos; j < T; j++) assert_int_equal(g[j], -1);
+    for (int j = 0; j < sep; j++) assert_true(k[j] != '\t');
+  }
+  nb_train_eval_t e;
+  assert_int_equal(nb_trainer_eval(t, &e), NB_OK);
+  assert_true(e.scored[0] > 100 && isfinite(e.bpb[0]));
+  assert_int_equal(nb_trainer_steps(t, 2, NULL), NB_OK);
+  nb_trainer_destroy(t);
+  /* de-en: the same file read swapped */
+  c.sources[0].swap = 1;
+  assert_int_equal(nb_trainer_create(&c, &t), NB_OK);
+  nb_trainer_destroy(t);
+}
+
+static void expect_config_error(nb_train_config_t* c, nb_status_t want, const char* needle) {
+  nb_trainer_t* t = (nb_trainer_t*)0x1;
+  nb_status_t st = nb_trainer_create(c, &t);
+  if (st != want || !strstr(nb_error_last(), needle))
+    fail_msg("want %s with \"%s\", got %s: %s", nb_status_name(want), needle, nb_status_name(st),
+             nb_error_last());
+}
+
+static void test_bad_config(void** state) {
+  (void)state;
+  nb_train_config_t c;
+  tiny_config(&c);
+  c.batch_size = 0;
+  expect_config_error(&c, NB_ERR_CONFIG, "batch_size");
+  tiny_config(&c);
+  c.seq_len = 33;
+  expect_config_error(&c, NB_ERR_CONFIG, "seq_len");
+  tiny_config(&c);
+  c.model.n_head = 3;
+  expect_config_error(&c, NB_ERR_CONFIG, "model");
+  tiny_config(&c);
+  c.n_sources = 0;
+  expect_config_error(&c, NB_ERR_CONFIG, "n_sources");
+  tiny_config(&c);
+  snprintf(c.sources[1].label, sizeof c.sources[1].label, "en");
+  expect_config_error(&c, NB_ERR_CONFIG, "repeats");
+  tiny_config(&c);
+  c.resume = 1;
+  expect_config_error(&c, NB_ERR_CONFIG, "checkpoint_dir");
+  tiny_config(&c);
+  c.lora_enabled = 1;
+  c.lora.sites = 0;
+  expect_config_error(&c, NB_ERR_CONFIG, "lora sites");
+  tiny_config(&c);
+  c.slowdown = 0.5;
+  expect_config_error(&c, NB_ERR_CONFIG, "slowdown");
+  tiny_config(&c);
+  c.optim.lr = -1;
+  expect_config_error(&c, NB_ERR_CONFIG, "lr");
+  tiny_config(&c);
+  snprintf(c.sources[2].path, sizeof c.sources[2].path, "%s/mono/xx.txt", g_data);
+  expect_config_error(&c, NB_ERR_IO, "xx.txt");
+  tiny_config(&c); /* a mono file as pairs: no tab-separated lines */
+  c.data_kind = NB_TRAIN_DATA_PAIRS;
+  expect_config_error(&c, NB_ERR_INVALID, "pairs");
+  tiny_config(&c);
+  snprintf(c.init_checkpoint, sizeof c.init_checkpoint, "%s/mono/en.txt", g_data);
+  expect_config_error(&c, NB_ERR_INVALID, "en.txt");
+}
+
+static char* slurp(const char* path) {
+  FILE* f = fopen(path, "rb");
+  if (!f) return NULL;
+  static char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = 0;
+  fclose(f);
+  return buf;
+}
+
+/* `nebula train` end to end on a tiny descriptor: summary.json, curve.tsv; then `nebula eval`. */
+static void test_cli_train_and_eval(void** state) {
+  (void)state;
+  char* dir = make_tmpdir();
+  char cfg[128], cmd[2048], p[256];
+  snprintf(cfg, sizeof cfg, "%s/job.json", dir);
+  FILE* f = fopen(cfg, "w");
+  assert_non_null(f);
+  fprintf(f,
+          "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\",\n"
+          " \"metadata\": {\"name\": \"tiny\"},\n"
+          " \"spec\": {\"clusters\": [{\"id\": \"dc-a\", \"data\": {\"dir\": \"%s\",\n"
+          "   \"languages\": [\"en\", \"ru\", \"zh\"]}}],\n"
+          "  \"model\": {\"layers\": 1, \"width\": 32, \"heads\": 2, \"context\": 32},\n"
+          "  \"training\": {\"batchSize\": 4, \"maxSteps\": 1000, \"eval\": {\"everyRounds\": 1,"
+          " \"batches\": 1}},\n"
+          "  \"sync\": {\"innerSteps\": 5}, \"checkpoint\": {\"everyRounds\": 2, \"keep\": 1}}}\n",
+          g_data);
+  fclose(f);
+  snprintf(cmd, sizeof cmd,
+           "'%s' train '%s' --steps 20 --out '%s/out' --json > '%s/stdout' 2> '%s/stderr'",
+           g_nebula, cfg, dir, dir, dir);
+  int rc = system(cmd);
+  if (rc != 0) {
+    snprintf(p, sizeof p, "%s/stderr", dir);
+    fail_msg("nebula train failed (%d): %s", rc, slurp(p));
+  }
+  snprintf(p, sizeof p, "%s/out/summary.json", dir);
+  json_error_t je;
+  json_t* s = json_load_file(p, 0, &je);
+  assert_non_null(s);
+  assert_int_equal(json_integer_value(json_object_get(s, "steps")), 20);
+  json_t* ev = json_object_get(s, "final_eval_bpb");
+  assert_true(json_is_object(ev));
+  assert_int_equal(json_object_size(ev), 3);
+  double en = json_real_value(json_object_get(ev, "en"));
+  assert_true(en > 0.5 && en < 8.0);
+  assert_true(json_real_value(json_object_get(s, "tokens_per_s")) > 0);
+  json_decref(s);
+  snprintf(p, sizeof p, "%s/stdout", dir);
+  s = json_load_file(p, 0, &je); /* --json: the same summary on stdout */
+  assert_non_null(s);
+  json_decref(s);
+
+  snprintf(p, sizeof p, "%s/out/curve.tsv", dir);
+  char* curve = slurp(p);
+  assert_non_null(curve);
+  assert_true(strncmp(curve, "step\tsamples\tseconds\ten\tru\tzh\tmean\n", 35) == 0);
+  int lines = 0;
+  for (char* q = curve; *q; q++) lines += *q == '\n';
+  assert_int_equal(lines, 1 + 5); /* header; steps 0, 5, 10, 15, 20 */
+  assert_non_null(strstr(curve, "\n20\t80\t"));
+  snprintf(p, sizeof p, "%s/out/checkpoints/LATEST", dir);
+  assert_string_equal(slurp(p), "step-20\n");
+
+  snprintf(
+      cmd, sizeof cmd,
+      "'%s' eval '%s/out/final.safetensors' --data-dir '%s' --langs en,de --batches 1 --batch 4 "
+      "--json > '%s/eval.json' 2> '%s/stderr'",
+      g_nebula, dir, g_data, dir, dir);
+  rc = system(cmd);
+  if (rc != 0) {
+    snprintf(p, sizeof p, "%s/stderr", dir);
+    fail_msg("nebula eval failed (%d): %s", rc, slurp(p));
+  }
+  snprintf(p, sizeof p, "%s/eval.json", dir);
+  s = json_load_file(p, 0, &je);
+  assert_non_null(s);
+  assert_int_equal(json_integer_value(json_object_get(s, "step")), 20);
+  json_t* b = json_object_get(s, "bits_per_byte");
+  assert_true(json_real_value(json_object_get(b, "de")) > 0.5);
+  json_decref(s);
+
+  /* a bad descriptor and a bad option fail with the right status */
+  snprintf(cmd, sizeof cmd, "'%s' train '%s/stdout' 2> /dev/null", g_nebula, dir);
+  assert_int_equal(WEXITSTATUS(system(cmd)), 1);
+  snprintf(cmd, sizeof cmd, "'%s' train '%s' --steps 0 2> /dev/null", g_nebula, cfg);
+  assert_int_equal(WEXITSTATUS(system(cmd)), 2);
+  rm_rf(dir);
+}
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: %s DATA_DIR NEBULA\n", argv[0]);
+    return 1;
+  }
+  g_data = argv[1];
+  g_nebula = argv[2];
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_loss_falls_and_eval_per_language),
+      cmocka_unit_test(test_heldout_never_trained_on),
+      cmocka_unit_test(test_checkpoint_resume_bit_exact),
+      cmocka_unit_test(test_lora_trains_only_adapters),
+      cmocka_unit_test(test_pairs_format),
+      cmocka_unit_test(test_bad_config),
+      cmocka_unit_test(test_cli_train_and_eval),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
