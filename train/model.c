@@ -243,6 +243,9 @@ const uint8_t* nb_model_decay_mask(const nb_model_t* m) {
 const float* nb_model_logits(const nb_model_t* m) {
   return m->logits;
 }
+const float* nb_model_losses(const nb_model_t* m) {
+  return m->losses;
+}
 void nb_model_zero_grad(nb_model_t* m) {
   memset(m->grads, 0, m->n_params * sizeof(float));
 }
