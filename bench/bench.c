@@ -14,6 +14,7 @@ typedef struct {
 static const nb_bench_entry_t nb__benches[] = {
     {"seal", "AES-256-GCM sealing and opening of frame chunks vs memcpy", nb_bench_seal_main},
     {"rpc", "gRPC wrapper on loopback: plaintext vs mTLS goodput and RTT", nb_bench_rpc_main},
+    {"wan", "sealed mTLS frames over the emulated WAN vs iperf3; loopback cost", nb_bench_wan_main},
     {NULL, NULL, NULL},
 };
 

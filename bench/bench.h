@@ -17,6 +17,8 @@ int nb_bench_main(int argc, char** argv);
 int nb_bench_seal_main(int argc, char** argv);
 /* `nebula bench rpc` (bench_rpc.c): loopback goodput and RTT of inter/rpc, plain vs mTLS. */
 int nb_bench_rpc_main(int argc, char** argv);
+/* `nebula bench wan` (bench_wan.c): inter/link over the emulated WAN vs iperf3, and loopback. */
+int nb_bench_wan_main(int argc, char** argv);
 
 /* Median of n samples (the array is reordered). n must be > 0. */
 double nb_bench_median(double* v, size_t n);
