@@ -14,7 +14,7 @@
 #include "security/tls.h"
 
 /* Issues <dir>/<id>.crt/.key for each id and writes <dir>/ca.crt. Returns 0 on success. */
-static int nb_test_certs_make(const char* dir, const char* const* ids, size_t n) {
+static inline int nb_test_certs_make(const char* dir, const char* const* ids, size_t n) {
   EVP_PKEY* ca_key = NULL;
   X509* ca = NULL;
   char path[512];
@@ -42,7 +42,7 @@ static int nb_test_certs_make(const char* dir, const char* const* ids, size_t n)
 }
 
 /* Loads <dir>/<id>.{crt,key} with <dir>/ca.crt. */
-static nb_tls_t* nb_test_tls_load(const char* dir, const char* id) {
+static inline nb_tls_t* nb_test_tls_load(const char* dir, const char* id) {
   char ca[512], crt[512], key[512];
   snprintf(ca, sizeof ca, "%s/ca.crt", dir);
   snprintf(crt, sizeof crt, "%s/%s.crt", dir, id);
@@ -57,7 +57,7 @@ static nb_tls_t* nb_test_tls_load(const char* dir, const char* id) {
 }
 
 /* Removes the files made by nb_test_certs_make and the directory. */
-static void nb_test_certs_remove(const char* dir, const char* const* ids, size_t n) {
+static inline void nb_test_certs_remove(const char* dir, const char* const* ids, size_t n) {
   char path[512];
   for (size_t i = 0; i < n; i++) {
     snprintf(path, sizeof path, "%s/%s.crt", dir, ids[i]);
