@@ -335,21 +335,27 @@ static double nb__bw_iperf(int streams, int secs) {
 }
 
 /* One transfer on loopback (median of reps) in Gbit/s. */
-static double nb__bw_loopback(int secure, uint32_t streams, size_t bytes, int reps) {
+/* use_tls: mTLS on the connections; use_seal: AES-GCM on every chunk. */
+static double nb__bw_loopback(int use_tls, int use_seal, uint32_t streams, size_t bytes, int reps) {
   nb_tls_t *ta = NULL, *tb = NULL;
   uint8_t secret[NB_SEAL_SECRET_BYTES];
   double g[8];
   int ok = 0;
-  if (secure && (nb__bw_load(nb__bw_certs, "dc-a", &ta, secret) != NB_OK ||
-                 nb__bw_load(nb__bw_certs, "dc-b", &tb, secret) != NB_OK))
+  if ((use_tls || use_seal) && (nb__bw_load(nb__bw_certs, "dc-a", &ta, secret) != NB_OK ||
+                                nb__bw_load(nb__bw_certs, "dc-b", &tb, secret) != NB_OK))
     goto out;
+  if (!use_tls) {
+    nb_tls_destroy(ta);
+    nb_tls_destroy(tb);
+    ta = tb = NULL;
+  }
   for (int r = 0; r < reps; r++) {
     nb__bw_rx_t rx;
-    if (nb__bw_rx_up("127.0.0.1:0", tb, secure ? secret : NULL, &rx) != NB_OK) goto out;
+    if (nb__bw_rx_up("127.0.0.1:0", tb, use_seal ? secret : NULL, &rx) != NB_OK) goto out;
     char target[64];
     snprintf(target, sizeof target, "127.0.0.1:%d", nb_rpc_server_port(rx.srv));
     nb_link_send_stats_t s;
-    nb_status_t st = nb__bw_send(target, ta, secure ? secret : NULL, streams, bytes, &s);
+    nb_status_t st = nb__bw_send(target, ta, use_seal ? secret : NULL, streams, bytes, &s);
     nb__bw_rx_down(&rx);
     if (st != NB_OK) goto out;
     g[ok++] = s.goodput_Bps * 8e-9;
@@ -422,7 +428,8 @@ int nb_bench_wan_main(int argc, char** argv) {
   }
   int S = (int)streams, M = (int)mib;
   const char* tmp = getenv("TMPDIR");
-  snprintf(nb__bw_certs, sizeof nb__bw_certs, "%.3000s/nb-bench-wan-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  snprintf(nb__bw_certs, sizeof nb__bw_certs, "%.3000s/nb-bench-wan-XXXXXX",
+           tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(nb__bw_certs)) {
     nb__bw_certs[0] = 0;
     perror("nebula bench wan: mkdtemp");
@@ -503,8 +510,13 @@ int nb_bench_wan_main(int argc, char** argv) {
   /* 5. loopback: the same transfer without and with TLS + sealing */
   if (!json) fprintf(stderr, "bench wan: loopback plain vs mTLS+sealed...\n");
   size_t lb_bytes = (size_t)M << 20;
-  double plain = nb__bw_loopback(0, (uint32_t)S, lb_bytes, 3);
-  double secure = nb__bw_loopback(1, (uint32_t)S, lb_bytes, 3);
+  double plain = nb__bw_loopback(0, 0, (uint32_t)S, lb_bytes, 3);
+  double secure = nb__bw_loopback(1, 1, (uint32_t)S, lb_bytes, 3);
+  double tls_only = -1, seal_only = -1; /* where the cost goes (text output only) */
+  if (!json) {
+    tls_only = nb__bw_loopback(1, 0, (uint32_t)S, lb_bytes, 3);
+    seal_only = nb__bw_loopback(0, 1, (uint32_t)S, lb_bytes, 3);
+  }
   double eff = goodput / iperf;
   if (json) {
     nb_json_obj_t j;
@@ -531,6 +543,10 @@ int nb_bench_wan_main(int argc, char** argv) {
     printf("loopback plain:        %8.2f Gbit/s\n", plain);
     printf("loopback mTLS+seal:    %8.2f Gbit/s  (secure / plain = %.3f; target >= 0.90)\n", secure,
            plain > 0 ? secure / plain : 0);
+    printf("loopback mTLS only:    %8.2f Gbit/s  (%.3f of plain)\n", tls_only,
+           plain > 0 ? tls_only / plain : 0);
+    printf("loopback seal only:    %8.2f Gbit/s  (%.3f of plain)\n", seal_only,
+           plain > 0 ? seal_only / plain : 0);
   }
   return 0;
 }
