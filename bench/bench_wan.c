@@ -136,8 +136,10 @@ typedef struct {
 static nb_status_t nb__bw_rx_up(const char* listen, const nb_tls_t* tls, const uint8_t* secret,
                                 nb__bw_rx_t* r) {
   memset(r, 0, sizeof *r);
-  nb_link_rx_config_t rc = {
-      .job_id = NB__BW_JOB, .local_cluster = "dc-b", .allow_plaintext = tls == NULL};
+  nb_link_rx_config_t rc = {.job_id = NB__BW_JOB,
+                            .local_cluster = "dc-b",
+                            .allow_plaintext = tls == NULL,
+                            .allow_unsealed = secret == NULL};
   NB_CHECK(nb_link_rx_create(&rc, &r->rx));
   if (secret) NB_CHECK(nb_seal_ctx_create(secret, NB__BW_JOB, "dc-b", "dc-a", NULL, &r->seal));
   NB_CHECK(nb_link_rx_add_peer(r->rx, "dc-a", r->seal));

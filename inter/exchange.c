@@ -104,8 +104,10 @@ nb_status_t nb_exchange_create(const nb_exchange_config_t* cfg, nb_exchange_t** 
   pthread_cond_init(&ex->cv, &ca);
   pthread_condattr_destroy(&ca);
   nb_status_t st;
-  nb_link_rx_config_t rc = {
-      .job_id = ex->job, .local_cluster = ex->self, .allow_plaintext = cfg->tls == NULL};
+  nb_link_rx_config_t rc = {.job_id = ex->job,
+                            .local_cluster = ex->self,
+                            .allow_plaintext = cfg->tls == NULL,
+                            .allow_unsealed = cfg->job_secret == NULL};
   NB_CHECK_GOTO(nb_link_rx_create(&rc, &ex->rx), st, fail);
   nb_rpc_server_opts_t so = {.listen = cfg->listen,
                              .tls = cfg->tls,

@@ -695,7 +695,7 @@ typedef struct nb__rx_xfer {
 
 struct nb_link_rx {
   char job[NB_LINK_ID_MAX], local[NB_LINK_ID_MAX];
-  int allow_plaintext;
+  int allow_plaintext, allow_unsealed;
   uint64_t max_frame;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -717,6 +717,7 @@ nb_status_t nb_link_rx_create(const nb_link_rx_config_t* cfg, nb_link_rx_t** out
   nb__copy_id(rx->job, cfg->job_id);
   nb__copy_id(rx->local, cfg->local_cluster);
   rx->allow_plaintext = cfg->allow_plaintext;
+  rx->allow_unsealed = cfg->allow_unsealed;
   rx->max_frame =
       cfg->max_frame_bytes ? cfg->max_frame_bytes : (uint64_t)nb_param_LinkMaxFrameMb() << 20;
   pthread_mutex_init(&rx->mu, NULL);
@@ -748,8 +749,11 @@ void nb_link_rx_destroy(nb_link_rx_t* rx) {
 nb_status_t nb_link_rx_add_peer(nb_link_rx_t* rx, const char* peer, nb_seal_ctx_t* seal) {
   if (!rx || !peer || !*peer || strlen(peer) >= NB_LINK_ID_MAX)
     return nb_error(NB_ERR_INVALID, "link rx: bad peer id");
-  if (!seal && !rx->allow_plaintext)
-    return nb_error(NB_ERR_INVALID, "link rx: peer '%s' without a seal context", peer);
+  if (!seal && !rx->allow_unsealed)
+    return nb_error(NB_ERR_INVALID,
+                    "link rx: peer '%s' without a seal context (allow_unsealed "
+                    "not set)",
+                    peer);
   nb_status_t st = NB_OK;
   pthread_mutex_lock(&rx->mu);
   for (nb__rx_peer_t* p = rx->peers; p; p = p->next)

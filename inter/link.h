@@ -121,6 +121,7 @@ typedef struct {
   const char* job_id;        /* required; transfers of other jobs are rejected */
   const char* local_cluster; /* our cluster id (the Ping responder); required */
   int allow_plaintext;       /* accept callers without a certificate (plaintext servers) */
+  int allow_unsealed;        /* accept peers added without a seal context (baselines only) */
   uint64_t max_frame_bytes;  /* 0: NB_LINK_MAX_FRAME_MB */
 } nb_link_rx_config_t;
 
@@ -142,7 +143,7 @@ void nb_link_rx_destroy(nb_link_rx_t* rx);
 
 /* Lets cluster `peer` send to us; chunks are opened with `seal` (borrowed, must outlive rx; the
  * same context as the peer's link to us uses, i.e. nb_seal_ctx_create(secret, job, us, peer)).
- * seal NULL = the peer's chunks are not sealed (benchmark baselines). Before any transfer of that
+ * seal NULL = the peer's chunks are not sealed (needs allow_unsealed). Before any transfer of that
  * peer. Returns NB_ERR_INVALID, NB_ERR_EXISTS, NB_ERR_NOMEM. Thread-safe. */
 nb_status_t nb_link_rx_add_peer(nb_link_rx_t* rx, const char* peer, nb_seal_ctx_t* seal);
 
