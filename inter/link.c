@@ -526,7 +526,7 @@ static void* nb__worker(void* arg) {
     pthread_mutex_lock(&x->mu);
     while (reader && rc == NB_OK) {
       if (nb__xfer_over(x) || st.err != NB_OK) break;
-      if (L->cancelled) { /* read without L->mu: a stale value only delays by one tick */
+      if (nb__link_cancelled(L)) { /* lock order: x->mu, then L->mu */
         rc = NB_ERR_CANCELLED;
         break;
       }
