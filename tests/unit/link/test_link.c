@@ -187,11 +187,11 @@ static void test_resume_after_drop(void** state) {
   rx_side_up(&r);
   nb_seal_ctx_t* seal_a = NULL;
   assert_int_equal(nb_seal_ctx_create(g_secret, JOB, "dc-a", "dc-b", NULL, &seal_a), NB_OK);
-  /* 24 MiB at a 16 MB/s cap: about 1.6 s, cut after 0.6 s */
-  nb_link_t* l = link_to(&r, seal_a, 4, 256 << 10, 16e6);
-  size_t len = 24u << 20;
+  /* 16 MiB at an 8 MB/s cap: about 2.1 s, cut after 0.5 s */
+  nb_link_t* l = link_to(&r, seal_a, 4, 256 << 10, 8e6);
+  size_t len = 16u << 20;
   uint8_t* f = make_frame(len, 2);
-  restarter_t t = {.r = &r, .after_ns = 600000000};
+  restarter_t t = {.r = &r, .after_ns = 500000000};
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, restarter, &t), 0);
   nb_link_send_stats_t s;
