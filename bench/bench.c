@@ -17,6 +17,7 @@ static const nb_bench_entry_t nb__benches[] = {
     {"train", "transformer training step vs the machine's sgemm rate", nb_bench_train_main},
     {"codec", "the update codec: wire size, encode/decode speed vs memcpy", nb_bench_codec_main},
     {"allreduce", "intra-cluster allreduce vs raw MPI/NCCL (mpirun)", nb_bench_allreduce_main},
+    {"wan", "sealed mTLS frames over the emulated WAN vs iperf3; loopback cost", nb_bench_wan_main},
     {NULL, NULL, NULL},
 };
 

@@ -23,6 +23,8 @@ int nb_bench_train_main(int argc, char** argv);
 int nb_bench_codec_main(int argc, char** argv); /* `nebula bench codec` (bench_codec.c) */
 /* `nebula bench allreduce` (bench_allreduce.c). */
 int nb_bench_allreduce_main(int argc, char** argv);
+/* `nebula bench wan` (bench_wan.c): inter/link over the emulated WAN vs iperf3, and loopback. */
+int nb_bench_wan_main(int argc, char** argv);
 
 /* Median of n samples (the array is reordered). n must be > 0. */
 double nb_bench_median(double* v, size_t n);

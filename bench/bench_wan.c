@@ -1,0 +1,561 @@
+/* `nebula bench wan`: moves M MiB of sealed frames over mTLS through inter/link across the
+ * emulated WAN of deploy/wan (two network namespaces, tbf + delay line), with iperf3 measured on
+ * the same link in the same run as the capacity baseline, and the same transfer on loopback
+ * without and with TLS + sealing. It needs root (namespaces) and asserts nothing.
+ *
+ * The parent sets the link up, then runs itself twice under `ip netns exec`: a receiver
+ * (--serve) in namespace b and a sender (--send) in namespace a, so that gRPC's threads live in
+ * the namespace of their process. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench/bench.h"
+#include "common/common.h"
+#include "inter/link.h"
+#include "security/pki.h"
+#include "security/seal.h"
+#include "security/tls.h"
+
+#define NB__BW_JOB "bench-wan"
+#define NB__BW_PORT 7390
+#define NB__BW_WARM_MIB 16
+
+static char nb__bw_prefix[64];
+static char nb__bw_wan_dir[PATH_MAX];
+static char nb__bw_certs[PATH_MAX];
+static pid_t nb__bw_kids[2] = {-1, -1};
+
+static void nb__bw_usage(FILE* f) {
+  fprintf(f,
+          "usage: nebula bench wan [--rate-mbit R] [--delay-ms D] [--streams S] [--mib M]\n"
+          "                        [--iperf-s T] [--wan-dir DIR] [--json]\n"
+          "  Sets up an emulated WAN link (deploy/wan/wan-up.sh; default 100 Mbit/s each way,\n"
+          "  25 ms one way), measures iperf3 on it, then moves M MiB (default 256) of sealed\n"
+          "  frames over mTLS through inter/link with S streams (default 4); also the same\n"
+          "  transfer on loopback without and with TLS+sealing. Needs root.\n");
+}
+
+/* ------------------------------------------------------------ helpers */
+
+static void nb__bw_fill(uint8_t* p, size_t n, uint64_t seed) {
+  uint64_t x = 0x9e3779b97f4a7c15ull ^ seed;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    memcpy(p + i, &x, 8);
+  }
+  for (; i < n; i++) p[i] = (uint8_t)(x >> (8 * (i & 7)));
+}
+
+static int nb__bw_secret_path(const char* dir, char* buf, size_t cap) {
+  return snprintf(buf, cap, "%.3000s/job.secret", dir) < (int)cap ? 0 : -1;
+}
+
+/* CA + dc-a, dc-b (SANs: loopback and the two link addresses) + a job secret, in dir. */
+static nb_status_t nb__bw_make_certs(const char* dir) {
+  EVP_PKEY* ca_key = NULL;
+  X509* ca = NULL;
+  char path[PATH_MAX];
+  nb_status_t st;
+  NB_CHECK(nb_pki_ca_create("nebula bench CA", 1, &ca_key, &ca));
+  snprintf(path, sizeof path, "%.3000s/ca.crt", dir);
+  st = nb_pki_cert_write(path, ca, 1);
+  static const char* const sans[] = {"IP:127.0.0.1", "IP:169.254.100.1", "IP:169.254.100.2"};
+  static const char* const ids[] = {"dc-a", "dc-b"};
+  for (int i = 0; st == NB_OK && i < 2; i++) {
+    nb_pki_issue_opts_t o = {
+        .kind = NB_PKI_CLUSTER, .name = ids[i], .sans = sans, .n_sans = 3, .days = 1};
+    EVP_PKEY* k = NULL;
+    X509* c = NULL;
+    st = nb_pki_cert_issue(ca_key, ca, &o, &k, &c);
+    snprintf(path, sizeof path, "%.3000s/%s.key", dir, ids[i]);
+    if (st == NB_OK) st = nb_pki_key_write(path, k, 1);
+    snprintf(path, sizeof path, "%.3000s/%s.crt", dir, ids[i]);
+    if (st == NB_OK) st = nb_pki_cert_write(path, c, 1);
+    EVP_PKEY_free(k);
+    X509_free(c);
+  }
+  EVP_PKEY_free(ca_key);
+  X509_free(ca);
+  if (st != NB_OK) return st;
+  uint8_t secret[NB_SEAL_SECRET_BYTES];
+  NB_CHECK(nb_seal_secret_generate(secret));
+  nb__bw_secret_path(dir, path, sizeof path);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return NB_ERRNO("create job secret");
+  ssize_t w = write(fd, secret, sizeof secret);
+  close(fd);
+  return w == (ssize_t)sizeof secret ? NB_OK : nb_error(NB_ERR_IO, "short write of %s", path);
+}
+
+static nb_status_t nb__bw_load(const char* dir, const char* id, nb_tls_t** tls,
+                               uint8_t secret[NB_SEAL_SECRET_BYTES]) {
+  char ca[PATH_MAX], crt[PATH_MAX], key[PATH_MAX], sp[PATH_MAX];
+  snprintf(ca, sizeof ca, "%.3000s/ca.crt", dir);
+  snprintf(crt, sizeof crt, "%.3000s/%s.crt", dir, id);
+  snprintf(key, sizeof key, "%.3000s/%s.key", dir, id);
+  nb_tls_files_t f = {.ca_path = ca, .cert_path = crt, .key_path = key};
+  NB_CHECK(nb_tls_create(&f, tls));
+  nb__bw_secret_path(dir, sp, sizeof sp);
+  FILE* fp = fopen(sp, "rb");
+  if (!fp) return NB_ERRNO("open job secret");
+  size_t n = fread(secret, 1, NB_SEAL_SECRET_BYTES, fp);
+  fclose(fp);
+  return n == NB_SEAL_SECRET_BYTES ? NB_OK : nb_error(NB_ERR_IO, "short job secret");
+}
+
+static void nb__bw_rm_certs(const char* dir) {
+  static const char* const files[] = {"ca.crt",   "dc-a.crt", "dc-a.key",
+                                      "dc-b.crt", "dc-b.key", "job.secret"};
+  char p[PATH_MAX];
+  for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+    snprintf(p, sizeof p, "%.3000s/%s", dir, files[i]);
+    unlink(p);
+  }
+  rmdir(dir);
+}
+
+/* ------------------------------------------------ receiver and sender */
+
+typedef struct {
+  nb_link_rx_t* rx;
+  nb_rpc_server_t* srv;
+  nb_seal_ctx_t* seal;
+} nb__bw_rx_t;
+
+static nb_status_t nb__bw_rx_up(const char* listen, const nb_tls_t* tls, const uint8_t* secret,
+                                nb__bw_rx_t* r) {
+  memset(r, 0, sizeof *r);
+  nb_link_rx_config_t rc = {.job_id = NB__BW_JOB,
+                            .local_cluster = "dc-b",
+                            .allow_plaintext = tls == NULL,
+                            .allow_unsealed = secret == NULL};
+  NB_CHECK(nb_link_rx_create(&rc, &r->rx));
+  if (secret) NB_CHECK(nb_seal_ctx_create(secret, NB__BW_JOB, "dc-b", "dc-a", NULL, &r->seal));
+  NB_CHECK(nb_link_rx_add_peer(r->rx, "dc-a", r->seal));
+  nb_rpc_server_opts_t so = {.listen = listen, .tls = tls, .allow_insecure = tls == NULL};
+  NB_CHECK(nb_rpc_server_create(&so, &r->srv));
+  NB_CHECK(nb_link_rx_register(r->rx, r->srv));
+  return nb_rpc_server_start(r->srv);
+}
+
+static void nb__bw_rx_down(nb__bw_rx_t* r) {
+  nb_rpc_server_destroy(r->srv);
+  nb_link_rx_destroy(r->rx);
+  nb_seal_ctx_destroy(r->seal);
+}
+
+/* Waits for round `round` and checks its size. */
+static nb_status_t nb__bw_rx_take(nb__bw_rx_t* r, uint64_t round, size_t want, int64_t wait_s) {
+  uint8_t* f = NULL;
+  size_t len = 0;
+  NB_CHECK(nb_link_rx_take(r->rx, "dc-a", round, nb_now_ns() + wait_s * 1000000000LL, &f, &len));
+  nb_free(f);
+  return len == want ? NB_OK : nb_error(NB_ERR_INTERNAL, "received %zu bytes, sent %zu", len, want);
+}
+
+/* A warm-up frame (connections, TLS, TCP windows), then the measured one. */
+static nb_status_t nb__bw_send(const char* target, const nb_tls_t* tls, const uint8_t* secret,
+                               uint32_t streams, size_t bytes, nb_link_send_stats_t* out) {
+  nb_seal_ctx_t* seal = NULL;
+  nb_link_t* l = NULL;
+  uint8_t* f = NULL;
+  nb_status_t st;
+  if (secret)
+    NB_CHECK_GOTO(nb_seal_ctx_create(secret, NB__BW_JOB, "dc-a", "dc-b", NULL, &seal), st, out);
+  nb_link_config_t lc = {.job_id = NB__BW_JOB,
+                         .local_cluster = "dc-a",
+                         .peer_cluster = "dc-b",
+                         .target = target,
+                         .tls = tls,
+                         .allow_insecure = tls == NULL,
+                         .seal = seal,
+                         .allow_unsealed = seal == NULL,
+                         .streams = streams};
+  NB_CHECK_GOTO(nb_link_create(&lc, &l), st, out);
+  NB_CHECK_GOTO(nb_alloc((void**)&f, bytes, 1, "bench frame"), st, out);
+  nb__bw_fill(f, bytes, 42);
+  size_t warm = (size_t)NB__BW_WARM_MIB << 20;
+  if (warm > bytes) warm = bytes;
+  NB_CHECK_GOTO(nb_link_send(l, 1, f, warm, NULL, 0, nb_now_ns() + 600000000000LL, NULL), st, out);
+  NB_CHECK_GOTO(nb_link_send(l, 2, f, bytes, NULL, 0, nb_now_ns() + 1800000000000LL, out), st, out);
+out:
+  nb_free(f);
+  nb_link_destroy(l);
+  nb_seal_ctx_destroy(seal);
+  return st;
+}
+
+/* `--serve DIR LISTEN MIB`: the receiver in namespace b; prints READY, then OK per frame. */
+static int nb__bw_serve(const char* dir, const char* listen, int mib) {
+  nb_tls_t* tls = NULL;
+  uint8_t secret[NB_SEAL_SECRET_BYTES];
+  nb__bw_rx_t r;
+  if (nb__bw_load(dir, "dc-b", &tls, secret) != NB_OK || nb__bw_rx_up(listen, tls, secret, &r)) {
+    fprintf(stderr, "bench wan --serve: %s\n", nb_error_last());
+    return 1;
+  }
+  printf("READY\n");
+  fflush(stdout);
+  size_t bytes = (size_t)mib << 20, warm = (size_t)NB__BW_WARM_MIB << 20;
+  nb_status_t st = nb__bw_rx_take(&r, 1, warm < bytes ? warm : bytes, 600);
+  if (st == NB_OK) st = nb__bw_rx_take(&r, 2, bytes, 1800);
+  if (st != NB_OK)
+    fprintf(stderr, "bench wan --serve: %s\n", nb_error_last());
+  else
+    printf("OK\n");
+  fflush(stdout);
+  nb_sleep_ns(200000000); /* let the last acks leave */
+  nb__bw_rx_down(&r);
+  nb_tls_destroy(tls);
+  return st == NB_OK ? 0 : 1;
+}
+
+/* `--send DIR TARGET MIB STREAMS`: the sender in namespace a; prints "SENT seconds bytes". */
+static int nb__bw_send_main(const char* dir, const char* target, int mib, int streams) {
+  nb_tls_t* tls = NULL;
+  uint8_t secret[NB_SEAL_SECRET_BYTES];
+  nb_link_send_stats_t s;
+  nb_status_t st = nb__bw_load(dir, "dc-a", &tls, secret);
+  if (st == NB_OK) st = nb__bw_send(target, tls, secret, (uint32_t)streams, (size_t)mib << 20, &s);
+  nb_tls_destroy(tls);
+  if (st != NB_OK) {
+    fprintf(stderr, "bench wan --send: %s\n", nb_error_last());
+    return 1;
+  }
+  printf("SENT %.6f %llu %u\n", s.seconds, (unsigned long long)s.bytes, s.reconnects);
+  return 0;
+}
+
+/* ------------------------------------------------------------- parent */
+
+static void nb__bw_teardown(void) {
+  for (int i = 0; i < 2; i++)
+    if (nb__bw_kids[i] > 0) {
+      kill(nb__bw_kids[i], SIGKILL);
+      waitpid(nb__bw_kids[i], NULL, 0);
+      nb__bw_kids[i] = -1;
+    }
+  if (nb__bw_prefix[0]) {
+    char cmd[PATH_MAX + 128];
+    snprintf(cmd, sizeof cmd, "bash '%s/wan-down.sh' --prefix '%s' >/dev/null 2>&1", nb__bw_wan_dir,
+             nb__bw_prefix);
+    if (system(cmd) != 0) fprintf(stderr, "bench wan: wan-down.sh reported a problem\n");
+    nb__bw_prefix[0] = 0;
+  }
+  if (nb__bw_certs[0]) {
+    nb__bw_rm_certs(nb__bw_certs);
+    nb__bw_certs[0] = 0;
+  }
+}
+
+static void nb__bw_on_signal(int sig) {
+  nb__bw_teardown();
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+/* Starts `ip netns exec NS <this program> bench wan ARGS...` with stdout on a pipe. */
+static pid_t nb__bw_spawn(const char* ns, char* const* args, FILE** out) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    close(fds[0]);
+    close(fds[1]);
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) _exit(127);
+    exe[n] = 0;
+    char* argv[16] = {"ip", "netns", "exec", (char*)ns, exe, "bench", "wan"};
+    int k = 7;
+    for (int i = 0; args[i] && k < 15; i++) argv[k++] = args[i];
+    argv[k] = NULL;
+    execvp("ip", argv);
+    _exit(127);
+  }
+  close(fds[1]);
+  *out = fdopen(fds[0], "r");
+  return pid;
+}
+
+static int nb__bw_find_wan_dir(const char* given) {
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[n > 0 ? n : 0] = 0;
+  char* slash = strrchr(exe, '/');
+  if (slash) *slash = 0;
+  char cands[4][PATH_MAX];
+  int nc = 0;
+  if (given) snprintf(cands[nc++], PATH_MAX, "%s", given);
+  if (getenv("NB_WAN_DIR")) snprintf(cands[nc++], PATH_MAX, "%s", getenv("NB_WAN_DIR"));
+  snprintf(cands[nc++], PATH_MAX, "%.3000s/../deploy/wan", exe);
+  snprintf(cands[nc++], PATH_MAX, "deploy/wan");
+  for (int i = 0; i < nc; i++) {
+    char p[PATH_MAX + 16];
+    snprintf(p, sizeof p, "%.3000s/wan-up.sh", cands[i]);
+    if (access(p, R_OK) == 0 && realpath(cands[i], nb__bw_wan_dir)) {
+      /* the delay line built next to this program */
+      char dl[PATH_MAX + 64];
+      snprintf(dl, sizeof dl, "%.3000s/deploy/wan/nb-delayline", exe);
+      if (!getenv("NB_DELAYLINE") && access(dl, X_OK) == 0) setenv("NB_DELAYLINE", dl, 1);
+      return 0;
+    }
+  }
+  return -1;
+}
+
+/* Reads the 4-stream (or S-stream) iperf3 figure from measure.sh --json. */
+static double nb__bw_iperf(int streams, int secs) {
+  char cmd[PATH_MAX + 256];
+  snprintf(cmd, sizeof cmd,
+           "bash '%s/measure.sh' --prefix '%s' --streams %d --time %d --omit 2 --pings 5 --json",
+           nb__bw_wan_dir, nb__bw_prefix, streams, secs);
+  FILE* p = popen(cmd, "r");
+  if (!p) return -1;
+  char buf[4096] = {0};
+  size_t n = fread(buf, 1, sizeof buf - 1, p);
+  buf[n] = 0;
+  pclose(p);
+  char key[32];
+  snprintf(key, sizeof key, "\"%d\":", streams);
+  char* at = strstr(buf, "\"iperf3_mbit\"");
+  at = at ? strstr(at, key) : NULL;
+  return at ? strtod(at + strlen(key), NULL) : -1;
+}
+
+/* One transfer on loopback (median of reps) in Gbit/s. */
+/* use_tls: mTLS on the connections; use_seal: AES-GCM on every chunk. */
+static double nb__bw_loopback(int use_tls, int use_seal, uint32_t streams, size_t bytes, int reps) {
+  nb_tls_t *ta = NULL, *tb = NULL;
+  uint8_t secret[NB_SEAL_SECRET_BYTES];
+  double g[8];
+  int ok = 0;
+  if ((use_tls || use_seal) && (nb__bw_load(nb__bw_certs, "dc-a", &ta, secret) != NB_OK ||
+                                nb__bw_load(nb__bw_certs, "dc-b", &tb, secret) != NB_OK))
+    goto out;
+  if (!use_tls) {
+    nb_tls_destroy(ta);
+    nb_tls_destroy(tb);
+    ta = tb = NULL;
+  }
+  for (int r = 0; r < reps; r++) {
+    nb__bw_rx_t rx;
+    if (nb__bw_rx_up("127.0.0.1:0", tb, use_seal ? secret : NULL, &rx) != NB_OK) goto out;
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", nb_rpc_server_port(rx.srv));
+    nb_link_send_stats_t s;
+    nb_status_t st = nb__bw_send(target, ta, use_seal ? secret : NULL, streams, bytes, &s);
+    nb__bw_rx_down(&rx);
+    if (st != NB_OK) goto out;
+    g[ok++] = s.goodput_Bps * 8e-9;
+  }
+out:
+  if (ok < reps) fprintf(stderr, "bench wan: loopback run failed: %s\n", nb_error_last());
+  nb_tls_destroy(ta);
+  nb_tls_destroy(tb);
+  return ok ? nb_bench_median(g, (size_t)ok) : -1;
+}
+
+static int nb__bw_num(const char* opt, const char* v, double lo, double hi, double* out) {
+  char* end = NULL;
+  if (!v) {
+    fprintf(stderr, "nebula bench wan: %s needs a value\n", opt);
+    return 0;
+  }
+  double d = strtod(v, &end);
+  if (end == v || *end || !(d >= lo && d <= hi)) {
+    fprintf(stderr, "nebula bench wan: %s must be a number in [%g, %g], got '%s'\n", opt, lo, hi,
+            v);
+    return 0;
+  }
+  *out = d;
+  return 1;
+}
+
+int nb_bench_wan_main(int argc, char** argv) {
+  if (argc >= 2 && !strcmp(argv[1], "--serve") && argc == 5)
+    return nb__bw_serve(argv[2], argv[3], atoi(argv[4]));
+  if (argc >= 2 && !strcmp(argv[1], "--send") && argc == 6)
+    return nb__bw_send_main(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
+  double rate = 100, delay = 25, streams = 4, mib = 256, iperf_s = 8;
+  int json = 0;
+  const char* wan_dir = NULL;
+  for (int i = 1; i < argc; i++) {
+    const char* a = argv[i];
+    if (!strcmp(a, "--json"))
+      json = 1;
+    else if (!strcmp(a, "--rate-mbit")) {
+      if (!nb__bw_num(a, argv[++i], 1, 10000, &rate)) return 2;
+    } else if (!strcmp(a, "--delay-ms")) {
+      if (!nb__bw_num(a, argv[++i], 0, 10000, &delay)) return 2;
+    } else if (!strcmp(a, "--streams")) {
+      if (!nb__bw_num(a, argv[++i], 1, 64, &streams)) return 2;
+    } else if (!strcmp(a, "--mib")) {
+      if (!nb__bw_num(a, argv[++i], 1, 4096, &mib)) return 2;
+    } else if (!strcmp(a, "--iperf-s")) {
+      if (!nb__bw_num(a, argv[++i], 3, 600, &iperf_s)) return 2;
+    } else if (!strcmp(a, "--wan-dir") && i + 1 < argc) {
+      wan_dir = argv[++i];
+    } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      nb__bw_usage(stdout);
+      return 0;
+    } else {
+      fprintf(stderr, "nebula bench wan: unknown option '%s'\n", a);
+      nb__bw_usage(stderr);
+      return 2;
+    }
+  }
+  if (geteuid() != 0) {
+    fprintf(stderr,
+            "nebula bench wan: needs root (it creates network namespaces with "
+            "deploy/wan/wan-up.sh); run it with sudo\n");
+    return 2;
+  }
+  if (nb__bw_find_wan_dir(wan_dir) != 0) {
+    fprintf(stderr, "nebula bench wan: deploy/wan/wan-up.sh not found; pass --wan-dir DIR\n");
+    return 2;
+  }
+  int S = (int)streams, M = (int)mib;
+  const char* tmp = getenv("TMPDIR");
+  snprintf(nb__bw_certs, sizeof nb__bw_certs, "%.3000s/nb-bench-wan-XXXXXX",
+           tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(nb__bw_certs)) {
+    nb__bw_certs[0] = 0;
+    perror("nebula bench wan: mkdtemp");
+    return 1;
+  }
+  atexit(nb__bw_teardown);
+  signal(SIGINT, nb__bw_on_signal);
+  signal(SIGTERM, nb__bw_on_signal);
+  if (nb__bw_make_certs(nb__bw_certs) != NB_OK) {
+    fprintf(stderr, "nebula bench wan: certificates: %s\n", nb_error_last());
+    return 1;
+  }
+  /* 1. the link */
+  snprintf(nb__bw_prefix, sizeof nb__bw_prefix, "nbbw-%d", (int)getpid());
+  char cmd[PATH_MAX + 256];
+  snprintf(cmd, sizeof cmd,
+           "bash '%s/wan-up.sh' --prefix '%s' --rate-mbit %g --delay-ms %g >/dev/null",
+           nb__bw_wan_dir, nb__bw_prefix, rate, delay);
+  if (system(cmd) != 0) {
+    fprintf(stderr, "nebula bench wan: wan-up.sh failed\n");
+    nb__bw_prefix[0] = 0; /* wan-up.sh tears down what it made */
+    return 1;
+  }
+  char ns_a[96], ns_b[96];
+  snprintf(ns_a, sizeof ns_a, "%s-a", nb__bw_prefix);
+  snprintf(ns_b, sizeof ns_b, "%s-b", nb__bw_prefix);
+  /* 2. iperf3 on it, the capacity baseline */
+  if (!json) fprintf(stderr, "bench wan: iperf3 -P %d for %g s on the link...\n", S, iperf_s);
+  double iperf = nb__bw_iperf(S, (int)iperf_s);
+  if (iperf <= 0) {
+    fprintf(stderr, "nebula bench wan: iperf3 measurement failed\n");
+    return 1;
+  }
+  /* 3. M MiB through inter/link over mTLS with sealing, namespace a -> b */
+  if (!json) fprintf(stderr, "bench wan: %d MiB over %d streams through inter/link...\n", M, S);
+  char mib_s[16], s_s[16], listen[64], target[64];
+  snprintf(mib_s, sizeof mib_s, "%d", M);
+  snprintf(s_s, sizeof s_s, "%d", S);
+  snprintf(listen, sizeof listen, "169.254.100.2:%d", NB__BW_PORT);
+  snprintf(target, sizeof target, "169.254.100.2:%d", NB__BW_PORT);
+  char* serve_args[] = {"--serve", nb__bw_certs, listen, mib_s, NULL};
+  FILE *srv_out = NULL, *snd_out = NULL;
+  nb__bw_kids[0] = nb__bw_spawn(ns_b, serve_args, &srv_out);
+  char line[256] = {0};
+  if (nb__bw_kids[0] < 0 || !srv_out || !fgets(line, sizeof line, srv_out) ||
+      strncmp(line, "READY", 5) != 0) {
+    fprintf(stderr, "nebula bench wan: the receiver did not start\n");
+    return 1;
+  }
+  char* send_args[] = {"--send", nb__bw_certs, target, mib_s, s_s, NULL};
+  nb__bw_kids[1] = nb__bw_spawn(ns_a, send_args, &snd_out);
+  double secs = 0;
+  unsigned long long bytes = 0;
+  unsigned reconnects = 0;
+  line[0] = 0;
+  int got = snd_out && fgets(line, sizeof line, snd_out) &&
+            sscanf(line, "SENT %lf %llu %u", &secs, &bytes, &reconnects) == 3;
+  int wst = 0;
+  if (nb__bw_kids[1] > 0) waitpid(nb__bw_kids[1], &wst, 0);
+  nb__bw_kids[1] = -1;
+  char ok[16] = {0};
+  int rx_ok = srv_out && fgets(ok, sizeof ok, srv_out) && strncmp(ok, "OK", 2) == 0;
+  if (nb__bw_kids[0] > 0) waitpid(nb__bw_kids[0], &wst, 0);
+  nb__bw_kids[0] = -1;
+  if (srv_out) fclose(srv_out);
+  if (snd_out) fclose(snd_out);
+  if (!got || !rx_ok || secs <= 0) {
+    fprintf(stderr, "nebula bench wan: the transfer over the link failed\n");
+    return 1;
+  }
+  double goodput = (double)bytes * 8e-6 / secs;
+  /* 4. tear the link down before the loopback runs, so they do not share the cores with it */
+  char pfx[64];
+  snprintf(pfx, sizeof pfx, "%s", nb__bw_prefix);
+  snprintf(cmd, sizeof cmd, "bash '%s/wan-down.sh' --prefix '%s' >/dev/null 2>&1", nb__bw_wan_dir,
+           pfx);
+  if (system(cmd) == 0) nb__bw_prefix[0] = 0;
+  /* 5. loopback: the same transfer without and with TLS + sealing */
+  if (!json) fprintf(stderr, "bench wan: loopback plain vs mTLS+sealed...\n");
+  size_t lb_bytes = (size_t)M << 20;
+  /* Interleaved (plain, secure, mTLS only, seal only) x 5, medians: the shared machine's load
+   * drifts, and interleaving spreads it over every variant alike. */
+  enum { NB__LB_REPS = 5 };
+  double v[4][NB__LB_REPS], med[4] = {-1, -1, -1, -1};
+  int nv = json ? 2 : 4, nok[4] = {0, 0, 0, 0};
+  for (int r = 0; r < NB__LB_REPS; r++)
+    for (int k = 0; k < nv; k++) {
+      static const int tls_of[4] = {0, 1, 1, 0}, seal_of[4] = {0, 1, 0, 1};
+      double g = nb__bw_loopback(tls_of[k], seal_of[k], (uint32_t)S, lb_bytes, 1);
+      if (g > 0) v[k][nok[k]++] = g;
+    }
+  for (int k = 0; k < nv; k++)
+    if (nok[k]) med[k] = nb_bench_median(v[k], (size_t)nok[k]);
+  double plain = med[0], secure = med[1], tls_only = med[2], seal_only = med[3];
+  double eff = goodput / iperf;
+  if (json) {
+    nb_json_obj_t j;
+    nb_json_begin(&j, stdout);
+    nb_json_num(&j, "rate_mbit", rate);
+    nb_json_num(&j, "delay_ms", delay);
+    nb_json_int(&j, "streams", S);
+    nb_json_num(&j, "iperf3_mbit", iperf);
+    nb_json_num(&j, "goodput_mbit", goodput);
+    nb_json_num(&j, "efficiency", eff);
+    nb_json_num(&j, "loopback_plain_gbps", plain);
+    nb_json_num(&j, "loopback_secure_gbps", secure);
+    nb_json_end(&j);
+  } else {
+    printf("link: %g Mbit/s each way, %g ms one way (RTT %g ms), %d streams, %d MiB\n", rate, delay,
+           2 * delay, S, M);
+    printf("iperf3 (-P %d):        %8.1f Mbit/s\n", S, iperf);
+    printf("inter/link mTLS+seal:  %8.1f Mbit/s  (%.2f s, %u reconnects)\n", goodput, secs,
+           reconnects);
+    printf(
+        "efficiency:            %8.3f  (goodput / iperf3; target >= 0.90 at 50 ms RTT, "
+        ">= 0.85 at 200 ms)\n",
+        eff);
+    printf("loopback plain:        %8.2f Gbit/s\n", plain);
+    printf("loopback mTLS+seal:    %8.2f Gbit/s  (secure / plain = %.3f; target >= 0.90)\n", secure,
+           plain > 0 ? secure / plain : 0);
+    printf("loopback mTLS only:    %8.2f Gbit/s  (%.3f of plain)\n", tls_only,
+           plain > 0 ? tls_only / plain : 0);
+    printf("loopback seal only:    %8.2f Gbit/s  (%.3f of plain)\n", seal_only,
+           plain > 0 ? seal_only / plain : 0);
+  }
+  return 0;
+}

@@ -1,0 +1,420 @@
+/* inter/exchange: the per-round exchange of one cluster leader with its K-1 peers: server
+ * (inter/link receiver), a link and a heartbeat thread per peer, and the round driver that sends
+ * to everyone and collects everyone's frame under a deadline. It does not retry a round or decide
+ * what a missing peer means for training (the trainer does). */
+#include "inter/exchange.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <openssl/crypto.h>
+
+#include "common/common.h"
+
+NB_PARAM_INT(ExchangeHeartbeatMs, "NB_EXCHANGE_HEARTBEAT_MS", 250, 20, 60000,
+             "Ping period of the exchange heartbeat per peer")
+NB_PARAM_INT(ExchangeDeadMs, "NB_EXCHANGE_DEAD_MS", 2000, 100, 600000,
+             "a peer without a heartbeat answer for this long is reported dead")
+
+typedef struct {
+  struct nb_exchange* ex;
+  char id[NB_LINK_ID_MAX];
+  char target[256];
+  nb_seal_ctx_t* seal;
+  nb_link_t* link;
+  pthread_t hb;
+  int hb_started;
+  int64_t last_ok_ns; /* under ex->mu */
+  int dead;           /* under ex->mu: declared dead by the heartbeat */
+  uint64_t pings_ok, pings_failed;
+} nb__peer_t;
+
+struct nb_exchange {
+  char job[NB_LINK_ID_MAX], self[NB_LINK_ID_MAX];
+  const nb_tls_t* tls;
+  int allow_insecure;
+  uint8_t secret[NB_SEAL_SECRET_BYTES];
+  int sealed;
+  uint32_t streams, window;
+  size_t chunk_bytes;
+  double rate_cap;
+  int hb_ms, dead_ms;
+  nb_link_rx_t* rx;
+  nb_rpc_server_t* srv;
+  nb__peer_t** peers;
+  size_t n;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int stopping;
+};
+
+static nb_status_t nb__ex_authorize(const nb_tls_peer_t* peer, const char* method, void* user) {
+  nb_exchange_t* ex = user;
+  nb_status_t st =
+      nb_error(NB_ERR_PERMISSION, "%s '%s' is not a peer of job %s on %s",
+               peer->kind == NB_TLS_PEER_USER ? "user" : "cluster", peer->name, ex->job, ex->self);
+  if (peer->kind != NB_TLS_PEER_CLUSTER) return st;
+  pthread_mutex_lock(&ex->mu);
+  for (size_t i = 0; i < ex->n; i++)
+    if (strcmp(ex->peers[i]->id, peer->name) == 0) st = NB_OK;
+  pthread_mutex_unlock(&ex->mu);
+  return st;
+}
+
+nb_status_t nb_exchange_create(const nb_exchange_config_t* cfg, nb_exchange_t** out) {
+  if (!cfg || !out) return nb_error(NB_ERR_INVALID, "exchange: NULL config or out");
+  *out = NULL;
+  if (!cfg->job_id || !*cfg->job_id || strlen(cfg->job_id) >= NB_LINK_ID_MAX)
+    return nb_error(NB_ERR_INVALID, "exchange: job_id missing or too long");
+  if (!cfg->self || !*cfg->self || strlen(cfg->self) >= NB_LINK_ID_MAX)
+    return nb_error(NB_ERR_INVALID, "exchange: self (our cluster id) missing or too long");
+  if (!cfg->listen || !*cfg->listen)
+    return nb_error(NB_ERR_INVALID, "exchange %s: no listen address", cfg->self);
+  if (!cfg->tls && !cfg->allow_insecure)
+    return nb_error(NB_ERR_INVALID, "exchange %s: no TLS material (allow_insecure not set)",
+                    cfg->self);
+  if (!cfg->job_secret && !cfg->allow_unsealed)
+    return nb_error(NB_ERR_INVALID, "exchange %s: no job secret (allow_unsealed not set)",
+                    cfg->self);
+  if (cfg->tls && strcmp(nb_tls_self(cfg->tls)->name, cfg->self) != 0)
+    return nb_error(NB_ERR_INVALID, "exchange: self is '%s' but our certificate says '%s'",
+                    cfg->self, nb_tls_self(cfg->tls)->name);
+  nb_exchange_t* ex = NULL;
+  NB_CHECK(NB_CALLOC(ex, 1, "exchange"));
+  snprintf(ex->job, sizeof ex->job, "%s", cfg->job_id);
+  snprintf(ex->self, sizeof ex->self, "%s", cfg->self);
+  ex->tls = cfg->tls;
+  ex->allow_insecure = cfg->allow_insecure;
+  if (cfg->job_secret) {
+    memcpy(ex->secret, cfg->job_secret, NB_SEAL_SECRET_BYTES);
+    ex->sealed = 1;
+  }
+  ex->streams = cfg->streams;
+  ex->window = cfg->window;
+  ex->chunk_bytes = cfg->chunk_bytes;
+  ex->rate_cap = cfg->rate_cap_Bps;
+  ex->hb_ms = cfg->heartbeat_ms > 0 ? cfg->heartbeat_ms : (int)nb_param_ExchangeHeartbeatMs();
+  ex->dead_ms = cfg->dead_ms > 0 ? cfg->dead_ms : (int)nb_param_ExchangeDeadMs();
+  pthread_mutex_init(&ex->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&ex->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  nb_status_t st;
+  nb_link_rx_config_t rc = {.job_id = ex->job,
+                            .local_cluster = ex->self,
+                            .allow_plaintext = cfg->tls == NULL,
+                            .allow_unsealed = cfg->job_secret == NULL};
+  NB_CHECK_GOTO(nb_link_rx_create(&rc, &ex->rx), st, fail);
+  nb_rpc_server_opts_t so = {.listen = cfg->listen,
+                             .tls = cfg->tls,
+                             .allow_insecure = cfg->allow_insecure,
+                             .authorize = cfg->tls ? nb__ex_authorize : NULL,
+                             .authorize_user = ex};
+  NB_CHECK_GOTO(nb_rpc_server_create(&so, &ex->srv), st, fail);
+  NB_CHECK_GOTO(nb_link_rx_register(ex->rx, ex->srv), st, fail);
+  NB_CHECK_GOTO(nb_rpc_server_start(ex->srv), st, fail);
+  NB_INFO(WIRE, "exchange %s (job %s) listening on port %d%s%s", ex->self, ex->job,
+          nb_rpc_server_port(ex->srv), cfg->tls ? "" : ", PLAINTEXT",
+          ex->sealed ? "" : ", UNSEALED");
+  *out = ex;
+  return NB_OK;
+fail:
+  nb_exchange_destroy(ex);
+  return st;
+}
+
+int nb_exchange_port(const nb_exchange_t* ex) {
+  return ex ? nb_rpc_server_port(ex->srv) : 0;
+}
+size_t nb_exchange_peer_count(const nb_exchange_t* ex) {
+  return ex ? ex->n : 0;
+}
+nb_link_t* nb_exchange_link(nb_exchange_t* ex, size_t i) {
+  return ex && i < ex->n ? ex->peers[i]->link : NULL;
+}
+
+/* Milliseconds since peer p last answered a Ping. ex->mu held. */
+static int64_t nb__silent_ms(const nb__peer_t* p) {
+  return (nb_now_ns() - p->last_ok_ns) / 1000000;
+}
+
+int nb_exchange_peer_alive(nb_exchange_t* ex, size_t i) {
+  if (!ex || i >= ex->n) return 0;
+  pthread_mutex_lock(&ex->mu);
+  int alive = !ex->peers[i]->dead && nb__silent_ms(ex->peers[i]) <= ex->dead_ms;
+  pthread_mutex_unlock(&ex->mu);
+  return alive;
+}
+
+static void* nb__heartbeat(void* arg) {
+  nb__peer_t* p = arg;
+  nb_exchange_t* ex = p->ex;
+  int64_t timeout = ex->dead_ms / 2 < 1000 ? ex->dead_ms / 2 : 1000;
+  if (timeout < 50) timeout = 50;
+  for (;;) {
+    pthread_mutex_lock(&ex->mu);
+    int stop = ex->stopping;
+    pthread_mutex_unlock(&ex->mu);
+    if (stop) break;
+    nb_status_t st = nb_link_ping(p->link, timeout, 0, NULL);
+    pthread_mutex_lock(&ex->mu);
+    int declare = 0;
+    if (st == NB_OK) {
+      p->pings_ok++;
+      p->last_ok_ns = nb_now_ns();
+      if (p->dead) {
+        p->dead = 0;
+        NB_WARN("exchange %s: peer %s answers again", ex->self, p->id);
+        nb_link_resume(p->link);
+      }
+    } else {
+      p->pings_failed++;
+      if (!p->dead && nb__silent_ms(p) > ex->dead_ms) {
+        p->dead = 1;
+        declare = 1;
+        NB_WARN("exchange %s: peer %s (%s) stopped answering: no heartbeat for %lld ms (%s)",
+                ex->self, p->id, p->target, (long long)nb__silent_ms(p), nb_status_name(st));
+      }
+    }
+    int64_t until = nb_now_ns() + (int64_t)ex->hb_ms * 1000000;
+    struct timespec ts = {.tv_sec = until / 1000000000LL, .tv_nsec = until % 1000000000LL};
+    if (!ex->stopping) pthread_cond_timedwait(&ex->cv, &ex->mu, &ts);
+    pthread_mutex_unlock(&ex->mu);
+    if (declare) nb_link_cancel(p->link);
+  }
+  return NULL;
+}
+
+nb_status_t nb_exchange_add_peer(nb_exchange_t* ex, const char* peer, const char* target) {
+  if (!ex || !peer || !*peer || strlen(peer) >= NB_LINK_ID_MAX || !target || !*target ||
+      strlen(target) >= 256)
+    return nb_error(NB_ERR_INVALID, "exchange add_peer: bad peer id or target");
+  if (strcmp(peer, ex->self) == 0)
+    return nb_error(NB_ERR_INVALID, "exchange %s: cannot add itself as a peer", ex->self);
+  for (size_t i = 0; i < ex->n; i++)
+    if (strcmp(ex->peers[i]->id, peer) == 0)
+      return nb_error(NB_ERR_EXISTS, "exchange %s: peer %s added twice", ex->self, peer);
+  nb__peer_t* p = NULL;
+  nb_status_t st;
+  NB_CHECK(NB_CALLOC(p, 1, "exchange peer"));
+  p->ex = ex;
+  snprintf(p->id, sizeof p->id, "%s", peer);
+  snprintf(p->target, sizeof p->target, "%s", target);
+  if (ex->sealed)
+    NB_CHECK_GOTO(nb_seal_ctx_create(ex->secret, ex->job, ex->self, peer, NULL, &p->seal), st,
+                  fail);
+  nb_link_config_t lc = {.job_id = ex->job,
+                         .local_cluster = ex->self,
+                         .peer_cluster = peer,
+                         .target = target,
+                         .tls = ex->tls,
+                         .allow_insecure = ex->allow_insecure,
+                         .seal = p->seal,
+                         .allow_unsealed = !ex->sealed,
+                         .streams = ex->streams,
+                         .chunk_bytes = ex->chunk_bytes,
+                         .window = ex->window,
+                         .rate_cap_Bps = ex->rate_cap};
+  NB_CHECK_GOTO(nb_link_create(&lc, &p->link), st, fail);
+  NB_CHECK_GOTO(nb_link_rx_add_peer(ex->rx, peer, p->seal), st, fail);
+  NB_CHECK_GOTO(nb_realloc((void**)&ex->peers, ex->n + 1, sizeof *ex->peers, "exchange peers"), st,
+                fail);
+  p->last_ok_ns = nb_now_ns();
+  pthread_mutex_lock(&ex->mu);
+  ex->peers[ex->n++] = p;
+  pthread_mutex_unlock(&ex->mu);
+  if (pthread_create(&p->hb, NULL, nb__heartbeat, p) != 0)
+    return nb_error(NB_ERR_SYSTEM, "exchange %s: cannot start the heartbeat of %s", ex->self, peer);
+  p->hb_started = 1;
+  return NB_OK;
+fail:
+  nb_link_destroy(p->link);
+  nb_seal_ctx_destroy(p->seal);
+  nb_free(p);
+  return st;
+}
+
+typedef struct {
+  nb__peer_t* p;
+  uint64_t round;
+  const void* frame;
+  size_t len;
+  int64_t deadline_ns;
+  nb_status_t st;
+  char detail[256];
+  nb_link_send_stats_t stats;
+} nb__send_job_t;
+
+static void* nb__sender(void* arg) {
+  nb__send_job_t* j = arg;
+  j->st = nb_link_send(j->p->link, j->round, j->frame, j->len, NULL, 0, j->deadline_ns, &j->stats);
+  if (j->st != NB_OK) snprintf(j->detail, sizeof j->detail, "%s", nb_error_last());
+  return NULL;
+}
+
+void nb_exchange_results_release(nb_exchange_result_t* r, size_t n) {
+  if (!r) return;
+  for (size_t i = 0; i < n; i++) {
+    nb_free(r[i].frame);
+    memset(&r[i], 0, sizeof r[i]);
+  }
+}
+
+nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* frame, size_t len,
+                              int64_t deadline_ns, nb_exchange_result_t* results) {
+  if (!ex || !frame || len == 0 || !results)
+    return nb_error(NB_ERR_INVALID, "exchange round: NULL argument or empty frame");
+  size_t n = ex->n;
+  nb__send_job_t* jobs = NULL;
+  pthread_t* th = NULL;
+  int* started = NULL;
+  int* pending = NULL;
+  nb_status_t st;
+  NB_CHECK_GOTO(NB_CALLOC(jobs, n ? n : 1, "send jobs"), st, out);
+  NB_CHECK_GOTO(NB_CALLOC(th, n ? n : 1, "send threads"), st, out);
+  NB_CHECK_GOTO(NB_CALLOC(started, n ? n : 1, "send flags"), st, out);
+  NB_CHECK_GOTO(NB_CALLOC(pending, n ? n : 1, "recv flags"), st, out);
+  for (size_t i = 0; i < n; i++) {
+    nb__peer_t* p = ex->peers[i];
+    nb_exchange_result_t* r = &results[i];
+    memset(r, 0, sizeof *r);
+    snprintf(r->peer, sizeof r->peer, "%s", p->id);
+    if (!nb_exchange_peer_alive(ex, i)) {
+      pthread_mutex_lock(&ex->mu);
+      long long silent = (long long)nb__silent_ms(p);
+      pthread_mutex_unlock(&ex->mu);
+      r->status = r->send_status = r->recv_status = NB_ERR_UNAVAILABLE;
+      snprintf(r->detail, sizeof r->detail,
+               "peer %s (%.100s) is not answering (no heartbeat for %lld ms)", p->id, p->target,
+               silent);
+      continue;
+    }
+    nb_link_resume(p->link);
+    jobs[i] = (nb__send_job_t){
+        .p = p, .round = round, .frame = frame, .len = len, .deadline_ns = deadline_ns};
+    if (pthread_create(&th[i], NULL, nb__sender, &jobs[i]) == 0) {
+      started[i] = 1;
+    } else {
+      jobs[i].st = NB_ERR_SYSTEM;
+      snprintf(jobs[i].detail, sizeof jobs[i].detail, "cannot start a sender thread");
+    }
+    pending[i] = 1;
+  }
+  /* Collect every peer's frame; give up on a peer whose heartbeat stopped. */
+  for (;;) {
+    size_t left = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (!pending[i]) continue;
+      nb_exchange_result_t* r = &results[i];
+      nb__peer_t* p = ex->peers[i];
+      nb_status_t rs = nb_link_rx_take(ex->rx, p->id, round, 0, &r->frame, &r->len);
+      if (rs == NB_ERR_TIMEOUT && !nb_exchange_peer_alive(ex, i)) {
+        pthread_mutex_lock(&ex->mu);
+        long long silent = (long long)nb__silent_ms(p);
+        pthread_mutex_unlock(&ex->mu);
+        rs = NB_ERR_UNAVAILABLE;
+        snprintf(r->detail, sizeof r->detail,
+                 "peer %s (%.100s) stopped answering: no heartbeat for %lld ms", p->id, p->target,
+                 silent);
+        nb_link_cancel(p->link);
+      } else if (rs == NB_ERR_TIMEOUT && deadline_ns && nb_now_ns() >= deadline_ns) {
+        snprintf(r->detail, sizeof r->detail,
+                 "peer %s: its frame of round %llu missed the deadline", p->id,
+                 (unsigned long long)round);
+      } else if (rs == NB_ERR_TIMEOUT) {
+        left++;
+        continue;
+      } else if (rs != NB_OK) {
+        snprintf(r->detail, sizeof r->detail, "peer %s: %s", p->id, nb_error_last());
+      }
+      r->recv_status = rs;
+      pending[i] = 0;
+    }
+    if (left == 0) break;
+    /* Sleep until something arrives (or 20 ms for the heartbeat and deadline checks). */
+    for (size_t i = 0; i < n; i++) {
+      if (!pending[i]) continue;
+      uint8_t* f = NULL;
+      size_t fl = 0;
+      int64_t until = nb_now_ns() + 20000000;
+      if (deadline_ns && until > deadline_ns) until = deadline_ns;
+      if (nb_link_rx_take(ex->rx, ex->peers[i]->id, round, until, &f, &fl) == NB_OK) {
+        results[i].frame = f;
+        results[i].len = fl;
+        results[i].recv_status = NB_OK;
+        pending[i] = 0;
+      }
+      break;
+    }
+  }
+  st = NB_OK;
+  for (size_t i = 0; i < n; i++) {
+    nb_exchange_result_t* r = &results[i];
+    if (started[i]) {
+      pthread_join(th[i], NULL);
+      r->send_status = jobs[i].st;
+      r->send = jobs[i].stats;
+    } else if (jobs[i].p) {
+      r->send_status = jobs[i].st;
+    }
+    if (r->status == NB_OK) {
+      int alive = nb_exchange_peer_alive(ex, i);
+      if (r->recv_status != NB_OK) {
+        r->status = r->recv_status;
+      } else if (r->send_status != NB_OK) {
+        r->status = r->send_status;
+        snprintf(r->detail, sizeof r->detail, "sending to %s: %.180s", r->peer, jobs[i].detail);
+      }
+      if (r->status == NB_ERR_CANCELLED && !alive) r->status = NB_ERR_UNAVAILABLE;
+      if (r->status != NB_OK && !alive && r->status != NB_ERR_UNAVAILABLE) {
+        r->status = NB_ERR_UNAVAILABLE;
+      }
+      if (r->status == NB_ERR_UNAVAILABLE && !strstr(r->detail, "heartbeat"))
+        snprintf(r->detail, sizeof r->detail, "peer %s (%.100s) stopped answering its heartbeat",
+                 r->peer, ex->peers[i]->target);
+    }
+    if (r->status != NB_OK) {
+      nb_free(r->frame);
+      r->frame = NULL;
+      r->len = 0;
+      if (st == NB_OK)
+        st = nb_error(r->status, "exchange %s round %llu: %s", ex->self, (unsigned long long)round,
+                      r->detail);
+    }
+  }
+out:
+  nb_free(jobs);
+  nb_free(th);
+  nb_free(started);
+  nb_free(pending);
+  return st;
+}
+
+void nb_exchange_destroy(nb_exchange_t* ex) {
+  if (!ex) return;
+  pthread_mutex_lock(&ex->mu);
+  ex->stopping = 1;
+  pthread_cond_broadcast(&ex->cv);
+  pthread_mutex_unlock(&ex->mu);
+  for (size_t i = 0; i < ex->n; i++) {
+    nb_link_cancel(ex->peers[i]->link);
+    if (ex->peers[i]->hb_started) pthread_join(ex->peers[i]->hb, NULL);
+  }
+  if (ex->rx) nb_link_rx_cancel(ex->rx);
+  nb_rpc_server_destroy(ex->srv);
+  for (size_t i = 0; i < ex->n; i++) {
+    nb_link_destroy(ex->peers[i]->link);
+    nb_seal_ctx_destroy(ex->peers[i]->seal);
+    nb_free(ex->peers[i]);
+  }
+  nb_free(ex->peers);
+  nb_link_rx_destroy(ex->rx);
+  OPENSSL_cleanse(ex->secret, sizeof ex->secret);
+  pthread_cond_destroy(&ex->cv);
+  pthread_mutex_destroy(&ex->mu);
+  nb_free(ex);
+}

@@ -1,0 +1,96 @@
+/* inter/exchange: one cluster leader's side of the per-round exchange among K clusters of a job:
+ * an Exchange server (Push + Ping, inter/link's receiver), one link per peer, and a heartbeat
+ * (Ping) per peer so that a peer that stops answering is reported within NB_EXCHANGE_DEAD_MS
+ * instead of being waited on. A round sends our frame to every peer and receives theirs under a
+ * deadline. It does not encode or aggregate frames (the codec and the trainer do). */
+#ifndef NB_INTER_EXCHANGE_H
+#define NB_INTER_EXCHANGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "inter/link.h"
+#include "security/seal.h"
+#include "security/tls.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct nb_exchange nb_exchange_t;
+
+/* Zero-initialise; zero fields take defaults. Everything is borrowed during create only. */
+typedef struct {
+  const char* job_id;  /* required */
+  const char* self;    /* our cluster id; with tls it must match our certificate */
+  const char* listen;  /* our Exchange server address, "169.254.100.1:7000" or "127.0.0.1:0" */
+  const nb_tls_t* tls; /* mTLS material for the server and every link; NULL = plaintext, needs
+                          allow_insecure (benchmark baselines, tests) */
+  int allow_insecure;
+  const uint8_t* job_secret; /* NB_SEAL_SECRET_BYTES shared by the job; NULL = frames travel
+                                unsealed, needs allow_unsealed */
+  int allow_unsealed;
+  uint32_t streams;    /* per link; 0: NB_LINK_STREAMS */
+  size_t chunk_bytes;  /* 0: NB_LINK_CHUNK_KIB */
+  uint32_t window;     /* 0: NB_LINK_WINDOW */
+  double rate_cap_Bps; /* operator cap per link, bytes/s; 0 = none */
+  int heartbeat_ms;    /* Ping period per peer; 0: NB_EXCHANGE_HEARTBEAT_MS (250) */
+  int dead_ms;         /* a peer without a Ping answer for this long is dead;
+                          0: NB_EXCHANGE_DEAD_MS (2000), so detection is within 3 s */
+} nb_exchange_config_t;
+
+/* Outcome of one round for one peer. */
+typedef struct {
+  char peer[NB_LINK_ID_MAX];
+  nb_status_t status; /* NB_OK: frame received and ours delivered */
+  char detail[256];   /* why not, naming the peer */
+  uint8_t* frame;     /* the peer's frame (nb_free, or nb_exchange_results_release) */
+  size_t len;
+  nb_status_t send_status;   /* our frame to the peer */
+  nb_status_t recv_status;   /* the peer's frame to us */
+  nb_link_send_stats_t send; /* our transfer's figures */
+} nb_exchange_result_t;
+
+/* Creates the exchange and starts its server (bound when this returns: nb_exchange_port).
+ * Returns NB_ERR_INVALID naming a bad field, NB_ERR_UNAVAILABLE (cannot bind), NB_ERR_CRYPTO,
+ * NB_ERR_RPC, NB_ERR_NOMEM. */
+nb_status_t nb_exchange_create(const nb_exchange_config_t* cfg, nb_exchange_t** out);
+
+/* The bound port of our server. */
+int nb_exchange_port(const nb_exchange_t* ex);
+
+/* Adds peer cluster `peer` reachable at `target` ("169.254.100.2:7000"): a link to it, its
+ * sealing context, permission for it to push to us, and its heartbeat (started now). Before
+ * the first round; not thread-safe with rounds. Returns NB_ERR_INVALID, NB_ERR_EXISTS, and the
+ * errors of nb_link_create / nb_seal_ctx_create. */
+nb_status_t nb_exchange_add_peer(nb_exchange_t* ex, const char* peer, const char* target);
+
+/* Number of peers, and the link to peer i (for its estimator; borrowed). */
+size_t nb_exchange_peer_count(const nb_exchange_t* ex);
+nb_link_t* nb_exchange_link(nb_exchange_t* ex, size_t i);
+
+/* 1 while peer i answers its heartbeat, 0 once it missed dead_ms. Thread-safe. */
+int nb_exchange_peer_alive(nb_exchange_t* ex, size_t i);
+
+/* One round: sends frame/len to every peer and receives every peer's frame of `round`, all in
+ * parallel, until deadline_ns (nb_now_ns clock; 0 = none, then only heartbeats end a wait).
+ * results: an array of nb_exchange_peer_count() entries, filled in peer order (release with
+ * nb_exchange_results_release). A peer whose heartbeat stops is given up on at once
+ * (NB_ERR_UNAVAILABLE in its result, naming it and how long it has been silent).
+ * Returns NB_OK when every peer succeeded; otherwise the first failing peer's status (in peer
+ * order) with a detail naming it: NB_ERR_UNAVAILABLE (peer dead), NB_ERR_TIMEOUT (deadline),
+ * NB_ERR_INTEGRITY, NB_ERR_PERMISSION. One round at a time. */
+nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* frame, size_t len,
+                              int64_t deadline_ns, nb_exchange_result_t* results);
+
+/* Frees the frames held by results (n entries) and zeroes them. */
+void nb_exchange_results_release(nb_exchange_result_t* results, size_t n);
+
+/* Stops the heartbeats, the server and the links, and frees everything. NULL ok. */
+void nb_exchange_destroy(nb_exchange_t* ex);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,182 @@
+/* inter/link: a link to one peer cluster over the Exchange service. The sender side cuts a frame
+ * (opaque bytes) into chunks, seals each (security/seal), and moves them over S parallel Push
+ * streams on S separate TCP connections with a bounded in-flight window per stream, resumes from
+ * the acknowledged chunks after a connection drop, honours an operator bandwidth cap and feeds
+ * the link's estimator. The receiver side (nb_link_rx_*) serves Push and Ping on an inter/rpc
+ * server, opens and reassembles chunks from any stream, acknowledges, and rejects tampered or
+ * replayed data. It does not decide what a frame contains (the codec does) nor who exchanges
+ * with whom (inter/exchange does). */
+#ifndef NB_INTER_LINK_H
+#define NB_INTER_LINK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "inter/estimator.h"
+#include "inter/ratelimit.h"
+#include "inter/rpc.h"
+#include "security/seal.h"
+#include "security/tls.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NB_LINK_METHOD_PUSH "/nebula.v1.Exchange/Push"
+#define NB_LINK_METHOD_PING "/nebula.v1.Exchange/Ping"
+#define NB_LINK_ID_MAX 64 /* longest job / cluster id, including the NUL */
+
+/* ------------------------------------------------------------------ sender */
+
+typedef struct nb_link nb_link_t;
+
+/* Configuration of a link. Zero-initialise; zero fields take the NB_LINK_* defaults. Strings
+ * and pointers are borrowed for the duration of nb_link_create only, except `seal`, which must
+ * outlive the link. */
+typedef struct {
+  const char* job_id;        /* required */
+  const char* local_cluster; /* our cluster id (the `sender` of our transfers); required */
+  const char* peer_cluster;  /* the receiving cluster; with tls its certificate must say so */
+  const char* target;        /* the peer's Exchange server, "169.254.100.2:7000"; required */
+  const nb_tls_t* tls;       /* mTLS material; NULL = plaintext, needs allow_insecure */
+  int allow_insecure;
+  const char* server_name; /* with tls: name to check instead of the target's host (optional) */
+  nb_seal_ctx_t* seal;     /* sealing of local -> peer; NULL = chunks travel unsealed, which
+                              needs allow_unsealed (benchmark baselines only) */
+  int allow_unsealed;
+  uint32_t streams;    /* parallel streams / TCP connections; 0: NB_LINK_STREAMS (4) */
+  size_t chunk_bytes;  /* plaintext bytes per chunk; 0: NB_LINK_CHUNK_KIB (1024) KiB */
+  uint32_t window;     /* chunks in flight per stream; 0: NB_LINK_WINDOW (8) */
+  double rate_cap_Bps; /* operator cap over all streams, bytes/s; 0 = none */
+  int64_t stall_ms;    /* a stream without an ack for this long is dropped and reopened;
+                          0: NB_LINK_STALL_MS */
+} nb_link_config_t;
+
+/* What one nb_link_send did. */
+typedef struct {
+  uint64_t bytes;        /* frame bytes delivered */
+  uint32_t chunks;       /* chunks in the frame */
+  uint64_t chunks_sent;  /* chunk messages sent, resends included */
+  uint32_t resumed_from; /* largest next_chunk a reopened stream was told to resume from */
+  uint32_t reconnects;   /* streams dropped and reopened */
+  double seconds;        /* first open to completion */
+  double goodput_Bps;    /* bytes / seconds */
+} nb_link_send_stats_t;
+
+/* Creates a link: S clients (one TCP connection each, connecting lazily) for data and one more
+ * for Ping, so heartbeats never queue behind chunks. cfg: see above. out: destroy with
+ * nb_link_destroy. Returns NB_ERR_INVALID naming a bad field, NB_ERR_RPC, NB_ERR_NOMEM. */
+nb_status_t nb_link_create(const nb_link_config_t* cfg, nb_link_t** out);
+
+/* Cancels a send in progress (NB_ERR_CANCELLED) and joins nothing; then frees. NULL ok. No
+ * other thread may be inside nb_link_send when it is called. */
+void nb_link_destroy(nb_link_t* link);
+
+/* Moves one frame to the peer as transfer (local_cluster, round) and blocks until the receiver
+ * confirmed it (every chunk opened and the frame's xxh3 matched) or it failed. One frame per
+ * round and direction: the seal's nonces are (round, chunk). frame/len: borrowed, len >= 1.
+ * deadline_ns: nb_now_ns() clock, 0 = none. frame_header: optional bytes authenticated with every
+ * chunk (may be NULL/0). stats: may be NULL.
+ * A dropped connection is reopened with backoff (100 ms doubling to 2 s) and the transfer resumes
+ * from the acknowledged chunks. Returns NB_OK; NB_ERR_INTEGRITY (the receiver found a chunk or
+ * the frame corrupt: not retried); NB_ERR_PERMISSION (refused: certificate, identity, or the
+ * receiver rejected the transfer, e.g. a replayed round); NB_ERR_TIMEOUT (deadline);
+ * NB_ERR_CANCELLED (nb_link_cancel); NB_ERR_INVALID. The detail names the peer.
+ * On success the estimator gets (len, seconds, streams). One send at a time per link. */
+nb_status_t nb_link_send(nb_link_t* link, uint64_t round, const void* frame, size_t len,
+                         const void* frame_header, size_t header_len, int64_t deadline_ns,
+                         nb_link_send_stats_t* stats);
+
+/* From any thread: makes a send in progress (and every later one, until nb_link_resume) return
+ * NB_ERR_CANCELLED promptly, cancelling its streams. Used when a heartbeat declares the peer
+ * dead. */
+void nb_link_cancel(nb_link_t* link);
+/* Clears a cancellation. Thread-safe. */
+void nb_link_resume(nb_link_t* link);
+
+/* One Ping to the peer on the control connection. timeout_ms bounds it. *rtt_s (may be NULL)
+ * gets the round trip, which also feeds the estimator. payload_bytes: probe bytes sent along
+ * (0 for a heartbeat). Returns NB_OK, NB_ERR_TIMEOUT, NB_ERR_UNAVAILABLE, NB_ERR_PERMISSION,
+ * NB_ERR_REMOTE (a reply from someone other than peer_cluster), others from nb_rpc_unary.
+ * Thread-safe, may run during a send. */
+nb_status_t nb_link_ping(nb_link_t* link, int64_t timeout_ms, size_t payload_bytes, double* rtt_s);
+
+/* The link's goodput/RTT estimator, fed by every completed send and every ping; the scheduler
+ * reads it (nb_estimator_get / nb_estimator_predict_s). Borrowed, valid for the link's lifetime. */
+nb_estimator_t* nb_link_estimator(nb_link_t* link);
+
+/* Changes the operator cap at run time (0 = none). Returns NB_ERR_INVALID for a bad rate. */
+nb_status_t nb_link_set_rate_cap(nb_link_t* link, double rate_Bps);
+
+/* The peer cluster id and target of the link (borrowed). */
+const char* nb_link_peer(const nb_link_t* link);
+const char* nb_link_target(const nb_link_t* link);
+
+/* ---------------------------------------------------------------- receiver */
+
+typedef struct nb_link_rx nb_link_rx_t;
+
+typedef struct {
+  const char* job_id;        /* required; transfers of other jobs are rejected */
+  const char* local_cluster; /* our cluster id (the Ping responder); required */
+  int allow_plaintext;       /* accept callers without a certificate (plaintext servers) */
+  int allow_unsealed;        /* accept peers added without a seal context (baselines only) */
+  uint64_t max_frame_bytes;  /* 0: NB_LINK_MAX_FRAME_MB */
+} nb_link_rx_config_t;
+
+typedef struct {
+  uint64_t chunks;             /* chunks accepted */
+  uint64_t duplicates;         /* chunks received again (resends after a drop), dropped */
+  uint64_t integrity_failures; /* chunks or frames that failed a check */
+  uint64_t rejected;           /* opens or chunks refused (replayed round, bad key, identity) */
+  uint64_t frames;             /* frames completed */
+  uint64_t opens;              /* PushOpen messages (resumes included) */
+} nb_link_rx_stats_t;
+
+/* Creates a receiver. cfg: borrowed. Returns NB_ERR_INVALID, NB_ERR_NOMEM, NB_ERR_SYSTEM. */
+nb_status_t nb_link_rx_create(const nb_link_rx_config_t* cfg, nb_link_rx_t** out);
+
+/* Frees the receiver and every frame not taken. The servers it was registered with must be
+ * destroyed first. NULL ok. */
+void nb_link_rx_destroy(nb_link_rx_t* rx);
+
+/* Lets cluster `peer` send to us; chunks are opened with `seal` (borrowed, must outlive rx; the
+ * same context as the peer's link to us uses, i.e. nb_seal_ctx_create(secret, job, us, peer)).
+ * seal NULL = the peer's chunks are not sealed (needs allow_unsealed). Before any transfer of that
+ * peer. Returns NB_ERR_INVALID, NB_ERR_EXISTS, NB_ERR_NOMEM. Thread-safe. */
+nb_status_t nb_link_rx_add_peer(nb_link_rx_t* rx, const char* peer, nb_seal_ctx_t* seal);
+
+/* Adds the Push and Ping handlers to srv (before nb_rpc_server_start). The receiver keeps its
+ * transfers across servers: a server may be destroyed and another registered (a restart), and
+ * interrupted transfers resume. Returns what nb_rpc_server_add_method returns. */
+nb_status_t nb_link_rx_register(nb_link_rx_t* rx, nb_rpc_server_t* srv);
+
+/* Waits until the frame of (sender, round) is complete and hands it over: *frame (caller frees
+ * with nb_free) and *len. deadline_ns: nb_now_ns() clock; 0 = only look, do not wait.
+ * Returns NB_OK; NB_ERR_TIMEOUT (not complete by the deadline; it may still complete later);
+ * NB_ERR_INTEGRITY (the transfer failed its checks); NB_ERR_NOT_FOUND (already taken);
+ * NB_ERR_CANCELLED (nb_link_rx_cancel); NB_ERR_INVALID. Thread-safe. */
+nb_status_t nb_link_rx_take(nb_link_rx_t* rx, const char* sender, uint64_t round,
+                            int64_t deadline_ns, uint8_t** frame, size_t* len);
+
+/* Wakes every nb_link_rx_take with NB_ERR_CANCELLED (shutdown). Thread-safe. */
+void nb_link_rx_cancel(nb_link_rx_t* rx);
+
+void nb_link_rx_stats(nb_link_rx_t* rx, nb_link_rx_stats_t* out);
+
+/* The associated data every chunk is sealed with (for tests and other implementations):
+ * "nbx1" || transfer_id (8 bytes BE) || frame_size (8, BE) || chunk_size (4, BE) ||
+ * chunk_count (4, BE) || frame_header. job, sender, receiver are in the key, round and chunk in
+ * the nonce. Writes at most cap bytes to buf and returns the full length. */
+size_t nb_link_chunk_aad(uint64_t transfer_id, uint64_t frame_size, uint32_t chunk_size,
+                         uint32_t chunk_count, const void* header, size_t header_len, uint8_t* buf,
+                         size_t cap);
+
+/* The transfer id nb_link_send uses for (round): one frame per round and direction. */
+uint64_t nb_link_transfer_id(uint64_t round);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,288 @@
+/* inter/exchange over loopback with mTLS and sealing: a 3-cluster round in one process (every
+ * leader gets both peers' frames byte-identical), a round whose peer never sends ends at the
+ * deadline, and a peer process killed with SIGKILL is reported NB_ERR_UNAVAILABLE, naming it,
+ * within 3 seconds; the child is reaped, so no process is left behind. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "certs.h"
+#include "common/common.h"
+#include "inter/exchange.h"
+
+#define JOB "job-ex"
+static char g_dir[256];
+static const char* const g_ids[] = {"dc-a", "dc-b", "dc-c"};
+static uint8_t g_secret[NB_SEAL_SECRET_BYTES];
+
+static uint8_t* make_frame(size_t len, uint32_t seed) {
+  uint8_t* f = malloc(len);
+  if (!f) abort();
+  uint64_t x = 0x9e3779b97f4a7c15ull ^ ((uint64_t)seed * 0x100000001b3ull);
+  for (size_t i = 0; i < len; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    f[i] = (uint8_t)x;
+  }
+  return f;
+}
+
+static size_t frame_len(int cluster, uint64_t round) {
+  return ((size_t)(cluster + 1) << 20) + 1000 * (size_t)cluster + (size_t)round;
+}
+
+static nb_exchange_t* make_exchange(const char* self, nb_tls_t* tls) {
+  nb_exchange_config_t c = {.job_id = JOB,
+                            .self = self,
+                            .listen = "127.0.0.1:0",
+                            .tls = tls,
+                            .job_secret = g_secret,
+                            .streams = 2,
+                            .chunk_bytes = 256 << 10};
+  nb_exchange_t* ex = NULL;
+  if (nb_exchange_create(&c, &ex) != NB_OK) {
+    fprintf(stderr, "exchange %s: %s\n", self, nb_error_last());
+    return NULL;
+  }
+  return ex;
+}
+
+typedef struct {
+  nb_exchange_t* ex;
+  int me;
+  uint64_t round;
+  int64_t deadline_ns;
+  nb_status_t st;
+  nb_exchange_result_t res[2];
+} leader_t;
+
+static void* leader(void* arg) {
+  leader_t* l = arg;
+  size_t len = frame_len(l->me, l->round);
+  uint8_t* f = make_frame(len, (uint32_t)(l->me * 1000 + l->round));
+  l->st = nb_exchange_round(l->ex, l->round, f, len, l->deadline_ns, l->res);
+  free(f);
+  return NULL;
+}
+
+static void test_three_clusters(void** state) {
+  nb_tls_t* tls[3];
+  nb_exchange_t* ex[3];
+  char target[3][64];
+  for (int i = 0; i < 3; i++) {
+    tls[i] = nb_test_tls_load(g_dir, g_ids[i]);
+    assert_non_null(tls[i]);
+    ex[i] = make_exchange(g_ids[i], tls[i]);
+    assert_non_null(ex[i]);
+    snprintf(target[i], sizeof target[i], "127.0.0.1:%d", nb_exchange_port(ex[i]));
+  }
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 3; j++)
+      if (i != j) assert_int_equal(nb_exchange_add_peer(ex[i], g_ids[j], target[j]), NB_OK);
+  assert_int_equal(nb_exchange_add_peer(ex[0], "dc-b", target[1]), NB_ERR_EXISTS);
+  for (uint64_t round = 1; round <= 2; round++) {
+    leader_t l[3];
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) {
+      l[i] = (leader_t){
+          .ex = ex[i], .me = i, .round = round, .deadline_ns = nb_now_ns() + 30000000000LL};
+      assert_int_equal(pthread_create(&th[i], NULL, leader, &l[i]), 0);
+    }
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 3; i++) {
+      if (l[i].st != NB_OK)
+        fail_msg("%s round %llu: %s / %s", g_ids[i], (unsigned long long)round, l[i].res[0].detail,
+                 l[i].res[1].detail);
+      for (int k = 0; k < 2; k++) {
+        nb_exchange_result_t* r = &l[i].res[k];
+        int j = -1;
+        for (int c = 0; c < 3; c++)
+          if (strcmp(r->peer, g_ids[c]) == 0) j = c;
+        assert_true(j >= 0 && j != i);
+        assert_int_equal(r->status, NB_OK);
+        size_t len = frame_len(j, round);
+        assert_int_equal(r->len, len);
+        uint8_t* want = make_frame(len, (uint32_t)(j * 1000 + round));
+        assert_memory_equal(r->frame, want, len);
+        free(want);
+        assert_int_equal(r->send.bytes, frame_len(i, round));
+      }
+      nb_exchange_results_release(l[i].res, 2);
+    }
+  }
+  /* every link's estimator saw the transfers and the heartbeats */
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(nb_exchange_peer_count(ex[i]), 2);
+    for (size_t k = 0; k < 2; k++) {
+      nb_estimate_t e;
+      nb_estimator_get(nb_link_estimator(nb_exchange_link(ex[i], k)), &e);
+      assert_int_equal(e.transfer_samples, 2);
+      assert_true(e.rtt_samples >= 1 && e.rtt_s > 0);
+      assert_true(nb_exchange_peer_alive(ex[i], k));
+    }
+  }
+  /* round 3 where dc-c does not take part: a and b finish with each other and report dc-c's
+   * frame as missing at the deadline (it is alive: TIMEOUT, not UNAVAILABLE) */
+  leader_t l[2];
+  pthread_t th[2];
+  int64_t t0 = nb_now_ns();
+  for (int i = 0; i < 2; i++) {
+    l[i] = (leader_t){.ex = ex[i], .me = i, .round = 3, .deadline_ns = t0 + 1500000000LL};
+    assert_int_equal(pthread_create(&th[i], NULL, leader, &l[i]), 0);
+  }
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  double took = (nb_now_ns() - t0) * 1e-9;
+  assert_true(took >= 1.4 && took < 5.0);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(l[i].st, NB_ERR_TIMEOUT);
+    for (int k = 0; k < 2; k++) {
+      nb_exchange_result_t* r = &l[i].res[k];
+      if (strcmp(r->peer, "dc-c") == 0) {
+        assert_int_equal(r->status, NB_ERR_TIMEOUT);
+        assert_non_null(strstr(r->detail, "dc-c"));
+      } else {
+        assert_int_equal(r->status, NB_OK);
+      }
+    }
+    nb_exchange_results_release(l[i].res, 2);
+  }
+  for (int i = 0; i < 3; i++) {
+    nb_exchange_destroy(ex[i]);
+    nb_tls_destroy(tls[i]);
+  }
+}
+
+/* The child: cluster dc-b in its own process, exchanging rounds with dc-a until killed. */
+static int peer_main(const char* dir, const char* parent_port) {
+  nb_tls_t* tls = nb_test_tls_load(dir, "dc-b");
+  if (!tls) return 1;
+  nb_exchange_t* ex = make_exchange("dc-b", tls);
+  if (!ex) return 1;
+  printf("%d\n", nb_exchange_port(ex));
+  fflush(stdout);
+  char target[64];
+  snprintf(target, sizeof target, "127.0.0.1:%s", parent_port);
+  if (nb_exchange_add_peer(ex, "dc-a", target) != NB_OK) return 1;
+  for (uint64_t round = 1; round < 100; round++) {
+    size_t len = frame_len(1, round);
+    uint8_t* f = make_frame(len, (uint32_t)(1000 + round));
+    nb_exchange_result_t r[1];
+    nb_status_t st = nb_exchange_round(ex, round, f, len, nb_now_ns() + 30000000000LL, r);
+    nb_exchange_results_release(r, 1);
+    free(f);
+    if (st != NB_OK) break;
+  }
+  nb_exchange_destroy(ex);
+  nb_tls_destroy(tls);
+  return 0;
+}
+
+static void test_peer_killed(void** state) {
+  memset(g_secret, 0x5a, sizeof g_secret);
+  nb_tls_t* tls = nb_test_tls_load(g_dir, "dc-a");
+  assert_non_null(tls);
+  nb_exchange_t* ex = make_exchange("dc-a", tls);
+  assert_non_null(ex);
+  char port[16];
+  snprintf(port, sizeof port, "%d", nb_exchange_port(ex));
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+    dup2(fds[1], 1);
+    close(fds[0]);
+    close(fds[1]);
+    execl("/proc/self/exe", "test_exchange", "--peer", g_dir, port, (char*)NULL);
+    _exit(127);
+  }
+  close(fds[1]);
+  char line[32] = {0};
+  FILE* in = fdopen(fds[0], "r");
+  assert_non_null(in);
+  assert_non_null(fgets(line, sizeof line, in));
+  fclose(in);
+  int child_port = atoi(line);
+  assert_true(child_port > 0);
+  char target[64];
+  snprintf(target, sizeof target, "127.0.0.1:%d", child_port);
+  assert_int_equal(nb_exchange_add_peer(ex, "dc-b", target), NB_OK);
+  /* round 1 with the live child */
+  size_t len = frame_len(0, 1);
+  uint8_t* f = make_frame(len, 1);
+  nb_exchange_result_t r[1];
+  nb_status_t st = nb_exchange_round(ex, 1, f, len, nb_now_ns() + 30000000000LL, r);
+  if (st != NB_OK) fail_msg("round 1: %s", r[0].detail);
+  uint8_t* want = make_frame(frame_len(1, 1), 1001);
+  assert_int_equal(r[0].len, frame_len(1, 1));
+  assert_memory_equal(r[0].frame, want, r[0].len);
+  free(want);
+  nb_exchange_results_release(r, 1);
+  free(f);
+  /* kill -9 the peer; round 2 must report it within 3 s although its deadline is 30 s away */
+  assert_int_equal(kill(pid, SIGKILL), 0);
+  int64_t t0 = nb_now_ns();
+  len = frame_len(0, 2);
+  f = make_frame(len, 2);
+  st = nb_exchange_round(ex, 2, f, len, nb_now_ns() + 30000000000LL, r);
+  double took = (nb_now_ns() - t0) * 1e-9;
+  printf("peer killed: reported after %.2f s: %s\n", took, r[0].detail);
+  assert_int_equal(st, NB_ERR_UNAVAILABLE);
+  assert_int_equal(r[0].status, NB_ERR_UNAVAILABLE);
+  assert_non_null(strstr(r[0].detail, "dc-b"));
+  assert_non_null(strstr(nb_error_last(), "dc-b"));
+  assert_true(took < 3.0);
+  assert_false(nb_exchange_peer_alive(ex, 0));
+  nb_exchange_results_release(r, 1);
+  /* the next round fails at once for the dead peer */
+  t0 = nb_now_ns();
+  assert_int_equal(nb_exchange_round(ex, 3, f, len, nb_now_ns() + 30000000000LL, r),
+                   NB_ERR_UNAVAILABLE);
+  assert_true((nb_now_ns() - t0) * 1e-9 < 0.5);
+  nb_exchange_results_release(r, 1);
+  free(f);
+  int wst = 0;
+  assert_int_equal(waitpid(pid, &wst, 0), pid); /* reaped: nothing left behind */
+  assert_true(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+  nb_exchange_destroy(ex);
+  nb_tls_destroy(tls);
+}
+
+static int setup(void** state) {
+  const char* tmp = getenv("TMPDIR");
+  snprintf(g_dir, sizeof g_dir, "%s/nb-exchange-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(g_dir)) return -1;
+  if (nb_test_certs_make(g_dir, g_ids, 3) != 0) return -1;
+  return nb_seal_secret_generate(g_secret) == NB_OK ? 0 : -1;
+}
+
+static int teardown(void** state) {
+  nb_test_certs_remove(g_dir, g_ids, 3);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc == 4 && strcmp(argv[1], "--peer") == 0) {
+    /* the job secret is fixed for the child and the parent alike in this mode */
+    memset(g_secret, 0x5a, sizeof g_secret);
+    return peer_main(argv[2], argv[3]);
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_three_clusters),
+      cmocka_unit_test(test_peer_killed),
+  };
+  return cmocka_run_group_tests_name("exchange", tests, setup, teardown);
+}
