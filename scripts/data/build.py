@@ -421,10 +421,12 @@ def merge(jobs, jobdir, out, ctx, workers):
         counts["pairs"][lang] = {}
         for sp in ("train", "dev", "test"):
             rows = sorted(pairs[lang][sp], key=lambda p: clean.digest(p[0] + "\t" + p[1]))
-            path = os.path.join(out, "pairs", "en-%s.%s.tsv" % (lang, sp))
-            with open(path, "w", encoding="utf-8") as f:
+            base = os.path.join(out, "pairs", "en-%s.%s" % (lang, sp))
+            with open(base + ".tsv", "w", encoding="utf-8") as f, \
+                    open(base + ".src", "w", encoding="utf-8") as fs:
                 for en, x, src in rows:
                     f.write(en + "\t" + x + "\n")
+                    fs.write(src + "\n")  # provenance: the job (source) of each line
                     if sp == "train":
                         pair_src[lang][src] = pair_src[lang].get(src, 0) + 1
             counts["pairs"][lang][sp] = len(rows)
