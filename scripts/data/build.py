@@ -506,17 +506,23 @@ def main(argv=None):
         pool.close()
         pool.join()
 
+    t_jobs = time.time()
     tmp = out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     counts = merge(jobs, jobdir, tmp, ctx, a.jobs)
     t_end = time.time()
+    log("jobs %.1fs (%.1fs of job time on %d workers), merge %.1fs" % (
+        t_jobs - t_dl, sum(s["seconds"] for s in stats.values()), a.jobs, t_end - t_jobs))
 
     ddtp = ddtp_index_files(cache)
     manifest = {
         "tier": a.tier,
         "pipeline_version": version,
         "built_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "seconds": {"download": round(t_dl - t_start, 1), "process": round(t_end - t_dl, 1)},
+        "seconds": {"download": round(t_dl - t_start, 1), "process": round(t_end - t_dl, 1),
+                    "jobs": round(t_jobs - t_dl, 1), "merge": round(t_end - t_jobs, 1),
+                    "job_total": round(sum(s["seconds"] for s in stats.values()), 1),
+                    "workers": a.jobs},
         "languages": list(extract.LANGS),
         "datacenters": sources.DATACENTERS,
         "split": {"key": "sha256(split_key(en)) % 1000", "dev": [0, 9], "test": [10, 19],

@@ -138,6 +138,9 @@ def ratio_ok(en, x):
     return RATIO_MIN <= r <= RATIO_MAX
 
 
+_ASCII_LETTER_RE = re.compile(r"[A-Za-z]")
+
+
 def pair_reject_reason(en, x, lang):
     """None if (en, x) is a usable en->lang pair (both already normalized), else a short reason."""
     if not en or not x:
@@ -146,7 +149,7 @@ def pair_reject_reason(en, x, lang):
         return "long"
     if en == x:
         return "untranslated"
-    if sum(1 for c in en if "a" <= c.lower() <= "z") < PAIR_MIN_EN_LETTERS:
+    if len(_ASCII_LETTER_RE.findall(en)) < PAIR_MIN_EN_LETTERS:
         return "no-english"
     if has_placeholder(en) or has_placeholder(x):
         return "placeholder"

@@ -7,7 +7,6 @@ does no I/O beyond reading the file it is given.
 
 import gzip
 import html
-import html.parser
 import re
 import struct
 
@@ -50,81 +49,88 @@ _VOID_TAGS = {"br", "img", "meta", "link", "hr", "input", "col", "area", "base",
               "source", "media"}
 
 
-class _BlockParser(html.parser.HTMLParser):
-    """Collects the text of block-level elements as (id, text) segments. Elements with a `hidden`
-    attribute are skipped unless their id starts with 'default' (LibreOffice help's per-module
-    switches keep their default variant); <pre>, <script>, <head> and similar are skipped whole."""
+_TAG_RE = re.compile(r"<!--.*?-->|<!\[CDATA\[.*?\]\]>|<[!?][^>]*>|<(/?)([A-Za-z][\w:.-]*)((?:[^>\"']|\"[^\"]*\"|'[^']*')*)>",
+                     re.S)
+_ATTR_RE = re.compile(r"([\w:.-]+)(?:\s*=\s*(\"[^\"]*\"|'[^']*'|[^\s\"'>]+))?")
 
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.segments = []
-        self._buf = []
-        self._ids = []  # stack of (tag, id) for open block elements
-        self._skip = []  # stack of tags being skipped (by name)
-        self._cur_id = None
 
-    def _flush(self):
-        text = clean.normalize("".join(self._buf))
-        self._buf = []
-        if text:
-            self.segments.append((self._cur_id, text))
-        self._cur_id = None
-
-    def handle_starttag(self, tag, attrs):
-        if self._skip:
-            if tag not in _VOID_TAGS:
-                self._skip.append(tag)
-            return
-        a = dict(attrs)
-        hidden = "hidden" in a and not (a.get("id") or "").startswith("default")
-        if tag in _SKIP_TAGS or hidden or a.get("class") == "toc" or \
-                (a.get("class") or "").startswith("docnav"):
-            if tag not in _VOID_TAGS:
-                self._skip.append(tag)
-            return
-        if tag in _BLOCK_TAGS:
-            self._flush()
-            if tag not in _VOID_TAGS:
-                self._ids.append((tag, a.get("id")))
-                self._cur_id = a.get("id")
-        elif tag == "img" and a.get("alt"):
-            pass
-
-    def handle_endtag(self, tag):
-        if self._skip:
-            if self._skip[-1] == tag:
-                self._skip.pop()
-            elif tag in self._skip:  # tolerate unclosed children
-                while self._skip and self._skip.pop() != tag:
-                    pass
-            return
-        if tag in _BLOCK_TAGS:
-            self._flush()
-            if self._ids and self._ids[-1][0] == tag:
-                self._ids.pop()
-
-    def handle_data(self, data):
-        if not self._skip:
-            self._buf.append(data)
-
-    def close(self):
-        super().close()
-        self._flush()
+def _attrs(s):
+    out = {}
+    for m in _ATTR_RE.finditer(s):
+        v = m.group(2)
+        if v and v[0] in "\"'":
+            v = v[1:-1]
+        out[m.group(1).lower()] = html.unescape(v) if v else ""
+    return out
 
 
 def html_segments(raw):
     """(id or None, normalized text) for every block-level element of an HTML/XML document given as
-    bytes. Invalid UTF-8 yields no segments."""
+    bytes. Elements with a `hidden` attribute are skipped unless their id starts with 'default'
+    (LibreOffice help's per-module switches keep their default variant); <pre>, <script>, <head>,
+    navigation (class toc/docnav*) and similar are skipped whole. Invalid UTF-8 yields nothing.
+    A regex tag scanner, not a validating parser: unbalanced markup degrades, never raises."""
     text = clean.decode_utf8(raw)
     if text is None:
         return []
-    p = _BlockParser()
-    try:
-        p.feed(text)
-        p.close()
-    except Exception:  # malformed markup: keep what was parsed
-        pass
-    return p.segments
+    segs = []
+    buf = []
+    cur_id = None
+    skip = []  # stack of tag names being skipped
+
+    def flush():
+        nonlocal cur_id
+        if buf:
+            t = clean.normalize(html.unescape("".join(buf)))
+            buf.clear()
+            if t:
+                segs.append((cur_id, t))
+        cur_id = None
+
+    pos = 0
+    for m in _TAG_RE.finditer(text):
+        if not skip and m.start() > pos:
+            buf.append(text[pos:m.start()])
+        pos = m.end()
+        name = m.group(2)
+        if name is None:  # comment, doctype, processing instruction
+            continue
+        tag = name.lower()
+        closing = m.group(1) == "/"
+        self_closing = m.group(3).rstrip().endswith("/")
+        if skip:
+            if closing:
+                if skip[-1] == tag:
+                    skip.pop()
+                elif tag in skip:
+                    while skip and skip.pop() != tag:
+                        pass
+            elif tag not in _VOID_TAGS and not self_closing:
+                skip.append(tag)
+            continue
+        if closing:
+            if tag in _BLOCK_TAGS:
+                flush()
+            continue
+        raw_attrs = m.group(3)
+        a = {}
+        if raw_attrs and ("hidden" in raw_attrs or "class" in raw_attrs or
+                          ("id" in raw_attrs and tag in _BLOCK_TAGS)):
+            a = _attrs(raw_attrs)
+        cls = a.get("class") or ""
+        hidden = "hidden" in a and not (a.get("id") or "").startswith("default")
+        if tag in _SKIP_TAGS or hidden or cls == "toc" or cls.startswith("docnav"):
+            if tag not in _VOID_TAGS and not self_closing:
+                skip.append(tag)
+            continue
+        if tag in _BLOCK_TAGS:
+            flush()
+            if tag not in _VOID_TAGS:
+                cur_id = a.get("id")
+    if not skip and pos < len(text):
+        buf.append(text[pos:])
+    flush()
+    return segs
 
 
 def pair_documents(seg_en, seg_x):
