@@ -352,13 +352,40 @@ def run_job(args):
 # --- merge: dedup, split, held-out filtering -----------------------------------------------------
 
 
-_MERGE = None  # (jobs, jobdir, out, held_en, held_x), set before the merge workers fork
+_MERGE = None  # (jobs, jobdir, out, held_en, held_x, pairs), set before the merge workers fork
+
+
+def merge_pairs(lang):
+    """Writes out/pairs/en-<lang>.{train,dev,test}.{tsv,src}: train pairs holding a held-out
+    sentence on either side (whole or inside a paragraph) dropped; every split in a fixed
+    hash order. Returns (counts per split, train lines per source, dropped)."""
+    _, _, out, held_en, held_x, pairs = _MERGE
+    hx = held_x[lang]
+    train = pairs[lang]["train"]
+    # The English key itself never matches a held-out key (equal keys share a split); sentences
+    # inside a train paragraph and the target side can.
+    kept = [p for p in train if not any(k in hx for k in clean.leak_keys(p[1]))
+            and not any(k in held_en for k in clean.leak_keys(p[0]))]
+    counts, srcs = {}, {}
+    for sp in ("train", "dev", "test"):
+        rows = kept if sp == "train" else pairs[lang][sp]
+        rows = sorted(rows, key=lambda p: clean.digest(p[0] + "\t" + p[1]))
+        base = os.path.join(out, "pairs", "en-%s.%s" % (lang, sp))
+        with open(base + ".tsv", "w", encoding="utf-8") as f, \
+                open(base + ".src", "w", encoding="utf-8") as fs:
+            for en, x, src in rows:
+                f.write(en + "\t" + x + "\n")
+                fs.write(src + "\n")  # provenance: the job (source) of each line
+                if sp == "train":
+                    srcs[src] = srcs.get(src, 0) + 1
+        counts[sp] = len(rows)
+    return counts, srcs, len(train) - len(kept)
 
 
 def merge_mono(lang):
     """Writes out/mono/<lang>.txt: every job's segments in job order, exact duplicates and
     segments holding a held-out sentence dropped. Returns (counts, per-source lines, dropped)."""
-    jobs, jobdir, out, held_en, held_x = _MERGE
+    jobs, jobdir, out, held_en, held_x, _ = _MERGE
     held = held_en if lang == "en" else (held_en | held_x[lang])
     seen = set()
     n = nbytes = dropped = 0
@@ -388,7 +415,6 @@ def merge_mono(lang):
 def merge(jobs, jobdir, out, ctx, workers):
     """Reads every job's output in job order and writes out/mono, out/pairs. Returns counts."""
     pairs = {l: {"train": [], "dev": [], "test": []} for l in extract.TARGETS}
-    pair_src = {l: {} for l in extract.TARGETS}
     seen = set()
     for _, name, _ in jobs:
         with open(os.path.join(jobdir, name + ".pairs"), encoding="utf-8") as f:
@@ -409,37 +435,21 @@ def merge(jobs, jobdir, out, ctx, workers):
     counts = {"pairs": {}, "mono": {}, "pair_sources": {}, "mono_sources": {}, "leaks_dropped": {}}
     os.makedirs(os.path.join(out, "pairs"), exist_ok=True)
     os.makedirs(os.path.join(out, "mono"), exist_ok=True)
-    for lang in extract.TARGETS:
-        train = pairs[lang]["train"]
-        hx = held_x[lang]
-        # A train pair must not hold a held-out sentence on either side, whole or inside a
-        # paragraph (the English key itself never matches: equal keys share a split).
-        kept = [p for p in train if not any(k in hx for k in clean.leak_keys(p[1]))
-                and not any(k in held_en for k in clean.leak_keys(p[0]))]
-        counts["leaks_dropped"]["pairs-" + lang] = len(train) - len(kept)
-        pairs[lang]["train"] = kept
-        counts["pairs"][lang] = {}
-        for sp in ("train", "dev", "test"):
-            rows = sorted(pairs[lang][sp], key=lambda p: clean.digest(p[0] + "\t" + p[1]))
-            base = os.path.join(out, "pairs", "en-%s.%s" % (lang, sp))
-            with open(base + ".tsv", "w", encoding="utf-8") as f, \
-                    open(base + ".src", "w", encoding="utf-8") as fs:
-                for en, x, src in rows:
-                    f.write(en + "\t" + x + "\n")
-                    fs.write(src + "\n")  # provenance: the job (source) of each line
-                    if sp == "train":
-                        pair_src[lang][src] = pair_src[lang].get(src, 0) + 1
-            counts["pairs"][lang][sp] = len(rows)
-        counts["pair_sources"][lang] = pair_src[lang]
-    del pairs, seen
     global _MERGE
-    _MERGE = (jobs, jobdir, out, held_en, held_x)
+    _MERGE = (jobs, jobdir, out, held_en, held_x, pairs)
     if workers > 1:
         with ctx.Pool(workers) as pool:
-            results = pool.map(merge_mono, extract.LANGS)
+            res_pairs = pool.map(merge_pairs, extract.TARGETS, chunksize=1)
+            res_mono = pool.map(merge_mono, extract.LANGS, chunksize=1)
     else:
-        results = list(map(merge_mono, extract.LANGS))
-    for lang, (mono, srcs, dropped) in zip(extract.LANGS, results):
+        res_pairs = list(map(merge_pairs, extract.TARGETS))
+        res_mono = list(map(merge_mono, extract.LANGS))
+    _MERGE = None
+    for lang, (c, srcs, dropped) in zip(extract.TARGETS, res_pairs):
+        counts["pairs"][lang] = c
+        counts["pair_sources"][lang] = srcs
+        counts["leaks_dropped"]["pairs-" + lang] = dropped
+    for lang, (mono, srcs, dropped) in zip(extract.LANGS, res_mono):
         counts["mono"][lang] = mono
         counts["mono_sources"][lang] = srcs
         counts["leaks_dropped"]["mono-" + lang] = dropped
