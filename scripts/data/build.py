@@ -564,4 +564,12 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except subprocess.CalledProcessError as e:
+        log("error: %s exited with status %d; see its messages above (apt needs Debian's "
+            "repository reachable)" % (" ".join(e.cmd[:2]), e.returncode))
+        sys.exit(1)
+    except (RuntimeError, OSError) as e:
+        log("error: %s" % e)
+        sys.exit(1)

@@ -22,7 +22,7 @@ DOCS = {
     "gimp-help": dict(
         packages=["gimp-help-" + l for l in GIMP_LANGS],
         regex=r"usr/share/gimp/2\.0/help/(?P<lang>[^/]+)/(?P<rel>.+\.html)$",
-        licence="GFDL-1.2+"),
+        licence="GFDL-1.2"),
     "debian-reference": dict(
         packages=["debian-reference-" + l for l in ("en", "de", "fr", "es", "zh-cn")],
         regex=r"usr/share/debian-reference/(?P<rel>[^/.]+)\.(?P<lang>[a-z]{2}(-[a-z]{2})?)\.html$",
@@ -38,13 +38,13 @@ DOCS = {
     "debian-faq": dict(
         packages=["debian-faq", "debian-faq-de", "debian-faq-fr", "debian-faq-ru", "debian-faq-zh-cn"],
         regex=r"usr/share/doc/debian/FAQ/(?:[a-zA-Z_]+/)?(?P<rel>[^/.]+)\.(?P<lang>[a-zA-Z_-]+)\.html$",
-        licence="GPL-2+"),
+        licence="verbatim and modified copies permitted (see copyright)"),
     "developers-reference": dict(
         packages=["developers-reference", "developers-reference-de", "developers-reference-fr",
                   "developers-reference-ru"],
         regex=r"usr/share/developers-reference/(?:(?P<lang>[a-z]{2}(_[A-Z]{2})?)/)?(?P<rel>[^/]+\.html)$",
         default_lang="en",
-        licence="MIT-like (see copyright)"),
+        licence="GPL-2"),
 }
 
 MO_QUICK = ["libreoffice-l10n-" + l for l in LO_L10N] + ["libgtk-3-common", "aegisub-l10n"]
@@ -69,8 +69,8 @@ LICENCES = {
     "ddtp": "DDTP translations of Debian package descriptions (each package's own licence; DDTP "
             "translations are contributed under the package's terms)",
     "mo": "each catalogue under its package's licence (GPL/LGPL/MPL family); see manifest versions",
-    "man": "man-pages: various free licences; manpages-l10n: GPL-3+",
-    "fortune": "fortunes: public domain / BSD; translations: GPL-2+",
+    "man": "man-pages project licences (English); manpages-l10n: GPL-3+; manpages-zh: GPL",
+    "fortune": "fortunes: BSD / public domain; fortunes-ru: GPL-2+; fortunes-zh: GPL-3+",
 }
 
 
