@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import build  # noqa: E402
 import clean  # noqa: E402
 import extract  # noqa: E402
+import verify  # noqa: E402
 
 
 def make_mo(entries):
@@ -189,6 +190,19 @@ class Merge(unittest.TestCase):
             self.assertEqual(counts["pairs"]["de"], {"train": 2, "dev": 1, "test": 2})
             self.assertEqual(counts["leaks_dropped"]["pairs-de"], 2)
             self.assertEqual(counts["leaks_dropped"]["mono-en"], 3)
+
+            # the independent checker accepts this output, and catches a planted leak
+            for lang in extract.TARGETS:
+                for sp in ("train", "dev", "test"):
+                    p = os.path.join(out, "pairs", "en-%s.%s.tsv" % (lang, sp))
+                    if not os.path.exists(p):
+                        open(p, "w").close()
+            with open(os.path.join(out, "manifest.json"), "w") as f:
+                f.write('{"tier": "unit"}')
+            self.assertTrue(verify.verify(out))
+            with open(os.path.join(out, "mono", "de.txt"), "a", encoding="utf-8") as f:
+                f.write("Vorher. %s Nachher.\n" % test_de[1])
+            self.assertFalse(verify.verify(out))
 
 
 if __name__ == "__main__":
