@@ -49,3 +49,12 @@ format:
 
 clean:
 	rm -rf $(BUILD) build-asan
+
+# Corpus from Debian's repository (docs/data.md): quick tier for the demo and CI, full tier for
+# real runs. Cached: returns at once when data/<tier> is current.
+.PHONY: data data-full
+data:
+	python3 scripts/data/build.py --tier quick --out data --cache .cache/data
+
+data-full:
+	python3 scripts/data/build.py --tier full --out data --cache .cache/data
