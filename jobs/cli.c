@@ -6,6 +6,7 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
+#include "jobs/gateway.h"
 #include "jobs/validate_cli.h"
 #include "security/security.h"
 
@@ -30,6 +31,7 @@ static int nb__cmd_env(int argc, char** argv) {
 static const nb_cli_cmd_t nb__cmds[] = {
     {"bench", "run a benchmark (nebula bench --help)", nb_bench_main},
     {"certs", "manage the federation PKI: CA, cluster and user certificates", nb_certs_main},
+    {"gateway", "run this cluster's gateway daemon (--config FILE)", nb_gateway_main},
     {"env", "list the environment parameters and their values", nb__cmd_env},
     {"validate", "check a job descriptor and print it with defaults filled in", nb_validate_main},
     {"version", "print the version", nb__cmd_version},
