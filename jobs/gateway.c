@@ -68,7 +68,7 @@ static const nb__opt_t nb__opts[] = {
      "how jobs start: \"local\" (mpirun and slurm later)"},
     {"command", NB__OPT_ARGV, NB__F(command), 0, 0,
      "[\"nebula\",\"train\",\"{descriptor}\",\"--out\",\"{jobdir}\"]",
-     "job command; {descriptor} {jobdir} {job} {cluster} {workers} are replaced"},
+     "job command; {descriptor} {jobdir} {job} {cluster} {workers} {nebula} are replaced"},
     {"resources.slots", NB__OPT_INT, NB__F(slots), 1, 1 << 20, "4",
      "workers run at once over all jobs; a submit beyond is refused"},
     {"resources.device", NB__OPT_DEVICE, NB__F(device), 0, 0, "cpu",
@@ -145,7 +145,7 @@ static nb_status_t nb__cfg_set(const nb__opt_t* o, json_t* v, const char* base,
     case NB__OPT_LAUNCHER: {
       if (!json_is_string(v)) return nb_error(NB_ERR_CONFIG, "config: launcher: expected a string");
       nb_status_t st = nb_launcher_parse(json_string_value(v), &c->launcher);
-      return st == NB_OK ? NB_OK : nb_error(NB_ERR_CONFIG, "config: %s", nb_error_last());
+      return st == NB_OK ? NB_OK : nb_error_wrap(NB_ERR_CONFIG, "config");
     }
     case NB__OPT_DEVICE: {
       const char* s = json_string_value(v);
@@ -192,7 +192,7 @@ static nb_status_t nb__cfg_set(const nb__opt_t* o, json_t* v, const char* base,
           return nb_error(NB_ERR_CONFIG, "config: peers: more than %d", NB_GW_MAX_PEERS);
         nb_gateway_peer_t* pe = &c->peers[c->n_peers];
         if (nb_pki_name_check(id, "peer cluster id") != NB_OK)
-          return nb_error(NB_ERR_CONFIG, "config: peers: %s", nb_error_last());
+          return nb_error_wrap(NB_ERR_CONFIG, "config: peers");
         snprintf(pe->id, sizeof pe->id, "%s", id);
         char key[128];
         snprintf(key, sizeof key, "peers.%s", id);
@@ -243,7 +243,7 @@ static nb_status_t nb__cfg_set(const nb__opt_t* o, json_t* v, const char* base,
                           i);
         if (nb_acl_add(&c->acl, json_string_value(u), cls, n,
                        mw ? (int)json_integer_value(mw) : 0) != NB_OK)
-          return nb_error(NB_ERR_CONFIG, "config: acl[%zu]: %s", i, nb_error_last());
+          return nb_error_wrap(NB_ERR_CONFIG, "config: acl[%zu]", i);
       }
       return NB_OK;
     }
@@ -295,7 +295,7 @@ nb_status_t nb_gateway_config_parse(const char* text, size_t len, const char* ba
   if (st != NB_OK) return st;
   if (!cfg->cluster_id[0]) return nb_error(NB_ERR_CONFIG, "config: cluster_id is required");
   if (nb_pki_name_check(cfg->cluster_id, "cluster_id") != NB_OK)
-    return nb_error(NB_ERR_CONFIG, "config: %s", nb_error_last());
+    return nb_error_wrap(NB_ERR_CONFIG, "config");
   if (!cfg->tls_ca[0] || !cfg->tls_cert[0] || !cfg->tls_key[0])
     return nb_error(NB_ERR_CONFIG, "config: tls.ca, tls.cert and tls.key are required");
   if (base_dir && cfg->work_dir[0] != '/' && !strcmp(cfg->work_dir, "work")) {
@@ -329,7 +329,7 @@ nb_status_t nb_gateway_config_load(const char* path, nb_gateway_config_t* cfg) {
   if (!realpath(d, absdir)) snprintf(absdir, sizeof absdir, "%s", d);
   st = nb_gateway_config_parse(buf, n, absdir, cfg);
   nb_free(buf);
-  if (st != NB_OK) return nb_error(st, "%s: %s", path, nb_error_last());
+  if (st != NB_OK) return nb_error_wrap(st, "%s", path);
   return NB_OK;
 }
 
@@ -574,7 +574,7 @@ static nb_status_t nb__caller(nb_rpc_call_t* call, const char** user, int* admin
 
 static nb_status_t nb__open_store(nb_gateway_t* gw, nb_job_store_t** st) {
   nb_status_t s = nb_job_store_open(gw->cfg.store_path, st);
-  if (s != NB_OK) return nb_error(NB_ERR_UNAVAILABLE, "job store: %s", nb_error_last());
+  if (s != NB_OK) return nb_error_wrap(NB_ERR_UNAVAILABLE, "job store");
   return NB_OK;
 }
 
@@ -696,8 +696,8 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
     nb__write_file(sp, req->cert_pem, strlen(req->cert_pem));
   }
   snprintf(wk, sizeof wk, "%d", workers);
-  const char* keys[] = {"{descriptor}", "{jobdir}", "{job}", "{cluster}", "{workers}"};
-  const char* vals[] = {path, a.dir, id, gw->cfg.cluster_id, wk};
+  const char* keys[] = {"{descriptor}", "{jobdir}", "{job}", "{cluster}", "{workers}", "{nebula}"};
+  const char* vals[] = {path, a.dir, id, gw->cfg.cluster_id, wk, gw->self_exe};
   static char words[NB_GW_MAX_ARGS][NB_GW_STR * 2]; /* guarded by gw->mu below */
   char* argv[NB_GW_MAX_ARGS + 1];
   char env0[128], env1[NB_GW_STR * 2], env2[NB_GW_STR * 2], env3[128];
@@ -711,7 +711,7 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
     if (i == 0 && !strcmp(gw->cfg.command[0], "nebula"))
       snprintf(words[0], sizeof words[0], "%s", gw->self_exe);
     else
-      nb__subst(gw->cfg.command[i], words[i], sizeof words[i], keys, vals, 5);
+      nb__subst(gw->cfg.command[i], words[i], sizeof words[i], keys, vals, 6);
     argv[i] = words[i];
   }
   argv[gw->cfg.n_command] = NULL;
@@ -764,17 +764,17 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, void* user_data) {
     goto done;
   }
   if (nb_pki_cert_from_pem(req->cert_pem, 0, &cert) != NB_OK) {
-    s = nb_error(NB_ERR_INVALID, "cert_pem: %s", nb_error_last());
+    s = nb_error_wrap(NB_ERR_INVALID, "cert_pem");
     goto done;
   }
   s = nb_sign_verify(cert, gw->ca, req->descriptor.data, req->descriptor.len, req->signature.data,
                      req->signature.len, user, NULL);
   if (s == NB_ERR_INTEGRITY) {
-    s = nb_error(NB_ERR_PERMISSION, "descriptor signature does not verify: %s", nb_error_last());
+    s = nb_error_wrap(NB_ERR_PERMISSION, "descriptor signature does not verify");
     goto done;
   }
   if (s != NB_OK) {
-    s = nb_error(NB_ERR_PERMISSION, "signer certificate refused: %s", nb_error_last());
+    s = nb_error_wrap(NB_ERR_PERMISSION, "signer certificate refused");
     goto done;
   }
   NB_CHECK_GOTO(nb_calloc((void**)&cfg, 1, sizeof *cfg, "job config"), s, done);

@@ -35,7 +35,8 @@ typedef struct {
   nb_gateway_peer_t peers[NB_GW_MAX_PEERS];
   nb_launcher_kind_t launcher;
   int n_command; /* the job command template; placeholders {descriptor} {jobdir} {job}
-                    {cluster} {workers}; a first word "nebula" means this very binary */
+                    {cluster} {workers} {nebula}; a first word "nebula" and {nebula} mean this
+                    very binary */
   char command[NB_GW_MAX_ARGS][NB_GW_STR];
   int slots; /* workers this cluster runs at once, over all jobs */
   nb_job_device_t device;

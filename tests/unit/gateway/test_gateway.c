@@ -498,8 +498,89 @@ static void test_restart(void** state) {
   nb_gateway_destroy(gw);
 }
 
+static void test_acl(void** state) {
+  (void)state;
+  nb_acl_t acl;
+  memset(&acl, 0, sizeof acl);
+  nb_acl_want_t w[2] = {{"dc-a", 1}, {"dc-b", 4}};
+  assert_int_equal(nb_acl_check(&acl, "alice", w, 1), NB_ERR_PERMISSION); /* deny by default */
+  const char* a[] = {"dc-a"};
+  const char* any[] = {"*"};
+  assert_int_equal(nb_acl_add(&acl, "alice", a, 1, 2), NB_OK);
+  assert_int_equal(nb_acl_add(&acl, "*", any, 1, 1), NB_OK);
+  assert_int_equal(nb_acl_check(&acl, "alice", w, 1), NB_OK);
+  /* alice's own rule lacks dc-b, the wildcard rule allows 1 worker only */
+  assert_int_equal(nb_acl_check(&acl, "alice", w, 2), NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "at most 1 workers on cluster 'dc-b'"));
+  w[1].workers = 1;
+  assert_int_equal(nb_acl_check(&acl, "alice", w, 2), NB_OK); /* the wildcard rule allows it */
+  w[0].workers = 2;
+  /* alice's rule allows dc-a with 2 but not dc-b, the wildcard dc-b but not 2 workers: one rule
+     must allow the whole job */
+  assert_int_equal(nb_acl_check(&acl, "alice", w, 2), NB_ERR_PERMISSION);
+  assert_int_equal(nb_acl_check(&acl, "alice", w, 1), NB_OK);
+  w[0].workers = 1;
+  assert_int_equal(nb_acl_check(&acl, "carol", w, 2), NB_OK);
+  assert_int_equal(nb_acl_add(&acl, "", a, 1, 0), NB_ERR_INVALID);
+  assert_int_equal(nb_acl_add(&acl, "x", a, 0, 0), NB_ERR_INVALID);
+  assert_int_equal(nb_acl_add(&acl, "x", a, 1, -1), NB_ERR_INVALID);
+}
+
+static void test_config(void** state) {
+  (void)state;
+  nb_gateway_config_t c;
+  struct {
+    const char* text;
+    const char* msg;
+  } bad[] = {
+      {"{\"cluster_id\": \"dc-a\", \"tls\": {\"ca\": \"a\", \"cert\": \"b\", \"key\": "
+       "\"c\"}, \"slots\": 3}",
+       "config: slots: unknown key"},
+      {"{\"cluster_id\": \"dc-a\", \"resources\": {\"slots\": 0}}",
+       "config: resources.slots: expected 1..1048576, found 0"},
+      {"{\"cluster_id\": \"dc-a\", \"resources\": {\"device\": \"tpu\"}}",
+       "resources.device: expected \"cpu\" or \"cuda\""},
+      {"{\"cluster_id\": \"dc-a\", \"launcher\": \"slurm\"}", "launcher 'slurm' is not available"},
+      {"{\"cluster_id\": \"dc-a\"}", "tls.ca, tls.cert and tls.key are required"},
+      {"{\"listen\": \"x\"}", "cluster_id is required"},
+      {"{\"cluster_id\": \"dc-a\", \"acl\": [{\"user\": \"a\", \"clusterz\": []}]}",
+       "acl[0].clusterz: unknown key"},
+      {"{\"cluster_id\": \"dc-a\", \"command\": []}", "command: expected an array of 1..32"},
+      {"{\"cluster_id\": 7}", "cluster_id: expected a string"},
+      {"{\"cluster_id\": \"dc-a\",\n \"tls\": }", "line 2, column"},
+      {"{\"tls\": 1}", "config: tls: expected an object"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    nb_gateway_config_defaults(&c);
+    assert_int_equal(nb_gateway_config_parse(bad[i].text, strlen(bad[i].text), NULL, &c),
+                     NB_ERR_CONFIG);
+    if (!strstr(nb_error_last(), bad[i].msg))
+      fail_msg("config %zu: got '%s', want '%s'", i, nb_error_last(), bad[i].msg);
+  }
+  /* relative paths against the base folder; defaults kept */
+  const char* ok =
+      "{\"cluster_id\": \"dc-a\", \"tls\": {\"ca\": \"ca.crt\", \"cert\": "
+      "\"/abs/c.crt\", \"key\": \"k.key\"}}";
+  nb_gateway_config_defaults(&c);
+  assert_int_equal(nb_gateway_config_parse(ok, strlen(ok), "/etc/nb", &c), NB_OK);
+  assert_string_equal(c.tls_ca, "/etc/nb/ca.crt");
+  assert_string_equal(c.tls_cert, "/abs/c.crt");
+  assert_string_equal(c.work_dir, "/etc/nb/work");
+  assert_int_equal(c.slots, 4);
+  assert_int_equal(c.cancel_grace_ms, 5000);
+  assert_int_equal(c.acl.n_rules, 0);
+  assert_string_equal(c.command[1], "train");
+  /* the parsed test config */
+  assert_int_equal(g_cfg.n_peers, 1);
+  assert_string_equal(g_cfg.peers[0].id, "dc-b");
+  assert_int_equal(g_cfg.acl.n_rules, 2);
+  assert_int_equal(g_cfg.acl.rules[0].max_workers, 2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_acl),
+      cmocka_unit_test(test_config),
       cmocka_unit_test(test_submit_watch_logs),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_cancel_and_fail),
