@@ -715,9 +715,17 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
     argv[i] = words[i];
   }
   argv[gw->cfg.n_command] = NULL;
-  nb_status_t s = gw->n_active >= NB__MAX_ACTIVE
-                      ? nb_error(NB_ERR_UNAVAILABLE, "too many jobs running on this gateway")
-                      : nb_launcher_start(a.dir, argv, env, &a.launch);
+  /* the slot check again, under the lock: two submits may have raced past the first one */
+  int used = 0;
+  for (int i = 0; i < gw->n_active; i++) used += gw->active[i].workers;
+  nb_status_t s;
+  if (gw->n_active >= NB__MAX_ACTIVE)
+    s = nb_error(NB_ERR_UNAVAILABLE, "too many jobs running on this gateway");
+  else if (used + workers > gw->cfg.slots)
+    s = nb_error(NB_ERR_UNAVAILABLE, "cluster '%s' has %d free worker slots, the job needs %d",
+                 gw->cfg.cluster_id, gw->cfg.slots - used, workers);
+  else
+    s = nb_launcher_start(a.dir, argv, env, &a.launch);
   if (s == NB_OK) {
     json_t* cmd = json_array();
     for (int i = 0; argv[i]; i++) json_array_append_new(cmd, json_string(argv[i]));

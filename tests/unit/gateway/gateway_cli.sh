@@ -68,6 +68,14 @@ case "$ID" in quick-*) ;; *) fail "submit printed '$ID'";; esac
 grep -q "step 30/30" "$T/watch.out" || fail "watch lacks the last step: $(cat "$T/watch.out")"
 grep -q "WAN 10.00 MB/s" "$T/watch.out" || fail "watch lacks WAN MB/s"
 grep -q "state succeeded" "$T/watch.out" || fail "watch lacks the final state"
+# on a terminal: one progress line redrawn in place (carriage return + erase line)
+if command -v script >/dev/null 2>&1; then
+  script -qec "'$NB' watch '$ID'" /dev/null > "$T/tty.out" 2>&1 < /dev/null
+  ESC=$(printf '\033')
+  grep -q "${ESC}\[K" "$T/tty.out" || fail "watch on a terminal does not redraw its line"
+  [ "$(grep -c 'step 10/30' "$T/tty.out")" -eq 1 ] || fail "watch on a terminal: lines"
+  tr '\r' '\n' < "$T/tty.out" | grep -q "step 30/30" || fail "watch on a terminal: last step"
+fi
 "$NB" get "$ID" --json | grep -q '"state": "succeeded"' || fail "get --json"
 [ "$("$NB" logs "$ID")" = "hello from $ID" ] || fail "logs"
 "$NB" list | grep -q "$ID" || fail "list"
@@ -109,5 +117,4 @@ done
 "$NB" watch "$J2" >/dev/null; [ $? -eq 11 ] || fail "watch of a cancelled job: not 11"
 kill -TERM "$GW_PID"; wait "$GW_PID"; rc=$?; GW_PID=
 [ $rc -eq 0 ] || fail "gateway exit $rc on SIGTERM"
-cat "$T/watch.out"
 echo "gateway CLI: ok"

@@ -475,6 +475,7 @@ static void test_restart(void** state) {
   assert_int_equal(read_pids(id1, pids), 3);
   assert_int_equal(read_pids(id2, pids), 3);
   nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
   nb_gateway_destroy(gw); /* jobs keep running */
   assert_true(pid_alive(pg1));
   kill(-pg1, SIGKILL); /* job 1 dies while no gateway watches */
