@@ -28,6 +28,7 @@ case "$1" in
 quick-*) echo "hello from $1"; for i in 1 2 3; do
   echo "{\"round\":$i,\"step\":$((i*10)),\"max_steps\":30,\"loss\":$i.5,\"wan_mbps\":80,\"density\":0.01,\"eta_s\":$((3-i))}" >> "$NB_JOB_PROGRESS"
   sleep 0.1; done;;
+slow-*) for i in 1 2 3; do echo "line $i"; sleep 0.1; done;;
 sleepy-*) sleep 300 & echo $! > pids; sleep 300 & echo $! >> pids; echo $$ >> pids; wait;;
 esac
 SCRIPT
@@ -81,6 +82,13 @@ fi
 "$NB" list | grep -q "$ID" || fail "list"
 "$NB" list --json --state succeeded | grep -q "\"id\": \"$ID\"" || fail "list --json"
 "$NB" watch "$ID" --json | tail -1 | grep -q '"to":"succeeded"' || fail "watch --json"
+
+# logs -f follows the output until the job ends
+desc slow > "$T/slow.json"
+SID=$("$NB" submit "$T/slow.json") || fail "submit slow"
+"$NB" logs -f "$SID" > "$T/slow.out" || fail "logs -f"
+[ "$(cat "$T/slow.out")" = "$(printf 'line 1\nline 2\nline 3')" ] || fail "logs -f: $(cat "$T/slow.out")"
+"$NB" get "$SID" | grep -q "state: *succeeded" || fail "logs -f returned before the job ended"
 
 # exit codes
 "$NB" get >/dev/null 2>&1; [ $? -eq 2 ] || fail "get without id: not a usage error"

@@ -36,6 +36,7 @@ static const char* g_script =
     "  sleep 0.1; i=$((i+1)); done; echo done;;\n"
     "sleepy-*) sleep 300 & echo $! > pids; sleep 300 & echo $! >> pids; echo $$ >> pids; wait;;\n"
     "fail-*) echo oops >&2; exit 3;;\n"
+    "slow-*) for i in 1 2 3; do echo \"line $i\"; sleep 0.1; done;;\n"
     "esac\n";
 
 static int rm_one(const char* p, const struct stat* sb, int f, struct FTW* ftw) {
@@ -471,6 +472,11 @@ static void test_restart(void** state) {
   assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
   snprintf(id2, sizeof id2, "%s", job->id);
   protobuf_c_message_free_unpacked(&job->base, NULL);
+  char id3[64];
+  snprintf(doc, sizeof doc, doc_fmt, "slow", "dc-a", 1);
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id3, sizeof id3, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
   pid_t pids[3];
   assert_int_equal(read_pids(id1, pids), 3);
   assert_int_equal(read_pids(id2, pids), 3);
@@ -480,12 +486,18 @@ static void test_restart(void** state) {
   assert_true(pid_alive(pg1));
   kill(-pg1, SIGKILL); /* job 1 dies while no gateway watches */
   for (int i = 0; i < 100 && nb_launcher_group_alive(pg1); i++) nb_sleep_ns(10000000);
+  nb_sleep_ns(600000000); /* job 3 ends while no gateway watches */
 
   assert_int_equal(nb_gateway_create(&g_cfg, &gw), NB_OK);
   cli = client_as("alice", &tls, nb_gateway_port(gw));
   job = get_job(cli, id1);
   assert_string_equal(job->state, "failed");
   assert_non_null(strstr(job->reason, "is gone and left no exit status"));
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  job = get_job(cli, id3);
+  assert_string_equal(job->state, "succeeded");
+  assert_string_equal(job->reason, "finished while the gateway was down");
+  assert_int_equal(job->exit_code, 0);
   protobuf_c_message_free_unpacked(&job->base, NULL);
   job = get_job(cli, id2);
   assert_string_equal(job->state, "running");
