@@ -356,7 +356,7 @@ struct nb_gateway {
   nb_job_store_t* mon_store; /* monitor thread's own handle */
   pthread_t mon;
   int mon_started;
-  volatile int stopping;
+  _Atomic int stopping;
   pthread_mutex_t mu;
   nb__active_t active[NB__MAX_ACTIVE];
   int n_active;
@@ -387,13 +387,15 @@ static void nb__tail_progress(nb_gateway_t* gw, nb_job_store_t* store, nb__activ
     size_t n = strlen(line);
     if (n == 0 || line[n - 1] != '\n') break; /* incomplete: read again next time */
     a->progress_off += (long)n;
-    if (a->progress_skip > 0) {
-      a->progress_skip--;
-      continue;
-    }
     json_t* j = json_loads(line, 0, NULL);
     if (!j || !json_is_object(j)) {
-      NB_WARN("job %s: progress line is not a JSON object, ignored", a->id);
+      if (a->progress_skip == 0)
+        NB_WARN("job %s: progress line is not a JSON object, ignored", a->id);
+      json_decref(j);
+      continue;
+    }
+    if (a->progress_skip > 0) { /* recorded before a restart (only valid lines were) */
+      a->progress_skip--;
       json_decref(j);
       continue;
     }
@@ -840,16 +842,19 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, void* user_data) {
     goto done;
   }
   NB_CHECK_GOTO(nb__open_store(gw, &st), s, done);
-  uint32_t rnd = 0;
-  if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) rnd = (uint32_t)nb_now_ns();
-  snprintf(id, sizeof id, "%.40s-%08x", cfg->name, rnd);
   {
     /* the store wants JSON text: the signed bytes, NUL-terminated */
     char* text = NULL;
     NB_CHECK_GOTO(nb_alloc((void**)&text, req->descriptor.len + 1, 1, "descriptor"), s, done);
     memcpy(text, req->descriptor.data, req->descriptor.len);
     text[req->descriptor.len] = 0;
-    s = nb_job_store_create(st, id, user, text);
+    s = NB_ERR_EXISTS;
+    for (int attempt = 0; attempt < 4 && s == NB_ERR_EXISTS; attempt++) {
+      uint32_t rnd = 0;
+      if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) rnd ^= (uint32_t)nb_now_ns();
+      snprintf(id, sizeof id, "%.40s-%08x", cfg->name, rnd);
+      s = nb_job_store_create(st, id, user, text);
+    }
     nb_free(text);
     if (s != NB_OK) goto done;
   }

@@ -127,6 +127,16 @@ def main():
             assert job_str(job, "state") == "succeeded", job
             assert job_str(job, "name") == "quick"
             print("Get: ok (succeeded)")
+            # Watch (server stream) from the start: ends by itself at the final state
+            events = [parse(e) for e in
+                      ch.unary_stream("/nebula.v1.Gateway/Watch")(field(1, jid), timeout=10)]
+            kinds = [e[4][0].decode() for e in events]  # JobEvent.kind = 4
+            seqs = [e[2][0] for e in events]            # JobEvent.seq = 2
+            assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), seqs
+            assert kinds[0] == "state" and "launch" in kinds and "exit" in kinds, kinds
+            states = [e[6][0].decode() for e in events if 6 in e]  # JobEvent.state = 6
+            assert states[-1] == "succeeded", states
+            print("Watch: ok (%d events)" % len(events))
             # List by state
             rep = parse(ch.unary_unary("/nebula.v1.Gateway/List")(field(2, "succeeded"),
                                                                    timeout=10))

@@ -34,7 +34,8 @@ static const char* g_script =
     "  echo \"{\\\"round\\\":$i,\\\"step\\\":$((i*10)),\\\"max_steps\\\":30,\\\"loss\\\":$i.5,"
     "\\\"wan_mbps\\\":12.5,\\\"density\\\":0.01,\\\"eta_s\\\":1}\" >> \"$NB_JOB_PROGRESS\";\n"
     "  sleep 0.1; i=$((i+1)); done; echo done;;\n"
-    "sleepy-*) sleep 300 & echo $! > pids; sleep 300 & echo $! >> pids; echo $$ >> pids; wait;;\n"
+    "sleepy-*) echo '{\"step\":1}' >> \"$NB_JOB_PROGRESS\"; sleep 300 & echo $! > pids; sleep 300 "
+    "& echo $! >> pids; echo $$ >> pids; wait;;\n"
     "fail-*) echo oops >&2; exit 3;;\n"
     "slow-*) for i in 1 2 3; do echo \"line $i\"; sleep 0.1; done;;\n"
     "esac\n";
@@ -183,6 +184,29 @@ static void wait_state(nb_rpc_client_t* cli, const char* id, const char* state) 
     nb_sleep_ns(20000000);
   }
   fail_msg("job %s never reached %s", id, state);
+}
+
+/* Watches a job that is final (or becomes so) and counts its progress events. */
+static int count_progress(nb_rpc_client_t* cli, const char* id) {
+  Nebula__V1__WatchRequest wr = NEBULA__V1__WATCH_REQUEST__INIT;
+  wr.job_id = (char*)id;
+  uint8_t buf[256];
+  size_t len = nebula__v1__watch_request__pack(&wr, buf);
+  nb_rpc_stream_t* s = NULL;
+  assert_int_equal(nb_rpc_stream_open(cli, "/nebula.v1.Gateway/Watch", 20000, 0, &s), NB_OK);
+  assert_int_equal(nb_rpc_stream_send(s, buf, len), NB_OK);
+  int n = 0, end = 0;
+  for (;;) {
+    ProtobufCMessage* m = NULL;
+    assert_int_equal(
+        nb_rpc_stream_recv_pb(s, &nebula__v1__job_event__descriptor, &m, &end, NB_RPC_INFINITE),
+        NB_OK);
+    if (end) break;
+    n += !strcmp(((Nebula__V1__JobEvent*)m)->kind, "progress");
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  nb_rpc_stream_destroy(s);
+  return n;
 }
 
 static void test_submit_watch_logs(void** state) {
@@ -480,6 +504,7 @@ static void test_restart(void** state) {
   pid_t pids[3];
   assert_int_equal(read_pids(id1, pids), 3);
   assert_int_equal(read_pids(id2, pids), 3);
+  nb_sleep_ns(100000000); /* let the monitor record the progress lines */
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
   nb_gateway_destroy(gw); /* jobs keep running */
@@ -506,6 +531,9 @@ static void test_restart(void** state) {
   assert_int_equal(read_pids(id2, pids), 3);
   cancel(cli, id2, "cancelled");
   for (int i = 0; i < 3; i++) assert_false(pid_alive(pids[i]));
+  /* the progress line recorded before the restart is not recorded again */
+  assert_int_equal(count_progress(cli, id2), 1);
+  assert_int_equal(count_progress(cli, id1), 1);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
   nb_gateway_destroy(gw);
