@@ -1,5 +1,6 @@
 /* ACL rules and their evaluation (jobs/acl.h). Rules are tried in order; the first that allows
- * the whole request wins. No wildcards other than a bare "*", no groups, no negative rules. */
+ * the whole request wins; a refusal gives the reason of the first rule that named the user. No
+ * wildcards other than a bare "*", no groups, no negative rules. */
 #include "jobs/acl.h"
 
 #include <stdio.h>
@@ -58,13 +59,16 @@ nb_status_t nb_acl_check(const nb_acl_t* acl, const char* user, const nb_acl_wan
     size_t i = 0;
     for (; i < n; i++) {
       if (!nb__rule_has_cluster(r, want[i].cluster)) {
-        snprintf(why, sizeof why, "user '%s' may not run jobs on cluster '%s'", user,
-                 want[i].cluster);
+        if (!why[0])
+          snprintf(why, sizeof why, "user '%s' may not run jobs on cluster '%s'", user,
+                   want[i].cluster);
         break;
       }
       if (r->max_workers > 0 && want[i].workers > r->max_workers) {
-        snprintf(why, sizeof why, "user '%s' may use at most %d workers on cluster '%s' (asked %d)",
-                 user, r->max_workers, want[i].cluster, want[i].workers);
+        if (!why[0])
+          snprintf(why, sizeof why,
+                   "user '%s' may use at most %d workers on cluster '%s' (asked %d)", user,
+                   r->max_workers, want[i].cluster, want[i].workers);
         break;
       }
     }

@@ -44,7 +44,8 @@ nb_status_t nb_acl_add(nb_acl_t* acl, const char* user, const char* const* clust
 
 /* Decides whether `user` may run a job asking for want[0..n). NB_OK when one rule allows every
  * entry; otherwise NB_ERR_PERMISSION with a message naming the user and what was refused (the
- * closest rule's reason: unknown user, cluster not allowed, too many workers). An empty ACL
+ * reason from the first rule naming the user: unknown user, cluster not allowed, too many
+ * workers). An empty ACL
  * refuses everyone. Thread-safe on a const acl. */
 nb_status_t nb_acl_check(const nb_acl_t* acl, const char* user, const nb_acl_want_t* want,
                          size_t n);

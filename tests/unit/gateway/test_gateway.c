@@ -93,7 +93,8 @@ static int setup(void** state) {
       " \"command\": [\"/bin/sh\", \"-c\", \"eval \\\"$NB_TEST_SCRIPT\\\"\", \"job\", \"{job}\"],\n"
       " \"resources\": {\"slots\": 8, \"device\": \"cpu\"}, \"work_dir\": \"work\",\n"
       " \"acl\": [{\"user\": \"alice\", \"clusters\": [\"dc-a\"], \"max_workers\": 2},\n"
-      "         {\"user\": \"bob\", \"clusters\": [\"dc-b\"]}],\n"
+      "         {\"user\": \"bob\", \"clusters\": [\"dc-b\"]},\n"
+      "         {\"user\": \"alice\", \"clusters\": [\"dc-a\", \"dc-b\"], \"max_workers\": 1}],\n"
       " \"cancel_grace_ms\": 500, \"poll_ms\": 20}");
   assert_int_equal(nb_gateway_config_parse(cfg, strlen(cfg), g_dir, &g_cfg), NB_OK);
   setenv("NB_TEST_SCRIPT", g_script, 1);
@@ -384,6 +385,18 @@ static void test_refusals(void** state) {
   snprintf(big, sizeof big, doc_fmt, "quick", "dc-a", 3);
   assert_int_equal(submit(cli, "alice", big, 0, NULL), NB_ERR_PERMISSION);
   assert_non_null(strstr(nb_error_last(), "at most 2 workers"));
+  /* a job for another cluster, and one spanning two: federation is not there yet */
+  const char* two =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+      "\"two\"}, \"spec\": {\"clusters\": [{\"id\": \"dc-a\", \"data\": {\"languages\": "
+      "[\"en\"]}}, {\"id\": \"dc-b\", \"data\": {\"languages\": [\"de\"]}}]}}";
+  assert_int_equal(submit(cli, "alice", two, 0, NULL), NB_ERR_UNSUPPORTED);
+  assert_non_null(strstr(nb_error_last(), "UNIMPLEMENTED"));
+  assert_non_null(strstr(nb_error_last(), "spans 2 clusters"));
+  char other[1024];
+  snprintf(other, sizeof other, doc_fmt, "quick", "dc-b", 1);
+  assert_int_equal(submit(cli, "alice", other, 0, NULL), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "this gateway is cluster 'dc-a'"));
   /* an invalid descriptor, correctly signed */
   char bad[1024];
   snprintf(bad, sizeof bad, doc_fmt, "Bad_Name", "dc-a", 1);
@@ -480,6 +493,35 @@ static void test_cancel_and_fail(void** state) {
   nb_gateway_destroy(gw);
 }
 
+static void test_slots(void** state) {
+  (void)state;
+  nb_gateway_config_t c = g_cfg;
+  c.slots = 2;
+  nb_gateway_t* gw = NULL;
+  assert_int_equal(nb_gateway_create(&c, &gw), NB_OK);
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, nb_gateway_port(gw));
+  char doc[1024], id[64];
+  snprintf(doc, sizeof doc, doc_fmt, "sleepy", "dc-a", 2);
+  Nebula__V1__Job* job = NULL;
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id, sizeof id, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  snprintf(doc, sizeof doc, doc_fmt, "quick", "dc-a", 1);
+  assert_int_equal(submit(cli, "alice", doc, 0, NULL), NB_ERR_UNAVAILABLE);
+  assert_non_null(strstr(nb_error_last(), "has 0 free worker slots of 2, the job needs 1"));
+  pid_t pids[3];
+  assert_int_equal(read_pids(id, pids), 3);
+  cancel(cli, id, "cancelled");
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK); /* the slots are free again */
+  snprintf(id, sizeof id, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  wait_state(cli, id, "succeeded");
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+}
+
 static void test_restart(void** state) {
   (void)state;
   nb_gateway_t* gw = NULL;
@@ -552,7 +594,7 @@ static void test_acl(void** state) {
   assert_int_equal(nb_acl_check(&acl, "alice", w, 1), NB_OK);
   /* alice's own rule lacks dc-b, the wildcard rule allows 1 worker only */
   assert_int_equal(nb_acl_check(&acl, "alice", w, 2), NB_ERR_PERMISSION);
-  assert_non_null(strstr(nb_error_last(), "at most 1 workers on cluster 'dc-b'"));
+  assert_non_null(strstr(nb_error_last(), "user 'alice' may not run jobs on cluster 'dc-b'"));
   w[1].workers = 1;
   assert_int_equal(nb_acl_check(&acl, "alice", w, 2), NB_OK); /* the wildcard rule allows it */
   w[0].workers = 2;
@@ -614,7 +656,7 @@ static void test_config(void** state) {
   /* the parsed test config */
   assert_int_equal(g_cfg.n_peers, 1);
   assert_string_equal(g_cfg.peers[0].id, "dc-b");
-  assert_int_equal(g_cfg.acl.n_rules, 2);
+  assert_int_equal(g_cfg.acl.n_rules, 3);
   assert_int_equal(g_cfg.acl.rules[0].max_workers, 2);
 }
 
@@ -625,6 +667,7 @@ int main(void) {
       cmocka_unit_test(test_submit_watch_logs),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_cancel_and_fail),
+      cmocka_unit_test(test_slots),
       cmocka_unit_test(test_restart),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
