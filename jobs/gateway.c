@@ -342,7 +342,8 @@ typedef struct {
   int own_child; /* 1: we forked it and reap it; 0: re-attached after a restart */
   int workers;
   long progress_off;
-  int progress_skip; /* lines already recorded before a restart */
+  int progress_skip;       /* lines already recorded before a restart */
+  char cancel_reason[512]; /* set by Cancel: the end is recorded as cancelled with this */
 } nb__active_t;
 
 #define NB__MAX_ACTIVE 256
@@ -423,7 +424,10 @@ static void nb__job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t*
     char reason[512];
     nb_job_state_t to = NB_JOB_SUCCEEDED;
     reason[0] = 0;
-    if (sig) {
+    if (a->cancel_reason[0]) {
+      to = NB_JOB_CANCELLED;
+      snprintf(reason, sizeof reason, "%s", a->cancel_reason);
+    } else if (sig) {
       to = NB_JOB_FAILED;
       snprintf(reason, sizeof reason, "process %d killed by signal %d (%s)%s", (int)a->launch.pid,
                sig, strsignal(sig), how);
@@ -1077,23 +1081,38 @@ static nb_status_t nb__cancel(nb_rpc_call_t* call, void* user_data) {
   if (s == NB_OK) s = nb__job_for(st, req->job_id, user, admin, &rec);
   if (s == NB_OK && !nb_job_state_is_final(rec.state)) {
     char reason[512];
-    snprintf(reason, sizeof reason, "cancelled by %s%s%s", user,
+    snprintf(reason, sizeof reason, "cancelled by %s%s%.300s", user,
              req->reason && *req->reason ? ": " : "", req->reason ? req->reason : "");
-    s = nb_job_store_transition(st, req->job_id, NB_JOB_CANCELLED, reason);
-    if (s == NB_OK) {
-      /* the monitor keeps the entry: it reaps the process and records the exit */
-      pthread_mutex_lock(&gw->mu);
-      int k = nb__active_find(gw, req->job_id);
-      pid_t pg = k >= 0 ? gw->active[k].launch.pid : 0;
-      pthread_mutex_unlock(&gw->mu);
+    /* A job with processes: the monitor records the end (exit event, then `cancelled`) once
+     * they are gone, and retires the entry, which frees its slots before we answer. */
+    pthread_mutex_lock(&gw->mu);
+    int k = nb__active_find(gw, req->job_id);
+    pid_t pg = k >= 0 ? gw->active[k].launch.pid : 0;
+    if (k >= 0) memcpy(gw->active[k].cancel_reason, reason, sizeof reason);
+    pthread_mutex_unlock(&gw->mu);
+    if (pg > 0) {
       int killed = 0;
-      if (pg > 0) {
-        s = nb_launcher_stop(pg, gw->cfg.cancel_grace_ms, &killed);
-        NB_INFO(JOB, "job %s: process group %d stopped%s", req->job_id, (int)pg,
-                killed ? " with SIGKILL" : "");
+      s = nb_launcher_stop(pg, gw->cfg.cancel_grace_ms, &killed);
+      NB_INFO(JOB, "job %s: process group %d stopped%s", req->job_id, (int)pg,
+              killed ? " with SIGKILL" : "");
+      int64_t until = nb_now_ns() + 5000000000LL + (int64_t)gw->cfg.poll_ms * 4000000;
+      for (;;) {
+        pthread_mutex_lock(&gw->mu);
+        k = nb__active_find(gw, req->job_id);
+        pthread_mutex_unlock(&gw->mu);
+        if (k < 0 || s != NB_OK) break;
+        if (nb_now_ns() > until) {
+          s = nb_error(NB_ERR_TIMEOUT,
+                       "job %s: its processes are gone but the end was not "
+                       "recorded in time",
+                       req->job_id);
+          break;
+        }
+        nb_sleep_ns(5000000);
       }
-    } else if (s == NB_ERR_INVALID) {
-      s = NB_OK; /* it reached a final state meanwhile */
+    } else {
+      s = nb_job_store_transition(st, req->job_id, NB_JOB_CANCELLED, reason);
+      if (s == NB_ERR_INVALID) s = NB_OK; /* it reached a final state meanwhile */
     }
   }
   if (s == NB_OK) s = nb__send_job(call, gw, st, req->job_id, 0);

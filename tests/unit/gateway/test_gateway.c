@@ -553,7 +553,11 @@ static void test_restart(void** state) {
   assert_true(pid_alive(pg1));
   kill(-pg1, SIGKILL); /* job 1 dies while no gateway watches */
   for (int i = 0; i < 100 && nb_launcher_group_alive(pg1); i++) nb_sleep_ns(10000000);
-  nb_sleep_ns(600000000); /* job 3 ends while no gateway watches */
+  /* job 3 ends while no gateway watches: its exit_code file appears */
+  char exit_file[1200];
+  snprintf(exit_file, sizeof exit_file, "%s/%s/exit_code", g_cfg.work_dir, id3);
+  for (int i = 0; i < 500 && access(exit_file, F_OK) != 0; i++) nb_sleep_ns(20000000);
+  assert_int_equal(access(exit_file, F_OK), 0);
 
   assert_int_equal(nb_gateway_create(&g_cfg, &gw), NB_OK);
   cli = client_as("alice", &tls, nb_gateway_port(gw));
