@@ -1336,6 +1336,12 @@ int nb_gateway_main(int argc, char** argv) {
     fprintf(stderr, "nebula gateway: %s\n", nb_error_last());
     return NB_EXIT_FAIL;
   }
+  if (cfg.acl.n_rules == 0)
+    NB_WARN("gateway %s: the ACL is empty, so nobody may submit jobs; add \"acl\" rules to %s",
+            cfg.cluster_id, path);
+  if (cfg.n_peers > 0)
+    NB_INFO(JOB, "gateway %s: %d peers configured (federation is not active yet)", cfg.cluster_id,
+            cfg.n_peers);
   printf("listening on %s port %d\n", cfg.listen, nb_gateway_port(gw));
   fflush(stdout);
   int sig = 0;
