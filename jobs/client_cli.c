@@ -522,8 +522,15 @@ int nb_logs_main(int argc, char** argv) {
     if (st != NB_OK || end) break;
     Nebula__V1__LogChunk* ch = (Nebula__V1__LogChunk*)m;
     if (o.json) {
+      /* text as a JSON string when it is UTF-8, else base64 under "data_b64" */
       json_t* j = json_pack("{s:I, s:s%}", "offset", (json_int_t)ch->offset, "data",
                             (const char*)ch->data.data, ch->data.len);
+      if (!j) {
+        char* b64 = NULL;
+        if (nb_b64_encode(ch->data.data, ch->data.len, &b64) == NB_OK)
+          j = json_pack("{s:I, s:s}", "offset", (json_int_t)ch->offset, "data_b64", b64);
+        nb_free(b64);
+      }
       char* txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
       if (txt) printf("%s\n", txt);
       free(txt);

@@ -79,6 +79,7 @@ if command -v script >/dev/null 2>&1; then
 fi
 "$NB" get "$ID" --json | grep -q '"state": "succeeded"' || fail "get --json"
 [ "$("$NB" logs "$ID")" = "hello from $ID" ] || fail "logs"
+"$NB" logs "$ID" --json | grep -q "\"data\":\"hello from $ID\\\\n\"" || fail "logs --json: $("$NB" logs "$ID" --json)"
 "$NB" list | grep -q "$ID" || fail "list"
 "$NB" list --json --state succeeded | grep -q "\"id\": \"$ID\"" || fail "list --json"
 "$NB" watch "$ID" --json | tail -1 | grep -q '"to":"succeeded"' || fail "watch --json"
