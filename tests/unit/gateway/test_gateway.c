@@ -37,6 +37,7 @@ static const char* g_script =
     "sleepy-*) echo '{\"step\":1}' >> \"$NB_JOB_PROGRESS\"; sleep 300 & echo $! > pids; sleep 300 "
     "& echo $! >> pids; echo $$ >> pids; wait;;\n"
     "fail-*) echo oops >&2; exit 3;;\n"
+    "stray-*) sleep 300 & echo $! > pids; sleep 300 & echo $! >> pids; echo $$ >> pids;;\n"
     "slow-*) for i in 1 2 3; do echo \"line $i\"; sleep 0.1; done;;\n"
     "esac\n";
 
@@ -187,10 +188,13 @@ static void wait_state(nb_rpc_client_t* cli, const char* id, const char* state) 
   fail_msg("job %s never reached %s", id, state);
 }
 
-/* Watches a job that is final (or becomes so) and counts its progress events. */
-static int count_progress(nb_rpc_client_t* cli, const char* id) {
+/* Watches a job that is final (or becomes so) from after_seq on; returns the number of
+ * progress events, *total (optional) the number of all events. */
+static int watch_count(nb_rpc_client_t* cli, const char* id, int64_t after_seq, int* total) {
   Nebula__V1__WatchRequest wr = NEBULA__V1__WATCH_REQUEST__INIT;
   wr.job_id = (char*)id;
+  wr.after_seq = after_seq;
+  int all = 0;
   uint8_t buf[256];
   size_t len = nebula__v1__watch_request__pack(&wr, buf);
   nb_rpc_stream_t* s = NULL;
@@ -204,10 +208,16 @@ static int count_progress(nb_rpc_client_t* cli, const char* id) {
         NB_OK);
     if (end) break;
     n += !strcmp(((Nebula__V1__JobEvent*)m)->kind, "progress");
+    all++;
     protobuf_c_message_free_unpacked(m, NULL);
   }
   nb_rpc_stream_destroy(s);
+  if (total) *total = all;
   return n;
+}
+
+static int count_progress(nb_rpc_client_t* cli, const char* id) {
+  return watch_count(cli, id, 0, NULL);
 }
 
 static void test_submit_watch_logs(void** state) {
@@ -267,6 +277,12 @@ static void test_submit_watch_logs(void** state) {
   assert_int_equal(max_step, 30);
   assert_true(last_loss > 3.4 && last_loss < 3.6);
   assert_string_equal(last_state, "succeeded");
+  /* resuming after a sequence number gives only what follows */
+  int total = 0;
+  assert_int_equal(watch_count(cli, id, last_seq - 1, &total), 0);
+  assert_int_equal(total, 1);
+  assert_int_equal(watch_count(cli, id, 0, &total), 3);
+  assert_int_equal(total, (int)last_seq);
 
   job = get_job(cli, id);
   assert_string_equal(job->state, "succeeded");
@@ -294,6 +310,19 @@ static void test_submit_watch_logs(void** state) {
   char want[128];
   snprintf(want, sizeof want, "hello from %s\ndone\n", id);
   assert_string_equal(text, want);
+  /* from an offset */
+  lr.offset = 6;
+  len = nebula__v1__logs_request__pack(&lr, buf);
+  assert_int_equal(nb_rpc_stream_open(cli, "/nebula.v1.Gateway/Logs", 10000, 0, &s), NB_OK);
+  assert_int_equal(nb_rpc_stream_send(s, buf, len), NB_OK);
+  ProtobufCMessage* lm = NULL;
+  assert_int_equal(
+      nb_rpc_stream_recv_pb(s, &nebula__v1__log_chunk__descriptor, &lm, &end, NB_RPC_INFINITE),
+      NB_OK);
+  assert_int_equal(((Nebula__V1__LogChunk*)lm)->offset, 6);
+  assert_memory_equal(((Nebula__V1__LogChunk*)lm)->data.data, want + 6, strlen(want) - 6);
+  protobuf_c_message_free_unpacked(lm, NULL);
+  nb_rpc_stream_destroy(s);
 
   /* List: alice sees her job */
   Nebula__V1__ListRequest lq = NEBULA__V1__LIST_REQUEST__INIT;
@@ -478,6 +507,19 @@ static void test_cancel_and_fail(void** state) {
   for (int i = 0; i < 3; i++) assert_false(pid_alive(pids[i]));
   assert_false(nb_launcher_group_alive(pg));
   cancel(cli, id, "cancelled"); /* idempotent */
+
+  /* a job whose leader ends leaving processes behind: they are killed, the job succeeded */
+  snprintf(doc, sizeof doc, doc_fmt, "stray", "dc-a", 1);
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id, sizeof id, "%s", job->id);
+  pg = job->pid;
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  assert_int_equal(read_pids(id, pids), 3);
+  wait_state(cli, id, "succeeded");
+  for (int i = 0; i < 100 && (pid_alive(pids[0]) || pid_alive(pids[1])); i++) nb_sleep_ns(10000000);
+  assert_false(pid_alive(pids[0]));
+  assert_false(pid_alive(pids[1]));
+  assert_false(nb_launcher_group_alive(pg));
 
   snprintf(doc, sizeof doc, doc_fmt, "fail", "dc-a", 1);
   assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
