@@ -743,6 +743,8 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
     s = nb_job_store_transition(st, id, NB_JOB_RUNNING, NULL);
     if (s == NB_OK) s = nb_job_store_append_event(st, id, "launch", txt ? txt : "{}", NULL);
     free(txt);
+    /* a job the store does not know as running must not run: the monitor reaps it */
+    if (s != NB_OK) kill(-a.launch.pid, SIGKILL);
     gw->active[gw->n_active++] = a;
   }
   pthread_mutex_unlock(&gw->mu);
