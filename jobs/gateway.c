@@ -487,7 +487,8 @@ static void* nb__monitor(void* arg) {
 }
 
 /* The last "launch" event of a job: pid, start ticks. */
-static int nb__last_launch(nb_job_store_t* st, const char* id, nb_launch_t* l, int* progress) {
+static int nb__last_launch(nb_job_store_t* st, const char* id, nb_launch_t* l, int* workers,
+                           int* progress) {
   nb_job_event_t* ev = NULL;
   size_t n = 0;
   int found = 0;
@@ -500,6 +501,7 @@ static int nb__last_launch(nb_job_store_t* st, const char* id, nb_launch_t* l, i
     if (j) {
       l->pid = (pid_t)json_integer_value(json_object_get(j, "pid"));
       l->start_ticks = (uint64_t)json_integer_value(json_object_get(j, "start_ticks"));
+      *workers = (int)json_integer_value(json_object_get(j, "workers"));
       found = l->pid > 0;
       json_decref(j);
     }
@@ -532,7 +534,7 @@ static nb_status_t nb__recover(nb_gateway_t* gw) {
     memset(&a, 0, sizeof a);
     snprintf(a.id, sizeof a.id, "%s", r[i].id);
     nb__jobdir(gw, a.id, a.dir, sizeof a.dir);
-    if (!nb__last_launch(st, a.id, &a.launch, &a.progress_skip)) {
+    if (!nb__last_launch(st, a.id, &a.launch, &a.workers, &a.progress_skip)) {
       nb_job_store_transition(st, a.id, NB_JOB_FAILED,
                               "the gateway restarted and found no record of the job's process");
       continue;
@@ -735,8 +737,9 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   if (s == NB_OK) {
     json_t* cmd = json_array();
     for (int i = 0; argv[i]; i++) json_array_append_new(cmd, json_string(argv[i]));
-    json_t* j = json_pack("{s:i, s:I, s:s, s:o}", "pid", (int)a.launch.pid, "start_ticks",
-                          (json_int_t)a.launch.start_ticks, "dir", a.dir, "command", cmd);
+    json_t* j = json_pack("{s:i, s:I, s:s, s:i, s:o}", "pid", (int)a.launch.pid, "start_ticks",
+                          (json_int_t)a.launch.start_ticks, "dir", a.dir, "workers", workers,
+                          "command", cmd);
     char* txt = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     /* running + launch event before the monitor may see the exit */

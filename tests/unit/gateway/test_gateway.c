@@ -601,12 +601,18 @@ static void test_restart(void** state) {
   for (int i = 0; i < 500 && access(exit_file, F_OK) != 0; i++) nb_sleep_ns(20000000);
   assert_int_equal(access(exit_file, F_OK), 0);
 
-  assert_int_equal(nb_gateway_create(&g_cfg, &gw), NB_OK);
+  nb_gateway_config_t two_slots = g_cfg;
+  two_slots.slots = 2;
+  assert_int_equal(nb_gateway_create(&two_slots, &gw), NB_OK);
   cli = client_as("alice", &tls, nb_gateway_port(gw));
   job = get_job(cli, id1);
   assert_string_equal(job->state, "failed");
   assert_non_null(strstr(job->reason, "is gone and left no exit status"));
   protobuf_c_message_free_unpacked(&job->base, NULL);
+  /* the re-attached job holds its slot: 1 of 2 left */
+  snprintf(doc, sizeof doc, doc_fmt, "quick", "dc-a", 2);
+  assert_int_equal(submit(cli, "alice", doc, 0, NULL), NB_ERR_UNAVAILABLE);
+  assert_non_null(strstr(nb_error_last(), "has 1 free worker slots of 2"));
   job = get_job(cli, id3);
   assert_string_equal(job->state, "succeeded");
   assert_string_equal(job->reason, "finished while the gateway was down");
