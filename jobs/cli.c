@@ -7,6 +7,8 @@
 #include "bench/bench.h"
 #include "common/common.h"
 #include "jobs/train_cli.h"
+#include "jobs/client_cli.h"
+#include "jobs/gateway.h"
 #include "jobs/validate_cli.h"
 #include "security/security.h"
 
@@ -31,11 +33,18 @@ static int nb__cmd_env(int argc, char** argv) {
 static const nb_cli_cmd_t nb__cmds[] = {
     {"bench", "run a benchmark (nebula bench --help)", nb_bench_main},
     {"certs", "manage the federation PKI: CA, cluster and user certificates", nb_certs_main},
+    {"gateway", "run this cluster's gateway daemon (--config FILE)", nb_gateway_main},
     {"env", "list the environment parameters and their values", nb__cmd_env},
     {"eval", "held-out bits per byte per language of a checkpoint", nb_eval_main},
     {"train", "train one cluster of a job descriptor in this process", nb_train_main},
     {"validate", "check a job descriptor and print it with defaults filled in", nb_validate_main},
     {"version", "print the version", nb__cmd_version},
+    {"submit", "sign a job descriptor and submit it to a gateway", nb_submit_main},
+    {"get", "show a job", nb_get_main},
+    {"list", "list jobs", nb_list_main},
+    {"watch", "follow a job's progress until it ends", nb_watch_main},
+    {"cancel", "cancel a job (stops every process of it)", nb_cancel_main},
+    {"logs", "print a job's output (-f follows it)", nb_logs_main},
     {"help", "show this help", nb__cmd_help},
 };
 

@@ -1,0 +1,549 @@
+/* `nebula submit|get|list|watch|cancel|logs`: a thin client of nebula.v1.Gateway over mutual TLS
+ * with the user's certificate. It signs descriptors with the user's key (security/sign) and
+ * prints; every decision is the gateway's. It does not talk to peers or read the job store. */
+#include "jobs/client_cli.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "inter/rpc.h"
+#include "jobs/cli.h"
+#include "jobs/descriptor.h"
+#include "nebula/v1/gateway.pb-c.h"
+#include "security/pki.h"
+#include "security/sign.h"
+#include "security/tls.h"
+
+NB_PARAM_STRING(ClientGateway, "NB_GATEWAY", "127.0.0.1:7070",
+                "gateway address for nebula submit/get/list/watch/cancel/logs");
+NB_PARAM_STRING(ClientCa, "NB_CA", "", "federation CA certificate (PEM) for the client commands");
+NB_PARAM_STRING(ClientCert, "NB_CERT", "", "user certificate (PEM) for the client commands");
+NB_PARAM_STRING(ClientKey, "NB_KEY", "", "user private key (PEM) for the client commands");
+
+typedef struct {
+  const char* cmd;
+  const char* gateway;
+  const char* ca;
+  const char* cert;
+  const char* key;
+  const char* server_name;
+  int json;
+  int follow;
+  const char* stream;
+  const char* owner;
+  const char* state;
+  const char* reason;
+  const char* arg; /* FILE or job id */
+  int64_t timeout_ms;
+} nb__copts_t;
+
+static void nb__common_help(FILE* f) {
+  fprintf(f,
+          "\nconnection (flags override the environment):\n"
+          "  --gateway ADDR     gateway address (NB_GATEWAY, default 127.0.0.1:7070)\n"
+          "  --ca FILE          federation CA certificate (NB_CA)\n"
+          "  --cert FILE        your user certificate (NB_CERT)\n"
+          "  --key FILE         your private key (NB_KEY)\n"
+          "  --server-name N    name to check in the gateway's certificate (default: the host)\n"
+          "  --timeout S        give up after S seconds (default 30; watch/logs -f: none)\n"
+          "  --help             show this help\n"
+          "\nexit status: 0 ok, 1 failure, 2 usage, 3 refused by the gateway, 4 no such job,\n"
+          "5 gateway unreachable, 6 invalid request or descriptor; watch: 10 the job failed,\n"
+          "11 the job was cancelled.\n");
+}
+
+static const char* nb__usage_line(const char* cmd) {
+  if (!strcmp(cmd, "submit"))
+    return "nebula submit FILE [--json]\n  sign FILE with your key and "
+           "submit it; prints the job id";
+  if (!strcmp(cmd, "get")) return "nebula get JOB [--json]\n  show one job";
+  if (!strcmp(cmd, "list"))
+    return "nebula list [--owner USER] [--state STATE] [--json]\n  list your jobs (all jobs for "
+           "admins)";
+  if (!strcmp(cmd, "watch"))
+    return "nebula watch JOB [--json]\n  follow a job's events until it ends: a live progress "
+           "line on a terminal\n  (step, loss, WAN MB/s, density, ETA), plain lines otherwise";
+  if (!strcmp(cmd, "cancel"))
+    return "nebula cancel JOB [--reason TEXT] [--json]\n  stop every process of the job "
+           "(SIGTERM, then SIGKILL)";
+  return "nebula logs JOB [-f] [--stderr] [--json]\n  print the job's output; -f follows it "
+         "until the job ends";
+}
+
+static void nb__usage(const char* cmd, FILE* f) {
+  fprintf(f, "usage: %s\n", nb__usage_line(cmd));
+  nb__common_help(f);
+}
+
+/* Parses the options shared by every command; returns -1 to continue, else an exit code. */
+static int nb__parse(int argc, char** argv, nb__copts_t* o) {
+  memset(o, 0, sizeof *o);
+  o->cmd = argv[0];
+  o->gateway = nb_param_ClientGateway();
+  o->ca = nb_param_ClientCa();
+  o->cert = nb_param_ClientCert();
+  o->key = nb_param_ClientKey();
+  o->timeout_ms = 30000;
+  for (int i = 1; i < argc; i++) {
+    const char* a = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NB__VAL(field)                                             \
+  do {                                                             \
+    if (!v) {                                                      \
+      fprintf(stderr, "nebula %s: %s needs a value\n", o->cmd, a); \
+      return NB_EXIT_USAGE;                                        \
+    }                                                              \
+    o->field = v;                                                  \
+    i++;                                                           \
+  } while (0)
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      nb__usage(o->cmd, stdout);
+      return NB_EXIT_OK;
+    } else if (!strcmp(a, "--gateway")) {
+      NB__VAL(gateway);
+    } else if (!strcmp(a, "--ca")) {
+      NB__VAL(ca);
+    } else if (!strcmp(a, "--cert")) {
+      NB__VAL(cert);
+    } else if (!strcmp(a, "--key")) {
+      NB__VAL(key);
+    } else if (!strcmp(a, "--server-name")) {
+      NB__VAL(server_name);
+    } else if (!strcmp(a, "--json")) {
+      o->json = 1;
+    } else if (!strcmp(a, "--timeout")) {
+      char* end = NULL;
+      double s = v ? strtod(v, &end) : -1;
+      if (!v || *end || s <= 0) {
+        fprintf(stderr, "nebula %s: --timeout takes seconds > 0\n", o->cmd);
+        return NB_EXIT_USAGE;
+      }
+      o->timeout_ms = (int64_t)(s * 1000);
+      i++;
+    } else if (!strcmp(o->cmd, "logs") && (!strcmp(a, "-f") || !strcmp(a, "--follow"))) {
+      o->follow = 1;
+    } else if (!strcmp(o->cmd, "logs") && !strcmp(a, "--stderr")) {
+      o->stream = "stderr";
+    } else if (!strcmp(o->cmd, "list") && !strcmp(a, "--owner")) {
+      NB__VAL(owner);
+    } else if (!strcmp(o->cmd, "list") && !strcmp(a, "--state")) {
+      NB__VAL(state);
+    } else if (!strcmp(o->cmd, "cancel") && !strcmp(a, "--reason")) {
+      NB__VAL(reason);
+    } else if (a[0] == '-' && a[1]) {
+      fprintf(stderr, "nebula %s: unknown option '%s'\n", o->cmd, a);
+      nb__usage(o->cmd, stderr);
+      return NB_EXIT_USAGE;
+    } else if (o->arg || !strcmp(o->cmd, "list")) {
+      fprintf(stderr, "nebula %s: unexpected argument '%s'\n", o->cmd, a);
+      return NB_EXIT_USAGE;
+    } else {
+      o->arg = a;
+    }
+#undef NB__VAL
+  }
+  if (!o->arg && strcmp(o->cmd, "list")) {
+    nb__usage(o->cmd, stderr);
+    return NB_EXIT_USAGE;
+  }
+  if (!*o->ca || !*o->cert || !*o->key) {
+    fprintf(stderr,
+            "nebula %s: needs your credentials: --ca, --cert and --key (or NB_CA, NB_CERT, "
+            "NB_KEY)\n",
+            o->cmd);
+    return NB_EXIT_USAGE;
+  }
+  return -1;
+}
+
+static int nb__exit_for(nb_status_t st) {
+  switch (st) {
+    case NB_OK:
+      return NB_EXIT_OK;
+    case NB_ERR_PERMISSION:
+      return NB_EXIT_REFUSED;
+    case NB_ERR_NOT_FOUND:
+      return NB_EXIT_NOT_FOUND;
+    case NB_ERR_UNAVAILABLE:
+    case NB_ERR_TIMEOUT:
+      return NB_EXIT_UNREACHABLE;
+    case NB_ERR_INVALID:
+    case NB_ERR_CONFIG:
+    case NB_ERR_UNSUPPORTED:
+      return NB_EXIT_INVALID;
+    default:
+      return NB_EXIT_FAIL;
+  }
+}
+
+static int nb__fail(const nb__copts_t* o, nb_status_t st) {
+  fprintf(stderr, "nebula %s: %s\n", o->cmd, nb_error_last());
+  return nb__exit_for(st);
+}
+
+typedef struct {
+  nb_tls_t* tls;
+  nb_rpc_client_t* cli;
+} nb__conn_t;
+
+static nb_status_t nb__connect(const nb__copts_t* o, nb__conn_t* c) {
+  memset(c, 0, sizeof *c);
+  nb_tls_files_t f = {o->ca, o->cert, o->key};
+  NB_CHECK(nb_tls_create(&f, &c->tls));
+  nb_rpc_client_opts_t co = {0};
+  co.tls = c->tls;
+  co.server_name = o->server_name;
+  nb_status_t st = nb_rpc_client_create(o->gateway, &co, &c->cli);
+  if (st != NB_OK) {
+    nb_tls_destroy(c->tls);
+    c->tls = NULL;
+  }
+  return st;
+}
+
+static void nb__disconnect(nb__conn_t* c) {
+  nb_rpc_client_destroy(c->cli);
+  nb_tls_destroy(c->tls);
+}
+
+static void nb__fmt_time(int64_t ns, char* buf, size_t n) {
+  time_t t = (time_t)(ns / 1000000000);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+static json_t* nb__job_json(const Nebula__V1__Job* j) {
+  json_t* o =
+      json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:i, s:i}", "id", j->id, "name", j->name,
+                "owner", j->owner, "cluster", j->cluster, "state", j->state, "reason", j->reason,
+                "created_unix_ns", (json_int_t)j->created_unix_ns, "updated_unix_ns",
+                (json_int_t)j->updated_unix_ns, "pid", (int)j->pid, "exit_code", (int)j->exit_code);
+  return o;
+}
+
+static void nb__print_json(json_t* o) {
+  char* t = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
+  if (t) printf("%s\n", t);
+  free(t);
+  json_decref(o);
+}
+
+static void nb__print_job(const Nebula__V1__Job* j) {
+  char c[32], u[32];
+  nb__fmt_time(j->created_unix_ns, c, sizeof c);
+  nb__fmt_time(j->updated_unix_ns, u, sizeof u);
+  printf("id:        %s\nname:      %s\nowner:     %s\ncluster:   %s\nstate:     %s\n", j->id,
+         j->name, j->owner, j->cluster, j->state);
+  if (*j->reason) printf("reason:    %s\n", j->reason);
+  printf("created:   %s\nupdated:   %s\n", c, u);
+  if (j->pid > 0) printf("pid:       %d\n", (int)j->pid);
+  if (j->exit_code >= 0) printf("exit code: %d\n", (int)j->exit_code);
+}
+
+int nb_submit_main(int argc, char** argv) {
+  nb__copts_t o;
+  int rc = nb__parse(argc, argv, &o);
+  if (rc >= 0) return rc;
+  /* the descriptor bytes exactly as they are in the file: that is what is signed */
+  FILE* f = fopen(o.arg, "rb");
+  if (!f) {
+    fprintf(stderr, "nebula submit: cannot open %s\n", o.arg);
+    return NB_EXIT_FAIL;
+  }
+  char* doc = NULL;
+  size_t len = 0;
+  nb_status_t st = nb_alloc((void**)&doc, NB_DESCRIPTOR_MAX_BYTES + 1, 1, "descriptor");
+  if (st != NB_OK) {
+    fclose(f);
+    return nb__fail(&o, st);
+  }
+  len = fread(doc, 1, NB_DESCRIPTOR_MAX_BYTES + 1, f);
+  fclose(f);
+  if (len > NB_DESCRIPTOR_MAX_BYTES) {
+    nb_free(doc);
+    fprintf(stderr, "nebula submit: %s is larger than %u bytes\n", o.arg, NB_DESCRIPTOR_MAX_BYTES);
+    return NB_EXIT_INVALID;
+  }
+  EVP_PKEY* key = NULL;
+  char* pem = NULL;
+  X509* cert = NULL;
+  uint8_t* sig = NULL;
+  size_t sig_len = 0;
+  nb__conn_t c = {0};
+  ProtobufCMessage* rep = NULL;
+  NB_CHECK_GOTO(nb_pki_key_load(o.key, &key), st, done);
+  NB_CHECK_GOTO(nb_pki_cert_load(o.cert, &cert), st, done);
+  NB_CHECK_GOTO(nb_pki_cert_to_pem(cert, &pem), st, done);
+  NB_CHECK_GOTO(nb_sign_data(key, doc, len, &sig, &sig_len), st, done);
+  NB_CHECK_GOTO(nb__connect(&o, &c), st, done);
+  Nebula__V1__SubmitRequest req = NEBULA__V1__SUBMIT_REQUEST__INIT;
+  req.descriptor.data = (uint8_t*)doc;
+  req.descriptor.len = len;
+  req.signature.data = sig;
+  req.signature.len = sig_len;
+  req.cert_pem = pem;
+  NB_CHECK_GOTO(nb_rpc_unary_pb(c.cli, "/nebula.v1.Gateway/Submit", &req.base,
+                                &nebula__v1__job__descriptor, &rep, o.timeout_ms, 0),
+                st, done);
+  Nebula__V1__Job* j = (Nebula__V1__Job*)rep;
+  if (o.json)
+    nb__print_json(nb__job_json(j));
+  else
+    printf("%s\n", j->id);
+done:
+  rc = st == NB_OK ? NB_EXIT_OK : nb__fail(&o, st);
+  if (rep) protobuf_c_message_free_unpacked(rep, NULL);
+  nb__disconnect(&c);
+  nb_free(sig);
+  nb_free(pem);
+  if (cert) X509_free(cert);
+  if (key) EVP_PKEY_free(key);
+  nb_free(doc);
+  return rc;
+}
+
+static int nb__unary_job(int argc, char** argv, int cancel) {
+  nb__copts_t o;
+  int rc = nb__parse(argc, argv, &o);
+  if (rc >= 0) return rc;
+  nb__conn_t c;
+  nb_status_t st = nb__connect(&o, &c);
+  if (st != NB_OK) return nb__fail(&o, st);
+  ProtobufCMessage* rep = NULL;
+  if (cancel) {
+    Nebula__V1__CancelRequest req = NEBULA__V1__CANCEL_REQUEST__INIT;
+    req.job_id = (char*)o.arg;
+    req.reason = (char*)(o.reason ? o.reason : "");
+    st = nb_rpc_unary_pb(c.cli, "/nebula.v1.Gateway/Cancel", &req.base,
+                         &nebula__v1__job__descriptor, &rep, o.timeout_ms, 0);
+  } else {
+    Nebula__V1__GetRequest req = NEBULA__V1__GET_REQUEST__INIT;
+    req.job_id = (char*)o.arg;
+    st = nb_rpc_unary_pb(c.cli, "/nebula.v1.Gateway/Get", &req.base, &nebula__v1__job__descriptor,
+                         &rep, o.timeout_ms, 0);
+  }
+  if (st == NB_OK) {
+    Nebula__V1__Job* j = (Nebula__V1__Job*)rep;
+    if (o.json) {
+      json_t* jj = nb__job_json(j);
+      json_t* d = *j->descriptor ? json_loads(j->descriptor, 0, NULL) : NULL;
+      if (d) json_object_set_new(jj, "descriptor", d);
+      nb__print_json(jj);
+    } else if (cancel) {
+      printf("%s %s%s%s\n", j->id, j->state, *j->reason ? ": " : "", j->reason);
+    } else {
+      nb__print_job(j);
+    }
+    protobuf_c_message_free_unpacked(rep, NULL);
+    rc = NB_EXIT_OK;
+  } else {
+    rc = nb__fail(&o, st);
+  }
+  nb__disconnect(&c);
+  return rc;
+}
+
+int nb_get_main(int argc, char** argv) {
+  return nb__unary_job(argc, argv, 0);
+}
+int nb_cancel_main(int argc, char** argv) {
+  return nb__unary_job(argc, argv, 1);
+}
+
+int nb_list_main(int argc, char** argv) {
+  nb__copts_t o;
+  int rc = nb__parse(argc, argv, &o);
+  if (rc >= 0) return rc;
+  nb__conn_t c;
+  nb_status_t st = nb__connect(&o, &c);
+  if (st != NB_OK) return nb__fail(&o, st);
+  Nebula__V1__ListRequest req = NEBULA__V1__LIST_REQUEST__INIT;
+  req.owner = (char*)(o.owner ? o.owner : "");
+  req.state = (char*)(o.state ? o.state : "");
+  ProtobufCMessage* rep = NULL;
+  st = nb_rpc_unary_pb(c.cli, "/nebula.v1.Gateway/List", &req.base,
+                       &nebula__v1__list_reply__descriptor, &rep, o.timeout_ms, 0);
+  if (st == NB_OK) {
+    Nebula__V1__ListReply* r = (Nebula__V1__ListReply*)rep;
+    if (o.json) {
+      json_t* a = json_array();
+      for (size_t i = 0; i < r->n_jobs; i++) json_array_append_new(a, nb__job_json(r->jobs[i]));
+      nb__print_json(a);
+    } else {
+      printf("%-32s %-10s %-12s %-20s %s\n", "ID", "STATE", "OWNER", "CREATED", "REASON");
+      for (size_t i = 0; i < r->n_jobs; i++) {
+        char t[32];
+        nb__fmt_time(r->jobs[i]->created_unix_ns, t, sizeof t);
+        printf("%-32s %-10s %-12s %-20s %s\n", r->jobs[i]->id, r->jobs[i]->state, r->jobs[i]->owner,
+               t, r->jobs[i]->reason);
+      }
+    }
+    protobuf_c_message_free_unpacked(rep, NULL);
+    rc = NB_EXIT_OK;
+  } else {
+    rc = nb__fail(&o, st);
+  }
+  nb__disconnect(&c);
+  return rc;
+}
+
+static void nb__fmt_eta(double s, char* buf, size_t n) {
+  if (s < 0) {
+    snprintf(buf, n, "--");
+    return;
+  }
+  long v = (long)(s + 0.5);
+  if (v >= 3600)
+    snprintf(buf, n, "%ldh%02ldm", v / 3600, (v / 60) % 60);
+  else
+    snprintf(buf, n, "%ldm%02lds", v / 60, v % 60);
+}
+
+/* One progress line: step, loss, WAN MB/s, density, ETA. */
+static void nb__progress_line(const Nebula__V1__JobEvent* e, char* buf, size_t n) {
+  char eta[32], steps[64];
+  nb__fmt_eta(e->eta_seconds, eta, sizeof eta);
+  if (e->max_steps > 0)
+    snprintf(steps, sizeof steps, "step %lld/%lld (%3.0f%%)", (long long)e->step,
+             (long long)e->max_steps, 100.0 * (double)e->step / (double)e->max_steps);
+  else
+    snprintf(steps, sizeof steps, "step %lld", (long long)e->step);
+  snprintf(buf, n, "round %lld  %s  loss %.4f  WAN %.2f MB/s  density %.4g  ETA %s%s%s",
+           (long long)e->round, steps, e->loss, e->wan_mbps / 8.0, e->density, eta,
+           *e->source ? "  " : "", e->source);
+}
+
+int nb_watch_main(int argc, char** argv) {
+  nb__copts_t o;
+  int rc = nb__parse(argc, argv, &o);
+  if (rc >= 0) return rc;
+  nb__conn_t c;
+  nb_status_t st = nb__connect(&o, &c);
+  if (st != NB_OK) return nb__fail(&o, st);
+  int tty = isatty(STDOUT_FILENO) && !o.json;
+  Nebula__V1__WatchRequest req = NEBULA__V1__WATCH_REQUEST__INIT;
+  req.job_id = (char*)o.arg;
+  uint8_t buf[512];
+  size_t len = nebula__v1__watch_request__get_packed_size(&req);
+  nb_rpc_stream_t* s = NULL;
+  char final_state[32] = "";
+  if (len > sizeof buf) {
+    st = nb_error(NB_ERR_INVALID, "job id too long");
+    goto done;
+  }
+  nebula__v1__watch_request__pack(&req, buf);
+  NB_CHECK_GOTO(nb_rpc_stream_open(c.cli, "/nebula.v1.Gateway/Watch", NB_RPC_INFINITE, 0, &s), st,
+                done);
+  NB_CHECK_GOTO(nb_rpc_stream_send(s, buf, len), st, done);
+  NB_CHECK_GOTO(nb_rpc_stream_close_send(s), st, done);
+  int live = 0; /* a progress line is on screen without its newline */
+  for (;;) {
+    ProtobufCMessage* m = NULL;
+    int end = 0;
+    st = nb_rpc_stream_recv_pb(s, &nebula__v1__job_event__descriptor, &m, &end, NB_RPC_INFINITE);
+    if (st != NB_OK || end) break;
+    Nebula__V1__JobEvent* e = (Nebula__V1__JobEvent*)m;
+    if (!strcmp(e->kind, "state")) snprintf(final_state, sizeof final_state, "%s", e->state);
+    char line[512], t[32];
+    nb__fmt_time(e->time_unix_ns, t, sizeof t);
+    if (o.json) {
+      json_t* p = json_loads(e->payload_json, 0, NULL);
+      json_t* j = json_pack("{s:s, s:I, s:I, s:s, s:o}", "job_id", e->job_id, "seq",
+                            (json_int_t)e->seq, "time_unix_ns", (json_int_t)e->time_unix_ns, "kind",
+                            e->kind, "payload", p ? p : json_null());
+      char* txt = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(15));
+      if (txt) printf("%s\n", txt);
+      free(txt);
+      json_decref(j);
+    } else if (!strcmp(e->kind, "progress")) {
+      nb__progress_line(e, line, sizeof line);
+      if (tty) {
+        printf("\r\033[K%s", line);
+        live = 1;
+      } else {
+        printf("%s %s\n", t, line);
+      }
+    } else {
+      if (live) printf("\n");
+      live = 0;
+      if (!strcmp(e->kind, "state"))
+        printf("%s state %s%s%s\n", t, e->state, *e->reason ? ": " : "", e->reason);
+      else
+        printf("%s %s %s\n", t, e->kind, e->payload_json);
+    }
+    fflush(stdout);
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  if (live) printf("\n");
+  if (st == NB_OK) st = nb_rpc_stream_finish(s);
+done:
+  nb_rpc_stream_destroy(s);
+  nb__disconnect(&c);
+  if (st != NB_OK) return nb__fail(&o, st);
+  if (!strcmp(final_state, "failed")) return NB_EXIT_JOB_FAILED;
+  if (!strcmp(final_state, "cancelled")) return NB_EXIT_JOB_CANCELLED;
+  return NB_EXIT_OK;
+}
+
+int nb_logs_main(int argc, char** argv) {
+  nb__copts_t o;
+  int rc = nb__parse(argc, argv, &o);
+  if (rc >= 0) return rc;
+  nb__conn_t c;
+  nb_status_t st = nb__connect(&o, &c);
+  if (st != NB_OK) return nb__fail(&o, st);
+  Nebula__V1__LogsRequest req = NEBULA__V1__LOGS_REQUEST__INIT;
+  req.job_id = (char*)o.arg;
+  req.follow = o.follow;
+  req.stream = (char*)(o.stream ? o.stream : "stdout");
+  uint8_t buf[512];
+  size_t len = nebula__v1__logs_request__get_packed_size(&req);
+  nb_rpc_stream_t* s = NULL;
+  if (len > sizeof buf) {
+    st = nb_error(NB_ERR_INVALID, "job id too long");
+    goto done;
+  }
+  nebula__v1__logs_request__pack(&req, buf);
+  NB_CHECK_GOTO(nb_rpc_stream_open(c.cli, "/nebula.v1.Gateway/Logs",
+                                   o.follow ? NB_RPC_INFINITE : o.timeout_ms, 0, &s),
+                st, done);
+  NB_CHECK_GOTO(nb_rpc_stream_send(s, buf, len), st, done);
+  NB_CHECK_GOTO(nb_rpc_stream_close_send(s), st, done);
+  for (;;) {
+    ProtobufCMessage* m = NULL;
+    int end = 0;
+    st = nb_rpc_stream_recv_pb(s, &nebula__v1__log_chunk__descriptor, &m, &end, NB_RPC_INFINITE);
+    if (st != NB_OK || end) break;
+    Nebula__V1__LogChunk* ch = (Nebula__V1__LogChunk*)m;
+    if (o.json) {
+      /* text as a JSON string when it is UTF-8, else base64 under "data_b64" */
+      json_t* j = json_pack("{s:I, s:s%}", "offset", (json_int_t)ch->offset, "data",
+                            (const char*)ch->data.data, ch->data.len);
+      if (!j) {
+        char* b64 = NULL;
+        if (nb_b64_encode(ch->data.data, ch->data.len, &b64) == NB_OK)
+          j = json_pack("{s:I, s:s}", "offset", (json_int_t)ch->offset, "data_b64", b64);
+        nb_free(b64);
+      }
+      char* txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+      if (txt) printf("%s\n", txt);
+      free(txt);
+      json_decref(j);
+    } else {
+      fwrite(ch->data.data, 1, ch->data.len, stdout);
+    }
+    fflush(stdout);
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  if (st == NB_OK) st = nb_rpc_stream_finish(s);
+done:
+  nb_rpc_stream_destroy(s);
+  nb__disconnect(&c);
+  return st == NB_OK ? NB_EXIT_OK : nb__fail(&o, st);
+}

@@ -1,0 +1,86 @@
+/* The gateway daemon of one cluster: `nebula gateway --config FILE`. It serves the client API
+ * nebula.v1.Gateway over mutual TLS (Submit a signed descriptor, Get, List, Watch, Cancel, Logs),
+ * decides with the ACL, keeps jobs in the SQLite job store and runs them with a launcher. It does
+ * not yet federate with peer gateways (peers are read and kept for that) nor talk to Slurm. */
+#ifndef NB_JOBS_GATEWAY_H
+#define NB_JOBS_GATEWAY_H
+
+#include <stdio.h>
+
+#include "common/status.h"
+#include "jobs/acl.h"
+#include "jobs/job_config.h"
+#include "jobs/launcher.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NB_GW_MAX_PEERS 16
+#define NB_GW_MAX_ARGS 32
+#define NB_GW_MAX_ADMINS 16
+#define NB_GW_STR 512
+
+typedef struct {
+  char id[NB_ACL_NAME_MAX];
+  char address[NB_GW_STR];
+} nb_gateway_peer_t;
+
+/* Everything the config file sets (docs/gateway.md; `nebula gateway --help` lists it). */
+typedef struct {
+  char cluster_id[NB_ACL_NAME_MAX];
+  char listen[NB_GW_STR];
+  char tls_ca[NB_GW_STR], tls_cert[NB_GW_STR], tls_key[NB_GW_STR];
+  int n_peers; /* kept for federation; not contacted yet */
+  nb_gateway_peer_t peers[NB_GW_MAX_PEERS];
+  nb_launcher_kind_t launcher;
+  int n_command; /* the job command template; placeholders {descriptor} {jobdir} {job}
+                    {cluster} {workers} {nebula}; a first word "nebula" and {nebula} mean this
+                    very binary */
+  char command[NB_GW_MAX_ARGS][NB_GW_STR];
+  int slots; /* workers this cluster runs at once, over all jobs */
+  nb_job_device_t device;
+  char store_path[NB_GW_STR]; /* "" = <work_dir>/jobs.db */
+  char work_dir[NB_GW_STR];
+  nb_acl_t acl;
+  int n_admins; /* users who may read and cancel every job */
+  char admins[NB_GW_MAX_ADMINS][NB_ACL_NAME_MAX];
+  int cancel_grace_ms; /* SIGTERM → SIGKILL */
+  int poll_ms;         /* how often processes and progress files are looked at */
+} nb_gateway_config_t;
+
+typedef struct nb_gateway nb_gateway_t;
+
+/* Every option at its default (cluster id, TLS files and ACL left empty). */
+void nb_gateway_config_defaults(nb_gateway_config_t* cfg);
+
+/* Reads a JSON config through the option table: unknown keys and wrong types are errors naming
+ * the key; relative paths are taken relative to base_dir (NULL = as given). text: borrowed.
+ * Returns NB_OK or NB_ERR_CONFIG (the message names the key and the problem). */
+nb_status_t nb_gateway_config_parse(const char* text, size_t len, const char* base_dir,
+                                    nb_gateway_config_t* cfg);
+/* nb_gateway_config_parse on a file (relative paths against the file's folder); NB_ERR_IO. */
+nb_status_t nb_gateway_config_load(const char* path, nb_gateway_config_t* cfg);
+/* Prints the option table (name, type, default, help). */
+void nb_gateway_config_help(FILE* f);
+
+/* Opens the store, recovers jobs left by an earlier run (re-attaches to live processes, marks the
+ * others failed with a reason), starts the process monitor and the gRPC server.
+ * cfg: copied. Returns NB_OK; NB_ERR_CONFIG (missing cluster id, TLS files); NB_ERR_CRYPTO /
+ * NB_ERR_IO (TLS files); NB_ERR_UNAVAILABLE (address in use); NB_ERR_IO (store). */
+nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out);
+
+/* The bound port (useful with listen ":0"). */
+int nb_gateway_port(const nb_gateway_t* gw);
+
+/* Stops serving and monitoring. Running jobs are left running: a restarted gateway re-attaches
+ * to them. NULL ok. */
+void nb_gateway_destroy(nb_gateway_t* gw);
+
+/* `nebula gateway --config FILE`: runs until SIGINT/SIGTERM. */
+int nb_gateway_main(int argc, char** argv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

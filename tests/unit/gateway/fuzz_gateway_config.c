@@ -1,0 +1,76 @@
+/* Fuzz target for the gateway config parser (jobs/gateway.c's option table): any bytes give
+ * either a config that passes its own invariants or NB_ERR_CONFIG with a message starting with
+ * "config". Never a crash. Built as a replay driver over config-corpus/ in every build, and as a
+ * libFuzzer target with -DNB_FUZZ=ON and clang. */
+#include <dirent.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "jobs/gateway.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static nb_gateway_config_t cfg;
+  nb_gateway_config_defaults(&cfg);
+  nb_status_t st = nb_gateway_config_parse((const char*)data, size, "/base", &cfg);
+  if (st != NB_OK) {
+    if (st != NB_ERR_CONFIG || strncmp(nb_error_last(), "config", 6) != 0) {
+      fprintf(stderr, "bad rejection: %s: %s\n", nb_status_name(st), nb_error_last());
+      abort();
+    }
+    return 0;
+  }
+  /* invariants of an accepted config */
+  if (!cfg.cluster_id[0] || !cfg.tls_ca[0] || !cfg.tls_cert[0] || !cfg.tls_key[0]) abort();
+  if (cfg.slots < 1 || cfg.n_command < 1 || cfg.n_command > NB_GW_MAX_ARGS) abort();
+  if (cfg.acl.n_rules < 0 || cfg.acl.n_rules > NB_ACL_MAX_RULES) abort();
+  nb_acl_want_t w = {cfg.cluster_id, 1};
+  nb_status_t a = nb_acl_check(&cfg.acl, "alice", &w, 1);
+  if (a != NB_OK && a != NB_ERR_PERMISSION) abort();
+  return 0;
+}
+
+#ifndef NB_FUZZ_LIBFUZZER
+int main(int argc, char** argv) {
+  int n = 0, accepted = 0;
+  for (int i = 1; i < argc; i++) {
+    DIR* d = opendir(argv[i]);
+    if (!d) {
+      fprintf(stderr, "cannot open %s\n", argv[i]);
+      return 1;
+    }
+    struct dirent* e;
+    while ((e = readdir(d))) {
+      if (e->d_name[0] == '.') continue;
+      char p[4096];
+      snprintf(p, sizeof p, "%s/%s", argv[i], e->d_name);
+      FILE* f = fopen(p, "rb");
+      if (!f) continue;
+      static uint8_t buf[1 << 20];
+      size_t len = fread(buf, 1, sizeof buf, f);
+      fclose(f);
+      nb_gateway_config_t c;
+      nb_gateway_config_defaults(&c);
+      int ok = nb_gateway_config_parse((const char*)buf, len, "/base", &c) == NB_OK;
+      /* files named good*.json must be accepted, all others refused */
+      if (ok != (strncmp(e->d_name, "good", 4) == 0)) {
+        fprintf(stderr, "%s: %s (%s)\n", e->d_name, ok ? "accepted" : "refused",
+                ok ? "" : nb_error_last());
+        closedir(d);
+        return 1;
+      }
+      if (!ok) printf("%-26s %s\n", e->d_name, nb_error_last());
+      accepted += ok;
+      LLVMFuzzerTestOneInput(buf, len);
+      n++;
+    }
+    closedir(d);
+  }
+  printf("replayed %d configs (%d accepted)\n", n, accepted);
+  return n ? 0 : 1;
+}
+#endif

@@ -1,0 +1,129 @@
+#!/bin/sh
+# The real `nebula gateway` process and the client commands: certificates from `nebula certs`,
+# submit → watch → get → logs → list, exit codes, a gateway killed with SIGKILL mid-job and
+# restarted (state kept, a job whose process died marked failed, a live one re-attached and
+# cancelled with all its processes). Usage: gateway_cli.sh NEBULA_BINARY
+set -u
+NB=$1
+T=$(mktemp -d "${TMPDIR:-/tmp}/nb_gwcli.XXXXXX")
+GW_PID=
+fail() { echo "FAIL: $*" >&2; exit 1; }
+cleanup() {
+  [ -n "$GW_PID" ] && kill -9 "$GW_PID" 2>/dev/null
+  for f in "$T"/work/*/pids; do
+    [ -f "$f" ] || continue
+    for p in $(cat "$f"); do kill -9 "$p" 2>/dev/null; done
+  done
+  for g in $PGS; do kill -9 -"$g" 2>/dev/null; done
+  rm -rf "$T"
+}
+PGS=
+trap cleanup EXIT INT TERM
+
+"$NB" certs init --dir "$T/pki" >/dev/null || fail "certs init"
+"$NB" certs issue --dir "$T/pki" --cluster dc-a --san 127.0.0.1 >/dev/null || fail "certs issue"
+"$NB" certs issue --dir "$T/pki" --user alice >/dev/null || fail "certs issue user"
+cat > "$T/job.sh" <<'SCRIPT'
+case "$1" in
+quick-*) echo "hello from $1"; for i in 1 2 3; do
+  echo "{\"round\":$i,\"step\":$((i*10)),\"max_steps\":30,\"loss\":$i.5,\"wan_mbps\":80,\"density\":0.01,\"eta_s\":$((3-i))}" >> "$NB_JOB_PROGRESS"
+  sleep 0.1; done;;
+slow-*) for i in 1 2 3; do echo "line $i"; sleep 0.1; done;;
+sleepy-*) sleep 300 & echo $! > pids; sleep 300 & echo $! >> pids; echo $$ >> pids; wait;;
+esac
+SCRIPT
+cat > "$T/gw.json" <<CFG
+{"cluster_id": "dc-a", "listen": "127.0.0.1:0",
+ "tls": {"ca": "pki/ca.crt", "cert": "pki/clusters/dc-a.crt", "key": "pki/clusters/dc-a.key"},
+ "command": ["/bin/sh", "$T/job.sh", "{job}"],
+ "acl": [{"user": "alice", "clusters": ["dc-a"], "max_workers": 2}],
+ "cancel_grace_ms": 500, "poll_ms": 20}
+CFG
+"$NB" gateway --help | grep -q "cancel_grace_ms" || fail "gateway --help lacks the option table"
+"$NB" gateway --config "$T/gw.json" --check >/dev/null || fail "config check"
+
+start_gw() {
+  : > "$T/gw.out"
+  "$NB" gateway --config "$T/gw.json" > "$T/gw.out" 2> "$T/gw.err" &
+  GW_PID=$!
+  i=0
+  while ! grep -q "listening" "$T/gw.out"; do
+    i=$((i+1)); [ $i -gt 200 ] && fail "gateway did not start: $(cat "$T/gw.err")"
+    sleep 0.05
+  done
+  PORT=$(sed -n 's/.* port \([0-9]*\)$/\1/p' "$T/gw.out")
+  export NB_GATEWAY=127.0.0.1:$PORT
+}
+export NB_CA="$T/pki/ca.crt" NB_CERT="$T/pki/users/alice.crt" NB_KEY="$T/pki/users/alice.key"
+start_gw
+
+desc() {
+  printf '{"apiVersion": "nebula/v1", "kind": "TrainingJob", "metadata": {"name": "%s"},
+ "spec": {"clusters": [{"id": "dc-a", "workers": 1, "data": {"languages": ["en"]}}]}}\n' "$1"
+}
+desc quick > "$T/quick.json"
+ID=$("$NB" submit "$T/quick.json") || fail "submit"
+case "$ID" in quick-*) ;; *) fail "submit printed '$ID'";; esac
+"$NB" watch "$ID" > "$T/watch.out"; rc=$?
+[ $rc -eq 0 ] || fail "watch exit $rc"
+grep -q "step 30/30" "$T/watch.out" || fail "watch lacks the last step: $(cat "$T/watch.out")"
+grep -q "WAN 10.00 MB/s" "$T/watch.out" || fail "watch lacks WAN MB/s"
+grep -q "state succeeded" "$T/watch.out" || fail "watch lacks the final state"
+# on a terminal: one progress line redrawn in place (carriage return + erase line)
+if command -v script >/dev/null 2>&1; then
+  script -qec "'$NB' watch '$ID'" /dev/null > "$T/tty.out" 2>&1 < /dev/null
+  ESC=$(printf '\033')
+  grep -q "${ESC}\[K" "$T/tty.out" || fail "watch on a terminal does not redraw its line"
+  [ "$(grep -c 'step 10/30' "$T/tty.out")" -eq 1 ] || fail "watch on a terminal: lines"
+  tr '\r' '\n' < "$T/tty.out" | grep -q "step 30/30" || fail "watch on a terminal: last step"
+fi
+"$NB" get "$ID" --json | grep -q '"state": "succeeded"' || fail "get --json"
+[ "$("$NB" logs "$ID")" = "hello from $ID" ] || fail "logs"
+"$NB" logs "$ID" --json | grep -q "\"data\":\"hello from $ID\\\\n\"" || fail "logs --json: $("$NB" logs "$ID" --json)"
+"$NB" list | grep -q "$ID" || fail "list"
+"$NB" list --json --state succeeded | grep -q "\"id\": \"$ID\"" || fail "list --json"
+"$NB" watch "$ID" --json | tail -1 | grep -q '"to":"succeeded"' || fail "watch --json"
+
+# logs -f follows the output until the job ends
+desc slow > "$T/slow.json"
+SID=$("$NB" submit "$T/slow.json") || fail "submit slow"
+"$NB" logs -f "$SID" > "$T/slow.out" || fail "logs -f"
+[ "$(cat "$T/slow.out")" = "$(printf 'line 1\nline 2\nline 3')" ] || fail "logs -f: $(cat "$T/slow.out")"
+"$NB" get "$SID" | grep -q "state: *succeeded" || fail "logs -f returned before the job ended"
+
+# exit codes
+"$NB" get >/dev/null 2>&1; [ $? -eq 2 ] || fail "get without id: not a usage error"
+"$NB" get nope-1 >/dev/null 2>&1; [ $? -eq 4 ] || fail "get of an unknown job: not 4"
+"$NB" submit --help | grep -q "exit status" || fail "submit --help"
+NB_CERT="$T/pki/clusters/dc-a.crt" NB_KEY="$T/pki/clusters/dc-a.key" "$NB" submit "$T/quick.json" \
+  >/dev/null 2>&1; [ $? -eq 3 ] || fail "a cluster certificate may submit"
+NB_GATEWAY=127.0.0.1:1 "$NB" list --timeout 2 >/dev/null 2>&1; [ $? -eq 5 ] || fail "unreachable: not 5"
+
+# restart: two long jobs; the gateway is killed; one job dies meanwhile
+desc sleepy > "$T/sleepy.json"
+J1=$("$NB" submit "$T/sleepy.json") || fail "submit sleepy 1"
+J2=$("$NB" submit "$T/sleepy.json") || fail "submit sleepy 2"
+P1=$("$NB" get "$J1" --json | sed -n 's/.*"pid": \([0-9]*\).*/\1/p')
+P2=$("$NB" get "$J2" --json | sed -n 's/.*"pid": \([0-9]*\).*/\1/p')
+PGS="$P1 $P2"
+for j in "$J1" "$J2"; do
+  i=0; while [ "$(wc -l < "$T/work/$j/pids" 2>/dev/null || echo 0)" -lt 3 ]; do
+    i=$((i+1)); [ $i -gt 200 ] && fail "job $j did not start"; sleep 0.05; done
+done
+kill -9 "$GW_PID"; wait "$GW_PID" 2>/dev/null; GW_PID=
+kill -9 -"$P1"
+sleep 0.2
+start_gw
+"$NB" get "$J1" --json > "$T/j1.json"
+grep -q '"state": "failed"' "$T/j1.json" || fail "dead job not failed: $(cat "$T/j1.json")"
+grep -q 'left no exit status' "$T/j1.json" || fail "dead job lacks its reason"
+"$NB" get "$J2" | grep -q "state: *running" || fail "live job not running after restart"
+"$NB" list --state running | grep -q "$J2" || fail "list --state running"
+"$NB" cancel "$J2" --reason "test over" | grep -q "cancelled by alice: test over" || fail "cancel"
+for p in $(cat "$T/work/$J2/pids"); do
+  if [ -d /proc/$p ] && ! grep -q '^[^)]*) Z' /proc/$p/stat 2>/dev/null; then fail "pid $p survived cancel"; fi
+done
+"$NB" watch "$J2" >/dev/null; [ $? -eq 11 ] || fail "watch of a cancelled job: not 11"
+kill -TERM "$GW_PID"; wait "$GW_PID"; rc=$?; GW_PID=
+[ $rc -eq 0 ] || fail "gateway exit $rc on SIGTERM"
+echo "gateway CLI: ok"

@@ -1,0 +1,726 @@
+/* The gateway in process over mutual TLS on 127.0.0.1:0, with a PKI made by security/pki in a
+ * temporary folder and jobs that are small real shell programs: submit → get → watch → logs,
+ * refusals (plaintext, user outside the ACL, tampered signature, bad descriptor), cancel of a
+ * whole process group, a failing job, and a restart that keeps jobs and fails a dead one. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "inter/rpc.h"
+#include "jobs/gateway.h"
+#include "nebula/v1/gateway.pb-c.h"
+#include "security/pki.h"
+#include "security/sign.h"
+#include "security/tls.h"
+
+static char g_dir[256];
+static nb_gateway_config_t g_cfg;
+
+/* $1 is the job id: its name prefix picks the behaviour. */
+static const char* g_script =
+    "case \"$1\" in\n"
+    "quick-*) echo \"hello from $1\"; i=1; while [ $i -le 3 ]; do\n"
+    "  echo \"{\\\"round\\\":$i,\\\"step\\\":$((i*10)),\\\"max_steps\\\":30,\\\"loss\\\":$i.5,"
+    "\\\"wan_mbps\\\":12.5,\\\"density\\\":0.01,\\\"eta_s\\\":1}\" >> \"$NB_JOB_PROGRESS\";\n"
+    "  sleep 0.1; i=$((i+1)); done; echo done;;\n"
+    "sleepy-*) echo '{\"step\":1}' >> \"$NB_JOB_PROGRESS\"; sleep 300 & echo $! > pids; sleep 300 "
+    "& echo $! >> pids; echo $$ >> pids; wait;;\n"
+    "fail-*) echo oops >&2; exit 3;;\n"
+    "stray-*) sleep 300 & echo $! > pids; sleep 300 & echo $! >> pids; echo $$ >> pids;;\n"
+    "slow-*) for i in 1 2 3; do echo \"line $i\"; sleep 0.1; done;;\n"
+    "esac\n";
+
+static int rm_one(const char* p, const struct stat* sb, int f, struct FTW* ftw) {
+  (void)sb, (void)f, (void)ftw;
+  return remove(p);
+}
+
+static void path_of(char* buf, size_t n, const char* rel) {
+  snprintf(buf, n, "%s/%s", g_dir, rel);
+}
+
+static void write_pair(EVP_PKEY* k, X509* c, const char* name) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s.key", g_dir, name);
+  assert_int_equal(nb_pki_key_write(p, k, 1), NB_OK);
+  snprintf(p, sizeof p, "%s/%s.crt", g_dir, name);
+  assert_int_equal(nb_pki_cert_write(p, c, 1), NB_OK);
+  EVP_PKEY_free(k);
+  X509_free(c);
+}
+
+static int setup(void** state) {
+  (void)state;
+  const char* t = getenv("TMPDIR");
+  snprintf(g_dir, sizeof g_dir, "%s/nb_gw.XXXXXX", t && *t ? t : "/tmp");
+  assert_non_null(mkdtemp(g_dir));
+  EVP_PKEY *ca_key, *k;
+  X509 *ca, *c;
+  assert_int_equal(nb_pki_ca_create(NULL, 0, &ca_key, &ca), NB_OK);
+  const char* sans[] = {"IP:127.0.0.1"};
+  nb_pki_issue_opts_t o = {.kind = NB_PKI_CLUSTER, .name = "dc-a", .sans = sans, .n_sans = 1};
+  assert_int_equal(nb_pki_cert_issue(ca_key, ca, &o, &k, &c), NB_OK);
+  write_pair(k, c, "dc-a");
+  const char* users[] = {"alice", "bob", "mallory"};
+  for (int i = 0; i < 3; i++) {
+    nb_pki_issue_opts_t u = {.kind = NB_PKI_USER, .name = users[i]};
+    assert_int_equal(nb_pki_cert_issue(ca_key, ca, &u, &k, &c), NB_OK);
+    write_pair(k, c, users[i]);
+  }
+  char p[512];
+  snprintf(p, sizeof p, "%s/ca.crt", g_dir);
+  assert_int_equal(nb_pki_cert_write(p, ca, 1), NB_OK);
+  EVP_PKEY_free(ca_key);
+  X509_free(ca);
+
+  nb_gateway_config_defaults(&g_cfg);
+  char cfg[4096];
+  snprintf(
+      cfg, sizeof cfg,
+      "{\"cluster_id\": \"dc-a\", \"listen\": \"127.0.0.1:0\",\n"
+      " \"tls\": {\"ca\": \"ca.crt\", \"cert\": \"dc-a.crt\", \"key\": \"dc-a.key\"},\n"
+      " \"peers\": {\"dc-b\": \"127.0.0.1:7999\"}, \"launcher\": \"local\",\n"
+      " \"command\": [\"/bin/sh\", \"-c\", \"eval \\\"$NB_TEST_SCRIPT\\\"\", \"job\", \"{job}\"],\n"
+      " \"resources\": {\"slots\": 8, \"device\": \"cpu\"}, \"work_dir\": \"work\",\n"
+      " \"acl\": [{\"user\": \"alice\", \"clusters\": [\"dc-a\"], \"max_workers\": 2},\n"
+      "         {\"user\": \"bob\", \"clusters\": [\"dc-b\"]},\n"
+      "         {\"user\": \"alice\", \"clusters\": [\"dc-a\", \"dc-b\"], \"max_workers\": 1}],\n"
+      " \"cancel_grace_ms\": 500, \"poll_ms\": 20}");
+  assert_int_equal(nb_gateway_config_parse(cfg, strlen(cfg), g_dir, &g_cfg), NB_OK);
+  setenv("NB_TEST_SCRIPT", g_script, 1);
+  assert_string_equal(g_cfg.command[2], "eval \"$NB_TEST_SCRIPT\"");
+  return 0;
+}
+
+static int teardown(void** state) {
+  (void)state;
+  while (waitpid(-1, NULL, WNOHANG) > 0) {
+  }
+  nftw(g_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  return 0;
+}
+
+static nb_rpc_client_t* client_as(const char* user, nb_tls_t** tls_out, int port) {
+  char ca[512], crt[512], key[512], target[64];
+  path_of(ca, sizeof ca, "ca.crt");
+  snprintf(crt, sizeof crt, "%s/%s.crt", g_dir, user);
+  snprintf(key, sizeof key, "%s/%s.key", g_dir, user);
+  nb_tls_files_t f = {ca, crt, key};
+  assert_int_equal(nb_tls_create(&f, tls_out), NB_OK);
+  nb_rpc_client_opts_t o = {0};
+  o.tls = *tls_out;
+  snprintf(target, sizeof target, "127.0.0.1:%d", port);
+  nb_rpc_client_t* cli = NULL;
+  assert_int_equal(nb_rpc_client_create(target, &o, &cli), NB_OK);
+  return cli;
+}
+
+static const char* doc_fmt =
+    "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": \"%s\"},"
+    " \"spec\": {\"clusters\": [{\"id\": \"%s\", \"workers\": %d, \"data\": {\"languages\": "
+    "[\"en\"]}}]}}";
+
+/* Submits `doc` signed by `signer` (tamper: flip a byte after signing). */
+static nb_status_t submit(nb_rpc_client_t* cli, const char* signer, const char* doc, int tamper,
+                          Nebula__V1__Job** out) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s.key", g_dir, signer);
+  EVP_PKEY* key = NULL;
+  assert_int_equal(nb_pki_key_load(p, &key), NB_OK);
+  uint8_t* sig = NULL;
+  size_t sig_len = 0;
+  assert_int_equal(nb_sign_data(key, doc, strlen(doc), &sig, &sig_len), NB_OK);
+  EVP_PKEY_free(key);
+  snprintf(p, sizeof p, "%s/%s.crt", g_dir, signer);
+  FILE* f = fopen(p, "r");
+  char pem[8192] = {0};
+  assert_true(fread(pem, 1, sizeof pem - 1, f) > 0);
+  fclose(f);
+  char* body = strdup(doc);
+  if (tamper) body[strlen(body) - 20] ^= 1;
+  Nebula__V1__SubmitRequest req = NEBULA__V1__SUBMIT_REQUEST__INIT;
+  req.descriptor.data = (uint8_t*)body;
+  req.descriptor.len = strlen(body);
+  req.signature.data = sig;
+  req.signature.len = sig_len;
+  req.cert_pem = pem;
+  ProtobufCMessage* rep = NULL;
+  nb_status_t st = nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Submit", &req.base,
+                                   &nebula__v1__job__descriptor, &rep, 10000, 0);
+  free(body);
+  nb_free(sig);
+  if (out)
+    *out = (Nebula__V1__Job*)rep;
+  else if (rep)
+    protobuf_c_message_free_unpacked(rep, NULL);
+  return st;
+}
+
+static Nebula__V1__Job* get_job(nb_rpc_client_t* cli, const char* id) {
+  Nebula__V1__GetRequest req = NEBULA__V1__GET_REQUEST__INIT;
+  req.job_id = (char*)id;
+  ProtobufCMessage* rep = NULL;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Get", &req.base,
+                                   &nebula__v1__job__descriptor, &rep, 10000, 0),
+                   NB_OK);
+  return (Nebula__V1__Job*)rep;
+}
+
+static void wait_state(nb_rpc_client_t* cli, const char* id, const char* state) {
+  for (int i = 0; i < 500; i++) {
+    Nebula__V1__Job* j = get_job(cli, id);
+    int done = !strcmp(j->state, state);
+    protobuf_c_message_free_unpacked(&j->base, NULL);
+    if (done) return;
+    nb_sleep_ns(20000000);
+  }
+  fail_msg("job %s never reached %s", id, state);
+}
+
+/* Watches a job that is final (or becomes so) from after_seq on; returns the number of
+ * progress events, *total (optional) the number of all events. */
+static int watch_count(nb_rpc_client_t* cli, const char* id, int64_t after_seq, int* total) {
+  Nebula__V1__WatchRequest wr = NEBULA__V1__WATCH_REQUEST__INIT;
+  wr.job_id = (char*)id;
+  wr.after_seq = after_seq;
+  int all = 0;
+  uint8_t buf[256];
+  size_t len = nebula__v1__watch_request__pack(&wr, buf);
+  nb_rpc_stream_t* s = NULL;
+  assert_int_equal(nb_rpc_stream_open(cli, "/nebula.v1.Gateway/Watch", 20000, 0, &s), NB_OK);
+  assert_int_equal(nb_rpc_stream_send(s, buf, len), NB_OK);
+  int n = 0, end = 0;
+  for (;;) {
+    ProtobufCMessage* m = NULL;
+    assert_int_equal(
+        nb_rpc_stream_recv_pb(s, &nebula__v1__job_event__descriptor, &m, &end, NB_RPC_INFINITE),
+        NB_OK);
+    if (end) break;
+    n += !strcmp(((Nebula__V1__JobEvent*)m)->kind, "progress");
+    all++;
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  nb_rpc_stream_destroy(s);
+  if (total) *total = all;
+  return n;
+}
+
+static int count_progress(nb_rpc_client_t* cli, const char* id) {
+  return watch_count(cli, id, 0, NULL);
+}
+
+static void test_submit_watch_logs(void** state) {
+  (void)state;
+  nb_gateway_t* gw = NULL;
+  assert_int_equal(nb_gateway_create(&g_cfg, &gw), NB_OK);
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, nb_gateway_port(gw));
+  char doc[1024];
+  snprintf(doc, sizeof doc, doc_fmt, "quick", "dc-a", 1);
+  Nebula__V1__Job* job = NULL;
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  assert_string_equal(job->owner, "alice");
+  assert_string_equal(job->name, "quick");
+  assert_string_equal(job->cluster, "dc-a");
+  assert_true(!strcmp(job->state, "running") || !strcmp(job->state, "succeeded"));
+  assert_string_equal(job->descriptor, doc);
+  char id[64];
+  snprintf(id, sizeof id, "%s", job->id);
+  assert_true(!strncmp(id, "quick-", 6));
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+
+  /* Watch to completion */
+  Nebula__V1__WatchRequest wr = NEBULA__V1__WATCH_REQUEST__INIT;
+  wr.job_id = id;
+  uint8_t buf[256];
+  size_t len = nebula__v1__watch_request__pack(&wr, buf);
+  nb_rpc_stream_t* s = NULL;
+  assert_int_equal(nb_rpc_stream_open(cli, "/nebula.v1.Gateway/Watch", 20000, 0, &s), NB_OK);
+  assert_int_equal(nb_rpc_stream_send(s, buf, len), NB_OK);
+  assert_int_equal(nb_rpc_stream_close_send(s), NB_OK);
+  int progress = 0, end = 0;
+  int64_t last_seq = 0, max_step = 0;
+  char last_state[32] = "";
+  double last_loss = 0;
+  for (;;) {
+    ProtobufCMessage* m = NULL;
+    assert_int_equal(
+        nb_rpc_stream_recv_pb(s, &nebula__v1__job_event__descriptor, &m, &end, NB_RPC_INFINITE),
+        NB_OK);
+    if (end) break;
+    Nebula__V1__JobEvent* e = (Nebula__V1__JobEvent*)m;
+    assert_true(e->seq > last_seq);
+    last_seq = e->seq;
+    if (!strcmp(e->kind, "progress")) {
+      progress++;
+      max_step = e->step > max_step ? e->step : max_step;
+      last_loss = e->loss;
+      assert_true(e->wan_mbps > 12 && e->wan_mbps < 13);
+    }
+    if (!strcmp(e->kind, "state")) snprintf(last_state, sizeof last_state, "%s", e->state);
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  assert_int_equal(nb_rpc_stream_finish(s), NB_OK);
+  nb_rpc_stream_destroy(s);
+  assert_int_equal(progress, 3);
+  assert_int_equal(max_step, 30);
+  assert_true(last_loss > 3.4 && last_loss < 3.6);
+  assert_string_equal(last_state, "succeeded");
+  /* resuming after a sequence number gives only what follows */
+  int total = 0;
+  assert_int_equal(watch_count(cli, id, last_seq - 1, &total), 0);
+  assert_int_equal(total, 1);
+  assert_int_equal(watch_count(cli, id, 0, &total), 3);
+  assert_int_equal(total, (int)last_seq);
+
+  job = get_job(cli, id);
+  assert_string_equal(job->state, "succeeded");
+  assert_int_equal(job->exit_code, 0);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+
+  /* Logs */
+  Nebula__V1__LogsRequest lr = NEBULA__V1__LOGS_REQUEST__INIT;
+  lr.job_id = id;
+  len = nebula__v1__logs_request__pack(&lr, buf);
+  assert_int_equal(nb_rpc_stream_open(cli, "/nebula.v1.Gateway/Logs", 10000, 0, &s), NB_OK);
+  assert_int_equal(nb_rpc_stream_send(s, buf, len), NB_OK);
+  char text[4096] = "";
+  for (;;) {
+    ProtobufCMessage* m = NULL;
+    assert_int_equal(
+        nb_rpc_stream_recv_pb(s, &nebula__v1__log_chunk__descriptor, &m, &end, NB_RPC_INFINITE),
+        NB_OK);
+    if (end) break;
+    Nebula__V1__LogChunk* c = (Nebula__V1__LogChunk*)m;
+    strncat(text, (const char*)c->data.data, c->data.len < 2000 ? c->data.len : 2000);
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  nb_rpc_stream_destroy(s);
+  char want[128];
+  snprintf(want, sizeof want, "hello from %s\ndone\n", id);
+  assert_string_equal(text, want);
+  /* from an offset */
+  lr.offset = 6;
+  len = nebula__v1__logs_request__pack(&lr, buf);
+  assert_int_equal(nb_rpc_stream_open(cli, "/nebula.v1.Gateway/Logs", 10000, 0, &s), NB_OK);
+  assert_int_equal(nb_rpc_stream_send(s, buf, len), NB_OK);
+  ProtobufCMessage* lm = NULL;
+  assert_int_equal(
+      nb_rpc_stream_recv_pb(s, &nebula__v1__log_chunk__descriptor, &lm, &end, NB_RPC_INFINITE),
+      NB_OK);
+  assert_int_equal(((Nebula__V1__LogChunk*)lm)->offset, 6);
+  assert_memory_equal(((Nebula__V1__LogChunk*)lm)->data.data, want + 6, strlen(want) - 6);
+  protobuf_c_message_free_unpacked(lm, NULL);
+  nb_rpc_stream_destroy(s);
+
+  /* List: alice sees her job */
+  Nebula__V1__ListRequest lq = NEBULA__V1__LIST_REQUEST__INIT;
+  lq.state = (char*)"succeeded";
+  ProtobufCMessage* rep = NULL;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/List", &lq.base,
+                                   &nebula__v1__list_reply__descriptor, &rep, 10000, 0),
+                   NB_OK);
+  Nebula__V1__ListReply* lrep = (Nebula__V1__ListReply*)rep;
+  assert_true(lrep->n_jobs >= 1);
+  int found = 0;
+  for (size_t i = 0; i < lrep->n_jobs; i++) found |= !strcmp(lrep->jobs[i]->id, id);
+  assert_true(found);
+  protobuf_c_message_free_unpacked(rep, NULL);
+
+  /* A bad state name in List */
+  lq.state = (char*)"done";
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/List", &lq.base,
+                                   &nebula__v1__list_reply__descriptor, &rep, 10000, 0),
+                   NB_ERR_INVALID);
+  /* Another user cannot read alice's job */
+  nb_tls_t* tls_b = NULL;
+  nb_rpc_client_t* cli_b = client_as("bob", &tls_b, nb_gateway_port(gw));
+  Nebula__V1__GetRequest gq = NEBULA__V1__GET_REQUEST__INIT;
+  gq.job_id = id;
+  assert_int_equal(nb_rpc_unary_pb(cli_b, "/nebula.v1.Gateway/Get", &gq.base,
+                                   &nebula__v1__job__descriptor, &rep, 10000, 0),
+                   NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "belongs to user 'alice'"));
+  gq.job_id = (char*)"nope-1";
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Get", &gq.base,
+                                   &nebula__v1__job__descriptor, &rep, 10000, 0),
+                   NB_ERR_NOT_FOUND);
+  nb_rpc_client_destroy(cli_b);
+  nb_tls_destroy(tls_b);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+}
+
+static void test_refusals(void** state) {
+  (void)state;
+  nb_gateway_t* gw = NULL;
+  assert_int_equal(nb_gateway_create(&g_cfg, &gw), NB_OK);
+  int port = nb_gateway_port(gw);
+  char doc[1024];
+  snprintf(doc, sizeof doc, doc_fmt, "quick", "dc-a", 1);
+
+  /* plaintext client: the TLS server refuses the connection */
+  nb_rpc_client_opts_t po = {0};
+  po.allow_insecure = 1;
+  char target[64];
+  snprintf(target, sizeof target, "127.0.0.1:%d", port);
+  nb_rpc_client_t* plain = NULL;
+  assert_int_equal(nb_rpc_client_create(target, &po, &plain), NB_OK);
+  Nebula__V1__ListRequest lq = NEBULA__V1__LIST_REQUEST__INIT;
+  ProtobufCMessage* rep = NULL;
+  assert_int_equal(nb_rpc_unary_pb(plain, "/nebula.v1.Gateway/List", &lq.base,
+                                   &nebula__v1__list_reply__descriptor, &rep, 5000, 0),
+                   NB_ERR_UNAVAILABLE);
+  nb_rpc_client_destroy(plain);
+
+  /* a user outside the ACL */
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("mallory", &tls, port);
+  assert_int_equal(submit(cli, "mallory", doc, 0, NULL), NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "user 'mallory' is not in this gateway's ACL"));
+  fprintf(stderr, "refusal: %s\n", nb_error_last());
+  assert_non_null(strstr(nb_error_last(), "PERMISSION_DENIED"));
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+
+  /* bob is in the ACL, but not for dc-a */
+  cli = client_as("bob", &tls, port);
+  assert_int_equal(submit(cli, "bob", doc, 0, NULL), NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "may not run jobs on cluster 'dc-a'"));
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+
+  cli = client_as("alice", &tls, port);
+  /* tampered descriptor */
+  assert_int_equal(submit(cli, "alice", doc, 1, NULL), NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "descriptor signature does not verify"));
+  /* signed by someone else than the caller */
+  assert_int_equal(submit(cli, "bob", doc, 0, NULL), NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "signer certificate refused"));
+  /* more workers than the ACL allows */
+  char big[1024];
+  snprintf(big, sizeof big, doc_fmt, "quick", "dc-a", 3);
+  assert_int_equal(submit(cli, "alice", big, 0, NULL), NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "at most 2 workers"));
+  /* a job for another cluster, and one spanning two: federation is not there yet */
+  const char* two =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+      "\"two\"}, \"spec\": {\"clusters\": [{\"id\": \"dc-a\", \"data\": {\"languages\": "
+      "[\"en\"]}}, {\"id\": \"dc-b\", \"data\": {\"languages\": [\"de\"]}}]}}";
+  assert_int_equal(submit(cli, "alice", two, 0, NULL), NB_ERR_UNSUPPORTED);
+  assert_non_null(strstr(nb_error_last(), "UNIMPLEMENTED"));
+  assert_non_null(strstr(nb_error_last(), "spans 2 clusters"));
+  char other[1024];
+  snprintf(other, sizeof other, doc_fmt, "quick", "dc-b", 1);
+  assert_int_equal(submit(cli, "alice", other, 0, NULL), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "this gateway is cluster 'dc-a'"));
+  /* an invalid descriptor, correctly signed */
+  char bad[1024];
+  snprintf(bad, sizeof bad, doc_fmt, "Bad_Name", "dc-a", 1);
+  assert_int_equal(submit(cli, "alice", bad, 0, NULL), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "$.metadata.name"));
+  /* nothing was stored */
+  lq.owner = (char*)"";
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/List", &lq.base,
+                                   &nebula__v1__list_reply__descriptor, &rep, 10000, 0),
+                   NB_OK);
+  Nebula__V1__ListReply* lr = (Nebula__V1__ListReply*)rep;
+  for (size_t i = 0; i < lr->n_jobs; i++) assert_true(strncmp(lr->jobs[i]->id, "Bad", 3));
+  protobuf_c_message_free_unpacked(rep, NULL);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+}
+
+static int read_pids(const char* id, pid_t* pids) {
+  char p[1200];
+  snprintf(p, sizeof p, "%s/%s/pids", g_cfg.work_dir, id);
+  for (int tries = 0; tries < 500; tries++) {
+    FILE* f = fopen(p, "r");
+    int n = 0;
+    if (f) {
+      int v;
+      while (n < 3 && fscanf(f, "%d", &v) == 1) pids[n++] = v;
+      fclose(f);
+    }
+    if (n == 3) return n;
+    nb_sleep_ns(20000000);
+  }
+  return 0;
+}
+
+static int pid_alive(pid_t pid) {
+  char p[64], st = 0;
+  snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+  FILE* f = fopen(p, "r");
+  if (!f) return 0;
+  int r = fscanf(f, "%*d (%*[^)]) %c", &st);
+  fclose(f);
+  return r == 1 && st != 'Z' && st != 'X';
+}
+
+static void cancel(nb_rpc_client_t* cli, const char* id, const char* expect_state) {
+  Nebula__V1__CancelRequest cr = NEBULA__V1__CANCEL_REQUEST__INIT;
+  cr.job_id = (char*)id;
+  cr.reason = (char*)"test";
+  ProtobufCMessage* rep = NULL;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Cancel", &cr.base,
+                                   &nebula__v1__job__descriptor, &rep, 20000, 0),
+                   NB_OK);
+  Nebula__V1__Job* j = (Nebula__V1__Job*)rep;
+  assert_string_equal(j->state, expect_state);
+  if (!strcmp(expect_state, "cancelled"))
+    assert_string_equal(j->reason, "cancelled by alice: test");
+  protobuf_c_message_free_unpacked(rep, NULL);
+}
+
+static void test_cancel_and_fail(void** state) {
+  (void)state;
+  nb_gateway_t* gw = NULL;
+  assert_int_equal(nb_gateway_create(&g_cfg, &gw), NB_OK);
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, nb_gateway_port(gw));
+  char doc[1024], id[64];
+  snprintf(doc, sizeof doc, doc_fmt, "sleepy", "dc-a", 1);
+  Nebula__V1__Job* job = NULL;
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id, sizeof id, "%s", job->id);
+  assert_true(job->pid > 0);
+  pid_t pg = job->pid;
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  pid_t pids[3];
+  assert_int_equal(read_pids(id, pids), 3);
+  for (int i = 0; i < 3; i++) assert_true(pid_alive(pids[i]));
+  cancel(cli, id, "cancelled");
+  for (int i = 0; i < 3; i++) assert_false(pid_alive(pids[i]));
+  assert_false(nb_launcher_group_alive(pg));
+  cancel(cli, id, "cancelled"); /* idempotent */
+
+  /* a job whose leader ends leaving processes behind: they are killed, the job succeeded */
+  snprintf(doc, sizeof doc, doc_fmt, "stray", "dc-a", 1);
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id, sizeof id, "%s", job->id);
+  pg = job->pid;
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  assert_int_equal(read_pids(id, pids), 3);
+  wait_state(cli, id, "succeeded");
+  for (int i = 0; i < 100 && (pid_alive(pids[0]) || pid_alive(pids[1])); i++) nb_sleep_ns(10000000);
+  assert_false(pid_alive(pids[0]));
+  assert_false(pid_alive(pids[1]));
+  assert_false(nb_launcher_group_alive(pg));
+
+  snprintf(doc, sizeof doc, doc_fmt, "fail", "dc-a", 1);
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id, sizeof id, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  wait_state(cli, id, "failed");
+  job = get_job(cli, id);
+  assert_int_equal(job->exit_code, 3);
+  assert_non_null(strstr(job->reason, "exited with code 3"));
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+}
+
+static void test_slots(void** state) {
+  (void)state;
+  nb_gateway_config_t c = g_cfg;
+  c.slots = 2;
+  nb_gateway_t* gw = NULL;
+  assert_int_equal(nb_gateway_create(&c, &gw), NB_OK);
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, nb_gateway_port(gw));
+  char doc[1024], id[64];
+  snprintf(doc, sizeof doc, doc_fmt, "sleepy", "dc-a", 2);
+  Nebula__V1__Job* job = NULL;
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id, sizeof id, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  snprintf(doc, sizeof doc, doc_fmt, "quick", "dc-a", 1);
+  assert_int_equal(submit(cli, "alice", doc, 0, NULL), NB_ERR_UNAVAILABLE);
+  assert_non_null(strstr(nb_error_last(), "has 0 free worker slots of 2, the job needs 1"));
+  pid_t pids[3];
+  assert_int_equal(read_pids(id, pids), 3);
+  cancel(cli, id, "cancelled");
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK); /* the slots are free again */
+  snprintf(id, sizeof id, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  wait_state(cli, id, "succeeded");
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+}
+
+static void test_restart(void** state) {
+  (void)state;
+  nb_gateway_t* gw = NULL;
+  assert_int_equal(nb_gateway_create(&g_cfg, &gw), NB_OK);
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, nb_gateway_port(gw));
+  char doc[1024], id1[64], id2[64];
+  snprintf(doc, sizeof doc, doc_fmt, "sleepy", "dc-a", 1);
+  Nebula__V1__Job* job = NULL;
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id1, sizeof id1, "%s", job->id);
+  pid_t pg1 = job->pid;
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id2, sizeof id2, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  char id3[64];
+  snprintf(doc, sizeof doc, doc_fmt, "slow", "dc-a", 1);
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id3, sizeof id3, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  pid_t pids[3];
+  assert_int_equal(read_pids(id1, pids), 3);
+  assert_int_equal(read_pids(id2, pids), 3);
+  nb_sleep_ns(100000000); /* let the monitor record the progress lines */
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw); /* jobs keep running */
+  assert_true(pid_alive(pg1));
+  kill(-pg1, SIGKILL); /* job 1 dies while no gateway watches */
+  for (int i = 0; i < 100 && nb_launcher_group_alive(pg1); i++) nb_sleep_ns(10000000);
+  /* job 3 ends while no gateway watches: its exit_code file appears */
+  char exit_file[1200];
+  snprintf(exit_file, sizeof exit_file, "%s/%s/exit_code", g_cfg.work_dir, id3);
+  for (int i = 0; i < 500 && access(exit_file, F_OK) != 0; i++) nb_sleep_ns(20000000);
+  assert_int_equal(access(exit_file, F_OK), 0);
+
+  nb_gateway_config_t two_slots = g_cfg;
+  two_slots.slots = 2;
+  assert_int_equal(nb_gateway_create(&two_slots, &gw), NB_OK);
+  cli = client_as("alice", &tls, nb_gateway_port(gw));
+  job = get_job(cli, id1);
+  assert_string_equal(job->state, "failed");
+  assert_non_null(strstr(job->reason, "is gone and left no exit status"));
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  /* the re-attached job holds its slot: 1 of 2 left */
+  snprintf(doc, sizeof doc, doc_fmt, "quick", "dc-a", 2);
+  assert_int_equal(submit(cli, "alice", doc, 0, NULL), NB_ERR_UNAVAILABLE);
+  assert_non_null(strstr(nb_error_last(), "has 1 free worker slots of 2"));
+  job = get_job(cli, id3);
+  assert_string_equal(job->state, "succeeded");
+  assert_string_equal(job->reason, "finished while the gateway was down");
+  assert_int_equal(job->exit_code, 0);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  job = get_job(cli, id2);
+  assert_string_equal(job->state, "running");
+  assert_true(job->pid > 0);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  assert_int_equal(read_pids(id2, pids), 3);
+  cancel(cli, id2, "cancelled");
+  for (int i = 0; i < 3; i++) assert_false(pid_alive(pids[i]));
+  /* the progress line recorded before the restart is not recorded again */
+  assert_int_equal(count_progress(cli, id2), 1);
+  assert_int_equal(count_progress(cli, id1), 1);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+}
+
+static void test_acl(void** state) {
+  (void)state;
+  nb_acl_t acl;
+  memset(&acl, 0, sizeof acl);
+  nb_acl_want_t w[2] = {{"dc-a", 1}, {"dc-b", 4}};
+  assert_int_equal(nb_acl_check(&acl, "alice", w, 1), NB_ERR_PERMISSION); /* deny by default */
+  const char* a[] = {"dc-a"};
+  const char* any[] = {"*"};
+  assert_int_equal(nb_acl_add(&acl, "alice", a, 1, 2), NB_OK);
+  assert_int_equal(nb_acl_add(&acl, "*", any, 1, 1), NB_OK);
+  assert_int_equal(nb_acl_check(&acl, "alice", w, 1), NB_OK);
+  /* alice's own rule lacks dc-b, the wildcard rule allows 1 worker only */
+  assert_int_equal(nb_acl_check(&acl, "alice", w, 2), NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "user 'alice' may not run jobs on cluster 'dc-b'"));
+  w[1].workers = 1;
+  assert_int_equal(nb_acl_check(&acl, "alice", w, 2), NB_OK); /* the wildcard rule allows it */
+  w[0].workers = 2;
+  /* alice's rule allows dc-a with 2 but not dc-b, the wildcard dc-b but not 2 workers: one rule
+     must allow the whole job */
+  assert_int_equal(nb_acl_check(&acl, "alice", w, 2), NB_ERR_PERMISSION);
+  assert_int_equal(nb_acl_check(&acl, "alice", w, 1), NB_OK);
+  w[0].workers = 1;
+  assert_int_equal(nb_acl_check(&acl, "carol", w, 2), NB_OK);
+  assert_int_equal(nb_acl_add(&acl, "", a, 1, 0), NB_ERR_INVALID);
+  assert_int_equal(nb_acl_add(&acl, "x", a, 0, 0), NB_ERR_INVALID);
+  assert_int_equal(nb_acl_add(&acl, "x", a, 1, -1), NB_ERR_INVALID);
+}
+
+static void test_config(void** state) {
+  (void)state;
+  nb_gateway_config_t c;
+  struct {
+    const char* text;
+    const char* msg;
+  } bad[] = {
+      {"{\"cluster_id\": \"dc-a\", \"tls\": {\"ca\": \"a\", \"cert\": \"b\", \"key\": "
+       "\"c\"}, \"slots\": 3}",
+       "config: slots: unknown key"},
+      {"{\"cluster_id\": \"dc-a\", \"resources\": {\"slots\": 0}}",
+       "config: resources.slots: expected 1..1048576, found 0"},
+      {"{\"cluster_id\": \"dc-a\", \"resources\": {\"device\": \"tpu\"}}",
+       "resources.device: expected \"cpu\" or \"cuda\""},
+      {"{\"cluster_id\": \"dc-a\", \"launcher\": \"slurm\"}", "launcher 'slurm' is not available"},
+      {"{\"cluster_id\": \"dc-a\"}", "tls.ca, tls.cert and tls.key are required"},
+      {"{\"listen\": \"x\"}", "cluster_id is required"},
+      {"{\"cluster_id\": \"dc-a\", \"acl\": [{\"user\": \"a\", \"clusterz\": []}]}",
+       "acl[0].clusterz: unknown key"},
+      {"{\"cluster_id\": \"dc-a\", \"command\": []}", "command: expected an array of 1..32"},
+      {"{\"cluster_id\": 7}", "cluster_id: expected a string"},
+      {"{\"cluster_id\": \"dc-a\",\n \"tls\": }", "line 2, column"},
+      {"{\"tls\": 1}", "config: tls: expected an object"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    nb_gateway_config_defaults(&c);
+    assert_int_equal(nb_gateway_config_parse(bad[i].text, strlen(bad[i].text), NULL, &c),
+                     NB_ERR_CONFIG);
+    if (!strstr(nb_error_last(), bad[i].msg))
+      fail_msg("config %zu: got '%s', want '%s'", i, nb_error_last(), bad[i].msg);
+  }
+  /* relative paths against the base folder; defaults kept */
+  const char* ok =
+      "{\"cluster_id\": \"dc-a\", \"tls\": {\"ca\": \"ca.crt\", \"cert\": "
+      "\"/abs/c.crt\", \"key\": \"k.key\"}}";
+  nb_gateway_config_defaults(&c);
+  assert_int_equal(nb_gateway_config_parse(ok, strlen(ok), "/etc/nb", &c), NB_OK);
+  assert_string_equal(c.tls_ca, "/etc/nb/ca.crt");
+  assert_string_equal(c.tls_cert, "/abs/c.crt");
+  assert_string_equal(c.work_dir, "/etc/nb/work");
+  assert_int_equal(c.slots, 4);
+  assert_int_equal(c.cancel_grace_ms, 5000);
+  assert_int_equal(c.acl.n_rules, 0);
+  assert_string_equal(c.command[1], "train");
+  /* the parsed test config */
+  assert_int_equal(g_cfg.n_peers, 1);
+  assert_string_equal(g_cfg.peers[0].id, "dc-b");
+  assert_int_equal(g_cfg.acl.n_rules, 3);
+  assert_int_equal(g_cfg.acl.rules[0].max_workers, 2);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_acl),
+      cmocka_unit_test(test_config),
+      cmocka_unit_test(test_submit_watch_logs),
+      cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_cancel_and_fail),
+      cmocka_unit_test(test_slots),
+      cmocka_unit_test(test_restart),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
