@@ -124,10 +124,32 @@ typedef struct {
   FILE* curve;
   FILE* log; /* progress lines (stdout, or stderr with --json) */
   long print_every;
+  FILE* progress; /* $NB_JOB_PROGRESS when run by a gateway: one JSON object per line */
+  long max_steps;
+  const char* source; /* cluster id */
 } nb__train_ctx_t;
+
+/* The gateway's progress contract (docs/gateway.md): append-only JSON lines. */
+static void nb__report_progress(nb__train_ctx_t* x, const nb_train_progress_t* p) {
+  if (!x->progress) return;
+  double eta = p->step > 0 ? p->elapsed_s / (double)p->step * (double)(x->max_steps - p->step) : 0;
+  if (p->event == NB_TRAIN_EVENT_STEP)
+    fprintf(x->progress,
+            "{\"step\": %ld, \"max_steps\": %ld, \"loss\": %.6g, \"eta_s\": %.1f, "
+            "\"source\": \"%s\"}\n",
+            p->step, x->max_steps, p->loss, eta < 0 ? 0 : eta, x->source);
+  else
+    fprintf(x->progress,
+            "{\"step\": %ld, \"max_steps\": %ld, \"eval_bpb\": %.6g, \"source\": \"%s\"}\n",
+            p->step, x->max_steps, p->eval->mean_bpb, x->source);
+  fflush(x->progress);
+}
 
 static int nb__on_progress(void* vctx, const nb_train_progress_t* p) {
   nb__train_ctx_t* x = vctx;
+  if (p->event == NB_TRAIN_EVENT_EVAL || (x->print_every > 0 && p->step % x->print_every == 0) ||
+      p->step == x->max_steps)
+    nb__report_progress(x, p);
   if (p->event == NB_TRAIN_EVENT_STEP) {
     if (x->print_every > 0 && p->step % x->print_every == 0)
       fprintf(x->log, "step %6ld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  %.1f s\n", p->step,
@@ -251,6 +273,7 @@ int nb_train_main(int argc, char** argv) {
   int rc = NB_EXIT_FAIL;
   nb_trainer_t* t = NULL;
   FILE* curve = NULL;
+  FILE* progress_f = NULL;
   if (nb_descriptor_load(file, job, diag) != NB_OK) {
     char line[640];
     for (int i = 0; i < diag->count; i++)
@@ -319,7 +342,19 @@ int nb_train_main(int argc, char** argv) {
     for (int i = 0; i < tc->n_sources; i++) fprintf(curve, "\t%s", tc->sources[i].label);
     fprintf(curve, "\tmean\n");
   }
-  nb__train_ctx_t px = {curve, as_json ? stderr : stdout, tc->max_steps >= 200 ? 25 : 5};
+  nb__train_ctx_t px = {.curve = curve,
+                        .log = as_json ? stderr : stdout,
+                        .print_every = tc->max_steps >= 200 ? 25 : 5};
+  px.max_steps = tc->max_steps;
+  px.source = cl->id;
+  const char* progress_path = getenv("NB_JOB_PROGRESS");
+  if (progress_path && *progress_path) {
+    progress_f = fopen(progress_path, "a");
+    px.progress = progress_f;
+    if (!progress_f)
+      NB_WARN("cannot append progress to %s (%s); the gateway will see no progress events",
+              progress_path, strerror(errno));
+  }
   tc->progress = nb__on_progress;
   tc->progress_ctx = &px;
 
@@ -402,6 +437,7 @@ int nb_train_main(int argc, char** argv) {
   rc = NB_EXIT_OK;
 done:
   if (curve) fclose(curve);
+  if (progress_f) fclose(progress_f);
   nb_trainer_destroy(t);
   nb_free(tc);
   nb_free(diag);

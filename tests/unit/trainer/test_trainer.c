@@ -444,8 +444,9 @@ static void test_cli_train_and_eval(void** state) {
           g_data);
   fclose(f);
   snprintf(cmd, sizeof cmd,
-           "'%s' train '%s' --steps 20 --out '%s/out' --json > '%s/stdout' 2> '%s/stderr'",
-           g_nebula, cfg, dir, dir, dir);
+           "NB_JOB_PROGRESS='%s/progress.jsonl' '%s' train '%s' --steps 20 --out '%s/out' --json "
+           "> '%s/stdout' 2> '%s/stderr'",
+           dir, g_nebula, cfg, dir, dir, dir);
   int rc = system(cmd);
   if (rc != 0) {
     snprintf(p, sizeof p, "%s/stderr", dir);
@@ -467,6 +468,24 @@ static void test_cli_train_and_eval(void** state) {
   s = json_load_file(p, 0, &je); /* --json: the same summary on stdout */
   assert_non_null(s);
   json_decref(s);
+  /* The gateway's progress contract: one JSON object per line, the last one at step 20. */
+  snprintf(p, sizeof p, "%s/progress.jsonl", dir);
+  FILE* pf = fopen(p, "r");
+  assert_non_null(pf);
+  char line[512];
+  int n_progress = 0;
+  long last_step = -1;
+  while (fgets(line, sizeof line, pf)) {
+    json_t* o = json_loads(line, 0, &je);
+    assert_non_null(o);
+    assert_int_equal(json_integer_value(json_object_get(o, "max_steps")), 20);
+    last_step = (long)json_integer_value(json_object_get(o, "step"));
+    json_decref(o);
+    n_progress++;
+  }
+  fclose(pf);
+  assert_true(n_progress >= 4);
+  assert_int_equal(last_step, 20);
 
   snprintf(p, sizeof p, "%s/out/curve.tsv", dir);
   char* curve = slurp(p);
