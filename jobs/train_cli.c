@@ -14,6 +14,7 @@
 #include "jobs/cli.h"
 #include "jobs/descriptor.h"
 #include "train/checkpoint.h"
+#include "train/translate.h"
 
 #define NB__CP(dst, ...) (snprintf((dst), sizeof(dst), __VA_ARGS__) >= (int)sizeof(dst))
 
@@ -450,7 +451,7 @@ done:
 static void nb__eval_usage(FILE* f) {
   fprintf(f,
           "usage: nebula eval CHECKPOINT [--data-dir D] [--langs en,de,...] [--pairs en-de,...]\n"
-          "                   [--batches N] [--batch B] [--json]\n"
+          "                   [--batches N] [--batch B] [--translate N] [--json]\n"
           "\n"
           "Held-out bits per byte of a model checkpoint (safetensors) per language, on the same\n"
           "held-out slice `nebula train` never trains on (mono/<lang>.txt segments selected by\n"
@@ -461,6 +462,8 @@ static void nb__eval_usage(FILE* f) {
           "  --pairs P,...  evaluate translation pairs instead\n"
           "  --batches N    batches per language (default 8)\n"
           "  --batch B      sequences per batch (default 8)\n"
+          "  --translate N  with --pairs: also translate the first N pairs of the test split\n"
+          "                 (pairs/en-<x>.test.tsv) by greedy decoding and score chrF and BLEU\n"
           "  --json         print one JSON object\n");
 }
 
@@ -491,7 +494,7 @@ static int nb__add_sources(nb_train_config_t* c, const char* list, const char* d
 
 int nb_eval_main(int argc, char** argv) {
   const char *ckpt = NULL, *dir = "data/quick", *langs = NULL, *pairs = NULL;
-  long batches = 8, batch = 8;
+  long batches = 8, batch = 8, translate = 0;
   int as_json = 0;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
@@ -507,6 +510,11 @@ int nb_eval_main(int argc, char** argv) {
       langs = argv[++i];
     } else if (strcmp(a, "--pairs") == 0 && has_val) {
       pairs = argv[++i];
+    } else if (strcmp(a, "--translate") == 0 && has_val) {
+      if (nb__parse_long(argv[++i], 1, &translate)) {
+        fprintf(stderr, "nebula eval: --translate needs an integer >= 1, got '%s'\n", argv[i]);
+        return NB_EXIT_USAGE;
+      }
     } else if ((strcmp(a, "--batches") == 0 || strcmp(a, "--batch") == 0) && has_val) {
       if (nb__parse_long(argv[++i], 1, strcmp(a, "--batch") == 0 ? &batch : &batches)) {
         fprintf(stderr, "nebula eval: %s needs an integer >= 1, got '%s'\n", a, argv[i]);
@@ -523,7 +531,8 @@ int nb_eval_main(int argc, char** argv) {
       ckpt = a;
     }
   }
-  if (!ckpt || (langs && pairs)) {
+  if (!ckpt || (langs && pairs) || (translate && !pairs)) {
+    if (translate && !pairs) fprintf(stderr, "nebula eval: --translate needs --pairs\n");
     nb__eval_usage(stderr);
     return NB_EXIT_USAGE;
   }
@@ -578,11 +587,43 @@ int nb_eval_main(int argc, char** argv) {
     rc = nb__fail("eval", ckpt);
     goto done;
   }
+  nb_translate_score_t ts[NB_TRAIN_MAX_SOURCES];
+  if (translate) {
+    nb_model_t* tm = NULL;
+    long tstep = 0;
+    if (nb_checkpoint_load(ckpt, &tm, &tstep) != NB_OK) {
+      rc = nb__fail("eval", ckpt);
+      goto done;
+    }
+    for (int i = 0; i < c->n_sources; i++) {
+      char tsv[NB_TRAIN_PATH_MAX + 32];
+      snprintf(tsv, sizeof tsv, "%s", c->sources[i].dev_path);
+      char* dot = strstr(tsv, ".dev.tsv");
+      if (dot) memcpy(dot, ".test.tsv", sizeof ".test.tsv");
+      if (nb_translate_eval_tsv(tm, tsv, c->sources[i].swap, (size_t)translate, &ts[i]) != NB_OK) {
+        nb_model_destroy(tm);
+        rc = nb__fail("eval", tsv);
+        goto done;
+      }
+    }
+    nb_model_destroy(tm);
+  }
   if (as_json) {
     json_t* o = json_object();
     json_object_set_new(o, "checkpoint", json_string(ckpt));
     json_object_set_new(o, "step", json_integer(step));
     json_object_set_new(o, "bits_per_byte", nb__eval_json(&ev));
+    if (translate) {
+      json_t* tr = json_object();
+      for (int i = 0; i < c->n_sources; i++) {
+        json_t* one = json_object();
+        json_object_set_new(one, "sentences", json_integer((json_int_t)ts[i].sentences));
+        json_object_set_new(one, "chrf", json_real(ts[i].chrf));
+        json_object_set_new(one, "bleu", json_real(ts[i].bleu));
+        json_object_set_new(tr, c->sources[i].label, one);
+      }
+      json_object_set_new(o, "translation", tr);
+    }
     json_t* sc = json_object();
     for (int i = 0; i < ev.n; i++)
       json_object_set_new(sc, ev.label[i], json_integer((json_int_t)ev.scored[i]));
@@ -597,6 +638,12 @@ int nb_eval_main(int argc, char** argv) {
     for (int i = 0; i < ev.n; i++)
       printf("  %-6s %.4f  (%zu bytes)\n", ev.label[i], ev.bpb[i], ev.scored[i]);
     printf("  %-6s %.4f\n", "mean", ev.mean_bpb);
+    if (translate) {
+      printf("translation of the test split (greedy decoding):\n");
+      for (int i = 0; i < c->n_sources; i++)
+        printf("  %-6s chrF %6.2f  BLEU %6.2f  (%zu sentences, %.1f s)\n", c->sources[i].label,
+               ts[i].chrf, ts[i].bleu, ts[i].sentences, ts[i].seconds);
+    }
   }
   rc = NB_EXIT_OK;
 done:

@@ -1,0 +1,112 @@
+/* Tests of train/translate: UTF-8 repair of decoded bytes, greedy decoding, and scoring a TSV. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "train/translate.h"
+
+static void sanitize_is(const char* in, size_t len, const char* want) {
+  char* out = NULL;
+  assert_int_equal(nb_utf8_sanitize((const unsigned char*)in, len, &out), NB_OK);
+  assert_string_equal(out, want);
+  nb_free(out);
+}
+
+static void test_sanitize(void** state) {
+  (void)state;
+  sanitize_is("plain", 5, "plain");
+  sanitize_is("gr\xC3\xBC\xC3\x9F", 6, "gr\xC3\xBC\xC3\x9F");             /* grüß */
+  sanitize_is("\xE4\xB8\xAD\xE6\x96\x87", 6, "\xE4\xB8\xAD\xE6\x96\x87"); /* 中文 */
+  sanitize_is(
+      "a\xFF"
+      "b",
+      3,
+      "a\xEF\xBF\xBD"
+      "b");                                                               /* invalid byte */
+  sanitize_is("\xC3", 1, "\xEF\xBF\xBD");                                 /* truncated */
+  sanitize_is("\xC0\xAF", 2, "\xEF\xBF\xBD\xEF\xBF\xBD");                 /* overlong */
+  sanitize_is("\xED\xA0\x80", 3, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"); /* surrogate */
+  sanitize_is("a\0b", 3, "ab");                                           /* NUL dropped */
+  sanitize_is("", 0, "");
+}
+
+static nb_model_t* tiny_model(void) {
+  nb_model_config_t cfg = nb_model_config_make(1, 32, 2, 64);
+  nb_model_t* m = NULL;
+  assert_int_equal(nb_model_create(&cfg, 7, &m), NB_OK);
+  return m;
+}
+
+static void test_greedy_deterministic(void** state) {
+  (void)state;
+  nb_model_t* m = tiny_model();
+  char *a = NULL, *b = NULL;
+  assert_int_equal(nb_translate_greedy(m, "Hello world", 20, &a), NB_OK);
+  assert_int_equal(nb_translate_greedy(m, "Hello world", 20, &b), NB_OK);
+  assert_string_equal(a, b);
+  assert_true(strlen(a) <= 20 * 3); /* each byte at most one U+FFFD */
+  nb_free(a);
+  nb_free(b);
+  /* a source longer than the context is truncated, not an error */
+  char longsrc[300];
+  memset(longsrc, 'x', sizeof longsrc - 1);
+  longsrc[sizeof longsrc - 1] = '\0';
+  assert_int_equal(nb_translate_greedy(m, longsrc, 8, &a), NB_OK);
+  nb_free(a);
+  assert_int_equal(nb_translate_greedy(m, "x", 0, &a), NB_ERR_INVALID);
+  assert_int_equal(nb_translate_greedy(NULL, "x", 4, &a), NB_ERR_INVALID);
+  nb_model_destroy(m);
+}
+
+static void test_eval_tsv(void** state) {
+  (void)state;
+  char dir[] = "/tmp/nb-translate-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char path[256];
+  snprintf(path, sizeof path, "%s/pairs.tsv", dir);
+  FILE* f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("The file was saved.\tDie Datei wurde gespeichert.\n", f);
+  fputs("no tab on this line\n", f);
+  fputs("Open the menu.\tÖffnen Sie das Menü.\n", f);
+  fputs("Close it.\tSchließen Sie es.\n", f);
+  fclose(f);
+  nb_model_t* m = tiny_model();
+  nb_translate_score_t s1, s2;
+  assert_int_equal(nb_translate_eval_tsv(m, path, 0, 2, &s1), NB_OK);
+  assert_int_equal(s1.sentences, 2);
+  assert_true(s1.chrf >= 0 && s1.chrf <= 100);
+  assert_true(s1.bleu >= 0 && s1.bleu <= 100);
+  assert_int_equal(nb_translate_eval_tsv(m, path, 1, 10, &s2), NB_OK); /* de→en, all pairs */
+  assert_int_equal(s2.sentences, 3);
+  nb_translate_score_t s3;
+  assert_int_equal(nb_translate_eval_tsv(m, path, 0, 2, &s3), NB_OK);
+  assert_true(s3.chrf == s1.chrf && s3.bleu == s1.bleu); /* deterministic */
+  char missing[300];
+  snprintf(missing, sizeof missing, "%s/none.tsv", dir);
+  assert_int_equal(nb_translate_eval_tsv(m, missing, 0, 2, &s1), NB_ERR_IO);
+  f = fopen(path, "w");
+  fputs("nothing here\n", f);
+  fclose(f);
+  assert_int_equal(nb_translate_eval_tsv(m, path, 0, 2, &s1), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "no translation pair"));
+  nb_model_destroy(m);
+  unlink(path);
+  rmdir(dir);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sanitize),
+      cmocka_unit_test(test_greedy_deterministic),
+      cmocka_unit_test(test_eval_tsv),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
