@@ -1,0 +1,373 @@
+/* train/hybrid: the outer-sync round (see hybrid.h). Every cluster decodes every message, its own
+ * included, and sums them in cluster order into a zeroed buffer, so the float operations and
+ * therefore the bits of theta_global are the same everywhere. Not here: threads, overlap, the
+ * density scheduler and fault handling (the driver decides what to do with an error). */
+#include "train/hybrid.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "common/common.h"
+
+#define NB__HY_VERSION 1u
+#define NB__HY_FLAG_HASH_ONLY 0x1u
+
+struct nb_hybrid {
+  nb_hybrid_config_t cfg;
+  nb_trainer_t* t;
+  nb_codec_t* codec;
+  size_t n;
+  float* global;   /* (n) theta_global */
+  float* momentum; /* (n) outer momentum */
+  float* residual; /* (n) error feedback */
+  float* delta;    /* (n) this round's pseudo-gradient, then the weighted sum */
+  uint8_t* msg;    /* header + frame */
+  size_t msg_cap, msg_len;
+  uint64_t round;
+  uint64_t hash; /* of theta_global at the start of the current round */
+  /* prepare's figures for the record */
+  long steps;
+  uint64_t samples;
+  double loss, compute_s, codec_s;
+};
+
+typedef struct {
+  uint32_t sender, flags;
+  uint64_t round, samples, steps, hash, frame_len;
+  const uint8_t* frame;
+} nb__hy_hdr_t;
+
+static void nb__put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void nb__put64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t nb__get32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+static uint64_t nb__get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+static void nb__hy_write_header(nb_hybrid_t* h, uint32_t flags, uint64_t frame_len) {
+  uint8_t* p = h->msg;
+  nb__put32(p + 0, NB_HYBRID_MSG_MAGIC);
+  nb__put32(p + 4, NB__HY_VERSION);
+  nb__put32(p + 8, h->cfg.cluster_index);
+  nb__put32(p + 12, flags);
+  nb__put64(p + 16, h->round);
+  nb__put64(p + 24, h->samples);
+  nb__put64(p + 32, (uint64_t)h->steps);
+  nb__put64(p + 40, h->hash);
+  nb__put64(p + 48, frame_len);
+  nb__put64(p + 56, 0);
+  h->msg_len = NB_HYBRID_MSG_HEADER_BYTES + frame_len;
+}
+
+static nb_status_t nb__hy_parse(const nb_hybrid_msg_t* m, nb__hy_hdr_t* o) {
+  if (!m->data || m->len < NB_HYBRID_MSG_HEADER_BYTES)
+    return nb_error(NB_ERR_CODEC, "hybrid: message of %zu bytes is shorter than its header",
+                    m->len);
+  const uint8_t* p = m->data;
+  if (nb__get32(p) != NB_HYBRID_MSG_MAGIC)
+    return nb_error(NB_ERR_CODEC, "hybrid: message has a bad magic 0x%08x", nb__get32(p));
+  if (nb__get32(p + 4) != NB__HY_VERSION)
+    return nb_error(NB_ERR_CODEC, "hybrid: message version %u, expected %u", nb__get32(p + 4),
+                    NB__HY_VERSION);
+  o->sender = nb__get32(p + 8);
+  o->flags = nb__get32(p + 12);
+  o->round = nb__get64(p + 16);
+  o->samples = nb__get64(p + 24);
+  o->steps = nb__get64(p + 32);
+  o->hash = nb__get64(p + 40);
+  o->frame_len = nb__get64(p + 48);
+  if ((o->flags & ~NB__HY_FLAG_HASH_ONLY) || nb__get64(p + 56) != 0)
+    return nb_error(NB_ERR_CODEC, "hybrid: message from cluster %u has unknown flags", o->sender);
+  if (o->frame_len != m->len - NB_HYBRID_MSG_HEADER_BYTES)
+    return nb_error(NB_ERR_CODEC,
+                    "hybrid: message from cluster %u declares %llu frame bytes, has %zu", o->sender,
+                    (unsigned long long)o->frame_len, m->len - NB_HYBRID_MSG_HEADER_BYTES);
+  o->frame = p + NB_HYBRID_MSG_HEADER_BYTES;
+  return NB_OK;
+}
+
+void nb_hybrid_config_defaults(nb_hybrid_config_t* c) {
+  memset(c, 0, sizeof *c);
+  c->cluster_index = 0;
+  c->n_clusters = 1;
+  c->inner_steps = 50;
+  c->outer_lr = 0.7f;
+  c->outer_momentum = 0.9f;
+  c->density = 0.01;
+  c->error_feedback = 1;
+  c->values = NB_VALUES_INT8;
+  c->zstd_level = 3;
+}
+
+static nb_status_t nb__hy_check(const nb_hybrid_config_t* c) {
+  if (c->n_clusters < 1 || c->n_clusters > NB_HYBRID_MAX_CLUSTERS)
+    return nb_error(NB_ERR_CONFIG, "hybrid: n_clusters %u outside [1, %d]", c->n_clusters,
+                    NB_HYBRID_MAX_CLUSTERS);
+  if (c->cluster_index >= c->n_clusters)
+    return nb_error(NB_ERR_CONFIG, "hybrid: cluster_index %u >= n_clusters %u", c->cluster_index,
+                    c->n_clusters);
+  if (c->inner_steps < 1)
+    return nb_error(NB_ERR_CONFIG, "hybrid: inner_steps %ld < 1", c->inner_steps);
+  if (!(c->round_seconds >= 0) || !isfinite(c->round_seconds))
+    return nb_error(NB_ERR_CONFIG, "hybrid: round_seconds must be >= 0");
+  if (!(c->outer_lr > 0) || !isfinite(c->outer_lr))
+    return nb_error(NB_ERR_CONFIG, "hybrid: outer_lr must be > 0");
+  if (!(c->outer_momentum >= 0 && c->outer_momentum < 1))
+    return nb_error(NB_ERR_CONFIG, "hybrid: outer_momentum must be in [0, 1)");
+  if (!(c->density > 0 && c->density <= 1))
+    return nb_error(NB_ERR_CONFIG, "hybrid: density %g outside (0, 1]", c->density);
+  if (c->zstd_level < 0 || c->zstd_level > 19)
+    return nb_error(NB_ERR_CONFIG, "hybrid: zstd_level %d outside [0, 19]", c->zstd_level);
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_create(const nb_hybrid_config_t* cfg, nb_trainer_t* t, nb_hybrid_t** out) {
+  if (!cfg || !t || !out) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  *out = NULL;
+  NB_CHECK(nb__hy_check(cfg));
+  nb_status_t st = NB_OK;
+  nb_hybrid_t* h = NULL;
+  NB_CHECK(nb_calloc((void**)&h, 1, sizeof *h, "hybrid"));
+  h->cfg = *cfg;
+  h->t = t;
+  float* local = nb_trainer_sync_params(t, &h->n);
+  if (h->n == 0 || h->n > 0xffffffffu) {
+    st = nb_error(NB_ERR_INVALID, "hybrid: synced buffer of %zu floats", h->n);
+    goto fail;
+  }
+  nb_codec_config_t cc;
+  nb_codec_config_default(&cc);
+  cc.values = cfg->values;
+  cc.zstd_level = cfg->zstd_level;
+  NB_CHECK_GOTO(nb_codec_create(&cc, &h->codec), st, fail);
+  NB_CHECK_GOTO(nb_calloc((void**)&h->global, h->n, sizeof(float), "theta_global"), st, fail);
+  NB_CHECK_GOTO(nb_calloc((void**)&h->momentum, h->n, sizeof(float), "outer momentum"), st, fail);
+  NB_CHECK_GOTO(nb_calloc((void**)&h->residual, h->n, sizeof(float), "residual"), st, fail);
+  NB_CHECK_GOTO(nb_calloc((void**)&h->delta, h->n, sizeof(float), "delta"), st, fail);
+  size_t k = cfg->density >= 1 ? h->n : nb_codec_k_for_density(h->n, cfg->density);
+  h->msg_cap = NB_HYBRID_MSG_HEADER_BYTES +
+               nb_codec_frame_bound(h->n, k, cfg->values, nb_codec_config(h->codec)->block_size);
+  NB_CHECK_GOTO(nb_alloc((void**)&h->msg, h->msg_cap, 1, "hybrid message"), st, fail);
+  memcpy(h->global, local, h->n * sizeof(float));
+  h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  *out = h;
+  return NB_OK;
+fail:
+  nb_hybrid_destroy(h);
+  return st;
+}
+
+void nb_hybrid_destroy(nb_hybrid_t* h) {
+  if (!h) return;
+  nb_codec_destroy(h->codec);
+  nb_free(h->global);
+  nb_free(h->momentum);
+  nb_free(h->residual);
+  nb_free(h->delta);
+  nb_free(h->msg);
+  nb_free(h);
+}
+
+nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) {
+  if (!h || !msg || !len) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  /* Hashed now, not after the last apply, so that a replica changed in between is caught. */
+  h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  uint64_t s0 = nb_trainer_samples(h->t);
+  double t0 = nb_now_s();
+  if (h->cfg.round_seconds > 0) {
+    NB_CHECK(nb_trainer_steps_budget(h->t, h->cfg.inner_steps, h->cfg.round_seconds, &h->steps,
+                                     &h->loss));
+  } else {
+    NB_CHECK(nb_trainer_steps(h->t, h->cfg.inner_steps, &h->loss));
+    h->steps = h->cfg.inner_steps;
+  }
+  double t1 = nb_now_s();
+  h->compute_s = t1 - t0;
+  h->samples = nb_trainer_samples(h->t) - s0;
+
+  size_t n;
+  const float* local = nb_trainer_sync_params(h->t, &n);
+  for (size_t i = 0; i < n; i++) h->delta[i] = h->global[i] - local[i];
+  size_t flen = 0;
+  uint8_t* frame = h->msg + NB_HYBRID_MSG_HEADER_BYTES;
+  size_t cap = h->msg_cap - NB_HYBRID_MSG_HEADER_BYTES;
+  uint32_t me = h->cfg.cluster_index;
+  if (h->cfg.density >= 1)
+    NB_CHECK(nb_codec_encode_dense(h->codec, h->delta, n, h->round, me, frame, cap, &flen));
+  else
+    NB_CHECK(nb_codec_encode_sparse(h->codec, h->delta, h->cfg.error_feedback ? h->residual : NULL,
+                                    n, h->cfg.density, h->round, me, frame, cap, &flen));
+  nb__hy_write_header(h, 0, flen);
+  h->codec_s = nb_now_s() - t1;
+  *msg = h->msg;
+  *len = h->msg_len;
+  return NB_OK;
+}
+
+/* Parses and checks the messages of this round: one per cluster, right round and kind, and
+ * the same theta_global hash as ours. byc[c] receives cluster c's header. */
+static nb_status_t nb__hy_collect(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
+                                  uint32_t flags, nb__hy_hdr_t* byc) {
+  uint32_t nc = h->cfg.n_clusters;
+  if (!msgs || n_msgs != nc)
+    return nb_error(NB_ERR_INVALID, "hybrid: round %llu: %zu messages for %u clusters",
+                    (unsigned long long)h->round, n_msgs, nc);
+  uint8_t seen[NB_HYBRID_MAX_CLUSTERS] = {0};
+  for (size_t i = 0; i < n_msgs; i++) {
+    nb__hy_hdr_t hd;
+    NB_CHECK(nb__hy_parse(&msgs[i], &hd));
+    if (hd.sender >= nc || seen[hd.sender])
+      return nb_error(NB_ERR_INVALID, "hybrid: round %llu: unexpected or repeated sender %u",
+                      (unsigned long long)h->round, hd.sender);
+    seen[hd.sender] = 1;
+    if (hd.round != h->round || hd.flags != flags)
+      return nb_error(NB_ERR_INVALID,
+                      "hybrid: cluster %u sent round %llu (flags %u); expected round %llu "
+                      "(flags %u)",
+                      hd.sender, (unsigned long long)hd.round, hd.flags,
+                      (unsigned long long)h->round, flags);
+    if (hd.hash != h->hash)
+      return nb_error(NB_ERR_INTEGRITY,
+                      "hybrid: round %llu: theta_global of cluster %u (xxh3 %016llx) differs "
+                      "from ours (cluster %u, %016llx): the replicas diverged",
+                      (unsigned long long)h->round, hd.sender, (unsigned long long)hd.hash,
+                      h->cfg.cluster_index, (unsigned long long)h->hash);
+    byc[hd.sender] = hd;
+  }
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
+                            nb_hybrid_round_t* rec) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  double t0 = nb_now_s();
+  nb__hy_hdr_t byc[NB_HYBRID_MAX_CLUSTERS];
+  NB_CHECK(nb__hy_collect(h, msgs, n_msgs, 0, byc));
+  uint32_t nc = h->cfg.n_clusters;
+  uint64_t total = 0;
+  for (uint32_t c = 0; c < nc; c++) {
+    if (total + byc[c].samples < total)
+      return nb_error(NB_ERR_INVALID, "hybrid: sample counts overflow");
+    total += byc[c].samples;
+    nb_frame_info_t fi;
+    NB_CHECK(nb_error_wrap(nb_codec_frame_info(byc[c].frame, byc[c].frame_len, NULL, &fi),
+                           "hybrid: frame of a cluster"));
+    if (fi.n != h->n || fi.sender != c || fi.round != h->round)
+      return nb_error(NB_ERR_INVALID,
+                      "hybrid: cluster %u's frame is for n %llu sender %u round %llu; expected "
+                      "n %zu sender %u round %llu",
+                      c, (unsigned long long)fi.n, fi.sender, (unsigned long long)fi.round, h->n, c,
+                      (unsigned long long)h->round);
+  }
+  if (total == 0) return nb_error(NB_ERR_INVALID, "hybrid: no cluster trained on any sample");
+  /* The weighted sum, in cluster order, into a zeroed buffer: the same bits everywhere. */
+  memset(h->delta, 0, h->n * sizeof(float));
+  for (uint32_t c = 0; c < nc; c++) {
+    float w = (float)((double)byc[c].samples / (double)total);
+    nb_status_t st = nb_codec_decode_accumulate(h->codec, byc[c].frame, byc[c].frame_len, w,
+                                                h->delta, h->n, NULL);
+    if (st != NB_OK) return nb_error_wrap(st, "hybrid: decoding a cluster's frame");
+  }
+  nb_outer_step(h->global, h->delta, h->momentum, h->cfg.outer_lr, h->cfg.outer_momentum, h->n);
+  NB_CHECK(nb_trainer_set_sync_params(h->t, h->global, h->n));
+  h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  if (rec) {
+    memset(rec, 0, sizeof *rec);
+    rec->round = h->round;
+    rec->steps = h->steps;
+    rec->samples = h->samples;
+    rec->samples_all = total;
+    rec->loss = h->loss;
+    rec->msg_bytes = h->msg_len;
+    rec->density = h->cfg.density;
+    rec->compute_s = h->compute_s;
+    rec->codec_s = h->codec_s + (nb_now_s() - t0);
+    rec->global_hash = h->hash;
+  }
+  h->round++;
+  return NB_OK;
+}
+
+static void nb__hy_release(nb_hybrid_msg_t* m, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    nb_free(m[i].data);
+    m[i].data = NULL;
+    m[i].len = 0;
+  }
+}
+
+/* Exchanges our current message; all[0] is ours (borrowed), all[1..] the peers' (owned). */
+static nb_status_t nb__hy_exchange(nb_hybrid_t* h, nb_hybrid_msg_t* all, uint64_t* sent,
+                                   double* secs) {
+  if (!h->cfg.exchange) return nb_error(NB_ERR_CONFIG, "hybrid: no exchange callback");
+  all[0].data = h->msg;
+  all[0].len = h->msg_len;
+  double t0 = nb_now_s();
+  nb_status_t st = NB_OK;
+  if (h->cfg.n_clusters > 1)
+    st = h->cfg.exchange(h->cfg.exchange_ctx, h->round, h->msg, h->msg_len, all + 1,
+                         h->cfg.n_clusters - 1, sent);
+  *secs = nb_now_s() - t0;
+  if (st != NB_OK) {
+    nb__hy_release(all + 1, h->cfg.n_clusters - 1);
+    return nb_error_wrap(st, "hybrid: exchange");
+  }
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_round(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  const uint8_t* msg;
+  size_t len;
+  NB_CHECK(nb_hybrid_prepare(h, &msg, &len));
+  nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+  uint64_t sent = 0;
+  double secs = 0;
+  NB_CHECK(nb__hy_exchange(h, all, &sent, &secs));
+  nb_status_t st = nb_hybrid_apply(h, all, h->cfg.n_clusters, rec);
+  nb__hy_release(all + 1, h->cfg.n_clusters - 1);
+  if (st == NB_OK && rec) {
+    rec->bytes_sent = sent;
+    rec->exchange_s = secs;
+  }
+  return st;
+}
+
+nb_status_t nb_hybrid_finish(nb_hybrid_t* h) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  h->samples = 0;
+  h->steps = 0;
+  h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  nb__hy_write_header(h, NB__HY_FLAG_HASH_ONLY, 0);
+  nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+  uint64_t sent = 0;
+  double secs = 0;
+  NB_CHECK(nb__hy_exchange(h, all, &sent, &secs));
+  nb__hy_hdr_t byc[NB_HYBRID_MAX_CLUSTERS];
+  nb_status_t st = nb__hy_collect(h, all, h->cfg.n_clusters, NB__HY_FLAG_HASH_ONLY, byc);
+  nb__hy_release(all + 1, h->cfg.n_clusters - 1);
+  return st;
+}
+
+float* nb_hybrid_global(nb_hybrid_t* h, size_t* n) {
+  if (n) *n = h->n;
+  return h->global;
+}
+
+uint64_t nb_hybrid_global_hash(const nb_hybrid_t* h) {
+  return nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+}
+
+uint64_t nb_hybrid_rounds(const nb_hybrid_t* h) {
+  return h->round;
+}

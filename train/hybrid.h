@@ -1,0 +1,118 @@
+/* train/hybrid: the cross-datacenter round of the `outer` (DiLoCo-style) sync mode as a library:
+ * theta_global on the host, K inner steps, pseudo-gradient through the codec with error feedback,
+ * an exchange through a callback, a sample-weighted sum in cluster order, the outer Nesterov step
+ * and a hash check that every cluster holds bit-identical theta_global. It does not own processes,
+ * sockets or job descriptors: the worker plugs inter/exchange into the callback, tests plug in
+ * an in-process rendezvous. */
+#ifndef NB_TRAIN_HYBRID_H
+#define NB_TRAIN_HYBRID_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "compress/compress.h"
+#include "train/trainer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Size of the message header in front of the codec frame (docs/hybrid.md). */
+#define NB_HYBRID_MSG_HEADER_BYTES 64
+#define NB_HYBRID_MSG_MAGIC 0x5948424eu /* bytes 'N' 'B' 'H' 'Y' */
+#define NB_HYBRID_MAX_CLUSTERS 64
+
+/* One received message (a peer's, or our own). data is owned by the hybrid after the exchange
+ * callback returns (allocated with nb_alloc; freed with nb_free). */
+typedef struct {
+  uint8_t* data;
+  size_t len;
+} nb_hybrid_msg_t;
+
+/* The exchange: send `msg` (len bytes, borrowed) of `round` to every other cluster and fill
+ * peers[0..n_peers) with their messages of that round (any order; each entry's data allocated
+ * with nb_alloc and handed over, also on failure for the entries set). *bytes_sent: bytes put on
+ * the WAN by us this round (nullable). A non-OK status aborts the round. */
+typedef nb_status_t (*nb_hybrid_exchange_fn)(void* ctx, uint64_t round, const void* msg, size_t len,
+                                             nb_hybrid_msg_t* peers, size_t n_peers,
+                                             uint64_t* bytes_sent);
+
+typedef struct {
+  uint32_t cluster_index; /* our position in the cluster-id order, < n_clusters */
+  uint32_t n_clusters;    /* 1..NB_HYBRID_MAX_CLUSTERS */
+  long inner_steps;       /* H: inner steps per round (>= 1); the cap of a timed round */
+  double round_seconds;   /* > 0: a round is this wall-time budget (at least one step) */
+  float outer_lr;         /* outer Nesterov learning rate (> 0; 1 with momentum 0 = averaging) */
+  float outer_momentum;   /* [0, 1) */
+  double density;         /* top-k fraction in (0, 1]; 1 = a dense frame (no error feedback) */
+  int error_feedback;     /* keep the residual of what top-k / quantization dropped */
+  nb_values_t values;     /* value type on the wire */
+  int zstd_level;         /* 0..19 */
+  nb_hybrid_exchange_fn exchange; /* required by nb_hybrid_round; unused by prepare/apply */
+  void* exchange_ctx;
+} nb_hybrid_config_t;
+
+/* Defaults: one cluster, H 50, outer lr 0.7 momentum 0.9, density 0.01, error feedback, int8,
+ * zstd 3, no exchange. */
+void nb_hybrid_config_defaults(nb_hybrid_config_t* cfg);
+
+/* What one round did (also the rows of a worker's rounds.tsv). */
+typedef struct {
+  uint64_t round;       /* 0-based */
+  long steps;           /* inner steps taken by this cluster */
+  uint64_t samples;     /* sequences this cluster trained on in the round */
+  uint64_t samples_all; /* all clusters together: the denominator of the weights */
+  double loss;          /* this cluster's mean inner training loss */
+  uint64_t msg_bytes;   /* our message (header + codec frame) */
+  uint64_t bytes_sent;  /* put on the WAN by us (from the exchange; msg_bytes x peers in tests) */
+  double density;       /* used for our frame */
+  double compute_s;     /* inner steps */
+  double codec_s;       /* encode + decode + outer step */
+  double exchange_s;    /* inside the exchange callback */
+  uint64_t global_hash; /* XXH3-64 of theta_global after the round */
+} nb_hybrid_round_t;
+
+typedef struct nb_hybrid nb_hybrid_t;
+/* Thread safety: one thread at a time per hybrid (it drives its trainer). */
+
+/* Creates the round state for trainer t (borrowed; must outlive h): theta_global = the trainer's
+ * synced buffer now, zero momentum and residual, a codec. cfg is copied. NB_ERR_CONFIG naming a
+ * bad field, NB_ERR_NOMEM, the codec's errors. */
+nb_status_t nb_hybrid_create(const nb_hybrid_config_t* cfg, nb_trainer_t* t, nb_hybrid_t** out);
+void nb_hybrid_destroy(nb_hybrid_t* h); /* NULL ok */
+
+/* One whole round: prepare, exchange through cfg.exchange, apply. *rec (nullable) receives the
+ * round's figures. Errors of prepare, the exchange's status (wrapped), and of apply. */
+nb_status_t nb_hybrid_round(nb_hybrid_t* h, nb_hybrid_round_t* rec);
+
+/* The halves of a round, for drivers that exchange on their own (tests, overlap):
+ * prepare runs the inner steps and encodes Delta = theta_global - theta_local into our message
+ * (*msg borrowed from h, valid until the next prepare). Errors of the trainer and the codec. */
+nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len);
+/* apply takes every cluster's message of this round (ours included, any order; borrowed),
+ * checks them (round, one per cluster, same theta_global hash as ours at the round's start),
+ * sums the decoded Deltas in cluster order weighted by samples, takes the outer step on
+ * theta_global and copies it into the trainer. *rec (nullable) gets the round's figures
+ * (exchange_s and bytes_sent left 0). NB_ERR_INTEGRITY when a cluster's theta_global hash
+ * differs from ours (names the cluster and both hashes) or a frame fails its checksum;
+ * NB_ERR_CODEC / NB_ERR_INVALID for a malformed or unexpected message (theta_global is then
+ * unchanged). */
+nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
+                            nb_hybrid_round_t* rec);
+
+/* A final hash-only exchange through cfg.exchange so that the last round's result is compared
+ * too. NB_ERR_INTEGRITY as apply, or the exchange's status. */
+nb_status_t nb_hybrid_finish(nb_hybrid_t* h);
+
+/* theta_global (n floats, owned by h). Writing into it is for tests that corrupt a replica. */
+float* nb_hybrid_global(nb_hybrid_t* h, size_t* n);
+/* XXH3-64 of theta_global as it is now. */
+uint64_t nb_hybrid_global_hash(const nb_hybrid_t* h);
+/* Rounds completed. */
+uint64_t nb_hybrid_rounds(const nb_hybrid_t* h);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
