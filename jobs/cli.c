@@ -8,6 +8,7 @@
 #include "common/common.h"
 #include "jobs/train_cli.h"
 #include "jobs/validate_cli.h"
+#include "jobs/worker_cli.h"
 #include "security/security.h"
 
 static int nb__cmd_help(int argc, char** argv);
@@ -33,8 +34,10 @@ static const nb_cli_cmd_t nb__cmds[] = {
     {"certs", "manage the federation PKI: CA, cluster and user certificates", nb_certs_main},
     {"env", "list the environment parameters and their values", nb__cmd_env},
     {"eval", "held-out bits per byte per language of a checkpoint", nb_eval_main},
+    {"run", "run every cluster of a job on this machine over loopback", nb_run_main},
     {"train", "train one cluster of a job descriptor in this process", nb_train_main},
     {"validate", "check a job descriptor and print it with defaults filled in", nb_validate_main},
+    {"worker", "run one cluster's leader of a job (nebula run starts these)", nb_worker_main},
     {"version", "print the version", nb__cmd_version},
     {"help", "show this help", nb__cmd_help},
 };
