@@ -357,6 +357,14 @@ int nb_run_main(int argc, char** argv) {
       dup2(fd, 2);
       close(fd);
       signal(SIGINT, SIG_IGN); /* the parent decides; it sends SIGTERM */
+      /* share the cores among the clusters unless the job or the user says otherwise */
+      long cores = sysconf(_SC_NPROCESSORS_ONLN);
+      char th[24];
+      snprintf(th, sizeof th, "%ld", cores / n > 1 ? cores / n : 1);
+      if (job->clusters[i].threads_per_worker > 0)
+        snprintf(th, sizeof th, "%d", job->clusters[i].threads_per_worker);
+      setenv("NB_TRAIN_THREADS", th, 0);
+      setenv("OPENBLAS_NUM_THREADS", th, 0);
       execv("/proc/self/exe", (char* const*)av);
       fprintf(stderr, "nebula run: exec: %s\n", strerror(errno));
       _exit(127);
