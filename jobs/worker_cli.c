@@ -5,6 +5,7 @@
  * density and fault recovery. */
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,9 @@
 
 #include "common/common.h"
 #include "compress/compress.h"
+#include "inter/estimator.h"
 #include "inter/exchange.h"
+#include "inter/sched.h"
 #include "jobs/cli.h"
 #include "jobs/descriptor.h"
 #include "jobs/train_cli.h"
@@ -96,6 +99,27 @@ static nb_status_t nb__wk_exchange(void* ctx, uint64_t round, const void* msg, s
   return st;
 }
 
+/* Codec bits per kept value and per index, for the scheduler's prediction: int8 carries one
+ * fp32 scale per block; delta+varint indices take about log2(1/density)/7 bytes each. */
+static void nb__wk_bits(nb_values_t v, double density, double* per_value, double* per_index) {
+  *per_value = v == NB_VALUES_FP32 ? 32 : v == NB_VALUES_INT8 ? 8 + 32.0 / 256 : 16;
+  double gap = density > 0 ? 1.0 / density : 1;
+  double bytes = ceil(log2(gap + 1) / 7);
+  *per_index = 8 * (bytes < 1 ? 1 : bytes);
+}
+
+/* The slowest peer link's estimate (goodput 0 while any link has none yet). */
+static void nb__wk_estimate(nb_exchange_t* ex, nb_estimate_t* out) {
+  memset(out, 0, sizeof *out);
+  size_t np = ex ? nb_exchange_peer_count(ex) : 0;
+  for (size_t i = 0; i < np; i++) {
+    nb_estimate_t e;
+    nb_estimator_get(nb_link_estimator(nb_exchange_link(ex, i)), &e);
+    if (i == 0 || e.goodput_Bps < out->goodput_Bps) out->goodput_Bps = e.goodput_Bps;
+    if (e.rtt_s > out->rtt_s) out->rtt_s = e.rtt_s;
+  }
+}
+
 static int nb__wk_mkdirs(const char* path) {
   char tmp[NB_JOB_PATH_MAX];
   if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
@@ -175,6 +199,7 @@ int nb_worker_main(int argc, char** argv) {
   nb_exchange_t* ex = NULL;
   FILE* tsv = NULL;
   json_t* sum = NULL;
+  json_t* decisions = NULL;
   uint8_t secret[NB_SEAL_SECRET_BYTES];
   int have_secret = 0;
   if (nb_calloc((void**)&job, 1, sizeof *job, "job") != NB_OK ||
@@ -361,6 +386,22 @@ int nb_worker_main(int argc, char** argv) {
   }
   size_t n_params;
   nb_hybrid_global(h, &n_params);
+  int adaptive = job->compression.adaptive && ex != NULL;
+  nb_sched_config_t scfg;
+  nb_sched_config_default(&scfg);
+  scfg.density_floor = job->compression.density_min;
+  scfg.density_ceiling = job->compression.density_max;
+  scfg.initial_density = job->compression.density_initial;
+  scfg.overlap = 0; /* overlap is not implemented: the transfer stalls training */
+  if (job->compression.budget_fraction > 0 && job->compression.budget_fraction <= 1)
+    scfg.fraction = job->compression.budget_fraction;
+  if (adaptive && nb_sched_config_check(&scfg) != NB_OK) {
+    rc = nb__wk_fail(cluster, "compression settings for the scheduler");
+    goto done;
+  }
+  nb_sched_decision_t dec, prev_dec;
+  int have_dec = 0;
+  decisions = json_array();
   long rounds = (long)((job->training.max_steps + hc.inner_steps - 1) / hc.inner_steps);
   printf(
       "nebula worker: job %s, cluster %s (%u of %d), %zu synced parameters, %ld rounds of %ld "
@@ -378,7 +419,7 @@ int nb_worker_main(int argc, char** argv) {
   fprintf(tsv,
           "round\tsteps\tsamples\tsamples_all\tloss\tmsg_bytes\tbytes_sent\tdensity\t"
           "compute_s\tcodec_s\texchange_s\tglobal_xxh3\n");
-  double compute_s = 0, exchange_s = 0, codec_s = 0, last_loss = 0;
+  double compute_s = 0, exchange_s = 0, codec_s = 0, last_loss = 0, density_sum = 0;
   uint64_t wan_bytes = 0, msg_bytes = 0;
   long steps_done = 0;
   for (long r = 0; r < rounds; r++) {
@@ -394,6 +435,7 @@ int nb_worker_main(int argc, char** argv) {
     msg_bytes += rec.msg_bytes;
     steps_done += rec.steps;
     last_loss = rec.loss;
+    density_sum += rec.density;
     fprintf(tsv, "%llu\t%ld\t%llu\t%llu\t%.6f\t%llu\t%llu\t%g\t%.4f\t%.4f\t%.4f\t%016llx\n",
             (unsigned long long)rec.round, rec.steps, (unsigned long long)rec.samples,
             (unsigned long long)rec.samples_all, rec.loss, (unsigned long long)rec.msg_bytes,
@@ -406,6 +448,43 @@ int nb_worker_main(int argc, char** argv) {
         r + 1, rounds, rec.steps, rec.loss, rec.msg_bytes / 1024.0, rec.density, rec.compute_s,
         rec.exchange_s, (unsigned long long)rec.global_hash);
     fflush(stdout);
+    if (adaptive && r + 1 < rounds) {
+      /* the next round's density (and length) from the measured link and compute */
+      nb_estimate_t est;
+      nb__wk_estimate(ex, &est);
+      nb_sched_input_t in;
+      memset(&in, 0, sizeof in);
+      in.round = (uint64_t)r + 1;
+      nb_sched_input_from_estimate(&in, &est);
+      in.step_compute_s = rec.steps > 0 ? rec.compute_s / (double)rec.steps : 0;
+      in.steps = (uint32_t)hc.inner_steps;
+      in.n_params = n_params;
+      nb__wk_bits(hc.values, rec.density, &in.bits_per_value, &in.bits_per_index);
+      in.fanout = 1; /* one capped link per peer */
+      in.round_s = hc.round_seconds;
+      if (nb_sched_decide(&scfg, &in, have_dec ? &prev_dec : NULL, &dec) != NB_OK ||
+          nb_hybrid_set_density(h, dec.density) != NB_OK ||
+          nb_hybrid_set_inner_steps(h, (long)dec.steps) != NB_OK) {
+        rc = nb__wk_fail(cluster, "scheduler");
+        goto done;
+      }
+      prev_dec = dec;
+      have_dec = 1;
+      char line[512];
+      nb_sched_decision_format(&dec, line, sizeof line);
+      printf("%s\n", line);
+      json_t* d = json_object();
+      json_object_set_new(d, "round", json_integer(r + 1));
+      json_object_set_new(d, "reason", json_string(nb_sched_reason_name(dec.reason)));
+      json_object_set_new(d, "density", json_real(dec.density));
+      json_object_set_new(d, "steps", json_integer(dec.steps));
+      json_object_set_new(d, "goodput_Bps", json_real(in.goodput_Bps));
+      json_object_set_new(d, "rtt_s", json_real(in.rtt_s));
+      json_object_set_new(d, "step_compute_s", json_real(in.step_compute_s));
+      json_object_set_new(d, "predicted_transfer_s", json_real(dec.transfer_s));
+      json_object_set_new(d, "budget_s", json_real(dec.budget_s));
+      json_array_append_new(decisions, d);
+    }
   }
   if (nb_hybrid_finish(h) != NB_OK) {
     rc = nb__wk_fail(cluster, "final check");
@@ -446,10 +525,12 @@ int nb_worker_main(int argc, char** argv) {
   json_object_set_new(sum, "compute_utilization", json_real(wall > 0 ? compute_s / wall : 0));
   json_object_set_new(sum, "wan_bytes_sent", json_integer((json_int_t)wan_bytes));
   json_object_set_new(sum, "msg_bytes", json_integer((json_int_t)msg_bytes));
-  json_object_set_new(sum, "density", json_real(hc.density));
+  json_object_set_new(sum, "density_mean", json_real(rounds > 0 ? density_sum / rounds : 0));
   json_object_set_new(sum, "values", json_string(nb_values_name(hc.values)));
   json_object_set_new(sum, "bits_per_param_per_sync", json_real(bpp));
   json_object_set_new(sum, "global_xxh3", json_string(hex));
+  json_object_set_new(sum, "adaptive", json_boolean(adaptive));
+  json_object_set(sum, "decisions", decisions);
   json_object_set_new(sum, "tls", json_boolean(tls != NULL));
   json_object_set_new(sum, "sealed", json_boolean(have_secret));
   char tmp[NB_JOB_PATH_MAX + 64];
@@ -465,6 +546,7 @@ int nb_worker_main(int argc, char** argv) {
       cluster, rounds, ev.mean_bpb, wan_bytes / 1024.0, wall, hex);
   rc = NB_EXIT_OK;
 done:
+  json_decref(decisions);
   json_decref(sum);
   if (tsv) fclose(tsv);
   nb_hybrid_destroy(h);

@@ -195,6 +195,13 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
   h->compute_s = t1 - t0;
   h->samples = nb_trainer_samples(h->t) - s0;
 
+  size_t k = h->cfg.density >= 1 ? h->n : nb_codec_k_for_density(h->n, h->cfg.density);
+  size_t need = NB_HYBRID_MSG_HEADER_BYTES +
+                nb_codec_frame_bound(h->n, k, h->cfg.values, nb_codec_config(h->codec)->block_size);
+  if (need > h->msg_cap) {
+    NB_CHECK(nb_realloc((void**)&h->msg, need, 1, "hybrid message"));
+    h->msg_cap = need;
+  }
   size_t n;
   const float* local = nb_trainer_sync_params(h->t, &n);
   for (size_t i = 0; i < n; i++) h->delta[i] = h->global[i] - local[i];
@@ -357,6 +364,21 @@ nb_status_t nb_hybrid_finish(nb_hybrid_t* h) {
   nb_status_t st = nb__hy_collect(h, all, h->cfg.n_clusters, NB__HY_FLAG_HASH_ONLY, byc);
   nb__hy_release(all + 1, h->cfg.n_clusters - 1);
   return st;
+}
+
+nb_status_t nb_hybrid_set_density(nb_hybrid_t* h, double density) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (!(density > 0 && density <= 1))
+    return nb_error(NB_ERR_CONFIG, "hybrid: density %g outside (0, 1]", density);
+  h->cfg.density = density;
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (steps < 1) return nb_error(NB_ERR_CONFIG, "hybrid: inner_steps %ld < 1", steps);
+  h->cfg.inner_steps = steps;
+  return NB_OK;
 }
 
 float* nb_hybrid_global(nb_hybrid_t* h, size_t* n) {

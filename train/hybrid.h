@@ -105,6 +105,13 @@ nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t 
  * too. NB_ERR_INTEGRITY as apply, or the exchange's status. */
 nb_status_t nb_hybrid_finish(nb_hybrid_t* h);
 
+/* Sets the density of the next rounds' frames, (0, 1] (the adaptive scheduler's decision); the
+ * message buffer grows on the next prepare when needed. NB_ERR_CONFIG when out of range. */
+nb_status_t nb_hybrid_set_density(nb_hybrid_t* h, double density);
+/* Sets H, the inner steps of the next rounds (>= 1; the cap of a wall-time round).
+ * NB_ERR_CONFIG when < 1. */
+nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps);
+
 /* theta_global (n floats, owned by h). Writing into it is for tests that corrupt a replica. */
 float* nb_hybrid_global(nb_hybrid_t* h, size_t* n);
 /* XXH3-64 of theta_global as it is now. */

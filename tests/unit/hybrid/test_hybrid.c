@@ -222,6 +222,11 @@ static void test_replicas_bit_identical(void** state) {
   float* g0 = malloc(n * 4);
   memcpy(g0, nb_hybrid_global(p.h[0], NULL), n * 4);
   for (int r = 0; r < 12; r++) {
+    if (r == 6) { /* the scheduler may change one cluster's density and round length */
+      assert_int_equal(nb_hybrid_set_density(p.h[1], 0.3), NB_OK);
+      assert_int_equal(nb_hybrid_set_inner_steps(p.h[0], 3), NB_OK);
+      assert_int_equal(nb_hybrid_set_density(p.h[0], 0), NB_ERR_CONFIG);
+    }
     nb_hybrid_round_t rec[2];
     uint8_t* cp[2];
     assert_int_equal(lockstep(&p, rec, cp), NB_OK);
@@ -231,6 +236,8 @@ static void test_replicas_bit_identical(void** state) {
     assert_true(rec[0].global_hash == nb_hybrid_global_hash(p.h[0]));
     assert_true(isfinite(rec[0].loss) && rec[0].loss > 0);
     assert_int_equal(rec[0].round, (uint64_t)r);
+    assert_int_equal(rec[0].steps, r < 6 ? 2 : 3);
+    if (r >= 6) assert_true(rec[1].msg_bytes > rec[0].msg_bytes);
     /* a sparse frame is much smaller than the dense buffer */
     assert_true(rec[0].msg_bytes < n * 4 / 4);
   }

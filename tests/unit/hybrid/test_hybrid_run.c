@@ -137,6 +137,16 @@ static void test_run_two_clusters(void** state) {
     assert_true(json_is_true(json_object_get(s, "tls")));
     assert_true(json_is_true(json_object_get(s, "sealed")));
     assert_true(json_integer_value(json_object_get(s, "wan_bytes_sent")) > 0);
+    /* compression.adaptive defaults to on: one logged decision before each later round */
+    assert_true(json_is_true(json_object_get(s, "adaptive")));
+    json_t* dec = json_object_get(s, "decisions");
+    assert_int_equal(json_array_size(dec), 2);
+    for (size_t i = 0; i < 2; i++) {
+      json_t* d = json_array_get(dec, i);
+      double den = json_real_value(json_object_get(d, "density"));
+      assert_true(den >= 0.001 && den <= 0.1);
+      assert_non_null(json_string_value(json_object_get(d, "reason")));
+    }
     double bpp = json_real_value(json_object_get(s, "bits_per_param_per_sync"));
     assert_true(bpp > 0 && bpp < 32 * 0.5); /* sparse: far below dense fp32 */
     double bpb = json_real_value(json_object_get(s, "final_eval_mean_bpb"));
