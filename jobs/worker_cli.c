@@ -234,11 +234,6 @@ int nb_worker_main(int argc, char** argv) {
     rc = NB_EXIT_USAGE;
     goto done;
   }
-  if (job->sync.overlap)
-    fprintf(stderr,
-            "nebula worker: %s: sync.overlap is not implemented yet; rounds run "
-            "without overlap\n",
-            cluster);
   /* every other cluster needs exactly one --peer */
   if (n_peer_arg != job->n_clusters - 1) {
     fprintf(stderr,
@@ -378,6 +373,7 @@ int nb_worker_main(int argc, char** argv) {
   hc.error_feedback = job->compression.error_feedback;
   hc.values = nb__wk_values(job->compression.values);
   hc.zstd_level = job->compression.zstd_level;
+  hc.overlap = job->sync.overlap;
   hc.exchange = nb__wk_exchange;
   hc.exchange_ctx = &xctx;
   if (nb_hybrid_create(&hc, t, &h) != NB_OK) {
@@ -392,7 +388,7 @@ int nb_worker_main(int argc, char** argv) {
   scfg.density_floor = job->compression.density_min;
   scfg.density_ceiling = job->compression.density_max;
   scfg.initial_density = job->compression.density_initial;
-  scfg.overlap = 0; /* overlap is not implemented: the transfer stalls training */
+  scfg.overlap = job->sync.overlap;
   if (job->compression.budget_fraction > 0 && job->compression.budget_fraction <= 1)
     scfg.fraction = job->compression.budget_fraction;
   if (adaptive && nb_sched_config_check(&scfg) != NB_OK) {
@@ -405,9 +401,9 @@ int nb_worker_main(int argc, char** argv) {
   long rounds = (long)((job->training.max_steps + hc.inner_steps - 1) / hc.inner_steps);
   printf(
       "nebula worker: job %s, cluster %s (%u of %d), %zu synced parameters, %ld rounds of %ld "
-      "steps, density %g %s, exchange on port %d\n",
+      "steps, density %g %s%s, exchange on port %d\n",
       job->name, cluster, index, job->n_clusters, n_params, rounds, hc.inner_steps, hc.density,
-      nb_values_name(hc.values), ex ? nb_exchange_port(ex) : 0);
+      nb_values_name(hc.values), hc.overlap ? ", overlap" : "", ex ? nb_exchange_port(ex) : 0);
   fflush(stdout);
 
   snprintf(path, sizeof path, "%s/rounds.tsv", odir);
@@ -510,6 +506,7 @@ int nb_worker_main(int argc, char** argv) {
   json_object_set_new(sum, "cluster_index", json_integer(index));
   json_object_set_new(sum, "pid", json_integer(getpid()));
   json_object_set_new(sum, "mode", json_string("outer"));
+  json_object_set_new(sum, "overlap", json_boolean(hc.overlap));
   json_object_set_new(sum, "params_synced", json_integer((json_int_t)n_params));
   json_object_set_new(sum, "rounds", json_integer(rounds));
   json_object_set_new(sum, "inner_steps", json_integer(steps_done));

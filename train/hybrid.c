@@ -5,6 +5,8 @@
 #include "train/hybrid.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -25,6 +27,17 @@ struct nb_hybrid {
   size_t msg_cap, msg_len;
   uint64_t round;
   uint64_t hash; /* of theta_global at the start of the current round */
+  /* overlap: the exchange of round inflight_round runs on `thread` with a copy of our message */
+  int inflight;
+  pthread_t thread;
+  uint64_t inflight_round, inflight_hash;
+  uint8_t* fly; /* our message of that round */
+  size_t fly_cap, fly_len;
+  nb_hybrid_msg_t fly_peers[NB_HYBRID_MAX_CLUSTERS];
+  nb_status_t fly_status;
+  char fly_error[256];
+  uint64_t fly_sent;
+  double fly_secs;
   /* prepare's figures for the record */
   long steps;
   uint64_t samples;
@@ -167,8 +180,15 @@ fail:
   return st;
 }
 
+static void nb__hy_release(nb_hybrid_msg_t* m, size_t n);
+
 void nb_hybrid_destroy(nb_hybrid_t* h) {
   if (!h) return;
+  if (h->inflight) {
+    pthread_join(h->thread, NULL);
+    nb__hy_release(h->fly_peers, NB_HYBRID_MAX_CLUSTERS);
+  }
+  nb_free(h->fly);
   nb_codec_destroy(h->codec);
   nb_free(h->global);
   nb_free(h->momentum);
@@ -224,42 +244,43 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
 /* Parses and checks the messages of this round: one per cluster, right round and kind, and
  * the same theta_global hash as ours. byc[c] receives cluster c's header. */
 static nb_status_t nb__hy_collect(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
-                                  uint32_t flags, nb__hy_hdr_t* byc) {
+                                  uint32_t flags, uint64_t round, uint64_t hash,
+                                  nb__hy_hdr_t* byc) {
   uint32_t nc = h->cfg.n_clusters;
   if (!msgs || n_msgs != nc)
     return nb_error(NB_ERR_INVALID, "hybrid: round %llu: %zu messages for %u clusters",
-                    (unsigned long long)h->round, n_msgs, nc);
+                    (unsigned long long)round, n_msgs, nc);
   uint8_t seen[NB_HYBRID_MAX_CLUSTERS] = {0};
   for (size_t i = 0; i < n_msgs; i++) {
     nb__hy_hdr_t hd;
     NB_CHECK(nb__hy_parse(&msgs[i], &hd));
     if (hd.sender >= nc || seen[hd.sender])
       return nb_error(NB_ERR_INVALID, "hybrid: round %llu: unexpected or repeated sender %u",
-                      (unsigned long long)h->round, hd.sender);
+                      (unsigned long long)round, hd.sender);
     seen[hd.sender] = 1;
-    if (hd.round != h->round || hd.flags != flags)
+    if (hd.round != round || hd.flags != flags)
       return nb_error(NB_ERR_INVALID,
                       "hybrid: cluster %u sent round %llu (flags %u); expected round %llu "
                       "(flags %u)",
-                      hd.sender, (unsigned long long)hd.round, hd.flags,
-                      (unsigned long long)h->round, flags);
-    if (hd.hash != h->hash)
+                      hd.sender, (unsigned long long)hd.round, hd.flags, (unsigned long long)round,
+                      flags);
+    if (hd.hash != hash)
       return nb_error(NB_ERR_INTEGRITY,
                       "hybrid: round %llu: theta_global of cluster %u (xxh3 %016llx) differs "
                       "from ours (cluster %u, %016llx): the replicas diverged",
-                      (unsigned long long)h->round, hd.sender, (unsigned long long)hd.hash,
-                      h->cfg.cluster_index, (unsigned long long)h->hash);
+                      (unsigned long long)round, hd.sender, (unsigned long long)hd.hash,
+                      h->cfg.cluster_index, (unsigned long long)hash);
     byc[hd.sender] = hd;
   }
   return NB_OK;
 }
 
-nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
-                            nb_hybrid_round_t* rec) {
-  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+/* Checks and applies the messages of `round`, whose senders held theta_global with `hash`. */
+static nb_status_t nb__hy_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
+                                uint64_t round, uint64_t hash, nb_hybrid_round_t* rec) {
   double t0 = nb_now_s();
   nb__hy_hdr_t byc[NB_HYBRID_MAX_CLUSTERS];
-  NB_CHECK(nb__hy_collect(h, msgs, n_msgs, 0, byc));
+  NB_CHECK(nb__hy_collect(h, msgs, n_msgs, 0, round, hash, byc));
   uint32_t nc = h->cfg.n_clusters;
   uint64_t total = 0;
   for (uint32_t c = 0; c < nc; c++) {
@@ -269,7 +290,7 @@ nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t 
     nb_frame_info_t fi;
     NB_CHECK(nb_error_wrap(nb_codec_frame_info(byc[c].frame, byc[c].frame_len, NULL, &fi),
                            "hybrid: frame of a cluster"));
-    if (fi.n != h->n || fi.sender != c || fi.round != h->round)
+    if (fi.n != h->n || fi.sender != c || fi.round != round)
       return nb_error(NB_ERR_INVALID,
                       "hybrid: cluster %u's frame is for n %llu sender %u round %llu; expected "
                       "n %zu sender %u round %llu",
@@ -290,7 +311,7 @@ nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t 
   h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
   if (rec) {
     memset(rec, 0, sizeof *rec);
-    rec->round = h->round;
+    rec->round = round;
     rec->steps = h->steps;
     rec->samples = h->samples;
     rec->samples_all = total;
@@ -301,6 +322,15 @@ nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t 
     rec->codec_s = h->codec_s + (nb_now_s() - t0);
     rec->global_hash = h->hash;
   }
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
+                            nb_hybrid_round_t* rec) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (h->cfg.overlap)
+    return nb_error(NB_ERR_INVALID, "hybrid: apply is for rounds without overlap");
+  NB_CHECK(nb__hy_apply(h, msgs, n_msgs, h->round, h->hash, rec));
   h->round++;
   return NB_OK;
 }
@@ -332,8 +362,101 @@ static nb_status_t nb__hy_exchange(nb_hybrid_t* h, nb_hybrid_msg_t* all, uint64_
   return NB_OK;
 }
 
+static void* nb__hy_fly_noop(void* arg) {
+  (void)arg;
+  return NULL;
+}
+
+static void* nb__hy_fly_main(void* arg) {
+  nb_hybrid_t* h = arg;
+  h->fly_sent = 0;
+  double t0 = nb_now_s();
+  h->fly_status = h->cfg.exchange(h->cfg.exchange_ctx, h->inflight_round, h->fly, h->fly_len,
+                                  h->fly_peers, h->cfg.n_clusters - 1, &h->fly_sent);
+  h->fly_secs = nb_now_s() - t0;
+  if (h->fly_status != NB_OK) snprintf(h->fly_error, sizeof h->fly_error, "%s", nb_error_last());
+  return NULL;
+}
+
+/* Waits for the exchange in flight and applies it. *waited: seconds spent waiting. */
+static nb_status_t nb__hy_land(nb_hybrid_t* h, nb_hybrid_round_t* applied, double* waited) {
+  double t0 = nb_now_s();
+  pthread_join(h->thread, NULL);
+  h->inflight = 0;
+  *waited = nb_now_s() - t0;
+  nb_status_t st = h->fly_status;
+  if (st != NB_OK) {
+    nb__hy_release(h->fly_peers, h->cfg.n_clusters - 1);
+    return nb_error(st, "hybrid: exchange of round %llu: %s", (unsigned long long)h->inflight_round,
+                    h->fly_error);
+  }
+  nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+  all[0].data = h->fly;
+  all[0].len = h->fly_len;
+  for (uint32_t i = 1; i < h->cfg.n_clusters; i++) all[i] = h->fly_peers[i - 1];
+  st = nb__hy_apply(h, all, h->cfg.n_clusters, h->inflight_round, h->inflight_hash, applied);
+  nb__hy_release(h->fly_peers, h->cfg.n_clusters - 1);
+  return st;
+}
+
+static nb_status_t nb__hy_round_overlap(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
+  if (!h->cfg.exchange) return nb_error(NB_ERR_CONFIG, "hybrid: no exchange callback");
+  const uint8_t* msg;
+  size_t len;
+  NB_CHECK(nb_hybrid_prepare(h, &msg, &len));
+  uint64_t msg_hash = h->hash; /* what our message states; landing changes h->hash */
+  nb_hybrid_round_t applied;
+  memset(&applied, 0, sizeof applied);
+  double waited = 0;
+  uint64_t sent = 0;
+  if (h->inflight) {
+    NB_CHECK(nb__hy_land(h, &applied, &waited));
+    sent = h->fly_sent;
+  } else {
+    /* the first round: nothing has landed yet; restart from theta_global (this round's
+     * progress arrives with its update, one round late) */
+    NB_CHECK(nb_trainer_set_sync_params(h->t, h->global, h->n));
+  }
+  if (len > h->fly_cap) {
+    NB_CHECK(nb_realloc((void**)&h->fly, len, 1, "hybrid message in flight"));
+    h->fly_cap = len;
+  }
+  memcpy(h->fly, msg, len);
+  h->fly_len = len;
+  h->inflight_round = h->round;
+  h->inflight_hash = msg_hash;
+  h->fly_status = NB_OK;
+  if (h->cfg.n_clusters > 1) {
+    if (pthread_create(&h->thread, NULL, nb__hy_fly_main, h) != 0)
+      return nb_error(NB_ERR_SYSTEM, "hybrid: cannot start the exchange thread");
+  } else {
+    h->fly_sent = 0;
+    if (pthread_create(&h->thread, NULL, nb__hy_fly_noop, h) != 0)
+      return nb_error(NB_ERR_SYSTEM, "hybrid: cannot start the exchange thread");
+  }
+  h->inflight = 1;
+  if (rec) {
+    memset(rec, 0, sizeof *rec);
+    rec->round = h->round;
+    rec->steps = h->steps;
+    rec->samples = h->samples;
+    rec->samples_all = applied.samples_all;
+    rec->loss = h->loss;
+    rec->msg_bytes = h->msg_len;
+    rec->bytes_sent = sent;
+    rec->density = h->cfg.density;
+    rec->compute_s = h->compute_s;
+    rec->codec_s = h->codec_s + applied.codec_s;
+    rec->exchange_s = waited;
+    rec->global_hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  }
+  h->round++;
+  return NB_OK;
+}
+
 nb_status_t nb_hybrid_round(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
   if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (h->cfg.overlap) return nb__hy_round_overlap(h, rec);
   const uint8_t* msg;
   size_t len;
   NB_CHECK(nb_hybrid_prepare(h, &msg, &len));
@@ -352,6 +475,10 @@ nb_status_t nb_hybrid_round(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
 
 nb_status_t nb_hybrid_finish(nb_hybrid_t* h) {
   if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (h->inflight) {
+    double waited;
+    NB_CHECK(nb__hy_land(h, NULL, &waited));
+  }
   h->samples = 0;
   h->steps = 0;
   h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
@@ -361,7 +488,8 @@ nb_status_t nb_hybrid_finish(nb_hybrid_t* h) {
   double secs = 0;
   NB_CHECK(nb__hy_exchange(h, all, &sent, &secs));
   nb__hy_hdr_t byc[NB_HYBRID_MAX_CLUSTERS];
-  nb_status_t st = nb__hy_collect(h, all, h->cfg.n_clusters, NB__HY_FLAG_HASH_ONLY, byc);
+  nb_status_t st =
+      nb__hy_collect(h, all, h->cfg.n_clusters, NB__HY_FLAG_HASH_ONLY, h->round, h->hash, byc);
   nb__hy_release(all + 1, h->cfg.n_clusters - 1);
   return st;
 }

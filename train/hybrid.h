@@ -49,6 +49,10 @@ typedef struct {
   int error_feedback;     /* keep the residual of what top-k / quantization dropped */
   nb_values_t values;     /* value type on the wire */
   int zstd_level;         /* 0..19 */
+  /* 1: round r's exchange runs on a background thread during round r+1's inner steps and its
+   * update lands one round late (each round starts from theta_global as last applied);
+   * nb_hybrid_finish applies the last one. Only through nb_hybrid_round. */
+  int overlap;
   nb_hybrid_exchange_fn exchange; /* required by nb_hybrid_round; unused by prepare/apply */
   void* exchange_ctx;
 } nb_hybrid_config_t;
@@ -80,10 +84,14 @@ typedef struct nb_hybrid nb_hybrid_t;
  * synced buffer now, zero momentum and residual, a codec. cfg is copied. NB_ERR_CONFIG naming a
  * bad field, NB_ERR_NOMEM, the codec's errors. */
 nb_status_t nb_hybrid_create(const nb_hybrid_config_t* cfg, nb_trainer_t* t, nb_hybrid_t** out);
-void nb_hybrid_destroy(nb_hybrid_t* h); /* NULL ok */
+/* Waits for an exchange still in flight (overlap) and frees everything. NULL ok. */
+void nb_hybrid_destroy(nb_hybrid_t* h);
 
-/* One whole round: prepare, exchange through cfg.exchange, apply. *rec (nullable) receives the
- * round's figures. Errors of prepare, the exchange's status (wrapped), and of apply. */
+/* One whole round: prepare, exchange through cfg.exchange, apply. With overlap: prepare, wait
+ * for the previous round's exchange (its time is rec->exchange_s) and apply it, then start this
+ * round's exchange in the background. *rec (nullable) receives the round's figures
+ * (global_hash: theta_global after what was applied). Errors of prepare, the exchange's status
+ * (wrapped), and of apply. After an error the hybrid must only be destroyed. */
 nb_status_t nb_hybrid_round(nb_hybrid_t* h, nb_hybrid_round_t* rec);
 
 /* The halves of a round, for drivers that exchange on their own (tests, overlap):
@@ -101,8 +109,9 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len);
 nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
                             nb_hybrid_round_t* rec);
 
-/* A final hash-only exchange through cfg.exchange so that the last round's result is compared
- * too. NB_ERR_INTEGRITY as apply, or the exchange's status. */
+/* Applies an exchange still in flight (overlap), then a final hash-only exchange through
+ * cfg.exchange so that the last round's result is compared too. NB_ERR_INTEGRITY as apply, or
+ * the exchange's status. */
 nb_status_t nb_hybrid_finish(nb_hybrid_t* h);
 
 /* Sets the density of the next rounds' frames, (0, 1] (the adaptive scheduler's decision); the

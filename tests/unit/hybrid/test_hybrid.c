@@ -404,6 +404,78 @@ static void test_round_through_callback(void** state) {
   pthread_barrier_destroy(&mb.bar);
 }
 
+/* Overlap: round r's exchange runs during round r+1, so theta_global is unchanged after the
+ * first round and moves from the second on; both sides stay identical, and finish applies the
+ * last exchange. */
+typedef struct {
+  side_t side;
+  uint64_t init_hash;
+  int unchanged_after_0, changed_after_1;
+} oside_t;
+
+static void* oside_main(void* arg) {
+  oside_t* o = arg;
+  side_t* s = &o->side;
+  for (int r = 0; r < 5 && s->st == NB_OK; r++) {
+    nb_hybrid_round_t rec;
+    s->st = nb_hybrid_round(s->h, &rec);
+    s->hashes[r] = nb_hybrid_global_hash(s->h);
+    if (r == 0) o->unchanged_after_0 = s->hashes[0] == o->init_hash;
+    if (r == 1) o->changed_after_1 = s->hashes[1] != o->init_hash;
+  }
+  if (s->st == NB_OK) s->st = nb_hybrid_finish(s->h);
+  if (s->st != NB_OK) fprintf(stderr, "cluster %d: %s\n", s->me, nb_error_last());
+  s->hashes[5] = nb_hybrid_global_hash(s->h);
+  return NULL;
+}
+
+static void test_overlap_lands_one_round_late(void** state) {
+  (void)state;
+  mailbox_t mb;
+  memset(&mb, 0, sizeof mb);
+  pthread_barrier_init(&mb.bar, NULL, 2);
+  oside_t os[2];
+  nb_trainer_t* t[2];
+  for (int c = 0; c < 2; c++) {
+    memset(&os[c], 0, sizeof os[c]);
+    os[c].side.mb = &mb;
+    os[c].side.me = c;
+    t[c] = make_trainer(c, 2);
+    nb_hybrid_config_t hc;
+    base_config(&hc);
+    hc.inner_steps = 2;
+    hc.density = 0.05;
+    hc.overlap = 1;
+    hc.cluster_index = (uint32_t)c;
+    hc.n_clusters = 2;
+    hc.exchange = mb_exchange;
+    hc.exchange_ctx = &os[c].side;
+    assert_int_equal(nb_hybrid_create(&hc, t[c], &os[c].side.h), NB_OK);
+    os[c].init_hash = nb_hybrid_global_hash(os[c].side.h);
+    /* apply is refused with overlap */
+    assert_int_equal(nb_hybrid_apply(os[c].side.h, NULL, 0, NULL), NB_ERR_INVALID);
+  }
+  pthread_t th[2];
+  for (int c = 0; c < 2; c++) pthread_create(&th[c], NULL, oside_main, &os[c]);
+  for (int c = 0; c < 2; c++) pthread_join(th[c], NULL);
+  for (int c = 0; c < 2; c++) {
+    assert_int_equal(os[c].side.st, NB_OK);
+    assert_true(os[c].unchanged_after_0);
+    assert_true(os[c].changed_after_1);
+    /* after finish the trainer holds theta_global */
+    size_t n;
+    const float* g = nb_hybrid_global(os[c].side.h, &n);
+    assert_memory_equal(g, nb_trainer_sync_params(t[c], NULL), n * 4);
+  }
+  assert_memory_equal(os[0].side.hashes, os[1].side.hashes, sizeof os[0].side.hashes);
+  assert_true(os[0].side.hashes[5] != os[0].side.hashes[4]); /* the last update landed */
+  for (int c = 0; c < 2; c++) {
+    nb_hybrid_destroy(os[c].side.h);
+    nb_trainer_destroy(t[c]);
+  }
+  pthread_barrier_destroy(&mb.bar);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s DATA_DIR\n", argv[0]);
@@ -417,6 +489,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_corrupted_replica_detected),
       cmocka_unit_test(test_bad_messages),
       cmocka_unit_test(test_round_through_callback),
+      cmocka_unit_test(test_overlap_lands_one_round_late),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

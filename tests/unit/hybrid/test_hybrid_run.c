@@ -24,7 +24,7 @@
 static const char* g_data;
 static const char* g_nebula;
 
-static void write_job(const char* path, const char* lang_b, long steps) {
+static void write_job(const char* path, const char* lang_b, long steps, int overlap) {
   FILE* f = fopen(path, "w");
   assert_non_null(f);
   fprintf(
@@ -39,11 +39,11 @@ static void write_job(const char* path, const char* lang_b, long steps) {
       "  \"training\": {\"seed\": 5, \"batchSize\": 4, \"maxSteps\": %ld,\n"
       "               \"eval\": {\"everyRounds\": 1, \"batches\": 1},\n"
       "               \"optimizer\": {\"lr\": 0.003, \"warmupSteps\": 2}},\n"
-      "  \"sync\": {\"mode\": \"outer\", \"innerSteps\": 4},\n"
+      "  \"sync\": {\"mode\": \"outer\", \"innerSteps\": 4, \"overlap\": %s},\n"
       "  \"compression\": {\"density\": {\"initial\": 0.05, \"min\": 0.001, \"max\": 0.1},\n"
       "                  \"values\": \"int8\"},\n"
       "  \"link\": {\"rateMbit\": 50}}}\n",
-      lang_b, steps);
+      lang_b, steps, overlap ? "true" : "false");
   fclose(f);
 }
 
@@ -105,13 +105,12 @@ static void rm_rf(const char* dir) {
   assert_int_equal(system(cmd), 0);
 }
 
-static void test_run_two_clusters(void** state) {
-  (void)state;
+static void run_two_clusters(int overlap) {
   char* dir = make_tmpdir();
   char job[128], out[128];
   snprintf(job, sizeof job, "%s/job.json", dir);
   snprintf(out, sizeof out, "%s/run", dir);
-  write_job(job, "ru", 12);
+  write_job(job, "ru", 12, overlap);
   double t0 = nb_now_s();
   int rc = wait_exit(spawn_run(job, out));
   fprintf(stderr, "nebula run: exit %d in %.1f s\n", rc, nb_now_s() - t0);
@@ -136,6 +135,7 @@ static void test_run_two_clusters(void** state) {
     assert_int_equal(json_integer_value(json_object_get(s, "inner_steps")), 12);
     assert_true(json_is_true(json_object_get(s, "tls")));
     assert_true(json_is_true(json_object_get(s, "sealed")));
+    assert_int_equal(json_is_true(json_object_get(s, "overlap")), overlap);
     assert_true(json_integer_value(json_object_get(s, "wan_bytes_sent")) > 0);
     /* compression.adaptive defaults to on: one logged decision before each later round */
     assert_true(json_is_true(json_object_get(s, "adaptive")));
@@ -181,6 +181,16 @@ static void test_run_two_clusters(void** state) {
   rm_rf(dir);
 }
 
+static void test_run_two_clusters(void** state) {
+  (void)state;
+  run_two_clusters(0);
+}
+
+static void test_run_two_clusters_overlap(void** state) {
+  (void)state;
+  run_two_clusters(1);
+}
+
 /* A cluster that cannot start (missing data) fails the run, and the other worker is stopped. */
 static void test_run_failure_stops_everyone(void** state) {
   (void)state;
@@ -188,7 +198,7 @@ static void test_run_failure_stops_everyone(void** state) {
   char job[128], out[128];
   snprintf(job, sizeof job, "%s/job.json", dir);
   snprintf(out, sizeof out, "%s/run", dir);
-  write_job(job, "fa", 400); /* the test corpus has no fa */
+  write_job(job, "fa", 400, 0); /* the test corpus has no fa */
   int rc = wait_exit(spawn_run(job, out));
   assert_int_not_equal(rc, 0);
   assert_int_equal(processes_with(dir), 0);
@@ -206,7 +216,7 @@ static void test_run_interrupted(void** state) {
   snprintf(job, sizeof job, "%s/job.json", dir);
   snprintf(out, sizeof out, "%s/run", dir);
   snprintf(log, sizeof log, "%s/dc-a/worker.log", out);
-  write_job(job, "ru", 400000);
+  write_job(job, "ru", 400000, 1);
   pid_t pid = spawn_run(job, out);
   int started = 0;
   for (int i = 0; i < 300 && !started; i++) { /* up to 30 s for the first round */
@@ -237,6 +247,7 @@ int main(int argc, char** argv) {
   g_nebula = argv[2];
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_run_two_clusters),
+      cmocka_unit_test(test_run_two_clusters_overlap),
       cmocka_unit_test(test_run_failure_stops_everyone),
       cmocka_unit_test(test_run_interrupted),
   };
