@@ -120,6 +120,12 @@ static void nb__wk_estimate(nb_exchange_t* ex, nb_estimate_t* out) {
   }
 }
 
+/* The trainer's grad hook in step and dense modes; ctx is the nb_hybrid_t* slot, filled right
+ * after the trainer is created (the hook runs only during steps). */
+static nb_status_t nb__wk_grad_hook(void* ctx, float* grads, size_t n) {
+  return nb_hybrid_gradient(*(nb_hybrid_t**)ctx, grads, n);
+}
+
 static int nb__wk_mkdirs(const char* path) {
   char tmp[NB_JOB_PATH_MAX];
   if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
@@ -228,12 +234,6 @@ int nb_worker_main(int argc, char** argv) {
   }
   for (int i = 0; i < job->n_clusters; i++)
     if (strcmp(job->clusters[i].id, cluster) < 0) index++;
-  if (job->sync.mode != NB_JOB_SYNC_OUTER) {
-    fprintf(stderr, "nebula worker: sync mode '%s' is not implemented yet; use \"outer\"\n",
-            nb_job_sync_name(job->sync.mode));
-    rc = NB_EXIT_USAGE;
-    goto done;
-  }
   /* every other cluster needs exactly one --peer */
   if (n_peer_arg != job->n_clusters - 1) {
     fprintf(stderr,
@@ -325,6 +325,10 @@ int nb_worker_main(int argc, char** argv) {
     goto done;
   }
 
+  if (job->sync.mode != NB_JOB_SYNC_OUTER) {
+    tc->grad_hook = nb__wk_grad_hook;
+    tc->grad_hook_ctx = &h;
+  }
   double t_start = nb_now_s();
   nb_status_t cst = nb_trainer_create(tc, &t);
   if (cst != NB_OK) {
@@ -373,7 +377,13 @@ int nb_worker_main(int argc, char** argv) {
   hc.error_feedback = job->compression.error_feedback;
   hc.values = nb__wk_values(job->compression.values);
   hc.zstd_level = job->compression.zstd_level;
-  hc.overlap = job->sync.overlap;
+  hc.mode = job->sync.mode == NB_JOB_SYNC_STEP    ? NB_HYBRID_STEP
+            : job->sync.mode == NB_JOB_SYNC_DENSE ? NB_HYBRID_DENSE
+                                                  : NB_HYBRID_OUTER;
+  hc.overlap = job->sync.overlap && hc.mode == NB_HYBRID_OUTER;
+  if (job->sync.overlap && hc.mode != NB_HYBRID_OUTER)
+    fprintf(stderr, "nebula worker: %s: sync.overlap applies to the outer mode only; ignored\n",
+            cluster);
   hc.exchange = nb__wk_exchange;
   hc.exchange_ctx = &xctx;
   if (nb_hybrid_create(&hc, t, &h) != NB_OK) {
@@ -382,7 +392,7 @@ int nb_worker_main(int argc, char** argv) {
   }
   size_t n_params;
   nb_hybrid_global(h, &n_params);
-  int adaptive = job->compression.adaptive && ex != NULL;
+  int adaptive = job->compression.adaptive && ex != NULL && hc.mode == NB_HYBRID_OUTER;
   nb_sched_config_t scfg;
   nb_sched_config_default(&scfg);
   scfg.density_floor = job->compression.density_min;
@@ -420,6 +430,9 @@ int nb_worker_main(int argc, char** argv) {
   long steps_done = 0;
   for (long r = 0; r < rounds; r++) {
     nb_hybrid_round_t rec;
+    long left = (long)job->training.max_steps - steps_done;
+    if (hc.mode != NB_HYBRID_OUTER && left < hc.inner_steps && left > 0)
+      nb_hybrid_set_inner_steps(h, left); /* a round of step modes is only a logging unit */
     if (nb_hybrid_round(h, &rec) != NB_OK) {
       rc = nb__wk_fail(cluster, "round");
       goto done;
@@ -500,15 +513,18 @@ int nb_worker_main(int argc, char** argv) {
   for (int i = 0; i < ev.n; i++) json_object_set_new(evj, ev.label[i], json_real(ev.bpb[i]));
   char hex[24];
   snprintf(hex, sizeof hex, "%016llx", (unsigned long long)nb_hybrid_global_hash(h));
-  double bpp = rounds > 0 ? 8.0 * (double)msg_bytes / (double)rounds / (double)n_params : 0;
+  /* per sync: a round in outer mode, a step in step and dense modes */
+  long syncs = hc.mode == NB_HYBRID_OUTER ? rounds : steps_done;
+  double bpp = syncs > 0 ? 8.0 * (double)msg_bytes / (double)syncs / (double)n_params : 0;
   json_object_set_new(sum, "job", json_string(job->name));
   json_object_set_new(sum, "cluster", json_string(cluster));
   json_object_set_new(sum, "cluster_index", json_integer(index));
   json_object_set_new(sum, "pid", json_integer(getpid()));
-  json_object_set_new(sum, "mode", json_string("outer"));
+  json_object_set_new(sum, "mode", json_string(nb_job_sync_name(job->sync.mode)));
   json_object_set_new(sum, "overlap", json_boolean(hc.overlap));
   json_object_set_new(sum, "params_synced", json_integer((json_int_t)n_params));
   json_object_set_new(sum, "rounds", json_integer(rounds));
+  json_object_set_new(sum, "syncs", json_integer(syncs));
   json_object_set_new(sum, "inner_steps", json_integer(steps_done));
   json_object_set_new(sum, "samples", json_integer((json_int_t)nb_trainer_samples(t)));
   json_object_set_new(sum, "final_train_loss", json_real(last_loss));

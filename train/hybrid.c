@@ -27,6 +27,9 @@ struct nb_hybrid {
   size_t msg_cap, msg_len;
   uint64_t round;
   uint64_t hash; /* of theta_global at the start of the current round */
+  uint64_t xseq; /* step and dense modes: exchanges done (the round number on the wire) */
+  uint64_t step_sent, step_msg_bytes;
+  double step_exchange_s, step_codec_s;
   /* overlap: the exchange of round inflight_round runs on `thread` with a copy of our message */
   int inflight;
   pthread_t thread;
@@ -139,6 +142,10 @@ static nb_status_t nb__hy_check(const nb_hybrid_config_t* c) {
     return nb_error(NB_ERR_CONFIG, "hybrid: outer_momentum must be in [0, 1)");
   if (!(c->density > 0 && c->density <= 1))
     return nb_error(NB_ERR_CONFIG, "hybrid: density %g outside (0, 1]", c->density);
+  if (c->mode != NB_HYBRID_OUTER && c->mode != NB_HYBRID_STEP && c->mode != NB_HYBRID_DENSE)
+    return nb_error(NB_ERR_CONFIG, "hybrid: unknown mode %d", (int)c->mode);
+  if (c->mode != NB_HYBRID_OUTER && c->overlap)
+    return nb_error(NB_ERR_CONFIG, "hybrid: overlap applies to the outer mode only");
   if (c->zstd_level < 0 || c->zstd_level > 19)
     return nb_error(NB_ERR_CONFIG, "hybrid: zstd_level %d outside [0, 19]", c->zstd_level);
   return NB_OK;
@@ -158,6 +165,12 @@ nb_status_t nb_hybrid_create(const nb_hybrid_config_t* cfg, nb_trainer_t* t, nb_
     st = nb_error(NB_ERR_INVALID, "hybrid: synced buffer of %zu floats", h->n);
     goto fail;
   }
+  if (h->cfg.mode == NB_HYBRID_DENSE) {
+    h->cfg.density = 1.0;
+    h->cfg.values = NB_VALUES_FP32;
+    h->cfg.zstd_level = 0;
+  }
+  cfg = &h->cfg;
   nb_codec_config_t cc;
   nb_codec_config_default(&cc);
   cc.values = cfg->values;
@@ -276,9 +289,10 @@ static nb_status_t nb__hy_collect(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, s
 }
 
 /* Checks and applies the messages of `round`, whose senders held theta_global with `hash`. */
-static nb_status_t nb__hy_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
-                                uint64_t round, uint64_t hash, nb_hybrid_round_t* rec) {
-  double t0 = nb_now_s();
+/* Checks the messages of `round` (senders holding `hash`) and writes the sample-weighted sum of
+ * their decoded frames, in cluster order, into h->delta. *total: all clusters' samples. */
+static nb_status_t nb__hy_sum(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
+                              uint64_t round, uint64_t hash, uint64_t* total_out) {
   nb__hy_hdr_t byc[NB_HYBRID_MAX_CLUSTERS];
   NB_CHECK(nb__hy_collect(h, msgs, n_msgs, 0, round, hash, byc));
   uint32_t nc = h->cfg.n_clusters;
@@ -295,7 +309,7 @@ static nb_status_t nb__hy_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, siz
                       "hybrid: cluster %u's frame is for n %llu sender %u round %llu; expected "
                       "n %zu sender %u round %llu",
                       c, (unsigned long long)fi.n, fi.sender, (unsigned long long)fi.round, h->n, c,
-                      (unsigned long long)h->round);
+                      (unsigned long long)round);
   }
   if (total == 0) return nb_error(NB_ERR_INVALID, "hybrid: no cluster trained on any sample");
   /* The weighted sum, in cluster order, into a zeroed buffer: the same bits everywhere. */
@@ -306,6 +320,15 @@ static nb_status_t nb__hy_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, siz
                                                 h->delta, h->n, NULL);
     if (st != NB_OK) return nb_error_wrap(st, "hybrid: decoding a cluster's frame");
   }
+  *total_out = total;
+  return NB_OK;
+}
+
+static nb_status_t nb__hy_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
+                                uint64_t round, uint64_t hash, nb_hybrid_round_t* rec) {
+  double t0 = nb_now_s();
+  uint64_t total = 0;
+  NB_CHECK(nb__hy_sum(h, msgs, n_msgs, round, hash, &total));
   nb_outer_step(h->global, h->delta, h->momentum, h->cfg.outer_lr, h->cfg.outer_momentum, h->n);
   NB_CHECK(nb_trainer_set_sync_params(h->t, h->global, h->n));
   h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
@@ -454,8 +477,95 @@ static nb_status_t nb__hy_round_overlap(nb_hybrid_t* h, nb_hybrid_round_t* rec) 
   return NB_OK;
 }
 
+nb_status_t nb_hybrid_gradient(nb_hybrid_t* h, float* grads, size_t n) {
+  if (!h || !grads) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (h->cfg.mode == NB_HYBRID_OUTER) return NB_OK;
+  if (n != h->n)
+    return nb_error(NB_ERR_INVALID, "hybrid: gradient of %zu floats, synced buffer %zu", n, h->n);
+  double t0 = nb_now_s();
+  const nb_train_config_t* tc = nb_trainer_config(h->t);
+  h->samples = (uint64_t)tc->batch_size * (uint64_t)(tc->micro_batches > 0 ? tc->micro_batches : 1);
+  h->steps = 1;
+  h->hash = nb_xxh3_64(nb_trainer_sync_params(h->t, NULL), n * sizeof(float), 0);
+  uint8_t* frame = h->msg + NB_HYBRID_MSG_HEADER_BYTES;
+  size_t cap = h->msg_cap - NB_HYBRID_MSG_HEADER_BYTES, flen = 0;
+  uint32_t me = h->cfg.cluster_index;
+  if (h->cfg.density >= 1)
+    NB_CHECK(nb_codec_encode_dense(h->codec, grads, n, h->xseq, me, frame, cap, &flen));
+  else
+    NB_CHECK(nb_codec_encode_sparse(h->codec, grads, h->cfg.error_feedback ? h->residual : NULL, n,
+                                    h->cfg.density, h->xseq, me, frame, cap, &flen));
+  uint64_t saved_round = h->round;
+  h->round = h->xseq; /* the header's round field */
+  nb__hy_write_header(h, 0, flen);
+  h->round = saved_round;
+  double t1 = nb_now_s();
+  nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+  all[0].data = h->msg;
+  all[0].len = h->msg_len;
+  uint64_t sent = 0;
+  nb_status_t st = NB_OK;
+  if (h->cfg.n_clusters > 1) {
+    if (!h->cfg.exchange) return nb_error(NB_ERR_CONFIG, "hybrid: no exchange callback");
+    st = h->cfg.exchange(h->cfg.exchange_ctx, h->xseq, h->msg, h->msg_len, all + 1,
+                         h->cfg.n_clusters - 1, &sent);
+  }
+  double t2 = nb_now_s();
+  if (st == NB_OK) {
+    uint64_t total;
+    st = nb__hy_sum(h, all, h->cfg.n_clusters, h->xseq, h->hash, &total);
+  }
+  nb__hy_release(all + 1, h->cfg.n_clusters - 1);
+  if (st != NB_OK) return nb_error_wrap(st, "hybrid: step %llu", (unsigned long long)h->xseq);
+  memcpy(grads, h->delta, n * sizeof(float));
+  h->xseq++;
+  h->step_sent += sent;
+  h->step_msg_bytes += h->msg_len;
+  h->step_exchange_s += t2 - t1;
+  h->step_codec_s += (t1 - t0) + (nb_now_s() - t2);
+  return NB_OK;
+}
+
+static nb_status_t nb__hy_round_steps(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
+  h->step_sent = h->step_msg_bytes = 0;
+  h->step_exchange_s = h->step_codec_s = 0;
+  uint64_t s0 = nb_trainer_samples(h->t), x0 = h->xseq;
+  double loss = 0, t0 = nb_now_s();
+  long k = h->cfg.inner_steps;
+  if (h->cfg.round_seconds > 0)
+    NB_CHECK(nb_trainer_steps_budget(h->t, k, h->cfg.round_seconds, &k, &loss));
+  else
+    NB_CHECK(nb_trainer_steps(h->t, k, &loss));
+  double wall = nb_now_s() - t0;
+  if (h->cfg.n_clusters > 1 && h->xseq - x0 != (uint64_t)k)
+    return nb_error(NB_ERR_CONFIG,
+                    "hybrid: %s mode needs nb_hybrid_gradient as the trainer's "
+                    "grad hook (%llu exchanges in %ld steps)",
+                    h->cfg.mode == NB_HYBRID_DENSE ? "dense" : "step",
+                    (unsigned long long)(h->xseq - x0), k);
+  memcpy(h->global, nb_trainer_sync_params(h->t, NULL), h->n * sizeof(float));
+  h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  if (rec) {
+    memset(rec, 0, sizeof *rec);
+    rec->round = h->round;
+    rec->steps = k;
+    rec->samples = nb_trainer_samples(h->t) - s0;
+    rec->loss = loss;
+    rec->msg_bytes = h->step_msg_bytes;
+    rec->bytes_sent = h->step_sent;
+    rec->density = h->cfg.density;
+    rec->exchange_s = h->step_exchange_s;
+    rec->codec_s = h->step_codec_s;
+    rec->compute_s = wall - h->step_exchange_s - h->step_codec_s;
+    rec->global_hash = h->hash;
+  }
+  h->round++;
+  return NB_OK;
+}
+
 nb_status_t nb_hybrid_round(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
   if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (h->cfg.mode != NB_HYBRID_OUTER) return nb__hy_round_steps(h, rec);
   if (h->cfg.overlap) return nb__hy_round_overlap(h, rec);
   const uint8_t* msg;
   size_t len;
@@ -482,6 +592,8 @@ nb_status_t nb_hybrid_finish(nb_hybrid_t* h) {
   h->samples = 0;
   h->steps = 0;
   h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  uint64_t saved_round = h->round;
+  if (h->cfg.mode != NB_HYBRID_OUTER) h->round = h->xseq; /* after the last step's exchange */
   nb__hy_write_header(h, NB__HY_FLAG_HASH_ONLY, 0);
   nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}};
   uint64_t sent = 0;
@@ -491,6 +603,7 @@ nb_status_t nb_hybrid_finish(nb_hybrid_t* h) {
   nb_status_t st =
       nb__hy_collect(h, all, h->cfg.n_clusters, NB__HY_FLAG_HASH_ONLY, h->round, h->hash, byc);
   nb__hy_release(all + 1, h->cfg.n_clusters - 1);
+  h->round = saved_round;
   return st;
 }
 

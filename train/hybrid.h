@@ -38,7 +38,15 @@ typedef nb_status_t (*nb_hybrid_exchange_fn)(void* ctx, uint64_t round, const vo
                                              nb_hybrid_msg_t* peers, size_t n_peers,
                                              uint64_t* bytes_sent);
 
+/* What is exchanged. outer: the pseudo-gradient once per round (DiLoCo); step: the compressed
+ * gradient every inner step (DGC-style, error feedback); dense: the fp32 gradient every step
+ * (the naive baseline). In step and dense modes the trainer must be created with
+ * nb_hybrid_gradient as its grad hook (see there); every cluster then applies the same
+ * weighted gradient, so the parameters stay identical without an outer step. */
+typedef enum { NB_HYBRID_OUTER = 0, NB_HYBRID_STEP = 1, NB_HYBRID_DENSE = 2 } nb_hybrid_mode_t;
+
 typedef struct {
+  nb_hybrid_mode_t mode;  /* default outer */
   uint32_t cluster_index; /* our position in the cluster-id order, < n_clusters */
   uint32_t n_clusters;    /* 1..NB_HYBRID_MAX_CLUSTERS */
   long inner_steps;       /* H: inner steps per round (>= 1); the cap of a timed round */
@@ -87,7 +95,9 @@ nb_status_t nb_hybrid_create(const nb_hybrid_config_t* cfg, nb_trainer_t* t, nb_
 /* Waits for an exchange still in flight (overlap) and frees everything. NULL ok. */
 void nb_hybrid_destroy(nb_hybrid_t* h);
 
-/* One whole round: prepare, exchange through cfg.exchange, apply. With overlap: prepare, wait
+/* One whole round. Outer mode: prepare, exchange through cfg.exchange, apply. Step and dense
+ * modes: H inner steps, each exchanging its gradient (bytes and exchange time summed over the
+ * steps). With overlap: prepare, wait
  * for the previous round's exchange (its time is rec->exchange_s) and apply it, then start this
  * round's exchange in the background. *rec (nullable) receives the round's figures
  * (global_hash: theta_global after what was applied). Errors of prepare, the exchange's status
@@ -113,6 +123,17 @@ nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t 
  * cfg.exchange so that the last round's result is compared too. NB_ERR_INTEGRITY as apply, or
  * the exchange's status. */
 nb_status_t nb_hybrid_finish(nb_hybrid_t* h);
+
+/* The per-step exchange of step and dense modes, for the trainer's grad hook: encodes grads
+ * (n floats, the trainable buffer; borrowed), exchanges them with every cluster through
+ * cfg.exchange, and replaces grads with the sample-weighted sum of every cluster's decoded
+ * gradient in cluster order. Each message also carries the hash of the parameters before the
+ * step: NB_ERR_INTEGRITY when a cluster's differ. A no-op in outer mode. The trainer takes its
+ * hook at creation, before the hybrid exists, so wire it through a pointer:
+ *   static nb_status_t hook(void* ctx, float* g, size_t n) {
+ *     return nb_hybrid_gradient(*(nb_hybrid_t**)ctx, g, n); }
+ * with cfg.grad_hook_ctx = &h, h created right after the trainer. */
+nb_status_t nb_hybrid_gradient(nb_hybrid_t* h, float* grads, size_t n);
 
 /* Sets the density of the next rounds' frames, (0, 1] (the adaptive scheduler's decision); the
  * message buffer grows on the next prepare when needed. NB_ERR_CONFIG when out of range. */

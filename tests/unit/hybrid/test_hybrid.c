@@ -20,9 +20,17 @@ static const char* g_data;
 
 /* Cluster c: same model and seed (so the same starting point), its own languages, batch and
  * data order. */
-static nb_trainer_t* make_trainer(int c, int batch) {
+static nb_status_t grad_hook(void* ctx, float* g, size_t n) {
+  return nb_hybrid_gradient(*(nb_hybrid_t**)ctx, g, n);
+}
+
+static nb_trainer_t* make_trainer_hooked(int c, int batch, nb_hybrid_t** hook_target) {
   nb_train_config_t cfg;
   nb_train_config_defaults(&cfg);
+  if (hook_target) {
+    cfg.grad_hook = grad_hook;
+    cfg.grad_hook_ctx = hook_target;
+  }
   cfg.model = nb_model_config_make(1, 16, 2, 16);
   cfg.seed = 11;
   cfg.batch_size = batch;
@@ -45,6 +53,10 @@ static nb_trainer_t* make_trainer(int c, int batch) {
   if (st != NB_OK) fprintf(stderr, "trainer: %s\n", nb_error_last());
   assert_int_equal(st, NB_OK);
   return t;
+}
+
+static nb_trainer_t* make_trainer(int c, int batch) {
+  return make_trainer_hooked(c, batch, NULL);
 }
 
 typedef struct {
@@ -335,6 +347,7 @@ typedef struct {
   nb_hybrid_t* h;
   nb_status_t st;
   uint64_t hashes[6];
+  uint64_t bytes;
 } side_t;
 
 static nb_status_t mb_exchange(void* ctx, uint64_t round, const void* msg, size_t len,
@@ -366,6 +379,20 @@ static void* side_main(void* arg) {
     if (s->st == NB_OK && rec.bytes_sent != rec.msg_bytes) s->st = NB_ERR_INTERNAL;
   }
   if (s->st == NB_OK) s->st = nb_hybrid_finish(s->h);
+  return NULL;
+}
+
+static void* side_main_steps(void* arg) {
+  side_t* s = arg;
+  for (int r = 0; r < 2 && s->st == NB_OK; r++) {
+    nb_hybrid_round_t rec;
+    s->st = nb_hybrid_round(s->h, &rec);
+    s->hashes[r] = rec.global_hash;
+    s->bytes += rec.msg_bytes;
+    if (s->st == NB_OK && rec.steps != 3) s->st = NB_ERR_INTERNAL;
+  }
+  if (s->st == NB_OK) s->st = nb_hybrid_finish(s->h);
+  if (s->st != NB_OK) fprintf(stderr, "cluster %d: %s\n", s->me, nb_error_last());
   return NULL;
 }
 
@@ -476,6 +503,64 @@ static void test_overlap_lands_one_round_late(void** state) {
   pthread_barrier_destroy(&mb.bar);
 }
 
+/* step and dense modes: every step exchanges the gradient; both clusters apply the same
+ * weighted gradient, so the parameters stay bit-identical without an outer step. */
+static void run_step_mode(nb_hybrid_mode_t mode) {
+  mailbox_t mb;
+  memset(&mb, 0, sizeof mb);
+  pthread_barrier_init(&mb.bar, NULL, 2);
+  side_t side[2];
+  nb_trainer_t* t[2];
+  for (int c = 0; c < 2; c++) {
+    memset(&side[c], 0, sizeof side[c]);
+    side[c].mb = &mb;
+    side[c].me = c;
+    t[c] = make_trainer_hooked(c, 2 + c, &side[c].h);
+    nb_hybrid_config_t hc;
+    base_config(&hc);
+    hc.mode = mode;
+    hc.inner_steps = 3;
+    hc.density = 0.05;
+    hc.cluster_index = (uint32_t)c;
+    hc.n_clusters = 2;
+    hc.exchange = mb_exchange;
+    hc.exchange_ctx = &side[c];
+    assert_int_equal(nb_hybrid_create(&hc, t[c], &side[c].h), NB_OK);
+  }
+  size_t n;
+  nb_hybrid_global(side[0].h, &n);
+  pthread_t th[2];
+  for (int c = 0; c < 2; c++) pthread_create(&th[c], NULL, side_main_steps, &side[c]);
+  for (int c = 0; c < 2; c++) pthread_join(th[c], NULL);
+  assert_int_equal(side[0].st, NB_OK);
+  assert_int_equal(side[1].st, NB_OK);
+  assert_memory_equal(side[0].hashes, side[1].hashes, sizeof side[0].hashes);
+  assert_memory_equal(nb_trainer_sync_params(t[0], NULL), nb_trainer_sync_params(t[1], NULL),
+                      n * 4);
+  assert_true(side[0].hashes[0] != side[0].hashes[1]);
+  /* per step: a dense fp32 frame, or a sparse one much smaller */
+  uint64_t per_step = side[0].bytes / (2 * 3);
+  if (mode == NB_HYBRID_DENSE)
+    assert_true(per_step >= n * 4);
+  else
+    assert_true(per_step < n * 4 / 4);
+  for (int c = 0; c < 2; c++) {
+    nb_hybrid_destroy(side[c].h);
+    nb_trainer_destroy(t[c]);
+  }
+  pthread_barrier_destroy(&mb.bar);
+}
+
+static void test_step_mode(void** state) {
+  (void)state;
+  run_step_mode(NB_HYBRID_STEP);
+}
+
+static void test_dense_mode(void** state) {
+  (void)state;
+  run_step_mode(NB_HYBRID_DENSE);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s DATA_DIR\n", argv[0]);
@@ -490,6 +575,8 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_bad_messages),
       cmocka_unit_test(test_round_through_callback),
       cmocka_unit_test(test_overlap_lands_one_round_late),
+      cmocka_unit_test(test_step_mode),
+      cmocka_unit_test(test_dense_mode),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
