@@ -7,7 +7,10 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/common.h"
 
@@ -633,4 +636,104 @@ uint64_t nb_hybrid_global_hash(const nb_hybrid_t* h) {
 
 uint64_t nb_hybrid_rounds(const nb_hybrid_t* h) {
   return h->round;
+}
+
+#define NB__HY_STATE_MAGIC 0x5348424eu /* bytes 'N' 'B' 'H' 'S' */
+#define NB__HY_STATE_HEADER 64
+
+nb_status_t nb_hybrid_save(const nb_hybrid_t* h, const char* path) {
+  if (!h || !path) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (h->inflight)
+    return nb_error(NB_ERR_INVALID, "hybrid: cannot save with an exchange in flight");
+  uint8_t hdr[NB__HY_STATE_HEADER] = {0};
+  nb__put32(hdr + 0, NB__HY_STATE_MAGIC);
+  nb__put32(hdr + 4, 1);
+  nb__put64(hdr + 8, h->n);
+  nb__put64(hdr + 16, h->round);
+  nb__put64(hdr + 24, h->xseq);
+  nb__put64(hdr + 32, nb_xxh3_64(h->global, h->n * sizeof(float), 0));
+  nb__put32(hdr + 40, (uint32_t)h->cfg.mode);
+  char tmp[4096];
+  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+    return nb_error(NB_ERR_INVALID, "hybrid: path too long: %s", path);
+  nb_xxh3_state_t* xs = nb_xxh3_create(0);
+  if (!xs) return nb_error(NB_ERR_NOMEM, "hybrid: checksum state");
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    nb_xxh3_destroy(xs);
+    return nb_error(NB_ERR_IO, "hybrid: cannot write %s: %s", tmp, strerror(errno));
+  }
+  const void* parts[4] = {hdr, h->global, h->momentum, h->residual};
+  size_t lens[4] = {sizeof hdr, h->n * sizeof(float), h->n * sizeof(float), h->n * sizeof(float)};
+  int ok = 1;
+  for (int i = 0; i < 4 && ok; i++) {
+    nb_xxh3_update(xs, parts[i], lens[i]);
+    const uint8_t* p = parts[i];
+    size_t left = lens[i];
+    while (left > 0 && ok) {
+      ssize_t w = write(fd, p, left);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0)
+        ok = 0;
+      else
+        p += w, left -= (size_t)w;
+    }
+  }
+  uint8_t sum[8];
+  nb__put64(sum, nb_xxh3_digest(xs));
+  nb_xxh3_destroy(xs);
+  if (ok) ok = write(fd, sum, 8) == 8;
+  if (ok) ok = fsync(fd) == 0;
+  if (close(fd) != 0) ok = 0;
+  if (!ok || rename(tmp, path) != 0) {
+    int e = errno;
+    unlink(tmp);
+    return nb_error(NB_ERR_IO, "hybrid: cannot write %s: %s", path, strerror(e));
+  }
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_load(nb_hybrid_t* h, const char* path) {
+  if (!h || !path) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  FILE* f = fopen(path, "rb");
+  if (!f)
+    return nb_error(errno == ENOENT ? NB_ERR_NOT_FOUND : NB_ERR_IO, "hybrid: cannot open %s: %s",
+                    path, strerror(errno));
+  size_t want = NB__HY_STATE_HEADER + 3 * h->n * sizeof(float) + 8;
+  uint8_t* buf = NULL;
+  nb_status_t st = nb_alloc((void**)&buf, want + 1, 1, "hybrid state");
+  if (st != NB_OK) {
+    fclose(f);
+    return st;
+  }
+  size_t got = fread(buf, 1, want + 1, f);
+  fclose(f);
+  if (got != want || nb__get32(buf) != NB__HY_STATE_MAGIC || nb__get32(buf + 4) != 1 ||
+      nb__get64(buf + 8) != h->n) {
+    st = nb_error(NB_ERR_INVALID,
+                  "hybrid: %s is not a round state for %zu synced parameters (%zu bytes)", path,
+                  h->n, got);
+    goto out;
+  }
+  if (nb_xxh3_64(buf, want - 8, 0) != nb__get64(buf + want - 8)) {
+    st = nb_error(NB_ERR_INTEGRITY, "hybrid: %s: checksum mismatch", path);
+    goto out;
+  }
+  const uint8_t* p = buf + NB__HY_STATE_HEADER;
+  size_t nb = h->n * sizeof(float);
+  if (nb_xxh3_64(p, nb, 0) != nb__get64(buf + 32)) {
+    st = nb_error(NB_ERR_INTEGRITY, "hybrid: %s: theta_global hash mismatch", path);
+    goto out;
+  }
+  st = nb_trainer_set_sync_params(h->t, (const float*)p, h->n);
+  if (st != NB_OK) goto out;
+  memcpy(h->global, p, nb);
+  memcpy(h->momentum, p + nb, nb);
+  memcpy(h->residual, p + 2 * nb, nb);
+  h->round = nb__get64(buf + 16);
+  h->xseq = nb__get64(buf + 24);
+  h->hash = nb_xxh3_64(h->global, nb, 0);
+out:
+  nb_free(buf);
+  return st;
 }

@@ -142,6 +142,16 @@ nb_status_t nb_hybrid_set_density(nb_hybrid_t* h, double density);
  * NB_ERR_CONFIG when < 1. */
 nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps);
 
+/* Writes the round state (theta_global, outer momentum, error-feedback residual, round
+ * counters) to `path` atomically (a temp file, fsync, rename), ending in an XXH3 checksum;
+ * layout in docs/hybrid.md. With an exchange in flight (overlap) NB_ERR_INVALID: save between
+ * rounds of a run without overlap, or after nb_hybrid_finish. NB_ERR_IO naming the path. */
+nb_status_t nb_hybrid_save(const nb_hybrid_t* h, const char* path);
+/* Restores a state written by nb_hybrid_save for the same synced buffer size and copies
+ * theta_global into the trainer. NB_ERR_NOT_FOUND (no file), NB_ERR_IO, NB_ERR_INTEGRITY (bad
+ * checksum), NB_ERR_INVALID (not a state file, or another size); h is unchanged on error. */
+nb_status_t nb_hybrid_load(nb_hybrid_t* h, const char* path);
+
 /* theta_global (n floats, owned by h). Writing into it is for tests that corrupt a replica. */
 float* nb_hybrid_global(nb_hybrid_t* h, size_t* n);
 /* XXH3-64 of theta_global as it is now. */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
@@ -561,6 +562,55 @@ static void test_dense_mode(void** state) {
   run_step_mode(NB_HYBRID_DENSE);
 }
 
+/* The round state survives a save and load; bad files are refused without touching it. */
+static void test_save_load(void** state) {
+  (void)state;
+  nb_hybrid_config_t hc;
+  base_config(&hc);
+  hc.inner_steps = 2;
+  hc.density = 0.05;
+  pair_t p;
+  make_pair(&p, &hc, 2, 2);
+  nb_hybrid_round_t rec[2];
+  uint8_t* cp[2];
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(lockstep(&p, rec, cp), NB_OK);
+    free(cp[0]), free(cp[1]);
+  }
+  char dir[] = "/tmp/nb_hybrid_state.XXXXXX", path[128], bad[160];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/state.bin", dir);
+  assert_int_equal(nb_hybrid_save(p.h[0], path), NB_OK);
+  uint64_t saved = nb_hybrid_global_hash(p.h[0]);
+  /* another round moves it; loading brings back theta_global and the round counter */
+  assert_int_equal(lockstep(&p, rec, cp), NB_OK);
+  free(cp[0]), free(cp[1]);
+  assert_true(nb_hybrid_global_hash(p.h[0]) != saved);
+  assert_int_equal(nb_hybrid_load(p.h[0], path), NB_OK);
+  assert_true(nb_hybrid_global_hash(p.h[0]) == saved);
+  assert_int_equal(nb_hybrid_rounds(p.h[0]), 2);
+  size_t n;
+  const float* g = nb_hybrid_global(p.h[0], &n);
+  assert_memory_equal(g, nb_trainer_sync_params(p.t[0], NULL), n * 4);
+  /* a flipped byte, a truncated file, a missing file */
+  FILE* f = fopen(path, "r+b");
+  assert_non_null(f);
+  fseek(f, 100, SEEK_SET);
+  int c = fgetc(f);
+  fseek(f, 100, SEEK_SET);
+  fputc(c ^ 1, f);
+  fclose(f);
+  assert_int_equal(nb_hybrid_load(p.h[0], path), NB_ERR_INTEGRITY);
+  assert_int_equal(truncate(path, 1000), 0);
+  assert_int_equal(nb_hybrid_load(p.h[0], path), NB_ERR_INVALID);
+  snprintf(bad, sizeof bad, "%s/none.bin", dir);
+  assert_int_equal(nb_hybrid_load(p.h[0], bad), NB_ERR_NOT_FOUND);
+  assert_true(nb_hybrid_global_hash(p.h[0]) == saved);
+  unlink(path);
+  rmdir(dir);
+  free_pair(&p);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s DATA_DIR\n", argv[0]);
@@ -575,6 +625,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_bad_messages),
       cmocka_unit_test(test_round_through_callback),
       cmocka_unit_test(test_overlap_lands_one_round_late),
+      cmocka_unit_test(test_save_load),
       cmocka_unit_test(test_step_mode),
       cmocka_unit_test(test_dense_mode),
   };
