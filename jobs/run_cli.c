@@ -32,14 +32,15 @@ static void nb__run_on_signal(int sig) {
 
 static void nb__run_usage(FILE* f) {
   fprintf(f,
-          "usage: nebula run JOB.json [--out DIR] [--steps N] [--data-dir DIR]\n"
+          "usage: nebula run JOB.json [--out DIR] [--steps N] [--data-dir DIR] [--resume]\n"
           "\n"
           "Starts every cluster of the job on this machine (one 'nebula worker' each, over\n"
           "loopback with mutual TLS and sealed frames, the link's rate cap applied), streams\n"
           "their logs, waits, and prints a summary. DIR (default runs/<job>) receives pki/,\n"
           "job.secret and one folder per cluster with worker.log, rounds.tsv, summary.json.\n"
           "  --steps N        override training.maxSteps (inner steps per cluster)\n"
-          "  --data-dir DIR   data folder for every cluster (mono/<lang>.txt)\n");
+          "  --data-dir DIR   data folder for every cluster (mono/<lang>.txt)\n"
+          "  --resume         continue every cluster from its newest checkpoint in DIR\n");
 }
 
 typedef struct {
@@ -206,12 +207,15 @@ static int nb__run_table(nb__run_child_t* ch, int n, double wall) {
 
 int nb_run_main(int argc, char** argv) {
   const char *file = NULL, *out = NULL, *data_dir = NULL, *steps = NULL;
+  int resume = 0;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     int v = i + 1 < argc;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       nb__run_usage(stdout);
       return NB_EXIT_OK;
+    } else if (strcmp(a, "--resume") == 0) {
+      resume = 1;
     } else if (strcmp(a, "--out") == 0 && v) {
       out = argv[++i];
     } else if (strcmp(a, "--data-dir") == 0 && v) {
@@ -332,6 +336,7 @@ int nb_run_main(int argc, char** argv) {
       av[k++] = "--data-dir";
       av[k++] = data_dir;
     }
+    if (resume) av[k++] = "--resume";
     for (int j = 0; j < n; j++) {
       if (j == i) continue;
       snprintf(peer_args[j], sizeof peer_args[j], "%s=127.0.0.1:%d", ch[j].id, ch[j].port);

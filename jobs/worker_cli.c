@@ -3,6 +3,7 @@
  * frames) and writes rounds.tsv and summary.json. Not here: several ranks per cluster (a
  * cluster's workers are accumulated micro-batches, as in `nebula train`), overlap, the adaptive
  * density and fault recovery. */
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -126,6 +127,27 @@ static nb_status_t nb__wk_grad_hook(void* ctx, float* grads, size_t n) {
   return nb_hybrid_gradient(*(nb_hybrid_t**)ctx, grads, n);
 }
 
+/* Removes hybrid-step-<N>.bin files whose trainer folder step-<N> was pruned. */
+static void nb__wk_prune_states(const char* dir) {
+  DIR* d = opendir(dir);
+  if (!d) return;
+  struct dirent* e;
+  while ((e = readdir(d))) {
+    long step;
+    char tail[8];
+    if (sscanf(e->d_name, "hybrid-step-%ld.bi%1s", &step, tail) != 2 || strcmp(tail, "n") != 0)
+      continue;
+    char p[NB_TRAIN_PATH_MAX + 320];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/step-%ld", dir, step);
+    if (stat(p, &st) != 0) {
+      snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+      unlink(p);
+    }
+  }
+  closedir(d);
+}
+
 static int nb__wk_mkdirs(const char* path) {
   char tmp[NB_JOB_PATH_MAX];
   if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
@@ -142,7 +164,7 @@ int nb_worker_main(int argc, char** argv) {
   const char *job_file = NULL, *cluster = NULL, *out = NULL, *listen = "127.0.0.1:0";
   const char *pki = NULL, *secret_file = NULL, *data_dir = NULL;
   const char* peer_arg[NB__WK_MAX_PEERS];
-  int n_peer_arg = 0, insecure = 0;
+  int n_peer_arg = 0, insecure = 0, resume = 0;
   long steps = 0;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
@@ -152,6 +174,8 @@ int nb_worker_main(int argc, char** argv) {
       return NB_EXIT_OK;
     } else if (strcmp(a, "--insecure") == 0) {
       insecure = 1;
+    } else if (strcmp(a, "--resume") == 0) {
+      resume = 1;
     } else if (strcmp(a, "--job") == 0 && v) {
       job_file = argv[++i];
     } else if (strcmp(a, "--cluster") == 0 && v) {
@@ -279,9 +303,8 @@ int nb_worker_main(int argc, char** argv) {
     goto done;
   }
   tc->data_rank = (int)index; /* clusters that share a language read it in different orders */
-  tc->checkpoint_dir[0] = 0;  /* checkpoints of the hybrid loop are not implemented yet */
 
-  char odir[NB_JOB_PATH_MAX], path[NB_JOB_PATH_MAX + 64];
+  char odir[NB_JOB_PATH_MAX], path[NB_TRAIN_PATH_MAX + 64];
   if (out ? snprintf(odir, sizeof odir, "%s", out) >= (int)sizeof odir
           : snprintf(odir, sizeof odir, "runs/%s/%s", job->name, cluster) >= (int)sizeof odir) {
     fprintf(stderr, "nebula worker: --out path too long\n");
@@ -292,6 +315,30 @@ int nb_worker_main(int argc, char** argv) {
     fprintf(stderr, "nebula worker: cannot create %s: %s\n", odir, strerror(errno));
     goto done;
   }
+
+  /* checkpoints: the trainer's step-<N>/ folders plus hybrid-step-<N>.bin beside them */
+  int ckpt_every = job->checkpoint.every_rounds;
+  if (ckpt_every > 0 && job->sync.overlap && job->sync.mode == NB_JOB_SYNC_OUTER) {
+    fprintf(stderr,
+            "nebula worker: %s: checkpoints are not taken with sync.overlap (an update "
+            "is always in flight)\n",
+            cluster);
+    ckpt_every = 0;
+  }
+  tc->checkpoint_dir[0] = 0;
+  if (ckpt_every > 0 || resume) {
+    int w = job->checkpoint.dir[0]
+                ? snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s/%s",
+                           job->checkpoint.dir, cluster)
+                : snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s/checkpoints", odir);
+    if (w >= (int)sizeof tc->checkpoint_dir || nb__wk_mkdirs(tc->checkpoint_dir) != 0) {
+      fprintf(stderr, "nebula worker: cannot create the checkpoint folder %s\n",
+              tc->checkpoint_dir);
+      goto done;
+    }
+  }
+  tc->checkpoint_keep = job->checkpoint.keep;
+  tc->resume = resume;
 
   /* security material */
   if (pki) {
@@ -392,6 +439,17 @@ int nb_worker_main(int argc, char** argv) {
   }
   size_t n_params;
   nb_hybrid_global(h, &n_params);
+  if (resume && nb_trainer_step(t) > 0) {
+    snprintf(path, sizeof path, "%s/hybrid-step-%ld.bin", tc->checkpoint_dir, nb_trainer_step(t));
+    if (nb_hybrid_load(h, path) != NB_OK) {
+      rc = nb__wk_fail(cluster, "resuming the round state");
+      goto done;
+    }
+    printf("nebula worker: %s resumes at round %llu (step %ld), theta %016llx\n", cluster,
+           (unsigned long long)nb_hybrid_rounds(h), nb_trainer_step(t),
+           (unsigned long long)nb_hybrid_global_hash(h));
+  }
+  long round0 = (long)nb_hybrid_rounds(h);
   int adaptive = job->compression.adaptive && ex != NULL && hc.mode == NB_HYBRID_OUTER;
   nb_sched_config_t scfg;
   nb_sched_config_default(&scfg);
@@ -417,18 +475,20 @@ int nb_worker_main(int argc, char** argv) {
   fflush(stdout);
 
   snprintf(path, sizeof path, "%s/rounds.tsv", odir);
-  tsv = fopen(path, "w");
+  tsv = fopen(path, resume ? "a" : "w");
   if (!tsv) {
     fprintf(stderr, "nebula worker: cannot write %s: %s\n", path, strerror(errno));
     goto done;
   }
-  fprintf(tsv,
-          "round\tsteps\tsamples\tsamples_all\tloss\tmsg_bytes\tbytes_sent\tdensity\t"
-          "compute_s\tcodec_s\texchange_s\tglobal_xxh3\n");
+  fseek(tsv, 0, SEEK_END);
+  if (ftell(tsv) == 0)
+    fprintf(tsv,
+            "round\tsteps\tsamples\tsamples_all\tloss\tmsg_bytes\tbytes_sent\tdensity\t"
+            "compute_s\tcodec_s\texchange_s\tglobal_xxh3\n");
   double compute_s = 0, exchange_s = 0, codec_s = 0, last_loss = 0, density_sum = 0;
   uint64_t wan_bytes = 0, msg_bytes = 0;
-  long steps_done = 0;
-  for (long r = 0; r < rounds; r++) {
+  long steps_done = nb_trainer_step(t), step0 = steps_done;
+  for (long r = round0; r < rounds; r++) {
     nb_hybrid_round_t rec;
     long left = (long)job->training.max_steps - steps_done;
     if (hc.mode != NB_HYBRID_OUTER && left < hc.inner_steps && left > 0)
@@ -457,6 +517,15 @@ int nb_worker_main(int argc, char** argv) {
         r + 1, rounds, rec.steps, rec.loss, rec.msg_bytes / 1024.0, rec.density, rec.compute_s,
         rec.exchange_s, (unsigned long long)rec.global_hash);
     fflush(stdout);
+    if (ckpt_every > 0 && ((r + 1) % ckpt_every == 0 || r + 1 == rounds)) {
+      /* the round state first, then the trainer's checkpoint moves LATEST to it */
+      snprintf(path, sizeof path, "%s/hybrid-step-%ld.bin", tc->checkpoint_dir, nb_trainer_step(t));
+      if (nb_hybrid_save(h, path) != NB_OK || nb_trainer_checkpoint(t) != NB_OK) {
+        rc = nb__wk_fail(cluster, "checkpoint");
+        goto done;
+      }
+      nb__wk_prune_states(tc->checkpoint_dir);
+    }
     if (adaptive && r + 1 < rounds) {
       /* the next round's density (and length) from the measured link and compute */
       nb_estimate_t est;
@@ -514,7 +583,7 @@ int nb_worker_main(int argc, char** argv) {
   char hex[24];
   snprintf(hex, sizeof hex, "%016llx", (unsigned long long)nb_hybrid_global_hash(h));
   /* per sync: a round in outer mode, a step in step and dense modes */
-  long syncs = hc.mode == NB_HYBRID_OUTER ? rounds : steps_done;
+  long syncs = hc.mode == NB_HYBRID_OUTER ? rounds - round0 : steps_done - step0;
   double bpp = syncs > 0 ? 8.0 * (double)msg_bytes / (double)syncs / (double)n_params : 0;
   json_object_set_new(sum, "job", json_string(job->name));
   json_object_set_new(sum, "cluster", json_string(cluster));
@@ -524,6 +593,7 @@ int nb_worker_main(int argc, char** argv) {
   json_object_set_new(sum, "overlap", json_boolean(hc.overlap));
   json_object_set_new(sum, "params_synced", json_integer((json_int_t)n_params));
   json_object_set_new(sum, "rounds", json_integer(rounds));
+  json_object_set_new(sum, "resumed_at_round", json_integer(round0));
   json_object_set_new(sum, "syncs", json_integer(syncs));
   json_object_set_new(sum, "inner_steps", json_integer(steps_done));
   json_object_set_new(sum, "samples", json_integer((json_int_t)nb_trainer_samples(t)));

@@ -24,7 +24,8 @@
 static const char* g_data;
 static const char* g_nebula;
 
-static void write_job(const char* path, const char* lang_b, long steps, int overlap) {
+static void write_job_opts(const char* path, const char* lang_b, long steps, int overlap,
+                           const char* optim_extra, const char* spec_extra) {
   FILE* f = fopen(path, "w");
   assert_non_null(f);
   fprintf(
@@ -38,13 +39,17 @@ static void write_job(const char* path, const char* lang_b, long steps, int over
       "  \"model\": {\"layers\": 1, \"width\": 32, \"heads\": 2, \"context\": 32},\n"
       "  \"training\": {\"seed\": 5, \"batchSize\": 4, \"maxSteps\": %ld,\n"
       "               \"eval\": {\"everyRounds\": 1, \"batches\": 1},\n"
-      "               \"optimizer\": {\"lr\": 0.003, \"warmupSteps\": 2}},\n"
+      "               \"optimizer\": {\"lr\": 0.003, \"warmupSteps\": 2%s}},\n"
       "  \"sync\": {\"mode\": \"outer\", \"innerSteps\": 4, \"overlap\": %s},\n"
       "  \"compression\": {\"density\": {\"initial\": 0.05, \"min\": 0.001, \"max\": 0.1},\n"
       "                  \"values\": \"int8\"},\n"
-      "  \"link\": {\"rateMbit\": 50}}}\n",
-      lang_b, steps, overlap ? "true" : "false");
+      "  %s\"link\": {\"rateMbit\": 50}}}\n",
+      lang_b, steps, optim_extra, overlap ? "true" : "false", spec_extra);
   fclose(f);
+}
+
+static void write_job(const char* path, const char* lang_b, long steps, int overlap) {
+  write_job_opts(path, lang_b, steps, overlap, "", "");
 }
 
 static pid_t spawn_run(const char* job, const char* out) {
@@ -191,6 +196,61 @@ static void test_run_two_clusters_overlap(void** state) {
   run_two_clusters(1);
 }
 
+static pid_t spawn_run_args(const char* job, const char* out, const char* steps, int resume) {
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    char log[600];
+    snprintf(log, sizeof log, "%s.log", out);
+    if (!freopen(log, "a", stdout)) _exit(126);
+    dup2(1, 2);
+    execl(g_nebula, "nebula", "run", job, "--out", out, "--data-dir", g_data, "--steps", steps,
+          resume ? "--resume" : (char*)NULL, (char*)NULL);
+    _exit(127);
+  }
+  return pid;
+}
+
+static void read_hash(const char* out, const char* id, char hash[24], long* resumed) {
+  char p[256];
+  snprintf(p, sizeof p, "%s/%s/summary.json", out, id);
+  json_error_t je;
+  json_t* s = json_load_file(p, 0, &je);
+  assert_non_null(s);
+  snprintf(hash, 24, "%s", json_string_value(json_object_get(s, "global_xxh3")));
+  *resumed = (long)json_integer_value(json_object_get(s, "resumed_at_round"));
+  json_decref(s);
+}
+
+/* A run stopped after 2 of 3 rounds and resumed from its checkpoints ends with the same
+ * theta_global as an uninterrupted run (constant learning rate, so the schedule's length does
+ * not matter). */
+static void test_run_resume_same_hash(void** state) {
+  (void)state;
+  char* dir = make_tmpdir();
+  char job[128], a[128], b[128];
+  snprintf(job, sizeof job, "%s/job.json", dir);
+  snprintf(a, sizeof a, "%s/a", dir);
+  snprintf(b, sizeof b, "%s/b", dir);
+  write_job_opts(job, "ru", 12, 0, ", \"schedule\": \"constant\"",
+                 "\"checkpoint\": {\"everyRounds\": 1}, ");
+  assert_int_equal(wait_exit(spawn_run_args(job, a, "12", 0)), 0);
+  assert_int_equal(wait_exit(spawn_run_args(job, b, "8", 0)), 0);
+  assert_int_equal(wait_exit(spawn_run_args(job, b, "12", 1)), 0);
+  const char* ids[2] = {"dc-a", "dc-b"};
+  for (int c = 0; c < 2; c++) {
+    char ha[24], hb[24];
+    long ra, rb;
+    read_hash(a, ids[c], ha, &ra);
+    read_hash(b, ids[c], hb, &rb);
+    assert_int_equal(ra, 0);
+    assert_int_equal(rb, 2);
+    assert_string_equal(ha, hb);
+  }
+  assert_int_equal(processes_with(dir), 0);
+  rm_rf(dir);
+}
+
 /* A cluster that cannot start (missing data) fails the run, and the other worker is stopped. */
 static void test_run_failure_stops_everyone(void** state) {
   (void)state;
@@ -248,6 +308,7 @@ int main(int argc, char** argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_run_two_clusters),
       cmocka_unit_test(test_run_two_clusters_overlap),
+      cmocka_unit_test(test_run_resume_same_hash),
       cmocka_unit_test(test_run_failure_stops_everyone),
       cmocka_unit_test(test_run_interrupted),
   };
