@@ -230,6 +230,7 @@ int nb_worker_main(int argc, char** argv) {
   FILE* tsv = NULL;
   json_t* sum = NULL;
   json_t* decisions = NULL;
+  json_t* evals = NULL;
   uint8_t secret[NB_SEAL_SECRET_BYTES];
   int have_secret = 0;
   if (nb_calloc((void**)&job, 1, sizeof *job, "job") != NB_OK ||
@@ -466,6 +467,7 @@ int nb_worker_main(int argc, char** argv) {
   nb_sched_decision_t dec, prev_dec;
   int have_dec = 0;
   decisions = json_array();
+  evals = json_array();
   long rounds = (long)((job->training.max_steps + hc.inner_steps - 1) / hc.inner_steps);
   printf(
       "nebula worker: job %s, cluster %s (%u of %d), %zu synced parameters, %ld rounds of %ld "
@@ -517,6 +519,21 @@ int nb_worker_main(int argc, char** argv) {
         r + 1, rounds, rec.steps, rec.loss, rec.msg_bytes / 1024.0, rec.density, rec.compute_s,
         rec.exchange_s, (unsigned long long)rec.global_hash);
     fflush(stdout);
+    int every = job->training.eval_every_rounds;
+    if (every > 0 && (r + 1) % every == 0 && r + 1 < rounds) {
+      /* the held-out curve on theta_global (with overlap: the parameters as they are) */
+      nb_train_eval_t mid;
+      if (nb_trainer_eval(t, &mid) != NB_OK) {
+        rc = nb__wk_fail(cluster, "evaluation");
+        goto done;
+      }
+      printf("eval after round %ld: mean %.4f bpb\n", r + 1, mid.mean_bpb);
+      json_t* e = json_object();
+      json_object_set_new(e, "round", json_integer(r + 1));
+      json_object_set_new(e, "step", json_integer(nb_trainer_step(t)));
+      json_object_set_new(e, "mean_bpb", json_real(mid.mean_bpb));
+      json_array_append_new(evals, e);
+    }
     if (ckpt_every > 0 && ((r + 1) % ckpt_every == 0 || r + 1 == rounds)) {
       /* the round state first, then the trainer's checkpoint moves LATEST to it */
       snprintf(path, sizeof path, "%s/hybrid-step-%ld.bin", tc->checkpoint_dir, nb_trainer_step(t));
@@ -614,6 +631,7 @@ int nb_worker_main(int argc, char** argv) {
   json_object_set_new(sum, "global_xxh3", json_string(hex));
   json_object_set_new(sum, "adaptive", json_boolean(adaptive));
   json_object_set(sum, "decisions", decisions);
+  json_object_set(sum, "evals", evals);
   json_object_set_new(sum, "tls", json_boolean(tls != NULL));
   json_object_set_new(sum, "sealed", json_boolean(have_secret));
   char tmp[NB_JOB_PATH_MAX + 64];
@@ -629,6 +647,7 @@ int nb_worker_main(int argc, char** argv) {
       cluster, rounds, ev.mean_bpb, wan_bytes / 1024.0, wall, hex);
   rc = NB_EXIT_OK;
 done:
+  json_decref(evals);
   json_decref(decisions);
   json_decref(sum);
   if (tsv) fclose(tsv);

@@ -156,6 +156,8 @@ static void run_two_clusters(int overlap) {
     assert_true(bpp > 0 && bpp < 32 * 0.5); /* sparse: far below dense fp32 */
     double bpb = json_real_value(json_object_get(s, "final_eval_mean_bpb"));
     assert_true(isfinite(bpb) && bpb > 0 && bpb < 9);
+    /* eval.everyRounds 1: one held-out evaluation after each round but the last */
+    assert_int_equal(json_array_size(json_object_get(s, "evals")), 2);
     json_t* ev = json_object_get(s, "final_eval_bpb");
     assert_non_null(json_object_get(ev, "en"));
     assert_non_null(json_object_get(ev, c == 0 ? "de" : "ru"));
