@@ -31,16 +31,19 @@ static void nb__run_on_signal(int sig) {
 }
 
 static void nb__run_usage(FILE* f) {
-  fprintf(f,
-          "usage: nebula run JOB.json [--out DIR] [--steps N] [--data-dir DIR] [--resume]\n"
-          "\n"
-          "Starts every cluster of the job on this machine (one 'nebula worker' each, over\n"
-          "loopback with mutual TLS and sealed frames, the link's rate cap applied), streams\n"
-          "their logs, waits, and prints a summary. DIR (default runs/<job>) receives pki/,\n"
-          "job.secret and one folder per cluster with worker.log, rounds.tsv, summary.json.\n"
-          "  --steps N        override training.maxSteps (inner steps per cluster)\n"
-          "  --data-dir DIR   data folder for every cluster (mono/<lang>.txt)\n"
-          "  --resume         continue every cluster from its newest checkpoint in DIR\n");
+  fprintf(
+      f,
+      "usage: nebula run JOB.json [--out DIR] [--steps N] [--data-dir DIR] [--resume] [--no-mpi]\n"
+      "\n"
+      "Starts every cluster of the job on this machine (one 'nebula worker' each, over\n"
+      "loopback with mutual TLS and sealed frames, the link's rate cap applied), streams\n"
+      "their logs, waits, and prints a summary. DIR (default runs/<job>) receives pki/,\n"
+      "job.secret and one folder per cluster with worker.log, rounds.tsv, summary.json.\n"
+      "  --steps N        override training.maxSteps (inner steps per cluster)\n"
+      "  --data-dir DIR   data folder for every cluster (mono/<lang>.txt)\n"
+      "  --resume         continue every cluster from its newest checkpoint in DIR\n"
+      "  --no-mpi         one process per cluster even with several workers (they are then\n"
+      "                   accumulated micro-batches); default: mpirun -np WORKERS\n");
 }
 
 typedef struct {
@@ -110,7 +113,10 @@ static void nb__run_pump(nb__run_child_t* c, int flush) {
 
 static void nb__run_kill_all(nb__run_child_t* ch, int n) {
   for (int i = 0; i < n; i++)
-    if (ch[i].pid > 0 && !ch[i].done) kill(ch[i].pid, SIGTERM);
+    if (ch[i].pid > 0 && !ch[i].done) {
+      kill(-ch[i].pid, SIGTERM); /* the child's process group: mpirun and its ranks */
+      kill(ch[i].pid, SIGTERM);
+    }
   double t0 = nb_now_s();
   for (;;) {
     int left = 0;
@@ -125,6 +131,7 @@ static void nb__run_kill_all(nb__run_child_t* ch, int n) {
     if (nb_now_s() - t0 > 3) {
       for (int i = 0; i < n; i++)
         if (ch[i].pid > 0 && !ch[i].done) {
+          kill(-ch[i].pid, SIGKILL);
           kill(ch[i].pid, SIGKILL);
           waitpid(ch[i].pid, &ch[i].status, 0);
           ch[i].done = 1;
@@ -207,7 +214,7 @@ static int nb__run_table(nb__run_child_t* ch, int n, double wall) {
 
 int nb_run_main(int argc, char** argv) {
   const char *file = NULL, *out = NULL, *data_dir = NULL, *steps = NULL;
-  int resume = 0;
+  int resume = 0, no_mpi = 0;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     int v = i + 1 < argc;
@@ -216,6 +223,8 @@ int nb_run_main(int argc, char** argv) {
       return NB_EXIT_OK;
     } else if (strcmp(a, "--resume") == 0) {
       resume = 1;
+    } else if (strcmp(a, "--no-mpi") == 0) {
+      no_mpi = 1;
     } else if (strcmp(a, "--out") == 0 && v) {
       out = argv[++i];
     } else if (strcmp(a, "--data-dir") == 0 && v) {
@@ -306,13 +315,52 @@ int nb_run_main(int argc, char** argv) {
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
 
+  char exe[4096];
+  ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (el <= 0) {
+    fprintf(stderr, "nebula run: cannot find this executable: %s\n", strerror(errno));
+    goto done;
+  }
+  exe[el] = 0;
+  int use_mpi[NB_JOB_MAX_CLUSTERS], total_ranks = 0;
+  int have_mpirun = system("command -v mpirun >/dev/null 2>&1") == 0;
+  for (int i = 0; i < n; i++) {
+    int w = job->clusters[i].workers;
+    use_mpi[i] = w > 1 && !no_mpi && have_mpirun;
+    total_ranks += use_mpi[i] ? w : 1;
+    if (w > 1 && !use_mpi[i])
+      printf("nebula run: %s: %d workers as accumulated micro-batches in one process%s\n",
+             job->clusters[i].id, w, have_mpirun ? "" : " (no mpirun found)");
+    else if (use_mpi[i])
+      printf("nebula run: %s: %d ranks under mpirun\n", job->clusters[i].id, w);
+  }
   double t0 = nb_now_s();
   for (int i = 0; i < n; i++) {
     char listen[64], peer_args[NB_JOB_MAX_CLUSTERS][NB_JOB_NAME_MAX + 32];
-    const char* av[64];
+    const char* av[96];
     int k = 0;
     snprintf(listen, sizeof listen, "127.0.0.1:%d", ch[i].port);
-    av[k++] = "nebula";
+    char np[16];
+    snprintf(np, sizeof np, "%d", job->clusters[i].workers);
+    if (use_mpi[i]) {
+      static const char* const mpi[] = {"mpirun",
+                                        "--allow-run-as-root",
+                                        "--oversubscribe",
+                                        "--bind-to",
+                                        "none",
+                                        "--mca",
+                                        "btl",
+                                        "self,vader",
+                                        "--mca",
+                                        "mpi_yield_when_idle",
+                                        "1",
+                                        "-np"};
+      for (size_t m = 0; m < sizeof mpi / sizeof mpi[0]; m++) av[k++] = mpi[m];
+      av[k++] = np;
+      av[k++] = exe;
+    } else {
+      av[k++] = "nebula";
+    }
     av[k++] = "worker";
     av[k++] = "--job";
     av[k++] = file;
@@ -353,8 +401,9 @@ int nb_run_main(int argc, char** argv) {
       goto done;
     }
     if (pid == 0) {
-      /* the child dies with us, whatever kills us */
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      /* the child dies with us, whatever kills us (mpirun gets SIGTERM: it stops its ranks) */
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, use_mpi[i] ? SIGTERM : SIGKILL);
       if (getppid() == 1) _exit(127);
       int fd = open(ch[i].log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (fd < 0) _exit(127);
@@ -365,12 +414,15 @@ int nb_run_main(int argc, char** argv) {
       /* share the cores among the clusters unless the job or the user says otherwise */
       long cores = sysconf(_SC_NPROCESSORS_ONLN);
       char th[24];
-      snprintf(th, sizeof th, "%ld", cores / n > 1 ? cores / n : 1);
+      snprintf(th, sizeof th, "%ld", cores / total_ranks > 1 ? cores / total_ranks : 1);
       if (job->clusters[i].threads_per_worker > 0)
         snprintf(th, sizeof th, "%d", job->clusters[i].threads_per_worker);
       setenv("NB_TRAIN_THREADS", th, 0);
       setenv("OPENBLAS_NUM_THREADS", th, 0);
-      execv("/proc/self/exe", (char* const*)av);
+      if (use_mpi[i])
+        execvp("mpirun", (char* const*)av);
+      else
+        execv(exe, (char* const*)av);
       fprintf(stderr, "nebula run: exec: %s\n", strerror(errno));
       _exit(127);
     }

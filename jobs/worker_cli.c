@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <mpi.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include "inter/estimator.h"
 #include "inter/exchange.h"
 #include "inter/sched.h"
+#include "intra/intra.h"
 #include "jobs/cli.h"
 #include "jobs/descriptor.h"
 #include "jobs/train_cli.h"
@@ -148,6 +150,32 @@ static void nb__wk_prune_states(const char* dir) {
   closedir(d);
 }
 
+/* Ranks of a cluster under mpirun: the gradient of every step is averaged over the ranks. */
+static nb_status_t nb__wk_allreduce_hook(void* ctx, float* grads, size_t n) {
+  return nb_comm_allreduce((nb_comm_t*)ctx, grads, grads, n, NB_COMM_FP32, NB_COMM_AVG);
+}
+
+/* A rank other than the leader: per round, the leader broadcasts {steps, go}; the rank runs the
+ * steps (allreducing every gradient with the others) and receives theta_global. */
+static int nb__wk_follower(nb_trainer_t* t, nb_comm_t* comm) {
+  size_t n;
+  float* p = nb_trainer_sync_params(t, &n);
+  for (;;) {
+    float ctl[2] = {0, 0};
+    if (nb_comm_broadcast(comm, ctl, ctl, 2, NB_COMM_FP32, 0) != NB_OK) return NB_EXIT_FAIL;
+    if (ctl[1] == 0) return NB_EXIT_OK;
+    if (nb_trainer_steps(t, (long)ctl[0], NULL) != NB_OK ||
+        nb_comm_broadcast(comm, p, p, n, NB_COMM_FP32, 0) != NB_OK)
+      return NB_EXIT_FAIL;
+  }
+}
+
+/* Leader side of the above. */
+static nb_status_t nb__wk_lead(nb_comm_t* comm, long steps, int go) {
+  float ctl[2] = {(float)steps, go ? 1.0f : 0.0f};
+  return comm ? nb_comm_broadcast(comm, ctl, ctl, 2, NB_COMM_FP32, 0) : NB_OK;
+}
+
 static int nb__wk_mkdirs(const char* path) {
   char tmp[NB_JOB_PATH_MAX];
   if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
@@ -217,7 +245,21 @@ int nb_worker_main(int argc, char** argv) {
     fprintf(stderr, "nebula worker: --pki DIR is required (or --insecure for a plaintext test)\n");
     return NB_EXIT_USAGE;
   }
-  nb_log_set_identity(cluster, 0);
+  /* under mpirun: one process per rank of this cluster; rank 0 leads */
+  nb_comm_t* comm = NULL;
+  int mpi_rank = 0, mpi_size = 1;
+  const char* ws = getenv("OMPI_COMM_WORLD_SIZE");
+  if (!ws) ws = getenv("PMI_SIZE");
+  if (ws && atoi(ws) > 1) {
+    nb_comm_config_t ccfg;
+    nb_comm_config_init(&ccfg);
+    ccfg.device = NB_COMM_DEVICE_CPU;
+    if (nb_intra_init(&argc, &argv) != NB_OK || nb_comm_create(&ccfg, &comm) != NB_OK)
+      return nb__wk_fail(cluster, "MPI");
+    mpi_rank = nb_comm_rank(comm);
+    mpi_size = nb_comm_size(comm);
+  }
+  nb_log_set_identity(cluster, mpi_rank);
 
   int rc = NB_EXIT_FAIL;
   nb_job_config_t* job = NULL;
@@ -304,6 +346,21 @@ int nb_worker_main(int argc, char** argv) {
     goto done;
   }
   tc->data_rank = (int)index; /* clusters that share a language read it in different orders */
+  if (mpi_size > 1) {
+    if (job->sync.mode != NB_JOB_SYNC_OUTER || job->sync.round_seconds > 0) {
+      fprintf(stderr,
+              "nebula worker: several ranks per cluster need sync.mode \"outer\" with "
+              "step-counted rounds\n");
+      rc = NB_EXIT_USAGE;
+      goto done;
+    }
+    /* real ranks replace the accumulated micro-batches that stand for workers otherwise */
+    tc->micro_batches =
+        job->clusters[ci].workers > mpi_size ? job->clusters[ci].workers / mpi_size : 1;
+    tc->data_rank = (int)index * 1000 + mpi_rank;
+    tc->grad_hook = nb__wk_allreduce_hook;
+    tc->grad_hook_ctx = comm;
+  }
 
   char odir[NB_JOB_PATH_MAX], path[NB_TRAIN_PATH_MAX + 64];
   if (out ? snprintf(odir, sizeof odir, "%s", out) >= (int)sizeof odir
@@ -386,6 +443,11 @@ int nb_worker_main(int argc, char** argv) {
     goto done;
   }
 
+  if (mpi_rank > 0) {
+    rc = nb__wk_follower(t, comm);
+    goto done;
+  }
+
   nb_exchange_config_t xc;
   memset(&xc, 0, sizeof xc);
   xc.job_id = job->name;
@@ -434,6 +496,7 @@ int nb_worker_main(int argc, char** argv) {
             cluster);
   hc.exchange = nb__wk_exchange;
   hc.exchange_ctx = &xctx;
+  hc.samples_scale = (uint32_t)mpi_size;
   if (nb_hybrid_create(&hc, t, &h) != NB_OK) {
     rc = nb__wk_fail(cluster, "creating the round state");
     goto done;
@@ -489,13 +552,15 @@ int nb_worker_main(int argc, char** argv) {
             "compute_s\tcodec_s\texchange_s\tglobal_xxh3\n");
   double compute_s = 0, exchange_s = 0, codec_s = 0, last_loss = 0, density_sum = 0;
   uint64_t wan_bytes = 0, msg_bytes = 0;
-  long steps_done = nb_trainer_step(t), step0 = steps_done;
+  long steps_done = nb_trainer_step(t), step0 = steps_done, cur_h = hc.inner_steps;
   for (long r = round0; r < rounds; r++) {
     nb_hybrid_round_t rec;
     long left = (long)job->training.max_steps - steps_done;
     if (hc.mode != NB_HYBRID_OUTER && left < hc.inner_steps && left > 0)
-      nb_hybrid_set_inner_steps(h, left); /* a round of step modes is only a logging unit */
-    if (nb_hybrid_round(h, &rec) != NB_OK) {
+      nb_hybrid_set_inner_steps(h, cur_h = left); /* in step modes a round only groups the log */
+    if (nb__wk_lead(comm, cur_h, 1) != NB_OK || nb_hybrid_round(h, &rec) != NB_OK ||
+        (comm && nb_comm_broadcast(comm, nb_hybrid_global(h, NULL), nb_hybrid_global(h, NULL),
+                                   n_params, NB_COMM_FP32, 0) != NB_OK)) {
       rc = nb__wk_fail(cluster, "round");
       goto done;
     }
@@ -565,6 +630,7 @@ int nb_worker_main(int argc, char** argv) {
       }
       prev_dec = dec;
       have_dec = 1;
+      cur_h = (long)dec.steps;
       char line[512];
       nb_sched_decision_format(&dec, line, sizeof line);
       printf("%s\n", line);
@@ -580,6 +646,10 @@ int nb_worker_main(int argc, char** argv) {
       json_object_set_new(d, "budget_s", json_real(dec.budget_s));
       json_array_append_new(decisions, d);
     }
+  }
+  if (nb__wk_lead(comm, 0, 0) != NB_OK) {
+    rc = nb__wk_fail(cluster, "stopping the ranks");
+    goto done;
   }
   if (nb_hybrid_finish(h) != NB_OK) {
     rc = nb__wk_fail(cluster, "final check");
@@ -605,6 +675,7 @@ int nb_worker_main(int argc, char** argv) {
   json_object_set_new(sum, "job", json_string(job->name));
   json_object_set_new(sum, "cluster", json_string(cluster));
   json_object_set_new(sum, "cluster_index", json_integer(index));
+  json_object_set_new(sum, "ranks", json_integer(mpi_size));
   json_object_set_new(sum, "pid", json_integer(getpid()));
   json_object_set_new(sum, "mode", json_string(nb_job_sync_name(job->sync.mode)));
   json_object_set_new(sum, "overlap", json_boolean(hc.overlap));
@@ -659,5 +730,15 @@ done:
   nb_free(diag);
   nb_free(job);
   memset(secret, 0, sizeof secret);
+  if (comm) {
+    if (rc != NB_EXIT_OK && mpi_size > 1) {
+      /* the other ranks wait in a collective: take the whole cluster down */
+      fflush(stdout);
+      fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, rc);
+    }
+    nb_comm_destroy(comm);
+    nb_intra_finalize();
+  }
   return rc;
 }

@@ -229,7 +229,7 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
   }
   double t1 = nb_now_s();
   h->compute_s = t1 - t0;
-  h->samples = nb_trainer_samples(h->t) - s0;
+  h->samples = (nb_trainer_samples(h->t) - s0) * (h->cfg.samples_scale ? h->cfg.samples_scale : 1);
 
   size_t k = h->cfg.density >= 1 ? h->n : nb_codec_k_for_density(h->n, h->cfg.density);
   size_t need = NB_HYBRID_MSG_HEADER_BYTES +
@@ -487,7 +487,9 @@ nb_status_t nb_hybrid_gradient(nb_hybrid_t* h, float* grads, size_t n) {
     return nb_error(NB_ERR_INVALID, "hybrid: gradient of %zu floats, synced buffer %zu", n, h->n);
   double t0 = nb_now_s();
   const nb_train_config_t* tc = nb_trainer_config(h->t);
-  h->samples = (uint64_t)tc->batch_size * (uint64_t)(tc->micro_batches > 0 ? tc->micro_batches : 1);
+  h->samples = (uint64_t)tc->batch_size *
+               (uint64_t)(tc->micro_batches > 0 ? tc->micro_batches : 1) *
+               (h->cfg.samples_scale ? h->cfg.samples_scale : 1);
   h->steps = 1;
   h->hash = nb_xxh3_64(nb_trainer_sync_params(h->t, NULL), n * sizeof(float), 0);
   uint8_t* frame = h->msg + NB_HYBRID_MSG_HEADER_BYTES;

@@ -55,6 +55,8 @@ typedef struct {
   float outer_momentum;   /* [0, 1) */
   double density;         /* top-k fraction in (0, 1]; 1 = a dense frame (no error feedback) */
   int error_feedback;     /* keep the residual of what top-k / quantization dropped */
+  uint32_t samples_scale; /* ranks of this cluster training in lockstep with this trainer (their
+                             samples count for the weights); 0 = 1 */
   nb_values_t values;     /* value type on the wire */
   int zstd_level;         /* 0..19 */
   /* 1: round r's exchange runs on a background thread during round r+1's inner steps and its

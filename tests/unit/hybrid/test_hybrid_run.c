@@ -25,7 +25,7 @@ static const char* g_data;
 static const char* g_nebula;
 
 static void write_job_opts(const char* path, const char* lang_b, long steps, int overlap,
-                           const char* optim_extra, const char* spec_extra) {
+                           const char* optim_extra, const char* spec_extra, int workers_a) {
   FILE* f = fopen(path, "w");
   assert_non_null(f);
   fprintf(
@@ -35,7 +35,8 @@ static void write_job_opts(const char* path, const char* lang_b, long steps, int
       " \"spec\": {\"task\": \"pretrain\",\n"
       "  \"clusters\": [\n"
       "   {\"id\": \"dc-b\", \"data\": {\"tier\": \"quick\", \"languages\": [\"en\", \"%s\"]}},\n"
-      "   {\"id\": \"dc-a\", \"data\": {\"tier\": \"quick\", \"languages\": [\"en\", \"de\"]}}],\n"
+      "   {\"id\": \"dc-a\", \"workers\": %d, \"data\": {\"tier\": \"quick\", \"languages\": "
+      "[\"en\", \"de\"]}}],\n"
       "  \"model\": {\"layers\": 1, \"width\": 32, \"heads\": 2, \"context\": 32},\n"
       "  \"training\": {\"seed\": 5, \"batchSize\": 4, \"maxSteps\": %ld,\n"
       "               \"eval\": {\"everyRounds\": 1, \"batches\": 1},\n"
@@ -44,12 +45,12 @@ static void write_job_opts(const char* path, const char* lang_b, long steps, int
       "  \"compression\": {\"density\": {\"initial\": 0.05, \"min\": 0.001, \"max\": 0.1},\n"
       "                  \"values\": \"int8\"},\n"
       "  %s\"link\": {\"rateMbit\": 50}}}\n",
-      lang_b, steps, optim_extra, overlap ? "true" : "false", spec_extra);
+      lang_b, workers_a, steps, optim_extra, overlap ? "true" : "false", spec_extra);
   fclose(f);
 }
 
 static void write_job(const char* path, const char* lang_b, long steps, int overlap) {
-  write_job_opts(path, lang_b, steps, overlap, "", "");
+  write_job_opts(path, lang_b, steps, overlap, "", "", 1);
 }
 
 static pid_t spawn_run(const char* job, const char* out) {
@@ -235,7 +236,7 @@ static void test_run_resume_same_hash(void** state) {
   snprintf(a, sizeof a, "%s/a", dir);
   snprintf(b, sizeof b, "%s/b", dir);
   write_job_opts(job, "ru", 12, 0, ", \"schedule\": \"constant\"",
-                 "\"checkpoint\": {\"everyRounds\": 1}, ");
+                 "\"checkpoint\": {\"everyRounds\": 1}, ", 1);
   assert_int_equal(wait_exit(spawn_run_args(job, a, "12", 0)), 0);
   assert_int_equal(wait_exit(spawn_run_args(job, b, "8", 0)), 0);
   assert_int_equal(wait_exit(spawn_run_args(job, b, "12", 1)), 0);
@@ -249,6 +250,43 @@ static void test_run_resume_same_hash(void** state) {
     assert_int_equal(rb, 2);
     assert_string_equal(ha, hb);
   }
+  assert_int_equal(processes_with(dir), 0);
+  rm_rf(dir);
+}
+
+/* A cluster of two ranks under mpirun (gradients allreduced every step, theta_global broadcast
+ * every round) syncs with a one-process cluster; nothing is left behind. */
+static void test_run_mpi_cluster(void** state) {
+  (void)state;
+  if (system("command -v mpirun >/dev/null 2>&1") != 0) {
+    fprintf(stderr, "no mpirun: skipped\n");
+    return;
+  }
+  char* dir = make_tmpdir();
+  char job[128], out[128];
+  snprintf(job, sizeof job, "%s/job.json", dir);
+  snprintf(out, sizeof out, "%s/run", dir);
+  write_job_opts(job, "ru", 12, 0, "", "", 2);
+  int rc = wait_exit(spawn_run(job, out));
+  if (rc != 0) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "cat '%s.log' >&2", out);
+    (void)system(cmd);
+  }
+  assert_int_equal(rc, 0);
+  char ha[24], hb[24];
+  long ra, rb;
+  read_hash(out, "dc-a", ha, &ra);
+  read_hash(out, "dc-b", hb, &rb);
+  assert_string_equal(ha, hb);
+  char p[256];
+  snprintf(p, sizeof p, "%s/dc-a/summary.json", out);
+  json_t* s = json_load_file(p, 0, NULL);
+  assert_non_null(s);
+  assert_int_equal(json_integer_value(json_object_get(s, "ranks")), 2);
+  /* the leader counts its own samples: one micro-batch of 4 per step (not 2, the workers) */
+  assert_int_equal(json_integer_value(json_object_get(s, "samples")), 12 * 4);
+  json_decref(s);
   assert_int_equal(processes_with(dir), 0);
   rm_rf(dir);
 }
@@ -311,6 +349,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_run_two_clusters),
       cmocka_unit_test(test_run_two_clusters_overlap),
       cmocka_unit_test(test_run_resume_same_hash),
+      cmocka_unit_test(test_run_mpi_cluster),
       cmocka_unit_test(test_run_failure_stops_everyone),
       cmocka_unit_test(test_run_interrupted),
   };
