@@ -18,6 +18,7 @@ static const nb_bench_entry_t nb__benches[] = {
     {"codec", "the update codec: wire size, encode/decode speed vs memcpy", nb_bench_codec_main},
     {"allreduce", "intra-cluster allreduce vs raw MPI/NCCL (mpirun)", nb_bench_allreduce_main},
     {"wan", "sealed mTLS frames over the emulated WAN vs iperf3; loopback cost", nb_bench_wan_main},
+    {"e2e", "single vs dense vs nebula training of one job (nebula run)", nb_bench_e2e_main},
     {NULL, NULL, NULL},
 };
 

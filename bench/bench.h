@@ -25,6 +25,8 @@ int nb_bench_codec_main(int argc, char** argv); /* `nebula bench codec` (bench_c
 int nb_bench_allreduce_main(int argc, char** argv);
 /* `nebula bench wan` (bench_wan.c): inter/link over the emulated WAN vs iperf3, and loopback. */
 int nb_bench_wan_main(int argc, char** argv);
+/* `nebula bench e2e` (bench_e2e.c): single vs dense vs nebula on one job via `nebula run` */
+int nb_bench_e2e_main(int argc, char** argv);
 
 /* Median of n samples (the array is reordered). n must be > 0. */
 double nb_bench_median(double* v, size_t n);

@@ -10,6 +10,7 @@
 #include "jobs/client_cli.h"
 #include "jobs/gateway.h"
 #include "jobs/validate_cli.h"
+#include "jobs/worker_cli.h"
 #include "security/security.h"
 
 static int nb__cmd_help(int argc, char** argv);
@@ -36,8 +37,10 @@ static const nb_cli_cmd_t nb__cmds[] = {
     {"gateway", "run this cluster's gateway daemon (--config FILE)", nb_gateway_main},
     {"env", "list the environment parameters and their values", nb__cmd_env},
     {"eval", "held-out bits per byte per language of a checkpoint", nb_eval_main},
+    {"run", "run every cluster of a job on this machine over loopback", nb_run_main},
     {"train", "train one cluster of a job descriptor in this process", nb_train_main},
     {"validate", "check a job descriptor and print it with defaults filled in", nb_validate_main},
+    {"worker", "run one cluster's leader of a job (nebula run starts these)", nb_worker_main},
     {"version", "print the version", nb__cmd_version},
     {"submit", "sign a job descriptor and submit it to a gateway", nb_submit_main},
     {"get", "show a job", nb_get_main},

@@ -1,0 +1,267 @@
+/* `nebula bench e2e`: one model, data, seed and step budget trained three ways with `nebula run`
+ * on this machine — single (one cluster holding every language and worker), dense (two
+ * clusters, fp32 gradients every step over the capped link) and nebula (outer sync with
+ * adaptive density and overlap over the same link) — and their ratios. Loopback with the rate
+ * cap only: the one-way delay needs the namespace path, which this does not take yet. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench/bench.h"
+#include "common/common.h"
+
+typedef struct {
+  const char* name;
+  double wall_s, eval_bpb, util;
+  long long wan_bytes;
+  double bits_per_param;
+  int ok;
+} nb__e2e_t;
+
+static void nb__e2e_usage(FILE* f) {
+  fprintf(
+      f,
+      "usage: nebula bench e2e [--job FILE] [--rate-mbit R] [--delay-ms D] [--steps N]\n"
+      "                        [--data-dir DIR] [--out DIR] [--json]\n"
+      "Trains the job's model three ways with 'nebula run' (single cluster, dense sync,\n"
+      "nebula outer sync with adaptive density and overlap) and prints wall time, final\n"
+      "held-out bits per byte (mean over the job's languages), WAN bytes and compute\n"
+      "utilization, with ratios against single. Defaults: jobs/examples/pretrain-2dc-small.json,\n"
+      "100 Mbit/s. --delay-ms is recorded only: loopback runs have no delay emulation.\n");
+}
+
+/* Writes variant `v` of the base descriptor to path. */
+static int nb__e2e_job(json_t* base, const char* v, double rate, const char* path) {
+  json_t* j = json_deep_copy(base);
+  json_t* spec = json_object_get(j, "spec");
+  json_t* meta = json_object_get(j, "metadata");
+  char name[64];
+  snprintf(name, sizeof name, "e2e-%s", v);
+  json_object_set_new(meta, "name", json_string(name));
+  json_t* sync = json_object_get(spec, "sync");
+  json_t* comp = json_object_get(spec, "compression");
+  json_t* link = json_object_get(spec, "link");
+  if (!json_is_object(sync) || !json_is_object(link)) {
+    json_decref(j);
+    return -1;
+  }
+  json_object_set_new(link, "rateMbit", json_real(rate));
+  json_object_del(link, "delayMs");
+  json_object_set_new(spec, "checkpoint", json_pack("{s:i}", "everyRounds", 0));
+  if (strcmp(v, "single") == 0) {
+    /* one cluster: every language and every worker; the outer step is the identity */
+    json_t* cl = json_object_get(spec, "clusters");
+    json_t* langs = json_array();
+    int workers = 0;
+    size_t i;
+    json_t* c;
+    json_array_foreach(cl, i, c) {
+      json_t* w = json_object_get(c, "workers");
+      workers += w ? (int)json_integer_value(w) : 1;
+      json_t* ls = json_object_get(json_object_get(c, "data"), "languages");
+      size_t k;
+      json_t* l;
+      json_array_foreach(ls, k, l) {
+        int seen = 0;
+        size_t m;
+        json_t* x;
+        json_array_foreach(langs, m, x) seen |= json_equal(x, l);
+        if (!seen) json_array_append(langs, l);
+      }
+    }
+    json_t* one = json_deep_copy(json_array_get(cl, 0));
+    json_object_set_new(one, "id", json_string("dc-all"));
+    json_object_set_new(one, "workers", json_integer(workers));
+    json_object_set_new(json_object_get(one, "data"), "languages", langs);
+    json_object_set_new(spec, "clusters", json_pack("[o]", one));
+    json_object_set_new(sync, "overlap", json_false());
+    json_object_set_new(sync, "outer",
+                        json_pack("{s:f,s:f,s:b}", "lr", 1.0, "momentum", 0.0, "nesterov", 1));
+    if (comp) json_object_set_new(comp, "adaptive", json_false());
+  } else if (strcmp(v, "dense") == 0) {
+    json_object_set_new(sync, "mode", json_string("dense"));
+    json_object_del(sync, "innerSteps");
+    json_object_del(sync, "overlap");
+    json_object_del(sync, "outer");
+    json_object_del(spec, "compression");
+  } else {
+    json_object_set_new(sync, "mode", json_string("outer"));
+    json_object_set_new(sync, "overlap", json_true());
+    if (comp) json_object_set_new(comp, "adaptive", json_true());
+  }
+  int rc = json_dump_file(j, path, JSON_INDENT(2)) == 0 ? 0 : -1;
+  json_decref(j);
+  return rc;
+}
+
+static int nb__e2e_run(const char* job, const char* out, const char* log, const char* data_dir,
+                       const char* steps) {
+  const char* av[16];
+  int k = 0;
+  av[k++] = "nebula";
+  av[k++] = "run";
+  av[k++] = job;
+  av[k++] = "--out";
+  av[k++] = out;
+  if (data_dir) av[k++] = "--data-dir", av[k++] = data_dir;
+  if (steps) av[k++] = "--steps", av[k++] = steps;
+  av[k] = NULL;
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    if (!freopen(log, "w", stdout)) _exit(126);
+    dup2(1, 2);
+    execv("/proc/self/exe", (char* const*)av);
+    _exit(127);
+  }
+  int status;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Reads every cluster's summary under out: wall = slowest cluster, bpb = mean over languages
+ * (a language evaluated by several clusters counts once: they hold the same parameters). */
+static void nb__e2e_collect(const char* out, nb__e2e_t* r) {
+  char p[1200];
+  const char* ids[2] = {NULL, NULL};
+  int n = 0;
+  if (strcmp(r->name, "single") == 0)
+    ids[n++] = "dc-all";
+  else
+    ids[n++] = "dc-a", ids[n++] = "dc-b";
+  json_t* langs = json_object();
+  r->wall_s = 0;
+  r->util = 0;
+  r->wan_bytes = 0;
+  r->bits_per_param = 0;
+  int got = 0;
+  for (int i = 0; i < n; i++) {
+    snprintf(p, sizeof p, "%s/%s/summary.json", out, ids[i]);
+    json_t* s = json_load_file(p, 0, NULL);
+    if (!s) continue;
+    got++;
+    double w = json_real_value(json_object_get(s, "wall_s"));
+    if (w > r->wall_s) r->wall_s = w;
+    r->util += json_real_value(json_object_get(s, "compute_utilization")) / n;
+    r->wan_bytes += json_integer_value(json_object_get(s, "wan_bytes_sent"));
+    r->bits_per_param += json_real_value(json_object_get(s, "bits_per_param_per_sync")) / n;
+    json_object_update(langs, json_object_get(s, "final_eval_bpb"));
+    json_decref(s);
+  }
+  double sum = 0;
+  const char* key;
+  json_t* v;
+  json_object_foreach(langs, key, v) sum += json_real_value(v);
+  r->eval_bpb = json_object_size(langs) ? sum / (double)json_object_size(langs) : NAN;
+  json_decref(langs);
+  r->ok = got == n;
+}
+
+int nb_bench_e2e_main(int argc, char** argv) {
+  const char *job = "jobs/examples/pretrain-2dc-small.json", *data_dir = NULL, *steps = NULL;
+  const char* out = "runs/bench-e2e";
+  double rate = 100, delay = 25;
+  int as_json = 0;
+  for (int i = 1; i < argc; i++) {
+    const char* a = argv[i];
+    int v = i + 1 < argc;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      nb__e2e_usage(stdout);
+      return 0;
+    } else if (strcmp(a, "--json") == 0) {
+      as_json = 1;
+    } else if (strcmp(a, "--job") == 0 && v) {
+      job = argv[++i];
+    } else if (strcmp(a, "--rate-mbit") == 0 && v) {
+      rate = atof(argv[++i]);
+    } else if (strcmp(a, "--delay-ms") == 0 && v) {
+      delay = atof(argv[++i]);
+    } else if (strcmp(a, "--steps") == 0 && v) {
+      steps = argv[++i];
+    } else if (strcmp(a, "--data-dir") == 0 && v) {
+      data_dir = argv[++i];
+    } else if (strcmp(a, "--out") == 0 && v) {
+      out = argv[++i];
+    } else {
+      fprintf(stderr, "nebula bench e2e: unknown option or missing value: '%s'\n", a);
+      nb__e2e_usage(stderr);
+      return 2;
+    }
+  }
+  if (!(rate > 0)) {
+    fprintf(stderr, "nebula bench e2e: --rate-mbit must be > 0\n");
+    return 2;
+  }
+  json_error_t je;
+  json_t* base = json_load_file(job, 0, &je);
+  if (!base) {
+    fprintf(stderr, "nebula bench e2e: %s: %s (line %d)\n", job, je.text, je.line);
+    return 1;
+  }
+  mkdir("runs", 0755);
+  if (mkdir(out, 0755) != 0 && errno != EEXIST) {
+    fprintf(stderr, "nebula bench e2e: cannot create %s: %s\n", out, strerror(errno));
+    json_decref(base);
+    return 1;
+  }
+  nb__e2e_t res[3] = {{.name = "single"}, {.name = "dense"}, {.name = "nebula"}};
+  int rc = 0;
+  for (int i = 0; i < 3; i++) {
+    char jp[1100], op[1100], lp[1100];
+    snprintf(jp, sizeof jp, "%s/%s.json", out, res[i].name);
+    snprintf(op, sizeof op, "%s/%s", out, res[i].name);
+    snprintf(lp, sizeof lp, "%s/%s.log", out, res[i].name);
+    if (nb__e2e_job(base, res[i].name, rate, jp) != 0) {
+      fprintf(stderr, "nebula bench e2e: %s: cannot derive the %s job\n", job, res[i].name);
+      rc = 1;
+      break;
+    }
+    if (!as_json) {
+      printf("e2e: running %s (log %s)\n", res[i].name, lp);
+      fflush(stdout);
+    }
+    int st = nb__e2e_run(jp, op, lp, data_dir, steps);
+    nb__e2e_collect(op, &res[i]);
+    if (st != 0 || !res[i].ok) {
+      fprintf(stderr, "nebula bench e2e: the %s run failed (exit %d); see %s\n", res[i].name, st,
+              lp);
+      rc = 1;
+    }
+  }
+  json_decref(base);
+  nb__e2e_t *s = &res[0], *d = &res[1], *nb = &res[2];
+  double t_ratio = nb->wall_s / s->wall_s, l_ratio = nb->eval_bpb / s->eval_bpb;
+  double b_ratio = nb->wan_bytes > 0 ? (double)d->wan_bytes / (double)nb->wan_bytes : NAN;
+  if (as_json) {
+    printf("{");
+    for (int i = 0; i < 3; i++)
+      printf(
+          "\"%s\": {\"wall_s\": %.3f, \"final_eval_loss\": %.6f, \"wan_bytes\": %lld, "
+          "\"compute_utilization\": %.4f}, ",
+          res[i].name, res[i].wall_s, res[i].eval_bpb, res[i].wan_bytes, res[i].util);
+    printf(
+        "\"nebula_bits_per_param_per_sync\": %.4f, \"nebula_vs_single_time\": %.4f, "
+        "\"nebula_vs_single_loss\": %.4f, \"dense_over_nebula_bytes\": %.2f, "
+        "\"rate_mbit\": %g, \"delay_ms_emulated\": 0, \"delay_ms_requested\": %g}\n",
+        nb->bits_per_param, t_ratio, l_ratio, b_ratio, rate, delay);
+  } else {
+    printf("\n%-8s %9s %15s %14s %12s\n", "run", "wall_s", "eval_bpb(loss)", "wan_bytes",
+           "compute_util");
+    for (int i = 0; i < 3; i++)
+      printf("%-8s %9.1f %15.4f %14lld %12.3f\n", res[i].name, res[i].wall_s, res[i].eval_bpb,
+             res[i].wan_bytes, res[i].util);
+    printf(
+        "nebula bits/param/sync %.3f; nebula/single time %.3f, loss %.4f; dense/nebula bytes "
+        "%.1f (loopback, %g Mbit/s cap, no delay emulation)\n",
+        nb->bits_per_param, t_ratio, l_ratio, b_ratio, rate);
+  }
+  return rc;
+}

@@ -1,0 +1,468 @@
+/* `nebula run JOB.json`: every cluster of a job on this machine, without gateways: a PKI and a
+ * job secret in the run folder, one `nebula worker` per cluster on a free loopback port (the
+ * link's rate cap applies on loopback), their logs streamed with a [cluster] prefix, every child
+ * stopped on the first failure or on SIGINT/SIGTERM, and a summary table. Not here: network
+ * namespaces with an emulated WAN (deploy/wan, as root), mpirun per cluster, resume. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "jobs/cli.h"
+#include "jobs/descriptor.h"
+#include "jobs/worker_cli.h"
+#include "security/pki.h"
+#include "security/seal.h"
+
+static volatile sig_atomic_t nb__run_stop = 0;
+static void nb__run_on_signal(int sig) {
+  nb__run_stop = sig;
+}
+
+static void nb__run_usage(FILE* f) {
+  fprintf(
+      f,
+      "usage: nebula run JOB.json [--out DIR] [--steps N] [--data-dir DIR] [--resume] [--no-mpi]\n"
+      "\n"
+      "Starts every cluster of the job on this machine (one 'nebula worker' each, over\n"
+      "loopback with mutual TLS and sealed frames, the link's rate cap applied), streams\n"
+      "their logs, waits, and prints a summary. DIR (default runs/<job>) receives pki/,\n"
+      "job.secret and one folder per cluster with worker.log, rounds.tsv, summary.json.\n"
+      "  --steps N        override training.maxSteps (inner steps per cluster)\n"
+      "  --data-dir DIR   data folder for every cluster (mono/<lang>.txt)\n"
+      "  --resume         continue every cluster from its newest checkpoint in DIR\n"
+      "  --no-mpi         one process per cluster even with several workers (they are then\n"
+      "                   accumulated micro-batches); default: mpirun -np WORKERS\n");
+}
+
+typedef struct {
+  char id[NB_JOB_NAME_MAX];
+  int port;
+  pid_t pid;
+  int done, status;
+  char dir[NB_JOB_PATH_MAX + 80];
+  char log[NB_JOB_PATH_MAX + 96];
+  long log_off;
+  char partial[1024];
+  size_t partial_len;
+} nb__run_child_t;
+
+static int nb__run_mkdir(const char* p, mode_t mode) {
+  return mkdir(p, mode) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Distinct free loopback ports: all sockets stay bound until every port is chosen. */
+static int nb__run_ports(int n, int* ports) {
+  int fds[NB_JOB_MAX_CLUSTERS], rc = 0;
+  for (int i = 0; i < n; i++) fds[i] = -1;
+  for (int i = 0; i < n && rc == 0; i++) {
+    struct sockaddr_in a;
+    socklen_t al = sizeof a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fds[i] < 0 || bind(fds[i], (struct sockaddr*)&a, sizeof a) != 0 ||
+        getsockname(fds[i], (struct sockaddr*)&a, &al) != 0)
+      rc = -1;
+    else
+      ports[i] = ntohs(a.sin_port);
+  }
+  for (int i = 0; i < n; i++)
+    if (fds[i] >= 0) close(fds[i]);
+  return rc;
+}
+
+/* Prints the complete new lines of a child's log with its cluster as prefix. */
+static void nb__run_pump(nb__run_child_t* c, int flush) {
+  FILE* f = fopen(c->log, "r");
+  if (!f) return;
+  if (fseek(f, c->log_off, SEEK_SET) == 0) {
+    char buf[4096];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
+      c->log_off += (long)got;
+      for (size_t i = 0; i < got; i++) {
+        if (buf[i] == '\n' || c->partial_len == sizeof c->partial - 1) {
+          printf("[%s] %.*s\n", c->id, (int)c->partial_len, c->partial);
+          c->partial_len = 0;
+          if (buf[i] == '\n') continue;
+        }
+        c->partial[c->partial_len++] = buf[i];
+      }
+    }
+  }
+  fclose(f);
+  if (flush && c->partial_len) {
+    printf("[%s] %.*s\n", c->id, (int)c->partial_len, c->partial);
+    c->partial_len = 0;
+  }
+  fflush(stdout);
+}
+
+static void nb__run_kill_all(nb__run_child_t* ch, int n) {
+  for (int i = 0; i < n; i++)
+    if (ch[i].pid > 0 && !ch[i].done) {
+      kill(-ch[i].pid, SIGTERM); /* the child's process group: mpirun and its ranks */
+      kill(ch[i].pid, SIGTERM);
+    }
+  double t0 = nb_now_s();
+  for (;;) {
+    int left = 0;
+    for (int i = 0; i < n; i++) {
+      if (ch[i].pid <= 0 || ch[i].done) continue;
+      if (waitpid(ch[i].pid, &ch[i].status, WNOHANG) == ch[i].pid)
+        ch[i].done = 1;
+      else
+        left++;
+    }
+    if (!left) return;
+    if (nb_now_s() - t0 > 3) {
+      for (int i = 0; i < n; i++)
+        if (ch[i].pid > 0 && !ch[i].done) {
+          kill(-ch[i].pid, SIGKILL);
+          kill(ch[i].pid, SIGKILL);
+          waitpid(ch[i].pid, &ch[i].status, 0);
+          ch[i].done = 1;
+        }
+      return;
+    }
+    nb_sleep_ns(50000000);
+  }
+}
+
+static int nb__run_setup_security(const char* dir, const nb_job_config_t* job, char* pki,
+                                  size_t pki_cap, char* secret_path, size_t sp_cap) {
+  if (snprintf(pki, pki_cap, "%s/pki", dir) >= (int)pki_cap ||
+      snprintf(secret_path, sp_cap, "%s/job.secret", dir) >= (int)sp_cap) {
+    fprintf(stderr, "nebula run: --out path too long\n");
+    return -1;
+  }
+  if (nb_pki_dir_init(pki, "nebula run CA", 30, 1) != NB_OK) {
+    fprintf(stderr, "nebula run: creating the PKI in %s: %s\n", pki, nb_error_last());
+    return -1;
+  }
+  static const char* const sans[] = {"IP:127.0.0.1"};
+  for (int i = 0; i < job->n_clusters; i++) {
+    nb_pki_issue_opts_t o = {
+        .kind = NB_PKI_CLUSTER, .name = job->clusters[i].id, .sans = sans, .n_sans = 1, .days = 30};
+    if (nb_pki_dir_issue(pki, &o, 1) != NB_OK) {
+      fprintf(stderr, "nebula run: certificate of %s: %s\n", job->clusters[i].id, nb_error_last());
+      return -1;
+    }
+  }
+  if (!job->security.seal) return 0;
+  uint8_t secret[NB_SEAL_SECRET_BYTES];
+  if (nb_seal_secret_generate(secret) != NB_OK) {
+    fprintf(stderr, "nebula run: job secret: %s\n", nb_error_last());
+    return -1;
+  }
+  unlink(secret_path);
+  int fd = open(secret_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  int ok = fd >= 0 && write(fd, secret, sizeof secret) == (ssize_t)sizeof secret;
+  if (fd >= 0 && close(fd) != 0) ok = 0;
+  memset(secret, 0, sizeof secret);
+  if (!ok) {
+    fprintf(stderr, "nebula run: cannot write %s: %s\n", secret_path, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+static int nb__run_table(nb__run_child_t* ch, int n, double wall) {
+  printf("\n%-10s %6s %8s %10s %12s %9s %8s  %s\n", "cluster", "rounds", "eval_bpb", "wan_MB",
+         "bits/param", "util", "wall_s", "theta_global");
+  char first[24] = "";
+  int same = 1;
+  for (int i = 0; i < n; i++) {
+    char p[NB_JOB_PATH_MAX + 128];
+    snprintf(p, sizeof p, "%s/summary.json", ch[i].dir);
+    json_error_t je;
+    json_t* s = json_load_file(p, 0, &je);
+    if (!s) {
+      printf("%-10s (no summary: %s)\n", ch[i].id, je.text);
+      same = 0;
+      continue;
+    }
+    const char* hx = json_string_value(json_object_get(s, "global_xxh3"));
+    printf("%-10s %6lld %8.4f %10.3f %12.4f %9.3f %8.1f  %s\n", ch[i].id,
+           (long long)json_integer_value(json_object_get(s, "rounds")),
+           json_real_value(json_object_get(s, "final_eval_mean_bpb")),
+           (double)json_integer_value(json_object_get(s, "wan_bytes_sent")) / 1e6,
+           json_real_value(json_object_get(s, "bits_per_param_per_sync")),
+           json_real_value(json_object_get(s, "compute_utilization")),
+           json_real_value(json_object_get(s, "wall_s")), hx ? hx : "?");
+    if (!hx || (first[0] && strcmp(first, hx) != 0)) same = 0;
+    if (hx && !first[0]) snprintf(first, sizeof first, "%s", hx);
+    json_decref(s);
+  }
+  printf("%s; total wall %.1f s\n",
+         same ? "theta_global identical on every cluster" : "theta_global NOT identical", wall);
+  return same;
+}
+
+int nb_run_main(int argc, char** argv) {
+  const char *file = NULL, *out = NULL, *data_dir = NULL, *steps = NULL;
+  int resume = 0, no_mpi = 0;
+  for (int i = 1; i < argc; i++) {
+    const char* a = argv[i];
+    int v = i + 1 < argc;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      nb__run_usage(stdout);
+      return NB_EXIT_OK;
+    } else if (strcmp(a, "--resume") == 0) {
+      resume = 1;
+    } else if (strcmp(a, "--no-mpi") == 0) {
+      no_mpi = 1;
+    } else if (strcmp(a, "--out") == 0 && v) {
+      out = argv[++i];
+    } else if (strcmp(a, "--data-dir") == 0 && v) {
+      data_dir = argv[++i];
+    } else if (strcmp(a, "--steps") == 0 && v) {
+      steps = argv[++i];
+      char* end;
+      long s = strtol(steps, &end, 10);
+      if (*end || end == steps || s < 1) {
+        fprintf(stderr, "nebula run: --steps needs an integer >= 1, got '%s'\n", steps);
+        return NB_EXIT_USAGE;
+      }
+    } else if (a[0] == '-') {
+      fprintf(stderr, "nebula run: unknown option or missing value: '%s'\n", a);
+      nb__run_usage(stderr);
+      return NB_EXIT_USAGE;
+    } else if (file) {
+      fprintf(stderr, "nebula run: one JOB only (got '%s' and '%s')\n", file, a);
+      return NB_EXIT_USAGE;
+    } else {
+      file = a;
+    }
+  }
+  if (!file) {
+    nb__run_usage(stderr);
+    return NB_EXIT_USAGE;
+  }
+  nb_job_config_t* job = NULL;
+  nb_descriptor_diag_t* diag = NULL;
+  nb__run_child_t* ch = NULL;
+  int rc = NB_EXIT_FAIL, n = 0;
+  if (nb_calloc((void**)&job, 1, sizeof *job, "job") != NB_OK ||
+      nb_calloc((void**)&diag, 1, sizeof *diag, "diag") != NB_OK ||
+      nb_calloc((void**)&ch, NB_JOB_MAX_CLUSTERS, sizeof *ch, "children") != NB_OK) {
+    fprintf(stderr, "nebula run: %s\n", nb_error_last());
+    goto done;
+  }
+  if (nb_descriptor_load(file, job, diag) != NB_OK) {
+    char line[640];
+    for (int i = 0; i < diag->count; i++)
+      fprintf(stderr, "%s: %s\n", file,
+              nb_descriptor_error_format(&diag->errors[i], line, sizeof line));
+    fprintf(stderr, "nebula run: %s: invalid descriptor\n", file);
+    rc = NB_EXIT_USAGE;
+    goto done;
+  }
+  n = job->n_clusters;
+  char dir[NB_JOB_PATH_MAX];
+  if ((out ? snprintf(dir, sizeof dir, "%s", out)
+           : snprintf(dir, sizeof dir, "runs/%s", job->name)) >= (int)sizeof dir) {
+    fprintf(stderr, "nebula run: --out path too long\n");
+    rc = NB_EXIT_USAGE;
+    goto done;
+  }
+  if (!out) nb__run_mkdir("runs", 0755);
+  if (nb__run_mkdir(dir, 0700) != 0) {
+    fprintf(stderr, "nebula run: cannot create %s: %s\n", dir, strerror(errno));
+    goto done;
+  }
+  char pki[NB_JOB_PATH_MAX + 16], secret[NB_JOB_PATH_MAX + 16];
+  if (nb__run_setup_security(dir, job, pki, sizeof pki, secret, sizeof secret) != 0) goto done;
+  int ports[NB_JOB_MAX_CLUSTERS];
+  if (nb__run_ports(n, ports) != 0) {
+    fprintf(stderr, "nebula run: no free loopback port: %s\n", strerror(errno));
+    goto done;
+  }
+  for (int i = 0; i < n; i++) {
+    snprintf(ch[i].id, sizeof ch[i].id, "%s", job->clusters[i].id);
+    ch[i].port = ports[i];
+    snprintf(ch[i].dir, sizeof ch[i].dir, "%s/%s", dir, ch[i].id);
+    snprintf(ch[i].log, sizeof ch[i].log, "%s/worker.log", ch[i].dir);
+    if (nb__run_mkdir(ch[i].dir, 0755) != 0) {
+      fprintf(stderr, "nebula run: cannot create %s: %s\n", ch[i].dir, strerror(errno));
+      goto done;
+    }
+  }
+  printf("nebula run: job %s, %d clusters on loopback%s; logs and results in %s\n", job->name, n,
+         job->link.rate_mbit > 0 ? " (rate cap applied, no delay emulation)" : "", dir);
+  if (job->link.rate_mbit > 0)
+    printf("nebula run: link cap %.1f Mbit/s per peer%s\n", job->link.rate_mbit,
+           job->link.delay_ms > 0 ? "; link.delayMs needs the namespace path (root)" : "");
+  fflush(stdout);
+
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = nb__run_on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+
+  char exe[4096];
+  ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (el <= 0) {
+    fprintf(stderr, "nebula run: cannot find this executable: %s\n", strerror(errno));
+    goto done;
+  }
+  exe[el] = 0;
+  int use_mpi[NB_JOB_MAX_CLUSTERS], total_ranks = 0;
+  int have_mpirun = system("command -v mpirun >/dev/null 2>&1") == 0;
+  for (int i = 0; i < n; i++) {
+    int w = job->clusters[i].workers;
+    use_mpi[i] = w > 1 && !no_mpi && have_mpirun;
+    total_ranks += use_mpi[i] ? w : 1;
+    if (w > 1 && !use_mpi[i])
+      printf("nebula run: %s: %d workers as accumulated micro-batches in one process%s\n",
+             job->clusters[i].id, w, have_mpirun ? "" : " (no mpirun found)");
+    else if (use_mpi[i])
+      printf("nebula run: %s: %d ranks under mpirun\n", job->clusters[i].id, w);
+  }
+  double t0 = nb_now_s();
+  for (int i = 0; i < n; i++) {
+    char listen[64], peer_args[NB_JOB_MAX_CLUSTERS][NB_JOB_NAME_MAX + 32];
+    const char* av[96];
+    int k = 0;
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", ch[i].port);
+    char np[16];
+    snprintf(np, sizeof np, "%d", job->clusters[i].workers);
+    if (use_mpi[i]) {
+      static const char* const mpi[] = {"mpirun",
+                                        "--allow-run-as-root",
+                                        "--oversubscribe",
+                                        "--bind-to",
+                                        "none",
+                                        "--mca",
+                                        "btl",
+                                        "self,vader",
+                                        "--mca",
+                                        "mpi_yield_when_idle",
+                                        "1",
+                                        "-np"};
+      for (size_t m = 0; m < sizeof mpi / sizeof mpi[0]; m++) av[k++] = mpi[m];
+      av[k++] = np;
+      av[k++] = exe;
+    } else {
+      av[k++] = "nebula";
+    }
+    av[k++] = "worker";
+    av[k++] = "--job";
+    av[k++] = file;
+    av[k++] = "--cluster";
+    av[k++] = ch[i].id;
+    av[k++] = "--out";
+    av[k++] = ch[i].dir;
+    av[k++] = "--listen";
+    av[k++] = listen;
+    av[k++] = "--pki";
+    av[k++] = pki;
+    if (job->security.seal) {
+      av[k++] = "--secret-file";
+      av[k++] = secret;
+    }
+    if (steps) {
+      av[k++] = "--steps";
+      av[k++] = steps;
+    }
+    if (data_dir) {
+      av[k++] = "--data-dir";
+      av[k++] = data_dir;
+    }
+    if (resume) av[k++] = "--resume";
+    for (int j = 0; j < n; j++) {
+      if (j == i) continue;
+      snprintf(peer_args[j], sizeof peer_args[j], "%s=127.0.0.1:%d", ch[j].id, ch[j].port);
+      av[k++] = "--peer";
+      av[k++] = peer_args[j];
+    }
+    av[k] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+      fprintf(stderr, "nebula run: fork: %s\n", strerror(errno));
+      nb__run_kill_all(ch, n);
+      goto done;
+    }
+    if (pid == 0) {
+      /* the child dies with us, whatever kills us (mpirun gets SIGTERM: it stops its ranks) */
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, use_mpi[i] ? SIGTERM : SIGKILL);
+      if (getppid() == 1) _exit(127);
+      int fd = open(ch[i].log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0) _exit(127);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+      signal(SIGINT, SIG_IGN); /* the parent decides; it sends SIGTERM */
+      /* share the cores among the clusters unless the job or the user says otherwise */
+      long cores = sysconf(_SC_NPROCESSORS_ONLN);
+      char th[24];
+      snprintf(th, sizeof th, "%ld", cores / total_ranks > 1 ? cores / total_ranks : 1);
+      if (job->clusters[i].threads_per_worker > 0)
+        snprintf(th, sizeof th, "%d", job->clusters[i].threads_per_worker);
+      setenv("NB_TRAIN_THREADS", th, 0);
+      setenv("OPENBLAS_NUM_THREADS", th, 0);
+      if (use_mpi[i])
+        execvp("mpirun", (char* const*)av);
+      else
+        execv(exe, (char* const*)av);
+      fprintf(stderr, "nebula run: exec: %s\n", strerror(errno));
+      _exit(127);
+    }
+    ch[i].pid = pid;
+  }
+
+  int failed = -1;
+  for (;;) {
+    int left = 0;
+    for (int i = 0; i < n; i++) {
+      if (ch[i].done) continue;
+      pid_t w = waitpid(ch[i].pid, &ch[i].status, WNOHANG);
+      if (w == ch[i].pid) {
+        ch[i].done = 1;
+        if (!(WIFEXITED(ch[i].status) && WEXITSTATUS(ch[i].status) == 0) && failed < 0) failed = i;
+      } else {
+        left++;
+      }
+      nb__run_pump(&ch[i], ch[i].done);
+    }
+    if (!left || failed >= 0 || nb__run_stop) break;
+    nb_sleep_ns(200000000);
+  }
+  if (failed >= 0 || nb__run_stop) {
+    nb__run_kill_all(ch, n);
+    for (int i = 0; i < n; i++) nb__run_pump(&ch[i], 1);
+    if (nb__run_stop)
+      fprintf(stderr, "nebula run: interrupted; every worker stopped\n");
+    else if (WIFEXITED(ch[failed].status))
+      fprintf(stderr, "nebula run: cluster %s failed (exit %d; see %s); every worker stopped\n",
+              ch[failed].id, WEXITSTATUS(ch[failed].status), ch[failed].log);
+    else
+      fprintf(stderr, "nebula run: cluster %s killed by signal %d (see %s); every worker stopped\n",
+              ch[failed].id, WTERMSIG(ch[failed].status), ch[failed].log);
+    goto done;
+  }
+  rc = nb__run_table(ch, n, nb_now_s() - t0) ? NB_EXIT_OK : NB_EXIT_FAIL;
+done:
+  nb_free(ch);
+  nb_free(diag);
+  nb_free(job);
+  return rc;
+}

@@ -1,0 +1,741 @@
+/* train/hybrid: the outer-sync round (see hybrid.h). Every cluster decodes every message, its own
+ * included, and sums them in cluster order into a zeroed buffer, so the float operations and
+ * therefore the bits of theta_global are the same everywhere. Not here: threads, overlap, the
+ * density scheduler and fault handling (the driver decides what to do with an error). */
+#include "train/hybrid.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/common.h"
+
+#define NB__HY_VERSION 1u
+#define NB__HY_FLAG_HASH_ONLY 0x1u
+
+struct nb_hybrid {
+  nb_hybrid_config_t cfg;
+  nb_trainer_t* t;
+  nb_codec_t* codec;
+  size_t n;
+  float* global;   /* (n) theta_global */
+  float* momentum; /* (n) outer momentum */
+  float* residual; /* (n) error feedback */
+  float* delta;    /* (n) this round's pseudo-gradient, then the weighted sum */
+  uint8_t* msg;    /* header + frame */
+  size_t msg_cap, msg_len;
+  uint64_t round;
+  uint64_t hash; /* of theta_global at the start of the current round */
+  uint64_t xseq; /* step and dense modes: exchanges done (the round number on the wire) */
+  uint64_t step_sent, step_msg_bytes;
+  double step_exchange_s, step_codec_s;
+  /* overlap: the exchange of round inflight_round runs on `thread` with a copy of our message */
+  int inflight;
+  pthread_t thread;
+  uint64_t inflight_round, inflight_hash;
+  uint8_t* fly; /* our message of that round */
+  size_t fly_cap, fly_len;
+  nb_hybrid_msg_t fly_peers[NB_HYBRID_MAX_CLUSTERS];
+  nb_status_t fly_status;
+  char fly_error[256];
+  uint64_t fly_sent;
+  double fly_secs;
+  /* prepare's figures for the record */
+  long steps;
+  uint64_t samples;
+  double loss, compute_s, codec_s;
+};
+
+typedef struct {
+  uint32_t sender, flags;
+  uint64_t round, samples, steps, hash, frame_len;
+  const uint8_t* frame;
+} nb__hy_hdr_t;
+
+static void nb__put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void nb__put64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t nb__get32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+static uint64_t nb__get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+static void nb__hy_write_header(nb_hybrid_t* h, uint32_t flags, uint64_t frame_len) {
+  uint8_t* p = h->msg;
+  nb__put32(p + 0, NB_HYBRID_MSG_MAGIC);
+  nb__put32(p + 4, NB__HY_VERSION);
+  nb__put32(p + 8, h->cfg.cluster_index);
+  nb__put32(p + 12, flags);
+  nb__put64(p + 16, h->round);
+  nb__put64(p + 24, h->samples);
+  nb__put64(p + 32, (uint64_t)h->steps);
+  nb__put64(p + 40, h->hash);
+  nb__put64(p + 48, frame_len);
+  nb__put64(p + 56, 0);
+  h->msg_len = NB_HYBRID_MSG_HEADER_BYTES + frame_len;
+}
+
+static nb_status_t nb__hy_parse(const nb_hybrid_msg_t* m, nb__hy_hdr_t* o) {
+  if (!m->data || m->len < NB_HYBRID_MSG_HEADER_BYTES)
+    return nb_error(NB_ERR_CODEC, "hybrid: message of %zu bytes is shorter than its header",
+                    m->len);
+  const uint8_t* p = m->data;
+  if (nb__get32(p) != NB_HYBRID_MSG_MAGIC)
+    return nb_error(NB_ERR_CODEC, "hybrid: message has a bad magic 0x%08x", nb__get32(p));
+  if (nb__get32(p + 4) != NB__HY_VERSION)
+    return nb_error(NB_ERR_CODEC, "hybrid: message version %u, expected %u", nb__get32(p + 4),
+                    NB__HY_VERSION);
+  o->sender = nb__get32(p + 8);
+  o->flags = nb__get32(p + 12);
+  o->round = nb__get64(p + 16);
+  o->samples = nb__get64(p + 24);
+  o->steps = nb__get64(p + 32);
+  o->hash = nb__get64(p + 40);
+  o->frame_len = nb__get64(p + 48);
+  if ((o->flags & ~NB__HY_FLAG_HASH_ONLY) || nb__get64(p + 56) != 0)
+    return nb_error(NB_ERR_CODEC, "hybrid: message from cluster %u has unknown flags", o->sender);
+  if (o->frame_len != m->len - NB_HYBRID_MSG_HEADER_BYTES)
+    return nb_error(NB_ERR_CODEC,
+                    "hybrid: message from cluster %u declares %llu frame bytes, has %zu", o->sender,
+                    (unsigned long long)o->frame_len, m->len - NB_HYBRID_MSG_HEADER_BYTES);
+  o->frame = p + NB_HYBRID_MSG_HEADER_BYTES;
+  return NB_OK;
+}
+
+void nb_hybrid_config_defaults(nb_hybrid_config_t* c) {
+  memset(c, 0, sizeof *c);
+  c->cluster_index = 0;
+  c->n_clusters = 1;
+  c->inner_steps = 50;
+  c->outer_lr = 0.7f;
+  c->outer_momentum = 0.9f;
+  c->density = 0.01;
+  c->error_feedback = 1;
+  c->values = NB_VALUES_INT8;
+  c->zstd_level = 3;
+}
+
+static nb_status_t nb__hy_check(const nb_hybrid_config_t* c) {
+  if (c->n_clusters < 1 || c->n_clusters > NB_HYBRID_MAX_CLUSTERS)
+    return nb_error(NB_ERR_CONFIG, "hybrid: n_clusters %u outside [1, %d]", c->n_clusters,
+                    NB_HYBRID_MAX_CLUSTERS);
+  if (c->cluster_index >= c->n_clusters)
+    return nb_error(NB_ERR_CONFIG, "hybrid: cluster_index %u >= n_clusters %u", c->cluster_index,
+                    c->n_clusters);
+  if (c->inner_steps < 1)
+    return nb_error(NB_ERR_CONFIG, "hybrid: inner_steps %ld < 1", c->inner_steps);
+  if (!(c->round_seconds >= 0) || !isfinite(c->round_seconds))
+    return nb_error(NB_ERR_CONFIG, "hybrid: round_seconds must be >= 0");
+  if (!(c->outer_lr > 0) || !isfinite(c->outer_lr))
+    return nb_error(NB_ERR_CONFIG, "hybrid: outer_lr must be > 0");
+  if (!(c->outer_momentum >= 0 && c->outer_momentum < 1))
+    return nb_error(NB_ERR_CONFIG, "hybrid: outer_momentum must be in [0, 1)");
+  if (!(c->density > 0 && c->density <= 1))
+    return nb_error(NB_ERR_CONFIG, "hybrid: density %g outside (0, 1]", c->density);
+  if (c->mode != NB_HYBRID_OUTER && c->mode != NB_HYBRID_STEP && c->mode != NB_HYBRID_DENSE)
+    return nb_error(NB_ERR_CONFIG, "hybrid: unknown mode %d", (int)c->mode);
+  if (c->mode != NB_HYBRID_OUTER && c->overlap)
+    return nb_error(NB_ERR_CONFIG, "hybrid: overlap applies to the outer mode only");
+  if (c->zstd_level < 0 || c->zstd_level > 19)
+    return nb_error(NB_ERR_CONFIG, "hybrid: zstd_level %d outside [0, 19]", c->zstd_level);
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_create(const nb_hybrid_config_t* cfg, nb_trainer_t* t, nb_hybrid_t** out) {
+  if (!cfg || !t || !out) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  *out = NULL;
+  NB_CHECK(nb__hy_check(cfg));
+  nb_status_t st = NB_OK;
+  nb_hybrid_t* h = NULL;
+  NB_CHECK(nb_calloc((void**)&h, 1, sizeof *h, "hybrid"));
+  h->cfg = *cfg;
+  h->t = t;
+  float* local = nb_trainer_sync_params(t, &h->n);
+  if (h->n == 0 || h->n > 0xffffffffu) {
+    st = nb_error(NB_ERR_INVALID, "hybrid: synced buffer of %zu floats", h->n);
+    goto fail;
+  }
+  if (h->cfg.mode == NB_HYBRID_DENSE) {
+    h->cfg.density = 1.0;
+    h->cfg.values = NB_VALUES_FP32;
+    h->cfg.zstd_level = 0;
+  }
+  cfg = &h->cfg;
+  nb_codec_config_t cc;
+  nb_codec_config_default(&cc);
+  cc.values = cfg->values;
+  cc.zstd_level = cfg->zstd_level;
+  NB_CHECK_GOTO(nb_codec_create(&cc, &h->codec), st, fail);
+  NB_CHECK_GOTO(nb_calloc((void**)&h->global, h->n, sizeof(float), "theta_global"), st, fail);
+  NB_CHECK_GOTO(nb_calloc((void**)&h->momentum, h->n, sizeof(float), "outer momentum"), st, fail);
+  NB_CHECK_GOTO(nb_calloc((void**)&h->residual, h->n, sizeof(float), "residual"), st, fail);
+  NB_CHECK_GOTO(nb_calloc((void**)&h->delta, h->n, sizeof(float), "delta"), st, fail);
+  size_t k = cfg->density >= 1 ? h->n : nb_codec_k_for_density(h->n, cfg->density);
+  h->msg_cap = NB_HYBRID_MSG_HEADER_BYTES +
+               nb_codec_frame_bound(h->n, k, cfg->values, nb_codec_config(h->codec)->block_size);
+  NB_CHECK_GOTO(nb_alloc((void**)&h->msg, h->msg_cap, 1, "hybrid message"), st, fail);
+  memcpy(h->global, local, h->n * sizeof(float));
+  h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  *out = h;
+  return NB_OK;
+fail:
+  nb_hybrid_destroy(h);
+  return st;
+}
+
+static void nb__hy_release(nb_hybrid_msg_t* m, size_t n);
+
+void nb_hybrid_destroy(nb_hybrid_t* h) {
+  if (!h) return;
+  if (h->inflight) {
+    pthread_join(h->thread, NULL);
+    nb__hy_release(h->fly_peers, NB_HYBRID_MAX_CLUSTERS);
+  }
+  nb_free(h->fly);
+  nb_codec_destroy(h->codec);
+  nb_free(h->global);
+  nb_free(h->momentum);
+  nb_free(h->residual);
+  nb_free(h->delta);
+  nb_free(h->msg);
+  nb_free(h);
+}
+
+nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) {
+  if (!h || !msg || !len) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  /* Hashed now, not after the last apply, so that a replica changed in between is caught. */
+  h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  uint64_t s0 = nb_trainer_samples(h->t);
+  double t0 = nb_now_s();
+  if (h->cfg.round_seconds > 0) {
+    NB_CHECK(nb_trainer_steps_budget(h->t, h->cfg.inner_steps, h->cfg.round_seconds, &h->steps,
+                                     &h->loss));
+  } else {
+    NB_CHECK(nb_trainer_steps(h->t, h->cfg.inner_steps, &h->loss));
+    h->steps = h->cfg.inner_steps;
+  }
+  double t1 = nb_now_s();
+  h->compute_s = t1 - t0;
+  h->samples = (nb_trainer_samples(h->t) - s0) * (h->cfg.samples_scale ? h->cfg.samples_scale : 1);
+
+  size_t k = h->cfg.density >= 1 ? h->n : nb_codec_k_for_density(h->n, h->cfg.density);
+  size_t need = NB_HYBRID_MSG_HEADER_BYTES +
+                nb_codec_frame_bound(h->n, k, h->cfg.values, nb_codec_config(h->codec)->block_size);
+  if (need > h->msg_cap) {
+    NB_CHECK(nb_realloc((void**)&h->msg, need, 1, "hybrid message"));
+    h->msg_cap = need;
+  }
+  size_t n;
+  const float* local = nb_trainer_sync_params(h->t, &n);
+  for (size_t i = 0; i < n; i++) h->delta[i] = h->global[i] - local[i];
+  size_t flen = 0;
+  uint8_t* frame = h->msg + NB_HYBRID_MSG_HEADER_BYTES;
+  size_t cap = h->msg_cap - NB_HYBRID_MSG_HEADER_BYTES;
+  uint32_t me = h->cfg.cluster_index;
+  if (h->cfg.density >= 1)
+    NB_CHECK(nb_codec_encode_dense(h->codec, h->delta, n, h->round, me, frame, cap, &flen));
+  else
+    NB_CHECK(nb_codec_encode_sparse(h->codec, h->delta, h->cfg.error_feedback ? h->residual : NULL,
+                                    n, h->cfg.density, h->round, me, frame, cap, &flen));
+  nb__hy_write_header(h, 0, flen);
+  h->codec_s = nb_now_s() - t1;
+  *msg = h->msg;
+  *len = h->msg_len;
+  return NB_OK;
+}
+
+/* Parses and checks the messages of this round: one per cluster, right round and kind, and
+ * the same theta_global hash as ours. byc[c] receives cluster c's header. */
+static nb_status_t nb__hy_collect(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
+                                  uint32_t flags, uint64_t round, uint64_t hash,
+                                  nb__hy_hdr_t* byc) {
+  uint32_t nc = h->cfg.n_clusters;
+  if (!msgs || n_msgs != nc)
+    return nb_error(NB_ERR_INVALID, "hybrid: round %llu: %zu messages for %u clusters",
+                    (unsigned long long)round, n_msgs, nc);
+  uint8_t seen[NB_HYBRID_MAX_CLUSTERS] = {0};
+  for (size_t i = 0; i < n_msgs; i++) {
+    nb__hy_hdr_t hd;
+    NB_CHECK(nb__hy_parse(&msgs[i], &hd));
+    if (hd.sender >= nc || seen[hd.sender])
+      return nb_error(NB_ERR_INVALID, "hybrid: round %llu: unexpected or repeated sender %u",
+                      (unsigned long long)round, hd.sender);
+    seen[hd.sender] = 1;
+    if (hd.round != round || hd.flags != flags)
+      return nb_error(NB_ERR_INVALID,
+                      "hybrid: cluster %u sent round %llu (flags %u); expected round %llu "
+                      "(flags %u)",
+                      hd.sender, (unsigned long long)hd.round, hd.flags, (unsigned long long)round,
+                      flags);
+    if (hd.hash != hash)
+      return nb_error(NB_ERR_INTEGRITY,
+                      "hybrid: round %llu: theta_global of cluster %u (xxh3 %016llx) differs "
+                      "from ours (cluster %u, %016llx): the replicas diverged",
+                      (unsigned long long)round, hd.sender, (unsigned long long)hd.hash,
+                      h->cfg.cluster_index, (unsigned long long)hash);
+    byc[hd.sender] = hd;
+  }
+  return NB_OK;
+}
+
+/* Checks and applies the messages of `round`, whose senders held theta_global with `hash`. */
+/* Checks the messages of `round` (senders holding `hash`) and writes the sample-weighted sum of
+ * their decoded frames, in cluster order, into h->delta. *total: all clusters' samples. */
+static nb_status_t nb__hy_sum(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
+                              uint64_t round, uint64_t hash, uint64_t* total_out) {
+  nb__hy_hdr_t byc[NB_HYBRID_MAX_CLUSTERS];
+  NB_CHECK(nb__hy_collect(h, msgs, n_msgs, 0, round, hash, byc));
+  uint32_t nc = h->cfg.n_clusters;
+  uint64_t total = 0;
+  for (uint32_t c = 0; c < nc; c++) {
+    if (total + byc[c].samples < total)
+      return nb_error(NB_ERR_INVALID, "hybrid: sample counts overflow");
+    total += byc[c].samples;
+    nb_frame_info_t fi;
+    NB_CHECK(nb_error_wrap(nb_codec_frame_info(byc[c].frame, byc[c].frame_len, NULL, &fi),
+                           "hybrid: frame of a cluster"));
+    if (fi.n != h->n || fi.sender != c || fi.round != round)
+      return nb_error(NB_ERR_INVALID,
+                      "hybrid: cluster %u's frame is for n %llu sender %u round %llu; expected "
+                      "n %zu sender %u round %llu",
+                      c, (unsigned long long)fi.n, fi.sender, (unsigned long long)fi.round, h->n, c,
+                      (unsigned long long)round);
+  }
+  if (total == 0) return nb_error(NB_ERR_INVALID, "hybrid: no cluster trained on any sample");
+  /* The weighted sum, in cluster order, into a zeroed buffer: the same bits everywhere. */
+  memset(h->delta, 0, h->n * sizeof(float));
+  for (uint32_t c = 0; c < nc; c++) {
+    float w = (float)((double)byc[c].samples / (double)total);
+    nb_status_t st = nb_codec_decode_accumulate(h->codec, byc[c].frame, byc[c].frame_len, w,
+                                                h->delta, h->n, NULL);
+    if (st != NB_OK) return nb_error_wrap(st, "hybrid: decoding a cluster's frame");
+  }
+  *total_out = total;
+  return NB_OK;
+}
+
+static nb_status_t nb__hy_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
+                                uint64_t round, uint64_t hash, nb_hybrid_round_t* rec) {
+  double t0 = nb_now_s();
+  uint64_t total = 0;
+  NB_CHECK(nb__hy_sum(h, msgs, n_msgs, round, hash, &total));
+  nb_outer_step(h->global, h->delta, h->momentum, h->cfg.outer_lr, h->cfg.outer_momentum, h->n);
+  NB_CHECK(nb_trainer_set_sync_params(h->t, h->global, h->n));
+  h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  if (rec) {
+    memset(rec, 0, sizeof *rec);
+    rec->round = round;
+    rec->steps = h->steps;
+    rec->samples = h->samples;
+    rec->samples_all = total;
+    rec->loss = h->loss;
+    rec->msg_bytes = h->msg_len;
+    rec->density = h->cfg.density;
+    rec->compute_s = h->compute_s;
+    rec->codec_s = h->codec_s + (nb_now_s() - t0);
+    rec->global_hash = h->hash;
+  }
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
+                            nb_hybrid_round_t* rec) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (h->cfg.overlap)
+    return nb_error(NB_ERR_INVALID, "hybrid: apply is for rounds without overlap");
+  NB_CHECK(nb__hy_apply(h, msgs, n_msgs, h->round, h->hash, rec));
+  h->round++;
+  return NB_OK;
+}
+
+static void nb__hy_release(nb_hybrid_msg_t* m, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    nb_free(m[i].data);
+    m[i].data = NULL;
+    m[i].len = 0;
+  }
+}
+
+/* Exchanges our current message; all[0] is ours (borrowed), all[1..] the peers' (owned). */
+static nb_status_t nb__hy_exchange(nb_hybrid_t* h, nb_hybrid_msg_t* all, uint64_t* sent,
+                                   double* secs) {
+  if (!h->cfg.exchange) return nb_error(NB_ERR_CONFIG, "hybrid: no exchange callback");
+  all[0].data = h->msg;
+  all[0].len = h->msg_len;
+  double t0 = nb_now_s();
+  nb_status_t st = NB_OK;
+  if (h->cfg.n_clusters > 1)
+    st = h->cfg.exchange(h->cfg.exchange_ctx, h->round, h->msg, h->msg_len, all + 1,
+                         h->cfg.n_clusters - 1, sent);
+  *secs = nb_now_s() - t0;
+  if (st != NB_OK) {
+    nb__hy_release(all + 1, h->cfg.n_clusters - 1);
+    return nb_error_wrap(st, "hybrid: exchange");
+  }
+  return NB_OK;
+}
+
+static void* nb__hy_fly_noop(void* arg) {
+  (void)arg;
+  return NULL;
+}
+
+static void* nb__hy_fly_main(void* arg) {
+  nb_hybrid_t* h = arg;
+  h->fly_sent = 0;
+  double t0 = nb_now_s();
+  h->fly_status = h->cfg.exchange(h->cfg.exchange_ctx, h->inflight_round, h->fly, h->fly_len,
+                                  h->fly_peers, h->cfg.n_clusters - 1, &h->fly_sent);
+  h->fly_secs = nb_now_s() - t0;
+  if (h->fly_status != NB_OK) snprintf(h->fly_error, sizeof h->fly_error, "%s", nb_error_last());
+  return NULL;
+}
+
+/* Waits for the exchange in flight and applies it. *waited: seconds spent waiting. */
+static nb_status_t nb__hy_land(nb_hybrid_t* h, nb_hybrid_round_t* applied, double* waited) {
+  double t0 = nb_now_s();
+  pthread_join(h->thread, NULL);
+  h->inflight = 0;
+  *waited = nb_now_s() - t0;
+  nb_status_t st = h->fly_status;
+  if (st != NB_OK) {
+    nb__hy_release(h->fly_peers, h->cfg.n_clusters - 1);
+    return nb_error(st, "hybrid: exchange of round %llu: %s", (unsigned long long)h->inflight_round,
+                    h->fly_error);
+  }
+  nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+  all[0].data = h->fly;
+  all[0].len = h->fly_len;
+  for (uint32_t i = 1; i < h->cfg.n_clusters; i++) all[i] = h->fly_peers[i - 1];
+  st = nb__hy_apply(h, all, h->cfg.n_clusters, h->inflight_round, h->inflight_hash, applied);
+  nb__hy_release(h->fly_peers, h->cfg.n_clusters - 1);
+  return st;
+}
+
+static nb_status_t nb__hy_round_overlap(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
+  if (!h->cfg.exchange) return nb_error(NB_ERR_CONFIG, "hybrid: no exchange callback");
+  const uint8_t* msg;
+  size_t len;
+  NB_CHECK(nb_hybrid_prepare(h, &msg, &len));
+  uint64_t msg_hash = h->hash; /* what our message states; landing changes h->hash */
+  nb_hybrid_round_t applied;
+  memset(&applied, 0, sizeof applied);
+  double waited = 0;
+  uint64_t sent = 0;
+  if (h->inflight) {
+    NB_CHECK(nb__hy_land(h, &applied, &waited));
+    sent = h->fly_sent;
+  } else {
+    /* the first round: nothing has landed yet; restart from theta_global (this round's
+     * progress arrives with its update, one round late) */
+    NB_CHECK(nb_trainer_set_sync_params(h->t, h->global, h->n));
+  }
+  if (len > h->fly_cap) {
+    NB_CHECK(nb_realloc((void**)&h->fly, len, 1, "hybrid message in flight"));
+    h->fly_cap = len;
+  }
+  memcpy(h->fly, msg, len);
+  h->fly_len = len;
+  h->inflight_round = h->round;
+  h->inflight_hash = msg_hash;
+  h->fly_status = NB_OK;
+  if (h->cfg.n_clusters > 1) {
+    if (pthread_create(&h->thread, NULL, nb__hy_fly_main, h) != 0)
+      return nb_error(NB_ERR_SYSTEM, "hybrid: cannot start the exchange thread");
+  } else {
+    h->fly_sent = 0;
+    if (pthread_create(&h->thread, NULL, nb__hy_fly_noop, h) != 0)
+      return nb_error(NB_ERR_SYSTEM, "hybrid: cannot start the exchange thread");
+  }
+  h->inflight = 1;
+  if (rec) {
+    memset(rec, 0, sizeof *rec);
+    rec->round = h->round;
+    rec->steps = h->steps;
+    rec->samples = h->samples;
+    rec->samples_all = applied.samples_all;
+    rec->loss = h->loss;
+    rec->msg_bytes = h->msg_len;
+    rec->bytes_sent = sent;
+    rec->density = h->cfg.density;
+    rec->compute_s = h->compute_s;
+    rec->codec_s = h->codec_s + applied.codec_s;
+    rec->exchange_s = waited;
+    rec->global_hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  }
+  h->round++;
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_gradient(nb_hybrid_t* h, float* grads, size_t n) {
+  if (!h || !grads) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (h->cfg.mode == NB_HYBRID_OUTER) return NB_OK;
+  if (n != h->n)
+    return nb_error(NB_ERR_INVALID, "hybrid: gradient of %zu floats, synced buffer %zu", n, h->n);
+  double t0 = nb_now_s();
+  const nb_train_config_t* tc = nb_trainer_config(h->t);
+  h->samples = (uint64_t)tc->batch_size *
+               (uint64_t)(tc->micro_batches > 0 ? tc->micro_batches : 1) *
+               (h->cfg.samples_scale ? h->cfg.samples_scale : 1);
+  h->steps = 1;
+  h->hash = nb_xxh3_64(nb_trainer_sync_params(h->t, NULL), n * sizeof(float), 0);
+  uint8_t* frame = h->msg + NB_HYBRID_MSG_HEADER_BYTES;
+  size_t cap = h->msg_cap - NB_HYBRID_MSG_HEADER_BYTES, flen = 0;
+  uint32_t me = h->cfg.cluster_index;
+  if (h->cfg.density >= 1)
+    NB_CHECK(nb_codec_encode_dense(h->codec, grads, n, h->xseq, me, frame, cap, &flen));
+  else
+    NB_CHECK(nb_codec_encode_sparse(h->codec, grads, h->cfg.error_feedback ? h->residual : NULL, n,
+                                    h->cfg.density, h->xseq, me, frame, cap, &flen));
+  uint64_t saved_round = h->round;
+  h->round = h->xseq; /* the header's round field */
+  nb__hy_write_header(h, 0, flen);
+  h->round = saved_round;
+  double t1 = nb_now_s();
+  nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+  all[0].data = h->msg;
+  all[0].len = h->msg_len;
+  uint64_t sent = 0;
+  nb_status_t st = NB_OK;
+  if (h->cfg.n_clusters > 1) {
+    if (!h->cfg.exchange) return nb_error(NB_ERR_CONFIG, "hybrid: no exchange callback");
+    st = h->cfg.exchange(h->cfg.exchange_ctx, h->xseq, h->msg, h->msg_len, all + 1,
+                         h->cfg.n_clusters - 1, &sent);
+  }
+  double t2 = nb_now_s();
+  if (st == NB_OK) {
+    uint64_t total;
+    st = nb__hy_sum(h, all, h->cfg.n_clusters, h->xseq, h->hash, &total);
+  }
+  nb__hy_release(all + 1, h->cfg.n_clusters - 1);
+  if (st != NB_OK) return nb_error_wrap(st, "hybrid: step %llu", (unsigned long long)h->xseq);
+  memcpy(grads, h->delta, n * sizeof(float));
+  h->xseq++;
+  h->step_sent += sent;
+  h->step_msg_bytes += h->msg_len;
+  h->step_exchange_s += t2 - t1;
+  h->step_codec_s += (t1 - t0) + (nb_now_s() - t2);
+  return NB_OK;
+}
+
+static nb_status_t nb__hy_round_steps(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
+  h->step_sent = h->step_msg_bytes = 0;
+  h->step_exchange_s = h->step_codec_s = 0;
+  uint64_t s0 = nb_trainer_samples(h->t), x0 = h->xseq;
+  double loss = 0, t0 = nb_now_s();
+  long k = h->cfg.inner_steps;
+  if (h->cfg.round_seconds > 0)
+    NB_CHECK(nb_trainer_steps_budget(h->t, k, h->cfg.round_seconds, &k, &loss));
+  else
+    NB_CHECK(nb_trainer_steps(h->t, k, &loss));
+  double wall = nb_now_s() - t0;
+  if (h->cfg.n_clusters > 1 && h->xseq - x0 != (uint64_t)k)
+    return nb_error(NB_ERR_CONFIG,
+                    "hybrid: %s mode needs nb_hybrid_gradient as the trainer's "
+                    "grad hook (%llu exchanges in %ld steps)",
+                    h->cfg.mode == NB_HYBRID_DENSE ? "dense" : "step",
+                    (unsigned long long)(h->xseq - x0), k);
+  memcpy(h->global, nb_trainer_sync_params(h->t, NULL), h->n * sizeof(float));
+  h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  if (rec) {
+    memset(rec, 0, sizeof *rec);
+    rec->round = h->round;
+    rec->steps = k;
+    rec->samples = nb_trainer_samples(h->t) - s0;
+    rec->loss = loss;
+    rec->msg_bytes = h->step_msg_bytes;
+    rec->bytes_sent = h->step_sent;
+    rec->density = h->cfg.density;
+    rec->exchange_s = h->step_exchange_s;
+    rec->codec_s = h->step_codec_s;
+    rec->compute_s = wall - h->step_exchange_s - h->step_codec_s;
+    rec->global_hash = h->hash;
+  }
+  h->round++;
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_round(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (h->cfg.mode != NB_HYBRID_OUTER) return nb__hy_round_steps(h, rec);
+  if (h->cfg.overlap) return nb__hy_round_overlap(h, rec);
+  const uint8_t* msg;
+  size_t len;
+  NB_CHECK(nb_hybrid_prepare(h, &msg, &len));
+  nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+  uint64_t sent = 0;
+  double secs = 0;
+  NB_CHECK(nb__hy_exchange(h, all, &sent, &secs));
+  nb_status_t st = nb_hybrid_apply(h, all, h->cfg.n_clusters, rec);
+  nb__hy_release(all + 1, h->cfg.n_clusters - 1);
+  if (st == NB_OK && rec) {
+    rec->bytes_sent = sent;
+    rec->exchange_s = secs;
+  }
+  return st;
+}
+
+nb_status_t nb_hybrid_finish(nb_hybrid_t* h) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (h->inflight) {
+    double waited;
+    NB_CHECK(nb__hy_land(h, NULL, &waited));
+  }
+  h->samples = 0;
+  h->steps = 0;
+  h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  uint64_t saved_round = h->round;
+  if (h->cfg.mode != NB_HYBRID_OUTER) h->round = h->xseq; /* after the last step's exchange */
+  nb__hy_write_header(h, NB__HY_FLAG_HASH_ONLY, 0);
+  nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+  uint64_t sent = 0;
+  double secs = 0;
+  NB_CHECK(nb__hy_exchange(h, all, &sent, &secs));
+  nb__hy_hdr_t byc[NB_HYBRID_MAX_CLUSTERS];
+  nb_status_t st =
+      nb__hy_collect(h, all, h->cfg.n_clusters, NB__HY_FLAG_HASH_ONLY, h->round, h->hash, byc);
+  nb__hy_release(all + 1, h->cfg.n_clusters - 1);
+  h->round = saved_round;
+  return st;
+}
+
+nb_status_t nb_hybrid_set_density(nb_hybrid_t* h, double density) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (!(density > 0 && density <= 1))
+    return nb_error(NB_ERR_CONFIG, "hybrid: density %g outside (0, 1]", density);
+  h->cfg.density = density;
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (steps < 1) return nb_error(NB_ERR_CONFIG, "hybrid: inner_steps %ld < 1", steps);
+  h->cfg.inner_steps = steps;
+  return NB_OK;
+}
+
+float* nb_hybrid_global(nb_hybrid_t* h, size_t* n) {
+  if (n) *n = h->n;
+  return h->global;
+}
+
+uint64_t nb_hybrid_global_hash(const nb_hybrid_t* h) {
+  return nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+}
+
+uint64_t nb_hybrid_rounds(const nb_hybrid_t* h) {
+  return h->round;
+}
+
+#define NB__HY_STATE_MAGIC 0x5348424eu /* bytes 'N' 'B' 'H' 'S' */
+#define NB__HY_STATE_HEADER 64
+
+nb_status_t nb_hybrid_save(const nb_hybrid_t* h, const char* path) {
+  if (!h || !path) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (h->inflight)
+    return nb_error(NB_ERR_INVALID, "hybrid: cannot save with an exchange in flight");
+  uint8_t hdr[NB__HY_STATE_HEADER] = {0};
+  nb__put32(hdr + 0, NB__HY_STATE_MAGIC);
+  nb__put32(hdr + 4, 1);
+  nb__put64(hdr + 8, h->n);
+  nb__put64(hdr + 16, h->round);
+  nb__put64(hdr + 24, h->xseq);
+  nb__put64(hdr + 32, nb_xxh3_64(h->global, h->n * sizeof(float), 0));
+  nb__put32(hdr + 40, (uint32_t)h->cfg.mode);
+  char tmp[4096];
+  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+    return nb_error(NB_ERR_INVALID, "hybrid: path too long: %s", path);
+  nb_xxh3_state_t* xs = nb_xxh3_create(0);
+  if (!xs) return nb_error(NB_ERR_NOMEM, "hybrid: checksum state");
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    nb_xxh3_destroy(xs);
+    return nb_error(NB_ERR_IO, "hybrid: cannot write %s: %s", tmp, strerror(errno));
+  }
+  const void* parts[4] = {hdr, h->global, h->momentum, h->residual};
+  size_t lens[4] = {sizeof hdr, h->n * sizeof(float), h->n * sizeof(float), h->n * sizeof(float)};
+  int ok = 1;
+  for (int i = 0; i < 4 && ok; i++) {
+    nb_xxh3_update(xs, parts[i], lens[i]);
+    const uint8_t* p = parts[i];
+    size_t left = lens[i];
+    while (left > 0 && ok) {
+      ssize_t w = write(fd, p, left);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0)
+        ok = 0;
+      else
+        p += w, left -= (size_t)w;
+    }
+  }
+  uint8_t sum[8];
+  nb__put64(sum, nb_xxh3_digest(xs));
+  nb_xxh3_destroy(xs);
+  if (ok) ok = write(fd, sum, 8) == 8;
+  if (ok) ok = fsync(fd) == 0;
+  if (close(fd) != 0) ok = 0;
+  if (!ok || rename(tmp, path) != 0) {
+    int e = errno;
+    unlink(tmp);
+    return nb_error(NB_ERR_IO, "hybrid: cannot write %s: %s", path, strerror(e));
+  }
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_load(nb_hybrid_t* h, const char* path) {
+  if (!h || !path) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  FILE* f = fopen(path, "rb");
+  if (!f)
+    return nb_error(errno == ENOENT ? NB_ERR_NOT_FOUND : NB_ERR_IO, "hybrid: cannot open %s: %s",
+                    path, strerror(errno));
+  size_t want = NB__HY_STATE_HEADER + 3 * h->n * sizeof(float) + 8;
+  uint8_t* buf = NULL;
+  nb_status_t st = nb_alloc((void**)&buf, want + 1, 1, "hybrid state");
+  if (st != NB_OK) {
+    fclose(f);
+    return st;
+  }
+  size_t got = fread(buf, 1, want + 1, f);
+  fclose(f);
+  if (got != want || nb__get32(buf) != NB__HY_STATE_MAGIC || nb__get32(buf + 4) != 1 ||
+      nb__get64(buf + 8) != h->n) {
+    st = nb_error(NB_ERR_INVALID,
+                  "hybrid: %s is not a round state for %zu synced parameters (%zu bytes)", path,
+                  h->n, got);
+    goto out;
+  }
+  if (nb_xxh3_64(buf, want - 8, 0) != nb__get64(buf + want - 8)) {
+    st = nb_error(NB_ERR_INTEGRITY, "hybrid: %s: checksum mismatch", path);
+    goto out;
+  }
+  const uint8_t* p = buf + NB__HY_STATE_HEADER;
+  size_t nb = h->n * sizeof(float);
+  if (nb_xxh3_64(p, nb, 0) != nb__get64(buf + 32)) {
+    st = nb_error(NB_ERR_INTEGRITY, "hybrid: %s: theta_global hash mismatch", path);
+    goto out;
+  }
+  st = nb_trainer_set_sync_params(h->t, (const float*)p, h->n);
+  if (st != NB_OK) goto out;
+  memcpy(h->global, p, nb);
+  memcpy(h->momentum, p + nb, nb);
+  memcpy(h->residual, p + 2 * nb, nb);
+  h->round = nb__get64(buf + 16);
+  h->xseq = nb__get64(buf + 24);
+  h->hash = nb_xxh3_64(h->global, nb, 0);
+out:
+  nb_free(buf);
+  return st;
+}

@@ -1,0 +1,167 @@
+/* train/hybrid: the cross-datacenter round of the `outer` (DiLoCo-style) sync mode as a library:
+ * theta_global on the host, K inner steps, pseudo-gradient through the codec with error feedback,
+ * an exchange through a callback, a sample-weighted sum in cluster order, the outer Nesterov step
+ * and a hash check that every cluster holds bit-identical theta_global. It does not own processes,
+ * sockets or job descriptors: the worker plugs inter/exchange into the callback, tests plug in
+ * an in-process rendezvous. */
+#ifndef NB_TRAIN_HYBRID_H
+#define NB_TRAIN_HYBRID_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "compress/compress.h"
+#include "train/trainer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Size of the message header in front of the codec frame (docs/hybrid.md). */
+#define NB_HYBRID_MSG_HEADER_BYTES 64
+#define NB_HYBRID_MSG_MAGIC 0x5948424eu /* bytes 'N' 'B' 'H' 'Y' */
+#define NB_HYBRID_MAX_CLUSTERS 64
+
+/* One received message (a peer's, or our own). data is owned by the hybrid after the exchange
+ * callback returns (allocated with nb_alloc; freed with nb_free). */
+typedef struct {
+  uint8_t* data;
+  size_t len;
+} nb_hybrid_msg_t;
+
+/* The exchange: send `msg` (len bytes, borrowed) of `round` to every other cluster and fill
+ * peers[0..n_peers) with their messages of that round (any order; each entry's data allocated
+ * with nb_alloc and handed over, also on failure for the entries set). *bytes_sent: bytes put on
+ * the WAN by us this round (nullable). A non-OK status aborts the round. */
+typedef nb_status_t (*nb_hybrid_exchange_fn)(void* ctx, uint64_t round, const void* msg, size_t len,
+                                             nb_hybrid_msg_t* peers, size_t n_peers,
+                                             uint64_t* bytes_sent);
+
+/* What is exchanged. outer: the pseudo-gradient once per round (DiLoCo); step: the compressed
+ * gradient every inner step (DGC-style, error feedback); dense: the fp32 gradient every step
+ * (the naive baseline). In step and dense modes the trainer must be created with
+ * nb_hybrid_gradient as its grad hook (see there); every cluster then applies the same
+ * weighted gradient, so the parameters stay identical without an outer step. */
+typedef enum { NB_HYBRID_OUTER = 0, NB_HYBRID_STEP = 1, NB_HYBRID_DENSE = 2 } nb_hybrid_mode_t;
+
+typedef struct {
+  nb_hybrid_mode_t mode;  /* default outer */
+  uint32_t cluster_index; /* our position in the cluster-id order, < n_clusters */
+  uint32_t n_clusters;    /* 1..NB_HYBRID_MAX_CLUSTERS */
+  long inner_steps;       /* H: inner steps per round (>= 1); the cap of a timed round */
+  double round_seconds;   /* > 0: a round is this wall-time budget (at least one step) */
+  float outer_lr;         /* outer Nesterov learning rate (> 0; 1 with momentum 0 = averaging) */
+  float outer_momentum;   /* [0, 1) */
+  double density;         /* top-k fraction in (0, 1]; 1 = a dense frame (no error feedback) */
+  int error_feedback;     /* keep the residual of what top-k / quantization dropped */
+  uint32_t samples_scale; /* ranks of this cluster training in lockstep with this trainer (their
+                             samples count for the weights); 0 = 1 */
+  nb_values_t values;     /* value type on the wire */
+  int zstd_level;         /* 0..19 */
+  /* 1: round r's exchange runs on a background thread during round r+1's inner steps and its
+   * update lands one round late (each round starts from theta_global as last applied);
+   * nb_hybrid_finish applies the last one. Only through nb_hybrid_round. */
+  int overlap;
+  nb_hybrid_exchange_fn exchange; /* required by nb_hybrid_round; unused by prepare/apply */
+  void* exchange_ctx;
+} nb_hybrid_config_t;
+
+/* Defaults: one cluster, H 50, outer lr 0.7 momentum 0.9, density 0.01, error feedback, int8,
+ * zstd 3, no exchange. */
+void nb_hybrid_config_defaults(nb_hybrid_config_t* cfg);
+
+/* What one round did (also the rows of a worker's rounds.tsv). */
+typedef struct {
+  uint64_t round;       /* 0-based */
+  long steps;           /* inner steps taken by this cluster */
+  uint64_t samples;     /* sequences this cluster trained on in the round */
+  uint64_t samples_all; /* all clusters together: the denominator of the weights */
+  double loss;          /* this cluster's mean inner training loss */
+  uint64_t msg_bytes;   /* our message (header + codec frame) */
+  uint64_t bytes_sent;  /* put on the WAN by us (from the exchange; msg_bytes x peers in tests) */
+  double density;       /* used for our frame */
+  double compute_s;     /* inner steps */
+  double codec_s;       /* encode + decode + outer step */
+  double exchange_s;    /* inside the exchange callback */
+  uint64_t global_hash; /* XXH3-64 of theta_global after the round */
+} nb_hybrid_round_t;
+
+typedef struct nb_hybrid nb_hybrid_t;
+/* Thread safety: one thread at a time per hybrid (it drives its trainer). */
+
+/* Creates the round state for trainer t (borrowed; must outlive h): theta_global = the trainer's
+ * synced buffer now, zero momentum and residual, a codec. cfg is copied. NB_ERR_CONFIG naming a
+ * bad field, NB_ERR_NOMEM, the codec's errors. */
+nb_status_t nb_hybrid_create(const nb_hybrid_config_t* cfg, nb_trainer_t* t, nb_hybrid_t** out);
+/* Waits for an exchange still in flight (overlap) and frees everything. NULL ok. */
+void nb_hybrid_destroy(nb_hybrid_t* h);
+
+/* One whole round. Outer mode: prepare, exchange through cfg.exchange, apply. Step and dense
+ * modes: H inner steps, each exchanging its gradient (bytes and exchange time summed over the
+ * steps). With overlap: prepare, wait
+ * for the previous round's exchange (its time is rec->exchange_s) and apply it, then start this
+ * round's exchange in the background. *rec (nullable) receives the round's figures
+ * (global_hash: theta_global after what was applied). Errors of prepare, the exchange's status
+ * (wrapped), and of apply. After an error the hybrid must only be destroyed. */
+nb_status_t nb_hybrid_round(nb_hybrid_t* h, nb_hybrid_round_t* rec);
+
+/* The halves of a round, for drivers that exchange on their own (tests, overlap):
+ * prepare runs the inner steps and encodes Delta = theta_global - theta_local into our message
+ * (*msg borrowed from h, valid until the next prepare). Errors of the trainer and the codec. */
+nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len);
+/* apply takes every cluster's message of this round (ours included, any order; borrowed),
+ * checks them (round, one per cluster, same theta_global hash as ours at the round's start),
+ * sums the decoded Deltas in cluster order weighted by samples, takes the outer step on
+ * theta_global and copies it into the trainer. *rec (nullable) gets the round's figures
+ * (exchange_s and bytes_sent left 0). NB_ERR_INTEGRITY when a cluster's theta_global hash
+ * differs from ours (names the cluster and both hashes) or a frame fails its checksum;
+ * NB_ERR_CODEC / NB_ERR_INVALID for a malformed or unexpected message (theta_global is then
+ * unchanged). */
+nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
+                            nb_hybrid_round_t* rec);
+
+/* Applies an exchange still in flight (overlap), then a final hash-only exchange through
+ * cfg.exchange so that the last round's result is compared too. NB_ERR_INTEGRITY as apply, or
+ * the exchange's status. */
+nb_status_t nb_hybrid_finish(nb_hybrid_t* h);
+
+/* The per-step exchange of step and dense modes, for the trainer's grad hook: encodes grads
+ * (n floats, the trainable buffer; borrowed), exchanges them with every cluster through
+ * cfg.exchange, and replaces grads with the sample-weighted sum of every cluster's decoded
+ * gradient in cluster order. Each message also carries the hash of the parameters before the
+ * step: NB_ERR_INTEGRITY when a cluster's differ. A no-op in outer mode. The trainer takes its
+ * hook at creation, before the hybrid exists, so wire it through a pointer:
+ *   static nb_status_t hook(void* ctx, float* g, size_t n) {
+ *     return nb_hybrid_gradient(*(nb_hybrid_t**)ctx, g, n); }
+ * with cfg.grad_hook_ctx = &h, h created right after the trainer. */
+nb_status_t nb_hybrid_gradient(nb_hybrid_t* h, float* grads, size_t n);
+
+/* Sets the density of the next rounds' frames, (0, 1] (the adaptive scheduler's decision); the
+ * message buffer grows on the next prepare when needed. NB_ERR_CONFIG when out of range. */
+nb_status_t nb_hybrid_set_density(nb_hybrid_t* h, double density);
+/* Sets H, the inner steps of the next rounds (>= 1; the cap of a wall-time round).
+ * NB_ERR_CONFIG when < 1. */
+nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps);
+
+/* Writes the round state (theta_global, outer momentum, error-feedback residual, round
+ * counters) to `path` atomically (a temp file, fsync, rename), ending in an XXH3 checksum;
+ * layout in docs/hybrid.md. With an exchange in flight (overlap) NB_ERR_INVALID: save between
+ * rounds of a run without overlap, or after nb_hybrid_finish. NB_ERR_IO naming the path. */
+nb_status_t nb_hybrid_save(const nb_hybrid_t* h, const char* path);
+/* Restores a state written by nb_hybrid_save for the same synced buffer size and copies
+ * theta_global into the trainer. NB_ERR_NOT_FOUND (no file), NB_ERR_IO, NB_ERR_INTEGRITY (bad
+ * checksum), NB_ERR_INVALID (not a state file, or another size); h is unchanged on error. */
+nb_status_t nb_hybrid_load(nb_hybrid_t* h, const char* path);
+
+/* theta_global (n floats, owned by h). Writing into it is for tests that corrupt a replica. */
+float* nb_hybrid_global(nb_hybrid_t* h, size_t* n);
+/* XXH3-64 of theta_global as it is now. */
+uint64_t nb_hybrid_global_hash(const nb_hybrid_t* h);
+/* Rounds completed. */
+uint64_t nb_hybrid_rounds(const nb_hybrid_t* h);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
