@@ -38,7 +38,7 @@ sanitize: setup
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ctest --output-on-failure -j $(JOBS) -L unit $(CTEST_ARGS)
 
-demo: build
+demo: build data
 	@bash scripts/demo.sh $(BUILD)
 
 bench: build
