@@ -38,6 +38,8 @@ struct nb_hybrid {
   pthread_t thread;
   uint64_t inflight_round, inflight_hash;
   uint8_t* fly; /* our message of that round */
+  float* own;   /* (n) this round's own Delta, kept on top of theta_global until it lands */
+  int own_valid;
   size_t fly_cap, fly_len;
   nb_hybrid_msg_t fly_peers[NB_HYBRID_MAX_CLUSTERS];
   nb_status_t fly_status;
@@ -205,6 +207,7 @@ void nb_hybrid_destroy(nb_hybrid_t* h) {
     nb__hy_release(h->fly_peers, NB_HYBRID_MAX_CLUSTERS);
   }
   nb_free(h->fly);
+  nb_free(h->own);
   nb_codec_destroy(h->codec);
   nb_free(h->global);
   nb_free(h->momentum);
@@ -241,6 +244,10 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
   size_t n;
   const float* local = nb_trainer_sync_params(h->t, &n);
   for (size_t i = 0; i < n; i++) h->delta[i] = h->global[i] - local[i];
+  /* overlap: the round started at theta_global - own (the previous round's own progress, not
+   * landed yet); Delta is this round's progress only */
+  if (h->cfg.overlap && h->own_valid)
+    for (size_t i = 0; i < n; i++) h->delta[i] -= h->own[i];
   size_t flen = 0;
   uint8_t* frame = h->msg + NB_HYBRID_MSG_HEADER_BYTES;
   size_t cap = h->msg_cap - NB_HYBRID_MSG_HEADER_BYTES;
@@ -431,6 +438,9 @@ static nb_status_t nb__hy_round_overlap(nb_hybrid_t* h, nb_hybrid_round_t* rec) 
   size_t len;
   NB_CHECK(nb_hybrid_prepare(h, &msg, &len));
   uint64_t msg_hash = h->hash; /* what our message states; landing changes h->hash */
+  if (!h->own) NB_CHECK(nb_alloc((void**)&h->own, h->n, sizeof(float), "own delta"));
+  memcpy(h->own, h->delta, h->n * sizeof(float)); /* landing overwrites h->delta */
+  h->own_valid = 1;
   nb_hybrid_round_t applied;
   memset(&applied, 0, sizeof applied);
   double waited = 0;
@@ -438,10 +448,15 @@ static nb_status_t nb__hy_round_overlap(nb_hybrid_t* h, nb_hybrid_round_t* rec) 
   if (h->inflight) {
     NB_CHECK(nb__hy_land(h, &applied, &waited));
     sent = h->fly_sent;
-  } else {
-    /* the first round: nothing has landed yet; restart from theta_global (this round's
-     * progress arrives with its update, one round late) */
-    NB_CHECK(nb_trainer_set_sync_params(h->t, h->global, h->n));
+  }
+  /* The next round continues from theta_global as landed plus this round's own progress, which
+   * is not in it yet (it lands, averaged, one round later): theta_local = theta_global - Delta.
+   * Restarting from theta_global alone would put every round one round behind, and the late
+   * updates would then overshoot. */
+  {
+    size_t n;
+    float* local = nb_trainer_sync_params(h->t, &n);
+    for (size_t i = 0; i < n; i++) local[i] = h->global[i] - h->own[i];
   }
   if (len > h->fly_cap) {
     NB_CHECK(nb_realloc((void**)&h->fly, len, 1, "hybrid message in flight"));

@@ -60,8 +60,9 @@ typedef struct {
   nb_values_t values;     /* value type on the wire */
   int zstd_level;         /* 0..19 */
   /* 1: round r's exchange runs on a background thread during round r+1's inner steps and its
-   * update lands one round late (each round starts from theta_global as last applied);
-   * nb_hybrid_finish applies the last one. Only through nb_hybrid_round. */
+   * update lands one round late; each round starts from theta_global as last applied plus this
+   * cluster's own not-yet-landed progress; nb_hybrid_finish applies the last one (the trainer
+   * then holds theta_global). Only through nb_hybrid_round. */
   int overlap;
   nb_hybrid_exchange_fn exchange; /* required by nb_hybrid_round; unused by prepare/apply */
   void* exchange_ctx;
