@@ -62,6 +62,19 @@ static int nb__run_mkdir(const char* p, mode_t mode) {
   return mkdir(p, mode) != 0 && errno != EEXIST ? -1 : 0;
 }
 
+/* Creates the missing parents of path (like mkdir -p of its dirname). */
+static int nb__run_mkparents(const char* path) {
+  char tmp[NB_JOB_PATH_MAX];
+  snprintf(tmp, sizeof tmp, "%s", path);
+  for (char* q = tmp + 1; *q; q++) {
+    if (*q != '/') continue;
+    *q = '\0';
+    if (nb__run_mkdir(tmp, 0755) != 0) return -1;
+    *q = '/';
+  }
+  return 0;
+}
+
 /* Distinct free loopback ports: all sockets stay bound until every port is chosen. */
 static int nb__run_ports(int n, int* ports) {
   int fds[NB_JOB_MAX_CLUSTERS], rc = 0;
@@ -279,8 +292,7 @@ int nb_run_main(int argc, char** argv) {
     rc = NB_EXIT_USAGE;
     goto done;
   }
-  if (!out) nb__run_mkdir("runs", 0755);
-  if (nb__run_mkdir(dir, 0700) != 0) {
+  if (nb__run_mkparents(dir) != 0 || nb__run_mkdir(dir, 0700) != 0) {
     fprintf(stderr, "nebula run: cannot create %s: %s\n", dir, strerror(errno));
     goto done;
   }
