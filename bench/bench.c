@@ -44,8 +44,10 @@ static void nb__json_key(nb_json_obj_t* j, const char* key) {
 
 void nb_json_num(nb_json_obj_t* j, const char* key, double v) {
   nb__json_key(j, key);
-  if (isfinite(v)) fprintf(j->f, "%.6g", v);
-  else fputs("null", j->f);
+  if (isfinite(v))
+    fprintf(j->f, "%.6g", v);
+  else
+    fputs("null", j->f);
 }
 
 void nb_json_int(nb_json_obj_t* j, const char* key, long long v) {
@@ -57,14 +59,19 @@ void nb_json_str(nb_json_obj_t* j, const char* key, const char* v) {
   nb__json_key(j, key);
   fputc('"', j->f);
   for (const char* p = v; *p; p++) {
-    if (*p == '"' || *p == '\\') fprintf(j->f, "\\%c", *p);
-    else if ((unsigned char)*p < 0x20) fprintf(j->f, "\\u%04x", *p);
-    else fputc(*p, j->f);
+    if (*p == '"' || *p == '\\')
+      fprintf(j->f, "\\%c", *p);
+    else if ((unsigned char)*p < 0x20)
+      fprintf(j->f, "\\u%04x", *p);
+    else
+      fputc(*p, j->f);
   }
   fputc('"', j->f);
 }
 
-void nb_json_end(nb_json_obj_t* j) { fputs("}\n", j->f); }
+void nb_json_end(nb_json_obj_t* j) {
+  fputs("}\n", j->f);
+}
 
 int nb_bench_main(int argc, char** argv) {
   size_t count = 0;
