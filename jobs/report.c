@@ -26,12 +26,14 @@ typedef struct {
   int n;          /* rows */
   double* v[6];   /* round loss bytes_sent density compute_s exchange_s */
   double* cum_cs; /* cumulative compute seconds */
+  double* mbps;   /* bytes_sent / exchange_s per round, MB/s (0 when exchange_s is 0) */
   json_t* sum;
 } nb__rp_cluster_t;
 
 static void nb__rp_free(nb__rp_cluster_t* c) {
   for (int k = 0; k < 6; k++) nb_free(c->v[k]);
   nb_free(c->cum_cs);
+  nb_free(c->mbps);
   json_decref(c->sum);
   memset(c, 0, sizeof *c);
 }
@@ -77,6 +79,8 @@ static nb_status_t nb__rp_read_rounds(const char* path, nb__rp_cluster_t* c) {
                       out);
       NB_CHECK_GOTO(nb_realloc((void**)&c->cum_cs, (size_t)rcap, sizeof(double), "report rows"), st,
                     out);
+      NB_CHECK_GOTO(nb_realloc((void**)&c->mbps, (size_t)rcap, sizeof(double), "report rows"), st,
+                    out);
     }
     for (int k = 0; k < 6; k++) {
       const char* s = fields[col[k]];
@@ -91,6 +95,7 @@ static nb_status_t nb__rp_read_rounds(const char* path, nb__rp_cluster_t* c) {
       c->v[k][c->n] = d;
     }
     c->cum_cs[c->n] = c->v[4][c->n] + (c->n ? c->cum_cs[c->n - 1] : 0);
+    c->mbps[c->n] = c->v[5][c->n] > 0 ? c->v[2][c->n] / c->v[5][c->n] / 1e6 : 0;
     c->n++;
   }
   if (ferror(f)) {
@@ -328,6 +333,9 @@ static void nb__rp_html(FILE* f, const char* title, nb__rp_cluster_t* c, int n, 
   for (int i = 0; i < n; i++)
     s[i] = (nb__rp_series_t){c[i].id, "", c[i].v[0], c[i].v[2], c[i].n, i, 0};
   nb__rp_chart(f, "WAN bytes sent per round", "round", "bytes", s, n);
+  for (int i = 0; i < n; i++)
+    s[i] = (nb__rp_series_t){c[i].id, "", c[i].v[0], c[i].mbps, c[i].n, i, 0};
+  nb__rp_chart(f, "WAN goodput per round (bytes sent / exchange seconds)", "round", "MB/s", s, n);
   for (int i = 0; i < n; i++)
     s[i] = (nb__rp_series_t){c[i].id, "", c[i].v[0], c[i].v[3], c[i].n, i, 0};
   nb__rp_chart(f, "Density per round (scheduler decisions)", "round", "density", s, n);

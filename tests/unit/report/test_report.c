@@ -102,6 +102,7 @@ static void test_report_ok(void** state) {
   assert_null(strstr(h, "x<&>y"));
   assert_non_null(strstr(h, "job &quot;&lt;t&gt;&quot;"));
   assert_non_null(strstr(h, "<polyline"));
+  assert_non_null(strstr(h, "MB/s"));
   assert_non_null(strstr(h, "identical on every cluster"));
   free(h);
   snprintf(p, sizeof p, "%s/summary.json", dir);
