@@ -9,6 +9,7 @@
 #include "jobs/train_cli.h"
 #include "jobs/client_cli.h"
 #include "jobs/gateway.h"
+#include "jobs/report.h"
 #include "jobs/validate_cli.h"
 #include "jobs/worker_cli.h"
 #include "security/security.h"
@@ -37,6 +38,7 @@ static const nb_cli_cmd_t nb__cmds[] = {
     {"gateway", "run this cluster's gateway daemon (--config FILE)", nb_gateway_main},
     {"env", "list the environment parameters and their values", nb__cmd_env},
     {"eval", "held-out bits per byte per language of a checkpoint", nb_eval_main},
+    {"report", "write report.html and summary.json for a run folder", nb_report_main},
     {"run", "run every cluster of a job on this machine over loopback", nb_run_main},
     {"train", "train one cluster of a job descriptor in this process", nb_train_main},
     {"validate", "check a job descriptor and print it with defaults filled in", nb_validate_main},

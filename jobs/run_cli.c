@@ -21,6 +21,7 @@
 #include "common/common.h"
 #include "jobs/cli.h"
 #include "jobs/descriptor.h"
+#include "jobs/report.h"
 #include "jobs/worker_cli.h"
 #include "security/pki.h"
 #include "security/seal.h"
@@ -472,6 +473,17 @@ int nb_run_main(int argc, char** argv) {
     goto done;
   }
   rc = nb__run_table(ch, n, nb_now_s() - t0) ? NB_EXIT_OK : NB_EXIT_FAIL;
+  {
+    const char** ids = NULL;
+    if (nb_calloc((void**)&ids, (size_t)n, sizeof *ids, "report ids") == NB_OK) {
+      for (int i = 0; i < n; i++) ids[i] = ch[i].id;
+      if (nb_report_write(dir, ids, n, job->name) == NB_OK)
+        printf("report: %s/report.html\n", dir);
+      else
+        NB_WARN("nebula run: no report: %s", nb_error_last());
+      nb_free(ids);
+    }
+  }
 done:
   nb_free(ch);
   nb_free(diag);

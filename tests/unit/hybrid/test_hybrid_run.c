@@ -126,6 +126,18 @@ static void run_two_clusters(int overlap) {
     (void)system(cmd);
   }
   assert_int_equal(rc, 0);
+  { /* the run report: job-level summary.json naming both clusters, and report.html */
+    char p[256];
+    snprintf(p, sizeof p, "%s/summary.json", out);
+    json_error_t je;
+    json_t* s = json_load_file(p, 0, &je);
+    assert_non_null(s);
+    assert_int_equal(json_array_size(json_object_get(s, "clusters")), 2);
+    assert_true(json_is_true(json_object_get(s, "theta_global_identical")));
+    json_decref(s);
+    snprintf(p, sizeof p, "%s/report.html", out);
+    assert_int_equal(access(p, R_OK), 0);
+  }
   char hash[2][24];
   const char* ids[2] = {"dc-a", "dc-b"};
   for (int c = 0; c < 2; c++) {

@@ -1,0 +1,175 @@
+/* nb_report_write on two synthetic cluster folders: self-contained HTML with SVG, escaping of
+ * strings from the files, the job-level summary.json, and precise errors for bad input. Not
+ * here: a real run (the demo does that). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "jobs/report.h"
+
+static const char* const nb__hdr =
+    "round\tsteps\tsamples\tsamples_all\tloss\tmsg_bytes\tbytes_sent\tdensity\tcompute_s\t"
+    "codec_s\texchange_s\tglobal_xxh3\n";
+
+static void put(const char* dir, const char* sub, const char* name, const char* text) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s", dir, sub);
+  mkdir(p, 0755);
+  snprintf(p, sizeof p, "%s/%s/%s", dir, sub, name);
+  FILE* f = fopen(p, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static void cluster(const char* dir, const char* id, const char* mode, double loss0) {
+  char buf[4096];
+  int o = snprintf(buf, sizeof buf, "%s", nb__hdr);
+  for (int r = 0; r < 5; r++)
+    o += snprintf(buf + o, sizeof buf - (size_t)o,
+                  "%d\t20\t160\t320\t%.4f\t%d\t%d\t%.3f\t%.2f\t0.01\t%.2f\t%016x\n", r,
+                  loss0 - 0.3 * r, 10000 + 1000 * r, 10000 + 1000 * r, 0.03 + 0.01 * r,
+                  2.0 + 0.1 * r, 0.2 - 0.01 * r, 0xabcu + (unsigned)r);
+  put(dir, id, "rounds.tsv", buf);
+  snprintf(buf, sizeof buf,
+           "{\"cluster\":\"%s\",\"job\":\"synthetic-job\",\"mode\":\"%s\",\"values\":\"int8\","
+           "\"rounds\":5,\"final_train_loss\":2.5,\"final_eval_mean_bpb\":3.9,"
+           "\"final_eval_bpb\":{\"en\":3.9},\"wan_bytes_sent\":60000,"
+           "\"bits_per_param_per_sync\":0.42,\"compute_utilization\":0.95,\"wall_s\":12.5,"
+           "\"decisions\":[{\"round\":1,\"density\":0.04}],\"global_xxh3\":\"00000000deadbeef\"}",
+           id, mode);
+  put(dir, id, "summary.json", buf);
+}
+
+static char* slurp(const char* path) {
+  FILE* f = fopen(path, "r");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char* s = calloc(1, (size_t)n + 1);
+  assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
+  fclose(f);
+  return s;
+}
+
+static int no_temp_left(const char* dir) {
+  DIR* d = opendir(dir);
+  struct dirent* e;
+  int ok = 1;
+  while ((e = readdir(d)))
+    if (strstr(e->d_name, ".tmp")) ok = 0;
+  closedir(d);
+  return ok;
+}
+
+static void rm_rf(const char* dir) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+static void test_report_ok(void** state) {
+  (void)state;
+  char dir[] = "/tmp/nb_report_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  cluster(dir, "dc-a", "outer", 4.0);
+  cluster(dir, "dc-b", "x<&>y", 3.5);
+  const char* ids[] = {"dc-a", "dc-b"};
+  assert_int_equal(nb_report_write(dir, ids, 2, "job \"<t>\""), NB_OK);
+  char p[512];
+  snprintf(p, sizeof p, "%s/report.html", dir);
+  char* h = slurp(p);
+  assert_non_null(h);
+  assert_non_null(strstr(h, "<svg"));
+  assert_non_null(strstr(h, "dc-a"));
+  assert_non_null(strstr(h, "dc-b"));
+  assert_null(strstr(h, "<script"));
+  assert_null(strstr(h, "src=")); /* no external assets */
+  assert_null(strstr(h, "href="));
+  assert_non_null(strstr(h, "x&lt;&amp;&gt;y"));
+  assert_null(strstr(h, "x<&>y"));
+  assert_non_null(strstr(h, "job &quot;&lt;t&gt;&quot;"));
+  assert_non_null(strstr(h, "<polyline"));
+  assert_non_null(strstr(h, "MB/s"));
+  assert_non_null(strstr(h, "identical on every cluster"));
+  free(h);
+  snprintf(p, sizeof p, "%s/summary.json", dir);
+  json_error_t je;
+  json_t* s = json_load_file(p, 0, &je);
+  assert_non_null(s);
+  json_t* cl = json_object_get(s, "clusters");
+  assert_int_equal(json_array_size(cl), 2);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(cl, 0), "cluster")), "dc-a");
+  assert_string_equal(json_string_value(json_object_get(json_array_get(cl, 1), "cluster")), "dc-b");
+  assert_int_equal(json_integer_value(json_object_get(json_array_get(cl, 1), "rounds")), 5);
+  assert_true(json_is_true(json_object_get(s, "theta_global_identical")));
+  assert_int_equal(json_integer_value(json_object_get(s, "wan_bytes_total")), 120000);
+  json_decref(s);
+  assert_true(no_temp_left(dir));
+  rm_rf(dir);
+}
+
+static void test_report_bad(void** state) {
+  (void)state;
+  char dir[] = "/tmp/nb_report_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  cluster(dir, "dc-a", "outer", 4.0);
+  cluster(dir, "dc-b", "outer", 4.0);
+  const char* ids[] = {"dc-a", "dc-b"};
+  /* truncated last row */
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%s0\t20\t160\t320\t4.0\t1\t1\t0.03\t2\t0\t0.1\tab\n1\t20\t16",
+           nb__hdr);
+  put(dir, "dc-b", "rounds.tsv", buf);
+  assert_int_equal(nb_report_write(dir, ids, 2, NULL), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "dc-b/rounds.tsv:3"));
+  /* garbled number */
+  snprintf(buf, sizeof buf, "%s0\t20\t160\t320\tfour\t1\t1\t0.03\t2\t0\t0.1\tab\n", nb__hdr);
+  put(dir, "dc-b", "rounds.tsv", buf);
+  assert_int_equal(nb_report_write(dir, ids, 2, NULL), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "dc-b/rounds.tsv:2"));
+  assert_non_null(strstr(nb_error_last(), "loss"));
+  /* no header */
+  put(dir, "dc-b", "rounds.tsv", "");
+  assert_int_equal(nb_report_write(dir, ids, 2, NULL), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "rounds.tsv"));
+  /* garbled summary.json */
+  cluster(dir, "dc-b", "outer", 4.0);
+  put(dir, "dc-b", "summary.json", "{\"cluster\": \"dc-b\",\n  oops");
+  assert_int_equal(nb_report_write(dir, ids, 2, NULL), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "dc-b/summary.json:2"));
+  /* a missing cluster folder */
+  const char* ids3[] = {"dc-a", "dc-missing"};
+  assert_int_equal(nb_report_write(dir, ids3, 2, NULL), NB_ERR_IO);
+  assert_non_null(strstr(nb_error_last(), "dc-missing"));
+  /* a missing run folder */
+  char gone[600];
+  snprintf(gone, sizeof gone, "%s/no-such-run", dir);
+  assert_int_equal(nb_report_write(gone, ids, 2, NULL), NB_ERR_IO);
+  assert_int_equal(nb_report_write(dir, ids, 0, NULL), NB_ERR_INVALID);
+  char p[512];
+  snprintf(p, sizeof p, "%s/report.html", dir);
+  assert_int_not_equal(access(p, F_OK), 0); /* nothing written on failure */
+  assert_true(no_temp_left(dir));
+  rm_rf(dir);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_report_ok),
+      cmocka_unit_test(test_report_bad),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
