@@ -17,4 +17,5 @@ echo "== 2/2  multilingual pretraining across two datacenters (outer sync, int8 
 rm -rf "$out"
 "$build/nebula" run jobs/examples/pretrain-2dc-small.json --out "$out" --data-dir "$data"
 echo
-echo "Per-cluster results: $out/<cluster>/summary.json and rounds.tsv; logs: $out/<cluster>/worker.log"
+echo "Report: $out/report.html (self-contained, inline SVG) and $out/summary.json;"
+echo "per cluster: $out/<cluster>/summary.json, rounds.tsv and worker.log"
