@@ -580,6 +580,19 @@ static nb_status_t nb__caller(nb_rpc_call_t* call, const char** user, int* admin
   return NB_OK;
 }
 
+/* The start of every handler but Submit: who calls (listed admins included) and its request. */
+static nb_status_t nb__request(nb_rpc_call_t* call, nb_gateway_t* gw,
+                               const ProtobufCMessageDescriptor* desc, const char* method,
+                               const char** user, int* admin, ProtobufCMessage** m) {
+  NB_CHECK(nb__caller(call, user, admin));
+  *admin |= nb__is_admin(gw, *user);
+  int end = 0;
+  *m = NULL;
+  NB_CHECK(nb_rpc_call_recv_pb(call, desc, m, &end, NB_RPC_INFINITE));
+  if (!*m) return nb_error(NB_ERR_INVALID, "%s: no request", method);
+  return NB_OK;
+}
+
 static nb_status_t nb__open_store(nb_gateway_t* gw, nb_job_store_t** st) {
   nb_status_t s = nb_job_store_open(gw->cfg.store_path, st);
   if (s != NB_OK) return nb_error_wrap(NB_ERR_UNAVAILABLE, "job store");
@@ -890,13 +903,8 @@ static nb_status_t nb__get(nb_rpc_call_t* call, void* user_data) {
   nb_gateway_t* gw = user_data;
   const char* user = "";
   int admin = 0;
-  NB_CHECK(nb__caller(call, &user, &admin));
-  admin |= nb__is_admin(gw, user);
   ProtobufCMessage* m = NULL;
-  int end = 0;
-  NB_CHECK(
-      nb_rpc_call_recv_pb(call, &nebula__v1__get_request__descriptor, &m, &end, NB_RPC_INFINITE));
-  if (!m) return nb_error(NB_ERR_INVALID, "Get: no request");
+  NB_CHECK(nb__request(call, gw, &nebula__v1__get_request__descriptor, "Get", &user, &admin, &m));
   Nebula__V1__GetRequest* req = (Nebula__V1__GetRequest*)m;
   nb_job_store_t* st = NULL;
   nb_job_record_t rec = {0};
@@ -913,13 +921,8 @@ static nb_status_t nb__list(nb_rpc_call_t* call, void* user_data) {
   nb_gateway_t* gw = user_data;
   const char* user = "";
   int admin = 0;
-  NB_CHECK(nb__caller(call, &user, &admin));
-  admin |= nb__is_admin(gw, user);
   ProtobufCMessage* m = NULL;
-  int end = 0;
-  NB_CHECK(
-      nb_rpc_call_recv_pb(call, &nebula__v1__list_request__descriptor, &m, &end, NB_RPC_INFINITE));
-  if (!m) return nb_error(NB_ERR_INVALID, "List: no request");
+  NB_CHECK(nb__request(call, gw, &nebula__v1__list_request__descriptor, "List", &user, &admin, &m));
   Nebula__V1__ListRequest* req = (Nebula__V1__ListRequest*)m;
   nb_status_t s = NB_OK;
   nb_job_store_t* st = NULL;
@@ -1011,13 +1014,9 @@ static nb_status_t nb__watch(nb_rpc_call_t* call, void* user_data) {
   nb_gateway_t* gw = user_data;
   const char* user = "";
   int admin = 0;
-  NB_CHECK(nb__caller(call, &user, &admin));
-  admin |= nb__is_admin(gw, user);
   ProtobufCMessage* m = NULL;
-  int end = 0;
   NB_CHECK(
-      nb_rpc_call_recv_pb(call, &nebula__v1__watch_request__descriptor, &m, &end, NB_RPC_INFINITE));
-  if (!m) return nb_error(NB_ERR_INVALID, "Watch: no request");
+      nb__request(call, gw, &nebula__v1__watch_request__descriptor, "Watch", &user, &admin, &m));
   Nebula__V1__WatchRequest* req = (Nebula__V1__WatchRequest*)m;
   nb_job_store_t* st = NULL;
   nb_job_record_t rec = {0};
@@ -1072,13 +1071,9 @@ static nb_status_t nb__cancel(nb_rpc_call_t* call, void* user_data) {
   nb_gateway_t* gw = user_data;
   const char* user = "";
   int admin = 0;
-  NB_CHECK(nb__caller(call, &user, &admin));
-  admin |= nb__is_admin(gw, user);
   ProtobufCMessage* m = NULL;
-  int end = 0;
-  NB_CHECK(nb_rpc_call_recv_pb(call, &nebula__v1__cancel_request__descriptor, &m, &end,
-                               NB_RPC_INFINITE));
-  if (!m) return nb_error(NB_ERR_INVALID, "Cancel: no request");
+  NB_CHECK(
+      nb__request(call, gw, &nebula__v1__cancel_request__descriptor, "Cancel", &user, &admin, &m));
   Nebula__V1__CancelRequest* req = (Nebula__V1__CancelRequest*)m;
   nb_job_store_t* st = NULL;
   nb_job_record_t rec = {0};
@@ -1131,13 +1126,8 @@ static nb_status_t nb__logs(nb_rpc_call_t* call, void* user_data) {
   nb_gateway_t* gw = user_data;
   const char* user = "";
   int admin = 0;
-  NB_CHECK(nb__caller(call, &user, &admin));
-  admin |= nb__is_admin(gw, user);
   ProtobufCMessage* m = NULL;
-  int end = 0;
-  NB_CHECK(
-      nb_rpc_call_recv_pb(call, &nebula__v1__logs_request__descriptor, &m, &end, NB_RPC_INFINITE));
-  if (!m) return nb_error(NB_ERR_INVALID, "Logs: no request");
+  NB_CHECK(nb__request(call, gw, &nebula__v1__logs_request__descriptor, "Logs", &user, &admin, &m));
   Nebula__V1__LogsRequest* req = (Nebula__V1__LogsRequest*)m;
   nb_job_store_t* st = NULL;
   nb_job_record_t rec = {0};
