@@ -39,6 +39,26 @@ static int32_t utf8_next(const unsigned char* s, size_t len, size_t* i) {
   return (int32_t)cp;
 }
 
+nb_status_t nb_utf8_sanitize(const unsigned char* bytes, size_t len, char** out) {
+  char* s = NULL;
+  NB_CHECK(nb_alloc((void**)&s, len * 3 + 1, 1, "utf-8 text"));
+  size_t o = 0;
+  for (size_t i = 0; i < len;) {
+    size_t start = i;
+    if (utf8_next(bytes, len, &i) < 0) { /* invalid byte: U+FFFD, move on by one */
+      memcpy(s + o, "\xEF\xBF\xBD", 3);
+      o += 3;
+      i = start + 1;
+    } else if (!(i == start + 1 && bytes[start] == 0)) {
+      memcpy(s + o, bytes + start, i - start);
+      o += i - start;
+    }
+  }
+  s[o] = '\0';
+  *out = s;
+  return NB_OK;
+}
+
 /* str.isspace() of CPython: the characters str.split() and str.rstrip() treat as whitespace. */
 static int py_isspace(uint32_t c) {
   if (c < 0x80) return c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F);
@@ -72,21 +92,41 @@ typedef struct {
   size_t n;
 } cp_ctx_t;
 
-static int cmp_cp_ngram(const void* a, const void* b, void* arg) {
-  const cp_ctx_t* c = arg;
-  const uint32_t* x = c->s + *(const size_t*)a;
-  const uint32_t* y = c->s + *(const size_t*)b;
-  for (size_t k = 0; k < c->n; k++) {
-    if (x[k] != y[k]) return x[k] < y[k] ? -1 : 1;
-  }
-  return 0;
-}
-
 static int cmp_cp_cross(const uint32_t* x, const uint32_t* y, size_t n) {
   for (size_t k = 0; k < n; k++) {
     if (x[k] != y[k]) return x[k] < y[k] ? -1 : 1;
   }
   return 0;
+}
+
+static int cmp_cp_ngram(const void* a, const void* b, void* arg) {
+  const cp_ctx_t* c = arg;
+  return cmp_cp_cross(c->s + *(const size_t*)a, c->s + *(const size_t*)b, c->n);
+}
+
+/* Multiset intersection of two index lists sorted by the same order: counts the pairs that
+ * cmp(i, j) calls equal, advancing past the smaller side otherwise. */
+static int64_t sorted_matches(const size_t* ih, size_t a, const size_t* ir, size_t b,
+                              int (*cmp)(const void* h, size_t i, const void* r, size_t j),
+                              const void* h, const void* r) {
+  int64_t m = 0;
+  size_t i = 0, j = 0;
+  while (i < a && j < b) {
+    int c = cmp(h, ih[i], r, ir[j]);
+    if (c == 0) {
+      m++, i++, j++;
+    } else if (c < 0) {
+      i++;
+    } else {
+      j++;
+    }
+  }
+  return m;
+}
+
+static int cmp_cp_at(const void* h, size_t i, const void* r, size_t j) {
+  const cp_ctx_t *ch = h, *cr = r;
+  return cmp_cp_cross(ch->s + i, cr->s + j, ch->n);
 }
 
 /* Size of the multiset intersection of the order-n n-grams of h and r. ih/ir are scratch of at
@@ -100,19 +140,7 @@ static int64_t cp_matches(const uint32_t* h, size_t hn, const uint32_t* r, size_
   cp_ctx_t ch = {h, n}, cr = {r, n};
   qsort_r(ih, a, sizeof(*ih), cmp_cp_ngram, &ch);
   qsort_r(ir, b, sizeof(*ir), cmp_cp_ngram, &cr);
-  int64_t m = 0;
-  size_t i = 0, j = 0;
-  while (i < a && j < b) {
-    int c = cmp_cp_cross(h + ih[i], r + ir[j], n);
-    if (c == 0) {
-      m++, i++, j++;
-    } else if (c < 0) {
-      i++;
-    } else {
-      j++;
-    }
-  }
-  return m;
+  return sorted_matches(ih, a, ir, b, cmp_cp_at, &ch, &cr);
 }
 
 nb_status_t nb_metrics_chrf_add(nb_chrf_stats_t* acc, const char* hyp, const char* ref) {
@@ -383,6 +411,11 @@ static int cmp_tok_ngram(const void* a, const void* b, void* arg) {
   return cmp_tok_seq(c->tok + *(const size_t*)a, c->tok + *(const size_t*)b, c->n);
 }
 
+static int cmp_tok_at(const void* h, size_t i, const void* r, size_t j) {
+  const tok_ctx_t *ch = h, *cr = r;
+  return cmp_tok_seq(ch->tok + i, cr->tok + j, ch->n);
+}
+
 static int64_t tok_matches(const toks_t* h, const toks_t* r, size_t n, size_t* ih, size_t* ir) {
   if (h->n < n || r->n < n) return 0;
   size_t a = h->n - n + 1, b = r->n - n + 1;
@@ -391,19 +424,7 @@ static int64_t tok_matches(const toks_t* h, const toks_t* r, size_t n, size_t* i
   tok_ctx_t ch = {h->tok, n}, cr = {r->tok, n};
   qsort_r(ih, a, sizeof(*ih), cmp_tok_ngram, &ch);
   qsort_r(ir, b, sizeof(*ir), cmp_tok_ngram, &cr);
-  int64_t m = 0;
-  size_t i = 0, j = 0;
-  while (i < a && j < b) {
-    int c = cmp_tok_seq(h->tok + ih[i], r->tok + ir[j], n);
-    if (c == 0) {
-      m++, i++, j++;
-    } else if (c < 0) {
-      i++;
-    } else {
-      j++;
-    }
-  }
-  return m;
+  return sorted_matches(ih, a, ir, b, cmp_tok_at, &ch, &cr);
 }
 
 nb_status_t nb_metrics_bleu_add(nb_bleu_stats_t* acc, const char* hyp, const char* ref) {

@@ -79,4 +79,9 @@ void nb_metrics_bleu_score(const nb_bleu_stats_t* stats, nb_bleu_smooth_t smooth
 nb_status_t nb_metrics_bleu_corpus(const char* const* hyps, const char* const* refs, size_t n,
                                    nb_bleu_result_t* out);
 
+/* Makes len bytes valid UTF-8 into a new NUL-terminated string: each byte that does not start a
+ * valid sequence becomes U+FFFD (as Python's errors='replace' for these cases), NUL bytes are
+ * dropped. *out is freed by the caller with nb_free. Returns NB_OK, NB_ERR_NOMEM. Pure. */
+nb_status_t nb_utf8_sanitize(const unsigned char* bytes, size_t len, char** out);
+
 #endif /* NB_TRAIN_METRICS_H */

@@ -9,52 +9,6 @@
 
 #include "train/metrics.h"
 
-/* Length of the valid UTF-8 sequence at p (1..4), or 0 if invalid (RFC 3629: no overlongs, no
- * surrogates, nothing above U+10FFFF). */
-static size_t nb__utf8_seq(const unsigned char* p, size_t n) {
-  unsigned char c = p[0];
-  if (c < 0x80) return 1;
-  size_t len;
-  unsigned lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF)
-    len = 2;
-  else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  } else
-    return 0;
-  if (n < len) return 0;
-  if (p[1] < lo || p[1] > hi) return 0;
-  for (size_t i = 2; i < len; i++)
-    if (p[i] < 0x80 || p[i] > 0xBF) return 0;
-  return len;
-}
-
-nb_status_t nb_utf8_sanitize(const unsigned char* bytes, size_t len, char** out) {
-  char* s = NULL;
-  NB_CHECK(nb_alloc((void**)&s, len * 3 + 1, 1, "utf-8 text"));
-  size_t o = 0;
-  for (size_t i = 0; i < len;) {
-    size_t k = nb__utf8_seq(bytes + i, len - i);
-    if (k == 0) {
-      memcpy(s + o, "\xEF\xBF\xBD", 3);
-      o += 3;
-      i++;
-    } else {
-      if (!(k == 1 && bytes[i] == 0)) memcpy(s + o, bytes + i, k), o += k;
-      i += k;
-    }
-  }
-  s[o] = '\0';
-  *out = s;
-  return NB_OK;
-}
-
 nb_status_t nb_translate_greedy(nb_model_t* m, const char* src, int max_new, char** out) {
   if (!m || !src || !out || max_new < 1)
     return nb_error(NB_ERR_INVALID, "nb_translate_greedy: bad arguments");

@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "common/common.h"
+#include "train/metrics.h" /* nb_utf8_sanitize */
 #include "train/model.h"
 
 #ifdef __cplusplus
@@ -19,10 +20,6 @@ extern "C" {
  * U+FFFD, as Python's errors='replace'). *out is a new NUL-terminated string the caller frees
  * with nb_free. Returns NB_OK, NB_ERR_INVALID (NULL argument, max_new < 1), NB_ERR_NOMEM. */
 nb_status_t nb_translate_greedy(nb_model_t* m, const char* src, int max_new, char** out);
-
-/* Makes len bytes valid UTF-8 into a new NUL-terminated string (invalid bytes → U+FFFD; NUL
- * bytes dropped). *out is freed by the caller with nb_free. NB_ERR_NOMEM. Pure. */
-nb_status_t nb_utf8_sanitize(const unsigned char* bytes, size_t len, char** out);
 
 typedef struct {
   size_t sentences; /* pairs translated */
