@@ -18,52 +18,8 @@ except ImportError:
     sys.exit(77)
 
 
-def varint(v):
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def field(num, payload):
-    if isinstance(payload, str):
-        payload = payload.encode()
-    return varint((num << 3) | 2) + varint(len(payload)) + payload
-
-
-def read_varint(buf, i):
-    shift = val = 0
-    while True:
-        b = buf[i]
-        i += 1
-        val |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return val, i
-
-
-def parse(buf):
-    """field number -> list of values (ints or bytes)."""
-    fields, i = {}, 0
-    while i < len(buf):
-        key, i = read_varint(buf, i)
-        num, wt = key >> 3, key & 7
-        if wt == 0:
-            val, i = read_varint(buf, i)
-        elif wt == 2:
-            n, i = read_varint(buf, i)
-            val, i = bytes(buf[i:i + n]), i + n
-        elif wt == 1:
-            val, i = buf[i:i + 8], i + 8
-        else:
-            raise ValueError("unexpected wire type %d" % wt)
-        fields.setdefault(num, []).append(val)
-    return fields
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib"))
+from pbwire import field, parse  # noqa: E402
 
 
 JOB = {"id": 1, "owner": 2, "name": 3, "state": 4, "reason": 5, "cluster": 8}

@@ -17,50 +17,8 @@ except ImportError:
     sys.exit(77)
 
 
-def varint(v):
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def field(num, wt, payload):
-    key = varint((num << 3) | wt)
-    if wt == 0:
-        return key + varint(payload)
-    return key + varint(len(payload)) + payload
-
-
-def parse(buf):
-    fields, i = {}, 0
-    while i < len(buf):
-        key, i = read_varint(buf, i)
-        num, wt = key >> 3, key & 7
-        if wt == 0:
-            val, i = read_varint(buf, i)
-        elif wt == 2:
-            n, i = read_varint(buf, i)
-            val, i = bytes(buf[i:i + n]), i + n
-        else:
-            raise ValueError("unexpected wire type %d" % wt)
-        fields[num] = val
-    return fields
-
-
-def read_varint(buf, i):
-    shift = val = 0
-    while True:
-        b = buf[i]
-        i += 1
-        val |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return val, i
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lib"))
+from pbwire import field, parse  # noqa: E402
 
 
 def main():
@@ -80,11 +38,12 @@ def main():
 
         # PingRequest: seq=1, sent_unix_ns=2, sender=3, payload=4, reply_size=5
         sent = time.time_ns()
-        req = (field(1, 0, 7) + field(2, 0, sent) + field(3, 2, b"dc-b") +
-               field(4, 2, b"\x5a" * 1000) + field(5, 0, 4096))
+        req = (field(1, 7, 0) + field(2, sent, 0) + field(3, b"dc-b") +
+               field(4, b"\x5a" * 1000) + field(5, 4096, 0))
         creds = grpc.ssl_channel_credentials(rd("ca.pem"), rd("client.key"), rd("client.pem"))
         with grpc.secure_channel(target, creds) as ch:
-            rep = parse(ch.unary_unary("/nebula.v1.Exchange/Ping")(req, timeout=10))
+            rep = {k: v[-1] for k, v in
+                   parse(ch.unary_unary("/nebula.v1.Exchange/Ping")(req, timeout=10)).items()}
         # PingReply: seq=1, echo_sent_unix_ns=2, recv_unix_ns=3, responder=4, payload_size_seen=5,
         # payload=6
         assert rep[1] == 7, rep
