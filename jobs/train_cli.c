@@ -588,25 +588,18 @@ int nb_eval_main(int argc, char** argv) {
     goto done;
   }
   nb_translate_score_t ts[NB_TRAIN_MAX_SOURCES];
-  if (translate) {
-    nb_model_t* tm = NULL;
-    long tstep = 0;
-    if (nb_checkpoint_load(ckpt, &tm, &tstep) != NB_OK) {
-      rc = nb__fail("eval", ckpt);
-      goto done;
-    }
+  if (translate) { /* the trainer's model is the checkpoint's, already loaded */
+    nb_model_t* tm = nb_trainer_model(t);
     for (int i = 0; i < c->n_sources; i++) {
       char tsv[NB_TRAIN_PATH_MAX + 32];
       snprintf(tsv, sizeof tsv, "%s", c->sources[i].dev_path);
       char* dot = strstr(tsv, ".dev.tsv");
       if (dot) memcpy(dot, ".test.tsv", sizeof ".test.tsv");
       if (nb_translate_eval_tsv(tm, tsv, c->sources[i].swap, (size_t)translate, &ts[i]) != NB_OK) {
-        nb_model_destroy(tm);
         rc = nb__fail("eval", tsv);
         goto done;
       }
     }
-    nb_model_destroy(tm);
   }
   if (as_json) {
     json_t* o = json_object();

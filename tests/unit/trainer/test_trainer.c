@@ -516,6 +516,31 @@ static void test_cli_train_and_eval(void** state) {
   assert_true(json_real_value(json_object_get(b, "de")) > 0.5);
   json_decref(s);
 
+  /* translation of the test split: greedy decoding scored with chrF and BLEU */
+  snprintf(cmd, sizeof cmd,
+           "'%s' eval '%s/out/final.safetensors' --data-dir '%s' --pairs en-de --translate 3 "
+           "--batches 1 --batch 4 --json > '%s/eval.json' 2> '%s/stderr'",
+           g_nebula, dir, g_data, dir, dir);
+  rc = system(cmd);
+  if (rc != 0) {
+    snprintf(p, sizeof p, "%s/stderr", dir);
+    fail_msg("nebula eval --translate failed (%d): %s", rc, slurp(p));
+  }
+  snprintf(p, sizeof p, "%s/eval.json", dir);
+  s = json_load_file(p, 0, &je);
+  assert_non_null(s);
+  json_t* tr = json_object_get(json_object_get(s, "translation"), "en-de");
+  assert_non_null(tr);
+  assert_int_equal(json_integer_value(json_object_get(tr, "sentences")), 3);
+  double chrf = json_real_value(json_object_get(tr, "chrf"));
+  double bleu = json_real_value(json_object_get(tr, "bleu"));
+  assert_true(chrf >= 0 && chrf <= 100 && bleu >= 0 && bleu <= 100);
+  json_decref(s);
+  /* --translate without --pairs is a usage error */
+  snprintf(cmd, sizeof cmd, "'%s' eval '%s/out/final.safetensors' --translate 3 2> /dev/null",
+           g_nebula, dir);
+  assert_int_equal(WEXITSTATUS(system(cmd)), 2);
+
   /* a bad descriptor and a bad option fail with the right status */
   snprintf(cmd, sizeof cmd, "'%s' train '%s/stdout' 2> /dev/null", g_nebula, dir);
   assert_int_equal(WEXITSTATUS(system(cmd)), 1);
