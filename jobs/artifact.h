@@ -1,0 +1,84 @@
+/* Artifacts: files (checkpoints, adapters) that move between the gateways of a federation, named
+ * by content. A store keeps each file once under its SHA-256 and maps names ("<job>/<path>") to
+ * hashes; the service nebula.v1.Artifacts lets a peer gateway resolve a name and fetch the bytes
+ * in chunks sealed with the job's key, resuming a broken transfer where it stopped. It is not a
+ * general file server: only what a gateway put in its store can be fetched, and only by a
+ * cluster the job involves. */
+#ifndef NB_JOBS_ARTIFACT_H
+#define NB_JOBS_ARTIFACT_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "inter/rpc.h"
+#include "security/tls.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NB_ARTIFACT_NAME_MAX 256
+#define NB_ARTIFACT_HASH_HEX 65 /* 64 hex digits + NUL */
+
+typedef struct nb_artifact_store nb_artifact_store_t;
+
+typedef struct {
+  char name[NB_ARTIFACT_NAME_MAX];   /* "<job-name>/<relative path>" */
+  char sha256[NB_ARTIFACT_HASH_HEX]; /* lower-case hex of the content's SHA-256 */
+  uint64_t size;                     /* bytes */
+  char path[1024];                   /* where the content lies in this store */
+} nb_artifact_info_t;
+
+/* Opens (creating it if needed) the store in dir. out: set on NB_OK; close with
+ * nb_artifact_store_close. Returns NB_ERR_INVALID, NB_ERR_IO, NB_ERR_NOMEM. Thread-safe: one
+ * store may be used from several threads at once. */
+nb_status_t nb_artifact_store_open(const char* dir, nb_artifact_store_t** out);
+void nb_artifact_store_close(nb_artifact_store_t* store); /* NULL ok */
+
+/* Adds the content of file under name (hashing it; content already held is kept once; a name
+ * given again points to the new content). The store's copy is complete before the name refers
+ * to it (temp + fsync + rename). out: may be NULL. Returns NB_ERR_INVALID (bad name: empty, too
+ * long, absolute, "..", control characters), NB_ERR_IO, NB_ERR_NOMEM. */
+nb_status_t nb_artifact_put(nb_artifact_store_t* store, const char* name, const char* file,
+                            nb_artifact_info_t* out);
+
+/* Looks up a name, or a content hash written "sha256:<hex>". Returns NB_ERR_NOT_FOUND. */
+nb_status_t nb_artifact_lookup(nb_artifact_store_t* store, const char* name_or_hash,
+                               nb_artifact_info_t* out);
+
+/* How the service finds the key of a transfer: the 32-byte secret of job_id, if the calling
+ * cluster (the verified identity of the peer) takes part in that job; NB_ERR_PERMISSION or
+ * NB_ERR_NOT_FOUND otherwise. Called on a handler thread. */
+typedef nb_status_t (*nb_artifact_secret_fn)(void* user, const char* job_id,
+                                             const char* peer_cluster, uint8_t secret[32]);
+
+/* Adds the methods of nebula.v1.Artifacts (Resolve, Fetch) to srv, before it starts. store and
+ * secret_user must outlive the server. Returns NB_ERR_INVALID, NB_ERR_EXISTS, NB_ERR_NOMEM. */
+nb_status_t nb_artifact_service_add(nb_rpc_server_t* srv, nb_artifact_store_t* store,
+                                    nb_artifact_secret_fn secret_fn, void* secret_user);
+
+typedef struct {
+  const char* target;           /* host:port of the peer gateway */
+  const nb_tls_t* tls;          /* our cluster's mTLS material (borrowed) */
+  const char* expected_cluster; /* the peer must be this cluster; NULL = any from the CA */
+  const char* server_name;      /* NULL = the target's host */
+  const char* job_id;           /* the job the transfer is for: selects the sealing key */
+  const uint8_t* secret;        /* that job's 32-byte secret */
+  const char* name;             /* artifact name at the peer, or "sha256:<hex>" */
+  const char* dest;             /* final path; a partial "<dest>.part" is resumed */
+  int64_t timeout_ms;           /* whole transfer; 0 = no limit */
+} nb_artifact_fetch_opts_t;
+
+/* Fetches an artifact from a peer gateway into opts->dest: resolves it, receives sealed
+ * chunks (a bad tag is NB_ERR_INTEGRITY, never retried silently), resumes after a dropped
+ * connection from the bytes already in "<dest>.part", checks the SHA-256 of the whole file
+ * and only then renames it into place. A dest that already holds the same content is not
+ * fetched again. out: may be NULL. Returns NB_ERR_NOT_FOUND, NB_ERR_PERMISSION,
+ * NB_ERR_INTEGRITY, NB_ERR_UNAVAILABLE, NB_ERR_TIMEOUT, NB_ERR_IO. */
+nb_status_t nb_artifact_fetch(const nb_artifact_fetch_opts_t* opts, nb_artifact_info_t* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NB_JOBS_ARTIFACT_H */
