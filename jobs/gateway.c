@@ -1,7 +1,7 @@
 /* The gateway daemon (jobs/gateway.h): config option table, the nebula.v1.Gateway handlers, the
  * process monitor that turns process exits and progress lines into job events, and recovery after
  * a restart. Not here: federation with peers (a job naming another cluster is refused for now),
- * Slurm, scheduling beyond a slot count. */
+ * scheduling beyond a slot count. How workers start is jobs/launcher.h's business. */
 #include "jobs/gateway.h"
 
 #include <errno.h>
@@ -37,8 +37,9 @@ typedef enum {
   NB__OPT_PEERS,    /* object: cluster id → "host:port" */
   NB__OPT_ACL,      /* array of {"user", "clusters", "max_workers"} */
   NB__OPT_USERS,    /* array of user names */
-  NB__OPT_LAUNCHER, /* "local" */
+  NB__OPT_LAUNCHER, /* "local" | "mpirun" | "slurm" */
   NB__OPT_DEVICE,   /* "cpu" | "cuda" */
+  NB__OPT_LIST,     /* array of strings into an nb_launcher_args_t */
 } nb__opt_type_t;
 
 typedef struct {
@@ -65,7 +66,20 @@ static const nb__opt_t nb__opts[] = {
     {"peers", NB__OPT_PEERS, NB__F(peers), 0, 0, "{}",
      "peer gateways, cluster id -> \"host:port\" (kept for federation)"},
     {"launcher", NB__OPT_LAUNCHER, NB__F(launcher), 0, 0, "local",
-     "how jobs start: \"local\" (mpirun and slurm later)"},
+     "how jobs start: \"local\" (the command once), \"mpirun\" (mpirun -np {workers}), "
+     "\"slurm\" (sbatch)"},
+    {"mpirun.args", NB__OPT_LIST, NB__F(launcher.mpirun_args), 0, 0, "[]",
+     "extra mpirun flags (launcher mpirun), e.g. [\"-x\", \"GLIBC_TUNABLES\"]"},
+    {"slurm.partition", NB__OPT_STR, NB__F(launcher.partition), 0, 0, "\"\"",
+     "#SBATCH --partition (launcher slurm; empty: Slurm's default)"},
+    {"slurm.account", NB__OPT_STR, NB__F(launcher.account), 0, 0, "\"\"",
+     "#SBATCH --account (empty: none)"},
+    {"slurm.sbatch_args", NB__OPT_LIST, NB__F(launcher.sbatch_args), 0, 0, "[]",
+     "extra #SBATCH lines, e.g. [\"--time=60\"]"},
+    {"slurm.srun_args", NB__OPT_LIST, NB__F(launcher.srun_args), 0, 0, "[]",
+     "extra srun flags, e.g. [\"--mpi=pmix\"]"},
+    {"slurm.poll_ms", NB__OPT_INT, NB__F(launcher.slurm_poll_ms), 50, 600000, "1000",
+     "at most one squeue per job this often"},
     {"command", NB__OPT_ARGV, NB__F(command), 0, 0,
      "[\"nebula\",\"train\",\"{descriptor}\",\"--out\",\"{jobdir}\"]",
      "job command; {descriptor} {jobdir} {job} {cluster} {workers} {nebula} are replaced"},
@@ -89,7 +103,7 @@ static const nb__opt_t nb__opts[] = {
 void nb_gateway_config_defaults(nb_gateway_config_t* c) {
   memset(c, 0, sizeof *c);
   snprintf(c->listen, sizeof c->listen, "127.0.0.1:7070");
-  c->launcher = NB_LAUNCHER_LOCAL;
+  nb_launcher_conf_defaults(&c->launcher);
   const char* cmd[] = {"nebula", "train", "{descriptor}", "--out", "{jobdir}"};
   c->n_command = 5;
   for (int i = 0; i < 5; i++) snprintf(c->command[i], NB_GW_STR, "%s", cmd[i]);
@@ -104,7 +118,7 @@ void nb_gateway_config_help(FILE* f) {
   fprintf(f, "config file keys (JSON; a dotted key is a nested object):\n");
   for (size_t i = 0; i < NB__N_OPTS; i++) {
     static const char* tn[] = {"string", "path",   "integer", "[string]", "{id: addr}",
-                               "[rule]", "[user]", "string",  "string"};
+                               "[rule]", "[user]", "string",  "string",   "[string]"};
     fprintf(f, "  %-18s %-10s default %s\n      %s\n", nb__opts[i].name, tn[nb__opts[i].type],
             nb__opts[i].def, nb__opts[i].help);
   }
@@ -144,7 +158,7 @@ static nb_status_t nb__cfg_set(const nb__opt_t* o, json_t* v, const char* base,
     }
     case NB__OPT_LAUNCHER: {
       if (!json_is_string(v)) return nb_error(NB_ERR_CONFIG, "config: launcher: expected a string");
-      nb_status_t st = nb_launcher_parse(json_string_value(v), &c->launcher);
+      nb_status_t st = nb_launcher_parse(json_string_value(v), &c->launcher.kind);
       return st == NB_OK ? NB_OK : nb_error_wrap(NB_ERR_CONFIG, "config");
     }
     case NB__OPT_DEVICE: {
@@ -155,6 +169,20 @@ static nb_status_t nb__cfg_set(const nb__opt_t* o, json_t* v, const char* base,
         c->device = NB_JOB_DEVICE_CUDA;
       else
         return nb_error(NB_ERR_CONFIG, "config: %s: expected \"cpu\" or \"cuda\"", o->name);
+      return NB_OK;
+    }
+    case NB__OPT_LIST: {
+      nb_launcher_args_t* l = (nb_launcher_args_t*)p;
+      size_t n = json_is_array(v) ? json_array_size(v) : (size_t)-1;
+      if (n > NB_LAUNCH_MAX_ARGS)
+        return nb_error(NB_ERR_CONFIG, "config: %s: expected an array of at most %d strings",
+                        o->name, NB_LAUNCH_MAX_ARGS);
+      for (size_t i = 0; i < n; i++) {
+        char key[128];
+        snprintf(key, sizeof key, "%s[%zu]", o->name, i);
+        NB_CHECK(nb__cfg_str(key, json_array_get(v, i), l->v[i], NB_LAUNCH_ARG, NULL));
+      }
+      l->n = (int)n;
       return NB_OK;
     }
     case NB__OPT_ARGV: {
@@ -414,11 +442,20 @@ static void nb__tail_progress(nb_gateway_t* gw, nb_job_store_t* store, nb__activ
 static void nb__job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t* a, int code,
                           int sig, const char* how) {
   nb__tail_progress(gw, store, a);
-  if (nb_launcher_group_alive(a->launch.pid)) kill(-a->launch.pid, SIGKILL); /* strays */
-  char payload[256];
-  snprintf(payload, sizeof payload, "{\"pid\": %d, \"exit_code\": %d, \"signal\": %d}",
-           (int)a->launch.pid, code, sig);
-  nb_job_store_append_event(store, a->id, "exit", payload, NULL);
+  if (a->launch.pid > 0 && nb_launcher_group_alive(a->launch.pid))
+    nb_launcher_stop(a->launch.pid, 0, NULL); /* strays */
+  char what[64];
+  nb_launcher_describe(&a->launch, what, sizeof what);
+  json_t* ej =
+      json_pack("{s:i, s:i, s:i}", "pid", (int)a->launch.pid, "exit_code", code, "signal", sig);
+  json_t* ranks = nb_launcher_rank_codes(a->dir, a->workers);
+  if (ej && ranks) json_object_set_new(ej, "ranks", ranks);
+  if (ej && a->launch.slurm_id[0])
+    json_object_set_new(ej, "slurm_id", json_string(a->launch.slurm_id));
+  char* payload = ej ? json_dumps(ej, JSON_COMPACT) : NULL;
+  json_decref(ej);
+  nb_job_store_append_event(store, a->id, "exit", payload ? payload : "{}", NULL);
+  free(payload);
   nb_job_record_t rec = {0};
   if (nb_job_store_get(store, a->id, &rec) == NB_OK && rec.state == NB_JOB_RUNNING) {
     char reason[512];
@@ -429,12 +466,11 @@ static void nb__job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t*
       snprintf(reason, sizeof reason, "%s", a->cancel_reason);
     } else if (sig) {
       to = NB_JOB_FAILED;
-      snprintf(reason, sizeof reason, "process %d killed by signal %d (%s)%s", (int)a->launch.pid,
-               sig, strsignal(sig), how);
+      snprintf(reason, sizeof reason, "%s killed by signal %d (%s)%s", what, sig, strsignal(sig),
+               how);
     } else if (code != 0) {
       to = NB_JOB_FAILED;
-      snprintf(reason, sizeof reason, "process %d exited with code %d%s", (int)a->launch.pid, code,
-               how);
+      snprintf(reason, sizeof reason, "%s exited with code %d%s", what, code, how);
     } else if (*how) {
       snprintf(reason, sizeof reason, "finished%s", how);
     }
@@ -499,10 +535,8 @@ static int nb__last_launch(nb_job_store_t* st, const char* id, nb_launch_t* l, i
     if (strcmp(ev[i].kind, "launch")) continue;
     json_t* j = json_loads(ev[i].payload, 0, NULL);
     if (j) {
-      l->pid = (pid_t)json_integer_value(json_object_get(j, "pid"));
-      l->start_ticks = (uint64_t)json_integer_value(json_object_get(j, "start_ticks"));
+      found = nb_launcher_from_json(j, l);
       *workers = (int)json_integer_value(json_object_get(j, "workers"));
-      found = l->pid > 0;
       json_decref(j);
     }
   }
@@ -539,8 +573,10 @@ static nb_status_t nb__recover(nb_gateway_t* gw) {
                               "the gateway restarted and found no record of the job's process");
       continue;
     }
+    char what[64];
+    nb_launcher_describe(&a.launch, what, sizeof what);
     if (nb_launcher_alive(&a.launch) && gw->n_active < NB__MAX_ACTIVE) {
-      NB_WARN("job %s: process %d still runs: re-attached", a.id, (int)a.launch.pid);
+      NB_WARN("job %s: %s still runs: re-attached", a.id, what);
       gw->active[gw->n_active++] = a;
       continue;
     }
@@ -552,8 +588,7 @@ static nb_status_t nb__recover(nb_gateway_t* gw) {
       nb__tail_progress(gw, st, &a);
       char reason[256];
       snprintf(reason, sizeof reason,
-               "process %d is gone and left no exit status (it died while the gateway was down)",
-               (int)a.launch.pid);
+               "%s is gone and left no exit status (it died while the gateway was down)", what);
       nb_job_store_transition(st, a.id, NB_JOB_FAILED, reason);
       NB_WARN("job %s: %s: marked failed", a.id, reason);
     }
@@ -699,7 +734,6 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   nb__active_t a;
   memset(&a, 0, sizeof a);
   snprintf(a.id, sizeof a.id, "%s", id);
-  a.own_child = 1;
   a.workers = workers;
   nb__jobdir(gw, id, a.dir, sizeof a.dir);
   if (mkdir(a.dir, 0750) != 0)
@@ -746,13 +780,13 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
     s = nb_error(NB_ERR_UNAVAILABLE, "cluster '%s' has %d free worker slots, the job needs %d",
                  gw->cfg.cluster_id, gw->cfg.slots - used, workers);
   else
-    s = nb_launcher_start(a.dir, argv, env, &a.launch);
+    s = nb_launcher_launch(&gw->cfg.launcher, a.dir, argv, env, workers, &a.launch);
   if (s == NB_OK) {
+    a.own_child = a.launch.pid > 0; /* a Slurm job is no child of ours */
     json_t* cmd = json_array();
     for (int i = 0; argv[i]; i++) json_array_append_new(cmd, json_string(argv[i]));
-    json_t* j = json_pack("{s:i, s:I, s:s, s:i, s:o}", "pid", (int)a.launch.pid, "start_ticks",
-                          (json_int_t)a.launch.start_ticks, "dir", a.dir, "workers", workers,
-                          "command", cmd);
+    json_t* j = json_pack("{s:s, s:i, s:o}", "dir", a.dir, "workers", workers, "command", cmd);
+    nb_launcher_to_json(&a.launch, j); /* launcher, pid, start_ticks, slurm_id, dir */
     char* txt = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     /* running + launch event before the monitor may see the exit */
@@ -760,7 +794,7 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
     if (s == NB_OK) s = nb_job_store_append_event(st, id, "launch", txt ? txt : "{}", NULL);
     free(txt);
     /* a job the store does not know as running must not run: the monitor reaps it */
-    if (s != NB_OK) kill(-a.launch.pid, SIGKILL);
+    if (s != NB_OK) nb_launcher_cancel(&a.launch, 0, NULL);
     gw->active[gw->n_active++] = a;
   }
   pthread_mutex_unlock(&gw->mu);
@@ -1087,14 +1121,16 @@ static nb_status_t nb__cancel(nb_rpc_call_t* call, void* user_data) {
      * they are gone, and retires the entry, which frees its slots before we answer. */
     pthread_mutex_lock(&gw->mu);
     int k = nb__active_find(gw, req->job_id);
-    pid_t pg = k >= 0 ? gw->active[k].launch.pid : 0;
+    nb_launch_t launch;
+    if (k >= 0) launch = gw->active[k].launch;
     if (k >= 0) memcpy(gw->active[k].cancel_reason, reason, sizeof reason);
     pthread_mutex_unlock(&gw->mu);
-    if (pg > 0) {
+    if (k >= 0) {
       int killed = 0;
-      s = nb_launcher_stop(pg, gw->cfg.cancel_grace_ms, &killed);
-      NB_INFO(JOB, "job %s: process group %d stopped%s", req->job_id, (int)pg,
-              killed ? " with SIGKILL" : "");
+      char what[64];
+      s = nb_launcher_cancel(&launch, gw->cfg.cancel_grace_ms, &killed);
+      NB_INFO(JOB, "job %s: %s stopped%s", req->job_id,
+              nb_launcher_describe(&launch, what, sizeof what), killed ? " with SIGKILL" : "");
       int64_t until = nb_now_ns() + 5000000000LL + (int64_t)gw->cfg.poll_ms * 4000000;
       for (;;) {
         pthread_mutex_lock(&gw->mu);

@@ -23,11 +23,13 @@ DEB_PKGS=(
   libssl-dev
   libxxhash-dev
   libzstd-dev
+  munge
   openmpi-bin
   openssl
   pkg-config
   protobuf-c-compiler
   python3-grpcio
+  slurm-wlm
   zlib1g-dev
 )
 

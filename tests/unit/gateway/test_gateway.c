@@ -675,7 +675,7 @@ static void test_config(void** state) {
        "config: resources.slots: expected 1..1048576, found 0"},
       {"{\"cluster_id\": \"dc-a\", \"resources\": {\"device\": \"tpu\"}}",
        "resources.device: expected \"cpu\" or \"cuda\""},
-      {"{\"cluster_id\": \"dc-a\", \"launcher\": \"slurm\"}", "launcher 'slurm' is not available"},
+      {"{\"cluster_id\": \"dc-a\", \"launcher\": \"pbs\"}", "launcher 'pbs' is not available"},
       {"{\"cluster_id\": \"dc-a\"}", "tls.ca, tls.cert and tls.key are required"},
       {"{\"listen\": \"x\"}", "cluster_id is required"},
       {"{\"cluster_id\": \"dc-a\", \"acl\": [{\"user\": \"a\", \"clusterz\": []}]}",
