@@ -78,7 +78,7 @@ static const nb__opt_t nb__opts[] = {
      "extra #SBATCH lines, e.g. [\"--time=60\"]"},
     {"slurm.srun_args", NB__OPT_LIST, NB__F(launcher.srun_args), 0, 0, "[]",
      "extra srun flags, e.g. [\"--mpi=pmix\"]"},
-    {"slurm.poll_ms", NB__OPT_INT, NB__F(launcher.slurm_poll_ms), 50, 600000, "1000",
+    {"slurm.poll_ms", NB__OPT_INT, NB__F(launcher.slurm_poll_ms), 50, 5000, "1000",
      "at most one squeue per job this often"},
     {"command", NB__OPT_ARGV, NB__F(command), 0, 0,
      "[\"nebula\",\"train\",\"{descriptor}\",\"--out\",\"{jobdir}\"]",

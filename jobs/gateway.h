@@ -1,7 +1,8 @@
 /* The gateway daemon of one cluster: `nebula gateway --config FILE`. It serves the client API
  * nebula.v1.Gateway over mutual TLS (Submit a signed descriptor, Get, List, Watch, Cancel, Logs),
  * decides with the ACL, keeps jobs in the SQLite job store and runs them with a launcher. It does
- * not yet federate with peer gateways (peers are read and kept for that) nor talk to Slurm. */
+ * not yet federate with peer gateways (peers are read and kept for that); local, mpirun and Slurm
+ * launchers are jobs/launcher.h's. */
 #ifndef NB_JOBS_GATEWAY_H
 #define NB_JOBS_GATEWAY_H
 
