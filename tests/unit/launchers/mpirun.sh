@@ -1,8 +1,9 @@
 #!/bin/sh
 # The gateway with launcher "mpirun": a 2-worker job runs as 2 ranks (OMPI_COMM_WORLD_*), each
 # with its own ranks/<r>/ folder (stdout, stderr, exit status), the job's logs holding both; a
-# rank exiting 3 fails the job with code 3 and per-rank codes [0, 3] in the exit event; cancel
-# kills mpirun and every rank (they sit in process groups of their own). Usage: mpirun.sh NEBULA
+# rank exiting 3 fails the job with code 3 and per-rank codes [0, 3] in the exit event; after a
+# SIGKILLed gateway restarts, cancel kills mpirun and every rank (they sit in process groups of
+# their own). Usage: mpirun.sh NEBULA
 set -u
 NB=$1
 command -v mpirun >/dev/null 2>&1 || { echo "SKIP: mpirun not installed"; exit 77; }
@@ -60,9 +61,14 @@ grep -q 'exited with code 3' "$T/bad.json" || fail "reason: $(cat "$T/bad.json")
 [ "$(cat "$T/work/$ID/ranks/0/exit_code")" = 0 ] || fail "rank 0 exit_code"
 "$NB" watch "$ID" --json | grep '"exit"' | grep -q '"ranks":\[0,3\]' || fail "exit event lacks ranks [0,3]"
 
-# cancel kills mpirun and both ranks with their children
+# a SIGKILLed gateway restarts and re-attaches; cancel then kills mpirun and both ranks with
+# their children
 ID=$(submit sleepy 2)
 wait_lines "$T/work/$ID/pids" 4
+kill -9 "$GW_PID"; wait "$GW_PID" 2>/dev/null; GW_PID=
+start_gw
+"$NB" get "$ID" | grep -q "state: *running" || fail "mpirun job not running after a restart"
+grep -q "process [0-9]* still runs: re-attached" "$T/gw.err" || fail "no re-attach in the log"
 LEADER=$("$NB" get "$ID" --json | sed -n 's/.*"pid": \([0-9]*\).*/\1/p')
 [ -n "$LEADER" ] && [ "$LEADER" -gt 0 ] || fail "no leader pid"
 MPI=$(ps -e -o pid=,sid=,comm= | awk -v s="$LEADER" '$2 == s && $3 ~ /mpirun/ {print $1}')
