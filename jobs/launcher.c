@@ -541,14 +541,17 @@ static int nb__slurm_alive(nb_launch_t* l) {
   char out[1024];
   char* q[] = {(char*)"squeue",       (char*)"-h", (char*)"-j", l->slurm_id,
                (char*)"--states=all", (char*)"-o", (char*)"%T", NULL};
-  int rc = nb__run(q, NULL, out, sizeof out, 10000);
+  /* Runs under the gateway's lock: a short timeout, and a pause after a failure. */
+  int rc = nb__run(q, NULL, out, sizeof out, 5000);
   int alive;
   if (rc == 0 && out[0])
     alive = !nb__slurm_final(out);
   else if (rc == 0 || strstr(out, "Invalid job id"))
     alive = 0; /* no longer known: purged after it ended */
   else {
-    NB_WARN("Slurm job %s: squeue failed (%d: %s); assuming it still runs", l->slurm_id, rc, out);
+    NB_WARN("Slurm job %s: squeue failed (%d: %s); assuming it still runs, asking again in 10 s",
+            l->slurm_id, rc, out);
+    l->next_poll_ns = nb_now_ns() + 10000000000LL;
     alive = 1;
   }
   if (!alive && l->last_alive) nb__slurm_record_exit(l);

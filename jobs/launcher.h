@@ -124,7 +124,8 @@ nb_status_t nb_launcher_start(const char* jobdir, char* const* argv, char* const
  * the answer is kept in between) shows it in a state that is not final; a job squeue no longer
  * knows, or knows as ended, is gone. When a Slurm job is found ended and left no exit_code file
  * (cancelled, timed out), one is written from sacct or scontrol's ExitCode (128+N for signal N).
- * When Slurm cannot be asked, the job counts as alive. */
+ * When Slurm cannot be asked (squeue fails or takes over 5 s), the job counts as alive and
+ * squeue waits 10 s before the next try. */
 int nb_launcher_alive(nb_launch_t* l);
 
 /* Sends SIGTERM to the whole process group and session pgid (processes that moved to a process
