@@ -79,4 +79,35 @@ LEFT=$(ps -e -o sid=,pid=,stat=,args= | awk -v s="$LEADER" '$1 == s && $3 !~ /^Z
 [ -z "$LEFT" ] || fail "processes left in the job's session: $LEFT"
 "$NB" watch "$ID" > /dev/null; [ $? -eq 11 ] || fail "watch of a cancelled job: not 11"
 stop_gw
+
+# the real thing, when the quick data set is at hand: `nebula worker` as 2 MPI ranks of one
+# cluster (rank 0 leads), 2 rounds of 2 steps of a tiny model
+DATA="$(cd "$(dirname "$0")/../../.." && pwd)/data/quick"
+if [ -d "$DATA/mono" ]; then
+  cat > "$T/gw.json" <<CFG
+{"cluster_id": "dc-a", "listen": "127.0.0.1:0",
+ "tls": {"ca": "pki/ca.crt", "cert": "pki/clusters/dc-a.crt", "key": "pki/clusters/dc-a.key"},
+ "launcher": "mpirun",
+ "command": ["nebula", "worker", "--job", "{descriptor}", "--cluster", "{cluster}",
+             "--out", "{jobdir}/out", "--insecure", "--data-dir", "$DATA", "--steps", "4"],
+ "acl": [{"user": "alice", "clusters": ["dc-a"], "max_workers": 2}], "poll_ms": 50}
+CFG
+  start_gw
+  cat > "$T/tiny.json" <<JOB
+{"apiVersion": "nebula/v1", "kind": "TrainingJob", "metadata": {"name": "tiny"},
+ "spec": {"task": "pretrain", "clusters": [{"id": "dc-a", "workers": 2, "device": "cpu",
+   "data": {"tier": "quick", "languages": ["en", "de"]}}],
+  "model": {"layers": 1, "width": 64, "heads": 2, "context": 32},
+  "training": {"batchSize": 4, "maxSteps": 4}, "sync": {"mode": "outer", "innerSteps": 2}}}
+JOB
+  ID=$("$NB" submit "$T/tiny.json") || fail "submit tiny"
+  "$NB" watch "$ID" > "$T/tiny.out"; rc=$?
+  [ $rc -eq 0 ] || fail "nebula worker under mpirun: watch exit $rc: $("$NB" logs "$ID" --stderr)"
+  "$NB" logs "$ID" | grep -q "dc-a done: 2 rounds" || fail "worker log: $("$NB" logs "$ID")"
+  [ -f "$T/work/$ID/out/summary.json" ] || fail "no summary.json"
+  grep ' exit {' "$T/tiny.out" | grep -q '"ranks":\[0,0\]' || fail "worker ranks: $(grep exit "$T/tiny.out")"
+  stop_gw
+else
+  echo "note: no data/quick in the source tree: the nebula worker part is left out"
+fi
 echo "launcher mpirun: ok"
