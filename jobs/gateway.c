@@ -78,6 +78,8 @@ static const nb__opt_t nb__opts[] = {
      "extra #SBATCH lines, e.g. [\"--time=60\"]"},
     {"slurm.srun_args", NB__OPT_LIST, NB__F(launcher.srun_args), 0, 0, "[]",
      "extra srun flags, e.g. [\"--mpi=pmix\"]"},
+    {"slurm.step", NB__OPT_STR, NB__F(launcher.slurm_step), 0, 0, "srun",
+     "how the batch script starts the ranks: \"srun\" or \"mpirun\" (OpenMPI in the allocation)"},
     {"slurm.poll_ms", NB__OPT_INT, NB__F(launcher.slurm_poll_ms), 50, 5000, "1000",
      "at most one squeue per job this often"},
     {"command", NB__OPT_ARGV, NB__F(command), 0, 0,
@@ -326,6 +328,7 @@ nb_status_t nb_gateway_config_parse(const char* text, size_t len, const char* ba
     return nb_error_wrap(NB_ERR_CONFIG, "config");
   if (!cfg->tls_ca[0] || !cfg->tls_cert[0] || !cfg->tls_key[0])
     return nb_error(NB_ERR_CONFIG, "config: tls.ca, tls.cert and tls.key are required");
+  NB_CHECK(nb_launcher_conf_check(&cfg->launcher));
   if (base_dir && cfg->work_dir[0] != '/' && !strcmp(cfg->work_dir, "work")) {
     char tmp[NB_GW_STR];
     snprintf(tmp, sizeof tmp, "%s/work", base_dir);

@@ -29,6 +29,15 @@ void nb_launcher_conf_defaults(nb_launcher_conf_t* c) {
   memset(c, 0, sizeof *c);
   c->kind = NB_LAUNCHER_LOCAL;
   c->slurm_poll_ms = 1000;
+  snprintf(c->slurm_step, sizeof c->slurm_step, "srun");
+}
+
+nb_status_t nb_launcher_conf_check(const nb_launcher_conf_t* c) {
+  if (strcmp(c->slurm_step, "srun") && strcmp(c->slurm_step, "mpirun"))
+    return nb_error(NB_ERR_CONFIG,
+                    "config: slurm.step: expected \"srun\" or \"mpirun\", found '%s'",
+                    c->slurm_step);
+  return NB_OK;
 }
 
 nb_status_t nb_launcher_parse(const char* name, nb_launcher_kind_t* out) {
@@ -441,10 +450,22 @@ static nb_status_t nb__launch_slurm(const nb_launcher_conf_t* conf, const char* 
   if (conf->partition[0]) fprintf(f, "#SBATCH --partition=%s\n", conf->partition);
   if (conf->account[0]) fprintf(f, "#SBATCH --account=%s\n", conf->account);
   for (int i = 0; i < conf->sbatch_args.n; i++) fprintf(f, "#SBATCH %s\n", conf->sbatch_args.v[i]);
-  fprintf(f, "rm -f %s\nsrun", NB_LAUNCH_EXIT);
-  for (int i = 0; i < conf->srun_args.n; i++) {
-    fputc(' ', f);
-    nb__sh_quote(f, conf->srun_args.v[i]);
+  fprintf(f, "rm -f %s\n", NB_LAUNCH_EXIT);
+  if (!strcmp(conf->slurm_step, "mpirun")) {
+    /* OpenMPI finds the allocation itself (ranks here, orted through srun elsewhere) */
+    fprintf(f, "mpirun%s --bind-to none -np %d", geteuid() == 0 ? " --allow-run-as-root" : "",
+            workers > 0 ? workers : 1);
+    fprintf(f, " -x NB_JOB_ID -x NB_JOB_DIR -x NB_JOB_PROGRESS -x NB_CLUSTER_ID");
+    for (int i = 0; i < conf->mpirun_args.n; i++) {
+      fputc(' ', f);
+      nb__sh_quote(f, conf->mpirun_args.v[i]);
+    }
+  } else {
+    fputs("srun", f);
+    for (int i = 0; i < conf->srun_args.n; i++) {
+      fputc(' ', f);
+      nb__sh_quote(f, conf->srun_args.v[i]);
+    }
   }
   fputs(" /bin/sh -c ", f);
   nb__sh_quote(f, nb__rank_sh);

@@ -40,6 +40,8 @@ typedef struct {
   char account[NB_LAUNCH_ARG];    /* #SBATCH --account ("" = none) */
   nb_launcher_args_t sbatch_args; /* extra #SBATCH lines, e.g. "--time=10" */
   nb_launcher_args_t srun_args;   /* extra srun flags, e.g. "--mpi=pmix" */
+  char slurm_step[16];            /* how the batch script starts the ranks: "srun" (default)
+                                     or "mpirun" (OpenMPI inside the allocation) */
   int slurm_poll_ms;              /* at most one squeue per job this often (default 1000) */
 } nb_launcher_conf_t;
 
@@ -68,6 +70,9 @@ typedef struct {
 /* Every launcher option at its default (local). */
 void nb_launcher_conf_defaults(nb_launcher_conf_t* c);
 
+/* Checks the values the option table cannot: slurm_step. NB_ERR_CONFIG naming the key. */
+nb_status_t nb_launcher_conf_check(const nb_launcher_conf_t* c);
+
 /* Parses "local", "mpirun" or "slurm". NB_ERR_UNSUPPORTED names the ones that exist. */
 nb_status_t nb_launcher_parse(const char* name, nb_launcher_kind_t* out);
 /* "local", "mpirun", "slurm". */
@@ -81,7 +86,8 @@ const char* nb_launcher_name(nb_launcher_kind_t kind);
  *   rank's stdout/stderr in jobdir/ranks/<r>/ (and in the job's logs) and its exit status in
  *   jobdir/ranks/<r>/exit_code;
  * - slurm: writes jobdir/job.sbatch (job name, --ntasks W, --output/--error the job's logs,
- *   --chdir jobdir, partition, account, extra lines; srun of RANK argv; exit_code at the end)
+ *   --chdir jobdir, partition, account, extra lines; srun of RANK argv, or with slurm_step
+ *   "mpirun" `mpirun -np W -x NB_JOB_* [mpirun.args]` of it; exit_code at the end)
  *   and submits it with `sbatch --parsable`; pid is 0, slurm_id is set. The caller must not reap.
  * env: extra "K=V" entries for the workers (NULL-terminated, may be NULL). For local and mpirun
  * the caller is the parent and reaps the pid (waitpid). Returns NB_OK; NB_ERR_INVALID;

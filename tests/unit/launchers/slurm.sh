@@ -84,6 +84,7 @@ make_pki
 cat > "$T/job.sh" <<'SCRIPT'
 r=$SLURM_PROCID
 case "$1" in
+mpi-*) echo "rank $OMPI_COMM_WORLD_RANK of $OMPI_COMM_WORLD_SIZE in $NB_JOB_ID"; exit 0;;
 ok-*) echo "task $r of $SLURM_NTASKS in $NB_JOB_ID"; echo "err $r" >&2
   [ "$r" = 0 ] && echo '{"step": 5, "max_steps": 5, "loss": 1.5, "source": "task0"}' >> "$NB_JOB_PROGRESS"
   exit 0;;
@@ -153,5 +154,38 @@ SID=$("$NB" watch "$ID" --json | grep '"launch"' | sed -n 's/.*"slurm_id":"\([0-
 [ "$(squeue -h -j "$SID" -t all -o %T)" = CANCELLED ] || fail "Slurm job $SID: $(squeue -h -j "$SID" -t all -o %T)"
 "$NB" watch "$ID" > /dev/null; [ $? -eq 11 ] || fail "watch of a cancelled job: not 11"
 [ -z "$(squeue -h -t PD,R,CG,S -o %i)" ] || fail "Slurm jobs left: $(squeue -h)"
+stop_gw
+
+# slurm.step "mpirun": OpenMPI's mpirun inside the allocation starts the ranks
+sed -i 's/"poll_ms": 100}/"poll_ms": 100, "step": "mpirun"}/' "$T/gw.json"
+start_gw
+ID=$(submit mpi 2)
+"$NB" watch "$ID" > "$T/mpi.out"; rc=$?
+[ $rc -eq 0 ] || fail "mpirun step: watch exit $rc: $(cat "$T/mpi.out")"
+grep -q "^mpirun .* -np 2 " "$T/work/$ID/job.sbatch" || fail "job.sbatch lacks mpirun: $(cat "$T/work/$ID/job.sbatch")"
+for r in 0 1; do
+  [ "$(cat "$T/work/$ID/ranks/$r/stdout.log")" = "rank $r of 2 in $ID" ] || fail "mpirun step: ranks/$r/stdout.log: $(cat "$T/work/$ID/ranks/$r/stdout.log")"
+done
+# and, when the quick data set is at hand, a real `nebula worker` job as 2 MPI ranks
+DATA="$(cd "$(dirname "$0")/../../.." && pwd)/data/quick"
+if [ -d "$DATA/mono" ]; then
+  stop_gw
+  sed -i "s|\"command\": .*|\"command\": [\"nebula\", \"worker\", \"--job\", \"{descriptor}\", \"--cluster\", \"{cluster}\", \"--out\", \"{jobdir}/out\", \"--insecure\", \"--data-dir\", \"$DATA\", \"--steps\", \"4\"],|" "$T/gw.json"
+  start_gw
+  cat > "$T/tiny.json" <<JOB
+{"apiVersion": "nebula/v1", "kind": "TrainingJob", "metadata": {"name": "tiny"},
+ "spec": {"task": "pretrain", "clusters": [{"id": "dc-a", "workers": 2, "device": "cpu",
+   "data": {"tier": "quick", "languages": ["en", "de"]}}],
+  "model": {"layers": 1, "width": 64, "heads": 2, "context": 32},
+  "training": {"batchSize": 4, "maxSteps": 4}, "sync": {"mode": "outer", "innerSteps": 2}}}
+JOB
+  ID=$("$NB" submit "$T/tiny.json") || fail "submit tiny"
+  "$NB" watch "$ID" > "$T/tiny.out"; rc=$?
+  [ $rc -eq 0 ] || fail "nebula worker under Slurm: watch exit $rc: $("$NB" logs "$ID" --stderr)"
+  "$NB" logs "$ID" | grep -q "dc-a done: 2 rounds" || fail "worker log: $("$NB" logs "$ID")"
+  grep ' exit {' "$T/tiny.out" | grep -q '"ranks":\[0,0\]' || fail "worker ranks: $(grep exit "$T/tiny.out")"
+else
+  echo "note: no data/quick in the source tree: the nebula worker part is left out"
+fi
 stop_gw
 echo "launcher slurm: ok"
