@@ -304,6 +304,25 @@ static void test_slurm_fake(void** st) {
   assert_int_equal(killed, 0);
   assert_string_equal(slurp("scancel.args"), "77\n");
 
+  /* slurm.step "mpirun": OpenMPI inside the allocation instead of srun */
+  snprintf(conf.slurm_step, sizeof conf.slurm_step, "mpirun");
+  assert_int_equal(nb_launcher_conf_check(&conf), NB_OK);
+  conf.mpirun_args.n = 1;
+  snprintf(conf.mpirun_args.v[0], NB_LAUNCH_ARG, "--mca");
+  snprintf(jd, sizeof jd, "%s/sjm", g_dir);
+  mkdir(jd, 0755);
+  assert_int_equal(nb_launcher_launch(&conf, jd, argv, env, 2, &l), NB_OK);
+  s = slurp("sjm/job.sbatch");
+  assert_null(strstr(s, "\nsrun "));
+  snprintf(line, sizeof line, "\nmpirun%s --bind-to none -np 2 -x NB_JOB_ID -x NB_JOB_DIR",
+           geteuid() == 0 ? " --allow-run-as-root" : "");
+  assert_non_null(strstr(s, line));
+  assert_non_null(strstr(s, "-x NB_CLUSTER_ID '--mca' /bin/sh -c '"));
+  snprintf(conf.slurm_step, sizeof conf.slurm_step, "mpiexec");
+  assert_int_equal(nb_launcher_conf_check(&conf), NB_ERR_CONFIG);
+  assert_non_null(strstr(nb_error_last(), "slurm.step"));
+  snprintf(conf.slurm_step, sizeof conf.slurm_step, "srun");
+
   /* sbatch refuses: UNAVAILABLE with its message */
   put("sbatch.fail", "sbatch: error: invalid partition specified: p1\n", 0);
   snprintf(jd, sizeof jd, "%s/sj2", g_dir);
