@@ -34,10 +34,11 @@ typedef struct {
   char tls_ca[NB_GW_STR], tls_cert[NB_GW_STR], tls_key[NB_GW_STR];
   int n_peers; /* kept for federation; not contacted yet */
   nb_gateway_peer_t peers[NB_GW_MAX_PEERS];
-  nb_launcher_conf_t launcher; /* "launcher", "mpirun.*", "slurm.*" (jobs/launcher.h) */
-  int n_command;               /* the job command template; placeholders {descriptor} {jobdir} {job}
-                                  {cluster} {workers} {nebula}; a first word "nebula" and {nebula} mean this
-                                  very binary */
+  /* "launcher", "mpirun.*", "slurm.*" (jobs/launcher.h) */
+  nb_launcher_conf_t launcher;
+  int n_command; /* the job command template; placeholders {descriptor} {jobdir} {job}
+                    {cluster} {workers} {nebula}; a first word "nebula" and {nebula} mean this
+                    very binary */
   char command[NB_GW_MAX_ARGS][NB_GW_STR];
   int slots; /* workers this cluster runs at once, over all jobs */
   nb_job_device_t device;
