@@ -647,8 +647,17 @@ static nb_status_t nb__connect(const nb__fetch_t* f, nb_rpc_client_t** cli) {
   int64_t wait = nb_param_ArtifactConnectMs(), left = nb__left_ms(f);
   if (left != NB_RPC_INFINITE && left < wait) wait = left;
   if (nb_rpc_client_wait_ready(*cli, wait) != NB_OK) {
+    /* A refused certificate looks like a channel that never connects: one call without
+     * wait-for-ready tells the TLS verdict (PERMISSION) from an absent peer. */
+    nb_rpc_msg_t m = {0};
+    nb_status_t why = nb_rpc_unary(*cli, NB__M_RESOLVE, "", 0, &m, 2000, 0);
+    nb_rpc_msg_release(&m);
+    if (why != NB_ERR_PERMISSION && why != NB_ERR_UNAVAILABLE && why != NB_ERR_TIMEOUT)
+      return NB_OK; /* the server answered after all (an empty request is refused as INVALID) */
     nb_rpc_client_destroy(*cli);
     *cli = NULL;
+    if (why == NB_ERR_PERMISSION)
+      return nb_error_wrap(why, "artifact fetch: %s refused the TLS handshake", f->o->target);
     if (nb__left_ms(f) == 0)
       return nb_error(NB_ERR_TIMEOUT, "artifact fetch from %s: timed out connecting", f->o->target);
     return nb_error(NB_ERR_UNAVAILABLE, "artifact fetch: cannot connect to %s within %lld ms",

@@ -347,7 +347,7 @@ static void test_fetch(void** state) {
   o = fetch_opts(&sv, g_tls_b, "job-1/model.safetensors", dest2);
   o.expected_cluster = "dc-c";
   o.timeout_ms = 3000;
-  assert_int_not_equal(nb_artifact_fetch(&o, NULL), NB_OK);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_PERMISSION);
   assert_int_equal(file_size(dest2), -1);
   /* bad options */
   o = fetch_opts(&sv, g_tls_b, "../x", dest2);
