@@ -270,9 +270,7 @@ void nb_artifact_store_close(nb_artifact_store_t* store) {
 static nb_status_t nb__ingest(nb_artifact_store_t* s, const char* file, char* tmp, size_t tmp_cap,
                               char hex[NB_ARTIFACT_HASH_HEX], uint64_t* size) {
   int in = open(file, O_RDONLY | O_CLOEXEC);
-  if (in < 0)
-    return nb_error(errno == ENOENT ? NB_ERR_NOT_FOUND : NB_ERR_IO, "artifact source %s: %s", file,
-                    strerror(errno));
+  if (in < 0) return nb_error(NB_ERR_IO, "artifact source %s: %s", file, strerror(errno));
   snprintf(tmp, tmp_cap, "%s/tmp/put.XXXXXX", s->dir);
   int fd = mkostemp(tmp, O_CLOEXEC);
   uint8_t* buf = NULL;

@@ -227,7 +227,8 @@ static void test_store(void** state) {
           s, "sha256:0000000000000000000000000000000000000000000000000000000000000000", &c),
       NB_ERR_NOT_FOUND);
   path_of(src, sizeof src, "no-such-file");
-  assert_int_not_equal(nb_artifact_put(s, "job-1/x", src, NULL), NB_OK);
+  assert_int_equal(nb_artifact_put(s, "job-1/x", src, NULL), NB_ERR_IO);
+  assert_non_null(strstr(nb_error_last(), "no-such-file"));
   nb_artifact_store_close(s);
   /* temp folder is left empty, and names survive a reopen */
   char tdir[600];
@@ -372,8 +373,8 @@ static void* fetch_thread(void* arg) {
 
 static void test_resume(void** state) {
   (void)state;
-  /* 64 KiB chunks at 16 Mbit/s (2 MB/s), no reconnect: the stop ends the first fetch */
-  set_params("64", "16", "0");
+  /* 64 KiB chunks at 8 Mbit/s (1 MB/s), no reconnect: the stop ends the first fetch */
+  set_params("64", "8", "0");
   server_t sv = {0};
   server_start(&sv, "store-r");
   const size_t size = 3 * 1024 * 1024 + 777;
@@ -421,7 +422,7 @@ static void test_resume(void** state) {
   assert_same_file(dest, src);
 
   /* with reconnects allowed, a stop and a restart on the same port inside one fetch */
-  set_params("64", "16", "20");
+  set_params("64", "8", "20");
   int port = nb_rpc_server_port(sv.srv);
   server_stop(&sv);
   char listen[64];
@@ -451,6 +452,15 @@ static void test_resume(void** state) {
                 size);
   /* at most the chunks in flight at the stop are sent twice */
   assert_true(resent < size + 8 * 64 * 1024);
+
+  /* a whole-transfer deadline shorter than the capped transfer: NB_ERR_TIMEOUT, .part kept */
+  path_of(dest, sizeof dest, "timeout.bin");
+  snprintf(part, sizeof part, "%s.part", dest);
+  j.o = fetch_opts(&sv, g_tls_b, "job-1/big", dest);
+  j.o.timeout_ms = 400;
+  assert_int_equal(nb_artifact_fetch(&j.o, NULL), NB_ERR_TIMEOUT);
+  assert_int_equal(file_size(dest), -1);
+  assert_true(file_size(part) > 0);
 
   server_stop(&sv);
   nb_artifact_store_close(sv.store);
