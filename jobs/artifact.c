@@ -21,6 +21,7 @@
 
 #include "common/common.h"
 #include "inter/ratelimit.h"
+#include "jobs/artifact_internal.h"
 #include "nebula/v1/artifact.pb-c.h"
 #include "security/seal.h"
 
@@ -34,7 +35,7 @@ NB_PARAM_INT(ArtifactConnectMs, "NB_ARTIFACT_CONNECT_MS", 5000, 100, 600000,
              "how long a fetch waits for the peer gateway's channel to connect, per attempt")
 
 #define NB__SHA_BYTES 32
-#define NB__TRANSFER_ID_BYTES 16
+#define NB__TRANSFER_ID_BYTES NB__ARTIFACT_TID_BYTES
 #define NB__SENDER "nebula.artifacts" /* the sending side of every artifact key */
 #define NB__M_RESOLVE "/nebula.v1.Artifacts/Resolve"
 #define NB__M_FETCH "/nebula.v1.Artifacts/Fetch"
@@ -426,10 +427,11 @@ nb_status_t nb_artifact_lookup(nb_artifact_store_t* store, const char* name_or_h
 
 /* ------------------------------------------------------------------ sealing */
 
-/* The sealing context of one Fetch call. sending: the server's side. */
-static nb_status_t nb__seal_ctx(const uint8_t secret[32], const char* job_id,
-                                const uint8_t tid[NB__TRANSFER_ID_BYTES], const char* receiver,
-                                int sending, nb_seal_ctx_t** out) {
+nb_status_t nb__artifact_seal_ctx(const uint8_t secret[32], const char* job_id,
+                                  const uint8_t tid[NB__TRANSFER_ID_BYTES], const char* receiver,
+                                  int sending, nb_seal_ctx_t** out) {
+  if (!secret || !job_id || !tid || !receiver || !out)
+    return nb_error(NB_ERR_INVALID, "artifact key: NULL argument");
   char label[300], th[2 * NB__TRANSFER_ID_BYTES + 1];
   nb__hex(tid, NB__TRANSFER_ID_BYTES, th);
   int n = snprintf(label, sizeof label, "artifact/%s/%s", th, job_id);
@@ -437,6 +439,94 @@ static nb_status_t nb__seal_ctx(const uint8_t secret[32], const char* job_id,
     return nb_error(NB_ERR_INVALID, "job id '%.40s...' is too long for an artifact key", job_id);
   return nb_seal_ctx_create(secret, label, sending ? NB__SENDER : receiver,
                             sending ? receiver : NB__SENDER, NULL, out);
+}
+
+nb_status_t nb__artifact_chunk_pack(nb_seal_ctx_t* seal, const uint8_t tid[NB__TRANSFER_ID_BYTES],
+                                    const char* sha256, uint64_t size, uint64_t offset,
+                                    uint64_t index, uint8_t* buf, size_t len, uint8_t* out,
+                                    size_t cap, size_t* out_len) {
+  if (len > UINT32_MAX || cap < len + NB_SEAL_TAG_BYTES + NB__ARTIFACT_HDR_MAX + 16)
+    return nb_error(NB_ERR_INVALID, "artifact chunk of %zu bytes does not fit %zu", len, cap);
+  Nebula__V1__ArtifactChunkHeader h = NEBULA__V1__ARTIFACT_CHUNK_HEADER__INIT;
+  h.sha256 = (char*)sha256;
+  h.size = size;
+  h.offset = offset;
+  h.length = (uint32_t)len;
+  h.index = index;
+  h.transfer_id.data = (uint8_t*)tid;
+  h.transfer_id.len = NB__TRANSFER_ID_BYTES;
+  uint8_t hdr[NB__ARTIFACT_HDR_MAX];
+  size_t hl = nebula__v1__artifact_chunk_header__get_packed_size(&h);
+  if (hl > sizeof hdr) return nb_error(NB_ERR_INVALID, "chunk header of %zu bytes", hl);
+  nebula__v1__artifact_chunk_header__pack(&h, hdr);
+  size_t sl = 0;
+  NB_CHECK(nb_seal_chunk(seal, 0, index, hdr, hl, buf, len, buf, &sl)); /* in place */
+  Nebula__V1__ArtifactChunk c = NEBULA__V1__ARTIFACT_CHUNK__INIT;
+  c.header.data = hdr;
+  c.header.len = hl;
+  c.sealed.data = buf;
+  c.sealed.len = sl;
+  if (nebula__v1__artifact_chunk__get_packed_size(&c) > cap)
+    return nb_error(NB_ERR_INVALID, "artifact chunk message does not fit %zu bytes", cap);
+  *out_len = nebula__v1__artifact_chunk__pack(&c, out);
+  return NB_OK;
+}
+
+nb_status_t nb__artifact_rx_chunk(nb__artifact_rx_t* rx, const uint8_t* msg, size_t len,
+                                  const uint8_t** plain, size_t* plen, uint64_t* at) {
+  nb_status_t st = NB_OK;
+  Nebula__V1__ArtifactChunk* c = nebula__v1__artifact_chunk__unpack(NULL, len, msg);
+  Nebula__V1__ArtifactChunkHeader* h =
+      c ? nebula__v1__artifact_chunk_header__unpack(NULL, c->header.len, c->header.data) : NULL;
+  if (!h || h->transfer_id.len != NB__TRANSFER_ID_BYTES || strcmp(h->sha256, rx->sha256) ||
+      h->size != rx->size || h->offset != rx->off || h->index != rx->index ||
+      (uint64_t)h->length + NB_SEAL_TAG_BYTES != c->sealed.len || h->length > rx->size - rx->off) {
+    st = nb_error(NB_ERR_INTEGRITY,
+                  "artifact sha256:%.16s...: chunk %llu is not the next one (expected offset "
+                  "%llu)",
+                  rx->sha256, (unsigned long long)rx->index, (unsigned long long)rx->off);
+  } else if (rx->index == 0) {
+    memcpy(rx->tid, h->transfer_id.data, sizeof rx->tid);
+    nb_seal_ctx_destroy(rx->seal);
+    rx->seal = NULL;
+    st = nb__artifact_seal_ctx(rx->secret, rx->job_id, rx->tid, rx->self, 0, &rx->seal);
+  } else if (memcmp(rx->tid, h->transfer_id.data, sizeof rx->tid)) {
+    st = nb_error(NB_ERR_INTEGRITY, "artifact chunk %llu belongs to another transfer",
+                  (unsigned long long)rx->index);
+  }
+  if (st == NB_OK && (h->length > rx->cap || !rx->plain)) {
+    size_t want = h->length ? h->length : 1;
+    if (rx->plain) OPENSSL_cleanse(rx->plain, rx->cap);
+    st = nb_realloc((void**)&rx->plain, want, 1, "artifact chunk");
+    if (st == NB_OK) rx->cap = want;
+  }
+  size_t pl = 0;
+  if (st == NB_OK)
+    st = nb_open_chunk(rx->seal, 0, rx->index, c->header.data, c->header.len, c->sealed.data,
+                       c->sealed.len, rx->plain, &pl);
+  if (st == NB_ERR_EXISTS)
+    st = nb_error(NB_ERR_INTEGRITY, "artifact chunk %llu replayed", (unsigned long long)rx->index);
+  if (st == NB_OK) {
+    *plain = rx->plain;
+    *plen = pl;
+    *at = rx->off;
+    rx->off += pl;
+    rx->index++;
+  }
+  if (h) nebula__v1__artifact_chunk_header__free_unpacked(h, NULL);
+  if (c) nebula__v1__artifact_chunk__free_unpacked(c, NULL);
+  return st;
+}
+
+void nb__artifact_rx_clear(nb__artifact_rx_t* rx) {
+  if (!rx) return;
+  nb_seal_ctx_destroy(rx->seal);
+  if (rx->plain) OPENSSL_cleanse(rx->plain, rx->cap);
+  nb_free(rx->plain);
+  rx->seal = NULL;
+  rx->plain = NULL;
+  rx->cap = 0;
+  rx->index = 0;
 }
 
 /* ------------------------------------------------------------------ service */
@@ -489,7 +579,8 @@ static nb_status_t nb__h_fetch(nb_rpc_call_t* call, void* user) {
   Nebula__V1__FetchRequest* req = NULL;
   int end = 0, fd = -1;
   uint8_t secret[32], tid[NB__TRANSFER_ID_BYTES];
-  uint8_t *plain = NULL, *sealed = NULL, *hdr = NULL;
+  uint8_t *plain = NULL, *msg = NULL;
+  size_t msg_cap = 0;
   nb_seal_ctx_t* seal = NULL;
   const char* peer = NULL;
   NB_CHECK(nb_rpc_call_recv_pb(call, &nebula__v1__fetch_request__descriptor,
@@ -525,12 +616,12 @@ static nb_status_t nb__h_fetch(nb_rpc_call_t* call, void* user) {
     st = nb_error(NB_ERR_CRYPTO, "RAND_bytes failed");
     goto out;
   }
-  NB_CHECK_GOTO(nb__seal_ctx(secret, req->job_id, tid, peer, 1, &seal), st, out);
+  NB_CHECK_GOTO(nb__artifact_seal_ctx(secret, req->job_id, tid, peer, 1, &seal), st, out);
   OPENSSL_cleanse(secret, sizeof secret);
   size_t cb = (size_t)nb_param_ArtifactChunkKib() * 1024;
-  NB_CHECK_GOTO(nb_alloc((void**)&plain, 1, cb, "artifact chunk"), st, out);
-  NB_CHECK_GOTO(nb_alloc((void**)&sealed, 1, cb + NB_SEAL_TAG_BYTES, "sealed chunk"), st, out);
-  NB_CHECK_GOTO(nb_alloc((void**)&hdr, 1, 256, "chunk header"), st, out);
+  NB_CHECK_GOTO(nb_alloc((void**)&plain, 1, cb + NB_SEAL_TAG_BYTES, "artifact chunk"), st, out);
+  msg_cap = cb + NB_SEAL_TAG_BYTES + NB__ARTIFACT_HDR_MAX + 16;
+  NB_CHECK_GOTO(nb_alloc((void**)&msg, 1, msg_cap, "artifact message"), st, out);
   uint64_t off = req->offset, index = 0;
   do {
     if (nb_rpc_call_cancelled(call)) {
@@ -548,29 +639,12 @@ static nb_status_t nb__h_fetch(nb_rpc_call_t* call, void* user) {
       }
       got += (size_t)r;
     }
-    Nebula__V1__ArtifactChunkHeader h = NEBULA__V1__ARTIFACT_CHUNK_HEADER__INIT;
-    h.sha256 = hex;
-    h.size = info.size;
-    h.offset = off;
-    h.length = (uint32_t)len;
-    h.index = index;
-    h.transfer_id.data = tid;
-    h.transfer_id.len = sizeof tid;
-    size_t hl = nebula__v1__artifact_chunk_header__get_packed_size(&h);
-    if (hl > 256) {
-      st = nb_error(NB_ERR_INTERNAL, "chunk header of %zu bytes", hl);
-      goto out;
-    }
-    nebula__v1__artifact_chunk_header__pack(&h, hdr);
-    size_t sl = 0;
-    NB_CHECK_GOTO(nb_seal_chunk(seal, 0, index, hdr, hl, plain, len, sealed, &sl), st, out);
-    if (svc->rl) NB_CHECK_GOTO(nb_ratelimit_acquire(svc->rl, sl + hl), st, out);
-    Nebula__V1__ArtifactChunk c = NEBULA__V1__ARTIFACT_CHUNK__INIT;
-    c.header.data = hdr;
-    c.header.len = hl;
-    c.sealed.data = sealed;
-    c.sealed.len = sl;
-    NB_CHECK_GOTO(nb_rpc_call_send_pb(call, &c.base), st, out);
+    size_t ml = 0;
+    NB_CHECK_GOTO(nb__artifact_chunk_pack(seal, tid, hex, info.size, off, index, plain, len, msg,
+                                          msg_cap, &ml),
+                  st, out);
+    if (svc->rl) NB_CHECK_GOTO(nb_ratelimit_acquire(svc->rl, ml), st, out);
+    NB_CHECK_GOTO(nb_rpc_call_send(call, msg, ml), st, out);
     atomic_fetch_add(&nb__sent_bytes, (uint64_t)len);
     off += len;
     index++;
@@ -583,8 +657,7 @@ out:
   if (fd >= 0) close(fd);
   if (plain) OPENSSL_cleanse(plain, (size_t)nb_param_ArtifactChunkKib() * 1024);
   nb_free(plain);
-  nb_free(sealed);
-  nb_free(hdr);
+  nb_free(msg);
   nb_seal_ctx_destroy(seal);
   protobuf_c_message_free_unpacked(&req->base, NULL);
   return st;
@@ -692,11 +765,9 @@ static nb_status_t nb__fetch_once(const nb__fetch_t* f, nb_rpc_client_t* cli,
                                   uint64_t* moved) {
   nb_status_t st = NB_OK;
   nb_rpc_stream_t* s = NULL;
-  nb_seal_ctx_t* seal = NULL;
-  uint8_t* plain = NULL;
-  uint8_t tid[NB__TRANSFER_ID_BYTES];
-  uint64_t index = 0;
-  size_t cap = 0;
+  nb__artifact_rx_t rx = {.secret = f->o->secret, .job_id = f->o->job_id, .self = f->self};
+  memcpy(rx.sha256, info->sha256, sizeof rx.sha256);
+  rx.size = info->size;
   int fd = open(f->part, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return nb_error(NB_ERR_IO, "opening %s: %s", f->part, strerror(errno));
   struct stat sb;
@@ -704,23 +775,23 @@ static nb_status_t nb__fetch_once(const nb__fetch_t* f, nb_rpc_client_t* cli,
     st = nb_error(NB_ERR_IO, "stat of %s: %s", f->part, strerror(errno));
     goto out;
   }
-  uint64_t off = (uint64_t)sb.st_size;
-  if (off > info->size) { /* not a prefix of this artifact */
+  rx.off = (uint64_t)sb.st_size;
+  if (rx.off > info->size) { /* not a prefix of this artifact */
     if (ftruncate(fd, 0) != 0) {
       st = nb_error(NB_ERR_IO, "truncating %s: %s", f->part, strerror(errno));
       goto out;
     }
-    off = 0;
+    rx.off = 0;
   }
-  *start = off;
-  if (off == info->size) goto out; /* nothing left to move */
-  if (off)
-    NB_INFO(JOB, "resuming %s at %llu of %llu bytes", f->part, (unsigned long long)off,
+  *start = rx.off;
+  if (rx.off == info->size) goto out; /* nothing left to move */
+  if (rx.off)
+    NB_INFO(JOB, "resuming %s at %llu of %llu bytes", f->part, (unsigned long long)rx.off,
             (unsigned long long)info->size);
   Nebula__V1__FetchRequest req = NEBULA__V1__FETCH_REQUEST__INIT;
   req.job_id = (char*)f->o->job_id;
   req.sha256 = (char*)info->sha256;
-  req.offset = off;
+  req.offset = rx.off;
   NB_CHECK_GOTO(nb_rpc_stream_open(cli, NB__M_FETCH, nb__left_ms(f), 0, &s), st, out);
   NB_CHECK_GOTO(nb_rpc_stream_send_pb(s, &req.base), st, out);
   NB_CHECK_GOTO(nb_rpc_stream_close_send(s), st, out);
@@ -729,46 +800,20 @@ static nb_status_t nb__fetch_once(const nb__fetch_t* f, nb_rpc_client_t* cli,
     int end = 0;
     NB_CHECK_GOTO(nb_rpc_stream_recv(s, &msg, &end, NB_RPC_INFINITE), st, out);
     if (end) break;
-    Nebula__V1__ArtifactChunk* c = nebula__v1__artifact_chunk__unpack(NULL, msg.len, msg.data);
-    nb_rpc_msg_release(&msg);
-    Nebula__V1__ArtifactChunkHeader* h =
-        c ? nebula__v1__artifact_chunk_header__unpack(NULL, c->header.len, c->header.data) : NULL;
-    if (!h || h->transfer_id.len != NB__TRANSFER_ID_BYTES || strcmp(h->sha256, info->sha256) ||
-        h->size != info->size || h->offset != off || h->index != index ||
-        (uint64_t)h->length + NB_SEAL_TAG_BYTES != c->sealed.len || h->length > info->size - off) {
-      st = nb_error(NB_ERR_INTEGRITY,
-                    "artifact %s from %s: chunk %llu does not follow (expected offset %llu)",
-                    info->sha256, f->o->target, (unsigned long long)index, (unsigned long long)off);
-    } else if (index == 0) {
-      memcpy(tid, h->transfer_id.data, sizeof tid);
-      st = nb__seal_ctx(f->o->secret, f->o->job_id, tid, f->self, 0, &seal);
-    } else if (memcmp(tid, h->transfer_id.data, sizeof tid)) {
-      st = nb_error(NB_ERR_INTEGRITY, "artifact chunk %llu belongs to another transfer",
-                    (unsigned long long)index);
-    }
-    if (st == NB_OK && h->length > cap) {
-      st = nb_realloc((void**)&plain, h->length, 1, "artifact chunk");
-      if (st == NB_OK) cap = h->length;
-    }
+    const uint8_t* plain = NULL;
     size_t pl = 0;
-    if (st == NB_OK)
-      st = nb_open_chunk(seal, 0, index, c->header.data, c->header.len, c->sealed.data,
-                         c->sealed.len, plain, &pl);
-    if (st == NB_ERR_EXISTS)
-      st = nb_error(NB_ERR_INTEGRITY, "artifact chunk %llu replayed", (unsigned long long)index);
+    uint64_t at = 0;
+    st = nb__artifact_rx_chunk(&rx, msg.data, msg.len, &plain, &pl, &at);
+    nb_rpc_msg_release(&msg);
     if (st == NB_ERR_INTEGRITY)
       st = nb_error_wrap(st, "artifact '%s' from %s (wrong job secret?)", f->o->name, f->o->target);
-    if (st == NB_OK) st = nb__write_all(fd, plain, pl, off, f->part);
-    if (h) nebula__v1__artifact_chunk_header__free_unpacked(h, NULL);
-    if (c) nebula__v1__artifact_chunk__free_unpacked(c, NULL);
+    if (st == NB_OK) st = nb__write_all(fd, plain, pl, at, f->part);
     if (st != NB_OK) goto out;
-    off += pl;
     *moved += pl;
-    index++;
   }
-  if (off != info->size)
+  if (rx.off != info->size)
     st = nb_error(NB_ERR_UNAVAILABLE, "artifact stream from %s ended at %llu of %llu bytes",
-                  f->o->target, (unsigned long long)off, (unsigned long long)info->size);
+                  f->o->target, (unsigned long long)rx.off, (unsigned long long)info->size);
 out:
   if (st == NB_OK && fsync(fd) != 0)
     st = nb_error(NB_ERR_IO, "fsync of %s: %s", f->part, strerror(errno));
@@ -777,9 +822,7 @@ out:
     if (st == NB_OK) st = nb_rpc_stream_finish(s);
     nb_rpc_stream_destroy(s);
   }
-  if (plain) OPENSSL_cleanse(plain, cap);
-  nb_free(plain);
-  nb_seal_ctx_destroy(seal);
+  nb__artifact_rx_clear(&rx);
   return st;
 }
 

@@ -21,6 +21,7 @@
 
 #include "common/common.h"
 #include "jobs/artifact.h"
+#include "jobs/artifact_internal.h"
 #include "security/seal.h"
 #include "tests/unit/link/certs.h"
 
@@ -116,7 +117,7 @@ static void set_params(const char* chunk_kib, const char* rate, const char* retr
     setenv("NB_ARTIFACT_RETRIES", retries, 1);
   else
     unsetenv("NB_ARTIFACT_RETRIES");
-  setenv("NB_ARTIFACT_CONNECT_MS", "2000", 1);
+  setenv("NB_ARTIFACT_CONNECT_MS", "10000", 1);
   nb_param_reset_all();
 }
 
@@ -457,7 +458,7 @@ static void test_resume(void** state) {
   path_of(dest, sizeof dest, "timeout.bin");
   snprintf(part, sizeof part, "%s.part", dest);
   j.o = fetch_opts(&sv, g_tls_b, "job-1/big", dest);
-  j.o.timeout_ms = 400;
+  j.o.timeout_ms = 1500;
   assert_int_equal(nb_artifact_fetch(&j.o, NULL), NB_ERR_TIMEOUT);
   assert_int_equal(file_size(dest), -1);
   assert_true(file_size(part) > 0);
@@ -505,12 +506,97 @@ static void test_corrupt(void** state) {
   set_params(NULL, NULL, NULL);
 }
 
+/* ------------------------------------------------------------------ chunks on the wire */
+
+static void rx_init(nb__artifact_rx_t* rx, const char* self, const char* sha, uint64_t size) {
+  memset(rx, 0, sizeof *rx);
+  rx->secret = g_secret;
+  rx->job_id = JOB;
+  rx->self = self;
+  snprintf(rx->sha256, sizeof rx->sha256, "%s", sha);
+  rx->size = size;
+}
+
+/* Every single-byte change and every truncation of a sealed chunk is refused with
+ * NB_ERR_INTEGRITY; so are a replay, a chunk out of order, another receiver, another job. */
+static void test_chunk_tamper(void** state) {
+  (void)state;
+  const char* sha = "5d41402abc4b2a76b9719d911017c592aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+  enum { N = 700, SIZE = 1400 };
+  uint8_t tid[NB__ARTIFACT_TID_BYTES], data[SIZE], buf[N + NB_SEAL_TAG_BYTES];
+  uint8_t m0[N + 512], m1[N + 512], bad[N + 512];
+  size_t l0 = 0, l1 = 0;
+  for (int i = 0; i < SIZE; i++) data[i] = (uint8_t)(i * 7 + 3);
+  memset(tid, 0x5a, sizeof tid);
+  nb_seal_ctx_t* tx = NULL;
+  assert_int_equal(nb__artifact_seal_ctx(g_secret, JOB, tid, "dc-b", 1, &tx), NB_OK);
+  memcpy(buf, data, N);
+  assert_int_equal(nb__artifact_chunk_pack(tx, tid, sha, SIZE, 0, 0, buf, N, m0, sizeof m0, &l0),
+                   NB_OK);
+  memcpy(buf, data + N, N);
+  assert_int_equal(nb__artifact_chunk_pack(tx, tid, sha, SIZE, N, 1, buf, N, m1, sizeof m1, &l1),
+                   NB_OK);
+  assert_true(l0 > N + NB_SEAL_TAG_BYTES);
+  assert_null(memmem(m0, l0, data, 32)); /* the plaintext is not on the wire */
+
+  nb__artifact_rx_t rx;
+  const uint8_t* plain = NULL;
+  size_t pl = 0;
+  uint64_t at = 0;
+  /* the genuine pair, in order */
+  rx_init(&rx, "dc-b", sha, SIZE);
+  assert_int_equal(nb__artifact_rx_chunk(&rx, m0, l0, &plain, &pl, &at), NB_OK);
+  assert_int_equal(pl, N);
+  assert_int_equal(at, 0);
+  assert_memory_equal(plain, data, N);
+  /* a replay of chunk 0 is not the next chunk */
+  assert_int_equal(nb__artifact_rx_chunk(&rx, m0, l0, &plain, &pl, &at), NB_ERR_INTEGRITY);
+  assert_int_equal(nb__artifact_rx_chunk(&rx, m1, l1, &plain, &pl, &at), NB_OK);
+  assert_int_equal(at, N);
+  assert_memory_equal(plain, data + N, N);
+  assert_int_equal(rx.off, SIZE);
+  nb__artifact_rx_clear(&rx);
+  /* out of order, another receiver, another job, another object */
+  rx_init(&rx, "dc-b", sha, SIZE);
+  assert_int_equal(nb__artifact_rx_chunk(&rx, m1, l1, &plain, &pl, &at), NB_ERR_INTEGRITY);
+  nb__artifact_rx_clear(&rx);
+  rx_init(&rx, "dc-c", sha, SIZE);
+  assert_int_equal(nb__artifact_rx_chunk(&rx, m0, l0, &plain, &pl, &at), NB_ERR_INTEGRITY);
+  nb__artifact_rx_clear(&rx);
+  rx_init(&rx, "dc-b", sha, SIZE);
+  rx.job_id = "job-2";
+  assert_int_equal(nb__artifact_rx_chunk(&rx, m0, l0, &plain, &pl, &at), NB_ERR_INTEGRITY);
+  nb__artifact_rx_clear(&rx);
+  rx_init(&rx, "dc-b", "0000000000000000000000000000000000000000000000000000000000000000", SIZE);
+  assert_int_equal(nb__artifact_rx_chunk(&rx, m0, l0, &plain, &pl, &at), NB_ERR_INTEGRITY);
+  nb__artifact_rx_clear(&rx);
+  /* every byte flipped (two ways), every truncation */
+  int refused = 0;
+  for (size_t i = 0; i < l0; i++)
+    for (int k = 0; k < 2; k++) {
+      memcpy(bad, m0, l0);
+      bad[i] ^= k ? 0x80 : 0x01;
+      rx_init(&rx, "dc-b", sha, SIZE);
+      nb_status_t st = nb__artifact_rx_chunk(&rx, bad, l0, &plain, &pl, &at);
+      if (st != NB_ERR_INTEGRITY) fail_msg("byte %zu ^ %d accepted (%d)", i, k ? 0x80 : 1, st);
+      refused++;
+      nb__artifact_rx_clear(&rx);
+    }
+  for (size_t n = 0; n < l0; n++) {
+    rx_init(&rx, "dc-b", sha, SIZE);
+    assert_int_equal(nb__artifact_rx_chunk(&rx, m0, n, &plain, &pl, &at), NB_ERR_INTEGRITY);
+    nb__artifact_rx_clear(&rx);
+    refused++;
+  }
+  print_message("%d tampered or truncated chunks refused\n", refused);
+  nb_seal_ctx_destroy(tx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_store),
-      cmocka_unit_test(test_fetch),
-      cmocka_unit_test(test_resume),
-      cmocka_unit_test(test_corrupt),
+      cmocka_unit_test(test_store),        cmocka_unit_test(test_fetch),
+      cmocka_unit_test(test_resume),       cmocka_unit_test(test_corrupt),
+      cmocka_unit_test(test_chunk_tamper),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
