@@ -643,7 +643,16 @@ static nb_status_t nb__h_fetch(nb_rpc_call_t* call, void* user) {
     NB_CHECK_GOTO(nb__artifact_chunk_pack(seal, tid, hex, info.size, off, index, plain, len, msg,
                                           msg_cap, &ml),
                   st, out);
-    if (svc->rl) NB_CHECK_GOTO(nb_ratelimit_acquire(svc->rl, ml), st, out);
+    /* the cap is paid in pieces so that a cancelled call (server shutting down, client gone)
+     * does not sleep through a whole large chunk at a low rate */
+    for (size_t paid = 0; svc->rl && paid < ml; paid += 64 * 1024) {
+      if (nb_rpc_call_cancelled(call)) {
+        st = nb_error(NB_ERR_CANCELLED, "Fetch of sha256:%s cancelled", hex);
+        goto out;
+      }
+      size_t piece = ml - paid < 64 * 1024 ? ml - paid : 64 * 1024;
+      NB_CHECK_GOTO(nb_ratelimit_acquire(svc->rl, piece), st, out);
+    }
     NB_CHECK_GOTO(nb_rpc_call_send(call, msg, ml), st, out);
     atomic_fetch_add(&nb__sent_bytes, (uint64_t)len);
     off += len;
