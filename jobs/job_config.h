@@ -183,7 +183,7 @@ static inline void nb_job_config_defaults(nb_job_config_t* c) {
   t->max_seconds = 0;
   t->eval_every_rounds = 5;
   t->eval_batches = 8;
-  t->eval_sentences = 200;
+  t->eval_sentences = 8;
   t->optimizer.lr = 6e-4;
   t->optimizer.beta1 = 0.9;
   t->optimizer.beta2 = 0.95;

@@ -264,8 +264,172 @@ static const char* nb__rp_str(json_t* o, const char* k) {
   return s ? s : "";
 }
 
+/* ---- translation quality (chrF/BLEU of the base and the final model per pair) ---- */
+
+/* A score in [0, 100], else NaN (missing, not a number, out of range). */
+static double nb__rp_score(json_t* o, const char* side, const char* metric) {
+  double v = nb__rp_num(json_object_get(o, side), metric);
+  return v >= 0 && v <= 100 ? v : NAN;
+}
+
+typedef struct {
+  const char* cluster;
+  const char* pair;
+  double sentences;
+  double v[4]; /* chrF base, chrF final, BLEU base, BLEU final */
+} nb__rp_tr_t;
+
+/* The well-formed "translation" entries of every cluster's summary: an object of pair → object;
+ * anything else is skipped with a warning; missing or bad numbers stay NaN (shown as dashes). */
+static nb_status_t nb__rp_tr_collect(nb__rp_cluster_t* c, int n, nb__rp_tr_t** out, int* count) {
+  *out = NULL;
+  *count = 0;
+  int cap = 0;
+  for (int i = 0; i < n; i++) {
+    json_t* tr = json_object_get(c[i].sum, "translation");
+    if (!tr || json_is_null(tr)) continue;
+    if (!json_is_object(tr)) {
+      NB_WARN("report: %s/summary.json: \"translation\" is not an object; ignored", c[i].id);
+      continue;
+    }
+    const char* k;
+    json_t* v;
+    json_object_foreach(tr, k, v) {
+      if (!json_is_object(v)) {
+        NB_WARN("report: %s/summary.json: translation.%s is not an object; ignored", c[i].id, k);
+        continue;
+      }
+      if (*count == cap) {
+        cap = cap ? 2 * cap : 8;
+        NB_CHECK(nb_realloc((void**)out, (size_t)cap, sizeof **out, "report translation"));
+      }
+      nb__rp_tr_t* e = &(*out)[(*count)++];
+      e->cluster = c[i].id;
+      e->pair = k;
+      json_t* sn = json_object_get(v, "sentences");
+      e->sentences =
+          json_is_integer(sn) && json_integer_value(sn) >= 0 ? (double)json_integer_value(sn) : NAN;
+      e->v[0] = nb__rp_score(v, "base", "chrf");
+      e->v[1] = nb__rp_score(v, "final", "chrf");
+      e->v[2] = nb__rp_score(v, "base", "bleu");
+      e->v[3] = nb__rp_score(v, "final", "bleu");
+    }
+  }
+  return NB_OK;
+}
+
+/* The job-level summary's copy of one cluster's translation scores (null when it has none). */
+static json_t* nb__rp_tr_json(const nb__rp_tr_t* t, int nt, const char* cluster) {
+  json_t* o = NULL;
+  for (int i = 0; i < nt; i++) {
+    if (strcmp(t[i].cluster, cluster)) continue;
+    if (!o) o = json_object();
+    json_t* e = json_object();
+    json_object_set_new(
+        e, "sentences",
+        isnan(t[i].sentences) ? json_null() : json_integer((json_int_t)t[i].sentences));
+    static const char* const side[2] = {"base", "final"};
+    for (int k = 0; k < 2; k++) {
+      json_t* m = json_object();
+      json_object_set_new(m, "chrf", isnan(t[i].v[k]) ? json_null() : json_real(t[i].v[k]));
+      json_object_set_new(m, "bleu", isnan(t[i].v[2 + k]) ? json_null() : json_real(t[i].v[2 + k]));
+      json_object_set_new(e, side[k], m);
+    }
+    json_object_set_new(o, t[i].pair, e);
+  }
+  return o ? o : json_null();
+}
+
+/* A grouped bar chart: per pair, chrF and BLEU of the base model (light) and the final model. */
+static void nb__rp_tr_chart(FILE* f, const nb__rp_tr_t* t, int nt, int label_cluster) {
+  static const char* const col[4] = {"#9ecae1", "#1f77b4", "#fdd0a2", "#e6550d"};
+  static const char* const name[4] = {"chrF base", "chrF final", "BLEU base", "BLEU final"};
+  double vmax = 0;
+  for (int i = 0; i < nt; i++)
+    for (int k = 0; k < 4; k++)
+      if (!isnan(t[i].v[k])) vmax = fmax(vmax, t[i].v[k]);
+  double ymax = fmin(100, fmax(10, ceil(vmax / 10) * 10));
+  const double L = 50, R = 120, T = 30, B = 60, bw = 14, gap = 20, H = 300;
+  double pw = fmax(nt * (4 * bw + gap) + gap, 330), W = L + pw + R, ph = H - T - B;
+  fprintf(f,
+          "<figure><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+          "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n"
+          "<text x=\"%.0f\" y=\"18\" font-size=\"14\" font-weight=\"bold\">Translation quality: "
+          "base vs final model</text>\n",
+          W, H, W, H, L);
+  for (int k = 0; k <= 4; k++) {
+    double yv = ymax * k / 4, py = T + ph - yv / ymax * ph;
+    fprintf(f,
+            "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
+            "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.4g</text>\n",
+            L, py, L + pw, py, L - 4, py + 4, yv);
+  }
+  fprintf(f,
+          "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" "
+          "stroke=\"#888\"/>\n",
+          L, T, pw, ph);
+  for (int i = 0; i < nt; i++) {
+    double gx = L + gap + i * (4 * bw + gap);
+    for (int k = 0; k < 4; k++) {
+      if (isnan(t[i].v[k])) continue;
+      double h = t[i].v[k] / ymax * ph;
+      fprintf(f,
+              "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.0f\" height=\"%.1f\" fill=\"%s\">"
+              "<title>%s %.2f</title></rect>\n",
+              gx + k * bw, T + ph - h, bw - 1, h, col[k], name[k], t[i].v[k]);
+    }
+    fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">", gx + 2 * bw, T + ph + 14);
+    nb__rp_esc(f, t[i].pair);
+    fputs("</text>", f);
+    if (label_cluster) {
+      fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\" fill=\"#555\">", gx + 2 * bw,
+              T + ph + 28);
+      nb__rp_esc(f, t[i].cluster);
+      fputs("</text>", f);
+    }
+    fputs("\n", f);
+  }
+  for (int k = 0; k < 4; k++)
+    fprintf(f,
+            "<rect x=\"%.0f\" y=\"%.0f\" width=\"12\" height=\"12\" fill=\"%s\"/>"
+            "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
+            L + pw + 10, T + 4 + 18 * k, col[k], L + pw + 26, T + 14 + 18 * k, name[k]);
+  fprintf(f,
+          "<text x=\"12\" y=\"%.1f\" text-anchor=\"middle\" transform=\"rotate(-90 12 %.1f)\">"
+          "score (0-100)</text>\n</svg></figure>\n",
+          T + ph / 2, T + ph / 2);
+}
+
+static void nb__rp_tr_html(FILE* f, const nb__rp_tr_t* t, int nt, int n_clusters) {
+  if (nt == 0) return;
+  fputs(
+      "<h2>Translation quality</h2>\n<p>chrF and BLEU (0&ndash;100) of greedy translations of "
+      "the test split, by the base model before fine-tuning and by the final model.</p>\n"
+      "<table><tr><th>cluster</th><th>pair</th><th>sentences</th><th>chrF base</th>"
+      "<th>chrF final</th><th>&Delta; chrF</th><th>BLEU base</th><th>BLEU final</th>"
+      "<th>&Delta; BLEU</th></tr>\n",
+      f);
+  for (int i = 0; i < nt; i++) {
+    fputs("<tr><td>", f);
+    nb__rp_esc(f, t[i].cluster);
+    fputs("</td><td>", f);
+    nb__rp_esc(f, t[i].pair);
+    fputs("</td>", f);
+    nb__rp_cell(f, t[i].sentences, "%.0f");
+    nb__rp_cell(f, t[i].v[0], "%.2f");
+    nb__rp_cell(f, t[i].v[1], "%.2f");
+    nb__rp_cell(f, t[i].v[1] - t[i].v[0], "%+.2f");
+    nb__rp_cell(f, t[i].v[2], "%.2f");
+    nb__rp_cell(f, t[i].v[3], "%.2f");
+    nb__rp_cell(f, t[i].v[3] - t[i].v[2], "%+.2f");
+    fputs("</tr>\n", f);
+  }
+  fputs("</table>\n", f);
+  nb__rp_tr_chart(f, t, nt, n_clusters > 1);
+}
+
 static void nb__rp_html(FILE* f, const char* title, nb__rp_cluster_t* c, int n, int same,
-                        nb__rp_series_t* s) {
+                        nb__rp_series_t* s, const nb__rp_tr_t* tr, int ntr) {
   fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>", f);
   nb__rp_esc(f, title);
   fputs(
@@ -326,6 +490,7 @@ static void nb__rp_html(FILE* f, const char* title, nb__rp_cluster_t* c, int n, 
     }
     fputs("</table>\n", f);
   }
+  nb__rp_tr_html(f, tr, ntr, n);
   fputs("<h2>Charts</h2>\n", f);
   for (int i = 0; i < n; i++)
     s[i] = (nb__rp_series_t){c[i].id, "", c[i].cum_cs, c[i].v[1], c[i].n, i, 0};
@@ -383,6 +548,8 @@ nb_status_t nb_report_write(const char* run_dir, const char* const* cluster_ids,
   nb_status_t st = NB_OK;
   nb__rp_cluster_t* c = NULL;
   nb__rp_series_t* s = NULL;
+  nb__rp_tr_t* tr = NULL;
+  int ntr = 0;
   json_t* out = NULL;
   char *html = NULL, *js = NULL;
   size_t hlen = 0;
@@ -390,6 +557,7 @@ nb_status_t nb_report_write(const char* run_dir, const char* const* cluster_ids,
   NB_CHECK_GOTO(nb_calloc((void**)&s, 2 * (size_t)n, sizeof *s, "report series"), st, done);
   for (int i = 0; i < n; i++)
     NB_CHECK_GOTO(nb__rp_read_cluster(run_dir, cluster_ids[i], &c[i]), st, done);
+  NB_CHECK_GOTO(nb__rp_tr_collect(c, n, &tr, &ntr), st, done);
   if (!title || !*title)
     title = *nb__rp_str(c[0].sum, "job") ? nb__rp_str(c[0].sum, "job") : "nebula run";
 
@@ -425,6 +593,7 @@ nb_status_t nb_report_write(const char* run_dir, const char* const* cluster_ids,
     }
     json_object_set_new(o, "decisions",
                         json_integer((json_int_t)json_array_size(json_object_get(j, "decisions"))));
+    json_object_set_new(o, "translation", nb__rp_tr_json(tr, ntr, c[i].id));
     double wb = nb__rp_num(j, "wan_bytes_sent");
     if (!isnan(wb)) wan_total += wb;
     json_array_append_new(arr, o);
@@ -442,7 +611,7 @@ nb_status_t nb_report_write(const char* run_dir, const char* const* cluster_ids,
     st = nb_error(NB_ERR_NOMEM, "report: open_memstream");
     goto done;
   }
-  nb__rp_html(f, title, c, n, same, s);
+  nb__rp_html(f, title, c, n, same, s, tr, ntr);
   if (fclose(f) != 0) {
     st = nb_error(NB_ERR_NOMEM, "report: building report.html");
     goto done;
@@ -461,6 +630,7 @@ done:
     for (int i = 0; i < n; i++) nb__rp_free(&c[i]);
   nb_free(c);
   nb_free(s);
+  nb_free(tr);
   json_decref(out);
   free(js);
   free(html);

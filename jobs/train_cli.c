@@ -13,6 +13,7 @@
 #include "common/common.h"
 #include "jobs/cli.h"
 #include "jobs/descriptor.h"
+#include "jobs/translation_eval.h"
 #include "train/checkpoint.h"
 #include "train/translate.h"
 
@@ -396,6 +397,13 @@ int nb_train_main(int argc, char** argv) {
     goto done;
   }
 
+  /* Translation jobs: chrF/BLEU of the base and the final (merged) model on the test split. */
+  json_t* tr_scores = NULL;
+  if (job->task == NB_JOB_TASK_TRANSLATION && job->training.eval_sentences > 0 &&
+      nb_translation_eval(tc, nb_trainer_model(t), (size_t)job->training.eval_sentences,
+                          &tr_scores) != NB_OK)
+    NB_WARN("no translation scores in the summary: %s", nb_error_last());
+
   size_t n_tr;
   nb_trainer_sync_params(t, &n_tr);
   double comp = nb_trainer_compute_seconds(t);
@@ -419,6 +427,7 @@ int nb_train_main(int argc, char** argv) {
   json_object_set_new(o, "final_mean_bpb", json_real(ev.mean_bpb));
   json_object_set_new(o, "final_model", json_string(path));
   json_object_set_new(o, "checkpoint_dir", json_string(tc->checkpoint_dir));
+  if (tr_scores) json_object_set_new(o, "translation", tr_scores);
   char* text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
   json_decref(o);
   char spath[NB_TRAIN_PATH_MAX + 64];

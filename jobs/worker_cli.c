@@ -22,6 +22,7 @@
 #include "intra/intra.h"
 #include "jobs/cli.h"
 #include "jobs/descriptor.h"
+#include "jobs/translation_eval.h"
 #include "jobs/train_cli.h"
 #include "jobs/worker_cli.h"
 #include "security/pki.h"
@@ -661,6 +662,12 @@ int nb_worker_main(int argc, char** argv) {
     rc = nb__wk_fail(cluster, "evaluation");
     goto done;
   }
+  /* Translation jobs: chrF/BLEU of the base and the final model on the test split. */
+  json_t* tr_scores = NULL;
+  if (job->task == NB_JOB_TASK_TRANSLATION && job->training.eval_sentences > 0 &&
+      nb_translation_eval(tc, nb_trainer_model(t), (size_t)job->training.eval_sentences,
+                          &tr_scores) != NB_OK)
+    NB_WARN("no translation scores in the summary: %s", nb_error_last());
   double eval_s = nb_now_s() - te;
   double wall = nb_now_s() - t_start;
 
@@ -705,6 +712,7 @@ int nb_worker_main(int argc, char** argv) {
   json_object_set(sum, "evals", evals);
   json_object_set_new(sum, "tls", json_boolean(tls != NULL));
   json_object_set_new(sum, "sealed", json_boolean(have_secret));
+  if (tr_scores) json_object_set_new(sum, "translation", tr_scores);
   char tmp[NB_JOB_PATH_MAX + 64];
   snprintf(path, sizeof path, "%s/summary.json", odir);
   snprintf(tmp, sizeof tmp, "%s/summary.json.tmp", odir);

@@ -1,6 +1,7 @@
-/* nb_report_write on two synthetic cluster folders: self-contained HTML with SVG, escaping of
- * strings from the files, the job-level summary.json, and precise errors for bad input. Not
- * here: a real run (the demo does that). */
+/* nb_report_write on synthetic cluster folders: self-contained HTML with SVG, escaping of
+ * strings from the files, the job-level summary.json, precise errors for bad input, and the
+ * translation section (chrF/BLEU base vs final) with bad and missing fields. A real run is in
+ * test_report_run.c. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -104,6 +105,7 @@ static void test_report_ok(void** state) {
   assert_non_null(strstr(h, "<polyline"));
   assert_non_null(strstr(h, "MB/s"));
   assert_non_null(strstr(h, "identical on every cluster"));
+  assert_null(strstr(h, "Translation quality")); /* no translation scores, no section */
   free(h);
   snprintf(p, sizeof p, "%s/summary.json", dir);
   json_error_t je;
@@ -116,6 +118,7 @@ static void test_report_ok(void** state) {
   assert_int_equal(json_integer_value(json_object_get(json_array_get(cl, 1), "rounds")), 5);
   assert_true(json_is_true(json_object_get(s, "theta_global_identical")));
   assert_int_equal(json_integer_value(json_object_get(s, "wan_bytes_total")), 120000);
+  assert_true(json_is_null(json_object_get(json_array_get(cl, 0), "translation")));
   json_decref(s);
   assert_true(no_temp_left(dir));
   rm_rf(dir);
@@ -166,10 +169,102 @@ static void test_report_bad(void** state) {
   rm_rf(dir);
 }
 
+/* Replaces the closing brace of dir/id/summary.json with `,"translation": <tr>}`. */
+static void add_translation(const char* dir, const char* id, const char* tr) {
+  char p[512], buf[4096];
+  snprintf(p, sizeof p, "%s/%s/summary.json", dir, id);
+  char* old = slurp(p);
+  assert_non_null(old);
+  size_t n = strlen(old);
+  assert_true(n > 0 && old[n - 1] == '}');
+  old[n - 1] = 0;
+  snprintf(buf, sizeof buf, "%s,\"translation\":%s}", old, tr);
+  free(old);
+  put(dir, id, "summary.json", buf);
+}
+
+static void test_report_translation(void** state) {
+  (void)state;
+  char dir[] = "/tmp/nb_report_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  cluster(dir, "dc-a", "outer", 4.0);
+  cluster(dir, "dc-b", "outer", 4.0);
+  cluster(dir, "dc-c", "outer", 4.0);
+  cluster(dir, "dc-d", "outer", 4.0);
+  add_translation(dir, "dc-a",
+                  "{\"en-de\": {\"sentences\": 8, \"base\": {\"chrf\": 12.5, \"bleu\": 1.25},"
+                  " \"final\": {\"chrf\": 31.75, \"bleu\": 6.5}, \"seconds\": 3.2},"
+                  " \"en-<b>\": {\"sentences\": 8, \"base\": {\"chrf\": 10, \"bleu\": 0},"
+                  " \"final\": {\"chrf\": 20, \"bleu\": 2}}}");
+  /* bad fields: a string count, a string score, a score above 100, a missing side, a pair
+   * that is not an object */
+  add_translation(dir, "dc-b",
+                  "{\"en-fr\": {\"sentences\": \"many\", \"base\": {\"chrf\": \"x\"},"
+                  " \"final\": {\"chrf\": 150, \"bleu\": 3}}, \"en-ru\": 5,"
+                  " \"en-zh\": {\"sentences\": 4}}");
+  add_translation(dir, "dc-c", "\"oops\""); /* not an object: ignored */
+  add_translation(dir, "dc-d", "null");
+  const char* ids[] = {"dc-a", "dc-b", "dc-c", "dc-d"};
+  assert_int_equal(nb_report_write(dir, ids, 4, NULL), NB_OK);
+
+  char p[512];
+  snprintf(p, sizeof p, "%s/report.html", dir);
+  char* h = slurp(p);
+  assert_non_null(h);
+  char* sec = strstr(h, "Translation quality");
+  assert_non_null(sec);
+  assert_non_null(strstr(sec, "<td>12.50</td><td>31.75</td><td>+19.25</td>"));
+  assert_non_null(strstr(sec, "<td>1.25</td><td>6.50</td><td>+5.25</td>"));
+  assert_non_null(strstr(sec, "en-&lt;b&gt;"));
+  assert_null(strstr(h, "en-<b>"));
+  /* dc-b's en-fr: dashes for the bad count and scores, the good final BLEU kept */
+  char* fr = strstr(sec, "<td>en-fr</td>");
+  assert_non_null(fr);
+  /* sentences, chrF base, final, delta, BLEU base: dashes; BLEU final 3.00; delta: dash */
+  assert_non_null(strstr(fr,
+                         "<td>&ndash;</td><td>&ndash;</td><td>&ndash;</td><td>&ndash;</td>"
+                         "<td>&ndash;</td><td>3.00</td><td>&ndash;</td></tr>"));
+  assert_null(strstr(sec, "150"));
+  assert_null(strstr(sec, "<td>en-ru</td>"));
+  assert_non_null(strstr(sec, "<td>en-zh</td><td>4</td>"));
+  /* the bar chart: one bar per present score, in a self-contained SVG */
+  char* chart = strstr(sec, "base vs final model</text>");
+  assert_non_null(chart);
+  int bars = 0;
+  for (char* q = chart; (q = strstr(q, "<title>")); q++) bars++;
+  assert_int_equal(bars, 4 + 4 + 1); /* en-de, en-<b>, en-fr's final BLEU */
+  assert_non_null(strstr(chart, "<title>chrF final 31.75</title>"));
+  assert_null(strstr(h, "<script"));
+  free(h);
+
+  snprintf(p, sizeof p, "%s/summary.json", dir);
+  json_error_t je;
+  json_t* s = json_load_file(p, 0, &je);
+  assert_non_null(s);
+  json_t* cl = json_object_get(s, "clusters");
+  json_t* a = json_object_get(json_object_get(json_array_get(cl, 0), "translation"), "en-de");
+  assert_int_equal(json_integer_value(json_object_get(a, "sentences")), 8);
+  assert_true(json_real_value(json_object_get(json_object_get(a, "final"), "chrf")) == 31.75);
+  assert_true(json_real_value(json_object_get(json_object_get(a, "base"), "bleu")) == 1.25);
+  json_t* b = json_object_get(json_array_get(cl, 1), "translation");
+  json_t* bf = json_object_get(b, "en-fr");
+  assert_true(json_is_null(json_object_get(bf, "sentences")));
+  assert_true(json_is_null(json_object_get(json_object_get(bf, "base"), "chrf")));
+  assert_true(json_is_null(json_object_get(json_object_get(bf, "final"), "chrf")));
+  assert_true(json_real_value(json_object_get(json_object_get(bf, "final"), "bleu")) == 3.0);
+  assert_null(json_object_get(b, "en-ru"));
+  assert_true(json_is_null(json_object_get(json_array_get(cl, 2), "translation")));
+  assert_true(json_is_null(json_object_get(json_array_get(cl, 3), "translation")));
+  json_decref(s);
+  assert_true(no_temp_left(dir));
+  rm_rf(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_report_ok),
       cmocka_unit_test(test_report_bad),
+      cmocka_unit_test(test_report_translation),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
