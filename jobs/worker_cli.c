@@ -527,6 +527,12 @@ int nb_worker_main(int argc, char** argv) {
     rc = nb__wk_fail(cluster, "compression settings for the scheduler");
     goto done;
   }
+  /* frames may be too small to measure the link: probe it while it is idle (inter/link.h) */
+  for (int i = 0; adaptive && i < n_peer_arg; i++)
+    if (nb_link_probe_start(nb_exchange_link(ex, (size_t)i), 0, 0) != NB_OK) {
+      rc = nb__wk_fail(cluster, "starting the link probe");
+      goto done;
+    }
   nb_sched_decision_t dec, prev_dec;
   int have_dec = 0;
   decisions = json_array();
