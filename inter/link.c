@@ -103,7 +103,7 @@ struct nb_link {
   /* bandwidth probes (under mu): a send in progress, a probe in progress, probes started and
    * finished (a ping that overlapped one does not count as an RTT sample: it queued behind it) */
   int sending, probing;
-  uint64_t probe_gen;
+  uint64_t probe_gen, pings_ok;
   pthread_t probe_th;
   int probe_running, probe_stop;
   pthread_cond_t probe_cv;
@@ -282,7 +282,8 @@ nb_status_t nb_link_ping(nb_link_t* L, int64_t timeout_ms, size_t payload_bytes,
                   (unsigned long long)req.seq);
   } else {
     pthread_mutex_lock(&L->mu);
-    int clean = !busy0 && !L->probing && gen0 == L->probe_gen;
+    int clean = !busy0 && !L->probing && gen0 == L->probe_gen && L->pings_ok > 0;
+    L->pings_ok++; /* the first one also opened the connection (TCP, TLS): not an RTT sample */
     pthread_mutex_unlock(&L->mu);
     if (payload_bytes == 0 && clean) nb_estimator_add_rtt(L->est, rtt > 1e-6 ? rtt : 1e-6);
     if (rtt_s) *rtt_s = rtt;
