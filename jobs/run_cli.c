@@ -582,6 +582,7 @@ int nb_run_main(int argc, char** argv) {
       av[k++] = data_dir;
     }
     if (resume) av[k++] = "--resume";
+    if (wan.on) av[k++] = "--no-rate-cap"; /* tbf on the emulated link is the cap */
     for (int j = 0; j < n; j++) {
       if (j == i) continue;
       snprintf(peer_args[j], sizeof peer_args[j], "%s=%s:%d", ch[j].id,
