@@ -282,9 +282,15 @@ nb_status_t nb_link_ping(nb_link_t* L, int64_t timeout_ms, size_t payload_bytes,
                   (unsigned long long)req.seq);
   } else {
     pthread_mutex_lock(&L->mu);
-    int clean = !busy0 && !L->probing && gen0 == L->probe_gen && L->pings_ok > 0;
-    L->pings_ok++; /* the first one also opened the connection (TCP, TLS): not an RTT sample */
+    int first = L->pings_ok++ == 0;
+    int clean = !busy0 && !L->probing && gen0 == L->probe_gen;
     pthread_mutex_unlock(&L->mu);
+    if (first && payload_bytes == 0) {
+      /* the first ping also opened the connection (TCP, TLS handshake): not an RTT sample;
+       * measure again on the open connection */
+      protobuf_c_message_free_unpacked(resp, NULL);
+      return nb_link_ping(L, timeout_ms, 0, rtt_s);
+    }
     if (payload_bytes == 0 && clean) nb_estimator_add_rtt(L->est, rtt > 1e-6 ? rtt : 1e-6);
     if (rtt_s) *rtt_s = rtt;
   }
