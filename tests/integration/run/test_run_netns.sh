@@ -3,7 +3,8 @@
 # link has 25 ms one way runs each cluster in its own namespace; it completes with identical
 # hashes, the certificates name the namespace addresses only, the RTT the scheduler measured is
 # about 50 ms, and nothing is left (namespaces, delay line, state, workers). Then a run stopped
-# with SIGINT mid-round also leaves nothing, and --loopback keeps a root run on loopback.
+# with SIGINT mid-round and a run whose cluster fails also leave nothing, a cluster of two mpirun
+# ranks works inside its namespace, and --loopback keeps a root run on loopback.
 # usage: test_run_netns.sh NEBULA DATA_DIR WAN_DIR
 set -euo pipefail
 nebula=$1
@@ -85,7 +86,37 @@ grep -q "interrupted; every worker stopped" "$tmp/int.log" || fail "no interrupt
 grep -q "WAN link $prefix torn down" "$tmp/int.log" || fail "interrupted run: no tear-down line"
 assert_nothing_left "$prefix" "$tmp"
 
-# 3. --loopback as root: no namespaces
+# 3. a cluster that cannot start (no "fa" in the test corpus): the run fails, the link goes
+sed 's/"ru"/"fa"/' "$tmp/job.json" >"$tmp/bad.json"
+"$nebula" run "$tmp/bad.json" --out "$tmp/bad" --data-dir "$data" >"$tmp/bad.log" 2>&1 &
+pid=$!
+rc=0
+wait "$pid" || rc=$?
+prefix="nbr-$pid"
+pid=""
+[ "$rc" -ne 0 ] || fail "a run with a failing cluster exited 0"
+grep -q "cluster dc-b failed" "$tmp/bad.log" || { cat "$tmp/bad.log"; fail "no failure line"; }
+grep -q "WAN link $prefix torn down" "$tmp/bad.log" || fail "failed run: no tear-down line"
+assert_nothing_left "$prefix" "$tmp"
+
+# 4. a cluster of two ranks under mpirun inside its namespace (skipped without mpirun)
+if command -v mpirun >/dev/null; then
+  sed 's/{"id": "dc-a",/{"id": "dc-a", "workers": 2,/' "$tmp/job.json" >"$tmp/mpi.json"
+  "$nebula" run "$tmp/mpi.json" --out "$tmp/mpi" --data-dir "$data" --steps 12 >"$tmp/mpi.log" 2>&1 &
+  pid=$!
+  rc=0
+  wait "$pid" || rc=$?
+  prefix="nbr-$pid"
+  pid=""
+  [ "$rc" -eq 0 ] || { cat "$tmp/mpi.log"; fail "the mpirun run exited $rc"; }
+  grep -q "dc-a: 2 ranks under mpirun" "$tmp/mpi.log" || fail "dc-a did not run under mpirun"
+  [ "$(jq .ranks "$tmp/mpi/dc-a/summary.json")" -eq 2 ] || fail "dc-a summary: not 2 ranks"
+  [ "$(jq -r .global_xxh3 "$tmp/mpi/dc-a/summary.json")" = \
+    "$(jq -r .global_xxh3 "$tmp/mpi/dc-b/summary.json")" ] || fail "mpirun run: hashes differ"
+  assert_nothing_left "$prefix" "$tmp"
+fi
+
+# 5. --loopback as root: no namespaces
 "$nebula" run "$tmp/job.json" --out "$tmp/lo" --data-dir "$data" --steps 8 --loopback >"$tmp/lo.log" 2>&1 ||
   { cat "$tmp/lo.log"; fail "--loopback run failed"; }
 grep -q "2 clusters on loopback" "$tmp/lo.log" || fail "--loopback did not stay on loopback"
