@@ -120,4 +120,15 @@ fi
 "$nebula" run "$tmp/job.json" --out "$tmp/lo" --data-dir "$data" --steps 8 --loopback >"$tmp/lo.log" 2>&1 ||
   { cat "$tmp/lo.log"; fail "--loopback run failed"; }
 grep -q "2 clusters on loopback" "$tmp/lo.log" || fail "--loopback did not stay on loopback"
+
+# 6. refused: both flags, and --netns for a job that is not two clusters
+rc=0
+"$nebula" run "$tmp/job.json" --netns --loopback >"$tmp/both.log" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && grep -q "exclude each other" "$tmp/both.log" || fail "--netns --loopback not refused ($rc)"
+sed 's/{"id": "dc-b",/{"id": "dc-c", "data": {"tier": "quick", "languages": ["en"]}}, {"id": "dc-b",/' \
+  "$tmp/job.json" >"$tmp/three.json"
+rc=0
+"$nebula" run "$tmp/three.json" --out "$tmp/three" --data-dir "$data" --netns >"$tmp/three.log" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && grep -q "joins exactly two clusters" "$tmp/three.log" ||
+  { cat "$tmp/three.log"; fail "--netns with three clusters not refused ($rc)"; }
 echo "PASS"
