@@ -20,13 +20,12 @@ fi
 command -v jq >/dev/null || fail "jq not found (scripts/setup.sh installs it)"
 tmp=$(mktemp -d /tmp/nb_run_netns.XXXXXX)
 pid=""
+runs=() # every nebula run started here: its link is nbr-<pid>
 cleanup() {
   [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
   for p in $(pgrep -f -- "worker --job $tmp" || true); do kill -9 "$p" 2>/dev/null || true; done
-  for d in /run/nebula-wan/nbr-*; do # only links whose nebula run is gone (ours, killed)
-    [ -e "$d" ] || continue
-    p=${d##*/nbr-}
-    kill -0 "$p" 2>/dev/null || "$NB_WAN_DIR/wan-down.sh" --prefix "nbr-$p" >/dev/null 2>&1 || true
+  for p in "${runs[@]}"; do
+    [ -e "/run/nebula-wan/nbr-$p" ] && "$NB_WAN_DIR/wan-down.sh" --prefix "nbr-$p" >/dev/null 2>&1
   done
   rm -rf "$tmp"
 }
@@ -43,11 +42,12 @@ write_job "$tmp/job.json" ns-test \
 # 1. a complete run through the namespaces
 "$nebula" run "$tmp/job.json" --out "$tmp/run" --data-dir "$data" >"$tmp/run.log" 2>&1 &
 pid=$!
+runs+=("$pid")
 rc=0
 wait "$pid" || rc=$?
 prefix="nbr-$pid"
 pid=""
-cat "$tmp/run.log" | grep -v '^\[dc-.\] \(round\|eval\|sched\)' || true
+grep -v '^\[dc-.\] \(round\|eval\|sched\)' "$tmp/run.log" || true
 [ "$rc" -eq 0 ] || fail "nebula run exited $rc"
 grep -q "in network namespaces behind an emulated WAN link" "$tmp/run.log" || fail "not run in namespaces"
 grep -q "WAN link $prefix: .* 20 Mbit/s each way, 25 ms one way" "$tmp/run.log" || fail "link line"
@@ -70,6 +70,7 @@ assert_nothing_left "$prefix" "$tmp"
 # 2. SIGINT in the middle of the rounds: every worker stopped, the link torn down
 "$nebula" run "$tmp/job.json" --out "$tmp/int" --data-dir "$data" --steps 4000 >"$tmp/int.log" 2>&1 &
 pid=$!
+runs+=("$pid")
 for _ in $(seq 1 300); do
   grep -q "^round 3/" "$tmp/int/dc-a/worker.log" 2>/dev/null && break
   sleep 0.1
@@ -90,6 +91,7 @@ assert_nothing_left "$prefix" "$tmp"
 sed 's/"ru"/"fa"/' "$tmp/job.json" >"$tmp/bad.json"
 "$nebula" run "$tmp/bad.json" --out "$tmp/bad" --data-dir "$data" >"$tmp/bad.log" 2>&1 &
 pid=$!
+runs+=("$pid")
 rc=0
 wait "$pid" || rc=$?
 prefix="nbr-$pid"
@@ -104,6 +106,7 @@ if command -v mpirun >/dev/null; then
   sed 's/{"id": "dc-a",/{"id": "dc-a", "workers": 2,/' "$tmp/job.json" >"$tmp/mpi.json"
   "$nebula" run "$tmp/mpi.json" --out "$tmp/mpi" --data-dir "$data" --steps 12 >"$tmp/mpi.log" 2>&1 &
   pid=$!
+  runs+=("$pid")
   rc=0
   wait "$pid" || rc=$?
   prefix="nbr-$pid"
