@@ -37,7 +37,7 @@ static void nb__e2e_usage(FILE* f) {
 }
 
 /* Writes variant `v` of the base descriptor to path. */
-static int nb__e2e_job(json_t* base, const char* v, double rate, const char* path) {
+static int nb__e2e_job(json_t* base, const char* v, double rate, double delay, const char* path) {
   json_t* j = json_deep_copy(base);
   json_t* spec = json_object_get(j, "spec");
   json_t* meta = json_object_get(j, "metadata");
@@ -52,7 +52,11 @@ static int nb__e2e_job(json_t* base, const char* v, double rate, const char* pat
     return -1;
   }
   json_object_set_new(link, "rateMbit", json_real(rate));
-  json_object_del(link, "delayMs");
+  /* as root, nebula run puts the two clusters in namespaces behind this delay (deploy/wan) */
+  if (delay > 0 && geteuid() == 0 && strcmp(v, "single") != 0)
+    json_object_set_new(link, "delayMs", json_real(delay));
+  else
+    json_object_del(link, "delayMs");
   json_object_set_new(spec, "checkpoint", json_pack("{s:i}", "everyRounds", 0));
   if (strcmp(v, "single") == 0) {
     /* one cluster: every language and every worker; the outer step is the identity */
@@ -219,7 +223,7 @@ int nb_bench_e2e_main(int argc, char** argv) {
     snprintf(jp, sizeof jp, "%s/%s.json", out, res[i].name);
     snprintf(op, sizeof op, "%s/%s", out, res[i].name);
     snprintf(lp, sizeof lp, "%s/%s.log", out, res[i].name);
-    if (nb__e2e_job(base, res[i].name, rate, jp) != 0) {
+    if (nb__e2e_job(base, res[i].name, rate, delay, jp) != 0) {
       fprintf(stderr, "nebula bench e2e: %s: cannot derive the %s job\n", job, res[i].name);
       rc = 1;
       break;

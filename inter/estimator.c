@@ -94,27 +94,13 @@ static void est_restart(nb_estimator_t* est, double g, const char* why) {
   est->run_side = 0;
 }
 
-nb_status_t nb_estimator_add_transfer(nb_estimator_t* est, uint64_t bytes, double seconds,
-                                      uint32_t streams) {
-  if (!est) return nb_error(NB_ERR_INVALID, "estimator: estimator is NULL");
-  if (bytes == 0) return nb_error(NB_ERR_INVALID, "estimator: transfer of 0 bytes");
-  if (!isfinite(seconds) || seconds <= 0.0)
-    return nb_error(NB_ERR_INVALID, "estimator: transfer time must be finite and > 0, got %g",
-                    seconds);
-  if (streams == 0) return nb_error(NB_ERR_INVALID, "estimator: transfer over 0 streams");
-  double now = nb_now_s();
-  pthread_mutex_lock(&est->mu);
-  est->e.bytes_total += bytes;
-  est->e.seconds_total += seconds;
-  est->e.updated_s = now;
-  if (bytes < est->cfg.min_bytes) {
-    /* Too small to say anything about bandwidth; its time is mostly round trips. */
-    pthread_mutex_unlock(&est->mu);
-    return NB_OK;
-  }
-  double g = (double)bytes / seconds;
+/* One goodput sample g (bytes/s) into the EWMA and the change detector. streams 0: keep the
+ * current stream count (probes travel on one connection of their own and say nothing about the
+ * data streams). Caller holds mu. */
+static void est_goodput_sample(nb_estimator_t* est, double g, uint32_t streams, double now) {
   nb_estimate_t* e = &est->e;
   e->goodput_last_Bps = g;
+  if (streams == 0) streams = e->transfer_samples ? e->streams : 1;
   if (e->transfer_samples == 0) {
     est_restart(est, g, "first sample");
   } else if (streams != e->streams) {
@@ -146,6 +132,43 @@ nb_status_t nb_estimator_add_transfer(nb_estimator_t* est, uint64_t bytes, doubl
   e->streams = streams;
   e->transfer_samples++;
   est->last_goodput_s = now;
+}
+
+nb_status_t nb_estimator_add_transfer(nb_estimator_t* est, uint64_t bytes, double seconds,
+                                      uint32_t streams) {
+  if (!est) return nb_error(NB_ERR_INVALID, "estimator: estimator is NULL");
+  if (bytes == 0) return nb_error(NB_ERR_INVALID, "estimator: transfer of 0 bytes");
+  if (!isfinite(seconds) || seconds <= 0.0)
+    return nb_error(NB_ERR_INVALID, "estimator: transfer time must be finite and > 0, got %g",
+                    seconds);
+  if (streams == 0) return nb_error(NB_ERR_INVALID, "estimator: transfer over 0 streams");
+  double now = nb_now_s();
+  pthread_mutex_lock(&est->mu);
+  est->e.bytes_total += bytes;
+  est->e.seconds_total += seconds;
+  est->e.updated_s = now;
+  if (bytes >= est->cfg.min_bytes) /* smaller ones say nothing about bandwidth: mostly RTTs */
+    est_goodput_sample(est, (double)bytes / seconds, streams, now);
+  pthread_mutex_unlock(&est->mu);
+  return NB_OK;
+}
+
+nb_status_t nb_estimator_add_probe(nb_estimator_t* est, uint64_t bytes, double seconds) {
+  if (!est) return nb_error(NB_ERR_INVALID, "estimator: estimator is NULL");
+  if (bytes == 0) return nb_error(NB_ERR_INVALID, "estimator: probe of 0 bytes");
+  if (!isfinite(seconds) || seconds <= 0.0)
+    return nb_error(NB_ERR_INVALID, "estimator: probe time must be finite and > 0, got %g",
+                    seconds);
+  double now = nb_now_s();
+  pthread_mutex_lock(&est->mu);
+  /* The probe's time is one round trip plus its bytes at the bottleneck rate; the round trip
+   * is the smallest one seen lately (queueing excluded). At least 5% of the time is kept as
+   * transfer time, so a probe faster than the RTT floor cannot claim an infinite rate. */
+  double t = seconds - est->e.rtt_min_s;
+  if (t < 0.05 * seconds) t = 0.05 * seconds;
+  est->e.probe_samples++;
+  est->e.updated_s = now;
+  est_goodput_sample(est, (double)bytes / t, 0, now);
   pthread_mutex_unlock(&est->mu);
   return NB_OK;
 }

@@ -39,7 +39,8 @@ typedef struct {
   double rtt_var_s;        /* RTT mean deviation (RFC 6298, beta 1/4) */
   double rtt_min_s;        /* minimum over the RTT window */
   double rtt_last_s;       /* latest RTT sample */
-  uint64_t transfer_samples, rtt_samples;
+  uint64_t transfer_samples, rtt_samples; /* goodput samples (transfers and probes), RTTs */
+  uint64_t probe_samples;                 /* goodput samples that came from probes */
   uint64_t restarts;    /* times the goodput average was restarted (change, streams, stale) */
   uint64_t bytes_total; /* bytes of every transfer reported */
   double seconds_total; /* seconds of every transfer reported */
@@ -62,6 +63,14 @@ void nb_estimator_destroy(nb_estimator_t* est);
  * finite or <= 0, streams 0. Thread-safe. */
 nb_status_t nb_estimator_add_transfer(nb_estimator_t* est, uint64_t bytes, double seconds,
                                       uint32_t streams);
+
+/* Reports one bandwidth probe: `bytes` sent in one request that took `seconds` until its
+ * (small) answer came back. Its goodput sample is bytes / (seconds - minimum RTT), so probes
+ * smaller than a bandwidth-delay product still measure the rate rather than the latency (feed
+ * RTT samples first; without any the whole time counts). Probes bypass min_bytes and do not
+ * change the stream count. NB_ERR_INVALID for bytes 0, seconds not finite or <= 0.
+ * Thread-safe. */
+nb_status_t nb_estimator_add_probe(nb_estimator_t* est, uint64_t bytes, double seconds);
 
 /* Reports one round-trip time sample in seconds (ping or request/ack). NB_ERR_INVALID for a
  * value not finite or <= 0. Thread-safe. */

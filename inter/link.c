@@ -19,6 +19,12 @@ NB_PARAM_INT(LinkChunkKib, "NB_LINK_CHUNK_KIB", 1024, 4, 65536, "plaintext KiB p
 NB_PARAM_INT(LinkWindow, "NB_LINK_WINDOW", 8, 1, 1024, "chunks in flight per stream")
 NB_PARAM_INT(LinkStallMs, "NB_LINK_STALL_MS", 15000, 100, 3600000,
              "a stream without an ack for this long is dropped and reopened")
+NB_PARAM_INT(LinkProbeMaxShareX100, "NB_LINK_PROBE_SHARE_PCT", 25, 1, 100,
+             "bandwidth probes take at most this percentage of the link's time")
+NB_PARAM_INT(LinkProbeKib, "NB_LINK_PROBE_KIB", 256, 1, 4096,
+             "bandwidth probe size in KiB (nb_link_probe_start with 0 bytes)")
+NB_PARAM_INT(LinkProbeMs, "NB_LINK_PROBE_MS", 2000, 10, 3600000,
+             "period of the bandwidth probe in ms (nb_link_probe_start with interval 0)")
 NB_PARAM_INT(LinkMaxFrameMb, "NB_LINK_MAX_FRAME_MB", 4096, 1, 1048576,
              "largest frame a receiver accepts, MiB")
 
@@ -94,6 +100,15 @@ struct nb_link {
   int cancelled;
   nb_rpc_stream_t** active; /* the stream each worker has open (for cancel) */
   uint64_t ping_seq;
+  /* bandwidth probes (under mu): a send in progress, a probe in progress, probes started and
+   * finished (a ping that overlapped one does not count as an RTT sample: it queued behind it) */
+  int sending, probing;
+  uint64_t probe_gen, pings_ok;
+  pthread_t probe_th;
+  int probe_running, probe_stop;
+  pthread_cond_t probe_cv;
+  size_t probe_bytes;
+  int64_t probe_interval_ms;
 };
 
 /* One transfer in progress, shared by the stream workers. */
@@ -156,6 +171,7 @@ nb_status_t nb_link_create(const nb_link_config_t* cfg, nb_link_t** out) {
   L->chunk_bytes = cfg->chunk_bytes ? cfg->chunk_bytes : (size_t)nb_param_LinkChunkKib() << 10;
   L->stall_ms = cfg->stall_ms > 0 ? cfg->stall_ms : nb_param_LinkStallMs();
   pthread_mutex_init(&L->mu, NULL);
+  nb__cond_init_mono(&L->probe_cv);
   if (L->chunk_bytes > ((size_t)48 << 20)) {
     st = nb_error(NB_ERR_INVALID, "link: chunk of %zu bytes > 48 MiB", L->chunk_bytes);
     goto fail;
@@ -183,6 +199,7 @@ fail:
 
 void nb_link_destroy(nb_link_t* L) {
   if (!L) return;
+  nb_link_probe_stop(L);
   if (L->data)
     for (uint32_t i = 0; i < L->streams; i++) nb_rpc_client_destroy(L->data[i]);
   nb_rpc_client_destroy(L->ctl);
@@ -190,6 +207,7 @@ void nb_link_destroy(nb_link_t* L) {
   nb_estimator_destroy(L->est);
   nb_free(L->data);
   nb_free(L->active);
+  pthread_cond_destroy(&L->probe_cv);
   pthread_mutex_destroy(&L->mu);
   nb_free(L);
 }
@@ -243,6 +261,8 @@ nb_status_t nb_link_ping(nb_link_t* L, int64_t timeout_ms, size_t payload_bytes,
   Nebula__V1__PingRequest req = NEBULA__V1__PING_REQUEST__INIT;
   pthread_mutex_lock(&L->mu);
   req.seq = ++L->ping_seq;
+  uint64_t gen0 = L->probe_gen;
+  int busy0 = L->probing;
   pthread_mutex_unlock(&L->mu);
   req.sent_unix_ns = nb_wall_ns();
   req.sender = L->local;
@@ -261,11 +281,125 @@ nb_status_t nb_link_ping(nb_link_t* L, int64_t timeout_ms, size_t payload_bytes,
                   r->responder ? r->responder : "", (unsigned long long)r->seq,
                   (unsigned long long)req.seq);
   } else {
-    if (payload_bytes == 0) nb_estimator_add_rtt(L->est, rtt > 1e-6 ? rtt : 1e-6);
+    pthread_mutex_lock(&L->mu);
+    int first = L->pings_ok++ == 0;
+    int clean = !busy0 && !L->probing && gen0 == L->probe_gen;
+    pthread_mutex_unlock(&L->mu);
+    if (first && payload_bytes == 0) {
+      /* the first ping also opened the connection (TCP, TLS handshake): not an RTT sample;
+       * measure again on the open connection */
+      protobuf_c_message_free_unpacked(resp, NULL);
+      return nb_link_ping(L, timeout_ms, 0, rtt_s);
+    }
+    if (payload_bytes == 0 && clean) nb_estimator_add_rtt(L->est, rtt > 1e-6 ? rtt : 1e-6);
     if (rtt_s) *rtt_s = rtt;
   }
   protobuf_c_message_free_unpacked(resp, NULL);
   return st;
+}
+
+nb_status_t nb_link_probe(nb_link_t* L, size_t bytes, int64_t timeout_ms, double* goodput_Bps) {
+  if (goodput_Bps) *goodput_Bps = 0;
+  if (!L) return nb_error(NB_ERR_INVALID, "link: NULL");
+  if (bytes == 0 || bytes > ((size_t)4 << 20))
+    return nb_error(NB_ERR_INVALID, "probe of %zu bytes: must be in [1, 4 MiB]", bytes);
+  pthread_mutex_lock(&L->mu);
+  L->probing++;
+  L->probe_gen++;
+  pthread_mutex_unlock(&L->mu);
+  int64_t t0 = nb_now_ns();
+  int64_t deadline = timeout_ms > 0 ? t0 + timeout_ms * 1000000LL : 0;
+  /* the probe's bytes pass the operator's cap like data (it is part of the link) */
+  nb_status_t st = deadline ? nb_ratelimit_acquire_until(L->rl, bytes, deadline)
+                            : nb_ratelimit_acquire(L->rl, bytes);
+  if (st == NB_OK) {
+    int64_t left = deadline ? (deadline - nb_now_ns()) / 1000000 : timeout_ms;
+    st = left < 1 && deadline
+             ? nb_error(NB_ERR_TIMEOUT, "probe %s: no time left after the cap", L->peer)
+             : nb_link_ping(L, left, bytes, NULL);
+  }
+  double secs = (double)(nb_now_ns() - t0) * 1e-9;
+  pthread_mutex_lock(&L->mu);
+  L->probing--;
+  L->probe_gen++;
+  pthread_mutex_unlock(&L->mu);
+  if (st != NB_OK) return st;
+  NB_CHECK(nb_estimator_add_probe(L->est, bytes, secs));
+  nb_estimate_t e;
+  nb_estimator_get(L->est, &e);
+  if (goodput_Bps) *goodput_Bps = e.goodput_last_Bps;
+  NB_INFO(WIRE, "link %s -> %s: probe of %zu bytes in %.3f s (min RTT %.1f ms): %.2f Mbit/s",
+          L->local, L->peer, bytes, secs, e.rtt_min_s * 1e3, e.goodput_last_Bps * 8e-6);
+  return NB_OK;
+}
+
+/* The probe thread: one probe every interval while no send is in progress, at most
+ * NB_LINK_PROBE_SHARE_PCT of the time. */
+static void* nb__probe_main(void* arg) {
+  nb_link_t* L = arg;
+  double share = (double)nb_param_LinkProbeMaxShareX100() / 100.0;
+  int64_t due = nb_now_ns() + L->probe_interval_ms * 1000000LL;
+  pthread_mutex_lock(&L->mu);
+  while (!L->probe_stop) {
+    int64_t now = nb_now_ns();
+    if (now < due) {
+      nb__cond_wait_until(&L->probe_cv, &L->mu, due);
+      continue;
+    }
+    if (L->sending || L->cancelled) { /* data has the link: look again shortly */
+      due = now + 100000000LL;
+      continue;
+    }
+    size_t bytes = L->probe_bytes;
+    int64_t interval_ns = L->probe_interval_ms * 1000000LL;
+    pthread_mutex_unlock(&L->mu);
+    int64_t t0 = nb_now_ns();
+    nb_status_t st = nb_link_probe(L, bytes, 5000, NULL);
+    int64_t took = nb_now_ns() - t0;
+    if (st != NB_OK)
+      NB_INFO(WIRE, "link %s -> %s: probe failed: %s", L->local, L->peer, nb_error_last());
+    int64_t gap = (int64_t)((double)took / share) - took;
+    due = nb_now_ns() + (gap > interval_ns ? gap : interval_ns);
+    pthread_mutex_lock(&L->mu);
+  }
+  pthread_mutex_unlock(&L->mu);
+  return NULL;
+}
+
+nb_status_t nb_link_probe_start(nb_link_t* L, size_t bytes, int64_t interval_ms) {
+  if (!L) return nb_error(NB_ERR_INVALID, "link: NULL");
+  if (bytes == 0) bytes = (size_t)nb_param_LinkProbeKib() << 10;
+  if (interval_ms == 0) interval_ms = nb_param_LinkProbeMs();
+  if (bytes == 0 || bytes > ((size_t)4 << 20))
+    return nb_error(NB_ERR_INVALID, "probe of %zu bytes: must be in [1, 4 MiB]", bytes);
+  if (interval_ms < 10)
+    return nb_error(NB_ERR_INVALID, "probe interval %lld ms: must be >= 10",
+                    (long long)interval_ms);
+  pthread_mutex_lock(&L->mu);
+  L->probe_bytes = bytes;
+  L->probe_interval_ms = interval_ms;
+  int running = L->probe_running;
+  if (!running) {
+    L->probe_stop = 0;
+    if (pthread_create(&L->probe_th, NULL, nb__probe_main, L) != 0) {
+      pthread_mutex_unlock(&L->mu);
+      return nb_error(NB_ERR_SYSTEM, "link %s: cannot start the probe thread", L->peer);
+    }
+    L->probe_running = 1;
+  }
+  pthread_mutex_unlock(&L->mu);
+  return NB_OK;
+}
+
+void nb_link_probe_stop(nb_link_t* L) {
+  if (!L) return;
+  pthread_mutex_lock(&L->mu);
+  int running = L->probe_running;
+  L->probe_stop = 1;
+  L->probe_running = 0;
+  pthread_cond_broadcast(&L->probe_cv);
+  pthread_mutex_unlock(&L->mu);
+  if (running) pthread_join(L->probe_th, NULL);
 }
 
 /* Sets the transfer's fatal status (first one wins) and wakes everybody. x->mu held. */
@@ -621,6 +755,9 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
   x.hash = nb_xxh3_64(frame, len, 0);
   pthread_mutex_init(&x.mu, NULL);
   nb__cond_init_mono(&x.cv);
+  pthread_mutex_lock(&L->mu);
+  L->sending++;
+  pthread_mutex_unlock(&L->mu);
   int64_t t0 = nb_now_ns();
   uint32_t nstreams = L->streams < x.count ? L->streams : x.count;
   for (; started < nstreams; started++) {
@@ -634,6 +771,9 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
   }
   for (uint32_t i = 0; i < started; i++) pthread_join(th[i], NULL);
   double secs = (double)(nb_now_ns() - t0) * 1e-9;
+  pthread_mutex_lock(&L->mu);
+  L->sending--;
+  pthread_mutex_unlock(&L->mu);
   if (x.complete) {
     st = NB_OK;
     if (secs > 0) nb_estimator_add_transfer(L->est, len, secs, nstreams);

@@ -102,6 +102,24 @@ void nb_link_resume(nb_link_t* link);
  * Thread-safe, may run during a send. */
 nb_status_t nb_link_ping(nb_link_t* link, int64_t timeout_ms, size_t payload_bytes, double* rtt_s);
 
+/* One bandwidth probe: `bytes` (1 B .. 4 MiB) of payload in a Ping on the control connection,
+ * after passing the operator's cap like data. Its time feeds the estimator as a probe
+ * (nb_estimator_add_probe: bytes / (time - min RTT)), so links whose frames are too small to
+ * measure bandwidth still get a goodput estimate that follows the link. *goodput_Bps (may be
+ * NULL) gets the sample. Heartbeats that overlap a probe are not used as RTT samples. Returns
+ * NB_ERR_INVALID for a bad size, else as nb_link_ping. Thread-safe. */
+nb_status_t nb_link_probe(nb_link_t* link, size_t bytes, int64_t timeout_ms, double* goodput_Bps);
+
+/* Starts (or re-tunes) a background thread that probes every interval_ms (>= 10; 0 =
+ * NB_LINK_PROBE_MS) with `bytes` (0 = NB_LINK_PROBE_KIB),
+ * skipping while a send is in progress, and spacing probes so that they take at most
+ * NB_LINK_PROBE_SHARE_PCT of the time. Stopped by nb_link_probe_stop or nb_link_destroy.
+ * Returns NB_ERR_INVALID for bad values, NB_ERR_SYSTEM. Thread-safe. */
+nb_status_t nb_link_probe_start(nb_link_t* link, size_t bytes, int64_t interval_ms);
+
+/* Stops the probe thread (waits for a probe in flight, at most its 5 s timeout). NULL ok. */
+void nb_link_probe_stop(nb_link_t* link);
+
 /* The link's goodput/RTT estimator, fed by every completed send and every ping; the scheduler
  * reads it (nb_estimator_get / nb_estimator_predict_s). Borrowed, valid for the link's lifetime. */
 nb_estimator_t* nb_link_estimator(nb_link_t* link);

@@ -103,7 +103,8 @@ static nb_status_t sched_input_check(const nb_sched_input_t* in) {
 void nb_sched_input_from_estimate(nb_sched_input_t* in, const nb_estimate_t* est) {
   if (!in || !est) return;
   in->goodput_Bps = est->goodput_Bps;
-  in->rtt_s = est->rtt_s;
+  /* the latency floor: queueing behind our own traffic is already in the measured goodput */
+  in->rtt_s = est->rtt_min_s > 0 ? est->rtt_min_s : est->rtt_s;
 }
 
 const char* nb_sched_reason_name(nb_sched_reason_t r) {

@@ -85,7 +85,9 @@ void nb_sched_config_default(nb_sched_config_t* cfg);
 /* Checks a configuration; NB_ERR_INVALID names the first bad field. */
 nb_status_t nb_sched_config_check(const nb_sched_config_t* cfg);
 
-/* Copies goodput and smoothed RTT from an estimate into in (other fields untouched). */
+/* Copies goodput and RTT from an estimate into in (other fields untouched). The RTT is the
+ * windowed minimum (the smoothed one while there is none): the fixed round trips of an exchange
+ * cost the link's latency, while queueing behind our own traffic is already in the goodput. */
 void nb_sched_input_from_estimate(nb_sched_input_t* in, const nb_estimate_t* est);
 
 /* Decides the next round. cfg, in: borrowed. prev: the previous round's decision or NULL (used

@@ -1,8 +1,10 @@
 /* `nebula run JOB.json`: every cluster of a job on this machine, without gateways: a PKI and a
- * job secret in the run folder, one `nebula worker` per cluster on a free loopback port (the
- * link's rate cap applies on loopback), their logs streamed with a [cluster] prefix, every child
- * stopped on the first failure or on SIGINT/SIGTERM, and a summary table. Not here: network
- * namespaces with an emulated WAN (deploy/wan, as root), mpirun per cluster, resume. */
+ * job secret in the run folder, one `nebula worker` (or mpirun) per cluster, either each of two
+ * clusters in its own network namespace behind the emulated WAN link of deploy/wan (root; rate
+ * and one-way delay from the job's link) or on a free loopback port (the link's rate cap only),
+ * their logs streamed with a [cluster] prefix, every child stopped on the first failure or on
+ * SIGINT/SIGTERM, the link torn down, and a summary table. Not here: more than two clusters in
+ * namespaces (deploy/wan builds one pair), gateways. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -12,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -35,11 +38,17 @@ static void nb__run_usage(FILE* f) {
   fprintf(
       f,
       "usage: nebula run JOB.json [--out DIR] [--steps N] [--data-dir DIR] [--resume] [--no-mpi]\n"
+      "                           [--netns | --loopback]\n"
       "\n"
-      "Starts every cluster of the job on this machine (one 'nebula worker' each, over\n"
-      "loopback with mutual TLS and sealed frames, the link's rate cap applied), streams\n"
-      "their logs, waits, and prints a summary. DIR (default runs/<job>) receives pki/,\n"
-      "job.secret and one folder per cluster with worker.log, rounds.tsv, summary.json.\n"
+      "Starts every cluster of the job on this machine (one 'nebula worker' each, with\n"
+      "mutual TLS and sealed frames), streams their logs, waits, and prints a summary.\n"
+      "As root, a two-cluster job whose link has a delay runs each cluster in its own\n"
+      "network namespace behind the emulated WAN link of deploy/wan (link.rateMbit each way,\n"
+      "link.delayMs one way), torn down at the end; otherwise over loopback with the\n"
+      "link's rate cap. DIR (default runs/<job>) receives pki/, job.secret and one folder\n"
+      "per cluster with worker.log, rounds.tsv, summary.json.\n"
+      "  --netns          namespaces even without a delay (error if not possible)\n"
+      "  --loopback       loopback even as root with a delay\n"
       "  --steps N        override training.maxSteps (inner steps per cluster)\n"
       "  --data-dir DIR   data folder for every cluster (mono/<lang>.txt)\n"
       "  --resume         continue every cluster from its newest checkpoint in DIR\n"
@@ -156,8 +165,126 @@ static void nb__run_kill_all(nb__run_child_t* ch, int n) {
   }
 }
 
-static int nb__run_setup_security(const char* dir, const nb_job_config_t* job, char* pki,
-                                  size_t pki_cap, char* secret_path, size_t sp_cap) {
+/* The emulated WAN link of a namespace run (deploy/wan): prefix, scripts, addresses. */
+typedef struct {
+  int on, up;
+  char prefix[32];
+  char dir[4096]; /* deploy/wan */
+  const char* addr[2];
+  char ns[2][48];
+} nb__run_wan_t;
+
+static int nb__run_is_file(const char* p, int mode) {
+  return access(p, mode) == 0;
+}
+
+/* Finds deploy/wan: $NB_WAN_DIR, then next to the build tree of this executable. */
+static int nb__run_wan_find(const char* exe, nb__run_wan_t* w) {
+  const char* env = getenv("NB_WAN_DIR");
+  char base[3072], cand[4200];
+  if (env && *env) {
+    if (snprintf(cand, sizeof cand, "%s/wan-up.sh", env) >= (int)sizeof cand ||
+        !nb__run_is_file(cand, R_OK) ||
+        snprintf(w->dir, sizeof w->dir, "%s", env) >= (int)sizeof w->dir)
+      return -1;
+    return 0;
+  }
+  if (snprintf(base, sizeof base, "%s", exe) >= (int)sizeof base) return -1;
+  char* slash = strrchr(base, '/');
+  if (slash) *slash = 0;
+  static const char* const rel[] = {"../deploy/wan", "../../deploy/wan", "../share/nebula/wan"};
+  for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+    snprintf(cand, sizeof cand, "%s/%s/wan-up.sh", base, rel[i]);
+    if (nb__run_is_file(cand, R_OK)) {
+      snprintf(w->dir, sizeof w->dir, "%s/%s", base, rel[i]);
+      /* the delay line built next to this executable, unless the caller chose one */
+      snprintf(cand, sizeof cand, "%s/deploy/wan/nb-delayline", base);
+      if (!getenv("NB_DELAYLINE") && nb__run_is_file(cand, X_OK)) setenv("NB_DELAYLINE", cand, 1);
+      return 0;
+    }
+  }
+  return -1;
+}
+
+/* Runs deploy/wan/<script> with args in its own process group (a Ctrl-C meant for us must not
+ * cut a set-up or tear-down short), output appended to log. Returns its exit status, -1. */
+static int nb__run_wan_script(const nb__run_wan_t* w, const char* script, const char* const* args,
+                              const char* log) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", w->dir, script);
+  const char* av[16];
+  int k = 0;
+  av[k++] = "bash";
+  av[k++] = path;
+  for (int i = 0; args[i] && k < 15; i++) av[k++] = args[i];
+  av[k] = NULL;
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    setpgid(0, 0);
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    execvp("bash", (char* const*)av);
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Brings the link up: rate each way = link.rateMbit (0 = unshaped), one-way delay link.delayMs. */
+static int nb__run_wan_up(nb__run_wan_t* w, const nb_job_config_t* job, const char* log) {
+  char rate[32], delay[32];
+  snprintf(rate, sizeof rate, "%g", job->link.rate_mbit > 0 ? job->link.rate_mbit : 0.0);
+  snprintf(delay, sizeof delay, "%g", job->link.delay_ms > 0 ? job->link.delay_ms : 0.0);
+  const char* args[] = {"--prefix", w->prefix, "--rate-mbit", rate, "--delay-ms", delay, NULL};
+  w->up = 1; /* from here on, tear down whatever happens (wan-down is idempotent) */
+  int rc = nb__run_wan_script(w, "wan-up.sh", args, log);
+  if (rc != 0) {
+    fprintf(stderr, "nebula run: the emulated WAN link did not come up (exit %d; see %s)\n", rc,
+            log);
+    return -1;
+  }
+  printf("nebula run: WAN link %s: %s (%s) <-> %s (%s), %s Mbit/s each way, %s ms one way\n",
+         w->prefix, w->ns[0], w->addr[0], w->ns[1], w->addr[1], rate, delay);
+  return 0;
+}
+
+static void nb__run_wan_down(nb__run_wan_t* w, const char* log) {
+  if (!w->up) return;
+  const char* args[] = {"--prefix", w->prefix, NULL};
+  int rc = nb__run_wan_script(w, "wan-down.sh", args, log);
+  if (rc != 0)
+    fprintf(stderr,
+            "nebula run: tearing down the WAN link %s failed (exit %d; see %s); run "
+            "%s/wan-down.sh --prefix %s\n",
+            w->prefix, rc, log, w->dir, w->prefix);
+  else
+    printf("nebula run: WAN link %s torn down\n", w->prefix);
+  w->up = 0;
+}
+
+/* In the child: moves this process into network namespace ns (a name under /run/netns). */
+static int nb__run_enter_ns(const char* ns) {
+  char p[128];
+  snprintf(p, sizeof p, "/run/netns/%s", ns);
+  int fd = open(p, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  int rc = setns(fd, CLONE_NEWNET);
+  close(fd);
+  return rc;
+}
+
+static int nb__run_setup_security(const char* dir, const nb_job_config_t* job,
+                                  const nb__run_wan_t* wan, char* pki, size_t pki_cap,
+                                  char* secret_path, size_t sp_cap) {
   if (snprintf(pki, pki_cap, "%s/pki", dir) >= (int)pki_cap ||
       snprintf(secret_path, sp_cap, "%s/job.secret", dir) >= (int)sp_cap) {
     fprintf(stderr, "nebula run: --out path too long\n");
@@ -167,8 +294,11 @@ static int nb__run_setup_security(const char* dir, const nb_job_config_t* job, c
     fprintf(stderr, "nebula run: creating the PKI in %s: %s\n", pki, nb_error_last());
     return -1;
   }
-  static const char* const sans[] = {"IP:127.0.0.1"};
   for (int i = 0; i < job->n_clusters; i++) {
+    /* the address the cluster's server binds: its namespace's, or loopback */
+    char san[64];
+    snprintf(san, sizeof san, "IP:%s", wan->on ? wan->addr[i] : "127.0.0.1");
+    const char* sans[] = {san};
     nb_pki_issue_opts_t o = {
         .kind = NB_PKI_CLUSTER, .name = job->clusters[i].id, .sans = sans, .n_sans = 1, .days = 30};
     if (nb_pki_dir_issue(pki, &o, 1) != NB_OK) {
@@ -195,8 +325,8 @@ static int nb__run_setup_security(const char* dir, const nb_job_config_t* job, c
 }
 
 static int nb__run_table(nb__run_child_t* ch, int n, double wall) {
-  printf("\n%-10s %6s %8s %10s %12s %9s %8s  %s\n", "cluster", "rounds", "eval_bpb", "wan_MB",
-         "bits/param", "util", "wall_s", "theta_global");
+  printf("\n%-10s %6s %8s %10s %12s %9s %8s %8s  %s\n", "cluster", "rounds", "eval_bpb", "wan_MB",
+         "bits/param", "util", "wall_s", "rtt_ms", "theta_global");
   char first[24] = "";
   int same = 1;
   for (int i = 0; i < n; i++) {
@@ -210,13 +340,20 @@ static int nb__run_table(nb__run_child_t* ch, int n, double wall) {
       continue;
     }
     const char* hx = json_string_value(json_object_get(s, "global_xxh3"));
-    printf("%-10s %6lld %8.4f %10.3f %12.4f %9.3f %8.1f  %s\n", ch[i].id,
+    /* the link's smoothed RTT as the scheduler saw it last ("-" without adaptive decisions) */
+    json_t* dec = json_object_get(s, "decisions");
+    size_t nd = json_array_size(dec);
+    char rtt[24] = "-";
+    if (nd > 0)
+      snprintf(rtt, sizeof rtt, "%.1f",
+               1e3 * json_number_value(json_object_get(json_array_get(dec, nd - 1), "rtt_s")));
+    printf("%-10s %6lld %8.4f %10.3f %12.4f %9.3f %8.1f %8s  %s\n", ch[i].id,
            (long long)json_integer_value(json_object_get(s, "rounds")),
            json_real_value(json_object_get(s, "final_eval_mean_bpb")),
            (double)json_integer_value(json_object_get(s, "wan_bytes_sent")) / 1e6,
            json_real_value(json_object_get(s, "bits_per_param_per_sync")),
            json_real_value(json_object_get(s, "compute_utilization")),
-           json_real_value(json_object_get(s, "wall_s")), hx ? hx : "?");
+           json_real_value(json_object_get(s, "wall_s")), rtt, hx ? hx : "?");
     if (!hx || (first[0] && strcmp(first, hx) != 0)) same = 0;
     if (hx && !first[0]) snprintf(first, sizeof first, "%s", hx);
     json_decref(s);
@@ -228,7 +365,7 @@ static int nb__run_table(nb__run_child_t* ch, int n, double wall) {
 
 int nb_run_main(int argc, char** argv) {
   const char *file = NULL, *out = NULL, *data_dir = NULL, *steps = NULL;
-  int resume = 0, no_mpi = 0;
+  int resume = 0, no_mpi = 0, force_netns = 0, force_loop = 0;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     int v = i + 1 < argc;
@@ -239,6 +376,10 @@ int nb_run_main(int argc, char** argv) {
       resume = 1;
     } else if (strcmp(a, "--no-mpi") == 0) {
       no_mpi = 1;
+    } else if (strcmp(a, "--netns") == 0) {
+      force_netns = 1;
+    } else if (strcmp(a, "--loopback") == 0) {
+      force_loop = 1;
     } else if (strcmp(a, "--out") == 0 && v) {
       out = argv[++i];
     } else if (strcmp(a, "--data-dir") == 0 && v) {
@@ -266,6 +407,13 @@ int nb_run_main(int argc, char** argv) {
     nb__run_usage(stderr);
     return NB_EXIT_USAGE;
   }
+  if (force_netns && force_loop) {
+    fprintf(stderr, "nebula run: --netns and --loopback exclude each other\n");
+    return NB_EXIT_USAGE;
+  }
+  nb__run_wan_t wan;
+  memset(&wan, 0, sizeof wan);
+  char wanlog[NB_JOB_PATH_MAX + 16] = "";
   nb_job_config_t* job = NULL;
   nb_descriptor_diag_t* diag = NULL;
   nb__run_child_t* ch = NULL;
@@ -297,8 +445,42 @@ int nb_run_main(int argc, char** argv) {
     fprintf(stderr, "nebula run: cannot create %s: %s\n", dir, strerror(errno));
     goto done;
   }
+  char exe[4096];
+  ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (el <= 0) {
+    fprintf(stderr, "nebula run: cannot find this executable: %s\n", strerror(errno));
+    goto done;
+  }
+  exe[el] = 0;
+  /* namespaces behind the emulated WAN, or loopback */
+  if (force_netns || (!force_loop && geteuid() == 0 && job->link.delay_ms > 0)) {
+    const char* why = NULL;
+    if (geteuid() != 0)
+      why = "needs root";
+    else if (n != 2)
+      why = "the emulated WAN link of deploy/wan joins exactly two clusters";
+    else if (nb__run_wan_find(exe, &wan) != 0)
+      why = "deploy/wan not found next to this executable (set NB_WAN_DIR)";
+    if (why && force_netns) {
+      fprintf(stderr, "nebula run: --netns: %s\n", why);
+      rc = NB_EXIT_USAGE;
+      goto done;
+    }
+    if (why) {
+      printf("nebula run: namespaces not used (%s); running over loopback\n", why);
+    } else {
+      wan.on = 1;
+      snprintf(wan.prefix, sizeof wan.prefix, "nbr-%ld", (long)getpid());
+      snprintf(wan.ns[0], sizeof wan.ns[0], "%s-a", wan.prefix);
+      snprintf(wan.ns[1], sizeof wan.ns[1], "%s-b", wan.prefix);
+      wan.addr[0] = "169.254.100.1"; /* deploy/wan/lib.sh: NB_WAN_ADDR_A, _B */
+      wan.addr[1] = "169.254.100.2";
+      snprintf(wanlog, sizeof wanlog, "%s/wan.log", dir);
+    }
+  }
   char pki[NB_JOB_PATH_MAX + 16], secret[NB_JOB_PATH_MAX + 16];
-  if (nb__run_setup_security(dir, job, pki, sizeof pki, secret, sizeof secret) != 0) goto done;
+  if (nb__run_setup_security(dir, job, &wan, pki, sizeof pki, secret, sizeof secret) != 0)
+    goto done;
   int ports[NB_JOB_MAX_CLUSTERS];
   if (nb__run_ports(n, ports) != 0) {
     fprintf(stderr, "nebula run: no free loopback port: %s\n", strerror(errno));
@@ -314,11 +496,17 @@ int nb_run_main(int argc, char** argv) {
       goto done;
     }
   }
-  printf("nebula run: job %s, %d clusters on loopback%s; logs and results in %s\n", job->name, n,
-         job->link.rate_mbit > 0 ? " (rate cap applied, no delay emulation)" : "", dir);
+  if (wan.on)
+    printf(
+        "nebula run: job %s, %d clusters in network namespaces behind an emulated WAN link; "
+        "logs and results in %s\n",
+        job->name, n, dir);
+  else
+    printf("nebula run: job %s, %d clusters on loopback%s; logs and results in %s\n", job->name, n,
+           job->link.rate_mbit > 0 ? " (rate cap applied, no delay emulation)" : "", dir);
   if (job->link.rate_mbit > 0)
     printf("nebula run: link cap %.1f Mbit/s per peer%s\n", job->link.rate_mbit,
-           job->link.delay_ms > 0 ? "; link.delayMs needs the namespace path (root)" : "");
+           job->link.delay_ms > 0 && !wan.on ? "; link.delayMs needs the namespaces (root)" : "");
   fflush(stdout);
 
   struct sigaction sa;
@@ -327,14 +515,10 @@ int nb_run_main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
-
-  char exe[4096];
-  ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (el <= 0) {
-    fprintf(stderr, "nebula run: cannot find this executable: %s\n", strerror(errno));
+  if (wan.on && (nb__run_wan_up(&wan, job, wanlog) != 0 || nb__run_stop)) {
+    if (nb__run_stop) fprintf(stderr, "nebula run: interrupted while the link came up\n");
     goto done;
   }
-  exe[el] = 0;
   int use_mpi[NB_JOB_MAX_CLUSTERS], total_ranks = 0;
   int have_mpirun = system("command -v mpirun >/dev/null 2>&1") == 0;
   for (int i = 0; i < n; i++) {
@@ -352,7 +536,7 @@ int nb_run_main(int argc, char** argv) {
     char listen[64], peer_args[NB_JOB_MAX_CLUSTERS][NB_JOB_NAME_MAX + 32];
     const char* av[96];
     int k = 0;
-    snprintf(listen, sizeof listen, "127.0.0.1:%d", ch[i].port);
+    snprintf(listen, sizeof listen, "%s:%d", wan.on ? wan.addr[i] : "127.0.0.1", ch[i].port);
     char np[16];
     snprintf(np, sizeof np, "%d", job->clusters[i].workers);
     if (use_mpi[i]) {
@@ -398,9 +582,11 @@ int nb_run_main(int argc, char** argv) {
       av[k++] = data_dir;
     }
     if (resume) av[k++] = "--resume";
+    if (wan.on) av[k++] = "--no-rate-cap"; /* tbf on the emulated link is the cap */
     for (int j = 0; j < n; j++) {
       if (j == i) continue;
-      snprintf(peer_args[j], sizeof peer_args[j], "%s=127.0.0.1:%d", ch[j].id, ch[j].port);
+      snprintf(peer_args[j], sizeof peer_args[j], "%s=%s:%d", ch[j].id,
+               wan.on ? wan.addr[j] : "127.0.0.1", ch[j].port);
       av[k++] = "--peer";
       av[k++] = peer_args[j];
     }
@@ -424,6 +610,11 @@ int nb_run_main(int argc, char** argv) {
       dup2(fd, 2);
       close(fd);
       signal(SIGINT, SIG_IGN); /* the parent decides; it sends SIGTERM */
+      if (wan.on && nb__run_enter_ns(wan.ns[i]) != 0) {
+        fprintf(stderr, "nebula run: cannot enter network namespace %s: %s\n", wan.ns[i],
+                strerror(errno));
+        _exit(127);
+      }
       /* share the cores among the clusters unless the job or the user says otherwise */
       long cores = sysconf(_SC_NPROCESSORS_ONLN);
       char th[24];
@@ -485,6 +676,10 @@ int nb_run_main(int argc, char** argv) {
     }
   }
 done:
+  if (wan.up) {
+    if (ch) nb__run_kill_all(ch, n); /* nothing of ours may stay inside the namespaces */
+    nb__run_wan_down(&wan, wanlog);
+  }
   nb_free(ch);
   nb_free(diag);
   nb_free(job);

@@ -48,6 +48,8 @@ static void nb__worker_usage(FILE* f) {
       "  --pki DIR          federation PKI (DIR/ca.crt, DIR/clusters/<id>.{crt,key}): mTLS\n"
       "  --secret-file F    the job secret (32 bytes) that seals update frames\n"
       "  --insecure         allow plaintext links and unsealed frames (tests, baselines)\n"
+      "  --no-rate-cap      ignore link.rateMbit (the link itself is shaped: nebula run's\n"
+      "                     emulated WAN)\n"
       "  --data-dir DIR     data folder (mono/<lang>.txt); default the cluster's data.dir\n"
       "  --steps N          override training.maxSteps (inner steps per cluster)\n");
 }
@@ -121,6 +123,7 @@ static void nb__wk_estimate(nb_exchange_t* ex, nb_estimate_t* out) {
     nb_estimator_get(nb_link_estimator(nb_exchange_link(ex, i)), &e);
     if (i == 0 || e.goodput_Bps < out->goodput_Bps) out->goodput_Bps = e.goodput_Bps;
     if (e.rtt_s > out->rtt_s) out->rtt_s = e.rtt_s;
+    if (e.rtt_min_s > out->rtt_min_s) out->rtt_min_s = e.rtt_min_s;
   }
 }
 
@@ -193,7 +196,7 @@ int nb_worker_main(int argc, char** argv) {
   const char *job_file = NULL, *cluster = NULL, *out = NULL, *listen = "127.0.0.1:0";
   const char *pki = NULL, *secret_file = NULL, *data_dir = NULL;
   const char* peer_arg[NB__WK_MAX_PEERS];
-  int n_peer_arg = 0, insecure = 0, resume = 0;
+  int n_peer_arg = 0, insecure = 0, resume = 0, no_rate_cap = 0;
   long steps = 0;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
@@ -203,6 +206,8 @@ int nb_worker_main(int argc, char** argv) {
       return NB_EXIT_OK;
     } else if (strcmp(a, "--insecure") == 0) {
       insecure = 1;
+    } else if (strcmp(a, "--no-rate-cap") == 0) {
+      no_rate_cap = 1;
     } else if (strcmp(a, "--resume") == 0) {
       resume = 1;
     } else if (strcmp(a, "--job") == 0 && v) {
@@ -460,7 +465,7 @@ int nb_worker_main(int argc, char** argv) {
   xc.allow_unsealed = !have_secret;
   xc.streams = job->link.streams > 0 ? (uint32_t)job->link.streams : 0;
   xc.chunk_bytes = job->link.chunk_kib > 0 ? (size_t)job->link.chunk_kib * 1024 : 0;
-  xc.rate_cap_Bps = job->link.rate_mbit > 0 ? job->link.rate_mbit * 1e6 / 8 : 0;
+  xc.rate_cap_Bps = job->link.rate_mbit > 0 && !no_rate_cap ? job->link.rate_mbit * 1e6 / 8 : 0;
   if (job->sync.peer_timeout_seconds > 0) xc.dead_ms = (int)(job->sync.peer_timeout_seconds * 1000);
   if (job->n_clusters > 1) {
     if (nb_exchange_create(&xc, &ex) != NB_OK) {
@@ -528,6 +533,12 @@ int nb_worker_main(int argc, char** argv) {
     rc = nb__wk_fail(cluster, "compression settings for the scheduler");
     goto done;
   }
+  /* frames may be too small to measure the link: probe it while it is idle (inter/link.h) */
+  for (int i = 0; adaptive && i < n_peer_arg; i++)
+    if (nb_link_probe_start(nb_exchange_link(ex, (size_t)i), 0, 0) != NB_OK) {
+      rc = nb__wk_fail(cluster, "starting the link probe");
+      goto done;
+    }
   nb_sched_decision_t dec, prev_dec;
   int have_dec = 0;
   decisions = json_array();

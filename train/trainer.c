@@ -756,7 +756,10 @@ nb_status_t nb_trainer_steps_budget(nb_trainer_t* t, long k_max, double seconds,
       st = nb_error(NB_ERR_CANCELLED, "training stopped");
       break;
     }
-    if (nb_now_s() - t0 >= seconds) break;
+    /* stop before a step that would end past the budget (at the mean step time so far), so
+     * that a slow cluster does not overrun the round and make the fast ones wait */
+    double el = nb_now_s() - t0;
+    if (el + el / (double)k > seconds) break;
   }
   if (k_done) *k_done = k;
   if (loss_mean) *loss_mean = k > 0 ? sum / (double)k : 0;

@@ -62,6 +62,9 @@ ip netns add "$ns_a"
 ip netns add "$ns_b"
 for ns in "$ns_a" "$ns_b"; do
   ip -n "$ns" link set lo up
+  # Like a host tuned for a long fat pipe: a connection that paused (between rounds) keeps its
+  # congestion window instead of slow-starting again after every idle RTO.
+  ip netns exec "$ns" sysctl -qw net.ipv4.tcp_slow_start_after_idle=0
   if [ "$ipv6" -eq 0 ]; then
     # No IPv6 chatter (router solicitations, DAD) on a link that is measured.
     ip netns exec "$ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1

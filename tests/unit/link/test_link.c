@@ -511,12 +511,56 @@ static void test_deadline_and_cancel(void** state) {
   rx_side_down(&r);
 }
 
+/* Bandwidth probes pass the rate cap like data: on a 2 MB/s cap a 1 MiB probe measures about
+ * 2 MB/s (the first 64 KiB ride the bucket's burst), and about 1 MB/s once the cap is halved;
+ * the estimator counts them as probes; the probe thread keeps probing until stopped; bad sizes
+ * are refused. */
+static void test_probe(void** state) {
+  (void)state;
+  rx_side_t r;
+  rx_side_up(&r);
+  nb_seal_ctx_t* seal_a = NULL;
+  assert_int_equal(nb_seal_ctx_create(g_secret, JOB, "dc-a", "dc-b", NULL, &seal_a), NB_OK);
+  nb_link_t* l = link_to(&r, seal_a, 1, 1 << 20, 2e6);
+  for (int i = 0; i < 3; i++) assert_int_equal(nb_link_ping(l, 2000, 0, NULL), NB_OK);
+  double g1 = 0, g2 = 0;
+  assert_int_equal(nb_link_probe(l, 1 << 20, 5000, &g1), NB_OK);
+  assert_int_equal(nb_link_set_rate_cap(l, 1e6), NB_OK);
+  nb_sleep_ns(100000000); /* let the bucket refill its burst, as between rounds */
+  assert_int_equal(nb_link_probe(l, 1 << 20, 5000, &g2), NB_OK);
+  printf("probes: %.2f MB/s on a 2 MB/s cap, %.2f MB/s on 1 MB/s\n", g1 * 1e-6, g2 * 1e-6);
+  assert_true(g1 > 1.6e6 && g1 < 2.4e6);
+  assert_true(g2 / g1 > 0.4 && g2 / g1 < 0.6);
+  nb_estimate_t e;
+  nb_estimator_get(nb_link_estimator(l), &e);
+  assert_int_equal(e.probe_samples, 2);
+  assert_int_equal(e.transfer_samples, 2);
+  /* the thread: small probes every 50 ms (at most 25% of the time) until stopped */
+  assert_int_equal(nb_link_set_rate_cap(l, 0), NB_OK);
+  assert_int_equal(nb_link_probe_start(l, 4096, 50), NB_OK);
+  nb_sleep_ns(600000000);
+  nb_link_probe_stop(l);
+  nb_estimator_get(nb_link_estimator(l), &e);
+  uint64_t n = e.probe_samples;
+  assert_true(n >= 4);
+  nb_sleep_ns(200000000);
+  nb_estimator_get(nb_link_estimator(l), &e);
+  assert_int_equal(e.probe_samples, n); /* stopped */
+  assert_int_equal(nb_link_probe(l, 0, 1000, NULL), NB_ERR_INVALID);
+  assert_int_equal(nb_link_probe(l, (5u << 20), 1000, NULL), NB_ERR_INVALID);
+  assert_int_equal(nb_link_probe_start(l, 4096, 5), NB_ERR_INVALID);
+  assert_int_equal(nb_link_probe_start(l, 1024, 50), NB_OK); /* stopped by destroy */
+  nb_link_destroy(l);
+  nb_seal_ctx_destroy(seal_a);
+  rx_side_down(&r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_transfer_4_streams),  cmocka_unit_test(test_resume_after_drop),
       cmocka_unit_test(test_tampered_chunk),      cmocka_unit_test(test_replay_rejected),
       cmocka_unit_test(test_identity_mismatch),   cmocka_unit_test(test_rate_cap),
-      cmocka_unit_test(test_deadline_and_cancel),
+      cmocka_unit_test(test_deadline_and_cancel), cmocka_unit_test(test_probe),
   };
   return cmocka_run_group_tests_name("link", tests, setup, teardown);
 }

@@ -1,6 +1,7 @@
 /* Unit tests of inter/estimator: smoothing of noisy goodput, following a halved (and a doubled)
  * link within a few samples while ignoring a single outlier, small transfers feeding RTT only,
- * RTT smoothing and windowed minimum, and bad inputs. Samples are synthetic and deterministic. */
+ * RTT smoothing and windowed minimum, bandwidth probes (RTT taken off their time), and bad inputs.
+ * Samples are synthetic and deterministic. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -163,11 +164,56 @@ static void test_bad_inputs(void** state) {
   nb_estimator_destroy(NULL);
 }
 
+/* Probes: the minimum RTT is taken off their time, so a probe smaller than a bandwidth-delay
+ * product still measures the rate; they bypass min_bytes, keep the stream count, follow a halved
+ * link like transfers do, and cannot claim more than 20x their raw rate. */
+static void test_probes(void** state) {
+  (void)state;
+  nb_estimator_t* e = make();
+  /* no RTT yet: the whole time counts */
+  assert_int_equal(nb_estimator_add_probe(e, 100000, 0.2), NB_OK);
+  nb_estimate_t est;
+  nb_estimator_get(e, &est);
+  assert_true(fabs(est.goodput_Bps - 500000) < 1);
+  assert_int_equal(est.probe_samples, 1);
+  nb_estimator_destroy(e);
+
+  e = make();
+  for (int i = 0; i < 4; i++) assert_int_equal(nb_estimator_add_rtt(e, 0.05), NB_OK);
+  assert_int_equal(nb_estimator_add_transfer(e, 8 * MB, 1.0, 4), NB_OK); /* 8 MB/s, 4 streams */
+  /* 262144 bytes at 1 MB/s after a 50 ms round trip: 1 MB/s, not 262144 / 0.312 */
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(nb_estimator_add_probe(e, 262144, 0.05 + 0.262144), NB_OK);
+  nb_estimator_get(e, &est);
+  printf("after probes at 1 MB/s: %.0f B/s, last %.0f, %llu restarts\n", est.goodput_Bps,
+         est.goodput_last_Bps, (unsigned long long)est.restarts);
+  assert_true(fabs(est.goodput_last_Bps - 1e6) < 1);
+  assert_true(fabs(est.goodput_Bps - 1e6) < 0.05e6); /* the change detector restarted it */
+  assert_int_equal(est.streams, 4);                  /* a probe is not a stream-count change */
+  assert_int_equal(est.probe_samples, 5);
+  /* the link halves: three probes later the estimate is half */
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(nb_estimator_add_probe(e, 262144, 0.05 + 0.524288), NB_OK);
+  nb_estimator_get(e, &est);
+  assert_true(fabs(est.goodput_Bps - 0.5e6) < 0.01e6);
+  /* a probe faster than the RTT floor: at most 20x its raw rate */
+  assert_int_equal(nb_estimator_add_probe(e, 10000, 0.04), NB_OK);
+  nb_estimator_get(e, &est);
+  assert_true(est.goodput_last_Bps <= 10000 / 0.04 * 20 + 1);
+  /* bad inputs */
+  assert_int_equal(nb_estimator_add_probe(e, 0, 1.0), NB_ERR_INVALID);
+  assert_int_equal(nb_estimator_add_probe(e, 10, 0.0), NB_ERR_INVALID);
+  assert_int_equal(nb_estimator_add_probe(e, 10, NAN), NB_ERR_INVALID);
+  assert_int_equal(nb_estimator_add_probe(NULL, 10, 1.0), NB_ERR_INVALID);
+  nb_estimator_destroy(e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_steady_and_halved),
       cmocka_unit_test(test_small_transfers_and_streams),
       cmocka_unit_test(test_rtt),
+      cmocka_unit_test(test_probes),
       cmocka_unit_test(test_bad_inputs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -199,6 +199,63 @@ static void test_follows_estimator_through_rate_change(void** state) {
   nb_estimator_destroy(e);
 }
 
+/* The situation of the namespace test (tests/integration/run/test_sched_netns.sh): 434k
+ * parameters, int8 values, wall-time rounds of 0.8 s with 0.2 of it for the transfer, 50 ms RTT,
+ * 8 Mbit/s halved to 4 after round 8. Frames are ~40 KiB, under the estimator's 64 KiB transfer
+ * threshold, so transfers alone never give an estimate (the density would stay at its initial
+ * value); one 256 KiB probe per round does, and 4 rounds
+ * after the change the goodput and the density are about half of what they were. */
+static void test_small_frames_follow_probes(void** state) {
+  (void)state;
+  for (int probes = 0; probes <= 1; probes++) {
+    nb_estimator_t* e = NULL;
+    assert_int_equal(nb_estimator_create(NULL, &e), NB_OK);
+    nb_sched_config_t c = cfg();
+    c.overlap = 0;
+    c.fraction = 0.2;
+    c.density_floor = 0.002;
+    c.density_ceiling = 0.1;
+    c.initial_density = 0.05;
+    nb_sched_decision_t prev, d;
+    int have_prev = 0;
+    double g_before = 0, d_before = 0, g_after = 0, d_after = 0;
+    for (int round = 1; round <= 12; ++round) {
+      double rate = round <= 8 ? 1e6 : 0.5e6; /* bytes/s */
+      double frame = have_prev ? 434048 * prev.density * (8.125 + 8) / 8 + 4096 : 40000;
+      assert_true(frame < 65536);
+      assert_int_equal(nb_estimator_add_transfer(e, (uint64_t)frame, 0.1 + frame / rate, 4), NB_OK);
+      for (int i = 0; i < 3; i++) assert_int_equal(nb_estimator_add_rtt(e, 0.05), NB_OK);
+      if (probes) assert_int_equal(nb_estimator_add_probe(e, 262144, 0.05 + 262144 / rate), NB_OK);
+      nb_estimate_t est;
+      nb_estimator_get(e, &est);
+      nb_sched_input_t in;
+      memset(&in, 0, sizeof in);
+      nb_sched_input_from_estimate(&in, &est);
+      in.round = (uint64_t)round;
+      in.steps = 50;
+      in.n_params = 434048;
+      in.bits_per_value = 8.125;
+      in.bits_per_index = 8;
+      in.fanout = 1;
+      in.round_s = 0.8;
+      assert_int_equal(nb_sched_decide(&c, &in, have_prev ? &prev : NULL, &d), NB_OK);
+      if (round == 8) g_before = in.goodput_Bps, d_before = d.density;
+      if (round == 12) g_after = in.goodput_Bps, d_after = d.density;
+      if (!probes) assert_int_equal(d.reason, NB_SCHED_NO_ESTIMATE);
+      prev = d;
+      have_prev = 1;
+    }
+    nb_estimator_destroy(e);
+    if (!probes) continue;
+    printf("small frames + probes: goodput %.2f -> %.2f Mbit/s, density %.4f -> %.4f\n",
+           g_before * 8e-6, g_after * 8e-6, d_before, d_after);
+    assert_true(g_before > 0.95e6 && g_before < 1.05e6);
+    assert_true(g_after / g_before > 0.45 && g_after / g_before < 0.55);
+    assert_true(d_before > 0.03 && d_before < 0.065);
+    assert_true(d_after / d_before > 0.35 && d_after / d_before < 0.55);
+  }
+}
+
 /* Wall-time rounds (heterogeneous clusters): the budget is a share of the round's wall time,
  * the step time is not needed, and at the floor the wall budget grows instead of the steps. */
 static void test_wall_time_rounds(void** state) {
@@ -340,6 +397,7 @@ int main(void) {
       cmocka_unit_test(test_ceiling_overlap_and_no_estimate),
       cmocka_unit_test(test_hysteresis_only_upwards),
       cmocka_unit_test(test_follows_estimator_through_rate_change),
+      cmocka_unit_test(test_small_frames_follow_probes),
       cmocka_unit_test(test_wall_time_rounds),
       cmocka_unit_test(test_format_and_names),
       cmocka_unit_test(test_bad_inputs),
