@@ -1095,7 +1095,8 @@ nb_status_t nb_hybrid_import(nb_hybrid_t* h, const uint8_t* b, size_t len, uint6
   memcpy(h->global, p, nb);
   memcpy(h->momentum, p + nb, nb);
   memset(h->residual, 0, nb);
-  h->round = nb__get64(b + 16) + skip;
+  uint64_t next = nb__get64(b + 16) + skip;
+  if (next > h->round) h->round = next; /* never back: exchange ids are not reused */
   h->commits = nb__get64(b + 24);
   h->hash = nb__get64(b + 32);
   if (h->pend) nb__hy_drop_pending(h);

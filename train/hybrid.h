@@ -186,7 +186,8 @@ nb_status_t nb_hybrid_load(nb_hybrid_t* h, const char* path);
  * exchange in flight, NB_ERR_NOMEM. */
 nb_status_t nb_hybrid_export(const nb_hybrid_t* h, uint8_t** out, size_t* len);
 /* Adopts a state made by nb_hybrid_export: theta_global, momentum, rounds applied, and the next
- * round = its round + skip; zero residual; the trainer's synced buffer = theta_global (this
+ * round = its round + skip (or ours when that is later: exchange ids never go back); zero
+ * residual; the trainer's synced buffer = theta_global (this
  * cluster's progress not in that state is dropped). Checks the size, layout, trailing XXH3 and
  * theta_global's hash: NB_ERR_INVALID, NB_ERR_INTEGRITY; h unchanged on error. */
 nb_status_t nb_hybrid_import(nb_hybrid_t* h, const uint8_t* state, size_t len, uint64_t skip);
