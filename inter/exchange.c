@@ -396,7 +396,14 @@ static void* nb__heartbeat(void* arg) {
     int stop = ex->stopping;
     pthread_mutex_unlock(&ex->mu);
     if (stop) break;
-    nb_status_t st = nb_link_ping(p->link, timeout, 0, NULL);
+    /* never wait past the moment the peer would be declared dead: detection stays within
+     * dead_ms plus one short ping, also when pings hang instead of failing */
+    pthread_mutex_lock(&ex->mu);
+    int64_t left = ex->dead_ms - nb__silent_ms(p) + 20;
+    pthread_mutex_unlock(&ex->mu);
+    int64_t pt = timeout < left ? timeout : left;
+    if (pt < 50) pt = 50;
+    nb_status_t st = nb_link_ping(p->link, pt, 0, NULL);
     pthread_mutex_lock(&ex->mu);
     int declare = 0;
     if (st == NB_OK) {
@@ -420,7 +427,12 @@ static void* nb__heartbeat(void* arg) {
             (double)nb_wall_ns() / 1e9);
       }
     }
-    int64_t until = nb_now_ns() + (int64_t)ex->hb_ms * 1000000;
+    int64_t wait_ms = ex->hb_ms;
+    if (st != NB_OK && !p->dead) {
+      int64_t to_dead = ex->dead_ms - nb__silent_ms(p) + 10;
+      if (to_dead < wait_ms) wait_ms = to_dead < 10 ? 10 : to_dead;
+    }
+    int64_t until = nb_now_ns() + wait_ms * 1000000;
     struct timespec ts = {.tv_sec = until / 1000000000LL, .tv_nsec = until % 1000000000LL};
     if (!ex->stopping) pthread_cond_timedwait(&ex->cv, &ex->mu, &ts);
     pthread_mutex_unlock(&ex->mu);

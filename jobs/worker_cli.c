@@ -718,7 +718,7 @@ int nb_worker_main(int argc, char** argv) {
         printf("round %llu: behind the other clusters: pulled the global state from %s\n",
                (unsigned long long)rec.round, from);
       }
-      if (r == round0 && rejoined_at >= 0 && !strcmp(event, "-")) event = "rejoined";
+      if (r == round0 && rejoined_at >= 0) event = "rejoined";
       if (nb__wk_publish(ex, h) != NB_OK) {
         rc = nb__wk_fail(cluster, "publishing the global state");
         goto done;
