@@ -50,10 +50,13 @@ struct nb_hybrid {
   uint64_t fly_sent;
   double fly_secs;
   /* fault-tolerant rounds (docs/hybrid.md, Faults) */
-  uint64_t commits; /* rounds applied */
-  float* res_pre;   /* (n) residual before this round's encode: restored when it is skipped */
-  float* lsend;     /* (n) theta_local when this round's message was made */
-  int pend;         /* every message of round pend_round arrived, the vote did not confirm it */
+  uint64_t commits;      /* rounds applied */
+  uint64_t ft_samples;   /* samples trained on since the last applied round: the weight of our
+                            Delta, which carries all of that progress */
+  uint64_t pend_samples; /* what the held round's message of ours claimed */
+  float* res_pre;        /* (n) residual before this round's encode: restored when it is skipped */
+  float* lsend;          /* (n) theta_local when this round's message was made */
+  int pend; /* every message of round pend_round arrived, the vote did not confirm it */
   uint64_t pend_round, pend_commits, pend_hash;
   nb_hybrid_msg_t pend_msgs[NB_HYBRID_MAX_CLUSTERS]; /* owned copies, cluster order */
   float* pend_local;                                 /* (n) theta_local at that round's send */
@@ -632,6 +635,7 @@ static nb_status_t nb__hy_land_pending(nb_hybrid_t* h) {
   NB_CHECK(nb__hy_apply(h, h->pend_msgs, h->cfg.n_clusters, h->pend_round, h->pend_hash, NULL));
   for (size_t i = 0; i < n; i++) local[i] = h->global[i] + (h->lsend[i] - h->pend_local[i]);
   memcpy(h->residual, h->pend_res, n * sizeof(float));
+  h->ft_samples = h->ft_samples > h->pend_samples ? h->ft_samples - h->pend_samples : 0;
   NB_WARN("hybrid: round %llu applied late (a lost vote): %llu rounds applied, theta %016llx",
           (unsigned long long)h->pend_round, (unsigned long long)h->commits,
           (unsigned long long)h->hash);
@@ -657,7 +661,11 @@ static nb_status_t nb__hy_round_ft(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
   const uint8_t* msg;
   size_t len;
   NB_CHECK(nb_hybrid_prepare(h, &msg, &len));
+  uint64_t round_samples = h->samples;
+  h->ft_samples += round_samples;
+  h->samples = h->ft_samples; /* our Delta covers every round since the last applied one */
   nb__hy_write_header(h, NB__HY_FLAG_FT, h->msg_len - NB_HYBRID_MSG_HEADER_BYTES);
+  h->samples = round_samples;
   memcpy(h->lsend, nb_trainer_sync_params(h->t, NULL), h->n * sizeof(float));
   uint64_t a = h->round, k = h->commits, hash = h->hash;
   nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}}, votes[NB_HYBRID_MAX_CLUSTERS] = {{0}};
@@ -756,6 +764,7 @@ static nb_status_t nb__hy_round_ft(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
   memset(&applied, 0, sizeof applied);
   if (commit) {
     st = nb__hy_apply(h, all, nc, a, hash, &applied);
+    h->ft_samples = 0;
     if (h->pend) nb__hy_drop_pending(h);
   } else {
     if (have_all) {
@@ -770,6 +779,7 @@ static nb_status_t nb__hy_round_ft(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
       h->pend_round = a;
       h->pend_commits = k;
       h->pend_hash = hash;
+      h->pend_samples = h->ft_samples;
     }
     /* skipped here: the residual goes back to before this round's encode (the next Delta
      * carries all of it), theta_local trains on */
@@ -1099,6 +1109,7 @@ nb_status_t nb_hybrid_import(nb_hybrid_t* h, const uint8_t* b, size_t len, uint6
   if (next > h->round) h->round = next; /* never back: exchange ids are not reused */
   h->commits = nb__get64(b + 24);
   h->hash = nb__get64(b + 32);
+  h->ft_samples = 0;
   if (h->pend) nb__hy_drop_pending(h);
   return NB_OK;
 }

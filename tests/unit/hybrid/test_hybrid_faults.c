@@ -223,6 +223,11 @@ static void test_dropped_update_skips_round_everywhere(void** state) {
   }
   assert_int_equal(side[0].rec[2].peers_ok, 0);
   assert_int_equal(side[1].rec[2].peers_ok, 1);
+  /* round 3's updates carry the progress of rounds 2 and 3, and weigh the samples of both */
+  uint64_t both = 0;
+  for (int c = 0; c < 2; c++) both += side[c].rec[2].samples + side[c].rec[3].samples;
+  assert_int_equal(side[0].rec[3].samples_all, both);
+  assert_int_equal(side[1].rec[3].samples_all, both);
   /* theta_global did not move in the skipped round, on either cluster */
   assert_int_equal(side[0].hash[2], side[0].hash[1]);
   assert_memory_equal(side[0].hash, side[1].hash, sizeof side[0].hash);
