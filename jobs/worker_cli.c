@@ -2,7 +2,7 @@
  * train/trainer, runs the outer-sync rounds of train/hybrid over inter/exchange (mTLS, sealed
  * frames) and writes rounds.tsv and summary.json. Not here: several ranks per cluster (a
  * cluster's workers are accumulated micro-batches, as in `nebula train`), overlap, the adaptive
- * density and fault recovery. */
+ * density (fault-tolerant rounds and --rejoin are wired here; the logic is train/hybrid's). */
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>

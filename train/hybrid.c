@@ -1,7 +1,8 @@
 /* train/hybrid: the outer-sync round (see hybrid.h). Every cluster decodes every message, its own
  * included, and sums them in cluster order into a zeroed buffer, so the float operations and
- * therefore the bits of theta_global are the same everywhere. Not here: threads, overlap, the
- * density scheduler and fault handling (the driver decides what to do with an error). */
+ * therefore the bits of theta_global are the same everywhere. Fault-tolerant rounds (an update and
+ * a vote exchange; a round counts on every cluster or none) are here too. Not here: sockets,
+ * processes, the density scheduler, or deciding what a dead peer means for the job. */
 #include "train/hybrid.h"
 
 #include <math.h>
