@@ -51,6 +51,7 @@ done
 kill -9 "$bpid"
 t_kill=$(date +%s.%N)
 wait "$bpid" 2>/dev/null || true
+pids=("$apid")
 
 # the survivor declares dc-b dead (heartbeat) and logs when
 for _ in $(seq 1 100); do grep -q "peer dc-b .*declared dead at unix" "$tmp/a.log" && break; sleep 0.05; done
@@ -74,6 +75,7 @@ bpid=$!
 pids+=("$bpid")
 wait "$apid" || fail "dc-a failed"
 wait "$bpid" || fail "dc-b (rejoined) failed"
+pids=()
 grep -q "dc-b rejoined from dc-a at round" "$tmp/b2.log" || fail "no rejoin line"
 ha=$(json_field "$tmp/dc-a/summary.json" global_xxh3)
 hb=$(json_field "$tmp/dc-b/summary.json" global_xxh3)
