@@ -106,8 +106,14 @@ static nb_status_t nb__wk_ft_exchange(void* ctx, uint64_t xround, const void* ms
   if (st == NB_ERR_INVALID || st == NB_ERR_NOMEM) return st;
   uint64_t bytes = 0, newest = 0;
   uint32_t up = 0;
+  nb_status_t fatal = NB_OK;
   for (size_t i = 0; i < n_peers; i++) {
     bytes += res[i].send.bytes;
+    /* an unavailable or slow peer costs a round; a frame that fails its checks or a refused
+     * transfer is never tolerated silently */
+    if (fatal == NB_OK && (res[i].status == NB_ERR_INTEGRITY || res[i].status == NB_ERR_PERMISSION))
+      fatal = nb_error(res[i].status, "exchange %llu: peer %s: %s", (unsigned long long)xround,
+                       res[i].peer, res[i].detail);
     if (res[i].newest > xround && res[i].newest > newest) newest = res[i].newest;
     if (res[i].status == NB_OK) {
       peers[i].data = res[i].frame;
@@ -122,11 +128,17 @@ static nb_status_t nb__wk_ft_exchange(void* ctx, uint64_t xround, const void* ms
     }
     if (nb_exchange_peer_alive(x->ex, i)) up++;
   }
+  if (fatal != NB_OK) {
+    for (size_t i = 0; i < n_peers; i++) {
+      nb_free(peers[i].data);
+      peers[i].data = NULL;
+    }
+  }
   nb_exchange_results_release(res, n_peers);
   if (sent) *sent = bytes;
   if (ahead) *ahead = newest;
   if (alive) *alive = up;
-  return NB_OK;
+  return fatal;
 }
 
 /* Publishes our global state for peers that rejoin (Exchange.Pull). */
