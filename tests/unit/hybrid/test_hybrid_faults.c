@@ -288,6 +288,137 @@ static void test_export_import(void** state) {
   free_pair(side, &mb);
 }
 
+/* A rejoin in process: cluster 1 runs 2 rounds and "dies" (its hybrid and trainer are
+ * destroyed); cluster 0 goes on with its rounds skipped. Cluster 1 comes back with a fresh
+ * trainer, imports cluster 0's published state with skip 2, and both run to round RJ_ROUNDS:
+ * cluster 0 jumps to cluster 1's round, from then on every round is applied on both, and they
+ * end (finish) with the same theta_global and the same rounds applied. */
+#define RJ_ROUNDS 9
+
+typedef struct {
+  pthread_mutex_t mu;
+  uint8_t* state;
+  size_t len;
+  int skipped; /* cluster 0's skipped rounds so far */
+} board_t;
+
+typedef struct {
+  side_t side;
+  board_t* board;
+  int jumps, applied_after, skipped;
+  uint64_t rejoined_at;
+} rside_t;
+
+static void publish(board_t* b, nb_hybrid_t* h) {
+  uint8_t* s = NULL;
+  size_t len = 0;
+  assert_int_equal(nb_hybrid_export(h, &s, &len), NB_OK);
+  pthread_mutex_lock(&b->mu);
+  free(b->state);
+  b->state = malloc(len);
+  memcpy(b->state, s, len);
+  b->len = len;
+  pthread_mutex_unlock(&b->mu);
+  nb_free(s);
+}
+
+static nb_hybrid_t* make_ft(side_t* s) {
+  nb_hybrid_config_t hc;
+  nb_hybrid_config_defaults(&hc);
+  hc.inner_steps = 2;
+  hc.density = 0.05;
+  hc.cluster_index = (uint32_t)s->me;
+  hc.n_clusters = 2;
+  hc.ft_exchange = ft_exchange;
+  hc.exchange_ctx = s;
+  nb_hybrid_t* h = NULL;
+  assert_int_equal(nb_hybrid_create(&hc, s->t, &h), NB_OK);
+  return h;
+}
+
+static void* rside_main(void* arg) {
+  rside_t* r = arg;
+  side_t* s = &r->side;
+  if (s->me == 1) {
+    for (int i = 0; i < 2 && s->st == NB_OK; i++) s->st = nb_hybrid_round(s->h, &s->rec[0]);
+    nb_hybrid_destroy(s->h);
+    nb_trainer_destroy(s->t);
+    /* down until cluster 0 skipped two rounds */
+    for (;;) {
+      pthread_mutex_lock(&r->board->mu);
+      int sk = r->board->skipped;
+      pthread_mutex_unlock(&r->board->mu);
+      if (sk >= 2) break;
+      nb_sleep_ns(20000000);
+    }
+    s->t = make_trainer(1);
+    s->h = make_ft(s);
+    pthread_mutex_lock(&r->board->mu);
+    s->st = nb_hybrid_import(s->h, r->board->state, r->board->len, 2);
+    pthread_mutex_unlock(&r->board->mu);
+    r->rejoined_at = nb_hybrid_rounds(s->h);
+  }
+  while (s->st == NB_OK && nb_hybrid_rounds(s->h) < RJ_ROUNDS) {
+    nb_hybrid_round_t rec;
+    uint64_t at = nb_hybrid_rounds(s->h);
+    s->st = nb_hybrid_round(s->h, &rec);
+    if (s->st != NB_OK) break;
+    if (rec.next_round > at + 1) r->jumps++;
+    if (!rec.applied) r->skipped++;
+    if (rec.applied && at >= 4) r->applied_after++;
+    if (s->me == 0) {
+      publish(r->board, s->h);
+      pthread_mutex_lock(&r->board->mu);
+      r->board->skipped = r->skipped;
+      pthread_mutex_unlock(&r->board->mu);
+    }
+  }
+  if (s->st == NB_OK) s->st = nb_hybrid_finish(s->h);
+  if (s->st != NB_OK) fprintf(stderr, "cluster %d: %s\n", s->me, nb_error_last());
+  return NULL;
+}
+
+static void test_rejoin_in_process(void** state) {
+  (void)state;
+  mailbox_t mb;
+  memset(&mb, 0, sizeof mb);
+  pthread_mutex_init(&mb.mu, NULL);
+  pthread_cond_init(&mb.cv, NULL);
+  mb.drop_from = -1;
+  board_t board;
+  memset(&board, 0, sizeof board);
+  pthread_mutex_init(&board.mu, NULL);
+  rside_t rs[2];
+  for (int c = 0; c < 2; c++) {
+    memset(&rs[c], 0, sizeof rs[c]);
+    rs[c].board = &board;
+    rs[c].side.mb = &mb;
+    rs[c].side.me = c;
+    rs[c].side.t = make_trainer(c);
+    rs[c].side.h = make_ft(&rs[c].side);
+  }
+  publish(&board, rs[0].side.h);
+  pthread_t th[2];
+  for (int c = 0; c < 2; c++) pthread_create(&th[c], NULL, rside_main, &rs[c]);
+  for (int c = 0; c < 2; c++) pthread_join(th[c], NULL);
+  for (int c = 0; c < 2; c++) assert_int_equal(rs[c].side.st, NB_OK);
+  assert_true(rs[0].skipped >= 2);    /* alone: rounds skipped, training went on */
+  assert_true(rs[1].rejoined_at > 4); /* the served round + 2 */
+  assert_int_equal(rs[0].jumps, 1);   /* cluster 0 met cluster 1 at its round */
+  assert_true(rs[1].applied_after >= 2);
+  assert_int_equal(nb_hybrid_global_hash(rs[0].side.h), nb_hybrid_global_hash(rs[1].side.h));
+  assert_int_equal(nb_hybrid_commits(rs[0].side.h), nb_hybrid_commits(rs[1].side.h));
+  for (int c = 0; c < 2; c++) {
+    nb_hybrid_destroy(rs[c].side.h);
+    nb_trainer_destroy(rs[c].side.t);
+  }
+  for (int i = 0; i < mb.n; i++) free(mb.posts[i].data);
+  free(board.state);
+  pthread_mutex_destroy(&board.mu);
+  pthread_cond_destroy(&mb.cv);
+  pthread_mutex_destroy(&mb.mu);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s DATA_DIR\n", argv[0]);
@@ -299,6 +430,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_dropped_update_skips_round_everywhere),
       cmocka_unit_test(test_lost_vote_lands_late),
       cmocka_unit_test(test_export_import),
+      cmocka_unit_test(test_rejoin_in_process),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
