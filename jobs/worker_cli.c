@@ -786,7 +786,7 @@ int nb_worker_main(int argc, char** argv) {
       json_object_set_new(e, "mean_bpb", json_real(mid.mean_bpb));
       json_array_append_new(evals, e);
     }
-    if (ckpt_every > 0 && ((r + 1) % ckpt_every == 0 || r + 1 == rounds)) {
+    if (ckpt_every > 0 && ((r + 1) % ckpt_every == 0 || (long)nb_hybrid_rounds(h) >= rounds)) {
       /* the round state first, then the trainer's checkpoint moves LATEST to it */
       snprintf(path, sizeof path, "%s/hybrid-step-%ld.bin", tc->checkpoint_dir, nb_trainer_step(t));
       if (nb_hybrid_save(h, path) != NB_OK || nb_trainer_checkpoint(t) != NB_OK) {
