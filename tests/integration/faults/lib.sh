@@ -1,6 +1,7 @@
-# Shared helpers of the fault tests: a tiny two-cluster job with wall-time rounds, a PKI and a
-# job secret, and a `nebula worker` launcher. Sourced by the test scripts; expects $nebula,
-# $data and $tmp to be set.
+# Shared helpers of the fault tests: a small two-cluster job with wall-time rounds, a PKI and a
+# job secret, and readers of summary.json and rounds.tsv. Sourced by the test scripts; expects
+# $nebula to be set. The model is sized so that a round's 50-step cap takes longer than its time
+# budget even on a fast idle machine: a round lasts its budget, so the run spans the outage.
 
 # write_job FILE ROUNDS ROUND_SECONDS
 write_job() {
@@ -13,7 +14,7 @@ write_job() {
    {"id": "dc-a", "data": {"tier": "quick", "languages": ["en", "de"]}},
    {"id": "dc-b", "data": {"tier": "quick", "languages": ["en", "ru"]}}],
   "model": {"layers": 2, "width": 64, "heads": 2, "context": 64},
-  "training": {"seed": 7, "batchSize": 8, "maxSteps": $((rounds * 50)),
+  "training": {"seed": 7, "batchSize": 16, "maxSteps": $((rounds * 50)),
                "optimizer": {"lr": 0.003, "warmupSteps": 2}},
   "sync": {"mode": "outer", "roundSeconds": $secs, "peerTimeoutSeconds": 2},
   "compression": {"density": {"initial": 0.05, "min": 0.001, "max": 0.1}, "values": "int8",
