@@ -129,7 +129,10 @@ void nb_hybrid_destroy(nb_hybrid_t* h);
  * for the previous round's exchange (its time is rec->exchange_s) and apply it, then start this
  * round's exchange in the background. *rec (nullable) receives the round's figures
  * (global_hash: theta_global after what was applied). Errors of prepare, the exchange's status
- * (wrapped), and of apply. After an error the hybrid must only be destroyed. */
+ * (wrapped), and of apply. Fault-tolerant rounds (cfg.ft_exchange): the update, a vote, then
+ * the round is applied, held or skipped (rec->applied, caught_up, need_state, next_round); a
+ * missing peer is not an error, a diverged replica is (NB_ERR_INTEGRITY). After an error the hybrid
+ * must only be destroyed. */
 nb_status_t nb_hybrid_round(nb_hybrid_t* h, nb_hybrid_round_t* rec);
 
 /* The halves of a round, for drivers that exchange on their own (tests, overlap):
@@ -149,7 +152,10 @@ nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t 
 
 /* Applies an exchange still in flight (overlap), then a final hash-only exchange through
  * cfg.exchange so that the last round's result is compared too. NB_ERR_INTEGRITY as apply, or
- * the exchange's status. */
+ * the exchange's status. Fault-tolerant rounds: the headers carry the rounds applied; a held
+ * round that a peer applied lands first, a peer one applied round behind is accepted (it lands
+ * its held round), a peer that does not answer gives NB_ERR_UNAVAILABLE; the trainer then
+ * holds theta_global. */
 nb_status_t nb_hybrid_finish(nb_hybrid_t* h);
 
 /* The per-step exchange of step and dense modes, for the trainer's grad hook: encodes grads
