@@ -10,8 +10,13 @@
 #include <time.h>
 
 #include <openssl/crypto.h>
+#include <openssl/rand.h>
 
 #include "common/common.h"
+#include "nebula/v1/exchange.pb-c.h"
+
+#define NB__EX_METHOD_PULL "/nebula.v1.Exchange/Pull"
+#define NB__EX_PULL_CHUNK ((size_t)1 << 20)
 
 NB_PARAM_INT(ExchangeHeartbeatMs, "NB_EXCHANGE_HEARTBEAT_MS", 250, 20, 60000,
              "Ping period of the exchange heartbeat per peer")
@@ -48,6 +53,10 @@ struct nb_exchange {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int stopping;
+  /* the published global state (Pull), under mu */
+  uint8_t* state;
+  size_t state_len;
+  uint64_t state_round;
 };
 
 static nb_status_t nb__ex_authorize(const nb_tls_peer_t* peer, const char* method, void* user) {
@@ -60,6 +69,230 @@ static nb_status_t nb__ex_authorize(const nb_tls_peer_t* peer, const char* metho
   for (size_t i = 0; i < ex->n; i++)
     if (strcmp(ex->peers[i]->id, peer->name) == 0) st = NB_OK;
   pthread_mutex_unlock(&ex->mu);
+  return st;
+}
+
+static void nb__ex_le64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Associated data of a pulled state's chunks: "nbpull1" || total size || state hash. */
+static size_t nb__ex_pull_aad(uint64_t total, uint64_t hash, uint8_t aad[24]) {
+  memcpy(aad, "nbpull1", 8);
+  nb__ex_le64(aad + 8, total);
+  nb__ex_le64(aad + 16, hash);
+  return 24;
+}
+
+/* Exchange.Pull: serves the published state in 1 MiB chunks. Sealed jobs seal each chunk under
+ * a key of its own for this pull (a random sender epoch, sent in the high 32 bits of `round`),
+ * so no nonce is ever reused whatever was served before. */
+static nb_status_t nb__ex_pull(nb_rpc_call_t* call, void* user) {
+  nb_exchange_t* ex = user;
+  ProtobufCMessage* in = NULL;
+  int end = 0;
+  NB_CHECK(
+      nb_rpc_call_recv_pb(call, &nebula__v1__pull_request__descriptor, &in, &end, NB_RPC_INFINITE));
+  if (end) return nb_error(NB_ERR_INVALID, "Pull without a request");
+  Nebula__V1__PullRequest* q = (Nebula__V1__PullRequest*)in;
+  nb_status_t st = NB_OK;
+  const nb_tls_peer_t* caller = nb_rpc_call_peer(call);
+  char who[NB_LINK_ID_MAX];
+  snprintf(who, sizeof who, "%s", q->requester ? q->requester : "");
+  if (!q->job_id || strcmp(q->job_id, ex->job) != 0)
+    st = nb_error(NB_ERR_PERMISSION, "Pull for job '%s' on job %s", q->job_id ? q->job_id : "",
+                  ex->job);
+  else if (caller && caller->kind == NB_TLS_PEER_CLUSTER && strcmp(caller->name, who) != 0)
+    st = nb_error(NB_ERR_PERMISSION, "Pull: certificate of '%s' claims requester '%s'",
+                  caller->name, who);
+  protobuf_c_message_free_unpacked(in, NULL);
+  if (st != NB_OK) return st;
+  int known = 0;
+  pthread_mutex_lock(&ex->mu);
+  for (size_t i = 0; i < ex->n; i++)
+    if (strcmp(ex->peers[i]->id, who) == 0) known = 1;
+  uint8_t* state = NULL;
+  size_t len = ex->state_len;
+  uint64_t round = ex->state_round;
+  if (known && ex->state) st = nb_alloc((void**)&state, len, 1, "pulled state");
+  if (state) memcpy(state, ex->state, len);
+  pthread_mutex_unlock(&ex->mu);
+  if (!known) return nb_error(NB_ERR_PERMISSION, "Pull: '%s' is not a peer of %s", who, ex->self);
+  NB_CHECK(st);
+  if (!state) return nb_error(NB_ERR_UNAVAILABLE, "%s has no global state to serve yet", ex->self);
+  uint64_t hash = nb_xxh3_64(state, len, 0);
+  uint32_t epoch = 0;
+  nb_seal_ctx_t* seal = NULL;
+  uint8_t* sealed = NULL;
+  if (ex->sealed) {
+    if (RAND_bytes((uint8_t*)&epoch, sizeof epoch) != 1) epoch = (uint32_t)nb_wall_ns();
+    epoch |= 1u; /* never the data epoch 0 */
+    nb_seal_opts_t so = {.local_epoch = epoch};
+    st = nb_seal_ctx_create(ex->secret, ex->job, ex->self, who, &so, &seal);
+    if (st == NB_OK)
+      st = nb_alloc((void**)&sealed, NB__EX_PULL_CHUNK + NB_SEAL_TAG_BYTES, 1, "sealed chunk");
+  }
+  uint8_t aad[24], hb[8];
+  size_t aad_len = nb__ex_pull_aad(len, hash, aad);
+  nb__ex_le64(hb, hash);
+  for (size_t off = 0, i = 0; st == NB_OK && (off < len || i == 0); off += NB__EX_PULL_CHUNK, i++) {
+    size_t n = len - off < NB__EX_PULL_CHUNK ? len - off : NB__EX_PULL_CHUNK;
+    Nebula__V1__PullChunk c = NEBULA__V1__PULL_CHUNK__INIT;
+    c.round = ((uint64_t)epoch << 32) | (round & 0xffffffffu);
+    c.total_size = len;
+    c.offset = off;
+    c.last = off + n >= len;
+    if (i == 0) {
+      c.state_hash.data = hb;
+      c.state_hash.len = 8;
+    }
+    if (seal) {
+      size_t sl = 0;
+      st = nb_seal_chunk(seal, round & 0xffffffffu, i, aad, aad_len, state + off, n, sealed, &sl);
+      c.data.data = sealed;
+      c.data.len = sl;
+    } else {
+      c.data.data = state + off;
+      c.data.len = n;
+    }
+    if (st == NB_OK) st = nb_rpc_call_send_pb(call, &c.base);
+  }
+  if (st == NB_OK)
+    NB_INFO(WIRE, "exchange %s: served the global state of round %llu (%zu bytes) to %s", ex->self,
+            (unsigned long long)round, len, who);
+  nb_seal_ctx_destroy(seal);
+  nb_free(sealed);
+  nb_free(state);
+  return st;
+}
+
+nb_status_t nb_exchange_publish_state(nb_exchange_t* ex, uint64_t round, const void* state,
+                                      size_t len) {
+  if (!ex || !state || len == 0 || round > 0xffffffffu)
+    return nb_error(NB_ERR_INVALID, "exchange publish: bad state or round");
+  uint8_t* copy = NULL;
+  NB_CHECK(nb_alloc((void**)&copy, len, 1, "published state"));
+  memcpy(copy, state, len);
+  pthread_mutex_lock(&ex->mu);
+  uint8_t* old = ex->state;
+  ex->state = copy;
+  ex->state_len = len;
+  ex->state_round = round;
+  pthread_mutex_unlock(&ex->mu);
+  nb_free(old);
+  return NB_OK;
+}
+
+nb_status_t nb_exchange_pull(nb_exchange_t* ex, size_t i, int64_t timeout_ms, uint8_t** out,
+                             size_t* out_len, uint64_t* out_round) {
+  if (!ex || i >= ex->n || !out || !out_len)
+    return nb_error(NB_ERR_INVALID, "exchange pull: bad arguments");
+  *out = NULL;
+  *out_len = 0;
+  nb__peer_t* p = ex->peers[i];
+  nb_rpc_client_opts_t co = {.tls = ex->tls,
+                             .allow_insecure = ex->allow_insecure,
+                             .expected_cluster = ex->tls ? p->id : NULL};
+  nb_rpc_client_t* cli = NULL;
+  nb_rpc_stream_t* s = NULL;
+  nb_seal_ctx_t* seal = NULL;
+  uint8_t* state = NULL;
+  uint8_t* plain = NULL;
+  uint64_t total = 0, hash = 0, round = 0, got = 0;
+  int have_first = 0, last = 0;
+  nb_status_t st;
+  NB_CHECK_GOTO(nb_rpc_client_create(p->target, &co, &cli), st, out);
+  NB_CHECK_GOTO(nb_rpc_stream_open(cli, NB__EX_METHOD_PULL, timeout_ms, NB_RPC_WAIT_FOR_READY, &s),
+                st, out);
+  Nebula__V1__PullRequest q = NEBULA__V1__PULL_REQUEST__INIT;
+  q.job_id = ex->job;
+  q.requester = ex->self;
+  NB_CHECK_GOTO(nb_rpc_stream_send_pb(s, &q.base), st, out);
+  NB_CHECK_GOTO(nb_rpc_stream_close_send(s), st, out);
+  uint8_t aad[24];
+  size_t aad_len = 0;
+  for (uint64_t idx = 0; !last; idx++) {
+    ProtobufCMessage* m = NULL;
+    int end = 0;
+    NB_CHECK_GOTO(
+        nb_rpc_stream_recv_pb(s, &nebula__v1__pull_chunk__descriptor, &m, &end, NB_RPC_INFINITE),
+        st, out);
+    if (end) {
+      st = nb_error(NB_ERR_CODEC, "pull from %s: the state ended after %llu of %llu bytes", p->id,
+                    (unsigned long long)got, (unsigned long long)total);
+      goto out;
+    }
+    Nebula__V1__PullChunk* c = (Nebula__V1__PullChunk*)m;
+    st = NB_OK;
+    if (!have_first) {
+      if (c->state_hash.len != 8 || c->total_size == 0 || c->total_size > ((uint64_t)4 << 30)) {
+        st = nb_error(NB_ERR_CODEC, "pull from %s: first chunk without a size or hash", p->id);
+      } else {
+        total = c->total_size;
+        round = c->round;
+        for (int b = 0; b < 8; b++) hash |= (uint64_t)c->state_hash.data[b] << (8 * b);
+        aad_len = nb__ex_pull_aad(total, hash, aad);
+        st = nb_alloc((void**)&state, total, 1, "pulled state");
+        if (st == NB_OK)
+          st = nb_alloc((void**)&plain, NB__EX_PULL_CHUNK + NB_SEAL_TAG_BYTES, 1, "pull chunk");
+        if (st == NB_OK && ex->sealed) {
+          nb_seal_opts_t so = {.peer_epoch = (uint32_t)(round >> 32)};
+          st = nb_seal_ctx_create(ex->secret, ex->job, ex->self, p->id, &so, &seal);
+        }
+        have_first = 1;
+      }
+    }
+    size_t plen = c->data.len;
+    if (st == NB_OK && (c->round != round || c->total_size != total || c->offset != got))
+      st = nb_error(NB_ERR_CODEC, "pull from %s: chunk at %llu out of order", p->id,
+                    (unsigned long long)c->offset);
+    if (st == NB_OK && seal) {
+      if (c->data.len > NB__EX_PULL_CHUNK + NB_SEAL_TAG_BYTES)
+        st = nb_error(NB_ERR_CODEC, "pull from %s: chunk of %zu bytes", p->id, c->data.len);
+      else
+        st = nb_open_chunk(seal, round & 0xffffffffu, idx, aad, aad_len, c->data.data, c->data.len,
+                           plain, &plen);
+      if (st != NB_OK)
+        st = nb_error(NB_ERR_INTEGRITY, "pull from %s: chunk %llu does not open", p->id,
+                      (unsigned long long)idx);
+    } else if (st == NB_OK) {
+      memcpy(plain, c->data.data, plen < NB__EX_PULL_CHUNK ? plen : NB__EX_PULL_CHUNK);
+    }
+    if (st == NB_OK && (plen > NB__EX_PULL_CHUNK || got + plen > total))
+      st = nb_error(NB_ERR_CODEC, "pull from %s: more bytes than the %llu announced", p->id,
+                    (unsigned long long)total);
+    if (st == NB_OK) {
+      memcpy(state + got, plain, plen);
+      got += plen;
+      last = c->last;
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+    if (st != NB_OK) goto out;
+  }
+  if (got != total) {
+    st = nb_error(NB_ERR_CODEC, "pull from %s: %llu of %llu bytes", p->id, (unsigned long long)got,
+                  (unsigned long long)total);
+    goto out;
+  }
+  if (nb_xxh3_64(state, total, 0) != hash) {
+    st = nb_error(NB_ERR_INTEGRITY, "pull from %s: the state's hash differs from the announced one",
+                  p->id);
+    goto out;
+  }
+  st = nb_rpc_stream_finish(s);
+  if (st != NB_OK) goto out;
+  NB_INFO(WIRE, "exchange %s: pulled the global state of round %llu (%llu bytes) from %s", ex->self,
+          (unsigned long long)(round & 0xffffffffu), (unsigned long long)total, p->id);
+  *out = state;
+  *out_len = total;
+  if (out_round) *out_round = round & 0xffffffffu;
+  state = NULL;
+out:
+  nb_free(state);
+  nb_free(plain);
+  nb_seal_ctx_destroy(seal);
+  nb_rpc_stream_destroy(s);
+  nb_rpc_client_destroy(cli);
   return st;
 }
 
@@ -116,6 +349,9 @@ nb_status_t nb_exchange_create(const nb_exchange_config_t* cfg, nb_exchange_t** 
                              .authorize_user = ex};
   NB_CHECK_GOTO(nb_rpc_server_create(&so, &ex->srv), st, fail);
   NB_CHECK_GOTO(nb_link_rx_register(ex->rx, ex->srv), st, fail);
+  NB_CHECK_GOTO(nb_rpc_server_add_method(ex->srv, NB__EX_METHOD_PULL, NB_RPC_SERVER_STREAMING,
+                                         nb__ex_pull, ex),
+                st, fail);
   NB_CHECK_GOTO(nb_rpc_server_start(ex->srv), st, fail);
   NB_INFO(WIRE, "exchange %s (job %s) listening on port %d%s%s", ex->self, ex->job,
           nb_rpc_server_port(ex->srv), cfg->tls ? "" : ", PLAINTEXT",
@@ -160,7 +396,14 @@ static void* nb__heartbeat(void* arg) {
     int stop = ex->stopping;
     pthread_mutex_unlock(&ex->mu);
     if (stop) break;
-    nb_status_t st = nb_link_ping(p->link, timeout, 0, NULL);
+    /* never wait past the moment the peer would be declared dead: detection stays within
+     * dead_ms plus one short ping, also when pings hang instead of failing */
+    pthread_mutex_lock(&ex->mu);
+    int64_t left = ex->dead_ms - nb__silent_ms(p) + 20;
+    pthread_mutex_unlock(&ex->mu);
+    int64_t pt = timeout < left ? timeout : left;
+    if (pt < 50) pt = 50;
+    nb_status_t st = nb_link_ping(p->link, pt, 0, NULL);
     pthread_mutex_lock(&ex->mu);
     int declare = 0;
     if (st == NB_OK) {
@@ -168,7 +411,8 @@ static void* nb__heartbeat(void* arg) {
       p->last_ok_ns = nb_now_ns();
       if (p->dead) {
         p->dead = 0;
-        NB_WARN("exchange %s: peer %s answers again", ex->self, p->id);
+        NB_WARN("exchange %s: peer %s answers again at unix %.3f", ex->self, p->id,
+                (double)nb_wall_ns() / 1e9);
         nb_link_resume(p->link);
       }
     } else {
@@ -176,11 +420,19 @@ static void* nb__heartbeat(void* arg) {
       if (!p->dead && nb__silent_ms(p) > ex->dead_ms) {
         p->dead = 1;
         declare = 1;
-        NB_WARN("exchange %s: peer %s (%s) stopped answering: no heartbeat for %lld ms (%s)",
-                ex->self, p->id, p->target, (long long)nb__silent_ms(p), nb_status_name(st));
+        NB_WARN(
+            "exchange %s: peer %s (%s) stopped answering: no heartbeat for %lld ms (%s), "
+            "declared dead at unix %.3f",
+            ex->self, p->id, p->target, (long long)nb__silent_ms(p), nb_status_name(st),
+            (double)nb_wall_ns() / 1e9);
       }
     }
-    int64_t until = nb_now_ns() + (int64_t)ex->hb_ms * 1000000;
+    int64_t wait_ms = ex->hb_ms;
+    if (st != NB_OK && !p->dead) {
+      int64_t to_dead = ex->dead_ms - nb__silent_ms(p) + 10;
+      if (to_dead < wait_ms) wait_ms = to_dead < 10 ? 10 : to_dead;
+    }
+    int64_t until = nb_now_ns() + wait_ms * 1000000;
     struct timespec ts = {.tv_sec = until / 1000000000LL, .tv_nsec = until % 1000000000LL};
     if (!ex->stopping) pthread_cond_timedwait(&ex->cv, &ex->mu, &ts);
     pthread_mutex_unlock(&ex->mu);
@@ -321,6 +573,9 @@ nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* fra
                  "peer %s (%.100s) stopped answering: no heartbeat for %lld ms", p->id, p->target,
                  silent);
         nb_link_cancel(p->link);
+      } else if (rs == NB_ERR_TIMEOUT && nb_link_rx_newest(ex->rx, p->id) > round) {
+        snprintf(r->detail, sizeof r->detail, "peer %s is already at round %llu, past %llu", p->id,
+                 (unsigned long long)nb_link_rx_newest(ex->rx, p->id), (unsigned long long)round);
       } else if (rs == NB_ERR_TIMEOUT && deadline_ns && nb_now_ns() >= deadline_ns) {
         snprintf(r->detail, sizeof r->detail,
                  "peer %s: its frame of round %llu missed the deadline", p->id,
@@ -377,6 +632,7 @@ nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* fra
         snprintf(r->detail, sizeof r->detail, "peer %s (%.100s) stopped answering its heartbeat",
                  r->peer, ex->peers[i]->target);
     }
+    r->newest = nb_link_rx_newest(ex->rx, ex->peers[i]->id);
     if (r->status != NB_OK) {
       nb_free(r->frame);
       r->frame = NULL;
@@ -413,6 +669,7 @@ void nb_exchange_destroy(nb_exchange_t* ex) {
   }
   nb_free(ex->peers);
   nb_link_rx_destroy(ex->rx);
+  nb_free(ex->state);
   OPENSSL_cleanse(ex->secret, sizeof ex->secret);
   pthread_cond_destroy(&ex->cv);
   pthread_mutex_destroy(&ex->mu);

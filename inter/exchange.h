@@ -1,7 +1,8 @@
 /* inter/exchange: one cluster leader's side of the per-round exchange among K clusters of a job:
  * an Exchange server (Push + Ping, inter/link's receiver), one link per peer, and a heartbeat
  * (Ping) per peer so that a peer that stops answering is reported within NB_EXCHANGE_DEAD_MS
- * instead of being waited on. A round sends our frame to every peer and receives theirs under a
+ * instead of being waited on, and Pull, which serves the published global state to a peer that
+ * rejoins. A round sends our frame to every peer and receives theirs under a
  * deadline. It does not encode or aggregate frames (the codec and the trainer do). */
 #ifndef NB_INTER_EXCHANGE_H
 #define NB_INTER_EXCHANGE_H
@@ -50,6 +51,8 @@ typedef struct {
   nb_status_t send_status;   /* our frame to the peer */
   nb_status_t recv_status;   /* the peer's frame to us */
   nb_link_send_stats_t send; /* our transfer's figures */
+  uint64_t newest; /* the newest round the peer has sent us (nb_link_rx_newest), 0 = none; a
+                      peer already past this round is given up on (NB_ERR_TIMEOUT) at once */
 } nb_exchange_result_t;
 
 /* Creates the exchange and starts its server (bound when this returns: nb_exchange_port).
@@ -83,6 +86,22 @@ int nb_exchange_peer_alive(nb_exchange_t* ex, size_t i);
  * NB_ERR_INTEGRITY, NB_ERR_PERMISSION. One round at a time. */
 nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* frame, size_t len,
                               int64_t deadline_ns, nb_exchange_result_t* results);
+
+/* The global state this cluster serves to a peer that rejoins (Exchange.Pull): the exchange
+ * copies `state` (len bytes, borrowed) and serves it, sealed, until the next publish. `round`
+ * (< 2^32) names this state in the seal's nonce; a new state needs a new round. Before the
+ * first publish a Pull is refused with UNAVAILABLE. Thread-safe. NB_ERR_NOMEM, NB_ERR_INVALID. */
+nb_status_t nb_exchange_publish_state(nb_exchange_t* ex, uint64_t round, const void* state,
+                                      size_t len);
+
+/* Pulls peer i's published state (Exchange.Pull, 1 MiB chunks, each sealed under a key of its
+ * own for this pull when the job seals frames), and checks the XXH3-64 of the whole state that
+ * the first chunk announces. *state: nb_alloc'd (caller nb_free), *len, *round (nullable).
+ * timeout_ms bounds the call (it waits for the peer to be reachable). NB_ERR_UNAVAILABLE (the
+ * peer has no state yet, or cannot be reached), NB_ERR_TIMEOUT, NB_ERR_INTEGRITY (a chunk does
+ * not open or the hash differs), NB_ERR_CODEC (malformed chunks), NB_ERR_PERMISSION. */
+nb_status_t nb_exchange_pull(nb_exchange_t* ex, size_t i, int64_t timeout_ms, uint8_t** state,
+                             size_t* len, uint64_t* round);
 
 /* Frees the frames held by results (n entries) and zeroes them. */
 void nb_exchange_results_release(nb_exchange_result_t* results, size_t n);

@@ -931,6 +931,16 @@ static nb__rx_xfer_t* nb__rx_find(nb_link_rx_t* rx, const char* sender, uint64_t
   return NULL;
 }
 
+uint64_t nb_link_rx_newest(nb_link_rx_t* rx, const char* sender) {
+  if (!rx || !sender) return 0;
+  uint64_t newest = 0;
+  pthread_mutex_lock(&rx->mu);
+  for (nb__rx_xfer_t* x = rx->xfers; x; x = x->next)
+    if (x->round > newest && strcmp(x->sender, sender) == 0) newest = x->round;
+  pthread_mutex_unlock(&rx->mu);
+  return newest;
+}
+
 nb_status_t nb_link_rx_take(nb_link_rx_t* rx, const char* sender, uint64_t round,
                             int64_t deadline_ns, uint8_t** frame, size_t* len) {
   if (!rx || !sender || !frame || !len) return nb_error(NB_ERR_INVALID, "link rx take: NULL");

@@ -178,6 +178,10 @@ nb_status_t nb_link_rx_register(nb_link_rx_t* rx, nb_rpc_server_t* srv);
 nb_status_t nb_link_rx_take(nb_link_rx_t* rx, const char* sender, uint64_t round,
                             int64_t deadline_ns, uint8_t** frame, size_t* len);
 
+/* The newest round of any transfer `sender` opened to us (complete, taken or still arriving),
+ * 0 when none: a sender already past the round we wait for will not send it. Thread-safe. */
+uint64_t nb_link_rx_newest(nb_link_rx_t* rx, const char* sender);
+
 /* Wakes every nb_link_rx_take with NB_ERR_CANCELLED (shutdown). Thread-safe. */
 void nb_link_rx_cancel(nb_link_rx_t* rx);
 

@@ -2,7 +2,7 @@
  * train/trainer, runs the outer-sync rounds of train/hybrid over inter/exchange (mTLS, sealed
  * frames) and writes rounds.tsv and summary.json. Not here: several ranks per cluster (a
  * cluster's workers are accumulated micro-batches, as in `nebula train`), overlap, the adaptive
- * density and fault recovery. */
+ * density (fault-tolerant rounds and --rejoin are wired here; the logic is train/hybrid's). */
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
@@ -33,12 +33,22 @@
 
 #define NB__WK_MAX_PEERS (NB_JOB_MAX_CLUSTERS - 1)
 
+NB_PARAM_DOUBLE(RoundDeadlineS, "NB_ROUND_DEADLINE_S", 30, 0.5, 3600,
+                "fault-tolerant rounds: how long a round's update or vote exchange waits for a "
+                "live peer before the round is skipped")
+NB_PARAM_INT(FaultTolerant, "NB_FAULT_TOLERANT", 1, 0, 1,
+             "1: outer rounds without overlap survive a link down or a dead cluster (a round "
+             "counts on every cluster or on none; docs/hybrid.md, Faults); 0: any exchange "
+             "failure stops the worker")
+NB_PARAM_DOUBLE(RejoinTimeoutS, "NB_REJOIN_TIMEOUT_S", 60, 1, 3600,
+                "nebula worker --rejoin: how long to keep trying to pull the global state")
+
 static void nb__worker_usage(FILE* f) {
   fprintf(
       f,
       "usage: nebula worker --job FILE --cluster ID [--out DIR] [--listen ADDR]\n"
       "                     [--peer ID=ADDR ...] [--pki DIR] [--secret-file F]\n"
-      "                     [--data-dir DIR] [--steps N] [--insecure]\n"
+      "                     [--data-dir DIR] [--steps N] [--resume] [--rejoin] [--insecure]\n"
       "\n"
       "Runs cluster ID of the job: inner training steps, then every round the pseudo-gradient\n"
       "is compressed, exchanged with every other cluster (--peer, one per cluster) and applied\n"
@@ -51,7 +61,10 @@ static void nb__worker_usage(FILE* f) {
       "  --no-rate-cap      ignore link.rateMbit (the link itself is shaped: nebula run's\n"
       "                     emulated WAN)\n"
       "  --data-dir DIR     data folder (mono/<lang>.txt); default the cluster's data.dir\n"
-      "  --steps N          override training.maxSteps (inner steps per cluster)\n");
+      "  --steps N          override training.maxSteps (inner steps per cluster)\n"
+      "  --resume           continue from this cluster's last checkpoint\n"
+      "  --rejoin           a restarted cluster: pull the global state from a live peer and\n"
+      "                     continue with the others (outer mode without overlap)\n");
 }
 
 static int nb__wk_fail(const char* cluster, const char* what) {
@@ -76,7 +89,102 @@ typedef struct {
   nb_exchange_t* ex;
   size_t n_peers;
   double peer_timeout_s;
+  double deadline_s; /* fault-tolerant rounds: per exchange */
 } nb__wk_exchange_t;
+
+/* The fault-tolerant exchange (train/hybrid's ft_exchange): a peer that does not deliver by the
+ * deadline, is dead or already past this round is left out (NULL) and named in a warning; the
+ * round goes on with what arrived. */
+static nb_status_t nb__wk_ft_exchange(void* ctx, uint64_t xround, const void* msg, size_t len,
+                                      nb_hybrid_msg_t* peers, size_t n_peers, uint64_t* sent,
+                                      uint64_t* ahead, uint32_t* alive) {
+  nb__wk_exchange_t* x = ctx;
+  if (n_peers != x->n_peers)
+    return nb_error(NB_ERR_INTERNAL, "worker: %zu peers expected, exchange has %zu", n_peers,
+                    x->n_peers);
+  nb_exchange_result_t res[NB__WK_MAX_PEERS];
+  memset(res, 0, sizeof res);
+  int64_t deadline = nb_now_ns() + (int64_t)(x->deadline_s * 1e9);
+  nb_status_t st = nb_exchange_round(x->ex, xround, msg, len, deadline, res);
+  if (st == NB_ERR_INVALID || st == NB_ERR_NOMEM) return st;
+  uint64_t bytes = 0, newest = 0;
+  uint32_t up = 0;
+  nb_status_t fatal = NB_OK;
+  for (size_t i = 0; i < n_peers; i++) {
+    bytes += res[i].send.bytes;
+    /* an unavailable or slow peer costs a round; a frame that fails its checks or a refused
+     * transfer is never tolerated silently */
+    if (fatal == NB_OK && (res[i].status == NB_ERR_INTEGRITY || res[i].status == NB_ERR_PERMISSION))
+      fatal = nb_error(res[i].status, "exchange %llu: peer %s: %s", (unsigned long long)xround,
+                       res[i].peer, res[i].detail);
+    if (res[i].newest > xround && res[i].newest > newest) newest = res[i].newest;
+    if (res[i].status == NB_OK) {
+      peers[i].data = res[i].frame;
+      peers[i].len = res[i].len;
+      res[i].frame = NULL;
+    } else {
+      peers[i].data = NULL;
+      peers[i].len = 0;
+      NB_WARN("exchange %llu (round %llu): peer %s left out: %s (%s)", (unsigned long long)xround,
+              (unsigned long long)(xround >= 2 ? (xround - 2) / 2 : 0), res[i].peer, res[i].detail,
+              nb_status_name(res[i].status));
+    }
+    if (nb_exchange_peer_alive(x->ex, i)) up++;
+  }
+  if (fatal != NB_OK) {
+    for (size_t i = 0; i < n_peers; i++) {
+      nb_free(peers[i].data);
+      peers[i].data = NULL;
+    }
+  }
+  nb_exchange_results_release(res, n_peers);
+  if (sent) *sent = bytes;
+  if (ahead) *ahead = newest;
+  if (alive) *alive = up;
+  return fatal;
+}
+
+/* Publishes our global state for peers that rejoin (Exchange.Pull). */
+static nb_status_t nb__wk_publish(nb_exchange_t* ex, nb_hybrid_t* h) {
+  if (!ex) return NB_OK;
+  uint8_t* b = NULL;
+  size_t len = 0;
+  NB_CHECK(nb_hybrid_export(h, &b, &len));
+  nb_status_t st = nb_exchange_publish_state(ex, nb_hybrid_rounds(h) & 0xffffffffu, b, len);
+  nb_free(b);
+  return st;
+}
+
+/* Pulls the global state from the first peer that serves one (alive, and published), trying
+ * every peer until timeout_s, and adopts it; skip: rounds added to the pulled round (a restarted
+ * process must not reuse the exchange ids of its previous life). */
+static nb_status_t nb__wk_pull_state(nb_exchange_t* ex, nb_hybrid_t* h, double timeout_s,
+                                     uint64_t skip, const char** from) {
+  double until = nb_now_s() + timeout_s;
+  size_t np = nb_exchange_peer_count(ex);
+  nb_status_t st = nb_error(NB_ERR_UNAVAILABLE, "no peer to pull the global state from");
+  while (nb_now_s() < until) {
+    for (size_t i = 0; i < np; i++) {
+      if (!nb_exchange_peer_alive(ex, i)) continue;
+      uint8_t* b = NULL;
+      size_t len = 0;
+      st = nb_exchange_pull(ex, i, 10000, &b, &len, NULL);
+      if (st == NB_OK) {
+        st = nb_hybrid_import(h, b, len, skip);
+        nb_free(b);
+        if (st == NB_OK) {
+          *from = nb_link_peer(nb_exchange_link(ex, i));
+          return NB_OK;
+        }
+      }
+      NB_WARN("pulling the global state from %s: %s", nb_link_peer(nb_exchange_link(ex, i)),
+              nb_error_last());
+      if (st == NB_ERR_INTEGRITY) return st;
+    }
+    nb_sleep_ns(250000000LL);
+  }
+  return st;
+}
 
 /* The hybrid's exchange callback over inter/exchange. Peer order does not matter to the hybrid
  * (messages name their sender). */
@@ -196,7 +304,7 @@ int nb_worker_main(int argc, char** argv) {
   const char *job_file = NULL, *cluster = NULL, *out = NULL, *listen = "127.0.0.1:0";
   const char *pki = NULL, *secret_file = NULL, *data_dir = NULL;
   const char* peer_arg[NB__WK_MAX_PEERS];
-  int n_peer_arg = 0, insecure = 0, resume = 0, no_rate_cap = 0;
+  int n_peer_arg = 0, insecure = 0, resume = 0, no_rate_cap = 0, rejoin = 0;
   long steps = 0;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
@@ -210,6 +318,8 @@ int nb_worker_main(int argc, char** argv) {
       no_rate_cap = 1;
     } else if (strcmp(a, "--resume") == 0) {
       resume = 1;
+    } else if (strcmp(a, "--rejoin") == 0) {
+      rejoin = 1;
     } else if (strcmp(a, "--job") == 0 && v) {
       job_file = argv[++i];
     } else if (strcmp(a, "--cluster") == 0 && v) {
@@ -479,7 +589,8 @@ int nb_worker_main(int argc, char** argv) {
       }
     }
   }
-  nb__wk_exchange_t xctx = {ex, (size_t)n_peer_arg, job->sync.peer_timeout_seconds};
+  nb__wk_exchange_t xctx = {ex, (size_t)n_peer_arg, job->sync.peer_timeout_seconds,
+                            nb_param_RoundDeadlineS()};
 
   nb_hybrid_config_t hc;
   nb_hybrid_config_defaults(&hc);
@@ -502,6 +613,21 @@ int nb_worker_main(int argc, char** argv) {
             cluster);
   hc.exchange = nb__wk_exchange;
   hc.exchange_ctx = &xctx;
+  /* fault-tolerant rounds: outer mode without overlap, several clusters */
+  int ft = ex != NULL && hc.mode == NB_HYBRID_OUTER && !hc.overlap && nb_param_FaultTolerant();
+  if (ft) hc.ft_exchange = nb__wk_ft_exchange;
+  if (rejoin && mpi_size > 1) {
+    fprintf(stderr, "nebula worker: --rejoin runs one process per cluster (no mpirun yet)\n");
+    rc = NB_EXIT_USAGE;
+    goto done;
+  }
+  if (rejoin && !ft) {
+    fprintf(stderr,
+            "nebula worker: --rejoin needs fault-tolerant rounds (outer mode without overlap, "
+            "several clusters, NB_FAULT_TOLERANT=1)\n");
+    rc = NB_EXIT_USAGE;
+    goto done;
+  }
   hc.samples_scale = (uint32_t)mpi_size;
   if (nb_hybrid_create(&hc, t, &h) != NB_OK) {
     rc = nb__wk_fail(cluster, "creating the round state");
@@ -518,6 +644,23 @@ int nb_worker_main(int argc, char** argv) {
     printf("nebula worker: %s resumes at round %llu (step %ld), theta %016llx\n", cluster,
            (unsigned long long)nb_hybrid_rounds(h), nb_trainer_step(t),
            (unsigned long long)nb_hybrid_global_hash(h));
+  }
+  long rejoined_at = -1;
+  if (rejoin) {
+    const char* from = "?";
+    if (nb__wk_pull_state(ex, h, nb_param_RejoinTimeoutS(), 2, &from) != NB_OK) {
+      rc = nb__wk_fail(cluster, "rejoining (pulling the global state)");
+      goto done;
+    }
+    rejoined_at = (long)nb_hybrid_rounds(h);
+    printf("nebula worker: %s rejoined from %s at round %ld (%llu rounds applied), theta %016llx\n",
+           cluster, from, rejoined_at, (unsigned long long)nb_hybrid_commits(h),
+           (unsigned long long)nb_hybrid_global_hash(h));
+    fflush(stdout);
+  }
+  if (ft && nb__wk_publish(ex, h) != NB_OK) {
+    rc = nb__wk_fail(cluster, "publishing the global state");
+    goto done;
   }
   long round0 = (long)nb_hybrid_rounds(h);
   int adaptive = job->compression.adaptive && ex != NULL && hc.mode == NB_HYBRID_OUTER;
@@ -552,7 +695,7 @@ int nb_worker_main(int argc, char** argv) {
   fflush(stdout);
 
   snprintf(path, sizeof path, "%s/rounds.tsv", odir);
-  tsv = fopen(path, resume ? "a" : "w");
+  tsv = fopen(path, resume || rejoin ? "a" : "w");
   if (!tsv) {
     fprintf(stderr, "nebula worker: cannot write %s: %s\n", path, strerror(errno));
     goto done;
@@ -561,20 +704,57 @@ int nb_worker_main(int argc, char** argv) {
   if (ftell(tsv) == 0)
     fprintf(tsv,
             "round\tsteps\tsamples\tsamples_all\tloss\tmsg_bytes\tbytes_sent\tdensity\t"
-            "compute_s\tcodec_s\texchange_s\tglobal_xxh3\n");
+            "compute_s\tcodec_s\texchange_s\tglobal_xxh3\tapplied\tcommits\tpeers_ok\t"
+            "peers_alive\tevent\n");
   double compute_s = 0, exchange_s = 0, codec_s = 0, last_loss = 0, density_sum = 0;
   uint64_t wan_bytes = 0, msg_bytes = 0;
   long steps_done = nb_trainer_step(t), step0 = steps_done, cur_h = hc.inner_steps;
-  for (long r = round0; r < rounds; r++) {
+  long skipped = 0, late = 0, jumps = 0, pulls = 0;
+  for (long r = round0; r < rounds; r = (long)nb_hybrid_rounds(h)) {
     nb_hybrid_round_t rec;
     long left = (long)job->training.max_steps - steps_done;
     if (hc.mode != NB_HYBRID_OUTER && left < hc.inner_steps && left > 0)
       nb_hybrid_set_inner_steps(h, cur_h = left); /* in step modes a round only groups the log */
-    if (nb__wk_lead(comm, cur_h, 1) != NB_OK || nb_hybrid_round(h, &rec) != NB_OK ||
-        (comm && nb_comm_broadcast(comm, nb_hybrid_global(h, NULL), nb_hybrid_global(h, NULL),
-                                   n_params, NB_COMM_FP32, 0) != NB_OK)) {
+    if (nb__wk_lead(comm, cur_h, 1) != NB_OK || nb_hybrid_round(h, &rec) != NB_OK) {
       rc = nb__wk_fail(cluster, "round");
       goto done;
+    }
+    const char* event = "-";
+    if (!ft) {
+      rec.applied = 1;
+      rec.commits = nb_hybrid_commits(h);
+      rec.peers_ok = rec.peers_alive = (uint32_t)n_peer_arg;
+    } else {
+      if (!rec.applied) skipped++, event = "skipped";
+      if (rec.caught_up) late++, event = "late";
+      if (rec.next_round > rec.round + 1) jumps++, event = "jump";
+      if (rec.need_state) {
+        /* a peer applied rounds we cannot replay: adopt its state */
+        const char* from = "?";
+        if (nb__wk_pull_state(ex, h, nb_param_RoundDeadlineS(), 0, &from) != NB_OK) {
+          rc = nb__wk_fail(cluster, "catching up (pulling the global state)");
+          goto done;
+        }
+        pulls++;
+        event = "pulled";
+        rec.commits = nb_hybrid_commits(h);
+        rec.global_hash = nb_hybrid_global_hash(h);
+        printf("round %llu: behind the other clusters: pulled the global state from %s\n",
+               (unsigned long long)rec.round, from);
+      }
+      if (r == round0 && rejoined_at >= 0) event = "rejoined";
+      if (nb__wk_publish(ex, h) != NB_OK) {
+        rc = nb__wk_fail(cluster, "publishing the global state");
+        goto done;
+      }
+    }
+    /* the ranks continue from the leader's theta_local (theta_global after an applied round) */
+    if (comm) {
+      float* bp = ft ? nb_trainer_sync_params(t, NULL) : nb_hybrid_global(h, NULL);
+      if (nb_comm_broadcast(comm, bp, bp, n_params, NB_COMM_FP32, 0) != NB_OK) {
+        rc = nb__wk_fail(cluster, "round");
+        goto done;
+      }
     }
     compute_s += rec.compute_s;
     exchange_s += rec.exchange_s;
@@ -584,17 +764,24 @@ int nb_worker_main(int argc, char** argv) {
     steps_done += rec.steps;
     last_loss = rec.loss;
     density_sum += rec.density;
-    fprintf(tsv, "%llu\t%ld\t%llu\t%llu\t%.6f\t%llu\t%llu\t%g\t%.4f\t%.4f\t%.4f\t%016llx\n",
+    fprintf(tsv,
+            "%llu\t%ld\t%llu\t%llu\t%.6f\t%llu\t%llu\t%g\t%.4f\t%.4f\t%.4f\t%016llx\t%d\t%llu\t%"
+            "u\t%u\t%s\n",
             (unsigned long long)rec.round, rec.steps, (unsigned long long)rec.samples,
             (unsigned long long)rec.samples_all, rec.loss, (unsigned long long)rec.msg_bytes,
             (unsigned long long)rec.bytes_sent, rec.density, rec.compute_s, rec.codec_s,
-            rec.exchange_s, (unsigned long long)rec.global_hash);
+            rec.exchange_s, (unsigned long long)rec.global_hash, rec.applied,
+            (unsigned long long)rec.commits, rec.peers_ok, rec.peers_alive, event);
     fflush(tsv);
     printf(
         "round %ld/%ld: %ld steps, loss %.4f, sent %.1f KiB (density %g), compute %.2f s, "
-        "exchange %.2f s, theta %016llx\n",
+        "exchange %.2f s, theta %016llx%s%s\n",
         r + 1, rounds, rec.steps, rec.loss, rec.msg_bytes / 1024.0, rec.density, rec.compute_s,
-        rec.exchange_s, (unsigned long long)rec.global_hash);
+        rec.exchange_s, (unsigned long long)rec.global_hash, strcmp(event, "-") ? ", " : "",
+        strcmp(event, "-") ? event : "");
+    if (ft && !rec.applied)
+      printf("round %ld: not applied (updates from %u of %d peers, %u alive) at unix %.3f\n", r + 1,
+             rec.peers_ok, n_peer_arg, rec.peers_alive, (double)nb_wall_ns() / 1e9);
     fflush(stdout);
     int every = job->training.eval_every_rounds;
     if (every > 0 && (r + 1) % every == 0 && r + 1 < rounds) {
@@ -611,7 +798,7 @@ int nb_worker_main(int argc, char** argv) {
       json_object_set_new(e, "mean_bpb", json_real(mid.mean_bpb));
       json_array_append_new(evals, e);
     }
-    if (ckpt_every > 0 && ((r + 1) % ckpt_every == 0 || r + 1 == rounds)) {
+    if (ckpt_every > 0 && ((r + 1) % ckpt_every == 0 || (long)nb_hybrid_rounds(h) >= rounds)) {
       /* the round state first, then the trainer's checkpoint moves LATEST to it */
       snprintf(path, sizeof path, "%s/hybrid-step-%ld.bin", tc->checkpoint_dir, nb_trainer_step(t));
       if (nb_hybrid_save(h, path) != NB_OK || nb_trainer_checkpoint(t) != NB_OK) {
@@ -699,7 +886,14 @@ int nb_worker_main(int argc, char** argv) {
   json_object_set_new(sum, "overlap", json_boolean(hc.overlap));
   json_object_set_new(sum, "params_synced", json_integer((json_int_t)n_params));
   json_object_set_new(sum, "rounds", json_integer(rounds));
-  json_object_set_new(sum, "resumed_at_round", json_integer(round0));
+  json_object_set_new(sum, "resumed_at_round", json_integer(rejoin ? 0 : round0));
+  json_object_set_new(sum, "fault_tolerant", json_boolean(ft));
+  json_object_set_new(sum, "rounds_applied", json_integer((json_int_t)nb_hybrid_commits(h)));
+  json_object_set_new(sum, "rounds_skipped", json_integer(skipped));
+  json_object_set_new(sum, "rounds_late", json_integer(late));
+  json_object_set_new(sum, "round_jumps", json_integer(jumps));
+  json_object_set_new(sum, "state_pulls", json_integer(pulls));
+  json_object_set_new(sum, "rejoined_at_round", json_integer(rejoined_at));
   json_object_set_new(sum, "syncs", json_integer(syncs));
   json_object_set_new(sum, "inner_steps", json_integer(steps_done));
   json_object_set_new(sum, "samples", json_integer((json_int_t)nb_trainer_samples(t)));

@@ -1,7 +1,8 @@
 /* train/hybrid: the outer-sync round (see hybrid.h). Every cluster decodes every message, its own
  * included, and sums them in cluster order into a zeroed buffer, so the float operations and
- * therefore the bits of theta_global are the same everywhere. Not here: threads, overlap, the
- * density scheduler and fault handling (the driver decides what to do with an error). */
+ * therefore the bits of theta_global are the same everywhere. Fault-tolerant rounds (an update and
+ * a vote exchange; a round counts on every cluster or none) are here too. Not here: sockets,
+ * processes, the density scheduler, or deciding what a dead peer means for the job. */
 #include "train/hybrid.h"
 
 #include <math.h>
@@ -16,6 +17,9 @@
 
 #define NB__HY_VERSION 1u
 #define NB__HY_FLAG_HASH_ONLY 0x1u
+#define NB__HY_FLAG_FT 0x2u   /* fault-tolerant round: offset 56 carries the rounds applied */
+#define NB__HY_FLAG_VOTE 0x4u /* with FT: the vote of a round (samples field: 1 = have all) */
+#define NB__HY_FLAGS_KNOWN (NB__HY_FLAG_HASH_ONLY | NB__HY_FLAG_FT | NB__HY_FLAG_VOTE)
 
 struct nb_hybrid {
   nb_hybrid_config_t cfg;
@@ -46,6 +50,18 @@ struct nb_hybrid {
   char fly_error[256];
   uint64_t fly_sent;
   double fly_secs;
+  /* fault-tolerant rounds (docs/hybrid.md, Faults) */
+  uint64_t commits;      /* rounds applied */
+  uint64_t ft_samples;   /* samples trained on since the last applied round: the weight of our
+                            Delta, which carries all of that progress */
+  uint64_t pend_samples; /* what the held round's message of ours claimed */
+  float* res_pre;        /* (n) residual before this round's encode: restored when it is skipped */
+  float* lsend;          /* (n) theta_local when this round's message was made */
+  int pend; /* every message of round pend_round arrived, the vote did not confirm it */
+  uint64_t pend_round, pend_commits, pend_hash;
+  nb_hybrid_msg_t pend_msgs[NB_HYBRID_MAX_CLUSTERS]; /* owned copies, cluster order */
+  float* pend_local;                                 /* (n) theta_local at that round's send */
+  float* pend_res;                                   /* (n) residual after that round's encode */
   /* prepare's figures for the record */
   long steps;
   uint64_t samples;
@@ -54,7 +70,7 @@ struct nb_hybrid {
 
 typedef struct {
   uint32_t sender, flags;
-  uint64_t round, samples, steps, hash, frame_len;
+  uint64_t round, samples, steps, hash, frame_len, commits;
   const uint8_t* frame;
 } nb__hy_hdr_t;
 
@@ -86,7 +102,7 @@ static void nb__hy_write_header(nb_hybrid_t* h, uint32_t flags, uint64_t frame_l
   nb__put64(p + 32, (uint64_t)h->steps);
   nb__put64(p + 40, h->hash);
   nb__put64(p + 48, frame_len);
-  nb__put64(p + 56, 0);
+  nb__put64(p + 56, (flags & NB__HY_FLAG_FT) ? h->commits : 0);
   h->msg_len = NB_HYBRID_MSG_HEADER_BYTES + frame_len;
 }
 
@@ -107,7 +123,9 @@ static nb_status_t nb__hy_parse(const nb_hybrid_msg_t* m, nb__hy_hdr_t* o) {
   o->steps = nb__get64(p + 32);
   o->hash = nb__get64(p + 40);
   o->frame_len = nb__get64(p + 48);
-  if ((o->flags & ~NB__HY_FLAG_HASH_ONLY) || nb__get64(p + 56) != 0)
+  o->commits = nb__get64(p + 56);
+  if ((o->flags & ~NB__HY_FLAGS_KNOWN) || (!(o->flags & NB__HY_FLAG_FT) && o->commits != 0) ||
+      ((o->flags & NB__HY_FLAG_VOTE) && !(o->flags & NB__HY_FLAG_FT)))
     return nb_error(NB_ERR_CODEC, "hybrid: message from cluster %u has unknown flags", o->sender);
   if (o->frame_len != m->len - NB_HYBRID_MSG_HEADER_BYTES)
     return nb_error(NB_ERR_CODEC,
@@ -151,6 +169,9 @@ static nb_status_t nb__hy_check(const nb_hybrid_config_t* c) {
     return nb_error(NB_ERR_CONFIG, "hybrid: unknown mode %d", (int)c->mode);
   if (c->mode != NB_HYBRID_OUTER && c->overlap)
     return nb_error(NB_ERR_CONFIG, "hybrid: overlap applies to the outer mode only");
+  if (c->ft_exchange && (c->mode != NB_HYBRID_OUTER || c->overlap))
+    return nb_error(NB_ERR_CONFIG,
+                    "hybrid: fault-tolerant rounds need the outer mode without overlap");
   if (c->zstd_level < 0 || c->zstd_level > 19)
     return nb_error(NB_ERR_CONFIG, "hybrid: zstd_level %d outside [0, 19]", c->zstd_level);
   return NB_OK;
@@ -208,6 +229,11 @@ void nb_hybrid_destroy(nb_hybrid_t* h) {
   }
   nb_free(h->fly);
   nb_free(h->own);
+  nb__hy_release(h->pend_msgs, NB_HYBRID_MAX_CLUSTERS);
+  nb_free(h->res_pre);
+  nb_free(h->lsend);
+  nb_free(h->pend_local);
+  nb_free(h->pend_res);
   nb_codec_destroy(h->codec);
   nb_free(h->global);
   nb_free(h->momentum);
@@ -304,7 +330,8 @@ static nb_status_t nb__hy_collect(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, s
 static nb_status_t nb__hy_sum(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
                               uint64_t round, uint64_t hash, uint64_t* total_out) {
   nb__hy_hdr_t byc[NB_HYBRID_MAX_CLUSTERS];
-  NB_CHECK(nb__hy_collect(h, msgs, n_msgs, 0, round, hash, byc));
+  NB_CHECK(
+      nb__hy_collect(h, msgs, n_msgs, h->cfg.ft_exchange ? NB__HY_FLAG_FT : 0, round, hash, byc));
   uint32_t nc = h->cfg.n_clusters;
   uint64_t total = 0;
   for (uint32_t c = 0; c < nc; c++) {
@@ -342,6 +369,7 @@ static nb_status_t nb__hy_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, siz
   nb_outer_step(h->global, h->delta, h->momentum, h->cfg.outer_lr, h->cfg.outer_momentum, h->n);
   NB_CHECK(nb_trainer_set_sync_params(h->t, h->global, h->n));
   h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  h->commits++;
   if (rec) {
     memset(rec, 0, sizeof *rec);
     rec->round = round;
@@ -583,8 +611,229 @@ static nb_status_t nb__hy_round_steps(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
   return NB_OK;
 }
 
+/* ------------------------------------------------------------ fault-tolerant rounds */
+
+static nb_status_t nb__hy_ft_buffers(nb_hybrid_t* h) {
+  float** bufs[4] = {&h->res_pre, &h->lsend, &h->pend_local, &h->pend_res};
+  for (int i = 0; i < 4; i++)
+    if (!*bufs[i])
+      NB_CHECK(nb_calloc((void**)bufs[i], h->n, sizeof(float), "fault-tolerant round"));
+  return NB_OK;
+}
+
+static void nb__hy_drop_pending(nb_hybrid_t* h) {
+  nb__hy_release(h->pend_msgs, NB_HYBRID_MAX_CLUSTERS);
+  h->pend = 0;
+}
+
+/* Applies the held round (every cluster applied it; our confirmation was lost), then puts our
+ * own progress since that round's message on top: theta_local = theta_global + (local now -
+ * local at that send), and the residual is the one that round's encode left. */
+static nb_status_t nb__hy_land_pending(nb_hybrid_t* h) {
+  size_t n;
+  float* local = nb_trainer_sync_params(h->t, &n);
+  memcpy(h->lsend, local, n * sizeof(float)); /* the progress is measured from here */
+  NB_CHECK(nb__hy_apply(h, h->pend_msgs, h->cfg.n_clusters, h->pend_round, h->pend_hash, NULL));
+  for (size_t i = 0; i < n; i++) local[i] = h->global[i] + (h->lsend[i] - h->pend_local[i]);
+  memcpy(h->residual, h->pend_res, n * sizeof(float));
+  h->ft_samples = h->ft_samples > h->pend_samples ? h->ft_samples - h->pend_samples : 0;
+  NB_WARN("hybrid: round %llu applied late (a lost vote): %llu rounds applied, theta %016llx",
+          (unsigned long long)h->pend_round, (unsigned long long)h->commits,
+          (unsigned long long)h->hash);
+  nb__hy_drop_pending(h);
+  return NB_OK;
+}
+
+/* Copies a message (owned copy). */
+static nb_status_t nb__hy_copy_msg(nb_hybrid_msg_t* dst, const uint8_t* data, size_t len) {
+  NB_CHECK(nb_alloc((void**)&dst->data, len ? len : 1, 1, "held message"));
+  memcpy(dst->data, data, len);
+  dst->len = len;
+  return NB_OK;
+}
+
+/* One fault-tolerant round (docs/hybrid.md, Faults): update exchange, vote exchange, then the
+ * round is applied (every cluster has every message and said so), held (we have every message
+ * but not every vote: a cluster may have applied it; the next exchange tells), or skipped. */
+static nb_status_t nb__hy_round_ft(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
+  uint32_t nc = h->cfg.n_clusters, np = nc - 1, me = h->cfg.cluster_index;
+  NB_CHECK(nb__hy_ft_buffers(h));
+  memcpy(h->res_pre, h->residual, h->n * sizeof(float));
+  const uint8_t* msg;
+  size_t len;
+  NB_CHECK(nb_hybrid_prepare(h, &msg, &len));
+  uint64_t round_samples = h->samples;
+  h->ft_samples += round_samples;
+  h->samples = h->ft_samples; /* our Delta covers every round since the last applied one */
+  nb__hy_write_header(h, NB__HY_FLAG_FT, h->msg_len - NB_HYBRID_MSG_HEADER_BYTES);
+  h->samples = round_samples;
+  memcpy(h->lsend, nb_trainer_sync_params(h->t, NULL), h->n * sizeof(float));
+  uint64_t a = h->round, k = h->commits, hash = h->hash;
+  nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}}, votes[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+  uint64_t sent = 0, sent2 = 0, ahead = 0, ahead2 = 0, newest_commits = k;
+  uint32_t alive = 0, alive2 = 0, ok = 0;
+  int have_all = 1, caught_up = 0, need_state = 0, commit = 0;
+  double t0 = nb_now_s(), xs = 0;
+  nb_status_t st = NB_OK;
+  all[me].data = h->msg;
+  all[me].len = h->msg_len;
+  nb_hybrid_msg_t got[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+  if (np > 0) {
+    st = h->cfg.ft_exchange(h->cfg.exchange_ctx, 2 * a + 2, h->msg, h->msg_len, got, np, &sent,
+                            &ahead, &alive);
+    if (st != NB_OK) {
+      nb__hy_release(got, np);
+      return nb_error_wrap(st, "hybrid: exchange");
+    }
+  }
+  /* Which peers sent a usable update of this round on the same theta_global? */
+  for (uint32_t i = 0; i < np; i++) {
+    if (!got[i].data) {
+      have_all = 0;
+      continue;
+    }
+    nb__hy_hdr_t hd;
+    if (nb__hy_parse(&got[i], &hd) != NB_OK || !(hd.flags & NB__HY_FLAG_FT) ||
+        (hd.flags & (NB__HY_FLAG_VOTE | NB__HY_FLAG_HASH_ONLY)) || hd.sender >= nc ||
+        hd.sender == me || all[hd.sender].data) {
+      NB_WARN("hybrid: round %llu: a malformed or repeated update ignored: %s",
+              (unsigned long long)a, nb_error_last());
+      have_all = 0;
+      continue;
+    }
+    if (hd.commits > newest_commits) newest_commits = hd.commits;
+    if (hd.commits == k && hd.hash != hash) {
+      nb__hy_release(got, np);
+      return nb_error(NB_ERR_INTEGRITY,
+                      "hybrid: round %llu: theta_global of cluster %u (xxh3 %016llx) differs "
+                      "from ours (cluster %u, %016llx) after %llu applied rounds: the replicas "
+                      "diverged",
+                      (unsigned long long)a, hd.sender, (unsigned long long)hd.hash, me,
+                      (unsigned long long)hash, (unsigned long long)k);
+    }
+    if (hd.commits != k || hd.round != a) have_all = 0;
+    all[hd.sender] = got[i];
+    got[i].data = NULL;
+    ok++;
+  }
+  nb__hy_release(got, np);
+  if (have_all && h->pend) nb__hy_drop_pending(h); /* everyone is at k: nobody applied it */
+  /* The vote: 1 when every update arrived. Sent even when not, so nobody waits for it. */
+  if (np > 0) {
+    uint8_t saved[NB_HYBRID_MSG_HEADER_BYTES];
+    memcpy(saved, h->msg, sizeof saved);
+    uint64_t s_samples = h->samples, s_steps = (uint64_t)h->steps;
+    size_t s_len = h->msg_len;
+    h->samples = (uint64_t)have_all;
+    h->steps = 0;
+    nb__hy_write_header(h, NB__HY_FLAG_FT | NB__HY_FLAG_VOTE, 0);
+    uint8_t vote[NB_HYBRID_MSG_HEADER_BYTES];
+    memcpy(vote, h->msg, sizeof vote);
+    memcpy(h->msg, saved, sizeof saved);
+    h->msg_len = s_len;
+    h->samples = s_samples;
+    h->steps = (long)s_steps;
+    st = h->cfg.ft_exchange(h->cfg.exchange_ctx, 2 * a + 3, vote, sizeof vote, votes, np, &sent2,
+                            &ahead2, &alive2);
+    if (st != NB_OK) {
+      nb__hy_release(votes, np);
+      for (uint32_t c = 0; c < nc; c++)
+        if (c != me) nb_free(all[c].data);
+      return nb_error_wrap(st, "hybrid: vote exchange");
+    }
+    uint32_t yes = 0;
+    uint8_t seen[NB_HYBRID_MAX_CLUSTERS] = {0};
+    for (uint32_t i = 0; i < np; i++) {
+      nb__hy_hdr_t hd;
+      if (!votes[i].data || nb__hy_parse(&votes[i], &hd) != NB_OK) continue;
+      if (hd.flags != (NB__HY_FLAG_FT | NB__HY_FLAG_VOTE) || hd.sender >= nc || hd.sender == me ||
+          seen[hd.sender] || hd.round != a)
+        continue;
+      seen[hd.sender] = 1;
+      if (hd.commits > newest_commits) newest_commits = hd.commits;
+      if (hd.samples == 1 && hd.commits == k && hd.hash == hash) yes++;
+    }
+    nb__hy_release(votes, np);
+    commit = have_all && yes == np;
+    if (ahead2 > ahead) ahead = ahead2;
+    alive = alive2;
+  } else {
+    commit = 1;
+  }
+  xs = nb_now_s() - t0;
+  nb_hybrid_round_t applied;
+  memset(&applied, 0, sizeof applied);
+  if (commit) {
+    st = nb__hy_apply(h, all, nc, a, hash, &applied);
+    h->ft_samples = 0;
+    if (h->pend) nb__hy_drop_pending(h);
+  } else {
+    if (have_all) {
+      /* every update is here but not every vote: hold the round, a cluster may have applied it;
+       * it keeps the residual this round's encode left if it lands late */
+      nb__hy_drop_pending(h);
+      for (uint32_t c = 0; c < nc && st == NB_OK; c++)
+        st = nb__hy_copy_msg(&h->pend_msgs[c], all[c].data, all[c].len);
+      memcpy(h->pend_local, h->lsend, h->n * sizeof(float));
+      memcpy(h->pend_res, h->residual, h->n * sizeof(float));
+      h->pend = st == NB_OK;
+      h->pend_round = a;
+      h->pend_commits = k;
+      h->pend_hash = hash;
+      h->pend_samples = h->ft_samples;
+    }
+    /* skipped here: the residual goes back to before this round's encode (the next Delta
+     * carries all of it), theta_local trains on */
+    memcpy(h->residual, h->res_pre, h->n * sizeof(float));
+  }
+  for (uint32_t c = 0; c < nc; c++)
+    if (c != me) nb_free(all[c].data);
+  NB_CHECK(st);
+  if (!commit && newest_commits > k) {
+    if (newest_commits == k + 1 && h->pend && h->pend_commits == k && h->pend_round != a) {
+      NB_CHECK(nb__hy_land_pending(h));
+      caught_up = 1;
+    } else {
+      need_state = 1;
+    }
+  }
+  if (rec) {
+    memset(rec, 0, sizeof *rec);
+    rec->round = a;
+    rec->steps = h->steps;
+    rec->samples = h->samples;
+    rec->samples_all = commit ? applied.samples_all : 0;
+    rec->loss = h->loss;
+    rec->msg_bytes = h->msg_len;
+    rec->bytes_sent = sent + sent2;
+    rec->density = h->cfg.density;
+    rec->compute_s = h->compute_s;
+    rec->codec_s = h->codec_s + applied.codec_s;
+    rec->exchange_s = xs;
+    rec->global_hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+    rec->applied = commit;
+    rec->caught_up = caught_up;
+    rec->need_state = need_state;
+    rec->commits = h->commits;
+    rec->peers_ok = ok;
+    rec->peers_alive = alive;
+  }
+  uint64_t next = a + 1;
+  if (ahead >= 2) {
+    uint64_t b = (ahead - 2) / 2; /* the round of the newest exchange id seen */
+    if (b > next) next = b;
+  }
+  if (next > a + 1)
+    NB_WARN("hybrid: a peer is already at round %llu: round %llu goes next",
+            (unsigned long long)next, (unsigned long long)next);
+  h->round = next;
+  if (rec) rec->next_round = next;
+  return NB_OK;
+}
+
 nb_status_t nb_hybrid_round(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
   if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (h->cfg.ft_exchange) return nb__hy_round_ft(h, rec);
   if (h->cfg.mode != NB_HYBRID_OUTER) return nb__hy_round_steps(h, rec);
   if (h->cfg.overlap) return nb__hy_round_overlap(h, rec);
   const uint8_t* msg;
@@ -603,8 +852,62 @@ nb_status_t nb_hybrid_round(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
   return st;
 }
 
+/* The final check of fault-tolerant rounds: hash-only messages carrying the rounds applied; a
+ * held round that a peer applied lands first; a peer one applied round behind us holds that
+ * round and lands it on its side. */
+static nb_status_t nb__hy_finish_ft(nb_hybrid_t* h) {
+  uint32_t nc = h->cfg.n_clusters, np = nc - 1;
+  NB_CHECK(nb__hy_ft_buffers(h));
+  h->samples = 0;
+  h->steps = 0;
+  h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  nb__hy_write_header(h, NB__HY_FLAG_HASH_ONLY | NB__HY_FLAG_FT, 0);
+  nb_hybrid_msg_t got[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+  nb__hy_hdr_t hd[NB_HYBRID_MAX_CLUSTERS];
+  int have[NB_HYBRID_MAX_CLUSTERS] = {0};
+  uint64_t sent = 0, ahead = 0;
+  uint32_t alive = 0, missing = 0;
+  nb_status_t st = NB_OK;
+  if (np > 0)
+    st = h->cfg.ft_exchange(h->cfg.exchange_ctx, 2 * h->round + 2, h->msg, h->msg_len, got, np,
+                            &sent, &ahead, &alive);
+  for (uint32_t i = 0; i < np && st == NB_OK; i++) {
+    if (!got[i].data || nb__hy_parse(&got[i], &hd[i]) != NB_OK ||
+        hd[i].flags != (NB__HY_FLAG_HASH_ONLY | NB__HY_FLAG_FT) || hd[i].sender >= nc) {
+      missing++;
+      continue;
+    }
+    have[i] = 1;
+    if (hd[i].commits == h->commits + 1 && h->pend && h->pend_commits == h->commits)
+      st = nb__hy_land_pending(h);
+  }
+  nb__hy_release(got, np);
+  NB_CHECK(nb_error_wrap(st, "hybrid: final check"));
+  uint64_t hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  for (uint32_t i = 0; i < np; i++) {
+    if (!have[i]) continue;
+    if (hd[i].commits == h->commits && hd[i].hash != hash)
+      return nb_error(NB_ERR_INTEGRITY,
+                      "hybrid: final check: theta_global of cluster %u (xxh3 %016llx) differs "
+                      "from ours (%016llx) after %llu applied rounds: the replicas diverged",
+                      hd[i].sender, (unsigned long long)hd[i].hash, (unsigned long long)hash,
+                      (unsigned long long)h->commits);
+    if (hd[i].commits + 1 < h->commits || hd[i].commits > h->commits)
+      return nb_error(
+          NB_ERR_INTEGRITY, "hybrid: final check: cluster %u applied %llu rounds, we applied %llu",
+          hd[i].sender, (unsigned long long)hd[i].commits, (unsigned long long)h->commits);
+  }
+  /* the trainer holds theta_global (progress of rounds skipped at the very end is dropped) */
+  NB_CHECK(nb_trainer_set_sync_params(h->t, h->global, h->n));
+  if (missing)
+    return nb_error(NB_ERR_UNAVAILABLE, "hybrid: final check: %u of %u peers did not answer",
+                    missing, np);
+  return NB_OK;
+}
+
 nb_status_t nb_hybrid_finish(nb_hybrid_t* h) {
   if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (h->cfg.ft_exchange) return nb__hy_finish_ft(h);
   if (h->inflight) {
     double waited;
     NB_CHECK(nb__hy_land(h, NULL, &waited));
@@ -670,6 +973,7 @@ nb_status_t nb_hybrid_save(const nb_hybrid_t* h, const char* path) {
   nb__put64(hdr + 24, h->xseq);
   nb__put64(hdr + 32, nb_xxh3_64(h->global, h->n * sizeof(float), 0));
   nb__put32(hdr + 40, (uint32_t)h->cfg.mode);
+  nb__put64(hdr + 48, h->commits);
   char tmp[4096];
   if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
     return nb_error(NB_ERR_INVALID, "hybrid: path too long: %s", path);
@@ -749,8 +1053,64 @@ nb_status_t nb_hybrid_load(nb_hybrid_t* h, const char* path) {
   memcpy(h->residual, p + 2 * nb, nb);
   h->round = nb__get64(buf + 16);
   h->xseq = nb__get64(buf + 24);
+  h->commits = nb__get64(buf + 48);
   h->hash = nb_xxh3_64(h->global, nb, 0);
 out:
   nb_free(buf);
   return st;
+}
+
+uint64_t nb_hybrid_commits(const nb_hybrid_t* h) {
+  return h->commits;
+}
+
+#define NB__HY_EXPORT_MAGIC 0x5848424eu /* bytes 'N' 'B' 'H' 'X' */
+
+nb_status_t nb_hybrid_export(const nb_hybrid_t* h, uint8_t** out, size_t* len) {
+  if (!h || !out || !len) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (h->inflight)
+    return nb_error(NB_ERR_INVALID, "hybrid: cannot export with an exchange in flight");
+  size_t nb = h->n * sizeof(float), total = NB__HY_STATE_HEADER + 2 * nb + 8;
+  uint8_t* b = NULL;
+  NB_CHECK(nb_alloc((void**)&b, total, 1, "hybrid export"));
+  memset(b, 0, NB__HY_STATE_HEADER);
+  nb__put32(b + 0, NB__HY_EXPORT_MAGIC);
+  nb__put32(b + 4, 1);
+  nb__put64(b + 8, h->n);
+  nb__put64(b + 16, h->round);
+  nb__put64(b + 24, h->commits);
+  nb__put64(b + 32, nb_xxh3_64(h->global, nb, 0));
+  memcpy(b + NB__HY_STATE_HEADER, h->global, nb);
+  memcpy(b + NB__HY_STATE_HEADER + nb, h->momentum, nb);
+  nb__put64(b + total - 8, nb_xxh3_64(b, total - 8, 0));
+  *out = b;
+  *len = total;
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_import(nb_hybrid_t* h, const uint8_t* b, size_t len, uint64_t skip) {
+  if (!h || !b) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (h->inflight)
+    return nb_error(NB_ERR_INVALID, "hybrid: cannot import with an exchange in flight");
+  size_t nb = h->n * sizeof(float), total = NB__HY_STATE_HEADER + 2 * nb + 8;
+  if (len != total || nb__get32(b) != NB__HY_EXPORT_MAGIC || nb__get32(b + 4) != 1 ||
+      nb__get64(b + 8) != h->n)
+    return nb_error(NB_ERR_INVALID,
+                    "hybrid: not a global state for %zu synced parameters (%zu bytes)", h->n, len);
+  if (nb_xxh3_64(b, total - 8, 0) != nb__get64(b + total - 8))
+    return nb_error(NB_ERR_INTEGRITY, "hybrid: global state: checksum mismatch");
+  const uint8_t* p = b + NB__HY_STATE_HEADER;
+  if (nb_xxh3_64(p, nb, 0) != nb__get64(b + 32))
+    return nb_error(NB_ERR_INTEGRITY, "hybrid: global state: theta_global hash mismatch");
+  NB_CHECK(nb_trainer_set_sync_params(h->t, (const float*)p, h->n));
+  memcpy(h->global, p, nb);
+  memcpy(h->momentum, p + nb, nb);
+  memset(h->residual, 0, nb);
+  uint64_t next = nb__get64(b + 16) + skip;
+  if (next > h->round) h->round = next; /* never back: exchange ids are not reused */
+  h->commits = nb__get64(b + 24);
+  h->hash = nb__get64(b + 32);
+  h->ft_samples = 0;
+  if (h->pend) nb__hy_drop_pending(h);
+  return NB_OK;
 }

@@ -38,6 +38,18 @@ typedef nb_status_t (*nb_hybrid_exchange_fn)(void* ctx, uint64_t round, const vo
                                              nb_hybrid_msg_t* peers, size_t n_peers,
                                              uint64_t* bytes_sent);
 
+/* The exchange of fault-tolerant rounds (cfg.ft_exchange, outer mode without overlap): like
+ * nb_hybrid_exchange_fn, but `xround` is an exchange id (2 per round: the update, then the vote,
+ * see docs/hybrid.md "Faults"), and a peer that did not deliver by the deadline (dead, link down,
+ * already past this round) leaves its entry's data NULL while the call still returns NB_OK; only
+ * a local failure is an error. *ahead (nullable): the newest exchange id any peer already sent
+ * that is beyond xround, else 0 (the hybrid then jumps to that round). *alive (nullable): peers
+ * that answer their heartbeat now. */
+typedef nb_status_t (*nb_hybrid_ft_exchange_fn)(void* ctx, uint64_t xround, const void* msg,
+                                                size_t len, nb_hybrid_msg_t* peers, size_t n_peers,
+                                                uint64_t* bytes_sent, uint64_t* ahead,
+                                                uint32_t* alive);
+
 /* What is exchanged. outer: the pseudo-gradient once per round (DiLoCo); step: the compressed
  * gradient every inner step (DGC-style, error feedback); dense: the fp32 gradient every step
  * (the naive baseline). In step and dense modes the trainer must be created with
@@ -66,6 +78,11 @@ typedef struct {
   int overlap;
   nb_hybrid_exchange_fn exchange; /* required by nb_hybrid_round; unused by prepare/apply */
   void* exchange_ctx;
+  /* Non-NULL: fault-tolerant rounds (outer mode, no overlap; exchange then is unused and
+   * exchange_ctx goes to this one). A round counts on every cluster or on none: it is applied
+   * only when every cluster received every message and confirmed it in a vote; otherwise it is
+   * skipped, the trainer keeps its theta_local and the next Delta carries the skipped progress. */
+  nb_hybrid_ft_exchange_fn ft_exchange;
 } nb_hybrid_config_t;
 
 /* Defaults: one cluster, H 50, outer lr 0.7 momentum 0.9, density 0.01, error feedback, int8,
@@ -86,6 +103,14 @@ typedef struct {
   double codec_s;       /* encode + decode + outer step */
   double exchange_s;    /* inside the exchange callback */
   uint64_t global_hash; /* XXH3-64 of theta_global after the round */
+  /* fault-tolerant rounds only (otherwise applied 1, the rest 0) */
+  int applied;          /* 1: this round's outer step was taken (on every cluster) */
+  int caught_up;        /* 1: a round held from before was applied late (a lost vote) */
+  int need_state;       /* 1: a peer is further ahead than a held round covers: pull its state */
+  uint64_t commits;     /* rounds applied so far (theta_global's version) */
+  uint32_t peers_ok;    /* peers whose update of this round arrived */
+  uint32_t peers_alive; /* peers answering their heartbeat after the exchange */
+  uint64_t next_round;  /* the round this cluster runs next (> round + 1 after a jump) */
 } nb_hybrid_round_t;
 
 typedef struct nb_hybrid nb_hybrid_t;
@@ -104,7 +129,10 @@ void nb_hybrid_destroy(nb_hybrid_t* h);
  * for the previous round's exchange (its time is rec->exchange_s) and apply it, then start this
  * round's exchange in the background. *rec (nullable) receives the round's figures
  * (global_hash: theta_global after what was applied). Errors of prepare, the exchange's status
- * (wrapped), and of apply. After an error the hybrid must only be destroyed. */
+ * (wrapped), and of apply. Fault-tolerant rounds (cfg.ft_exchange): the update, a vote, then
+ * the round is applied, held or skipped (rec->applied, caught_up, need_state, next_round); a
+ * missing peer is not an error, a diverged replica is (NB_ERR_INTEGRITY). After an error the hybrid
+ * must only be destroyed. */
 nb_status_t nb_hybrid_round(nb_hybrid_t* h, nb_hybrid_round_t* rec);
 
 /* The halves of a round, for drivers that exchange on their own (tests, overlap):
@@ -124,7 +152,10 @@ nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t 
 
 /* Applies an exchange still in flight (overlap), then a final hash-only exchange through
  * cfg.exchange so that the last round's result is compared too. NB_ERR_INTEGRITY as apply, or
- * the exchange's status. */
+ * the exchange's status. Fault-tolerant rounds: the headers carry the rounds applied; a held
+ * round that a peer applied lands first, a peer one applied round behind is accepted (it lands
+ * its held round), a peer that does not answer gives NB_ERR_UNAVAILABLE; the trainer then
+ * holds theta_global. */
 nb_status_t nb_hybrid_finish(nb_hybrid_t* h);
 
 /* The per-step exchange of step and dense modes, for the trainer's grad hook: encodes grads
@@ -154,6 +185,20 @@ nb_status_t nb_hybrid_save(const nb_hybrid_t* h, const char* path);
  * theta_global into the trainer. NB_ERR_NOT_FOUND (no file), NB_ERR_IO, NB_ERR_INTEGRITY (bad
  * checksum), NB_ERR_INVALID (not a state file, or another size); h is unchanged on error. */
 nb_status_t nb_hybrid_load(nb_hybrid_t* h, const char* path);
+
+/* Fault-tolerant rounds: the global state another cluster needs to rejoin (theta_global, outer
+ * momentum, next round, rounds applied; not the residual, which is per cluster). *out: nb_alloc'd
+ * (caller nb_free), layout in docs/hybrid.md; *round: the next round. NB_ERR_INVALID with an
+ * exchange in flight, NB_ERR_NOMEM. */
+nb_status_t nb_hybrid_export(const nb_hybrid_t* h, uint8_t** out, size_t* len);
+/* Adopts a state made by nb_hybrid_export: theta_global, momentum, rounds applied, and the next
+ * round = its round + skip (or ours when that is later: exchange ids never go back); zero
+ * residual; the trainer's synced buffer = theta_global (this
+ * cluster's progress not in that state is dropped). Checks the size, layout, trailing XXH3 and
+ * theta_global's hash: NB_ERR_INVALID, NB_ERR_INTEGRITY; h unchanged on error. */
+nb_status_t nb_hybrid_import(nb_hybrid_t* h, const uint8_t* state, size_t len, uint64_t skip);
+/* Rounds applied (fault-tolerant rounds; equals nb_hybrid_rounds otherwise). */
+uint64_t nb_hybrid_commits(const nb_hybrid_t* h);
 
 /* theta_global (n floats, owned by h). Writing into it is for tests that corrupt a replica. */
 float* nb_hybrid_global(nb_hybrid_t* h, size_t* n);

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The WAN link down for 20 s mid-run. As root: between the two network namespaces of deploy/wan
+# (veth, 50 Mbit/s), `ip link set wan0 down` in namespace a, back up 20 s later. Without root
+# (or with NB_FAULTS_PROXY=1): over loopback through cutproxy.py, whose link is cut for 20 s
+# (every connection closed, new ones refused). Both clusters must keep training (their rounds
+# are skipped, not applied, on both), apply rounds again once the link is back, complete the
+# run, and end with the same theta_global hash; both summaries count the skipped rounds.
+# usage: test_faults_linkdown.sh NEBULA DATA_DIR WAN_DIR
+set -euo pipefail
+nebula=$1
+data=$2
+wan=$3
+here=$(cd "$(dirname "$0")" && pwd)
+mode=netns
+if [ "$(id -u)" -ne 0 ] || [ -n "${NB_FAULTS_PROXY:-}" ]; then mode=proxy; fi
+if [ "$mode" = proxy ] && ! /usr/bin/python3 -c 'import asyncio' 2>/dev/null; then
+  echo "SKIP: needs root (network namespaces) or python3 (the loopback proxy)"
+  exit 77
+fi
+. "$here/lib.sh"
+prefix="nbf-$$"
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  [ "$mode" = netns ] && { "$wan/wan-down.sh" --prefix "$prefix" >/dev/null 2>&1 || true; }
+  [ -n "${NB_KEEP_TMP:-}" ] || rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*"
+  for f in "$tmp"/*.log; do echo "== $f"; tail -n 25 "$f"; done
+  exit 1
+}
+
+if [ "$mode" = netns ]; then
+  eval "$("$wan/wan-up.sh" --prefix "$prefix" --rate-mbit 50 --delay-ms 0)"
+  ns_a=$NB_WAN_NS_A ns_b=$NB_WAN_NS_B
+  listen_a=$NB_WAN_ADDR_A:7500 listen_b=$NB_WAN_ADDR_B:7500
+  target_a=$listen_a target_b=$listen_b
+  san_a=$NB_WAN_ADDR_A san_b=$NB_WAN_ADDR_B
+else
+  port=$((20000 + ($$ % 20000)))
+  listen_a=127.0.0.1:$port listen_b=127.0.0.1:$((port + 1))
+  target_a=127.0.0.1:$((port + 2)) target_b=127.0.0.1:$((port + 3))
+  san_a=127.0.0.1 san_b=127.0.0.1
+  /usr/bin/python3 "$here/cutproxy.py" "$((port + 2))=$port" "$((port + 3))=$((port + 1))" \
+    --pidfile "$tmp/proxy.pid" >"$tmp/proxy.log" 2>&1 &
+  proxy=$!
+  pids+=("$proxy")
+  for _ in $(seq 1 100); do [ -s "$tmp/proxy.pid" ] && break; sleep 0.05; done
+  [ -s "$tmp/proxy.pid" ] || fail "the proxy did not start"
+fi
+export OPENBLAS_NUM_THREADS=1 NB_TRAIN_THREADS=1 NB_ROUND_DEADLINE_S=8
+write_job "$tmp/job.json" 80 0.3
+make_pki "$tmp/pki" "$san_a" "$san_b"
+worker() { # NS CLUSTER LISTEN PEER PEER_TARGET
+  local ns=(ip netns exec "$1")
+  [ "$mode" = netns ] || ns=()
+  exec "${ns[@]}" "$nebula" worker --job "$tmp/job.json" --cluster "$2" \
+    --out "$tmp/$2" --listen "$3" --peer "$4=$5" --pki "$tmp/pki" \
+    --secret-file "$tmp/pki/job.secret" --data-dir "$data"
+}
+(worker "${ns_a:-}" dc-a "$listen_a" dc-b "$target_b") >"$tmp/a.log" 2>&1 &
+apid=$!
+pids+=("$apid")
+(worker "${ns_b:-}" dc-b "$listen_b" dc-a "$target_a") >"$tmp/b.log" 2>&1 &
+bpid=$!
+pids+=("$bpid")
+
+for _ in $(seq 1 300); do
+  [ -f "$tmp/dc-a/rounds.tsv" ] && [ "$(tsv_count "$tmp/dc-a/rounds.tsv" applied 1)" -ge 4 ] && break
+  sleep 0.05
+done
+[ "$(tsv_count "$tmp/dc-a/rounds.tsv" applied 1)" -ge 4 ] || fail "no 4 applied rounds before the outage"
+if [ "$mode" = netns ]; then ip -n "$NB_WAN_NS_A" link set "$NB_WAN_DEV" down
+else kill -USR1 "$(cat "$tmp/proxy.pid")"; fi
+echo "link down ($mode) at $(date +%s.%N)"
+sleep 20
+if [ "$mode" = netns ]; then ip -n "$NB_WAN_NS_A" link set "$NB_WAN_DEV" up
+else kill -USR2 "$(cat "$tmp/proxy.pid")"; fi
+echo "link up at $(date +%s.%N)"
+kill -0 "$apid" 2>/dev/null || fail "dc-a stopped during the outage"
+kill -0 "$bpid" 2>/dev/null || fail "dc-b stopped during the outage"
+wait "$apid" || fail "dc-a failed"
+wait "$bpid" || fail "dc-b failed"
+pids=(${proxy:+"$proxy"})
+ha=$(json_field "$tmp/dc-a/summary.json" global_xxh3)
+hb=$(json_field "$tmp/dc-b/summary.json" global_xxh3)
+echo "theta_global: dc-a $ha, dc-b $hb"
+[ "$ha" = "$hb" ] || fail "theta_global differs: $ha vs $hb"
+for c in dc-a dc-b; do
+  s=$(json_field "$tmp/$c/summary.json" rounds_skipped)
+  n=$(json_field "$tmp/$c/summary.json" rounds_applied)
+  echo "$c: $n rounds applied, $s skipped, $(json_field "$tmp/$c/summary.json" rounds_late) late, $(json_field "$tmp/$c/summary.json" round_jumps) jumps"
+  [ "$s" -ge 10 ] || fail "$c skipped only $s rounds during a 20 s outage"
+  # skipped rounds still trained, and rounds were applied again after the outage
+  awk -F'\t' 'NR > 1 && $13 == 0 && $2 < 1 { bad++ } END { exit bad > 0 }' "$tmp/$c/rounds.tsv" ||
+    fail "$c: a skipped round without inner steps"
+  after=$(awk -F'\t' 'NR > 1 { if ($13 == 0) last = NR; rows[NR] = $13 }
+    END { n = 0; for (i = last + 1; i <= NR; i++) if (rows[i] == 1) n++; print n }' "$tmp/$c/rounds.tsv")
+  [ "$after" -ge 3 ] || fail "$c: only $after rounds applied after the outage"
+done
+[ "$(json_field "$tmp/dc-a/summary.json" rounds_applied)" = "$(json_field "$tmp/dc-b/summary.json" rounds_applied)" ] ||
+  fail "the clusters applied different numbers of rounds"
+if [ "$mode" = netns ]; then
+  "$wan/wan-down.sh" --prefix "$prefix" >/dev/null
+  ip netns list | grep -q "^$prefix-" && fail "namespaces left behind"
+fi
+echo "PASS"
