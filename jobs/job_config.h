@@ -208,7 +208,8 @@ static inline void nb_job_config_defaults(nb_job_config_t* c) {
   c->sync.outer_lr = 0.7;
   c->sync.outer_momentum = 0.9;
   c->sync.outer_nesterov = true;
-  c->sync.peer_timeout_seconds = 3.0;
+  c->sync.peer_timeout_seconds =
+      2.0; /* detection within 3 s includes the heartbeat period and scheduling slack */
 
   c->compression.density_initial = 0.01;
   c->compression.density_min = 0.001;

@@ -358,7 +358,7 @@ static void test_validate_cli(void** state) {
 
   char* a1[] = {"validate", good};
   assert_int_equal(run_validate(a1, 2, out, sizeof out), 0);
-  assert_non_null(strstr(out, "\"peerTimeoutSeconds\": 3.0")); /* a default, written out */
+  assert_non_null(strstr(out, "\"peerTimeoutSeconds\": 2.0")); /* a default, written out */
 
   char* a2[] = {"validate", good, "--json"};
   assert_int_equal(run_validate(a2, 3, out, sizeof out), 0);
