@@ -22,7 +22,7 @@
 /* gRPC 1.51 hands its cipher list (GRPC_SSL_CIPHER_SUITES, AES-128-GCM first) only to
  * SSL_CTX_set_cipher_list, which governs TLS 1.2; TLS 1.3 connections get OpenSSL's default
  * order, AES-256-GCM first. AES-128-GCM costs about 11 % less CPU per byte of the whole loopback
- * transfer here (docs/rpc.md), and the payload is sealed with AES-256-GCM underneath anyway. */
+ * transfer here (docs/link.md), and the payload is sealed with AES-256-GCM underneath anyway. */
 NB_PARAM_STRING(TlsCiphersuites, "NB_TLS13_CIPHERSUITES",
                 "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256",
                 "TLS 1.3 cipher suites of gRPC's TLS, in preference order ('default': OpenSSL's)")

@@ -71,7 +71,8 @@ const nb_tls_peer_t* nb_tls_self(const nb_tls_t* tls);
 nb_status_t nb_tls_apply_cipher_policy(void);
 
 /* The TLS 1.3 suites in effect ("TLS_AES_128_GCM_SHA256:..."), applying the policy first; NULL
- * when it failed. Static storage. Thread-safe. */
+ * when it failed. With "default", OpenSSL's built-in list (which a system_default section of the
+ * system's OpenSSL configuration may override). Static storage. Thread-safe. */
 const char* nb_tls_ciphersuites(void);
 
 /* Server credentials that require a client certificate and verify it against the CA
