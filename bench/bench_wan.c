@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,10 +38,15 @@ static void nb__bw_usage(FILE* f) {
   fprintf(f,
           "usage: nebula bench wan [--rate-mbit R] [--delay-ms D] [--streams S] [--mib M]\n"
           "                        [--iperf-s T] [--wan-dir DIR] [--json]\n"
+          "       nebula bench wan --loopback-only [--streams S] [--mib M] [--reps R]\n"
+          "                        [--only plain|secure|tls|seal] [--json]\n"
           "  Sets up an emulated WAN link (deploy/wan/wan-up.sh; default 100 Mbit/s each way,\n"
           "  25 ms one way), measures iperf3 on it, then moves M MiB (default 256) of sealed\n"
           "  frames over mTLS through inter/link with S streams (default 4); also the same\n"
-          "  transfer on loopback without and with TLS+sealing. Needs root.\n");
+          "  transfer on loopback without and with TLS+sealing. Needs root.\n"
+          "  --loopback-only: only the loopback part (no namespaces, no root), R interleaved\n"
+          "  repetitions (default 5) of plain / mTLS+seal / mTLS only / seal only; --only V\n"
+          "  runs one variant alone (for perf record).\n");
 }
 
 /* ------------------------------------------------------------ helpers */
@@ -164,6 +170,17 @@ static nb_status_t nb__bw_rx_take(nb__bw_rx_t* r, uint64_t round, size_t want, i
   return len == want ? NB_OK : nb_error(NB_ERR_INTERNAL, "received %zu bytes, sent %zu", len, want);
 }
 
+/* CPU seconds (user + system, all threads of this process) spent during the last measured
+ * transfer: on loopback sender and receiver share the process, so this is the whole cost. */
+static double nb__bw_cpu_s;
+
+static double nb__bw_cpu_now(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+         ru.ru_stime.tv_usec * 1e-6;
+}
+
 /* A warm-up frame (connections, TLS, TCP windows), then the measured one. */
 static nb_status_t nb__bw_send(const char* target, const nb_tls_t* tls, const uint8_t* secret,
                                uint32_t streams, size_t bytes, nb_link_send_stats_t* out) {
@@ -188,7 +205,9 @@ static nb_status_t nb__bw_send(const char* target, const nb_tls_t* tls, const ui
   size_t warm = (size_t)NB__BW_WARM_MIB << 20;
   if (warm > bytes) warm = bytes;
   NB_CHECK_GOTO(nb_link_send(l, 1, f, warm, NULL, 0, nb_now_ns() + 600000000000LL, NULL), st, out);
+  double cpu0 = nb__bw_cpu_now();
   NB_CHECK_GOTO(nb_link_send(l, 2, f, bytes, NULL, 0, nb_now_ns() + 1800000000000LL, out), st, out);
+  nb__bw_cpu_s = nb__bw_cpu_now() - cpu0;
 out:
   nb_free(f);
   nb_link_destroy(l);
@@ -338,7 +357,8 @@ static double nb__bw_iperf(int streams, int secs) {
 
 /* One transfer on loopback (median of reps) in Gbit/s. */
 /* use_tls: mTLS on the connections; use_seal: AES-GCM on every chunk. */
-static double nb__bw_loopback(int use_tls, int use_seal, uint32_t streams, size_t bytes, int reps) {
+static double nb__bw_loopback(int use_tls, int use_seal, uint32_t streams, size_t bytes, int reps,
+                              double* cpu_s_per_gib) {
   nb_tls_t *ta = NULL, *tb = NULL;
   uint8_t secret[NB_SEAL_SECRET_BYTES];
   double g[8];
@@ -361,12 +381,121 @@ static double nb__bw_loopback(int use_tls, int use_seal, uint32_t streams, size_
     nb__bw_rx_down(&rx);
     if (st != NB_OK) goto out;
     g[ok++] = s.goodput_Bps * 8e-9;
+    if (cpu_s_per_gib) *cpu_s_per_gib = nb__bw_cpu_s / ((double)bytes / (1u << 30));
   }
 out:
   if (ok < reps) fprintf(stderr, "bench wan: loopback run failed: %s\n", nb_error_last());
   nb_tls_destroy(ta);
   nb_tls_destroy(tb);
   return ok ? nb_bench_median(g, (size_t)ok) : -1;
+}
+
+/* Interleaved (plain, mTLS+seal, mTLS only, seal only) x reps, first nv variants. The shared
+ * machine's load drifts, and interleaving spreads it over every variant alike. Per variant: the
+ * median, min and max goodput in Gbit/s and the median CPU seconds per GiB moved (-1 when every
+ * run failed); ratio: the median over repetitions of secure / plain within one repetition. */
+static const char* const nb__bw_variant[4] = {"plain", "secure", "tls", "seal"};
+static int nb__bw_only = -1; /* --only V: run that variant alone (profiling) */
+
+typedef struct {
+  double med[4], lo[4], hi[4], cpu[4], ratio;
+} nb__bw_lb_t;
+
+static void nb__bw_loopback_set(int S, size_t bytes, int reps, int nv, nb__bw_lb_t* o) {
+  enum { NB__LB_MAX_REPS = 64 };
+  double v[4][NB__LB_MAX_REPS], c[4][NB__LB_MAX_REPS], pr[NB__LB_MAX_REPS];
+  int nok[4] = {0, 0, 0, 0}, npr = 0;
+  if (reps > NB__LB_MAX_REPS) reps = NB__LB_MAX_REPS;
+  for (int r = 0; r < reps; r++) {
+    double g_rep[4] = {-1, -1, -1, -1};
+    for (int k = 0; k < nv; k++) {
+      if (nb__bw_only >= 0 && k != nb__bw_only) continue;
+      static const int tls_of[4] = {0, 1, 1, 0}, seal_of[4] = {0, 1, 0, 1};
+      double cpu = -1;
+      double g = nb__bw_loopback(tls_of[k], seal_of[k], (uint32_t)S, bytes, 1, &cpu);
+      if (g > 0) {
+        c[k][nok[k]] = cpu;
+        v[k][nok[k]++] = g;
+        g_rep[k] = g;
+      }
+    }
+    if (g_rep[0] > 0 && g_rep[1] > 0) pr[npr++] = g_rep[1] / g_rep[0];
+  }
+  o->ratio = npr ? nb_bench_median(pr, (size_t)npr) : -1;
+  for (int k = 0; k < 4; k++) {
+    o->med[k] = o->lo[k] = o->hi[k] = o->cpu[k] = -1;
+    if (k >= nv || !nok[k]) continue;
+    o->lo[k] = o->hi[k] = v[k][0];
+    for (int i = 1; i < nok[k]; i++) {
+      if (v[k][i] < o->lo[k]) o->lo[k] = v[k][i];
+      if (v[k][i] > o->hi[k]) o->hi[k] = v[k][i];
+    }
+    o->med[k] = nb_bench_median(v[k], (size_t)nok[k]);
+    o->cpu[k] = nb_bench_median(c[k], (size_t)nok[k]);
+  }
+}
+
+/* `--loopback-only`: the loopback comparison alone (no namespaces, no root). */
+static int nb__bw_loopback_main(int S, int M, int reps, int json) {
+  const char* tmp = getenv("TMPDIR");
+  snprintf(nb__bw_certs, sizeof nb__bw_certs, "%.3000s/nb-bench-wan-XXXXXX",
+           tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(nb__bw_certs)) {
+    nb__bw_certs[0] = 0;
+    perror("nebula bench wan: mkdtemp");
+    return 1;
+  }
+  atexit(nb__bw_teardown);
+  signal(SIGINT, nb__bw_on_signal);
+  signal(SIGTERM, nb__bw_on_signal);
+  if (nb__bw_make_certs(nb__bw_certs) != NB_OK) {
+    fprintf(stderr, "nebula bench wan: certificates: %s\n", nb_error_last());
+    return 1;
+  }
+  nb__bw_lb_t o;
+  nb__bw_loopback_set(S, (size_t)M << 20, reps, 4, &o);
+  if (nb__bw_only >= 0) {
+    int k = nb__bw_only;
+    printf("%s: %.2f Gbit/s [%.2f, %.2f], %.3f CPU s/GiB\n", nb__bw_variant[k], o.med[k], o.lo[k],
+           o.hi[k], o.cpu[k]);
+    return o.med[k] > 0 ? 0 : 1;
+  }
+  if (o.med[0] <= 0 || o.med[1] <= 0) return 1;
+  if (json) {
+    nb_json_obj_t j;
+    nb_json_begin(&j, stdout);
+    nb_json_int(&j, "streams", S);
+    nb_json_int(&j, "mib", M);
+    nb_json_int(&j, "reps", reps);
+    static const char* const names[4] = {"plain", "secure", "tls_only", "seal_only"};
+    char key[64];
+    for (int k = 0; k < 4; k++) {
+      snprintf(key, sizeof key, "loopback_%s_gbps", names[k]);
+      nb_json_num(&j, key, o.med[k]);
+      snprintf(key, sizeof key, "loopback_%s_min_gbps", names[k]);
+      nb_json_num(&j, key, o.lo[k]);
+      snprintf(key, sizeof key, "loopback_%s_max_gbps", names[k]);
+      nb_json_num(&j, key, o.hi[k]);
+      snprintf(key, sizeof key, "loopback_%s_cpu_s_per_gib", names[k]);
+      nb_json_num(&j, key, o.cpu[k]);
+    }
+    nb_json_num(&j, "secure_over_plain", o.med[1] / o.med[0]);
+    nb_json_num(&j, "secure_over_plain_paired", o.ratio);
+    nb_json_num(&j, "plain_over_secure_cpu", o.cpu[0] / o.cpu[1]);
+    nb_json_end(&j);
+  } else {
+    static const char* const names[4] = {"plain", "mTLS+seal", "mTLS only", "seal only"};
+    printf("loopback, %d streams, %d MiB, medians of %d interleaved runs [min, max]:\n", S, M,
+           reps);
+    for (int k = 0; k < 4; k++)
+      printf("  %-10s %6.2f Gbit/s [%5.2f, %5.2f]  (%.3f of plain)  %.3f CPU s/GiB (%.3f)\n",
+             names[k], o.med[k], o.lo[k], o.hi[k], o.med[k] / o.med[0], o.cpu[k],
+             o.cpu[k] / o.cpu[0]);
+    printf("secure / plain = %.3f (median of per-repetition ratios %.3f; target >= 0.90)\n",
+           o.med[1] / o.med[0], o.ratio);
+    printf("CPU: plain / secure = %.3f\n", o.cpu[0] / o.cpu[1]);
+  }
+  return 0;
 }
 
 static int nb__bw_num(const char* opt, const char* v, double lo, double hi, double* out) {
@@ -390,14 +519,26 @@ int nb_bench_wan_main(int argc, char** argv) {
     return nb__bw_serve(argv[2], argv[3], atoi(argv[4]));
   if (argc >= 2 && !strcmp(argv[1], "--send") && argc == 6)
     return nb__bw_send_main(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
-  double rate = 100, delay = 25, streams = 4, mib = 256, iperf_s = 8;
-  int json = 0;
+  double rate = 100, delay = 25, streams = 4, mib = 256, iperf_s = 8, reps = 5;
+  int json = 0, loopback_only = 0;
   const char* wan_dir = NULL;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     if (!strcmp(a, "--json"))
       json = 1;
-    else if (!strcmp(a, "--rate-mbit")) {
+    else if (!strcmp(a, "--loopback-only"))
+      loopback_only = 1;
+    else if (!strcmp(a, "--only") && i + 1 < argc) {
+      const char* v = argv[++i];
+      for (int k = 0; k < 4; k++)
+        if (!strcmp(v, nb__bw_variant[k])) nb__bw_only = k;
+      if (nb__bw_only < 0) {
+        fprintf(stderr, "nebula bench wan: --only takes plain, secure, tls or seal\n");
+        return 2;
+      }
+    } else if (!strcmp(a, "--reps")) {
+      if (!nb__bw_num(a, argv[++i], 1, 64, &reps)) return 2;
+    } else if (!strcmp(a, "--rate-mbit")) {
       if (!nb__bw_num(a, argv[++i], 1, 10000, &rate)) return 2;
     } else if (!strcmp(a, "--delay-ms")) {
       if (!nb__bw_num(a, argv[++i], 0, 10000, &delay)) return 2;
@@ -418,6 +559,7 @@ int nb_bench_wan_main(int argc, char** argv) {
       return 2;
     }
   }
+  if (loopback_only) return nb__bw_loopback_main((int)streams, (int)mib, (int)reps, json);
   if (geteuid() != 0) {
     fprintf(stderr,
             "nebula bench wan: needs root (it creates network namespaces with "
@@ -511,21 +653,9 @@ int nb_bench_wan_main(int argc, char** argv) {
   if (system(cmd) == 0) nb__bw_prefix[0] = 0;
   /* 5. loopback: the same transfer without and with TLS + sealing */
   if (!json) fprintf(stderr, "bench wan: loopback plain vs mTLS+sealed...\n");
-  size_t lb_bytes = (size_t)M << 20;
-  /* Interleaved (plain, secure, mTLS only, seal only) x 5, medians: the shared machine's load
-   * drifts, and interleaving spreads it over every variant alike. */
-  enum { NB__LB_REPS = 5 };
-  double v[4][NB__LB_REPS], med[4] = {-1, -1, -1, -1};
-  int nv = json ? 2 : 4, nok[4] = {0, 0, 0, 0};
-  for (int r = 0; r < NB__LB_REPS; r++)
-    for (int k = 0; k < nv; k++) {
-      static const int tls_of[4] = {0, 1, 1, 0}, seal_of[4] = {0, 1, 0, 1};
-      double g = nb__bw_loopback(tls_of[k], seal_of[k], (uint32_t)S, lb_bytes, 1);
-      if (g > 0) v[k][nok[k]++] = g;
-    }
-  for (int k = 0; k < nv; k++)
-    if (nok[k]) med[k] = nb_bench_median(v[k], (size_t)nok[k]);
-  double plain = med[0], secure = med[1], tls_only = med[2], seal_only = med[3];
+  nb__bw_lb_t lb;
+  nb__bw_loopback_set(S, (size_t)M << 20, 5, json ? 2 : 4, &lb);
+  double plain = lb.med[0], secure = lb.med[1], tls_only = lb.med[2], seal_only = lb.med[3];
   double eff = goodput / iperf;
   if (json) {
     nb_json_obj_t j;

@@ -486,36 +486,95 @@ static nb_status_t nb__send_open(nb__xfer_t* x, nb_rpc_stream_t* s) {
   return nb_rpc_stream_send_pb(s, &req.base);
 }
 
-/* Seals and sends chunk i on s. buf: room for chunk + tag. */
-static nb_status_t nb__send_chunk(nb__xfer_t* x, nb_rpc_stream_t* s, uint32_t i, uint8_t* buf) {
+static size_t nb__varint_len(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    n++;
+  }
+  return n;
+}
+
+static uint8_t* nb__varint(uint8_t* p, uint64_t v) {
+  while (v >= 0x80) {
+    *p++ = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  *p++ = (uint8_t)v;
+  return p;
+}
+
+size_t nb__link_chunk_encode(uint8_t* out, uint64_t transfer_id, uint32_t index, uint64_t offset,
+                             size_t data_len, uint32_t crc32, size_t* data_at) {
+  /* PushRequest{chunk (2): PushChunk{transfer_id 1, index 2, offset 3, data 4, crc32 5}}, fields
+   * in number order and zero scalars left out, as protobuf-c packs it. */
+  size_t inner = (transfer_id ? 1 + nb__varint_len(transfer_id) : 0) +
+                 (index ? 1 + nb__varint_len(index) : 0) +
+                 (offset ? 1 + nb__varint_len(offset) : 0) + 1 + nb__varint_len(data_len) +
+                 data_len + (crc32 ? 1 + nb__varint_len(crc32) : 0);
+  size_t total = 1 + nb__varint_len(inner) + inner;
+  if (out == NULL) return total;
+  uint8_t* p = out;
+  *p++ = 0x12;
+  p = nb__varint(p, inner);
+  if (transfer_id) {
+    *p++ = 0x08;
+    p = nb__varint(p, transfer_id);
+  }
+  if (index) {
+    *p++ = 0x10;
+    p = nb__varint(p, index);
+  }
+  if (offset) {
+    *p++ = 0x18;
+    p = nb__varint(p, offset);
+  }
+  *p++ = 0x22;
+  p = nb__varint(p, data_len);
+  *data_at = (size_t)(p - out);
+  p += data_len;
+  if (crc32) {
+    *p++ = 0x28;
+    p = nb__varint(p, crc32);
+  }
+  return total;
+}
+
+/* Seals (or copies) chunk i straight into the message that carries it and sends it on s: the
+ * sealed bytes are written once, into the gRPC slice, not into a buffer of ours first. */
+static nb_status_t nb__send_chunk(nb__xfer_t* x, nb_rpc_stream_t* s, uint32_t i) {
   nb_link_t* L = x->L;
   size_t off = (size_t)i * L->chunk_bytes;
   size_t n = x->len - off < L->chunk_bytes ? x->len - off : L->chunk_bytes;
   const uint8_t* data = x->frame + off;
-  size_t dlen = n;
-  if (L->seal) {
-    NB_CHECK(nb_seal_chunk(L->seal, x->round, i, x->aad, x->aad_len, data, n, buf, &dlen));
-    data = buf;
-  }
-  if (x->deadline_ns) {
-    nb_status_t st = nb_ratelimit_acquire_until(L->rl, dlen, x->deadline_ns);
-    if (st != NB_OK) return st;
-  } else {
-    NB_CHECK(nb_ratelimit_acquire(L->rl, dlen));
-  }
-  Nebula__V1__PushChunk c = NEBULA__V1__PUSH_CHUNK__INIT;
-  c.transfer_id = x->tid;
-  c.index = i;
-  c.offset = off;
-  c.data.data = (uint8_t*)data;
-  c.data.len = dlen;
+  size_t dlen = n + (L->seal ? NB_SEAL_TAG_BYTES : 0);
   /* The crc32 guards unsealed chunks only: a sealed chunk's GCM tag is the stronger check, and
    * zlib's crc32 (about 1.4 GB/s here) is slower than AES-GCM itself. 0 = not computed. */
-  c.crc32 = L->seal ? 0 : nb_crc32(0, data, dlen);
-  Nebula__V1__PushRequest req = NEBULA__V1__PUSH_REQUEST__INIT;
-  req.kind_case = NEBULA__V1__PUSH_REQUEST__KIND_CHUNK;
-  req.chunk = &c;
-  return nb_rpc_stream_send_pb(s, &req.base);
+  uint32_t crc = L->seal ? 0 : nb_crc32(0, data, n);
+  size_t at = 0;
+  nb_rpc_out_t m;
+  NB_CHECK(nb_rpc_out_alloc(nb__link_chunk_encode(NULL, x->tid, i, off, dlen, crc, &at), &m));
+  nb__link_chunk_encode(m.data, x->tid, i, off, dlen, crc, &at);
+  if (L->seal) {
+    size_t w = 0;
+    nb_status_t st =
+        nb_seal_chunk(L->seal, x->round, i, x->aad, x->aad_len, data, n, m.data + at, &w);
+    if (st == NB_OK && w != dlen)
+      st = nb_error(NB_ERR_INTERNAL, "sealed chunk of %zu bytes, expected %zu", w, dlen);
+    if (st != NB_OK) {
+      nb_rpc_out_release(&m);
+      return st;
+    }
+  } else {
+    memcpy(m.data + at, data, n);
+  }
+  nb_status_t st = x->deadline_ns ? nb_ratelimit_acquire_until(L->rl, dlen, x->deadline_ns)
+                                  : nb_ratelimit_acquire(L->rl, dlen);
+  if (st != NB_OK) {
+    nb_rpc_out_release(&m);
+    return st;
+  }
+  return nb_rpc_stream_send_out(s, &m);
 }
 
 static nb_status_t nb__recv_ack(nb_rpc_stream_t* s, int64_t wait_ms, Nebula__V1__PushAck** out) {
@@ -584,12 +643,10 @@ static void* nb__worker(void* arg) {
   nb__worker_t* w = arg;
   nb__xfer_t* x = w->x;
   nb_link_t* L = x->L;
-  uint8_t* buf = NULL;
   nb__stream_t st = {.x = x, .window = L->window};
   int64_t backoff = NB__LINK_BACKOFF_MIN_NS;
   int attempts = 0;
-  if (nb_alloc((void**)&buf, L->chunk_bytes + NB_SEAL_TAG_BYTES, 1, "link chunk") != NB_OK ||
-      NB_CALLOC(st.fifo, L->window, "link window") != NB_OK) {
+  if (NB_CALLOC(st.fifo, L->window, "link window") != NB_OK) {
     pthread_mutex_lock(&x->mu);
     nb__xfer_fail(x, NB_ERR_NOMEM, "out of memory for a stream buffer");
     pthread_mutex_unlock(&x->mu);
@@ -676,7 +733,7 @@ static void* nb__worker(void* arg) {
         st.fifo[(st.head + st.nin) % st.window] = (uint32_t)c;
         st.nin++;
         pthread_mutex_unlock(&x->mu);
-        rc = nb__send_chunk(x, s, (uint32_t)c, buf);
+        rc = nb__send_chunk(x, s, (uint32_t)c);
         pthread_mutex_lock(&x->mu);
         continue;
       }
@@ -713,7 +770,6 @@ static void* nb__worker(void* arg) {
     nb_rpc_stream_destroy(s);
   }
 out:
-  nb_free(buf);
   nb_free(st.fifo);
   return NULL;
 }
@@ -829,11 +885,22 @@ typedef struct nb__rx_xfer {
   uint8_t* header;
   size_t header_len;
   uint8_t* frame;
-  uint8_t* bits;
+  uint8_t* bits; /* per chunk: NB__CH_MISSING, _OPENING or _HELD */
   int state;
+  int openers; /* handlers opening a chunk straight into frame, outside the lock */
   char fail_msg[200];
   struct nb__rx_xfer* next;
 } nb__rx_xfer_t;
+
+/* A sealed chunk is opened straight into its place in the frame, outside the receiver's lock:
+ * the handler first claims the chunk (OPENING), so no other stream writes that region, and the
+ * frame is not freed while anyone is opening into it. Only a chunk whose tag verified becomes
+ * HELD; a failed one leaves zeros (nb_open_chunk clears its output) and fails the transfer. */
+enum { NB__CH_MISSING = 0, NB__CH_OPENING = 1, NB__CH_HELD = 2 };
+
+/* Marks x failed (under rx->mu) and frees its frame unless a handler is still opening into it
+ * (the last one frees it then). */
+static void nb__rx_fail_locked(nb_link_rx_t* rx, nb__rx_xfer_t* x, const char* msg);
 
 struct nb_link_rx {
   char job[NB_LINK_ID_MAX], local[NB_LINK_ID_MAX];
@@ -846,6 +913,18 @@ struct nb_link_rx {
   nb__rx_xfer_t* xfers;
   nb_link_rx_stats_t stats;
 };
+
+static void nb__rx_fail_locked(nb_link_rx_t* rx, nb__rx_xfer_t* x, const char* msg) {
+  if (x->state == NB__RX_RECEIVING) {
+    x->state = NB__RX_FAILED;
+    snprintf(x->fail_msg, sizeof x->fail_msg, "%s", msg);
+  }
+  if (x->state == NB__RX_FAILED && x->openers == 0) {
+    nb_free(x->frame);
+    x->frame = NULL;
+  }
+  pthread_cond_broadcast(&rx->cv);
+}
 
 nb_status_t nb_link_rx_create(const nb_link_rx_config_t* cfg, nb_link_rx_t** out) {
   if (!cfg || !out) return nb_error(NB_ERR_INVALID, "link rx: NULL config or out");
@@ -1008,8 +1087,6 @@ typedef struct {
   nb_seal_ctx_t* seal;
   uint8_t* aad;
   size_t aad_len;
-  uint8_t* scratch;
-  size_t scratch_cap;
 } nb__rx_call_t;
 
 /* Refuses: acks REJECTED with the reason and ends the call with `st`. */
@@ -1132,13 +1209,6 @@ static nb_status_t nb__rx_open(nb__rx_call_t* c, const Nebula__V1__PushOpen* o) 
   NB_CHECK(nb_alloc((void**)&c->aad, need, 1, "chunk aad"));
   c->aad_len = nb_link_chunk_aad(x->tid, x->size, x->chunk_size, x->count, o->frame_header.data,
                                  o->frame_header.len, c->aad, need);
-  if (c->seal && c->scratch_cap < x->chunk_size) {
-    nb_free(c->scratch);
-    c->scratch = NULL;
-    c->scratch_cap = 0;
-    NB_CHECK(nb_alloc((void**)&c->scratch, x->chunk_size + NB_SEAL_TAG_BYTES, 1, "rx scratch"));
-    c->scratch_cap = x->chunk_size;
-  }
   return nb__rx_ack(c->call, x->tid, next, status, NULL);
 }
 
@@ -1160,65 +1230,78 @@ static nb_status_t nb__rx_chunk(nb__rx_call_t* c, const Nebula__V1__PushChunk* c
                          "chunk %u of round %llu from %s: %s", ch->index,
                          (unsigned long long)x->round, x->sender,
                          ch->data.len != want ? "wrong length" : "crc32 mismatch");
-  /* A chunk we already hold (a resend after a dropped stream): acknowledge and drop it. */
+  /* A chunk we already hold or another stream is opening (a resend after a dropped stream):
+   * acknowledge and drop it. Otherwise claim it. */
   pthread_mutex_lock(&rx->mu);
   int state = x->state;
-  int dup = state == NB__RX_RECEIVING && x->bits[ch->index];
+  int dup = state == NB__RX_RECEIVING && x->bits[ch->index] != NB__CH_MISSING;
   uint32_t next = x->prefix;
+  uint8_t* dst = NULL;
   if (dup) rx->stats.duplicates++;
+  if (!dup && state == NB__RX_RECEIVING && c->seal) {
+    x->bits[ch->index] = NB__CH_OPENING;
+    x->openers++;
+    dst = x->frame + ch->offset;
+  }
   pthread_mutex_unlock(&rx->mu);
   if (state == NB__RX_COMPLETE || state == NB__RX_TAKEN)
     return nb__rx_ack(c->call, x->tid, x->count, NB__ST_COMPLETE, NULL);
   if (state == NB__RX_FAILED)
     return nb__rx_refuse(c, x->tid, NB_ERR_INTEGRITY, NB__ST_INTEGRITY, "%s", x->fail_msg);
   if (dup) return nb__rx_ack(c->call, x->tid, next, NB__ST_OK, NULL);
-  const uint8_t* src = ch->data.data;
   if (c->seal) {
     size_t out_len = 0;
     nb_status_t st = nb_open_chunk(c->seal, x->round, ch->index, c->aad, c->aad_len, ch->data.data,
-                                   ch->data.len, c->scratch, &out_len);
-    if (st == NB_ERR_EXISTS) {
+                                   ch->data.len, dst, &out_len);
+    char msg[200] = "";
+    pthread_mutex_lock(&rx->mu);
+    x->openers--;
+    if (st == NB_OK && out_len == plain) {
+      x->bits[ch->index] = NB__CH_HELD;
+    } else {
+      x->bits[ch->index] = NB__CH_MISSING;
+      if (st == NB_OK) st = NB_ERR_INTEGRITY; /* cannot happen: the length was checked */
+      if (st != NB_ERR_EXISTS) {
+        snprintf(msg, sizeof msg, "chunk %u of round %llu from %s failed to open: %s", ch->index,
+                 (unsigned long long)x->round, x->sender, nb_status_name(st));
+        nb__rx_fail_locked(rx, x, msg);
+      } else if (x->state == NB__RX_FAILED) {
+        nb__rx_fail_locked(rx, x, ""); /* frees the frame if we were the last opener */
+      }
+    }
+    pthread_mutex_unlock(&rx->mu);
+    if (st == NB_ERR_EXISTS)
       return nb__rx_refuse(c, x->tid, NB_ERR_PERMISSION, NB__ST_REJECTED,
                            "chunk %u of round %llu from %s is a replay", ch->index,
                            (unsigned long long)x->round, x->sender);
-    }
-    if (st != NB_OK) {
-      char msg[200];
-      snprintf(msg, sizeof msg, "chunk %u of round %llu from %s failed to open: %s", ch->index,
-               (unsigned long long)x->round, x->sender, nb_status_name(st));
-      pthread_mutex_lock(&rx->mu);
-      if (x->state == NB__RX_RECEIVING) {
-        x->state = NB__RX_FAILED;
-        snprintf(x->fail_msg, sizeof x->fail_msg, "%s", msg);
-        nb_free(x->frame);
-        x->frame = NULL;
-        pthread_cond_broadcast(&rx->cv);
-      }
-      pthread_mutex_unlock(&rx->mu);
+    if (st != NB_OK)
       return nb__rx_refuse(c, x->tid, st == NB_ERR_INTEGRITY ? NB_ERR_INTEGRITY : st,
                            NB__ST_INTEGRITY, "%s", msg);
-    }
-    src = c->scratch;
   }
   int status = NB__ST_OK;
   pthread_mutex_lock(&rx->mu);
-  if (x->state == NB__RX_RECEIVING && !x->bits[ch->index]) {
-    memcpy(x->frame + ch->offset, src, plain);
-    x->bits[ch->index] = 1;
+  int fresh = 0;
+  if (c->seal) {
+    /* opened above; the transfer may have failed meanwhile on another stream */
+    fresh = x->state == NB__RX_RECEIVING;
+    if (!fresh) nb__rx_fail_locked(rx, x, "");
+  } else if (x->state == NB__RX_RECEIVING && x->bits[ch->index] == NB__CH_MISSING) {
+    memcpy(x->frame + ch->offset, ch->data.data, plain);
+    x->bits[ch->index] = NB__CH_HELD;
+    fresh = 1;
+  }
+  if (fresh) {
     x->have++;
     rx->stats.chunks++;
-    while (x->prefix < x->count && x->bits[x->prefix]) x->prefix++;
-    if (x->have == x->count) {
+    while (x->prefix < x->count && x->bits[x->prefix] == NB__CH_HELD) x->prefix++;
+    if (x->have == x->count) { /* every chunk HELD: nobody is opening into the frame */
       if (nb_xxh3_64(x->frame, x->size, 0) == x->hash) {
         x->state = NB__RX_COMPLETE;
         rx->stats.frames++;
+        pthread_cond_broadcast(&rx->cv);
       } else {
-        x->state = NB__RX_FAILED;
-        snprintf(x->fail_msg, sizeof x->fail_msg, "frame hash mismatch after reassembly");
-        nb_free(x->frame);
-        x->frame = NULL;
+        nb__rx_fail_locked(rx, x, "frame hash mismatch after reassembly");
       }
-      pthread_cond_broadcast(&rx->cv);
     }
   }
   state = x->state;
@@ -1251,7 +1334,6 @@ static nb_status_t nb__rx_push(nb_rpc_call_t* call, void* user) {
     if (st != NB_OK) break;
   }
   nb_free(c.aad);
-  nb_free(c.scratch);
   return st;
 }
 

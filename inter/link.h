@@ -195,6 +195,12 @@ size_t nb_link_chunk_aad(uint64_t transfer_id, uint64_t frame_size, uint32_t chu
                          uint32_t chunk_count, const void* header, size_t header_len, uint8_t* buf,
                          size_t cap);
 
+/* Internal (tests): the wire bytes of PushRequest{chunk: PushChunk{transfer_id, index, offset,
+ * data, crc32}} exactly as protobuf-c packs them, written around a data field of data_len bytes
+ * that is left for the caller: *data_at is where it starts. out NULL: only returns the length. */
+size_t nb__link_chunk_encode(uint8_t* out, uint64_t transfer_id, uint32_t index, uint64_t offset,
+                             size_t data_len, uint32_t crc32, size_t* data_at);
+
 /* The transfer id nb_link_send uses for (round): one frame per round and direction. */
 uint64_t nb_link_transfer_id(uint64_t round);
 

@@ -1172,6 +1172,42 @@ nb_status_t nb_rpc_stream_send_pb(nb_rpc_stream_t* s, const ProtobufCMessage* ms
   return nb__rpc_stream_send_bb(s, bb);
 }
 
+nb_status_t nb_rpc_out_alloc(size_t len, nb_rpc_out_t* out) {
+  if (out == NULL) return nb_error(NB_ERR_INVALID, "nb_rpc_out_alloc: NULL out");
+  memset(out, 0, sizeof *out);
+  grpc_slice* sl = malloc(sizeof *sl);
+  if (sl == NULL) return nb_error(NB_ERR_NOMEM, "rpc message of %zu bytes", len);
+  *sl = grpc_slice_malloc(len);
+  out->data = GRPC_SLICE_START_PTR(*sl);
+  out->len = len;
+  out->priv_ = sl;
+  return NB_OK;
+}
+
+void nb_rpc_out_release(nb_rpc_out_t* m) {
+  if (m == NULL || m->priv_ == NULL) return;
+  grpc_slice* sl = m->priv_;
+  grpc_slice_unref(*sl);
+  free(sl);
+  memset(m, 0, sizeof *m);
+}
+
+nb_status_t nb_rpc_stream_send_out(nb_rpc_stream_t* s, nb_rpc_out_t* m) {
+  if (s == NULL || m == NULL || m->priv_ == NULL) {
+    nb_rpc_out_release(m);
+    return nb_error(NB_ERR_INVALID, "nb_rpc_stream_send_out: NULL argument");
+  }
+  grpc_slice* sl = m->priv_;
+  if (m->len > GRPC_SLICE_LENGTH(*sl)) {
+    nb_rpc_out_release(m);
+    return nb_error(NB_ERR_INVALID, "nb_rpc_stream_send_out: len grew after allocation");
+  }
+  if (m->len < GRPC_SLICE_LENGTH(*sl)) *sl = grpc_slice_sub_no_ref(*sl, 0, m->len);
+  grpc_byte_buffer* bb = grpc_raw_byte_buffer_create(sl, 1); /* its own reference */
+  nb_rpc_out_release(m);
+  return nb__rpc_stream_send_bb(s, bb);
+}
+
 nb_status_t nb_rpc_stream_close_send(nb_rpc_stream_t* s) {
   if (s == NULL) return nb_error(NB_ERR_INVALID, "nb_rpc_stream_close_send: NULL");
   pthread_mutex_lock(&s->mu);

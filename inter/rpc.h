@@ -212,6 +212,27 @@ nb_status_t nb_rpc_stream_open(nb_rpc_client_t* cli, const char* method, int64_t
 nb_status_t nb_rpc_stream_send(nb_rpc_stream_t* s, const void* data, size_t len);
 nb_status_t nb_rpc_stream_send_pb(nb_rpc_stream_t* s, const ProtobufCMessage* msg);
 
+/* A message buffer that the caller fills in place and hands to nb_rpc_stream_send_out, which
+ * sends it without copying it (a gRPC slice underneath). For large messages that the caller
+ * would otherwise build in a buffer of its own first (a sealed chunk is sealed straight into
+ * it). */
+typedef struct {
+  uint8_t* data; /* len writable bytes */
+  size_t len;
+  void* priv_;
+} nb_rpc_out_t;
+
+/* Allocates len bytes (uninitialised). out: release with nb_rpc_out_release unless it is handed
+ * to nb_rpc_stream_send_out. Returns NB_ERR_INVALID (NULL out), NB_ERR_NOMEM. Thread-safe. */
+nb_status_t nb_rpc_out_alloc(size_t len, nb_rpc_out_t* out);
+
+/* Frees a buffer that was not sent. NULL and released buffers ok. */
+void nb_rpc_out_release(nb_rpc_out_t* m);
+
+/* nb_rpc_stream_send of m->data[0..m->len) (len may have been lowered since the allocation,
+ * not raised: NB_ERR_INVALID): takes m over in every case (m is emptied). */
+nb_status_t nb_rpc_stream_send_out(nb_rpc_stream_t* s, nb_rpc_out_t* m);
+
 /* Half-closes: tells the server no more messages follow. Idempotent. */
 nb_status_t nb_rpc_stream_close_send(nb_rpc_stream_t* s);
 

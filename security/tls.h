@@ -61,19 +61,35 @@ void nb_tls_destroy(nb_tls_t* tls);
 /* The identity in this endpoint's own certificate. */
 const nb_tls_peer_t* nb_tls_self(const nb_tls_t* tls);
 
+/* Makes TLS 1.3 connections of this process negotiate the suites of NB_TLS13_CIPHERSUITES
+ * (default TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256), in that
+ * order of preference, servers included ("default": leave OpenSSL's order, AES-256-GCM first).
+ * gRPC 1.51 applies its own cipher list to TLS 1.2 only. Process-wide and applied once (OpenSSL's
+ * "system_default" ssl_conf section, which replaces such a section of the system's OpenSSL
+ * configuration); the credential functions below call it. Returns NB_ERR_CONFIG (an unknown or
+ * malformed suite list), NB_ERR_CRYPTO. Thread-safe. */
+nb_status_t nb_tls_apply_cipher_policy(void);
+
+/* The TLS 1.3 suites in effect ("TLS_AES_128_GCM_SHA256:..."), applying the policy first; NULL
+ * when it failed. With "default", OpenSSL's built-in list (which a system_default section of the
+ * system's OpenSSL configuration may override). Static storage. Thread-safe. */
+const char* nb_tls_ciphersuites(void);
+
 /* Server credentials that require a client certificate and verify it against the CA
  * (GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY): plaintext clients, clients
  * without a certificate and clients with a certificate from another CA fail the handshake.
  * Which identity may call what is decided per call (nb_tls_peer_from_call + the checks below).
  * Requires grpc_init() to be in effect (inter/rpc does that). out: caller releases with
- * grpc_server_credentials_release. Returns NB_ERR_INVALID, NB_ERR_RPC. Thread-safe. */
+ * grpc_server_credentials_release. Returns NB_ERR_INVALID, NB_ERR_RPC, NB_ERR_CONFIG (see
+ * nb_tls_apply_cipher_policy). Thread-safe. */
 nb_status_t nb_tls_server_credentials(const nb_tls_t* tls, struct grpc_server_credentials** out);
 
 /* Channel credentials that present this endpoint's certificate, verify the server against the
  * CA (and its host name or IP against the target), and, when expected_cluster is not NULL,
  * also refuse a server whose certificate is not that cluster's. expected_cluster: copied.
  * out: caller releases with grpc_channel_credentials_release. Returns NB_ERR_INVALID,
- * NB_ERR_RPC. Requires grpc_init() in effect. Thread-safe. */
+ * NB_ERR_RPC, NB_ERR_CONFIG (see nb_tls_apply_cipher_policy). Requires grpc_init() in effect.
+ * Thread-safe. */
 nb_status_t nb_tls_channel_credentials(const nb_tls_t* tls, const char* expected_cluster,
                                        struct grpc_channel_credentials** out);
 

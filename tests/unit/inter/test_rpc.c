@@ -399,6 +399,41 @@ static void test_bidi_concurrent(void** state) {
   nb_rpc_stream_destroy(s);
 }
 
+/* nb_rpc_out_t: a buffer filled in place is sent as is (also after lowering len), small and
+ * large; raising len is refused and the buffer is still released. */
+static void test_send_out(void** state) {
+  fx_t* fx = *state;
+  nb_rpc_stream_t* s = NULL;
+  assert_int_equal(nb_rpc_stream_open(fx->cli, M_BIDI, 10000, 0, &s), NB_OK);
+  static const size_t sizes[] = {5, 300, (1u << 20) + 7};
+  for (size_t k = 0; k < 3; k++) {
+    nb_rpc_out_t o;
+    assert_int_equal(nb_rpc_out_alloc(sizes[k] + 10, &o), NB_OK);
+    assert_int_equal(o.len, sizes[k] + 10);
+    for (size_t i = 0; i < o.len; i++) o.data[i] = (uint8_t)(i * 7 + k);
+    o.len = sizes[k];
+    assert_int_equal(nb_rpc_stream_send_out(s, &o), NB_OK);
+    assert_null(o.priv_);
+    nb_rpc_msg_t m;
+    int end;
+    assert_int_equal(nb_rpc_stream_recv(s, &m, &end, 5000), NB_OK);
+    assert_int_equal(end, 0);
+    assert_int_equal(m.len, sizes[k]);
+    for (size_t i = 0; i < m.len; i++) assert_int_equal(m.data[i], (uint8_t)(i * 7 + k));
+    nb_rpc_msg_release(&m);
+  }
+  nb_rpc_out_t o;
+  assert_int_equal(nb_rpc_out_alloc(16, &o), NB_OK);
+  o.len = 17;
+  assert_int_equal(nb_rpc_stream_send_out(s, &o), NB_ERR_INVALID);
+  assert_null(o.priv_);
+  assert_int_equal(nb_rpc_out_alloc(16, &o), NB_OK);
+  nb_rpc_out_release(&o);
+  nb_rpc_out_release(&o); /* released twice: no-op */
+  assert_int_equal(nb_rpc_stream_finish(s), NB_OK);
+  nb_rpc_stream_destroy(s);
+}
+
 static void test_deadlines(void** state) {
   fx_t* fx = *state;
   atomic_store(&g_slow_cancelled, 0);
@@ -773,11 +808,12 @@ static void test_bad_arguments(void** state) {
 
 int main(void) {
   const struct CMUnitTest shared[] = {
-      cmocka_unit_test(test_unary_roundtrip),        cmocka_unit_test(test_unary_protobuf),
-      cmocka_unit_test(test_server_streaming),       cmocka_unit_test(test_client_streaming),
-      cmocka_unit_test(test_bidi_concurrent),        cmocka_unit_test(test_deadlines),
-      cmocka_unit_test(test_recv_wait_then_message), cmocka_unit_test(test_server_recv_wait),
-      cmocka_unit_test(test_handler_sees_deadline),  cmocka_unit_test(test_errors_mapped),
+      cmocka_unit_test(test_unary_roundtrip),  cmocka_unit_test(test_unary_protobuf),
+      cmocka_unit_test(test_server_streaming), cmocka_unit_test(test_client_streaming),
+      cmocka_unit_test(test_bidi_concurrent),  cmocka_unit_test(test_send_out),
+      cmocka_unit_test(test_deadlines),        cmocka_unit_test(test_recv_wait_then_message),
+      cmocka_unit_test(test_server_recv_wait), cmocka_unit_test(test_handler_sees_deadline),
+      cmocka_unit_test(test_errors_mapped),
   };
   const struct CMUnitTest own[] = {
       cmocka_unit_test(test_wait_for_ready),

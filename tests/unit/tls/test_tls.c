@@ -1,6 +1,7 @@
 /* Unit tests of security/tls and of inter/rpc over mutual TLS: loading PEM material, peer
  * identities, and the mTLS matrix (valid; no client cert; foreign CA; plaintext; wrong cluster;
- * a user where a cluster is expected; the client refusing a server of the wrong cluster).
+ * a user where a cluster is expected; the client refusing a server of the wrong cluster); the
+ * negotiated TLS version and cipher suite as seen on the wire and by a foreign client.
  * Certificates come from gen_certs.sh (openssl CLI) in a temporary directory. */
 #include <arpa/inet.h>
 #include <grpc/byte_buffer.h>
@@ -8,6 +9,8 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,13 +116,13 @@ static int teardown(void** state) {
   return system(cmd) == 0 ? 0 : -1;
 }
 
-/* Ping through the wrapper with the given client identity. */
-static nb_status_t ping_as(const nb_tls_t* tls, const char* expect_server, char* who,
-                           size_t wholen) {
+/* Ping through the wrapper with the given client identity, to target. */
+static nb_status_t ping_to(const char* target, const nb_tls_t* tls, const char* expect_server,
+                           char* who, size_t wholen) {
   nb_rpc_client_opts_t o = {
       .tls = tls, .allow_insecure = tls == NULL, .expected_cluster = expect_server};
   nb_rpc_client_t* cli = NULL;
-  NB_CHECK(nb_rpc_client_create(g_target, &o, &cli));
+  NB_CHECK(nb_rpc_client_create(target, &o, &cli));
   Nebula__V1__PingRequest req = NEBULA__V1__PING_REQUEST__INIT;
   req.seq = 5;
   ProtobufCMessage* out = NULL;
@@ -139,6 +142,11 @@ static nb_status_t ping_as(const nb_tls_t* tls, const char* expect_server, char*
     fprintf(stderr, "  (ping: %s: %s)\n", nb_status_name(st), keep);
   }
   return st;
+}
+
+static nb_status_t ping_as(const nb_tls_t* tls, const char* expect_server, char* who,
+                           size_t wholen) {
+  return ping_to(g_target, tls, expect_server, who, wholen);
 }
 
 /* A unary call with hand-made gRPC credentials (for clients the wrapper will not build). Returns
@@ -350,6 +358,128 @@ static void test_tls_garbage_then_good(void** state) {
   nb_tls_destroy(t);
 }
 
+/* ------------------------------------------------ negotiated version and suite */
+
+/* A one-connection TCP relay in front of the server that keeps the first bytes the server
+ * sends: the ServerHello, which is not encrypted, names the chosen version and suite. */
+typedef struct {
+  int lfd;
+  uint8_t from_server[4096];
+  size_t n;
+} relay_t;
+
+static void* relay_main(void* arg) {
+  relay_t* r = arg;
+  int c = accept(r->lfd, NULL, NULL);
+  if (c < 0) return NULL;
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_port = htons((uint16_t)atoi(strrchr(g_target, ':') + 1)),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (connect(s, (struct sockaddr*)&a, sizeof a) == 0) {
+    struct pollfd p[2] = {{.fd = c, .events = POLLIN}, {.fd = s, .events = POLLIN}};
+    char buf[16384];
+    for (;;) {
+      if (poll(p, 2, 5000) <= 0) break;
+      int k = (p[0].revents & (POLLIN | POLLHUP | POLLERR)) ? 0 : 1;
+      ssize_t n = recv(p[k].fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      if (k == 1 && r->n < sizeof r->from_server) {
+        size_t keep =
+            (size_t)n < sizeof r->from_server - r->n ? (size_t)n : sizeof r->from_server - r->n;
+        memcpy(r->from_server + r->n, buf, keep);
+        r->n += keep;
+      }
+      if (send(p[1 - k].fd, buf, (size_t)n, MSG_NOSIGNAL) != n) break;
+    }
+  }
+  close(s);
+  close(c);
+  return NULL;
+}
+
+/* From the first TLS record: the ServerHello's cipher suite and the version its
+ * supported_versions extension selects (0x0304 = TLS 1.3; 0 when absent, i.e. TLS 1.2). */
+static void parse_server_hello(const uint8_t* b, size_t n, unsigned* suite, unsigned* version) {
+  *suite = *version = 0;
+  assert_true(n >= 5 + 4 + 2 + 32 + 1);
+  assert_int_equal(b[0], 0x16); /* handshake record */
+  size_t rec = ((size_t)b[3] << 8) | b[4];
+  assert_true(n >= 5 + rec);
+  const uint8_t* h = b + 5;
+  assert_int_equal(h[0], 0x02); /* ServerHello */
+  size_t p = 4 + 2 + 32;
+  size_t sid = h[p];
+  p += 1 + sid;
+  assert_true(p + 2 + 1 + 2 <= rec);
+  *suite = ((unsigned)h[p] << 8) | h[p + 1];
+  p += 2 + 1;
+  size_t ext_end = p + 2 + (((size_t)h[p] << 8) | h[p + 1]);
+  p += 2;
+  assert_true(ext_end <= rec);
+  while (p + 4 <= ext_end) {
+    unsigned type = ((unsigned)h[p] << 8) | h[p + 1];
+    size_t len = ((size_t)h[p + 2] << 8) | h[p + 3];
+    if (type == 0x002b && len == 2) *version = ((unsigned)h[p + 4] << 8) | h[p + 5];
+    p += 4 + len;
+  }
+}
+
+static void test_tls13_aes128_on_the_wire(void** state) {
+  relay_t r = {.n = 0};
+  r.lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t al = sizeof a;
+  assert_int_equal(bind(r.lfd, (struct sockaddr*)&a, sizeof a), 0);
+  assert_int_equal(listen(r.lfd, 1), 0);
+  assert_int_equal(getsockname(r.lfd, (struct sockaddr*)&a, &al), 0);
+  char target[64];
+  snprintf(target, sizeof target, "127.0.0.1:%d", ntohs(a.sin_port));
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, relay_main, &r), 0);
+  nb_tls_t* t = load("ca.pem", "client.pem", "client.key");
+  char who[64] = "";
+  assert_int_equal(ping_to(target, t, "dc-a", who, sizeof who), NB_OK);
+  assert_string_equal(who, "dc-b"); /* the relay carried a real mTLS call */
+  nb_tls_destroy(t);                /* the client's channel is gone: the relay sees EOF */
+  pthread_join(th, NULL);
+  close(r.lfd);
+  unsigned suite, version;
+  parse_server_hello(r.from_server, r.n, &suite, &version);
+  assert_int_equal(version, 0x0304); /* TLS 1.3 */
+  assert_int_equal(suite, 0x1301);   /* TLS_AES_128_GCM_SHA256 */
+  const char* suites = nb_tls_ciphersuites();
+  assert_non_null(suites);
+  assert_string_equal(suites,
+                      "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256");
+}
+
+/* A foreign client (the openssl CLI) that prefers AES-256-GCM still gets AES-128-GCM: the
+ * server chooses by its own order. And one that offers only AES-256-GCM is still served. */
+static void s_client_suite(const char* offer, char* out, size_t cap) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "openssl s_client -connect '%s' -brief -alpn h2 -tls1_3 -ciphersuites %s "
+           "-CAfile '%s' -cert '%s' -key '%s' </dev/null 2>&1",
+           g_target, offer, path("ca.pem"), path("client.pem"), path("client.key"));
+  FILE* p = popen(cmd, "r");
+  assert_non_null(p);
+  char line[512];
+  out[0] = '\0';
+  while (fgets(line, sizeof line, p))
+    if (strncmp(line, "Ciphersuite: ", 13) == 0) snprintf(out, cap, "%.*s", 100, line + 13);
+  pclose(p);
+  out[strcspn(out, "\r\n")] = '\0';
+}
+
+static void test_server_prefers_aes128(void** state) {
+  char got[128];
+  s_client_suite("TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256", got, sizeof got);
+  assert_string_equal(got, "TLS_AES_128_GCM_SHA256");
+  s_client_suite("TLS_AES_256_GCM_SHA384", got, sizeof got);
+  assert_string_equal(got, "TLS_AES_256_GCM_SHA384");
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s path/to/gen_certs.sh\n", argv[0]);
@@ -366,6 +496,8 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_mtls_wrong_identity),
       cmocka_unit_test(test_client_checks_server),
       cmocka_unit_test(test_tls_garbage_then_good),
+      cmocka_unit_test(test_tls13_aes128_on_the_wire),
+      cmocka_unit_test(test_server_prefers_aes128),
   };
   return cmocka_run_group_tests_name("tls", tests, setup, teardown);
 }
