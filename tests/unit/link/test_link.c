@@ -553,78 +553,79 @@ static void test_probe(void** state) {
   nb_link_destroy(l);
   nb_seal_ctx_destroy(seal_a);
   rx_side_down(&r);
-  /* The chunk messages the sender builds by hand (to seal straight into them) are byte-identical to
-   * protobuf-c's packing of the same PushRequest, and protobuf-c reads them back. */
-  static void test_chunk_encoding(void** state) {
-    (void)state;
-    static const struct {
-      uint64_t tid;
-      uint32_t index;
-      uint64_t offset;
-      size_t len;
-      uint32_t crc;
-    } cases[] = {{0, 0, 0, 1, 0},
-                 {1, 0, 0, 16, 0},
-                 {0x123456789abcdefull, 7, 7u << 20, (1u << 20) + 16, 0},
-                 {42, 127, 128, 300, 0xffffffffu},
-                 {UINT64_MAX, UINT32_MAX, UINT64_MAX - 5, 5, 1}};
-    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-      uint8_t* data = malloc(cases[k].len);
-      assert_non_null(data);
-      for (size_t i = 0; i < cases[k].len; i++) data[i] = (uint8_t)(i * 31 + k);
-      Nebula__V1__PushChunk c = NEBULA__V1__PUSH_CHUNK__INIT;
-      c.transfer_id = cases[k].tid;
-      c.index = cases[k].index;
-      c.offset = cases[k].offset;
-      c.data.data = data;
-      c.data.len = cases[k].len;
-      c.crc32 = cases[k].crc;
-      Nebula__V1__PushRequest req = NEBULA__V1__PUSH_REQUEST__INIT;
-      req.kind_case = NEBULA__V1__PUSH_REQUEST__KIND_CHUNK;
-      req.chunk = &c;
-      size_t want = protobuf_c_message_get_packed_size(&req.base);
-      uint8_t* ref = malloc(want);
-      assert_non_null(ref);
-      assert_int_equal(protobuf_c_message_pack(&req.base, ref), want);
-      size_t at = 0;
-      size_t n =
-          nb__link_chunk_encode(NULL, c.transfer_id, c.index, c.offset, c.data.len, c.crc32, &at);
-      assert_int_equal(n, want);
-      uint8_t* mine = malloc(n);
-      assert_non_null(mine);
-      assert_int_equal(
-          nb__link_chunk_encode(mine, c.transfer_id, c.index, c.offset, c.data.len, c.crc32, &at),
-          n);
-      assert_true(at + c.data.len <= n);
-      memcpy(mine + at, data, c.data.len);
-      assert_memory_equal(mine, ref, n);
-      Nebula__V1__PushRequest* back = (Nebula__V1__PushRequest*)protobuf_c_message_unpack(
-          &nebula__v1__push_request__descriptor, NULL, n, mine);
-      assert_non_null(back);
-      assert_int_equal(back->kind_case, NEBULA__V1__PUSH_REQUEST__KIND_CHUNK);
-      assert_true(back->chunk->transfer_id == c.transfer_id && back->chunk->offset == c.offset);
-      assert_int_equal(back->chunk->index, c.index);
-      assert_int_equal(back->chunk->crc32, c.crc32);
-      assert_int_equal(back->chunk->data.len, c.data.len);
-      assert_memory_equal(back->chunk->data.data, data, c.data.len);
-      protobuf_c_message_free_unpacked(&back->base, NULL);
-      free(mine);
-      free(ref);
-      free(data);
-    }
-  }
+}
 
-  int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chunk_encoding),
-        cmocka_unit_test(test_transfer_4_streams),
-        cmocka_unit_test(test_resume_after_drop),
-        cmocka_unit_test(test_tampered_chunk),
-        cmocka_unit_test(test_replay_rejected),
-        cmocka_unit_test(test_identity_mismatch),
-        cmocka_unit_test(test_rate_cap),
-        cmocka_unit_test(test_deadline_and_cancel),
-        cmocka_unit_test(test_probe),
-    };
-    return cmocka_run_group_tests_name("link", tests, setup, teardown);
+/* The chunk messages the sender builds by hand (to seal straight into them) are byte-identical to
+ * protobuf-c's packing of the same PushRequest, and protobuf-c reads them back. */
+static void test_chunk_encoding(void** state) {
+  (void)state;
+  static const struct {
+    uint64_t tid;
+    uint32_t index;
+    uint64_t offset;
+    size_t len;
+    uint32_t crc;
+  } cases[] = {{0, 0, 0, 1, 0},
+               {1, 0, 0, 16, 0},
+               {0x123456789abcdefull, 7, 7u << 20, (1u << 20) + 16, 0},
+               {42, 127, 128, 300, 0xffffffffu},
+               {UINT64_MAX, UINT32_MAX, UINT64_MAX - 5, 5, 1}};
+  for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+    uint8_t* data = malloc(cases[k].len);
+    assert_non_null(data);
+    for (size_t i = 0; i < cases[k].len; i++) data[i] = (uint8_t)(i * 31 + k);
+    Nebula__V1__PushChunk c = NEBULA__V1__PUSH_CHUNK__INIT;
+    c.transfer_id = cases[k].tid;
+    c.index = cases[k].index;
+    c.offset = cases[k].offset;
+    c.data.data = data;
+    c.data.len = cases[k].len;
+    c.crc32 = cases[k].crc;
+    Nebula__V1__PushRequest req = NEBULA__V1__PUSH_REQUEST__INIT;
+    req.kind_case = NEBULA__V1__PUSH_REQUEST__KIND_CHUNK;
+    req.chunk = &c;
+    size_t want = protobuf_c_message_get_packed_size(&req.base);
+    uint8_t* ref = malloc(want);
+    assert_non_null(ref);
+    assert_int_equal(protobuf_c_message_pack(&req.base, ref), want);
+    size_t at = 0;
+    size_t n =
+        nb__link_chunk_encode(NULL, c.transfer_id, c.index, c.offset, c.data.len, c.crc32, &at);
+    assert_int_equal(n, want);
+    uint8_t* mine = malloc(n);
+    assert_non_null(mine);
+    assert_int_equal(
+        nb__link_chunk_encode(mine, c.transfer_id, c.index, c.offset, c.data.len, c.crc32, &at), n);
+    assert_true(at + c.data.len <= n);
+    memcpy(mine + at, data, c.data.len);
+    assert_memory_equal(mine, ref, n);
+    Nebula__V1__PushRequest* back = (Nebula__V1__PushRequest*)protobuf_c_message_unpack(
+        &nebula__v1__push_request__descriptor, NULL, n, mine);
+    assert_non_null(back);
+    assert_int_equal(back->kind_case, NEBULA__V1__PUSH_REQUEST__KIND_CHUNK);
+    assert_true(back->chunk->transfer_id == c.transfer_id && back->chunk->offset == c.offset);
+    assert_int_equal(back->chunk->index, c.index);
+    assert_int_equal(back->chunk->crc32, c.crc32);
+    assert_int_equal(back->chunk->data.len, c.data.len);
+    assert_memory_equal(back->chunk->data.data, data, c.data.len);
+    protobuf_c_message_free_unpacked(&back->base, NULL);
+    free(mine);
+    free(ref);
+    free(data);
   }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_chunk_encoding),
+      cmocka_unit_test(test_transfer_4_streams),
+      cmocka_unit_test(test_resume_after_drop),
+      cmocka_unit_test(test_tampered_chunk),
+      cmocka_unit_test(test_replay_rejected),
+      cmocka_unit_test(test_identity_mismatch),
+      cmocka_unit_test(test_rate_cap),
+      cmocka_unit_test(test_deadline_and_cancel),
+      cmocka_unit_test(test_probe),
+  };
+  return cmocka_run_group_tests_name("link", tests, setup, teardown);
+}
