@@ -176,6 +176,22 @@ static nb_status_t nb__wk_lead(nb_comm_t* comm, long steps, int go) {
   return comm ? nb_comm_broadcast(comm, ctl, ctl, 2, NB_COMM_FP32, 0) : NB_OK;
 }
 
+/* One progress line per round for a gateway ($NB_JOB_PROGRESS, docs/gateway.md). */
+static void nb__wk_progress(const char* cluster, long round, long rounds, long step, long max_steps,
+                            const nb_hybrid_round_t* rec) {
+  const char* path = getenv("NB_JOB_PROGRESS");
+  FILE* f = path && *path ? fopen(path, "a") : NULL;
+  if (!f) return;
+  double mbps = rec->exchange_s > 0 ? (double)rec->bytes_sent * 8 / 1e6 / rec->exchange_s : 0;
+  fprintf(f,
+          "{\"round\": %ld, \"rounds\": %ld, \"step\": %ld, \"max_steps\": %ld, \"loss\": %.6f, "
+          "\"wan_mbps\": %.3f, \"density\": %g, \"source\": \"%s\", \"global_xxh3\": "
+          "\"%016llx\"}\n",
+          round, rounds, step, max_steps, rec->loss, mbps, rec->density, cluster,
+          (unsigned long long)rec->global_hash);
+  fclose(f);
+}
+
 static int nb__wk_mkdirs(const char* path) {
   char tmp[NB_JOB_PATH_MAX];
   if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
@@ -584,6 +600,7 @@ int nb_worker_main(int argc, char** argv) {
         r + 1, rounds, rec.steps, rec.loss, rec.msg_bytes / 1024.0, rec.density, rec.compute_s,
         rec.exchange_s, (unsigned long long)rec.global_hash);
     fflush(stdout);
+    nb__wk_progress(cluster, r + 1, rounds, steps_done, (long)job->training.max_steps, &rec);
     int every = job->training.eval_every_rounds;
     if (every > 0 && (r + 1) % every == 0 && r + 1 < rounds) {
       /* the held-out curve on theta_global (with overlap: the parameters as they are) */
