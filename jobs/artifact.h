@@ -77,6 +77,15 @@ typedef struct {
  * NB_ERR_INTEGRITY, NB_ERR_UNAVAILABLE, NB_ERR_TIMEOUT, NB_ERR_IO. */
 nb_status_t nb_artifact_fetch(const nb_artifact_fetch_opts_t* opts, nb_artifact_info_t* out);
 
+/* NB_OK when name is a valid artifact name ("<job>/<path>": 1..255 bytes, relative, no empty,
+ * "." or ".." component, no control character or backslash, not starting with "sha256:"), else
+ * NB_ERR_INVALID naming the problem. Thread-safe. */
+nb_status_t nb_artifact_name_check(const char* name);
+
+/* Plaintext bytes that the Artifacts services of this process have sent so far (all servers,
+ * all calls): lets tests and benchmarks see how much a resumed transfer re-sent. Thread-safe. */
+uint64_t nb_artifact_sent_bytes(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,887 @@
+/* Artifacts: a content-addressed store on disk (objects named by SHA-256, a SQLite index of
+ * names), the nebula.v1.Artifacts service that serves it in sealed chunks, and the resumable
+ * client fetch. It is not a general file server nor a transport: inter/rpc carries the calls and
+ * security/seal the keys; who may fetch what is the gateway's callback. */
+#include "jobs/artifact.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "inter/ratelimit.h"
+#include "nebula/v1/artifact.pb-c.h"
+#include "security/seal.h"
+
+NB_PARAM_INT(ArtifactChunkKib, "NB_ARTIFACT_CHUNK_KIB", 1024, 1, 8192,
+             "plaintext KiB per sealed chunk that the Artifacts service sends")
+NB_PARAM_DOUBLE(ArtifactRateMbps, "NB_ARTIFACT_RATE_MBPS", 0, 0, 1e6,
+                "cap on what one gateway's Artifacts service sends, Mbit/s (0 = none)")
+NB_PARAM_INT(ArtifactRetries, "NB_ARTIFACT_RETRIES", 5, 0, 1000,
+             "times a fetch reconnects and resumes after a dropped connection")
+NB_PARAM_INT(ArtifactConnectMs, "NB_ARTIFACT_CONNECT_MS", 5000, 100, 600000,
+             "how long a fetch waits for the peer gateway's channel to connect, per attempt")
+
+#define NB__SHA_BYTES 32
+#define NB__TRANSFER_ID_BYTES 16
+#define NB__SENDER "nebula.artifacts" /* the sending side of every artifact key */
+#define NB__M_RESOLVE "/nebula.v1.Artifacts/Resolve"
+#define NB__M_FETCH "/nebula.v1.Artifacts/Fetch"
+#define NB__IO_BUF ((size_t)1 << 20)
+
+typedef struct nb__svc {
+  nb_artifact_store_t* store;
+  nb_artifact_secret_fn secret_fn;
+  void* secret_user;
+  nb_ratelimit_t* rl; /* NULL: no cap */
+  struct nb__svc* next;
+} nb__svc_t;
+
+#define NB__DIR_MAX 768 /* store folder: leaves room for objects/xx/<64 hex> in 1024 bytes */
+
+struct nb_artifact_store {
+  char dir[NB__DIR_MAX];
+  sqlite3* db;
+  pthread_mutex_t mu; /* guards db and svcs */
+  nb__svc_t* svcs;    /* services added to servers: freed with the store */
+};
+
+static _Atomic uint64_t nb__sent_bytes;
+
+uint64_t nb_artifact_sent_bytes(void) {
+  return atomic_load(&nb__sent_bytes);
+}
+
+/* ------------------------------------------------------------------ names and hashes */
+
+nb_status_t nb_artifact_name_check(const char* name) {
+  if (!name || !*name) return nb_error(NB_ERR_INVALID, "artifact name is empty");
+  size_t n = strlen(name);
+  if (n >= NB_ARTIFACT_NAME_MAX)
+    return nb_error(NB_ERR_INVALID, "artifact name is %zu bytes (at most %d)", n,
+                    NB_ARTIFACT_NAME_MAX - 1);
+  if (name[0] == '/') return nb_error(NB_ERR_INVALID, "artifact name '%s' is absolute", name);
+  if (!strncmp(name, "sha256:", 7))
+    return nb_error(NB_ERR_INVALID, "artifact name '%s' looks like a content hash", name);
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)name[i];
+    if (c < 0x20 || c == 0x7f)
+      return nb_error(NB_ERR_INVALID, "artifact name has a control character (0x%02x) at byte %zu",
+                      c, i);
+    if (c == '\\')
+      return nb_error(NB_ERR_INVALID, "artifact name '%s' has a backslash at byte %zu", name, i);
+  }
+  for (const char* p = name;;) { /* each '/'-separated component */
+    const char* e = strchr(p, '/');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (len == 0)
+      return nb_error(NB_ERR_INVALID, "artifact name '%s' has an empty path component", name);
+    if ((len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.'))
+      return nb_error(NB_ERR_INVALID, "artifact name '%s' has a '%.*s' component", name, (int)len,
+                      p);
+    if (!e) break;
+    p = e + 1;
+  }
+  return NB_OK;
+}
+
+/* Lower-cases a 64-digit hex hash into out (65 bytes). */
+static nb_status_t nb__hash_check(const char* hex, char out[NB_ARTIFACT_HASH_HEX]) {
+  if (!hex || strlen(hex) != 64)
+    return nb_error(NB_ERR_INVALID, "a SHA-256 is 64 hex digits, got '%.80s'", hex ? hex : "");
+  for (int i = 0; i < 64; i++) {
+    char c = hex[i];
+    if (c >= 'A' && c <= 'F') c = (char)(c - 'A' + 'a');
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+      return nb_error(NB_ERR_INVALID, "SHA-256 '%.64s' has a non-hex digit at %d", hex, i);
+    out[i] = c;
+  }
+  out[64] = 0;
+  return NB_OK;
+}
+
+static void nb__hex(const uint8_t* b, size_t n, char* out) {
+  static const char d[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) out[2 * i] = d[b[i] >> 4], out[2 * i + 1] = d[b[i] & 15];
+  out[2 * n] = 0;
+}
+
+/* SHA-256 of the whole file at fd (read from offset 0) into hex; *size gets the bytes read. */
+static nb_status_t nb__hash_fd(int fd, const char* what, char hex[NB_ARTIFACT_HASH_HEX],
+                               uint64_t* size) {
+  uint8_t* buf = NULL;
+  NB_CHECK(nb_alloc((void**)&buf, 1, NB__IO_BUF, "hash buffer"));
+  EVP_MD_CTX* md = EVP_MD_CTX_new();
+  nb_status_t st = NB_OK;
+  uint64_t total = 0;
+  if (!md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
+    st = nb_error(NB_ERR_CRYPTO, "SHA-256 init failed");
+    goto out;
+  }
+  for (;;) {
+    ssize_t r = pread(fd, buf, NB__IO_BUF, (off_t)total);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      st = nb_error(NB_ERR_IO, "reading %s: %s", what, strerror(errno));
+      goto out;
+    }
+    if (r == 0) break;
+    if (EVP_DigestUpdate(md, buf, (size_t)r) != 1) {
+      st = nb_error(NB_ERR_CRYPTO, "SHA-256 update failed");
+      goto out;
+    }
+    total += (uint64_t)r;
+  }
+  uint8_t dg[NB__SHA_BYTES];
+  unsigned dl = 0;
+  if (EVP_DigestFinal_ex(md, dg, &dl) != 1 || dl != NB__SHA_BYTES) {
+    st = nb_error(NB_ERR_CRYPTO, "SHA-256 final failed");
+    goto out;
+  }
+  nb__hex(dg, NB__SHA_BYTES, hex);
+  if (size) *size = total;
+out:
+  EVP_MD_CTX_free(md);
+  nb_free(buf);
+  return st;
+}
+
+static nb_status_t nb__write_all(int fd, const void* p, size_t n, uint64_t off, const char* what) {
+  const uint8_t* b = p;
+  while (n) {
+    ssize_t w = pwrite(fd, b, n, (off_t)off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return nb_error(NB_ERR_IO, "writing %s: %s", what, strerror(errno));
+    b += w, n -= (size_t)w, off += (uint64_t)w;
+  }
+  return NB_OK;
+}
+
+/* fsync of the folder that holds path, so that a rename in it is durable. */
+static nb_status_t nb__fsync_parent(const char* path) {
+  char d[PATH_MAX];
+  snprintf(d, sizeof d, "%s", path);
+  char* s = strrchr(d, '/');
+  if (s == d)
+    s[1] = 0;
+  else if (s)
+    *s = 0;
+  else
+    snprintf(d, sizeof d, ".");
+  int fd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return nb_error(NB_ERR_IO, "opening folder %s: %s", d, strerror(errno));
+  int rc = fsync(fd);
+  int e = errno;
+  close(fd);
+  if (rc != 0) return nb_error(NB_ERR_IO, "fsync of folder %s: %s", d, strerror(e));
+  return NB_OK;
+}
+
+static nb_status_t nb__mkdir(const char* path) {
+  if (mkdir(path, 0755) != 0 && errno != EEXIST)
+    return nb_error(NB_ERR_IO, "creating folder %s: %s", path, strerror(errno));
+  return NB_OK;
+}
+
+/* ------------------------------------------------------------------ store */
+
+static nb_status_t nb__object_path(const nb_artifact_store_t* s, const char* hex, char* buf,
+                                   size_t cap) {
+  int n = snprintf(buf, cap, "%s/objects/%.2s/%s", s->dir, hex, hex);
+  if (n < 0 || (size_t)n >= cap)
+    return nb_error(NB_ERR_INVALID, "artifact store path '%s' is too long", s->dir);
+  return NB_OK;
+}
+
+static nb_status_t nb__sql(nb_artifact_store_t* s, int rc, const char* what) {
+  return nb_error(NB_ERR_IO, "artifact store %s: %s: %s", s->dir, what,
+                  rc == SQLITE_OK ? "?" : sqlite3_errmsg(s->db));
+}
+
+nb_status_t nb_artifact_store_open(const char* dir, nb_artifact_store_t** out) {
+  if (!dir || !*dir || !out) return nb_error(NB_ERR_INVALID, "artifact store: NULL argument");
+  *out = NULL;
+  if (strlen(dir) >= NB__DIR_MAX)
+    return nb_error(NB_ERR_INVALID, "artifact store path '%s' is too long", dir);
+  nb_artifact_store_t* s = NULL;
+  NB_CHECK(nb_calloc((void**)&s, 1, sizeof *s, "artifact store"));
+  snprintf(s->dir, sizeof s->dir, "%s", dir);
+  pthread_mutex_init(&s->mu, NULL);
+  char p[PATH_MAX];
+  nb_status_t st = nb__mkdir(dir);
+  snprintf(p, sizeof p, "%s/objects", dir);
+  if (st == NB_OK) st = nb__mkdir(p);
+  snprintf(p, sizeof p, "%s/tmp", dir);
+  if (st == NB_OK) st = nb__mkdir(p);
+  if (st != NB_OK) goto fail;
+  snprintf(p, sizeof p, "%s/names.db", dir);
+  int rc = sqlite3_open_v2(
+      p, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL);
+  if (rc != SQLITE_OK) {
+    st = nb_error(NB_ERR_IO, "artifact store: cannot open %s: %s", p,
+                  s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(rc));
+    goto fail;
+  }
+  sqlite3_busy_timeout(s->db, 5000);
+  char* err = NULL;
+  rc = sqlite3_exec(s->db,
+                    "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;"
+                    "CREATE TABLE IF NOT EXISTS names (name TEXT PRIMARY KEY, sha256 TEXT NOT "
+                    "NULL, size INTEGER NOT NULL, updated_ns INTEGER NOT NULL);"
+                    "CREATE INDEX IF NOT EXISTS names_sha ON names(sha256);",
+                    NULL, NULL, &err);
+  if (rc != SQLITE_OK) {
+    st = nb_error(NB_ERR_IO, "artifact store %s: schema: %s", dir, err ? err : "?");
+    sqlite3_free(err);
+    goto fail;
+  }
+  *out = s;
+  return NB_OK;
+fail:
+  nb_artifact_store_close(s);
+  return st;
+}
+
+void nb_artifact_store_close(nb_artifact_store_t* store) {
+  if (!store) return;
+  while (store->svcs) {
+    nb__svc_t* n = store->svcs->next;
+    nb_ratelimit_destroy(store->svcs->rl);
+    nb_free(store->svcs);
+    store->svcs = n;
+  }
+  if (store->db) sqlite3_close(store->db);
+  pthread_mutex_destroy(&store->mu);
+  nb_free(store);
+}
+
+/* Copies src into a temp file of the store while hashing it; fsyncs it. */
+static nb_status_t nb__ingest(nb_artifact_store_t* s, const char* file, char* tmp, size_t tmp_cap,
+                              char hex[NB_ARTIFACT_HASH_HEX], uint64_t* size) {
+  int in = open(file, O_RDONLY | O_CLOEXEC);
+  if (in < 0)
+    return nb_error(errno == ENOENT ? NB_ERR_NOT_FOUND : NB_ERR_IO, "artifact source %s: %s", file,
+                    strerror(errno));
+  snprintf(tmp, tmp_cap, "%s/tmp/put.XXXXXX", s->dir);
+  int fd = mkostemp(tmp, O_CLOEXEC);
+  uint8_t* buf = NULL;
+  EVP_MD_CTX* md = NULL;
+  nb_status_t st = NB_OK;
+  if (fd < 0) {
+    st = nb_error(NB_ERR_IO, "artifact store temp file %s: %s", tmp, strerror(errno));
+    tmp[0] = 0;
+    goto out;
+  }
+  NB_CHECK_GOTO(nb_alloc((void**)&buf, 1, NB__IO_BUF, "artifact copy buffer"), st, out);
+  md = EVP_MD_CTX_new();
+  if (!md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
+    st = nb_error(NB_ERR_CRYPTO, "SHA-256 init failed");
+    goto out;
+  }
+  uint64_t total = 0;
+  for (;;) {
+    ssize_t r = read(in, buf, NB__IO_BUF);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      st = nb_error(NB_ERR_IO, "reading %s: %s", file, strerror(errno));
+      goto out;
+    }
+    if (r == 0) break;
+    if (EVP_DigestUpdate(md, buf, (size_t)r) != 1) {
+      st = nb_error(NB_ERR_CRYPTO, "SHA-256 update failed");
+      goto out;
+    }
+    NB_CHECK_GOTO(nb__write_all(fd, buf, (size_t)r, total, tmp), st, out);
+    total += (uint64_t)r;
+  }
+  uint8_t dg[NB__SHA_BYTES];
+  unsigned dl = 0;
+  if (EVP_DigestFinal_ex(md, dg, &dl) != 1) {
+    st = nb_error(NB_ERR_CRYPTO, "SHA-256 final failed");
+    goto out;
+  }
+  nb__hex(dg, NB__SHA_BYTES, hex);
+  *size = total;
+  if (fchmod(fd, 0644) != 0 || fsync(fd) != 0)
+    st = nb_error(NB_ERR_IO, "fsync of %s: %s", tmp, strerror(errno));
+out:
+  if (fd >= 0 && close(fd) != 0 && st == NB_OK)
+    st = nb_error(NB_ERR_IO, "closing %s: %s", tmp, strerror(errno));
+  close(in);
+  EVP_MD_CTX_free(md);
+  nb_free(buf);
+  return st;
+}
+
+nb_status_t nb_artifact_put(nb_artifact_store_t* store, const char* name, const char* file,
+                            nb_artifact_info_t* out) {
+  if (!store || !file) return nb_error(NB_ERR_INVALID, "artifact put: NULL argument");
+  NB_CHECK(nb_artifact_name_check(name));
+  char tmp[PATH_MAX] = "", hex[NB_ARTIFACT_HASH_HEX], obj[sizeof out->path], d[PATH_MAX];
+  uint64_t size = 0;
+  nb_status_t st = nb__ingest(store, file, tmp, sizeof tmp, hex, &size);
+  if (st != NB_OK) goto fail;
+  NB_CHECK_GOTO(nb__object_path(store, hex, obj, sizeof obj), st, fail);
+  snprintf(d, sizeof d, "%s/objects/%.2s", store->dir, hex);
+  NB_CHECK_GOTO(nb__mkdir(d), st, fail);
+  /* Renaming over an object already held is harmless (same bytes) and heals a damaged copy. */
+  if (rename(tmp, obj) != 0) {
+    st = nb_error(NB_ERR_IO, "artifact store: rename %s -> %s: %s", tmp, obj, strerror(errno));
+    goto fail;
+  }
+  tmp[0] = 0;
+  NB_CHECK_GOTO(nb__fsync_parent(obj), st, fail);
+
+  pthread_mutex_lock(&store->mu);
+  sqlite3_stmt* q = NULL;
+  int rc = sqlite3_prepare_v2(store->db,
+                              "INSERT INTO names(name, sha256, size, updated_ns) VALUES(?,?,?,?) "
+                              "ON CONFLICT(name) DO UPDATE SET sha256 = excluded.sha256, "
+                              "size = excluded.size, updated_ns = excluded.updated_ns",
+                              -1, &q, NULL);
+  if (rc == SQLITE_OK) {
+    sqlite3_bind_text(q, 1, name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 2, hex, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(q, 3, (sqlite3_int64)size);
+    sqlite3_bind_int64(q, 4, (sqlite3_int64)nb_wall_ns());
+    rc = sqlite3_step(q) == SQLITE_DONE ? SQLITE_OK : SQLITE_ERROR;
+  }
+  if (rc != SQLITE_OK) st = nb__sql(store, rc, "recording a name");
+  sqlite3_finalize(q);
+  pthread_mutex_unlock(&store->mu);
+  if (st != NB_OK) goto fail;
+  NB_INFO(JOB, "artifact '%s' = sha256:%s (%llu bytes)", name, hex, (unsigned long long)size);
+  if (out) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", name);
+    memcpy(out->sha256, hex, sizeof out->sha256);
+    out->size = size;
+    snprintf(out->path, sizeof out->path, "%s", obj);
+  }
+  return NB_OK;
+fail:
+  if (tmp[0]) unlink(tmp);
+  return st;
+}
+
+nb_status_t nb_artifact_lookup(nb_artifact_store_t* store, const char* name_or_hash,
+                               nb_artifact_info_t* out) {
+  if (!store || !name_or_hash || !out)
+    return nb_error(NB_ERR_INVALID, "artifact lookup: NULL argument");
+  memset(out, 0, sizeof *out);
+  char hex[NB_ARTIFACT_HASH_HEX] = "";
+  int by_hash = !strncmp(name_or_hash, "sha256:", 7);
+  if (by_hash)
+    NB_CHECK(nb__hash_check(name_or_hash + 7, hex));
+  else
+    NB_CHECK(nb_artifact_name_check(name_or_hash));
+
+  nb_status_t st = NB_OK;
+  int64_t size = -1;
+  pthread_mutex_lock(&store->mu);
+  sqlite3_stmt* q = NULL;
+  int rc = sqlite3_prepare_v2(store->db,
+                              by_hash ? "SELECT name, sha256, size FROM names WHERE sha256 = ? "
+                                        "ORDER BY name LIMIT 1"
+                                      : "SELECT name, sha256, size FROM names WHERE name = ?",
+                              -1, &q, NULL);
+  if (rc == SQLITE_OK) {
+    sqlite3_bind_text(q, 1, by_hash ? hex : name_or_hash, -1, SQLITE_STATIC);
+    rc = sqlite3_step(q);
+    if (rc == SQLITE_ROW) {
+      snprintf(out->name, sizeof out->name, "%s", (const char*)sqlite3_column_text(q, 0));
+      snprintf(hex, sizeof hex, "%s", (const char*)sqlite3_column_text(q, 1));
+      size = sqlite3_column_int64(q, 2);
+      rc = SQLITE_OK;
+    } else if (rc == SQLITE_DONE) {
+      rc = SQLITE_OK;
+    }
+  }
+  if (rc != SQLITE_OK) st = nb__sql(store, rc, "looking up a name");
+  sqlite3_finalize(q);
+  pthread_mutex_unlock(&store->mu);
+  NB_CHECK(st);
+  if (!by_hash && size < 0)
+    return nb_error(NB_ERR_NOT_FOUND, "no artifact named '%s' in this store", name_or_hash);
+  NB_CHECK(nb__object_path(store, hex, out->path, sizeof out->path));
+  struct stat sb;
+  if (stat(out->path, &sb) != 0)
+    return nb_error(NB_ERR_NOT_FOUND, "artifact object sha256:%s is not in this store%s", hex,
+                    by_hash ? "" : " (its name is recorded but the object is gone)");
+  if (!out->name[0]) snprintf(out->name, sizeof out->name, "sha256:%s", hex);
+  memcpy(out->sha256, hex, sizeof out->sha256);
+  /* A name records the size it was put with; an object found only by hash has its file's. */
+  out->size = size >= 0 ? (uint64_t)size : (uint64_t)sb.st_size;
+  return NB_OK;
+}
+
+/* ------------------------------------------------------------------ sealing */
+
+/* The sealing context of one Fetch call. sending: the server's side. */
+static nb_status_t nb__seal_ctx(const uint8_t secret[32], const char* job_id,
+                                const uint8_t tid[NB__TRANSFER_ID_BYTES], const char* receiver,
+                                int sending, nb_seal_ctx_t** out) {
+  char label[300], th[2 * NB__TRANSFER_ID_BYTES + 1];
+  nb__hex(tid, NB__TRANSFER_ID_BYTES, th);
+  int n = snprintf(label, sizeof label, "artifact/%s/%s", th, job_id);
+  if (n < 0 || n > 255)
+    return nb_error(NB_ERR_INVALID, "job id '%.40s...' is too long for an artifact key", job_id);
+  return nb_seal_ctx_create(secret, label, sending ? NB__SENDER : receiver,
+                            sending ? receiver : NB__SENDER, NULL, out);
+}
+
+/* ------------------------------------------------------------------ service */
+
+/* The calling cluster and the job's secret, or why the call is refused. */
+static nb_status_t nb__authorize(nb__svc_t* svc, nb_rpc_call_t* call, const char* job_id,
+                                 const char** peer_out, uint8_t secret[32]) {
+  const nb_tls_peer_t* p = nb_rpc_call_peer(call);
+  if (!p || p->kind != NB_TLS_PEER_CLUSTER)
+    return nb_error(NB_ERR_PERMISSION, "artifacts are served to cluster certificates only");
+  if (!job_id || !*job_id) return nb_error(NB_ERR_INVALID, "job_id is empty");
+  nb_status_t st = svc->secret_fn(svc->secret_user, job_id, p->name, secret);
+  if (st != NB_OK) {
+    OPENSSL_cleanse(secret, 32);
+    if (st != NB_ERR_NOT_FOUND) st = NB_ERR_PERMISSION;
+    return nb_error(st, "cluster '%s' may not fetch artifacts of job '%s'", p->name, job_id);
+  }
+  *peer_out = p->name;
+  return NB_OK;
+}
+
+static nb_status_t nb__h_resolve(nb_rpc_call_t* call, void* user) {
+  nb__svc_t* svc = user;
+  Nebula__V1__ResolveRequest* req = NULL;
+  int end = 0;
+  NB_CHECK(nb_rpc_call_recv_pb(call, &nebula__v1__resolve_request__descriptor,
+                               (ProtobufCMessage**)&req, &end, NB_RPC_INFINITE));
+  if (!req) return nb_error(NB_ERR_INVALID, "Resolve: no request");
+  uint8_t secret[32];
+  const char* peer = NULL;
+  nb_status_t st = nb__authorize(svc, call, req->job_id, &peer, secret);
+  OPENSSL_cleanse(secret, sizeof secret);
+  nb_artifact_info_t info;
+  if (st == NB_OK) st = nb_artifact_lookup(svc->store, req->name, &info);
+  if (st == NB_OK) {
+    Nebula__V1__ArtifactInfo m = NEBULA__V1__ARTIFACT_INFO__INIT;
+    m.name = info.name;
+    m.sha256 = info.sha256;
+    m.size = info.size;
+    st = nb_rpc_call_send_pb(call, &m.base);
+    NB_INFO(JOB, "Resolve '%s' for cluster '%s' (job %s): sha256:%s", req->name, peer, req->job_id,
+            info.sha256);
+  }
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+  return st;
+}
+
+static nb_status_t nb__h_fetch(nb_rpc_call_t* call, void* user) {
+  nb__svc_t* svc = user;
+  Nebula__V1__FetchRequest* req = NULL;
+  int end = 0, fd = -1;
+  uint8_t secret[32], tid[NB__TRANSFER_ID_BYTES];
+  uint8_t *plain = NULL, *sealed = NULL, *hdr = NULL;
+  nb_seal_ctx_t* seal = NULL;
+  const char* peer = NULL;
+  NB_CHECK(nb_rpc_call_recv_pb(call, &nebula__v1__fetch_request__descriptor,
+                               (ProtobufCMessage**)&req, &end, NB_RPC_INFINITE));
+  if (!req) return nb_error(NB_ERR_INVALID, "Fetch: no request");
+  nb_status_t st = nb__authorize(svc, call, req->job_id, &peer, secret);
+  if (st != NB_OK) goto out;
+  char hex[NB_ARTIFACT_HASH_HEX], key[80];
+  NB_CHECK_GOTO(nb__hash_check(req->sha256, hex), st, out);
+  snprintf(key, sizeof key, "sha256:%s", hex);
+  nb_artifact_info_t info;
+  NB_CHECK_GOTO(nb_artifact_lookup(svc->store, key, &info), st, out);
+  fd = open(info.path, O_RDONLY | O_CLOEXEC);
+  struct stat sb;
+  if (fd < 0 || fstat(fd, &sb) != 0) {
+    st = nb_error(NB_ERR_NOT_FOUND, "artifact object sha256:%s: %s", hex, strerror(errno));
+    goto out;
+  }
+  if ((uint64_t)sb.st_size != info.size) {
+    NB_WARN(
+        "artifact object %s is %lld bytes, recorded as %llu: the store is damaged; put the "
+        "file again",
+        info.path, (long long)sb.st_size, (unsigned long long)info.size);
+    st = nb_error(NB_ERR_INTEGRITY, "artifact sha256:%s is damaged on the serving gateway", hex);
+    goto out;
+  }
+  if (req->offset > info.size) {
+    st = nb_error(NB_ERR_INVALID, "offset %llu is past the end of sha256:%s (%llu bytes)",
+                  (unsigned long long)req->offset, hex, (unsigned long long)info.size);
+    goto out;
+  }
+  if (RAND_bytes(tid, sizeof tid) != 1) {
+    st = nb_error(NB_ERR_CRYPTO, "RAND_bytes failed");
+    goto out;
+  }
+  NB_CHECK_GOTO(nb__seal_ctx(secret, req->job_id, tid, peer, 1, &seal), st, out);
+  OPENSSL_cleanse(secret, sizeof secret);
+  size_t cb = (size_t)nb_param_ArtifactChunkKib() * 1024;
+  NB_CHECK_GOTO(nb_alloc((void**)&plain, 1, cb, "artifact chunk"), st, out);
+  NB_CHECK_GOTO(nb_alloc((void**)&sealed, 1, cb + NB_SEAL_TAG_BYTES, "sealed chunk"), st, out);
+  NB_CHECK_GOTO(nb_alloc((void**)&hdr, 1, 256, "chunk header"), st, out);
+  uint64_t off = req->offset, index = 0;
+  do {
+    if (nb_rpc_call_cancelled(call)) {
+      st = nb_error(NB_ERR_CANCELLED, "Fetch of sha256:%s cancelled", hex);
+      goto out;
+    }
+    size_t len = info.size - off < cb ? (size_t)(info.size - off) : cb;
+    for (size_t got = 0; got < len;) {
+      ssize_t r = pread(fd, plain + got, len - got, (off_t)(off + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        st = nb_error(NB_ERR_INTEGRITY, "artifact sha256:%s: short read at %llu (%s)", hex,
+                      (unsigned long long)(off + got), r < 0 ? strerror(errno) : "end of file");
+        goto out;
+      }
+      got += (size_t)r;
+    }
+    Nebula__V1__ArtifactChunkHeader h = NEBULA__V1__ARTIFACT_CHUNK_HEADER__INIT;
+    h.sha256 = hex;
+    h.size = info.size;
+    h.offset = off;
+    h.length = (uint32_t)len;
+    h.index = index;
+    h.transfer_id.data = tid;
+    h.transfer_id.len = sizeof tid;
+    size_t hl = nebula__v1__artifact_chunk_header__get_packed_size(&h);
+    if (hl > 256) {
+      st = nb_error(NB_ERR_INTERNAL, "chunk header of %zu bytes", hl);
+      goto out;
+    }
+    nebula__v1__artifact_chunk_header__pack(&h, hdr);
+    size_t sl = 0;
+    NB_CHECK_GOTO(nb_seal_chunk(seal, 0, index, hdr, hl, plain, len, sealed, &sl), st, out);
+    if (svc->rl) NB_CHECK_GOTO(nb_ratelimit_acquire(svc->rl, sl + hl), st, out);
+    Nebula__V1__ArtifactChunk c = NEBULA__V1__ARTIFACT_CHUNK__INIT;
+    c.header.data = hdr;
+    c.header.len = hl;
+    c.sealed.data = sealed;
+    c.sealed.len = sl;
+    NB_CHECK_GOTO(nb_rpc_call_send_pb(call, &c.base), st, out);
+    atomic_fetch_add(&nb__sent_bytes, (uint64_t)len);
+    off += len;
+    index++;
+  } while (off < info.size);
+  NB_INFO(JOB, "Fetch sha256:%s to cluster '%s' (job %s): %llu bytes from %llu in %llu chunks", hex,
+          peer, req->job_id, (unsigned long long)(info.size - req->offset),
+          (unsigned long long)req->offset, (unsigned long long)index);
+out:
+  OPENSSL_cleanse(secret, sizeof secret);
+  if (fd >= 0) close(fd);
+  if (plain) OPENSSL_cleanse(plain, (size_t)nb_param_ArtifactChunkKib() * 1024);
+  nb_free(plain);
+  nb_free(sealed);
+  nb_free(hdr);
+  nb_seal_ctx_destroy(seal);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+  return st;
+}
+
+nb_status_t nb_artifact_service_add(nb_rpc_server_t* srv, nb_artifact_store_t* store,
+                                    nb_artifact_secret_fn secret_fn, void* secret_user) {
+  if (!srv || !store || !secret_fn)
+    return nb_error(NB_ERR_INVALID, "artifact service: NULL server, store or secret callback");
+  nb__svc_t* svc = NULL;
+  NB_CHECK(nb_calloc((void**)&svc, 1, sizeof *svc, "artifact service"));
+  svc->store = store;
+  svc->secret_fn = secret_fn;
+  svc->secret_user = secret_user;
+  nb_status_t st = NB_OK;
+  double mbps = nb_param_ArtifactRateMbps();
+  if (mbps > 0) NB_CHECK_GOTO(nb_ratelimit_create(mbps * 1e6 / 8, 0, &svc->rl), st, fail);
+  NB_CHECK_GOTO(nb_rpc_server_add_method(srv, NB__M_RESOLVE, NB_RPC_UNARY, nb__h_resolve, svc), st,
+                fail);
+  NB_CHECK_GOTO(
+      nb_rpc_server_add_method(srv, NB__M_FETCH, NB_RPC_SERVER_STREAMING, nb__h_fetch, svc), st,
+      fail);
+  pthread_mutex_lock(&store->mu);
+  svc->next = store->svcs;
+  store->svcs = svc;
+  pthread_mutex_unlock(&store->mu);
+  return NB_OK;
+fail:
+  /* A method registered before the failure keeps a pointer to svc: keep it with the store. */
+  pthread_mutex_lock(&store->mu);
+  svc->next = store->svcs;
+  store->svcs = svc;
+  pthread_mutex_unlock(&store->mu);
+  return st;
+}
+
+/* ------------------------------------------------------------------ client */
+
+typedef struct {
+  const nb_artifact_fetch_opts_t* o;
+  const char* self;    /* our cluster id */
+  int64_t deadline_ns; /* 0: none */
+  char part[PATH_MAX];
+} nb__fetch_t;
+
+static int64_t nb__left_ms(const nb__fetch_t* f) {
+  if (!f->deadline_ns) return NB_RPC_INFINITE;
+  int64_t l = (f->deadline_ns - nb_now_ns()) / 1000000;
+  return l > 0 ? l : 0;
+}
+
+static nb_status_t nb__connect(const nb__fetch_t* f, nb_rpc_client_t** cli) {
+  nb_rpc_client_opts_t co = {0};
+  co.tls = f->o->tls;
+  co.expected_cluster = f->o->expected_cluster;
+  co.server_name = f->o->server_name;
+  NB_CHECK(nb_rpc_client_create(f->o->target, &co, cli));
+  int64_t wait = nb_param_ArtifactConnectMs(), left = nb__left_ms(f);
+  if (left != NB_RPC_INFINITE && left < wait) wait = left;
+  if (nb_rpc_client_wait_ready(*cli, wait) != NB_OK) {
+    /* A refused certificate looks like a channel that never connects: one call without
+     * wait-for-ready tells the TLS verdict (PERMISSION) from an absent peer. */
+    nb_rpc_msg_t m = {0};
+    nb_status_t why = nb_rpc_unary(*cli, NB__M_RESOLVE, "", 0, &m, 2000, 0);
+    nb_rpc_msg_release(&m);
+    if (why != NB_ERR_PERMISSION && why != NB_ERR_UNAVAILABLE && why != NB_ERR_TIMEOUT)
+      return NB_OK; /* the server answered after all (an empty request is refused as INVALID) */
+    nb_rpc_client_destroy(*cli);
+    *cli = NULL;
+    if (why == NB_ERR_PERMISSION)
+      return nb_error_wrap(why, "artifact fetch: %s refused the TLS handshake", f->o->target);
+    if (nb__left_ms(f) == 0)
+      return nb_error(NB_ERR_TIMEOUT, "artifact fetch from %s: timed out connecting", f->o->target);
+    return nb_error(NB_ERR_UNAVAILABLE, "artifact fetch: cannot connect to %s within %lld ms",
+                    f->o->target, (long long)wait);
+  }
+  return NB_OK;
+}
+
+static nb_status_t nb__resolve(const nb__fetch_t* f, nb_rpc_client_t* cli,
+                               nb_artifact_info_t* info) {
+  Nebula__V1__ResolveRequest req = NEBULA__V1__RESOLVE_REQUEST__INIT;
+  req.name = (char*)f->o->name;
+  req.job_id = (char*)f->o->job_id;
+  Nebula__V1__ArtifactInfo* rep = NULL;
+  NB_CHECK(nb_rpc_unary_pb(cli, NB__M_RESOLVE, &req.base, &nebula__v1__artifact_info__descriptor,
+                           (ProtobufCMessage**)&rep, nb__left_ms(f), NB_RPC_WAIT_FOR_READY));
+  memset(info, 0, sizeof *info);
+  nb_status_t st = nb__hash_check(rep->sha256, info->sha256);
+  if (st == NB_OK) {
+    snprintf(info->name, sizeof info->name, "%s", rep->name);
+    info->size = rep->size;
+    snprintf(info->path, sizeof info->path, "%s", f->o->dest);
+  } else {
+    st = nb_error_wrap(NB_ERR_REMOTE, "Resolve of '%s' at %s", f->o->name, f->o->target);
+  }
+  protobuf_c_message_free_unpacked(&rep->base, NULL);
+  return st;
+}
+
+/* One Fetch call from the current end of the .part file. *start: where it began; *moved: bytes
+ * written. */
+static nb_status_t nb__fetch_once(const nb__fetch_t* f, nb_rpc_client_t* cli,
+                                  const nb_artifact_info_t* info, uint64_t* start,
+                                  uint64_t* moved) {
+  nb_status_t st = NB_OK;
+  nb_rpc_stream_t* s = NULL;
+  nb_seal_ctx_t* seal = NULL;
+  uint8_t* plain = NULL;
+  uint8_t tid[NB__TRANSFER_ID_BYTES];
+  uint64_t index = 0;
+  size_t cap = 0;
+  int fd = open(f->part, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return nb_error(NB_ERR_IO, "opening %s: %s", f->part, strerror(errno));
+  struct stat sb;
+  if (fstat(fd, &sb) != 0) {
+    st = nb_error(NB_ERR_IO, "stat of %s: %s", f->part, strerror(errno));
+    goto out;
+  }
+  uint64_t off = (uint64_t)sb.st_size;
+  if (off > info->size) { /* not a prefix of this artifact */
+    if (ftruncate(fd, 0) != 0) {
+      st = nb_error(NB_ERR_IO, "truncating %s: %s", f->part, strerror(errno));
+      goto out;
+    }
+    off = 0;
+  }
+  *start = off;
+  if (off == info->size) goto out; /* nothing left to move */
+  if (off)
+    NB_INFO(JOB, "resuming %s at %llu of %llu bytes", f->part, (unsigned long long)off,
+            (unsigned long long)info->size);
+  Nebula__V1__FetchRequest req = NEBULA__V1__FETCH_REQUEST__INIT;
+  req.job_id = (char*)f->o->job_id;
+  req.sha256 = (char*)info->sha256;
+  req.offset = off;
+  NB_CHECK_GOTO(nb_rpc_stream_open(cli, NB__M_FETCH, nb__left_ms(f), 0, &s), st, out);
+  NB_CHECK_GOTO(nb_rpc_stream_send_pb(s, &req.base), st, out);
+  NB_CHECK_GOTO(nb_rpc_stream_close_send(s), st, out);
+  for (;;) {
+    nb_rpc_msg_t msg = {0};
+    int end = 0;
+    NB_CHECK_GOTO(nb_rpc_stream_recv(s, &msg, &end, NB_RPC_INFINITE), st, out);
+    if (end) break;
+    Nebula__V1__ArtifactChunk* c = nebula__v1__artifact_chunk__unpack(NULL, msg.len, msg.data);
+    nb_rpc_msg_release(&msg);
+    Nebula__V1__ArtifactChunkHeader* h =
+        c ? nebula__v1__artifact_chunk_header__unpack(NULL, c->header.len, c->header.data) : NULL;
+    if (!h || h->transfer_id.len != NB__TRANSFER_ID_BYTES || strcmp(h->sha256, info->sha256) ||
+        h->size != info->size || h->offset != off || h->index != index ||
+        (uint64_t)h->length + NB_SEAL_TAG_BYTES != c->sealed.len || h->length > info->size - off) {
+      st = nb_error(NB_ERR_INTEGRITY,
+                    "artifact %s from %s: chunk %llu does not follow (expected offset %llu)",
+                    info->sha256, f->o->target, (unsigned long long)index, (unsigned long long)off);
+    } else if (index == 0) {
+      memcpy(tid, h->transfer_id.data, sizeof tid);
+      st = nb__seal_ctx(f->o->secret, f->o->job_id, tid, f->self, 0, &seal);
+    } else if (memcmp(tid, h->transfer_id.data, sizeof tid)) {
+      st = nb_error(NB_ERR_INTEGRITY, "artifact chunk %llu belongs to another transfer",
+                    (unsigned long long)index);
+    }
+    if (st == NB_OK && h->length > cap) {
+      st = nb_realloc((void**)&plain, h->length, 1, "artifact chunk");
+      if (st == NB_OK) cap = h->length;
+    }
+    size_t pl = 0;
+    if (st == NB_OK)
+      st = nb_open_chunk(seal, 0, index, c->header.data, c->header.len, c->sealed.data,
+                         c->sealed.len, plain, &pl);
+    if (st == NB_ERR_EXISTS)
+      st = nb_error(NB_ERR_INTEGRITY, "artifact chunk %llu replayed", (unsigned long long)index);
+    if (st == NB_ERR_INTEGRITY)
+      st = nb_error_wrap(st, "artifact '%s' from %s (wrong job secret?)", f->o->name, f->o->target);
+    if (st == NB_OK) st = nb__write_all(fd, plain, pl, off, f->part);
+    if (h) nebula__v1__artifact_chunk_header__free_unpacked(h, NULL);
+    if (c) nebula__v1__artifact_chunk__free_unpacked(c, NULL);
+    if (st != NB_OK) goto out;
+    off += pl;
+    *moved += pl;
+    index++;
+  }
+  if (off != info->size)
+    st = nb_error(NB_ERR_UNAVAILABLE, "artifact stream from %s ended at %llu of %llu bytes",
+                  f->o->target, (unsigned long long)off, (unsigned long long)info->size);
+out:
+  if (st == NB_OK && fsync(fd) != 0)
+    st = nb_error(NB_ERR_IO, "fsync of %s: %s", f->part, strerror(errno));
+  close(fd);
+  if (s) {
+    if (st == NB_OK) st = nb_rpc_stream_finish(s);
+    nb_rpc_stream_destroy(s);
+  }
+  if (plain) OPENSSL_cleanse(plain, cap);
+  nb_free(plain);
+  nb_seal_ctx_destroy(seal);
+  return st;
+}
+
+/* Hash of an existing file, or NB_ERR_NOT_FOUND. */
+static nb_status_t nb__file_hash(const char* path, char hex[NB_ARTIFACT_HASH_HEX], uint64_t* size) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return errno == ENOENT ? NB_ERR_NOT_FOUND
+                           : nb_error(NB_ERR_IO, "opening %s: %s", path, strerror(errno));
+  nb_status_t st = nb__hash_fd(fd, path, hex, size);
+  close(fd);
+  return st;
+}
+
+static int nb__retryable(nb_status_t st) {
+  return st == NB_ERR_UNAVAILABLE || st == NB_ERR_CANCELLED || st == NB_ERR_RPC;
+}
+
+nb_status_t nb_artifact_fetch(const nb_artifact_fetch_opts_t* opts, nb_artifact_info_t* out) {
+  if (!opts || !opts->target || !opts->tls || !opts->job_id || !*opts->job_id || !opts->secret ||
+      !opts->name || !opts->dest || !*opts->dest)
+    return nb_error(NB_ERR_INVALID,
+                    "artifact fetch: target, tls, job_id, secret, name and "
+                    "dest are required");
+  if (strncmp(opts->name, "sha256:", 7)) NB_CHECK(nb_artifact_name_check(opts->name));
+  nb__fetch_t f = {.o = opts};
+  const nb_tls_peer_t* self = nb_tls_self(opts->tls);
+  if (!self || self->kind != NB_TLS_PEER_CLUSTER)
+    return nb_error(NB_ERR_INVALID, "artifact fetch needs a cluster certificate");
+  f.self = self->name;
+  if (opts->timeout_ms > 0) f.deadline_ns = nb_now_ns() + opts->timeout_ms * 1000000;
+  int n = snprintf(f.part, sizeof f.part, "%s.part", opts->dest);
+  if (n < 0 || (size_t)n >= sizeof f.part)
+    return nb_error(NB_ERR_INVALID, "artifact destination '%s' is too long", opts->dest);
+
+  nb_artifact_info_t info;
+  nb_rpc_client_t* cli = NULL;
+  nb_status_t st = nb__connect(&f, &cli);
+  if (st == NB_OK) st = nb__resolve(&f, cli, &info);
+  if (st != NB_OK) goto out;
+
+  char have[NB_ARTIFACT_HASH_HEX];
+  uint64_t have_size = 0;
+  struct stat sb;
+  if (stat(opts->dest, &sb) == 0 && (uint64_t)sb.st_size == info.size &&
+      nb__file_hash(opts->dest, have, &have_size) == NB_OK && !strcmp(have, info.sha256)) {
+    NB_INFO(JOB, "%s already holds sha256:%s: not fetched again", opts->dest, info.sha256);
+    goto done;
+  }
+
+  int retries = (int)nb_param_ArtifactRetries(), fresh = 0;
+  int64_t backoff_ms = 100;
+  for (int attempt = 0;; attempt++) {
+    uint64_t moved = 0, start = 0;
+    if (!cli) st = nb__connect(&f, &cli);
+    if (st == NB_OK) st = nb__fetch_once(&f, cli, &info, &start, &moved);
+    if (st == NB_OK) {
+      st = nb__file_hash(f.part, have, &have_size);
+      if (st == NB_OK && (have_size != info.size || strcmp(have, info.sha256))) {
+        /* A stale .part (another content) resumes into a wrong file: start over once. */
+        unlink(f.part);
+        if (start > 0 && !fresh) {
+          NB_WARN("%s did not hash to sha256:%s; fetching it again from the start", f.part,
+                  info.sha256);
+          fresh = 1;
+          continue;
+        }
+        st = nb_error(NB_ERR_INTEGRITY,
+                      "artifact '%s' from %s: SHA-256 of the received %llu bytes is %s, expected "
+                      "%s",
+                      opts->name, opts->target, (unsigned long long)have_size, have, info.sha256);
+      }
+      break;
+    }
+    if (st == NB_ERR_TIMEOUT || (f.deadline_ns && nb__left_ms(&f) == 0)) {
+      st = nb_error_wrap(NB_ERR_TIMEOUT, "artifact fetch of '%s'", opts->name);
+      break;
+    }
+    if (!nb__retryable(st) || attempt >= retries) {
+      if (nb__retryable(st))
+        st = nb_error_wrap(NB_ERR_UNAVAILABLE, "after %d attempts", attempt + 1);
+      break;
+    }
+    NB_WARN("artifact fetch of '%s' from %s dropped (%s); resuming in %lld ms", opts->name,
+            opts->target, nb_error_last(), (long long)backoff_ms);
+    nb_rpc_client_destroy(cli);
+    cli = NULL;
+    nb_sleep_ns(backoff_ms * 1000000);
+    if (backoff_ms < 2000) backoff_ms *= 2;
+    st = NB_OK;
+  }
+  if (st != NB_OK) goto out;
+  if (rename(f.part, opts->dest) != 0) {
+    st = nb_error(NB_ERR_IO, "rename %s -> %s: %s", f.part, opts->dest, strerror(errno));
+    goto out;
+  }
+  NB_CHECK_GOTO(nb__fsync_parent(opts->dest), st, out);
+done:
+  if (out) *out = info;
+out:
+  nb_rpc_client_destroy(cli);
+  return st;
+}

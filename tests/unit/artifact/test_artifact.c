@@ -1,0 +1,506 @@
+/* jobs/artifact: the store (put, lookup, dedupe, bad names, reopen) and fetches from a real
+ * mutual-TLS server on 127.0.0.1:0 with certificates from security/pki: byte-identical copies,
+ * resume after the server stopped mid-transfer, a wrong job secret, a refused cluster, unknown
+ * names and jobs, and a damaged object on the server. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "jobs/artifact.h"
+#include "security/seal.h"
+#include "tests/unit/link/certs.h"
+
+#define JOB "job-1"
+static char g_dir[256];
+static const char* const g_ids[] = {"dc-a", "dc-b", "dc-c"};
+static nb_tls_t *g_tls_a, *g_tls_b, *g_tls_c;
+static uint8_t g_secret[32];
+
+/* The gateway's answer: job-1 involves dc-a and dc-b; no other job exists. */
+static nb_status_t secret_of(void* user, const char* job_id, const char* peer, uint8_t out[32]) {
+  (void)user;
+  if (strcmp(job_id, JOB)) return nb_error(NB_ERR_NOT_FOUND, "no job '%s'", job_id);
+  if (strcmp(peer, "dc-b")) return nb_error(NB_ERR_PERMISSION, "'%s' is not in the job", peer);
+  memcpy(out, g_secret, 32);
+  return NB_OK;
+}
+
+static int rm_one(const char* p, const struct stat* sb, int f, struct FTW* ftw) {
+  (void)sb, (void)f, (void)ftw;
+  return remove(p);
+}
+
+static void path_of(char* buf, size_t n, const char* rel) {
+  snprintf(buf, n, "%s/%s", g_dir, rel);
+}
+
+/* Writes n pseudo-random bytes (seeded) to dir/rel. */
+static void write_file(const char* rel, size_t n, unsigned seed) {
+  char p[512];
+  path_of(p, sizeof p, rel);
+  FILE* f = fopen(p, "wb");
+  assert_non_null(f);
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    fputc((int)(x & 0xff), f);
+  }
+  assert_int_equal(fclose(f), 0);
+}
+
+static uint8_t* slurp(const char* path, size_t* n) {
+  FILE* f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t* b = malloc((size_t)len + 1);
+  assert_int_equal(fread(b, 1, (size_t)len, f), (size_t)len);
+  fclose(f);
+  *n = (size_t)len;
+  return b;
+}
+
+static void assert_same_file(const char* a, const char* b) {
+  size_t na = 0, nb = 0;
+  uint8_t* x = slurp(a, &na);
+  uint8_t* y = slurp(b, &nb);
+  assert_non_null(x);
+  assert_non_null(y);
+  assert_int_equal(na, nb);
+  assert_memory_equal(x, y, na);
+  free(x);
+  free(y);
+}
+
+static void sha256_hex(const char* path, char hex[65]) {
+  size_t n = 0;
+  uint8_t* b = slurp(path, &n);
+  assert_non_null(b);
+  uint8_t d[32];
+  unsigned dl = 0;
+  assert_int_equal(EVP_Digest(b, n, d, &dl, EVP_sha256(), NULL), 1);
+  for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+  free(b);
+}
+
+static off_t file_size(const char* path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 ? sb.st_size : -1;
+}
+
+static void set_params(const char* chunk_kib, const char* rate, const char* retries) {
+  if (chunk_kib)
+    setenv("NB_ARTIFACT_CHUNK_KIB", chunk_kib, 1);
+  else
+    unsetenv("NB_ARTIFACT_CHUNK_KIB");
+  if (rate)
+    setenv("NB_ARTIFACT_RATE_MBPS", rate, 1);
+  else
+    unsetenv("NB_ARTIFACT_RATE_MBPS");
+  if (retries)
+    setenv("NB_ARTIFACT_RETRIES", retries, 1);
+  else
+    unsetenv("NB_ARTIFACT_RETRIES");
+  setenv("NB_ARTIFACT_CONNECT_MS", "2000", 1);
+  nb_param_reset_all();
+}
+
+static int setup(void** state) {
+  (void)state;
+  const char* t = getenv("TMPDIR");
+  snprintf(g_dir, sizeof g_dir, "%s/nb_art.XXXXXX", t && *t ? t : "/tmp");
+  assert_non_null(mkdtemp(g_dir));
+  assert_int_equal(nb_test_certs_make(g_dir, g_ids, 3), 0);
+  g_tls_a = nb_test_tls_load(g_dir, "dc-a");
+  g_tls_b = nb_test_tls_load(g_dir, "dc-b");
+  g_tls_c = nb_test_tls_load(g_dir, "dc-c");
+  assert_non_null(g_tls_a);
+  assert_non_null(g_tls_b);
+  assert_non_null(g_tls_c);
+  assert_int_equal(nb_seal_secret_generate(g_secret), NB_OK);
+  return 0;
+}
+
+static int teardown(void** state) {
+  (void)state;
+  nb_tls_destroy(g_tls_a);
+  nb_tls_destroy(g_tls_b);
+  nb_tls_destroy(g_tls_c);
+  nftw(g_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ store */
+
+static void test_store(void** state) {
+  (void)state;
+  char sdir[512], src[512], hex[65];
+  path_of(sdir, sizeof sdir, "store-s");
+  nb_artifact_store_t* s = NULL;
+  assert_int_equal(nb_artifact_store_open(sdir, &s), NB_OK);
+  write_file("s1.bin", 100000, 1);
+  write_file("s2.bin", 5000, 2);
+  path_of(src, sizeof src, "s1.bin");
+  sha256_hex(src, hex);
+
+  nb_artifact_info_t a, b, c;
+  assert_int_equal(nb_artifact_put(s, "job-1/ckpt.bin", src, &a), NB_OK);
+  assert_string_equal(a.sha256, hex);
+  assert_int_equal(a.size, 100000);
+  assert_same_file(a.path, src);
+  /* the same content under another name is kept once */
+  assert_int_equal(nb_artifact_put(s, "job-1/copy.bin", src, &b), NB_OK);
+  assert_string_equal(b.path, a.path);
+  char odir[600];
+  snprintf(odir, sizeof odir, "%s/objects/%.2s", sdir, hex);
+  int files = 0;
+  DIR* d = opendir(odir);
+  assert_non_null(d);
+  for (struct dirent* e; (e = readdir(d));) files += e->d_name[0] != '.';
+  closedir(d);
+  assert_int_equal(files, 1);
+  /* by name and by hash (upper-case hex accepted) */
+  assert_int_equal(nb_artifact_lookup(s, "job-1/copy.bin", &c), NB_OK);
+  assert_string_equal(c.sha256, hex);
+  assert_int_equal(c.size, 100000);
+  char key[80];
+  snprintf(key, sizeof key, "sha256:%s", hex);
+  for (char* p = key + 7; *p; p++)
+    if (*p >= 'a' && *p <= 'f') *p = (char)(*p - 'a' + 'A');
+  assert_int_equal(nb_artifact_lookup(s, key, &c), NB_OK);
+  assert_string_equal(c.sha256, hex);
+  assert_string_equal(c.name, "job-1/ckpt.bin");
+  /* a name given again points to the new content */
+  path_of(src, sizeof src, "s2.bin");
+  assert_int_equal(nb_artifact_put(s, "job-1/copy.bin", src, &b), NB_OK);
+  assert_int_equal(nb_artifact_lookup(s, "job-1/copy.bin", &c), NB_OK);
+  assert_int_equal(c.size, 5000);
+  assert_string_not_equal(c.sha256, hex);
+  /* an empty file is an artifact too */
+  write_file("empty.bin", 0, 3);
+  path_of(src, sizeof src, "empty.bin");
+  assert_int_equal(nb_artifact_put(s, "job-1/empty", src, &c), NB_OK);
+  assert_string_equal(c.sha256, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+
+  /* bad names */
+  char longname[400];
+  memset(longname, 'x', sizeof longname - 1);
+  longname[sizeof longname - 1] = 0;
+  const char* bad[] = {"",
+                       "/etc/passwd",
+                       "job/../x",
+                       "..",
+                       "job/./x",
+                       "job//x",
+                       "job/",
+                       "a\x01"
+                       "b",
+                       "a\\b",
+                       "sha256:abc",
+                       longname};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    assert_int_equal(nb_artifact_put(s, bad[i], src, NULL), NB_ERR_INVALID);
+    assert_true(strlen(nb_error_last()) > 0);
+  }
+  assert_int_equal(nb_artifact_put(s, NULL, src, NULL), NB_ERR_INVALID);
+  assert_int_equal(nb_artifact_lookup(s, "job/../x", &c), NB_ERR_INVALID);
+  assert_int_equal(nb_artifact_lookup(s, "sha256:xyz", &c), NB_ERR_INVALID);
+  /* unknown name, unknown hash, missing source */
+  assert_int_equal(nb_artifact_lookup(s, "job-1/nope", &c), NB_ERR_NOT_FOUND);
+  assert_int_equal(
+      nb_artifact_lookup(
+          s, "sha256:0000000000000000000000000000000000000000000000000000000000000000", &c),
+      NB_ERR_NOT_FOUND);
+  path_of(src, sizeof src, "no-such-file");
+  assert_int_not_equal(nb_artifact_put(s, "job-1/x", src, NULL), NB_OK);
+  nb_artifact_store_close(s);
+  /* temp folder is left empty, and names survive a reopen */
+  char tdir[600];
+  snprintf(tdir, sizeof tdir, "%s/tmp", sdir);
+  d = opendir(tdir);
+  assert_non_null(d);
+  files = 0;
+  for (struct dirent* e; (e = readdir(d));) files += e->d_name[0] != '.';
+  closedir(d);
+  assert_int_equal(files, 0);
+  assert_int_equal(nb_artifact_store_open(sdir, &s), NB_OK);
+  assert_int_equal(nb_artifact_lookup(s, "job-1/ckpt.bin", &c), NB_OK);
+  assert_string_equal(c.sha256, hex);
+  nb_artifact_store_close(s);
+  assert_int_equal(nb_artifact_store_open(NULL, &s), NB_ERR_INVALID);
+}
+
+/* ------------------------------------------------------------------ service */
+
+typedef struct {
+  nb_artifact_store_t* store;
+  nb_rpc_server_t* srv;
+  char target[64];
+} server_t;
+
+static void server_start(server_t* sv, const char* store_rel) {
+  char sdir[512];
+  path_of(sdir, sizeof sdir, store_rel);
+  if (!sv->store) assert_int_equal(nb_artifact_store_open(sdir, &sv->store), NB_OK);
+  nb_rpc_server_opts_t o = {.listen = "127.0.0.1:0", .tls = g_tls_a};
+  assert_int_equal(nb_rpc_server_create(&o, &sv->srv), NB_OK);
+  assert_int_equal(nb_artifact_service_add(sv->srv, sv->store, secret_of, NULL), NB_OK);
+  assert_int_equal(nb_artifact_service_add(sv->srv, sv->store, secret_of, NULL), NB_ERR_EXISTS);
+  assert_int_equal(nb_rpc_server_start(sv->srv), NB_OK);
+  snprintf(sv->target, sizeof sv->target, "127.0.0.1:%d", nb_rpc_server_port(sv->srv));
+}
+
+static void server_stop(server_t* sv) {
+  nb_rpc_server_destroy(sv->srv);
+  sv->srv = NULL;
+}
+
+static nb_artifact_fetch_opts_t fetch_opts(const server_t* sv, const nb_tls_t* tls,
+                                           const char* name, const char* dest) {
+  nb_artifact_fetch_opts_t o = {.target = sv->target,
+                                .tls = tls,
+                                .expected_cluster = "dc-a",
+                                .job_id = JOB,
+                                .secret = g_secret,
+                                .name = name,
+                                .dest = dest,
+                                .timeout_ms = 20000};
+  return o;
+}
+
+static void test_fetch(void** state) {
+  (void)state;
+  set_params("256", NULL, NULL);
+  server_t sv = {0};
+  server_start(&sv, "store-f");
+  char src[512], dest[512], part[600];
+  write_file("f.bin", 3 * 1024 * 1024 + 123, 4);
+  path_of(src, sizeof src, "f.bin");
+  nb_artifact_info_t put;
+  assert_int_equal(nb_artifact_put(sv.store, "job-1/model.safetensors", src, &put), NB_OK);
+
+  path_of(dest, sizeof dest, "fetched.bin");
+  nb_artifact_fetch_opts_t o = fetch_opts(&sv, g_tls_b, "job-1/model.safetensors", dest);
+  nb_artifact_info_t got;
+  uint64_t s0 = nb_artifact_sent_bytes();
+  assert_int_equal(nb_artifact_fetch(&o, &got), NB_OK);
+  assert_same_file(dest, src);
+  assert_string_equal(got.sha256, put.sha256);
+  assert_int_equal(got.size, put.size);
+  assert_int_equal(nb_artifact_sent_bytes() - s0, put.size);
+  snprintf(part, sizeof part, "%s.part", dest);
+  assert_int_equal(file_size(part), -1);
+  /* the same content already in place is not fetched again */
+  s0 = nb_artifact_sent_bytes();
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_OK);
+  assert_int_equal(nb_artifact_sent_bytes(), s0);
+  /* by hash, and an empty artifact */
+  char byhash[80], dest2[512];
+  snprintf(byhash, sizeof byhash, "sha256:%s", put.sha256);
+  path_of(dest2, sizeof dest2, "byhash.bin");
+  o = fetch_opts(&sv, g_tls_b, byhash, dest2);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_OK);
+  assert_same_file(dest2, src);
+  write_file("empty.bin", 0, 5);
+  path_of(src, sizeof src, "empty.bin");
+  assert_int_equal(nb_artifact_put(sv.store, "job-1/empty", src, NULL), NB_OK);
+  path_of(dest2, sizeof dest2, "empty-fetched.bin");
+  o = fetch_opts(&sv, g_tls_b, "job-1/empty", dest2);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_OK);
+  assert_int_equal(file_size(dest2), 0);
+
+  /* wrong job secret: the first chunk's tag fails; nothing lands at dest */
+  uint8_t wrong[32];
+  memcpy(wrong, g_secret, 32);
+  wrong[7] ^= 1;
+  path_of(dest2, sizeof dest2, "wrong.bin");
+  o = fetch_opts(&sv, g_tls_b, "job-1/model.safetensors", dest2);
+  o.secret = wrong;
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_INTEGRITY);
+  assert_int_equal(file_size(dest2), -1);
+  /* a cluster outside the job */
+  o = fetch_opts(&sv, g_tls_c, "job-1/model.safetensors", dest2);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "dc-c"));
+  /* unknown name, unknown job */
+  o = fetch_opts(&sv, g_tls_b, "job-1/nope", dest2);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_NOT_FOUND);
+  o = fetch_opts(&sv, g_tls_b, "job-1/model.safetensors", dest2);
+  o.job_id = "job-9";
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_NOT_FOUND);
+  /* the server must be the expected cluster */
+  o = fetch_opts(&sv, g_tls_b, "job-1/model.safetensors", dest2);
+  o.expected_cluster = "dc-c";
+  o.timeout_ms = 3000;
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_PERMISSION);
+  assert_int_equal(file_size(dest2), -1);
+  /* bad options */
+  o = fetch_opts(&sv, g_tls_b, "../x", dest2);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_INVALID);
+  o = fetch_opts(&sv, g_tls_b, "job-1/model.safetensors", NULL);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_INVALID);
+
+  server_stop(&sv);
+  nb_artifact_store_close(sv.store);
+}
+
+typedef struct {
+  nb_artifact_fetch_opts_t o;
+  nb_status_t st;
+} fetch_job_t;
+
+static void* fetch_thread(void* arg) {
+  fetch_job_t* j = arg;
+  j->st = nb_artifact_fetch(&j->o, NULL);
+  return NULL;
+}
+
+static void test_resume(void** state) {
+  (void)state;
+  /* 64 KiB chunks at 16 Mbit/s (2 MB/s), no reconnect: the stop ends the first fetch */
+  set_params("64", "16", "0");
+  server_t sv = {0};
+  server_start(&sv, "store-r");
+  const size_t size = 3 * 1024 * 1024 + 777;
+  char src[512], dest[512], part[600];
+  write_file("r.bin", size, 6);
+  path_of(src, sizeof src, "r.bin");
+  assert_int_equal(nb_artifact_put(sv.store, "job-1/big", src, NULL), NB_OK);
+  path_of(dest, sizeof dest, "resumed.bin");
+  snprintf(part, sizeof part, "%s.part", dest);
+
+  fetch_job_t j = {.o = fetch_opts(&sv, g_tls_b, "job-1/big", dest)};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, fetch_thread, &j), 0);
+  int64_t t0 = nb_now_ns();
+  while (file_size(part) < 512 * 1024 && nb_now_ns() - t0 < 10 * 1000000000LL)
+    nb_sleep_ns(5 * 1000000);
+  server_stop(&sv);
+  pthread_join(th, NULL);
+  assert_int_equal(j.st, NB_ERR_UNAVAILABLE);
+  off_t have = file_size(part);
+  print_message("stopped the server with %lld of %zu bytes in %s\n", (long long)have, size,
+                "dest.part");
+  assert_true(have >= 512 * 1024);
+  assert_true((size_t)have < size);
+  assert_int_equal(file_size(dest), -1);
+
+  /* restarted (another port, no cap): the second fetch sends only what is missing */
+  set_params("64", NULL, "0");
+  server_start(&sv, "store-r");
+  j.o = fetch_opts(&sv, g_tls_b, "job-1/big", dest);
+  uint64_t s0 = nb_artifact_sent_bytes();
+  assert_int_equal(nb_artifact_fetch(&j.o, NULL), NB_OK);
+  uint64_t resent = nb_artifact_sent_bytes() - s0;
+  print_message("resumed: %llu bytes sent the second time of %zu\n", (unsigned long long)resent,
+                size);
+  assert_int_equal(resent, size - (size_t)have);
+  assert_same_file(dest, src);
+  assert_int_equal(file_size(part), -1);
+
+  /* a stale .part that is not a prefix of the artifact: caught by the hash, fetched afresh */
+  write_file("resumed2.bin.part", 1000, 99);
+  path_of(dest, sizeof dest, "resumed2.bin");
+  j.o = fetch_opts(&sv, g_tls_b, "job-1/big", dest);
+  assert_int_equal(nb_artifact_fetch(&j.o, NULL), NB_OK);
+  assert_same_file(dest, src);
+
+  /* with reconnects allowed, a stop and a restart on the same port inside one fetch */
+  set_params("64", "16", "20");
+  int port = nb_rpc_server_port(sv.srv);
+  server_stop(&sv);
+  char listen[64];
+  snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+  nb_rpc_server_opts_t so = {.listen = listen, .tls = g_tls_a};
+  assert_int_equal(nb_rpc_server_create(&so, &sv.srv), NB_OK);
+  assert_int_equal(nb_artifact_service_add(sv.srv, sv.store, secret_of, NULL), NB_OK);
+  assert_int_equal(nb_rpc_server_start(sv.srv), NB_OK);
+  path_of(dest, sizeof dest, "resumed3.bin");
+  snprintf(part, sizeof part, "%s.part", dest);
+  j.o = fetch_opts(&sv, g_tls_b, "job-1/big", dest);
+  s0 = nb_artifact_sent_bytes();
+  assert_int_equal(pthread_create(&th, NULL, fetch_thread, &j), 0);
+  t0 = nb_now_ns();
+  while (file_size(part) < 512 * 1024 && nb_now_ns() - t0 < 10 * 1000000000LL)
+    nb_sleep_ns(5 * 1000000);
+  server_stop(&sv);
+  nb_sleep_ns(300 * 1000000);
+  assert_int_equal(nb_rpc_server_create(&so, &sv.srv), NB_OK);
+  assert_int_equal(nb_artifact_service_add(sv.srv, sv.store, secret_of, NULL), NB_OK);
+  assert_int_equal(nb_rpc_server_start(sv.srv), NB_OK);
+  pthread_join(th, NULL);
+  assert_int_equal(j.st, NB_OK);
+  assert_same_file(dest, src);
+  resent = nb_artifact_sent_bytes() - s0;
+  print_message("one fetch across a restart: %llu bytes sent for %zu\n", (unsigned long long)resent,
+                size);
+  /* at most the chunks in flight at the stop are sent twice */
+  assert_true(resent < size + 8 * 64 * 1024);
+
+  server_stop(&sv);
+  nb_artifact_store_close(sv.store);
+  set_params(NULL, NULL, NULL);
+}
+
+static void test_corrupt(void** state) {
+  (void)state;
+  set_params("64", NULL, "0");
+  server_t sv = {0};
+  server_start(&sv, "store-c");
+  char src[512], dest[512], part[600];
+  write_file("c.bin", 300000, 7);
+  path_of(src, sizeof src, "c.bin");
+  nb_artifact_info_t put;
+  assert_int_equal(nb_artifact_put(sv.store, "job-1/adapter", src, &put), NB_OK);
+  /* flip one byte of the stored object in place (same size) */
+  int fd = open(put.path, O_RDWR);
+  assert_true(fd >= 0);
+  uint8_t b = 0;
+  assert_int_equal(pread(fd, &b, 1, 123456), 1);
+  b ^= 0x40;
+  assert_int_equal(pwrite(fd, &b, 1, 123456), 1);
+  close(fd);
+  path_of(dest, sizeof dest, "corrupt.bin");
+  snprintf(part, sizeof part, "%s.part", dest);
+  nb_artifact_fetch_opts_t o = fetch_opts(&sv, g_tls_b, "job-1/adapter", dest);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_INTEGRITY);
+  assert_non_null(strstr(nb_error_last(), "SHA-256"));
+  assert_int_equal(file_size(dest), -1);
+  assert_int_equal(file_size(part), -1);
+  /* a truncated object is refused by the server */
+  assert_int_equal(truncate(put.path, 1000), 0);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_INTEGRITY);
+  assert_int_equal(file_size(dest), -1);
+  /* putting the file again heals the store */
+  assert_int_equal(nb_artifact_put(sv.store, "job-1/adapter", src, NULL), NB_OK);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_OK);
+  assert_same_file(dest, src);
+  server_stop(&sv);
+  nb_artifact_store_close(sv.store);
+  set_params(NULL, NULL, NULL);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_store),
+      cmocka_unit_test(test_fetch),
+      cmocka_unit_test(test_resume),
+      cmocka_unit_test(test_corrupt),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
