@@ -4,6 +4,7 @@
  * cancel, event reports to the origin). Not here: Slurm, scheduling beyond a slot count. */
 #include "jobs/gateway.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <libgen.h>
@@ -22,6 +23,7 @@
 
 #include "common/common.h"
 #include "inter/rpc.h"
+#include "jobs/artifact.h"
 #include "jobs/cli.h"
 #include "jobs/descriptor.h"
 #include "jobs/store.h"
@@ -390,6 +392,9 @@ struct nb_gateway {
   pthread_mutex_t mu; /* recursive: active[] and read-modify-write of federation records */
   nb_rpc_client_t* peer_cli[NB_GW_MAX_PEERS]; /* Federation clients, one per configured peer */
   nb_job_store_t* fed_store;                  /* the federation thread's own handle */
+  nb_artifact_store_t* art;                   /* <work_dir>/artifacts: what jobs produced */
+  char publish[16][NB_JOB_ID_MAX]; /* jobs that succeeded here, outputs to put in `art` (mu) */
+  int n_publish;
   pthread_t fed;
   int fed_started;
   nb__active_t active[NB__MAX_ACTIVE];
@@ -403,7 +408,7 @@ static int nb__active_find(nb_gateway_t* gw, const char* id) {
 }
 
 static void nb__jobdir(const nb_gateway_t* gw, const char* id, char* buf, size_t n) {
-  snprintf(buf, n, "%s/%s", gw->cfg.work_dir, id);
+  snprintf(buf, n, "%s/%.63s", gw->cfg.work_dir, id);
 }
 
 /* ------------------------------------------------------------------ federation records */
@@ -579,6 +584,11 @@ static void nb__job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t*
     } else if (*how) {
       snprintf(reason, sizeof reason, "finished%s", how);
     }
+    if (to == NB_JOB_SUCCEEDED && gw->n_publish < 16) {
+      pthread_mutex_lock(&gw->mu);
+      snprintf(gw->publish[gw->n_publish++], NB_JOB_ID_MAX, "%s", a->id);
+      pthread_mutex_unlock(&gw->mu);
+    }
     if (origin) {
       /* this cluster's part of a federated job ended: the job's state is the aggregate */
       nb__fed_cluster_state(store, a->id, info, gw->cfg.cluster_id, nb_job_state_name(to), reason);
@@ -591,6 +601,78 @@ static void nb__job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t*
   }
   if (origin) nb__fed_release(&fed, info);
   nb_job_record_clear(&rec);
+}
+
+/* Puts the files of one output folder in the artifact store as "<job name>/<prefix><file>":
+ * every *.safetensors and summary.json at its top. Records an "artifact" event for each. */
+static void nb__publish_dir(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
+                            const char* job_name, const char* dir, const char* prefix) {
+  DIR* d = opendir(dir);
+  if (!d) return;
+  struct dirent* e;
+  while ((e = readdir(d))) {
+    size_t n = strlen(e->d_name);
+    int want = (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors")) ||
+               !strcmp(e->d_name, "summary.json");
+    if (!want) continue;
+    char path[NB_GW_STR * 2 + 512], name[NB_ARTIFACT_NAME_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+    if (snprintf(name, sizeof name, "%s/%s%s", job_name, prefix, e->d_name) >= (int)sizeof name)
+      continue;
+    nb_artifact_info_t info;
+    if (nb_artifact_put(gw->art, name, path, &info) != NB_OK) {
+      NB_WARN("job %s: cannot keep %s as artifact %s: %s", id, path, name, nb_error_last());
+      continue;
+    }
+    json_t* j = json_pack("{s:s, s:s, s:I}", "name", name, "sha256", info.sha256, "size",
+                          (json_int_t)info.size);
+    char* txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (txt) nb_job_store_append_event(st, id, "artifact", txt, NULL);
+    free(txt);
+    json_decref(j);
+  }
+  closedir(d);
+}
+
+/* A job's part succeeded here: its outputs (final model, summary, the latest checkpoint with
+ * the adapters of a LoRA job) become artifacts under "<job name>/<relative path>", where peer
+ * gateways of a later job can fetch them. */
+static void nb__publish(nb_gateway_t* gw, nb_job_store_t* st, const char* id) {
+  if (!gw->art) return;
+  nb_job_record_t rec = {0};
+  if (nb_job_store_get(st, id, &rec) != NB_OK) return;
+  json_t* d = json_loads(rec.descriptor ? rec.descriptor : "", 0, NULL);
+  nb_job_record_clear(&rec);
+  const char* nm = json_string_value(json_object_get(json_object_get(d, "metadata"), "name"));
+  char job_name[NB_JOB_NAME_MAX];
+  snprintf(job_name, sizeof job_name, "%.63s", nm ? nm : id);
+  json_decref(d);
+  char dir[NB_GW_STR + NB_JOB_ID_MAX + 2], out[sizeof dir + 8], ck[sizeof out + 16];
+  nb__jobdir(gw, id, dir, sizeof dir);
+  snprintf(out, sizeof out, "%s/out", dir);
+  const char* tops[2] = {out, dir};
+  for (int t = 0; t < 2; t++) {
+    nb__publish_dir(gw, st, id, job_name, tops[t], "");
+    /* the newest trainer checkpoint folder step-<N> */
+    snprintf(ck, sizeof ck, "%s/checkpoints", tops[t]);
+    DIR* cd = opendir(ck);
+    if (!cd) continue;
+    long best = -1;
+    struct dirent* e;
+    while ((e = readdir(cd))) {
+      long step;
+      char tail;
+      if (sscanf(e->d_name, "step-%ld%c", &step, &tail) == 1 && step > best) best = step;
+    }
+    closedir(cd);
+    if (best < 0) continue;
+    char sub[sizeof ck + 32], prefix[64];
+    snprintf(sub, sizeof sub, "%s/step-%ld", ck, best);
+    snprintf(prefix, sizeof prefix, "checkpoints/step-%ld/", best);
+    nb__publish_dir(gw, st, id, job_name, sub, prefix);
+  }
 }
 
 static void* nb__monitor(void* arg) {
@@ -630,7 +712,12 @@ static void* nb__monitor(void* arg) {
       gw->active[i] = gw->active[--gw->n_active];
       i--;
     }
+    char todo[16][NB_JOB_ID_MAX];
+    int n_todo = gw->n_publish;
+    memcpy(todo, gw->publish, sizeof todo);
+    gw->n_publish = 0;
     pthread_mutex_unlock(&gw->mu);
+    for (int i = 0; i < n_todo; i++) nb__publish(gw, gw->mon_store, todo[i]);
     nb_sleep_ns((int64_t)gw->cfg.poll_ms * 1000000);
   }
   return NULL;
@@ -1138,6 +1225,140 @@ static nb_status_t nb__job_pki(nb_gateway_t* gw, const char* dir, char* pki, siz
   return NB_OK;
 }
 
+/* Parses the stored descriptor of job id into *cfg (allocated; nb_free it). */
+static nb_status_t nb__job_config(nb_job_store_t* st, const char* id, nb_job_config_t** cfg) {
+  nb_job_record_t rec = {0};
+  nb_descriptor_diag_t* diag = NULL;
+  *cfg = NULL;
+  NB_CHECK(nb_job_store_get(st, id, &rec));
+  nb_status_t s = nb_calloc((void**)cfg, 1, sizeof **cfg, "job config");
+  if (s == NB_OK) s = nb_calloc((void**)&diag, 1, sizeof *diag, "diagnostics");
+  if (s == NB_OK &&
+      nb_descriptor_parse(rec.descriptor, strlen(rec.descriptor), *cfg, diag) != NB_OK)
+    s = nb_error(NB_ERR_INVALID, "job %s: its stored descriptor does not parse", id);
+  nb_free(diag);
+  nb_job_record_clear(&rec);
+  if (s != NB_OK) {
+    nb_free(*cfg);
+    *cfg = NULL;
+  }
+  return s;
+}
+
+/* The artifact service asks whether `peer` takes part in job_id (one of the clusters its
+ * descriptor names, or the one holding its base checkpoint) and for the job's secret. */
+static nb_status_t nb__artifact_secret(void* user, const char* job_id, const char* peer,
+                                       uint8_t secret[32]) {
+  nb_gateway_t* gw = user;
+  nb_job_store_t* st = NULL;
+  nb_job_config_t* cfg = NULL;
+  nb_job_fed_t fed;
+  json_t* info = NULL;
+  int loaded = 0;
+  nb_status_t s = nb__open_store(gw, &st);
+  if (s == NB_OK) {
+    s = nb__fed_load(st, job_id, &fed, &info);
+    loaded = s == NB_OK;
+    if (s == NB_ERR_NOT_FOUND) s = nb_error(NB_ERR_NOT_FOUND, "no federated job '%s' here", job_id);
+  }
+  if (s == NB_OK && !fed.has_secret)
+    s = nb_error(NB_ERR_NOT_FOUND, "job '%s' is not committed here", job_id);
+  if (s == NB_OK) s = nb__job_config(st, job_id, &cfg);
+  if (s == NB_OK) {
+    nb__part_t parts[NB__MAX_PARTS];
+    int np = nb__parts(cfg, parts), in = 0;
+    for (int i = 0; i < np; i++) in |= !strcmp(parts[i].id, peer);
+    if (!in)
+      s = nb_error(NB_ERR_PERMISSION, "cluster '%s' takes no part in job '%s'", peer, job_id);
+    else
+      memcpy(secret, fed.secret, 32);
+  }
+  if (loaded) nb__fed_release(&fed, info);
+  nb_free(cfg);
+  nb_job_store_close(st);
+  return s;
+}
+
+static int nb__mkdirs(const char* path) {
+  char tmp[NB_GW_STR * 2 + 512];
+  if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
+  for (char* p = tmp + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = 0;
+    if (mkdir(tmp, 0750) != 0 && errno != EEXIST) return -1;
+    *p = '/';
+  }
+  return mkdir(tmp, 0750) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* A job whose model.base names another cluster: fetch that checkpoint from that cluster's
+ * gateway into the job folder at the descriptor's relative path (by content hash when the
+ * descriptor pins one), before anything runs. */
+static nb_status_t nb__fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
+                                  const uint8_t secret[32]) {
+  nb_job_config_t* cfg = NULL;
+  NB_CHECK(nb__job_config(st, id, &cfg));
+  nb_status_t s = NB_OK;
+  const nb_job_model_t* mo = &cfg->model;
+  const char* target = NULL;
+  char dir[NB_GW_STR + NB_JOB_ID_MAX + 2], dest[sizeof dir + NB_JOB_PATH_MAX + 2],
+      parent[sizeof dest], name[NB_JOB_SHA256_HEX + 8];
+  if (!mo->base_checkpoint[0] || !mo->base_cluster[0] ||
+      !strcmp(mo->base_cluster, gw->cfg.cluster_id))
+    goto out;
+  if (nb_artifact_name_check(mo->base_checkpoint) != NB_OK) {
+    s = nb_error_wrap(NB_ERR_INVALID, "model.base.checkpoint '%s' cannot be fetched",
+                      mo->base_checkpoint);
+    goto out;
+  }
+  for (int i = 0; i < gw->cfg.n_peers; i++)
+    if (!strcmp(gw->cfg.peers[i].id, mo->base_cluster)) target = gw->cfg.peers[i].address;
+  if (!target) {
+    s = nb_error(NB_ERR_INVALID, "model.base.cluster '%s' is not a peer of gateway '%s'",
+                 mo->base_cluster, gw->cfg.cluster_id);
+    goto out;
+  }
+  nb__jobdir(gw, id, dir, sizeof dir);
+  snprintf(dest, sizeof dest, "%s/%s", dir, mo->base_checkpoint);
+  snprintf(parent, sizeof parent, "%s", dest);
+  *strrchr(parent, '/') = 0;
+  if (nb__mkdirs(parent) != 0) {
+    s = nb_error(NB_ERR_IO, "cannot create %s: %s", parent, strerror(errno));
+    goto out;
+  }
+  if (mo->base_sha256[0]) snprintf(name, sizeof name, "sha256:%s", mo->base_sha256);
+  nb_artifact_fetch_opts_t o;
+  memset(&o, 0, sizeof o);
+  o.target = target;
+  o.tls = gw->tls;
+  o.expected_cluster = mo->base_cluster;
+  o.job_id = id;
+  o.secret = secret;
+  o.name = mo->base_sha256[0] ? name : mo->base_checkpoint;
+  o.dest = dest;
+  o.timeout_ms = (int64_t)gw->cfg.federation_timeout_ms * 30;
+  nb_artifact_info_t info;
+  double t0 = nb_now_s();
+  s = nb_artifact_fetch(&o, &info);
+  if (s != NB_OK) {
+    s = nb_error_wrap(s, "fetching the base checkpoint %s from cluster '%s'", o.name,
+                      mo->base_cluster);
+    goto out;
+  }
+  json_t* j =
+      json_pack("{s:s, s:s, s:s, s:I, s:f}", "name", o.name, "from", mo->base_cluster, "sha256",
+                info.sha256, "size", (json_int_t)info.size, "seconds", nb_now_s() - t0);
+  char* txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+  if (txt) nb_job_store_append_event(st, id, "fetch", txt, NULL);
+  free(txt);
+  json_decref(j);
+  NB_INFO(JOB, "job %s: base checkpoint %s fetched from %s (%llu bytes)", id, o.name,
+          mo->base_cluster, (unsigned long long)info.size);
+out:
+  nb_free(cfg);
+  return s;
+}
+
 /* Launches this cluster's share of a committed federated job: the job secret in a 0600 file,
  * the PKI links, and worker_command with every other cluster's endpoint (or `command` when the
  * job has a single cluster with workers). A cluster without workers has nothing to run: its
@@ -1174,6 +1395,7 @@ static nb_status_t nb__fed_start(nb_gateway_t* gw, nb_job_store_t* st, const cha
   }
   if (!wk.listen)
     return nb_error(NB_ERR_INVALID, "no Exchange endpoint for cluster '%s'", gw->cfg.cluster_id);
+  NB_CHECK(nb__fetch_base(gw, st, id, secret));
   return nb__launch(gw, st, id, workers, clusters > 1 ? &wk : NULL);
 }
 
@@ -2404,6 +2626,12 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
   so.listen = gw->cfg.listen;
   so.tls = gw->tls;
   NB_CHECK_GOTO(nb_rpc_server_create(&so, &gw->srv), s, fail);
+  {
+    char adir[NB_GW_STR + 16];
+    snprintf(adir, sizeof adir, "%s/artifacts", gw->cfg.work_dir);
+    NB_CHECK_GOTO(nb_artifact_store_open(adir, &gw->art), s, fail);
+    NB_CHECK_GOTO(nb_artifact_service_add(gw->srv, gw->art, nb__artifact_secret, gw), s, fail);
+  }
   static const struct {
     const char* m;
     nb_rpc_kind_t k;
@@ -2455,6 +2683,7 @@ void nb_gateway_destroy(nb_gateway_t* gw) {
   for (int i = 0; i < gw->cfg.n_peers; i++) nb_rpc_client_destroy(gw->peer_cli[i]);
   nb_job_store_close(gw->fed_store);
   nb_job_store_close(gw->mon_store);
+  nb_artifact_store_close(gw->art);
   if (gw->ca) X509_free(gw->ca);
   nb_tls_destroy(gw->tls);
   pthread_mutex_destroy(&gw->mu);

@@ -27,7 +27,9 @@
 #include "security/pki.h"
 #include "security/seal.h"
 #include "security/tls.h"
+#include "train/checkpoint.h"
 #include "train/hybrid.h"
+#include "train/lora.h"
 #include "train/trainer.h"
 
 #define NB__WK_MAX_PEERS (NB_JOB_MAX_CLUSTERS - 1)
@@ -679,6 +681,13 @@ int nb_worker_main(int argc, char** argv) {
     goto done;
   }
   double eval_s = nb_now_s() - te;
+  /* the final model (LoRA merged), as `nebula train` writes it: what a gateway publishes */
+  snprintf(path, sizeof path, "%s/final.safetensors", odir);
+  if ((nb_trainer_lora(t) && nb_lora_merge(nb_trainer_lora(t)) != NB_OK) ||
+      nb_checkpoint_save(path, nb_trainer_model(t), nb_trainer_step(t)) != NB_OK) {
+    rc = nb__wk_fail(cluster, path);
+    goto done;
+  }
   double wall = nb_now_s() - t_start;
 
   sum = json_object();

@@ -35,7 +35,7 @@
 
 static char g_dir[256];
 static const char* g_nebula;
-static char g_data[PATH_MAX];
+static char g_data[1024];
 static int g_port[2];
 static nb_gateway_config_t g_cfg[2];
 static nb_gateway_t* g_gw[2];
@@ -451,6 +451,84 @@ static void test_forward(void** state) {
   nb_tls_destroy(tls);
 }
 
+/* The last payload of an event of `kind` at gateway i containing needle, parsed (NULL if none). */
+static json_t* last_event(int i, const char* id, const char* kind, const char* needle) {
+  char p[1200];
+  store_path(i, p, sizeof p);
+  nb_job_store_t* st = NULL;
+  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
+  nb_job_event_t* ev = NULL;
+  size_t n = 0;
+  json_t* j = NULL;
+  if (nb_job_store_events(st, id, 0, 0, &ev, &n) == NB_OK) {
+    for (size_t k = 0; k < n; k++) {
+      if (strcmp(ev[k].kind, kind) || (needle && !strstr(ev[k].payload, needle))) continue;
+      json_decref(j);
+      j = json_loads(ev[k].payload, 0, NULL);
+    }
+  }
+  nb_job_events_free(ev, n);
+  nb_job_store_close(st);
+  return j;
+}
+
+/* The remote fine-tune: a model pretrained at dc-a becomes an artifact there; a LoRA job for
+ * dc-b submitted at dc-a names it (cluster dc-a, pinned by hash); dc-b fetches it by hash
+ * before launch, trains from it, and its outputs become artifacts at dc-b. */
+static void test_remote_finetune(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, 0);
+  char doc[8192], pre[128], tune[128];
+  job_doc(doc, sizeof doc, "fed-pre", 1, 0, 8);
+  assert_int_equal(submit(cli, "alice", doc, pre, sizeof pre), NB_OK);
+  wait_state(0, pre, NB_JOB_SUCCEEDED, 60);
+  json_t* art = NULL;
+  for (int k = 0; k < 200 && !art; k++) {
+    art = last_event(0, pre, "artifact", "\"fed-pre/final.safetensors\"");
+    if (!art) nb_sleep_ns(25000000);
+  }
+  assert_non_null(art);
+  char hash[80];
+  snprintf(hash, sizeof hash, "%s", json_string_value(json_object_get(art, "sha256")));
+  json_decref(art);
+  assert_int_equal(strlen(hash), 64);
+  snprintf(doc, sizeof doc,
+           "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+           "\"fed-tune\"}, \"spec\": {\"task\": \"pretrain\", \"clusters\": [{\"id\": \"dc-b\", "
+           "\"workers\": 1, \"data\": {\"tier\": \"quick\", \"dir\": \"%s\", \"languages\": "
+           "[\"en\", \"ru\"]}}],"
+           " \"model\": {\"layers\": 1, \"width\": 32, \"heads\": 2, \"context\": 32,"
+           "  \"base\": {\"checkpoint\": \"fed-pre/final.safetensors\", \"cluster\": \"dc-a\","
+           "  \"sha256\": \"%s\"}},"
+           " \"training\": {\"seed\": 7, \"batchSize\": 4, \"maxSteps\": 8,"
+           "  \"eval\": {\"batches\": 1}, \"optimizer\": {\"lr\": 0.003, \"warmupSteps\": 2},"
+           "  \"lora\": {\"rank\": 4, \"alpha\": 8}}}}",
+           g_data, hash);
+  assert_int_equal(submit(cli, "alice", doc, tune, sizeof tune), NB_OK);
+  wait_state(0, tune, NB_JOB_SUCCEEDED, 60);
+  assert_int_equal(state_of(1, tune), NB_JOB_SUCCEEDED);
+  /* fetched by hash at dc-b, before its launch; reported to the origin */
+  json_t* f = last_event(1, tune, "fetch", NULL);
+  assert_non_null(f);
+  assert_string_equal(json_string_value(json_object_get(f, "sha256")), hash);
+  assert_string_equal(json_string_value(json_object_get(f, "from")), "dc-a");
+  json_decref(f);
+  assert_int_equal(count_events(0, tune, "cluster_fetch", hash), 1);
+  char p[1200];
+  struct stat sb;
+  snprintf(p, sizeof p, "%s/%s/fed-pre/final.safetensors", g_cfg[1].work_dir, tune);
+  assert_int_equal(stat(p, &sb), 0);
+  assert_true(sb.st_size > 1000);
+  /* nothing ran at dc-a for it; dc-b's outputs are artifacts there, announced to the origin */
+  assert_int_equal(count_events(0, tune, "launch", NULL), 0);
+  for (int k = 0; k < 200 && !count_events(0, tune, "cluster_artifact", "fed-tune/final"); k++)
+    nb_sleep_ns(25000000);
+  assert_int_equal(count_events(0, tune, "cluster_artifact", "\"fed-tune/final.safetensors\""), 1);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+}
+
 int main(int argc, char** argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: %s NEBULA DATA_DIR\n", argv[0]);
@@ -462,10 +540,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_nebula = nebula;
-  if (!realpath(argv[2], g_data)) {
+  char data[PATH_MAX];
+  if (!realpath(argv[2], data) || strlen(data) >= sizeof g_data) {
     fprintf(stderr, "%s: %s\n", argv[2], strerror(errno));
     return 2;
   }
+  snprintf(g_data, sizeof g_data, "%s", data);
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_two_clusters, setup, teardown),
@@ -473,6 +553,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
       cmocka_unit_test_setup_teardown(test_origin_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_forward, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_remote_finetune, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
