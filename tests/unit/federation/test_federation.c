@@ -36,6 +36,7 @@
 static char g_dir[256];
 static const char* g_nebula;
 static char g_data[1024];
+static const char* g_data_b; /* dc-b's data folder when not g_data */
 static int g_port[2];
 static nb_gateway_config_t g_cfg[2];
 static nb_gateway_t* g_gw[2];
@@ -159,7 +160,7 @@ static void job_doc(char* buf, size_t cap, const char* name, int with_a, int wit
     o += (size_t)snprintf(cl + o, sizeof cl - o,
                           "%s{\"id\": \"%s\", \"workers\": 1, \"data\": {\"tier\": \"quick\", "
                           "\"dir\": \"%s\", \"languages\": [\"en\", \"%s\"]}}",
-                          o ? ", " : "", g_ids[i], g_data, lang[i]);
+                          o ? ", " : "", g_ids[i], i == 1 && g_data_b ? g_data_b : g_data, lang[i]);
   }
   snprintf(buf, cap,
            "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
@@ -401,6 +402,39 @@ static void test_cancel(void** state) {
   nb_tls_destroy(tls);
 }
 
+/* dc-b's worker fails (its data folder is missing): the job fails at the origin naming dc-b, and
+ * dc-a's worker, still waiting for its peer, is stopped. */
+static void test_peer_fails(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, 0);
+  char doc[4096], id[128];
+  g_data_b = "/nonexistent-nebula-data";
+  job_doc(doc, sizeof doc, "fed-fails", 1, 1, 200000);
+  g_data_b = NULL;
+  assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
+  wait_state(1, id, NB_JOB_FAILED, 30);
+  wait_state(0, id, NB_JOB_FAILED, 30);
+  char p[1200];
+  store_path(0, p, sizeof p);
+  nb_job_store_t* st = NULL;
+  nb_job_record_t rec = {0};
+  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
+  assert_int_equal(nb_job_store_get(st, id, &rec), NB_OK);
+  assert_non_null(strstr(rec.reason, "cluster 'dc-b' failed: process"));
+  nb_job_record_clear(&rec);
+  nb_job_store_close(st);
+  pid_t pa = event_pid(0, id, "launch");
+  assert_true(pa > 0);
+  for (int k = 0; k < 200 && group_alive(pa); k++) nb_sleep_ns(25000000);
+  assert_false(group_alive(pa));
+  for (int k = 0; k < 200 && !count_events(0, id, "cluster_state", "\"cluster\":\"dc-a\""); k++)
+    nb_sleep_ns(25000000);
+  assert_int_equal(count_events(0, id, "cluster_state", "\"cluster\":\"dc-a\""), 1);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+}
+
 /* The origin gateway stops mid-job and starts again: the job is still followed, dc-b's reports
  * (retried meanwhile) arrive, and it ends succeeded at both. */
 static void test_origin_restart(void** state) {
@@ -551,6 +585,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test_setup_teardown(test_two_clusters, setup, teardown),
       cmocka_unit_test_setup_teardown(test_peer_refuses, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_peer_fails, setup, teardown),
       cmocka_unit_test_setup_teardown(test_origin_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_forward, setup, teardown),
       cmocka_unit_test_setup_teardown(test_remote_finetune, setup, teardown),
