@@ -25,9 +25,11 @@
 
 #include "common/common.h"
 #include "inter/rpc.h"
+#include "jobs/artifact.h"
 #include "jobs/gateway.h"
 #include "jobs/launcher.h"
 #include "jobs/store.h"
+#include "nebula/v1/federation.pb-c.h"
 #include "nebula/v1/gateway.pb-c.h"
 #include "security/pki.h"
 #include "security/sign.h"
@@ -98,10 +100,12 @@ static int setup(void** state) {
   X509 *ca, *c;
   assert_int_equal(nb_pki_ca_create(NULL, 0, &ca_key, &ca), NB_OK);
   const char* sans[] = {"IP:127.0.0.1"};
-  for (int i = 0; i < 2; i++) {
-    nb_pki_issue_opts_t o = {.kind = NB_PKI_CLUSTER, .name = g_ids[i], .sans = sans, .n_sans = 1};
+  const char* clusters[] = {"dc-a", "dc-b", "dc-c"}; /* dc-c: from the CA, but nobody's peer */
+  for (int i = 0; i < 3; i++) {
+    nb_pki_issue_opts_t o = {
+        .kind = NB_PKI_CLUSTER, .name = clusters[i], .sans = sans, .n_sans = 1};
     assert_int_equal(nb_pki_cert_issue(ca_key, ca, &o, &k, &c), NB_OK);
-    write_pair(k, c, g_ids[i]);
+    write_pair(k, c, clusters[i]);
   }
   const char* users[] = {"alice", "bob"};
   for (int i = 0; i < 2; i++) {
@@ -435,6 +439,92 @@ static void test_peer_fails(void** state) {
   nb_tls_destroy(tls);
 }
 
+/* Federation calls only from the cluster certificates of configured peers, each about its own
+ * role in a job; artifacts only for clusters of a committed federated job. */
+static void test_federation_auth(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, 0);
+  char doc[4096], id[128];
+  job_doc(doc, sizeof doc, "fed-auth", 1, 0, 8);
+  assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK); /* a local job */
+  Nebula__V1__ReportRequest rr = NEBULA__V1__REPORT_REQUEST__INIT;
+  rr.job_id = id;
+  rr.cluster = (char*)"dc-b";
+  ProtobufCMessage* rep = NULL;
+  /* a user certificate */
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Federation/Report", &rr.base,
+                                   &nebula__v1__report_reply__descriptor, &rep, 10000, 0),
+                   NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "the Federation API is for peer gateways"));
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  /* a cluster of the CA that is not a peer */
+  cli = client_as("dc-c", &tls, 0);
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Federation/Report", &rr.base,
+                                   &nebula__v1__report_reply__descriptor, &rep, 10000, 0),
+                   NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "cluster 'dc-c' is not a peer of gateway 'dc-a'"));
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  /* the peer, about a job that is not federated, and claiming to be another cluster */
+  cli = client_as("dc-b", &tls, 0);
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Federation/Report", &rr.base,
+                                   &nebula__v1__report_reply__descriptor, &rep, 10000, 0),
+                   NB_ERR_NOT_FOUND);
+  rr.cluster = (char*)"dc-a";
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Federation/Report", &rr.base,
+                                   &nebula__v1__report_reply__descriptor, &rep, 10000, 0),
+                   NB_ERR_PERMISSION);
+  /* the peer committing a job it is not the origin of */
+  uint8_t secret[32] = {0};
+  Nebula__V1__CommitRequest cr = NEBULA__V1__COMMIT_REQUEST__INIT;
+  cr.job_id = id;
+  cr.secret.data = secret;
+  cr.secret.len = sizeof secret;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Federation/Commit", &cr.base,
+                                   &nebula__v1__federation_ack__descriptor, &rep, 10000, 0),
+                   NB_ERR_NOT_FOUND);
+  nb_rpc_client_destroy(cli);
+  /* an artifact of a job that is not federated cannot be fetched, whatever the secret */
+  char target[64], dest[1200];
+  snprintf(target, sizeof target, "127.0.0.1:%d", g_port[0]);
+  snprintf(dest, sizeof dest, "%s/stolen", g_dir);
+  nb_artifact_fetch_opts_t o = {.target = target,
+                                .tls = tls,
+                                .expected_cluster = "dc-a",
+                                .job_id = id,
+                                .secret = secret,
+                                .name = "fed-auth/final.safetensors",
+                                .dest = dest,
+                                .timeout_ms = 10000};
+  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_NOT_FOUND);
+  assert_int_equal(access(dest, F_OK), -1);
+  nb_tls_destroy(tls);
+}
+
+/* A member gateway stops mid-job and starts again: it re-attaches to its worker, reports the rest
+ * and the job ends succeeded at the origin. */
+static void test_member_restart(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, 0);
+  char doc[4096], id[128];
+  job_doc(doc, sizeof doc, "fed-mrestart", 1, 1, 48);
+  assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  for (int k = 0; k < 400 && !event_pid(1, id, "launch"); k++) nb_sleep_ns(25000000);
+  nb_gateway_destroy(g_gw[1]);
+  g_gw[1] = NULL;
+  nb_sleep_ns(1000000000LL);
+  assert_int_equal(nb_gateway_create(&g_cfg[1], &g_gw[1]), NB_OK);
+  wait_state(1, id, NB_JOB_SUCCEEDED, 60);
+  wait_state(0, id, NB_JOB_SUCCEEDED, 30);
+  assert_int_equal(count_events(0, id, "cluster_state", "\"to\":\"succeeded\""), 2);
+}
+
 /* The origin gateway stops mid-job and starts again: the job is still followed, dc-b's reports
  * (retried meanwhile) arrive, and it ends succeeded at both. */
 static void test_origin_restart(void** state) {
@@ -586,7 +676,9 @@ int main(int argc, char** argv) {
       cmocka_unit_test_setup_teardown(test_peer_refuses, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
       cmocka_unit_test_setup_teardown(test_peer_fails, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_federation_auth, setup, teardown),
       cmocka_unit_test_setup_teardown(test_origin_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_member_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_forward, setup, teardown),
       cmocka_unit_test_setup_teardown(test_remote_finetune, setup, teardown),
   };
