@@ -413,6 +413,8 @@ static void nb__jobdir(const nb_gateway_t* gw, const char* id, char* buf, size_t
 
 /* ------------------------------------------------------------------ federation records */
 
+#define NB__MAX_PARTS (NB_JOB_MAX_CLUSTERS + 1) /* the clusters named + the base's holder */
+
 /* A federated job's record and its info object (parsed; "{}" when empty). On NB_OK the caller
  * releases both (nb_job_fed_clear, json_decref). NB_ERR_NOT_FOUND: not federated. */
 static nb_status_t nb__fed_load(nb_job_store_t* st, const char* id, nb_job_fed_t* f,
@@ -893,7 +895,30 @@ static nb_status_t nb__send_job(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_st
     }
     nb_job_events_free(ev, n);
   }
+  /* the origin of a federated job: every cluster's part */
+  Nebula__V1__ClusterPart parts[NB__MAX_PARTS];
+  Nebula__V1__ClusterPart* pp[NB__MAX_PARTS];
+  nb_job_fed_t fed;
+  json_t* info = NULL;
+  int loaded = with_descriptor && nb__fed_load(st, id, &fed, &info) == NB_OK;
+  if (loaded && !strcmp(fed.role, "origin")) {
+    const char* k;
+    json_t* c;
+    json_object_foreach(json_object_get(info, "clusters"), k, c) {
+      if (m.n_clusters >= NB__MAX_PARTS) break;
+      Nebula__V1__ClusterPart* p = &parts[m.n_clusters];
+      nebula__v1__cluster_part__init(p);
+      p->cluster = (char*)k;
+      p->workers = (int32_t)json_integer_value(json_object_get(c, "workers"));
+      p->state = (char*)nb__jstr(c, "state");
+      p->reason = (char*)nb__jstr(c, "reason");
+      p->endpoint = (char*)nb__jstr(c, "endpoint");
+      pp[m.n_clusters++] = p;
+    }
+    m.clusters = pp;
+  }
   nb_status_t s = nb_rpc_call_send_pb(call, &m.base);
+  if (loaded) nb__fed_release(&fed, info);
   nb_job_record_clear(&rec);
   return s;
 }
@@ -1114,8 +1139,6 @@ typedef struct {
   char id[NB_JOB_NAME_MAX];
   int workers;
 } nb__part_t;
-
-#define NB__MAX_PARTS (NB_JOB_MAX_CLUSTERS + 1)
 
 static int nb__parts(const nb_job_config_t* cfg, nb__part_t* p) {
   int n = 0, base_in = 0;

@@ -323,6 +323,22 @@ static void test_two_clusters(void** state) {
   read_hash(0, id, ha, sizeof ha);
   read_hash(1, id, hb, sizeof hb);
   assert_string_equal(ha, hb);
+  /* Get at the origin shows each cluster's part */
+  Nebula__V1__GetRequest gr = NEBULA__V1__GET_REQUEST__INIT;
+  gr.job_id = id;
+  ProtobufCMessage* rep = NULL;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Get", &gr.base,
+                                   &nebula__v1__job__descriptor, &rep, 10000, 0),
+                   NB_OK);
+  Nebula__V1__Job* j = (Nebula__V1__Job*)rep;
+  assert_string_equal(j->state, "succeeded");
+  assert_int_equal(j->n_clusters, 2);
+  for (size_t i = 0; i < 2; i++) {
+    assert_string_equal(j->clusters[i]->state, "succeeded");
+    assert_int_equal(j->clusters[i]->workers, 1);
+    assert_non_null(strstr(j->clusters[i]->endpoint, "127.0.0.1:"));
+  }
+  protobuf_c_message_free_unpacked(rep, NULL);
   char p[800];
   struct stat sb;
   snprintf(p, sizeof p, "%s/%s/job.secret", g_cfg[1].work_dir, id);
