@@ -1163,8 +1163,9 @@ static nb_rpc_client_t* nb__peer_client(nb_gateway_t* gw, const char* cluster) {
 }
 
 /* One Federation call to peer `cluster`; a peer that cannot be reached fails fast
- * (NB_ERR_UNAVAILABLE). wait: after such a failure, give the channel up to a second to connect
- * and try once more. */
+ * (NB_ERR_UNAVAILABLE). wait >= 1: after such a failure, give the channel up to a second to
+ * connect and try once more; wait 2: a deadline of 30 x federation_timeout_ms (a Commit whose
+ * peer first fetches the base checkpoint). */
 static nb_status_t nb__fed_call(nb_gateway_t* gw, const char* cluster, const char* method,
                                 const ProtobufCMessage* req, const ProtobufCMessageDescriptor* rd,
                                 ProtobufCMessage** resp, int wait) {
@@ -1175,12 +1176,13 @@ static nb_status_t nb__fed_call(nb_gateway_t* gw, const char* cluster, const cha
   char m[96];
   snprintf(m, sizeof m, "/nebula.v1.Federation/%s", method);
   *resp = NULL;
-  nb_status_t s = nb_rpc_unary_pb(c, m, req, rd, resp, gw->cfg.federation_timeout_ms, 0);
+  int64_t deadline = (int64_t)gw->cfg.federation_timeout_ms * (wait == 2 ? 30 : 1);
+  nb_status_t s = nb_rpc_unary_pb(c, m, req, rd, resp, deadline, 0);
   if (s == NB_ERR_UNAVAILABLE && wait && nb_rpc_client_wait_ready(c, 1000) == NB_OK) {
     /* the channel was idle or backing off from an earlier failure: once more, connected */
     if (*resp) protobuf_c_message_free_unpacked(*resp, NULL);
     *resp = NULL;
-    s = nb_rpc_unary_pb(c, m, req, rd, resp, gw->cfg.federation_timeout_ms, 0);
+    s = nb_rpc_unary_pb(c, m, req, rd, resp, deadline, 0);
   }
   return s;
 }
@@ -1442,7 +1444,7 @@ static nb_status_t nb__fed_code(nb_status_t s) {
  * failed and the returned error names the cluster and its reason. */
 static nb_status_t nb__fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
                                   const Nebula__V1__SubmitRequest* req, const nb__part_t* parts,
-                                  int np, int mine) {
+                                  int np, int mine, const char* base_cluster) {
   nb_job_fed_t fed;
   memset(&fed, 0, sizeof fed);
   snprintf(fed.job_id, sizeof fed.job_id, "%s", id);
@@ -1541,8 +1543,10 @@ static nb_status_t nb__fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const ch
     cr.n_endpoints = n_eps;
     cr.endpoints = epp;
     ProtobufCMessage* resp = NULL;
+    int fetches = base_cluster && base_cluster[0] && strcmp(base_cluster, parts[i].id) &&
+                  parts[i].workers > 0;
     s = nb__fed_call(gw, parts[i].id, "Commit", &cr.base, &nebula__v1__federation_ack__descriptor,
-                     &resp, 1);
+                     &resp, fetches ? 2 : 1);
     if (resp) protobuf_c_message_free_unpacked(resp, NULL);
     if (s != NB_OK) {
       code = nb__fed_code(s);
@@ -2291,7 +2295,7 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, void* user_data) {
   NB_CHECK_GOTO(nb_job_store_transition(st, id, NB_JOB_PROPOSED, NULL), s, done);
   if (fed) {
     /* two-phase with every other cluster; on failure the job is failed here and Submit fails */
-    s = nb__fed_submit(gw, st, id, req, parts, np, mine);
+    s = nb__fed_submit(gw, st, id, req, parts, np, mine, cfg->model.base_cluster);
     if (s != NB_OK) goto done;
   } else {
     s = nb__jobdir_write(gw, id, req->descriptor.data, req->descriptor.len, req->signature.data,
