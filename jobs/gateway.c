@@ -1564,7 +1564,7 @@ static nb_status_t nb__fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const ch
       code = s;
       snprintf(why, sizeof why, "cluster '%s' (this gateway) could not start the job: %.900s",
                gw->cfg.cluster_id, nb_error_last());
-    } else {
+    } else if (mine >= 0) {
       json_object_set_new(nb__fed_cluster(info, gw->cfg.cluster_id), "state",
                           json_string(my_workers > 0 ? "running" : "none"));
     }
