@@ -2636,10 +2636,20 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     goto fail;
   }
   NB_CHECK_GOTO(nb_pki_cert_load(gw->cfg.tls_ca, &gw->ca), s, fail);
+  {
+    /* the store holds job secrets: owner only, and SQLite gives its -wal and -shm files the
+     * mode of the database file */
+    int fd = open(gw->cfg.store_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+    const char* sfx[] = {"", "-wal", "-shm"};
+    for (int i = 0; i < 3; i++) {
+      char p[NB_GW_STR + 8];
+      snprintf(p, sizeof p, "%s%s", gw->cfg.store_path, sfx[i]);
+      if (chmod(p, 0600) != 0 && errno != ENOENT)
+        NB_WARN("gateway: cannot restrict %s to its owner: %s", p, strerror(errno));
+    }
+  }
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->mon_store), s, fail);
-  /* the store holds job secrets: owner only */
-  if (chmod(gw->cfg.store_path, 0600) != 0)
-    NB_WARN("gateway: cannot restrict %s to its owner: %s", gw->cfg.store_path, strerror(errno));
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->fed_store), s, fail);
   NB_CHECK_GOTO(nb__recover(gw), s, fail);
   for (int i = 0; i < gw->cfg.n_peers; i++) {

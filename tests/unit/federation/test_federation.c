@@ -345,6 +345,12 @@ static void test_two_clusters(void** state) {
   assert_int_equal(stat(p, &sb), 0);
   assert_int_equal(sb.st_mode & 0777, 0600);
   assert_int_equal(sb.st_size, 32);
+  /* the store that keeps the secret too, with its WAL */
+  const char* sfx[] = {"", "-wal"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(p, sizeof p, "%s/jobs.db%s", g_cfg[1].work_dir, sfx[i]);
+    if (stat(p, &sb) == 0) assert_int_equal(sb.st_mode & 0777, 0600);
+  }
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
 }
