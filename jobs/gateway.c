@@ -2519,11 +2519,23 @@ static nb_status_t nb__cancel(nb_rpc_call_t* call, void* user_data) {
     pthread_mutex_unlock(&gw->mu);
     nb_status_t peers = nb__fed_cancel_peers(gw, st, req->job_id, reason);
     char perr[768] = "";
-    if (peers != NB_OK) snprintf(perr, sizeof perr, "%s", nb_error_last());
+    if (peers != NB_OK) {
+      snprintf(perr, sizeof perr, "%s", nb_error_last());
+      /* the federation thread keeps trying the clusters that did not answer */
+      pthread_mutex_lock(&gw->mu);
+      if (nb__fed_load(st, req->job_id, &fed, &info) == NB_OK) {
+        json_object_set_new(info, "cancel_pending", json_true());
+        nb__fed_save(st, &fed, info);
+        nb__fed_release(&fed, info);
+      }
+      pthread_mutex_unlock(&gw->mu);
+    }
     s = nb__cancel_local(gw, st, req->job_id, reason);
     if (s == NB_OK && peers != NB_OK)
-      s = nb_error(peers, "job %s: cancelled here, but not on every cluster: %s", req->job_id,
-                   perr);
+      s = nb_error(peers,
+                   "job %s: cancelled here, but not yet on every cluster (retried in the "
+                   "background): %s",
+                   req->job_id, perr);
   }
   if (s == NB_OK) s = nb__send_job(call, gw, st, req->job_id, 0);
   nb_job_record_clear(&rec);

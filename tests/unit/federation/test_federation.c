@@ -428,6 +428,43 @@ static void test_cancel(void** state) {
   nb_tls_destroy(tls);
 }
 
+/* Cancel at the origin while dc-b's gateway is down: cancelled at dc-a (its worker gone), the
+ * call says dc-b is not reached yet; once dc-b's gateway is back the origin's retry stops dc-b's
+ * worker too. */
+static void test_cancel_peer_down(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, 0);
+  char doc[4096], id[128];
+  job_doc(doc, sizeof doc, "fed-cancel-down", 1, 1, 200000);
+  assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
+  pid_t pa = 0, pb = 0;
+  for (int k = 0; k < 400 && (!pa || !pb); k++) {
+    pa = event_pid(0, id, "launch");
+    pb = event_pid(1, id, "launch");
+    nb_sleep_ns(25000000);
+  }
+  assert_true(pa > 0 && pb > 0);
+  nb_gateway_destroy(g_gw[1]);
+  g_gw[1] = NULL;
+  Nebula__V1__CancelRequest cr = NEBULA__V1__CANCEL_REQUEST__INIT;
+  cr.job_id = id;
+  ProtobufCMessage* rep = NULL;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Cancel", &cr.base,
+                                   &nebula__v1__job__descriptor, &rep, 30000, 0),
+                   NB_ERR_UNAVAILABLE);
+  assert_non_null(strstr(nb_error_last(), "not yet on every cluster"));
+  assert_int_equal(state_of(0, id), NB_JOB_CANCELLED);
+  assert_false(group_alive(pa));
+  assert_true(group_alive(pb));
+  assert_int_equal(nb_gateway_create(&g_cfg[1], &g_gw[1]), NB_OK);
+  wait_state(1, id, NB_JOB_CANCELLED, 30);
+  for (int k = 0; k < 200 && group_alive(pb); k++) nb_sleep_ns(25000000);
+  assert_false(group_alive(pb));
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+}
+
 /* dc-b's worker fails (its data folder is missing): the job fails at the origin naming dc-b, and
  * dc-a's worker, still waiting for its peer, is stopped. */
 static void test_peer_fails(void** state) {
@@ -697,6 +734,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test_setup_teardown(test_two_clusters, setup, teardown),
       cmocka_unit_test_setup_teardown(test_peer_refuses, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cancel_peer_down, setup, teardown),
       cmocka_unit_test_setup_teardown(test_peer_fails, setup, teardown),
       cmocka_unit_test_setup_teardown(test_federation_auth, setup, teardown),
       cmocka_unit_test_setup_teardown(test_origin_restart, setup, teardown),
