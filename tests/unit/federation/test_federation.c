@@ -570,7 +570,7 @@ static void test_member_restart(void** state) {
   nb_tls_t* tls = NULL;
   nb_rpc_client_t* cli = client_as("alice", &tls, 0);
   char doc[4096], id[128];
-  job_doc(doc, sizeof doc, "fed-mrestart", 1, 1, 48);
+  job_doc(doc, sizeof doc, "fed-mrestart", 1, 1, 160);
   assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
@@ -591,7 +591,7 @@ static void test_origin_restart(void** state) {
   nb_tls_t* tls = NULL;
   nb_rpc_client_t* cli = client_as("alice", &tls, 0);
   char doc[4096], id[128];
-  job_doc(doc, sizeof doc, "fed-restart", 1, 1, 48);
+  job_doc(doc, sizeof doc, "fed-restart", 1, 1, 160);
   assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
   nb_rpc_client_destroy(cli);
   for (int k = 0; k < 400 && !event_pid(1, id, "launch"); k++) nb_sleep_ns(25000000);
