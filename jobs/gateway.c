@@ -2074,7 +2074,7 @@ static void nb__fed_pass(nb_gateway_t* gw) {
       info = json_object();
     }
     if (!strcmp(f->role, "member")) {
-      if (state == NB_JOB_PROPOSED &&
+      if (state == NB_JOB_PROPOSED && !f->has_secret && /* never committed */
           nb_wall_ns() - created > (int64_t)gw->cfg.federation_timeout_ms * 6 * 1000000) {
         nb__unreserve(gw, f->job_id);
         nb_job_store_transition(st, f->job_id, NB_JOB_FAILED,
