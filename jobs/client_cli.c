@@ -224,6 +224,16 @@ static json_t* nb__job_json(const Nebula__V1__Job* j) {
                 "owner", j->owner, "cluster", j->cluster, "state", j->state, "reason", j->reason,
                 "created_unix_ns", (json_int_t)j->created_unix_ns, "updated_unix_ns",
                 (json_int_t)j->updated_unix_ns, "pid", (int)j->pid, "exit_code", (int)j->exit_code);
+  if (o && j->n_clusters) {
+    json_t* cl = json_array();
+    for (size_t i = 0; i < j->n_clusters; i++) {
+      const Nebula__V1__ClusterPart* p = j->clusters[i];
+      json_array_append_new(cl, json_pack("{s:s, s:i, s:s, s:s, s:s}", "cluster", p->cluster,
+                                          "workers", (int)p->workers, "state", p->state, "reason",
+                                          p->reason, "endpoint", p->endpoint));
+    }
+    json_object_set_new(o, "clusters", cl);
+  }
   return o;
 }
 
@@ -244,6 +254,11 @@ static void nb__print_job(const Nebula__V1__Job* j) {
   printf("created:   %s\nupdated:   %s\n", c, u);
   if (j->pid > 0) printf("pid:       %d\n", (int)j->pid);
   if (j->exit_code >= 0) printf("exit code: %d\n", (int)j->exit_code);
+  for (size_t i = 0; i < j->n_clusters; i++) {
+    const Nebula__V1__ClusterPart* p = j->clusters[i];
+    printf("%s %-8s  %d workers  %-10s%s%s\n", i ? "          " : "clusters: ", p->cluster,
+           (int)p->workers, p->state, *p->reason ? "  " : "", p->reason);
+  }
 }
 
 int nb_submit_main(int argc, char** argv) {

@@ -1,29 +1,37 @@
 /* The gateway daemon (jobs/gateway.h): config option table, the nebula.v1.Gateway handlers, the
- * process monitor that turns process exits and progress lines into job events, and recovery after
- * a restart. Not here: federation with peers (a job naming another cluster is refused for now),
- * scheduling beyond a slot count. How workers start is jobs/launcher.h's business. */
+ * process monitor that turns process exits and progress lines into job events, recovery after a
+ * restart, and federation with peer gateways (nebula.v1.Federation: propose / commit / abort,
+ * cancel, event reports to the origin). Not here: scheduling beyond a slot count. How workers
+ * start (local, mpirun, Slurm) is jobs/launcher.h's business. */
 #include "jobs/gateway.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <libgen.h>
+#include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/common.h"
 #include "inter/rpc.h"
+#include "jobs/artifact.h"
 #include "jobs/cli.h"
 #include "jobs/descriptor.h"
 #include "jobs/store.h"
+#include "nebula/v1/federation.pb-c.h"
 #include "nebula/v1/gateway.pb-c.h"
 #include "security/pki.h"
+#include "security/seal.h"
 #include "security/sign.h"
 #include "security/tls.h"
 
@@ -40,6 +48,7 @@ typedef enum {
   NB__OPT_LAUNCHER, /* "local" | "mpirun" | "slurm" */
   NB__OPT_DEVICE,   /* "cpu" | "cuda" */
   NB__OPT_LIST,     /* array of strings into an nb_launcher_args_t */
+  NB__OPT_WARGV,    /* array of strings: the worker command template */
 } nb__opt_type_t;
 
 typedef struct {
@@ -85,6 +94,15 @@ static const nb__opt_t nb__opts[] = {
     {"command", NB__OPT_ARGV, NB__F(command), 0, 0,
      "[\"nebula\",\"train\",\"{descriptor}\",\"--out\",\"{jobdir}\"]",
      "job command; {descriptor} {jobdir} {job} {cluster} {workers} {nebula} are replaced"},
+    {"worker_command", NB__OPT_WARGV, NB__F(worker_command), 0, 0,
+     "[\"nebula\",\"worker\",\"--job\",\"{descriptor}\",\"--cluster\",\"{cluster}\",\"--out\","
+     "\"{jobdir}/out\",\"--listen\",\"{listen}\",\"{peers}\",\"--pki\",\"{pki}\","
+     "\"--secret-file\",\"{secret_file}\"]",
+     "one cluster of a multi-cluster job; also {listen} {pki} {secret_file} {peers}"},
+    {"exchange_host", NB__OPT_STR, NB__F(exchange_host), 0, 0, "127.0.0.1",
+     "host this cluster's workers listen on for Exchange (the port is chosen per job)"},
+    {"federation_timeout_ms", NB__OPT_INT, NB__F(federation_timeout_ms), 100, 600000, "10000",
+     "deadline of one call to a peer gateway"},
     {"resources.slots", NB__OPT_INT, NB__F(slots), 1, 1 << 20, "4",
      "workers run at once over all jobs; a submit beyond is refused"},
     {"resources.device", NB__OPT_DEVICE, NB__F(device), 0, 0, "cpu",
@@ -109,6 +127,14 @@ void nb_gateway_config_defaults(nb_gateway_config_t* c) {
   const char* cmd[] = {"nebula", "train", "{descriptor}", "--out", "{jobdir}"};
   c->n_command = 5;
   for (int i = 0; i < 5; i++) snprintf(c->command[i], NB_GW_STR, "%s", cmd[i]);
+  const char* wcmd[] = {"nebula",    "worker", "--job",        "{descriptor}",  "--cluster",
+                        "{cluster}", "--out",  "{jobdir}/out", "--listen",      "{listen}",
+                        "{peers}",   "--pki",  "{pki}",        "--secret-file", "{secret_file}"};
+  c->n_worker_command = (int)(sizeof wcmd / sizeof wcmd[0]);
+  for (int i = 0; i < c->n_worker_command; i++)
+    snprintf(c->worker_command[i], NB_GW_STR, "%s", wcmd[i]);
+  snprintf(c->exchange_host, sizeof c->exchange_host, "127.0.0.1");
+  c->federation_timeout_ms = 10000;
   c->slots = 4;
   c->device = NB_JOB_DEVICE_CPU;
   snprintf(c->work_dir, sizeof c->work_dir, "work");
@@ -187,17 +213,23 @@ static nb_status_t nb__cfg_set(const nb__opt_t* o, json_t* v, const char* base,
       l->n = (int)n;
       return NB_OK;
     }
-    case NB__OPT_ARGV: {
+    case NB__OPT_ARGV:
+    case NB__OPT_WARGV: {
+      int worker = o->type == NB__OPT_WARGV;
       size_t n = json_is_array(v) ? json_array_size(v) : 0;
       if (n < 1 || n > NB_GW_MAX_ARGS)
-        return nb_error(NB_ERR_CONFIG, "config: command: expected an array of 1..%d strings",
+        return nb_error(NB_ERR_CONFIG, "config: %s: expected an array of 1..%d strings", o->name,
                         NB_GW_MAX_ARGS);
       for (size_t i = 0; i < n; i++) {
         char key[64];
-        snprintf(key, sizeof key, "command[%zu]", i);
-        NB_CHECK(nb__cfg_str(key, json_array_get(v, i), c->command[i], NB_GW_STR, NULL));
+        snprintf(key, sizeof key, "%s[%zu]", o->name, i);
+        NB_CHECK(nb__cfg_str(key, json_array_get(v, i),
+                             worker ? c->worker_command[i] : c->command[i], NB_GW_STR, NULL));
       }
-      c->n_command = (int)n;
+      if (worker)
+        c->n_worker_command = (int)n;
+      else
+        c->n_command = (int)n;
       return NB_OK;
     }
     case NB__OPT_USERS: {
@@ -369,13 +401,18 @@ nb_status_t nb_gateway_config_load(const char* path, nb_gateway_config_t* cfg) {
 typedef struct {
   char id[NB_JOB_ID_MAX];
   char dir[NB_GW_STR + NB_JOB_ID_MAX + 2];
-  nb_launch_t launch;
-  int own_child; /* 1: we forked it and reap it; 0: re-attached after a restart */
+  nb_launch_t launch; /* pid 0: a reservation (a federated job proposed, not launched yet) */
+  int own_child;      /* 1: we forked it and reap it; 0: re-attached after a restart */
   int workers;
   long progress_off;
   int progress_skip;       /* lines already recorded before a restart */
   char cancel_reason[512]; /* set by Cancel: the end is recorded as cancelled with this */
 } nb__active_t;
+
+/* Something runs for this entry (a process, or a Slurm job); otherwise it is a reservation. */
+static int nb__launched(const nb__active_t* a) {
+  return a->launch.pid > 0 || a->launch.slurm_id[0] != 0;
+}
 
 #define NB__MAX_ACTIVE 256
 
@@ -389,7 +426,14 @@ struct nb_gateway {
   pthread_t mon;
   int mon_started;
   _Atomic int stopping;
-  pthread_mutex_t mu;
+  pthread_mutex_t mu; /* recursive: active[] and read-modify-write of federation records */
+  nb_rpc_client_t* peer_cli[NB_GW_MAX_PEERS]; /* Federation clients, one per configured peer */
+  nb_job_store_t* fed_store;                  /* the federation thread's own handle */
+  nb_artifact_store_t* art;                   /* <work_dir>/artifacts: what jobs produced */
+  char publish[16][NB_JOB_ID_MAX]; /* jobs that succeeded here, outputs to put in `art` (mu) */
+  int n_publish;
+  pthread_t fed;
+  int fed_started;
   nb__active_t active[NB__MAX_ACTIVE];
   int n_active;
 };
@@ -401,7 +445,114 @@ static int nb__active_find(nb_gateway_t* gw, const char* id) {
 }
 
 static void nb__jobdir(const nb_gateway_t* gw, const char* id, char* buf, size_t n) {
-  snprintf(buf, n, "%s/%s", gw->cfg.work_dir, id);
+  snprintf(buf, n, "%s/%.63s", gw->cfg.work_dir, id);
+}
+
+/* ------------------------------------------------------------------ federation records */
+
+#define NB__MAX_PARTS (NB_JOB_MAX_CLUSTERS + 1) /* the clusters named + the base's holder */
+
+/* A federated job's record and its info object (parsed; "{}" when empty). On NB_OK the caller
+ * releases both (nb_job_fed_clear, json_decref). NB_ERR_NOT_FOUND: not federated. */
+static nb_status_t nb__fed_load(nb_job_store_t* st, const char* id, nb_job_fed_t* f,
+                                json_t** info) {
+  NB_CHECK(nb_job_store_fed_get(st, id, f));
+  *info = json_loads(f->info ? f->info : "{}", 0, NULL);
+  if (!json_is_object(*info)) {
+    json_decref(*info);
+    *info = json_object();
+  }
+  return NB_OK;
+}
+
+static nb_status_t nb__fed_save(nb_job_store_t* st, const nb_job_fed_t* f, json_t* info) {
+  char* txt = json_dumps(info, JSON_COMPACT);
+  if (!txt) return nb_error(NB_ERR_NOMEM, "federation record of job %s", f->job_id);
+  nb_job_fed_t tmp = *f;
+  tmp.info = txt;
+  nb_status_t s = nb_job_store_fed_put(st, &tmp);
+  free(txt);
+  return s;
+}
+
+static void nb__fed_release(nb_job_fed_t* f, json_t* info) {
+  nb_job_fed_clear(f);
+  json_decref(info);
+}
+
+/* info.clusters[cluster] (created when absent). */
+static json_t* nb__fed_cluster(json_t* info, const char* cluster) {
+  json_t* cl = json_object_get(info, "clusters");
+  if (!json_is_object(cl)) {
+    cl = json_object();
+    json_object_set_new(info, "clusters", cl);
+  }
+  json_t* c = json_object_get(cl, cluster);
+  if (!json_is_object(c)) {
+    c = json_pack("{s:i, s:s, s:s, s:s, s:I}", "workers", 0, "state", "proposed", "reason", "",
+                  "endpoint", "", "seq", (json_int_t)0);
+    json_object_set_new(cl, cluster, c);
+  }
+  return c;
+}
+
+static const char* nb__jstr(json_t* o, const char* k) {
+  const char* v = json_string_value(json_object_get(o, k));
+  return v ? v : "";
+}
+
+/* Records that `cluster` of an origin job moved to state `to` (info and a cluster_state event). */
+static void nb__fed_cluster_state(nb_job_store_t* st, const char* id, json_t* info,
+                                  const char* cluster, const char* to, const char* reason) {
+  json_t* c = nb__fed_cluster(info, cluster);
+  json_t* ev = json_pack("{s:s, s:s, s:s, s:s}", "cluster", cluster, "from", nb__jstr(c, "state"),
+                         "to", to, "reason", reason ? reason : "");
+  char* txt = ev ? json_dumps(ev, JSON_COMPACT) : NULL;
+  if (txt) nb_job_store_append_event(st, id, "cluster_state", txt, NULL);
+  free(txt);
+  json_decref(ev);
+  json_object_set_new(c, "state", json_string(to));
+  json_object_set_new(c, "reason", json_string(reason ? reason : ""));
+}
+
+static int nb__active_find(nb_gateway_t* gw, const char* id);
+
+/* The origin's job state from its clusters' (those with workers): failed (or cancelled by
+ * someone else than the origin) as soon as one is, and then the others are to be cancelled;
+ * succeeded once all are. A final job is left alone. Caller holds gw->mu or runs alone. */
+static void nb__fed_aggregate(nb_gateway_t* gw, nb_job_store_t* st, const char* id, json_t* info) {
+  nb_job_record_t rec = {0};
+  if (nb_job_store_get(st, id, &rec) != NB_OK) return;
+  int final = nb_job_state_is_final(rec.state);
+  nb_job_record_clear(&rec);
+  if (final || json_object_get(info, "cancelling")) return;
+  const char* k;
+  json_t* c;
+  int n = 0, ok = 0;
+  char reason[768] = "";
+  json_object_foreach(json_object_get(info, "clusters"), k, c) {
+    if (json_integer_value(json_object_get(c, "workers")) <= 0) continue;
+    n++;
+    const char* s = nb__jstr(c, "state");
+    if (!strcmp(s, "succeeded")) ok++;
+    if (!reason[0] && (!strcmp(s, "failed") || !strcmp(s, "cancelled")))
+      snprintf(reason, sizeof reason, "cluster '%s' %s: %.600s", k, s, nb__jstr(c, "reason"));
+  }
+  if (reason[0]) {
+    json_object_set_new(info, "cancel_pending", json_true());
+    nb_job_store_transition(st, id, NB_JOB_FAILED, reason);
+    NB_WARN("job %s: %s: stopping the other clusters", id, reason);
+    pthread_mutex_lock(&gw->mu);
+    int i = nb__active_find(gw, id);
+    int launched = i >= 0 && nb__launched(&gw->active[i]);
+    nb_launch_t launch;
+    if (launched) launch = gw->active[i].launch;
+    pthread_mutex_unlock(&gw->mu);
+    if (launched && nb_launcher_cancel(&launch, gw->cfg.cancel_grace_ms, NULL) != NB_OK)
+      NB_WARN("job %s: cannot stop this cluster's workers: %s", id, nb_error_last());
+  } else if (n > 0 && ok == n) {
+    nb_job_store_transition(st, id, NB_JOB_SUCCEEDED, NULL);
+  }
 }
 
 /* Appends new complete lines of the job's progress file as "progress" events. */
@@ -460,7 +611,14 @@ static void nb__job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t*
   nb_job_store_append_event(store, a->id, "exit", payload ? payload : "{}", NULL);
   free(payload);
   nb_job_record_t rec = {0};
-  if (nb_job_store_get(store, a->id, &rec) == NB_OK && rec.state == NB_JOB_RUNNING) {
+  nb_job_fed_t fed;
+  json_t* info = NULL;
+  int origin = 0;
+  if (!a->cancel_reason[0] && nb__fed_load(store, a->id, &fed, &info) == NB_OK) {
+    origin = !strcmp(fed.role, "origin");
+    if (!origin) nb__fed_release(&fed, info);
+  }
+  if (nb_job_store_get(store, a->id, &rec) == NB_OK && (rec.state == NB_JOB_RUNNING || origin)) {
     char reason[512];
     nb_job_state_t to = NB_JOB_SUCCEEDED;
     reason[0] = 0;
@@ -477,10 +635,95 @@ static void nb__job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t*
     } else if (*how) {
       snprintf(reason, sizeof reason, "finished%s", how);
     }
-    if (nb_job_store_transition(store, a->id, to, reason) != NB_OK)
+    if (to == NB_JOB_SUCCEEDED && gw->n_publish < 16) {
+      pthread_mutex_lock(&gw->mu);
+      snprintf(gw->publish[gw->n_publish++], NB_JOB_ID_MAX, "%s", a->id);
+      pthread_mutex_unlock(&gw->mu);
+    }
+    if (origin) {
+      /* this cluster's part of a federated job ended: the job's state is the aggregate */
+      nb__fed_cluster_state(store, a->id, info, gw->cfg.cluster_id, nb_job_state_name(to), reason);
+      nb__fed_aggregate(gw, store, a->id, info);
+      if (nb__fed_save(store, &fed, info) != NB_OK)
+        NB_WARN("job %s: cannot record its federation state: %s", a->id, nb_error_last());
+    } else if (nb_job_store_transition(store, a->id, to, reason) != NB_OK) {
       NB_WARN("job %s: cannot record its end: %s", a->id, nb_error_last());
+    }
   }
+  if (origin) nb__fed_release(&fed, info);
   nb_job_record_clear(&rec);
+}
+
+/* Puts the files of one output folder in the artifact store as "<job name>/<prefix><file>":
+ * every *.safetensors and summary.json at its top. Records an "artifact" event for each. */
+static void nb__publish_dir(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
+                            const char* job_name, const char* dir, const char* prefix) {
+  DIR* d = opendir(dir);
+  if (!d) return;
+  struct dirent* e;
+  while ((e = readdir(d))) {
+    size_t n = strlen(e->d_name);
+    int want = (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors")) ||
+               !strcmp(e->d_name, "summary.json");
+    if (!want) continue;
+    char path[NB_GW_STR * 2 + 512], name[NB_ARTIFACT_NAME_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+    if (snprintf(name, sizeof name, "%s/%s%s", job_name, prefix, e->d_name) >= (int)sizeof name)
+      continue;
+    nb_artifact_info_t info;
+    if (nb_artifact_put(gw->art, name, path, &info) != NB_OK) {
+      NB_WARN("job %s: cannot keep %s as artifact %s: %s", id, path, name, nb_error_last());
+      continue;
+    }
+    json_t* j = json_pack("{s:s, s:s, s:I}", "name", name, "sha256", info.sha256, "size",
+                          (json_int_t)info.size);
+    char* txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (txt) nb_job_store_append_event(st, id, "artifact", txt, NULL);
+    free(txt);
+    json_decref(j);
+  }
+  closedir(d);
+}
+
+/* A job's part succeeded here: its outputs (final model, summary, the latest checkpoint with
+ * the adapters of a LoRA job) become artifacts under "<job name>/<relative path>", where peer
+ * gateways of a later job can fetch them. */
+static void nb__publish(nb_gateway_t* gw, nb_job_store_t* st, const char* id) {
+  if (!gw->art) return;
+  nb_job_record_t rec = {0};
+  if (nb_job_store_get(st, id, &rec) != NB_OK) return;
+  json_t* d = json_loads(rec.descriptor ? rec.descriptor : "", 0, NULL);
+  nb_job_record_clear(&rec);
+  const char* nm = json_string_value(json_object_get(json_object_get(d, "metadata"), "name"));
+  char job_name[NB_JOB_NAME_MAX];
+  snprintf(job_name, sizeof job_name, "%.63s", nm ? nm : id);
+  json_decref(d);
+  char dir[NB_GW_STR + NB_JOB_ID_MAX + 2], out[sizeof dir + 8], ck[sizeof out + 16];
+  nb__jobdir(gw, id, dir, sizeof dir);
+  snprintf(out, sizeof out, "%s/out", dir);
+  const char* tops[2] = {out, dir};
+  for (int t = 0; t < 2; t++) {
+    nb__publish_dir(gw, st, id, job_name, tops[t], "");
+    /* the newest trainer checkpoint folder step-<N> */
+    snprintf(ck, sizeof ck, "%s/checkpoints", tops[t]);
+    DIR* cd = opendir(ck);
+    if (!cd) continue;
+    long best = -1;
+    struct dirent* e;
+    while ((e = readdir(cd))) {
+      long step;
+      char tail;
+      if (sscanf(e->d_name, "step-%ld%c", &step, &tail) == 1 && step > best) best = step;
+    }
+    closedir(cd);
+    if (best < 0) continue;
+    char sub[sizeof ck + 32], prefix[64];
+    snprintf(sub, sizeof sub, "%s/step-%ld", ck, best);
+    snprintf(prefix, sizeof prefix, "checkpoints/step-%ld/", best);
+    nb__publish_dir(gw, st, id, job_name, sub, prefix);
+  }
 }
 
 static void* nb__monitor(void* arg) {
@@ -489,6 +732,7 @@ static void* nb__monitor(void* arg) {
     pthread_mutex_lock(&gw->mu);
     for (int i = 0; i < gw->n_active; i++) {
       nb__active_t* a = &gw->active[i];
+      if (!nb__launched(a)) continue; /* a reservation: nothing runs yet */
       int ended = 0, code = -1, sig = 0;
       if (a->own_child) {
         int status = 0;
@@ -519,7 +763,12 @@ static void* nb__monitor(void* arg) {
       gw->active[i] = gw->active[--gw->n_active];
       i--;
     }
+    char todo[16][NB_JOB_ID_MAX];
+    int n_todo = gw->n_publish;
+    memcpy(todo, gw->publish, sizeof todo);
+    gw->n_publish = 0;
     pthread_mutex_unlock(&gw->mu);
+    for (int i = 0; i < n_todo; i++) nb__publish(gw, gw->mon_store, todo[i]);
     nb_sleep_ns((int64_t)gw->cfg.poll_ms * 1000000);
   }
   return NULL;
@@ -534,7 +783,8 @@ static int nb__last_launch(nb_job_store_t* st, const char* id, nb_launch_t* l, i
   *progress = 0;
   if (nb_job_store_events(st, id, 0, 0, &ev, &n) != NB_OK) return 0;
   for (size_t i = 0; i < n; i++) {
-    if (!strcmp(ev[i].kind, "progress")) (*progress)++;
+    if (!strcmp(ev[i].kind, "progress") && !strstr(ev[i].payload, "\"cluster\":"))
+      (*progress)++; /* only this cluster's own lines (reported ones carry "cluster") */
     if (strcmp(ev[i].kind, "launch")) continue;
     json_t* j = json_loads(ev[i].payload, 0, NULL);
     if (j) {
@@ -571,6 +821,18 @@ static nb_status_t nb__recover(nb_gateway_t* gw) {
     memset(&a, 0, sizeof a);
     snprintf(a.id, sizeof a.id, "%s", r[i].id);
     nb__jobdir(gw, a.id, a.dir, sizeof a.dir);
+    nb_job_fed_t fed;
+    json_t* info = NULL;
+    if (nb__fed_load(st, a.id, &fed, &info) == NB_OK) {
+      /* a federated job with no workers here: its clusters report to us, nothing to attach */
+      int here = (int)json_integer_value(
+          json_object_get(nb__fed_cluster(info, gw->cfg.cluster_id), "workers"));
+      nb__fed_release(&fed, info);
+      if (here == 0) {
+        NB_WARN("job %s: runs on peer clusters only: still followed", a.id);
+        continue;
+      }
+    }
     if (!nb__last_launch(st, a.id, &a.launch, &a.workers, &a.progress_skip)) {
       nb_job_store_transition(st, a.id, NB_JOB_FAILED,
                               "the gateway restarted and found no record of the job's process");
@@ -681,7 +943,30 @@ static nb_status_t nb__send_job(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_st
     }
     nb_job_events_free(ev, n);
   }
+  /* the origin of a federated job: every cluster's part */
+  Nebula__V1__ClusterPart parts[NB__MAX_PARTS];
+  Nebula__V1__ClusterPart* pp[NB__MAX_PARTS];
+  nb_job_fed_t fed;
+  json_t* info = NULL;
+  int loaded = with_descriptor && nb__fed_load(st, id, &fed, &info) == NB_OK;
+  if (loaded && !strcmp(fed.role, "origin")) {
+    const char* k;
+    json_t* c;
+    json_object_foreach(json_object_get(info, "clusters"), k, c) {
+      if (m.n_clusters >= NB__MAX_PARTS) break;
+      Nebula__V1__ClusterPart* p = &parts[m.n_clusters];
+      nebula__v1__cluster_part__init(p);
+      p->cluster = (char*)k;
+      p->workers = (int32_t)json_integer_value(json_object_get(c, "workers"));
+      p->state = (char*)nb__jstr(c, "state");
+      p->reason = (char*)nb__jstr(c, "reason");
+      p->endpoint = (char*)nb__jstr(c, "endpoint");
+      pp[m.n_clusters++] = p;
+    }
+    m.clusters = pp;
+  }
   nb_status_t s = nb_rpc_call_send_pb(call, &m.base);
+  if (loaded) nb__fed_release(&fed, info);
   nb_job_record_clear(&rec);
   return s;
 }
@@ -730,54 +1015,108 @@ static nb_status_t nb__write_file(const char* path, const void* data, size_t len
   return NB_OK;
 }
 
-/* Creates the job's folder and files and starts its process; on NB_OK the job is running and
- * registered with the monitor. */
-static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
-                              const Nebula__V1__SubmitRequest* req, int workers) {
+/* Creates the job's folder with descriptor.json (the signed bytes), descriptor.sig (base64) and
+ * signer.pem. */
+static nb_status_t nb__jobdir_write(nb_gateway_t* gw, const char* id, const uint8_t* desc,
+                                    size_t len, const uint8_t* sig, size_t sig_len,
+                                    const char* cert_pem) {
+  char dir[NB_GW_STR + NB_JOB_ID_MAX + 2], path[sizeof dir + 32];
+  nb__jobdir(gw, id, dir, sizeof dir);
+  if (mkdir(dir, 0750) != 0)
+    return nb_error(NB_ERR_IO, "cannot create job folder %s: %s", dir, strerror(errno));
+  snprintf(path, sizeof path, "%s/descriptor.json", dir);
+  NB_CHECK(nb__write_file(path, desc, len));
+  char* b64 = NULL;
+  if (nb_b64_encode(sig, sig_len, &b64) == NB_OK) {
+    snprintf(path, sizeof path, "%s/descriptor.sig", dir);
+    nb__write_file(path, b64, strlen(b64));
+    nb_free(b64);
+    snprintf(path, sizeof path, "%s/signer.pem", dir);
+    nb__write_file(path, cert_pem, strlen(cert_pem));
+  }
+  return NB_OK;
+}
+
+/* What a cluster of a multi-cluster job adds to its command (worker_command). */
+typedef struct {
+  const char* listen;      /* our Exchange endpoint */
+  const char* pki;         /* folder laid out as nebula certs does, for --pki */
+  const char* secret_file; /* the job secret */
+  int n_peers;
+  char peers[NB_JOB_MAX_CLUSTERS][NB_GW_STR]; /* "ID=HOST:PORT" of every other cluster */
+} nb__wk_args_t;
+
+#define NB__MAX_WORDS (NB_GW_MAX_ARGS + 2 * NB_JOB_MAX_CLUSTERS)
+
+/* Starts the job's command in its folder (written by nb__jobdir_write): `command`, or with wk
+ * `worker_command`. On NB_OK the job is running and registered with the monitor, replacing its
+ * reservation if it had one. */
+static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* id, int workers,
+                              const nb__wk_args_t* wk) {
   nb__active_t a;
   memset(&a, 0, sizeof a);
   snprintf(a.id, sizeof a.id, "%s", id);
   a.workers = workers;
   nb__jobdir(gw, id, a.dir, sizeof a.dir);
-  if (mkdir(a.dir, 0750) != 0)
-    return nb_error(NB_ERR_IO, "cannot create job folder %s: %s", a.dir, strerror(errno));
-  char path[sizeof a.dir + 32], wk[16];
+  char path[sizeof a.dir + 32], wk_s[16];
   snprintf(path, sizeof path, "%s/descriptor.json", a.dir);
-  NB_CHECK(nb__write_file(path, req->descriptor.data, req->descriptor.len));
-  char* b64 = NULL;
-  if (nb_b64_encode(req->signature.data, req->signature.len, &b64) == NB_OK) {
-    char sp[sizeof path];
-    snprintf(sp, sizeof sp, "%s/descriptor.sig", a.dir);
-    nb__write_file(sp, b64, strlen(b64));
-    nb_free(b64);
-    snprintf(sp, sizeof sp, "%s/signer.pem", a.dir);
-    nb__write_file(sp, req->cert_pem, strlen(req->cert_pem));
-  }
-  snprintf(wk, sizeof wk, "%d", workers);
-  const char* keys[] = {"{descriptor}", "{jobdir}", "{job}", "{cluster}", "{workers}", "{nebula}"};
-  const char* vals[] = {path, a.dir, id, gw->cfg.cluster_id, wk, gw->self_exe};
-  static char words[NB_GW_MAX_ARGS][NB_GW_STR * 2]; /* guarded by gw->mu below */
-  char* argv[NB_GW_MAX_ARGS + 1];
+  snprintf(wk_s, sizeof wk_s, "%d", workers);
+  const char* keys[] = {"{descriptor}", "{jobdir}", "{job}", "{cluster}",    "{workers}",
+                        "{nebula}",     "{listen}", "{pki}", "{secret_file}"};
+  const char* vals[] = {path,
+                        a.dir,
+                        id,
+                        gw->cfg.cluster_id,
+                        wk_s,
+                        gw->self_exe,
+                        wk ? wk->listen : "",
+                        wk ? wk->pki : "",
+                        wk ? wk->secret_file : ""};
+  char(*words)[NB_GW_STR * 2] = NULL;
+  NB_CHECK(nb_calloc((void**)&words, NB__MAX_WORDS, sizeof *words, "command words"));
+  char* argv[NB__MAX_WORDS + 1];
   char env0[128], env1[NB_GW_STR * 2], env2[NB_GW_STR * 2], env3[128];
   snprintf(env0, sizeof env0, "NB_JOB_ID=%s", id);
   snprintf(env1, sizeof env1, "NB_JOB_DIR=%s", a.dir);
   snprintf(env2, sizeof env2, "NB_JOB_PROGRESS=%s/%s", a.dir, NB_LAUNCH_PROGRESS);
   snprintf(env3, sizeof env3, "NB_CLUSTER_ID=%s", gw->cfg.cluster_id);
   char* env[] = {env0, env1, env2, env3, NULL};
+  int n_tmpl = wk ? gw->cfg.n_worker_command : gw->cfg.n_command;
   pthread_mutex_lock(&gw->mu);
-  for (int i = 0; i < gw->cfg.n_command; i++) {
-    if (i == 0 && !strcmp(gw->cfg.command[0], "nebula"))
-      snprintf(words[0], sizeof words[0], "%s", gw->self_exe);
+  int n = 0;
+  for (int i = 0; i < n_tmpl; i++) {
+    const char* w = wk ? gw->cfg.worker_command[i] : gw->cfg.command[i];
+    if (wk && !strcmp(w, "{peers}")) {
+      for (int p = 0; p < wk->n_peers && n + 2 <= NB__MAX_WORDS; p++) {
+        snprintf(words[n], sizeof words[n], "--peer");
+        argv[n] = words[n];
+        n++;
+        snprintf(words[n], sizeof words[n], "%s", wk->peers[p]);
+        argv[n] = words[n];
+        n++;
+      }
+      continue;
+    }
+    if (n >= NB__MAX_WORDS) break;
+    if (i == 0 && !strcmp(w, "nebula"))
+      snprintf(words[n], sizeof words[n], "%s", gw->self_exe);
     else
-      nb__subst(gw->cfg.command[i], words[i], sizeof words[i], keys, vals, 6);
-    argv[i] = words[i];
+      nb__subst(w, words[n], sizeof words[n], keys, vals, 9);
+    argv[n] = words[n];
+    n++;
   }
-  argv[gw->cfg.n_command] = NULL;
+  argv[n] = NULL;
   /* the slot check again, under the lock: two submits may have raced past the first one */
-  int used = 0;
-  for (int i = 0; i < gw->n_active; i++) used += gw->active[i].workers;
+  int used = 0, mine = -1;
+  for (int i = 0; i < gw->n_active; i++) {
+    if (!strcmp(gw->active[i].id, id)) {
+      mine = i; /* our own reservation */
+      continue;
+    }
+    used += gw->active[i].workers;
+  }
   nb_status_t s;
-  if (gw->n_active >= NB__MAX_ACTIVE)
+  if (mine < 0 && gw->n_active >= NB__MAX_ACTIVE)
     s = nb_error(NB_ERR_UNAVAILABLE, "too many jobs running on this gateway");
   else if (used + workers > gw->cfg.slots)
     s = nb_error(NB_ERR_UNAVAILABLE, "cluster '%s' has %d free worker slots, the job needs %d",
@@ -798,10 +1137,1093 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
     free(txt);
     /* a job the store does not know as running must not run: the monitor reaps it */
     if (s != NB_OK) nb_launcher_cancel(&a.launch, 0, NULL);
-    gw->active[gw->n_active++] = a;
+    if (mine >= 0)
+      gw->active[mine] = a;
+    else
+      gw->active[gw->n_active++] = a;
+  }
+  pthread_mutex_unlock(&gw->mu);
+  nb_free(words);
+  return s;
+}
+
+/* Holds `workers` slots for a proposed job until it launches or is aborted (nb__unreserve).
+ * NB_ERR_UNAVAILABLE when they are not free. */
+static nb_status_t nb__reserve(nb_gateway_t* gw, const char* id, int workers) {
+  pthread_mutex_lock(&gw->mu);
+  int used = 0;
+  for (int i = 0; i < gw->n_active; i++) used += gw->active[i].workers;
+  nb_status_t s = NB_OK;
+  if (gw->n_active >= NB__MAX_ACTIVE)
+    s = nb_error(NB_ERR_UNAVAILABLE, "too many jobs running on this gateway");
+  else if (used + workers > gw->cfg.slots)
+    s = nb_error(NB_ERR_UNAVAILABLE,
+                 "cluster '%s' has %d free worker slots of %d, the job needs %d",
+                 gw->cfg.cluster_id, gw->cfg.slots - used, gw->cfg.slots, workers);
+  if (s == NB_OK) {
+    nb__active_t* a = &gw->active[gw->n_active++];
+    memset(a, 0, sizeof *a);
+    snprintf(a->id, sizeof a->id, "%s", id);
+    nb__jobdir(gw, id, a->dir, sizeof a->dir);
+    a->workers = workers;
   }
   pthread_mutex_unlock(&gw->mu);
   return s;
+}
+
+static void nb__unreserve(nb_gateway_t* gw, const char* id) {
+  pthread_mutex_lock(&gw->mu);
+  int k = nb__active_find(gw, id);
+  if (k >= 0 && !nb__launched(&gw->active[k])) gw->active[k] = gw->active[--gw->n_active];
+  pthread_mutex_unlock(&gw->mu);
+}
+
+/* ------------------------------------------------------------------ federation */
+
+/* A cluster taking part in a job: workers > 0 runs a share of it; 0 only provides the base
+ * checkpoint (model.base.cluster). */
+typedef struct {
+  char id[NB_JOB_NAME_MAX];
+  int workers;
+} nb__part_t;
+
+static int nb__parts(const nb_job_config_t* cfg, nb__part_t* p) {
+  int n = 0, base_in = 0;
+  for (int i = 0; i < cfg->n_clusters; i++) {
+    snprintf(p[n].id, sizeof p[n].id, "%s", cfg->clusters[i].id);
+    p[n].workers = cfg->clusters[i].workers;
+    if (!strcmp(cfg->clusters[i].id, cfg->model.base_cluster)) base_in = 1;
+    n++;
+  }
+  if (cfg->model.base_cluster[0] && !base_in) {
+    snprintf(p[n].id, sizeof p[n].id, "%s", cfg->model.base_cluster);
+    p[n].workers = 0;
+    n++;
+  }
+  return n;
+}
+
+static nb_rpc_client_t* nb__peer_client(nb_gateway_t* gw, const char* cluster) {
+  for (int i = 0; i < gw->cfg.n_peers; i++)
+    if (!strcmp(gw->cfg.peers[i].id, cluster)) return gw->peer_cli[i];
+  return NULL;
+}
+
+/* One Federation call to peer `cluster`; a peer that cannot be reached fails fast
+ * (NB_ERR_UNAVAILABLE). wait >= 1: after such a failure, give the channel up to a second to
+ * connect and try once more; wait 2: a deadline of 30 x federation_timeout_ms (a Commit whose
+ * peer first fetches the base checkpoint). */
+static nb_status_t nb__fed_call(nb_gateway_t* gw, const char* cluster, const char* method,
+                                const ProtobufCMessage* req, const ProtobufCMessageDescriptor* rd,
+                                ProtobufCMessage** resp, int wait) {
+  nb_rpc_client_t* c = nb__peer_client(gw, cluster);
+  if (!c)
+    return nb_error(NB_ERR_INVALID, "cluster '%s' is not a peer of gateway '%s'", cluster,
+                    gw->cfg.cluster_id);
+  char m[96];
+  snprintf(m, sizeof m, "/nebula.v1.Federation/%s", method);
+  *resp = NULL;
+  int64_t deadline = (int64_t)gw->cfg.federation_timeout_ms * (wait == 2 ? 30 : 1);
+  nb_status_t s = nb_rpc_unary_pb(c, m, req, rd, resp, deadline, 0);
+  if (s == NB_ERR_UNAVAILABLE && wait && nb_rpc_client_wait_ready(c, 1000) == NB_OK) {
+    /* the channel was idle or backing off from an earlier failure: once more, connected */
+    if (*resp) protobuf_c_message_free_unpacked(*resp, NULL);
+    *resp = NULL;
+    s = nb_rpc_unary_pb(c, m, req, rd, resp, deadline, 0);
+  }
+  return s;
+}
+
+/* Federation calls come from the cluster certificate of a configured peer only. */
+static nb_status_t nb__fed_caller(nb_rpc_call_t* call, nb_gateway_t* gw, const char** cluster) {
+  const nb_tls_peer_t* p = nb_rpc_call_peer(call);
+  if (!p || p->kind != NB_TLS_PEER_CLUSTER)
+    return nb_error(NB_ERR_PERMISSION,
+                    "the Federation API is for peer gateways (a cluster certificate), not '%s'",
+                    p ? p->name : "?");
+  if (!nb__peer_client(gw, p->name))
+    return nb_error(NB_ERR_PERMISSION, "cluster '%s' is not a peer of gateway '%s'", p->name,
+                    gw->cfg.cluster_id);
+  *cluster = p->name;
+  return NB_OK;
+}
+
+/* A free port on exchange_host, as "host:port" ("[host]:port" for IPv6). */
+static nb_status_t nb__free_endpoint(const char* host, char* out, size_t cap) {
+  struct addrinfo hints, *ai = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  int rc = getaddrinfo(host, "0", &hints, &ai);
+  if (rc != 0 || !ai)
+    return nb_error(NB_ERR_CONFIG, "exchange_host '%s': %s", host, gai_strerror(rc));
+  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int port = -1;
+  if (fd >= 0 && bind(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, (struct sockaddr*)&ss, &sl) == 0)
+      port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6*)&ss)->sin6_port)
+                                      : ntohs(((struct sockaddr_in*)&ss)->sin_port);
+  }
+  int v6 = ai->ai_family == AF_INET6;
+  if (fd >= 0) close(fd);
+  freeaddrinfo(ai);
+  if (port <= 0)
+    return nb_error(NB_ERR_UNAVAILABLE, "no free port on exchange_host '%s': %s", host,
+                    strerror(errno));
+  snprintf(out, cap, v6 ? "[%s]:%d" : "%s:%d", host, port);
+  return NB_OK;
+}
+
+/* The PKI folder the worker's --pki wants, as links to this gateway's own files. */
+static nb_status_t nb__job_pki(nb_gateway_t* gw, const char* dir, char* pki, size_t cap) {
+  snprintf(pki, cap, "%s/pki", dir);
+  char p[NB_GW_STR * 2 + 64], real[PATH_MAX];
+  snprintf(p, sizeof p, "%s/clusters", pki);
+  if ((mkdir(pki, 0700) != 0 && errno != EEXIST) || (mkdir(p, 0700) != 0 && errno != EEXIST))
+    return nb_error(NB_ERR_IO, "cannot create %s: %s", p, strerror(errno));
+  const char* src[3] = {gw->cfg.tls_ca, gw->cfg.tls_cert, gw->cfg.tls_key};
+  const char* ext[3] = {"ca.crt", "crt", "key"};
+  for (int i = 0; i < 3; i++) {
+    if (i == 0)
+      snprintf(p, sizeof p, "%s/ca.crt", pki);
+    else
+      snprintf(p, sizeof p, "%s/clusters/%s.%s", pki, gw->cfg.cluster_id, ext[i]);
+    unlink(p);
+    if (!realpath(src[i], real) || symlink(real, p) != 0)
+      return nb_error(NB_ERR_IO, "cannot link %s to %s: %s", p, src[i], strerror(errno));
+  }
+  return NB_OK;
+}
+
+/* Parses the stored descriptor of job id into *cfg (allocated; nb_free it). */
+static nb_status_t nb__job_config(nb_job_store_t* st, const char* id, nb_job_config_t** cfg) {
+  nb_job_record_t rec = {0};
+  nb_descriptor_diag_t* diag = NULL;
+  *cfg = NULL;
+  NB_CHECK(nb_job_store_get(st, id, &rec));
+  nb_status_t s = nb_calloc((void**)cfg, 1, sizeof **cfg, "job config");
+  if (s == NB_OK) s = nb_calloc((void**)&diag, 1, sizeof *diag, "diagnostics");
+  if (s == NB_OK &&
+      nb_descriptor_parse(rec.descriptor, strlen(rec.descriptor), *cfg, diag) != NB_OK)
+    s = nb_error(NB_ERR_INVALID, "job %s: its stored descriptor does not parse", id);
+  nb_free(diag);
+  nb_job_record_clear(&rec);
+  if (s != NB_OK) {
+    nb_free(*cfg);
+    *cfg = NULL;
+  }
+  return s;
+}
+
+/* The artifact service asks whether `peer` takes part in job_id (one of the clusters its
+ * descriptor names, or the one holding its base checkpoint) and for the job's secret. */
+static nb_status_t nb__artifact_secret(void* user, const char* job_id, const char* peer,
+                                       uint8_t secret[32]) {
+  nb_gateway_t* gw = user;
+  nb_job_store_t* st = NULL;
+  nb_job_config_t* cfg = NULL;
+  nb_job_fed_t fed;
+  json_t* info = NULL;
+  int loaded = 0;
+  nb_status_t s = nb__open_store(gw, &st);
+  if (s == NB_OK) {
+    s = nb__fed_load(st, job_id, &fed, &info);
+    loaded = s == NB_OK;
+    if (s == NB_ERR_NOT_FOUND) s = nb_error(NB_ERR_NOT_FOUND, "no federated job '%s' here", job_id);
+  }
+  if (s == NB_OK && !fed.has_secret)
+    s = nb_error(NB_ERR_NOT_FOUND, "job '%s' is not committed here", job_id);
+  if (s == NB_OK) s = nb__job_config(st, job_id, &cfg);
+  if (s == NB_OK) {
+    nb__part_t parts[NB__MAX_PARTS];
+    int np = nb__parts(cfg, parts), in = 0;
+    for (int i = 0; i < np; i++) in |= !strcmp(parts[i].id, peer);
+    if (!in)
+      s = nb_error(NB_ERR_PERMISSION, "cluster '%s' takes no part in job '%s'", peer, job_id);
+    else
+      memcpy(secret, fed.secret, 32);
+  }
+  if (loaded) nb__fed_release(&fed, info);
+  nb_free(cfg);
+  nb_job_store_close(st);
+  return s;
+}
+
+static int nb__mkdirs(const char* path) {
+  char tmp[NB_GW_STR * 2 + 512];
+  if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
+  for (char* p = tmp + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = 0;
+    if (mkdir(tmp, 0750) != 0 && errno != EEXIST) return -1;
+    *p = '/';
+  }
+  return mkdir(tmp, 0750) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* A job whose model.base names another cluster: fetch that checkpoint from that cluster's
+ * gateway into the job folder at the descriptor's relative path (by content hash when the
+ * descriptor pins one), before anything runs. */
+static nb_status_t nb__fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
+                                  const uint8_t secret[32]) {
+  nb_job_config_t* cfg = NULL;
+  NB_CHECK(nb__job_config(st, id, &cfg));
+  nb_status_t s = NB_OK;
+  const nb_job_model_t* mo = &cfg->model;
+  const char* target = NULL;
+  char dir[NB_GW_STR + NB_JOB_ID_MAX + 2], dest[sizeof dir + NB_JOB_PATH_MAX + 2],
+      parent[sizeof dest], name[NB_JOB_SHA256_HEX + 8];
+  if (!mo->base_checkpoint[0] || !mo->base_cluster[0] ||
+      !strcmp(mo->base_cluster, gw->cfg.cluster_id))
+    goto out;
+  if (nb_artifact_name_check(mo->base_checkpoint) != NB_OK) {
+    s = nb_error_wrap(NB_ERR_INVALID, "model.base.checkpoint '%s' cannot be fetched",
+                      mo->base_checkpoint);
+    goto out;
+  }
+  for (int i = 0; i < gw->cfg.n_peers; i++)
+    if (!strcmp(gw->cfg.peers[i].id, mo->base_cluster)) target = gw->cfg.peers[i].address;
+  if (!target) {
+    s = nb_error(NB_ERR_INVALID, "model.base.cluster '%s' is not a peer of gateway '%s'",
+                 mo->base_cluster, gw->cfg.cluster_id);
+    goto out;
+  }
+  nb__jobdir(gw, id, dir, sizeof dir);
+  snprintf(dest, sizeof dest, "%s/%s", dir, mo->base_checkpoint);
+  snprintf(parent, sizeof parent, "%s", dest);
+  *strrchr(parent, '/') = 0;
+  if (nb__mkdirs(parent) != 0) {
+    s = nb_error(NB_ERR_IO, "cannot create %s: %s", parent, strerror(errno));
+    goto out;
+  }
+  if (mo->base_sha256[0]) snprintf(name, sizeof name, "sha256:%s", mo->base_sha256);
+  nb_artifact_fetch_opts_t o;
+  memset(&o, 0, sizeof o);
+  o.target = target;
+  o.tls = gw->tls;
+  o.expected_cluster = mo->base_cluster;
+  o.job_id = id;
+  o.secret = secret;
+  o.name = mo->base_sha256[0] ? name : mo->base_checkpoint;
+  o.dest = dest;
+  o.timeout_ms = (int64_t)gw->cfg.federation_timeout_ms * 30;
+  nb_artifact_info_t info;
+  double t0 = nb_now_s();
+  s = nb_artifact_fetch(&o, &info);
+  if (s != NB_OK) {
+    s = nb_error_wrap(s, "fetching the base checkpoint %s from cluster '%s'", o.name,
+                      mo->base_cluster);
+    goto out;
+  }
+  json_t* j =
+      json_pack("{s:s, s:s, s:s, s:I, s:f}", "name", o.name, "from", mo->base_cluster, "sha256",
+                info.sha256, "size", (json_int_t)info.size, "seconds", nb_now_s() - t0);
+  char* txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+  if (txt) nb_job_store_append_event(st, id, "fetch", txt, NULL);
+  free(txt);
+  json_decref(j);
+  NB_INFO(JOB, "job %s: base checkpoint %s fetched from %s (%llu bytes)", id, o.name,
+          mo->base_cluster, (unsigned long long)info.size);
+out:
+  nb_free(cfg);
+  return s;
+}
+
+/* Launches this cluster's share of a committed federated job: the job secret in a 0600 file,
+ * the PKI links, and worker_command with every other cluster's endpoint (or `command` when the
+ * job has a single cluster with workers). A cluster without workers has nothing to run: its
+ * part is done at once. */
+static nb_status_t nb__fed_start(nb_gateway_t* gw, nb_job_store_t* st, const char* id, int workers,
+                                 const uint8_t secret[32], json_t* endpoints) {
+  if (workers <= 0) {
+    NB_CHECK(nb_job_store_transition(st, id, NB_JOB_RUNNING, NULL));
+    return nb_job_store_transition(
+        st, id, NB_JOB_SUCCEEDED,
+        "no workers on this cluster: it takes part to provide the job's base checkpoint");
+  }
+  char dir[NB_GW_STR + NB_JOB_ID_MAX + 2], secret_file[sizeof dir + 16], pki[sizeof dir + 8];
+  nb__jobdir(gw, id, dir, sizeof dir);
+  snprintf(secret_file, sizeof secret_file, "%s/job.secret", dir);
+  int fd = open(secret_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0 || write(fd, secret, 32) != 32 || close(fd) != 0)
+    return nb_error(NB_ERR_IO, "cannot write %s: %s", secret_file, strerror(errno));
+  NB_CHECK(nb__job_pki(gw, dir, pki, sizeof pki));
+  nb__wk_args_t wk;
+  memset(&wk, 0, sizeof wk);
+  wk.pki = pki;
+  wk.secret_file = secret_file;
+  wk.listen = json_string_value(json_object_get(endpoints, gw->cfg.cluster_id));
+  const char* k;
+  json_t* v;
+  int clusters = 0;
+  json_object_foreach(endpoints, k, v) {
+    const char* addr = json_string_value(v);
+    if (!addr || !*addr) continue;
+    clusters++;
+    if (!strcmp(k, gw->cfg.cluster_id) || wk.n_peers >= NB_JOB_MAX_CLUSTERS) continue;
+    snprintf(wk.peers[wk.n_peers++], NB_GW_STR, "%s=%s", k, addr);
+  }
+  if (!wk.listen)
+    return nb_error(NB_ERR_INVALID, "no Exchange endpoint for cluster '%s'", gw->cfg.cluster_id);
+  NB_CHECK(nb__fetch_base(gw, st, id, secret));
+  return nb__launch(gw, st, id, workers, clusters > 1 ? &wk : NULL);
+}
+
+/* Maps a failed peer call to what Submit answers: refusals keep their code; a peer that cannot
+ * be reached or timed out is UNAVAILABLE. */
+static nb_status_t nb__fed_code(nb_status_t s) {
+  switch (s) {
+    case NB_ERR_PERMISSION:
+    case NB_ERR_INVALID:
+    case NB_ERR_UNAVAILABLE:
+    case NB_ERR_NOT_FOUND:
+    case NB_ERR_UNSUPPORTED:
+      return s;
+    default:
+      return NB_ERR_UNAVAILABLE;
+  }
+}
+
+/* Origin side of Submit for a job involving other clusters: Propose to each, then Commit to each
+ * and launch here, or Abort everywhere. The job (proposed) is in the store; on failure it ends
+ * failed and the returned error names the cluster and its reason. */
+static nb_status_t nb__fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
+                                  const Nebula__V1__SubmitRequest* req, const nb__part_t* parts,
+                                  int np, int mine, const char* base_cluster) {
+  nb_job_fed_t fed;
+  memset(&fed, 0, sizeof fed);
+  snprintf(fed.job_id, sizeof fed.job_id, "%s", id);
+  snprintf(fed.role, sizeof fed.role, "origin");
+  snprintf(fed.origin, sizeof fed.origin, "%s", gw->cfg.cluster_id);
+  fed.active = 1;
+  json_t* info = json_object();
+  json_t* endpoints = json_object();
+  int my_workers = mine >= 0 ? parts[mine].workers : 0;
+  int accepted[NB__MAX_PARTS] = {0}, committed[NB__MAX_PARTS] = {0}, reserved = 0;
+  char why[2048] = "";
+  nb_status_t s = NB_OK, code = NB_OK;
+  for (int i = 0; i < np; i++)
+    json_object_set_new(nb__fed_cluster(info, parts[i].id), "workers",
+                        json_integer(parts[i].workers));
+  s = nb__jobdir_write(gw, id, req->descriptor.data, req->descriptor.len, req->signature.data,
+                       req->signature.len, req->cert_pem);
+  if (s == NB_OK && my_workers > 0) {
+    s = nb__reserve(gw, id, my_workers);
+    reserved = s == NB_OK;
+    char ep[NB_GW_STR + 16];
+    if (s == NB_OK) s = nb__free_endpoint(gw->cfg.exchange_host, ep, sizeof ep);
+    if (s == NB_OK) {
+      json_object_set_new(nb__fed_cluster(info, gw->cfg.cluster_id), "endpoint", json_string(ep));
+      json_object_set_new(endpoints, gw->cfg.cluster_id, json_string(ep));
+    }
+  }
+  if (s == NB_OK) s = nb__fed_save(st, &fed, info);
+  if (s != NB_OK) {
+    code = s;
+    snprintf(why, sizeof why, "cluster '%s' (this gateway) cannot run the job: %.900s",
+             gw->cfg.cluster_id, nb_error_last());
+  }
+  /* phase 1: every other cluster validates and reserves */
+  for (int i = 0; i < np && !why[0]; i++) {
+    if (i == mine) continue;
+    Nebula__V1__ProposeRequest pr = NEBULA__V1__PROPOSE_REQUEST__INIT;
+    pr.job_id = (char*)id;
+    pr.descriptor = req->descriptor;
+    pr.signature = req->signature;
+    pr.cert_pem = req->cert_pem;
+    pr.origin = gw->cfg.cluster_id;
+    pr.workers = parts[i].workers;
+    ProtobufCMessage* resp = NULL;
+    s = nb__fed_call(gw, parts[i].id, "Propose", &pr.base, &nebula__v1__propose_reply__descriptor,
+                     &resp, 1);
+    if (s != NB_OK) {
+      code = nb__fed_code(s);
+      snprintf(why, sizeof why, "cluster '%.63s' refused the job: %.900s", parts[i].id,
+               nb_error_last());
+      break;
+    }
+    accepted[i] = 1;
+    const char* ep = ((Nebula__V1__ProposeReply*)resp)->endpoint;
+    if (parts[i].workers > 0 && (!ep || !*ep)) {
+      code = NB_ERR_INTERNAL;
+      snprintf(why, sizeof why, "cluster '%.63s' accepted the job without an Exchange endpoint",
+               parts[i].id);
+    } else if (parts[i].workers > 0) {
+      json_object_set_new(nb__fed_cluster(info, parts[i].id), "endpoint", json_string(ep));
+      json_object_set_new(endpoints, parts[i].id, json_string(ep));
+    }
+    protobuf_c_message_free_unpacked(resp, NULL);
+  }
+  /* phase 2: the secret and every endpoint to each, then launch here */
+  if (!why[0]) {
+    s = nb_seal_secret_generate(fed.secret);
+    fed.has_secret = s == NB_OK;
+    json_object_set(info, "endpoints", endpoints);
+    if (s == NB_OK) s = nb__fed_save(st, &fed, info);
+    if (s != NB_OK) {
+      code = s;
+      snprintf(why, sizeof why, "cannot keep the job's secret: %.900s", nb_error_last());
+    }
+  }
+  Nebula__V1__Endpoint eps[NB__MAX_PARTS];
+  Nebula__V1__Endpoint* epp[NB__MAX_PARTS];
+  size_t n_eps = 0;
+  {
+    const char* k;
+    json_t* v;
+    json_object_foreach(endpoints, k, v) {
+      nebula__v1__endpoint__init(&eps[n_eps]);
+      eps[n_eps].cluster = (char*)k;
+      eps[n_eps].address = (char*)json_string_value(v);
+      epp[n_eps] = &eps[n_eps];
+      n_eps++;
+    }
+  }
+  for (int i = 0; i < np && !why[0]; i++) {
+    if (i == mine) continue;
+    Nebula__V1__CommitRequest cr = NEBULA__V1__COMMIT_REQUEST__INIT;
+    cr.job_id = (char*)id;
+    cr.secret.data = fed.secret;
+    cr.secret.len = sizeof fed.secret;
+    cr.n_endpoints = n_eps;
+    cr.endpoints = epp;
+    ProtobufCMessage* resp = NULL;
+    int fetches = base_cluster && base_cluster[0] && strcmp(base_cluster, parts[i].id) &&
+                  parts[i].workers > 0;
+    s = nb__fed_call(gw, parts[i].id, "Commit", &cr.base, &nebula__v1__federation_ack__descriptor,
+                     &resp, fetches ? 2 : 1);
+    if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+    if (s != NB_OK) {
+      code = nb__fed_code(s);
+      snprintf(why, sizeof why, "cluster '%.63s' could not start the job: %.900s", parts[i].id,
+               nb_error_last());
+      break;
+    }
+    committed[i] = 1;
+    json_object_set_new(nb__fed_cluster(info, parts[i].id), "state", json_string("committed"));
+  }
+  if (!why[0]) {
+    s = my_workers > 0 ? nb__fed_start(gw, st, id, my_workers, fed.secret, endpoints)
+                       : nb_job_store_transition(st, id, NB_JOB_RUNNING, NULL);
+    if (s != NB_OK) {
+      code = s;
+      snprintf(why, sizeof why, "cluster '%s' (this gateway) could not start the job: %.900s",
+               gw->cfg.cluster_id, nb_error_last());
+    } else if (mine >= 0) {
+      json_object_set_new(nb__fed_cluster(info, gw->cfg.cluster_id), "state",
+                          json_string(my_workers > 0 ? "running" : "none"));
+    }
+  }
+  if (why[0]) {
+    /* abort everywhere: the committed ones are cancelled, the others aborted */
+    for (int i = 0; i < np; i++) {
+      if (!accepted[i]) continue;
+      ProtobufCMessage* resp = NULL;
+      if (committed[i]) {
+        Nebula__V1__FederationCancelRequest c = NEBULA__V1__FEDERATION_CANCEL_REQUEST__INIT;
+        c.job_id = (char*)id;
+        c.reason = why;
+        nb__fed_call(gw, parts[i].id, "Cancel", &c.base, &nebula__v1__federation_ack__descriptor,
+                     &resp, 1);
+      } else {
+        Nebula__V1__AbortRequest a = NEBULA__V1__ABORT_REQUEST__INIT;
+        a.job_id = (char*)id;
+        a.reason = why;
+        nb__fed_call(gw, parts[i].id, "Abort", &a.base, &nebula__v1__federation_ack__descriptor,
+                     &resp, 1);
+      }
+      if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    if (reserved) nb__unreserve(gw, id);
+    nb_job_store_transition(st, id, NB_JOB_FAILED, why);
+    fed.active = 0;
+    nb__fed_save(st, &fed, info);
+    NB_WARN("job %s: %s", id, why);
+    s = nb_error(code == NB_OK ? NB_ERR_INTERNAL : code, "%s", why);
+  } else {
+    pthread_mutex_lock(&gw->mu);
+    /* reports may already have come in: merge our view into the stored one */
+    nb_job_fed_t cur;
+    json_t* now = NULL;
+    if (nb__fed_load(st, id, &cur, &now) == NB_OK) {
+      const char* k;
+      json_t* c;
+      json_object_foreach(json_object_get(info, "clusters"), k, c) {
+        json_t* stored = nb__fed_cluster(now, k);
+        if (!strcmp(nb__jstr(stored, "state"), "proposed"))
+          json_object_set(stored, "state", json_object_get(c, "state"));
+      }
+      nb__fed_save(st, &fed, now);
+      nb__fed_release(&cur, now);
+    }
+    pthread_mutex_unlock(&gw->mu);
+    NB_INFO(JOB, "job %s: committed on %d clusters", id, np);
+  }
+  json_decref(endpoints);
+  json_decref(info);
+  explicit_bzero(fed.secret, sizeof fed.secret);
+  return s;
+}
+
+/* Stops a job's processes here (or, without any, moves it to cancelled at once) and waits until
+ * the monitor recorded the end. */
+static nb_status_t nb__cancel_local(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
+                                    const char* reason) {
+  nb_status_t s = NB_OK;
+  pthread_mutex_lock(&gw->mu);
+  int k = nb__active_find(gw, id);
+  int launched = k >= 0 && nb__launched(&gw->active[k]);
+  nb_launch_t launch;
+  if (launched) launch = gw->active[k].launch;
+  if (k >= 0)
+    snprintf(gw->active[k].cancel_reason, sizeof gw->active[k].cancel_reason, "%s", reason);
+  if (k >= 0 && !launched) gw->active[k] = gw->active[--gw->n_active]; /* a reservation */
+  pthread_mutex_unlock(&gw->mu);
+  if (launched) {
+    int killed = 0;
+    char what[64];
+    s = nb_launcher_cancel(&launch, gw->cfg.cancel_grace_ms, &killed);
+    NB_INFO(JOB, "job %s: %s stopped%s", id, nb_launcher_describe(&launch, what, sizeof what),
+            killed ? " with SIGKILL" : "");
+    int64_t until = nb_now_ns() + 5000000000LL + (int64_t)gw->cfg.poll_ms * 4000000;
+    for (;;) {
+      pthread_mutex_lock(&gw->mu);
+      k = nb__active_find(gw, id);
+      pthread_mutex_unlock(&gw->mu);
+      if (k < 0 || s != NB_OK) break;
+      if (nb_now_ns() > until) {
+        s = nb_error(NB_ERR_TIMEOUT,
+                     "job %s: its processes are gone but the end was not recorded in time", id);
+        break;
+      }
+      nb_sleep_ns(5000000);
+    }
+  } else {
+    s = nb_job_store_transition(st, id, NB_JOB_CANCELLED, reason);
+    if (s == NB_ERR_INVALID) s = NB_OK; /* it reached a final state meanwhile */
+  }
+  return s;
+}
+
+/* Origin: Federation.Cancel to every other cluster with workers whose part has not ended.
+ * Returns the first failure (the others are still tried). */
+static nb_status_t nb__fed_cancel_peers(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
+                                        const char* reason) {
+  nb_job_fed_t fed;
+  json_t* info = NULL;
+  pthread_mutex_lock(&gw->mu);
+  nb_status_t s = nb__fed_load(st, id, &fed, &info);
+  pthread_mutex_unlock(&gw->mu);
+  if (s != NB_OK) return NB_OK; /* not federated */
+  if (strcmp(fed.role, "origin")) {
+    nb__fed_release(&fed, info);
+    return NB_OK;
+  }
+  nb_status_t first = NB_OK;
+  char err[768] = "";
+  const char* k;
+  json_t* c;
+  json_object_foreach(json_object_get(info, "clusters"), k, c) {
+    if (!strcmp(k, gw->cfg.cluster_id) || json_integer_value(json_object_get(c, "workers")) <= 0)
+      continue;
+    nb_job_state_t cs;
+    if (nb_job_state_parse(nb__jstr(c, "state"), &cs) == NB_OK && nb_job_state_is_final(cs))
+      continue;
+    Nebula__V1__FederationCancelRequest cr = NEBULA__V1__FEDERATION_CANCEL_REQUEST__INIT;
+    cr.job_id = (char*)id;
+    cr.reason = (char*)reason;
+    ProtobufCMessage* resp = NULL;
+    s = nb__fed_call(gw, k, "Cancel", &cr.base, &nebula__v1__federation_ack__descriptor, &resp, 0);
+    if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+    if (s != NB_OK && first == NB_OK) {
+      first = s;
+      snprintf(err, sizeof err, "cluster '%s': %.700s", k, nb_error_last());
+    }
+  }
+  nb__fed_release(&fed, info);
+  if (first != NB_OK) return nb_error(first, "%s", err);
+  return NB_OK;
+}
+
+/* Reads a request of a Federation method from a configured peer. */
+static nb_status_t nb__fed_request(nb_rpc_call_t* call, nb_gateway_t* gw,
+                                   const ProtobufCMessageDescriptor* desc, const char* method,
+                                   const char** caller, ProtobufCMessage** m) {
+  NB_CHECK(nb__fed_caller(call, gw, caller));
+  int end = 0;
+  *m = NULL;
+  NB_CHECK(nb_rpc_call_recv_pb(call, desc, m, &end, NB_RPC_INFINITE));
+  if (!*m) return nb_error(NB_ERR_INVALID, "%s: no request", method);
+  return NB_OK;
+}
+
+/* Loads the member record of job id, which `caller` must be the origin of. */
+static nb_status_t nb__fed_member(nb_job_store_t* st, const char* id, const char* caller,
+                                  nb_job_fed_t* fed, json_t** info) {
+  if (!id || !*id) return nb_error(NB_ERR_INVALID, "job_id is empty");
+  nb_status_t s = nb__fed_load(st, id, fed, info);
+  if (s == NB_ERR_NOT_FOUND) return nb_error(NB_ERR_NOT_FOUND, "no federated job '%s' here", id);
+  if (s != NB_OK) return s;
+  if (strcmp(fed->role, "member") || strcmp(fed->origin, caller)) {
+    nb__fed_release(fed, *info);
+    return nb_error(NB_ERR_PERMISSION, "cluster '%s' is not the origin of job '%s'", caller, id);
+  }
+  return NB_OK;
+}
+
+static nb_status_t nb__fed_ack(nb_rpc_call_t* call, nb_job_store_t* st, const char* id) {
+  nb_job_record_t rec = {0};
+  NB_CHECK(nb_job_store_get(st, id, &rec));
+  Nebula__V1__FederationAck a = NEBULA__V1__FEDERATION_ACK__INIT;
+  a.state = (char*)nb_job_state_name(rec.state);
+  nb_status_t s = nb_rpc_call_send_pb(call, &a.base);
+  nb_job_record_clear(&rec);
+  return s;
+}
+
+/* Member, phase 1: the same checks as Submit (signature, descriptor, our ACL and resources),
+ * then the job is stored as proposed, its slots reserved and our Exchange endpoint chosen. */
+static nb_status_t nb__fed_propose(nb_rpc_call_t* call, void* user_data) {
+  nb_gateway_t* gw = user_data;
+  const char* caller = "";
+  ProtobufCMessage* m = NULL;
+  NB_CHECK(
+      nb__fed_request(call, gw, &nebula__v1__propose_request__descriptor, "Propose", &caller, &m));
+  Nebula__V1__ProposeRequest* req = (Nebula__V1__ProposeRequest*)m;
+  nb_status_t s = NB_OK;
+  X509* cert = NULL;
+  nb_job_config_t* cfg = NULL;
+  nb_descriptor_diag_t* diag = NULL;
+  nb_job_store_t* st = NULL;
+  json_t* info = NULL;
+  int reserved = 0, created = 0;
+  nb_pki_identity_t who;
+  char ep[NB_GW_STR + 16] = "";
+  if (!req->origin || strcmp(req->origin, caller)) {
+    s = nb_error(NB_ERR_PERMISSION, "Propose: origin '%s' is not the caller '%s'",
+                 req->origin ? req->origin : "", caller);
+    goto done;
+  }
+  if (!req->job_id || !*req->job_id || !req->descriptor.len || !req->signature.len ||
+      !req->cert_pem || !*req->cert_pem) {
+    s = nb_error(NB_ERR_INVALID, "Propose needs the job id, descriptor, signature and certificate");
+    goto done;
+  }
+  if (nb_pki_cert_from_pem(req->cert_pem, 0, &cert) != NB_OK) {
+    s = nb_error_wrap(NB_ERR_INVALID, "cert_pem");
+    goto done;
+  }
+  s = nb_sign_verify(cert, gw->ca, req->descriptor.data, req->descriptor.len, req->signature.data,
+                     req->signature.len, NULL, &who);
+  if (s == NB_ERR_INTEGRITY) {
+    s = nb_error_wrap(NB_ERR_PERMISSION, "descriptor signature does not verify");
+    goto done;
+  }
+  if (s != NB_OK) {
+    s = nb_error_wrap(NB_ERR_PERMISSION, "signer certificate refused");
+    goto done;
+  }
+  NB_CHECK_GOTO(nb_calloc((void**)&cfg, 1, sizeof *cfg, "job config"), s, done);
+  NB_CHECK_GOTO(nb_calloc((void**)&diag, 1, sizeof *diag, "diagnostics"), s, done);
+  if (nb_descriptor_parse((const char*)req->descriptor.data, req->descriptor.len, cfg, diag) !=
+      NB_OK) {
+    char line[640];
+    s = nb_error(
+        NB_ERR_INVALID, "descriptor is invalid: %s",
+        diag->count ? nb_descriptor_error_format(&diag->errors[0], line, sizeof line) : "?");
+    goto done;
+  }
+  nb__part_t parts[NB__MAX_PARTS];
+  int np = nb__parts(cfg, parts), mine = -1;
+  for (int i = 0; i < np; i++)
+    if (!strcmp(parts[i].id, gw->cfg.cluster_id)) mine = i;
+  if (mine < 0) {
+    s = nb_error(NB_ERR_INVALID, "job '%s' does not involve cluster '%s'", req->job_id,
+                 gw->cfg.cluster_id);
+    goto done;
+  }
+  int workers = parts[mine].workers;
+  nb_acl_want_t want = {gw->cfg.cluster_id, workers};
+  s = nb_acl_check(&gw->cfg.acl, who.name, &want, 1);
+  if (s != NB_OK) goto done;
+  for (int i = 0; i < cfg->n_clusters && workers > 0; i++) {
+    if (!strcmp(cfg->clusters[i].id, gw->cfg.cluster_id) &&
+        cfg->clusters[i].device == NB_JOB_DEVICE_CUDA && gw->cfg.device != NB_JOB_DEVICE_CUDA) {
+      s = nb_error(NB_ERR_INVALID, "$.spec.clusters[%d].device: cluster '%s' has no cuda devices",
+                   i, gw->cfg.cluster_id);
+      goto done;
+    }
+  }
+  if (workers > 0) {
+    NB_CHECK_GOTO(nb__reserve(gw, req->job_id, workers), s, done);
+    reserved = 1;
+    NB_CHECK_GOTO(nb__free_endpoint(gw->cfg.exchange_host, ep, sizeof ep), s, done);
+  }
+  NB_CHECK_GOTO(nb__open_store(gw, &st), s, done);
+  {
+    char* text = NULL;
+    NB_CHECK_GOTO(nb_alloc((void**)&text, req->descriptor.len + 1, 1, "descriptor"), s, done);
+    memcpy(text, req->descriptor.data, req->descriptor.len);
+    text[req->descriptor.len] = 0;
+    s = nb_job_store_create(st, req->job_id, who.name, text);
+    nb_free(text);
+    if (s == NB_ERR_EXISTS) s = nb_error(NB_ERR_EXISTS, "job '%s' is already here", req->job_id);
+    if (s != NB_OK) goto done;
+    created = 1;
+  }
+  NB_CHECK_GOTO(nb_job_store_transition(st, req->job_id, NB_JOB_PROPOSED, NULL), s, done);
+  NB_CHECK_GOTO(nb__jobdir_write(gw, req->job_id, req->descriptor.data, req->descriptor.len,
+                                 req->signature.data, req->signature.len, req->cert_pem),
+                s, done);
+  {
+    nb_job_fed_t fed;
+    memset(&fed, 0, sizeof fed);
+    snprintf(fed.job_id, sizeof fed.job_id, "%s", req->job_id);
+    snprintf(fed.role, sizeof fed.role, "member");
+    snprintf(fed.origin, sizeof fed.origin, "%s", caller);
+    fed.active = 1;
+    info = json_pack("{s:I}", "report_seq", (json_int_t)0);
+    json_t* me = nb__fed_cluster(info, gw->cfg.cluster_id);
+    json_object_set_new(me, "workers", json_integer(workers));
+    json_object_set_new(me, "endpoint", json_string(ep));
+    NB_CHECK_GOTO(nb__fed_save(st, &fed, info), s, done);
+  }
+  NB_INFO(JOB, "job %s proposed by %s for user %s: %d workers here, exchange %s", req->job_id,
+          caller, who.name, workers, ep[0] ? ep : "-");
+  {
+    Nebula__V1__ProposeReply r = NEBULA__V1__PROPOSE_REPLY__INIT;
+    r.endpoint = ep;
+    s = nb_rpc_call_send_pb(call, &r.base);
+  }
+done:
+  if (s != NB_OK) {
+    char why[768];
+    snprintf(why, sizeof why, "%s", nb_error_last());
+    if (reserved) nb__unreserve(gw, req->job_id);
+    if (created) nb_job_store_transition(st, req->job_id, NB_JOB_FAILED, why);
+    NB_WARN("job %s proposed by %s: refused: %s", req->job_id ? req->job_id : "?", caller, why);
+    s = nb_error(s, "%s", why);
+  }
+  json_decref(info);
+  if (cert) X509_free(cert);
+  nb_free(cfg);
+  nb_free(diag);
+  nb_job_store_close(st);
+  protobuf_c_message_free_unpacked(m, NULL);
+  return s;
+}
+
+/* Member, phase 2: keep the secret and the endpoints, launch our share. */
+static nb_status_t nb__fed_commit(nb_rpc_call_t* call, void* user_data) {
+  nb_gateway_t* gw = user_data;
+  const char* caller = "";
+  ProtobufCMessage* m = NULL;
+  NB_CHECK(
+      nb__fed_request(call, gw, &nebula__v1__commit_request__descriptor, "Commit", &caller, &m));
+  Nebula__V1__CommitRequest* req = (Nebula__V1__CommitRequest*)m;
+  nb_job_store_t* st = NULL;
+  nb_job_fed_t fed;
+  json_t* info = NULL;
+  int loaded = 0;
+  nb_job_record_t rec = {0};
+  nb_status_t s = nb__open_store(gw, &st);
+  if (s == NB_OK) {
+    pthread_mutex_lock(&gw->mu);
+    s = nb__fed_member(st, req->job_id, caller, &fed, &info);
+    loaded = s == NB_OK;
+    if (s == NB_OK && req->secret.len != sizeof fed.secret)
+      s = nb_error(NB_ERR_INVALID, "Commit: the secret must be %zu bytes", sizeof fed.secret);
+    if (s == NB_OK) s = nb_job_store_get(st, req->job_id, &rec);
+    if (s == NB_OK && rec.state != NB_JOB_PROPOSED)
+      s = nb_error(NB_ERR_INVALID, "job '%s' is %s here, not proposed", req->job_id,
+                   nb_job_state_name(rec.state));
+    json_t* eps = json_object();
+    for (size_t i = 0; s == NB_OK && i < req->n_endpoints; i++)
+      json_object_set_new(eps, req->endpoints[i]->cluster, json_string(req->endpoints[i]->address));
+    if (s == NB_OK) {
+      memcpy(fed.secret, req->secret.data, sizeof fed.secret);
+      fed.has_secret = 1;
+      json_object_set(info, "endpoints", eps);
+      s = nb__fed_save(st, &fed, info);
+    }
+    pthread_mutex_unlock(&gw->mu);
+    int workers = (int)json_integer_value(
+        json_object_get(nb__fed_cluster(info ? info : eps, gw->cfg.cluster_id), "workers"));
+    if (s == NB_OK) {
+      s = nb__fed_start(gw, st, req->job_id, workers, fed.secret, eps);
+      if (s != NB_OK) {
+        char reason[768];
+        snprintf(reason, sizeof reason, "launch failed: %.700s", nb_error_last());
+        nb__unreserve(gw, req->job_id);
+        nb_job_store_transition(st, req->job_id, NB_JOB_FAILED, reason);
+        s = nb_error(s, "%s", reason);
+      }
+    }
+    json_decref(eps);
+  }
+  if (s == NB_OK) s = nb__fed_ack(call, st, req->job_id);
+  if (loaded) nb__fed_release(&fed, info);
+  nb_job_record_clear(&rec);
+  nb_job_store_close(st);
+  protobuf_c_message_free_unpacked(m, NULL);
+  return s;
+}
+
+/* Member: the origin gave up on the job (another cluster refused): release, launch nothing. */
+static nb_status_t nb__fed_abort(nb_rpc_call_t* call, void* user_data) {
+  nb_gateway_t* gw = user_data;
+  const char* caller = "";
+  ProtobufCMessage* m = NULL;
+  NB_CHECK(nb__fed_request(call, gw, &nebula__v1__abort_request__descriptor, "Abort", &caller, &m));
+  Nebula__V1__AbortRequest* req = (Nebula__V1__AbortRequest*)m;
+  nb_job_store_t* st = NULL;
+  nb_job_fed_t fed;
+  json_t* info = NULL;
+  nb_status_t s = nb__open_store(gw, &st);
+  if (s == NB_OK) s = nb__fed_member(st, req->job_id, caller, &fed, &info);
+  if (s == NB_OK) {
+    nb__unreserve(gw, req->job_id);
+    char reason[768];
+    snprintf(reason, sizeof reason, "aborted by the origin '%s': %.600s", caller,
+             req->reason ? req->reason : "");
+    nb_status_t t = nb_job_store_transition(st, req->job_id, NB_JOB_FAILED, reason);
+    if (t != NB_OK && t != NB_ERR_INVALID) s = t;
+    nb__fed_release(&fed, info);
+  }
+  if (s == NB_OK) s = nb__fed_ack(call, st, req->job_id);
+  nb_job_store_close(st);
+  protobuf_c_message_free_unpacked(m, NULL);
+  return s;
+}
+
+/* Member: stop our share of the job (the origin cancelled it, or another cluster failed). */
+static nb_status_t nb__fed_cancel(nb_rpc_call_t* call, void* user_data) {
+  nb_gateway_t* gw = user_data;
+  const char* caller = "";
+  ProtobufCMessage* m = NULL;
+  NB_CHECK(nb__fed_request(call, gw, &nebula__v1__federation_cancel_request__descriptor, "Cancel",
+                           &caller, &m));
+  Nebula__V1__FederationCancelRequest* req = (Nebula__V1__FederationCancelRequest*)m;
+  nb_job_store_t* st = NULL;
+  nb_job_fed_t fed;
+  json_t* info = NULL;
+  nb_status_t s = nb__open_store(gw, &st);
+  if (s == NB_OK) s = nb__fed_member(st, req->job_id, caller, &fed, &info);
+  if (s == NB_OK) {
+    nb__fed_release(&fed, info);
+    char reason[768];
+    snprintf(reason, sizeof reason, "cancelled by the origin '%s'%s%.600s", caller,
+             req->reason && *req->reason ? ": " : "", req->reason ? req->reason : "");
+    s = nb__cancel_local(gw, st, req->job_id, reason);
+  }
+  if (s == NB_OK) s = nb__fed_ack(call, st, req->job_id);
+  nb_job_store_close(st);
+  protobuf_c_message_free_unpacked(m, NULL);
+  return s;
+}
+
+/* Origin: a batch of a member's events. Stored tagged with the cluster (state → cluster_state,
+ * launch/exit → cluster_launch/cluster_exit, progress keeps its kind); the cluster's state feeds
+ * the job's aggregate state. Idempotent: events at or below the cluster's acked seq are skipped. */
+static nb_status_t nb__fed_report(nb_rpc_call_t* call, void* user_data) {
+  nb_gateway_t* gw = user_data;
+  const char* caller = "";
+  ProtobufCMessage* m = NULL;
+  NB_CHECK(
+      nb__fed_request(call, gw, &nebula__v1__report_request__descriptor, "Report", &caller, &m));
+  Nebula__V1__ReportRequest* req = (Nebula__V1__ReportRequest*)m;
+  nb_job_store_t* st = NULL;
+  nb_job_fed_t fed;
+  json_t* info = NULL;
+  int64_t acked = 0;
+  nb_status_t s = NB_OK;
+  if (!req->cluster || strcmp(req->cluster, caller)) {
+    s = nb_error(NB_ERR_PERMISSION, "Report: cluster '%s' is not the caller '%s'",
+                 req->cluster ? req->cluster : "", caller);
+    goto out;
+  }
+  NB_CHECK_GOTO(nb__open_store(gw, &st), s, out);
+  pthread_mutex_lock(&gw->mu);
+  s = nb__fed_load(st, req->job_id ? req->job_id : "", &fed, &info);
+  if (s == NB_ERR_NOT_FOUND)
+    s = nb_error(NB_ERR_NOT_FOUND, "no federated job '%s' here", req->job_id);
+  if (s == NB_OK) {
+    json_t* c = json_object_get(json_object_get(info, "clusters"), caller);
+    if (strcmp(fed.role, "origin") || !json_is_object(c)) {
+      s = nb_error(NB_ERR_PERMISSION, "cluster '%s' takes no part in job '%s' from here", caller,
+                   req->job_id);
+    } else {
+      acked = json_integer_value(json_object_get(c, "seq"));
+      for (size_t i = 0; i < req->n_events && s == NB_OK; i++) {
+        Nebula__V1__ReportEvent* e = req->events[i];
+        if (e->seq <= acked) continue;
+        json_t* p = json_loads(e->payload_json ? e->payload_json : "", 0, NULL);
+        if (!json_is_object(p)) {
+          json_decref(p);
+          p = json_object();
+        }
+        json_object_set_new(p, "cluster", json_string(caller));
+        char kind[32];
+        if (!strcmp(e->kind, "progress")) {
+          snprintf(kind, sizeof kind, "progress");
+          if (!json_object_get(p, "source")) json_object_set_new(p, "source", json_string(caller));
+        } else {
+          snprintf(kind, sizeof kind, "cluster_%.20s", e->kind);
+        }
+        if (!strcmp(e->kind, "state")) {
+          const char* to = nb__jstr(p, "to");
+          json_object_set_new(c, "state", json_string(to));
+          json_object_set_new(c, "reason", json_string(nb__jstr(p, "reason")));
+        }
+        char* txt = json_dumps(p, JSON_COMPACT);
+        json_decref(p);
+        s = txt ? nb_job_store_append_event(st, req->job_id, kind, txt, NULL)
+                : nb_error(NB_ERR_NOMEM, "report");
+        free(txt);
+        if (s == NB_OK) acked = e->seq;
+      }
+      json_object_set_new(c, "seq", json_integer(acked));
+      nb__fed_aggregate(gw, st, req->job_id, info);
+      nb_status_t t = nb__fed_save(st, &fed, info);
+      if (s == NB_OK) s = t;
+    }
+    nb__fed_release(&fed, info);
+  }
+  pthread_mutex_unlock(&gw->mu);
+  if (s == NB_OK) {
+    Nebula__V1__ReportReply r = NEBULA__V1__REPORT_REPLY__INIT;
+    r.acked_seq = acked;
+    s = nb_rpc_call_send_pb(call, &r.base);
+  }
+out:
+  nb_job_store_close(st);
+  protobuf_c_message_free_unpacked(m, NULL);
+  return s;
+}
+
+/* One pass of the federation thread over the active records: members report their new events
+ * to the origin (retried next pass while it is away) and give up a proposal the origin never
+ * committed; origins cancel the remaining clusters of a job that failed. */
+static void nb__fed_pass(nb_gateway_t* gw) {
+  nb_job_store_t* st = gw->fed_store;
+  nb_job_fed_t* recs = NULL;
+  size_t n = 0;
+  if (nb_job_store_fed_list_active(st, &recs, &n) != NB_OK) return;
+  for (size_t i = 0; i < n && !gw->stopping; i++) {
+    nb_job_fed_t* f = &recs[i];
+    nb_job_record_t rec = {0};
+    if (nb_job_store_get(st, f->job_id, &rec) != NB_OK) continue;
+    int final = nb_job_state_is_final(rec.state);
+    nb_job_state_t state = rec.state;
+    int64_t created = rec.created_ns;
+    nb_job_record_clear(&rec);
+    json_t* info = json_loads(f->info ? f->info : "{}", 0, NULL);
+    if (!json_is_object(info)) {
+      json_decref(info);
+      info = json_object();
+    }
+    if (!strcmp(f->role, "member")) {
+      if (state == NB_JOB_PROPOSED && !f->has_secret && /* never committed */
+          nb_wall_ns() - created > (int64_t)gw->cfg.federation_timeout_ms * 6 * 1000000) {
+        nb__unreserve(gw, f->job_id);
+        nb_job_store_transition(st, f->job_id, NB_JOB_FAILED,
+                                "the origin never committed the job (proposal expired)");
+        json_decref(info);
+        continue; /* its state event is reported next pass */
+      }
+      int64_t after = json_integer_value(json_object_get(info, "report_seq"));
+      nb_job_event_t* ev = NULL;
+      size_t ne = 0;
+      if (nb_job_store_events(st, f->job_id, after, 128, &ev, &ne) == NB_OK && ne > 0) {
+        Nebula__V1__ReportEvent* es = NULL;
+        Nebula__V1__ReportEvent** ep = NULL;
+        if (nb_calloc((void**)&es, ne, sizeof *es, "report") == NB_OK &&
+            nb_calloc((void**)&ep, ne, sizeof *ep, "report") == NB_OK) {
+          for (size_t k = 0; k < ne; k++) {
+            nebula__v1__report_event__init(&es[k]);
+            es[k].seq = ev[k].seq;
+            es[k].time_unix_ns = ev[k].time_ns;
+            es[k].kind = ev[k].kind;
+            es[k].payload_json = ev[k].payload;
+            ep[k] = &es[k];
+          }
+          Nebula__V1__ReportRequest rr = NEBULA__V1__REPORT_REQUEST__INIT;
+          rr.job_id = f->job_id;
+          rr.cluster = gw->cfg.cluster_id;
+          rr.n_events = ne;
+          rr.events = ep;
+          ProtobufCMessage* resp = NULL;
+          if (nb__fed_call(gw, f->origin, "Report", &rr.base, &nebula__v1__report_reply__descriptor,
+                           &resp, 0) == NB_OK) {
+            int64_t acked = ((Nebula__V1__ReportReply*)resp)->acked_seq;
+            pthread_mutex_lock(&gw->mu);
+            nb_job_fed_t cur;
+            json_t* now = NULL;
+            if (nb__fed_load(st, f->job_id, &cur, &now) == NB_OK) {
+              json_object_set_new(now, "report_seq", json_integer(acked));
+              nb__fed_save(st, &cur, now);
+              nb__fed_release(&cur, now);
+            }
+            pthread_mutex_unlock(&gw->mu);
+            after = acked;
+          } else {
+            NB_TRACE(RPC, "job %s: report to %s: %s", f->job_id, f->origin, nb_error_last());
+          }
+          if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+        }
+        nb_free(es);
+        nb_free(ep);
+      }
+      nb_job_events_free(ev, ne);
+      if (final && ne == 0) { /* everything reported */
+        pthread_mutex_lock(&gw->mu);
+        nb_job_fed_t cur;
+        json_t* now = NULL;
+        if (nb__fed_load(st, f->job_id, &cur, &now) == NB_OK) {
+          cur.active = 0;
+          nb__fed_save(st, &cur, now);
+          nb__fed_release(&cur, now);
+        }
+        pthread_mutex_unlock(&gw->mu);
+      }
+    } else if (final) {
+      /* origin: once final, the clusters still running are cancelled, then nothing is left */
+      int ok = 1;
+      if (json_is_true(json_object_get(info, "cancel_pending"))) {
+        nb_job_record_t r2 = {0};
+        char reason[640] = "another cluster of the job failed";
+        if (nb_job_store_get(st, f->job_id, &r2) == NB_OK && r2.reason && *r2.reason)
+          snprintf(reason, sizeof reason, "%.600s", r2.reason);
+        nb_job_record_clear(&r2);
+        ok = nb__fed_cancel_peers(gw, st, f->job_id, reason) == NB_OK;
+      }
+      if (ok) {
+        pthread_mutex_lock(&gw->mu);
+        nb_job_fed_t cur;
+        json_t* now = NULL;
+        if (nb__fed_load(st, f->job_id, &cur, &now) == NB_OK) {
+          cur.active = 0;
+          json_object_del(now, "cancel_pending");
+          nb__fed_save(st, &cur, now);
+          nb__fed_release(&cur, now);
+        }
+        pthread_mutex_unlock(&gw->mu);
+      }
+    }
+    json_decref(info);
+  }
+  nb_job_feds_free(recs, n);
+}
+
+static void* nb__fed_loop(void* arg) {
+  nb_gateway_t* gw = arg;
+  while (!gw->stopping) {
+    nb__fed_pass(gw);
+    for (int i = 0; i < 4 && !gw->stopping; i++) nb_sleep_ns((int64_t)gw->cfg.poll_ms * 1000000);
+  }
+  return NULL;
 }
 
 static nb_status_t nb__submit(nb_rpc_call_t* call, void* user_data) {
@@ -861,43 +2283,47 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, void* user_data) {
     s = nb_error(NB_ERR_INVALID, "%s", msg);
     goto done;
   }
-  /* Which clusters: this one only, until federation exists. */
+  /* Which clusters: each one named, and the one holding the base checkpoint */
+  nb__part_t parts[NB__MAX_PARTS];
+  int np = nb__parts(cfg, parts), mine = -1, fed = 0;
   nb_acl_want_t want[NB_JOB_MAX_CLUSTERS];
-  int mine = -1;
   for (int i = 0; i < cfg->n_clusters; i++) {
     want[i].cluster = cfg->clusters[i].id;
     want[i].workers = cfg->clusters[i].workers;
-    if (!strcmp(cfg->clusters[i].id, gw->cfg.cluster_id)) mine = i;
   }
   s = nb_acl_check(&gw->cfg.acl, user, want, (size_t)cfg->n_clusters);
   if (s != NB_OK) goto done;
-  if (mine < 0) {
-    s = nb_error(NB_ERR_INVALID,
-                 "the job runs on cluster '%s' but this gateway is cluster '%s' (submitting to a "
-                 "peer's cluster needs federation, not available yet)",
-                 cfg->clusters[0].id, gw->cfg.cluster_id);
-    goto done;
+  for (int i = 0; i < np; i++) {
+    if (!strcmp(parts[i].id, gw->cfg.cluster_id)) {
+      mine = i;
+      continue;
+    }
+    fed = 1;
+    if (!nb__peer_client(gw, parts[i].id)) {
+      s = nb_error(NB_ERR_INVALID,
+                   "the job names cluster '%s', which is not a peer of gateway '%s' (add it to "
+                   "\"peers\" in the gateway's config)",
+                   parts[i].id, gw->cfg.cluster_id);
+      goto done;
+    }
   }
-  if (cfg->n_clusters > 1) {
-    s = nb_error(NB_ERR_UNSUPPORTED,
-                 "the job spans %d clusters: multi-cluster jobs need federation between gateways, "
-                 "which this gateway does not offer yet",
-                 cfg->n_clusters);
-    goto done;
-  }
-  if (cfg->clusters[mine].device == NB_JOB_DEVICE_CUDA && gw->cfg.device != NB_JOB_DEVICE_CUDA) {
-    s = nb_error(NB_ERR_INVALID, "$.spec.clusters[%d].device: cluster '%s' has no cuda devices",
-                 mine, gw->cfg.cluster_id);
-    goto done;
+  int my_workers = mine >= 0 ? parts[mine].workers : 0;
+  for (int i = 0; i < cfg->n_clusters && my_workers > 0; i++) {
+    if (!strcmp(cfg->clusters[i].id, gw->cfg.cluster_id) &&
+        cfg->clusters[i].device == NB_JOB_DEVICE_CUDA && gw->cfg.device != NB_JOB_DEVICE_CUDA) {
+      s = nb_error(NB_ERR_INVALID, "$.spec.clusters[%d].device: cluster '%s' has no cuda devices",
+                   i, gw->cfg.cluster_id);
+      goto done;
+    }
   }
   int used = 0;
   pthread_mutex_lock(&gw->mu);
   for (int i = 0; i < gw->n_active; i++) used += gw->active[i].workers;
   pthread_mutex_unlock(&gw->mu);
-  if (used + cfg->clusters[mine].workers > gw->cfg.slots) {
-    s = nb_error(
-        NB_ERR_UNAVAILABLE, "cluster '%s' has %d free worker slots of %d, the job needs %d",
-        gw->cfg.cluster_id, gw->cfg.slots - used, gw->cfg.slots, cfg->clusters[mine].workers);
+  if (used + my_workers > gw->cfg.slots) {
+    s = nb_error(NB_ERR_UNAVAILABLE,
+                 "cluster '%s' has %d free worker slots of %d, the job needs %d",
+                 gw->cfg.cluster_id, gw->cfg.slots - used, gw->cfg.slots, my_workers);
     goto done;
   }
   NB_CHECK_GOTO(nb__open_store(gw, &st), s, done);
@@ -918,12 +2344,20 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, void* user_data) {
     if (s != NB_OK) goto done;
   }
   NB_CHECK_GOTO(nb_job_store_transition(st, id, NB_JOB_PROPOSED, NULL), s, done);
-  s = nb__launch(gw, st, id, req, cfg->clusters[mine].workers);
-  if (s != NB_OK) {
-    char reason[512];
-    snprintf(reason, sizeof reason, "launch failed: %s", nb_error_last());
-    nb_job_store_transition(st, id, NB_JOB_FAILED, reason);
-    NB_WARN("job %s: %s", id, reason);
+  if (fed) {
+    /* two-phase with every other cluster; on failure the job is failed here and Submit fails */
+    s = nb__fed_submit(gw, st, id, req, parts, np, mine, cfg->model.base_cluster);
+    if (s != NB_OK) goto done;
+  } else {
+    s = nb__jobdir_write(gw, id, req->descriptor.data, req->descriptor.len, req->signature.data,
+                         req->signature.len, req->cert_pem);
+    if (s == NB_OK) s = nb__launch(gw, st, id, my_workers, NULL);
+    if (s != NB_OK) {
+      char reason[512];
+      snprintf(reason, sizeof reason, "launch failed: %s", nb_error_last());
+      nb_job_store_transition(st, id, NB_JOB_FAILED, reason);
+      NB_WARN("job %s: %s", id, reason);
+    }
   }
   NB_INFO(JOB, "job %s submitted by %s", id, user);
   s = nb__send_job(call, gw, st, id, 1);
@@ -1120,39 +2554,39 @@ static nb_status_t nb__cancel(nb_rpc_call_t* call, void* user_data) {
     char reason[512];
     snprintf(reason, sizeof reason, "cancelled by %s%s%.300s", user,
              req->reason && *req->reason ? ": " : "", req->reason ? req->reason : "");
-    /* A job with processes: the monitor records the end (exit event, then `cancelled`) once
-     * they are gone, and retires the entry, which frees its slots before we answer. */
+    /* a federated job: every other cluster stops first (each answers once its workers are
+     * gone), then ours. A job with processes: the monitor records the end (exit event, then
+     * `cancelled`) once they are gone, and retires the entry, which frees its slots before we
+     * answer. */
     pthread_mutex_lock(&gw->mu);
-    int k = nb__active_find(gw, req->job_id);
-    nb_launch_t launch;
-    if (k >= 0) launch = gw->active[k].launch;
-    if (k >= 0) memcpy(gw->active[k].cancel_reason, reason, sizeof reason);
-    pthread_mutex_unlock(&gw->mu);
-    if (k >= 0) {
-      int killed = 0;
-      char what[64];
-      s = nb_launcher_cancel(&launch, gw->cfg.cancel_grace_ms, &killed);
-      NB_INFO(JOB, "job %s: %s stopped%s", req->job_id,
-              nb_launcher_describe(&launch, what, sizeof what), killed ? " with SIGKILL" : "");
-      int64_t until = nb_now_ns() + 5000000000LL + (int64_t)gw->cfg.poll_ms * 4000000;
-      for (;;) {
-        pthread_mutex_lock(&gw->mu);
-        k = nb__active_find(gw, req->job_id);
-        pthread_mutex_unlock(&gw->mu);
-        if (k < 0 || s != NB_OK) break;
-        if (nb_now_ns() > until) {
-          s = nb_error(NB_ERR_TIMEOUT,
-                       "job %s: its processes are gone but the end was not "
-                       "recorded in time",
-                       req->job_id);
-          break;
-        }
-        nb_sleep_ns(5000000);
-      }
-    } else {
-      s = nb_job_store_transition(st, req->job_id, NB_JOB_CANCELLED, reason);
-      if (s == NB_ERR_INVALID) s = NB_OK; /* it reached a final state meanwhile */
+    nb_job_fed_t fed;
+    json_t* info = NULL;
+    if (nb__fed_load(st, req->job_id, &fed, &info) == NB_OK) {
+      /* the peers' cancelled states that come in now must not fail the job */
+      json_object_set_new(info, "cancelling", json_string(reason));
+      nb__fed_save(st, &fed, info);
+      nb__fed_release(&fed, info);
     }
+    pthread_mutex_unlock(&gw->mu);
+    nb_status_t peers = nb__fed_cancel_peers(gw, st, req->job_id, reason);
+    char perr[768] = "";
+    if (peers != NB_OK) {
+      snprintf(perr, sizeof perr, "%s", nb_error_last());
+      /* the federation thread keeps trying the clusters that did not answer */
+      pthread_mutex_lock(&gw->mu);
+      if (nb__fed_load(st, req->job_id, &fed, &info) == NB_OK) {
+        json_object_set_new(info, "cancel_pending", json_true());
+        nb__fed_save(st, &fed, info);
+        nb__fed_release(&fed, info);
+      }
+      pthread_mutex_unlock(&gw->mu);
+    }
+    s = nb__cancel_local(gw, st, req->job_id, reason);
+    if (s == NB_OK && peers != NB_OK)
+      s = nb_error(peers,
+                   "job %s: cancelled here, but not yet on every cluster (retried in the "
+                   "background): %s",
+                   req->job_id, perr);
   }
   if (s == NB_OK) s = nb__send_job(call, gw, st, req->job_id, 0);
   nb_job_record_clear(&rec);
@@ -1237,7 +2671,11 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
   nb_status_t s = NB_OK;
   NB_CHECK(nb_calloc((void**)&gw, 1, sizeof *gw, "gateway"));
   gw->cfg = *cfg;
-  pthread_mutex_init(&gw->mu, NULL);
+  pthread_mutexattr_t ma;
+  pthread_mutexattr_init(&ma);
+  pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+  pthread_mutex_init(&gw->mu, &ma);
+  pthread_mutexattr_destroy(&ma);
   if (!gw->cfg.cluster_id[0]) {
     s = nb_error(NB_ERR_CONFIG, "gateway: cluster_id is required");
     goto fail;
@@ -1261,13 +2699,39 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     goto fail;
   }
   NB_CHECK_GOTO(nb_pki_cert_load(gw->cfg.tls_ca, &gw->ca), s, fail);
+  {
+    /* the store holds job secrets: owner only, and SQLite gives its -wal and -shm files the
+     * mode of the database file */
+    int fd = open(gw->cfg.store_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+    const char* sfx[] = {"", "-wal", "-shm"};
+    for (int i = 0; i < 3; i++) {
+      char p[NB_GW_STR + 8];
+      snprintf(p, sizeof p, "%s%s", gw->cfg.store_path, sfx[i]);
+      if (chmod(p, 0600) != 0 && errno != ENOENT)
+        NB_WARN("gateway: cannot restrict %s to its owner: %s", p, strerror(errno));
+    }
+  }
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->mon_store), s, fail);
+  NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->fed_store), s, fail);
   NB_CHECK_GOTO(nb__recover(gw), s, fail);
+  for (int i = 0; i < gw->cfg.n_peers; i++) {
+    nb_rpc_client_opts_t co = {0};
+    co.tls = gw->tls;
+    co.expected_cluster = gw->cfg.peers[i].id;
+    NB_CHECK_GOTO(nb_rpc_client_create(gw->cfg.peers[i].address, &co, &gw->peer_cli[i]), s, fail);
+  }
 
   nb_rpc_server_opts_t so = {0};
   so.listen = gw->cfg.listen;
   so.tls = gw->tls;
   NB_CHECK_GOTO(nb_rpc_server_create(&so, &gw->srv), s, fail);
+  {
+    char adir[NB_GW_STR + 16];
+    snprintf(adir, sizeof adir, "%s/artifacts", gw->cfg.work_dir);
+    NB_CHECK_GOTO(nb_artifact_store_open(adir, &gw->art), s, fail);
+    NB_CHECK_GOTO(nb_artifact_service_add(gw->srv, gw->art, nb__artifact_secret, gw), s, fail);
+  }
   static const struct {
     const char* m;
     nb_rpc_kind_t k;
@@ -1279,6 +2743,11 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
       {"/nebula.v1.Gateway/Watch", NB_RPC_SERVER_STREAMING, nb__watch},
       {"/nebula.v1.Gateway/Cancel", NB_RPC_UNARY, nb__cancel},
       {"/nebula.v1.Gateway/Logs", NB_RPC_SERVER_STREAMING, nb__logs},
+      {"/nebula.v1.Federation/Propose", NB_RPC_UNARY, nb__fed_propose},
+      {"/nebula.v1.Federation/Commit", NB_RPC_UNARY, nb__fed_commit},
+      {"/nebula.v1.Federation/Abort", NB_RPC_UNARY, nb__fed_abort},
+      {"/nebula.v1.Federation/Cancel", NB_RPC_UNARY, nb__fed_cancel},
+      {"/nebula.v1.Federation/Report", NB_RPC_UNARY, nb__fed_report},
   };
   for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
     NB_CHECK_GOTO(nb_rpc_server_add_method(gw->srv, methods[i].m, methods[i].k, methods[i].fn, gw),
@@ -1288,6 +2757,11 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     goto fail;
   }
   gw->mon_started = 1;
+  if (pthread_create(&gw->fed, NULL, nb__fed_loop, gw) != 0) {
+    s = nb_error(NB_ERR_SYSTEM, "gateway: cannot start the federation thread");
+    goto fail;
+  }
+  gw->fed_started = 1;
   NB_CHECK_GOTO(nb_rpc_server_start(gw->srv), s, fail);
   *out = gw;
   return NB_OK;
@@ -1305,7 +2779,11 @@ void nb_gateway_destroy(nb_gateway_t* gw) {
   nb_rpc_server_destroy(gw->srv);
   gw->stopping = 1;
   if (gw->mon_started) pthread_join(gw->mon, NULL);
+  if (gw->fed_started) pthread_join(gw->fed, NULL);
+  for (int i = 0; i < gw->cfg.n_peers; i++) nb_rpc_client_destroy(gw->peer_cli[i]);
+  nb_job_store_close(gw->fed_store);
   nb_job_store_close(gw->mon_store);
+  nb_artifact_store_close(gw->art);
   if (gw->ca) X509_free(gw->ca);
   nb_tls_destroy(gw->tls);
   pthread_mutex_destroy(&gw->mu);
@@ -1374,8 +2852,7 @@ int nb_gateway_main(int argc, char** argv) {
     NB_WARN("gateway %s: the ACL is empty, so nobody may submit jobs; add \"acl\" rules to %s",
             cfg.cluster_id, path);
   if (cfg.n_peers > 0)
-    NB_INFO(JOB, "gateway %s: %d peers configured (federation is not active yet)", cfg.cluster_id,
-            cfg.n_peers);
+    NB_INFO(JOB, "gateway %s: %d peers configured for federation", cfg.cluster_id, cfg.n_peers);
   printf("listening on %s port %d\n", cfg.listen, nb_gateway_port(gw));
   fflush(stdout);
   int sig = 0;

@@ -1,8 +1,8 @@
 /* The gateway daemon of one cluster: `nebula gateway --config FILE`. It serves the client API
  * nebula.v1.Gateway over mutual TLS (Submit a signed descriptor, Get, List, Watch, Cancel, Logs),
- * decides with the ACL, keeps jobs in the SQLite job store and runs them with a launcher. It does
- * not yet federate with peer gateways (peers are read and kept for that); local, mpirun and Slurm
- * launchers are jobs/launcher.h's. */
+ * decides with the ACL, keeps jobs in the SQLite job store and runs them with a launcher (local,
+ * mpirun or Slurm: jobs/launcher.h), and federates with its peer gateways (nebula.v1.Federation)
+ * so that a job runs on every cluster it names. It does not schedule beyond a slot count. */
 #ifndef NB_JOBS_GATEWAY_H
 #define NB_JOBS_GATEWAY_H
 
@@ -32,7 +32,7 @@ typedef struct {
   char cluster_id[NB_ACL_NAME_MAX];
   char listen[NB_GW_STR];
   char tls_ca[NB_GW_STR], tls_cert[NB_GW_STR], tls_key[NB_GW_STR];
-  int n_peers; /* kept for federation; not contacted yet */
+  int n_peers; /* peer gateways: federation partners (nebula.v1.Federation) */
   nb_gateway_peer_t peers[NB_GW_MAX_PEERS];
   /* "launcher", "mpirun.*", "slurm.*" (jobs/launcher.h) */
   nb_launcher_conf_t launcher;
@@ -47,8 +47,14 @@ typedef struct {
   nb_acl_t acl;
   int n_admins; /* users who may read and cancel every job */
   char admins[NB_GW_MAX_ADMINS][NB_ACL_NAME_MAX];
-  int cancel_grace_ms; /* SIGTERM → SIGKILL */
-  int poll_ms;         /* how often processes and progress files are looked at */
+  int n_worker_command; /* the command of one cluster of a multi-cluster job; also
+                          {listen} {pki} {secret_file}, and a word "{peers}" becomes
+                          "--peer ID=ADDR" for every other cluster */
+  char worker_command[NB_GW_MAX_ARGS][NB_GW_STR];
+  char exchange_host[NB_GW_STR]; /* host this cluster's workers listen on for Exchange */
+  int federation_timeout_ms;     /* one Federation call; also how long a proposal waits */
+  int cancel_grace_ms;           /* SIGTERM → SIGKILL */
+  int poll_ms;                   /* how often processes and progress files are looked at */
 } nb_gateway_config_t;
 
 typedef struct nb_gateway nb_gateway_t;

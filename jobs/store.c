@@ -39,6 +39,16 @@ static const char* const nb__migrations[NB_JOB_STORE_SCHEMA_VERSION] = {
     "CREATE INDEX jobs_by_owner ON jobs(owner, created_ns);"
     "CREATE INDEX jobs_by_state ON jobs(state);"
     "PRAGMA user_version = 2;",
+    /* 2 → 3: a federated job's role here, its origin, its secret and its federation info. */
+    "CREATE TABLE federation ("
+    "  job_id TEXT PRIMARY KEY REFERENCES jobs(id) ON DELETE CASCADE,"
+    "  role TEXT NOT NULL,"
+    "  origin TEXT NOT NULL,"
+    "  secret BLOB,"
+    "  active INTEGER NOT NULL DEFAULT 1,"
+    "  info TEXT NOT NULL DEFAULT '{}') WITHOUT ROWID;"
+    "CREATE INDEX federation_active ON federation(active);"
+    "PRAGMA user_version = 3;",
 };
 
 static const char* const nb__state_names[NB_JOB_STATE_COUNT] = {
@@ -530,6 +540,130 @@ nb_status_t nb_job_store_events(nb_job_store_t* s, const char* id, int64_t after
     return r;
   }
   *out = evs;
+  *n = cnt;
+  return NB_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Federation records. */
+
+void nb_job_fed_clear(nb_job_fed_t* f) {
+  if (!f) return;
+  nb_free(f->info);
+  f->info = NULL;
+  explicit_bzero(f->secret, sizeof f->secret);
+}
+
+void nb_job_feds_free(nb_job_fed_t* f, size_t n) {
+  if (!f) return;
+  for (size_t i = 0; i < n; i++) nb_job_fed_clear(&f[i]);
+  nb_free(f);
+}
+
+nb_status_t nb_job_store_fed_put(nb_job_store_t* s, const nb_job_fed_t* f) {
+  if (!s || !f) return nb_error(NB_ERR_INVALID, "job store: NULL argument");
+  NB_CHECK(nb__check_id(f->job_id));
+  if (strcmp(f->role, "origin") && strcmp(f->role, "member"))
+    return nb_error(NB_ERR_INVALID, "job store: federation role must be origin or member, not '%s'",
+                    f->role);
+  const char* info = f->info ? f->info : "{}";
+  NB_CHECK(nb__check_json(info, "federation info"));
+  sqlite3_stmt* st = NULL;
+  NB_CHECK(nb__prepare(s->db,
+                       "INSERT INTO federation (job_id, role, origin, secret, active, info) "
+                       "VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(job_id) DO UPDATE SET "
+                       "role = ?2, origin = ?3, secret = ?4, active = ?5, info = ?6",
+                       &st));
+  nb_status_t r = nb__bind_text(s->db, st, 1, f->job_id);
+  if (r == NB_OK) r = nb__bind_text(s->db, st, 2, f->role);
+  if (r == NB_OK) r = nb__bind_text(s->db, st, 3, f->origin);
+  if (r == NB_OK) r = nb__bind_text(s->db, st, 6, info);
+  if (r == NB_OK) {
+    if (f->has_secret)
+      sqlite3_bind_blob(st, 4, f->secret, (int)sizeof f->secret, SQLITE_TRANSIENT);
+    else
+      sqlite3_bind_null(st, 4);
+    sqlite3_bind_int(st, 5, f->active ? 1 : 0);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_CONSTRAINT)
+      r = nb_error(NB_ERR_NOT_FOUND, "job store: no job \"%s\" for its federation record",
+                   f->job_id);
+    else if (rc != SQLITE_DONE)
+      r = nb__sql_error(s->db, rc, "put federation record");
+  }
+  sqlite3_finalize(st);
+  return r;
+}
+
+static nb_status_t nb__read_fed(sqlite3_stmt* st, nb_job_fed_t* f) {
+  memset(f, 0, sizeof *f);
+  snprintf(f->job_id, sizeof f->job_id, "%s", (const char*)sqlite3_column_text(st, 0));
+  snprintf(f->role, sizeof f->role, "%s", (const char*)sqlite3_column_text(st, 1));
+  snprintf(f->origin, sizeof f->origin, "%s", (const char*)sqlite3_column_text(st, 2));
+  if (sqlite3_column_type(st, 3) == SQLITE_BLOB &&
+      sqlite3_column_bytes(st, 3) == (int)sizeof f->secret) {
+    memcpy(f->secret, sqlite3_column_blob(st, 3), sizeof f->secret);
+    f->has_secret = 1;
+  }
+  f->active = sqlite3_column_int(st, 4);
+  return nb__dup(sqlite3_column_text(st, 5), &f->info);
+}
+
+nb_status_t nb_job_store_fed_get(nb_job_store_t* s, const char* id, nb_job_fed_t* out) {
+  if (!s || !id || !out) return nb_error(NB_ERR_INVALID, "job store: NULL argument");
+  sqlite3_stmt* st = NULL;
+  NB_CHECK(nb__prepare(s->db,
+                       "SELECT job_id, role, origin, secret, active, info FROM federation "
+                       "WHERE job_id = ?1",
+                       &st));
+  nb_status_t r = nb__bind_text(s->db, st, 1, id);
+  if (r == NB_OK) {
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+      r = nb__read_fed(st, out);
+    else if (rc == SQLITE_DONE)
+      r = nb_error(NB_ERR_NOT_FOUND, "job store: job \"%s\" is not federated", id);
+    else
+      r = nb__sql_error(s->db, rc, "get federation record");
+  }
+  sqlite3_finalize(st);
+  return r;
+}
+
+nb_status_t nb_job_store_fed_list_active(nb_job_store_t* s, nb_job_fed_t** out, size_t* n) {
+  if (!s || !out || !n) return nb_error(NB_ERR_INVALID, "job store: NULL argument");
+  *out = NULL;
+  *n = 0;
+  sqlite3_stmt* st = NULL;
+  NB_CHECK(nb__prepare(s->db,
+                       "SELECT job_id, role, origin, secret, active, info FROM federation "
+                       "WHERE active = 1 ORDER BY job_id",
+                       &st));
+  nb_job_fed_t* v = NULL;
+  size_t cnt = 0, cap = 0;
+  nb_status_t r = NB_OK;
+  int rc;
+  while ((rc = sqlite3_step(st)) != SQLITE_DONE) {
+    if (rc != SQLITE_ROW) {
+      r = nb__sql_error(s->db, rc, "list federation records");
+      break;
+    }
+    if (cnt == cap) {
+      size_t ncap = cap ? cap * 2 : 8;
+      r = nb_realloc((void**)&v, ncap, sizeof *v, "federation list");
+      if (r != NB_OK) break;
+      cap = ncap;
+    }
+    r = nb__read_fed(st, &v[cnt]);
+    if (r != NB_OK) break;
+    cnt++;
+  }
+  sqlite3_finalize(st);
+  if (r != NB_OK) {
+    nb_job_feds_free(v, cnt);
+    return r;
+  }
+  *out = v;
   *n = cnt;
   return NB_OK;
 }

@@ -14,7 +14,7 @@ extern "C" {
 #endif
 
 /* Schema version written to PRAGMA user_version by the newest migration. */
-#define NB_JOB_STORE_SCHEMA_VERSION 2
+#define NB_JOB_STORE_SCHEMA_VERSION 3
 #define NB_JOB_ID_MAX 64 /* job ids and owners are at most this many bytes, NUL included */
 
 typedef struct nb_job_store nb_job_store_t;
@@ -111,6 +111,32 @@ nb_status_t nb_job_store_events(nb_job_store_t* s, const char* id, int64_t after
 void nb_job_record_clear(nb_job_record_t* r);
 void nb_job_records_free(nb_job_record_t* r, size_t n);
 void nb_job_events_free(nb_job_event_t* e, size_t n);
+
+/* A federated job's record (docs/gateway.md, Federation): its role at this gateway ("origin":
+ * submitted here; "member": proposed by the origin), the origin's cluster id, the job secret
+ * once committed, whether federation work remains (active: events to report, peers to cancel)
+ * and the rest as JSON text (endpoints, per-cluster states, report position). */
+typedef struct {
+  char job_id[NB_JOB_ID_MAX];
+  char role[16];
+  char origin[NB_JOB_ID_MAX];
+  uint8_t secret[32];
+  int has_secret;
+  int active;
+  char* info; /* JSON object text; owned, freed by nb_job_fed_clear */
+} nb_job_fed_t;
+
+/* Inserts or replaces the federation record of an existing job (all fields written; info NULL
+ * = "{}"). Returns NB_OK; NB_ERR_NOT_FOUND (no such job); NB_ERR_INVALID (bad id, role, JSON);
+ * NB_ERR_IO. */
+nb_status_t nb_job_store_fed_put(nb_job_store_t* s, const nb_job_fed_t* f);
+/* The record of job id. out: release with nb_job_fed_clear. NB_ERR_NOT_FOUND when the job is
+ * not federated. */
+nb_status_t nb_job_store_fed_get(nb_job_store_t* s, const char* id, nb_job_fed_t* out);
+/* Every record with active = 1, by job id. out: free with nb_job_feds_free. */
+nb_status_t nb_job_store_fed_list_active(nb_job_store_t* s, nb_job_fed_t** out, size_t* n);
+void nb_job_fed_clear(nb_job_fed_t* f); /* frees info and wipes the secret */
+void nb_job_feds_free(nb_job_fed_t* f, size_t n);
 
 /* Thread safety: a handle may be used by one thread at a time; use one handle per thread (they
  * may share the file). */

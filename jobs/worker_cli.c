@@ -28,7 +28,9 @@
 #include "security/pki.h"
 #include "security/seal.h"
 #include "security/tls.h"
+#include "train/checkpoint.h"
 #include "train/hybrid.h"
+#include "train/lora.h"
 #include "train/trainer.h"
 
 #define NB__WK_MAX_PEERS (NB_JOB_MAX_CLUSTERS - 1)
@@ -286,6 +288,22 @@ static int nb__wk_follower(nb_trainer_t* t, nb_comm_t* comm) {
 static nb_status_t nb__wk_lead(nb_comm_t* comm, long steps, int go) {
   float ctl[2] = {(float)steps, go ? 1.0f : 0.0f};
   return comm ? nb_comm_broadcast(comm, ctl, ctl, 2, NB_COMM_FP32, 0) : NB_OK;
+}
+
+/* One progress line per round for a gateway ($NB_JOB_PROGRESS, docs/gateway.md). */
+static void nb__wk_progress(const char* cluster, long round, long rounds, long step, long max_steps,
+                            const nb_hybrid_round_t* rec) {
+  const char* path = getenv("NB_JOB_PROGRESS");
+  FILE* f = path && *path ? fopen(path, "a") : NULL;
+  if (!f) return;
+  double mbps = rec->exchange_s > 0 ? (double)rec->bytes_sent * 8 / 1e6 / rec->exchange_s : 0;
+  fprintf(f,
+          "{\"round\": %ld, \"rounds\": %ld, \"step\": %ld, \"max_steps\": %ld, \"loss\": %.6f, "
+          "\"wan_mbps\": %.3f, \"density\": %g, \"source\": \"%s\", \"global_xxh3\": "
+          "\"%016llx\"}\n",
+          round, rounds, step, max_steps, rec->loss, mbps, rec->density, cluster,
+          (unsigned long long)rec->global_hash);
+  fclose(f);
 }
 
 static int nb__wk_mkdirs(const char* path) {
@@ -783,6 +801,7 @@ int nb_worker_main(int argc, char** argv) {
       printf("round %ld: not applied (updates from %u of %d peers, %u alive) at unix %.3f\n", r + 1,
              rec.peers_ok, n_peer_arg, rec.peers_alive, (double)nb_wall_ns() / 1e9);
     fflush(stdout);
+    nb__wk_progress(cluster, r + 1, rounds, steps_done, (long)job->training.max_steps, &rec);
     int every = job->training.eval_every_rounds;
     if (every > 0 && (r + 1) % every == 0 && r + 1 < rounds) {
       /* the held-out curve on theta_global (with overlap: the parameters as they are) */
@@ -867,6 +886,13 @@ int nb_worker_main(int argc, char** argv) {
                           &tr_scores) != NB_OK)
     NB_WARN("no translation scores in the summary: %s", nb_error_last());
   double eval_s = nb_now_s() - te;
+  /* the final model (LoRA merged), as `nebula train` writes it: what a gateway publishes */
+  snprintf(path, sizeof path, "%s/final.safetensors", odir);
+  if ((nb_trainer_lora(t) && nb_lora_merge(nb_trainer_lora(t)) != NB_OK) ||
+      nb_checkpoint_save(path, nb_trainer_model(t), nb_trainer_step(t)) != NB_OK) {
+    rc = nb__wk_fail(cluster, path);
+    goto done;
+  }
   double wall = nb_now_s() - t_start;
 
   sum = json_object();

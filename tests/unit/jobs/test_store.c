@@ -293,7 +293,7 @@ static void test_migration_from_v1(void** state) {
   nb_job_store_t* s = open_store();
   int v = 0;
   assert_int_equal(nb_job_store_schema_version(s, &v), NB_OK);
-  assert_int_equal(v, 2);
+  assert_int_equal(v, NB_JOB_STORE_SCHEMA_VERSION);
   nb_job_record_t r;
   assert_int_equal(nb_job_store_get(s, "old", &r), NB_OK);
   assert_int_equal(r.state, NB_JOB_RUNNING);
@@ -405,6 +405,58 @@ static void test_two_handles(void** state) {
   nb_job_store_close(s);
 }
 
+/* Federation records: put/get round trip (secret included), update, the active list, and a
+ * record for an unknown job or with a bad role refused; they survive a reopen. */
+static void test_federation_records(void** state) {
+  (void)state;
+  nb_job_store_t* s = open_store();
+  assert_int_equal(nb_job_store_create(s, "fed-1", "alice", "{}"), NB_OK);
+  assert_int_equal(nb_job_store_create(s, "fed-2", "alice", "{}"), NB_OK);
+  nb_job_fed_t f;
+  memset(&f, 0, sizeof f);
+  snprintf(f.job_id, sizeof f.job_id, "fed-1");
+  snprintf(f.role, sizeof f.role, "origin");
+  snprintf(f.origin, sizeof f.origin, "dc-a");
+  f.active = 1;
+  f.info = (char*)"{\"clusters\": {}}";
+  assert_int_equal(nb_job_store_fed_put(s, &f), NB_OK);
+  nb_job_fed_t g;
+  assert_int_equal(nb_job_store_fed_get(s, "fed-1", &g), NB_OK);
+  assert_string_equal(g.role, "origin");
+  assert_string_equal(g.origin, "dc-a");
+  assert_int_equal(g.has_secret, 0);
+  assert_non_null(strstr(g.info, "clusters"));
+  nb_job_fed_clear(&g);
+  for (int i = 0; i < 32; i++) f.secret[i] = (uint8_t)(i * 7);
+  f.has_secret = 1;
+  f.info = NULL;
+  assert_int_equal(nb_job_store_fed_put(s, &f), NB_OK);
+  snprintf(f.job_id, sizeof f.job_id, "fed-2");
+  snprintf(f.role, sizeof f.role, "member");
+  f.active = 0;
+  assert_int_equal(nb_job_store_fed_put(s, &f), NB_OK);
+  snprintf(f.job_id, sizeof f.job_id, "nope");
+  assert_int_equal(nb_job_store_fed_put(s, &f), NB_ERR_NOT_FOUND);
+  snprintf(f.job_id, sizeof f.job_id, "fed-2");
+  snprintf(f.role, sizeof f.role, "boss");
+  assert_int_equal(nb_job_store_fed_put(s, &f), NB_ERR_INVALID);
+  assert_int_equal(nb_job_store_fed_get(s, "nope", &g), NB_ERR_NOT_FOUND);
+  nb_job_store_close(s);
+  s = open_store();
+  assert_int_equal(nb_job_store_fed_get(s, "fed-1", &g), NB_OK);
+  assert_int_equal(g.has_secret, 1);
+  assert_int_equal(g.secret[31], (uint8_t)(31 * 7));
+  assert_string_equal(g.info, "{}");
+  nb_job_fed_clear(&g);
+  nb_job_fed_t* all = NULL;
+  size_t n = 0;
+  assert_int_equal(nb_job_store_fed_list_active(s, &all, &n), NB_OK);
+  assert_int_equal(n, 1);
+  assert_string_equal(all[0].job_id, "fed-1");
+  nb_job_feds_free(all, n);
+  nb_job_store_close(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_create_get_list, setup, teardown),
@@ -415,6 +467,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_migration_from_v1, setup, teardown),
       cmocka_unit_test_setup_teardown(test_newer_schema_and_garbage_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_two_handles, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_federation_records, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,746 @@
+/* Federation between two in-process gateways (dc-a, dc-b) over mutual TLS on loopback, running
+ * real `nebula worker` / `nebula train` processes on a tiny model: a 2-cluster job submitted at
+ * dc-a runs on both (same final θ_global hash, dc-b's events at dc-a), a peer whose ACL refuses
+ * aborts it with nothing launched, cancel at the origin stops every worker, the origin restarted
+ * mid-job keeps following it, and a job for dc-b only is forwarded there. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "inter/rpc.h"
+#include "jobs/artifact.h"
+#include "jobs/gateway.h"
+#include "jobs/launcher.h"
+#include "jobs/store.h"
+#include "nebula/v1/federation.pb-c.h"
+#include "nebula/v1/gateway.pb-c.h"
+#include "security/pki.h"
+#include "security/sign.h"
+#include "security/tls.h"
+
+static char g_dir[256];
+static const char* g_nebula;
+static char g_data[1024];
+static const char* g_data_b; /* dc-b's data folder when not g_data */
+static int g_port[2];
+static nb_gateway_config_t g_cfg[2];
+static nb_gateway_t* g_gw[2];
+static const char* g_ids[2] = {"dc-a", "dc-b"};
+
+static int rm_one(const char* p, const struct stat* sb, int f, struct FTW* ftw) {
+  (void)sb, (void)f, (void)ftw;
+  return remove(p);
+}
+
+static void write_pair(EVP_PKEY* k, X509* c, const char* name) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s.key", g_dir, name);
+  assert_int_equal(nb_pki_key_write(p, k, 1), NB_OK);
+  snprintf(p, sizeof p, "%s/%s.crt", g_dir, name);
+  assert_int_equal(nb_pki_cert_write(p, c, 1), NB_OK);
+  EVP_PKEY_free(k);
+  X509_free(c);
+}
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  assert_int_equal(bind(fd, (struct sockaddr*)&a, sizeof a), 0);
+  socklen_t l = sizeof a;
+  assert_int_equal(getsockname(fd, (struct sockaddr*)&a, &l), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+/* dc-a lets alice and bob run anywhere; dc-b only alice. */
+static void make_config(int i) {
+  const char* acl =
+      i == 0 ? "[{\"user\": \"alice\"}, {\"user\": \"bob\"}]" : "[{\"user\": \"alice\"}]";
+  char cfg[8192];
+  snprintf(
+      cfg, sizeof cfg,
+      "{\"cluster_id\": \"%s\", \"listen\": \"127.0.0.1:%d\",\n"
+      " \"tls\": {\"ca\": \"ca.crt\", \"cert\": \"%s.crt\", \"key\": \"%s.key\"},\n"
+      " \"peers\": {\"%s\": \"127.0.0.1:%d\"},\n"
+      " \"command\": [\"%s\", \"train\", \"{descriptor}\", \"--out\", \"{jobdir}/out\"],\n"
+      " \"worker_command\": [\"%s\", \"worker\", \"--job\", \"{descriptor}\", \"--cluster\",\n"
+      "   \"{cluster}\", \"--out\", \"{jobdir}/out\", \"--listen\", \"{listen}\", \"{peers}\",\n"
+      "   \"--pki\", \"{pki}\", \"--secret-file\", \"{secret_file}\"],\n"
+      " \"resources\": {\"slots\": 2}, \"work_dir\": \"work-%s\", \"acl\": %s,\n"
+      " \"federation_timeout_ms\": 5000, \"cancel_grace_ms\": 2000, \"poll_ms\": 20}",
+      g_ids[i], g_port[i], g_ids[i], g_ids[i], g_ids[1 - i], g_port[1 - i], g_nebula, g_nebula,
+      g_ids[i], acl);
+  nb_gateway_config_defaults(&g_cfg[i]);
+  assert_int_equal(nb_gateway_config_parse(cfg, strlen(cfg), g_dir, &g_cfg[i]), NB_OK);
+}
+
+static int setup(void** state) {
+  (void)state;
+  const char* t = getenv("TMPDIR");
+  snprintf(g_dir, sizeof g_dir, "%s/nb_fed.XXXXXX", t && *t ? t : "/tmp");
+  assert_non_null(mkdtemp(g_dir));
+  EVP_PKEY *ca_key, *k;
+  X509 *ca, *c;
+  assert_int_equal(nb_pki_ca_create(NULL, 0, &ca_key, &ca), NB_OK);
+  const char* sans[] = {"IP:127.0.0.1"};
+  const char* clusters[] = {"dc-a", "dc-b", "dc-c"}; /* dc-c: from the CA, but nobody's peer */
+  for (int i = 0; i < 3; i++) {
+    nb_pki_issue_opts_t o = {
+        .kind = NB_PKI_CLUSTER, .name = clusters[i], .sans = sans, .n_sans = 1};
+    assert_int_equal(nb_pki_cert_issue(ca_key, ca, &o, &k, &c), NB_OK);
+    write_pair(k, c, clusters[i]);
+  }
+  const char* users[] = {"alice", "bob"};
+  for (int i = 0; i < 2; i++) {
+    nb_pki_issue_opts_t u = {.kind = NB_PKI_USER, .name = users[i]};
+    assert_int_equal(nb_pki_cert_issue(ca_key, ca, &u, &k, &c), NB_OK);
+    write_pair(k, c, users[i]);
+  }
+  char p[512];
+  snprintf(p, sizeof p, "%s/ca.crt", g_dir);
+  assert_int_equal(nb_pki_cert_write(p, ca, 1), NB_OK);
+  EVP_PKEY_free(ca_key);
+  X509_free(ca);
+  g_port[0] = free_port();
+  g_port[1] = free_port();
+  for (int i = 0; i < 2; i++) {
+    make_config(i);
+    assert_int_equal(nb_gateway_create(&g_cfg[i], &g_gw[i]), NB_OK);
+  }
+  return 0;
+}
+
+static int teardown(void** state) {
+  (void)state;
+  for (int i = 0; i < 2; i++) {
+    nb_gateway_destroy(g_gw[i]);
+    g_gw[i] = NULL;
+  }
+  while (waitpid(-1, NULL, WNOHANG) > 0) {
+  }
+  if (!getenv("NB_TEST_KEEP")) nftw(g_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  return 0;
+}
+
+static nb_rpc_client_t* client_as(const char* user, nb_tls_t** tls_out, int gw) {
+  char ca[512], crt[512], key[512], target[64];
+  snprintf(ca, sizeof ca, "%s/ca.crt", g_dir);
+  snprintf(crt, sizeof crt, "%s/%s.crt", g_dir, user);
+  snprintf(key, sizeof key, "%s/%s.key", g_dir, user);
+  nb_tls_files_t f = {ca, crt, key};
+  assert_int_equal(nb_tls_create(&f, tls_out), NB_OK);
+  nb_rpc_client_opts_t o = {0};
+  o.tls = *tls_out;
+  snprintf(target, sizeof target, "127.0.0.1:%d", g_port[gw]);
+  nb_rpc_client_t* cli = NULL;
+  assert_int_equal(nb_rpc_client_create(target, &o, &cli), NB_OK);
+  return cli;
+}
+
+/* A tiny pretraining job on the named clusters (one worker each). */
+static void job_doc(char* buf, size_t cap, const char* name, int with_a, int with_b, long steps) {
+  char cl[2048] = "";
+  size_t o = 0;
+  const char* lang[2] = {"de", "ru"};
+  for (int i = 0; i < 2; i++) {
+    if (!(i == 0 ? with_a : with_b)) continue;
+    o += (size_t)snprintf(cl + o, sizeof cl - o,
+                          "%s{\"id\": \"%s\", \"workers\": 1, \"data\": {\"tier\": \"quick\", "
+                          "\"dir\": \"%s\", \"languages\": [\"en\", \"%s\"]}}",
+                          o ? ", " : "", g_ids[i], i == 1 && g_data_b ? g_data_b : g_data, lang[i]);
+  }
+  snprintf(buf, cap,
+           "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+           "\"%s\"}, \"spec\": {\"task\": \"pretrain\", \"clusters\": [%s],"
+           " \"model\": {\"layers\": 1, \"width\": 32, \"heads\": 2, \"context\": 32},"
+           " \"training\": {\"seed\": 5, \"batchSize\": 4, \"maxSteps\": %ld,"
+           "  \"eval\": {\"batches\": 1}, \"optimizer\": {\"lr\": 0.003, \"warmupSteps\": 2}},"
+           " \"sync\": {\"mode\": \"outer\", \"innerSteps\": 4},"
+           " \"compression\": {\"density\": {\"initial\": 0.05, \"min\": 0.001, \"max\": 0.1},"
+           "  \"values\": \"int8\"}, \"link\": {\"rateMbit\": 50}}}",
+           name, cl, steps);
+}
+
+static nb_status_t submit(nb_rpc_client_t* cli, const char* signer, const char* doc, char* id_out,
+                          size_t id_cap) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s.key", g_dir, signer);
+  EVP_PKEY* key = NULL;
+  assert_int_equal(nb_pki_key_load(p, &key), NB_OK);
+  uint8_t* sig = NULL;
+  size_t sig_len = 0;
+  assert_int_equal(nb_sign_data(key, doc, strlen(doc), &sig, &sig_len), NB_OK);
+  EVP_PKEY_free(key);
+  snprintf(p, sizeof p, "%s/%s.crt", g_dir, signer);
+  FILE* f = fopen(p, "r");
+  char pem[8192] = {0};
+  assert_true(fread(pem, 1, sizeof pem - 1, f) > 0);
+  fclose(f);
+  Nebula__V1__SubmitRequest req = NEBULA__V1__SUBMIT_REQUEST__INIT;
+  req.descriptor.data = (uint8_t*)doc;
+  req.descriptor.len = strlen(doc);
+  req.signature.data = sig;
+  req.signature.len = sig_len;
+  req.cert_pem = pem;
+  ProtobufCMessage* rep = NULL;
+  nb_status_t st = nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Submit", &req.base,
+                                   &nebula__v1__job__descriptor, &rep, 30000, 0);
+  nb_free(sig);
+  if (rep && id_out) snprintf(id_out, id_cap, "%s", ((Nebula__V1__Job*)rep)->id);
+  if (rep) protobuf_c_message_free_unpacked(rep, NULL);
+  return st;
+}
+
+static void store_path(int i, char* buf, size_t cap) {
+  snprintf(buf, cap, "%s/jobs.db", g_cfg[i].work_dir);
+}
+
+static nb_job_state_t state_of(int i, const char* id) {
+  char p[1200];
+  store_path(i, p, sizeof p);
+  nb_job_store_t* st = NULL;
+  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
+  nb_job_record_t rec = {0};
+  nb_status_t s = nb_job_store_get(st, id, &rec);
+  nb_job_store_close(st);
+  nb_job_state_t r = s == NB_OK ? rec.state : (nb_job_state_t)-1;
+  nb_job_record_clear(&rec);
+  return r;
+}
+
+static void wait_state(int i, const char* id, nb_job_state_t want, int seconds) {
+  nb_job_state_t s = (nb_job_state_t)-1;
+  for (int k = 0; k < seconds * 20; k++) {
+    s = state_of(i, id);
+    if (s == want) return;
+    if ((int)s >= 0 && nb_job_state_is_final(s)) break;
+    nb_sleep_ns(50000000);
+  }
+  char p[1200];
+  store_path(i, p, sizeof p);
+  nb_job_store_t* st = NULL;
+  nb_job_record_t rec = {0};
+  if (nb_job_store_open(p, &st) == NB_OK && nb_job_store_get(st, id, &rec) == NB_OK)
+    fprintf(stderr, "job %s at %s: %s (%s)\n", id, g_ids[i], nb_job_state_name(rec.state),
+            rec.reason);
+  nb_job_record_clear(&rec);
+  nb_job_store_close(st);
+  fail_msg("job %s at %s never reached %s (is %s)", id, g_ids[i], nb_job_state_name(want),
+           nb_job_state_name(s));
+}
+
+/* Counts events of kind (NULL any) whose payload contains needle (NULL any). */
+static int count_events(int i, const char* id, const char* kind, const char* needle) {
+  char p[1200];
+  store_path(i, p, sizeof p);
+  nb_job_store_t* st = NULL;
+  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
+  nb_job_event_t* ev = NULL;
+  size_t n = 0;
+  int c = 0;
+  if (nb_job_store_events(st, id, 0, 0, &ev, &n) == NB_OK) {
+    for (size_t k = 0; k < n; k++)
+      if ((!kind || !strcmp(ev[k].kind, kind)) && (!needle || strstr(ev[k].payload, needle))) c++;
+  }
+  nb_job_events_free(ev, n);
+  nb_job_store_close(st);
+  return c;
+}
+
+/* The pid in the last event of `kind` at gateway i (0 if none). */
+static pid_t event_pid(int i, const char* id, const char* kind) {
+  char p[1200];
+  store_path(i, p, sizeof p);
+  nb_job_store_t* st = NULL;
+  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
+  nb_job_event_t* ev = NULL;
+  size_t n = 0;
+  pid_t pid = 0;
+  if (nb_job_store_events(st, id, 0, 0, &ev, &n) == NB_OK) {
+    for (size_t k = 0; k < n; k++) {
+      if (strcmp(ev[k].kind, kind)) continue;
+      json_t* j = json_loads(ev[k].payload, 0, NULL);
+      pid = (pid_t)json_integer_value(json_object_get(j, "pid"));
+      json_decref(j);
+    }
+  }
+  nb_job_events_free(ev, n);
+  nb_job_store_close(st);
+  return pid;
+}
+
+static void read_hash(int i, const char* id, char* out, size_t cap) {
+  char p[800];
+  snprintf(p, sizeof p, "%s/%s/out/summary.json", g_cfg[i].work_dir, id);
+  json_t* j = json_load_file(p, 0, NULL);
+  assert_non_null(j);
+  const char* h = json_string_value(json_object_get(j, "global_xxh3"));
+  assert_non_null(h);
+  snprintf(out, cap, "%s", h);
+  json_decref(j);
+}
+
+/* Whether any process of group pg lives (zombies waiting for their reaper excluded). */
+static int group_alive(pid_t pg) {
+  return pg > 0 && nb_launcher_group_alive(pg);
+}
+
+/* A 2-cluster job submitted at dc-a runs on both: succeeded at both, dc-b's events at dc-a, the
+ * same final θ_global hash, the job secret in a 0600 file. */
+static void test_two_clusters(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, 0);
+  char doc[4096], id[128];
+  job_doc(doc, sizeof doc, "fed-two", 1, 1, 8);
+  assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
+  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
+  wait_state(1, id, NB_JOB_SUCCEEDED, 10);
+  /* dc-b's progress and states are at the origin, tagged with the cluster */
+  assert_true(count_events(0, id, "progress", "\"cluster\":\"dc-b\"") >= 2);
+  assert_true(count_events(0, id, "progress", "\"source\":\"dc-a\"") >= 2);
+  assert_int_equal(count_events(0, id, "cluster_state", "\"to\":\"succeeded\""), 2);
+  assert_int_equal(count_events(0, id, "cluster_launch", "\"cluster\":\"dc-b\""), 1);
+  assert_int_equal(count_events(0, id, "launch", NULL), 1);
+  char ha[64], hb[64];
+  read_hash(0, id, ha, sizeof ha);
+  read_hash(1, id, hb, sizeof hb);
+  assert_string_equal(ha, hb);
+  /* Get at the origin shows each cluster's part */
+  Nebula__V1__GetRequest gr = NEBULA__V1__GET_REQUEST__INIT;
+  gr.job_id = id;
+  ProtobufCMessage* rep = NULL;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Get", &gr.base,
+                                   &nebula__v1__job__descriptor, &rep, 10000, 0),
+                   NB_OK);
+  Nebula__V1__Job* j = (Nebula__V1__Job*)rep;
+  assert_string_equal(j->state, "succeeded");
+  assert_int_equal(j->n_clusters, 2);
+  for (size_t i = 0; i < 2; i++) {
+    assert_string_equal(j->clusters[i]->state, "succeeded");
+    assert_int_equal(j->clusters[i]->workers, 1);
+    assert_non_null(strstr(j->clusters[i]->endpoint, "127.0.0.1:"));
+  }
+  protobuf_c_message_free_unpacked(rep, NULL);
+  char p[800];
+  struct stat sb;
+  snprintf(p, sizeof p, "%s/%s/job.secret", g_cfg[1].work_dir, id);
+  assert_int_equal(stat(p, &sb), 0);
+  assert_int_equal(sb.st_mode & 0777, 0600);
+  assert_int_equal(sb.st_size, 32);
+  /* the store that keeps the secret too, with its WAL */
+  const char* sfx[] = {"", "-wal"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(p, sizeof p, "%s/jobs.db%s", g_cfg[1].work_dir, sfx[i]);
+    if (stat(p, &sb) == 0) assert_int_equal(sb.st_mode & 0777, 0600);
+  }
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+}
+
+/* bob may run at dc-a but dc-b's ACL does not know him: Submit fails naming dc-b and why, the
+ * job is failed at dc-a, nothing was launched anywhere and dc-b kept nothing. */
+static void test_peer_refuses(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("bob", &tls, 0);
+  char doc[4096];
+  job_doc(doc, sizeof doc, "fed-refused", 1, 1, 8);
+  assert_int_equal(submit(cli, "bob", doc, NULL, 0), NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "cluster 'dc-b' refused the job"));
+  assert_non_null(strstr(nb_error_last(), "user 'bob' is not in this gateway's ACL"));
+  char p[1200];
+  store_path(0, p, sizeof p);
+  nb_job_store_t* st = NULL;
+  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
+  nb_job_record_t* recs = NULL;
+  size_t n = 0;
+  assert_int_equal(nb_job_store_list(st, "bob", -1, &recs, &n), NB_OK);
+  assert_int_equal(n, 1);
+  assert_int_equal(recs[0].state, NB_JOB_FAILED);
+  assert_non_null(strstr(recs[0].reason, "cluster 'dc-b' refused"));
+  char id[128];
+  snprintf(id, sizeof id, "%s", recs[0].id);
+  nb_job_records_free(recs, n);
+  nb_job_store_close(st);
+  assert_int_equal(count_events(0, id, "launch", NULL), 0);
+  assert_int_equal(state_of(1, id), (nb_job_state_t)-1);
+  /* a cluster that is not a peer of dc-a */
+  char alien[4096];
+  job_doc(alien, sizeof alien, "fed-alien", 1, 1, 8);
+  char* b = strstr(alien, "\"dc-b\"");
+  memcpy(b, "\"dc-c\"", 6);
+  assert_int_equal(submit(cli, "bob", alien, NULL, 0), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "cluster 'dc-c', which is not a peer of gateway 'dc-a'"));
+  snprintf(p, sizeof p, "%s/%s/out", g_cfg[0].work_dir, id);
+  assert_int_equal(access(p, F_OK), -1);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+}
+
+/* Cancel at the origin: every worker on both clusters is gone when Cancel answers. */
+static void test_cancel(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, 0);
+  char doc[4096], id[128];
+  job_doc(doc, sizeof doc, "fed-cancel", 1, 1, 200000);
+  assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
+  pid_t pa = 0, pb = 0;
+  for (int k = 0; k < 400 && (!pa || !pb); k++) {
+    pa = event_pid(0, id, "launch");
+    pb = event_pid(1, id, "launch");
+    nb_sleep_ns(25000000);
+  }
+  assert_true(pa > 0 && pb > 0);
+  assert_true(group_alive(pa));
+  assert_true(group_alive(pb));
+  Nebula__V1__CancelRequest cr = NEBULA__V1__CANCEL_REQUEST__INIT;
+  cr.job_id = id;
+  cr.reason = (char*)"test";
+  ProtobufCMessage* rep = NULL;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Cancel", &cr.base,
+                                   &nebula__v1__job__descriptor, &rep, 30000, 0),
+                   NB_OK);
+  assert_string_equal(((Nebula__V1__Job*)rep)->state, "cancelled");
+  protobuf_c_message_free_unpacked(rep, NULL);
+  assert_false(group_alive(pa));
+  assert_false(group_alive(pb));
+  assert_int_equal(state_of(1, id), NB_JOB_CANCELLED);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+}
+
+/* Cancel at the origin while dc-b's gateway is down: cancelled at dc-a (its worker gone), the
+ * call says dc-b is not reached yet; once dc-b's gateway is back the origin's retry stops dc-b's
+ * worker too. */
+static void test_cancel_peer_down(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, 0);
+  char doc[4096], id[128];
+  job_doc(doc, sizeof doc, "fed-cancel-down", 1, 1, 200000);
+  assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
+  pid_t pa = 0, pb = 0;
+  for (int k = 0; k < 400 && (!pa || !pb); k++) {
+    pa = event_pid(0, id, "launch");
+    pb = event_pid(1, id, "launch");
+    nb_sleep_ns(25000000);
+  }
+  assert_true(pa > 0 && pb > 0);
+  nb_gateway_destroy(g_gw[1]);
+  g_gw[1] = NULL;
+  Nebula__V1__CancelRequest cr = NEBULA__V1__CANCEL_REQUEST__INIT;
+  cr.job_id = id;
+  ProtobufCMessage* rep = NULL;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Cancel", &cr.base,
+                                   &nebula__v1__job__descriptor, &rep, 30000, 0),
+                   NB_ERR_UNAVAILABLE);
+  assert_non_null(strstr(nb_error_last(), "not yet on every cluster"));
+  assert_int_equal(state_of(0, id), NB_JOB_CANCELLED);
+  assert_false(group_alive(pa));
+  assert_true(group_alive(pb));
+  assert_int_equal(nb_gateway_create(&g_cfg[1], &g_gw[1]), NB_OK);
+  wait_state(1, id, NB_JOB_CANCELLED, 30);
+  for (int k = 0; k < 200 && group_alive(pb); k++) nb_sleep_ns(25000000);
+  assert_false(group_alive(pb));
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+}
+
+/* dc-b's worker fails (its data folder is missing): the job fails at the origin naming dc-b, and
+ * dc-a's worker, still waiting for its peer, is stopped. */
+static void test_peer_fails(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, 0);
+  char doc[4096], id[128];
+  g_data_b = "/nonexistent-nebula-data";
+  job_doc(doc, sizeof doc, "fed-fails", 1, 1, 200000);
+  g_data_b = NULL;
+  assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
+  wait_state(1, id, NB_JOB_FAILED, 30);
+  wait_state(0, id, NB_JOB_FAILED, 30);
+  char p[1200];
+  store_path(0, p, sizeof p);
+  nb_job_store_t* st = NULL;
+  nb_job_record_t rec = {0};
+  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
+  assert_int_equal(nb_job_store_get(st, id, &rec), NB_OK);
+  assert_non_null(strstr(rec.reason, "cluster 'dc-b' failed: process"));
+  nb_job_record_clear(&rec);
+  nb_job_store_close(st);
+  pid_t pa = event_pid(0, id, "launch");
+  assert_true(pa > 0);
+  for (int k = 0; k < 200 && group_alive(pa); k++) nb_sleep_ns(25000000);
+  assert_false(group_alive(pa));
+  for (int k = 0; k < 200 && !count_events(0, id, "cluster_state", "\"cluster\":\"dc-a\""); k++)
+    nb_sleep_ns(25000000);
+  assert_int_equal(count_events(0, id, "cluster_state", "\"cluster\":\"dc-a\""), 1);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+}
+
+/* Federation calls only from the cluster certificates of configured peers, each about its own
+ * role in a job; artifacts only for clusters of a committed federated job. */
+static void test_federation_auth(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, 0);
+  char doc[4096], id[128];
+  job_doc(doc, sizeof doc, "fed-auth", 1, 0, 8);
+  assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK); /* a local job */
+  Nebula__V1__ReportRequest rr = NEBULA__V1__REPORT_REQUEST__INIT;
+  rr.job_id = id;
+  rr.cluster = (char*)"dc-b";
+  ProtobufCMessage* rep = NULL;
+  /* a user certificate */
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Federation/Report", &rr.base,
+                                   &nebula__v1__report_reply__descriptor, &rep, 10000, 0),
+                   NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "the Federation API is for peer gateways"));
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  /* a cluster of the CA that is not a peer */
+  cli = client_as("dc-c", &tls, 0);
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Federation/Report", &rr.base,
+                                   &nebula__v1__report_reply__descriptor, &rep, 10000, 0),
+                   NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "cluster 'dc-c' is not a peer of gateway 'dc-a'"));
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  /* the peer, about a job that is not federated, and claiming to be another cluster */
+  cli = client_as("dc-b", &tls, 0);
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Federation/Report", &rr.base,
+                                   &nebula__v1__report_reply__descriptor, &rep, 10000, 0),
+                   NB_ERR_NOT_FOUND);
+  rr.cluster = (char*)"dc-a";
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Federation/Report", &rr.base,
+                                   &nebula__v1__report_reply__descriptor, &rep, 10000, 0),
+                   NB_ERR_PERMISSION);
+  /* the peer committing a job it is not the origin of */
+  uint8_t secret[32] = {0};
+  Nebula__V1__CommitRequest cr = NEBULA__V1__COMMIT_REQUEST__INIT;
+  cr.job_id = id;
+  cr.secret.data = secret;
+  cr.secret.len = sizeof secret;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Federation/Commit", &cr.base,
+                                   &nebula__v1__federation_ack__descriptor, &rep, 10000, 0),
+                   NB_ERR_NOT_FOUND);
+  nb_rpc_client_destroy(cli);
+  /* an artifact of a job that is not federated cannot be fetched, whatever the secret */
+  char target[64], dest[1200];
+  snprintf(target, sizeof target, "127.0.0.1:%d", g_port[0]);
+  snprintf(dest, sizeof dest, "%s/stolen", g_dir);
+  nb_artifact_fetch_opts_t o = {.target = target,
+                                .tls = tls,
+                                .expected_cluster = "dc-a",
+                                .job_id = id,
+                                .secret = secret,
+                                .name = "fed-auth/final.safetensors",
+                                .dest = dest,
+                                .timeout_ms = 10000};
+  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_NOT_FOUND);
+  assert_int_equal(access(dest, F_OK), -1);
+  nb_tls_destroy(tls);
+}
+
+/* A member gateway stops mid-job and starts again: it re-attaches to its worker, reports the rest
+ * and the job ends succeeded at the origin. */
+static void test_member_restart(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, 0);
+  char doc[4096], id[128];
+  job_doc(doc, sizeof doc, "fed-mrestart", 1, 1, 160);
+  assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  for (int k = 0; k < 400 && !event_pid(1, id, "launch"); k++) nb_sleep_ns(25000000);
+  nb_gateway_destroy(g_gw[1]);
+  g_gw[1] = NULL;
+  nb_sleep_ns(1000000000LL);
+  assert_int_equal(nb_gateway_create(&g_cfg[1], &g_gw[1]), NB_OK);
+  wait_state(1, id, NB_JOB_SUCCEEDED, 60);
+  wait_state(0, id, NB_JOB_SUCCEEDED, 30);
+  assert_int_equal(count_events(0, id, "cluster_state", "\"to\":\"succeeded\""), 2);
+}
+
+/* The origin gateway stops mid-job and starts again: the job is still followed, dc-b's reports
+ * (retried meanwhile) arrive, and it ends succeeded at both. */
+static void test_origin_restart(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, 0);
+  char doc[4096], id[128];
+  job_doc(doc, sizeof doc, "fed-restart", 1, 1, 160);
+  assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
+  nb_rpc_client_destroy(cli);
+  for (int k = 0; k < 400 && !event_pid(1, id, "launch"); k++) nb_sleep_ns(25000000);
+  nb_gateway_destroy(g_gw[0]);
+  g_gw[0] = NULL;
+  nb_sleep_ns(1500000000LL);
+  assert_int_equal(state_of(0, id), NB_JOB_RUNNING);
+  assert_int_equal(nb_gateway_create(&g_cfg[0], &g_gw[0]), NB_OK);
+  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
+  wait_state(1, id, NB_JOB_SUCCEEDED, 10);
+  for (int k = 0; k < 100 && count_events(0, id, "cluster_state", "\"to\":\"succeeded\"") < 2; k++)
+    nb_sleep_ns(20000000);
+  assert_int_equal(count_events(0, id, "cluster_state", "\"to\":\"succeeded\""), 2);
+  assert_true(count_events(0, id, "progress", "\"cluster\":\"dc-b\"") >= 6);
+  char ha[64], hb[64];
+  read_hash(0, id, ha, sizeof ha);
+  read_hash(1, id, hb, sizeof hb);
+  assert_string_equal(ha, hb);
+  nb_tls_destroy(tls);
+}
+
+/* A job naming dc-b only, submitted at dc-a: forwarded, runs at dc-b (`nebula train`), followed
+ * at dc-a, where nothing runs. */
+static void test_forward(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, 0);
+  char doc[4096], id[128];
+  job_doc(doc, sizeof doc, "fed-forward", 0, 1, 8);
+  assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
+  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
+  assert_int_equal(state_of(1, id), NB_JOB_SUCCEEDED);
+  assert_int_equal(count_events(0, id, "launch", NULL), 0);
+  assert_int_equal(count_events(1, id, "launch", NULL), 1);
+  assert_true(count_events(0, id, "progress", "\"cluster\":\"dc-b\"") >= 1);
+  char p[800];
+  snprintf(p, sizeof p, "%s/%s/out", g_cfg[0].work_dir, id);
+  assert_int_equal(access(p, F_OK), -1);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+}
+
+/* The last payload of an event of `kind` at gateway i containing needle, parsed (NULL if none). */
+static json_t* last_event(int i, const char* id, const char* kind, const char* needle) {
+  char p[1200];
+  store_path(i, p, sizeof p);
+  nb_job_store_t* st = NULL;
+  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
+  nb_job_event_t* ev = NULL;
+  size_t n = 0;
+  json_t* j = NULL;
+  if (nb_job_store_events(st, id, 0, 0, &ev, &n) == NB_OK) {
+    for (size_t k = 0; k < n; k++) {
+      if (strcmp(ev[k].kind, kind) || (needle && !strstr(ev[k].payload, needle))) continue;
+      json_decref(j);
+      j = json_loads(ev[k].payload, 0, NULL);
+    }
+  }
+  nb_job_events_free(ev, n);
+  nb_job_store_close(st);
+  return j;
+}
+
+/* The remote fine-tune: a model pretrained at dc-a becomes an artifact there; a LoRA job for
+ * dc-b submitted at dc-a names it (cluster dc-a, pinned by hash); dc-b fetches it by hash
+ * before launch, trains from it, and its outputs become artifacts at dc-b. */
+static void test_remote_finetune(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, 0);
+  char doc[8192], pre[128], tune[128];
+  job_doc(doc, sizeof doc, "fed-pre", 1, 0, 8);
+  assert_int_equal(submit(cli, "alice", doc, pre, sizeof pre), NB_OK);
+  wait_state(0, pre, NB_JOB_SUCCEEDED, 60);
+  json_t* art = NULL;
+  for (int k = 0; k < 200 && !art; k++) {
+    art = last_event(0, pre, "artifact", "\"fed-pre/final.safetensors\"");
+    if (!art) nb_sleep_ns(25000000);
+  }
+  assert_non_null(art);
+  char hash[80];
+  snprintf(hash, sizeof hash, "%s", json_string_value(json_object_get(art, "sha256")));
+  json_decref(art);
+  assert_int_equal(strlen(hash), 64);
+  snprintf(doc, sizeof doc,
+           "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+           "\"fed-tune\"}, \"spec\": {\"task\": \"pretrain\", \"clusters\": [{\"id\": \"dc-b\", "
+           "\"workers\": 1, \"data\": {\"tier\": \"quick\", \"dir\": \"%s\", \"languages\": "
+           "[\"en\", \"ru\"]}}],"
+           " \"model\": {\"layers\": 1, \"width\": 32, \"heads\": 2, \"context\": 32,"
+           "  \"base\": {\"checkpoint\": \"fed-pre/final.safetensors\", \"cluster\": \"dc-a\","
+           "  \"sha256\": \"%s\"}},"
+           " \"training\": {\"seed\": 7, \"batchSize\": 4, \"maxSteps\": 8,"
+           "  \"eval\": {\"batches\": 1}, \"optimizer\": {\"lr\": 0.003, \"warmupSteps\": 2},"
+           "  \"lora\": {\"rank\": 4, \"alpha\": 8}}}}",
+           g_data, hash);
+  assert_int_equal(submit(cli, "alice", doc, tune, sizeof tune), NB_OK);
+  wait_state(0, tune, NB_JOB_SUCCEEDED, 60);
+  assert_int_equal(state_of(1, tune), NB_JOB_SUCCEEDED);
+  /* fetched by hash at dc-b, before its launch; reported to the origin */
+  json_t* f = last_event(1, tune, "fetch", NULL);
+  assert_non_null(f);
+  assert_string_equal(json_string_value(json_object_get(f, "sha256")), hash);
+  assert_string_equal(json_string_value(json_object_get(f, "from")), "dc-a");
+  json_decref(f);
+  assert_int_equal(count_events(0, tune, "cluster_fetch", hash), 1);
+  char p[1200];
+  struct stat sb;
+  snprintf(p, sizeof p, "%s/%s/fed-pre/final.safetensors", g_cfg[1].work_dir, tune);
+  assert_int_equal(stat(p, &sb), 0);
+  assert_true(sb.st_size > 1000);
+  /* nothing ran at dc-a for it; dc-b's outputs are artifacts there, announced to the origin */
+  assert_int_equal(count_events(0, tune, "launch", NULL), 0);
+  for (int k = 0; k < 200 && !count_events(0, tune, "cluster_artifact", "fed-tune/final"); k++)
+    nb_sleep_ns(25000000);
+  assert_int_equal(count_events(0, tune, "cluster_artifact", "\"fed-tune/final.safetensors\""), 1);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+}
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: %s NEBULA DATA_DIR\n", argv[0]);
+    return 2;
+  }
+  static char nebula[PATH_MAX];
+  if (!realpath(argv[1], nebula)) {
+    fprintf(stderr, "%s: %s\n", argv[1], strerror(errno));
+    return 2;
+  }
+  g_nebula = nebula;
+  char data[PATH_MAX];
+  if (!realpath(argv[2], data) || strlen(data) >= sizeof g_data) {
+    fprintf(stderr, "%s: %s\n", argv[2], strerror(errno));
+    return 2;
+  }
+  snprintf(g_data, sizeof g_data, "%s", data);
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_two_clusters, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_peer_refuses, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cancel_peer_down, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_peer_fails, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_federation_auth, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_origin_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_member_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_forward, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_remote_finetune, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
