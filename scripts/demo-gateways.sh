@@ -9,6 +9,8 @@
 #
 #   scripts/demo-gateways.sh [BUILD_DIR]
 #   NB_DEMO_STEPS=N     override training.maxSteps of both jobs (a quick look)
+#   NB_DEMO_FT_STEPS=N  training.maxSteps of the fine-tune (default 200: a few minutes on 2 cores)
+#   NB_DEMO_SENTENCES=N test sentences per pair translated for chrF/BLEU (default 8)
 #   NB_DEMO_DATA=DIR    data folder (default data/quick)
 #   NB_DEMO_WORK=DIR    work folder (default a fresh one under $TMPDIR)
 #   NB_DEMO_LOOPBACK=1  loopback even as root
@@ -21,6 +23,8 @@ work="${NB_DEMO_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/nb-demo-gw.XXXXXX")}"
 mkdir -p "$work"
 work="$(cd "$work" && pwd)"
 steps="${NB_DEMO_STEPS:-}"
+ft_steps="${NB_DEMO_FT_STEPS:-${NB_DEMO_STEPS:-200}}"
+sentences="${NB_DEMO_SENTENCES:-8}"
 prefix="nbgw-$$"
 ns_mode=0
 if [ "$(id -u)" = 0 ] && [ -z "${NB_DEMO_LOOPBACK:-}" ]; then ns_mode=1; fi
@@ -132,7 +136,7 @@ done
 
 # (2) the translation fine-tune of the examples, on (1)'s model, run in dc-b
 python3 - "$src/jobs/examples/finetune-translation-remote.json" "$work/pretrain.json" \
-  "$work/finetune.json" "$hash" "$steps" << 'EOF'
+  "$work/finetune.json" "$hash" "$ft_steps" "$sentences" << 'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
 pre = json.load(open(sys.argv[2]))
@@ -140,9 +144,13 @@ m = pre["spec"]["model"]
 d["metadata"]["name"] = "finetune-translation-demo"
 d["spec"]["model"] = dict(m, base={"checkpoint": "pretrain-2dc-small/final.safetensors",
                                    "cluster": "dc-a", "sha256": sys.argv[4]})
-if sys.argv[5]:
-    d["spec"]["training"]["maxSteps"] = int(sys.argv[5])
-    d["spec"]["sync"]["innerSteps"] = max(1, min(d["spec"]["sync"]["innerSteps"], int(sys.argv[5])))
+t = d["spec"]["training"]
+t["maxSteps"] = int(sys.argv[5])
+t["eval"]["sentences"] = int(sys.argv[6])
+t["eval"]["everyRounds"] = max(t["eval"].get("everyRounds", 1), 2)
+t["optimizer"]["warmupSteps"] = min(t["optimizer"].get("warmupSteps", 0), int(sys.argv[5]) // 4)
+d["spec"]["sync"]["innerSteps"] = max(1, min(d["spec"]["sync"]["innerSteps"], int(sys.argv[5])))
+d["spec"]["checkpoint"] = {"everyRounds": 0}
 json.dump(d, open(sys.argv[3], "w"), indent=2)
 EOF
 echo
@@ -197,8 +205,21 @@ for e in events(2):
             p.get("from"), p.get("sha256", "")[:16], p.get("size", 0) / 1e6, p.get("seconds", 0)))
     if e["kind"] == "cluster_artifact":
         print("kept at dc-b: %s (%d bytes)" % (p.get("name"), p.get("size", 0)))
-metrics = {k: v for k, v in s.items() if k.lower().startswith(("chrf", "bleu", "translation"))}
-if metrics:
-    print("translation:", json.dumps(metrics))
+tr = s.get("translation") or {}
+if tr:
+    print()
+    print("translation quality of the fine-tune in dc-b (greedy decoding of test sentences):")
+    print("%-8s %9s %10s %11s %10s %11s" % ("pair", "sentences", "chrF base", "chrF final",
+                                           "BLEU base", "BLEU final"))
+    for pair in sorted(tr):
+        v = tr[pair]
+        b, f = v.get("base") or {}, v.get("final") or {}
+        print("%-8s %9d %10.2f %11.2f %10.2f %11.2f" % (pair, v.get("sentences", 0),
+              b.get("chrf", float("nan")), f.get("chrf", float("nan")),
+              b.get("bleu", float("nan")), f.get("bleu", float("nan"))))
+for c, job in (("dc-a", job1), ("dc-a", job2), ("dc-b", job1), ("dc-b", job2)):
+    d = os.path.join(work, "gw-" + c, job, "out")
+    if os.path.exists(os.path.join(d, "report.html")):
+        print("report: %s" % os.path.join(d, "report.html"))
 print("work folder: %s (gateway logs gw-*.log, job folders gw-*/<job>/)" % work)
 EOF
