@@ -1,8 +1,10 @@
 /* The transformer, llm.c style: parameters and gradients in one arena each with a tensor table,
- * activations in a third arena sized for the largest (B, T) seen, and hand-written backward.
- * Everything runs on the CPU through kernels/ (sgemm via OpenBLAS); no autograd, no GPU path. */
+ * activations in a third arena sized for the largest (B, T) seen, hand-written backward, and an
+ * incremental one-position forward over per-layer K/V caches for greedy decoding. Everything runs
+ * on the CPU through kernels/ (sgemm/sgemv via OpenBLAS); no autograd, no GPU path. */
 #include "train/model.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -83,6 +85,11 @@ struct nb_model {
 
   int frozen;
   nb_lora_t* lora;
+
+  /* decoding: key and value caches (L, ctx, C) each, and one position's activations */
+  float* dec;
+  float *dec_k, *dec_v;
+  float *dec_x, *dec_ln, *dec_qkv, *dec_y, *dec_o, *dec_h, *dec_hg, *dec_att, *dec_logits;
 };
 
 nb_model_config_t nb_model_config_make(int n_layer, int n_embd, int n_head, int ctx) {
@@ -205,6 +212,7 @@ static void nb__free_acts(nb_model_t* m) {
 void nb_model_destroy(nb_model_t* m) {
   if (!m) return;
   nb__free_acts(m);
+  nb_free(m->dec);
   nb_free(m->params);
   nb_free(m->grads);
   nb_free(m->decay);
@@ -652,8 +660,114 @@ nb_status_t nb_model_backward(nb_model_t* m) {
   return NB_OK;
 }
 
-nb_status_t nb_model_generate_greedy(nb_model_t* m, const int* prompt, int n_prompt, int max_new,
-                                     int stop_token, int* out, int* n_out) {
+/* ---- greedy decoding. The prompt goes once through the training forward (B = 1), whose packed
+ * qkv rows fill the per-layer K/V caches; each new token then costs one position: GEMV-sized
+ * products through cblas_sgemv and attention of one query against the cached keys. The products
+ * sum in another order than the full forward's sgemm, so logits agree to rounding, not bits. */
+
+static nb_status_t nb__ensure_decode(nb_model_t* m) {
+  if (m->dec) return NB_OK;
+  int L = m->cfg.n_layer, C = m->cfg.n_embd, ctx = m->cfg.ctx, V = m->cfg.vocab;
+  size_t cache = (size_t)L * ctx * C;
+  size_t total = 2 * cache + (size_t)C * 15 + (size_t)ctx + (size_t)V;
+  NB_CHECK(nb_aligned_alloc((void**)&m->dec, total, sizeof(float), "decoding caches"));
+  float* p = m->dec;
+  m->dec_k = p, p += cache;
+  m->dec_v = p, p += cache;
+  m->dec_x = p, p += C;
+  m->dec_ln = p, p += C;
+  m->dec_qkv = p, p += 3 * (size_t)C;
+  m->dec_y = p, p += C;
+  m->dec_o = p, p += C;
+  m->dec_h = p, p += 4 * (size_t)C;
+  m->dec_hg = p, p += 4 * (size_t)C;
+  m->dec_att = p, p += ctx;
+  m->dec_logits = p;
+  return NB_OK;
+}
+
+/* out (OC) = W (OC, IC) inp (+ bias): the one-row nb_matmul_forward. */
+static void nb__gemv(float* out, const float* inp, const float* w, const float* bias, int IC,
+                     int OC) {
+  if (bias) memcpy(out, bias, (size_t)OC * sizeof(float));
+  cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, IC, 1.0f, w, IC, inp, 1, bias ? 1.0f : 0.0f, out, 1);
+}
+
+/* Runs the prompt (n <= ctx tokens, validated by the forward) and caches its keys and values;
+ * *logits = the last position's row. */
+static nb_status_t nb__decode_prefill(nb_model_t* m, const int* tokens, int n,
+                                      const float** logits) {
+  NB_CHECK(nb__ensure_decode(m));
+  NB_CHECK(nb__forward(m, tokens, NULL, 1, n));
+  int L = m->cfg.n_layer, C = m->cfg.n_embd, ctx = m->cfg.ctx;
+  for (int l = 0; l < L; l++) {
+    const float* qkv = m->la[l].qkv;
+    float* kc = m->dec_k + (size_t)l * ctx * C;
+    float* vc = m->dec_v + (size_t)l * ctx * C;
+    for (int t = 0; t < n; t++) {
+      memcpy(kc + (size_t)t * C, qkv + (size_t)t * 3 * C + C, (size_t)C * sizeof(float));
+      memcpy(vc + (size_t)t * C, qkv + (size_t)t * 3 * C + 2 * C, (size_t)C * sizeof(float));
+    }
+  }
+  *logits = m->logits + (size_t)(n - 1) * m->cfg.vocab;
+  return NB_OK;
+}
+
+/* One position: token tok at position t (< ctx) after positions [0, t) are cached. Same ops as
+ * nb__forward for one row, LoRA adapters included; appends this position's key and value. */
+static nb_status_t nb__decode_step(nb_model_t* m, int tok, int t, const float** logits) {
+  const nb_model_config_t* c = &m->cfg;
+  int L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab, ctx = c->ctx, hs = C / NH;
+  float scale = 1.0f / sqrtf((float)hs), mean, rstd;
+  float *x = m->dec_x, *ln = m->dec_ln, *qkv = m->dec_qkv, *y = m->dec_y, *o = m->dec_o;
+  float *h = m->dec_h, *hg = m->dec_hg, *att = m->dec_att;
+  nb_embedding_forward(x, &tok, GP(m, V_WTE), GP(m, V_WPE) + (size_t)t * C, 1, 1, C);
+  for (int l = 0; l < L; l++) {
+    float* kc = m->dec_k + (size_t)l * ctx * C;
+    float* vc = m->dec_v + (size_t)l * ctx * C;
+    nb_layernorm_forward(ln, &mean, &rstd, x, LP(m, l, P_LN1W), LP(m, l, P_LN1B), 1, C);
+    nb__gemv(qkv, ln, LP(m, l, P_QKVW), LP(m, l, P_QKVB), C, 3 * C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_QKV, ln, qkv, 1));
+    memcpy(kc + (size_t)t * C, qkv + C, (size_t)C * sizeof(float));
+    memcpy(vc + (size_t)t * C, qkv + 2 * C, (size_t)C * sizeof(float));
+    for (int hd = 0; hd < NH; hd++) {
+      size_t off = (size_t)hd * hs;
+      /* scores against keys [0, t], the softmax of nb_attention_forward, then P V */
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, t + 1, hs, scale, kc + off, C, qkv + off, 1, 0.0f,
+                  att, 1);
+      float mx = att[0];
+      for (int j = 1; j <= t; j++)
+        if (att[j] > mx) mx = att[j];
+      float sum = 0.0f;
+      for (int j = 0; j <= t; j++) {
+        att[j] = expf(att[j] - mx);
+        sum += att[j];
+      }
+      float inv = 1.0f / sum;
+      for (int j = 0; j <= t; j++) att[j] *= inv;
+      cblas_sgemv(CblasRowMajor, CblasTrans, t + 1, hs, 1.0f, vc + off, C, att, 1, 0.0f, y + off,
+                  1);
+    }
+    nb__gemv(o, y, LP(m, l, P_PROJW), LP(m, l, P_PROJB), C, C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_ATTN_PROJ, y, o, 1));
+    for (int i = 0; i < C; i++) x[i] = x[i] + o[i];
+    nb_layernorm_forward(ln, &mean, &rstd, x, LP(m, l, P_LN2W), LP(m, l, P_LN2B), 1, C);
+    nb__gemv(h, ln, LP(m, l, P_FCW), LP(m, l, P_FCB), C, 4 * C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC, ln, h, 1));
+    nb_gelu_forward(hg, h, 4 * (size_t)C);
+    nb__gemv(o, hg, LP(m, l, P_FCPROJW), LP(m, l, P_FCPROJB), 4 * C, C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC_PROJ, hg, o, 1));
+    for (int i = 0; i < C; i++) x[i] = x[i] + o[i];
+  }
+  nb_layernorm_forward(ln, &mean, &rstd, x, GP(m, V_LNFW(m)), GP(m, V_LNFB(m)), 1, C);
+  nb__gemv(m->dec_logits, ln, GP(m, V_WTE), NULL, C, V);
+  *logits = m->dec_logits;
+  return NB_OK;
+}
+
+nb_status_t nb__model_generate(nb_model_t* m, const int* prompt, int n_prompt, int max_new,
+                               int stop_token, int use_cache, int* out, int* n_out,
+                               float* logits_out) {
   if (!m || !prompt || !out || !n_out || n_prompt < 1 || max_new < 0)
     return nb_error(NB_ERR_INVALID, "generate: need a model, n_prompt >= 1, max_new >= 0");
   *n_out = 0;
@@ -664,11 +778,25 @@ nb_status_t nb_model_generate_greedy(nb_model_t* m, const int* prompt, int n_pro
   memcpy(seq, prompt, (size_t)n_prompt * sizeof(int));
   size_t len = (size_t)n_prompt;
   nb_status_t st = NB_OK;
+  int cached = 0; /* positions [0, cached) of seq are in the K/V caches */
   for (int k = 0; k < max_new; k++) {
     int w = len > (size_t)ctx ? ctx : (int)len;
-    st = nb_model_forward(m, seq + len - (size_t)w, NULL, 1, w, NULL);
+    const float* row = NULL;
+    if (use_cache && len <= (size_t)ctx && cached == (int)len - 1 && cached > 0) {
+      st = nb__decode_step(m, seq[len - 1], (int)len - 1, &row);
+      cached = (int)len;
+    } else if (use_cache && len <= (size_t)ctx) {
+      st = nb__decode_prefill(m, seq, (int)len, &row);
+      cached = (int)len;
+    } else {
+      /* the reference, and past ctx: the window slides, so every position moves (learned
+       * absolute positions) and nothing cached stays valid: rerun the whole window */
+      st = nb_model_forward(m, seq + len - (size_t)w, NULL, 1, w, NULL);
+      if (st == NB_OK) row = m->logits + (size_t)(w - 1) * V;
+      cached = 0;
+    }
     if (st != NB_OK) break;
-    const float* row = m->logits + (size_t)(w - 1) * V;
+    if (logits_out) memcpy(logits_out + (size_t)k * V, row, (size_t)V * sizeof(float));
     int best = 0;
     for (int j = 1; j < V; j++)
       if (row[j] > row[best]) best = j;
@@ -678,6 +806,11 @@ nb_status_t nb_model_generate_greedy(nb_model_t* m, const int* prompt, int n_pro
   }
   nb_free(seq);
   return st;
+}
+
+nb_status_t nb_model_generate_greedy(nb_model_t* m, const int* prompt, int n_prompt, int max_new,
+                                     int stop_token, int* out, int* n_out) {
+  return nb__model_generate(m, prompt, n_prompt, max_new, stop_token, 1, out, n_out, NULL);
 }
 
 nb_status_t nb_model_bits_per_byte(nb_model_t* m, const uint8_t* text, size_t len, int B, int T,
