@@ -1,7 +1,7 @@
 /* Greedy decoding with the K/V cache against the full-recompute reference: same tokens, logits
  * within 1e-4 of the row's largest magnitude, over several sizes, seeds and prompt lengths (up to
- * and past the context), with LoRA adapters unmerged and merged. Not a speed test (see
- * `nebula bench decode`). */
+ * and past the context), with LoRA adapters unmerged and merged; batched decoding gives each
+ * sequence's reference tokens. Not a speed test (see `nebula bench decode`). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/common.h"
 #include "train/lora.h"
 #include "train/model.h"
 #include "train/model_internal.h"
@@ -179,11 +180,75 @@ static void test_cache_state_and_errors(void** state) {
   nb_model_destroy(m);
 }
 
+/* B sequences of different prompt lengths (1 to past ctx) and limits, decoded together, give
+ * each one's reference tokens; with a stop token, and with LoRA adapters attached. */
+static void check_batch(nb_model_t* m, int B, int stop, uint64_t seed) {
+  int ctx = nb_model_get_config(m)->ctx;
+  int lens[8] = {1, ctx, 7, ctx + 2, ctx / 2, 3, ctx - 1, 12};
+  int limits[8] = {ctx + 3, 5, 0, 9, ctx, 1, ctx + 1, 20};
+  int *prompts[8], *outs[8], n_prompt[8], max_new[8], n_out[8];
+  int ref[128], n_ref;
+  for (int b = 0; b < B; b++) {
+    n_prompt[b] = lens[b % 8];
+    max_new[b] = limits[b % 8];
+    prompts[b] = malloc(sizeof(int) * (size_t)n_prompt[b]);
+    outs[b] = malloc(sizeof(int) * (size_t)(max_new[b] + 1));
+    random_prompt(seed + (uint64_t)b, n_prompt[b], prompts[b]);
+  }
+  assert_int_equal(nb_model_generate_greedy_batch(m, B, (const int* const*)prompts, n_prompt,
+                                                  max_new, stop, outs, n_out),
+                   NB_OK);
+  for (int b = 0; b < B; b++) {
+    assert_int_equal(
+        nb__model_generate(m, prompts[b], n_prompt[b], max_new[b], stop, 0, ref, &n_ref, NULL),
+        NB_OK);
+    assert_int_equal(n_out[b], n_ref);
+    assert_memory_equal(outs[b], ref, sizeof(int) * (size_t)n_ref);
+    free(prompts[b]), free(outs[b]);
+  }
+}
+
+static void test_batch(void** state) {
+  (void)state;
+  nb_model_t* m = make_model(2, 32, 4, 24, 21, 3.0f);
+  check_batch(m, 8, -1, 100);
+  check_batch(m, 3, -1, 200); /* fewer sequences than the caches hold */
+  check_batch(m, 1, -1, 300);
+  int probe[4], n = 0, p0[2] = {'a', NB_TOKEN_SEP};
+  assert_int_equal(nb_model_generate_greedy(m, p0, 2, 4, -1, probe, &n), NB_OK);
+  check_batch(m, 8, probe[1], 100); /* a stop token some sequences emit */
+  nb_lora_config_t lc = {2, 4.0f, (1u << NB_SITE_QKV) | (1u << NB_SITE_FC_PROJ)};
+  nb_lora_t* lo;
+  assert_int_equal(nb_lora_create(m, &lc, 5, &lo), NB_OK);
+  size_t ln;
+  float* lp = nb_lora_params(lo, &ln);
+  nb_rng_t r;
+  nb_rng_seed(&r, 78);
+  for (size_t i = 0; i < ln; i++) lp[i] = (float)(0.1 * nb_rng_normal(&r));
+  check_batch(m, 8, -1, 400);
+  /* validation names the sequence */
+  int good[3] = {1, 2, 3}, bad[3] = {1, -4, 3}, o1[4], o2[4], *outs[2] = {o1, o2}, nb[2];
+  const int* prompts[2] = {good, bad};
+  int np[2] = {3, 3}, mx[2] = {4, 4};
+  assert_int_equal(nb_model_generate_greedy_batch(m, 2, prompts, np, mx, -1, outs, nb),
+                   NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "sequence 1"));
+  np[1] = 0;
+  prompts[1] = good;
+  assert_int_equal(nb_model_generate_greedy_batch(m, 2, prompts, np, mx, -1, outs, nb),
+                   NB_ERR_INVALID);
+  assert_int_equal(nb_model_generate_greedy_batch(m, 0, prompts, np, mx, -1, outs, nb),
+                   NB_ERR_INVALID);
+  nb_lora_destroy(lo);
+  nb_model_destroy(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cached_equals_reference),
       cmocka_unit_test(test_cached_lora),
       cmocka_unit_test(test_cache_state_and_errors),
+      cmocka_unit_test(test_batch),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
