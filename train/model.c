@@ -846,9 +846,15 @@ static nb_status_t nb__generate_cached(nb_model_t* m, int B, const int* const* p
   NB_CHECK_GOTO(nb_calloc((void**)&g, (size_t)B, sizeof *g, "generate state"), st, done);
   NB_CHECK_GOTO(nb__ensure_decode(m, B), st, done);
   int *tok = rows, *pos = rows + B, *slot = rows + 2 * B, *who = rows + 3 * B;
-  for (int b = 0, s = 0; b < B; s += n_prompt[b] + max_new[b], b++) {
-    g[b] = (nb__gen_seq_t){seq + s,    n_prompt[b], 0,         max_new[b] == 0,
-                           max_new[b], out[b],      &n_out[b], b == 0 ? logits0 : NULL};
+  size_t off = 0;
+  for (int b = 0; b < B; off += (size_t)n_prompt[b] + (size_t)max_new[b], b++) {
+    g[b] = (nb__gen_seq_t){.seq = seq + off,
+                           .len = n_prompt[b],
+                           .fin = max_new[b] == 0,
+                           .max_new = max_new[b],
+                           .out = out[b],
+                           .n_out = &n_out[b],
+                           .logits = b == 0 ? logits0 : NULL};
     memcpy(g[b].seq, prompts[b], (size_t)n_prompt[b] * sizeof(int));
   }
   for (;;) {
