@@ -495,7 +495,10 @@ static int nb__par_crossentropy(nb_model_t* m, int N) {
   return count;
 }
 
-static nb_status_t nb__forward(nb_model_t* m, const int* tokens, const int* targets, int B, int T) {
+/* The forward through the first nl layers; with nl == n_layer also the final LayerNorm and the
+ * logits (nb__forward). */
+static nb_status_t nb__forward_layers(nb_model_t* m, const int* tokens, const int* targets, int B,
+                                      int T, int nl) {
   if (!m || !tokens) return nb_error(NB_ERR_INVALID, "model forward: NULL model or tokens");
   const nb_model_config_t* c = &m->cfg;
   if (B < 1 || T < 1 || T > c->ctx)
@@ -520,7 +523,7 @@ static nb_status_t nb__forward(nb_model_t* m, const int* tokens, const int* targ
 
   nb_embedding_forward(m->encoded, m->tokens, GP(m, V_WTE), GP(m, V_WPE), B, T, C);
   const float* residual = m->encoded;
-  for (int l = 0; l < L; l++) {
+  for (int l = 0; l < nl; l++) {
     nb__layer_acts_t* a = &m->la[l];
     nb__par_ln_forward(a->ln1, a->ln1_mean, a->ln1_rstd, residual, LP(m, l, P_LN1W),
                        LP(m, l, P_LN1B), n, C);
@@ -541,10 +544,15 @@ static nb_status_t nb__forward(nb_model_t* m, const int* tokens, const int* targ
     nb__par_elementwise(nb__add_chunk, a->res3, a->res2, a->fcproj, N * C);
     residual = a->res3;
   }
+  if (nl < L) return NB_OK;
   nb__par_ln_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, GP(m, V_LNFW(m)), GP(m, V_LNFB(m)),
                      n, C);
   nb_matmul_forward(m->logits, m->lnf, GP(m, V_WTE), NULL, n, C, V);
   return NB_OK;
+}
+
+static nb_status_t nb__forward(nb_model_t* m, const int* tokens, const int* targets, int B, int T) {
+  return nb__forward_layers(m, tokens, targets, B, T, m ? m->cfg.n_layer : 0);
 }
 
 nb_status_t nb_model_forward(nb_model_t* m, const int* tokens, const int* targets, int B, int T,
@@ -734,9 +742,10 @@ static nb_status_t nb__decode_prefill(nb_model_t* m, int slot, const int* tokens
 
 /* One position for each of N rows: token tok[r] at position pos[r] (< ctx) of sequence slot[r],
  * whose positions [0, pos[r]) are cached. The ops of nb__forward row by row, LoRA adapters
- * included; appends each row's key and value. Logits land in dec_logits (N, vocab). */
+ * included; appends each row's key and value. Logits land in dec_logits (N, vocab). With tok
+ * NULL the rows are already in dec_x, entering layer l0 (only layers [l0, L) are run). */
 static nb_status_t nb__decode_step(nb_model_t* m, int N, const int* tok, const int* pos,
-                                   const int* slot) {
+                                   const int* slot, int l0) {
   const nb_model_config_t* c = &m->cfg;
   int L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab, hs = C / NH;
   float scale = 1.0f / sqrtf((float)hs);
@@ -744,10 +753,10 @@ static nb_status_t nb__decode_step(nb_model_t* m, int N, const int* tok, const i
   float *h = m->dec_h, *hg = m->dec_hg, *att = m->dec_att, *mean = m->dec_mean;
   float* rstd = m->dec_rstd;
   size_t NC = (size_t)N * C;
-  for (int r = 0; r < N; r++)
+  for (int r = 0; tok && r < N; r++)
     nb_embedding_forward(x + (size_t)r * C, &tok[r], GP(m, V_WTE),
                          GP(m, V_WPE) + (size_t)pos[r] * C, 1, 1, C);
-  for (int l = 0; l < L; l++) {
+  for (int l = l0; l < L; l++) {
     nb_layernorm_forward(ln, mean, rstd, x, LP(m, l, P_LN1W), LP(m, l, P_LN1B), N, C);
     nb__linear(qkv, ln, LP(m, l, P_QKVW), LP(m, l, P_QKVB), N, C, 3 * C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_QKV, ln, qkv, N));
@@ -790,6 +799,34 @@ static nb_status_t nb__decode_step(nb_model_t* m, int N, const int* tok, const i
   }
   nb_layernorm_forward(ln, mean, rstd, x, GP(m, V_LNFW(m)), GP(m, V_LNFB(m)), N, C);
   nb__linear(m->dec_logits, ln, GP(m, V_WTE), NULL, N, C, V);
+  return NB_OK;
+}
+
+/* The last row's logits for a window of T tokens (past the context, where nothing cached is
+ * valid): the forward over every row through layers [0, L - 1), then in the last layer only the
+ * keys and values of rows [0, T - 1) and one decoding position for the last row, whose logits
+ * are the only ones used. Uses slot's caches as scratch; *logits = dec_logits row 0. */
+static nb_status_t nb__decode_window(nb_model_t* m, int slot, const int* tokens, int T,
+                                     const float** logits) {
+  int L = m->cfg.n_layer, C = m->cfg.n_embd, l = L - 1, n = T - 1, pos = T - 1;
+  NB_CHECK(nb__forward_layers(m, tokens, NULL, 1, T, l));
+  const float* res = l > 0 ? m->la[l - 1].res3 : m->encoded;
+  nb__layer_acts_t* a = &m->la[l];
+  if (n > 0) {
+    nb__par_ln_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, LP(m, l, P_LN1W), LP(m, l, P_LN1B), n,
+                       C);
+    nb_matmul_forward(a->qkv, a->ln1, LP(m, l, P_QKVW), LP(m, l, P_QKVB), n, C, 3 * C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_QKV, a->ln1, a->qkv, n));
+    float* kc = nb__dec_cache(m, m->dec_k, slot, l);
+    float* vc = nb__dec_cache(m, m->dec_v, slot, l);
+    for (int t = 0; t < n; t++) {
+      memcpy(kc + (size_t)t * C, a->qkv + (size_t)t * 3 * C + C, (size_t)C * sizeof(float));
+      memcpy(vc + (size_t)t * C, a->qkv + (size_t)t * 3 * C + 2 * C, (size_t)C * sizeof(float));
+    }
+  }
+  memcpy(m->dec_x, res + (size_t)pos * C, (size_t)C * sizeof(float));
+  NB_CHECK(nb__decode_step(m, 1, NULL, &pos, &slot, l)); /* dec_x enters layer l */
+  *logits = m->dec_logits;
   return NB_OK;
 }
 
@@ -877,15 +914,14 @@ static nb_status_t nb__generate_cached(nb_model_t* m, int B, const int* const* p
       } else {
         /* past ctx the window slides: every position moves (learned absolute positions), so
          * nothing cached stays valid and the whole window is rerun, as the reference does */
-        NB_CHECK_GOTO(nb_model_forward(m, s->seq + s->len - ctx, NULL, 1, ctx, NULL), st, done);
-        row = m->logits + (size_t)(ctx - 1) * V;
+        NB_CHECK_GOTO(nb__decode_window(m, b, s->seq + s->len - ctx, ctx, &row), st, done);
         s->cached = 0;
       }
       nb__gen_emit(s, row, V, stop_token);
     }
     if (!any) break;
     if (N == 0) continue;
-    NB_CHECK_GOTO(nb__decode_step(m, N, tok, pos, slot), st, done);
+    NB_CHECK_GOTO(nb__decode_step(m, N, tok, pos, slot, 0), st, done);
     for (int r = 0; r < N; r++) {
       g[who[r]].cached = pos[r] + 1;
       nb__gen_emit(&g[who[r]], m->dec_logits + (size_t)r * V, V, stop_token);
