@@ -1,8 +1,10 @@
 /* The transformer, llm.c style: parameters and gradients in one arena each with a tensor table,
- * activations in a third arena sized for the largest (B, T) seen, and hand-written backward.
- * Everything runs on the CPU through kernels/ (sgemm via OpenBLAS); no autograd, no GPU path. */
+ * activations in a third arena sized for the largest (B, T) seen, hand-written backward, and an
+ * incremental one-position forward over per-layer K/V caches for greedy decoding. Everything runs
+ * on the CPU through kernels/ (sgemm/sgemv via OpenBLAS); no autograd, no GPU path. */
 #include "train/model.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -83,6 +85,14 @@ struct nb_model {
 
   int frozen;
   nb_lora_t* lora;
+
+  /* decoding: key and value caches (dec_cap, L, ctx, C) each, one position's activations for
+   * dec_cap rows */
+  float* dec;
+  int dec_cap; /* sequences the caches hold */
+  float *dec_k, *dec_v;
+  float *dec_x, *dec_ln, *dec_qkv, *dec_y, *dec_o, *dec_h, *dec_hg, *dec_att, *dec_logits;
+  float *dec_mean, *dec_rstd;
 };
 
 nb_model_config_t nb_model_config_make(int n_layer, int n_embd, int n_head, int ctx) {
@@ -205,6 +215,7 @@ static void nb__free_acts(nb_model_t* m) {
 void nb_model_destroy(nb_model_t* m) {
   if (!m) return;
   nb__free_acts(m);
+  nb_free(m->dec);
   nb_free(m->params);
   nb_free(m->grads);
   nb_free(m->decay);
@@ -484,7 +495,10 @@ static int nb__par_crossentropy(nb_model_t* m, int N) {
   return count;
 }
 
-static nb_status_t nb__forward(nb_model_t* m, const int* tokens, const int* targets, int B, int T) {
+/* The forward through the first nl layers; with nl == n_layer also the final LayerNorm and the
+ * logits (nb__forward). */
+static nb_status_t nb__forward_layers(nb_model_t* m, const int* tokens, const int* targets, int B,
+                                      int T, int nl) {
   if (!m || !tokens) return nb_error(NB_ERR_INVALID, "model forward: NULL model or tokens");
   const nb_model_config_t* c = &m->cfg;
   if (B < 1 || T < 1 || T > c->ctx)
@@ -509,7 +523,7 @@ static nb_status_t nb__forward(nb_model_t* m, const int* tokens, const int* targ
 
   nb_embedding_forward(m->encoded, m->tokens, GP(m, V_WTE), GP(m, V_WPE), B, T, C);
   const float* residual = m->encoded;
-  for (int l = 0; l < L; l++) {
+  for (int l = 0; l < nl; l++) {
     nb__layer_acts_t* a = &m->la[l];
     nb__par_ln_forward(a->ln1, a->ln1_mean, a->ln1_rstd, residual, LP(m, l, P_LN1W),
                        LP(m, l, P_LN1B), n, C);
@@ -530,10 +544,15 @@ static nb_status_t nb__forward(nb_model_t* m, const int* tokens, const int* targ
     nb__par_elementwise(nb__add_chunk, a->res3, a->res2, a->fcproj, N * C);
     residual = a->res3;
   }
+  if (nl < L) return NB_OK;
   nb__par_ln_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, GP(m, V_LNFW(m)), GP(m, V_LNFB(m)),
                      n, C);
   nb_matmul_forward(m->logits, m->lnf, GP(m, V_WTE), NULL, n, C, V);
   return NB_OK;
+}
+
+static nb_status_t nb__forward(nb_model_t* m, const int* tokens, const int* targets, int B, int T) {
+  return nb__forward_layers(m, tokens, targets, B, T, m ? m->cfg.n_layer : 0);
 }
 
 nb_status_t nb_model_forward(nb_model_t* m, const int* tokens, const int* targets, int B, int T,
@@ -652,11 +671,272 @@ nb_status_t nb_model_backward(nb_model_t* m) {
   return NB_OK;
 }
 
-nb_status_t nb_model_generate_greedy(nb_model_t* m, const int* prompt, int n_prompt, int max_new,
-                                     int stop_token, int* out, int* n_out) {
-  if (!m || !prompt || !out || !n_out || n_prompt < 1 || max_new < 0)
-    return nb_error(NB_ERR_INVALID, "generate: need a model, n_prompt >= 1, max_new >= 0");
-  *n_out = 0;
+/* ---- greedy decoding. Each prompt goes once through the training forward (B = 1), whose packed
+ * qkv rows fill that sequence's per-layer K/V caches; each further token costs one position per
+ * sequence: the projections of all active sequences in one product (cblas_sgemv for one, sgemm
+ * for several), attention of each query against its own cached keys. The products sum in another
+ * order than the full forward's sgemm, so logits agree to rounding, not to the bit. */
+
+/* Caches for nseq sequences, (nseq, L, ctx, C) each, and the activations of nseq rows. */
+static nb_status_t nb__ensure_decode(nb_model_t* m, int nseq) {
+  if (m->dec && nseq <= m->dec_cap) return NB_OK;
+  nb_free(m->dec);
+  m->dec = NULL;
+  m->dec_cap = 0;
+  int L = m->cfg.n_layer, C = m->cfg.n_embd, ctx = m->cfg.ctx, V = m->cfg.vocab;
+  size_t S = (size_t)nseq, cache = S * L * ctx * C;
+  size_t total = 2 * cache + S * ((size_t)C * 15 + V + 2) + (size_t)ctx;
+  NB_CHECK(nb_aligned_alloc((void**)&m->dec, total, sizeof(float), "decoding caches"));
+  float* p = m->dec;
+  m->dec_k = p, p += cache;
+  m->dec_v = p, p += cache;
+  m->dec_x = p, p += S * C;
+  m->dec_ln = p, p += S * C;
+  m->dec_qkv = p, p += S * 3 * C;
+  m->dec_y = p, p += S * C;
+  m->dec_o = p, p += S * C;
+  m->dec_h = p, p += S * 4 * C;
+  m->dec_hg = p, p += S * 4 * C;
+  m->dec_logits = p, p += S * V;
+  m->dec_mean = p, p += S;
+  m->dec_rstd = p, p += S;
+  m->dec_att = p;
+  m->dec_cap = nseq;
+  return NB_OK;
+}
+
+/* Keys (or values) of sequence slot, layer l, from position 0: (ctx, C) rows. */
+static float* nb__dec_cache(nb_model_t* m, float* base, int slot, int l) {
+  return base + ((size_t)slot * m->cfg.n_layer + (size_t)l) * m->cfg.ctx * m->cfg.n_embd;
+}
+
+/* out (N, OC) = inp (N, IC) W^T (+ bias): nb_matmul_forward, as a GEMV for one row. */
+static void nb__linear(float* out, const float* inp, const float* w, const float* bias, int N,
+                       int IC, int OC) {
+  if (N > 1) {
+    nb_matmul_forward(out, inp, w, bias, N, IC, OC);
+    return;
+  }
+  if (bias) memcpy(out, bias, (size_t)OC * sizeof(float));
+  cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, IC, 1.0f, w, IC, inp, 1, bias ? 1.0f : 0.0f, out, 1);
+}
+
+/* Runs tokens (n <= ctx, validated by the forward) and caches their keys and values in slot;
+ * *logits = the last position's row (in the forward's logits). */
+static nb_status_t nb__decode_prefill(nb_model_t* m, int slot, const int* tokens, int n,
+                                      const float** logits) {
+  NB_CHECK(nb__forward(m, tokens, NULL, 1, n));
+  int L = m->cfg.n_layer, C = m->cfg.n_embd;
+  for (int l = 0; l < L; l++) {
+    const float* qkv = m->la[l].qkv;
+    float* kc = nb__dec_cache(m, m->dec_k, slot, l);
+    float* vc = nb__dec_cache(m, m->dec_v, slot, l);
+    for (int t = 0; t < n; t++) {
+      memcpy(kc + (size_t)t * C, qkv + (size_t)t * 3 * C + C, (size_t)C * sizeof(float));
+      memcpy(vc + (size_t)t * C, qkv + (size_t)t * 3 * C + 2 * C, (size_t)C * sizeof(float));
+    }
+  }
+  *logits = m->logits + (size_t)(n - 1) * m->cfg.vocab;
+  return NB_OK;
+}
+
+/* One position for each of N rows: token tok[r] at position pos[r] (< ctx) of sequence slot[r],
+ * whose positions [0, pos[r]) are cached. The ops of nb__forward row by row, LoRA adapters
+ * included; appends each row's key and value. Logits land in dec_logits (N, vocab). With tok
+ * NULL the rows are already in dec_x, entering layer l0 (only layers [l0, L) are run). */
+static nb_status_t nb__decode_step(nb_model_t* m, int N, const int* tok, const int* pos,
+                                   const int* slot, int l0) {
+  const nb_model_config_t* c = &m->cfg;
+  int L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab, hs = C / NH;
+  float scale = 1.0f / sqrtf((float)hs);
+  float *x = m->dec_x, *ln = m->dec_ln, *qkv = m->dec_qkv, *y = m->dec_y, *o = m->dec_o;
+  float *h = m->dec_h, *hg = m->dec_hg, *att = m->dec_att, *mean = m->dec_mean;
+  float* rstd = m->dec_rstd;
+  size_t NC = (size_t)N * C;
+  for (int r = 0; tok && r < N; r++)
+    nb_embedding_forward(x + (size_t)r * C, &tok[r], GP(m, V_WTE),
+                         GP(m, V_WPE) + (size_t)pos[r] * C, 1, 1, C);
+  for (int l = l0; l < L; l++) {
+    nb_layernorm_forward(ln, mean, rstd, x, LP(m, l, P_LN1W), LP(m, l, P_LN1B), N, C);
+    nb__linear(qkv, ln, LP(m, l, P_QKVW), LP(m, l, P_QKVB), N, C, 3 * C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_QKV, ln, qkv, N));
+    for (int r = 0; r < N; r++) {
+      const float* q = qkv + (size_t)r * 3 * C;
+      float* kc = nb__dec_cache(m, m->dec_k, slot[r], l);
+      float* vc = nb__dec_cache(m, m->dec_v, slot[r], l);
+      int t = pos[r];
+      memcpy(kc + (size_t)t * C, q + C, (size_t)C * sizeof(float));
+      memcpy(vc + (size_t)t * C, q + 2 * C, (size_t)C * sizeof(float));
+      for (int hd = 0; hd < NH; hd++) {
+        size_t off = (size_t)hd * hs;
+        /* scores against keys [0, t], the softmax of nb_attention_forward, then P V */
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, t + 1, hs, scale, kc + off, C, q + off, 1, 0.0f,
+                    att, 1);
+        float mx = att[0];
+        for (int j = 1; j <= t; j++)
+          if (att[j] > mx) mx = att[j];
+        float sum = 0.0f;
+        for (int j = 0; j <= t; j++) {
+          att[j] = expf(att[j] - mx);
+          sum += att[j];
+        }
+        float inv = 1.0f / sum;
+        for (int j = 0; j <= t; j++) att[j] *= inv;
+        cblas_sgemv(CblasRowMajor, CblasTrans, t + 1, hs, 1.0f, vc + off, C, att, 1, 0.0f,
+                    y + (size_t)r * C + off, 1);
+      }
+    }
+    nb__linear(o, y, LP(m, l, P_PROJW), LP(m, l, P_PROJB), N, C, C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_ATTN_PROJ, y, o, N));
+    for (size_t i = 0; i < NC; i++) x[i] = x[i] + o[i];
+    nb_layernorm_forward(ln, mean, rstd, x, LP(m, l, P_LN2W), LP(m, l, P_LN2B), N, C);
+    nb__linear(h, ln, LP(m, l, P_FCW), LP(m, l, P_FCB), N, C, 4 * C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC, ln, h, N));
+    nb_gelu_forward(hg, h, 4 * NC);
+    nb__linear(o, hg, LP(m, l, P_FCPROJW), LP(m, l, P_FCPROJB), N, 4 * C, C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC_PROJ, hg, o, N));
+    for (size_t i = 0; i < NC; i++) x[i] = x[i] + o[i];
+  }
+  nb_layernorm_forward(ln, mean, rstd, x, GP(m, V_LNFW(m)), GP(m, V_LNFB(m)), N, C);
+  nb__linear(m->dec_logits, ln, GP(m, V_WTE), NULL, N, C, V);
+  return NB_OK;
+}
+
+/* The last row's logits for a window of T tokens (past the context, where nothing cached is
+ * valid): the forward over every row through layers [0, L - 1), then in the last layer only the
+ * keys and values of rows [0, T - 1) and one decoding position for the last row, whose logits
+ * are the only ones used. Uses slot's caches as scratch; *logits = dec_logits row 0. */
+static nb_status_t nb__decode_window(nb_model_t* m, int slot, const int* tokens, int T,
+                                     const float** logits) {
+  int L = m->cfg.n_layer, C = m->cfg.n_embd, l = L - 1, n = T - 1, pos = T - 1;
+  NB_CHECK(nb__forward_layers(m, tokens, NULL, 1, T, l));
+  const float* res = l > 0 ? m->la[l - 1].res3 : m->encoded;
+  nb__layer_acts_t* a = &m->la[l];
+  if (n > 0) {
+    nb__par_ln_forward(a->ln1, a->ln1_mean, a->ln1_rstd, res, LP(m, l, P_LN1W), LP(m, l, P_LN1B), n,
+                       C);
+    nb_matmul_forward(a->qkv, a->ln1, LP(m, l, P_QKVW), LP(m, l, P_QKVB), n, C, 3 * C);
+    if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_QKV, a->ln1, a->qkv, n));
+    float* kc = nb__dec_cache(m, m->dec_k, slot, l);
+    float* vc = nb__dec_cache(m, m->dec_v, slot, l);
+    for (int t = 0; t < n; t++) {
+      memcpy(kc + (size_t)t * C, a->qkv + (size_t)t * 3 * C + C, (size_t)C * sizeof(float));
+      memcpy(vc + (size_t)t * C, a->qkv + (size_t)t * 3 * C + 2 * C, (size_t)C * sizeof(float));
+    }
+  }
+  memcpy(m->dec_x, res + (size_t)pos * C, (size_t)C * sizeof(float));
+  NB_CHECK(nb__decode_step(m, 1, NULL, &pos, &slot, l)); /* dec_x enters layer l */
+  *logits = m->dec_logits;
+  return NB_OK;
+}
+
+/* Per-sequence state of a cached decoding. */
+typedef struct {
+  int* seq;      /* prompt, then the emitted tokens */
+  int len;       /* tokens in seq */
+  int cached;    /* positions [0, cached) of seq are in the K/V caches */
+  int fin;       /* stop token emitted or max_new reached */
+  int max_new;   /* this sequence's limit */
+  int* out;      /* caller's output */
+  int* n_out;    /* caller's count */
+  float* logits; /* nullable: row k of the logits each token was chosen from */
+} nb__gen_seq_t;
+
+/* Appends the argmax of row (lowest index on ties); finishes on the stop token or at max_new. */
+static void nb__gen_emit(nb__gen_seq_t* g, const float* row, int V, int stop_token) {
+  int best = 0;
+  for (int j = 1; j < V; j++)
+    if (row[j] > row[best]) best = j;
+  if (g->logits) memcpy(g->logits + (size_t)*g->n_out * V, row, (size_t)V * sizeof(float));
+  g->seq[g->len++] = best;
+  g->out[(*g->n_out)++] = best;
+  if (best == stop_token || *g->n_out == g->max_new) g->fin = 1;
+}
+
+/* The cached decoding of B sequences; logits0 (nullable) receives sequence 0's rows. */
+static nb_status_t nb__generate_cached(nb_model_t* m, int B, const int* const* prompts,
+                                       const int* n_prompt, const int* max_new, int stop_token,
+                                       int* const* out, int* n_out, float* logits0) {
+  if (!m || B < 1 || !prompts || !n_prompt || !max_new || !out || !n_out)
+    return nb_error(NB_ERR_INVALID, "generate: need a model, B >= 1 and every array");
+  int V = m->cfg.vocab, ctx = m->cfg.ctx;
+  size_t total = 0;
+  for (int b = 0; b < B; b++) {
+    n_out[b] = 0;
+    if (!prompts[b] || !out[b] || n_prompt[b] < 1 || max_new[b] < 0)
+      return nb_error(NB_ERR_INVALID,
+                      "generate: sequence %d: need a prompt and an output, n_prompt %d >= 1, "
+                      "max_new %d >= 0",
+                      b, n_prompt[b], max_new[b]);
+    for (int i = 0; i < n_prompt[b]; i++)
+      if (prompts[b][i] < 0 || prompts[b][i] >= V)
+        return nb_error(NB_ERR_INVALID,
+                        "generate: sequence %d: prompt token %d at %d not in [0, %d)", b,
+                        prompts[b][i], i, V);
+    total += (size_t)n_prompt[b] + (size_t)max_new[b];
+  }
+  nb_status_t st = NB_OK;
+  int *seq = NULL, *rows = NULL;
+  nb__gen_seq_t* g = NULL;
+  NB_CHECK_GOTO(nb_alloc((void**)&seq, total, sizeof(int), "generate sequences"), st, done);
+  NB_CHECK_GOTO(nb_alloc((void**)&rows, (size_t)B * 4, sizeof(int), "generate rows"), st, done);
+  NB_CHECK_GOTO(nb_calloc((void**)&g, (size_t)B, sizeof *g, "generate state"), st, done);
+  NB_CHECK_GOTO(nb__ensure_decode(m, B), st, done);
+  int *tok = rows, *pos = rows + B, *slot = rows + 2 * B, *who = rows + 3 * B;
+  size_t off = 0;
+  for (int b = 0; b < B; off += (size_t)n_prompt[b] + (size_t)max_new[b], b++) {
+    g[b] = (nb__gen_seq_t){.seq = seq + off,
+                           .len = n_prompt[b],
+                           .fin = max_new[b] == 0,
+                           .max_new = max_new[b],
+                           .out = out[b],
+                           .n_out = &n_out[b],
+                           .logits = b == 0 ? logits0 : NULL};
+    memcpy(g[b].seq, prompts[b], (size_t)n_prompt[b] * sizeof(int));
+  }
+  for (;;) {
+    /* every unfinished sequence advances by one token per round: those whose prefix is cached
+     * together in one step, the others alone */
+    int N = 0, any = 0;
+    for (int b = 0; b < B; b++) {
+      nb__gen_seq_t* s = &g[b];
+      if (s->fin) continue;
+      any = 1;
+      const float* row = NULL;
+      if (s->len <= ctx && s->cached == s->len - 1 && s->cached > 0) {
+        tok[N] = s->seq[s->len - 1], pos[N] = s->len - 1, slot[N] = b, who[N] = b;
+        N++;
+        continue;
+      }
+      if (s->len <= ctx) {
+        NB_CHECK_GOTO(nb__decode_prefill(m, b, s->seq, s->len, &row), st, done);
+        s->cached = s->len;
+      } else {
+        /* past ctx the window slides: every position moves (learned absolute positions), so
+         * nothing cached stays valid and the whole window is rerun, as the reference does */
+        NB_CHECK_GOTO(nb__decode_window(m, b, s->seq + s->len - ctx, ctx, &row), st, done);
+        s->cached = 0;
+      }
+      nb__gen_emit(s, row, V, stop_token);
+    }
+    if (!any) break;
+    if (N == 0) continue;
+    NB_CHECK_GOTO(nb__decode_step(m, N, tok, pos, slot, 0), st, done);
+    for (int r = 0; r < N; r++) {
+      g[who[r]].cached = pos[r] + 1;
+      nb__gen_emit(&g[who[r]], m->dec_logits + (size_t)r * V, V, stop_token);
+    }
+  }
+done:
+  nb_free(seq);
+  nb_free(rows);
+  nb_free(g);
+  return st;
+}
+
+/* The reference: each token reruns the forward over the window (the last ctx tokens). */
+static nb_status_t nb__generate_full(nb_model_t* m, const int* prompt, int n_prompt, int max_new,
+                                     int stop_token, int* out, int* n_out, float* logits_out) {
   int V = m->cfg.vocab, ctx = m->cfg.ctx;
   size_t cap = (size_t)n_prompt + (size_t)max_new;
   int* seq = NULL;
@@ -669,6 +949,7 @@ nb_status_t nb_model_generate_greedy(nb_model_t* m, const int* prompt, int n_pro
     st = nb_model_forward(m, seq + len - (size_t)w, NULL, 1, w, NULL);
     if (st != NB_OK) break;
     const float* row = m->logits + (size_t)(w - 1) * V;
+    if (logits_out) memcpy(logits_out + (size_t)k * V, row, (size_t)V * sizeof(float));
     int best = 0;
     for (int j = 1; j < V; j++)
       if (row[j] > row[best]) best = j;
@@ -678,6 +959,29 @@ nb_status_t nb_model_generate_greedy(nb_model_t* m, const int* prompt, int n_pro
   }
   nb_free(seq);
   return st;
+}
+
+nb_status_t nb__model_generate(nb_model_t* m, const int* prompt, int n_prompt, int max_new,
+                               int stop_token, int use_cache, int* out, int* n_out,
+                               float* logits_out) {
+  if (!m || !prompt || !out || !n_out || n_prompt < 1 || max_new < 0)
+    return nb_error(NB_ERR_INVALID, "generate: need a model, n_prompt >= 1, max_new >= 0");
+  *n_out = 0;
+  if (!use_cache)
+    return nb__generate_full(m, prompt, n_prompt, max_new, stop_token, out, n_out, logits_out);
+  return nb__generate_cached(m, 1, &prompt, &n_prompt, &max_new, stop_token, &out, n_out,
+                             logits_out);
+}
+
+nb_status_t nb_model_generate_greedy(nb_model_t* m, const int* prompt, int n_prompt, int max_new,
+                                     int stop_token, int* out, int* n_out) {
+  return nb__model_generate(m, prompt, n_prompt, max_new, stop_token, 1, out, n_out, NULL);
+}
+
+nb_status_t nb_model_generate_greedy_batch(nb_model_t* m, int B, const int* const* prompts,
+                                           const int* n_prompt, const int* max_new, int stop_token,
+                                           int* const* out, int* n_out) {
+  return nb__generate_cached(m, B, prompts, n_prompt, max_new, stop_token, out, n_out, NULL);
 }
 
 nb_status_t nb_model_bits_per_byte(nb_model_t* m, const uint8_t* text, size_t len, int B, int T,

@@ -1,6 +1,7 @@
-/* The byte-level decoder-only transformer (GPT-2 shape): forward, backward, and the flat
- * parameter / gradient arenas the optimizer, codec and collectives consume. CPU only here; this
- * is not a serving runtime (no KV cache) and not a tokenizer: tokens are bytes plus specials. */
+/* The byte-level decoder-only transformer (GPT-2 shape): forward, backward, the flat parameter /
+ * gradient arenas the optimizer, codec and collectives consume, and K/V-cached greedy decoding.
+ * CPU only here; not a serving runtime (no sampling, no beams) and not a tokenizer: tokens are
+ * bytes plus specials. */
 #ifndef NB_TRAIN_MODEL_H
 #define NB_TRAIN_MODEL_H
 
@@ -107,14 +108,28 @@ const float* nb_model_logits(const nb_model_t* m);
  * target was -1): for bits-per-byte evaluation. Borrowed, overwritten by the next forward. */
 const float* nb_model_losses(const nb_model_t* m);
 
-/* Greedy decoding without a KV cache (each new token reruns the forward over the window): appends
- * up to max_new argmax tokens (lowest index on ties) to prompt (n_prompt >= 1 tokens) and writes
- * them to out (max_new entries, caller-owned); stops after emitting stop_token (pass -1 for
- * none). Once the sequence is longer than ctx, the last ctx tokens are the window. *n_out
- * receives the count. Overwrites the logits of the last forward. NB_ERR_INVALID (bad sizes or
- * prompt tokens), NB_ERR_NOMEM. */
+/* Greedy decoding: appends up to max_new argmax tokens (lowest index on ties) to prompt (n_prompt
+ * >= 1 tokens in [0, vocab)) and writes them to out (max_new entries, caller-owned); stops after
+ * emitting stop_token (pass -1 for none). *n_out receives the count. The prompt runs once through
+ * the forward, filling per-layer key/value caches that the model keeps (2 * L * ctx * C floats
+ * per sequence, allocated on first use); each further token costs one position against them.
+ * Once the sequence is longer than ctx, the last ctx tokens are the window and, as every position
+ * of it moves, each token reruns the forward over it. The tokens are those of rerunning the
+ * forward for every token (the logits agree to rounding). Overwrites the logits of the last
+ * forward. NB_ERR_INVALID (bad sizes or prompt tokens), NB_ERR_NOMEM. Not thread-safe per model.
+ */
 nb_status_t nb_model_generate_greedy(nb_model_t* m, const int* prompt, int n_prompt, int max_new,
                                      int stop_token, int* out, int* n_out);
+
+/* nb_model_generate_greedy for B independent sequences at once, with the same result for each
+ * (prompts[b]: n_prompt[b] tokens; max_new[b] >= 0; out[b]: max_new[b] entries, caller-owned;
+ * n_out[b] receives the count). Each round every unfinished sequence gains one token; the
+ * sequences within the context share one product per projection (a (rows, C) x (C, OC) sgemm
+ * instead of one GEMV each), which reads the weights once for all of them. Caches hold B
+ * sequences. Borrowed arrays. NB_ERR_INVALID naming the sequence, NB_ERR_NOMEM. */
+nb_status_t nb_model_generate_greedy_batch(nb_model_t* m, int B, const int* const* prompts,
+                                           const int* n_prompt, const int* max_new, int stop_token,
+                                           int* const* out, int* n_out);
 
 /* Held-out loss of a byte text in bits per byte: every byte after the first is predicted once,
  * from windows of up to T bytes of context (consecutive windows of T + 1 bytes overlapping by

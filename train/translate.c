@@ -1,5 +1,5 @@
-/* Greedy translation and its chrF/BLEU scoring. Evaluation code: simple and deterministic rather
- * than fast (no KV cache, no batching). */
+/* Greedy translation and its chrF/BLEU scoring. Evaluation code: deterministic, decoding with the
+ * model's K/V cache and several sentences per batch; not a beam search, not a serving path. */
 #include "train/translate.h"
 
 #include <errno.h>
@@ -9,33 +9,75 @@
 
 #include "train/metrics.h"
 
+/* Sentences decoded together by nb_translate_eval_tsv, and the most their K/V caches may take
+ * (2 * L * ctx * C floats each): a batch reads the weights once per token for all of them. */
+#define NB__TRANSLATE_BATCH 16
+#define NB__TRANSLATE_CACHE_BYTES ((size_t)64 << 20)
+
+/* The "source SEP" prompt: the source bytes, truncated to half the context, then SEP. */
+static nb_status_t nb__translate_prompt(const nb_model_config_t* cfg, const char* src, int** prompt,
+                                        int* n) {
+  size_t n_src = strlen(src), cap = (size_t)(cfg->ctx / 2 > 1 ? cfg->ctx / 2 : 1);
+  if (n_src > cap) n_src = cap;
+  NB_CHECK(nb_alloc((void**)prompt, n_src + 1, sizeof(int), "prompt"));
+  for (size_t i = 0; i < n_src; i++) (*prompt)[i] = (unsigned char)src[i];
+  (*prompt)[n_src] = NB_TOKEN_SEP;
+  *n = (int)n_src + 1;
+  return NB_OK;
+}
+
+/* Decoded tokens to text: special tokens dropped, bytes made valid UTF-8. */
+static nb_status_t nb__translate_text(const int* gen, int n_gen, char** out) {
+  unsigned char* bytes = NULL;
+  NB_CHECK(nb_alloc((void**)&bytes, (size_t)n_gen + 1, 1, "bytes"));
+  size_t nb = 0;
+  for (int i = 0; i < n_gen; i++)
+    if (gen[i] < 256) bytes[nb++] = (unsigned char)gen[i];
+  nb_status_t st = nb_utf8_sanitize(bytes, nb, out);
+  nb_free(bytes);
+  return st;
+}
+
 nb_status_t nb_translate_greedy(nb_model_t* m, const char* src, int max_new, char** out) {
   if (!m || !src || !out || max_new < 1)
     return nb_error(NB_ERR_INVALID, "nb_translate_greedy: bad arguments");
   *out = NULL;
-  const nb_model_config_t* cfg = nb_model_get_config(m);
-  size_t n_src = strlen(src), cap = (size_t)(cfg->ctx / 2 > 1 ? cfg->ctx / 2 : 1);
-  if (n_src > cap) n_src = cap;
   nb_status_t st = NB_OK;
-  int *prompt = NULL, *gen = NULL;
-  unsigned char* bytes = NULL;
-  NB_CHECK_GOTO(nb_alloc((void**)&prompt, n_src + 1, sizeof(int), "prompt"), st, fail);
+  int *prompt = NULL, *gen = NULL, n_prompt = 0, n_gen = 0;
+  NB_CHECK_GOTO(nb__translate_prompt(nb_model_get_config(m), src, &prompt, &n_prompt), st, fail);
   NB_CHECK_GOTO(nb_alloc((void**)&gen, (size_t)max_new, sizeof(int), "tokens"), st, fail);
-  NB_CHECK_GOTO(nb_alloc((void**)&bytes, (size_t)max_new + 1, 1, "bytes"), st, fail);
-  for (size_t i = 0; i < n_src; i++) prompt[i] = (unsigned char)src[i];
-  prompt[n_src] = NB_TOKEN_SEP;
-  int n_gen = 0;
-  NB_CHECK_GOTO(
-      nb_model_generate_greedy(m, prompt, (int)n_src + 1, max_new, NB_TOKEN_EOS, gen, &n_gen), st,
-      fail);
-  size_t nb = 0;
-  for (int i = 0; i < n_gen; i++)
-    if (gen[i] < 256) bytes[nb++] = (unsigned char)gen[i];
-  st = nb_utf8_sanitize(bytes, nb, out);
+  NB_CHECK_GOTO(nb_model_generate_greedy(m, prompt, n_prompt, max_new, NB_TOKEN_EOS, gen, &n_gen),
+                st, fail);
+  st = nb__translate_text(gen, n_gen, out);
 fail:
   nb_free(prompt);
   nb_free(gen);
-  nb_free(bytes);
+  return st;
+}
+
+/* Translates n sources together (same tokens as nb_translate_greedy on each); hyps[i] receive
+ * new strings (NULL on error; the caller frees them either way). */
+static nb_status_t nb__translate_batch(nb_model_t* m, char* const* srcs, const int* max_new, int n,
+                                       char** hyps) {
+  nb_status_t st = NB_OK;
+  int *prompts[NB__TRANSLATE_BATCH] = {0}, *gens[NB__TRANSLATE_BATCH] = {0};
+  int n_prompt[NB__TRANSLATE_BATCH], n_gen[NB__TRANSLATE_BATCH];
+  for (int i = 0; i < n; i++) hyps[i] = NULL;
+  for (int i = 0; i < n; i++) {
+    NB_CHECK_GOTO(nb__translate_prompt(nb_model_get_config(m), srcs[i], &prompts[i], &n_prompt[i]),
+                  st, done);
+    NB_CHECK_GOTO(nb_alloc((void**)&gens[i], (size_t)max_new[i], sizeof(int), "tokens"), st, done);
+  }
+  NB_CHECK_GOTO(nb_model_generate_greedy_batch(m, n, (const int* const*)prompts, n_prompt, max_new,
+                                               NB_TOKEN_EOS, gens, n_gen),
+                st, done);
+  for (int i = 0; i < n; i++)
+    NB_CHECK_GOTO(nb__translate_text(gens[i], n_gen[i], &hyps[i]), st, done);
+done:
+  for (int i = 0; i < n; i++) {
+    nb_free(prompts[i]);
+    nb_free(gens[i]);
+  }
   return st;
 }
 
@@ -55,26 +97,54 @@ nb_status_t nb_translate_eval_tsv(nb_model_t* m, const char* tsv_path, int swap,
   size_t line_cap = 0;
   double t0 = nb_now_s();
   const nb_model_config_t* cfg = nb_model_get_config(m);
-  while (out->sentences < limit && getline(&line, &line_cap, f) > 0) {
-    line[strcspn(line, "\r\n")] = '\0';
-    char* tab = strchr(line, '\t');
-    if (!tab || strchr(tab + 1, '\t')) continue;
-    *tab = '\0';
-    const char* src = swap ? tab + 1 : line;
-    const char* ref = swap ? line : tab + 1;
-    int max_new = (int)(2 * strlen(src) + 16);
-    if (max_new > cfg->ctx) max_new = cfg->ctx;
-    char* hyp = NULL;
-    NB_CHECK_GOTO(nb_translate_greedy(m, src, max_new, &hyp), st, done);
-    st = nb_metrics_chrf_add(&chrf, hyp, ref);
-    if (st == NB_OK) st = nb_metrics_bleu_add(&bleu, hyp, ref);
-    nb_free(hyp);
-    if (st == NB_ERR_INVALID) { /* a reference that is not UTF-8: skip the pair */
-      st = NB_OK;
-      continue;
+  size_t per_seq =
+      2 * sizeof(float) * (size_t)cfg->n_layer * (size_t)cfg->ctx * (size_t)cfg->n_embd;
+  int batch = NB__TRANSLATE_BATCH;
+  while (batch > 1 && (size_t)batch * per_seq > NB__TRANSLATE_CACHE_BYTES) batch /= 2;
+  char *srcs[NB__TRANSLATE_BATCH] = {0}, *refs[NB__TRANSLATE_BATCH] = {0};
+  char* hyps[NB__TRANSLATE_BATCH] = {0};
+  int max_new[NB__TRANSLATE_BATCH], n = 0, eof = 0;
+  while (!eof && out->sentences < limit) {
+    /* read at most the pairs still wanted; a pair skipped below makes the next batch read on, so
+     * the scored pairs are those of translating one line after another */
+    for (n = 0; n < batch && (size_t)n < limit - out->sentences;) {
+      if (getline(&line, &line_cap, f) <= 0) {
+        eof = 1;
+        break;
+      }
+      line[strcspn(line, "\r\n")] = '\0';
+      char* tab = strchr(line, '\t');
+      if (!tab || strchr(tab + 1, '\t')) continue;
+      *tab = '\0';
+      const char* src = swap ? tab + 1 : line;
+      const char* ref = swap ? line : tab + 1;
+      max_new[n] = (int)(2 * strlen(src) + 16);
+      if (max_new[n] > cfg->ctx) max_new[n] = cfg->ctx;
+      srcs[n] = strdup(src);
+      refs[n] = strdup(ref);
+      n++;
+      if (!srcs[n - 1] || !refs[n - 1]) {
+        st = nb_error(NB_ERR_NOMEM, "translation eval: out of memory");
+        goto done;
+      }
     }
-    if (st != NB_OK) goto done;
-    out->sentences++;
+    if (n == 0) break;
+    NB_CHECK_GOTO(nb__translate_batch(m, srcs, max_new, n, hyps), st, done);
+    for (int i = 0; i < n; i++) {
+      st = nb_metrics_chrf_add(&chrf, hyps[i], refs[i]);
+      if (st == NB_OK) st = nb_metrics_bleu_add(&bleu, hyps[i], refs[i]);
+      if (st == NB_ERR_INVALID) { /* a reference that is not UTF-8: skip the pair */
+        st = NB_OK;
+        continue;
+      }
+      if (st != NB_OK) goto done;
+      out->sentences++;
+    }
+    for (int i = 0; i < n; i++) {
+      free(srcs[i]), free(refs[i]), nb_free(hyps[i]);
+      srcs[i] = refs[i] = hyps[i] = NULL;
+    }
+    n = 0;
   }
   if (out->sentences == 0) {
     st = nb_error(NB_ERR_INVALID, "%s: no translation pair found", tsv_path);
@@ -86,6 +156,7 @@ nb_status_t nb_translate_eval_tsv(nb_model_t* m, const char* tsv_path, int swap,
   out->bleu = br.score;
   out->seconds = nb_now_s() - t0;
 done:
+  for (int i = 0; i < n; i++) free(srcs[i]), free(refs[i]), nb_free(hyps[i]);
   free(line);
   fclose(f);
   return st;

@@ -1,6 +1,6 @@
-/* Translation with a byte-level model: greedy decoding of "source SEP" prompts and corpus scoring
- * with chrF and BLEU (train/metrics.h). Evaluation only; it is not a beam search and keeps no KV
- * cache, so it suits the few hundred test sentences of an evaluation, not serving. */
+/* Translation with a byte-level model: greedy decoding of "source SEP" prompts (the model's K/V
+ * cache, batches of sentences when scoring a file) and corpus scoring with chrF and BLEU
+ * (train/metrics.h). Evaluation only: not a beam search, not a serving path. */
 #ifndef NB_TRAIN_TRANSLATE_H
 #define NB_TRAIN_TRANSLATE_H
 
@@ -30,7 +30,8 @@ typedef struct {
 
 /* Translates the first `limit` pairs of a TSV file ("english<TAB>other" lines; with swap the
  * other language is the source) and scores them against the references. Lines without exactly
- * one TAB are skipped. Deterministic. Returns NB_OK, NB_ERR_IO (unreadable file), NB_ERR_INVALID
+ * one TAB are skipped. Sentences are decoded in batches (nb_model_generate_greedy_batch) with
+ * the same result as nb_translate_greedy on each, one after another. Deterministic. Returns NB_OK, NB_ERR_IO (unreadable file), NB_ERR_INVALID
  * (no pair found, bad arguments), NB_ERR_NOMEM. Not thread-safe for the same model. */
 nb_status_t nb_translate_eval_tsv(nb_model_t* m, const char* tsv_path, int swap, size_t limit,
                                   nb_translate_score_t* out);

@@ -1,4 +1,5 @@
-/* Tests of train/translate: UTF-8 repair of decoded bytes, greedy decoding, and scoring a TSV. */
+/* Tests of train/translate: UTF-8 repair of decoded bytes, greedy decoding, and scoring a TSV
+ * (batched decoding scores as one sentence after another). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -102,11 +103,70 @@ static void test_eval_tsv(void** state) {
   rmdir(dir);
 }
 
+/* Scoring a file decodes its sentences in batches; the scores and the pairs scored are those of
+ * translating one line after another with nb_translate_greedy, across several batches, a
+ * skipped pair (reference not UTF-8) and a limit that falls inside a batch. */
+static void test_eval_batches_equal_one_by_one(void** state) {
+  (void)state;
+  char dir[] = "/tmp/nb-translate-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char path[256];
+  snprintf(path, sizeof path, "%s/pairs.tsv", dir);
+  FILE* f = fopen(path, "w");
+  assert_non_null(f);
+  static const char* words[] = {"file", "menu", "open", "save", "close", "the", "window", "a"};
+  char src[64][96], ref[64][96];
+  int n_pairs = 40;
+  for (int i = 0; i < n_pairs; i++) {
+    snprintf(src[i], sizeof src[i], "%s %s %d %s.", words[i % 8], words[(i * 3 + 1) % 8], i,
+             words[(i * 5 + 2) % 8]);
+    snprintf(ref[i], sizeof ref[i], "%s%s %d", i == 7 ? "\xFF" : "", words[(i * 7 + 3) % 8], i);
+    fprintf(f, "%s\t%s\n", src[i], ref[i]);
+  }
+  fclose(f);
+  nb_model_config_t cfg = nb_model_config_make(2, 32, 4, 64);
+  nb_model_t* m = NULL;
+  assert_int_equal(nb_model_create(&cfg, 5, &m), NB_OK);
+  size_t np;
+  float* p = nb_model_params(m, &np);
+  for (size_t i = 0; i < np; i++) p[i] *= 3.0f; /* peaked outputs: sentences decode differently */
+  size_t limits[] = {40, 23, 5};
+  for (size_t li = 0; li < 3; li++) {
+    nb_translate_score_t s;
+    assert_int_equal(nb_translate_eval_tsv(m, path, 0, limits[li], &s), NB_OK);
+    nb_chrf_stats_t chrf;
+    nb_bleu_stats_t bleu;
+    memset(&chrf, 0, sizeof chrf);
+    memset(&bleu, 0, sizeof bleu);
+    size_t scored = 0;
+    for (int i = 0; i < n_pairs && scored < limits[li]; i++) {
+      char* hyp = NULL;
+      int max_new = (int)(2 * strlen(src[i]) + 16);
+      assert_int_equal(nb_translate_greedy(m, src[i], max_new > 64 ? 64 : max_new, &hyp), NB_OK);
+      nb_status_t st = nb_metrics_chrf_add(&chrf, hyp, ref[i]);
+      if (st == NB_OK) st = nb_metrics_bleu_add(&bleu, hyp, ref[i]);
+      nb_free(hyp);
+      if (st == NB_OK) scored++;
+    }
+    nb_bleu_result_t br;
+    nb_metrics_bleu_score(&bleu, NB_BLEU_SMOOTH_EXP, &br);
+    printf("  limit %zu: %zu pairs, chrF %.4f BLEU %.4f\n", limits[li], s.sentences, s.chrf,
+           s.bleu);
+    assert_int_equal(s.sentences, scored);
+    assert_true(s.chrf == nb_metrics_chrf_score(&chrf));
+    assert_true(s.bleu == br.score);
+  }
+  nb_model_destroy(m);
+  unlink(path);
+  rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sanitize),
       cmocka_unit_test(test_greedy_deterministic),
       cmocka_unit_test(test_eval_tsv),
+      cmocka_unit_test(test_eval_batches_equal_one_by_one),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
