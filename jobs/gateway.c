@@ -790,6 +790,35 @@ static void* nb__monitor(void* arg) {
   return NULL;
 }
 
+/* After a restart: the run reports that were pending when the gateway stopped (jobs that
+ * succeeded here in the last hour, as origin or of this cluster only, with neither a "report"
+ * nor a "report_failed" event) are queued again. */
+static void nb__report_recover(nb_gateway_t* gw, nb_job_store_t* st) {
+  nb_job_record_t* r = NULL;
+  size_t n = 0;
+  if (nb_job_store_list(st, NULL, NB_JOB_SUCCEEDED, &r, &n) != NB_OK) return;
+  int64_t since = nb_wall_ns() - 3600LL * 1000000000LL;
+  for (size_t i = 0; i < n; i++) {
+    if (r[i].updated_ns < since) continue;
+    nb_job_fed_t fed;
+    json_t* info = NULL;
+    if (nb__fed_load(st, r[i].id, &fed, &info) == NB_OK) {
+      int member = strcmp(fed.role, "origin") != 0;
+      nb__fed_release(&fed, info);
+      if (member) continue;
+    }
+    nb_job_event_t* ev = NULL;
+    size_t ne = 0;
+    int done = 0;
+    if (nb_job_store_events(st, r[i].id, 0, 0, &ev, &ne) != NB_OK) continue;
+    for (size_t k = 0; k < ne; k++)
+      done |= !strcmp(ev[k].kind, "report") || !strcmp(ev[k].kind, "report_failed");
+    nb_job_events_free(ev, ne);
+    if (!done) nb__report_queue(gw, r[i].id);
+  }
+  nb_job_records_free(r, n);
+}
+
 /* The last "launch" event of a job: pid, start ticks. */
 static int nb__last_launch(nb_job_store_t* st, const char* id, nb_launch_t* l, int* workers,
                            int* progress) {
@@ -875,6 +904,7 @@ static nb_status_t nb__recover(nb_gateway_t* gw) {
     }
   }
   nb_job_records_free(r, n);
+  nb__report_recover(gw, st);
   return NB_OK;
 }
 
@@ -1458,10 +1488,15 @@ out:
  * cluster only); the monitor builds it off its lock (nb__report_step). */
 static void nb__report_queue(nb_gateway_t* gw, const char* id) {
   pthread_mutex_lock(&gw->mu);
+  for (int k = 0; k < gw->n_report; k++)
+    if (!strcmp(gw->report[k].id, id)) {
+      pthread_mutex_unlock(&gw->mu);
+      return; /* already queued */
+    }
   if (gw->n_report < NB__MAX_REPORTS) {
     nb__report_t* r = &gw->report[gw->n_report++];
     snprintf(r->id, sizeof r->id, "%s", id);
-    double wait = 4e-3 * gw->cfg.federation_timeout_ms;
+    double wait = 2e-3 * gw->cfg.federation_timeout_ms;
     r->started = nb_now_s();
     r->deadline = r->started + (wait < 10 ? 10 : wait);
   } else {
@@ -1498,13 +1533,10 @@ static int nb__copy_file(const char* src, const char* dst) {
 }
 
 /* The content hash of artifact "<job name>/<file>" that cluster reported it published for job
- * id (its last "cluster_artifact" event at this origin); 0 when none arrived yet. */
-static int nb__report_hash(nb_job_store_t* st, const char* id, const char* cluster,
+ * a job (its last "cluster_artifact" event among the job's events ev); 0 when none yet. */
+static int nb__report_hash(const nb_job_event_t* ev, size_t n, const char* cluster,
                            const char* name, char hash[NB_ARTIFACT_HASH_HEX]) {
-  nb_job_event_t* ev = NULL;
-  size_t n = 0;
   int found = 0;
-  if (nb_job_store_events(st, id, 0, 0, &ev, &n) != NB_OK) return 0;
   for (size_t i = 0; i < n; i++) {
     if (strcmp(ev[i].kind, "cluster_artifact")) continue;
     json_t* j = json_loads(ev[i].payload, 0, NULL);
@@ -1516,7 +1548,6 @@ static int nb__report_hash(nb_job_store_t* st, const char* id, const char* clust
     }
     json_decref(j);
   }
-  nb_job_events_free(ev, n);
   return found;
 }
 
@@ -1531,6 +1562,8 @@ static int nb__report_try(nb_gateway_t* gw, nb_job_store_t* st, const nb__report
   nb_job_fed_t fed;
   json_t* info = NULL;
   int loaded = 0, done = 1, n = 0;
+  nb_job_event_t* ev = NULL;
+  size_t nev = 0;
   char err[768] = "";
   const char* ids[NB_JOB_MAX_CLUSTERS];
   char dir[NB_GW_STR + NB_JOB_ID_MAX + 2], rdir[sizeof dir + 16], cdir[sizeof rdir + 80],
@@ -1543,6 +1576,10 @@ static int nb__report_try(nb_gateway_t* gw, nb_job_store_t* st, const nb__report
     goto out;
   }
   loaded = nb__fed_load(st, id, &fed, &info) == NB_OK;
+  if (loaded && nb_job_store_events(st, id, 0, 0, &ev, &nev) != NB_OK) {
+    ev = NULL;
+    nev = 0;
+  }
   static const char* const files[2] = {"rounds.tsv", "summary.json"};
   for (int i = 0; i < cfg->n_clusters && !err[0]; i++) {
     const char* c = cfg->clusters[i].id;
@@ -1582,7 +1619,7 @@ static int nb__report_try(nb_gateway_t* gw, nb_job_store_t* st, const nb__report
       snprintf(dst, sizeof dst, "%s/%s", cdir, files[f]);
       snprintf(name, sizeof name, "%s/%s", cfg->name, files[f]);
       /* by the hash the cluster reported publishing; by name once the report is overdue */
-      int have = nb__report_hash(st, id, c, name, hash);
+      int have = nb__report_hash(ev, nev, c, name, hash);
       if (!have && nb_now_s() < r->started + (r->deadline - r->started) / 2) {
         done = 0;
         continue;
@@ -1627,6 +1664,7 @@ out:
     done = 1;
   }
   if (loaded) nb__fed_release(&fed, info);
+  nb_job_events_free(ev, nev);
   nb_free(cfg);
   return done;
 }

@@ -628,6 +628,11 @@ static void test_origin_restart(void** state) {
   read_hash(0, id, ha, sizeof ha);
   read_hash(1, id, hb, sizeof hb);
   assert_string_equal(ha, hb);
+  /* the restarted origin still writes the run report */
+  const char* both[] = {"dc-a", "dc-b"};
+  json_t* rs = wait_report(0, id, 2, both);
+  assert_true(json_is_true(json_object_get(rs, "theta_global_identical")));
+  json_decref(rs);
   nb_tls_destroy(tls);
 }
 
