@@ -40,6 +40,9 @@ static const char* g_script =
     "fail-*) echo oops >&2; exit 3;;\n"
     "stray-*) sleep 300 & echo $! > pids; sleep 300 & echo $! >> pids; echo $$ >> pids;;\n"
     "slow-*) for i in 1 2 3; do echo \"line $i\"; sleep 0.1; done;;\n"
+    "late-*) sleep 1; printf 'round\\tloss\\tbytes_sent\\tdensity\\tcompute_s\\texchange_s\\t"
+    "global_xxh3\\n0\\t2.5\\t0\\t0\\t0.1\\t0\\t-\\n' > rounds.tsv; echo '{\"job\": \"late\"}' > "
+    "summary.json;;\n"
     "report-*) printf 'round\\tloss\\tbytes_sent\\tdensity\\tcompute_s\\texchange_s\\t"
     "global_xxh3\\n0\\t2.5\\t0\\t0\\t0.1\\t0\\t-\\n1\\t2.0\\t0\\t0\\t0.1\\t0\\t-\\n' > "
     "rounds.tsv; echo '{\"job\": \"report\", \"cluster\": \"dc-a\", \"final_train_loss\": "
@@ -400,7 +403,8 @@ static char* watch_find(nb_rpc_client_t* cli, const char* id, const char* kind) 
 /* A succeeded job of this cluster only gets its run report (report/summary.json and
  * report/report.html from the job folder's rounds.tsv and summary.json), announced by a
  * "report" event that Watch delivers before the stream ends, and Get names it; a job that
- * leaves no rounds.tsv still succeeds, with a "report_failed" event and no report in Get. */
+ * leaves no rounds.tsv still succeeds, with a "report_failed" event and no report in Get; a job
+ * that finishes while the gateway is down gets its report when the gateway is back. */
 static void test_report(void** state) {
   (void)state;
   nb_gateway_t* gw = NULL;
@@ -449,6 +453,28 @@ static void test_report(void** state) {
   job = get_job(cli, id);
   assert_string_equal(job->state, "succeeded");
   assert_string_equal(job->report, "");
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+
+  /* a job that finishes while the gateway is down gets its report once it is back */
+  snprintf(doc, sizeof doc, doc_fmt, "late", "dc-a", 1);
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id, sizeof id, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+  snprintf(p, sizeof p, "%s/%s/exit_code", g_cfg.work_dir, id);
+  for (int k = 0; k < 250 && access(p, R_OK) != 0; k++) nb_sleep_ns(20000000);
+  assert_int_equal(access(p, R_OK), 0);
+  assert_int_equal(nb_gateway_create(&g_cfg, &gw), NB_OK);
+  cli = client_as("alice", &tls, nb_gateway_port(gw));
+  wait_state(cli, id, "succeeded");
+  ev = watch_find(cli, id, "report");
+  assert_non_null(ev);
+  free(ev);
+  job = get_job(cli, id);
+  snprintf(want, sizeof want, "%s/%s/report/report.html", g_cfg.work_dir, id);
+  assert_string_equal(job->report, want);
   protobuf_c_message_free_unpacked(&job->base, NULL);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
