@@ -442,6 +442,9 @@ struct nb_gateway {
   int n_publish;
   nb__report_t report[NB__MAX_REPORTS]; /* run reports to build (mu) */
   int n_report;
+  nb_job_store_t* rep_store; /* the report thread's own handle */
+  pthread_t rep;
+  int rep_started;
   pthread_t fed;
   int fed_started;
   nb__active_t active[NB__MAX_ACTIVE];
@@ -527,7 +530,6 @@ static void nb__fed_cluster_state(nb_job_store_t* st, const char* id, json_t* in
 
 static int nb__active_find(nb_gateway_t* gw, const char* id);
 static void nb__report_queue(nb_gateway_t* gw, const char* id);
-static void nb__report_step(nb_gateway_t* gw, nb_job_store_t* st);
 
 /* The origin's job state from its clusters' (those with workers): failed (or cancelled by
  * someone else than the origin) as soon as one is, and then the others are to be cancelled;
@@ -784,7 +786,6 @@ static void* nb__monitor(void* arg) {
     gw->n_publish = 0;
     pthread_mutex_unlock(&gw->mu);
     for (int i = 0; i < n_todo; i++) nb__publish(gw, gw->mon_store, todo[i]);
-    nb__report_step(gw, gw->mon_store);
     nb_sleep_ns((int64_t)gw->cfg.poll_ms * 1000000);
   }
   return NULL;
@@ -1485,7 +1486,7 @@ out:
 /* ------------------------------------------------------------------ the run report */
 
 /* Queues the run report of a job that just succeeded here as its origin (or as a job of this
- * cluster only); the monitor builds it off its lock (nb__report_step). */
+ * cluster only); the report thread builds it (nb__report_loop), off gw->mu. */
 static void nb__report_queue(nb_gateway_t* gw, const char* id) {
   pthread_mutex_lock(&gw->mu);
   for (int k = 0; k < gw->n_report; k++)
@@ -1532,8 +1533,8 @@ static int nb__copy_file(const char* src, const char* dst) {
   return rc;
 }
 
-/* The content hash of artifact "<job name>/<file>" that cluster reported it published for job
- * a job (its last "cluster_artifact" event among the job's events ev); 0 when none yet. */
+/* The content hash of artifact `name` ("<job name>/<file>") that cluster reported publishing
+ * (its last "cluster_artifact" event among the job's events ev); 0 when none arrived yet. */
 static int nb__report_hash(const nb_job_event_t* ev, size_t n, const char* cluster,
                            const char* name, char hash[NB_ARTIFACT_HASH_HEX]) {
   int found = 0;
@@ -1634,7 +1635,7 @@ static int nb__report_try(nb_gateway_t* gw, nb_job_store_t* st, const nb__report
       o.secret = fed.secret;
       o.name = have ? by_hash : name;
       o.dest = dst;
-      o.timeout_ms = gw->cfg.federation_timeout_ms;
+      o.timeout_ms = gw->cfg.federation_timeout_ms < 5000 ? gw->cfg.federation_timeout_ms : 5000;
       if (nb_artifact_fetch(&o, NULL) == NB_OK) continue;
       if (last)
         snprintf(err, sizeof err, "fetching %s from cluster '%s': %s", name, c, nb_error_last());
@@ -1678,7 +1679,7 @@ static int nb__report_pending(nb_gateway_t* gw, const char* id) {
   return found;
 }
 
-/* The monitor's background step: one try at each pending report, off gw->mu. */
+/* One try at each pending report that is due, off gw->mu. */
 static void nb__report_step(nb_gateway_t* gw, nb_job_store_t* st) {
   nb__report_t todo[NB__MAX_REPORTS];
   pthread_mutex_lock(&gw->mu);
@@ -1704,6 +1705,17 @@ static void nb__report_step(nb_gateway_t* gw, nb_job_store_t* st) {
       }
     pthread_mutex_unlock(&gw->mu);
   }
+}
+
+/* The report thread: fetching a peer's files may wait on the network, so it runs apart from
+ * the monitor (which follows the jobs) and the federation thread. */
+static void* nb__report_loop(void* arg) {
+  nb_gateway_t* gw = arg;
+  while (!gw->stopping) {
+    nb__report_step(gw, gw->rep_store);
+    nb_sleep_ns((int64_t)gw->cfg.poll_ms * 1000000);
+  }
+  return NULL;
 }
 
 /* Launches this cluster's share of a committed federated job: the job secret in a 0600 file,
@@ -2991,6 +3003,7 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
   }
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->mon_store), s, fail);
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->fed_store), s, fail);
+  NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->rep_store), s, fail);
   NB_CHECK_GOTO(nb__recover(gw), s, fail);
   for (int i = 0; i < gw->cfg.n_peers; i++) {
     nb_rpc_client_opts_t co = {0};
@@ -3039,6 +3052,11 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     goto fail;
   }
   gw->fed_started = 1;
+  if (pthread_create(&gw->rep, NULL, nb__report_loop, gw) != 0) {
+    s = nb_error(NB_ERR_SYSTEM, "gateway: cannot start the report thread");
+    goto fail;
+  }
+  gw->rep_started = 1;
   NB_CHECK_GOTO(nb_rpc_server_start(gw->srv), s, fail);
   *out = gw;
   return NB_OK;
@@ -3057,8 +3075,10 @@ void nb_gateway_destroy(nb_gateway_t* gw) {
   gw->stopping = 1;
   if (gw->mon_started) pthread_join(gw->mon, NULL);
   if (gw->fed_started) pthread_join(gw->fed, NULL);
+  if (gw->rep_started) pthread_join(gw->rep, NULL);
   for (int i = 0; i < gw->cfg.n_peers; i++) nb_rpc_client_destroy(gw->peer_cli[i]);
   nb_job_store_close(gw->fed_store);
+  nb_job_store_close(gw->rep_store);
   nb_job_store_close(gw->mon_store);
   nb_artifact_store_close(gw->art);
   if (gw->ca) X509_free(gw->ca);
