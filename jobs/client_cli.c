@@ -234,6 +234,7 @@ static json_t* nb__job_json(const Nebula__V1__Job* j) {
     }
     json_object_set_new(o, "clusters", cl);
   }
+  if (o && j->report && *j->report) json_object_set_new(o, "report", json_string(j->report));
   return o;
 }
 
@@ -254,6 +255,7 @@ static void nb__print_job(const Nebula__V1__Job* j) {
   printf("created:   %s\nupdated:   %s\n", c, u);
   if (j->pid > 0) printf("pid:       %d\n", (int)j->pid);
   if (j->exit_code >= 0) printf("exit code: %d\n", (int)j->exit_code);
+  if (j->report && *j->report) printf("report:    %s\n", j->report);
   for (size_t i = 0; i < j->n_clusters; i++) {
     const Nebula__V1__ClusterPart* p = j->clusters[i];
     printf("%s %-8s  %d workers  %-10s%s%s\n", i ? "          " : "clusters: ", p->cluster,

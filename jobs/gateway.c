@@ -27,6 +27,7 @@
 #include "jobs/artifact.h"
 #include "jobs/cli.h"
 #include "jobs/descriptor.h"
+#include "jobs/report.h"
 #include "jobs/store.h"
 #include "nebula/v1/federation.pb-c.h"
 #include "nebula/v1/gateway.pb-c.h"
@@ -415,6 +416,13 @@ static int nb__launched(const nb__active_t* a) {
 }
 
 #define NB__MAX_ACTIVE 256
+#define NB__MAX_REPORTS 16
+
+/* A run report to build (docs/gateway.md, Run report). */
+typedef struct {
+  char id[NB_JOB_ID_MAX];
+  double started, next, deadline; /* nb_now_s(): queued, next try, last try */
+} nb__report_t;
 
 struct nb_gateway {
   nb_gateway_config_t cfg;
@@ -432,6 +440,11 @@ struct nb_gateway {
   nb_artifact_store_t* art;                   /* <work_dir>/artifacts: what jobs produced */
   char publish[16][NB_JOB_ID_MAX]; /* jobs that succeeded here, outputs to put in `art` (mu) */
   int n_publish;
+  nb__report_t report[NB__MAX_REPORTS]; /* run reports to build (mu) */
+  int n_report;
+  nb_job_store_t* rep_store; /* the report thread's own handle */
+  pthread_t rep;
+  int rep_started;
   pthread_t fed;
   int fed_started;
   nb__active_t active[NB__MAX_ACTIVE];
@@ -516,6 +529,7 @@ static void nb__fed_cluster_state(nb_job_store_t* st, const char* id, json_t* in
 }
 
 static int nb__active_find(nb_gateway_t* gw, const char* id);
+static void nb__report_queue(nb_gateway_t* gw, const char* id);
 
 /* The origin's job state from its clusters' (those with workers): failed (or cancelled by
  * someone else than the origin) as soon as one is, and then the others are to be cancelled;
@@ -551,7 +565,7 @@ static void nb__fed_aggregate(nb_gateway_t* gw, nb_job_store_t* st, const char* 
     if (launched && nb_launcher_cancel(&launch, gw->cfg.cancel_grace_ms, NULL) != NB_OK)
       NB_WARN("job %s: cannot stop this cluster's workers: %s", id, nb_error_last());
   } else if (n > 0 && ok == n) {
-    nb_job_store_transition(st, id, NB_JOB_SUCCEEDED, NULL);
+    if (nb_job_store_transition(st, id, NB_JOB_SUCCEEDED, NULL) == NB_OK) nb__report_queue(gw, id);
   }
 }
 
@@ -613,8 +627,9 @@ static void nb__job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t*
   nb_job_record_t rec = {0};
   nb_job_fed_t fed;
   json_t* info = NULL;
-  int origin = 0;
+  int origin = 0, federated = 0;
   if (!a->cancel_reason[0] && nb__fed_load(store, a->id, &fed, &info) == NB_OK) {
+    federated = 1;
     origin = !strcmp(fed.role, "origin");
     if (!origin) nb__fed_release(&fed, info);
   }
@@ -648,6 +663,8 @@ static void nb__job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t*
         NB_WARN("job %s: cannot record its federation state: %s", a->id, nb_error_last());
     } else if (nb_job_store_transition(store, a->id, to, reason) != NB_OK) {
       NB_WARN("job %s: cannot record its end: %s", a->id, nb_error_last());
+    } else if (to == NB_JOB_SUCCEEDED && !federated && !a->cancel_reason[0]) {
+      nb__report_queue(gw, a->id); /* a job of this cluster only */
     }
   }
   if (origin) nb__fed_release(&fed, info);
@@ -664,7 +681,7 @@ static void nb__publish_dir(nb_gateway_t* gw, nb_job_store_t* st, const char* id
   while ((e = readdir(d))) {
     size_t n = strlen(e->d_name);
     int want = (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors")) ||
-               !strcmp(e->d_name, "summary.json");
+               !strcmp(e->d_name, "summary.json") || !strcmp(e->d_name, "rounds.tsv");
     if (!want) continue;
     char path[NB_GW_STR * 2 + 512], name[NB_ARTIFACT_NAME_MAX];
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
@@ -774,6 +791,35 @@ static void* nb__monitor(void* arg) {
   return NULL;
 }
 
+/* After a restart: the run reports that were pending when the gateway stopped (jobs that
+ * succeeded here in the last hour, as origin or of this cluster only, with neither a "report"
+ * nor a "report_failed" event) are queued again. */
+static void nb__report_recover(nb_gateway_t* gw, nb_job_store_t* st) {
+  nb_job_record_t* r = NULL;
+  size_t n = 0;
+  if (nb_job_store_list(st, NULL, NB_JOB_SUCCEEDED, &r, &n) != NB_OK) return;
+  int64_t since = nb_wall_ns() - 3600LL * 1000000000LL;
+  for (size_t i = 0; i < n; i++) {
+    if (r[i].updated_ns < since) continue;
+    nb_job_fed_t fed;
+    json_t* info = NULL;
+    if (nb__fed_load(st, r[i].id, &fed, &info) == NB_OK) {
+      int member = strcmp(fed.role, "origin") != 0;
+      nb__fed_release(&fed, info);
+      if (member) continue;
+    }
+    nb_job_event_t* ev = NULL;
+    size_t ne = 0;
+    int done = 0;
+    if (nb_job_store_events(st, r[i].id, 0, 0, &ev, &ne) != NB_OK) continue;
+    for (size_t k = 0; k < ne; k++)
+      done |= !strcmp(ev[k].kind, "report") || !strcmp(ev[k].kind, "report_failed");
+    nb_job_events_free(ev, ne);
+    if (!done) nb__report_queue(gw, r[i].id);
+  }
+  nb_job_records_free(r, n);
+}
+
 /* The last "launch" event of a job: pid, start ticks. */
 static int nb__last_launch(nb_job_store_t* st, const char* id, nb_launch_t* l, int* workers,
                            int* progress) {
@@ -859,6 +905,7 @@ static nb_status_t nb__recover(nb_gateway_t* gw) {
     }
   }
   nb_job_records_free(r, n);
+  nb__report_recover(gw, st);
   return NB_OK;
 }
 
@@ -934,13 +981,17 @@ static nb_status_t nb__send_job(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_st
   /* exit code from the last exit event */
   nb_job_event_t* ev = NULL;
   size_t n = 0;
+  char report[NB_GW_STR * 2] = "";
   if (nb_job_state_is_final(rec.state) && nb_job_store_events(st, id, 0, 0, &ev, &n) == NB_OK) {
     for (size_t i = 0; i < n; i++) {
-      if (strcmp(ev[i].kind, "exit")) continue;
+      int is_exit = !strcmp(ev[i].kind, "exit"), is_report = !strcmp(ev[i].kind, "report");
+      if (!is_exit && !is_report) continue;
       json_t* j = json_loads(ev[i].payload, 0, NULL);
-      if (j) m.exit_code = (int32_t)json_integer_value(json_object_get(j, "exit_code"));
+      if (j && is_exit) m.exit_code = (int32_t)json_integer_value(json_object_get(j, "exit_code"));
+      if (j && is_report) snprintf(report, sizeof report, "%s", nb__jstr(j, "path"));
       json_decref(j);
     }
+    m.report = report;
     nb_job_events_free(ev, n);
   }
   /* the origin of a federated job: every cluster's part */
@@ -1340,6 +1391,7 @@ static nb_status_t nb__artifact_secret(void* user, const char* job_id, const cha
     nb__part_t parts[NB__MAX_PARTS];
     int np = nb__parts(cfg, parts), in = 0;
     for (int i = 0; i < np; i++) in |= !strcmp(parts[i].id, peer);
+    in |= !strcmp(fed.origin, peer); /* the origin fetches the job's outputs for its report */
     if (!in)
       s = nb_error(NB_ERR_PERMISSION, "cluster '%s' takes no part in job '%s'", peer, job_id);
     else
@@ -1429,6 +1481,241 @@ static nb_status_t nb__fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const ch
 out:
   nb_free(cfg);
   return s;
+}
+
+/* ------------------------------------------------------------------ the run report */
+
+/* Queues the run report of a job that just succeeded here as its origin (or as a job of this
+ * cluster only); the report thread builds it (nb__report_loop), off gw->mu. */
+static void nb__report_queue(nb_gateway_t* gw, const char* id) {
+  pthread_mutex_lock(&gw->mu);
+  for (int k = 0; k < gw->n_report; k++)
+    if (!strcmp(gw->report[k].id, id)) {
+      pthread_mutex_unlock(&gw->mu);
+      return; /* already queued */
+    }
+  if (gw->n_report < NB__MAX_REPORTS) {
+    nb__report_t* r = &gw->report[gw->n_report++];
+    snprintf(r->id, sizeof r->id, "%s", id);
+    double wait = 2e-3 * gw->cfg.federation_timeout_ms;
+    r->started = nb_now_s();
+    r->deadline = r->started + (wait < 10 ? 10 : wait);
+  } else {
+    NB_WARN("job %s: too many run reports pending: none is written for it", id);
+  }
+  pthread_mutex_unlock(&gw->mu);
+}
+
+static void nb__report_event(nb_job_store_t* st, const char* id, const char* kind, json_t* j) {
+  char* txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+  if (txt) nb_job_store_append_event(st, id, kind, txt, NULL);
+  free(txt);
+  json_decref(j);
+}
+
+/* Copies file src to dst (dst's folder exists); 0 or -1 (errno). */
+static int nb__copy_file(const char* src, const char* dst) {
+  FILE* in = fopen(src, "rbe");
+  if (!in) return -1;
+  FILE* out = fopen(dst, "wbe");
+  if (!out) {
+    fclose(in);
+    return -1;
+  }
+  char buf[65536];
+  size_t n;
+  int rc = 0;
+  while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+    if (fwrite(buf, 1, n, out) != n) rc = -1;
+  if (ferror(in)) rc = -1;
+  fclose(in);
+  if (fclose(out) != 0) rc = -1;
+  return rc;
+}
+
+/* The content hash of artifact `name` ("<job name>/<file>") that cluster reported publishing
+ * (its last "cluster_artifact" event among the job's events ev); 0 when none arrived yet. */
+static int nb__report_hash(const nb_job_event_t* ev, size_t n, const char* cluster,
+                           const char* name, char hash[NB_ARTIFACT_HASH_HEX]) {
+  int found = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (strcmp(ev[i].kind, "cluster_artifact")) continue;
+    json_t* j = json_loads(ev[i].payload, 0, NULL);
+    const char* h = nb__jstr(j, "sha256");
+    if (!strcmp(nb__jstr(j, "cluster"), cluster) && !strcmp(nb__jstr(j, "name"), name) &&
+        strlen(h) == NB_ARTIFACT_HASH_HEX - 1) {
+      snprintf(hash, NB_ARTIFACT_HASH_HEX, "%s", h);
+      found = 1;
+    }
+    json_decref(j);
+  }
+  return found;
+}
+
+/* One try at the run report of job id: every cluster with workers gets report/<cluster>/ with
+ * its rounds.tsv and summary.json (this cluster's copied from the job's output folder, the
+ * others' fetched from their gateways as artifacts), then nb_report_write. Returns 1 when done
+ * (written, or failed for good: a warning and a "report_failed" event), 0 to try again later.
+ * `last`: the final try (the peers' files had their time to arrive). */
+static int nb__report_try(nb_gateway_t* gw, nb_job_store_t* st, const nb__report_t* r, int last) {
+  const char* id = r->id;
+  nb_job_config_t* cfg = NULL;
+  nb_job_fed_t fed;
+  json_t* info = NULL;
+  int loaded = 0, done = 1, n = 0;
+  nb_job_event_t* ev = NULL;
+  size_t nev = 0;
+  char err[768] = "";
+  const char* ids[NB_JOB_MAX_CLUSTERS];
+  char dir[NB_GW_STR + NB_JOB_ID_MAX + 2], rdir[sizeof dir + 16], cdir[sizeof rdir + 80],
+      src[sizeof dir + 64], dst[sizeof cdir + 32];
+  nb__jobdir(gw, id, dir, sizeof dir);
+  snprintf(rdir, sizeof rdir, "%s/report", dir);
+  if (nb__job_config(st, id, &cfg) != NB_OK) {
+    snprintf(err, sizeof err, "%s", nb_error_last());
+    last = 1;
+    goto out;
+  }
+  loaded = nb__fed_load(st, id, &fed, &info) == NB_OK;
+  if (loaded && nb_job_store_events(st, id, 0, 0, &ev, &nev) != NB_OK) {
+    ev = NULL;
+    nev = 0;
+  }
+  static const char* const files[2] = {"rounds.tsv", "summary.json"};
+  for (int i = 0; i < cfg->n_clusters && !err[0]; i++) {
+    const char* c = cfg->clusters[i].id;
+    if (cfg->clusters[i].workers <= 0) continue;
+    ids[n++] = c;
+    snprintf(cdir, sizeof cdir, "%s/%s", rdir, c);
+    if (nb__mkdirs(cdir) != 0) {
+      snprintf(err, sizeof err, "cannot create %s: %s", cdir, strerror(errno));
+      break;
+    }
+    if (!strcmp(c, gw->cfg.cluster_id)) {
+      /* ours: `worker_command` writes to <jobdir>/out, `command` (nebula train) to <jobdir> */
+      snprintf(src, sizeof src, "%s/out/rounds.tsv", dir);
+      const char* base = access(src, R_OK) == 0 ? "/out" : "";
+      for (int f = 0; f < 2 && !err[0]; f++) {
+        snprintf(src, sizeof src, "%s%s/%s", dir, base, files[f]);
+        snprintf(dst, sizeof dst, "%s/%s", cdir, files[f]);
+        if (nb__copy_file(src, dst) != 0) {
+          snprintf(err, sizeof err, "cannot copy %s: %s", src, strerror(errno));
+          last = 1; /* our worker is gone: nothing more will come */
+        }
+      }
+      continue;
+    }
+    const char* target = NULL;
+    for (int p = 0; p < gw->cfg.n_peers; p++)
+      if (!strcmp(gw->cfg.peers[p].id, c)) target = gw->cfg.peers[p].address;
+    if (!target || !loaded || !fed.has_secret) {
+      snprintf(err, sizeof err, "cluster '%s': %s", c,
+               !target ? "not a peer of this gateway" : "no job secret here to fetch its files");
+      last = 1;
+      break;
+    }
+    for (int f = 0; f < 2 && !err[0]; f++) {
+      char name[NB_ARTIFACT_NAME_MAX], hash[NB_ARTIFACT_HASH_HEX],
+          by_hash[NB_ARTIFACT_HASH_HEX + 8];
+      snprintf(dst, sizeof dst, "%s/%s", cdir, files[f]);
+      snprintf(name, sizeof name, "%s/%s", cfg->name, files[f]);
+      /* by the hash the cluster reported publishing; by name once the report is overdue */
+      int have = nb__report_hash(ev, nev, c, name, hash);
+      if (!have && nb_now_s() < r->started + (r->deadline - r->started) / 2) {
+        done = 0;
+        continue;
+      }
+      if (have) snprintf(by_hash, sizeof by_hash, "sha256:%s", hash);
+      nb_artifact_fetch_opts_t o;
+      memset(&o, 0, sizeof o);
+      o.target = target;
+      o.tls = gw->tls;
+      o.expected_cluster = c;
+      o.job_id = id;
+      o.secret = fed.secret;
+      o.name = have ? by_hash : name;
+      o.dest = dst;
+      o.timeout_ms = gw->cfg.federation_timeout_ms < 5000 ? gw->cfg.federation_timeout_ms : 5000;
+      if (nb_artifact_fetch(&o, NULL) == NB_OK) continue;
+      if (last)
+        snprintf(err, sizeof err, "fetching %s from cluster '%s': %s", name, c, nb_error_last());
+      else
+        done = 0;
+    }
+  }
+  if (err[0] || !done) goto out;
+  nb_status_t s = nb_report_write(rdir, ids, n, cfg->name);
+  if (s != NB_OK) {
+    snprintf(err, sizeof err, "%s", nb_error_last());
+    last = 1;
+    goto out;
+  }
+  json_t* cl = json_array();
+  for (int i = 0; i < n; i++) json_array_append_new(cl, json_string(ids[i]));
+  snprintf(src, sizeof src, "%s/report.html", rdir);
+  snprintf(dst, sizeof dst, "%s/summary.json", rdir);
+  nb__report_event(st, id, "report",
+                   json_pack("{s:s, s:s, s:o}", "path", src, "summary", dst, "clusters", cl));
+  NB_INFO(JOB, "job %s: run report %s", id, src);
+out:
+  if (err[0] && !last) done = 0; /* a peer may still be publishing: try again */
+  if (err[0] && last) {
+    NB_WARN("job %s: no run report: %s", id, err);
+    nb__report_event(st, id, "report_failed", json_pack("{s:s}", "reason", err));
+    done = 1;
+  }
+  if (loaded) nb__fed_release(&fed, info);
+  nb_job_events_free(ev, nev);
+  nb_free(cfg);
+  return done;
+}
+
+/* Whether the run report of job id is queued and not yet written or given up. */
+static int nb__report_pending(nb_gateway_t* gw, const char* id) {
+  pthread_mutex_lock(&gw->mu);
+  int found = 0;
+  for (int k = 0; k < gw->n_report; k++) found |= !strcmp(gw->report[k].id, id);
+  pthread_mutex_unlock(&gw->mu);
+  return found;
+}
+
+/* One try at each pending report that is due, off gw->mu. */
+static void nb__report_step(nb_gateway_t* gw, nb_job_store_t* st) {
+  nb__report_t todo[NB__MAX_REPORTS];
+  pthread_mutex_lock(&gw->mu);
+  int n = gw->n_report;
+  memcpy(todo, gw->report, sizeof todo);
+  pthread_mutex_unlock(&gw->mu);
+  for (int i = 0; i < n && !gw->stopping; i++) {
+    double now = nb_now_s();
+    if (now < todo[i].next) continue;
+    if (!nb__report_try(gw, st, &todo[i], now >= todo[i].deadline)) {
+      todo[i].next = nb_now_s() + 0.2;
+      pthread_mutex_lock(&gw->mu);
+      for (int k = 0; k < gw->n_report; k++)
+        if (!strcmp(gw->report[k].id, todo[i].id)) gw->report[k].next = todo[i].next;
+      pthread_mutex_unlock(&gw->mu);
+      continue;
+    }
+    pthread_mutex_lock(&gw->mu);
+    for (int k = 0; k < gw->n_report; k++)
+      if (!strcmp(gw->report[k].id, todo[i].id)) {
+        gw->report[k] = gw->report[--gw->n_report];
+        break;
+      }
+    pthread_mutex_unlock(&gw->mu);
+  }
+}
+
+/* The report thread: fetching a peer's files may wait on the network, so it runs apart from
+ * the monitor (which follows the jobs) and the federation thread. */
+static void* nb__report_loop(void* arg) {
+  nb_gateway_t* gw = arg;
+  while (!gw->stopping) {
+    nb__report_step(gw, gw->rep_store);
+    nb_sleep_ns((int64_t)gw->cfg.poll_ms * 1000000);
+  }
+  return NULL;
 }
 
 /* Launches this cluster's share of a committed federated job: the job secret in a 0600 file,
@@ -2506,6 +2793,8 @@ static nb_status_t nb__watch(nb_rpc_call_t* call, void* user_data) {
     if (s != NB_OK) break;
     int final = nb_job_state_is_final(rec.state);
     nb_job_record_clear(&rec);
+    /* a succeeded job's run report is still being built: its "report" event is to come */
+    int pending = final && nb__report_pending(gw, req->job_id);
     nb_job_event_t* ev = NULL;
     size_t n = 0;
     s = nb_job_store_events(st, req->job_id, after, 256, &ev, &n);
@@ -2515,7 +2804,7 @@ static nb_status_t nb__watch(nb_rpc_call_t* call, void* user_data) {
       sent++;
     }
     nb_job_events_free(ev, n);
-    if (s != NB_OK || (final && n == 0)) break;
+    if (s != NB_OK || (final && n == 0 && !pending)) break;
     if (n == 0) nb_sleep_ns((int64_t)gw->cfg.poll_ms * 1000000);
   }
   if (s == NB_OK && sent == 0) {
@@ -2714,6 +3003,7 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
   }
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->mon_store), s, fail);
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->fed_store), s, fail);
+  NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->rep_store), s, fail);
   NB_CHECK_GOTO(nb__recover(gw), s, fail);
   for (int i = 0; i < gw->cfg.n_peers; i++) {
     nb_rpc_client_opts_t co = {0};
@@ -2762,6 +3052,11 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     goto fail;
   }
   gw->fed_started = 1;
+  if (pthread_create(&gw->rep, NULL, nb__report_loop, gw) != 0) {
+    s = nb_error(NB_ERR_SYSTEM, "gateway: cannot start the report thread");
+    goto fail;
+  }
+  gw->rep_started = 1;
   NB_CHECK_GOTO(nb_rpc_server_start(gw->srv), s, fail);
   *out = gw;
   return NB_OK;
@@ -2780,8 +3075,10 @@ void nb_gateway_destroy(nb_gateway_t* gw) {
   gw->stopping = 1;
   if (gw->mon_started) pthread_join(gw->mon, NULL);
   if (gw->fed_started) pthread_join(gw->fed, NULL);
+  if (gw->rep_started) pthread_join(gw->rep, NULL);
   for (int i = 0; i < gw->cfg.n_peers; i++) nb_rpc_client_destroy(gw->peer_cli[i]);
   nb_job_store_close(gw->fed_store);
+  nb_job_store_close(gw->rep_store);
   nb_job_store_close(gw->mon_store);
   nb_artifact_store_close(gw->art);
   if (gw->ca) X509_free(gw->ca);

@@ -129,7 +129,31 @@ typedef struct {
   FILE* progress; /* $NB_JOB_PROGRESS when run by a gateway: one JSON object per line */
   long max_steps;
   const char* source; /* cluster id */
+  /* rounds.tsv in the format of `nebula worker` (one row per sync.innerSteps steps, no WAN) so
+   * that a single-cluster run feeds the same run report */
+  FILE* rounds;
+  long round_len, round, round_steps;
+  double loss_sum, last_loss, round_t0;
+  uint64_t round_s0;
 } nb__train_ctx_t;
+
+static void nb__round_row(nb__train_ctx_t* x, const nb_train_progress_t* p) {
+  x->loss_sum += p->loss;
+  x->last_loss = p->loss;
+  x->round_steps++;
+  if (!x->rounds || (p->step % x->round_len != 0 && p->step != x->max_steps)) return;
+  double mean = x->loss_sum / (double)x->round_steps;
+  uint64_t samples = p->samples - x->round_s0;
+  fprintf(x->rounds, "%ld\t%ld\t%llu\t%llu\t%.6f\t0\t0\t0\t%.3f\t0\t0\t-\t1\t%ld\t0\t0\t-\n",
+          x->round, x->round_steps, (unsigned long long)samples, (unsigned long long)samples, mean,
+          p->elapsed_s - x->round_t0, x->round + 1);
+  fflush(x->rounds);
+  x->round++;
+  x->round_steps = 0;
+  x->loss_sum = 0;
+  x->round_t0 = p->elapsed_s;
+  x->round_s0 = p->samples;
+}
 
 /* The gateway's progress contract (docs/gateway.md): append-only JSON lines. */
 static void nb__report_progress(nb__train_ctx_t* x, const nb_train_progress_t* p) {
@@ -153,6 +177,7 @@ static int nb__on_progress(void* vctx, const nb_train_progress_t* p) {
       p->step == x->max_steps)
     nb__report_progress(x, p);
   if (p->event == NB_TRAIN_EVENT_STEP) {
+    nb__round_row(x, p);
     if (x->print_every > 0 && p->step % x->print_every == 0)
       fprintf(x->log, "step %6ld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  %.1f s\n", p->step,
               p->loss, p->lr, p->grad_norm, p->tokens_per_s, p->elapsed_s);
@@ -179,7 +204,9 @@ static void nb__train_usage(FILE* f) {
           "\n"
           "Trains one cluster of a job descriptor (the first, or --cluster ID) in this process.\n"
           "Writes DIR/summary.json, DIR/curve.tsv (step, samples, seconds, held-out bits per\n"
-          "byte per language, mean), DIR/final.safetensors (LoRA merged into the base) and\n"
+          "byte per language, mean), DIR/rounds.tsv (as `nebula worker`, one row per\n"
+          "sync.innerSteps steps, no WAN columns), DIR/final.safetensors (LoRA merged into the "
+          "base) and\n"
           "checkpoints under the descriptor's checkpoint.dir or DIR/checkpoints.\n"
           "\n"
           "  --out DIR      output folder (default runs/<job name>)\n"
@@ -276,6 +303,7 @@ int nb_train_main(int argc, char** argv) {
   nb_trainer_t* t = NULL;
   FILE* curve = NULL;
   FILE* progress_f = NULL;
+  FILE* rounds_f = NULL;
   if (nb_descriptor_load(file, job, diag) != NB_OK) {
     char line[640];
     for (int i = 0; i < diag->count; i++)
@@ -344,7 +372,20 @@ int nb_train_main(int argc, char** argv) {
     for (int i = 0; i < tc->n_sources; i++) fprintf(curve, "\t%s", tc->sources[i].label);
     fprintf(curve, "\tmean\n");
   }
+  snprintf(path, sizeof path, "%s/rounds.tsv", odir);
+  rounds_f = fopen(path, resume ? "a" : "w");
+  if (!rounds_f) {
+    fprintf(stderr, "nebula train: cannot write %s: %s\n", path, strerror(errno));
+    goto done;
+  }
+  if (ftell(rounds_f) == 0)
+    fprintf(rounds_f,
+            "round\tsteps\tsamples\tsamples_all\tloss\tmsg_bytes\tbytes_sent\tdensity\t"
+            "compute_s\tcodec_s\texchange_s\tglobal_xxh3\tapplied\tcommits\tpeers_ok\t"
+            "peers_alive\tevent\n");
   nb__train_ctx_t px = {.curve = curve,
+                        .rounds = rounds_f,
+                        .round_len = job->sync.inner_steps > 0 ? job->sync.inner_steps : 50,
                         .log = as_json ? stderr : stdout,
                         .print_every = tc->max_steps >= 200 ? 25 : 5};
   px.max_steps = tc->max_steps;
@@ -370,6 +411,8 @@ int nb_train_main(int argc, char** argv) {
   }
   double setup_s = nb_now_s() - t0;
   long step0 = nb_trainer_step(t);
+  px.round = step0 / px.round_len;
+  px.round_s0 = nb_trainer_samples(t);
   uint64_t tok0 = nb_trainer_tokens(t);
   size_t n_sync;
   nb_trainer_sync_params(t, &n_sync);
@@ -423,7 +466,11 @@ int nb_train_main(int argc, char** argv) {
   json_object_set_new(o, "setup_s", json_real(setup_s));
   json_object_set_new(o, "compute_s", json_real(comp));
   json_object_set_new(o, "tokens_per_s", json_real(comp > 0 ? toks / comp : 0));
+  json_object_set_new(o, "rounds", json_integer(px.round));
+  json_object_set_new(o, "final_train_loss", json_real(px.last_loss));
+  json_object_set_new(o, "compute_utilization", json_real(wall > 0 ? comp / wall : 0));
   json_object_set_new(o, "final_eval_bpb", nb__eval_json(&ev));
+  json_object_set_new(o, "final_eval_mean_bpb", json_real(ev.mean_bpb));
   json_object_set_new(o, "final_mean_bpb", json_real(ev.mean_bpb));
   json_object_set_new(o, "final_model", json_string(path));
   json_object_set_new(o, "checkpoint_dir", json_string(tc->checkpoint_dir));
@@ -447,6 +494,7 @@ int nb_train_main(int argc, char** argv) {
   rc = NB_EXIT_OK;
 done:
   if (curve) fclose(curve);
+  if (rounds_f) fclose(rounds_f);
   if (progress_f) fclose(progress_f);
   nb_trainer_destroy(t);
   nb_free(tc);

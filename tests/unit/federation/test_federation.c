@@ -302,6 +302,10 @@ static int group_alive(pid_t pg) {
   return pg > 0 && nb_launcher_group_alive(pg);
 }
 
+static json_t* last_event(int i, const char* id, const char* kind, const char* needle);
+static json_t* wait_report(int i, const char* id, int n, const char* const* clusters);
+static void get_report(nb_rpc_client_t* cli, const char* id, char* out, size_t cap);
+
 /* A 2-cluster job submitted at dc-a runs on both: succeeded at both, dc-b's events at dc-a, the
  * same final θ_global hash, the job secret in a 0600 file. */
 static void test_two_clusters(void** state) {
@@ -323,6 +327,21 @@ static void test_two_clusters(void** state) {
   read_hash(0, id, ha, sizeof ha);
   read_hash(1, id, hb, sizeof hb);
   assert_string_equal(ha, hb);
+  /* the run report at the origin covers both clusters, dc-b's files fetched from its gateway */
+  const char* both[] = {"dc-a", "dc-b"};
+  json_t* rs = wait_report(0, id, 2, both);
+  assert_true(json_is_true(json_object_get(rs, "theta_global_identical")));
+  for (size_t i = 0; i < 2; i++)
+    assert_string_equal(json_string_value(json_object_get(
+                            json_array_get(json_object_get(rs, "clusters"), i), "global_xxh3")),
+                        ha);
+  json_decref(rs);
+  char p[800], rp[800];
+  snprintf(p, sizeof p, "%s/%s/report", g_cfg[1].work_dir, id);
+  assert_int_equal(access(p, F_OK), -1); /* only the origin writes one */
+  get_report(cli, id, rp, sizeof rp);
+  snprintf(p, sizeof p, "%s/%s/report/report.html", g_cfg[0].work_dir, id);
+  assert_string_equal(rp, p);
   /* Get at the origin shows each cluster's part */
   Nebula__V1__GetRequest gr = NEBULA__V1__GET_REQUEST__INIT;
   gr.job_id = id;
@@ -339,7 +358,6 @@ static void test_two_clusters(void** state) {
     assert_non_null(strstr(j->clusters[i]->endpoint, "127.0.0.1:"));
   }
   protobuf_c_message_free_unpacked(rep, NULL);
-  char p[800];
   struct stat sb;
   snprintf(p, sizeof p, "%s/%s/job.secret", g_cfg[1].work_dir, id);
   assert_int_equal(stat(p, &sb), 0);
@@ -610,6 +628,11 @@ static void test_origin_restart(void** state) {
   read_hash(0, id, ha, sizeof ha);
   read_hash(1, id, hb, sizeof hb);
   assert_string_equal(ha, hb);
+  /* the restarted origin still writes the run report */
+  const char* both[] = {"dc-a", "dc-b"};
+  json_t* rs = wait_report(0, id, 2, both);
+  assert_true(json_is_true(json_object_get(rs, "theta_global_identical")));
+  json_decref(rs);
   nb_tls_destroy(tls);
 }
 
@@ -630,6 +653,13 @@ static void test_forward(void** state) {
   char p[800];
   snprintf(p, sizeof p, "%s/%s/out", g_cfg[0].work_dir, id);
   assert_int_equal(access(p, F_OK), -1);
+  /* the report at dc-a: dc-b's `nebula train` run, fetched from dc-b */
+  const char* only_b[] = {"dc-b"};
+  json_t* rs = wait_report(0, id, 1, only_b);
+  json_decref(rs);
+  char rp[800];
+  get_report(cli, id, rp, sizeof rp);
+  assert_non_null(strstr(rp, "/report/report.html"));
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
 }
@@ -653,6 +683,67 @@ static json_t* last_event(int i, const char* id, const char* kind, const char* n
   nb_job_events_free(ev, n);
   nb_job_store_close(st);
   return j;
+}
+
+/* Waits for the run report of job id at gateway i (its "report" event) and checks it: the
+ * event's path, report.html with the clusters' names and charts, report/<cluster>/ holding each
+ * cluster's rounds.tsv and summary.json, and summary.json naming exactly `clusters` in order.
+ * Returns the parsed summary.json (the caller decrefs). */
+static json_t* wait_report(int i, const char* id, int n, const char* const* clusters) {
+  json_t* ev = NULL;
+  for (int k = 0; k < 600 && !ev; k++) {
+    ev = last_event(i, id, "report", NULL);
+    if (!ev) nb_sleep_ns(50000000);
+  }
+  if (!ev) {
+    json_t* f = last_event(i, id, "report_failed", NULL);
+    fail_msg("no run report for %s at %s: %s", id, g_ids[i],
+             f ? json_string_value(json_object_get(f, "reason")) : "(no report_failed event)");
+  }
+  char dir[800], p[900];
+  snprintf(dir, sizeof dir, "%s/%s/report", g_cfg[i].work_dir, id);
+  snprintf(p, sizeof p, "%s/report.html", dir);
+  assert_string_equal(json_string_value(json_object_get(ev, "path")), p);
+  assert_int_equal((int)json_array_size(json_object_get(ev, "clusters")), n);
+  json_decref(ev);
+  FILE* f = fopen(p, "r");
+  assert_non_null(f);
+  static char html[1 << 20];
+  size_t len = fread(html, 1, sizeof html - 1, f);
+  html[len] = 0;
+  fclose(f);
+  assert_non_null(strstr(html, "<svg"));
+  for (int c = 0; c < n; c++) {
+    assert_non_null(strstr(html, clusters[c]));
+    const char* files[] = {"rounds.tsv", "summary.json"};
+    for (int k = 0; k < 2; k++) {
+      snprintf(p, sizeof p, "%s/%s/%s", dir, clusters[c], files[k]);
+      assert_int_equal(access(p, R_OK), 0);
+    }
+  }
+  snprintf(p, sizeof p, "%s/summary.json", dir);
+  json_t* s = json_load_file(p, 0, NULL);
+  assert_non_null(s);
+  json_t* cl = json_object_get(s, "clusters");
+  assert_int_equal((int)json_array_size(cl), n);
+  for (int c = 0; c < n; c++) {
+    json_t* e = json_array_get(cl, (size_t)c);
+    assert_string_equal(json_string_value(json_object_get(e, "cluster")), clusters[c]);
+    assert_true(json_integer_value(json_object_get(e, "rounds")) >= 1);
+  }
+  return s;
+}
+
+/* Get's report path for job id ("" when none). */
+static void get_report(nb_rpc_client_t* cli, const char* id, char* out, size_t cap) {
+  Nebula__V1__GetRequest gr = NEBULA__V1__GET_REQUEST__INIT;
+  gr.job_id = (char*)id;
+  ProtobufCMessage* rep = NULL;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Get", &gr.base,
+                                   &nebula__v1__job__descriptor, &rep, 10000, 0),
+                   NB_OK);
+  snprintf(out, cap, "%s", ((Nebula__V1__Job*)rep)->report);
+  protobuf_c_message_free_unpacked(rep, NULL);
 }
 
 /* The remote fine-tune: a model pretrained at dc-a becomes an artifact there; a LoRA job for

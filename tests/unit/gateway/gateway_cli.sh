@@ -29,6 +29,8 @@ quick-*) echo "hello from $1"; for i in 1 2 3; do
   echo "{\"round\":$i,\"step\":$((i*10)),\"max_steps\":30,\"loss\":$i.5,\"wan_mbps\":80,\"density\":0.01,\"eta_s\":$((3-i))}" >> "$NB_JOB_PROGRESS"
   sleep 0.1; done;;
 slow-*) for i in 1 2 3; do echo "line $i"; sleep 0.1; done;;
+report-*) printf 'round\tloss\tbytes_sent\tdensity\tcompute_s\texchange_s\tglobal_xxh3\n0\t2.5\t0\t0\t0.1\t0\t-\n' > rounds.tsv
+  echo '{"job": "report", "cluster": "dc-a", "global_xxh3": "00ff"}' > summary.json;;
 sleepy-*) sleep 300 & echo $! > pids; sleep 300 & echo $! >> pids; echo $$ >> pids; wait;;
 esac
 SCRIPT
@@ -82,7 +84,22 @@ fi
 "$NB" logs "$ID" --json | grep -q "\"data\":\"hello from $ID\\\\n\"" || fail "logs --json: $("$NB" logs "$ID" --json)"
 "$NB" list | grep -q "$ID" || fail "list"
 "$NB" list --json --state succeeded | grep -q "\"id\": \"$ID\"" || fail "list --json"
-"$NB" watch "$ID" --json | tail -1 | grep -q '"to":"succeeded"' || fail "watch --json"
+"$NB" watch "$ID" --json > "$T/watch.jsonl" || fail "watch --json: exit status"
+grep -q '"to":"succeeded"' "$T/watch.jsonl" || fail "watch --json"
+# this job leaves no rounds.tsv: its run report fails, an event after the final state
+sed -n '/"to":"succeeded"/,$p' "$T/watch.jsonl" | grep -q '"kind":"report_failed"' || fail "watch --json: report_failed"
+"$NB" get "$ID" | grep -q "^report:" && fail "get: a report that was not written"
+
+# a job that leaves rounds.tsv and summary.json: its run report, named by watch and get
+desc report > "$T/report.json"
+RID=$("$NB" submit "$T/report.json") || fail "submit report"
+"$NB" watch "$RID" --json > "$T/rwatch.jsonl" || fail "watch report job"
+# (the report event is sent before watch ends; the artifact events may come before or after it)
+grep -q '"kind":"report"' "$T/rwatch.jsonl" || fail "watch --json: no report event: $(cat "$T/rwatch.jsonl")"
+RP=$("$NB" get "$RID" | sed -n 's/^report: *//p')
+[ "$RP" = "$T/work/$RID/report/report.html" ] || fail "get: report '$RP'"
+grep -q "<svg" "$RP" || fail "report.html without charts"
+"$NB" get "$RID" --json | grep -q "\"report\": \"$RP\"" || fail "get --json: no report"
 
 # logs -f follows the output until the job ends
 desc slow > "$T/slow.json"

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <ftw.h>
+#include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,13 @@ static const char* g_script =
     "fail-*) echo oops >&2; exit 3;;\n"
     "stray-*) sleep 300 & echo $! > pids; sleep 300 & echo $! >> pids; echo $$ >> pids;;\n"
     "slow-*) for i in 1 2 3; do echo \"line $i\"; sleep 0.1; done;;\n"
+    "late-*) sleep 1; printf 'round\\tloss\\tbytes_sent\\tdensity\\tcompute_s\\texchange_s\\t"
+    "global_xxh3\\n0\\t2.5\\t0\\t0\\t0.1\\t0\\t-\\n' > rounds.tsv; echo '{\"job\": \"late\"}' > "
+    "summary.json;;\n"
+    "report-*) printf 'round\\tloss\\tbytes_sent\\tdensity\\tcompute_s\\texchange_s\\t"
+    "global_xxh3\\n0\\t2.5\\t0\\t0\\t0.1\\t0\\t-\\n1\\t2.0\\t0\\t0\\t0.1\\t0\\t-\\n' > "
+    "rounds.tsv; echo '{\"job\": \"report\", \"cluster\": \"dc-a\", \"final_train_loss\": "
+    "2.0, \"global_xxh3\": \"00ff\"}' > summary.json;;\n"
     "esac\n";
 
 static int rm_one(const char* p, const struct stat* sb, int f, struct FTW* ftw) {
@@ -358,6 +366,116 @@ static void test_submit_watch_logs(void** state) {
                    NB_ERR_NOT_FOUND);
   nb_rpc_client_destroy(cli_b);
   nb_tls_destroy(tls_b);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+}
+
+/* Watches a final job to the end of the stream; returns the payload of its last event of
+ * `kind` (malloc'd, NULL when none). */
+static char* watch_find(nb_rpc_client_t* cli, const char* id, const char* kind) {
+  Nebula__V1__WatchRequest wr = NEBULA__V1__WATCH_REQUEST__INIT;
+  wr.job_id = (char*)id;
+  uint8_t buf[256];
+  size_t len = nebula__v1__watch_request__pack(&wr, buf);
+  nb_rpc_stream_t* s = NULL;
+  assert_int_equal(nb_rpc_stream_open(cli, "/nebula.v1.Gateway/Watch", 30000, 0, &s), NB_OK);
+  assert_int_equal(nb_rpc_stream_send(s, buf, len), NB_OK);
+  char* found = NULL;
+  int end = 0;
+  for (;;) {
+    ProtobufCMessage* m = NULL;
+    assert_int_equal(
+        nb_rpc_stream_recv_pb(s, &nebula__v1__job_event__descriptor, &m, &end, NB_RPC_INFINITE),
+        NB_OK);
+    if (end) break;
+    Nebula__V1__JobEvent* e = (Nebula__V1__JobEvent*)m;
+    if (!strcmp(e->kind, kind)) {
+      free(found);
+      found = strdup(e->payload_json);
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  nb_rpc_stream_destroy(s);
+  return found;
+}
+
+/* A succeeded job of this cluster only gets its run report (report/summary.json and
+ * report/report.html from the job folder's rounds.tsv and summary.json), announced by a
+ * "report" event that Watch delivers before the stream ends, and Get names it; a job that
+ * leaves no rounds.tsv still succeeds, with a "report_failed" event and no report in Get; a job
+ * that finishes while the gateway is down gets its report when the gateway is back. */
+static void test_report(void** state) {
+  (void)state;
+  nb_gateway_t* gw = NULL;
+  assert_int_equal(nb_gateway_create(&g_cfg, &gw), NB_OK);
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, nb_gateway_port(gw));
+  char doc[1024], id[64], want[1200], p[1200];
+  snprintf(doc, sizeof doc, doc_fmt, "report", "dc-a", 1);
+  Nebula__V1__Job* job = NULL;
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id, sizeof id, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  wait_state(cli, id, "succeeded");
+  char* ev = watch_find(cli, id, "report");
+  assert_non_null(ev);
+  snprintf(want, sizeof want, "%s/%s/report/report.html", g_cfg.work_dir, id);
+  json_t* j = json_loads(ev, 0, NULL);
+  free(ev);
+  assert_string_equal(json_string_value(json_object_get(j, "path")), want);
+  json_decref(j);
+  job = get_job(cli, id);
+  assert_string_equal(job->state, "succeeded");
+  assert_string_equal(job->report, want);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  assert_int_equal(access(want, R_OK), 0);
+  snprintf(p, sizeof p, "%s/%s/report/summary.json", g_cfg.work_dir, id);
+  json_t* sum = json_load_file(p, 0, NULL);
+  assert_non_null(sum);
+  json_t* cl = json_object_get(sum, "clusters");
+  assert_int_equal(json_array_size(cl), 1);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(cl, 0), "cluster")), "dc-a");
+  assert_int_equal(json_integer_value(json_object_get(json_array_get(cl, 0), "rounds")), 2);
+  assert_true(json_is_true(json_object_get(sum, "theta_global_identical")));
+  json_decref(sum);
+
+  /* no rounds.tsv: still succeeded, the failure is an event */
+  snprintf(doc, sizeof doc, doc_fmt, "quick", "dc-a", 1);
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id, sizeof id, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  wait_state(cli, id, "succeeded");
+  ev = watch_find(cli, id, "report_failed");
+  assert_non_null(ev);
+  assert_non_null(strstr(ev, "rounds.tsv"));
+  free(ev);
+  job = get_job(cli, id);
+  assert_string_equal(job->state, "succeeded");
+  assert_string_equal(job->report, "");
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+
+  /* a job that finishes while the gateway is down gets its report once it is back */
+  snprintf(doc, sizeof doc, doc_fmt, "late", "dc-a", 1);
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id, sizeof id, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+  snprintf(p, sizeof p, "%s/%s/exit_code", g_cfg.work_dir, id);
+  for (int k = 0; k < 250 && access(p, R_OK) != 0; k++) nb_sleep_ns(20000000);
+  assert_int_equal(access(p, R_OK), 0);
+  assert_int_equal(nb_gateway_create(&g_cfg, &gw), NB_OK);
+  cli = client_as("alice", &tls, nb_gateway_port(gw));
+  wait_state(cli, id, "succeeded");
+  ev = watch_find(cli, id, "report");
+  assert_non_null(ev);
+  free(ev);
+  job = get_job(cli, id);
+  snprintf(want, sizeof want, "%s/%s/report/report.html", g_cfg.work_dir, id);
+  assert_string_equal(job->report, want);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
   nb_gateway_destroy(gw);
@@ -714,6 +832,7 @@ int main(void) {
       cmocka_unit_test(test_acl),
       cmocka_unit_test(test_config),
       cmocka_unit_test(test_submit_watch_logs),
+      cmocka_unit_test(test_report),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_cancel_and_fail),
       cmocka_unit_test(test_slots),
