@@ -217,9 +217,10 @@ if tr:
         print("%-8s %9d %10.2f %11.2f %10.2f %11.2f" % (pair, v.get("sentences", 0),
               b.get("chrf", float("nan")), f.get("chrf", float("nan")),
               b.get("bleu", float("nan")), f.get("bleu", float("nan"))))
-for c, job in (("dc-a", job1), ("dc-a", job2), ("dc-b", job1), ("dc-b", job2)):
-    d = os.path.join(work, "gw-" + c, job, "out")
-    if os.path.exists(os.path.join(d, "report.html")):
-        print("report: %s" % os.path.join(d, "report.html"))
+print()
+for job in (job1, job2):
+    r = os.path.join(work, "gw-dc-a", job, "report", "report.html")
+    print("report of %s at dc-a (where it was submitted): %s" % (job, r if os.path.exists(r)
+                                                                 else "(not written)"))
 print("work folder: %s (gateway logs gw-*.log, job folders gw-*/<job>/)" % work)
 EOF
