@@ -652,7 +652,10 @@ int nb_eval_main(int argc, char** argv) {
       snprintf(tsv, sizeof tsv, "%s", c->sources[i].dev_path);
       char* dot = strstr(tsv, ".dev.tsv");
       if (dot) memcpy(dot, ".test.tsv", sizeof ".test.tsv");
-      if (nb_translate_eval_tsv(tm, tsv, c->sources[i].swap, (size_t)translate, &ts[i]) != NB_OK) {
+      char tgt[NB_TRANSLATE_LANG_MAX + 1]; /* the language the trainer tagged this pair with */
+      if (nb_translate_pair_target(c->sources[i].label, tgt, sizeof tgt) != NB_OK ||
+          nb_translate_eval_tsv(tm, tsv, c->sources[i].swap, tgt, (size_t)translate, &ts[i]) !=
+              NB_OK) {
         rc = nb__fail("eval", tsv);
         goto done;
       }

@@ -41,8 +41,10 @@ nb_status_t nb_translation_eval(const nb_train_config_t* tc, nb_model_t* final_m
     memcpy(dot, ".test.tsv", sizeof ".test.tsv");
     nb_translate_score_t b, f;
     double t0 = nb_now_s();
-    st = nb_translate_eval_tsv(base, tsv, s->swap, sentences, &b);
-    if (st == NB_OK) st = nb_translate_eval_tsv(final_model, tsv, s->swap, sentences, &f);
+    char tgt[NB_TRANSLATE_LANG_MAX + 1]; /* the language the trainer tagged this pair with */
+    st = nb_translate_pair_target(s->label, tgt, sizeof tgt);
+    if (st == NB_OK) st = nb_translate_eval_tsv(base, tsv, s->swap, tgt, sentences, &b);
+    if (st == NB_OK) st = nb_translate_eval_tsv(final_model, tsv, s->swap, tgt, sentences, &f);
     if (st != NB_OK) {
       st = nb_error_wrap(st, "translation eval of %s", s->label);
       break;

@@ -16,6 +16,7 @@
 #include "common/common.h"
 #include "train/checkpoint.h"
 #include "train/rng.h"
+#include "train/translate.h" /* target-language tags */
 
 typedef struct {
   size_t s, sl, t, tl; /* source and target byte ranges inside the text buffer */
@@ -30,6 +31,8 @@ typedef struct {
   size_t n_train_pairs;
   nb__pair_t* held_pairs;
   size_t n_held_pairs;
+  char tag[NB_TRANSLATE_TAG_MAX + 1]; /* pairs only: "<2xx>" of the target language */
+  size_t tag_len;
 } nb__source_t;
 
 struct nb_trainer {
@@ -275,6 +278,10 @@ static nb_status_t nb__load_source(const nb_train_config_t* c, int idx, nb__sour
                     "source %s (%s): %zu training and %zu held-out pairs (\"source<TAB>target\" "
                     "lines); both must be non-empty",
                     cs->label, cs->path, s->n_train_pairs, s->n_held_pairs);
+    char tgt[NB_TRANSLATE_LANG_MAX + 1];
+    if (st == NB_OK) st = nb_translate_pair_target(cs->label, tgt, sizeof tgt);
+    if (st == NB_OK) st = nb_translate_tag(tgt, s->tag, sizeof s->tag);
+    if (st == NB_OK) s->tag_len = strlen(s->tag);
   } else if (st == NB_OK && (s->train_len < 2 || s->held_len < 2)) {
     st = nb_error(NB_ERR_INVALID,
                   "source %s (%s): %zu training and %zu held-out bytes; both need a segment (the "
@@ -292,23 +299,28 @@ static void nb__free_source(nb__source_t* s) {
   memset(s, 0, sizeof *s);
 }
 
-/* Element k of the sequence "source SEP target EOS" of pair p. */
-static int nb__pair_el(const uint8_t* text, const nb__pair_t* p, size_t k) {
+/* Element k of the sequence "<2tgt> source SEP target EOS" of pair p of source s (the tag and
+ * the prefix up to SEP are those of nb_translate_prompt, byte for byte, when not truncated). */
+static int nb__pair_el(const nb__source_t* s, const uint8_t* text, const nb__pair_t* p, size_t k) {
+  if (k < s->tag_len) return (unsigned char)s->tag[k];
+  k -= s->tag_len;
   if (k < p->sl) return text[p->s + k];
   if (k == p->sl) return NB_TOKEN_SEP;
   if (k < p->sl + 1 + p->tl) return text[p->t + k - p->sl - 1];
   return NB_TOKEN_EOS;
 }
 
-/* One pair sequence "source SEP target EOS" into row (T tokens / targets): targets are scored
- * only for the target bytes and EOS. Returns the number of scored positions. */
-static int nb__pair_row(const uint8_t* text, const nb__pair_t* p, int T, int* tok, int* tgt) {
-  size_t L = p->sl + p->tl + 2; /* source, SEP, target, EOS */
+/* One pair sequence "<2tgt> source SEP target EOS" into row (T tokens / targets): targets are
+ * scored only for the target bytes and EOS. Returns the number of scored positions. */
+static int nb__pair_row(const nb__source_t* s, const uint8_t* text, const nb__pair_t* p, int T,
+                        int* tok, int* tgt) {
+  size_t L = s->tag_len + p->sl + p->tl + 2; /* tag, source, SEP, target, EOS */
+  size_t sep = s->tag_len + p->sl;
   int scored = 0;
   for (int j = 0; j < T; j++) {
     size_t k = (size_t)j;
-    tok[j] = k < L ? nb__pair_el(text, p, k) : NB_TOKEN_PAD;
-    tgt[j] = (k + 1 < L && k >= p->sl) ? nb__pair_el(text, p, k + 1) : -1;
+    tok[j] = k < L ? nb__pair_el(s, text, p, k) : NB_TOKEN_PAD;
+    tgt[j] = (k + 1 < L && k >= sep) ? nb__pair_el(s, text, p, k + 1) : -1;
     if (tgt[j] >= 0) scored++;
   }
   return scored;
@@ -331,7 +343,7 @@ static long nb__fill_batch(nb_trainer_t* t, long step, int micro, int* tokens, i
     int* tgt = targets + (size_t)r * T;
     if (t->cfg.data_kind == NB_TRAIN_DATA_PAIRS) {
       const nb__pair_t* p = &s->train_pairs[nb_rng_below(&rng, s->n_train_pairs)];
-      scored += nb__pair_row(s->train, p, T, tok, tgt);
+      scored += nb__pair_row(s, s->train, p, T, tok, tgt);
       continue;
     }
     size_t start = s->train_len > (size_t)T + 1 ? nb_rng_below(&rng, s->train_len - T) : 0;
@@ -787,7 +799,7 @@ nb_status_t nb_trainer_eval(nb_trainer_t* t, nb_train_eval_t* out) {
       for (size_t b0 = 0; b0 < n; b0 += (size_t)B) {
         int rows = (int)(n - b0 < (size_t)B ? n - b0 : (size_t)B);
         for (int r = 0; r < rows; r++)
-          nb__pair_row(s->held, &s->held_pairs[b0 + r], T, t->tokens + (size_t)r * T,
+          nb__pair_row(s, s->held, &s->held_pairs[b0 + r], T, t->tokens + (size_t)r * T,
                        t->targets + (size_t)r * T);
         size_t c_b = 0;
         for (size_t j = 0; j < (size_t)rows * T; j++) c_b += t->targets[j] >= 0;

@@ -31,7 +31,8 @@ extern "C" {
 
 typedef enum {
   NB_TRAIN_DATA_MONO = 0, /* one segment per line; sequences are random byte windows */
-  NB_TRAIN_DATA_PAIRS = 1 /* "source<TAB>target" per line; sequences "source SEP target EOS" */
+  NB_TRAIN_DATA_PAIRS = 1 /* "source<TAB>target" per line; sequences "<2tgt>source SEP target
+                           * EOS" (train/translate.h: the tag names the label's target language) */
 } nb_train_data_kind_t;
 
 /* One data source: a language (mono) or a language pair (pairs). */

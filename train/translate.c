@@ -1,5 +1,6 @@
-/* Greedy translation and its chrF/BLEU scoring. Evaluation code: deterministic, decoding with the
- * model's K/V cache and several sentences per batch; not a beam search, not a serving path. */
+/* Target-language tags, greedy translation and its chrF/BLEU scoring. Evaluation code:
+ * deterministic, decoding with the model's K/V cache and several sentences per batch; not a beam
+ * search, not a serving path. */
 #include "train/translate.h"
 
 #include <errno.h>
@@ -14,15 +15,62 @@
 #define NB__TRANSLATE_BATCH 16
 #define NB__TRANSLATE_CACHE_BYTES ((size_t)64 << 20)
 
-/* The "source SEP" prompt: the source bytes, truncated to half the context, then SEP. */
-static nb_status_t nb__translate_prompt(const nb_model_config_t* cfg, const char* src, int** prompt,
-                                        int* n) {
+static int nb__lang_ok(const char* x, size_t n) {
+  if (n < 1 || n > NB_TRANSLATE_LANG_MAX) return 0;
+  for (size_t i = 0; i < n; i++) {
+    char ch = x[i];
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+          ch == '_'))
+      return 0;
+  }
+  return 1;
+}
+
+nb_status_t nb_translate_pair_target(const char* label, char* out, size_t cap) {
+  if (!label || !out || cap == 0)
+    return nb_error(NB_ERR_INVALID, "nb_translate_pair_target: bad arguments");
+  const char* dash = strchr(label, '-');
+  if (!dash || !nb__lang_ok(label, (size_t)(dash - label)) ||
+      !nb__lang_ok(dash + 1, strlen(dash + 1)))
+    return nb_error(NB_ERR_INVALID,
+                    "pair label '%s' is not \"src-tgt\" (two language codes of 1..%d letters, "
+                    "digits or '_', e.g. \"en-de\")",
+                    label, NB_TRANSLATE_LANG_MAX);
+  if (strlen(dash + 1) + 1 > cap)
+    return nb_error(NB_ERR_INVALID, "pair label '%s': target language longer than %zu bytes", label,
+                    cap - 1);
+  memcpy(out, dash + 1, strlen(dash + 1) + 1);
+  return NB_OK;
+}
+
+nb_status_t nb_translate_tag(const char* tgt_lang, char* out, size_t cap) {
+  if (!tgt_lang || !out) return nb_error(NB_ERR_INVALID, "nb_translate_tag: bad arguments");
+  size_t n = strlen(tgt_lang);
+  if (!nb__lang_ok(tgt_lang, n))
+    return nb_error(NB_ERR_INVALID,
+                    "target language '%s' is not a language code (1..%d letters, digits or '_')",
+                    tgt_lang, NB_TRANSLATE_LANG_MAX);
+  if (n + 4 > cap)
+    return nb_error(NB_ERR_INVALID, "nb_translate_tag: %zu bytes are too few for '<2%s>'", cap,
+                    tgt_lang);
+  snprintf(out, cap, "<2%s>", tgt_lang);
+  return NB_OK;
+}
+
+nb_status_t nb_translate_prompt(const nb_model_config_t* cfg, const char* tgt_lang, const char* src,
+                                int** prompt, int* n) {
+  if (!cfg || !src || !prompt || !n)
+    return nb_error(NB_ERR_INVALID, "nb_translate_prompt: bad arguments");
+  char tag[NB_TRANSLATE_TAG_MAX + 1];
+  NB_CHECK(nb_translate_tag(tgt_lang, tag, sizeof tag));
+  size_t n_tag = strlen(tag);
   size_t n_src = strlen(src), cap = (size_t)(cfg->ctx / 2 > 1 ? cfg->ctx / 2 : 1);
   if (n_src > cap) n_src = cap;
-  NB_CHECK(nb_alloc((void**)prompt, n_src + 1, sizeof(int), "prompt"));
-  for (size_t i = 0; i < n_src; i++) (*prompt)[i] = (unsigned char)src[i];
-  (*prompt)[n_src] = NB_TOKEN_SEP;
-  *n = (int)n_src + 1;
+  NB_CHECK(nb_alloc((void**)prompt, n_tag + n_src + 1, sizeof(int), "prompt"));
+  for (size_t i = 0; i < n_tag; i++) (*prompt)[i] = (unsigned char)tag[i];
+  for (size_t i = 0; i < n_src; i++) (*prompt)[n_tag + i] = (unsigned char)src[i];
+  (*prompt)[n_tag + n_src] = NB_TOKEN_SEP;
+  *n = (int)(n_tag + n_src) + 1;
   return NB_OK;
 }
 
@@ -38,13 +86,15 @@ static nb_status_t nb__translate_text(const int* gen, int n_gen, char** out) {
   return st;
 }
 
-nb_status_t nb_translate_greedy(nb_model_t* m, const char* src, int max_new, char** out) {
-  if (!m || !src || !out || max_new < 1)
+nb_status_t nb_translate_greedy(nb_model_t* m, const char* tgt_lang, const char* src, int max_new,
+                                char** out) {
+  if (!m || !tgt_lang || !src || !out || max_new < 1)
     return nb_error(NB_ERR_INVALID, "nb_translate_greedy: bad arguments");
   *out = NULL;
   nb_status_t st = NB_OK;
   int *prompt = NULL, *gen = NULL, n_prompt = 0, n_gen = 0;
-  NB_CHECK_GOTO(nb__translate_prompt(nb_model_get_config(m), src, &prompt, &n_prompt), st, fail);
+  NB_CHECK_GOTO(nb_translate_prompt(nb_model_get_config(m), tgt_lang, src, &prompt, &n_prompt), st,
+                fail);
   NB_CHECK_GOTO(nb_alloc((void**)&gen, (size_t)max_new, sizeof(int), "tokens"), st, fail);
   NB_CHECK_GOTO(nb_model_generate_greedy(m, prompt, n_prompt, max_new, NB_TOKEN_EOS, gen, &n_gen),
                 st, fail);
@@ -57,15 +107,16 @@ fail:
 
 /* Translates n sources together (same tokens as nb_translate_greedy on each); hyps[i] receive
  * new strings (NULL on error; the caller frees them either way). */
-static nb_status_t nb__translate_batch(nb_model_t* m, char* const* srcs, const int* max_new, int n,
-                                       char** hyps) {
+static nb_status_t nb__translate_batch(nb_model_t* m, const char* tgt_lang, char* const* srcs,
+                                       const int* max_new, int n, char** hyps) {
   nb_status_t st = NB_OK;
   int *prompts[NB__TRANSLATE_BATCH] = {0}, *gens[NB__TRANSLATE_BATCH] = {0};
   int n_prompt[NB__TRANSLATE_BATCH], n_gen[NB__TRANSLATE_BATCH];
   for (int i = 0; i < n; i++) hyps[i] = NULL;
   for (int i = 0; i < n; i++) {
-    NB_CHECK_GOTO(nb__translate_prompt(nb_model_get_config(m), srcs[i], &prompts[i], &n_prompt[i]),
-                  st, done);
+    NB_CHECK_GOTO(
+        nb_translate_prompt(nb_model_get_config(m), tgt_lang, srcs[i], &prompts[i], &n_prompt[i]),
+        st, done);
     NB_CHECK_GOTO(nb_alloc((void**)&gens[i], (size_t)max_new[i], sizeof(int), "tokens"), st, done);
   }
   NB_CHECK_GOTO(nb_model_generate_greedy_batch(m, n, (const int* const*)prompts, n_prompt, max_new,
@@ -81,10 +132,12 @@ done:
   return st;
 }
 
-nb_status_t nb_translate_eval_tsv(nb_model_t* m, const char* tsv_path, int swap, size_t limit,
-                                  nb_translate_score_t* out) {
-  if (!m || !tsv_path || !out || limit == 0)
+nb_status_t nb_translate_eval_tsv(nb_model_t* m, const char* tsv_path, int swap,
+                                  const char* tgt_lang, size_t limit, nb_translate_score_t* out) {
+  if (!m || !tsv_path || !tgt_lang || !out || limit == 0)
     return nb_error(NB_ERR_INVALID, "nb_translate_eval_tsv: bad arguments");
+  char tag[NB_TRANSLATE_TAG_MAX + 1];
+  NB_CHECK(nb_translate_tag(tgt_lang, tag, sizeof tag)); /* a bad code before any decoding */
   memset(out, 0, sizeof *out);
   FILE* f = fopen(tsv_path, "r");
   if (!f) return nb_error(NB_ERR_IO, "cannot read %s: %s", tsv_path, strerror(errno));
@@ -129,7 +182,7 @@ nb_status_t nb_translate_eval_tsv(nb_model_t* m, const char* tsv_path, int swap,
       }
     }
     if (n == 0) break;
-    NB_CHECK_GOTO(nb__translate_batch(m, srcs, max_new, n, hyps), st, done);
+    NB_CHECK_GOTO(nb__translate_batch(m, tgt_lang, srcs, max_new, n, hyps), st, done);
     for (int i = 0; i < n; i++) {
       st = nb_metrics_chrf_add(&chrf, hyps[i], refs[i]);
       if (st == NB_OK) st = nb_metrics_bleu_add(&bleu, hyps[i], refs[i]);

@@ -1,5 +1,6 @@
 /* Tests of the single-cluster training loop (train/trainer.h) and `nebula train` / `nebula eval`
- * on a tiny committed corpus (60 lines each of en, de, ru, zh; 60 + 12 en-de pairs). Tiny model
+ * on a tiny committed corpus (60 lines each of en, de, ru, zh; 60 + 12 en-de and en-ru pairs,
+ * a few test pairs of each). Tiny model
  * so the whole file runs in seconds. argv[1] = data folder, argv[2] = the nebula binary. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,9 +19,12 @@
 #include "common/common.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
+#include "train/translate.h"
 
 static const char* g_data;
 static const char* g_nebula;
+
+#define NB__TAG_STEPS 200 /* training steps of the two-pair language check */
 
 static void tiny_config(nb_train_config_t* c) {
   nb_train_config_defaults(c);
@@ -359,6 +363,7 @@ static void test_pairs_format(void** state) {
   assert_int_equal(nb_trainer_steps(t, 2, NULL), NB_OK);
   nb_trainer_destroy(t);
   /* de-en: the same file read swapped */
+  snprintf(c.sources[0].label, sizeof c.sources[0].label, "de-en");
   c.sources[0].swap = 1;
   assert_int_equal(nb_trainer_create(&c, &t), NB_OK);
   nb_trainer_destroy(t);
@@ -412,6 +417,128 @@ static void test_bad_config(void** state) {
   tiny_config(&c);
   snprintf(c.init_checkpoint, sizeof c.init_checkpoint, "%s/mono/en.txt", g_data);
   expect_config_error(&c, NB_ERR_INVALID, "en.txt");
+}
+
+static int has_cyrillic(const char* s) {
+  for (const unsigned char* p = (const unsigned char*)s; *p; p++)
+    if ((p[0] == 0xD0 || p[0] == 0xD1) && (p[1] & 0xC0) == 0x80) return 1;
+  return 0;
+}
+
+static void pair_source(nb_train_source_t* s, const char* label, const char* file, int swap) {
+  snprintf(s->label, sizeof s->label, "%s", label);
+  snprintf(s->path, sizeof s->path, "%s/pairs/%s.train.tsv", g_data, file);
+  snprintf(s->dev_path, sizeof s->dev_path, "%s/pairs/%s.dev.tsv", g_data, file);
+  s->swap = swap;
+}
+
+/* The target-language tag: every training row of a pair is "<2tgt>" source SEP ..., with tgt the
+ * label's target (the swapped ru-en gets "<2en>"), and its prefix up to SEP is the decoding
+ * prompt of train/translate for the same source, byte for byte. A label that is not "src-tgt"
+ * is refused. */
+static void test_pairs_tag_matches_prompt(void** state) {
+  (void)state;
+  nb_train_config_t c;
+  tiny_config(&c);
+  c.model = nb_model_config_make(2, 32, 2, 160);
+  c.data_kind = NB_TRAIN_DATA_PAIRS;
+  c.n_sources = 2;
+  pair_source(&c.sources[0], "en-de", "en-de", 0);
+  pair_source(&c.sources[1], "ru-en", "en-ru", 1);
+  nb_trainer_t* t;
+  assert_int_equal(nb_trainer_create(&c, &t), NB_OK);
+  enum { B = 4, T = 160 };
+  int tok[B * T], tgt[B * T], seen_de = 0, seen_en = 0;
+  for (long step = 0; step < 4; step++) {
+    nb_trainer_batch(t, step, 0, tok, tgt);
+    for (int r = 0; r < B; r++) {
+      const int* k = tok + r * T;
+      const int* g = tgt + r * T;
+      char tag[8] = {0}, src[T + 1] = {0}, lang[4] = {0};
+      for (int j = 0; j < 5; j++) tag[j] = (char)k[j];
+      int sep = 5;
+      while (sep < T && k[sep] != NB_TOKEN_SEP) sep++;
+      assert_true(sep < T && sep > 5);
+      for (int j = 5; j < sep; j++) {
+        assert_true(k[j] >= 0 && k[j] < 256);
+        src[j - 5] = (char)k[j];
+      }
+      for (int j = 0; j < sep; j++) assert_int_equal(g[j], -1); /* tag, source: not scored */
+      if (strcmp(tag, "<2de>") == 0) {
+        snprintf(lang, sizeof lang, "de");
+        seen_de++;
+        assert_false(has_cyrillic(src)); /* English source */
+      } else if (strcmp(tag, "<2en>") == 0) {
+        snprintf(lang, sizeof lang, "en");
+        seen_en++;
+        assert_true(has_cyrillic(src)); /* ru-en: the Russian side is the source */
+      } else {
+        fail_msg("row %d does not start with a target tag: '%s'", r, tag);
+      }
+      int* prompt = NULL;
+      int n = 0;
+      assert_int_equal(nb_translate_prompt(&c.model, lang, src, &prompt, &n), NB_OK);
+      assert_int_equal(n, sep + 1);
+      assert_memory_equal(prompt, k, (size_t)n * sizeof(int));
+      nb_free(prompt);
+    }
+  }
+  assert_true(seen_de > 0 && seen_en > 0);
+  nb_trainer_destroy(t);
+  snprintf(c.sources[1].label, sizeof c.sources[1].label, "ruen");
+  expect_config_error(&c, NB_ERR_INVALID, "src-tgt");
+}
+
+/* Two pairs sharing the English source side: with the tag a tiny model trained for a few seconds
+ * writes Cyrillic when asked for "<2ru>" and none when asked for "<2de>", for the same English
+ * test sentences (without a tag the prompt is identical and so would be the output). */
+static void test_pairs_tag_picks_language(void** state) {
+  (void)state;
+  nb_train_config_t c;
+  tiny_config(&c);
+  c.model = nb_model_config_make(2, 48, 2, 96);
+  c.data_kind = NB_TRAIN_DATA_PAIRS;
+  c.n_sources = 2;
+  c.batch_size = 8;
+  c.max_steps = NB__TAG_STEPS;
+  c.optim.lr = 1e-2f;
+  c.optim.warmup_steps = 10;
+  pair_source(&c.sources[0], "en-de", "en-de", 0);
+  pair_source(&c.sources[1], "en-ru", "en-ru", 0);
+  nb_trainer_t* t;
+  assert_int_equal(nb_trainer_create(&c, &t), NB_OK);
+  double t0 = nb_now_s();
+  assert_int_equal(nb_trainer_steps(t, NB__TAG_STEPS, NULL), NB_OK);
+  double t1 = nb_now_s();
+  nb_model_t* m = nb_trainer_model(t);
+  int n = 0;
+  static const char* files[] = {"en-de", "en-ru"};
+  for (int fi = 0; fi < 2; fi++) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/pairs/%s.test.tsv", g_data, files[fi]);
+    FILE* f = fopen(path, "r");
+    assert_non_null(f);
+    char line[1024];
+    while (fgets(line, sizeof line, f) && n < 8) {
+      char* tab = strchr(line, '\t');
+      if (!tab) continue;
+      *tab = '\0';
+      char *de = NULL, *ru = NULL;
+      assert_int_equal(nb_translate_greedy(m, "de", line, 12, &de), NB_OK);
+      assert_int_equal(nb_translate_greedy(m, "ru", line, 12, &ru), NB_OK);
+      print_message("%s\n  <2de> %s\n  <2ru> %s\n", line, de, ru);
+      assert_false(has_cyrillic(de));
+      assert_true(has_cyrillic(ru));
+      nb_free(de);
+      nb_free(ru);
+      n++;
+    }
+    fclose(f);
+  }
+  print_message("%d sentences; %d steps in %.1f s, decoding %.1f s\n", n, NB__TAG_STEPS, t1 - t0,
+                nb_now_s() - t1);
+  assert_true(n >= 8);
+  nb_trainer_destroy(t);
 }
 
 static char* slurp(const char* path) {
@@ -562,6 +689,8 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_checkpoint_resume_bit_exact),
       cmocka_unit_test(test_lora_trains_only_adapters),
       cmocka_unit_test(test_pairs_format),
+      cmocka_unit_test(test_pairs_tag_matches_prompt),
+      cmocka_unit_test(test_pairs_tag_picks_language),
       cmocka_unit_test(test_bad_config),
       cmocka_unit_test(test_cli_train_and_eval),
   };

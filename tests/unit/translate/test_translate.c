@@ -45,12 +45,55 @@ static nb_model_t* tiny_model(void) {
   return m;
 }
 
+/* Tags: the pair label's target language, "<2xx>" bytes, and the prompt "tag source SEP" whose
+ * source (not the tag) is truncated to half the context. */
+static void test_tag_and_prompt(void** state) {
+  (void)state;
+  char lang[NB_TRANSLATE_LANG_MAX + 1], tag[NB_TRANSLATE_TAG_MAX + 1];
+  assert_int_equal(nb_translate_pair_target("en-de", lang, sizeof lang), NB_OK);
+  assert_string_equal(lang, "de");
+  assert_int_equal(nb_translate_pair_target("ru-en", lang, sizeof lang), NB_OK);
+  assert_string_equal(lang, "en");
+  static const char* bad[] = {"en", "en-", "-de", "en-de-fr", "en-d e", ""};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(nb_translate_pair_target(bad[i], lang, sizeof lang), NB_ERR_INVALID);
+    assert_non_null(strstr(nb_error_last(), "src-tgt"));
+  }
+  assert_int_equal(nb_translate_pair_target("en-de", lang, 2), NB_ERR_INVALID);
+  assert_int_equal(nb_translate_tag("zh", tag, sizeof tag), NB_OK);
+  assert_string_equal(tag, "<2zh>");
+  assert_int_equal(nb_translate_tag("zh", tag, 5), NB_ERR_INVALID); /* no room for the NUL */
+  assert_int_equal(nb_translate_tag("", tag, sizeof tag), NB_ERR_INVALID);
+  assert_int_equal(nb_translate_tag("abcdefghijklmnop", tag, sizeof tag), NB_ERR_INVALID);
+
+  nb_model_config_t cfg = nb_model_config_make(1, 32, 2, 64);
+  int* p = NULL;
+  int n = 0;
+  assert_int_equal(nb_translate_prompt(&cfg, "de", "Hi", &p, &n), NB_OK);
+  int want[] = {'<', '2', 'd', 'e', '>', 'H', 'i', NB_TOKEN_SEP};
+  assert_int_equal(n, 8);
+  assert_memory_equal(p, want, sizeof want);
+  nb_free(p);
+  char longsrc[200];
+  memset(longsrc, 'x', sizeof longsrc - 1);
+  longsrc[sizeof longsrc - 1] = '\0';
+  assert_int_equal(nb_translate_prompt(&cfg, "ru", longsrc, &p, &n), NB_OK);
+  assert_int_equal(n, 5 + 32 + 1); /* whole tag, ctx / 2 source bytes, SEP */
+  int tag_ru[] = {'<', '2', 'r', 'u', '>'};
+  assert_memory_equal(p, tag_ru, sizeof tag_ru);
+  assert_int_equal(p[5], 'x');
+  assert_int_equal(p[n - 2], 'x');
+  assert_int_equal(p[n - 1], NB_TOKEN_SEP);
+  nb_free(p);
+  assert_int_equal(nb_translate_prompt(&cfg, "r>u", "Hi", &p, &n), NB_ERR_INVALID);
+}
+
 static void test_greedy_deterministic(void** state) {
   (void)state;
   nb_model_t* m = tiny_model();
   char *a = NULL, *b = NULL;
-  assert_int_equal(nb_translate_greedy(m, "Hello world", 20, &a), NB_OK);
-  assert_int_equal(nb_translate_greedy(m, "Hello world", 20, &b), NB_OK);
+  assert_int_equal(nb_translate_greedy(m, "de", "Hello world", 20, &a), NB_OK);
+  assert_int_equal(nb_translate_greedy(m, "de", "Hello world", 20, &b), NB_OK);
   assert_string_equal(a, b);
   assert_true(strlen(a) <= 20 * 3); /* each byte at most one U+FFFD */
   nb_free(a);
@@ -59,10 +102,13 @@ static void test_greedy_deterministic(void** state) {
   char longsrc[300];
   memset(longsrc, 'x', sizeof longsrc - 1);
   longsrc[sizeof longsrc - 1] = '\0';
-  assert_int_equal(nb_translate_greedy(m, longsrc, 8, &a), NB_OK);
+  assert_int_equal(nb_translate_greedy(m, "de", longsrc, 8, &a), NB_OK);
   nb_free(a);
-  assert_int_equal(nb_translate_greedy(m, "x", 0, &a), NB_ERR_INVALID);
-  assert_int_equal(nb_translate_greedy(NULL, "x", 4, &a), NB_ERR_INVALID);
+  assert_int_equal(nb_translate_greedy(m, "de", "x", 0, &a), NB_ERR_INVALID);
+  assert_int_equal(nb_translate_greedy(NULL, "de", "x", 4, &a), NB_ERR_INVALID);
+  assert_int_equal(nb_translate_greedy(m, NULL, "x", 4, &a), NB_ERR_INVALID);
+  assert_int_equal(nb_translate_greedy(m, "d<e", "x", 4, &a), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "d<e"));
   nb_model_destroy(m);
 }
 
@@ -81,22 +127,22 @@ static void test_eval_tsv(void** state) {
   fclose(f);
   nb_model_t* m = tiny_model();
   nb_translate_score_t s1, s2;
-  assert_int_equal(nb_translate_eval_tsv(m, path, 0, 2, &s1), NB_OK);
+  assert_int_equal(nb_translate_eval_tsv(m, path, 0, "de", 2, &s1), NB_OK);
   assert_int_equal(s1.sentences, 2);
   assert_true(s1.chrf >= 0 && s1.chrf <= 100);
   assert_true(s1.bleu >= 0 && s1.bleu <= 100);
-  assert_int_equal(nb_translate_eval_tsv(m, path, 1, 10, &s2), NB_OK); /* de→en, all pairs */
+  assert_int_equal(nb_translate_eval_tsv(m, path, 1, "en", 10, &s2), NB_OK); /* de→en, all pairs */
   assert_int_equal(s2.sentences, 3);
   nb_translate_score_t s3;
-  assert_int_equal(nb_translate_eval_tsv(m, path, 0, 2, &s3), NB_OK);
+  assert_int_equal(nb_translate_eval_tsv(m, path, 0, "de", 2, &s3), NB_OK);
   assert_true(s3.chrf == s1.chrf && s3.bleu == s1.bleu); /* deterministic */
   char missing[300];
   snprintf(missing, sizeof missing, "%s/none.tsv", dir);
-  assert_int_equal(nb_translate_eval_tsv(m, missing, 0, 2, &s1), NB_ERR_IO);
+  assert_int_equal(nb_translate_eval_tsv(m, missing, 0, "de", 2, &s1), NB_ERR_IO);
   f = fopen(path, "w");
   fputs("nothing here\n", f);
   fclose(f);
-  assert_int_equal(nb_translate_eval_tsv(m, path, 0, 2, &s1), NB_ERR_INVALID);
+  assert_int_equal(nb_translate_eval_tsv(m, path, 0, "de", 2, &s1), NB_ERR_INVALID);
   assert_non_null(strstr(nb_error_last(), "no translation pair"));
   nb_model_destroy(m);
   unlink(path);
@@ -133,7 +179,7 @@ static void test_eval_batches_equal_one_by_one(void** state) {
   size_t limits[] = {40, 23, 5};
   for (size_t li = 0; li < 3; li++) {
     nb_translate_score_t s;
-    assert_int_equal(nb_translate_eval_tsv(m, path, 0, limits[li], &s), NB_OK);
+    assert_int_equal(nb_translate_eval_tsv(m, path, 0, "fr", limits[li], &s), NB_OK);
     nb_chrf_stats_t chrf;
     nb_bleu_stats_t bleu;
     memset(&chrf, 0, sizeof chrf);
@@ -142,7 +188,8 @@ static void test_eval_batches_equal_one_by_one(void** state) {
     for (int i = 0; i < n_pairs && scored < limits[li]; i++) {
       char* hyp = NULL;
       int max_new = (int)(2 * strlen(src[i]) + 16);
-      assert_int_equal(nb_translate_greedy(m, src[i], max_new > 64 ? 64 : max_new, &hyp), NB_OK);
+      assert_int_equal(nb_translate_greedy(m, "fr", src[i], max_new > 64 ? 64 : max_new, &hyp),
+                       NB_OK);
       nb_status_t st = nb_metrics_chrf_add(&chrf, hyp, ref[i]);
       if (st == NB_OK) st = nb_metrics_bleu_add(&bleu, hyp, ref[i]);
       nb_free(hyp);
@@ -164,6 +211,7 @@ static void test_eval_batches_equal_one_by_one(void** state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sanitize),
+      cmocka_unit_test(test_tag_and_prompt),
       cmocka_unit_test(test_greedy_deterministic),
       cmocka_unit_test(test_eval_tsv),
       cmocka_unit_test(test_eval_batches_equal_one_by_one),
