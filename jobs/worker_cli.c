@@ -559,8 +559,9 @@ int nb_worker_main(int argc, char** argv) {
     if (hc.mode != NB_HYBRID_OUTER && left < hc.inner_steps && left > 0)
       nb_hybrid_set_inner_steps(h, cur_h = left); /* in step modes a round only groups the log */
     if (nb__wk_lead(comm, cur_h, 1) != NB_OK || nb_hybrid_round(h, &rec) != NB_OK ||
-        (comm && nb_comm_broadcast(comm, nb_hybrid_global(h, NULL), nb_hybrid_global(h, NULL),
-                                   n_params, NB_COMM_FP32, 0) != NB_OK)) {
+        (comm &&
+         nb_comm_broadcast(comm, nb_trainer_sync_params(t, NULL), nb_trainer_sync_params(t, NULL),
+                           n_params, NB_COMM_FP32, 0) != NB_OK)) {
       rc = nb__wk_fail(cluster, "round");
       goto done;
     }
