@@ -87,7 +87,12 @@ static int nb__e2e_job(json_t* base, const char* v, double rate, double delay, c
     json_object_set_new(sync, "overlap", json_false());
     json_object_set_new(sync, "outer",
                         json_pack("{s:f,s:f,s:b}", "lr", 1.0, "momentum", 0.0, "nesterov", 1));
-    if (comp) json_object_set_new(comp, "adaptive", json_false());
+    /* and exact: a dense fp32 frame, so that the round boundary does not compress single's own
+     * progress (top-k + int8 of the identity step cost it about 0.1 bpb) */
+    json_object_set_new(
+        spec, "compression",
+        json_pack("{s:{s:f,s:f,s:f},s:b,s:b,s:s}", "density", "initial", 1.0, "min", 1.0, "max",
+                  1.0, "adaptive", 0, "errorFeedback", 0, "values", "fp32"));
   } else if (strcmp(v, "dense") == 0) {
     json_object_set_new(sync, "mode", json_string("dense"));
     json_object_del(sync, "innerSteps");

@@ -766,9 +766,10 @@ int nb_worker_main(int argc, char** argv) {
         goto done;
       }
     }
-    /* the ranks continue from the leader's theta_local (theta_global after an applied round) */
+    /* the ranks continue from the leader's theta_local: theta_global after an applied round,
+     * minus its own in-flight progress with overlap, or its local progress after a skipped one */
     if (comm) {
-      float* bp = ft ? nb_trainer_sync_params(t, NULL) : nb_hybrid_global(h, NULL);
+      float* bp = nb_trainer_sync_params(t, NULL);
       if (nb_comm_broadcast(comm, bp, bp, n_params, NB_COMM_FP32, 0) != NB_OK) {
         rc = nb__wk_fail(cluster, "round");
         goto done;

@@ -243,6 +243,15 @@ void nb_hybrid_destroy(nb_hybrid_t* h) {
   nb_free(h);
 }
 
+/* A dense round (density 1, e.g. the adaptive scheduler at a ceiling of 1 after sparse rounds)
+ * sends the error-feedback residual inside its frame, so that what the sparse rounds held back
+ * is not dropped; the residual is cleared after the encode. A sparse round leaves Delta alone:
+ * the codec adds the residual itself. */
+static void nb__hy_residual_in(nb_hybrid_t* h) {
+  if (h->cfg.error_feedback && h->cfg.density >= 1)
+    for (size_t i = 0; i < h->n; i++) h->delta[i] += h->residual[i];
+}
+
 nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) {
   if (!h || !msg || !len) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
   /* Hashed now, not after the last apply, so that a replica changed in between is caught. */
@@ -274,6 +283,7 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
    * landed yet); Delta is this round's progress only */
   if (h->cfg.overlap && h->own_valid)
     for (size_t i = 0; i < n; i++) h->delta[i] -= h->own[i];
+  nb__hy_residual_in(h);
   size_t flen = 0;
   uint8_t* frame = h->msg + NB_HYBRID_MSG_HEADER_BYTES;
   size_t cap = h->msg_cap - NB_HYBRID_MSG_HEADER_BYTES;
@@ -283,6 +293,8 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
   else
     NB_CHECK(nb_codec_encode_sparse(h->codec, h->delta, h->cfg.error_feedback ? h->residual : NULL,
                                     n, h->cfg.density, h->round, me, frame, cap, &flen));
+  if (h->cfg.error_feedback && h->cfg.density >= 1) /* a dense frame carried the residual */
+    memset(h->residual, 0, h->n * sizeof(float));
   nb__hy_write_header(h, 0, flen);
   h->codec_s = nb_now_s() - t1;
   *msg = h->msg;

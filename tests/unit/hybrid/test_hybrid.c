@@ -260,6 +260,60 @@ static void test_replicas_bit_identical(void** state) {
   free_pair(&p);
 }
 
+/* Error feedback loses nothing: after sparse rounds the residual holds progress that
+ * theta_global lacks; a dense round sends it, so that with lr 1, momentum 0 and exact (fp32)
+ * values theta_global is theta_0 minus the weighted sum of every round's Delta of every cluster. */
+static void test_dense_round_flushes_residual(void** state) {
+  (void)state;
+  nb_hybrid_config_t hc;
+  base_config(&hc);
+  hc.inner_steps = 2;
+  hc.density = 0.02;
+  hc.values = NB_VALUES_FP32;
+  hc.outer_lr = 1.0f;
+  hc.outer_momentum = 0.0f;
+  pair_t p;
+  make_pair(&p, &hc, 1, 3);
+  size_t n;
+  nb_hybrid_global(p.h[0], &n);
+  const double w[2] = {0.25, 0.75};
+  double* want = malloc(n * sizeof(double)); /* theta_0 - sum of all weighted Deltas */
+  for (size_t i = 0; i < n; i++) want[i] = nb_hybrid_global(p.h[0], NULL)[i];
+  double gap_sparse = 0, gap_flushed = 0;
+  for (int r = 0; r < 5; r++) {
+    if (r == 4)
+      for (int c = 0; c < 2; c++) assert_int_equal(nb_hybrid_set_density(p.h[c], 1.0), NB_OK);
+    nb_hybrid_msg_t m[2];
+    for (int c = 0; c < 2; c++) {
+      const float* g = nb_hybrid_global(p.h[c], NULL);
+      const uint8_t* msg;
+      size_t len;
+      assert_int_equal(nb_hybrid_prepare(p.h[c], &msg, &len), NB_OK);
+      const float* l = nb_trainer_sync_params(p.t[c], NULL);
+      for (size_t i = 0; i < n; i++) want[i] -= w[c] * ((double)g[i] - (double)l[i]);
+      m[c].data = malloc(len);
+      memcpy(m[c].data, msg, len);
+      m[c].len = len;
+    }
+    for (int c = 0; c < 2; c++) assert_int_equal(nb_hybrid_apply(p.h[c], m, 2, NULL), NB_OK);
+    free(m[0].data), free(m[1].data);
+    assert_memory_equal(nb_hybrid_global(p.h[0], NULL), nb_hybrid_global(p.h[1], NULL), n * 4);
+    const float* g = nb_hybrid_global(p.h[0], NULL);
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(g[i] - want[i]));
+    if (r == 3) gap_sparse = worst;
+    if (r == 4) gap_flushed = worst;
+  }
+  fprintf(stderr, "held back after sparse rounds %.3g, after the dense round %.3g\n", gap_sparse,
+          gap_flushed);
+  assert_true(gap_sparse > 1e-4);
+  assert_true(gap_flushed < 1e-5);
+  assert_true(gap_flushed * 100 < gap_sparse);
+  /* the residual is empty now: another dense round sends only that round's progress */
+  free(want);
+  free_pair(&p);
+}
+
 /* A replica changed between rounds is reported by the next round on both sides, and theta_global
  * is left as it was. */
 static void test_corrupted_replica_detected(void** state) {
@@ -621,6 +675,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_outer_step_equals_hand_computed),
       cmocka_unit_test(test_averaging_weights_by_samples),
       cmocka_unit_test(test_replicas_bit_identical),
+      cmocka_unit_test(test_dense_round_flushes_residual),
       cmocka_unit_test(test_corrupted_replica_detected),
       cmocka_unit_test(test_bad_messages),
       cmocka_unit_test(test_round_through_callback),
