@@ -149,6 +149,7 @@ t["maxSteps"] = int(sys.argv[5])
 t["eval"]["sentences"] = int(sys.argv[6])
 t["eval"]["everyRounds"] = max(t["eval"].get("everyRounds", 1), 2)
 t["optimizer"]["warmupSteps"] = min(t["optimizer"].get("warmupSteps", 0), int(sys.argv[5]) // 4)
+t["optimizer"]["lr"] = 0.003  # a short fine-tune of the small demo model needs a larger step
 d["spec"]["sync"]["innerSteps"] = max(1, min(d["spec"]["sync"]["innerSteps"], int(sys.argv[5])))
 d["spec"]["checkpoint"] = {"everyRounds": 0}
 json.dump(d, open(sys.argv[3], "w"), indent=2)
