@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Heterogeneous clusters: `nebula run --loopback` of a two-cluster job with wall-time rounds
-# (sync.roundSeconds 0.5) where dc-b is slowed 4x (the descriptor's cluster `slowdown`). The slowed
+# (sync.roundSeconds 0.25) where dc-b is slowed 4x (the descriptor's cluster `slowdown`). The
+# model is large enough that a round's step cap (innerSteps' default, 50) never fits in the
+# budget on a fast, quiet machine, or the fast cluster would wait on the slow one. The slowed
 # cluster must do fewer inner steps per round, the fast one must not wait on it (its exchange
 # wait small against its compute), each round's weights must come from the samples processed
 # (samples differ, samples_all = their sum on both sides), and the final hash must agree.
@@ -18,8 +20,8 @@ trap '[ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
 write_job "$tmp/job.json" hetero \
   '[{"id": "dc-a", "data": {"tier": "quick", "languages": ["en", "de"]}},
     {"id": "dc-b", "slowdown": 4, "data": {"tier": "quick", "languages": ["en", "ru"]}}]' \
-  '{"layers": 1, "width": 128, "heads": 4, "context": 32}' 300 \
-  '{"mode": "outer", "roundSeconds": 0.5}' \
+  '{"layers": 2, "width": 128, "heads": 4, "context": 64}' 300 \
+  '{"mode": "outer", "roundSeconds": 0.25}' \
   '{"density": {"initial": 0.05, "min": 0.01, "max": 0.1}, "values": "int8"}' \
   '{"rateMbit": 50}'
 
