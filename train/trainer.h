@@ -156,8 +156,9 @@ nb_status_t nb_trainer_run(nb_trainer_t* t, nb_train_eval_t* final_eval);
 nb_status_t nb_trainer_steps(nb_trainer_t* t, long k, double* loss_mean);
 
 /* A wall-time round: optimizer steps while the next one is expected to end within `seconds`
- * of the call (at the mean step time so far; at least one step) or until k_max steps are done. *k_done (nullable) receives the
- * steps taken, *loss_mean (nullable) their mean loss. Errors as nb_trainer_steps. */
+ * of the call (at the mean step time so far; at least one step) or until k_max steps are done.
+ * *k_done (nullable) receives the steps taken, *loss_mean (nullable) their mean loss. Errors as
+ * nb_trainer_steps. */
 nb_status_t nb_trainer_steps_budget(nb_trainer_t* t, long k_max, double seconds, long* k_done,
                                     double* loss_mean);
 
