@@ -622,7 +622,7 @@ nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* fra
         r->status = r->recv_status;
       } else if (r->send_status != NB_OK) {
         r->status = r->send_status;
-        snprintf(r->detail, sizeof r->detail, "sending to %s: %.180s", r->peer, jobs[i].detail);
+        snprintf(r->detail, sizeof r->detail, "sending to %.60s: %.180s", r->peer, jobs[i].detail);
       }
       if (r->status == NB_ERR_CANCELLED && !alive) r->status = NB_ERR_UNAVAILABLE;
       if (r->status != NB_OK && !alive && r->status != NB_ERR_UNAVAILABLE) {

@@ -146,8 +146,9 @@ void nb_gateway_config_defaults(nb_gateway_config_t* c) {
 void nb_gateway_config_help(FILE* f) {
   fprintf(f, "config file keys (JSON; a dotted key is a nested object):\n");
   for (size_t i = 0; i < NB__N_OPTS; i++) {
-    static const char* tn[] = {"string", "path",   "integer", "[string]", "{id: addr}",
-                               "[rule]", "[user]", "string",  "string",   "[string]"};
+    static const char* tn[] = {"string", "path",   "integer", "[string]", "{id: addr}", "[rule]",
+                               "[user]", "string", "string",  "[string]", "[string]"};
+    _Static_assert(sizeof tn / sizeof tn[0] == NB__OPT_WARGV + 1, "a name for every type");
     fprintf(f, "  %-18s %-10s default %s\n      %s\n", nb__opts[i].name, tn[nb__opts[i].type],
             nb__opts[i].def, nb__opts[i].help);
   }
