@@ -1,6 +1,8 @@
 /* `nebula bench` dispatch and small helpers shared by the benchmarks. */
 #include "bench/bench.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +33,25 @@ static int nb__cmp_double(const void* a, const void* b) {
 double nb_bench_median(double* v, size_t n) {
   qsort(v, n, sizeof *v, nb__cmp_double);
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int nb_bench_parse_int_flags(int argc, char** argv, const nb_bench_int_flag_t* flags, int n,
+                             int* json) {
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--json") == 0) {
+      *json = 1;
+      continue;
+    }
+    int k = 0;
+    while (k < n && strcmp(argv[i], flags[k].name) != 0) k++;
+    if (k == n || i + 1 >= argc) return -1;
+    char* end = NULL;
+    errno = 0;
+    long v = strtol(argv[++i], &end, 10);
+    if (errno || end == argv[i] || *end || v < 1 || v > INT_MAX) return -1;
+    *flags[k].dst = (int)v;
+  }
+  return 0;
 }
 
 void nb_json_begin(nb_json_obj_t* j, FILE* f) {

@@ -33,6 +33,17 @@ int nb_bench_decode_main(int argc, char** argv);
 /* Median of n samples (the array is reordered). n must be > 0. */
 double nb_bench_median(double* v, size_t n);
 
+/* One flag of a benchmark that takes a positive integer ("--layers 4"). */
+typedef struct {
+  const char* name;
+  int* dst;
+} nb_bench_int_flag_t;
+
+/* Parses argv[1..]: "--json" sets *json, every flag of the table takes an integer >= 1.
+ * Returns 0, or -1 for anything else (unknown flag, missing or bad value). */
+int nb_bench_parse_int_flags(int argc, char** argv, const nb_bench_int_flag_t* flags, int n,
+                             int* json);
+
 /* Minimal JSON object writer for the --json outputs (flat objects only). */
 typedef struct {
   FILE* f;

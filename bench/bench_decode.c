@@ -22,32 +22,12 @@ static void nb__decode_usage(void) {
 
 int nb_bench_decode_main(int argc, char** argv) {
   int L = 4, D = 256, H = 0, T = 128, P = 48, N = 80, NB = 8, reps = 3, json = 0;
-  for (int i = 1; i < argc; i++) {
-    int* dst = NULL;
-    if (strcmp(argv[i], "--json") == 0) {
-      json = 1;
-      continue;
-    } else if (strcmp(argv[i], "--layers") == 0)
-      dst = &L;
-    else if (strcmp(argv[i], "--dim") == 0)
-      dst = &D;
-    else if (strcmp(argv[i], "--heads") == 0)
-      dst = &H;
-    else if (strcmp(argv[i], "--ctx") == 0)
-      dst = &T;
-    else if (strcmp(argv[i], "--prompt") == 0)
-      dst = &P;
-    else if (strcmp(argv[i], "--new") == 0)
-      dst = &N;
-    else if (strcmp(argv[i], "--batch") == 0)
-      dst = &NB;
-    else if (strcmp(argv[i], "--reps") == 0)
-      dst = &reps;
-    if (!dst || i + 1 >= argc || atoi(argv[i + 1]) <= 0) {
-      nb__decode_usage();
-      return 2;
-    }
-    *dst = atoi(argv[++i]);
+  const nb_bench_int_flag_t flags[] = {{"--layers", &L}, {"--dim", &D},    {"--heads", &H},
+                                       {"--ctx", &T},    {"--prompt", &P}, {"--new", &N},
+                                       {"--batch", &NB}, {"--reps", &reps}};
+  if (nb_bench_parse_int_flags(argc, argv, flags, 8, &json) != 0) {
+    nb__decode_usage();
+    return 2;
   }
   if (H == 0) H = D >= 64 ? D / 64 : 1;
   if (reps > 15) reps = 15;

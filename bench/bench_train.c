@@ -28,28 +28,11 @@ static double nb__sgemm_once(int n, const float* a, const float* b, float* c) {
 
 int nb_bench_train_main(int argc, char** argv) {
   int L = 4, D = 256, H = 0, T = 256, B = 4, steps = 5, json = 0;
-  for (int i = 1; i < argc; i++) {
-    int* dst = NULL;
-    if (strcmp(argv[i], "--json") == 0) {
-      json = 1;
-      continue;
-    } else if (strcmp(argv[i], "--layers") == 0)
-      dst = &L;
-    else if (strcmp(argv[i], "--dim") == 0)
-      dst = &D;
-    else if (strcmp(argv[i], "--heads") == 0)
-      dst = &H;
-    else if (strcmp(argv[i], "--ctx") == 0)
-      dst = &T;
-    else if (strcmp(argv[i], "--batch") == 0)
-      dst = &B;
-    else if (strcmp(argv[i], "--steps") == 0)
-      dst = &steps;
-    if (!dst || i + 1 >= argc || atoi(argv[i + 1]) <= 0) {
-      nb__train_usage();
-      return 2;
-    }
-    *dst = atoi(argv[++i]);
+  const nb_bench_int_flag_t flags[] = {{"--layers", &L}, {"--dim", &D},   {"--heads", &H},
+                                       {"--ctx", &T},    {"--batch", &B}, {"--steps", &steps}};
+  if (nb_bench_parse_int_flags(argc, argv, flags, 6, &json) != 0) {
+    nb__train_usage();
+    return 2;
   }
   if (H == 0) H = D >= 64 ? D / 64 : 1;
   if (steps > 15) steps = 15;
