@@ -107,7 +107,9 @@ typedef struct {
   nb_job_sync_t mode;
   int inner_steps;      /* H: inner steps per round (outer mode), when round_seconds == 0 */
   double round_seconds; /* > 0: a round is a wall-time budget instead of H steps */
-  bool overlap;         /* exchange round r during round r+1 (lands one round late) */
+  bool overlap;         /* exchange round r during round r+1 */
+  int overlap_steps;    /* with overlap: round r's update lands after this many inner steps of
+                           round r+1 (>= its steps: at its end, one round late) */
   double outer_lr;
   double outer_momentum;
   bool outer_nesterov;
@@ -205,6 +207,7 @@ static inline void nb_job_config_defaults(nb_job_config_t* c) {
   c->sync.inner_steps = 50;
   c->sync.round_seconds = 0;
   c->sync.overlap = false;
+  c->sync.overlap_steps = 4; /* = NB_HYBRID_OVERLAP_STEPS_DEFAULT */
   c->sync.outer_lr = 0.7;
   c->sync.outer_momentum = 0.9;
   c->sync.outer_nesterov = true;

@@ -290,6 +290,24 @@ static nb_status_t nb__wk_lead(nb_comm_t* comm, long steps, int go) {
   return comm ? nb_comm_broadcast(comm, ctl, ctl, 2, NB_COMM_FP32, 0) : NB_OK;
 }
 
+/* The hybrid round's hooks under mpirun: the other ranks run each part of a round's inner steps
+ * with the leader and take theta_local from it after an update landed inside the round. */
+typedef struct {
+  nb_comm_t* comm;
+  nb_trainer_t* t;
+} nb__wk_ranks_t;
+
+static nb_status_t nb__wk_steps_hook(void* ctx, long k) {
+  return nb__wk_lead(((nb__wk_ranks_t*)ctx)->comm, k, 1);
+}
+
+static nb_status_t nb__wk_land_hook(void* ctx) {
+  nb__wk_ranks_t* r = ctx;
+  size_t n;
+  float* p = nb_trainer_sync_params(r->t, &n);
+  return nb_comm_broadcast(r->comm, p, p, n, NB_COMM_FP32, 0);
+}
+
 /* One progress line per round for a gateway ($NB_JOB_PROGRESS, docs/gateway.md). */
 static void nb__wk_progress(const char* cluster, long round, long rounds, long step, long max_steps,
                             const nb_hybrid_round_t* rec) {
@@ -626,6 +644,13 @@ int nb_worker_main(int argc, char** argv) {
             : job->sync.mode == NB_JOB_SYNC_DENSE ? NB_HYBRID_DENSE
                                                   : NB_HYBRID_OUTER;
   hc.overlap = job->sync.overlap && hc.mode == NB_HYBRID_OUTER;
+  hc.overlap_steps = job->sync.overlap_steps;
+  nb__wk_ranks_t ranks = {comm, t};
+  if (comm) {
+    hc.steps_hook = nb__wk_steps_hook;
+    hc.land_hook = nb__wk_land_hook;
+    hc.hook_ctx = &ranks;
+  }
   if (job->sync.overlap && hc.mode != NB_HYBRID_OUTER)
     fprintf(stderr, "nebula worker: %s: sync.overlap applies to the outer mode only; ignored\n",
             cluster);
@@ -733,7 +758,7 @@ int nb_worker_main(int argc, char** argv) {
     long left = (long)job->training.max_steps - steps_done;
     if (hc.mode != NB_HYBRID_OUTER && left < hc.inner_steps && left > 0)
       nb_hybrid_set_inner_steps(h, cur_h = left); /* in step modes a round only groups the log */
-    if (nb__wk_lead(comm, cur_h, 1) != NB_OK || nb_hybrid_round(h, &rec) != NB_OK) {
+    if (nb_hybrid_round(h, &rec) != NB_OK) {      /* the ranks follow through hc's hooks */
       rc = nb__wk_fail(cluster, "round");
       goto done;
     }

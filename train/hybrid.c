@@ -33,8 +33,9 @@ struct nb_hybrid {
   uint8_t* msg;    /* header + frame */
   size_t msg_cap, msg_len;
   uint64_t round;
-  uint64_t hash; /* of theta_global at the start of the current round */
-  uint64_t xseq; /* step and dense modes: exchanges done (the round number on the wire) */
+  uint64_t hash;     /* of theta_global as it is now */
+  uint64_t msg_hash; /* of theta_global at the start of the round of our last message */
+  uint64_t xseq;     /* step and dense modes: exchanges done (the round number on the wire) */
   uint64_t step_sent, step_msg_bytes;
   double step_exchange_s, step_codec_s;
   /* overlap: the exchange of round inflight_round runs on `thread` with a copy of our message */
@@ -50,6 +51,11 @@ struct nb_hybrid {
   char fly_error[256];
   uint64_t fly_sent;
   double fly_secs;
+  /* overlap: the previous round's update landed inside this round, after overlap_steps */
+  int mid_landed;
+  nb_hybrid_round_t mid_rec;
+  double mid_waited;
+  uint64_t mid_sent;
   /* fault-tolerant rounds (docs/hybrid.md, Faults) */
   uint64_t commits;      /* rounds applied */
   uint64_t ft_samples;   /* samples trained on since the last applied round: the weight of our
@@ -91,7 +97,7 @@ static uint64_t nb__get64(const uint8_t* p) {
   return v;
 }
 
-static void nb__hy_write_header(nb_hybrid_t* h, uint32_t flags, uint64_t frame_len) {
+static void nb__hy_write_header(nb_hybrid_t* h, uint32_t flags, uint64_t frame_len, uint64_t hash) {
   uint8_t* p = h->msg;
   nb__put32(p + 0, NB_HYBRID_MSG_MAGIC);
   nb__put32(p + 4, NB__HY_VERSION);
@@ -100,7 +106,7 @@ static void nb__hy_write_header(nb_hybrid_t* h, uint32_t flags, uint64_t frame_l
   nb__put64(p + 16, h->round);
   nb__put64(p + 24, h->samples);
   nb__put64(p + 32, (uint64_t)h->steps);
-  nb__put64(p + 40, h->hash);
+  nb__put64(p + 40, hash);
   nb__put64(p + 48, frame_len);
   nb__put64(p + 56, (flags & NB__HY_FLAG_FT) ? h->commits : 0);
   h->msg_len = NB_HYBRID_MSG_HEADER_BYTES + frame_len;
@@ -146,6 +152,7 @@ void nb_hybrid_config_defaults(nb_hybrid_config_t* c) {
   c->error_feedback = 1;
   c->values = NB_VALUES_INT8;
   c->zstd_level = 3;
+  c->overlap_steps = NB_HYBRID_OVERLAP_STEPS_DEFAULT;
 }
 
 static nb_status_t nb__hy_check(const nb_hybrid_config_t* c) {
@@ -172,6 +179,8 @@ static nb_status_t nb__hy_check(const nb_hybrid_config_t* c) {
   if (c->ft_exchange && (c->mode != NB_HYBRID_OUTER || c->overlap))
     return nb_error(NB_ERR_CONFIG,
                     "hybrid: fault-tolerant rounds need the outer mode without overlap");
+  if (c->overlap_steps < 0)
+    return nb_error(NB_ERR_CONFIG, "hybrid: overlap_steps %ld < 0", c->overlap_steps);
   if (c->zstd_level < 0 || c->zstd_level > 19)
     return nb_error(NB_ERR_CONFIG, "hybrid: zstd_level %d outside [0, 19]", c->zstd_level);
   return NB_OK;
@@ -252,21 +261,73 @@ static void nb__hy_residual_in(nb_hybrid_t* h) {
     for (size_t i = 0; i < h->n; i++) h->delta[i] += h->residual[i];
 }
 
+static nb_status_t nb__hy_land(nb_hybrid_t* h, nb_hybrid_round_t* applied, double* waited);
+
+/* k inner steps (or a wall-time budget of `seconds` with at most k), announced to the
+ * cluster's other ranks. Adds the steps to *done and their summed loss to *loss_sum. */
+static nb_status_t nb__hy_steps(nb_hybrid_t* h, long k, double seconds, long* done,
+                                double* loss_sum) {
+  long did = k;
+  double loss = 0;
+  if (h->cfg.steps_hook) NB_CHECK(h->cfg.steps_hook(h->cfg.hook_ctx, k));
+  if (h->cfg.round_seconds > 0)
+    NB_CHECK(nb_trainer_steps_budget(h->t, k, seconds, &did, &loss));
+  else
+    NB_CHECK(nb_trainer_steps(h->t, k, &loss));
+  *done += did;
+  *loss_sum += loss * (double)did;
+  return NB_OK;
+}
+
+/* Overlap: lands the previous round's update between two inner steps of this round. This
+ * round started at theta_global - own (own: the previous round's progress, not landed yet);
+ * its progress so far, p = theta_local - (theta_global - own), is kept on top of the new
+ * theta_global, and the round's Delta is then measured from that theta_global. */
+static nb_status_t nb__hy_land_mid(nb_hybrid_t* h) {
+  size_t n;
+  float* local = nb_trainer_sync_params(h->t, &n);
+  for (size_t i = 0; i < n; i++) h->own[i] = local[i] - h->global[i] + h->own[i];
+  /* on error nothing changed but own (the run stops) */
+  NB_CHECK(nb__hy_land(h, &h->mid_rec, &h->mid_waited));
+  h->mid_sent = h->fly_sent;
+  local = nb_trainer_sync_params(h->t, &n);
+  for (size_t i = 0; i < n; i++) local[i] = h->global[i] + h->own[i];
+  h->own_valid = 0;
+  h->mid_landed = 1;
+  if (h->cfg.land_hook) NB_CHECK(h->cfg.land_hook(h->cfg.hook_ctx));
+  return NB_OK;
+}
+
 nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) {
   if (!h || !msg || !len) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
-  /* Hashed now, not after the last apply, so that a replica changed in between is caught. */
+  /* Hashed now, not after the last apply, so that a replica changed in between is caught. The
+   * message states theta_global as of the round's start, also when an update lands inside it. */
   h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  h->msg_hash = h->hash;
+  h->mid_landed = 0;
   uint64_t s0 = nb_trainer_samples(h->t);
-  double t0 = nb_now_s();
-  if (h->cfg.round_seconds > 0) {
-    NB_CHECK(nb_trainer_steps_budget(h->t, h->cfg.inner_steps, h->cfg.round_seconds, &h->steps,
-                                     &h->loss));
-  } else {
-    NB_CHECK(nb_trainer_steps(h->t, h->cfg.inner_steps, &h->loss));
-    h->steps = h->cfg.inner_steps;
+  double t0 = nb_now_s(), loss_sum = 0;
+  long kh = h->cfg.inner_steps, done = 0;
+  if (h->cfg.overlap && h->inflight && h->own_valid && h->cfg.overlap_steps < kh) {
+    long tau = h->cfg.overlap_steps;
+    if (tau > 0)
+      NB_CHECK(nb__hy_steps(h, tau, h->cfg.round_seconds, &done, &loss_sum));
+    else if (h->cfg.steps_hook) /* the ranks take part in every landing */
+      NB_CHECK(h->cfg.steps_hook(h->cfg.hook_ctx, 0));
+    /* a wall-time round whose budget ended first lands it at its end, as without tau */
+    if (done == tau && (h->cfg.round_seconds <= 0 || nb_now_s() - t0 < h->cfg.round_seconds))
+      NB_CHECK(nb__hy_land_mid(h));
   }
+  if (done < kh && (done == 0 || h->mid_landed)) {
+    double left = h->cfg.round_seconds > 0 ? h->cfg.round_seconds - (nb_now_s() - t0) : 0;
+    if (h->cfg.round_seconds <= 0 || left > 0 || done == 0)
+      NB_CHECK(
+          nb__hy_steps(h, kh - done, done == 0 ? h->cfg.round_seconds : left, &done, &loss_sum));
+  }
+  h->steps = done;
+  h->loss = done > 0 ? loss_sum / (double)done : 0;
   double t1 = nb_now_s();
-  h->compute_s = t1 - t0;
+  h->compute_s = t1 - t0 - (h->mid_landed ? h->mid_waited + h->mid_rec.codec_s : 0);
   h->samples = (nb_trainer_samples(h->t) - s0) * (h->cfg.samples_scale ? h->cfg.samples_scale : 1);
 
   size_t k = h->cfg.density >= 1 ? h->n : nb_codec_k_for_density(h->n, h->cfg.density);
@@ -295,7 +356,7 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
                                     n, h->cfg.density, h->round, me, frame, cap, &flen));
   if (h->cfg.error_feedback && h->cfg.density >= 1) /* a dense frame carried the residual */
     memset(h->residual, 0, h->n * sizeof(float));
-  nb__hy_write_header(h, 0, flen);
+  nb__hy_write_header(h, 0, flen, h->msg_hash);
   h->codec_s = nb_now_s() - t1;
   *msg = h->msg;
   *len = h->msg_len;
@@ -477,7 +538,7 @@ static nb_status_t nb__hy_round_overlap(nb_hybrid_t* h, nb_hybrid_round_t* rec) 
   const uint8_t* msg;
   size_t len;
   NB_CHECK(nb_hybrid_prepare(h, &msg, &len));
-  uint64_t msg_hash = h->hash; /* what our message states; landing changes h->hash */
+  uint64_t msg_hash = h->msg_hash; /* what our message states; landing changes h->hash */
   if (!h->own) NB_CHECK(nb_alloc((void**)&h->own, h->n, sizeof(float), "own delta"));
   memcpy(h->own, h->delta, h->n * sizeof(float)); /* landing overwrites h->delta */
   h->own_valid = 1;
@@ -488,6 +549,10 @@ static nb_status_t nb__hy_round_overlap(nb_hybrid_t* h, nb_hybrid_round_t* rec) 
   if (h->inflight) {
     NB_CHECK(nb__hy_land(h, &applied, &waited));
     sent = h->fly_sent;
+  } else if (h->mid_landed) {
+    applied = h->mid_rec;
+    waited = h->mid_waited;
+    sent = h->mid_sent;
   }
   /* The next round continues from theta_global as landed plus this round's own progress, which
    * is not in it yet (it lands, averaged, one round later): theta_local = theta_global - Delta.
@@ -557,7 +622,7 @@ nb_status_t nb_hybrid_gradient(nb_hybrid_t* h, float* grads, size_t n) {
                                     h->cfg.density, h->xseq, me, frame, cap, &flen));
   uint64_t saved_round = h->round;
   h->round = h->xseq; /* the header's round field */
-  nb__hy_write_header(h, 0, flen);
+  nb__hy_write_header(h, 0, flen, h->hash);
   h->round = saved_round;
   double t1 = nb_now_s();
   nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}};
@@ -677,7 +742,7 @@ static nb_status_t nb__hy_round_ft(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
   uint64_t round_samples = h->samples;
   h->ft_samples += round_samples;
   h->samples = h->ft_samples; /* our Delta covers every round since the last applied one */
-  nb__hy_write_header(h, NB__HY_FLAG_FT, h->msg_len - NB_HYBRID_MSG_HEADER_BYTES);
+  nb__hy_write_header(h, NB__HY_FLAG_FT, h->msg_len - NB_HYBRID_MSG_HEADER_BYTES, h->hash);
   h->samples = round_samples;
   memcpy(h->lsend, nb_trainer_sync_params(h->t, NULL), h->n * sizeof(float));
   uint64_t a = h->round, k = h->commits, hash = h->hash;
@@ -738,7 +803,7 @@ static nb_status_t nb__hy_round_ft(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
     size_t s_len = h->msg_len;
     h->samples = (uint64_t)have_all;
     h->steps = 0;
-    nb__hy_write_header(h, NB__HY_FLAG_FT | NB__HY_FLAG_VOTE, 0);
+    nb__hy_write_header(h, NB__HY_FLAG_FT | NB__HY_FLAG_VOTE, 0, h->hash);
     uint8_t vote[NB_HYBRID_MSG_HEADER_BYTES];
     memcpy(vote, h->msg, sizeof vote);
     memcpy(h->msg, saved, sizeof saved);
@@ -873,7 +938,7 @@ static nb_status_t nb__hy_finish_ft(nb_hybrid_t* h) {
   h->samples = 0;
   h->steps = 0;
   h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
-  nb__hy_write_header(h, NB__HY_FLAG_HASH_ONLY | NB__HY_FLAG_FT, 0);
+  nb__hy_write_header(h, NB__HY_FLAG_HASH_ONLY | NB__HY_FLAG_FT, 0, h->hash);
   nb_hybrid_msg_t got[NB_HYBRID_MAX_CLUSTERS] = {{0}};
   nb__hy_hdr_t hd[NB_HYBRID_MAX_CLUSTERS];
   int have[NB_HYBRID_MAX_CLUSTERS] = {0};
@@ -929,7 +994,7 @@ nb_status_t nb_hybrid_finish(nb_hybrid_t* h) {
   h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
   uint64_t saved_round = h->round;
   if (h->cfg.mode != NB_HYBRID_OUTER) h->round = h->xseq; /* after the last step's exchange */
-  nb__hy_write_header(h, NB__HY_FLAG_HASH_ONLY, 0);
+  nb__hy_write_header(h, NB__HY_FLAG_HASH_ONLY, 0, h->hash);
   nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}};
   uint64_t sent = 0;
   double secs = 0;

@@ -22,6 +22,8 @@ extern "C" {
 #define NB_HYBRID_MSG_HEADER_BYTES 64
 #define NB_HYBRID_MSG_MAGIC 0x5948424eu /* bytes 'N' 'B' 'H' 'Y' */
 #define NB_HYBRID_MAX_CLUSTERS 64
+/* The default of nb_hybrid_config_t.overlap_steps (and of the descriptor's sync.overlapSteps). */
+#define NB_HYBRID_OVERLAP_STEPS_DEFAULT 4
 
 /* One received message (a peer's, or our own). data is owned by the hybrid after the exchange
  * callback returns (allocated with nb_alloc; freed with nb_free). */
@@ -72,10 +74,22 @@ typedef struct {
   nb_values_t values;     /* value type on the wire */
   int zstd_level;         /* 0..19 */
   /* 1: round r's exchange runs on a background thread during round r+1's inner steps and its
-   * update lands one round late; each round starts from theta_global as last applied plus this
-   * cluster's own not-yet-landed progress; nb_hybrid_finish applies the last one (the trainer
-   * then holds theta_global). Only through nb_hybrid_round. */
+   * update lands overlap_steps into round r+1 (or at its end); each round starts from theta_global
+   * as last applied plus this cluster's own not-yet-landed progress; nb_hybrid_finish applies the
+   * last one (the trainer then holds theta_global). Only through nb_hybrid_round. */
   int overlap;
+  /* With overlap: the previous round's update lands after this many inner steps of the next
+   * round (Streaming DiLoCo's tau), waiting for its exchange if it is still running, and the
+   * round's own progress so far is kept on top of it; 0 = before the first step; >= the
+   * round's steps (or a wall-time round whose budget ends first) = at the round's end, one
+   * whole round late. */
+  long overlap_steps;
+  /* Intra-cluster ranks (nullable): steps_hook(ctx, k) runs before each run of k inner steps
+   * and land_hook(ctx) after an update landed between two of them (the trainer's synced buffer
+   * then holds the new theta_local), so that a cluster's other ranks follow the leader. */
+  nb_status_t (*steps_hook)(void* ctx, long k);
+  nb_status_t (*land_hook)(void* ctx);
+  void* hook_ctx;
   nb_hybrid_exchange_fn exchange; /* required by nb_hybrid_round; unused by prepare/apply */
   void* exchange_ctx;
   /* Non-NULL: fault-tolerant rounds (outer mode, no overlap; exchange then is unused and

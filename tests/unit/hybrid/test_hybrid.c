@@ -558,6 +558,117 @@ static void test_overlap_lands_one_round_late(void** state) {
   pthread_barrier_destroy(&mb.bar);
 }
 
+/* overlap_steps (tau): round r's update lands after tau inner steps of round r+1, the round's
+ * progress so far kept on top. tau 0 lands it before any step: the same trajectory as rounds
+ * without overlap, to float rounding; tau >= H is one round late; tau in between is neither.
+ * Both clusters hold the same theta_global after every round in every case. */
+static void* tside_main(void* arg) {
+  side_t* s = arg;
+  for (int r = 0; r < 5 && s->st == NB_OK; r++) {
+    nb_hybrid_round_t rec;
+    s->st = nb_hybrid_round(s->h, &rec);
+    s->hashes[r] = nb_hybrid_global_hash(s->h);
+    if (s->st == NB_OK && rec.steps != 4) s->st = NB_ERR_INTERNAL;
+  }
+  if (s->st == NB_OK) s->st = nb_hybrid_finish(s->h);
+  if (s->st != NB_OK) fprintf(stderr, "cluster %d: %s\n", s->me, nb_error_last());
+  s->hashes[5] = nb_hybrid_global_hash(s->h);
+  return NULL;
+}
+
+/* Runs two clusters for 5 rounds of H 4 (dense fp32 frames, plain averaging); *out receives
+ * cluster 0's final theta_global (malloc'd). */
+static size_t run_tau(int overlap, long tau, float** out) {
+  mailbox_t mb;
+  memset(&mb, 0, sizeof mb);
+  pthread_barrier_init(&mb.bar, NULL, 2);
+  side_t side[2];
+  nb_trainer_t* t[2];
+  for (int c = 0; c < 2; c++) {
+    memset(&side[c], 0, sizeof side[c]);
+    side[c].mb = &mb;
+    side[c].me = c;
+    t[c] = make_trainer(c, 2);
+    nb_hybrid_config_t hc;
+    base_config(&hc);
+    hc.inner_steps = 4;
+    hc.density = 1.0;
+    hc.values = NB_VALUES_FP32;
+    hc.outer_lr = 1.0f;
+    hc.outer_momentum = 0.0f;
+    hc.overlap = overlap;
+    hc.overlap_steps = tau;
+    hc.cluster_index = (uint32_t)c;
+    hc.n_clusters = 2;
+    hc.exchange = mb_exchange;
+    hc.exchange_ctx = &side[c];
+    assert_int_equal(nb_hybrid_create(&hc, t[c], &side[c].h), NB_OK);
+  }
+  pthread_t th[2];
+  for (int c = 0; c < 2; c++) pthread_create(&th[c], NULL, tside_main, &side[c]);
+  for (int c = 0; c < 2; c++) pthread_join(th[c], NULL);
+  assert_int_equal(side[0].st, NB_OK);
+  assert_int_equal(side[1].st, NB_OK);
+  assert_memory_equal(side[0].hashes, side[1].hashes, sizeof side[0].hashes);
+  size_t n;
+  const float* g = nb_hybrid_global(side[0].h, &n);
+  /* after finish the trainer holds theta_global */
+  assert_memory_equal(g, nb_trainer_sync_params(t[0], NULL), n * sizeof(float));
+  *out = malloc(n * sizeof(float));
+  memcpy(*out, g, n * sizeof(float));
+  for (int c = 0; c < 2; c++) {
+    nb_hybrid_destroy(side[c].h);
+    nb_trainer_destroy(t[c]);
+  }
+  pthread_barrier_destroy(&mb.bar);
+  return n;
+}
+
+static double max_abs_diff(const float* a, const float* b, size_t n) {
+  double m = 0;
+  for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - (double)b[i]));
+  return m;
+}
+
+static void test_overlap_steps(void** state) {
+  (void)state;
+  float *sync, *t0, *t1, *t2, *late;
+  size_t n = run_tau(0, 0, &sync);
+  assert_int_equal(run_tau(1, 0, &t0), n);
+  assert_int_equal(run_tau(1, 1, &t1), n);
+  assert_int_equal(run_tau(1, 2, &t2), n);
+  assert_int_equal(run_tau(1, 4, &late), n);
+  double d_sync = max_abs_diff(t0, sync, n), d_late = max_abs_diff(late, sync, n);
+  double d_12 = max_abs_diff(t1, t2, n), d_2late = max_abs_diff(t2, late, n);
+  fprintf(stderr, "max |diff|: tau0-sync %.3g, late-sync %.3g, tau1-tau2 %.3g, tau2-late %.3g\n",
+          d_sync, d_late, d_12, d_2late);
+  assert_true(d_sync < 1e-5);
+  assert_true(d_late > 100 * d_sync + 1e-4);
+  assert_true(d_12 > 1e-5);
+  assert_true(d_2late > 1e-5);
+  /* the overlapped runs are no further from the synchronous one the earlier they land */
+  assert_true(max_abs_diff(t2, sync, n) <= d_late);
+  free(sync);
+  free(t0);
+  free(t1);
+  free(t2);
+  free(late);
+}
+
+/* A negative tau is a configuration error. */
+static void test_overlap_steps_refused(void** state) {
+  (void)state;
+  nb_trainer_t* t = make_trainer(0, 2);
+  nb_hybrid_config_t hc;
+  base_config(&hc);
+  hc.overlap = 1;
+  hc.overlap_steps = -1;
+  nb_hybrid_t* h = NULL;
+  assert_int_equal(nb_hybrid_create(&hc, t, &h), NB_ERR_CONFIG);
+  assert_non_null(strstr(nb_error_last(), "overlap_steps"));
+  nb_trainer_destroy(t);
+}
+
 /* step and dense modes: every step exchanges the gradient; both clusters apply the same
  * weighted gradient, so the parameters stay bit-identical without an outer step. */
 static void run_step_mode(nb_hybrid_mode_t mode) {
@@ -680,6 +791,8 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_bad_messages),
       cmocka_unit_test(test_round_through_callback),
       cmocka_unit_test(test_overlap_lands_one_round_late),
+      cmocka_unit_test(test_overlap_steps),
+      cmocka_unit_test(test_overlap_steps_refused),
       cmocka_unit_test(test_save_load),
       cmocka_unit_test(test_step_mode),
       cmocka_unit_test(test_dense_mode),

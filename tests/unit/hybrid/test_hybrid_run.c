@@ -24,6 +24,8 @@
 static const char* g_data;
 static const char* g_nebula;
 
+/* overlap: 0 off, 1 on (the default overlapSteps, 4 = the round's end), 2 on with
+ * overlapSteps 1 (the update lands inside the next round) */
 static void write_job_opts(const char* path, const char* lang_b, long steps, int overlap,
                            const char* optim_extra, const char* spec_extra, int workers_a) {
   FILE* f = fopen(path, "w");
@@ -41,11 +43,12 @@ static void write_job_opts(const char* path, const char* lang_b, long steps, int
       "  \"training\": {\"seed\": 5, \"batchSize\": 4, \"maxSteps\": %ld,\n"
       "               \"eval\": {\"everyRounds\": 1, \"batches\": 1},\n"
       "               \"optimizer\": {\"lr\": 0.003, \"warmupSteps\": 2%s}},\n"
-      "  \"sync\": {\"mode\": \"outer\", \"innerSteps\": 4, \"overlap\": %s},\n"
+      "  \"sync\": {\"mode\": \"outer\", \"innerSteps\": 4, \"overlap\": %s%s},\n"
       "  \"compression\": {\"density\": {\"initial\": 0.05, \"min\": 0.001, \"max\": 0.1},\n"
       "                  \"values\": \"int8\"},\n"
       "  %s\"link\": {\"rateMbit\": 50}}}\n",
-      lang_b, workers_a, steps, optim_extra, overlap ? "true" : "false", spec_extra);
+      lang_b, workers_a, steps, optim_extra, overlap ? "true" : "false",
+      overlap == 2 ? ", \"overlapSteps\": 1" : "", spec_extra);
   fclose(f);
 }
 
@@ -268,8 +271,7 @@ static void test_run_resume_same_hash(void** state) {
 
 /* A cluster of two ranks under mpirun (gradients allreduced every step, theta_global broadcast
  * every round) syncs with a one-process cluster; nothing is left behind. */
-static void test_run_mpi_cluster(void** state) {
-  (void)state;
+static void run_mpi_cluster(int overlap) {
   if (system("command -v mpirun >/dev/null 2>&1") != 0) {
     fprintf(stderr, "no mpirun: skipped\n");
     return;
@@ -278,7 +280,7 @@ static void test_run_mpi_cluster(void** state) {
   char job[128], out[128];
   snprintf(job, sizeof job, "%s/job.json", dir);
   snprintf(out, sizeof out, "%s/run", dir);
-  write_job_opts(job, "ru", 12, 0, "", "", 2);
+  write_job_opts(job, "ru", 12, overlap, "", "", 2);
   int rc = wait_exit(spawn_run(job, out));
   if (rc != 0) {
     char cmd[300];
@@ -301,6 +303,18 @@ static void test_run_mpi_cluster(void** state) {
   json_decref(s);
   assert_int_equal(processes_with(dir), 0);
   rm_rf(dir);
+}
+
+static void test_run_mpi_cluster(void** state) {
+  (void)state;
+  run_mpi_cluster(0);
+}
+
+/* The same with overlap landing each update one inner step into the next round: the other rank
+ * runs that step, takes theta_local from its leader, runs the rest. */
+static void test_run_mpi_cluster_overlap_steps(void** state) {
+  (void)state;
+  run_mpi_cluster(2);
 }
 
 /* A cluster that cannot start (missing data) fails the run, and the other worker is stopped. */
@@ -362,6 +376,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_run_two_clusters_overlap),
       cmocka_unit_test(test_run_resume_same_hash),
       cmocka_unit_test(test_run_mpi_cluster),
+      cmocka_unit_test(test_run_mpi_cluster_overlap_steps),
       cmocka_unit_test(test_run_failure_stops_everyone),
       cmocka_unit_test(test_run_interrupted),
   };
