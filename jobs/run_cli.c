@@ -53,7 +53,9 @@ static void nb__run_usage(FILE* f) {
       "  --data-dir DIR   data folder for every cluster (mono/<lang>.txt)\n"
       "  --resume         continue every cluster from its newest checkpoint in DIR\n"
       "  --no-mpi         one process per cluster even with several workers (they are then\n"
-      "                   accumulated micro-batches); default: mpirun -np WORKERS\n");
+      "                   accumulated micro-batches); default: mpirun -np WORKERS\n"
+      "A one-process cluster whose worker is killed by a signal (other than TERM/INT) while\n"
+      "another cluster trains is restarted with --rejoin, up to NB_RUN_RESTARTS (2) times.\n");
 }
 
 typedef struct {
@@ -66,7 +68,11 @@ typedef struct {
   long log_off;
   char partial[1024];
   size_t partial_len;
+  int restarts; /* times restarted with --rejoin after being killed */
 } nb__run_child_t;
+
+NB_PARAM_INT(RunRestarts, "NB_RUN_RESTARTS", 2, 0, 100,
+             "nebula run: times a cluster killed by a signal is restarted with --rejoin")
 
 static int nb__run_mkdir(const char* p, mode_t mode) {
   return mkdir(p, mode) != 0 && errno != EEXIST ? -1 : 0;
@@ -324,6 +330,142 @@ static int nb__run_setup_security(const char* dir, const nb_job_config_t* job,
   return 0;
 }
 
+/* What starting (or restarting) one cluster's worker needs. */
+typedef struct {
+  const char* exe;
+  const char* file;
+  const nb_job_config_t* job;
+  nb__run_child_t* ch;
+  int n;
+  const nb__run_wan_t* wan;
+  const char* pki;
+  const char* secret;
+  const char* steps;
+  const char* data_dir;
+  int resume;
+  const int* use_mpi;
+  int total_ranks;
+} nb__run_spawn_t;
+
+/* Starts cluster i's worker (mpirun with its ranks, or one process) in its own process group,
+ * its output into its worker.log. rejoin: a restart after the worker was killed: --rejoin
+ * instead of --resume, and the log is appended to. 0, or -1 with the reason printed. */
+static int nb__run_spawn(const nb__run_spawn_t* s, int i, int rejoin) {
+  const nb_job_config_t* job = s->job;
+  const nb__run_wan_t* wan_p = s->wan;
+  nb__run_child_t* ch = s->ch;
+  const char* exe = s->exe;
+  const int* use_mpi = s->use_mpi;
+  int n = s->n;
+  char listen[64], peer_args[NB_JOB_MAX_CLUSTERS][NB_JOB_NAME_MAX + 32];
+  const char* av[96];
+  int k = 0;
+  snprintf(listen, sizeof listen, "%s:%d", wan_p->on ? wan_p->addr[i] : "127.0.0.1", ch[i].port);
+  char np[16];
+  snprintf(np, sizeof np, "%d", job->clusters[i].workers);
+  if (use_mpi[i]) {
+    static const char* const mpi[] = {
+        "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to",           "none", "--mca",
+        "btl",    "self,vader",          "--mca",           "mpi_yield_when_idle", "1",    "-np"};
+    for (size_t m = 0; m < sizeof mpi / sizeof mpi[0]; m++) av[k++] = mpi[m];
+    av[k++] = np;
+    av[k++] = exe;
+  } else {
+    av[k++] = "nebula";
+  }
+  av[k++] = "worker";
+  av[k++] = "--job";
+  av[k++] = s->file;
+  av[k++] = "--cluster";
+  av[k++] = ch[i].id;
+  av[k++] = "--out";
+  av[k++] = ch[i].dir;
+  av[k++] = "--listen";
+  av[k++] = listen;
+  av[k++] = "--pki";
+  av[k++] = s->pki;
+  if (job->security.seal) {
+    av[k++] = "--secret-file";
+    av[k++] = s->secret;
+  }
+  if (s->steps) {
+    av[k++] = "--steps";
+    av[k++] = s->steps;
+  }
+  if (s->data_dir) {
+    av[k++] = "--data-dir";
+    av[k++] = s->data_dir;
+  }
+  if (rejoin)
+    av[k++] = "--rejoin";
+  else if (s->resume)
+    av[k++] = "--resume";
+  if (wan_p->on) av[k++] = "--no-rate-cap"; /* tbf on the emulated link is the cap */
+  for (int j = 0; j < n; j++) {
+    if (j == i) continue;
+    snprintf(peer_args[j], sizeof peer_args[j], "%s=%s:%d", ch[j].id,
+             wan_p->on ? wan_p->addr[j] : "127.0.0.1", ch[j].port);
+    av[k++] = "--peer";
+    av[k++] = peer_args[j];
+  }
+  av[k] = NULL;
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    fprintf(stderr, "nebula run: fork: %s\n", strerror(errno));
+    return -1;
+  }
+  if (pid == 0) {
+    /* the child dies with us, whatever kills us (mpirun gets SIGTERM: it stops its ranks) */
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, use_mpi[i] ? SIGTERM : SIGKILL);
+    if (getppid() == 1) _exit(127);
+    int fd = open(ch[i].log, O_WRONLY | O_CREAT | (rejoin ? O_APPEND : O_TRUNC), 0644);
+    if (fd < 0) _exit(127);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    close(fd);
+    signal(SIGINT, SIG_IGN); /* the parent decides; it sends SIGTERM */
+    if (wan_p->on && nb__run_enter_ns(wan_p->ns[i]) != 0) {
+      fprintf(stderr, "nebula run: cannot enter network namespace %s: %s\n", wan_p->ns[i],
+              strerror(errno));
+      _exit(127);
+    }
+    /* share the cores among the clusters unless the job or the user says otherwise */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    char th[24];
+    snprintf(th, sizeof th, "%ld", cores / s->total_ranks > 1 ? cores / s->total_ranks : 1);
+    if (job->clusters[i].threads_per_worker > 0)
+      snprintf(th, sizeof th, "%d", job->clusters[i].threads_per_worker);
+    setenv("NB_TRAIN_THREADS", th, 0);
+    setenv("OPENBLAS_NUM_THREADS", th, 0);
+    if (use_mpi[i])
+      execvp("mpirun", (char* const*)av);
+    else
+      execv(exe, (char* const*)av);
+    fprintf(stderr, "nebula run: exec: %s\n", strerror(errno));
+    _exit(127);
+  }
+  ch[i].pid = pid;
+  ch[i].done = 0;
+  return 0;
+}
+
+/* A cluster's worker killed by a signal (not by us) is restarted with --rejoin: one process
+ * (--rejoin does not run under mpirun yet), another cluster still training to pull the state
+ * from, and restarts left. The worker refuses --rejoin itself where the job's rounds are not
+ * fault-tolerant; the run then fails as for any other exit. */
+static int nb__run_restartable(const nb__run_spawn_t* s, int i) {
+  const nb__run_child_t* c = &s->ch[i];
+  if (!WIFSIGNALED(c->status) || WTERMSIG(c->status) == SIGTERM || WTERMSIG(c->status) == SIGINT ||
+      s->use_mpi[i] || c->restarts >= nb_param_RunRestarts())
+    return 0; /* SIGTERM / SIGINT: somebody meant it to stop */
+  for (int j = 0; j < s->n; j++)
+    if (j != i && !s->ch[j].done) return 1;
+  return 0;
+}
+
 static int nb__run_table(nb__run_child_t* ch, int n, double wall) {
   printf("\n%-10s %6s %8s %10s %12s %9s %8s %8s  %s\n", "cluster", "rounds", "eval_bpb", "wan_MB",
          "bits/param", "util", "wall_s", "rtt_ms", "theta_global");
@@ -531,106 +673,14 @@ int nb_run_main(int argc, char** argv) {
     else if (use_mpi[i])
       printf("nebula run: %s: %d ranks under mpirun\n", job->clusters[i].id, w);
   }
+  nb__run_spawn_t sp = {exe,    file,  job,      ch,     n,       &wan,       pki,
+                        secret, steps, data_dir, resume, use_mpi, total_ranks};
   double t0 = nb_now_s();
   for (int i = 0; i < n; i++) {
-    char listen[64], peer_args[NB_JOB_MAX_CLUSTERS][NB_JOB_NAME_MAX + 32];
-    const char* av[96];
-    int k = 0;
-    snprintf(listen, sizeof listen, "%s:%d", wan.on ? wan.addr[i] : "127.0.0.1", ch[i].port);
-    char np[16];
-    snprintf(np, sizeof np, "%d", job->clusters[i].workers);
-    if (use_mpi[i]) {
-      static const char* const mpi[] = {"mpirun",
-                                        "--allow-run-as-root",
-                                        "--oversubscribe",
-                                        "--bind-to",
-                                        "none",
-                                        "--mca",
-                                        "btl",
-                                        "self,vader",
-                                        "--mca",
-                                        "mpi_yield_when_idle",
-                                        "1",
-                                        "-np"};
-      for (size_t m = 0; m < sizeof mpi / sizeof mpi[0]; m++) av[k++] = mpi[m];
-      av[k++] = np;
-      av[k++] = exe;
-    } else {
-      av[k++] = "nebula";
-    }
-    av[k++] = "worker";
-    av[k++] = "--job";
-    av[k++] = file;
-    av[k++] = "--cluster";
-    av[k++] = ch[i].id;
-    av[k++] = "--out";
-    av[k++] = ch[i].dir;
-    av[k++] = "--listen";
-    av[k++] = listen;
-    av[k++] = "--pki";
-    av[k++] = pki;
-    if (job->security.seal) {
-      av[k++] = "--secret-file";
-      av[k++] = secret;
-    }
-    if (steps) {
-      av[k++] = "--steps";
-      av[k++] = steps;
-    }
-    if (data_dir) {
-      av[k++] = "--data-dir";
-      av[k++] = data_dir;
-    }
-    if (resume) av[k++] = "--resume";
-    if (wan.on) av[k++] = "--no-rate-cap"; /* tbf on the emulated link is the cap */
-    for (int j = 0; j < n; j++) {
-      if (j == i) continue;
-      snprintf(peer_args[j], sizeof peer_args[j], "%s=%s:%d", ch[j].id,
-               wan.on ? wan.addr[j] : "127.0.0.1", ch[j].port);
-      av[k++] = "--peer";
-      av[k++] = peer_args[j];
-    }
-    av[k] = NULL;
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) {
-      fprintf(stderr, "nebula run: fork: %s\n", strerror(errno));
+    if (nb__run_spawn(&sp, i, 0) != 0) {
       nb__run_kill_all(ch, n);
       goto done;
     }
-    if (pid == 0) {
-      /* the child dies with us, whatever kills us (mpirun gets SIGTERM: it stops its ranks) */
-      setpgid(0, 0);
-      prctl(PR_SET_PDEATHSIG, use_mpi[i] ? SIGTERM : SIGKILL);
-      if (getppid() == 1) _exit(127);
-      int fd = open(ch[i].log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd < 0) _exit(127);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-      signal(SIGINT, SIG_IGN); /* the parent decides; it sends SIGTERM */
-      if (wan.on && nb__run_enter_ns(wan.ns[i]) != 0) {
-        fprintf(stderr, "nebula run: cannot enter network namespace %s: %s\n", wan.ns[i],
-                strerror(errno));
-        _exit(127);
-      }
-      /* share the cores among the clusters unless the job or the user says otherwise */
-      long cores = sysconf(_SC_NPROCESSORS_ONLN);
-      char th[24];
-      snprintf(th, sizeof th, "%ld", cores / total_ranks > 1 ? cores / total_ranks : 1);
-      if (job->clusters[i].threads_per_worker > 0)
-        snprintf(th, sizeof th, "%d", job->clusters[i].threads_per_worker);
-      setenv("NB_TRAIN_THREADS", th, 0);
-      setenv("OPENBLAS_NUM_THREADS", th, 0);
-      if (use_mpi[i])
-        execvp("mpirun", (char* const*)av);
-      else
-        execv(exe, (char* const*)av);
-      fprintf(stderr, "nebula run: exec: %s\n", strerror(errno));
-      _exit(127);
-    }
-    ch[i].pid = pid;
   }
 
   int failed = -1;
@@ -641,6 +691,18 @@ int nb_run_main(int argc, char** argv) {
       pid_t w = waitpid(ch[i].pid, &ch[i].status, WNOHANG);
       if (w == ch[i].pid) {
         ch[i].done = 1;
+        nb__run_pump(&ch[i], 1);
+        if (nb__run_restartable(&sp, i) && !nb__run_stop) {
+          ch[i].restarts++;
+          fprintf(stderr,
+                  "nebula run: cluster %s killed by signal %d; restarting it with --rejoin "
+                  "(restart %d of %d)\n",
+                  ch[i].id, WTERMSIG(ch[i].status), ch[i].restarts, (int)nb_param_RunRestarts());
+          if (nb__run_spawn(&sp, i, 1) == 0) {
+            left++;
+            continue;
+          }
+        }
         if (!(WIFEXITED(ch[i].status) && WEXITSTATUS(ch[i].status) == 0) && failed < 0) failed = i;
       } else {
         left++;
