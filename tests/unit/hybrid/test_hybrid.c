@@ -451,39 +451,62 @@ static void* side_main_steps(void* arg) {
   return NULL;
 }
 
-static void test_round_through_callback(void** state) {
-  (void)state;
+/* Two clusters exchanging through the mailbox, each on its own thread. */
+typedef struct {
   mailbox_t mb;
-  memset(&mb, 0, sizeof mb);
-  pthread_barrier_init(&mb.bar, NULL, 2);
   side_t side[2];
   nb_trainer_t* t[2];
+} tpair_t;
+
+/* cfg: what both share (index, count and exchange are set here); hooked: trainers whose
+ * gradient goes through the hybrid (step and dense modes); batch of cluster c: batch0 + c *
+ * batch_step. */
+static void tpair_make(tpair_t* p, const nb_hybrid_config_t* cfg, int hooked, int batch0,
+                       int batch_step) {
+  memset(p, 0, sizeof *p);
+  pthread_barrier_init(&p->mb.bar, NULL, 2);
   for (int c = 0; c < 2; c++) {
-    memset(&side[c], 0, sizeof side[c]);
-    side[c].mb = &mb;
-    side[c].me = c;
-    t[c] = make_trainer(c, 2);
-    nb_hybrid_config_t hc;
-    base_config(&hc);
-    hc.inner_steps = 2;
-    hc.density = 0.02;
+    side_t* sd = &p->side[c];
+    sd->mb = &p->mb;
+    sd->me = c;
+    p->t[c] = make_trainer_hooked(c, batch0 + c * batch_step, hooked ? &sd->h : NULL);
+    nb_hybrid_config_t hc = *cfg;
     hc.cluster_index = (uint32_t)c;
     hc.n_clusters = 2;
     hc.exchange = mb_exchange;
-    hc.exchange_ctx = &side[c];
-    assert_int_equal(nb_hybrid_create(&hc, t[c], &side[c].h), NB_OK);
+    hc.exchange_ctx = sd;
+    assert_int_equal(nb_hybrid_create(&hc, p->t[c], &sd->h), NB_OK);
   }
+}
+
+/* Runs fn on both sides; both must succeed with the same hashes. */
+static void tpair_run(tpair_t* p, void* (*fn)(void*)) {
   pthread_t th[2];
-  for (int c = 0; c < 2; c++) pthread_create(&th[c], NULL, side_main, &side[c]);
+  for (int c = 0; c < 2; c++) pthread_create(&th[c], NULL, fn, &p->side[c]);
   for (int c = 0; c < 2; c++) pthread_join(th[c], NULL);
-  assert_int_equal(side[0].st, NB_OK);
-  assert_int_equal(side[1].st, NB_OK);
-  assert_memory_equal(side[0].hashes, side[1].hashes, sizeof side[0].hashes);
+  assert_int_equal(p->side[0].st, NB_OK);
+  assert_int_equal(p->side[1].st, NB_OK);
+  assert_memory_equal(p->side[0].hashes, p->side[1].hashes, sizeof p->side[0].hashes);
+}
+
+static void tpair_free(tpair_t* p) {
   for (int c = 0; c < 2; c++) {
-    nb_hybrid_destroy(side[c].h);
-    nb_trainer_destroy(t[c]);
+    nb_hybrid_destroy(p->side[c].h);
+    nb_trainer_destroy(p->t[c]);
   }
-  pthread_barrier_destroy(&mb.bar);
+  pthread_barrier_destroy(&p->mb.bar);
+}
+
+static void test_round_through_callback(void** state) {
+  (void)state;
+  nb_hybrid_config_t hc;
+  base_config(&hc);
+  hc.inner_steps = 2;
+  hc.density = 0.02;
+  tpair_t p;
+  tpair_make(&p, &hc, 0, 2, 0);
+  tpair_run(&p, side_main);
+  tpair_free(&p);
 }
 
 /* Overlap: round r's exchange runs during round r+1, so theta_global is unchanged after the
@@ -579,48 +602,25 @@ static void* tside_main(void* arg) {
 /* Runs two clusters for 5 rounds of H 4 (dense fp32 frames, plain averaging); *out receives
  * cluster 0's final theta_global (malloc'd). */
 static size_t run_tau(int overlap, long tau, float** out) {
-  mailbox_t mb;
-  memset(&mb, 0, sizeof mb);
-  pthread_barrier_init(&mb.bar, NULL, 2);
-  side_t side[2];
-  nb_trainer_t* t[2];
-  for (int c = 0; c < 2; c++) {
-    memset(&side[c], 0, sizeof side[c]);
-    side[c].mb = &mb;
-    side[c].me = c;
-    t[c] = make_trainer(c, 2);
-    nb_hybrid_config_t hc;
-    base_config(&hc);
-    hc.inner_steps = 4;
-    hc.density = 1.0;
-    hc.values = NB_VALUES_FP32;
-    hc.outer_lr = 1.0f;
-    hc.outer_momentum = 0.0f;
-    hc.overlap = overlap;
-    hc.overlap_steps = tau;
-    hc.cluster_index = (uint32_t)c;
-    hc.n_clusters = 2;
-    hc.exchange = mb_exchange;
-    hc.exchange_ctx = &side[c];
-    assert_int_equal(nb_hybrid_create(&hc, t[c], &side[c].h), NB_OK);
-  }
-  pthread_t th[2];
-  for (int c = 0; c < 2; c++) pthread_create(&th[c], NULL, tside_main, &side[c]);
-  for (int c = 0; c < 2; c++) pthread_join(th[c], NULL);
-  assert_int_equal(side[0].st, NB_OK);
-  assert_int_equal(side[1].st, NB_OK);
-  assert_memory_equal(side[0].hashes, side[1].hashes, sizeof side[0].hashes);
+  nb_hybrid_config_t hc;
+  base_config(&hc);
+  hc.inner_steps = 4;
+  hc.density = 1.0;
+  hc.values = NB_VALUES_FP32;
+  hc.outer_lr = 1.0f;
+  hc.outer_momentum = 0.0f;
+  hc.overlap = overlap;
+  hc.overlap_steps = tau;
+  tpair_t p;
+  tpair_make(&p, &hc, 0, 2, 0);
+  tpair_run(&p, tside_main);
   size_t n;
-  const float* g = nb_hybrid_global(side[0].h, &n);
+  const float* g = nb_hybrid_global(p.side[0].h, &n);
   /* after finish the trainer holds theta_global */
-  assert_memory_equal(g, nb_trainer_sync_params(t[0], NULL), n * sizeof(float));
+  assert_memory_equal(g, nb_trainer_sync_params(p.t[0], NULL), n * sizeof(float));
   *out = malloc(n * sizeof(float));
   memcpy(*out, g, n * sizeof(float));
-  for (int c = 0; c < 2; c++) {
-    nb_hybrid_destroy(side[c].h);
-    nb_trainer_destroy(t[c]);
-  }
-  pthread_barrier_destroy(&mb.bar);
+  tpair_free(&p);
   return n;
 }
 
@@ -672,49 +672,26 @@ static void test_overlap_steps_refused(void** state) {
 /* step and dense modes: every step exchanges the gradient; both clusters apply the same
  * weighted gradient, so the parameters stay bit-identical without an outer step. */
 static void run_step_mode(nb_hybrid_mode_t mode) {
-  mailbox_t mb;
-  memset(&mb, 0, sizeof mb);
-  pthread_barrier_init(&mb.bar, NULL, 2);
-  side_t side[2];
-  nb_trainer_t* t[2];
-  for (int c = 0; c < 2; c++) {
-    memset(&side[c], 0, sizeof side[c]);
-    side[c].mb = &mb;
-    side[c].me = c;
-    t[c] = make_trainer_hooked(c, 2 + c, &side[c].h);
-    nb_hybrid_config_t hc;
-    base_config(&hc);
-    hc.mode = mode;
-    hc.inner_steps = 3;
-    hc.density = 0.05;
-    hc.cluster_index = (uint32_t)c;
-    hc.n_clusters = 2;
-    hc.exchange = mb_exchange;
-    hc.exchange_ctx = &side[c];
-    assert_int_equal(nb_hybrid_create(&hc, t[c], &side[c].h), NB_OK);
-  }
+  nb_hybrid_config_t hc;
+  base_config(&hc);
+  hc.mode = mode;
+  hc.inner_steps = 3;
+  hc.density = 0.05;
+  tpair_t p;
+  tpair_make(&p, &hc, 1, 2, 1);
   size_t n;
-  nb_hybrid_global(side[0].h, &n);
-  pthread_t th[2];
-  for (int c = 0; c < 2; c++) pthread_create(&th[c], NULL, side_main_steps, &side[c]);
-  for (int c = 0; c < 2; c++) pthread_join(th[c], NULL);
-  assert_int_equal(side[0].st, NB_OK);
-  assert_int_equal(side[1].st, NB_OK);
-  assert_memory_equal(side[0].hashes, side[1].hashes, sizeof side[0].hashes);
-  assert_memory_equal(nb_trainer_sync_params(t[0], NULL), nb_trainer_sync_params(t[1], NULL),
+  nb_hybrid_global(p.side[0].h, &n);
+  tpair_run(&p, side_main_steps);
+  assert_memory_equal(nb_trainer_sync_params(p.t[0], NULL), nb_trainer_sync_params(p.t[1], NULL),
                       n * 4);
-  assert_true(side[0].hashes[0] != side[0].hashes[1]);
+  assert_true(p.side[0].hashes[0] != p.side[0].hashes[1]);
   /* per step: a dense fp32 frame, or a sparse one much smaller */
-  uint64_t per_step = side[0].bytes / (2 * 3);
+  uint64_t per_step = p.side[0].bytes / (2 * 3);
   if (mode == NB_HYBRID_DENSE)
     assert_true(per_step >= n * 4);
   else
     assert_true(per_step < n * 4 / 4);
-  for (int c = 0; c < 2; c++) {
-    nb_hybrid_destroy(side[c].h);
-    nb_trainer_destroy(t[c]);
-  }
-  pthread_barrier_destroy(&mb.bar);
+  tpair_free(&p);
 }
 
 static void test_step_mode(void** state) {
