@@ -66,7 +66,8 @@ static void nb__worker_usage(FILE* f) {
       "  --steps N          override training.maxSteps (inner steps per cluster)\n"
       "  --resume           continue from this cluster's last checkpoint\n"
       "  --rejoin           a restarted cluster: pull the global state from a live peer and\n"
-      "                     continue with the others (outer mode without overlap)\n");
+      "                     continue with the others (outer mode without overlap; under\n"
+      "                     mpirun the leader hands it to the other ranks)\n");
 }
 
 static int nb__wk_fail(const char* cluster, const char* what) {
@@ -659,11 +660,6 @@ int nb_worker_main(int argc, char** argv) {
   /* fault-tolerant rounds: outer mode without overlap, several clusters */
   int ft = ex != NULL && hc.mode == NB_HYBRID_OUTER && !hc.overlap && nb_param_FaultTolerant();
   if (ft) hc.ft_exchange = nb__wk_ft_exchange;
-  if (rejoin && mpi_size > 1) {
-    fprintf(stderr, "nebula worker: --rejoin runs one process per cluster (no mpirun yet)\n");
-    rc = NB_EXIT_USAGE;
-    goto done;
-  }
   if (rejoin && !ft) {
     fprintf(stderr,
             "nebula worker: --rejoin needs fault-tolerant rounds (outer mode without overlap, "
@@ -696,6 +692,11 @@ int nb_worker_main(int argc, char** argv) {
       goto done;
     }
     rejoined_at = (long)nb_hybrid_rounds(h);
+    /* the cluster's other ranks take the pulled theta_global (no steps, then the parameters) */
+    if (comm && (nb__wk_steps_hook(&ranks, 0) != NB_OK || nb__wk_land_hook(&ranks) != NB_OK)) {
+      rc = nb__wk_fail(cluster, "handing the pulled state to the ranks");
+      goto done;
+    }
     printf("nebula worker: %s rejoined from %s at round %ld (%llu rounds applied), theta %016llx\n",
            cluster, from, rejoined_at, (unsigned long long)nb_hybrid_commits(h),
            (unsigned long long)nb_hybrid_global_hash(h));
