@@ -35,6 +35,7 @@ typedef struct {
   int json;
   int follow;
   const char* stream;
+  const char* cluster; /* logs: whose output */
   const char* owner;
   const char* state;
   const char* reason;
@@ -71,8 +72,9 @@ static const char* nb__usage_line(const char* cmd) {
   if (!strcmp(cmd, "cancel"))
     return "nebula cancel JOB [--reason TEXT] [--json]\n  stop every process of the job "
            "(SIGTERM, then SIGKILL)";
-  return "nebula logs JOB [-f] [--stderr] [--json]\n  print the job's output; -f follows it "
-         "until the job ends";
+  return "nebula logs JOB [-f] [--stderr] [--cluster ID] [--json]\n  print the job's output; -f "
+         "follows it until the job ends; --cluster: another cluster's part of a\n  federated job "
+         "(asked at the gateway where it was submitted)";
 }
 
 static void nb__usage(const char* cmd, FILE* f) {
@@ -129,6 +131,8 @@ static int nb__parse(int argc, char** argv, nb__copts_t* o) {
       o->follow = 1;
     } else if (!strcmp(o->cmd, "logs") && !strcmp(a, "--stderr")) {
       o->stream = "stderr";
+    } else if (!strcmp(o->cmd, "logs") && !strcmp(a, "--cluster")) {
+      NB__VAL(cluster);
     } else if (!strcmp(o->cmd, "list") && !strcmp(a, "--owner")) {
       NB__VAL(owner);
     } else if (!strcmp(o->cmd, "list") && !strcmp(a, "--state")) {
@@ -519,6 +523,7 @@ int nb_logs_main(int argc, char** argv) {
   req.job_id = (char*)o.arg;
   req.follow = o.follow;
   req.stream = (char*)(o.stream ? o.stream : "stdout");
+  req.cluster = (char*)(o.cluster ? o.cluster : "");
   uint8_t buf[512];
   size_t len = nebula__v1__logs_request__get_packed_size(&req);
   nb_rpc_stream_t* s = NULL;

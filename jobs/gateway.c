@@ -2885,28 +2885,19 @@ static nb_status_t nb__cancel(nb_rpc_call_t* call, void* user_data) {
   return s;
 }
 
-static nb_status_t nb__logs(nb_rpc_call_t* call, void* user_data) {
-  nb_gateway_t* gw = user_data;
-  const char* user = "";
-  int admin = 0;
-  ProtobufCMessage* m = NULL;
-  NB_CHECK(nb__request(call, gw, &nebula__v1__logs_request__descriptor, "Logs", &user, &admin, &m));
-  Nebula__V1__LogsRequest* req = (Nebula__V1__LogsRequest*)m;
-  nb_job_store_t* st = NULL;
+/* Streams <work_dir>/<job>/<stream>.log from req's offset as LogChunks (at least one, empty
+ * when there is nothing yet); with req->follow until the job is final here. */
+static nb_status_t nb__logs_send(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_store_t* st,
+                                 const Nebula__V1__LogsRequest* req) {
+  const char* which = req->stream && *req->stream ? req->stream : "stdout";
+  if (strcmp(which, "stdout") && strcmp(which, "stderr"))
+    return nb_error(NB_ERR_INVALID, "stream must be \"stdout\" or \"stderr\", not '%s'", which);
   nb_job_record_t rec = {0};
   FILE* f = NULL;
   uint8_t* buf = NULL;
   int sent = 0;
-  const char* which = req->stream && *req->stream ? req->stream : "stdout";
   nb_status_t s = NB_OK;
-  if (strcmp(which, "stdout") && strcmp(which, "stderr")) {
-    s = nb_error(NB_ERR_INVALID, "stream must be \"stdout\" or \"stderr\", not '%s'", which);
-    goto done;
-  }
-  NB_CHECK_GOTO(nb__open_store(gw, &st), s, done);
-  NB_CHECK_GOTO(nb__job_for(st, req->job_id, user, admin, &rec), s, done);
-  nb_job_record_clear(&rec);
-  NB_CHECK_GOTO(nb_alloc((void**)&buf, 65536, 1, "log chunk"), s, done);
+  NB_CHECK(nb_alloc((void**)&buf, 65536, 1, "log chunk"));
   char path[NB_GW_STR + 128];
   snprintf(path, sizeof path, "%s/%s/%s.log", gw->cfg.work_dir, req->job_id, which);
   int64_t off = req->offset > 0 ? req->offset : 0;
@@ -2945,9 +2936,103 @@ static nb_status_t nb__logs(nb_rpc_call_t* call, void* user_data) {
     c.offset = off;
     s = nb_rpc_call_send_pb(call, &c.base);
   }
-done:
   if (f) fclose(f);
   nb_free(buf);
+  return s;
+}
+
+/* The origin relays another cluster's output of a job it federates: Federation.Logs at that
+ * cluster's gateway, each chunk passed on as it comes. */
+static nb_status_t nb__logs_relay(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_store_t* st,
+                                  const Nebula__V1__LogsRequest* req) {
+  nb_job_fed_t fed;
+  json_t* info = NULL;
+  nb_status_t s = nb__fed_load(st, req->job_id, &fed, &info);
+  if (s == NB_ERR_NOT_FOUND)
+    return nb_error(NB_ERR_NOT_FOUND, "job '%s' runs on cluster '%s' only; no cluster '%s'",
+                    req->job_id, gw->cfg.cluster_id, req->cluster);
+  NB_CHECK(s);
+  int member = json_is_object(json_object_get(json_object_get(info, "clusters"), req->cluster));
+  int origin = !strcmp(fed.role, "origin");
+  char at[NB_JOB_ID_MAX];
+  snprintf(at, sizeof at, "%s", fed.origin);
+  nb__fed_release(&fed, info);
+  if (!origin)
+    return nb_error(NB_ERR_INVALID,
+                    "another cluster's output of job '%s' is served by its origin '%s', not here",
+                    req->job_id, at);
+  if (!member)
+    return nb_error(NB_ERR_NOT_FOUND, "job '%s' has no cluster '%s'", req->job_id, req->cluster);
+  nb_rpc_client_t* c = nb__peer_client(gw, req->cluster);
+  if (!c)
+    return nb_error(NB_ERR_INVALID, "cluster '%s' is not a peer of gateway '%s'", req->cluster,
+                    gw->cfg.cluster_id);
+  Nebula__V1__LogsRequest fwd = *req;
+  fwd.cluster = (char*)"";
+  nb_rpc_stream_t* rs = NULL;
+  int64_t deadline = req->follow ? NB_RPC_INFINITE : (int64_t)gw->cfg.federation_timeout_ms * 30;
+  NB_CHECK(nb_rpc_stream_open(c, "/nebula.v1.Federation/Logs", deadline, 0, &rs));
+  s = nb_rpc_stream_send_pb(rs, &fwd.base);
+  if (s == NB_OK) s = nb_rpc_stream_close_send(rs);
+  while (s == NB_OK) {
+    ProtobufCMessage* m = NULL;
+    int end = 0;
+    s = nb_rpc_stream_recv_pb(rs, &nebula__v1__log_chunk__descriptor, &m, &end, 1000);
+    if (s == NB_ERR_TIMEOUT) { /* the peer's log is quiet: is our client still there? */
+      s = nb_rpc_call_cancelled(call) ? nb_error(NB_ERR_CANCELLED, "Logs: client went away")
+                                      : NB_OK;
+      continue;
+    }
+    if (s != NB_OK || end) break;
+    s = nb_rpc_call_send_pb(call, m);
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  if (s == NB_OK) s = nb_rpc_stream_finish(rs);
+  nb_rpc_stream_destroy(rs);
+  if (s != NB_OK) return nb_error_wrap(s, "cluster's log");
+  return NB_OK;
+}
+
+static nb_status_t nb__logs(nb_rpc_call_t* call, void* user_data) {
+  nb_gateway_t* gw = user_data;
+  const char* user = "";
+  int admin = 0;
+  ProtobufCMessage* m = NULL;
+  NB_CHECK(nb__request(call, gw, &nebula__v1__logs_request__descriptor, "Logs", &user, &admin, &m));
+  Nebula__V1__LogsRequest* req = (Nebula__V1__LogsRequest*)m;
+  nb_job_store_t* st = NULL;
+  nb_job_record_t rec = {0};
+  nb_status_t s = nb__open_store(gw, &st);
+  if (s == NB_OK) s = nb__job_for(st, req->job_id, user, admin, &rec);
+  nb_job_record_clear(&rec);
+  if (s == NB_OK) {
+    if (req->cluster && *req->cluster && strcmp(req->cluster, gw->cfg.cluster_id))
+      s = nb__logs_relay(call, gw, st, req);
+    else
+      s = nb__logs_send(call, gw, st, req);
+  }
+  nb_job_store_close(st);
+  protobuf_c_message_free_unpacked(m, NULL);
+  return s;
+}
+
+/* Member: the origin asks for this cluster's output of one of its jobs (`nebula logs
+ * --cluster` there). */
+static nb_status_t nb__fed_logs(nb_rpc_call_t* call, void* user_data) {
+  nb_gateway_t* gw = user_data;
+  const char* caller = "";
+  ProtobufCMessage* m = NULL;
+  NB_CHECK(nb__fed_request(call, gw, &nebula__v1__logs_request__descriptor, "Logs", &caller, &m));
+  Nebula__V1__LogsRequest* req = (Nebula__V1__LogsRequest*)m;
+  nb_job_store_t* st = NULL;
+  nb_job_fed_t fed;
+  json_t* info = NULL;
+  nb_status_t s = nb__open_store(gw, &st);
+  if (s == NB_OK) s = nb__fed_member(st, req->job_id, caller, &fed, &info);
+  if (s == NB_OK) {
+    nb__fed_release(&fed, info);
+    s = nb__logs_send(call, gw, st, req);
+  }
   nb_job_store_close(st);
   protobuf_c_message_free_unpacked(m, NULL);
   return s;
@@ -3039,6 +3124,7 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
       {"/nebula.v1.Federation/Abort", NB_RPC_UNARY, nb__fed_abort},
       {"/nebula.v1.Federation/Cancel", NB_RPC_UNARY, nb__fed_cancel},
       {"/nebula.v1.Federation/Report", NB_RPC_UNARY, nb__fed_report},
+      {"/nebula.v1.Federation/Logs", NB_RPC_SERVER_STREAMING, nb__fed_logs},
   };
   for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
     NB_CHECK_GOTO(nb_rpc_server_add_method(gw->srv, methods[i].m, methods[i].k, methods[i].fn, gw),

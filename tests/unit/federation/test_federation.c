@@ -308,6 +308,36 @@ static void get_report(nb_rpc_client_t* cli, const char* id, char* out, size_t c
 
 /* A 2-cluster job submitted at dc-a runs on both: succeeded at both, dc-b's events at dc-a, the
  * same final θ_global hash, the job secret in a 0600 file. */
+/* Logs of job id through method at cli (Gateway/Logs or Federation/Logs), cluster's output
+ * (NULL: the gateway's own) concatenated into out. Returns the call's status. */
+static nb_status_t read_logs(nb_rpc_client_t* cli, const char* method, const char* id,
+                             const char* cluster, char* out, size_t cap) {
+  Nebula__V1__LogsRequest req = NEBULA__V1__LOGS_REQUEST__INIT;
+  req.job_id = (char*)id;
+  req.cluster = (char*)(cluster ? cluster : "");
+  nb_rpc_stream_t* s = NULL;
+  size_t len = 0;
+  out[0] = 0;
+  nb_status_t st = nb_rpc_stream_open(cli, method, 10000, 0, &s);
+  if (st == NB_OK) st = nb_rpc_stream_send_pb(s, &req.base);
+  if (st == NB_OK) st = nb_rpc_stream_close_send(s);
+  while (st == NB_OK) {
+    ProtobufCMessage* m = NULL;
+    int end = 0;
+    st = nb_rpc_stream_recv_pb(s, &nebula__v1__log_chunk__descriptor, &m, &end, NB_RPC_INFINITE);
+    if (st != NB_OK || end) break;
+    Nebula__V1__LogChunk* c = (Nebula__V1__LogChunk*)m;
+    size_t k = c->data.len < cap - 1 - len ? c->data.len : cap - 1 - len;
+    memcpy(out + len, c->data.data, k);
+    len += k;
+    out[len] = 0;
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  if (st == NB_OK) st = nb_rpc_stream_finish(s);
+  nb_rpc_stream_destroy(s);
+  return st;
+}
+
 static void test_two_clusters(void** state) {
   (void)state;
   nb_tls_t* tls = NULL;
@@ -358,6 +388,15 @@ static void test_two_clusters(void** state) {
     assert_non_null(strstr(j->clusters[i]->endpoint, "127.0.0.1:"));
   }
   protobuf_c_message_free_unpacked(rep, NULL);
+  /* the origin relays dc-b's output from dc-b's gateway; its own without --cluster */
+  static char logs[1 << 16];
+  assert_int_equal(read_logs(cli, "/nebula.v1.Gateway/Logs", id, "dc-b", logs, sizeof logs), NB_OK);
+  assert_non_null(strstr(logs, "cluster dc-b (1 of 2)"));
+  assert_int_equal(read_logs(cli, "/nebula.v1.Gateway/Logs", id, NULL, logs, sizeof logs), NB_OK);
+  assert_non_null(strstr(logs, "cluster dc-a (0 of 2)"));
+  assert_int_equal(read_logs(cli, "/nebula.v1.Gateway/Logs", id, "dc-x", logs, sizeof logs),
+                   NB_ERR_NOT_FOUND);
+  assert_non_null(strstr(nb_error_last(), "has no cluster 'dc-x'"));
   struct stat sb;
   snprintf(p, sizeof p, "%s/%s/job.secret", g_cfg[1].work_dir, id);
   assert_int_equal(stat(p, &sb), 0);
@@ -553,6 +592,10 @@ static void test_federation_auth(void** state) {
   assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Federation/Report", &rr.base,
                                    &nebula__v1__report_reply__descriptor, &rep, 10000, 0),
                    NB_ERR_PERMISSION);
+  /* the peer asking for the output of a job here that is not federated */
+  static char logs[4096];
+  assert_int_equal(read_logs(cli, "/nebula.v1.Federation/Logs", id, NULL, logs, sizeof logs),
+                   NB_ERR_NOT_FOUND);
   /* the peer committing a job it is not the origin of */
   uint8_t secret[32] = {0};
   Nebula__V1__CommitRequest cr = NEBULA__V1__COMMIT_REQUEST__INIT;
