@@ -29,14 +29,16 @@ static void nb__e2e_usage(FILE* f) {
   fprintf(
       f,
       "usage: nebula bench e2e [--job FILE] [--rate-mbit R] [--delay-ms D] [--steps N]\n"
-      "                        [--data-dir DIR] [--out DIR] [--json]\n"
+      "                        [--seed S] [--eval-batches B] [--data-dir DIR] [--out DIR] "
+      "[--json]\n"
       "Trains the job's model three ways with 'nebula run' (single cluster, dense sync,\n"
       "nebula outer sync with adaptive density and overlap) and prints wall time, final\n"
       "held-out bits per byte (mean over the job's languages), WAN bytes and compute\n"
       "utilization, with ratios against single. Defaults: jobs/examples/pretrain-2dc-small.json,\n"
       "100 Mbit/s, 25 ms one way. As root the two-cluster runs go through namespaces behind\n"
       "the emulated WAN link (rate and delay); otherwise over loopback with the rate cap only\n"
-      "(the delay is then recorded, not emulated: delay_ms_emulated 0).\n");
+      "(the delay is then recorded, not emulated: delay_ms_emulated 0). --seed and\n"
+      "--eval-batches set training.seed and training.eval.batches for all three runs.\n");
 }
 
 /* Writes variant `v` of the base descriptor to path. */
@@ -194,6 +196,7 @@ int nb_bench_e2e_main(int argc, char** argv) {
   const char* out = "runs/bench-e2e";
   double rate = 100, delay = 25;
   int as_json = 0;
+  long seed = -1, eval_batches = -1;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     int v = i + 1 < argc;
@@ -214,6 +217,16 @@ int nb_bench_e2e_main(int argc, char** argv) {
       data_dir = argv[++i];
     } else if (strcmp(a, "--out") == 0 && v) {
       out = argv[++i];
+    } else if ((strcmp(a, "--seed") == 0 || strcmp(a, "--eval-batches") == 0) && v) {
+      char* end = NULL;
+      long x = strtol(argv[i + 1], &end, 10);
+      if (end == argv[i + 1] || *end || x < (a[2] == 's' ? 0 : 1) || x > 1000000000) {
+        fprintf(stderr, "nebula bench e2e: %s takes an integer >= %d, got '%s'\n", a,
+                a[2] == 's' ? 0 : 1, argv[i + 1]);
+        return 2;
+      }
+      *(a[2] == 's' ? &seed : &eval_batches) = x;
+      i++;
     } else {
       fprintf(stderr, "nebula bench e2e: unknown option or missing value: '%s'\n", a);
       nb__e2e_usage(stderr);
@@ -229,6 +242,20 @@ int nb_bench_e2e_main(int argc, char** argv) {
   if (!base) {
     fprintf(stderr, "nebula bench e2e: %s: %s (line %d)\n", job, je.text, je.line);
     return 1;
+  }
+  /* the same seed and evaluation for all three runs */
+  json_t* tr = json_object_get(json_object_get(base, "spec"), "training");
+  if ((seed >= 0 || eval_batches > 0) && !json_is_object(tr)) {
+    fprintf(stderr, "nebula bench e2e: %s has no spec.training to set --seed/--eval-batches in\n",
+            job);
+    json_decref(base);
+    return 2;
+  }
+  if (seed >= 0) json_object_set_new(tr, "seed", json_integer(seed));
+  if (eval_batches > 0) {
+    json_t* ev = json_object_get(tr, "eval");
+    if (!json_is_object(ev)) json_object_set_new(tr, "eval", ev = json_object());
+    json_object_set_new(ev, "batches", json_integer(eval_batches));
   }
   mkdir("runs", 0755);
   if (mkdir(out, 0755) != 0 && errno != EEXIST) {
