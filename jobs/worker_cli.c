@@ -38,10 +38,11 @@
 NB_PARAM_DOUBLE(RoundDeadlineS, "NB_ROUND_DEADLINE_S", 30, 0.5, 3600,
                 "fault-tolerant rounds: how long a round's update or vote exchange waits for a "
                 "live peer before the round is skipped")
-NB_PARAM_INT(FaultTolerant, "NB_FAULT_TOLERANT", 1, 0, 1,
-             "1: outer rounds without overlap survive a link down or a dead cluster (a round "
-             "counts on every cluster or on none; docs/hybrid.md, Faults); 0: any exchange "
-             "failure stops the worker")
+NB_PARAM_INT(
+    FaultTolerant, "NB_FAULT_TOLERANT", 1, 0, 1,
+    "1: outer rounds (with or without overlap) survive a link down or a dead cluster (a round "
+    "counts on every cluster or on none; docs/hybrid.md, Faults); 0: any exchange "
+    "failure stops the worker")
 NB_PARAM_DOUBLE(RejoinTimeoutS, "NB_REJOIN_TIMEOUT_S", 60, 1, 3600,
                 "nebula worker --rejoin: how long to keep trying to pull the global state")
 
@@ -64,10 +65,15 @@ static void nb__worker_usage(FILE* f) {
       "                     emulated WAN)\n"
       "  --data-dir DIR     data folder (mono/<lang>.txt); default the cluster's data.dir\n"
       "  --steps N          override training.maxSteps (inner steps per cluster)\n"
-      "  --resume           continue from this cluster's last checkpoint\n"
+      "  --resume           continue from this cluster's last checkpoint (checkpoint.everyRounds;\n"
+      "                     with sync.overlap the update in flight lands before each one)\n"
       "  --rejoin           a restarted cluster: pull the global state from a live peer and\n"
-      "                     continue with the others (outer mode without overlap; under\n"
-      "                     mpirun the leader hands it to the other ranks)\n");
+      "                     continue with the others (outer mode, with or without overlap;\n"
+      "                     under mpirun the leader hands it to the other ranks)\n"
+      "With several clusters, outer rounds are fault-tolerant (NB_FAULT_TOLERANT, default 1): a\n"
+      "round counts on every cluster or on none, so a link down or a dead peer skips rounds\n"
+      "instead of stopping the worker; with sync.overlap the round's exchange and vote run in\n"
+      "the background and the decision lands sync.overlapSteps into the next round.\n");
 }
 
 static int nb__wk_fail(const char* cluster, const char* what) {
@@ -528,14 +534,9 @@ int nb_worker_main(int argc, char** argv) {
   }
 
   /* checkpoints: the trainer's step-<N>/ folders plus hybrid-step-<N>.bin beside them */
+  /* with overlap the update in flight lands first (nb_hybrid_drain): nothing is in flight in a
+   * checkpoint, and --resume starts with nothing in flight */
   int ckpt_every = job->checkpoint.every_rounds;
-  if (ckpt_every > 0 && job->sync.overlap && job->sync.mode == NB_JOB_SYNC_OUTER) {
-    fprintf(stderr,
-            "nebula worker: %s: checkpoints are not taken with sync.overlap (an update "
-            "is always in flight)\n",
-            cluster);
-    ckpt_every = 0;
-  }
   tc->checkpoint_dir[0] = 0;
   if (ckpt_every > 0 || resume) {
     int w = job->checkpoint.dir[0]
@@ -657,13 +658,13 @@ int nb_worker_main(int argc, char** argv) {
             cluster);
   hc.exchange = nb__wk_exchange;
   hc.exchange_ctx = &xctx;
-  /* fault-tolerant rounds: outer mode without overlap, several clusters */
-  int ft = ex != NULL && hc.mode == NB_HYBRID_OUTER && !hc.overlap && nb_param_FaultTolerant();
+  /* fault-tolerant rounds: outer mode (with or without overlap), several clusters */
+  int ft = ex != NULL && hc.mode == NB_HYBRID_OUTER && nb_param_FaultTolerant();
   if (ft) hc.ft_exchange = nb__wk_ft_exchange;
   if (rejoin && !ft) {
     fprintf(stderr,
-            "nebula worker: --rejoin needs fault-tolerant rounds (outer mode without overlap, "
-            "several clusters, NB_FAULT_TOLERANT=1)\n");
+            "nebula worker: --rejoin needs fault-tolerant rounds (outer mode, several "
+            "clusters, NB_FAULT_TOLERANT=1)\n");
     rc = NB_EXIT_USAGE;
     goto done;
   }
@@ -753,7 +754,7 @@ int nb_worker_main(int argc, char** argv) {
   double compute_s = 0, exchange_s = 0, codec_s = 0, last_loss = 0, density_sum = 0;
   uint64_t wan_bytes = 0, msg_bytes = 0;
   long steps_done = nb_trainer_step(t), step0 = steps_done, cur_h = hc.inner_steps;
-  long skipped = 0, late = 0, jumps = 0, pulls = 0;
+  long skipped = 0, late = 0, jumps = 0, pulls = 0, prev_r = round0 - 1;
   for (long r = round0; r < rounds; r = (long)nb_hybrid_rounds(h)) {
     nb_hybrid_round_t rec;
     long left = (long)job->training.max_steps - steps_done;
@@ -763,13 +764,42 @@ int nb_worker_main(int argc, char** argv) {
       rc = nb__wk_fail(cluster, "round");
       goto done;
     }
+    int ckpt_now =
+        ckpt_every > 0 && ((r + 1) % ckpt_every == 0 || (long)nb_hybrid_rounds(h) >= rounds);
+    int drained_skip = 0;
+    if (ckpt_now && hc.overlap) {
+      /* a checkpoint round: this round's update lands now (nothing in flight in the state) */
+      nb_hybrid_round_t d;
+      if (nb_hybrid_drain(h, &d) != NB_OK) {
+        rc = nb__wk_fail(cluster, "landing the update before the checkpoint");
+        goto done;
+      }
+      rec.exchange_s += d.exchange_s;
+      rec.bytes_sent += d.bytes_sent;
+      rec.global_hash = d.global_hash;
+      if (ft) {
+        rec.commits = d.commits;
+        if (!d.applied) {
+          drained_skip = 1;
+          printf(
+              "round %ld: not applied (decided before the checkpoint: updates from %u of %d "
+              "peers, %u alive) at unix %.3f\n",
+              r + 1, d.peers_ok, n_peer_arg, d.peers_alive, (double)nb_wall_ns() / 1e9);
+        }
+        if (d.caught_up) rec.caught_up = 1;
+        if (d.need_state) rec.need_state = 1;
+        if (d.next_round > rec.next_round) rec.next_round = d.next_round;
+      }
+    }
     const char* event = "-";
     if (!ft) {
       rec.applied = 1;
       rec.commits = nb_hybrid_commits(h);
       rec.peers_ok = rec.peers_alive = (uint32_t)n_peer_arg;
     } else {
-      if (!rec.applied) skipped++, event = "skipped";
+      /* with overlap rec tells the previous round's update, decided in this one */
+      if (rec.landed && !rec.applied) skipped++, event = "skipped";
+      if (drained_skip) skipped++, event = "skipped";
       if (rec.caught_up) late++, event = "late";
       if (rec.next_round > rec.round + 1) jumps++, event = "jump";
       if (rec.need_state) {
@@ -824,9 +854,11 @@ int nb_worker_main(int argc, char** argv) {
         r + 1, rounds, rec.steps, rec.loss, rec.msg_bytes / 1024.0, rec.density, rec.compute_s,
         rec.exchange_s, (unsigned long long)rec.global_hash, strcmp(event, "-") ? ", " : "",
         strcmp(event, "-") ? event : "");
-    if (ft && !rec.applied)
-      printf("round %ld: not applied (updates from %u of %d peers, %u alive) at unix %.3f\n", r + 1,
+    if (ft && rec.landed && !rec.applied)
+      printf("round %ld%s: not applied (updates from %u of %d peers, %u alive) at unix %.3f\n",
+             hc.overlap ? prev_r + 1 : r + 1, hc.overlap ? " (decided in the next round)" : "",
              rec.peers_ok, n_peer_arg, rec.peers_alive, (double)nb_wall_ns() / 1e9);
+    prev_r = r;
     fflush(stdout);
     nb__wk_progress(cluster, r + 1, rounds, steps_done, (long)job->training.max_steps, &rec);
     int every = job->training.eval_every_rounds;
@@ -844,7 +876,7 @@ int nb_worker_main(int argc, char** argv) {
       json_object_set_new(e, "mean_bpb", json_real(mid.mean_bpb));
       json_array_append_new(evals, e);
     }
-    if (ckpt_every > 0 && ((r + 1) % ckpt_every == 0 || (long)nb_hybrid_rounds(h) >= rounds)) {
+    if (ckpt_now) {
       /* the round state first, then the trainer's checkpoint moves LATEST to it */
       snprintf(path, sizeof path, "%s/hybrid-step-%ld.bin", tc->checkpoint_dir, nb_trainer_step(t));
       if (nb_hybrid_save(h, path) != NB_OK || nb_trainer_checkpoint(t) != NB_OK) {
@@ -895,6 +927,35 @@ int nb_worker_main(int argc, char** argv) {
   if (nb__wk_lead(comm, 0, 0) != NB_OK) {
     rc = nb__wk_fail(cluster, "stopping the ranks");
     goto done;
+  }
+  if (ft && hc.overlap) {
+    /* the last round's update is decided here (not inside the final check), so that it is
+     * counted, and a cluster found behind pulls the state before the check */
+    nb_hybrid_round_t d;
+    if (nb_hybrid_drain(h, &d) != NB_OK) {
+      rc = nb__wk_fail(cluster, "landing the last update");
+      goto done;
+    }
+    exchange_s += d.exchange_s;
+    wan_bytes += d.bytes_sent;
+    if (d.landed && !d.applied) {
+      skipped++;
+      printf(
+          "round %ld: not applied (decided at the end: updates from %u of %d peers, %u alive) "
+          "at unix %.3f\n",
+          prev_r + 1, d.peers_ok, n_peer_arg, d.peers_alive, (double)nb_wall_ns() / 1e9);
+    }
+    if (d.caught_up) late++;
+    if (d.need_state) {
+      const char* from = "?";
+      if (nb__wk_pull_state(ex, h, nb_param_RoundDeadlineS(), 0, &from) != NB_OK) {
+        rc = nb__wk_fail(cluster, "catching up (pulling the global state)");
+        goto done;
+      }
+      pulls++;
+      printf("end: behind the other clusters: pulled the global state from %s\n", from);
+    }
+    fflush(stdout);
   }
   if (nb_hybrid_finish(h) != NB_OK) {
     rc = nb__wk_fail(cluster, "final check");

@@ -68,6 +68,15 @@ struct nb_hybrid {
   nb_hybrid_msg_t pend_msgs[NB_HYBRID_MAX_CLUSTERS]; /* owned copies, cluster order */
   float* pend_local;                                 /* (n) theta_local at that round's send */
   float* pend_res;                                   /* (n) residual after that round's encode */
+  /* fault-tolerant rounds with overlap: what the exchange thread (update exchange + vote) found
+   * for the round in flight; the landing inside the next round applies, holds or skips it */
+  uint64_t fly_k;       /* rounds applied that our message of that round stated */
+  uint64_t fly_samples; /* its samples field: every sample since the last applied round */
+  int fly_folded;       /* its frame carried the residual (dense with error feedback) */
+  nb_hybrid_msg_t fly_all[NB_HYBRID_MAX_CLUSTERS]; /* the peers' updates by cluster (owned) */
+  int fly_have_all, fly_commit;
+  uint64_t fly_newest, fly_ahead; /* newest rounds applied / exchange id seen from a peer */
+  uint32_t fly_ok, fly_alive;
   /* prepare's figures for the record */
   long steps;
   uint64_t samples;
@@ -97,18 +106,26 @@ static uint64_t nb__get64(const uint8_t* p) {
   return v;
 }
 
-static void nb__hy_write_header(nb_hybrid_t* h, uint32_t flags, uint64_t frame_len, uint64_t hash) {
-  uint8_t* p = h->msg;
+/* A message header into p (NB_HYBRID_MSG_HEADER_BYTES); no hybrid state touched (the exchange
+ * thread of fault-tolerant rounds with overlap writes its vote with it). */
+static void nb__hy_header_to(uint8_t* p, uint32_t sender, uint32_t flags, uint64_t round,
+                             uint64_t samples, uint64_t steps, uint64_t hash, uint64_t frame_len,
+                             uint64_t commits) {
   nb__put32(p + 0, NB_HYBRID_MSG_MAGIC);
   nb__put32(p + 4, NB__HY_VERSION);
-  nb__put32(p + 8, h->cfg.cluster_index);
+  nb__put32(p + 8, sender);
   nb__put32(p + 12, flags);
-  nb__put64(p + 16, h->round);
-  nb__put64(p + 24, h->samples);
-  nb__put64(p + 32, (uint64_t)h->steps);
+  nb__put64(p + 16, round);
+  nb__put64(p + 24, samples);
+  nb__put64(p + 32, steps);
   nb__put64(p + 40, hash);
   nb__put64(p + 48, frame_len);
-  nb__put64(p + 56, (flags & NB__HY_FLAG_FT) ? h->commits : 0);
+  nb__put64(p + 56, (flags & NB__HY_FLAG_FT) ? commits : 0);
+}
+
+static void nb__hy_write_header(nb_hybrid_t* h, uint32_t flags, uint64_t frame_len, uint64_t hash) {
+  nb__hy_header_to(h->msg, h->cfg.cluster_index, flags, h->round, h->samples, (uint64_t)h->steps,
+                   hash, frame_len, h->commits);
   h->msg_len = NB_HYBRID_MSG_HEADER_BYTES + frame_len;
 }
 
@@ -176,9 +193,8 @@ static nb_status_t nb__hy_check(const nb_hybrid_config_t* c) {
     return nb_error(NB_ERR_CONFIG, "hybrid: unknown mode %d", (int)c->mode);
   if (c->mode != NB_HYBRID_OUTER && c->overlap)
     return nb_error(NB_ERR_CONFIG, "hybrid: overlap applies to the outer mode only");
-  if (c->ft_exchange && (c->mode != NB_HYBRID_OUTER || c->overlap))
-    return nb_error(NB_ERR_CONFIG,
-                    "hybrid: fault-tolerant rounds need the outer mode without overlap");
+  if (c->ft_exchange && c->mode != NB_HYBRID_OUTER)
+    return nb_error(NB_ERR_CONFIG, "hybrid: fault-tolerant rounds need the outer mode");
   if (c->overlap_steps < 0)
     return nb_error(NB_ERR_CONFIG, "hybrid: overlap_steps %ld < 0", c->overlap_steps);
   if (c->zstd_level < 0 || c->zstd_level > 19)
@@ -236,6 +252,7 @@ void nb_hybrid_destroy(nb_hybrid_t* h) {
     pthread_join(h->thread, NULL);
     nb__hy_release(h->fly_peers, NB_HYBRID_MAX_CLUSTERS);
   }
+  nb__hy_release(h->fly_all, NB_HYBRID_MAX_CLUSTERS);
   nb_free(h->fly);
   nb_free(h->own);
   nb__hy_release(h->pend_msgs, NB_HYBRID_MAX_CLUSTERS);
@@ -262,6 +279,12 @@ static void nb__hy_residual_in(nb_hybrid_t* h) {
 }
 
 static nb_status_t nb__hy_land(nb_hybrid_t* h, nb_hybrid_round_t* applied, double* waited);
+/* Fault-tolerant rounds with overlap: where the update in flight is decided. MID: between two
+ * inner steps of the next round (its progress so far stays on top); END: after the next round's
+ * steps, before its message; DRAIN: right after a round (no step since: theta_local =
+ * theta_global when it is applied). */
+enum { NB__HY_LAND_MID = 0, NB__HY_LAND_END = 1, NB__HY_LAND_DRAIN = 2 };
+static nb_status_t nb__hy_land_ft(nb_hybrid_t* h, int how);
 
 /* k inner steps (or a wall-time budget of `seconds` with at most k), announced to the
  * cluster's other ranks. Adds the steps to *done and their summed loss to *loss_sum. */
@@ -284,6 +307,7 @@ static nb_status_t nb__hy_steps(nb_hybrid_t* h, long k, double seconds, long* do
  * its progress so far, p = theta_local - (theta_global - own), is kept on top of the new
  * theta_global, and the round's Delta is then measured from that theta_global. */
 static nb_status_t nb__hy_land_mid(nb_hybrid_t* h) {
+  if (h->cfg.ft_exchange) return nb__hy_land_ft(h, NB__HY_LAND_MID);
   size_t n;
   float* local = nb_trainer_sync_params(h->t, &n);
   for (size_t i = 0; i < n; i++) h->own[i] = local[i] - h->global[i] + h->own[i];
@@ -324,6 +348,10 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
       NB_CHECK(
           nb__hy_steps(h, kh - done, done == 0 ? h->cfg.round_seconds : left, &done, &loss_sum));
   }
+  /* fault-tolerant rounds with overlap: the previous round's update is decided before this
+   * round's message is made (its rounds applied and hash then state the outcome); at the round's
+   * end when it did not land inside it */
+  if (h->cfg.ft_exchange && h->inflight) NB_CHECK(nb__hy_land_ft(h, NB__HY_LAND_END));
   h->steps = done;
   h->loss = done > 0 ? loss_sum / (double)done : 0;
   double t1 = nb_now_s();
@@ -344,6 +372,8 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
    * landed yet); Delta is this round's progress only */
   if (h->cfg.overlap && h->own_valid)
     for (size_t i = 0; i < n; i++) h->delta[i] -= h->own[i];
+  if (h->cfg.ft_exchange && h->cfg.overlap && h->res_pre) /* restored if the round is skipped */
+    memcpy(h->res_pre, h->residual, h->n * sizeof(float));
   nb__hy_residual_in(h);
   size_t flen = 0;
   uint8_t* frame = h->msg + NB_HYBRID_MSG_HEADER_BYTES;
@@ -888,6 +918,7 @@ static nb_status_t nb__hy_round_ft(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
     rec->codec_s = h->codec_s + applied.codec_s;
     rec->exchange_s = xs;
     rec->global_hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+    rec->landed = 1;
     rec->applied = commit;
     rec->caught_up = caught_up;
     rec->need_state = need_state;
@@ -908,9 +939,308 @@ static nb_status_t nb__hy_round_ft(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
   return NB_OK;
 }
 
+/* ---------------------------------------- fault-tolerant rounds with overlap */
+
+/* The exchange thread of a fault-tolerant round with overlap: the update exchange and the vote
+ * of round inflight_round (as in nb__hy_round_ft), recording the outcome for the landing. Reads
+ * only the message in flight and the constant config; writes only fly_* fields. */
+static void* nb__hy_fly_ft_main(void* arg) {
+  nb_hybrid_t* h = arg;
+  uint32_t nc = h->cfg.n_clusters, np = nc - 1, me = h->cfg.cluster_index;
+  uint64_t a = h->inflight_round, k = h->fly_k, hash = h->inflight_hash;
+  nb_hybrid_msg_t got[NB_HYBRID_MAX_CLUSTERS] = {{0}}, votes[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+  uint64_t ahead = 0, ahead2 = 0, sent2 = 0;
+  uint32_t alive2 = 0, yes = 0;
+  h->fly_sent = 0;
+  h->fly_ok = h->fly_alive = 0;
+  h->fly_have_all = 1;
+  h->fly_commit = 0;
+  h->fly_newest = k;
+  h->fly_ahead = 0;
+  h->fly_status = NB_OK;
+  double t0 = nb_now_s();
+  nb_status_t st = NB_OK;
+  if (np == 0) {
+    h->fly_commit = 1;
+    goto out;
+  }
+  st = h->cfg.ft_exchange(h->cfg.exchange_ctx, 2 * a + 2, h->fly, h->fly_len, got, np, &h->fly_sent,
+                          &ahead, &h->fly_alive);
+  if (st != NB_OK) {
+    nb__hy_release(got, np);
+    st = nb_error_wrap(st, "hybrid: exchange");
+    goto out;
+  }
+  for (uint32_t i = 0; i < np; i++) {
+    if (!got[i].data) {
+      h->fly_have_all = 0;
+      continue;
+    }
+    nb__hy_hdr_t hd;
+    if (nb__hy_parse(&got[i], &hd) != NB_OK || !(hd.flags & NB__HY_FLAG_FT) ||
+        (hd.flags & (NB__HY_FLAG_VOTE | NB__HY_FLAG_HASH_ONLY)) || hd.sender >= nc ||
+        hd.sender == me || h->fly_all[hd.sender].data) {
+      NB_WARN("hybrid: round %llu: a malformed or repeated update ignored: %s",
+              (unsigned long long)a, nb_error_last());
+      h->fly_have_all = 0;
+      continue;
+    }
+    if (hd.commits > h->fly_newest) h->fly_newest = hd.commits;
+    if (hd.commits == k && hd.hash != hash) {
+      nb__hy_release(got, np);
+      st = nb_error(NB_ERR_INTEGRITY,
+                    "hybrid: round %llu: theta_global of cluster %u (xxh3 %016llx) differs from "
+                    "ours (cluster %u, %016llx) after %llu applied rounds: the replicas diverged",
+                    (unsigned long long)a, hd.sender, (unsigned long long)hd.hash, me,
+                    (unsigned long long)hash, (unsigned long long)k);
+      goto out;
+    }
+    if (hd.commits != k || hd.round != a) h->fly_have_all = 0;
+    h->fly_all[hd.sender] = got[i];
+    got[i].data = NULL;
+    h->fly_ok++;
+  }
+  nb__hy_release(got, np);
+  /* the vote: 1 when every update arrived; sent even when not, so nobody waits for it */
+  uint8_t vote[NB_HYBRID_MSG_HEADER_BYTES];
+  nb__hy_header_to(vote, me, NB__HY_FLAG_FT | NB__HY_FLAG_VOTE, a, (uint64_t)h->fly_have_all, 0,
+                   hash, 0, k);
+  st = h->cfg.ft_exchange(h->cfg.exchange_ctx, 2 * a + 3, vote, sizeof vote, votes, np, &sent2,
+                          &ahead2, &alive2);
+  if (st != NB_OK) {
+    nb__hy_release(votes, np);
+    st = nb_error_wrap(st, "hybrid: vote exchange");
+    goto out;
+  }
+  uint8_t seen[NB_HYBRID_MAX_CLUSTERS] = {0};
+  for (uint32_t i = 0; i < np; i++) {
+    nb__hy_hdr_t hd;
+    if (!votes[i].data || nb__hy_parse(&votes[i], &hd) != NB_OK) continue;
+    if (hd.flags != (NB__HY_FLAG_FT | NB__HY_FLAG_VOTE) || hd.sender >= nc || hd.sender == me ||
+        seen[hd.sender] || hd.round != a)
+      continue;
+    seen[hd.sender] = 1;
+    if (hd.commits > h->fly_newest) h->fly_newest = hd.commits;
+    if (hd.samples == 1 && hd.commits == k && hd.hash == hash) yes++;
+  }
+  nb__hy_release(votes, np);
+  h->fly_commit = h->fly_have_all && yes == np;
+  h->fly_sent += sent2;
+  h->fly_ahead = ahead2 > ahead ? ahead2 : ahead;
+  h->fly_alive = alive2;
+out:
+  h->fly_secs = nb_now_s() - t0;
+  if (st != NB_OK) {
+    h->fly_status = st;
+    snprintf(h->fly_error, sizeof h->fly_error, "%s", nb_error_last());
+    nb__hy_release(h->fly_all, NB_HYBRID_MAX_CLUSTERS);
+  }
+  return NULL;
+}
+
+/* Decides the update in flight (see NB__HY_LAND_*): waits for its exchange, then applies it
+ * (every cluster has every update and voted yes), holds it (every update but not every vote: a
+ * peer may have applied it) or skips it. Applied: as nb__hy_land_mid (the progress made since
+ * the round's start stays on top). Skipped: theta_global stays, theta_local too (so the next
+ * Delta, measured from theta_global, carries that round's progress as well), the residual goes
+ * back to before that round's encode unless its frame carried it (then theta_local carries it).
+ * A lost vote lands the held round late, a peer further ahead sets need_state, a peer at a later
+ * round moves this one there. The outcome goes to h->mid_rec. */
+static nb_status_t nb__hy_land_ft(nb_hybrid_t* h, int how) {
+  uint32_t nc = h->cfg.n_clusters, me = h->cfg.cluster_index;
+  nb_hybrid_round_t* o = &h->mid_rec;
+  double t0 = nb_now_s();
+  pthread_join(h->thread, NULL);
+  h->inflight = 0;
+  h->mid_waited = nb_now_s() - t0;
+  h->mid_sent = h->fly_sent;
+  h->mid_landed = 1;
+  memset(o, 0, sizeof *o);
+  uint64_t a = h->inflight_round, k = h->fly_k, hash = h->inflight_hash;
+  if (h->fly_status != NB_OK) {
+    nb__hy_release(h->fly_all, NB_HYBRID_MAX_CLUSTERS);
+    return nb_error(h->fly_status, "hybrid: exchange of round %llu: %s", (unsigned long long)a,
+                    h->fly_error);
+  }
+  NB_CHECK(nb__hy_ft_buffers(h));
+  size_t n;
+  float* local = nb_trainer_sync_params(h->t, &n);
+  nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+  for (uint32_t c = 0; c < nc; c++) all[c] = h->fly_all[c];
+  all[me].data = h->fly;
+  all[me].len = h->fly_len;
+  if (h->fly_have_all && h->pend) nb__hy_drop_pending(h); /* everyone is at k: nobody applied it */
+  int commit = h->fly_commit, caught_up = 0, need_state = 0;
+  nb_status_t st = NB_OK;
+  if (commit) {
+    for (size_t i = 0; i < n; i++) h->own[i] = local[i] - h->global[i] + h->own[i];
+    st = nb__hy_apply(h, all, nc, a, hash, o);
+    if (st == NB_OK) {
+      if (how != NB__HY_LAND_DRAIN) { /* a drain has no progress since: theta_local = global */
+        local = nb_trainer_sync_params(h->t, &n);
+        for (size_t i = 0; i < n; i++) local[i] = h->global[i] + h->own[i];
+      }
+      h->ft_samples = 0;
+      if (h->pend) nb__hy_drop_pending(h);
+    }
+  } else {
+    if (h->fly_have_all) {
+      nb__hy_drop_pending(h);
+      for (uint32_t c = 0; c < nc && st == NB_OK; c++)
+        st = nb__hy_copy_msg(&h->pend_msgs[c], all[c].data, all[c].len);
+      memcpy(h->pend_local, h->lsend, h->n * sizeof(float)); /* theta_local after that round */
+      memcpy(h->pend_res, h->residual, h->n * sizeof(float));
+      h->pend = st == NB_OK;
+      h->pend_round = a;
+      h->pend_commits = k;
+      h->pend_hash = hash;
+      h->pend_samples = h->fly_samples;
+    }
+    if (!h->fly_folded) memcpy(h->residual, h->res_pre, h->n * sizeof(float));
+  }
+  nb__hy_release(h->fly_all, NB_HYBRID_MAX_CLUSTERS);
+  h->own_valid = 0;
+  NB_CHECK(st);
+  if (!commit && h->fly_newest > k) {
+    if (h->fly_newest == k + 1 && h->pend && h->pend_commits == k && h->pend_round != a) {
+      NB_CHECK(nb__hy_land_pending(h));
+      caught_up = 1;
+    } else {
+      need_state = 1;
+    }
+  }
+  if (h->fly_ahead >= 2) {
+    uint64_t b = (h->fly_ahead - 2) / 2; /* the round of the newest exchange id seen */
+    if (b > h->round) {
+      NB_WARN("hybrid: a peer is already at round %llu: round %llu goes next",
+              (unsigned long long)b, (unsigned long long)b);
+      h->round = b;
+    }
+  }
+  if (!commit) o->round = a;
+  o->applied = commit;
+  o->caught_up = caught_up;
+  o->need_state = need_state;
+  o->commits = h->commits;
+  o->peers_ok = h->fly_ok;
+  o->peers_alive = h->fly_alive;
+  o->bytes_sent = h->fly_sent;
+  o->exchange_s = h->fly_secs;
+  o->global_hash = h->hash;
+  if (how == NB__HY_LAND_MID && h->cfg.land_hook) NB_CHECK(h->cfg.land_hook(h->cfg.hook_ctx));
+  return NB_OK;
+}
+
+/* A fault-tolerant round with overlap: the inner steps, during which the previous round's update
+ * is decided (after overlap_steps, or at the end), then this round's message (the rounds applied
+ * and theta_global's hash as they are after that decision; samples since the last applied
+ * round), and its update exchange and vote start on the background thread. rec reports the
+ * decision taken in this round (applied, caught_up, need_state, peers_*). */
+static nb_status_t nb__hy_round_ft_overlap(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
+  NB_CHECK(nb__hy_ft_buffers(h));
+  if (!h->own) NB_CHECK(nb_alloc((void**)&h->own, h->n, sizeof(float), "own delta"));
+  uint64_t started = h->round;
+  int landing = h->inflight;
+  const uint8_t* msg;
+  size_t len;
+  NB_CHECK(nb_hybrid_prepare(h, &msg, &len));
+  nb_hybrid_round_t landed;
+  memset(&landed, 0, sizeof landed);
+  if (landing) landed = h->mid_rec;
+  uint64_t round_samples = h->samples;
+  h->ft_samples += round_samples;
+  h->samples = h->ft_samples; /* our Delta covers every round since the last applied one */
+  nb__hy_write_header(h, NB__HY_FLAG_FT, h->msg_len - NB_HYBRID_MSG_HEADER_BYTES, h->hash);
+  h->samples = round_samples;
+  len = h->msg_len;
+  if (landed.need_state) {
+    /* a peer applied rounds we cannot replay: the caller pulls its state; this round's message
+     * is not sent (its exchange ids are used up, the peers give up on it when we move on) */
+    memcpy(h->residual, h->res_pre, h->n * sizeof(float));
+  } else {
+    /* as without faults: the next round continues from theta_global minus this round's own
+     * progress, which lands (or is carried by the next Delta) one round later */
+    memcpy(h->own, h->delta, h->n * sizeof(float));
+    h->own_valid = 1;
+    size_t n;
+    float* local = nb_trainer_sync_params(h->t, &n);
+    for (size_t i = 0; i < n; i++) local[i] = h->global[i] - h->own[i];
+    memcpy(h->lsend, local, n * sizeof(float));
+    if (len > h->fly_cap) {
+      NB_CHECK(nb_realloc((void**)&h->fly, len, 1, "hybrid message in flight"));
+      h->fly_cap = len;
+    }
+    memcpy(h->fly, h->msg, len);
+    h->fly_len = len;
+    h->inflight_round = h->round;
+    h->inflight_hash = h->hash;
+    h->fly_k = h->commits;
+    h->fly_samples = h->ft_samples;
+    h->fly_folded = h->cfg.error_feedback && h->cfg.density >= 1;
+    if (pthread_create(&h->thread, NULL, nb__hy_fly_ft_main, h) != 0)
+      return nb_error(NB_ERR_SYSTEM, "hybrid: cannot start the exchange thread");
+    h->inflight = 1;
+  }
+  if (rec) {
+    memset(rec, 0, sizeof *rec);
+    rec->round = started;
+    rec->steps = h->steps;
+    rec->samples = h->samples;
+    rec->samples_all = landed.applied ? landed.samples_all : 0;
+    rec->loss = h->loss;
+    rec->msg_bytes = h->msg_len;
+    rec->bytes_sent = landed.bytes_sent;
+    rec->density = h->cfg.density;
+    rec->compute_s = h->compute_s;
+    rec->codec_s = h->codec_s + landed.codec_s;
+    rec->exchange_s = landing ? h->mid_waited : 0;
+    rec->global_hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+    rec->landed = landing;
+    rec->applied = landed.applied;
+    rec->caught_up = landed.caught_up;
+    rec->need_state = landed.need_state;
+    rec->commits = h->commits;
+    rec->peers_ok = landed.peers_ok;
+    rec->peers_alive = landed.peers_alive;
+  }
+  h->round++;
+  if (rec) rec->next_round = h->round;
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_drain(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (rec) memset(rec, 0, sizeof *rec);
+  if (!h->inflight) return NB_OK;
+  nb_hybrid_round_t o;
+  memset(&o, 0, sizeof o);
+  if (h->cfg.ft_exchange) {
+    NB_CHECK(nb__hy_land_ft(h, NB__HY_LAND_DRAIN));
+    o = h->mid_rec;
+    o.round = h->inflight_round;
+    o.exchange_s = h->mid_waited;
+  } else {
+    double waited = 0;
+    NB_CHECK(nb__hy_land(h, &o, &waited)); /* theta_local = theta_global: no step since */
+    o.exchange_s = waited;
+    o.bytes_sent = h->fly_sent;
+    o.applied = 1;
+    o.commits = h->commits;
+    h->own_valid = 0;
+  }
+  if (rec) {
+    *rec = o;
+    rec->landed = 1;
+    rec->global_hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+    rec->next_round = h->round;
+  }
+  return NB_OK;
+}
+
 nb_status_t nb_hybrid_round(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
   if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
-  if (h->cfg.ft_exchange) return nb__hy_round_ft(h, rec);
+  if (h->cfg.ft_exchange)
+    return h->cfg.overlap ? nb__hy_round_ft_overlap(h, rec) : nb__hy_round_ft(h, rec);
   if (h->cfg.mode != NB_HYBRID_OUTER) return nb__hy_round_steps(h, rec);
   if (h->cfg.overlap) return nb__hy_round_overlap(h, rec);
   const uint8_t* msg;
@@ -935,6 +1265,14 @@ nb_status_t nb_hybrid_round(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
 static nb_status_t nb__hy_finish_ft(nb_hybrid_t* h) {
   uint32_t nc = h->cfg.n_clusters, np = nc - 1;
   NB_CHECK(nb__hy_ft_buffers(h));
+  if (h->inflight) { /* overlap: the last round's update is decided first */
+    NB_CHECK(nb__hy_land_ft(h, NB__HY_LAND_DRAIN));
+    if (h->mid_rec.need_state)
+      return nb_error(NB_ERR_UNAVAILABLE,
+                      "hybrid: final check: the other clusters applied rounds that this one "
+                      "cannot replay (%llu applied here)",
+                      (unsigned long long)h->commits);
+  }
   h->samples = 0;
   h->steps = 0;
   h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
@@ -1145,7 +1483,9 @@ uint64_t nb_hybrid_commits(const nb_hybrid_t* h) {
 
 nb_status_t nb_hybrid_export(const nb_hybrid_t* h, uint8_t** out, size_t* len) {
   if (!h || !out || !len) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
-  if (h->inflight)
+  /* with overlap a fault-tolerant round's exchange may be in flight: it reads none of this, and
+   * the cluster that pulls this state was not in that round, so it cannot be applied anywhere */
+  if (h->inflight && !h->cfg.ft_exchange)
     return nb_error(NB_ERR_INVALID, "hybrid: cannot export with an exchange in flight");
   size_t nb = h->n * sizeof(float), total = NB__HY_STATE_HEADER + 2 * nb + 8;
   uint8_t* b = NULL;

@@ -40,7 +40,8 @@ typedef nb_status_t (*nb_hybrid_exchange_fn)(void* ctx, uint64_t round, const vo
                                              nb_hybrid_msg_t* peers, size_t n_peers,
                                              uint64_t* bytes_sent);
 
-/* The exchange of fault-tolerant rounds (cfg.ft_exchange, outer mode without overlap): like
+/* The exchange of fault-tolerant rounds (cfg.ft_exchange, outer mode; with overlap it is called
+ * from the hybrid's background thread, one call at a time): like
  * nb_hybrid_exchange_fn, but `xround` is an exchange id (2 per round: the update, then the vote,
  * see docs/hybrid.md "Faults"), and a peer that did not deliver by the deadline (dead, link down,
  * already past this round) leaves its entry's data NULL while the call still returns NB_OK; only
@@ -92,10 +93,13 @@ typedef struct {
   void* hook_ctx;
   nb_hybrid_exchange_fn exchange; /* required by nb_hybrid_round; unused by prepare/apply */
   void* exchange_ctx;
-  /* Non-NULL: fault-tolerant rounds (outer mode, no overlap; exchange then is unused and
-   * exchange_ctx goes to this one). A round counts on every cluster or on none: it is applied
-   * only when every cluster received every message and confirmed it in a vote; otherwise it is
-   * skipped, the trainer keeps its theta_local and the next Delta carries the skipped progress. */
+  /* Non-NULL: fault-tolerant rounds (outer mode; exchange then is unused and exchange_ctx goes
+   * to this one). A round counts on every cluster or on none: it is applied only when every
+   * cluster received every message and confirmed it in a vote; otherwise it is skipped, the
+   * trainer keeps its theta_local and the next Delta carries the skipped progress. With overlap
+   * the update exchange and the vote run on the background thread, and the decision is taken
+   * where the update lands (overlap_steps into the next round, before that round's message at
+   * the latest). */
   nb_hybrid_ft_exchange_fn ft_exchange;
 } nb_hybrid_config_t;
 
@@ -117,7 +121,10 @@ typedef struct {
   double codec_s;       /* encode + decode + outer step */
   double exchange_s;    /* inside the exchange callback */
   uint64_t global_hash; /* XXH3-64 of theta_global after the round */
-  /* fault-tolerant rounds only (otherwise applied 1, the rest 0) */
+  /* fault-tolerant rounds only (otherwise applied 1, the rest 0). With overlap they describe
+   * the previous round's update, which is decided inside this round (landed 1; the first round
+   * has none to decide: landed 0). */
+  int landed;           /* 1: an update was decided in this round (applied says how) */
   int applied;          /* 1: this round's outer step was taken (on every cluster) */
   int caught_up;        /* 1: a round held from before was applied late (a lost vote) */
   int need_state;       /* 1: a peer is further ahead than a held round covers: pull its state */
@@ -164,6 +171,14 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len);
 nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
                             nb_hybrid_round_t* rec);
 
+/* Overlap: lands the update in flight now, waiting for its exchange (a checkpoint round: then
+ * nothing is in flight and nb_hybrid_save works); the trainer's theta_local is theta_global when
+ * it is applied (call it right after nb_hybrid_round: no inner step since). Fault-tolerant
+ * rounds: the update is applied, held or skipped as inside a round; *rec (nullable) reports it
+ * (landed, applied, caught_up, need_state, commits, exchange_s: the wait). Nothing in flight:
+ * NB_OK, rec->landed 0. Errors: the exchange's, NB_ERR_INTEGRITY as apply. */
+nb_status_t nb_hybrid_drain(nb_hybrid_t* h, nb_hybrid_round_t* rec);
+
 /* Applies an exchange still in flight (overlap), then a final hash-only exchange through
  * cfg.exchange so that the last round's result is compared too. NB_ERR_INTEGRITY as apply, or
  * the exchange's status. Fault-tolerant rounds: the headers carry the rounds applied; a held
@@ -193,7 +208,8 @@ nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps);
 /* Writes the round state (theta_global, outer momentum, error-feedback residual, round
  * counters) to `path` atomically (a temp file, fsync, rename), ending in an XXH3 checksum;
  * layout in docs/hybrid.md. With an exchange in flight (overlap) NB_ERR_INVALID: save between
- * rounds of a run without overlap, or after nb_hybrid_finish. NB_ERR_IO naming the path. */
+ * rounds of a run without overlap, after nb_hybrid_drain, or after nb_hybrid_finish. NB_ERR_IO
+ * naming the path. */
 nb_status_t nb_hybrid_save(const nb_hybrid_t* h, const char* path);
 /* Restores a state written by nb_hybrid_save for the same synced buffer size and copies
  * theta_global into the trainer. NB_ERR_NOT_FOUND (no file), NB_ERR_IO, NB_ERR_INTEGRITY (bad
@@ -203,7 +219,7 @@ nb_status_t nb_hybrid_load(nb_hybrid_t* h, const char* path);
 /* Fault-tolerant rounds: the global state another cluster needs to rejoin (theta_global, outer
  * momentum, next round, rounds applied; not the residual, which is per cluster). *out: nb_alloc'd
  * (caller nb_free), layout in docs/hybrid.md; *round: the next round. NB_ERR_INVALID with an
- * exchange in flight, NB_ERR_NOMEM. */
+ * exchange in flight (except a fault-tolerant one: it touches none of this), NB_ERR_NOMEM. */
 nb_status_t nb_hybrid_export(const nb_hybrid_t* h, uint8_t** out, size_t* len);
 /* Adopts a state made by nb_hybrid_export: theta_global, momentum, rounds applied, and the next
  * round = its round + skip (or ours when that is later: exchange ids never go back); zero

@@ -3,9 +3,10 @@
 # $nebula to be set. The model is sized so that a round's 50-step cap takes longer than its time
 # budget even on a fast idle machine: a round lasts its budget, so the run spans the outage.
 
-# write_job FILE ROUNDS ROUND_SECONDS
+# write_job FILE ROUNDS ROUND_SECONDS [SYNC_EXTRA] (SYNC_EXTRA: more sync fields, e.g.
+# ', "overlap": true')
 write_job() {
-  local rounds=$2 secs=$3
+  local rounds=$2 secs=$3 extra=${4:-}
   cat >"$1" <<JOB
 {"apiVersion": "nebula/v1", "kind": "TrainingJob",
  "metadata": {"name": "faults-2dc"},
@@ -16,7 +17,7 @@ write_job() {
   "model": {"layers": 2, "width": 64, "heads": 2, "context": 64},
   "training": {"seed": 7, "batchSize": 16, "maxSteps": $((rounds * 50)),
                "optimizer": {"lr": 0.003, "warmupSteps": 2}},
-  "sync": {"mode": "outer", "roundSeconds": $secs, "peerTimeoutSeconds": 2},
+  "sync": {"mode": "outer", "roundSeconds": $secs, "peerTimeoutSeconds": 2$extra},
   "compression": {"density": {"initial": 0.05, "min": 0.001, "max": 0.1}, "values": "int8",
                   "adaptive": false},
   "link": {"rateMbit": 50}}}

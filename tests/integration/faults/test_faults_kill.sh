@@ -3,7 +3,8 @@
 # cluster must log the dead peer within 3 s of the kill (from its own timestamps) and keep
 # training with its rounds skipped; the killed cluster restarted with --rejoin pulls the global
 # state from the survivor, both apply rounds together again, and both end with the same
-# theta_global hash. No root needed.
+# theta_global hash. No root needed. NB_FAULTS_OVERLAP=1: the same with sync.overlap
+# (overlapSteps 1).
 # usage: test_faults_kill.sh NEBULA DATA_DIR
 set -euo pipefail
 nebula=$1
@@ -24,7 +25,11 @@ fail() {
 . "$here/lib.sh"
 
 export OPENBLAS_NUM_THREADS=1 NB_TRAIN_THREADS=1 NB_ROUND_DEADLINE_S=8
-write_job "$tmp/job.json" 48 0.25
+if [ -n "${NB_FAULTS_OVERLAP:-}" ]; then
+  write_job "$tmp/job.json" 48 0.25 ', "overlap": true, "overlapSteps": 1'
+else
+  write_job "$tmp/job.json" 48 0.25
+fi
 make_pki "$tmp/pki" 127.0.0.1 127.0.0.1
 port_a=$((20000 + ($$ % 20000)))
 port_b=$((port_a + 1))

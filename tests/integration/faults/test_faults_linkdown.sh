@@ -5,6 +5,8 @@
 # (every connection closed, new ones refused). Both clusters must keep training (their rounds
 # are skipped, not applied, on both), apply rounds again once the link is back, complete the
 # run, and end with the same theta_global hash; both summaries count the skipped rounds.
+# NB_FAULTS_OVERLAP=1: the same with sync.overlap (overlapSteps 1: each round's exchange and vote
+# run during the next round, decided one step into it), a shorter run and an 8 s outage.
 # usage: test_faults_linkdown.sh NEBULA DATA_DIR WAN_DIR
 set -euo pipefail
 nebula=$1
@@ -52,7 +54,13 @@ else
   [ -s "$tmp/proxy.pid" ] || fail "the proxy did not start"
 fi
 export OPENBLAS_NUM_THREADS=1 NB_TRAIN_THREADS=1 NB_ROUND_DEADLINE_S=8
-write_job "$tmp/job.json" 80 0.3
+if [ -n "${NB_FAULTS_OVERLAP:-}" ]; then
+  outage=8 min_skipped=5
+  write_job "$tmp/job.json" 50 0.3 ', "overlap": true, "overlapSteps": 1'
+else
+  outage=20 min_skipped=10
+  write_job "$tmp/job.json" 80 0.3
+fi
 make_pki "$tmp/pki" "$san_a" "$san_b"
 worker() { # NS CLUSTER LISTEN PEER PEER_TARGET
   local ns=(ip netns exec "$1")
@@ -76,7 +84,7 @@ done
 if [ "$mode" = netns ]; then ip -n "$NB_WAN_NS_A" link set "$NB_WAN_DEV" down
 else kill -USR1 "$(cat "$tmp/proxy.pid")"; fi
 echo "link down ($mode) at $(date +%s.%N)"
-sleep 20
+sleep "$outage"
 if [ "$mode" = netns ]; then ip -n "$NB_WAN_NS_A" link set "$NB_WAN_DEV" up
 else kill -USR2 "$(cat "$tmp/proxy.pid")"; fi
 echo "link up at $(date +%s.%N)"
@@ -93,7 +101,9 @@ for c in dc-a dc-b; do
   s=$(json_field "$tmp/$c/summary.json" rounds_skipped)
   n=$(json_field "$tmp/$c/summary.json" rounds_applied)
   echo "$c: $n rounds applied, $s skipped, $(json_field "$tmp/$c/summary.json" rounds_late) late, $(json_field "$tmp/$c/summary.json" round_jumps) jumps"
-  [ "$s" -ge 10 ] || fail "$c skipped only $s rounds during a 20 s outage"
+  [ "$s" -ge "$min_skipped" ] || fail "$c skipped only $s rounds during a $outage s outage"
+  [ "$(json_field "$tmp/$c/summary.json" overlap)" = "$([ -n "${NB_FAULTS_OVERLAP:-}" ] && echo true || echo false)" ] ||
+    fail "$c: overlap is not as asked"
   # skipped rounds still trained, and rounds were applied again after the outage
   awk -F'\t' 'NR > 1 && $13 == 0 && $2 < 1 { bad++ } END { exit bad > 0 }' "$tmp/$c/rounds.tsv" ||
     fail "$c: a skipped round without inner steps"

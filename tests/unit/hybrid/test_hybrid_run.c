@@ -157,6 +157,10 @@ static void run_two_clusters(int overlap) {
     assert_true(json_is_true(json_object_get(s, "tls")));
     assert_true(json_is_true(json_object_get(s, "sealed")));
     assert_int_equal(json_is_true(json_object_get(s, "overlap")), overlap);
+    /* several clusters: fault-tolerant rounds, with or without overlap; no fault, none skipped */
+    assert_true(json_is_true(json_object_get(s, "fault_tolerant")));
+    assert_int_equal(json_integer_value(json_object_get(s, "rounds_skipped")), 0);
+    assert_int_equal(json_integer_value(json_object_get(s, "rounds_applied")), 3);
     assert_true(json_integer_value(json_object_get(s, "wan_bytes_sent")) > 0);
     /* compression.adaptive defaults to on: one logged decision before each later round */
     assert_true(json_is_true(json_object_get(s, "adaptive")));
@@ -242,15 +246,15 @@ static void read_hash(const char* out, const char* id, char hash[24], long* resu
 
 /* A run stopped after 2 of 3 rounds and resumed from its checkpoints ends with the same
  * theta_global as an uninterrupted run (constant learning rate, so the schedule's length does
- * not matter). */
-static void test_run_resume_same_hash(void** state) {
-  (void)state;
+ * not matter). With overlap (the update landing one step into the next round) each checkpoint
+ * round lands its own update first, in both runs. */
+static void run_resume_same_hash(int overlap) {
   char* dir = make_tmpdir();
   char job[128], a[128], b[128];
   snprintf(job, sizeof job, "%s/job.json", dir);
   snprintf(a, sizeof a, "%s/a", dir);
   snprintf(b, sizeof b, "%s/b", dir);
-  write_job_opts(job, "ru", 12, 0, ", \"schedule\": \"constant\"",
+  write_job_opts(job, "ru", 12, overlap, ", \"schedule\": \"constant\"",
                  "\"checkpoint\": {\"everyRounds\": 1}, ", 1);
   assert_int_equal(wait_exit(spawn_run_args(job, a, "12", 0)), 0);
   assert_int_equal(wait_exit(spawn_run_args(job, b, "8", 0)), 0);
@@ -267,6 +271,16 @@ static void test_run_resume_same_hash(void** state) {
   }
   assert_int_equal(processes_with(dir), 0);
   rm_rf(dir);
+}
+
+static void test_run_resume_same_hash(void** state) {
+  (void)state;
+  run_resume_same_hash(0);
+}
+
+static void test_run_resume_same_hash_overlap(void** state) {
+  (void)state;
+  run_resume_same_hash(2);
 }
 
 /* A cluster of two ranks under mpirun (gradients allreduced every step, theta_global broadcast
@@ -375,6 +389,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_run_two_clusters),
       cmocka_unit_test(test_run_two_clusters_overlap),
       cmocka_unit_test(test_run_resume_same_hash),
+      cmocka_unit_test(test_run_resume_same_hash_overlap),
       cmocka_unit_test(test_run_mpi_cluster),
       cmocka_unit_test(test_run_mpi_cluster_overlap_steps),
       cmocka_unit_test(test_run_failure_stops_everyone),
