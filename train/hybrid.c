@@ -759,6 +759,26 @@ static nb_status_t nb__hy_copy_msg(nb_hybrid_msg_t* dst, const uint8_t* data, si
   return NB_OK;
 }
 
+/* The votes of round a: how many peers confirm every update of it on our theta_global (k
+ * rounds applied, hash); malformed, foreign and repeated votes are ignored. *newest: raised to
+ * the highest rounds-applied count a vote states. */
+static uint32_t nb__hy_count_votes(const nb_hybrid_t* h, const nb_hybrid_msg_t* votes, uint32_t np,
+                                   uint64_t a, uint64_t k, uint64_t hash, uint64_t* newest) {
+  uint32_t nc = h->cfg.n_clusters, me = h->cfg.cluster_index, yes = 0;
+  uint8_t seen[NB_HYBRID_MAX_CLUSTERS] = {0};
+  for (uint32_t i = 0; i < np; i++) {
+    nb__hy_hdr_t hd;
+    if (!votes[i].data || nb__hy_parse(&votes[i], &hd) != NB_OK) continue;
+    if (hd.flags != (NB__HY_FLAG_FT | NB__HY_FLAG_VOTE) || hd.sender >= nc || hd.sender == me ||
+        seen[hd.sender] || hd.round != a)
+      continue;
+    seen[hd.sender] = 1;
+    if (hd.commits > *newest) *newest = hd.commits;
+    if (hd.samples == 1 && hd.commits == k && hd.hash == hash) yes++;
+  }
+  return yes;
+}
+
 /* One fault-tolerant round (docs/hybrid.md, Faults): update exchange, vote exchange, then the
  * round is applied (every cluster has every message and said so), held (we have every message
  * but not every vote: a cluster may have applied it; the next exchange tells), or skipped. */
@@ -848,18 +868,7 @@ static nb_status_t nb__hy_round_ft(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
         if (c != me) nb_free(all[c].data);
       return nb_error_wrap(st, "hybrid: vote exchange");
     }
-    uint32_t yes = 0;
-    uint8_t seen[NB_HYBRID_MAX_CLUSTERS] = {0};
-    for (uint32_t i = 0; i < np; i++) {
-      nb__hy_hdr_t hd;
-      if (!votes[i].data || nb__hy_parse(&votes[i], &hd) != NB_OK) continue;
-      if (hd.flags != (NB__HY_FLAG_FT | NB__HY_FLAG_VOTE) || hd.sender >= nc || hd.sender == me ||
-          seen[hd.sender] || hd.round != a)
-        continue;
-      seen[hd.sender] = 1;
-      if (hd.commits > newest_commits) newest_commits = hd.commits;
-      if (hd.samples == 1 && hd.commits == k && hd.hash == hash) yes++;
-    }
+    uint32_t yes = nb__hy_count_votes(h, votes, np, a, k, hash, &newest_commits);
     nb__hy_release(votes, np);
     commit = have_all && yes == np;
     if (ahead2 > ahead) ahead = ahead2;
@@ -1012,17 +1021,7 @@ static void* nb__hy_fly_ft_main(void* arg) {
     st = nb_error_wrap(st, "hybrid: vote exchange");
     goto out;
   }
-  uint8_t seen[NB_HYBRID_MAX_CLUSTERS] = {0};
-  for (uint32_t i = 0; i < np; i++) {
-    nb__hy_hdr_t hd;
-    if (!votes[i].data || nb__hy_parse(&votes[i], &hd) != NB_OK) continue;
-    if (hd.flags != (NB__HY_FLAG_FT | NB__HY_FLAG_VOTE) || hd.sender >= nc || hd.sender == me ||
-        seen[hd.sender] || hd.round != a)
-      continue;
-    seen[hd.sender] = 1;
-    if (hd.commits > h->fly_newest) h->fly_newest = hd.commits;
-    if (hd.samples == 1 && hd.commits == k && hd.hash == hash) yes++;
-  }
+  yes = nb__hy_count_votes(h, votes, np, a, k, hash, &h->fly_newest);
   nb__hy_release(votes, np);
   h->fly_commit = h->fly_have_all && yes == np;
   h->fly_sent += sent2;
