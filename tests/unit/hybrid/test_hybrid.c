@@ -16,6 +16,7 @@
 #include "common/common.h"
 #include "train/hybrid.h"
 #include "train/trainer.h"
+#include "tests/unit/hybrid/tiny_trainer.h"
 
 static const char* g_data;
 
@@ -27,28 +28,12 @@ static nb_status_t grad_hook(void* ctx, float* g, size_t n) {
 
 static nb_trainer_t* make_trainer_hooked(int c, int batch, nb_hybrid_t** hook_target) {
   nb_train_config_t cfg;
-  nb_train_config_defaults(&cfg);
+  tiny_trainer_config(&cfg, g_data, c);
   if (hook_target) {
     cfg.grad_hook = grad_hook;
     cfg.grad_hook_ctx = hook_target;
   }
-  cfg.model = nb_model_config_make(1, 16, 2, 16);
-  cfg.seed = 11;
   cfg.batch_size = batch;
-  cfg.max_steps = 100;
-  cfg.optim.lr = 3e-3f;
-  cfg.optim.warmup_steps = 2;
-  cfg.optim.total_steps = 100;
-  cfg.heldout_permille = 150;
-  cfg.eval_batches = 1;
-  cfg.data_rank = c;
-  const char* langs[2][2] = {{"en", "de"}, {"en", "ru"}};
-  cfg.n_sources = 2;
-  for (int i = 0; i < 2; i++) {
-    snprintf(cfg.sources[i].label, sizeof cfg.sources[i].label, "%s", langs[c][i]);
-    snprintf(cfg.sources[i].path, sizeof cfg.sources[i].path, "%s/mono/%s.txt", g_data,
-             langs[c][i]);
-  }
   nb_trainer_t* t = NULL;
   nb_status_t st = nb_trainer_create(&cfg, &t);
   if (st != NB_OK) fprintf(stderr, "trainer: %s\n", nb_error_last());
