@@ -759,6 +759,26 @@ static nb_status_t nb__hy_copy_msg(nb_hybrid_msg_t* dst, const uint8_t* data, si
   return NB_OK;
 }
 
+/* Holds round a (every update arrived, not every vote): owned copies of the messages in
+ * cluster order, theta_local when ours was made (h->lsend), the residual after its encode, and
+ * what it lands on (k rounds applied, hash) with the samples it covers; landed late when a peer
+ * turns out to have applied it (nb__hy_land_pending). */
+static nb_status_t nb__hy_hold(nb_hybrid_t* h, const nb_hybrid_msg_t* all, uint64_t a, uint64_t k,
+                               uint64_t hash, uint64_t samples) {
+  nb_status_t st = NB_OK;
+  nb__hy_drop_pending(h);
+  for (uint32_t c = 0; c < h->cfg.n_clusters && st == NB_OK; c++)
+    st = nb__hy_copy_msg(&h->pend_msgs[c], all[c].data, all[c].len);
+  memcpy(h->pend_local, h->lsend, h->n * sizeof(float));
+  memcpy(h->pend_res, h->residual, h->n * sizeof(float));
+  h->pend = st == NB_OK;
+  h->pend_round = a;
+  h->pend_commits = k;
+  h->pend_hash = hash;
+  h->pend_samples = samples;
+  return st;
+}
+
 /* The votes of round a: how many peers confirm every update of it on our theta_global (k
  * rounds applied, hash); malformed, foreign and repeated votes are ignored. *newest: raised to
  * the highest rounds-applied count a vote states. */
@@ -887,16 +907,7 @@ static nb_status_t nb__hy_round_ft(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
     if (have_all) {
       /* every update is here but not every vote: hold the round, a cluster may have applied it;
        * it keeps the residual this round's encode left if it lands late */
-      nb__hy_drop_pending(h);
-      for (uint32_t c = 0; c < nc && st == NB_OK; c++)
-        st = nb__hy_copy_msg(&h->pend_msgs[c], all[c].data, all[c].len);
-      memcpy(h->pend_local, h->lsend, h->n * sizeof(float));
-      memcpy(h->pend_res, h->residual, h->n * sizeof(float));
-      h->pend = st == NB_OK;
-      h->pend_round = a;
-      h->pend_commits = k;
-      h->pend_hash = hash;
-      h->pend_samples = h->ft_samples;
+      st = nb__hy_hold(h, all, a, k, hash, h->ft_samples);
     }
     /* skipped here: the residual goes back to before this round's encode (the next Delta
      * carries all of it), theta_local trains on */
@@ -1084,16 +1095,7 @@ static nb_status_t nb__hy_land_ft(nb_hybrid_t* h, int how) {
     }
   } else {
     if (h->fly_have_all) {
-      nb__hy_drop_pending(h);
-      for (uint32_t c = 0; c < nc && st == NB_OK; c++)
-        st = nb__hy_copy_msg(&h->pend_msgs[c], all[c].data, all[c].len);
-      memcpy(h->pend_local, h->lsend, h->n * sizeof(float)); /* theta_local after that round */
-      memcpy(h->pend_res, h->residual, h->n * sizeof(float));
-      h->pend = st == NB_OK;
-      h->pend_round = a;
-      h->pend_commits = k;
-      h->pend_hash = hash;
-      h->pend_samples = h->fly_samples;
+      st = nb__hy_hold(h, all, a, k, hash, h->fly_samples);
     }
     if (!h->fly_folded) memcpy(h->residual, h->res_pre, h->n * sizeof(float));
   }

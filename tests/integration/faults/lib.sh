@@ -43,3 +43,19 @@ tsv_count() {
   awk -F'\t' -v col="$2" -v val="$3" 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == col) c = i; next }
     c && $c == val { n++ } END { print n + 0 }' "$1"
 }
+
+# fail MESSAGE: prints it and the end of every log in $tmp, and exits 1
+fail() {
+  echo "FAIL: $*"
+  for f in "$tmp"/*.log; do echo "== $f"; tail -n 25 "$f"; done
+  exit 1
+}
+
+# same_hash DIR_A DIR_B: both clusters' summary.json name the same final theta_global
+same_hash() {
+  local ha hb
+  ha=$(json_field "$1/summary.json" global_xxh3)
+  hb=$(json_field "$2/summary.json" global_xxh3)
+  echo "theta_global: dc-a $ha, dc-b $hb"
+  [ "$ha" = "$hb" ] || fail "theta_global differs: $ha vs $hb"
+}

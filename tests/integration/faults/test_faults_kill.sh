@@ -17,11 +17,6 @@ cleanup() {
   [ -n "${NB_KEEP_TMP:-}" ] || rm -rf "$tmp"
 }
 trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$tmp"/*.log; do echo "== $f"; tail -n 25 "$f"; done
-  exit 1
-}
 . "$here/lib.sh"
 
 export OPENBLAS_NUM_THREADS=1 NB_TRAIN_THREADS=1 NB_ROUND_DEADLINE_S=8
@@ -82,10 +77,7 @@ wait "$apid" || fail "dc-a failed"
 wait "$bpid" || fail "dc-b (rejoined) failed"
 pids=()
 grep -q "dc-b rejoined from dc-a at round" "$tmp/b2.log" || fail "no rejoin line"
-ha=$(json_field "$tmp/dc-a/summary.json" global_xxh3)
-hb=$(json_field "$tmp/dc-b/summary.json" global_xxh3)
-echo "theta_global: dc-a $ha, dc-b $hb"
-[ "$ha" = "$hb" ] || fail "theta_global differs: $ha vs $hb"
+same_hash "$tmp/dc-a" "$tmp/dc-b"
 rj=$(json_field "$tmp/dc-b/summary.json" rejoined_at_round)
 [ "$rj" -gt 0 ] || fail "dc-b's summary has no rejoin round"
 [ "$(json_field "$tmp/dc-a/summary.json" rounds_skipped)" -ge 2 ] || fail "dc-a skipped no rounds"

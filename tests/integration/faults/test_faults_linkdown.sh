@@ -29,11 +29,6 @@ cleanup() {
   [ -n "${NB_KEEP_TMP:-}" ] || rm -rf "$tmp"
 }
 trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$tmp"/*.log; do echo "== $f"; tail -n 25 "$f"; done
-  exit 1
-}
 
 if [ "$mode" = netns ]; then
   eval "$("$wan/wan-up.sh" --prefix "$prefix" --rate-mbit 50 --delay-ms 0)"
@@ -93,10 +88,7 @@ kill -0 "$bpid" 2>/dev/null || fail "dc-b stopped during the outage"
 wait "$apid" || fail "dc-a failed"
 wait "$bpid" || fail "dc-b failed"
 pids=(${proxy:+"$proxy"})
-ha=$(json_field "$tmp/dc-a/summary.json" global_xxh3)
-hb=$(json_field "$tmp/dc-b/summary.json" global_xxh3)
-echo "theta_global: dc-a $ha, dc-b $hb"
-[ "$ha" = "$hb" ] || fail "theta_global differs: $ha vs $hb"
+same_hash "$tmp/dc-a" "$tmp/dc-b"
 for c in dc-a dc-b; do
   s=$(json_field "$tmp/$c/summary.json" rounds_skipped)
   n=$(json_field "$tmp/$c/summary.json" rounds_applied)

@@ -16,11 +16,6 @@ cleanup() {
   [ -n "${NB_KEEP_TMP:-}" ] || rm -rf "$tmp"
 }
 trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$tmp"/*.log; do echo "== $f"; tail -n 25 "$f"; done
-  exit 1
-}
 . "$here/lib.sh"
 
 export OPENBLAS_NUM_THREADS=1 NB_TRAIN_THREADS=1 NB_ROUND_DEADLINE_S=8
@@ -81,10 +76,7 @@ wait "$apid" || fail "dc-a failed"
 wait "$bpid" || fail "dc-b (rejoined under mpirun) failed"
 pids=()
 grep -q "dc-b rejoined from dc-a at round" "$tmp/b2.log" || fail "no rejoin line"
-ha=$(json_field "$tmp/dc-a/summary.json" global_xxh3)
-hb=$(json_field "$tmp/dc-b/summary.json" global_xxh3)
-echo "theta_global: dc-a $ha, dc-b $hb"
-[ "$ha" = "$hb" ] || fail "theta_global differs: $ha vs $hb"
+same_hash "$tmp/dc-a" "$tmp/dc-b"
 [ "$(json_field "$tmp/dc-b/summary.json" ranks)" = 2 ] || fail "dc-b did not run 2 ranks"
 rj=$(json_field "$tmp/dc-b/summary.json" rejoined_at_round)
 after=$(awk -F'\t' -v r="$rj" 'NR > 1 && $1 >= r && $13 == 1 { n++ } END { print n + 0 }' "$tmp/dc-a/rounds.tsv")

@@ -15,11 +15,6 @@ cleanup() {
   [ -n "${NB_KEEP_TMP:-}" ] || rm -rf "$tmp"
 }
 trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  tail -n 40 "$tmp/run.log"
-  exit 1
-}
 . "$here/lib.sh"
 
 export OPENBLAS_NUM_THREADS=1 NB_TRAIN_THREADS=1 NB_ROUND_DEADLINE_S=8
@@ -45,10 +40,7 @@ run_pid=
 grep -q "cluster dc-b killed by signal 9; restarting it with --rejoin (restart 1 of" "$tmp/run.log" ||
   fail "no restart line"
 grep -q "dc-b rejoined from dc-a at round" "$tmp/run/dc-b/worker.log" || fail "no rejoin line"
-ha=$(json_field "$tmp/run/dc-a/summary.json" global_xxh3)
-hb=$(json_field "$tmp/run/dc-b/summary.json" global_xxh3)
-echo "theta_global: dc-a $ha, dc-b $hb"
-[ "$ha" = "$hb" ] || fail "theta_global differs: $ha vs $hb"
+same_hash "$tmp/run/dc-a" "$tmp/run/dc-b"
 rj=$(json_field "$tmp/run/dc-b/summary.json" rejoined_at_round)
 [ "$rj" -gt 0 ] || fail "dc-b's summary has no rejoin round"
 [ -z "$(pgrep -f -- "--out $tmp/" || true)" ] || fail "processes left behind"
