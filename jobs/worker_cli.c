@@ -276,8 +276,9 @@ static nb_status_t nb__wk_allreduce_hook(void* ctx, float* grads, size_t n) {
   return nb_comm_allreduce((nb_comm_t*)ctx, grads, grads, n, NB_COMM_FP32, NB_COMM_AVG);
 }
 
-/* A rank other than the leader: per round, the leader broadcasts {steps, go}; the rank runs the
- * steps (allreducing every gradient with the others) and receives theta_global. */
+/* A rank other than the leader: before each run of inner steps the leader broadcasts {steps,
+ * go} and then the theta_local they start from (after an applied, landed, skipped or pulled
+ * update alike); the rank takes it and runs the steps, allreducing every gradient. */
 static int nb__wk_follower(nb_trainer_t* t, nb_comm_t* comm) {
   size_t n;
   float* p = nb_trainer_sync_params(t, &n);
@@ -285,8 +286,8 @@ static int nb__wk_follower(nb_trainer_t* t, nb_comm_t* comm) {
     float ctl[2] = {0, 0};
     if (nb_comm_broadcast(comm, ctl, ctl, 2, NB_COMM_FP32, 0) != NB_OK) return NB_EXIT_FAIL;
     if (ctl[1] == 0) return NB_EXIT_OK;
-    if (nb_trainer_steps(t, (long)ctl[0], NULL) != NB_OK ||
-        nb_comm_broadcast(comm, p, p, n, NB_COMM_FP32, 0) != NB_OK)
+    if (nb_comm_broadcast(comm, p, p, n, NB_COMM_FP32, 0) != NB_OK ||
+        nb_trainer_steps(t, (long)ctl[0], NULL) != NB_OK)
       return NB_EXIT_FAIL;
   }
 }
@@ -297,21 +298,18 @@ static nb_status_t nb__wk_lead(nb_comm_t* comm, long steps, int go) {
   return comm ? nb_comm_broadcast(comm, ctl, ctl, 2, NB_COMM_FP32, 0) : NB_OK;
 }
 
-/* The hybrid round's hooks under mpirun: the other ranks run each part of a round's inner steps
- * with the leader and take theta_local from it after an update landed inside the round. */
+/* The hybrid round's hook under mpirun: before each run of inner steps the other ranks take
+ * theta_local from the leader and run the steps with it. */
 typedef struct {
   nb_comm_t* comm;
   nb_trainer_t* t;
 } nb__wk_ranks_t;
 
 static nb_status_t nb__wk_steps_hook(void* ctx, long k) {
-  return nb__wk_lead(((nb__wk_ranks_t*)ctx)->comm, k, 1);
-}
-
-static nb_status_t nb__wk_land_hook(void* ctx) {
   nb__wk_ranks_t* r = ctx;
   size_t n;
   float* p = nb_trainer_sync_params(r->t, &n);
+  NB_CHECK(nb__wk_lead(r->comm, k, 1));
   return nb_comm_broadcast(r->comm, p, p, n, NB_COMM_FP32, 0);
 }
 
@@ -650,7 +648,6 @@ int nb_worker_main(int argc, char** argv) {
   nb__wk_ranks_t ranks = {comm, t};
   if (comm) {
     hc.steps_hook = nb__wk_steps_hook;
-    hc.land_hook = nb__wk_land_hook;
     hc.hook_ctx = &ranks;
   }
   if (job->sync.overlap && hc.mode != NB_HYBRID_OUTER)
@@ -693,11 +690,6 @@ int nb_worker_main(int argc, char** argv) {
       goto done;
     }
     rejoined_at = (long)nb_hybrid_rounds(h);
-    /* the cluster's other ranks take the pulled theta_global (no steps, then the parameters) */
-    if (comm && (nb__wk_steps_hook(&ranks, 0) != NB_OK || nb__wk_land_hook(&ranks) != NB_OK)) {
-      rc = nb__wk_fail(cluster, "handing the pulled state to the ranks");
-      goto done;
-    }
     printf("nebula worker: %s rejoined from %s at round %ld (%llu rounds applied), theta %016llx\n",
            cluster, from, rejoined_at, (unsigned long long)nb_hybrid_commits(h),
            (unsigned long long)nb_hybrid_global_hash(h));
@@ -819,15 +811,6 @@ int nb_worker_main(int argc, char** argv) {
       if (r == round0 && rejoined_at >= 0) event = "rejoined";
       if (nb__wk_publish(ex, h) != NB_OK) {
         rc = nb__wk_fail(cluster, "publishing the global state");
-        goto done;
-      }
-    }
-    /* the ranks continue from the leader's theta_local: theta_global after an applied round,
-     * minus its own in-flight progress with overlap, or its local progress after a skipped one */
-    if (comm) {
-      float* bp = nb_trainer_sync_params(t, NULL);
-      if (nb_comm_broadcast(comm, bp, bp, n_params, NB_COMM_FP32, 0) != NB_OK) {
-        rc = nb__wk_fail(cluster, "round");
         goto done;
       }
     }

@@ -318,7 +318,6 @@ static nb_status_t nb__hy_land_mid(nb_hybrid_t* h) {
   for (size_t i = 0; i < n; i++) local[i] = h->global[i] + h->own[i];
   h->own_valid = 0;
   h->mid_landed = 1;
-  if (h->cfg.land_hook) NB_CHECK(h->cfg.land_hook(h->cfg.hook_ctx));
   return NB_OK;
 }
 
@@ -334,10 +333,7 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
   long kh = h->cfg.inner_steps, done = 0;
   if (h->cfg.overlap && h->inflight && h->own_valid && h->cfg.overlap_steps < kh) {
     long tau = h->cfg.overlap_steps;
-    if (tau > 0)
-      NB_CHECK(nb__hy_steps(h, tau, h->cfg.round_seconds, &done, &loss_sum));
-    else if (h->cfg.steps_hook) /* the ranks take part in every landing */
-      NB_CHECK(h->cfg.steps_hook(h->cfg.hook_ctx, 0));
+    if (tau > 0) NB_CHECK(nb__hy_steps(h, tau, h->cfg.round_seconds, &done, &loss_sum));
     /* a wall-time round whose budget ended first lands it at its end, as without tau */
     if (done == tau && (h->cfg.round_seconds <= 0 || nb_now_s() - t0 < h->cfg.round_seconds))
       NB_CHECK(nb__hy_land_mid(h));
@@ -1128,7 +1124,6 @@ static nb_status_t nb__hy_land_ft(nb_hybrid_t* h, int how) {
   o->bytes_sent = h->fly_sent;
   o->exchange_s = h->fly_secs;
   o->global_hash = h->hash;
-  if (how == NB__HY_LAND_MID && h->cfg.land_hook) NB_CHECK(h->cfg.land_hook(h->cfg.hook_ctx));
   return NB_OK;
 }
 

@@ -85,11 +85,10 @@ typedef struct {
    * round's steps (or a wall-time round whose budget ends first) = at the round's end, one
    * whole round late. */
   long overlap_steps;
-  /* Intra-cluster ranks (nullable): steps_hook(ctx, k) runs before each run of k inner steps
-   * and land_hook(ctx) after an update landed between two of them (the trainer's synced buffer
-   * then holds the new theta_local), so that a cluster's other ranks follow the leader. */
+  /* Intra-cluster ranks (nullable): steps_hook(ctx, k) runs before each run of k inner steps,
+   * when the trainer's synced buffer holds the theta_local they start from (also after an update
+   * landed inside the round), so that the cluster's other ranks can take it and follow. */
   nb_status_t (*steps_hook)(void* ctx, long k);
-  nb_status_t (*land_hook)(void* ctx);
   void* hook_ctx;
   nb_hybrid_exchange_fn exchange; /* required by nb_hybrid_round; unused by prepare/apply */
   void* exchange_ctx;
