@@ -10,7 +10,7 @@ all: build
 
 help:
 	@echo "make demo      set up, build, and run the main job"
-	@echo "make test      set up, build, and run the CPU test suite (everything not labelled gpu)"
+	@echo "make test      set up, build, and run the CPU test suite (everything not labelled gpu or quality)"
 	@echo "make sanitize  the unit suite under address+undefined sanitizers (build-asan/)"
 	@echo "make bench     run the benchmarks (after build)"
 	@echo "make format    apply .clang-format to every C/CUDA source"
@@ -27,7 +27,7 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE gpu $(CTEST_ARGS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE "gpu|quality" $(CTEST_ARGS)
 
 # gpu tests too (they skip cleanly without a device)
 test-all: build
