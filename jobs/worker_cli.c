@@ -38,6 +38,9 @@
 NB_PARAM_DOUBLE(RoundDeadlineS, "NB_ROUND_DEADLINE_S", 30, 0.5, 3600,
                 "fault-tolerant rounds: how long a round's update or vote exchange waits for a "
                 "live peer before the round is skipped")
+NB_PARAM_DOUBLE(FinalWaitS, "NB_FINAL_WAIT_S", 30, 0, 3600,
+                "fault-tolerant rounds: how long the final check keeps asking a peer that has "
+                "not answered (a link back near the end of a run still ends in agreement)")
 NB_PARAM_INT(
     FaultTolerant, "NB_FAULT_TOLERANT", 1, 0, 1,
     "1: outer rounds (with or without overlap) survive a link down or a dead cluster (a round "
@@ -658,6 +661,7 @@ int nb_worker_main(int argc, char** argv) {
   /* fault-tolerant rounds: outer mode (with or without overlap), several clusters */
   int ft = ex != NULL && hc.mode == NB_HYBRID_OUTER && nb_param_FaultTolerant();
   if (ft) hc.ft_exchange = nb__wk_ft_exchange;
+  hc.final_wait_s = nb_param_FinalWaitS();
   if (rejoin && !ft) {
     fprintf(stderr,
             "nebula worker: --rejoin needs fault-tolerant rounds (outer mode, several "
@@ -940,6 +944,10 @@ int nb_worker_main(int argc, char** argv) {
     }
     fflush(stdout);
   }
+  /* the final check asks a silent peer again on fresh ids: each attempt waits a quarter of the
+   * final wait at most, so that the whole check stays within about the final wait */
+  if (hc.final_wait_s > 0 && xctx.deadline_s > hc.final_wait_s / 4)
+    xctx.deadline_s = hc.final_wait_s / 4 > 1 ? hc.final_wait_s / 4 : 1;
   if (nb_hybrid_finish(h) != NB_OK) {
     rc = nb__wk_fail(cluster, "final check");
     goto done;
@@ -987,6 +995,7 @@ int nb_worker_main(int argc, char** argv) {
   json_object_set_new(sum, "fault_tolerant", json_boolean(ft));
   json_object_set_new(sum, "rounds_applied", json_integer((json_int_t)nb_hybrid_commits(h)));
   json_object_set_new(sum, "rounds_skipped", json_integer(skipped));
+  json_object_set_new(sum, "final_check_attempts", json_integer(nb_hybrid_final_attempts(h)));
   json_object_set_new(sum, "rounds_late", json_integer(late));
   json_object_set_new(sum, "round_jumps", json_integer(jumps));
   json_object_set_new(sum, "state_pulls", json_integer(pulls));

@@ -58,6 +58,7 @@ struct nb_hybrid {
   uint64_t mid_sent;
   /* fault-tolerant rounds (docs/hybrid.md, Faults) */
   uint64_t commits;      /* rounds applied */
+  uint32_t final_attempts; /* exchanges the final check of fault-tolerant rounds took */
   uint64_t ft_samples;   /* samples trained on since the last applied round: the weight of our
                             Delta, which carries all of that progress */
   uint64_t pend_samples; /* what the held round's message of ours claimed */
@@ -1257,7 +1258,12 @@ nb_status_t nb_hybrid_round(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
 
 /* The final check of fault-tolerant rounds: hash-only messages carrying the rounds applied; a
  * held round that a peer applied lands first; a peer one applied round behind us holds that
- * round and lands it on its side. */
+ * round and lands it on its side. A peer that does not answer (link still down, heartbeat not
+ * yet back, frames lost) is asked again, with exchange ids 2·rounds + 2, + 4, ... (each attempt
+ * a fresh id, so nothing is replayed), until cfg.final_wait_s has passed: an attempt that finds
+ * the peer already at a later id follows it there, and one that finds it unreachable waits a
+ * moment first, so that both sides meet on one id soon after the link is back. Peers that
+ * answered once are not waited on again (they may have finished and gone). */
 static nb_status_t nb__hy_finish_ft(nb_hybrid_t* h) {
   uint32_t nc = h->cfg.n_clusters, np = nc - 1;
   NB_CHECK(nb__hy_ft_buffers(h));
@@ -1271,30 +1277,49 @@ static nb_status_t nb__hy_finish_ft(nb_hybrid_t* h) {
   }
   h->samples = 0;
   h->steps = 0;
-  h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
-  nb__hy_write_header(h, NB__HY_FLAG_HASH_ONLY | NB__HY_FLAG_FT, 0, h->hash);
-  nb_hybrid_msg_t got[NB_HYBRID_MAX_CLUSTERS] = {{0}};
   nb__hy_hdr_t hd[NB_HYBRID_MAX_CLUSTERS];
   int have[NB_HYBRID_MAX_CLUSTERS] = {0};
-  uint64_t sent = 0, ahead = 0;
-  uint32_t alive = 0, missing = 0;
+  uint32_t missing = np, attempts = 0;
+  uint64_t xid = 2 * h->round + 2;
+  double until = nb_now_s() + (h->cfg.final_wait_s > 0 ? h->cfg.final_wait_s : 0);
   nb_status_t st = NB_OK;
-  if (np > 0)
-    st = h->cfg.ft_exchange(h->cfg.exchange_ctx, 2 * h->round + 2, h->msg, h->msg_len, got, np,
-                            &sent, &ahead, &alive);
-  for (uint32_t i = 0; i < np && st == NB_OK; i++) {
-    if (!got[i].data || nb__hy_parse(&got[i], &hd[i]) != NB_OK ||
-        hd[i].flags != (NB__HY_FLAG_HASH_ONLY | NB__HY_FLAG_FT) || hd[i].sender >= nc) {
-      missing++;
-      continue;
+  while (missing > 0 && st == NB_OK) {
+    h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+    nb__hy_write_header(h, NB__HY_FLAG_HASH_ONLY | NB__HY_FLAG_FT, 0, h->hash);
+    nb_hybrid_msg_t got[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+    uint64_t sent = 0, ahead = 0;
+    uint32_t alive = 0;
+    attempts++;
+    st = h->cfg.ft_exchange(h->cfg.exchange_ctx, xid, h->msg, h->msg_len, got, np, &sent, &ahead,
+                            &alive);
+    for (uint32_t i = 0; i < np && st == NB_OK; i++) {
+      nb__hy_hdr_t x;
+      if (have[i] || !got[i].data || nb__hy_parse(&got[i], &x) != NB_OK ||
+          x.flags != (NB__HY_FLAG_HASH_ONLY | NB__HY_FLAG_FT) || x.sender >= nc)
+        continue;
+      hd[i] = x;
+      have[i] = 1;
+      missing--;
+      if (x.commits == h->commits + 1 && h->pend && h->pend_commits == h->commits)
+        st = nb__hy_land_pending(h);
     }
-    have[i] = 1;
-    if (hd[i].commits == h->commits + 1 && h->pend && h->pend_commits == h->commits)
-      st = nb__hy_land_pending(h);
+    nb__hy_release(got, np);
+    if (st != NB_OK || missing == 0 || nb_now_s() >= until) break;
+    /* ask again on a fresh id: the peer's own if it is already further, else the next one;
+     * a peer that cannot be reached at all is given a moment before that */
+    uint64_t next = xid + 2;
+    if (ahead > xid && ahead % 2 == 0 && ahead > next) next = ahead;
+    if (alive < missing && ahead <= xid) nb_sleep_ns(200 * 1000000LL);
+    if (attempts == 1)
+      NB_WARN("hybrid: final check: %u of %u peers not heard yet; asking again for up to %.1f s",
+              missing, np, until - nb_now_s());
+    NB_INFO(TRAIN, "hybrid: final check: attempt %u: asking again on exchange id %llu", attempts + 1,
+            (unsigned long long)next);
+    xid = next;
   }
-  nb__hy_release(got, np);
   NB_CHECK(nb_error_wrap(st, "hybrid: final check"));
   uint64_t hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  h->hash = hash;
   for (uint32_t i = 0; i < np; i++) {
     if (!have[i]) continue;
     if (hd[i].commits == h->commits && hd[i].hash != hash)
@@ -1308,11 +1333,14 @@ static nb_status_t nb__hy_finish_ft(nb_hybrid_t* h) {
           NB_ERR_INTEGRITY, "hybrid: final check: cluster %u applied %llu rounds, we applied %llu",
           hd[i].sender, (unsigned long long)hd[i].commits, (unsigned long long)h->commits);
   }
+  h->final_attempts = attempts;
   /* the trainer holds theta_global (progress of rounds skipped at the very end is dropped) */
   NB_CHECK(nb_trainer_set_sync_params(h->t, h->global, h->n));
   if (missing)
-    return nb_error(NB_ERR_UNAVAILABLE, "hybrid: final check: %u of %u peers did not answer",
-                    missing, np);
+    return nb_error(NB_ERR_UNAVAILABLE,
+                    "hybrid: final check: %u of %u peers did not answer in %u attempts over "
+                    "%.1f s (final wait)",
+                    missing, np, attempts, h->cfg.final_wait_s);
   return NB_OK;
 }
 
@@ -1470,6 +1498,8 @@ out:
   nb_free(buf);
   return st;
 }
+
+uint32_t nb_hybrid_final_attempts(const nb_hybrid_t* h) { return h ? h->final_attempts : 0; }
 
 uint64_t nb_hybrid_commits(const nb_hybrid_t* h) {
   return h->commits;

@@ -100,6 +100,10 @@ typedef struct {
    * where the update lands (overlap_steps into the next round, before that round's message at
    * the latest). */
   nb_hybrid_ft_exchange_fn ft_exchange;
+  /* Fault-tolerant rounds: how long nb_hybrid_finish keeps asking a peer that has not answered
+   * the final check (each attempt on a fresh exchange id, following a peer that is further), so
+   * that a link back near the end of a run still ends in agreement; 0 = one attempt. */
+  double final_wait_s;
 } nb_hybrid_config_t;
 
 /* Defaults: one cluster, H 50, outer lr 0.7 momentum 0.9, density 0.01, error feedback, int8,
@@ -182,8 +186,8 @@ nb_status_t nb_hybrid_drain(nb_hybrid_t* h, nb_hybrid_round_t* rec);
  * cfg.exchange so that the last round's result is compared too. NB_ERR_INTEGRITY as apply, or
  * the exchange's status. Fault-tolerant rounds: the headers carry the rounds applied; a held
  * round that a peer applied lands first, a peer one applied round behind is accepted (it lands
- * its held round), a peer that does not answer gives NB_ERR_UNAVAILABLE; the trainer then
- * holds theta_global. */
+ * its held round), a peer that does not answer is asked again until cfg.final_wait_s has passed
+ * and then gives NB_ERR_UNAVAILABLE; the trainer then holds theta_global. */
 nb_status_t nb_hybrid_finish(nb_hybrid_t* h);
 
 /* The per-step exchange of step and dense modes, for the trainer's grad hook: encodes grads
@@ -226,6 +230,10 @@ nb_status_t nb_hybrid_export(const nb_hybrid_t* h, uint8_t** out, size_t* len);
  * cluster's progress not in that state is dropped). Checks the size, layout, trailing XXH3 and
  * theta_global's hash: NB_ERR_INVALID, NB_ERR_INTEGRITY; h unchanged on error. */
 nb_status_t nb_hybrid_import(nb_hybrid_t* h, const uint8_t* state, size_t len, uint64_t skip);
+/* Exchanges the final check of fault-tolerant rounds took (1 when every peer answered at once;
+ * 0 before nb_hybrid_finish or without fault-tolerant rounds). */
+uint32_t nb_hybrid_final_attempts(const nb_hybrid_t* h);
+
 /* Rounds applied (fault-tolerant rounds; equals nb_hybrid_rounds otherwise). */
 uint64_t nb_hybrid_commits(const nb_hybrid_t* h);
 
