@@ -30,6 +30,7 @@ DEB_PKGS=(
   protobuf-c-compiler
   python3-grpcio
   slurm-wlm
+  stress-ng
   zlib1g-dev
 )
 
