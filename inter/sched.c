@@ -121,6 +121,8 @@ const char* nb_sched_reason_name(nb_sched_reason_t r) {
       return "floor_lengthen";
     case NB_SCHED_FLOOR_MAX_STEPS:
       return "floor_max_steps";
+    case NB_SCHED_FLOOR_LATER:
+      return "floor_later";
   }
   return "unknown";
 }
@@ -152,13 +154,18 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
   const int wall = in->round_s > 0.0;
   const double base_compute = wall ? in->round_s : in->step_compute_s * in->steps;
   double compute = base_compute;
+  /* with overlap and tau < H the transfer hides under tau steps only: the update lands there */
+  const int tau = cfg->overlap && in->hide_steps > 0 && in->hide_steps < in->steps &&
+                  in->step_compute_s > 0.0 && in->step_compute_s * in->hide_steps < base_compute;
+  const double hide_compute = tau ? in->step_compute_s * in->hide_steps : base_compute;
 
   d.steps = in->steps;
+  d.hide_steps = tau ? in->hide_steps : 0;
   if (g <= 0.0 || (!wall && in->step_compute_s <= 0.0)) {
     d.reason = NB_SCHED_NO_ESTIMATE;
     d.density = clampd(cfg->initial_density, cfg->density_floor, cfg->density_ceiling);
   } else {
-    double budget = share * base_compute;
+    double budget = share * hide_compute;
     d.density_fit = (budget - fixed_s - fixed_bytes / g) * g / bytes_full;
     if (d.density_fit >= cfg->density_ceiling) {
       d.reason = NB_SCHED_CEILING;
@@ -175,15 +182,22 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
       d.density = cfg->density_floor;
       double need_s = fixed_s + (fixed_bytes + d.density * bytes_full) / g;
       double steps_need = wall ? 0.0 : ceil(need_s / (share * in->step_compute_s));
-      if (wall) {
+      double tau_need = tau ? ceil(need_s / (share * in->step_compute_s)) : 0.0;
+      if (tau && tau_need < (double)in->steps && tau_need * in->step_compute_s < base_compute) {
+        d.reason = NB_SCHED_FLOOR_LATER; /* land later, still inside the round */
+        d.hide_steps = tau_need > (double)in->hide_steps ? (uint32_t)tau_need : in->hide_steps;
+      } else if (wall) {
+        d.hide_steps = 0;
         double round_need = need_s / share, round_max = in->round_s * cfg->max_steps_factor;
         d.reason = round_need <= round_max ? NB_SCHED_FLOOR_LENGTHEN : NB_SCHED_FLOOR_MAX_STEPS;
         compute = round_need <= round_max ? (round_need > base_compute ? round_need : base_compute)
                                           : round_max;
       } else if (steps_need <= (double)max_steps) {
+        d.hide_steps = 0; /* at the round's end */
         d.reason = NB_SCHED_FLOOR_LENGTHEN;
         d.steps = steps_need > (double)in->steps ? (uint32_t)steps_need : in->steps;
       } else {
+        d.hide_steps = 0;
         d.reason = NB_SCHED_FLOOR_MAX_STEPS;
         d.steps = max_steps;
       }
@@ -194,7 +208,7 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
   d.bytes = fixed_bytes + d.density * bytes_full;
   d.transfer_s = g > 0.0 ? fixed_s + d.bytes / g : 0.0;
   d.compute_s = wall ? compute : in->step_compute_s * d.steps;
-  d.budget_s = share * d.compute_s;
+  d.budget_s = share * (d.hide_steps > 0 ? in->step_compute_s * d.hide_steps : d.compute_s);
   *out = d;
   if (nb_log_enabled(NB_LOG_INFO, NB_SUB_SCHED)) {
     char line[512];
@@ -210,10 +224,11 @@ int nb_sched_decision_format(const nb_sched_decision_t* d, char* buf, size_t len
                   "sched round=%llu reason=%s density=%.6g k=%llu steps=%u base_steps=%u "
                   "fit=%.6g bytes=%.0f transfer_s=%.4f budget_s=%.4f compute_s=%.4f "
                   "goodput_mbit=%.3f rtt_ms=%.3f step_ms=%.3f params=%llu bits=%.3g+%.3g fanout=%u "
-                  "round_s=%.4g",
+                  "round_s=%.4g tau=%u",
                   (unsigned long long)d->in.round, nb_sched_reason_name(d->reason), d->density,
                   (unsigned long long)d->k, d->steps, d->in.steps, d->density_fit, d->bytes,
                   d->transfer_s, d->budget_s, d->compute_s, d->in.goodput_Bps * 8e-6,
                   d->in.rtt_s * 1e3, d->in.step_compute_s * 1e3, (unsigned long long)d->in.n_params,
-                  d->in.bits_per_value, d->in.bits_per_index, d->in.fanout, d->in.round_s);
+                  d->in.bits_per_value, d->in.bits_per_index, d->in.fanout, d->in.round_s,
+                  d->hide_steps);
 }

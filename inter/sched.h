@@ -1,7 +1,9 @@
 /* The adaptive scheduler's decision: from the link's measured goodput and RTT and the measured
  * compute time per inner step, pick the top-k density of the next round so that its transfer fits
- * under the round's compute (overlap on) or within a fraction of it; at the density floor, lengthen
- * the round instead. Pure logic on numbers: it does not measure, sleep, send or train; the
+ * under the compute it can really hide under (overlap on: the tau inner steps after which the
+ * update must land, or the whole round) or within a fraction of the round's compute; at the
+ * density floor, let the update land later (a larger tau, up to the round's end), then lengthen
+ * the round. Pure logic on numbers: it does not measure, sleep, send or train; the
  * training loop calls nb_sched_decide once per round and applies the result. */
 #ifndef NB_INTER_SCHED_H
 #define NB_INTER_SCHED_H
@@ -51,6 +53,10 @@ typedef struct {
   double round_s;        /* wall-time rounds (heterogeneous clusters): the base round budget in
                             seconds; step_compute_s is then not needed and steps is passed
                             through. 0 = a round is `steps` inner steps */
+  uint32_t hide_steps;   /* with cfg.overlap: the update must land this many inner steps into the
+                            next round (sync.overlapSteps, tau), so the transfer can hide under
+                            only those; 0, or >= steps: the whole round. Needs step_compute_s
+                            (in wall-time rounds too; without it the whole round counts) */
 } nb_sched_input_t;
 
 typedef enum {
@@ -61,6 +67,8 @@ typedef enum {
   NB_SCHED_FLOOR_LENGTHEN = 4,  /* at the floor; the round is lengthened so the transfer fits */
   NB_SCHED_FLOOR_MAX_STEPS = 5, /* at the floor and the longest round: the transfer still does
                                    not fit; training will wait on the link */
+  NB_SCHED_FLOOR_LATER = 6,     /* at the floor; the update lands later in the next round (a
+                                   larger hide_steps, still inside the round) so the transfer fits */
 } nb_sched_reason_t;
 
 typedef struct {
@@ -70,13 +78,17 @@ typedef struct {
   uint64_t k;         /* kept values: ceil(density x n_params), >= 1, <= n_params */
   uint32_t steps;     /* inner steps of the next round, >= in.steps (= in.steps in wall-time
                          mode) */
+  uint32_t hide_steps; /* inner steps after which the next round's update must land: in.hide_steps,
+                          raised at the floor (NB_SCHED_FLOOR_LATER); 0 when in.hide_steps is 0 or
+                          no longer below the round's steps (the update lands at the round's end) */
   double density_fit; /* unclamped density that exactly fills the budget at in.steps (may
                          be < 0 when even the fixed costs do not fit); 0 with no estimate */
   double bytes;       /* predicted frame bytes x fanout */
   double transfer_s;  /* predicted transfer time */
   double compute_s;   /* the next round's compute: steps x step_compute_s, or in wall-time mode
                          its wall budget (>= in.round_s; lengthened at the floor) */
-  double budget_s;    /* the share of compute_s the transfer may take */
+  double budget_s;    /* the share of the compute it hides under (hide_steps x step_compute_s,
+                         or compute_s) that the transfer may take */
 } nb_sched_decision_t;
 
 /* Fills cfg with defaults (NB_SCHED_* environment parameters); overlap defaults to 1. */

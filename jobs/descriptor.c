@@ -68,7 +68,8 @@ static const char* const nb__sync_keys[] = {
     "overlapSteps", "outer",      "peerTimeoutSeconds", NULL};
 static const char* const nb__outer_keys[] = {"lr", "momentum", "nesterov", NULL};
 static const char* const nb__comp_keys[] = {
-    "density", "adaptive", "budgetFraction", "errorFeedback", "values", "zstdLevel", NULL};
+    "density", "adaptive", "budgetFraction", "errorFeedback", "errorFeedbackDecay", "values",
+    "zstdLevel", NULL};
 static const char* const nb__density_keys[] = {"initial", "min", "max", NULL};
 static const char* const nb__link_keys[] = {"rateMbit", "delayMs", "streams", "chunkKib", NULL};
 static const char* const nb__sec_keys[] = {"ca", "cert", "key", "seal", NULL};
@@ -751,6 +752,7 @@ static void nb__parse_compression(nb__dctx_t* c, json_t* spec, nb_job_compressio
     nb__get_bool(c, o, "adaptive", &k->adaptive);
     nb__get_num(c, o, "budgetFraction", 0, 10, NB__LO_OPEN, &k->budget_fraction);
     nb__get_bool(c, o, "errorFeedback", &k->error_feedback);
+    nb__get_num(c, o, "errorFeedbackDecay", 0, 1, NB__LO_OPEN, &k->error_feedback_decay);
     int v = (int)k->values;
     nb__get_enum(c, o, "values", nb__values_names, &v);
     k->values = (nb_job_values_t)v;
@@ -1141,6 +1143,7 @@ nb_status_t nb_descriptor_to_json(const nb_job_config_t* cfg, char** out) {
   nb__set_bool(&b, co, "adaptive", k->adaptive);
   nb__set_num(&b, co, "budgetFraction", k->budget_fraction);
   nb__set_bool(&b, co, "errorFeedback", k->error_feedback);
+  nb__set_num(&b, co, "errorFeedbackDecay", k->error_feedback_decay);
   nb__set_str(&b, co, "values", nb_job_values_name(k->values));
   nb__set_int(&b, co, "zstdLevel", k->zstd_level);
 

@@ -121,6 +121,7 @@ typedef struct {
   bool adaptive;          /* scheduler picks the density each round from the measured link */
   double budget_fraction; /* a round's transfer must fit in this fraction of its compute */
   bool error_feedback;
+  double error_feedback_decay; /* beta in (0, 1]: the residual is scaled by it each round */
   nb_job_values_t values;
   int zstd_level; /* 1..19 */
 } nb_job_compression_t;
@@ -220,6 +221,7 @@ static inline void nb_job_config_defaults(nb_job_config_t* c) {
   c->compression.adaptive = true;
   c->compression.budget_fraction = 1.0;
   c->compression.error_feedback = true;
+  c->compression.error_feedback_decay = 1.0;
   c->compression.values = NB_JOB_VALUES_FP16;
   c->compression.zstd_level = 3;
 

@@ -641,6 +641,7 @@ int nb_worker_main(int argc, char** argv) {
   hc.outer_momentum = (float)job->sync.outer_momentum;
   hc.density = job->compression.density_initial;
   hc.error_feedback = job->compression.error_feedback;
+  hc.ef_decay = (float)job->compression.error_feedback_decay;
   hc.values = nb__wk_values(job->compression.values);
   hc.zstd_level = job->compression.zstd_level;
   hc.mode = job->sync.mode == NB_JOB_SYNC_STEP    ? NB_HYBRID_STEP
@@ -886,9 +887,15 @@ int nb_worker_main(int argc, char** argv) {
       nb__wk_bits(hc.values, rec.density, &in.bits_per_value, &in.bits_per_index);
       in.fanout = 1; /* one capped link per peer */
       in.round_s = hc.round_seconds;
+      /* with overlap the update lands tau steps into the next round: only those hide it */
+      if (hc.overlap && hc.overlap_steps > 0)
+        in.hide_steps = (uint32_t)(hc.overlap_steps < UINT32_MAX ? hc.overlap_steps : UINT32_MAX);
       if (nb_sched_decide(&scfg, &in, have_dec ? &prev_dec : NULL, &dec) != NB_OK ||
           nb_hybrid_set_density(h, dec.density) != NB_OK ||
-          nb_hybrid_set_inner_steps(h, (long)dec.steps) != NB_OK) {
+          nb_hybrid_set_inner_steps(h, (long)dec.steps) != NB_OK ||
+          (in.hide_steps > 0 &&
+           nb_hybrid_set_overlap_steps(h, dec.hide_steps > 0 ? (long)dec.hide_steps
+                                                             : (long)dec.steps) != NB_OK)) {
         rc = nb__wk_fail(cluster, "scheduler");
         goto done;
       }
@@ -908,6 +915,7 @@ int nb_worker_main(int argc, char** argv) {
       json_object_set_new(d, "step_compute_s", json_real(in.step_compute_s));
       json_object_set_new(d, "predicted_transfer_s", json_real(dec.transfer_s));
       json_object_set_new(d, "budget_s", json_real(dec.budget_s));
+      json_object_set_new(d, "overlap_steps", json_integer(dec.hide_steps));
       json_array_append_new(decisions, d);
     }
   }

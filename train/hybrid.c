@@ -177,6 +177,8 @@ static nb_status_t nb__hy_check(const nb_hybrid_config_t* c) {
   if (c->n_clusters < 1 || c->n_clusters > NB_HYBRID_MAX_CLUSTERS)
     return nb_error(NB_ERR_CONFIG, "hybrid: n_clusters %u outside [1, %d]", c->n_clusters,
                     NB_HYBRID_MAX_CLUSTERS);
+  if (!(c->ef_decay >= 0.0f && c->ef_decay <= 1.0f))
+    return nb_error(NB_ERR_CONFIG, "hybrid: ef_decay %g outside (0, 1] (0 = 1)", (double)c->ef_decay);
   if (c->cluster_index >= c->n_clusters)
     return nb_error(NB_ERR_CONFIG, "hybrid: cluster_index %u >= n_clusters %u", c->cluster_index,
                     c->n_clusters);
@@ -275,6 +277,10 @@ void nb_hybrid_destroy(nb_hybrid_t* h) {
  * is not dropped; the residual is cleared after the encode. A sparse round leaves Delta alone:
  * the codec adds the residual itself. */
 static void nb__hy_residual_in(nb_hybrid_t* h) {
+  if (h->cfg.error_feedback && h->cfg.ef_decay > 0.0f && h->cfg.ef_decay < 1.0f) {
+    float b = h->cfg.ef_decay;
+    for (size_t i = 0; i < h->n; i++) h->residual[i] *= b;
+  }
   if (h->cfg.error_feedback && h->cfg.density >= 1)
     for (size_t i = 0; i < h->n; i++) h->delta[i] += h->residual[i];
 }
@@ -1381,6 +1387,13 @@ nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps) {
   if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
   if (steps < 1) return nb_error(NB_ERR_CONFIG, "hybrid: inner_steps %ld < 1", steps);
   h->cfg.inner_steps = steps;
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_set_overlap_steps(nb_hybrid_t* h, long steps) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (steps < 0) return nb_error(NB_ERR_CONFIG, "hybrid: overlap_steps %ld < 0", steps);
+  h->cfg.overlap_steps = steps;
   return NB_OK;
 }
 

@@ -70,6 +70,9 @@ typedef struct {
   float outer_momentum;   /* [0, 1) */
   double density;         /* top-k fraction in (0, 1]; 1 = a dense frame (no error feedback) */
   int error_feedback;     /* keep the residual of what top-k / quantization dropped */
+  float ef_decay;         /* beta in (0, 1]: each round the residual is scaled by beta before
+                             the new Delta joins it (SparseLoCo's e <- beta e + Delta); 0 or 1 =
+                             keep all of it (default) */
   uint32_t samples_scale; /* ranks of this cluster training in lockstep with this trainer (their
                              samples count for the weights); 0 = 1 */
   nb_values_t values;     /* value type on the wire */
@@ -207,6 +210,9 @@ nb_status_t nb_hybrid_set_density(nb_hybrid_t* h, double density);
 /* Sets H, the inner steps of the next rounds (>= 1; the cap of a wall-time round).
  * NB_ERR_CONFIG when < 1. */
 nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps);
+/* Sets tau, the inner steps of the next rounds after which the previous update lands (overlap;
+ * >= 0, see cfg.overlap_steps; the scheduler raises it on a thin link). NB_ERR_CONFIG when < 0. */
+nb_status_t nb_hybrid_set_overlap_steps(nb_hybrid_t* h, long steps);
 
 /* Writes the round state (theta_global, outer momentum, error-feedback residual, round
  * counters) to `path` atomically (a temp file, fsync, rename), ending in an XXH3 checksum;
