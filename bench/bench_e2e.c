@@ -28,9 +28,9 @@ typedef struct {
 static void nb__e2e_usage(FILE* f) {
   fprintf(
       f,
-      "usage: nebula bench e2e [--job FILE] [--rate-mbit R] [--delay-ms D] [--steps N]\n"
-      "                        [--seed S] [--eval-batches B] [--data-dir DIR] [--out DIR] "
-      "[--json]\n"
+      "usage: nebula bench e2e [--job FILE] [--rate-mbit R | --thin F] [--delay-ms D]\n"
+      "                        [--steps N] [--seed S] [--eval-batches B] [--data-dir DIR]\n"
+      "                        [--out DIR] [--json]\n"
       "Trains the job's model three ways with 'nebula run' (single cluster, dense sync,\n"
       "nebula outer sync with adaptive density and overlap) and prints wall time, final\n"
       "held-out bits per byte (mean over the job's languages), WAN bytes and compute\n"
@@ -38,7 +38,11 @@ static void nb__e2e_usage(FILE* f) {
       "100 Mbit/s, 25 ms one way. As root the two-cluster runs go through namespaces behind\n"
       "the emulated WAN link (rate and delay); otherwise over loopback with the rate cap only\n"
       "(the delay is then recorded, not emulated: delay_ms_emulated 0). --seed and\n"
-      "--eval-batches set training.seed and training.eval.batches for all three runs.\n");
+      "--eval-batches set training.seed and training.eval.batches for all three runs.\n"
+      "--thin F: a thin link that scales with the machine: the rate is set so that one dense\n"
+      "int8 frame of the job takes F x the round's compute time measured by the single run\n"
+      "(F = 10 is a 10-70B model on a few hundred Mbit/s); the dense baseline is skipped\n"
+      "there (it would take hours) and the rate chosen is reported.\n");
 }
 
 /* Writes variant `v` of the base descriptor to path. */
@@ -153,6 +157,33 @@ static int nb__e2e_run(const char* job, const char* out, const char* log, const 
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* Mean compute seconds per round and the synced parameter count of a finished run's cluster
+ * (its rounds.tsv and summary.json). 0 when unreadable. */
+static double nb__e2e_round_compute(const char* dir, long long* n_params) {
+  char p[1200];
+  snprintf(p, sizeof p, "%s/summary.json", dir);
+  json_t* s = json_load_file(p, 0, NULL);
+  *n_params = s ? (long long)json_integer_value(json_object_get(s, "params_synced")) : 0;
+  json_decref(s);
+  snprintf(p, sizeof p, "%s/rounds.tsv", dir);
+  FILE* f = fopen(p, "r");
+  if (!f) return 0;
+  char line[4096];
+  int col = -1;
+  double sum = 0;
+  long rows = 0;
+  while (fgets(line, sizeof line, f)) {
+    int c = 0;
+    for (char* tok = strtok(line, "\t\n"); tok; tok = strtok(NULL, "\t\n"), c++) {
+      if (col < 0 && strcmp(tok, "compute_s") == 0) col = c;
+      if (rows >= 0 && col >= 0 && c == col && rows > 0) sum += atof(tok);
+    }
+    rows++;
+  }
+  fclose(f);
+  return rows > 1 && col >= 0 ? sum / (double)(rows - 1) : 0;
+}
+
 /* Reads every cluster's summary under out: wall = slowest cluster, bpb = mean over languages
  * (a language evaluated by several clusters counts once: they hold the same parameters). */
 static void nb__e2e_collect(const char* out, nb__e2e_t* r) {
@@ -194,7 +225,7 @@ static void nb__e2e_collect(const char* out, nb__e2e_t* r) {
 int nb_bench_e2e_main(int argc, char** argv) {
   const char *job = "jobs/examples/pretrain-2dc-small.json", *data_dir = NULL, *steps = NULL;
   const char* out = "runs/bench-e2e";
-  double rate = 100, delay = 25;
+  double rate = 100, delay = 25, thin = 0;
   int as_json = 0;
   long seed = -1, eval_batches = -1;
   for (int i = 1; i < argc; i++) {
@@ -209,6 +240,13 @@ int nb_bench_e2e_main(int argc, char** argv) {
       job = argv[++i];
     } else if (strcmp(a, "--rate-mbit") == 0 && v) {
       rate = atof(argv[++i]);
+    } else if (strcmp(a, "--thin") == 0 && v) {
+      char* end = NULL;
+      thin = strtod(argv[++i], &end);
+      if (end == argv[i] || *end || !(thin > 0) || thin > 1e6) {
+        fprintf(stderr, "nebula bench e2e: --thin takes a factor > 0, got '%s'\n", argv[i]);
+        return 2;
+      }
     } else if (strcmp(a, "--delay-ms") == 0 && v) {
       delay = atof(argv[++i]);
     } else if (strcmp(a, "--steps") == 0 && v) {
@@ -265,7 +303,29 @@ int nb_bench_e2e_main(int argc, char** argv) {
   }
   nb__e2e_t res[3] = {{.name = "single"}, {.name = "dense"}, {.name = "nebula"}};
   int rc = 0, netns = 0;
+  double round_compute = 0;
+  long long n_params = 0;
   for (int i = 0; i < 3; i++) {
+    if (thin > 0 && i == 1) continue; /* dense at a thin link's rate: hours; skipped */
+    if (thin > 0 && i == 2) {
+      /* the rate at which one dense int8 frame (a byte per value, a 4-byte scale per 256,
+       * header) takes thin x the single run's round compute */
+      char sd[1100];
+      snprintf(sd, sizeof sd, "%s/single/dc-all", out);
+      round_compute = nb__e2e_round_compute(sd, &n_params);
+      if (!(round_compute > 0) || n_params <= 0) {
+        fprintf(stderr, "nebula bench e2e: --thin: no round compute time in %s\n", sd);
+        rc = 1;
+        break;
+      }
+      double frame = (double)n_params * (1.0 + 4.0 / 256.0) + 4096;
+      rate = frame * 8e-6 / (thin * round_compute);
+      if (!as_json) {
+        printf("e2e: --thin %g: dense int8 frame %.0f bytes, round compute %.3f s -> %.4f Mbit/s\n",
+               thin, frame, round_compute, rate);
+        fflush(stdout);
+      }
+    }
     char jp[1100], op[1100], lp[1100];
     snprintf(jp, sizeof jp, "%s/%s.json", out, res[i].name);
     snprintf(op, sizeof op, "%s/%s", out, res[i].name);
@@ -292,31 +352,41 @@ int nb_bench_e2e_main(int argc, char** argv) {
   double delay_em = netns ? delay : 0;
   nb__e2e_t *s = &res[0], *d = &res[1], *nb = &res[2];
   double t_ratio = nb->wall_s / s->wall_s, l_ratio = nb->eval_bpb / s->eval_bpb;
-  double b_ratio = nb->wan_bytes > 0 ? (double)d->wan_bytes / (double)nb->wan_bytes : NAN;
+  double b_ratio =
+      nb->wan_bytes > 0 && thin <= 0 ? (double)d->wan_bytes / (double)nb->wan_bytes : NAN;
   if (as_json) {
     printf("{");
     for (int i = 0; i < 3; i++)
-      printf(
-          "\"%s\": {\"wall_s\": %.3f, \"final_eval_loss\": %.6f, \"wan_bytes\": %lld, "
-          "\"compute_utilization\": %.4f}, ",
-          res[i].name, res[i].wall_s, res[i].eval_bpb, res[i].wan_bytes, res[i].util);
+      if (!(thin > 0 && i == 1))
+        printf(
+            "\"%s\": {\"wall_s\": %.3f, \"final_eval_loss\": %.6f, \"wan_bytes\": %lld, "
+            "\"compute_utilization\": %.4f}, ",
+            res[i].name, res[i].wall_s, res[i].eval_bpb, res[i].wan_bytes, res[i].util);
     printf(
         "\"nebula_bits_per_param_per_sync\": %.4f, \"nebula_vs_single_time\": %.4f, "
         "\"nebula_vs_single_loss\": %.4f, \"dense_over_nebula_bytes\": %.2f, "
-        "\"rate_mbit\": %g, \"delay_ms_emulated\": %g, \"delay_ms_requested\": %g}\n",
-        nb->bits_per_param, t_ratio, l_ratio, b_ratio, rate, delay_em, delay);
+        "\"rate_mbit\": %g, \"delay_ms_emulated\": %g, \"delay_ms_requested\": %g, "
+        "\"thin\": %g, \"round_compute_s\": %.4f, \"dense\": \"%s\"}\n",
+        nb->bits_per_param, t_ratio, l_ratio, b_ratio, rate, delay_em, delay, thin, round_compute,
+        thin > 0 ? "skipped at --thin" : "run");
   } else {
     printf("\n%-8s %9s %15s %14s %12s\n", "run", "wall_s", "eval_bpb(loss)", "wan_bytes",
            "compute_util");
     for (int i = 0; i < 3; i++)
-      printf("%-8s %9.1f %15.4f %14lld %12.3f\n", res[i].name, res[i].wall_s, res[i].eval_bpb,
-             res[i].wan_bytes, res[i].util);
+      if (!(thin > 0 && i == 1))
+        printf("%-8s %9.1f %15.4f %14lld %12.3f\n", res[i].name, res[i].wall_s, res[i].eval_bpb,
+               res[i].wan_bytes, res[i].util);
     printf(
         "nebula bits/param/sync %.3f; nebula/single time %.3f, loss %.4f; dense/nebula bytes "
         "%.1f (%s, %g Mbit/s, %g ms one way emulated)\n",
         nb->bits_per_param, t_ratio, l_ratio, b_ratio,
         netns ? "namespaces behind the emulated WAN" : "loopback with the rate cap", rate,
         delay_em);
+    if (thin > 0)
+      printf(
+          "thin link: --thin %g (a dense int8 frame = %g x the round's compute of %.3f s); dense "
+          "baseline skipped\n",
+          thin, thin, round_compute);
   }
   return rc;
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The WAN link down for 20 s mid-run. As root: between the two network namespaces of deploy/wan
-# (veth, 50 Mbit/s), `ip link set wan0 down` in namespace a, back up 20 s later. Without root
+# (veth, 50 Mbit/s), `ip link set wan0 down` in namespace a, back up 20 s later (or when only 15
+# rounds are left, whichever comes first). Without root
 # (or with NB_FAULTS_PROXY=1): over loopback through cutproxy.py, whose link is cut for 20 s
 # (every connection closed, new ones refused). Both clusters must keep training (their rounds
 # are skipped, not applied, on both), apply rounds again once the link is back, complete the
@@ -92,8 +93,12 @@ if [ -n "$late" ]; then # up again when $late rounds are left
   while kill -0 "$apid" 2>/dev/null && [ "$(($(wc -l <"$tmp/dc-a/rounds.tsv") - 1))" -lt $((total - late)) ]; do
     sleep 0.05
   done
-else
-  sleep "$outage"
+else # up again after the outage, or earlier when only 15 rounds are left (a loaded machine
+  # makes rounds of one slow step, shorter than their budget, and the run shorter than the outage)
+  end=$(($(date +%s%N) + outage * 1000000000))
+  while [ "$(date +%s%N)" -lt "$end" ] && [ "$(($(wc -l <"$tmp/dc-a/rounds.tsv") - 1))" -lt $((total - 15)) ]; do
+    sleep 0.05
+  done
 fi
 rows_up=$(($(wc -l <"$tmp/dc-a/rounds.tsv") - 1))
 if [ "$mode" = netns ]; then ip -n "$NB_WAN_NS_A" link set "$NB_WAN_DEV" up
