@@ -21,6 +21,8 @@ static const nb_bench_entry_t nb__benches[] = {
     {"allreduce", "intra-cluster allreduce vs raw MPI/NCCL (mpirun)", nb_bench_allreduce_main},
     {"wan", "sealed mTLS frames over the emulated WAN vs iperf3; loopback cost", nb_bench_wan_main},
     {"e2e", "single vs dense vs nebula training of one job (nebula run)", nb_bench_e2e_main},
+    {"pareto", "held-out loss vs bits per parameter, per codec point (nebula run)",
+     nb_bench_pareto_main},
     {"decode", "greedy decoding: K/V cache vs full recompute, tokens/s", nb_bench_decode_main},
     {NULL, NULL, NULL},
 };

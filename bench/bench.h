@@ -27,6 +27,8 @@ int nb_bench_allreduce_main(int argc, char** argv);
 int nb_bench_wan_main(int argc, char** argv);
 /* `nebula bench e2e` (bench_e2e.c): single vs dense vs nebula on one job via `nebula run` */
 int nb_bench_e2e_main(int argc, char** argv);
+/* `nebula bench pareto` (bench_pareto.c): loss ratio vs bits per parameter per codec point */
+int nb_bench_pareto_main(int argc, char** argv);
 /* `nebula bench decode` (bench_decode.c): greedy decoding, K/V cache vs full recompute. */
 int nb_bench_decode_main(int argc, char** argv);
 

@@ -15,15 +15,9 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "bench/e2e.h"
 #include "common/common.h"
 
-typedef struct {
-  const char* name;
-  double wall_s, eval_bpb, util;
-  long long wan_bytes;
-  double bits_per_param;
-  int ok;
-} nb__e2e_t;
 
 static void nb__e2e_usage(FILE* f) {
   fprintf(
@@ -45,8 +39,8 @@ static void nb__e2e_usage(FILE* f) {
       "there (it would take hours) and the rate chosen is reported.\n");
 }
 
-/* Writes variant `v` of the base descriptor to path. */
-static int nb__e2e_job(json_t* base, const char* v, double rate, double delay, const char* path) {
+int nb_e2e_write_job(json_t* base, const char* v, double rate, double delay, const char* path,
+                     const nb_e2e_point_t* point) {
   json_t* j = json_deep_copy(base);
   json_t* spec = json_object_get(j, "spec");
   json_t* meta = json_object_get(j, "metadata");
@@ -112,6 +106,21 @@ static int nb__e2e_job(json_t* base, const char* v, double rate, double delay, c
     json_object_set_new(sync, "mode", json_string("outer"));
     json_object_set_new(sync, "overlap", json_true());
     if (comp) json_object_set_new(comp, "adaptive", json_true());
+    if (point && !point->adaptive) { /* one fixed point of the codec */
+      if (!json_is_object(comp)) json_object_set_new(spec, "compression", comp = json_object());
+      json_object_set_new(comp, "adaptive", json_false());
+      json_object_set_new(comp, "density", json_pack("{s:f,s:f,s:f}", "initial", point->density,
+                                                     "min", point->density, "max", point->density));
+      json_object_set_new(comp, "values", json_string(point->values));
+      json_object_set_new(comp, "errorFeedback", json_boolean(point->density < 1));
+    }
+    if (point && point->ef_decay > 0 && json_is_object(comp))
+      json_object_set_new(comp, "errorFeedbackDecay", json_real(point->ef_decay));
+    if (point && point->outer_momentum >= 0) {
+      json_t* outer = json_object_get(sync, "outer");
+      if (!json_is_object(outer)) json_object_set_new(sync, "outer", outer = json_object());
+      json_object_set_new(outer, "momentum", json_real(point->outer_momentum));
+    }
   }
   int rc = json_dump_file(j, path, JSON_INDENT(2)) == 0 ? 0 : -1;
   json_decref(j);
@@ -130,7 +139,7 @@ static int nb__e2e_used_netns(const char* log) {
   return yes;
 }
 
-static int nb__e2e_run(const char* job, const char* out, const char* log, const char* data_dir,
+int nb_e2e_run(const char* job, const char* out, const char* log, const char* data_dir,
                        const char* steps) {
   const char* av[16];
   int k = 0;
@@ -157,9 +166,7 @@ static int nb__e2e_run(const char* job, const char* out, const char* log, const 
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-/* Mean compute seconds per round and the synced parameter count of a finished run's cluster
- * (its rounds.tsv and summary.json). 0 when unreadable. */
-static double nb__e2e_round_compute(const char* dir, long long* n_params) {
+double nb_e2e_round_compute(const char* dir, long long* n_params) {
   char p[1200];
   snprintf(p, sizeof p, "%s/summary.json", dir);
   json_t* s = json_load_file(p, 0, NULL);
@@ -184,9 +191,7 @@ static double nb__e2e_round_compute(const char* dir, long long* n_params) {
   return rows > 1 && col >= 0 ? sum / (double)(rows - 1) : 0;
 }
 
-/* Reads every cluster's summary under out: wall = slowest cluster, bpb = mean over languages
- * (a language evaluated by several clusters counts once: they hold the same parameters). */
-static void nb__e2e_collect(const char* out, nb__e2e_t* r) {
+void nb_e2e_collect(const char* out, nb_e2e_result_t* r) {
   char p[1200];
   const char* ids[2] = {NULL, NULL};
   int n = 0;
@@ -301,7 +306,7 @@ int nb_bench_e2e_main(int argc, char** argv) {
     json_decref(base);
     return 1;
   }
-  nb__e2e_t res[3] = {{.name = "single"}, {.name = "dense"}, {.name = "nebula"}};
+  nb_e2e_result_t res[3] = {{.name = "single"}, {.name = "dense"}, {.name = "nebula"}};
   int rc = 0, netns = 0;
   double round_compute = 0;
   long long n_params = 0;
@@ -312,7 +317,7 @@ int nb_bench_e2e_main(int argc, char** argv) {
        * header) takes thin x the single run's round compute */
       char sd[1100];
       snprintf(sd, sizeof sd, "%s/single/dc-all", out);
-      round_compute = nb__e2e_round_compute(sd, &n_params);
+      round_compute = nb_e2e_round_compute(sd, &n_params);
       if (!(round_compute > 0) || n_params <= 0) {
         fprintf(stderr, "nebula bench e2e: --thin: no round compute time in %s\n", sd);
         rc = 1;
@@ -330,7 +335,7 @@ int nb_bench_e2e_main(int argc, char** argv) {
     snprintf(jp, sizeof jp, "%s/%s.json", out, res[i].name);
     snprintf(op, sizeof op, "%s/%s", out, res[i].name);
     snprintf(lp, sizeof lp, "%s/%s.log", out, res[i].name);
-    if (nb__e2e_job(base, res[i].name, rate, delay, jp) != 0) {
+    if (nb_e2e_write_job(base, res[i].name, rate, delay, jp, NULL) != 0) {
       fprintf(stderr, "nebula bench e2e: %s: cannot derive the %s job\n", job, res[i].name);
       rc = 1;
       break;
@@ -339,9 +344,9 @@ int nb_bench_e2e_main(int argc, char** argv) {
       printf("e2e: running %s (log %s)\n", res[i].name, lp);
       fflush(stdout);
     }
-    int st = nb__e2e_run(jp, op, lp, data_dir, steps);
+    int st = nb_e2e_run(jp, op, lp, data_dir, steps);
     if (i == 2) netns = nb__e2e_used_netns(lp);
-    nb__e2e_collect(op, &res[i]);
+    nb_e2e_collect(op, &res[i]);
     if (st != 0 || !res[i].ok) {
       fprintf(stderr, "nebula bench e2e: the %s run failed (exit %d); see %s\n", res[i].name, st,
               lp);
@@ -350,7 +355,7 @@ int nb_bench_e2e_main(int argc, char** argv) {
   }
   json_decref(base);
   double delay_em = netns ? delay : 0;
-  nb__e2e_t *s = &res[0], *d = &res[1], *nb = &res[2];
+  nb_e2e_result_t *s = &res[0], *d = &res[1], *nb = &res[2];
   double t_ratio = nb->wall_s / s->wall_s, l_ratio = nb->eval_bpb / s->eval_bpb;
   double b_ratio =
       nb->wan_bytes > 0 && thin <= 0 ? (double)d->wan_bytes / (double)nb->wan_bytes : NAN;

@@ -1,0 +1,233 @@
+/* `nebula bench pareto`: quality against bits on the wire. One job (the e2e bench's default) is
+ * trained by the exact single-cluster run and by the two-cluster nebula run at fixed points of
+ * the codec (dense fp32, dense int8, top-k with int8 / 4-bit / 2-bit values, 2-bit with
+ * SparseLoCo's decaying error feedback instead of outer momentum) and at the scheduler's own
+ * choice, for one or more seeds; it prints each point's held-out loss ratio against single (mean
+ * and per seed) and its bits per parameter per sync. Ratios only: both sides of each ratio come
+ * from the same seed and the same machine. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "bench/bench.h"
+#include "bench/e2e.h"
+
+#define NB__PARETO_MAX_SEEDS 10
+
+static const nb_e2e_point_t nb__points[] = {
+    {"dense-fp32", 1.0, "fp32", 0, 0, -1},
+    {"dense-int8", 1.0, "int8", 0, 0, -1},
+    {"top10-int8", 0.10, "int8", 0, 0, -1},
+    {"top3-4bit", 0.03, "4bit", 0, 0, -1},
+    {"top1.5-2bit", 0.015, "2bit", 0, 0, -1},
+    /* SparseLoCo: e <- beta e + Delta replaces the outer momentum */
+    {"top1.5-2bit-ef", 0.015, "2bit", 0, 0.95, 0},
+    {"sched", 0, NULL, 1, 0, -1},
+};
+#define NB__N_POINTS (sizeof nb__points / sizeof nb__points[0])
+
+static void nb__pareto_usage(FILE* f) {
+  fprintf(f,
+          "usage: nebula bench pareto [--job FILE] [--seeds N] [--points A,B,...] [--steps N]\n"
+          "                           [--eval-batches B] [--rate-mbit R] [--data-dir DIR]\n"
+          "                           [--out DIR] [--json]\n"
+          "Trains the job (default jobs/examples/pretrain-2dc-small.json) once on one cluster\n"
+          "(exact) and once per codec point on two clusters with outer sync, for seeds 1..N\n"
+          "(default 1), and prints each point's held-out loss ratio against the single run\n"
+          "(mean and per seed) and bits per parameter per sync. Points:\n ");
+  for (size_t i = 0; i < NB__N_POINTS; i++) fprintf(f, " %s", nb__points[i].name);
+  fprintf(f,
+          "\n(sched: the adaptive scheduler on the job's own compression). The link is the\n"
+          "job's, at --rate-mbit (default 100); the runs take about a minute or two each on\n"
+          "two cores, so 3 seeds of every point take about half an hour.\n");
+}
+
+static int nb__pareto_want(const char* list, const char* name) {
+  if (!list) return 1;
+  size_t n = strlen(name);
+  for (const char* p = list; *p;) {
+    const char* e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (len == n && strncmp(p, name, n) == 0) return 1;
+    p += len + (e ? 1 : 0);
+  }
+  return 0;
+}
+
+static int nb__pareto_long(const char* opt, const char* s, long lo, long hi, long* out) {
+  char* end = NULL;
+  errno = 0;
+  long x = strtol(s, &end, 10);
+  if (end == s || *end || errno || x < lo || x > hi) {
+    fprintf(stderr, "nebula bench pareto: %s takes an integer in [%ld, %ld], got '%s'\n", opt, lo,
+            hi, s);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+int nb_bench_pareto_main(int argc, char** argv) {
+  const char *job = "jobs/examples/pretrain-2dc-small.json", *data_dir = NULL, *steps = NULL;
+  const char *out = "runs/bench-pareto", *points = NULL;
+  double rate = 100;
+  long seeds = 1, eval_batches = -1, x;
+  int as_json = 0;
+  for (int i = 1; i < argc; i++) {
+    const char* a = argv[i];
+    int v = i + 1 < argc;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      nb__pareto_usage(stdout);
+      return 0;
+    } else if (strcmp(a, "--json") == 0) {
+      as_json = 1;
+    } else if (strcmp(a, "--job") == 0 && v) {
+      job = argv[++i];
+    } else if (strcmp(a, "--seeds") == 0 && v) {
+      if (nb__pareto_long(a, argv[++i], 1, NB__PARETO_MAX_SEEDS, &seeds) != 0) return 2;
+    } else if (strcmp(a, "--eval-batches") == 0 && v) {
+      if (nb__pareto_long(a, argv[++i], 1, 1000000, &eval_batches) != 0) return 2;
+    } else if (strcmp(a, "--steps") == 0 && v) {
+      if (nb__pareto_long(a, argv[i + 1], 1, 1000000000, &x) != 0) return 2;
+      steps = argv[++i];
+    } else if (strcmp(a, "--points") == 0 && v) {
+      points = argv[++i];
+    } else if (strcmp(a, "--rate-mbit") == 0 && v) {
+      char* end = NULL;
+      rate = strtod(argv[++i], &end);
+      if (end == argv[i] || *end || !(rate > 0) || rate > 1e6) {
+        fprintf(stderr, "nebula bench pareto: --rate-mbit takes a rate > 0, got '%s'\n", argv[i]);
+        return 2;
+      }
+    } else if (strcmp(a, "--data-dir") == 0 && v) {
+      data_dir = argv[++i];
+    } else if (strcmp(a, "--out") == 0 && v) {
+      out = argv[++i];
+    } else {
+      fprintf(stderr, "nebula bench pareto: unknown option or missing value: '%s'\n", a);
+      nb__pareto_usage(stderr);
+      return 2;
+    }
+  }
+  size_t chosen = 0;
+  for (size_t p = 0; p < NB__N_POINTS; p++)
+    chosen += (size_t)nb__pareto_want(points, nb__points[p].name);
+  if (chosen == 0) {
+    fprintf(stderr, "nebula bench pareto: --points names none of the points (see --help)\n");
+    return 2;
+  }
+  json_error_t je;
+  json_t* base = json_load_file(job, 0, &je);
+  if (!base) {
+    fprintf(stderr, "nebula bench pareto: %s: %s (line %d)\n", job, je.text, je.line);
+    return 1;
+  }
+  json_t* tr = json_object_get(json_object_get(base, "spec"), "training");
+  if (!json_is_object(tr)) {
+    fprintf(stderr, "nebula bench pareto: %s has no spec.training\n", job);
+    json_decref(base);
+    return 2;
+  }
+  if (eval_batches > 0) {
+    json_t* ev = json_object_get(tr, "eval");
+    if (!json_is_object(ev)) json_object_set_new(tr, "eval", ev = json_object());
+    json_object_set_new(ev, "batches", json_integer(eval_batches));
+  }
+  mkdir("runs", 0755);
+  if (mkdir(out, 0755) != 0 && errno != EEXIST) {
+    fprintf(stderr, "nebula bench pareto: cannot create %s: %s\n", out, strerror(errno));
+    json_decref(base);
+    return 1;
+  }
+  double single[NB__PARETO_MAX_SEEDS], bpb[NB__N_POINTS][NB__PARETO_MAX_SEEDS];
+  double bits[NB__N_POINTS][NB__PARETO_MAX_SEEDS];
+  int rc = 0;
+  for (long s = 0; s < seeds && rc == 0; s++) {
+    json_object_set_new(tr, "seed", json_integer(s + 1));
+    for (size_t p = 0; p <= NB__N_POINTS && rc == 0; p++) {
+      /* p == 0: the exact single-cluster run; then the points */
+      const nb_e2e_point_t* pt = p ? &nb__points[p - 1] : NULL;
+      if (pt && !nb__pareto_want(points, pt->name)) continue;
+      const char* name = pt ? pt->name : "single";
+      char jp[1200], op[1200], lp[1200];
+      snprintf(jp, sizeof jp, "%s/seed%ld-%s.json", out, s + 1, name);
+      snprintf(op, sizeof op, "%s/seed%ld-%s", out, s + 1, name);
+      snprintf(lp, sizeof lp, "%s/seed%ld-%s.log", out, s + 1, name);
+      if (nb_e2e_write_job(base, pt ? "nebula" : "single", rate, 0, jp, pt) != 0) {
+        fprintf(stderr, "nebula bench pareto: %s: cannot derive the %s job\n", job, name);
+        rc = 1;
+        break;
+      }
+      if (!as_json) {
+        printf("pareto: seed %ld: %s (log %s)\n", s + 1, name, lp);
+        fflush(stdout);
+      }
+      nb_e2e_result_t r = {.name = pt ? "nebula" : "single"};
+      int st = nb_e2e_run(jp, op, lp, data_dir, steps);
+      nb_e2e_collect(op, &r);
+      if (st != 0 || !r.ok || !isfinite(r.eval_bpb)) {
+        fprintf(stderr, "nebula bench pareto: the %s run of seed %ld failed (exit %d); see %s\n",
+                name, s + 1, st, lp);
+        rc = 1;
+        break;
+      }
+      if (!pt) {
+        single[s] = r.eval_bpb;
+      } else {
+        bpb[p - 1][s] = r.eval_bpb;
+        bits[p - 1][s] = r.bits_per_param;
+      }
+    }
+  }
+  json_decref(base);
+  if (rc != 0) return rc;
+  if (as_json) {
+    printf("{\"seeds\": %ld, \"single_eval_bpb\": [", seeds);
+    for (long s = 0; s < seeds; s++) printf("%s%.6f", s ? ", " : "", single[s]);
+    printf("], \"points\": [");
+  } else {
+    printf("\n%-16s %8s %6s %12s %11s  %s\n", "point", "density", "values", "bits/param",
+           "loss_ratio", "per seed");
+  }
+  int first = 1;
+  for (size_t p = 0; p < NB__N_POINTS; p++) {
+    const nb_e2e_point_t* pt = &nb__points[p];
+    if (!nb__pareto_want(points, pt->name)) continue;
+    double mean_ratio = 0, mean_bits = 0;
+    for (long s = 0; s < seeds; s++) {
+      mean_ratio += bpb[p][s] / single[s] / (double)seeds;
+      mean_bits += bits[p][s] / (double)seeds;
+    }
+    if (as_json) {
+      printf(
+          "%s{\"name\": \"%s\", \"density\": %g, \"values\": \"%s\", \"adaptive\": %s, "
+          "\"bits_per_param_per_sync\": %.4f, \"loss_ratio_mean\": %.4f, \"loss_ratio\": [",
+          first ? "" : ", ", pt->name, pt->density, pt->values ? pt->values : "job",
+          pt->adaptive ? "true" : "false", mean_bits, mean_ratio);
+      for (long s = 0; s < seeds; s++) printf("%s%.4f", s ? ", " : "", bpb[p][s] / single[s]);
+      printf("], \"eval_bpb\": [");
+      for (long s = 0; s < seeds; s++) printf("%s%.6f", s ? ", " : "", bpb[p][s]);
+      printf("]}");
+    } else {
+      char dens[16];
+      snprintf(dens, sizeof dens, pt->adaptive ? "sched" : "%g", pt->density);
+      printf("%-16s %8s %6s %12.3f %11.4f  ", pt->name, dens, pt->values ? pt->values : "job",
+             mean_bits, mean_ratio);
+      for (long s = 0; s < seeds; s++) printf("%s%.4f", s ? " " : "", bpb[p][s] / single[s]);
+      printf("\n");
+    }
+    first = 0;
+  }
+  if (as_json)
+    printf("], \"rate_mbit\": %g}\n", rate);
+  else
+    printf(
+        "(loss ratio: held-out bits per byte of the two-cluster run over the exact "
+        "single-cluster run of the same seed; %g Mbit/s link)\n",
+        rate);
+  return 0;
+}

@@ -1,0 +1,50 @@
+/* Shared by `nebula bench e2e` and `nebula bench pareto` (bench_e2e.c): derive a variant of a
+ * two-cluster job, run it with `nebula run` as a child process, and read back its summaries. */
+#ifndef NB_BENCH_E2E_H
+#define NB_BENCH_E2E_H
+
+#include <jansson.h>
+
+/* One run's figures: wall = slowest cluster, bpb = mean over languages (a language evaluated by
+ * several clusters counts once: they hold the same parameters), utilization and bits per
+ * parameter per sync averaged over the clusters, WAN bytes summed. ok: every summary read. */
+typedef struct {
+  const char* name; /* "single" (cluster dc-all) or anything else (dc-a and dc-b) */
+  double wall_s, eval_bpb, util;
+  long long wan_bytes;
+  double bits_per_param;
+  int ok;
+} nb_e2e_result_t;
+
+/* A fixed point of the codec for the nebula variant (bench pareto): density and value type with
+ * the scheduler off, or adaptive = 1 for the scheduler's own choice; ef_decay > 0 sets
+ * compression.errorFeedbackDecay; outer_momentum >= 0 sets sync.outer.momentum. */
+typedef struct {
+  const char* name;
+  double density;
+  const char* values;
+  int adaptive;
+  double ef_decay;
+  double outer_momentum;
+} nb_e2e_point_t;
+
+/* Writes variant v ("single": one cluster with every language and worker, exact dense fp32
+ * rounds; "dense": fp32 gradients every step; "nebula": outer sync with overlap, adaptive unless
+ * `point` fixes it) of base to path, with the link's rate (Mbit/s) and, as root, one-way delay.
+ * 0 on success, -1 when base lacks spec.sync or spec.link or the file cannot be written. */
+int nb_e2e_write_job(json_t* base, const char* v, double rate, double delay, const char* path,
+                     const nb_e2e_point_t* point);
+
+/* Runs `nebula run JOB --out OUT [--data-dir D] [--steps N]` with its output in LOG; returns the
+ * exit code (-1 when it could not run). */
+int nb_e2e_run(const char* job, const char* out, const char* log, const char* data_dir,
+               const char* steps);
+
+/* Reads the summaries of a finished run under out into r (r->name picks the clusters). */
+void nb_e2e_collect(const char* out, nb_e2e_result_t* r);
+
+/* Mean compute seconds per round of one cluster's finished run (dir/rounds.tsv) and its synced
+ * parameter count (dir/summary.json) into *n_params; 0 when unreadable. */
+double nb_e2e_round_compute(const char* dir, long long* n_params);
+
+#endif
