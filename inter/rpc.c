@@ -28,7 +28,7 @@ NB_PARAM_INT(RpcKeepaliveMs, "NB_RPC_KEEPALIVE_MS", 10000, 1000, 3600000,
              "interval of HTTP/2 keepalive pings on idle client connections")
 NB_PARAM_INT(RpcKeepaliveTimeoutMs, "NB_RPC_KEEPALIVE_TIMEOUT_MS", 5000, 500, 600000,
              "a keepalive ping unanswered this long drops the connection")
-NB_PARAM_INT(RpcMaxBackoffMs, "NB_RPC_MAX_BACKOFF_MS", 2000, 100, 120000,
+NB_PARAM_INT(RpcMaxBackoffMs, "NB_RPC_MAX_BACKOFF_MS", 1000, 100, 120000,
              "longest wait between reconnection attempts of a client channel")
 NB_PARAM_INT(RpcMaxCalls, "NB_RPC_MAX_CALLS", 64, 1, 4096,
              "concurrent calls (handler threads) per server; more get RESOURCE_EXHAUSTED")
