@@ -301,6 +301,55 @@ static void test_dense_round_flushes_residual(void** state) {
 
 /* A replica changed between rounds is reported by the next round on both sides, and theta_global
  * is left as it was. */
+/* SparseLoCo's decaying error feedback (cfg.ef_decay, e <- beta e + Delta): with beta so small
+ * that beta e is below half an ulp of every Delta, each round's frame is exactly the frame
+ * without error feedback (top-k of Delta alone), while beta 1 (the default) carries what the
+ * previous round did not send and so changes the second round's frame. fp32 values: the frames
+ * hold the selected values exactly. */
+static void test_error_feedback_decay(void** state) {
+  (void)state;
+  nb_hybrid_config_t hc;
+  base_config(&hc);
+  hc.density = 0.05;
+  hc.values = NB_VALUES_FP32;
+  hc.outer_lr = 1.0f;
+  hc.outer_momentum = 0.0f;
+  nb_hybrid_config_t off = hc, tiny = hc, full = hc;
+  off.error_feedback = 0;
+  tiny.ef_decay = 1e-30f;
+  full.ef_decay = 1.0f;
+  pair_t p[3];
+  make_pair(&p[0], &off, 4, 4);
+  make_pair(&p[1], &tiny, 4, 4);
+  make_pair(&p[2], &full, 4, 4);
+  for (int r = 0; r < 3; r++) {
+    uint8_t* copies[3][2];
+    nb_hybrid_round_t rec[2];
+    size_t len[3][2];
+    for (int v = 0; v < 3; v++) {
+      assert_int_equal(lockstep(&p[v], rec, copies[v]), NB_OK);
+      for (int c = 0; c < 2; c++) len[v][c] = (size_t)rec[c].msg_bytes;
+    }
+    for (int c = 0; c < 2; c++) {
+      assert_int_equal(len[1][c], len[0][c]);
+      assert_memory_equal(copies[1][c], copies[0][c], len[0][c]);
+      if (r == 0) assert_memory_equal(copies[2][c], copies[0][c], len[0][c]);
+      if (r == 1)
+        assert_true(len[2][c] != len[0][c] || memcmp(copies[2][c], copies[0][c], len[0][c]) != 0);
+    }
+    for (int v = 0; v < 3; v++) free(copies[v][0]), free(copies[v][1]);
+  }
+  for (int v = 0; v < 3; v++) free_pair(&p[v]);
+  nb_hybrid_config_t bad = hc;
+  bad.ef_decay = 1.5f;
+  nb_trainer_t* t = make_trainer(0, 4);
+  nb_hybrid_t* h = NULL;
+  bad.n_clusters = 2;
+  assert_int_equal(nb_hybrid_create(&bad, t, &h), NB_ERR_CONFIG);
+  assert_non_null(strstr(nb_error_last(), "ef_decay"));
+  nb_trainer_destroy(t);
+}
+
 static void test_corrupted_replica_detected(void** state) {
   (void)state;
   nb_hybrid_config_t hc;
@@ -771,6 +820,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_averaging_weights_by_samples),
       cmocka_unit_test(test_replicas_bit_identical),
       cmocka_unit_test(test_dense_round_flushes_residual),
+      cmocka_unit_test(test_error_feedback_decay),
       cmocka_unit_test(test_corrupted_replica_detected),
       cmocka_unit_test(test_bad_messages),
       cmocka_unit_test(test_round_through_callback),
