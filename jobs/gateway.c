@@ -27,6 +27,7 @@
 #include "jobs/artifact.h"
 #include "jobs/cli.h"
 #include "jobs/descriptor.h"
+#include "jobs/job_paths.h"
 #include "jobs/report.h"
 #include "jobs/store.h"
 #include "nebula/v1/federation.pb-c.h"
@@ -50,6 +51,7 @@ typedef enum {
   NB__OPT_DEVICE,   /* "cpu" | "cuda" */
   NB__OPT_LIST,     /* array of strings into an nb_launcher_args_t */
   NB__OPT_WARGV,    /* array of strings: the worker command template */
+  NB__OPT_PATHS,    /* array of paths (relative to the config file's folder): allowed roots */
 } nb__opt_type_t;
 
 typedef struct {
@@ -114,6 +116,9 @@ static const nb__opt_t nb__opts[] = {
     {"acl", NB__OPT_ACL, NB__F(acl), 0, 0, "[] (nobody)",
      "[{\"user\": NAME|\"*\", \"clusters\": [ID|\"*\"], \"max_workers\": N}]"},
     {"admins", NB__OPT_USERS, NB__F(admins), 0, 0, "[]", "users who may read and cancel every job"},
+    {"paths.allow", NB__OPT_PATHS, NB__F(allow), 0, 0, "[]",
+     "folders besides the job's own that descriptor paths may name (data roots, a shared model "
+     "store); read only: checkpoint.dir stays inside the job's folder"},
     {"cancel_grace_ms", NB__OPT_INT, NB__F(cancel_grace_ms), 0, 600000, "5000",
      "SIGTERM to the job's process group, SIGKILL after this"},
     {"poll_ms", NB__OPT_INT, NB__F(poll_ms), 10, 10000, "100",
@@ -147,8 +152,8 @@ void nb_gateway_config_help(FILE* f) {
   fprintf(f, "config file keys (JSON; a dotted key is a nested object):\n");
   for (size_t i = 0; i < NB__N_OPTS; i++) {
     static const char* tn[] = {"string", "path",   "integer", "[string]", "{id: addr}", "[rule]",
-                               "[user]", "string", "string",  "[string]", "[string]"};
-    _Static_assert(sizeof tn / sizeof tn[0] == NB__OPT_WARGV + 1, "a name for every type");
+                               "[user]", "string", "string",  "[string]", "[string]", "[path]"};
+    _Static_assert(sizeof tn / sizeof tn[0] == NB__OPT_PATHS + 1, "a name for every type");
     fprintf(f, "  %-18s %-10s default %s\n      %s\n", nb__opts[i].name, tn[nb__opts[i].type],
             nb__opts[i].def, nb__opts[i].help);
   }
@@ -232,6 +237,21 @@ static nb_status_t nb__cfg_set(const nb__opt_t* o, json_t* v, const char* base,
         c->n_worker_command = (int)n;
       else
         c->n_command = (int)n;
+      return NB_OK;
+    }
+    case NB__OPT_PATHS: {
+      size_t n = json_is_array(v) ? json_array_size(v) : (size_t)-1;
+      if (n > NB_JOB_PATHS_MAX_ROOTS)
+        return nb_error(NB_ERR_CONFIG, "config: %s: expected an array of at most %d paths", o->name,
+                        NB_JOB_PATHS_MAX_ROOTS);
+      for (size_t i = 0; i < n; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "%s[%zu]", o->name, i);
+        NB_CHECK(nb__cfg_str(key, json_array_get(v, i), c->allow[i], NB_GW_STR, base));
+        if (!c->allow[i][0] || strchr(c->allow[i], ':'))
+          return nb_error(NB_ERR_CONFIG, "config: %s: expected a non-empty path without ':'", key);
+      }
+      c->n_allow = (int)n;
       return NB_OK;
     }
     case NB__OPT_USERS: {
@@ -1100,6 +1120,36 @@ typedef struct {
 
 #define NB__MAX_WORDS (NB_GW_MAX_ARGS + 2 * NB_JOB_MAX_CLUSTERS)
 
+/* NB_JOB_ALLOW=<root>:<root>...: the job's processes check the descriptor's paths again against
+ * their folder and these roots before opening anything (jobs/job_paths.h). */
+static nb_status_t nb__allow_env(const nb_gateway_t* gw, char** out) {
+  size_t cap = sizeof NB_JOB_PATHS_ENV + 2 + (size_t)gw->cfg.n_allow * (NB_GW_STR + 1);
+  NB_CHECK(nb_calloc((void**)out, 1, cap, "job environment"));
+  size_t o = (size_t)snprintf(*out, cap, "%s=", NB_JOB_PATHS_ENV);
+  for (int i = 0; i < gw->cfg.n_allow; i++)
+    o += (size_t)snprintf(*out + o, cap - o, "%s%s", i ? ":" : "", gw->cfg.allow[i]);
+  return NB_OK;
+}
+
+/* Every path of a descriptor stays inside the job's folder (created afresh, so a relative path
+ * without ".." does) or the config's paths.allow: refused otherwise, naming each JSON path. */
+static nb_status_t nb__paths_check(const nb_gateway_t* gw, const nb_job_config_t* cfg,
+                                   nb_descriptor_diag_t* diag) {
+  const char* roots[NB_JOB_PATHS_MAX_ROOTS];
+  for (int i = 0; i < gw->cfg.n_allow; i++) roots[i] = gw->cfg.allow[i];
+  memset(diag, 0, sizeof *diag);
+  if (nb_job_paths_check(cfg, NULL, roots, gw->cfg.n_allow, diag) == NB_OK) return NB_OK;
+  char msg[2048] = "descriptor refused:";
+  size_t o = strlen(msg);
+  for (int i = 0; i < diag->count && o + 2 < sizeof msg; i++) {
+    char line[640];
+    o += (size_t)snprintf(msg + o, sizeof msg - o, "%s %s", i ? ";" : "",
+                          nb_descriptor_error_format(&diag->errors[i], line, sizeof line));
+    if (o >= sizeof msg) o = sizeof msg - 1;
+  }
+  return nb_error(NB_ERR_PERMISSION, "%s", msg);
+}
+
 /* Starts the job's command in its folder (written by nb__jobdir_write): `command`, or with wk
  * `worker_command`. On NB_OK the job is running and registered with the monitor, replacing its
  * reservation if it had one. */
@@ -1127,12 +1177,17 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   char(*words)[NB_GW_STR * 2] = NULL;
   NB_CHECK(nb_calloc((void**)&words, NB__MAX_WORDS, sizeof *words, "command words"));
   char* argv[NB__MAX_WORDS + 1];
-  char env0[128], env1[NB_GW_STR * 2], env2[NB_GW_STR * 2], env3[128];
+  char env0[128], env1[NB_GW_STR * 2], env2[NB_GW_STR * 2], env3[128], *env4 = NULL;
   snprintf(env0, sizeof env0, "NB_JOB_ID=%s", id);
   snprintf(env1, sizeof env1, "NB_JOB_DIR=%s", a.dir);
   snprintf(env2, sizeof env2, "NB_JOB_PROGRESS=%s/%s", a.dir, NB_LAUNCH_PROGRESS);
   snprintf(env3, sizeof env3, "NB_CLUSTER_ID=%s", gw->cfg.cluster_id);
-  char* env[] = {env0, env1, env2, env3, NULL};
+  nb_status_t es = nb__allow_env(gw, &env4);
+  if (es != NB_OK) {
+    nb_free(words);
+    return es;
+  }
+  char* env[] = {env0, env1, env2, env3, env4, NULL};
   int n_tmpl = wk ? gw->cfg.n_worker_command : gw->cfg.n_command;
   pthread_mutex_lock(&gw->mu);
   int n = 0;
@@ -1196,6 +1251,7 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   }
   pthread_mutex_unlock(&gw->mu);
   nb_free(words);
+  nb_free(env4);
   return s;
 }
 
@@ -2123,6 +2179,8 @@ static nb_status_t nb__fed_propose(nb_rpc_call_t* call, void* user_data) {
         diag->count ? nb_descriptor_error_format(&diag->errors[0], line, sizeof line) : "?");
     goto done;
   }
+  s = nb__paths_check(gw, cfg, diag);
+  if (s != NB_OK) goto done;
   nb__part_t parts[NB__MAX_PARTS];
   int np = nb__parts(cfg, parts), mine = -1;
   for (int i = 0; i < np; i++)
@@ -2571,6 +2629,8 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, void* user_data) {
     s = nb_error(NB_ERR_INVALID, "%s", msg);
     goto done;
   }
+  s = nb__paths_check(gw, cfg, diag);
+  if (s != NB_OK) goto done;
   /* Which clusters: each one named, and the one holding the base checkpoint */
   nb__part_t parts[NB__MAX_PARTS];
   int np = nb__parts(cfg, parts), mine = -1, fed = 0;

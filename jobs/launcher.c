@@ -377,8 +377,9 @@ static nb_status_t nb__launch_mpirun(const nb_launcher_conf_t* conf, const char*
   a[k++] = (char*)"none";
   a[k++] = (char*)"-np";
   a[k++] = np;
-  static const char* const xs[] = {"NB_JOB_ID", "NB_JOB_DIR", "NB_JOB_PROGRESS", "NB_CLUSTER_ID"};
-  for (size_t i = 0; i < 4; i++) {
+  static const char* const xs[] = {"NB_JOB_ID", "NB_JOB_DIR", "NB_JOB_PROGRESS", "NB_CLUSTER_ID",
+                                   "NB_JOB_ALLOW"};
+  for (size_t i = 0; i < 5; i++) {
     a[k++] = (char*)"-x";
     a[k++] = (char*)xs[i];
   }

@@ -13,6 +13,7 @@
 #include "common/common.h"
 #include "jobs/cli.h"
 #include "jobs/descriptor.h"
+#include "jobs/job_paths.h"
 #include "jobs/translation_eval.h"
 #include "train/checkpoint.h"
 #include "train/translate.h"
@@ -310,6 +311,10 @@ int nb_train_main(int argc, char** argv) {
       fprintf(stderr, "%s: %s\n", file,
               nb_descriptor_error_format(&diag->errors[i], line, sizeof line));
     fprintf(stderr, "nebula train: %s: invalid descriptor\n", file);
+    goto done;
+  }
+  if (nb_job_paths_confine_env(job) != NB_OK) { /* run by a gateway: paths stay in the job */
+    rc = nb__fail("train", file);
     goto done;
   }
   int ci = 0;

@@ -104,7 +104,10 @@ static int setup(void** state) {
       " \"acl\": [{\"user\": \"alice\", \"clusters\": [\"dc-a\"], \"max_workers\": 2},\n"
       "         {\"user\": \"bob\", \"clusters\": [\"dc-b\"]},\n"
       "         {\"user\": \"alice\", \"clusters\": [\"dc-a\", \"dc-b\"], \"max_workers\": 1}],\n"
+      " \"paths\": {\"allow\": [\"data\"]},\n"
       " \"cancel_grace_ms\": 500, \"poll_ms\": 20}");
+  snprintf(p, sizeof p, "%s/data", g_dir);
+  assert_int_equal(mkdir(p, 0755), 0);
   assert_int_equal(nb_gateway_config_parse(cfg, strlen(cfg), g_dir, &g_cfg), NB_OK);
   setenv("NB_TEST_SCRIPT", g_script, 1);
   assert_string_equal(g_cfg.command[2], "eval \"$NB_TEST_SCRIPT\"");
@@ -559,6 +562,65 @@ static void test_refusals(void** state) {
   nb_gateway_destroy(gw);
 }
 
+/* Descriptor paths outside the job's folder and paths.allow: refused at submit, each named by its
+ * JSON path, nothing stored or created (the attacks: another job's checkpoints, another user's
+ * weights, /etc/shadow through the loader). Paths inside the allowed root are accepted. */
+static void test_path_refusals(void** state) {
+  (void)state;
+  nb_gateway_t* gw = NULL;
+  assert_int_equal(nb_gateway_create(&g_cfg, &gw), NB_OK);
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, nb_gateway_port(gw));
+  static const char* fmt =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+      "\"%s\"}, \"spec\": {\"clusters\": [{\"id\": \"dc-a\", \"data\": {%s\"languages\": "
+      "[\"en\"]}}]%s}}";
+  struct {
+    const char *data, *rest, *field, *why;
+  } bad[] = {
+      {"", ", \"checkpoint\": {\"dir\": \"../victim-job/checkpoints\", \"keep\": 1}",
+       "$.spec.checkpoint.dir: \"../victim-job/checkpoints\"", "\"..\" is not allowed"},
+      {"", ", \"checkpoint\": {\"dir\": \"/tmp/elsewhere\"}", "$.spec.checkpoint.dir",
+       "an absolute path is not allowed"},
+      {"", ", \"model\": {\"base\": {\"checkpoint\": \"../victim-job/final.safetensors\"}}",
+       "$.spec.model.base.checkpoint", "\"..\" is not allowed"},
+      {"", ", \"model\": {\"base\": {\"checkpoint\": \"/etc/shadow\"}}",
+       "$.spec.model.base.checkpoint: \"/etc/shadow\"",
+       "outside the job's folder and the gateway's allowed roots"},
+      {"\"dir\": \"/etc\", ", "", "$.spec.clusters[0].data.dir", "allowed roots"},
+      {"", ", \"security\": {\"ca\": \"ca.crt\", \"cert\": \"/etc/passwd\", \"key\": \"/etc/shadow\"}",
+       "$.spec.security.key", "allowed roots"},
+  };
+  char doc[2048], data[600];
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    snprintf(doc, sizeof doc, fmt, "quick-paths", bad[i].data, bad[i].rest);
+    assert_int_equal(submit(cli, "alice", doc, 0, NULL), NB_ERR_PERMISSION);
+    fprintf(stderr, "refusal: %s\n", nb_error_last());
+    assert_non_null(strstr(nb_error_last(), "descriptor refused:"));
+    assert_non_null(strstr(nb_error_last(), bad[i].field));
+    assert_non_null(strstr(nb_error_last(), bad[i].why));
+  }
+  /* nothing stored, no folder created */
+  Nebula__V1__ListRequest lq = NEBULA__V1__LIST_REQUEST__INIT;
+  ProtobufCMessage* rep = NULL;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/List", &lq.base,
+                                   &nebula__v1__list_reply__descriptor, &rep, 10000, 0),
+                   NB_OK);
+  Nebula__V1__ListReply* lr = (Nebula__V1__ListReply*)rep;
+  for (size_t i = 0; i < lr->n_jobs; i++) assert_true(strncmp(lr->jobs[i]->id, "quick-paths", 11));
+  protobuf_c_message_free_unpacked(rep, NULL);
+  /* inside the allowed root: accepted and run */
+  snprintf(data, sizeof data, "\"dir\": \"%s/data/quick\", ", g_dir);
+  snprintf(doc, sizeof doc, fmt, "quick-allowed", data, ", \"checkpoint\": {\"dir\": \"ck\"}");
+  Nebula__V1__Job* job = NULL;
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  wait_state(cli, job->id, "succeeded");
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+}
+
 static int read_pids(const char* id, pid_t* pids) {
   char p[1200];
   snprintf(p, sizeof p, "%s/%s/pids", g_cfg.work_dir, id);
@@ -834,6 +896,7 @@ int main(void) {
       cmocka_unit_test(test_submit_watch_logs),
       cmocka_unit_test(test_report),
       cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_path_refusals),
       cmocka_unit_test(test_cancel_and_fail),
       cmocka_unit_test(test_slots),
       cmocka_unit_test(test_restart),
