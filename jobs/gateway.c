@@ -152,7 +152,7 @@ void nb_gateway_config_help(FILE* f) {
   fprintf(f, "config file keys (JSON; a dotted key is a nested object):\n");
   for (size_t i = 0; i < NB__N_OPTS; i++) {
     static const char* tn[] = {"string", "path",   "integer", "[string]", "{id: addr}", "[rule]",
-                               "[user]", "string", "string",  "[string]", "[string]", "[path]"};
+                               "[user]", "string", "string",  "[string]", "[string]",   "[path]"};
     _Static_assert(sizeof tn / sizeof tn[0] == NB__OPT_PATHS + 1, "a name for every type");
     fprintf(f, "  %-18s %-10s default %s\n      %s\n", nb__opts[i].name, tn[nb__opts[i].type],
             nb__opts[i].def, nb__opts[i].help);
@@ -692,9 +692,10 @@ static void nb__job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t*
   nb_job_record_clear(&rec);
 }
 
-/* Puts the files of one output folder in the artifact store as "<job name>/<prefix><file>":
- * every *.safetensors and summary.json at its top. Records an "artifact" event for each. */
-static void nb__publish_dir(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
+/* Puts the files of one output folder in the artifact store as
+ * "<owner>/<job name>/<prefix><file>", owned by (owner, id): every *.safetensors, summary.json
+ * and rounds.tsv at its top. Records an "artifact" event for each. */
+static void nb__publish_dir(nb_gateway_t* gw, nb_job_store_t* st, const char* id, const char* owner,
                             const char* job_name, const char* dir, const char* prefix) {
   DIR* d = opendir(dir);
   if (!d) return;
@@ -708,10 +709,11 @@ static void nb__publish_dir(nb_gateway_t* gw, nb_job_store_t* st, const char* id
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
     struct stat sb;
     if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
-    if (snprintf(name, sizeof name, "%s/%s%s", job_name, prefix, e->d_name) >= (int)sizeof name)
+    if (snprintf(name, sizeof name, "%s/%s/%s%s", owner, job_name, prefix, e->d_name) >=
+        (int)sizeof name)
       continue;
     nb_artifact_info_t info;
-    if (nb_artifact_put(gw->art, name, path, &info) != NB_OK) {
+    if (nb_artifact_put(gw->art, name, owner, id, path, &info) != NB_OK) {
       NB_WARN("job %s: cannot keep %s as artifact %s: %s", id, path, name, nb_error_last());
       continue;
     }
@@ -726,14 +728,22 @@ static void nb__publish_dir(nb_gateway_t* gw, nb_job_store_t* st, const char* id
 }
 
 /* A job's part succeeded here: its outputs (final model, summary, the latest checkpoint with
- * the adapters of a LoRA job) become artifacts under "<job name>/<relative path>", where peer
- * gateways of a later job can fetch them. */
+ * the adapters of a LoRA job) become artifacts under "<owner>/<job name>/<relative path>",
+ * owned by the job's user and the job, where peer gateways of a later job of the same user can
+ * fetch them (jobs/artifact.h: who is entitled to what). */
 static void nb__publish(nb_gateway_t* gw, nb_job_store_t* st, const char* id) {
   if (!gw->art) return;
   nb_job_record_t rec = {0};
   if (nb_job_store_get(st, id, &rec) != NB_OK) return;
   json_t* d = json_loads(rec.descriptor ? rec.descriptor : "", 0, NULL);
+  char owner[NB_ARTIFACT_ID_MAX];
+  snprintf(owner, sizeof owner, "%.63s", rec.owner);
   nb_job_record_clear(&rec);
+  if (!owner[0] || strchr(owner, '/')) {
+    json_decref(d);
+    NB_WARN("job %s: no owner recorded; its outputs are not kept as artifacts", id);
+    return;
+  }
   const char* nm = json_string_value(json_object_get(json_object_get(d, "metadata"), "name"));
   char job_name[NB_JOB_NAME_MAX];
   snprintf(job_name, sizeof job_name, "%.63s", nm ? nm : id);
@@ -743,7 +753,7 @@ static void nb__publish(nb_gateway_t* gw, nb_job_store_t* st, const char* id) {
   snprintf(out, sizeof out, "%s/out", dir);
   const char* tops[2] = {out, dir};
   for (int t = 0; t < 2; t++) {
-    nb__publish_dir(gw, st, id, job_name, tops[t], "");
+    nb__publish_dir(gw, st, id, owner, job_name, tops[t], "");
     /* the newest trainer checkpoint folder step-<N> */
     snprintf(ck, sizeof ck, "%s/checkpoints", tops[t]);
     DIR* cd = opendir(ck);
@@ -760,7 +770,7 @@ static void nb__publish(nb_gateway_t* gw, nb_job_store_t* st, const char* id) {
     char sub[sizeof ck + 32], prefix[64];
     snprintf(sub, sizeof sub, "%s/step-%ld", ck, best);
     snprintf(prefix, sizeof prefix, "checkpoints/step-%ld/", best);
-    nb__publish_dir(gw, st, id, job_name, sub, prefix);
+    nb__publish_dir(gw, st, id, owner, job_name, sub, prefix);
   }
 }
 
@@ -1426,9 +1436,10 @@ static nb_status_t nb__job_config(nb_job_store_t* st, const char* id, nb_job_con
 }
 
 /* The artifact service asks whether `peer` takes part in job_id (one of the clusters its
- * descriptor names, or the one holding its base checkpoint) and for the job's secret. */
-static nb_status_t nb__artifact_secret(void* user, const char* job_id, const char* peer,
-                                       uint8_t secret[32]) {
+ * descriptor names, or the one holding its base checkpoint) and for the job's secret, owner and
+ * base checkpoint, from which it decides what the job is entitled to (jobs/artifact.h). */
+static nb_status_t nb__artifact_job(void* user, const char* job_id, const char* peer,
+                                    nb_artifact_job_t* out) {
   nb_gateway_t* gw = user;
   nb_job_store_t* st = NULL;
   nb_job_config_t* cfg = NULL;
@@ -1451,9 +1462,16 @@ static nb_status_t nb__artifact_secret(void* user, const char* job_id, const cha
     in |= !strcmp(fed.origin, peer); /* the origin fetches the job's outputs for its report */
     if (!in)
       s = nb_error(NB_ERR_PERMISSION, "cluster '%s' takes no part in job '%s'", peer, job_id);
-    else
-      memcpy(secret, fed.secret, 32);
   }
+  nb_job_record_t rec = {0};
+  if (s == NB_OK) s = nb_job_store_get(st, job_id, &rec);
+  if (s == NB_OK) {
+    memcpy(out->secret, fed.secret, 32);
+    snprintf(out->owner, sizeof out->owner, "%.63s", rec.owner);
+    snprintf(out->base, sizeof out->base, "%.255s", cfg->model.base_checkpoint);
+    snprintf(out->base_sha256, sizeof out->base_sha256, "%s", cfg->model.base_sha256);
+  }
+  nb_job_record_clear(&rec);
   if (loaded) nb__fed_release(&fed, info);
   nb_free(cfg);
   nb_job_store_close(st);
@@ -3166,7 +3184,7 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     char adir[NB_GW_STR + 16];
     snprintf(adir, sizeof adir, "%s/artifacts", gw->cfg.work_dir);
     NB_CHECK_GOTO(nb_artifact_store_open(adir, &gw->art), s, fail);
-    NB_CHECK_GOTO(nb_artifact_service_add(gw->srv, gw->art, nb__artifact_secret, gw), s, fail);
+    NB_CHECK_GOTO(nb_artifact_service_add(gw->srv, gw->art, nb__artifact_job, gw), s, fail);
   }
   static const struct {
     const char* m;

@@ -64,8 +64,7 @@ static int nb__has_dotdot(const char* p) {
  * existing prefix followed by the rest as written (which holds no ".."). Returns 0, or -1 with
  * why set: a dangling symbolic link (open(O_CREAT) would follow it anywhere), or a prefix that
  * cannot be resolved. */
-static int nb__canon(const char* base, const char* p, char* out, size_t cap, char* why,
-                     size_t wn) {
+static int nb__canon(const char* base, const char* p, char* out, size_t cap, char* why, size_t wn) {
   char full[PATH_MAX], pre[PATH_MAX], real[PATH_MAX];
   int n = p[0] == '/' ? snprintf(full, sizeof full, "%s", p)
                       : snprintf(full, sizeof full, "%s/%s", base, p);
@@ -125,8 +124,8 @@ static int nb__inside(const char* path, const char* root) {
 }
 
 typedef struct {
-  const char* base;    /* relative paths are taken against this (NULL: not resolved) */
-  char job[PATH_MAX];  /* realpath of the job's folder; "" = does not exist yet */
+  const char* base;   /* relative paths are taken against this (NULL: not resolved) */
+  char job[PATH_MAX]; /* realpath of the job's folder; "" = does not exist yet */
   int n_roots;
   char roots[NB_JOB_PATHS_MAX_ROOTS][PATH_MAX];
 } nb__where_t;

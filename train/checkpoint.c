@@ -243,9 +243,10 @@ static nb_status_t nb__parse_owned(uint8_t* buf, size_t len, const char* what, n
   for (int i = 0; i < 8; i++) hl |= (uint64_t)buf[i] << (8 * i);
   if (hl < 2 || hl > NB_CKPT_MAX_HEADER || hl > len - 8) {
     /* never the number itself: those are the file's first 8 bytes, whatever the file is */
-    st = BAD("checkpoint %s: not a safetensors file: header length out of range (the file has %zu "
-             "bytes; a header is at most %u)",
-             what, len, NB_CKPT_MAX_HEADER);
+    st =
+        BAD("checkpoint %s: not a safetensors file: header length out of range (the file has %zu "
+            "bytes; a header is at most %u)",
+            what, len, NB_CKPT_MAX_HEADER);
     goto fail;
   }
   json_error_t jerr;

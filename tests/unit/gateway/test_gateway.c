@@ -588,7 +588,8 @@ static void test_path_refusals(void** state) {
        "$.spec.model.base.checkpoint: \"/etc/shadow\"",
        "outside the job's folder and the gateway's allowed roots"},
       {"\"dir\": \"/etc\", ", "", "$.spec.clusters[0].data.dir", "allowed roots"},
-      {"", ", \"security\": {\"ca\": \"ca.crt\", \"cert\": \"/etc/passwd\", \"key\": \"/etc/shadow\"}",
+      {"",
+       ", \"security\": {\"ca\": \"ca.crt\", \"cert\": \"/etc/passwd\", \"key\": \"/etc/shadow\"}",
        "$.spec.security.key", "allowed roots"},
   };
   char doc[2048], data[600];

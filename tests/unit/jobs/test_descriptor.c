@@ -320,7 +320,7 @@ static void test_bad_corpus(void** state) {
     if (confined) {
       memset(&diag, 0, sizeof diag);
       st = nb_job_paths_check(&cfg, NULL, NULL, 0, &diag) == NB_ERR_PERMISSION ? NB_ERR_CONFIG
-                                                                                : NB_OK;
+                                                                               : NB_OK;
     }
     int found = 0;
     char line[640];

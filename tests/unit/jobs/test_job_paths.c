@@ -75,10 +75,10 @@ static int setup(void** state) {
   mk("data");
   mk("data/quick");
   put_file("secret", "root:*:20000:0:99999:7:::\n");
-  link_to("work/bob-job", "work/alice-job/out");         /* a link out of the job's folder */
+  link_to("work/bob-job", "work/alice-job/out");           /* a link out of the job's folder */
   link_to("/nonexistent-nb-dir/x", "work/alice-job/dang"); /* points nowhere */
-  link_to("work/bob-job", "data/bob");                   /* a link out of the allowed root */
-  link_to("data/quick", "work/alice-job/mydata");        /* a link into the allowed root */
+  link_to("work/bob-job", "data/bob");                     /* a link out of the allowed root */
+  link_to("data/quick", "work/alice-job/mydata");          /* a link into the allowed root */
   return 0;
 }
 
@@ -134,8 +134,9 @@ static void test_paths(void** state) {
   /* the attack: checkpoint.dir at another job's folder (keep: 1 would prune its steps) */
   snprintf(c->checkpoint.dir, sizeof c->checkpoint.dir, "../bob-job/checkpoints");
   assert_int_equal(check(c, 1, msg, sizeof msg), NB_ERR_PERMISSION);
-  assert_non_null(strstr(msg, "$.spec.checkpoint.dir: \"../bob-job/checkpoints\": \"..\" is not "
-                              "allowed in the paths of a job run by a gateway"));
+  assert_non_null(strstr(msg,
+                         "$.spec.checkpoint.dir: \"../bob-job/checkpoints\": \"..\" is not "
+                         "allowed in the paths of a job run by a gateway"));
   at(p, sizeof p, "work/bob-job/checkpoints");
   snprintf(c->checkpoint.dir, sizeof c->checkpoint.dir, "%s", p);
   assert_int_equal(check(c, 0, msg, sizeof msg), NB_ERR_PERMISSION);
@@ -251,8 +252,9 @@ static void test_worker_recheck(void** state) {
   char* argv[] = {(char*)"nebula", (char*)"train", desc, (char*)"--out", job, NULL};
   assert_int_equal(run_nebula(job, job, argv, err, sizeof err), 1);
   assert_non_null(strstr(err, "refused paths of a job run by a gateway"));
-  assert_non_null(strstr(err, "$.spec.checkpoint.dir: \"out/checkpoints\" resolves outside the "
-                              "job's folder"));
+  assert_non_null(strstr(err,
+                         "$.spec.checkpoint.dir: \"out/checkpoints\" resolves outside the "
+                         "job's folder"));
   /* bob's checkpoints are untouched */
   char p[512];
   struct stat sb;
