@@ -2916,7 +2916,19 @@ static nb_status_t nb__cancel(nb_rpc_call_t* call, void* user_data) {
   Nebula__V1__CancelRequest* req = (Nebula__V1__CancelRequest*)m;
   nb_job_store_t* st = NULL;
   nb_job_record_t rec = {0};
-  nb_status_t s = nb__open_store(gw, &st);
+  nb_status_t s = NB_OK;
+  /* the reason is stored and shown by `nebula list/get/watch`: printable text only */
+  for (size_t i = 0; req->reason && req->reason[i] && s == NB_OK; i++) {
+    unsigned char c = (unsigned char)req->reason[i];
+    if (c < 0x20 || c == 0x7f ||
+        (c == 0xc2 && (unsigned char)req->reason[i + 1] >= 0x80 &&
+         (unsigned char)req->reason[i + 1] <= 0x9f))
+      s = nb_error(NB_ERR_INVALID,
+                   "Cancel: the reason has a control character (0x%02x) at byte %zu; give "
+                   "printable text",
+                   c == 0xc2 ? (unsigned char)req->reason[i + 1] : c, i);
+  }
+  if (s == NB_OK) s = nb__open_store(gw, &st);
   if (s == NB_OK) s = nb__job_for(st, req->job_id, user, admin, &rec);
   if (s == NB_OK && !nb_job_state_is_final(rec.state)) {
     char reason[512];
