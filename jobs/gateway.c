@@ -116,6 +116,9 @@ static const nb__opt_t nb__opts[] = {
     {"acl", NB__OPT_ACL, NB__F(acl), 0, 0, "[] (nobody)",
      "[{\"user\": NAME|\"*\", \"clusters\": [ID|\"*\"], \"max_workers\": N}]"},
     {"admins", NB__OPT_USERS, NB__F(admins), 0, 0, "[]", "users who may read and cancel every job"},
+    {"limits.calls_per_identity", NB__OPT_INT, NB__F(calls_per_identity), 1, 4096, "16",
+     "calls (Watch and Logs streams included) one user or cluster certificate may have in "
+     "flight at once; more get RESOURCE_EXHAUSTED. Keep it well under NB_RPC_MAX_CALLS"},
     {"paths.allow", NB__OPT_PATHS, NB__F(allow), 0, 0, "[]",
      "folders besides the job's own that descriptor paths may name (data roots, a shared model "
      "store); read only: checkpoint.dir stays inside the job's folder"},
@@ -146,6 +149,7 @@ void nb_gateway_config_defaults(nb_gateway_config_t* c) {
   snprintf(c->work_dir, sizeof c->work_dir, "work");
   c->cancel_grace_ms = 5000;
   c->poll_ms = 100;
+  c->calls_per_identity = 16;
 }
 
 void nb_gateway_config_help(FILE* f) {
@@ -445,8 +449,24 @@ typedef struct {
   double started, next, deadline; /* nb_now_s(): queued, next try, last try */
 } nb__report_t;
 
+/* One method of the server, behind the per-identity limit (nb__limited). */
+typedef struct {
+  struct nb_gateway* gw;
+  nb_rpc_handler_fn fn;
+} nb__hand_t;
+
+#define NB__MAX_IDENTITIES 256
+#define NB__N_METHODS 12
+
 struct nb_gateway {
   nb_gateway_config_t cfg;
+  nb__hand_t hand[NB__N_METHODS];
+  pthread_mutex_t lim_mu; /* calls in flight per identity */
+  int n_ident;
+  struct {
+    char key[160]; /* "user:alice", "cluster:dc-b" */
+    int calls;
+  } ident[NB__MAX_IDENTITIES];
   char self_exe[NB_GW_STR];
   nb_tls_t* tls;
   X509* ca;
@@ -941,6 +961,53 @@ static nb_status_t nb__recover(nb_gateway_t* gw) {
 }
 
 /* ------------------------------------------------------------------ handlers */
+
+/* Every Gateway and Federation call passes here: one certificate may have at most
+ * limits.calls_per_identity calls in flight, so that one user's streams (Watch, Logs -f) cannot
+ * take every handler of the server (NB_RPC_MAX_CALLS) from the others. */
+static nb_status_t nb__limited(nb_rpc_call_t* call, void* user_data) {
+  nb__hand_t* h = user_data;
+  nb_gateway_t* gw = h->gw;
+  const nb_tls_peer_t* p = nb_rpc_call_peer(call);
+  if (!p || p->kind == NB_TLS_PEER_NONE) return h->fn(call, gw); /* refused there */
+  char key[sizeof gw->ident[0].key];
+  snprintf(key, sizeof key, "%s:%.140s", p->kind == NB_TLS_PEER_CLUSTER ? "cluster" : "user",
+           p->name);
+  int limit = gw->cfg.calls_per_identity > 0 ? gw->cfg.calls_per_identity : 16, k = -1, n = 0;
+  pthread_mutex_lock(&gw->lim_mu);
+  for (int i = 0; i < gw->n_ident && k < 0; i++)
+    if (!strcmp(gw->ident[i].key, key)) k = i;
+  if (k < 0 && gw->n_ident < NB__MAX_IDENTITIES) {
+    k = gw->n_ident++;
+    snprintf(gw->ident[k].key, sizeof gw->ident[k].key, "%s", key);
+    gw->ident[k].calls = 0;
+  }
+  if (k >= 0 && (n = gw->ident[k].calls) < limit) gw->ident[k].calls++;
+  pthread_mutex_unlock(&gw->lim_mu);
+  if (k < 0)
+    return nb_error(NB_ERR_NOMEM, "gateway '%s' serves calls of at most %d identities at once",
+                    gw->cfg.cluster_id, NB__MAX_IDENTITIES);
+  if (n >= limit) {
+    NB_WARN("%s '%s' has %d calls in flight, refusing another (limits.calls_per_identity)",
+            p->kind == NB_TLS_PEER_CLUSTER ? "cluster" : "user", p->name, n);
+    /* NB_ERR_NOMEM is what the RPC layer answers as RESOURCE_EXHAUSTED */
+    return nb_error(NB_ERR_NOMEM,
+                    "%s '%s' already has %d calls in flight at gateway '%s', the limit per "
+                    "identity (limits.calls_per_identity = %d): end one (a watch or logs -f) "
+                    "and try again",
+                    p->kind == NB_TLS_PEER_CLUSTER ? "cluster" : "user", p->name, n,
+                    gw->cfg.cluster_id, limit);
+  }
+  nb_status_t st = h->fn(call, gw);
+  pthread_mutex_lock(&gw->lim_mu);
+  for (int i = 0; i < gw->n_ident; i++)
+    if (!strcmp(gw->ident[i].key, key)) {
+      if (--gw->ident[i].calls <= 0) gw->ident[i] = gw->ident[--gw->n_ident];
+      break;
+    }
+  pthread_mutex_unlock(&gw->lim_mu);
+  return st;
+}
 
 static int nb__is_admin(const nb_gateway_t* gw, const char* user) {
   for (int i = 0; i < gw->cfg.n_admins; i++)
@@ -3140,6 +3207,7 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
   pthread_mutexattr_init(&ma);
   pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
   pthread_mutex_init(&gw->mu, &ma);
+  pthread_mutex_init(&gw->lim_mu, NULL);
   pthread_mutexattr_destroy(&ma);
   if (!gw->cfg.cluster_id[0]) {
     s = nb_error(NB_ERR_CONFIG, "gateway: cluster_id is required");
@@ -3202,7 +3270,7 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     const char* m;
     nb_rpc_kind_t k;
     nb_rpc_handler_fn fn;
-  } methods[] = {
+  } methods[NB__N_METHODS] = {
       {"/nebula.v1.Gateway/Submit", NB_RPC_UNARY, nb__submit},
       {"/nebula.v1.Gateway/Get", NB_RPC_UNARY, nb__get},
       {"/nebula.v1.Gateway/List", NB_RPC_UNARY, nb__list},
@@ -3216,9 +3284,13 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
       {"/nebula.v1.Federation/Report", NB_RPC_UNARY, nb__fed_report},
       {"/nebula.v1.Federation/Logs", NB_RPC_SERVER_STREAMING, nb__fed_logs},
   };
-  for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
-    NB_CHECK_GOTO(nb_rpc_server_add_method(gw->srv, methods[i].m, methods[i].k, methods[i].fn, gw),
-                  s, fail);
+  for (size_t i = 0; i < NB__N_METHODS; i++) {
+    gw->hand[i].gw = gw;
+    gw->hand[i].fn = methods[i].fn;
+    NB_CHECK_GOTO(
+        nb_rpc_server_add_method(gw->srv, methods[i].m, methods[i].k, nb__limited, &gw->hand[i]), s,
+        fail);
+  }
   if (pthread_create(&gw->mon, NULL, nb__monitor, gw) != 0) {
     s = nb_error(NB_ERR_SYSTEM, "gateway: cannot start the monitor thread");
     goto fail;
@@ -3261,6 +3333,7 @@ void nb_gateway_destroy(nb_gateway_t* gw) {
   if (gw->ca) X509_free(gw->ca);
   nb_tls_destroy(gw->tls);
   pthread_mutex_destroy(&gw->mu);
+  pthread_mutex_destroy(&gw->lim_mu);
   nb_free(gw);
 }
 

@@ -742,6 +742,102 @@ static void test_slots(void** state) {
   nb_gateway_destroy(gw);
 }
 
+/* One user's Watch streams cannot take every handler of the gateway: with
+ * limits.calls_per_identity 3, alice's fourth call while three Watch streams are open is
+ * RESOURCE_EXHAUSTED naming the limit; bob is served meanwhile; once a stream ends, alice is
+ * served again. */
+static void test_call_limits(void** state) {
+  (void)state;
+  nb_gateway_config_t c = g_cfg;
+  c.calls_per_identity = 3;
+  nb_gateway_t* gw = NULL;
+  assert_int_equal(nb_gateway_create(&c, &gw), NB_OK);
+  int port = nb_gateway_port(gw);
+  nb_tls_t *tls = NULL, *tb = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, port);
+  char doc[1024], id[64];
+  snprintf(doc, sizeof doc, doc_fmt, "sleepy", "dc-a", 1);
+  Nebula__V1__Job* job = NULL;
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id, sizeof id, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  pid_t pids[3];
+  assert_int_equal(read_pids(id, pids), 3);
+  /* three Watch streams of the running job, each seen to be served (its first event came) */
+  nb_rpc_stream_t* ws[4] = {0};
+  Nebula__V1__WatchRequest wr = NEBULA__V1__WATCH_REQUEST__INIT;
+  wr.job_id = id;
+  uint8_t buf[256];
+  size_t len = nebula__v1__watch_request__pack(&wr, buf);
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(nb_rpc_stream_open(cli, "/nebula.v1.Gateway/Watch", 30000, 0, &ws[i]), NB_OK);
+    assert_int_equal(nb_rpc_stream_send(ws[i], buf, len), NB_OK);
+    ProtobufCMessage* m = NULL;
+    int end = 0;
+    nb_status_t st =
+        nb_rpc_stream_recv_pb(ws[i], &nebula__v1__job_event__descriptor, &m, &end, NB_RPC_INFINITE);
+    if (i < 3) {
+      assert_int_equal(st, NB_OK);
+      assert_false(end);
+      protobuf_c_message_free_unpacked(m, NULL);
+      continue;
+    }
+    /* the fourth */
+    assert_int_not_equal(st, NB_OK);
+    fprintf(stderr, "limit: %s\n", nb_error_last());
+    assert_non_null(strstr(nb_error_last(), "RESOURCE_EXHAUSTED"));
+    assert_non_null(strstr(nb_error_last(),
+                           "user 'alice' already has 3 calls in flight at "
+                           "gateway 'dc-a', the limit per identity "
+                           "(limits.calls_per_identity = 3)"));
+  }
+  /* a unary call of alice's too; another user is served */
+  Nebula__V1__ListRequest lq = NEBULA__V1__LIST_REQUEST__INIT;
+  ProtobufCMessage* rep = NULL;
+  assert_int_not_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/List", &lq.base,
+                                       &nebula__v1__list_reply__descriptor, &rep, 10000, 0),
+                       NB_OK);
+  assert_non_null(strstr(nb_error_last(), "RESOURCE_EXHAUSTED"));
+  nb_rpc_client_t* bob = client_as("bob", &tb, port);
+  assert_int_equal(nb_rpc_unary_pb(bob, "/nebula.v1.Gateway/List", &lq.base,
+                                   &nebula__v1__list_reply__descriptor, &rep, 10000, 0),
+                   NB_OK);
+  protobuf_c_message_free_unpacked(rep, NULL);
+  /* one stream ends: alice is served again (the handler notices the cancelled stream) */
+  nb_rpc_stream_destroy(ws[0]);
+  ws[0] = NULL;
+  nb_status_t st = NB_ERR_INVALID;
+  for (int k = 0; k < 500 && st != NB_OK; k++) {
+    st = nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/List", &lq.base,
+                         &nebula__v1__list_reply__descriptor, &rep, 10000, 0);
+    if (st == NB_OK)
+      protobuf_c_message_free_unpacked(rep, NULL);
+    else
+      nb_sleep_ns(20000000);
+  }
+  assert_int_equal(st, NB_OK);
+  for (int i = 1; i < 4; i++) nb_rpc_stream_destroy(ws[i]);
+  /* and cancels its job once the streams are gone */
+  st = NB_ERR_INVALID;
+  for (int k = 0; k < 500 && st != NB_OK; k++) {
+    Nebula__V1__CancelRequest cr = NEBULA__V1__CANCEL_REQUEST__INIT;
+    cr.job_id = id;
+    st = nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Cancel", &cr.base, &nebula__v1__job__descriptor,
+                         &rep, 10000, 0);
+    if (st == NB_OK)
+      protobuf_c_message_free_unpacked(rep, NULL);
+    else
+      nb_sleep_ns(20000000);
+  }
+  assert_int_equal(st, NB_OK);
+  wait_state(cli, id, "cancelled");
+  nb_rpc_client_destroy(bob);
+  nb_tls_destroy(tb);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+}
+
 static void test_restart(void** state) {
   (void)state;
   nb_gateway_t* gw = NULL;
@@ -900,6 +996,7 @@ int main(void) {
       cmocka_unit_test(test_path_refusals),
       cmocka_unit_test(test_cancel_and_fail),
       cmocka_unit_test(test_slots),
+      cmocka_unit_test(test_call_limits),
       cmocka_unit_test(test_restart),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
