@@ -13,6 +13,7 @@
 #include <ftw.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -498,6 +499,45 @@ static void test_resume(void** state) {
  * red team, each refused with its message: another user's output by its old-style name, by its
  * full name, by hash; another user's model named as a base; a job of the same user that does not
  * name the model; and two users' jobs of the same name, which no longer share an artifact name. */
+/* A store written before names had owners: opening it adds the columns; its names keep their
+ * objects (lookup) but belong to nobody, and a put gives a name its owner. */
+static void test_store_upgrade(void** state) {
+  (void)state;
+  char sdir[512], db[600], src[512];
+  path_of(sdir, sizeof sdir, "store-old");
+  assert_int_equal(mkdir(sdir, 0755), 0);
+  snprintf(db, sizeof db, "%s/names.db", sdir);
+  sqlite3* h = NULL;
+  assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+  assert_int_equal(
+      sqlite3_exec(h,
+                   "CREATE TABLE names (name TEXT PRIMARY KEY, sha256 TEXT NOT NULL, "
+                   "size INTEGER NOT NULL, updated_ns INTEGER NOT NULL);"
+                   "INSERT INTO names VALUES('old-job/final.safetensors', "
+                   "'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855', "
+                   "0, 1);",
+                   NULL, NULL, NULL),
+      SQLITE_OK);
+  sqlite3_close(h);
+  nb_artifact_store_t* s = NULL;
+  assert_int_equal(nb_artifact_store_open(sdir, &s), NB_OK);
+  write_file("empty-old", 0, 1);
+  path_of(src, sizeof src, "empty-old");
+  /* the recorded name's object (the empty file) is put under a new, owned name */
+  assert_int_equal(nb_artifact_put(s, "alice/new/final.safetensors", "alice", "job-n", src, NULL),
+                   NB_OK);
+  nb_artifact_info_t i;
+  assert_int_equal(nb_artifact_lookup(s, "old-job/final.safetensors", &i), NB_OK);
+  assert_string_equal(i.owner, "");
+  assert_int_equal(nb_artifact_lookup(s, "alice/new/final.safetensors", &i), NB_OK);
+  assert_string_equal(i.owner, "alice");
+  assert_string_equal(i.job, "job-n");
+  nb_artifact_store_close(s);
+  /* and it opens again */
+  assert_int_equal(nb_artifact_store_open(sdir, &s), NB_OK);
+  nb_artifact_store_close(s);
+}
+
 static void test_entitlement(void** state) {
   (void)state;
   server_t sv = {0};
@@ -733,9 +773,10 @@ static void test_chunk_tamper(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_store),        cmocka_unit_test(test_fetch),
-      cmocka_unit_test(test_resume),       cmocka_unit_test(test_corrupt),
-      cmocka_unit_test(test_chunk_tamper), cmocka_unit_test(test_entitlement),
+      cmocka_unit_test(test_store),         cmocka_unit_test(test_fetch),
+      cmocka_unit_test(test_resume),        cmocka_unit_test(test_corrupt),
+      cmocka_unit_test(test_chunk_tamper),  cmocka_unit_test(test_entitlement),
+      cmocka_unit_test(test_store_upgrade),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
