@@ -11,6 +11,7 @@
 #include <libgen.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -119,6 +120,9 @@ static const nb__opt_t nb__opts[] = {
     {"limits.calls_per_identity", NB__OPT_INT, NB__F(calls_per_identity), 1, 4096, "16",
      "calls (Watch and Logs streams included) one user or cluster certificate may have in "
      "flight at once; more get RESOURCE_EXHAUSTED. Keep it well under NB_RPC_MAX_CALLS"},
+    {"run_as", NB__OPT_STR, NB__F(run_as), 0, 0, "\"\"",
+     "user the jobs' processes run as (setpriv), for a gateway started as root; launcher local "
+     "only; \"\" = the gateway's own user"},
     {"paths.allow", NB__OPT_PATHS, NB__F(allow), 0, 0, "[]",
      "folders besides the job's own that descriptor paths may name (data roots, a shared model "
      "store); read only: checkpoint.dir stays inside the job's folder"},
@@ -460,6 +464,9 @@ typedef struct {
 
 struct nb_gateway {
   nb_gateway_config_t cfg;
+  int run_as; /* jobs run as run_uid:run_gid (cfg.run_as) */
+  uid_t run_uid;
+  gid_t run_gid;
   nb__hand_t hand[NB__N_METHODS];
   pthread_mutex_t lim_mu; /* calls in flight per identity */
   int n_ident;
@@ -500,6 +507,29 @@ static int nb__active_find(nb_gateway_t* gw, const char* id) {
 
 static void nb__jobdir(const nb_gateway_t* gw, const char* id, char* buf, size_t n) {
   snprintf(buf, n, "%s/%.63s", gw->cfg.work_dir, id);
+}
+
+/* With run_as, the job's user owns what the gateway prepares for it to read or write there. */
+static void nb__give(const nb_gateway_t* gw, const char* path) {
+  if (gw->run_as && lchown(path, gw->run_uid, gw->run_gid) != 0)
+    NB_WARN("cannot give %s to the run_as user: %s", path, strerror(errno));
+}
+
+/* Opens a file the job's processes wrote, for the gateway to read. With run_as the job's user
+ * owns the job's folder and could put a link there to a file only the gateway may read: a file
+ * is read only if, once open, it is a regular file of that user (so nothing the job could not
+ * read itself). Returns the descriptor or -1 (errno EPERM for a refused file). */
+static int nb__open_job_file(const nb_gateway_t* gw, const char* path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0 || !gw->run_as) return fd;
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != gw->run_uid) {
+    NB_WARN("%s is not a regular file of the run_as user '%s': not read", path, gw->cfg.run_as);
+    close(fd);
+    errno = EPERM;
+    return -1;
+  }
+  return fd;
 }
 
 /* ------------------------------------------------------------------ federation records */
@@ -614,8 +644,12 @@ static void nb__fed_aggregate(nb_gateway_t* gw, nb_job_store_t* st, const char* 
 static void nb__tail_progress(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t* a) {
   char path[sizeof a->dir + 32];
   snprintf(path, sizeof path, "%s/%s", a->dir, NB_LAUNCH_PROGRESS);
-  FILE* f = fopen(path, "re");
-  if (!f) return;
+  int pfd = nb__open_job_file(gw, path);
+  FILE* f = pfd >= 0 ? fdopen(pfd, "re") : NULL;
+  if (!f) {
+    if (pfd >= 0) close(pfd);
+    return;
+  }
   if (fseek(f, a->progress_off, SEEK_SET) != 0) {
     fclose(f);
     return;
@@ -732,8 +766,14 @@ static void nb__publish_dir(nb_gateway_t* gw, nb_job_store_t* st, const char* id
     if (snprintf(name, sizeof name, "%s/%s/%s%s", owner, job_name, prefix, e->d_name) >=
         (int)sizeof name)
       continue;
+    int fd = nb__open_job_file(gw, path);
+    if (fd < 0) continue;
+    char via[64]; /* the file just checked, whatever its name points to by now */
+    snprintf(via, sizeof via, "/proc/self/fd/%d", fd);
     nb_artifact_info_t info;
-    if (nb_artifact_put(gw->art, name, owner, id, path, &info) != NB_OK) {
+    nb_status_t ps = nb_artifact_put(gw->art, name, owner, id, via, &info);
+    close(fd);
+    if (ps != NB_OK) {
       NB_WARN("job %s: cannot keep %s as artifact %s: %s", id, path, name, nb_error_last());
       continue;
     }
@@ -1173,6 +1213,11 @@ static nb_status_t nb__jobdir_write(nb_gateway_t* gw, const char* id, const uint
   nb__jobdir(gw, id, dir, sizeof dir);
   if (mkdir(dir, 0750) != 0)
     return nb_error(NB_ERR_IO, "cannot create job folder %s: %s", dir, strerror(errno));
+  /* run_as: the job's user works in the folder (group-writable); sticky, so that it cannot
+   * replace what the gateway writes there (logs, exit status, descriptor) */
+  if (gw->run_as && (chown(dir, 0, gw->run_gid) != 0 || chmod(dir, 01770) != 0))
+    return nb_error(NB_ERR_IO, "cannot prepare job folder %s for user '%s': %s", dir,
+                    gw->cfg.run_as, strerror(errno));
   snprintf(path, sizeof path, "%s/descriptor.json", dir);
   NB_CHECK(nb__write_file(path, desc, len));
   char* b64 = NULL;
@@ -1195,7 +1240,7 @@ typedef struct {
   char peers[NB_JOB_MAX_CLUSTERS][NB_GW_STR]; /* "ID=HOST:PORT" of every other cluster */
 } nb__wk_args_t;
 
-#define NB__MAX_WORDS (NB_GW_MAX_ARGS + 2 * NB_JOB_MAX_CLUSTERS)
+#define NB__MAX_WORDS (NB_GW_MAX_ARGS + 2 * NB_JOB_MAX_CLUSTERS + 8)
 
 /* NB_JOB_ALLOW=<root>:<root>...: the job's processes check the descriptor's paths again against
  * their folder and these roots before opening anything (jobs/job_paths.h). */
@@ -1268,6 +1313,16 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   int n_tmpl = wk ? gw->cfg.n_worker_command : gw->cfg.n_command;
   pthread_mutex_lock(&gw->mu);
   int n = 0;
+  if (gw->run_as) { /* setpriv drops to the run_as user before the job's command */
+    snprintf(words[n++], sizeof words[0], "setpriv");
+    snprintf(words[n++], sizeof words[0], "--reuid=%u", (unsigned)gw->run_uid);
+    snprintf(words[n++], sizeof words[0], "--regid=%u", (unsigned)gw->run_gid);
+    snprintf(words[n++], sizeof words[0], "--clear-groups");
+    snprintf(words[n++], sizeof words[0], "--no-new-privs");
+    snprintf(words[n++], sizeof words[0], "--");
+    for (int w = 0; w < n; w++) argv[w] = words[w];
+  }
+  int first = n;
   for (int i = 0; i < n_tmpl; i++) {
     const char* w = wk ? gw->cfg.worker_command[i] : gw->cfg.command[i];
     if (wk && !strcmp(w, "{peers}")) {
@@ -1282,7 +1337,7 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
       continue;
     }
     if (n >= NB__MAX_WORDS) break;
-    if (i == 0 && !strcmp(w, "nebula"))
+    if (i == 0 && n == first && !strcmp(w, "nebula"))
       snprintf(words[n], sizeof words[n], "%s", gw->self_exe);
     else
       nb__subst(w, words[n], sizeof words[n], keys, vals, 9);
@@ -1461,7 +1516,24 @@ static nb_status_t nb__free_endpoint(const char* host, char* out, size_t cap) {
   return NB_OK;
 }
 
-/* The PKI folder the worker's --pki wants, as links to this gateway's own files. */
+/* Copies src to a new file dst (never through a link) owned by uid:gid, mode 0600. */
+static int nb__copy_owned(const char* src, const char* dst, uid_t uid, gid_t gid) {
+  int in = open(src, O_RDONLY | O_CLOEXEC);
+  if (in < 0) return -1;
+  int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int rc = out < 0 ? -1 : 0;
+  char buf[16384];
+  ssize_t n;
+  while (rc == 0 && (n = read(in, buf, sizeof buf)) > 0)
+    if (write(out, buf, (size_t)n) != n) rc = -1;
+  if (rc == 0 && fchown(out, uid, gid) != 0) rc = -1;
+  if (out >= 0 && close(out) != 0) rc = -1;
+  close(in);
+  return rc;
+}
+
+/* The PKI folder the worker's --pki wants, as links to this gateway's own files (copies owned
+ * by the run_as user when jobs run as another user). */
 static nb_status_t nb__job_pki(nb_gateway_t* gw, const char* dir, char* pki, size_t cap) {
   snprintf(pki, cap, "%s/pki", dir);
   char p[NB_GW_STR * 2 + 64], real[PATH_MAX];
@@ -1476,9 +1548,19 @@ static nb_status_t nb__job_pki(nb_gateway_t* gw, const char* dir, char* pki, siz
     else
       snprintf(p, sizeof p, "%s/clusters/%s.%s", pki, gw->cfg.cluster_id, ext[i]);
     unlink(p);
+    if (gw->run_as) {
+      /* the job's user cannot read the gateway's files: a copy it owns (the cluster's key too,
+       * which its workers present) */
+      if (nb__copy_owned(src[i], p, gw->run_uid, gw->run_gid) != 0)
+        return nb_error(NB_ERR_IO, "cannot copy %s to %s: %s", src[i], p, strerror(errno));
+      continue;
+    }
     if (!realpath(src[i], real) || symlink(real, p) != 0)
       return nb_error(NB_ERR_IO, "cannot link %s to %s: %s", p, src[i], strerror(errno));
   }
+  snprintf(p, sizeof p, "%s/clusters", pki);
+  nb__give(gw, p);
+  nb__give(gw, pki);
   return NB_OK;
 }
 
@@ -1611,6 +1693,13 @@ static nb_status_t nb__fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const ch
                       mo->base_cluster);
     goto out;
   }
+  if (gw->run_as) /* the fetched file and the folders made for it, up to the job's folder */
+    for (char* q = dest; strlen(q) > strlen(dir);) {
+      nb__give(gw, q);
+      char* sl = strrchr(q, '/');
+      if (!sl) break;
+      *sl = 0;
+    }
   json_t* j =
       json_pack("{s:s, s:s, s:s, s:I, s:f}", "name", o.name, "from", mo->base_cluster, "sha256",
                 info.sha256, "size", (json_int_t)info.size, "seconds", nb_now_s() - t0);
@@ -1656,9 +1745,13 @@ static void nb__report_event(nb_job_store_t* st, const char* id, const char* kin
 }
 
 /* Copies file src to dst (dst's folder exists); 0 or -1 (errno). */
-static int nb__copy_file(const char* src, const char* dst) {
-  FILE* in = fopen(src, "rbe");
-  if (!in) return -1;
+static int nb__copy_file(const nb_gateway_t* gw, const char* src, const char* dst) {
+  int ifd = nb__open_job_file(gw, src);
+  FILE* in = ifd >= 0 ? fdopen(ifd, "rbe") : NULL;
+  if (!in) {
+    if (ifd >= 0) close(ifd);
+    return -1;
+  }
   FILE* out = fopen(dst, "wbe");
   if (!out) {
     fclose(in);
@@ -1718,6 +1811,22 @@ static int nb__report_try(nb_gateway_t* gw, nb_job_store_t* st, const nb__report
     last = 1;
     goto out;
   }
+  if (gw->run_as) {
+    /* the job's user owns the job's folder: the gateway writes report/ only as a folder of its
+     * own (made now, the job's processes being gone), never through something the job left */
+    struct stat rs;
+    if (lstat(rdir, &rs) != 0 && errno == ENOENT && mkdir(rdir, 0755) != 0) {
+      snprintf(err, sizeof err, "cannot create %s: %s", rdir, strerror(errno));
+      last = 1;
+      goto out;
+    }
+    if (lstat(rdir, &rs) != 0 || !S_ISDIR(rs.st_mode) || rs.st_uid != geteuid()) {
+      snprintf(err, sizeof err, "%s was not made by the gateway (the job left it): no report",
+               rdir);
+      last = 1;
+      goto out;
+    }
+  }
   loaded = nb__fed_load(st, id, &fed, &info) == NB_OK;
   if (loaded && nb_job_store_events(st, id, 0, 0, &ev, &nev) != NB_OK) {
     ev = NULL;
@@ -1740,7 +1849,7 @@ static int nb__report_try(nb_gateway_t* gw, nb_job_store_t* st, const nb__report
       for (int f = 0; f < 2 && !err[0]; f++) {
         snprintf(src, sizeof src, "%s%s/%s", dir, base, files[f]);
         snprintf(dst, sizeof dst, "%s/%s", cdir, files[f]);
-        if (nb__copy_file(src, dst) != 0) {
+        if (nb__copy_file(gw, src, dst) != 0) {
           snprintf(err, sizeof err, "cannot copy %s: %s", src, strerror(errno));
           last = 1; /* our worker is gone: nothing more will come */
         }
@@ -1878,6 +1987,7 @@ static nb_status_t nb__fed_start(nb_gateway_t* gw, nb_job_store_t* st, const cha
   int fd = open(secret_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0 || write(fd, secret, 32) != 32 || close(fd) != 0)
     return nb_error(NB_ERR_IO, "cannot write %s: %s", secret_file, strerror(errno));
+  nb__give(gw, secret_file);
   NB_CHECK(nb__job_pki(gw, dir, pki, sizeof pki));
   nb__wk_args_t wk;
   memset(&wk, 0, sizeof wk);
@@ -3219,6 +3329,37 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     s = nb_error(NB_ERR_IO, "gateway: cannot create work_dir %s: %s", gw->cfg.work_dir,
                  strerror(errno));
     goto fail;
+  }
+  if (gw->cfg.run_as[0]) {
+    struct passwd pw, *pr = NULL;
+    char pbuf[4096];
+    struct stat wd;
+    if (getpwnam_r(gw->cfg.run_as, &pw, pbuf, sizeof pbuf, &pr) != 0 || !pr) {
+      s = nb_error(NB_ERR_CONFIG, "config: run_as: no user '%s' on this host", gw->cfg.run_as);
+      goto fail;
+    }
+    if (geteuid() != 0 || pr->pw_uid == 0) {
+      s = nb_error(NB_ERR_CONFIG,
+                   "config: run_as '%s': needs a gateway started as root (it runs as uid %u) "
+                   "and a user other than root",
+                   gw->cfg.run_as, (unsigned)geteuid());
+      goto fail;
+    }
+    if (gw->cfg.launcher.kind != NB_LAUNCHER_LOCAL) {
+      s = nb_error(NB_ERR_CONFIG, "config: run_as works with launcher \"local\" only (for now)");
+      goto fail;
+    }
+    /* the job's user must reach its folder */
+    if (stat(gw->cfg.work_dir, &wd) != 0 || !(wd.st_mode & S_IXOTH)) {
+      s = nb_error(NB_ERR_CONFIG,
+                   "config: run_as '%s': work_dir %s must be searchable by others (chmod o+x), "
+                   "or the job's user cannot reach its folder",
+                   gw->cfg.run_as, gw->cfg.work_dir);
+      goto fail;
+    }
+    gw->run_as = 1;
+    gw->run_uid = pr->pw_uid;
+    gw->run_gid = pr->pw_gid;
   }
   if (!gw->cfg.store_path[0])
     snprintf(gw->cfg.store_path, sizeof gw->cfg.store_path, "%.*s/jobs.db", NB_GW_STR - 16,

@@ -9,6 +9,8 @@
 #include <cmocka.h>
 
 #include <ftw.h>
+#include <pwd.h>
+#include <sys/stat.h>
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
@@ -43,6 +45,10 @@ static const char* g_script =
     "late-*) sleep 1; printf 'round\\tloss\\tbytes_sent\\tdensity\\tcompute_s\\texchange_s\\t"
     "global_xxh3\\n0\\t2.5\\t0\\t0\\t0.1\\t0\\t-\\n' > rounds.tsv; echo '{\"job\": \"late\"}' > "
     "summary.json;;\n"
+    "runas-*) id -u > uid.txt; echo '{\"step\":1}' >> \"$NB_JOB_PROGRESS\"; "
+    "ln -s /etc/shadow final.safetensors; ln -s \"$NB_TEST_SECRET\" summary.json; "
+    "ln -s \"$NB_TEST_SECRET\" exit_code.tmp; printf 'round\\tloss\\n0\\t1\\n' > rounds.tsv; "
+    "touch ../escaped 2>/dev/null && echo yes > escaped.txt; true;;\n"
     "report-*) printf 'round\\tloss\\tbytes_sent\\tdensity\\tcompute_s\\texchange_s\\t"
     "global_xxh3\\n0\\t2.5\\t0\\t0\\t0.1\\t0\\t-\\n1\\t2.0\\t0\\t0\\t0.1\\t0\\t-\\n' > "
     "rounds.tsv; echo '{\"job\": \"report\", \"cluster\": \"dc-a\", \"final_train_loss\": "
@@ -838,6 +844,121 @@ static void test_call_limits(void** state) {
   nb_gateway_destroy(gw);
 }
 
+/* Every payload of the job's events of one kind, one per line (caller frees). */
+static char* watch_all(nb_rpc_client_t* cli, const char* id, const char* kind) {
+  Nebula__V1__WatchRequest wr = NEBULA__V1__WATCH_REQUEST__INIT;
+  wr.job_id = (char*)id;
+  uint8_t buf[256];
+  size_t len = nebula__v1__watch_request__pack(&wr, buf);
+  nb_rpc_stream_t* s = NULL;
+  assert_int_equal(nb_rpc_stream_open(cli, "/nebula.v1.Gateway/Watch", 30000, 0, &s), NB_OK);
+  assert_int_equal(nb_rpc_stream_send(s, buf, len), NB_OK);
+  char* all = calloc(1, 1);
+  size_t n = 0;
+  for (int end = 0;;) {
+    ProtobufCMessage* m = NULL;
+    assert_int_equal(
+        nb_rpc_stream_recv_pb(s, &nebula__v1__job_event__descriptor, &m, &end, NB_RPC_INFINITE),
+        NB_OK);
+    if (end) break;
+    Nebula__V1__JobEvent* e = (Nebula__V1__JobEvent*)m;
+    if (!strcmp(e->kind, kind)) {
+      size_t k = strlen(e->payload_json);
+      all = realloc(all, n + k + 2);
+      memcpy(all + n, e->payload_json, k);
+      n += k;
+      all[n++] = '\n';
+      all[n] = 0;
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  nb_rpc_stream_destroy(s);
+  return all;
+}
+
+/* run_as (a gateway started as root): the job runs as that user in a folder it may write but
+ * whose gateway files it cannot replace; links it leaves to files only root may read (the
+ * final model, summary.json, the status file) are not read, kept or written through. Skipped
+ * when not root or without the user "nobody". */
+static void test_run_as(void** state) {
+  (void)state;
+  struct passwd* pw = getpwnam("nobody");
+  if (geteuid() != 0 || !pw) skip();
+  uid_t nobody = pw->pw_uid;
+  char secret[400], wd[400];
+  snprintf(secret, sizeof secret, "%s/root-only", g_dir);
+  FILE* f = fopen(secret, "w");
+  assert_non_null(f);
+  fputs("{\"root\": \"only\"}\n", f);
+  fclose(f);
+  assert_int_equal(chmod(secret, 0600), 0);
+  setenv("NB_TEST_SECRET", secret, 1);
+  assert_int_equal(chmod(g_dir, 0711), 0);
+  nb_gateway_config_t c = g_cfg;
+  snprintf(c.run_as, sizeof c.run_as, "nobody");
+  snprintf(wd, sizeof wd, "%s/work-runas", g_dir);
+  snprintf(c.work_dir, sizeof c.work_dir, "%s", wd);
+  nb_gateway_t* gw = NULL;
+  /* a work_dir the user cannot reach is refused, saying why */
+  assert_int_equal(mkdir(wd, 0750), 0);
+  assert_int_equal(nb_gateway_create(&c, &gw), NB_ERR_CONFIG);
+  assert_non_null(strstr(nb_error_last(), "must be searchable by others"));
+  assert_int_equal(chmod(wd, 0751), 0);
+  nb_gateway_config_t m = c;
+  m.launcher.kind = NB_LAUNCHER_MPIRUN;
+  assert_int_equal(nb_gateway_create(&m, &gw), NB_ERR_CONFIG);
+  assert_non_null(strstr(nb_error_last(), "launcher \"local\" only"));
+  assert_int_equal(nb_gateway_create(&c, &gw), NB_OK);
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, nb_gateway_port(gw));
+  char doc[1024], id[64], p[1400];
+  snprintf(doc, sizeof doc, doc_fmt, "runas", "dc-a", 1);
+  Nebula__V1__Job* job = NULL;
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id, sizeof id, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  wait_state(cli, id, "succeeded");
+  /* it ran as nobody, and its progress (a file of nobody's) was read */
+  snprintf(p, sizeof p, "%s/%s/uid.txt", wd, id);
+  f = fopen(p, "r");
+  assert_non_null(f);
+  unsigned u = 0;
+  assert_int_equal(fscanf(f, "%u", &u), 1);
+  fclose(f);
+  assert_int_equal(u, (unsigned)nobody);
+  assert_true(count_progress(cli, id) >= 1);
+  /* it could not write next to its folder */
+  snprintf(p, sizeof p, "%s/escaped", wd);
+  assert_int_equal(access(p, F_OK), -1);
+  /* the links to root's files were not kept as artifacts; rounds.tsv (its own file) was */
+  char* arts = watch_all(cli, id, "artifact");
+  fprintf(stderr, "artifacts:\n%s", arts);
+  assert_null(strstr(arts, "final.safetensors"));
+  assert_null(strstr(arts, "summary.json"));
+  assert_non_null(strstr(arts, "rounds.tsv"));
+  free(arts);
+  /* the report did not copy root's file; the status file was written afresh, not through the
+   * link, and root's file is unchanged */
+  char* rf = watch_find(cli, id, "report_failed");
+  assert_non_null(rf);
+  assert_non_null(strstr(rf, "summary.json"));
+  free(rf);
+  f = fopen(secret, "r");
+  char back[64] = "";
+  assert_non_null(fgets(back, sizeof back, f));
+  fclose(f);
+  assert_string_equal(back, "{\"root\": \"only\"}\n");
+  snprintf(p, sizeof p, "%s/%s/exit_code", wd, id);
+  struct stat sb;
+  assert_int_equal(lstat(p, &sb), 0);
+  assert_true(S_ISREG(sb.st_mode));
+  assert_int_equal(sb.st_uid, 0);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+  assert_int_equal(chmod(g_dir, 0700), 0);
+}
+
 static void test_restart(void** state) {
   (void)state;
   nb_gateway_t* gw = NULL;
@@ -997,6 +1118,7 @@ int main(void) {
       cmocka_unit_test(test_cancel_and_fail),
       cmocka_unit_test(test_slots),
       cmocka_unit_test(test_call_limits),
+      cmocka_unit_test(test_run_as),
       cmocka_unit_test(test_restart),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
