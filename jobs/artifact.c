@@ -1,7 +1,8 @@
 /* Artifacts: a content-addressed store on disk (objects named by SHA-256, a SQLite index of
  * names), the nebula.v1.Artifacts service that serves it in sealed chunks, and the resumable
  * client fetch. It is not a general file server nor a transport: inter/rpc carries the calls and
- * security/seal the keys; who may fetch what is the gateway's callback. */
+ * security/seal the keys; which cluster takes part in which job is the gateway's callback, and
+ * what a job is entitled to (its owner's outputs and base, jobs/artifact.h) is decided here. */
 #include "jobs/artifact.h"
 
 #include <errno.h>
@@ -43,8 +44,8 @@ NB_PARAM_INT(ArtifactConnectMs, "NB_ARTIFACT_CONNECT_MS", 5000, 100, 600000,
 
 typedef struct nb__svc {
   nb_artifact_store_t* store;
-  nb_artifact_secret_fn secret_fn;
-  void* secret_user;
+  nb_artifact_job_fn job_fn;
+  void* job_user;
   nb_ratelimit_t* rl; /* NULL: no cap */
   struct nb__svc* next;
 } nb__svc_t;
@@ -247,6 +248,21 @@ nb_status_t nb_artifact_store_open(const char* dir, nb_artifact_store_t** out) {
     sqlite3_free(err);
     goto fail;
   }
+  /* owner and job of each name (added later: names kept before have none and are not served) */
+  sqlite3_stmt* probe = NULL;
+  if (sqlite3_prepare_v2(s->db, "SELECT owner, job FROM names LIMIT 0", -1, &probe, NULL) !=
+      SQLITE_OK) {
+    rc = sqlite3_exec(s->db,
+                      "ALTER TABLE names ADD COLUMN owner TEXT NOT NULL DEFAULT '';"
+                      "ALTER TABLE names ADD COLUMN job TEXT NOT NULL DEFAULT '';",
+                      NULL, NULL, &err);
+    if (rc != SQLITE_OK) {
+      st = nb_error(NB_ERR_IO, "artifact store %s: adding owners: %s", dir, err ? err : "?");
+      sqlite3_free(err);
+      goto fail;
+    }
+  }
+  sqlite3_finalize(probe);
   *out = s;
   return NB_OK;
 fail:
@@ -323,10 +339,18 @@ out:
   return st;
 }
 
-nb_status_t nb_artifact_put(nb_artifact_store_t* store, const char* name, const char* file,
-                            nb_artifact_info_t* out) {
+nb_status_t nb_artifact_put(nb_artifact_store_t* store, const char* name, const char* owner,
+                            const char* job, const char* file, nb_artifact_info_t* out) {
   if (!store || !file) return nb_error(NB_ERR_INVALID, "artifact put: NULL argument");
   NB_CHECK(nb_artifact_name_check(name));
+  if (!owner) owner = "";
+  if (!job) job = "";
+  size_t on = strlen(owner);
+  if (on >= NB_ARTIFACT_ID_MAX || strlen(job) >= NB_ARTIFACT_ID_MAX || strchr(owner, '/'))
+    return nb_error(NB_ERR_INVALID, "artifact put: bad owner or job id");
+  if (on && (strncmp(name, owner, on) != 0 || name[on] != '/'))
+    return nb_error(NB_ERR_INVALID, "artifact name '%s' is not in the namespace of its owner '%s'",
+                    name, owner);
   char tmp[PATH_MAX] = "", hex[NB_ARTIFACT_HASH_HEX], obj[sizeof out->path], d[PATH_MAX];
   uint64_t size = 0;
   nb_status_t st = nb__ingest(store, file, tmp, sizeof tmp, hex, &size);
@@ -345,15 +369,19 @@ nb_status_t nb_artifact_put(nb_artifact_store_t* store, const char* name, const 
   pthread_mutex_lock(&store->mu);
   sqlite3_stmt* q = NULL;
   int rc = sqlite3_prepare_v2(store->db,
-                              "INSERT INTO names(name, sha256, size, updated_ns) VALUES(?,?,?,?) "
-                              "ON CONFLICT(name) DO UPDATE SET sha256 = excluded.sha256, "
-                              "size = excluded.size, updated_ns = excluded.updated_ns",
+                              "INSERT INTO names(name, sha256, size, updated_ns, owner, job) "
+                              "VALUES(?,?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET "
+                              "sha256 = excluded.sha256, size = excluded.size, "
+                              "updated_ns = excluded.updated_ns, owner = excluded.owner, "
+                              "job = excluded.job",
                               -1, &q, NULL);
   if (rc == SQLITE_OK) {
     sqlite3_bind_text(q, 1, name, -1, SQLITE_STATIC);
     sqlite3_bind_text(q, 2, hex, -1, SQLITE_STATIC);
     sqlite3_bind_int64(q, 3, (sqlite3_int64)size);
     sqlite3_bind_int64(q, 4, (sqlite3_int64)nb_wall_ns());
+    sqlite3_bind_text(q, 5, owner, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 6, job, -1, SQLITE_STATIC);
     rc = sqlite3_step(q) == SQLITE_DONE ? SQLITE_OK : SQLITE_ERROR;
   }
   if (rc != SQLITE_OK) st = nb__sql(store, rc, "recording a name");
@@ -367,11 +395,94 @@ nb_status_t nb_artifact_put(nb_artifact_store_t* store, const char* name, const 
     memcpy(out->sha256, hex, sizeof out->sha256);
     out->size = size;
     snprintf(out->path, sizeof out->path, "%s", obj);
+    snprintf(out->owner, sizeof out->owner, "%s", owner);
+    snprintf(out->job, sizeof out->job, "%s", job);
   }
   return NB_OK;
 fail:
   if (tmp[0]) unlink(tmp);
   return st;
+}
+
+/* Whether the job (j, job_id) may have the object of one name row. NULL j: anyone (lookup). */
+typedef struct {
+  const nb_artifact_job_t* j;
+  const char* job_id;
+} nb__who_t;
+
+/* "<owner>/<name>", or name itself when it is already in owner's namespace (second candidate). */
+static int nb__in_namespace(const char* name, const char* owner) {
+  size_t n = strlen(owner);
+  return n && !strncmp(name, owner, n) && name[n] == '/';
+}
+
+static int nb__entitled(const nb__who_t* w, const nb_artifact_info_t* o) {
+  if (!w || !w->j) return 1;
+  const nb_artifact_job_t* j = w->j;
+  if (!o->owner[0] || strcmp(o->owner, j->owner) != 0) return 0; /* another user's, or nobody's */
+  if (w->job_id && o->job[0] && !strcmp(o->job, w->job_id)) return 1;    /* its own output */
+  if (j->base_sha256[0] && !strcmp(o->sha256, j->base_sha256)) return 1; /* the pinned base */
+  if (j->base[0]) {
+    char q[NB_ARTIFACT_NAME_MAX * 2];
+    snprintf(q, sizeof q, "%s/%s", j->owner, j->base);
+    if (!strcmp(o->name, q)) return 1;
+    if (nb__in_namespace(j->base, j->owner) && !strcmp(o->name, j->base)) return 1;
+  }
+  return 0;
+}
+
+/* The first name row (by name, or every row holding the hash, in name order) that w may have.
+ * *seen: rows found at all (entitled or not). */
+static nb_status_t nb__find(nb_artifact_store_t* store, const char* name, const char* hex,
+                            const nb__who_t* w, nb_artifact_info_t* out, int* seen) {
+  nb_status_t st = NB_OK;
+  int found = 0;
+  *seen = 0;
+  pthread_mutex_lock(&store->mu);
+  sqlite3_stmt* q = NULL;
+  int rc =
+      sqlite3_prepare_v2(store->db,
+                         hex ? "SELECT name, sha256, size, owner, job FROM names WHERE "
+                               "sha256 = ? ORDER BY name"
+                             : "SELECT name, sha256, size, owner, job FROM names WHERE name = ?",
+                         -1, &q, NULL);
+  if (rc == SQLITE_OK) {
+    sqlite3_bind_text(q, 1, hex ? hex : name, -1, SQLITE_STATIC);
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+      nb_artifact_info_t r;
+      memset(&r, 0, sizeof r);
+      snprintf(r.name, sizeof r.name, "%s", (const char*)sqlite3_column_text(q, 0));
+      snprintf(r.sha256, sizeof r.sha256, "%s", (const char*)sqlite3_column_text(q, 1));
+      int64_t size = sqlite3_column_int64(q, 2);
+      r.size = size >= 0 ? (uint64_t)size : 0;
+      const unsigned char* ow = sqlite3_column_text(q, 3);
+      const unsigned char* jb = sqlite3_column_text(q, 4);
+      snprintf(r.owner, sizeof r.owner, "%s", ow ? (const char*)ow : "");
+      snprintf(r.job, sizeof r.job, "%s", jb ? (const char*)jb : "");
+      (*seen)++;
+      if (nb__entitled(w, &r)) {
+        *out = r;
+        found = 1;
+        break;
+      }
+    }
+    rc = rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
+  }
+  if (rc != SQLITE_OK) st = nb__sql(store, rc, "looking up a name");
+  sqlite3_finalize(q);
+  pthread_mutex_unlock(&store->mu);
+  NB_CHECK(st);
+  return found ? NB_OK : NB_ERR_NOT_FOUND;
+}
+
+/* The object of a found row: its path, and that it is still there. */
+static nb_status_t nb__object_of(nb_artifact_store_t* store, int by_hash, nb_artifact_info_t* out) {
+  NB_CHECK(nb__object_path(store, out->sha256, out->path, sizeof out->path));
+  struct stat sb;
+  if (stat(out->path, &sb) != 0)
+    return nb_error(NB_ERR_NOT_FOUND, "artifact object sha256:%s is not in this store%s",
+                    out->sha256, by_hash ? "" : " (its name is recorded but the object is gone)");
+  return NB_OK;
 }
 
 nb_status_t nb_artifact_lookup(nb_artifact_store_t* store, const char* name_or_hash,
@@ -385,44 +496,70 @@ nb_status_t nb_artifact_lookup(nb_artifact_store_t* store, const char* name_or_h
     NB_CHECK(nb__hash_check(name_or_hash + 7, hex));
   else
     NB_CHECK(nb_artifact_name_check(name_or_hash));
-
-  nb_status_t st = NB_OK;
-  int64_t size = -1;
-  pthread_mutex_lock(&store->mu);
-  sqlite3_stmt* q = NULL;
-  int rc = sqlite3_prepare_v2(store->db,
-                              by_hash ? "SELECT name, sha256, size FROM names WHERE sha256 = ? "
-                                        "ORDER BY name LIMIT 1"
-                                      : "SELECT name, sha256, size FROM names WHERE name = ?",
-                              -1, &q, NULL);
-  if (rc == SQLITE_OK) {
-    sqlite3_bind_text(q, 1, by_hash ? hex : name_or_hash, -1, SQLITE_STATIC);
-    rc = sqlite3_step(q);
-    if (rc == SQLITE_ROW) {
-      snprintf(out->name, sizeof out->name, "%s", (const char*)sqlite3_column_text(q, 0));
-      snprintf(hex, sizeof hex, "%s", (const char*)sqlite3_column_text(q, 1));
-      size = sqlite3_column_int64(q, 2);
-      rc = SQLITE_OK;
-    } else if (rc == SQLITE_DONE) {
-      rc = SQLITE_OK;
-    }
-  }
-  if (rc != SQLITE_OK) st = nb__sql(store, rc, "looking up a name");
-  sqlite3_finalize(q);
-  pthread_mutex_unlock(&store->mu);
-  NB_CHECK(st);
-  if (!by_hash && size < 0)
+  int seen = 0;
+  nb_status_t st =
+      nb__find(store, by_hash ? NULL : name_or_hash, by_hash ? hex : NULL, NULL, out, &seen);
+  if (st == NB_ERR_NOT_FOUND && !by_hash)
     return nb_error(NB_ERR_NOT_FOUND, "no artifact named '%s' in this store", name_or_hash);
-  NB_CHECK(nb__object_path(store, hex, out->path, sizeof out->path));
-  struct stat sb;
-  if (stat(out->path, &sb) != 0)
-    return nb_error(NB_ERR_NOT_FOUND, "artifact object sha256:%s is not in this store%s", hex,
-                    by_hash ? "" : " (its name is recorded but the object is gone)");
-  if (!out->name[0]) snprintf(out->name, sizeof out->name, "sha256:%s", hex);
-  memcpy(out->sha256, hex, sizeof out->sha256);
-  /* A name records the size it was put with; an object found only by hash has its file's. */
-  out->size = size >= 0 ? (uint64_t)size : (uint64_t)sb.st_size;
-  return NB_OK;
+  if (st == NB_ERR_NOT_FOUND) {
+    /* an object held without a name: served by hash with its file's size */
+    memset(out, 0, sizeof *out);
+    memcpy(out->sha256, hex, sizeof out->sha256);
+    NB_CHECK(nb__object_of(store, 1, out));
+    struct stat sb;
+    if (stat(out->path, &sb) == 0) out->size = (uint64_t)sb.st_size;
+    snprintf(out->name, sizeof out->name, "sha256:%s", hex);
+    return NB_OK;
+  }
+  NB_CHECK(st);
+  return nb__object_of(store, by_hash, out);
+}
+
+/* What job (j, job_id) may have under name_or_hash: a hash among the objects it is entitled to; a
+ * name in its owner's namespace ("<owner>/<name>" first, then the name itself when it already
+ * starts with "<owner>/") that it is entitled to. Refusals say why without revealing whether
+ * another user holds such a name or hash. */
+static nb_status_t nb__lookup_for(nb_artifact_store_t* store, const char* name_or_hash,
+                                  const nb_artifact_job_t* j, const char* job_id,
+                                  nb_artifact_info_t* out) {
+  memset(out, 0, sizeof *out);
+  nb__who_t w = {j, job_id};
+  int seen = 0;
+  if (!strncmp(name_or_hash, "sha256:", 7)) {
+    char hex[NB_ARTIFACT_HASH_HEX];
+    NB_CHECK(nb__hash_check(name_or_hash + 7, hex));
+    nb_status_t st = nb__find(store, NULL, hex, &w, out, &seen);
+    if (st == NB_ERR_NOT_FOUND)
+      return nb_error(NB_ERR_NOT_FOUND,
+                      "no artifact sha256:%s that job '%s' of user '%s' may fetch here (a job may "
+                      "fetch its own outputs and the base checkpoint it names, of the same user)",
+                      hex, job_id, j->owner);
+    NB_CHECK(st);
+    return nb__object_of(store, 1, out);
+  }
+  NB_CHECK(nb_artifact_name_check(name_or_hash));
+  char cand[2][NB_ARTIFACT_NAME_MAX * 2];
+  int nc = 0;
+  snprintf(cand[nc++], sizeof cand[0], "%s/%s", j->owner, name_or_hash);
+  if (nb__in_namespace(name_or_hash, j->owner))
+    snprintf(cand[nc++], sizeof cand[0], "%s", name_or_hash);
+  int any = 0;
+  for (int i = 0; i < nc; i++) {
+    if (strlen(cand[i]) >= NB_ARTIFACT_NAME_MAX) continue;
+    nb_status_t st = nb__find(store, cand[i], NULL, &w, out, &seen);
+    any += seen;
+    if (st == NB_OK) return nb__object_of(store, 0, out);
+    if (st != NB_ERR_NOT_FOUND) return st;
+  }
+  if (any)
+    return nb_error(NB_ERR_PERMISSION,
+                    "job '%s' of user '%s' may not fetch artifact '%s': a job may fetch its own "
+                    "outputs and the base checkpoint it names",
+                    job_id, j->owner, name_or_hash);
+  return nb_error(NB_ERR_NOT_FOUND,
+                  "no artifact '%s' in the namespace of user '%s' (names are "
+                  "<user>/<job>/<path>; other users' artifacts are not served)",
+                  name_or_hash, j->owner);
 }
 
 /* ------------------------------------------------------------------ sealing */
@@ -533,14 +670,17 @@ void nb__artifact_rx_clear(nb__artifact_rx_t* rx) {
 
 /* The calling cluster and the job's secret, or why the call is refused. */
 static nb_status_t nb__authorize(nb__svc_t* svc, nb_rpc_call_t* call, const char* job_id,
-                                 const char** peer_out, uint8_t secret[32]) {
+                                 const char** peer_out, nb_artifact_job_t* job) {
+  memset(job, 0, sizeof *job);
   const nb_tls_peer_t* p = nb_rpc_call_peer(call);
   if (!p || p->kind != NB_TLS_PEER_CLUSTER)
     return nb_error(NB_ERR_PERMISSION, "artifacts are served to cluster certificates only");
   if (!job_id || !*job_id) return nb_error(NB_ERR_INVALID, "job_id is empty");
-  nb_status_t st = svc->secret_fn(svc->secret_user, job_id, p->name, secret);
+  nb_status_t st = svc->job_fn(svc->job_user, job_id, p->name, job);
+  if (st == NB_OK && !job->owner[0])
+    st = nb_error(NB_ERR_PERMISSION, "job '%s' has no owner", job_id);
   if (st != NB_OK) {
-    OPENSSL_cleanse(secret, 32);
+    OPENSSL_cleanse(job, sizeof *job);
     if (st != NB_ERR_NOT_FOUND) st = NB_ERR_PERMISSION;
     return nb_error(st, "cluster '%s' may not fetch artifacts of job '%s'", p->name, job_id);
   }
@@ -555,12 +695,15 @@ static nb_status_t nb__h_resolve(nb_rpc_call_t* call, void* user) {
   NB_CHECK(nb_rpc_call_recv_pb(call, &nebula__v1__resolve_request__descriptor,
                                (ProtobufCMessage**)&req, &end, NB_RPC_INFINITE));
   if (!req) return nb_error(NB_ERR_INVALID, "Resolve: no request");
-  uint8_t secret[32];
+  nb_artifact_job_t* job = NULL;
   const char* peer = NULL;
-  nb_status_t st = nb__authorize(svc, call, req->job_id, &peer, secret);
-  OPENSSL_cleanse(secret, sizeof secret);
+  nb_status_t st = nb_calloc((void**)&job, 1, sizeof *job, "artifact job");
+  if (st == NB_OK) st = nb__authorize(svc, call, req->job_id, &peer, job);
+  if (job) OPENSSL_cleanse(job->secret, sizeof job->secret);
   nb_artifact_info_t info;
-  if (st == NB_OK) st = nb_artifact_lookup(svc->store, req->name, &info);
+  if (st == NB_OK)
+    st = nb__lookup_for(svc->store, req->name ? req->name : "", job, req->job_id, &info);
+  nb_free(job);
   if (st == NB_OK) {
     Nebula__V1__ArtifactInfo m = NEBULA__V1__ARTIFACT_INFO__INIT;
     m.name = info.name;
@@ -578,7 +721,8 @@ static nb_status_t nb__h_fetch(nb_rpc_call_t* call, void* user) {
   nb__svc_t* svc = user;
   Nebula__V1__FetchRequest* req = NULL;
   int end = 0, fd = -1;
-  uint8_t secret[32], tid[NB__TRANSFER_ID_BYTES];
+  uint8_t tid[NB__TRANSFER_ID_BYTES];
+  nb_artifact_job_t job;
   uint8_t *plain = NULL, *msg = NULL;
   size_t msg_cap = 0;
   nb_seal_ctx_t* seal = NULL;
@@ -586,13 +730,13 @@ static nb_status_t nb__h_fetch(nb_rpc_call_t* call, void* user) {
   NB_CHECK(nb_rpc_call_recv_pb(call, &nebula__v1__fetch_request__descriptor,
                                (ProtobufCMessage**)&req, &end, NB_RPC_INFINITE));
   if (!req) return nb_error(NB_ERR_INVALID, "Fetch: no request");
-  nb_status_t st = nb__authorize(svc, call, req->job_id, &peer, secret);
+  nb_status_t st = nb__authorize(svc, call, req->job_id, &peer, &job);
   if (st != NB_OK) goto out;
   char hex[NB_ARTIFACT_HASH_HEX], key[80];
   NB_CHECK_GOTO(nb__hash_check(req->sha256, hex), st, out);
   snprintf(key, sizeof key, "sha256:%s", hex);
   nb_artifact_info_t info;
-  NB_CHECK_GOTO(nb_artifact_lookup(svc->store, key, &info), st, out);
+  NB_CHECK_GOTO(nb__lookup_for(svc->store, key, &job, req->job_id, &info), st, out);
   fd = open(info.path, O_RDONLY | O_CLOEXEC);
   struct stat sb;
   if (fd < 0 || fstat(fd, &sb) != 0) {
@@ -616,8 +760,8 @@ static nb_status_t nb__h_fetch(nb_rpc_call_t* call, void* user) {
     st = nb_error(NB_ERR_CRYPTO, "RAND_bytes failed");
     goto out;
   }
-  NB_CHECK_GOTO(nb__artifact_seal_ctx(secret, req->job_id, tid, peer, 1, &seal), st, out);
-  OPENSSL_cleanse(secret, sizeof secret);
+  NB_CHECK_GOTO(nb__artifact_seal_ctx(job.secret, req->job_id, tid, peer, 1, &seal), st, out);
+  OPENSSL_cleanse(&job, sizeof job);
   size_t cb = (size_t)nb_param_ArtifactChunkKib() * 1024;
   NB_CHECK_GOTO(nb_alloc((void**)&plain, 1, cb + NB_SEAL_TAG_BYTES, "artifact chunk"), st, out);
   msg_cap = cb + NB_SEAL_TAG_BYTES + NB__ARTIFACT_HDR_MAX + 16;
@@ -662,7 +806,7 @@ static nb_status_t nb__h_fetch(nb_rpc_call_t* call, void* user) {
           peer, req->job_id, (unsigned long long)(info.size - req->offset),
           (unsigned long long)req->offset, (unsigned long long)index);
 out:
-  OPENSSL_cleanse(secret, sizeof secret);
+  OPENSSL_cleanse(&job, sizeof job);
   if (fd >= 0) close(fd);
   if (plain) OPENSSL_cleanse(plain, (size_t)nb_param_ArtifactChunkKib() * 1024);
   nb_free(plain);
@@ -673,14 +817,14 @@ out:
 }
 
 nb_status_t nb_artifact_service_add(nb_rpc_server_t* srv, nb_artifact_store_t* store,
-                                    nb_artifact_secret_fn secret_fn, void* secret_user) {
-  if (!srv || !store || !secret_fn)
-    return nb_error(NB_ERR_INVALID, "artifact service: NULL server, store or secret callback");
+                                    nb_artifact_job_fn job_fn, void* job_user) {
+  if (!srv || !store || !job_fn)
+    return nb_error(NB_ERR_INVALID, "artifact service: NULL server, store or job callback");
   nb__svc_t* svc = NULL;
   NB_CHECK(nb_calloc((void**)&svc, 1, sizeof *svc, "artifact service"));
   svc->store = store;
-  svc->secret_fn = secret_fn;
-  svc->secret_user = secret_user;
+  svc->job_fn = job_fn;
+  svc->job_user = job_user;
   nb_status_t st = NB_OK;
   double mbps = nb_param_ArtifactRateMbps();
   if (mbps > 0) NB_CHECK_GOTO(nb_ratelimit_create(mbps * 1e6 / 8, 0, &svc->rl), st, fail);

@@ -1,9 +1,11 @@
 /* Artifacts: files (checkpoints, adapters) that move between the gateways of a federation, named
- * by content. A store keeps each file once under its SHA-256 and maps names ("<job>/<path>") to
- * hashes; the service nebula.v1.Artifacts lets a peer gateway resolve a name and fetch the bytes
- * in chunks sealed with the job's key, resuming a broken transfer where it stopped. It is not a
- * general file server: only what a gateway put in its store can be fetched, and only by a
- * cluster the job involves. */
+ * by content. A store keeps each file once under its SHA-256 and maps names
+ * ("<user>/<job>/<path>") to hashes, each name owned by the user and the job that produced it;
+ * the service nebula.v1.Artifacts lets a peer gateway resolve a name and fetch the bytes in
+ * chunks sealed with the job's key, resuming a broken transfer where it stopped. It is not a
+ * general file server: only what a gateway put in its store can be fetched, only by a cluster
+ * the job involves, and only what that job is entitled to (its own outputs, or the base
+ * checkpoint it names when the same user owns it). */
 #ifndef NB_JOBS_ARTIFACT_H
 #define NB_JOBS_ARTIFACT_H
 
@@ -19,14 +21,17 @@ extern "C" {
 
 #define NB_ARTIFACT_NAME_MAX 256
 #define NB_ARTIFACT_HASH_HEX 65 /* 64 hex digits + NUL */
+#define NB_ARTIFACT_ID_MAX 64   /* user names and job ids, NUL included */
 
 typedef struct nb_artifact_store nb_artifact_store_t;
 
 typedef struct {
-  char name[NB_ARTIFACT_NAME_MAX];   /* "<job-name>/<relative path>" */
+  char name[NB_ARTIFACT_NAME_MAX];   /* "<user>/<job-name>/<relative path>" */
   char sha256[NB_ARTIFACT_HASH_HEX]; /* lower-case hex of the content's SHA-256 */
   uint64_t size;                     /* bytes */
   char path[1024];                   /* where the content lies in this store */
+  char owner[NB_ARTIFACT_ID_MAX];    /* the user who owns the name; "" = nobody (never served) */
+  char job[NB_ARTIFACT_ID_MAX];      /* the job id that produced it; "" = none recorded */
 } nb_artifact_info_t;
 
 /* Opens (creating it if needed) the store in dir. out: set on NB_OK; close with
@@ -36,26 +41,45 @@ nb_status_t nb_artifact_store_open(const char* dir, nb_artifact_store_t** out);
 void nb_artifact_store_close(nb_artifact_store_t* store); /* NULL ok */
 
 /* Adds the content of file under name (hashing it; content already held is kept once; a name
- * given again points to the new content). The store's copy is complete before the name refers
- * to it (temp + fsync + rename). out: may be NULL. Returns NB_ERR_INVALID (bad name: empty, too
- * long, absolute, "..", control characters), NB_ERR_IO, NB_ERR_NOMEM. */
-nb_status_t nb_artifact_put(nb_artifact_store_t* store, const char* name, const char* file,
-                            nb_artifact_info_t* out);
+ * given again points to the new content and its new owner and job). The store's copy is complete
+ * before the name refers to it (temp + fsync + rename). owner, job: the user and job id that own
+ * the name (borrowed); a name of an owner must lie in that owner's namespace ("<owner>/...").
+ * NULL or "" for owner: a name nobody owns, which the service never serves. out: may be NULL.
+ * Returns NB_ERR_INVALID (bad name: empty, too long, absolute, "..", control characters; a name
+ * outside the owner's namespace), NB_ERR_IO, NB_ERR_NOMEM. */
+nb_status_t nb_artifact_put(nb_artifact_store_t* store, const char* name, const char* owner,
+                            const char* job, const char* file, nb_artifact_info_t* out);
 
-/* Looks up a name, or a content hash written "sha256:<hex>". Returns NB_ERR_NOT_FOUND. */
+/* Looks up a name, or a content hash written "sha256:<hex>" (the first name holding it, with its
+ * owner and job). No entitlement check: that is the service's. Returns NB_ERR_NOT_FOUND. */
 nb_status_t nb_artifact_lookup(nb_artifact_store_t* store, const char* name_or_hash,
                                nb_artifact_info_t* out);
 
-/* How the service finds the key of a transfer: the 32-byte secret of job_id, if the calling
- * cluster (the verified identity of the peer) takes part in that job; NB_ERR_PERMISSION or
- * NB_ERR_NOT_FOUND otherwise. Called on a handler thread. */
-typedef nb_status_t (*nb_artifact_secret_fn)(void* user, const char* job_id,
-                                             const char* peer_cluster, uint8_t secret[32]);
+/* What the service needs to know of the job a call is for. */
+typedef struct {
+  uint8_t secret[32];                     /* the job's secret: the key of the transfer */
+  char owner[NB_ARTIFACT_ID_MAX];         /* the user who owns the job */
+  char base[NB_ARTIFACT_NAME_MAX];        /* the base checkpoint it names ("" = none), as written */
+  char base_sha256[NB_ARTIFACT_HASH_HEX]; /* its pinned hash ("" = not pinned) */
+} nb_artifact_job_t;
+
+/* How the service learns about job_id: fills *out if the calling cluster (the verified identity
+ * of the peer) takes part in that job; NB_ERR_PERMISSION or NB_ERR_NOT_FOUND otherwise. Called
+ * on a handler thread.
+ *
+ * The job is then entitled to an object only if the object is owned by the job's owner and is
+ * either the job's own output (recorded with job_id) or its base: named by `base` (taken in the
+ * owner's namespace: "<owner>/<base>", or `base` itself when it already starts with
+ * "<owner>/"), or with the hash `base_sha256`. A name is resolved in the owner's namespace
+ * first; a name of another user is never served (NB_ERR_NOT_FOUND), nor a hash held only by
+ * objects the job is not entitled to. */
+typedef nb_status_t (*nb_artifact_job_fn)(void* user, const char* job_id, const char* peer_cluster,
+                                          nb_artifact_job_t* out);
 
 /* Adds the methods of nebula.v1.Artifacts (Resolve, Fetch) to srv, before it starts. store and
- * secret_user must outlive the server. Returns NB_ERR_INVALID, NB_ERR_EXISTS, NB_ERR_NOMEM. */
+ * job_user must outlive the server. Returns NB_ERR_INVALID, NB_ERR_EXISTS, NB_ERR_NOMEM. */
 nb_status_t nb_artifact_service_add(nb_rpc_server_t* srv, nb_artifact_store_t* store,
-                                    nb_artifact_secret_fn secret_fn, void* secret_user);
+                                    nb_artifact_job_fn job_fn, void* job_user);
 
 typedef struct {
   const char* target;           /* host:port of the peer gateway */

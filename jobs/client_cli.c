@@ -185,8 +185,10 @@ static int nb__exit_for(nb_status_t st) {
   }
 }
 
+static const char* nb__safe(const char* s);
+
 static int nb__fail(const nb__copts_t* o, nb_status_t st) {
-  fprintf(stderr, "nebula %s: %s\n", o->cmd, nb_error_last());
+  fprintf(stderr, "nebula %s: %s\n", o->cmd, nb__safe(nb_error_last()));
   return nb__exit_for(st);
 }
 
@@ -242,6 +244,29 @@ static json_t* nb__job_json(const Nebula__V1__Job* j) {
   return o;
 }
 
+/* s made safe for a terminal: control characters (C0, DEL, and C1 as UTF-8 U+0080..U+009F)
+ * written as \xNN / \u00NN, so that a stored string (a cancel reason, a job's progress source)
+ * cannot move the cursor, retitle the window or ring the bell. Returns one of a few rotating
+ * buffers: valid for the next few calls (this CLI is single-threaded). */
+static const char* nb__safe(const char* s) {
+  static char bufs[8][2048];
+  static int next;
+  char* b = bufs[next++ % 8];
+  size_t o = 0, cap = sizeof bufs[0];
+  for (const unsigned char* p = (const unsigned char*)(s ? s : ""); *p && o + 8 < cap; p++) {
+    if (*p < 0x20 || *p == 0x7f) {
+      o += (size_t)snprintf(b + o, cap - o, "\\x%02x", *p);
+    } else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) {
+      o += (size_t)snprintf(b + o, cap - o, "\\u%04x", p[1]);
+      p++;
+    } else {
+      b[o++] = (char)*p;
+    }
+  }
+  b[o] = 0;
+  return b;
+}
+
 static void nb__print_json(json_t* o) {
   char* t = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(15));
   if (t) printf("%s\n", t);
@@ -253,17 +278,19 @@ static void nb__print_job(const Nebula__V1__Job* j) {
   char c[32], u[32];
   nb__fmt_time(j->created_unix_ns, c, sizeof c);
   nb__fmt_time(j->updated_unix_ns, u, sizeof u);
-  printf("id:        %s\nname:      %s\nowner:     %s\ncluster:   %s\nstate:     %s\n", j->id,
-         j->name, j->owner, j->cluster, j->state);
-  if (*j->reason) printf("reason:    %s\n", j->reason);
+  printf("id:        %s\nname:      %s\nowner:     %s\ncluster:   %s\nstate:     %s\n",
+         nb__safe(j->id), nb__safe(j->name), nb__safe(j->owner), nb__safe(j->cluster),
+         nb__safe(j->state));
+  if (*j->reason) printf("reason:    %s\n", nb__safe(j->reason));
   printf("created:   %s\nupdated:   %s\n", c, u);
   if (j->pid > 0) printf("pid:       %d\n", (int)j->pid);
   if (j->exit_code >= 0) printf("exit code: %d\n", (int)j->exit_code);
-  if (j->report && *j->report) printf("report:    %s\n", j->report);
+  if (j->report && *j->report) printf("report:    %s\n", nb__safe(j->report));
   for (size_t i = 0; i < j->n_clusters; i++) {
     const Nebula__V1__ClusterPart* p = j->clusters[i];
-    printf("%s %-8s  %d workers  %-10s%s%s\n", i ? "          " : "clusters: ", p->cluster,
-           (int)p->workers, p->state, *p->reason ? "  " : "", p->reason);
+    printf("%s %-8s  %d workers  %-10s%s%s\n",
+           i ? "          " : "clusters: ", nb__safe(p->cluster), (int)p->workers,
+           nb__safe(p->state), *p->reason ? "  " : "", nb__safe(p->reason));
   }
 }
 
@@ -357,7 +384,8 @@ static int nb__unary_job(int argc, char** argv, int cancel) {
       if (d) json_object_set_new(jj, "descriptor", d);
       nb__print_json(jj);
     } else if (cancel) {
-      printf("%s %s%s%s\n", j->id, j->state, *j->reason ? ": " : "", j->reason);
+      printf("%s %s%s%s\n", nb__safe(j->id), nb__safe(j->state), *j->reason ? ": " : "",
+             nb__safe(j->reason));
     } else {
       nb__print_job(j);
     }
@@ -401,8 +429,9 @@ int nb_list_main(int argc, char** argv) {
       for (size_t i = 0; i < r->n_jobs; i++) {
         char t[32];
         nb__fmt_time(r->jobs[i]->created_unix_ns, t, sizeof t);
-        printf("%-32s %-10s %-12s %-20s %s\n", r->jobs[i]->id, r->jobs[i]->state, r->jobs[i]->owner,
-               t, r->jobs[i]->reason);
+        printf("%-32s %-10s %-12s %-20s %s\n", nb__safe(r->jobs[i]->id),
+               nb__safe(r->jobs[i]->state), nb__safe(r->jobs[i]->owner), t,
+               nb__safe(r->jobs[i]->reason));
       }
     }
     protobuf_c_message_free_unpacked(rep, NULL);
@@ -437,7 +466,7 @@ static void nb__progress_line(const Nebula__V1__JobEvent* e, char* buf, size_t n
     snprintf(steps, sizeof steps, "step %lld", (long long)e->step);
   snprintf(buf, n, "round %lld  %s  loss %.4f  WAN %.2f MB/s  density %.4g  ETA %s%s%s",
            (long long)e->round, steps, e->loss, e->wan_mbps / 8.0, e->density, eta,
-           *e->source ? "  " : "", e->source);
+           *e->source ? "  " : "", nb__safe(e->source));
 }
 
 int nb_watch_main(int argc, char** argv) {
@@ -494,9 +523,10 @@ int nb_watch_main(int argc, char** argv) {
       if (live) printf("\n");
       live = 0;
       if (!strcmp(e->kind, "state"))
-        printf("%s state %s%s%s\n", t, e->state, *e->reason ? ": " : "", e->reason);
+        printf("%s state %s%s%s\n", t, nb__safe(e->state), *e->reason ? ": " : "",
+               nb__safe(e->reason));
       else
-        printf("%s %s %s\n", t, e->kind, e->payload_json);
+        printf("%s %s %s\n", t, nb__safe(e->kind), nb__safe(e->payload_json));
     }
     fflush(stdout);
     protobuf_c_message_free_unpacked(m, NULL);

@@ -11,6 +11,7 @@
 #include <libgen.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@
 #include "jobs/artifact.h"
 #include "jobs/cli.h"
 #include "jobs/descriptor.h"
+#include "jobs/job_paths.h"
 #include "jobs/report.h"
 #include "jobs/store.h"
 #include "nebula/v1/federation.pb-c.h"
@@ -50,6 +52,7 @@ typedef enum {
   NB__OPT_DEVICE,   /* "cpu" | "cuda" */
   NB__OPT_LIST,     /* array of strings into an nb_launcher_args_t */
   NB__OPT_WARGV,    /* array of strings: the worker command template */
+  NB__OPT_PATHS,    /* array of paths (relative to the config file's folder): allowed roots */
 } nb__opt_type_t;
 
 typedef struct {
@@ -114,6 +117,15 @@ static const nb__opt_t nb__opts[] = {
     {"acl", NB__OPT_ACL, NB__F(acl), 0, 0, "[] (nobody)",
      "[{\"user\": NAME|\"*\", \"clusters\": [ID|\"*\"], \"max_workers\": N}]"},
     {"admins", NB__OPT_USERS, NB__F(admins), 0, 0, "[]", "users who may read and cancel every job"},
+    {"limits.calls_per_identity", NB__OPT_INT, NB__F(calls_per_identity), 1, 4096, "16",
+     "calls (Watch and Logs streams included) one user or cluster certificate may have in "
+     "flight at once; more get RESOURCE_EXHAUSTED. Keep it well under NB_RPC_MAX_CALLS"},
+    {"run_as", NB__OPT_STR, NB__F(run_as), 0, 0, "\"\"",
+     "user the jobs' processes run as (setpriv), for a gateway started as root; launcher local "
+     "only; \"\" = the gateway's own user"},
+    {"paths.allow", NB__OPT_PATHS, NB__F(allow), 0, 0, "[]",
+     "folders besides the job's own that descriptor paths may name (data roots, a shared model "
+     "store); read only: checkpoint.dir stays inside the job's folder"},
     {"cancel_grace_ms", NB__OPT_INT, NB__F(cancel_grace_ms), 0, 600000, "5000",
      "SIGTERM to the job's process group, SIGKILL after this"},
     {"poll_ms", NB__OPT_INT, NB__F(poll_ms), 10, 10000, "100",
@@ -141,14 +153,15 @@ void nb_gateway_config_defaults(nb_gateway_config_t* c) {
   snprintf(c->work_dir, sizeof c->work_dir, "work");
   c->cancel_grace_ms = 5000;
   c->poll_ms = 100;
+  c->calls_per_identity = 16;
 }
 
 void nb_gateway_config_help(FILE* f) {
   fprintf(f, "config file keys (JSON; a dotted key is a nested object):\n");
   for (size_t i = 0; i < NB__N_OPTS; i++) {
     static const char* tn[] = {"string", "path",   "integer", "[string]", "{id: addr}", "[rule]",
-                               "[user]", "string", "string",  "[string]", "[string]"};
-    _Static_assert(sizeof tn / sizeof tn[0] == NB__OPT_WARGV + 1, "a name for every type");
+                               "[user]", "string", "string",  "[string]", "[string]",   "[path]"};
+    _Static_assert(sizeof tn / sizeof tn[0] == NB__OPT_PATHS + 1, "a name for every type");
     fprintf(f, "  %-18s %-10s default %s\n      %s\n", nb__opts[i].name, tn[nb__opts[i].type],
             nb__opts[i].def, nb__opts[i].help);
   }
@@ -232,6 +245,21 @@ static nb_status_t nb__cfg_set(const nb__opt_t* o, json_t* v, const char* base,
         c->n_worker_command = (int)n;
       else
         c->n_command = (int)n;
+      return NB_OK;
+    }
+    case NB__OPT_PATHS: {
+      size_t n = json_is_array(v) ? json_array_size(v) : (size_t)-1;
+      if (n > NB_JOB_PATHS_MAX_ROOTS)
+        return nb_error(NB_ERR_CONFIG, "config: %s: expected an array of at most %d paths", o->name,
+                        NB_JOB_PATHS_MAX_ROOTS);
+      for (size_t i = 0; i < n; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "%s[%zu]", o->name, i);
+        NB_CHECK(nb__cfg_str(key, json_array_get(v, i), c->allow[i], NB_GW_STR, base));
+        if (!c->allow[i][0] || strchr(c->allow[i], ':'))
+          return nb_error(NB_ERR_CONFIG, "config: %s: expected a non-empty path without ':'", key);
+      }
+      c->n_allow = (int)n;
       return NB_OK;
     }
     case NB__OPT_USERS: {
@@ -425,8 +453,27 @@ typedef struct {
   double started, next, deadline; /* nb_now_s(): queued, next try, last try */
 } nb__report_t;
 
+/* One method of the server, behind the per-identity limit (nb__limited). */
+typedef struct {
+  struct nb_gateway* gw;
+  nb_rpc_handler_fn fn;
+} nb__hand_t;
+
+#define NB__MAX_IDENTITIES 256
+#define NB__N_METHODS 12
+
 struct nb_gateway {
   nb_gateway_config_t cfg;
+  int run_as; /* jobs run as run_uid:run_gid (cfg.run_as) */
+  uid_t run_uid;
+  gid_t run_gid;
+  nb__hand_t hand[NB__N_METHODS];
+  pthread_mutex_t lim_mu; /* calls in flight per identity */
+  int n_ident;
+  struct {
+    char key[160]; /* "user:alice", "cluster:dc-b" */
+    int calls;
+  } ident[NB__MAX_IDENTITIES];
   char self_exe[NB_GW_STR];
   nb_tls_t* tls;
   X509* ca;
@@ -460,6 +507,29 @@ static int nb__active_find(nb_gateway_t* gw, const char* id) {
 
 static void nb__jobdir(const nb_gateway_t* gw, const char* id, char* buf, size_t n) {
   snprintf(buf, n, "%s/%.63s", gw->cfg.work_dir, id);
+}
+
+/* With run_as, the job's user owns what the gateway prepares for it to read or write there. */
+static void nb__give(const nb_gateway_t* gw, const char* path) {
+  if (gw->run_as && lchown(path, gw->run_uid, gw->run_gid) != 0)
+    NB_WARN("cannot give %s to the run_as user: %s", path, strerror(errno));
+}
+
+/* Opens a file the job's processes wrote, for the gateway to read. With run_as the job's user
+ * owns the job's folder and could put a link there to a file only the gateway may read: a file
+ * is read only if, once open, it is a regular file of that user (so nothing the job could not
+ * read itself). Returns the descriptor or -1 (errno EPERM for a refused file). */
+static int nb__open_job_file(const nb_gateway_t* gw, const char* path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0 || !gw->run_as) return fd;
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != gw->run_uid) {
+    NB_WARN("%s is not a regular file of the run_as user '%s': not read", path, gw->cfg.run_as);
+    close(fd);
+    errno = EPERM;
+    return -1;
+  }
+  return fd;
 }
 
 /* ------------------------------------------------------------------ federation records */
@@ -574,8 +644,12 @@ static void nb__fed_aggregate(nb_gateway_t* gw, nb_job_store_t* st, const char* 
 static void nb__tail_progress(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t* a) {
   char path[sizeof a->dir + 32];
   snprintf(path, sizeof path, "%s/%s", a->dir, NB_LAUNCH_PROGRESS);
-  FILE* f = fopen(path, "re");
-  if (!f) return;
+  int pfd = nb__open_job_file(gw, path);
+  FILE* f = pfd >= 0 ? fdopen(pfd, "re") : NULL;
+  if (!f) {
+    if (pfd >= 0) close(pfd);
+    return;
+  }
   if (fseek(f, a->progress_off, SEEK_SET) != 0) {
     fclose(f);
     return;
@@ -672,9 +746,10 @@ static void nb__job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t*
   nb_job_record_clear(&rec);
 }
 
-/* Puts the files of one output folder in the artifact store as "<job name>/<prefix><file>":
- * every *.safetensors and summary.json at its top. Records an "artifact" event for each. */
-static void nb__publish_dir(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
+/* Puts the files of one output folder in the artifact store as
+ * "<owner>/<job name>/<prefix><file>", owned by (owner, id): every *.safetensors, summary.json
+ * and rounds.tsv at its top. Records an "artifact" event for each. */
+static void nb__publish_dir(nb_gateway_t* gw, nb_job_store_t* st, const char* id, const char* owner,
                             const char* job_name, const char* dir, const char* prefix) {
   DIR* d = opendir(dir);
   if (!d) return;
@@ -688,10 +763,17 @@ static void nb__publish_dir(nb_gateway_t* gw, nb_job_store_t* st, const char* id
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
     struct stat sb;
     if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
-    if (snprintf(name, sizeof name, "%s/%s%s", job_name, prefix, e->d_name) >= (int)sizeof name)
+    if (snprintf(name, sizeof name, "%s/%s/%s%s", owner, job_name, prefix, e->d_name) >=
+        (int)sizeof name)
       continue;
+    int fd = nb__open_job_file(gw, path);
+    if (fd < 0) continue;
+    char via[64]; /* the file just checked, whatever its name points to by now */
+    snprintf(via, sizeof via, "/proc/self/fd/%d", fd);
     nb_artifact_info_t info;
-    if (nb_artifact_put(gw->art, name, path, &info) != NB_OK) {
+    nb_status_t ps = nb_artifact_put(gw->art, name, owner, id, via, &info);
+    close(fd);
+    if (ps != NB_OK) {
       NB_WARN("job %s: cannot keep %s as artifact %s: %s", id, path, name, nb_error_last());
       continue;
     }
@@ -706,14 +788,22 @@ static void nb__publish_dir(nb_gateway_t* gw, nb_job_store_t* st, const char* id
 }
 
 /* A job's part succeeded here: its outputs (final model, summary, the latest checkpoint with
- * the adapters of a LoRA job) become artifacts under "<job name>/<relative path>", where peer
- * gateways of a later job can fetch them. */
+ * the adapters of a LoRA job) become artifacts under "<owner>/<job name>/<relative path>",
+ * owned by the job's user and the job, where peer gateways of a later job of the same user can
+ * fetch them (jobs/artifact.h: who is entitled to what). */
 static void nb__publish(nb_gateway_t* gw, nb_job_store_t* st, const char* id) {
   if (!gw->art) return;
   nb_job_record_t rec = {0};
   if (nb_job_store_get(st, id, &rec) != NB_OK) return;
   json_t* d = json_loads(rec.descriptor ? rec.descriptor : "", 0, NULL);
+  char owner[NB_ARTIFACT_ID_MAX];
+  snprintf(owner, sizeof owner, "%.63s", rec.owner);
   nb_job_record_clear(&rec);
+  if (!owner[0] || strchr(owner, '/')) {
+    json_decref(d);
+    NB_WARN("job %s: no owner recorded; its outputs are not kept as artifacts", id);
+    return;
+  }
   const char* nm = json_string_value(json_object_get(json_object_get(d, "metadata"), "name"));
   char job_name[NB_JOB_NAME_MAX];
   snprintf(job_name, sizeof job_name, "%.63s", nm ? nm : id);
@@ -723,7 +813,7 @@ static void nb__publish(nb_gateway_t* gw, nb_job_store_t* st, const char* id) {
   snprintf(out, sizeof out, "%s/out", dir);
   const char* tops[2] = {out, dir};
   for (int t = 0; t < 2; t++) {
-    nb__publish_dir(gw, st, id, job_name, tops[t], "");
+    nb__publish_dir(gw, st, id, owner, job_name, tops[t], "");
     /* the newest trainer checkpoint folder step-<N> */
     snprintf(ck, sizeof ck, "%s/checkpoints", tops[t]);
     DIR* cd = opendir(ck);
@@ -740,7 +830,7 @@ static void nb__publish(nb_gateway_t* gw, nb_job_store_t* st, const char* id) {
     char sub[sizeof ck + 32], prefix[64];
     snprintf(sub, sizeof sub, "%s/step-%ld", ck, best);
     snprintf(prefix, sizeof prefix, "checkpoints/step-%ld/", best);
-    nb__publish_dir(gw, st, id, job_name, sub, prefix);
+    nb__publish_dir(gw, st, id, owner, job_name, sub, prefix);
   }
 }
 
@@ -912,6 +1002,53 @@ static nb_status_t nb__recover(nb_gateway_t* gw) {
 
 /* ------------------------------------------------------------------ handlers */
 
+/* Every Gateway and Federation call passes here: one certificate may have at most
+ * limits.calls_per_identity calls in flight, so that one user's streams (Watch, Logs -f) cannot
+ * take every handler of the server (NB_RPC_MAX_CALLS) from the others. */
+static nb_status_t nb__limited(nb_rpc_call_t* call, void* user_data) {
+  nb__hand_t* h = user_data;
+  nb_gateway_t* gw = h->gw;
+  const nb_tls_peer_t* p = nb_rpc_call_peer(call);
+  if (!p || p->kind == NB_TLS_PEER_NONE) return h->fn(call, gw); /* refused there */
+  char key[sizeof gw->ident[0].key];
+  snprintf(key, sizeof key, "%s:%.140s", p->kind == NB_TLS_PEER_CLUSTER ? "cluster" : "user",
+           p->name);
+  int limit = gw->cfg.calls_per_identity > 0 ? gw->cfg.calls_per_identity : 16, k = -1, n = 0;
+  pthread_mutex_lock(&gw->lim_mu);
+  for (int i = 0; i < gw->n_ident && k < 0; i++)
+    if (!strcmp(gw->ident[i].key, key)) k = i;
+  if (k < 0 && gw->n_ident < NB__MAX_IDENTITIES) {
+    k = gw->n_ident++;
+    snprintf(gw->ident[k].key, sizeof gw->ident[k].key, "%s", key);
+    gw->ident[k].calls = 0;
+  }
+  if (k >= 0 && (n = gw->ident[k].calls) < limit) gw->ident[k].calls++;
+  pthread_mutex_unlock(&gw->lim_mu);
+  if (k < 0)
+    return nb_error(NB_ERR_NOMEM, "gateway '%s' serves calls of at most %d identities at once",
+                    gw->cfg.cluster_id, NB__MAX_IDENTITIES);
+  if (n >= limit) {
+    NB_WARN("%s '%s' has %d calls in flight, refusing another (limits.calls_per_identity)",
+            p->kind == NB_TLS_PEER_CLUSTER ? "cluster" : "user", p->name, n);
+    /* NB_ERR_NOMEM is what the RPC layer answers as RESOURCE_EXHAUSTED */
+    return nb_error(NB_ERR_NOMEM,
+                    "%s '%s' already has %d calls in flight at gateway '%s', the limit per "
+                    "identity (limits.calls_per_identity = %d): end one (a watch or logs -f) "
+                    "and try again",
+                    p->kind == NB_TLS_PEER_CLUSTER ? "cluster" : "user", p->name, n,
+                    gw->cfg.cluster_id, limit);
+  }
+  nb_status_t st = h->fn(call, gw);
+  pthread_mutex_lock(&gw->lim_mu);
+  for (int i = 0; i < gw->n_ident; i++)
+    if (!strcmp(gw->ident[i].key, key)) {
+      if (--gw->ident[i].calls <= 0) gw->ident[i] = gw->ident[--gw->n_ident];
+      break;
+    }
+  pthread_mutex_unlock(&gw->lim_mu);
+  return st;
+}
+
 static int nb__is_admin(const nb_gateway_t* gw, const char* user) {
   for (int i = 0; i < gw->cfg.n_admins; i++)
     if (!strcmp(gw->cfg.admins[i], user)) return 1;
@@ -1076,6 +1213,11 @@ static nb_status_t nb__jobdir_write(nb_gateway_t* gw, const char* id, const uint
   nb__jobdir(gw, id, dir, sizeof dir);
   if (mkdir(dir, 0750) != 0)
     return nb_error(NB_ERR_IO, "cannot create job folder %s: %s", dir, strerror(errno));
+  /* run_as: the job's user works in the folder (group-writable); sticky, so that it cannot
+   * replace what the gateway writes there (logs, exit status, descriptor) */
+  if (gw->run_as && (chown(dir, 0, gw->run_gid) != 0 || chmod(dir, 01770) != 0))
+    return nb_error(NB_ERR_IO, "cannot prepare job folder %s for user '%s': %s", dir,
+                    gw->cfg.run_as, strerror(errno));
   snprintf(path, sizeof path, "%s/descriptor.json", dir);
   NB_CHECK(nb__write_file(path, desc, len));
   char* b64 = NULL;
@@ -1098,7 +1240,37 @@ typedef struct {
   char peers[NB_JOB_MAX_CLUSTERS][NB_GW_STR]; /* "ID=HOST:PORT" of every other cluster */
 } nb__wk_args_t;
 
-#define NB__MAX_WORDS (NB_GW_MAX_ARGS + 2 * NB_JOB_MAX_CLUSTERS)
+#define NB__MAX_WORDS (NB_GW_MAX_ARGS + 2 * NB_JOB_MAX_CLUSTERS + 8)
+
+/* NB_JOB_ALLOW=<root>:<root>...: the job's processes check the descriptor's paths again against
+ * their folder and these roots before opening anything (jobs/job_paths.h). */
+static nb_status_t nb__allow_env(const nb_gateway_t* gw, char** out) {
+  size_t cap = sizeof NB_JOB_PATHS_ENV + 2 + (size_t)gw->cfg.n_allow * (NB_GW_STR + 1);
+  NB_CHECK(nb_calloc((void**)out, 1, cap, "job environment"));
+  size_t o = (size_t)snprintf(*out, cap, "%s=", NB_JOB_PATHS_ENV);
+  for (int i = 0; i < gw->cfg.n_allow; i++)
+    o += (size_t)snprintf(*out + o, cap - o, "%s%s", i ? ":" : "", gw->cfg.allow[i]);
+  return NB_OK;
+}
+
+/* Every path of a descriptor stays inside the job's folder (created afresh, so a relative path
+ * without ".." does) or the config's paths.allow: refused otherwise, naming each JSON path. */
+static nb_status_t nb__paths_check(const nb_gateway_t* gw, const nb_job_config_t* cfg,
+                                   nb_descriptor_diag_t* diag) {
+  const char* roots[NB_JOB_PATHS_MAX_ROOTS];
+  for (int i = 0; i < gw->cfg.n_allow; i++) roots[i] = gw->cfg.allow[i];
+  memset(diag, 0, sizeof *diag);
+  if (nb_job_paths_check(cfg, NULL, roots, gw->cfg.n_allow, diag) == NB_OK) return NB_OK;
+  char msg[2048] = "descriptor refused:";
+  size_t o = strlen(msg);
+  for (int i = 0; i < diag->count && o + 2 < sizeof msg; i++) {
+    char line[640];
+    o += (size_t)snprintf(msg + o, sizeof msg - o, "%s %s", i ? ";" : "",
+                          nb_descriptor_error_format(&diag->errors[i], line, sizeof line));
+    if (o >= sizeof msg) o = sizeof msg - 1;
+  }
+  return nb_error(NB_ERR_PERMISSION, "%s", msg);
+}
 
 /* Starts the job's command in its folder (written by nb__jobdir_write): `command`, or with wk
  * `worker_command`. On NB_OK the job is running and registered with the monitor, replacing its
@@ -1127,15 +1299,30 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   char(*words)[NB_GW_STR * 2] = NULL;
   NB_CHECK(nb_calloc((void**)&words, NB__MAX_WORDS, sizeof *words, "command words"));
   char* argv[NB__MAX_WORDS + 1];
-  char env0[128], env1[NB_GW_STR * 2], env2[NB_GW_STR * 2], env3[128];
+  char env0[128], env1[NB_GW_STR * 2], env2[NB_GW_STR * 2], env3[128], *env4 = NULL;
   snprintf(env0, sizeof env0, "NB_JOB_ID=%s", id);
   snprintf(env1, sizeof env1, "NB_JOB_DIR=%s", a.dir);
   snprintf(env2, sizeof env2, "NB_JOB_PROGRESS=%s/%s", a.dir, NB_LAUNCH_PROGRESS);
   snprintf(env3, sizeof env3, "NB_CLUSTER_ID=%s", gw->cfg.cluster_id);
-  char* env[] = {env0, env1, env2, env3, NULL};
+  nb_status_t es = nb__allow_env(gw, &env4);
+  if (es != NB_OK) {
+    nb_free(words);
+    return es;
+  }
+  char* env[] = {env0, env1, env2, env3, env4, NULL};
   int n_tmpl = wk ? gw->cfg.n_worker_command : gw->cfg.n_command;
   pthread_mutex_lock(&gw->mu);
   int n = 0;
+  if (gw->run_as) { /* setpriv drops to the run_as user before the job's command */
+    snprintf(words[n++], sizeof words[0], "setpriv");
+    snprintf(words[n++], sizeof words[0], "--reuid=%u", (unsigned)gw->run_uid);
+    snprintf(words[n++], sizeof words[0], "--regid=%u", (unsigned)gw->run_gid);
+    snprintf(words[n++], sizeof words[0], "--clear-groups");
+    snprintf(words[n++], sizeof words[0], "--no-new-privs");
+    snprintf(words[n++], sizeof words[0], "--");
+    for (int w = 0; w < n; w++) argv[w] = words[w];
+  }
+  int first = n;
   for (int i = 0; i < n_tmpl; i++) {
     const char* w = wk ? gw->cfg.worker_command[i] : gw->cfg.command[i];
     if (wk && !strcmp(w, "{peers}")) {
@@ -1150,7 +1337,7 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
       continue;
     }
     if (n >= NB__MAX_WORDS) break;
-    if (i == 0 && !strcmp(w, "nebula"))
+    if (i == 0 && n == first && !strcmp(w, "nebula"))
       snprintf(words[n], sizeof words[n], "%s", gw->self_exe);
     else
       nb__subst(w, words[n], sizeof words[n], keys, vals, 9);
@@ -1196,6 +1383,7 @@ static nb_status_t nb__launch(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   }
   pthread_mutex_unlock(&gw->mu);
   nb_free(words);
+  nb_free(env4);
   return s;
 }
 
@@ -1328,7 +1516,24 @@ static nb_status_t nb__free_endpoint(const char* host, char* out, size_t cap) {
   return NB_OK;
 }
 
-/* The PKI folder the worker's --pki wants, as links to this gateway's own files. */
+/* Copies src to a new file dst (never through a link) owned by uid:gid, mode 0600. */
+static int nb__copy_owned(const char* src, const char* dst, uid_t uid, gid_t gid) {
+  int in = open(src, O_RDONLY | O_CLOEXEC);
+  if (in < 0) return -1;
+  int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int rc = out < 0 ? -1 : 0;
+  char buf[16384];
+  ssize_t n;
+  while (rc == 0 && (n = read(in, buf, sizeof buf)) > 0)
+    if (write(out, buf, (size_t)n) != n) rc = -1;
+  if (rc == 0 && fchown(out, uid, gid) != 0) rc = -1;
+  if (out >= 0 && close(out) != 0) rc = -1;
+  close(in);
+  return rc;
+}
+
+/* The PKI folder the worker's --pki wants, as links to this gateway's own files (copies owned
+ * by the run_as user when jobs run as another user). */
 static nb_status_t nb__job_pki(nb_gateway_t* gw, const char* dir, char* pki, size_t cap) {
   snprintf(pki, cap, "%s/pki", dir);
   char p[NB_GW_STR * 2 + 64], real[PATH_MAX];
@@ -1343,9 +1548,19 @@ static nb_status_t nb__job_pki(nb_gateway_t* gw, const char* dir, char* pki, siz
     else
       snprintf(p, sizeof p, "%s/clusters/%s.%s", pki, gw->cfg.cluster_id, ext[i]);
     unlink(p);
+    if (gw->run_as) {
+      /* the job's user cannot read the gateway's files: a copy it owns (the cluster's key too,
+       * which its workers present) */
+      if (nb__copy_owned(src[i], p, gw->run_uid, gw->run_gid) != 0)
+        return nb_error(NB_ERR_IO, "cannot copy %s to %s: %s", src[i], p, strerror(errno));
+      continue;
+    }
     if (!realpath(src[i], real) || symlink(real, p) != 0)
       return nb_error(NB_ERR_IO, "cannot link %s to %s: %s", p, src[i], strerror(errno));
   }
+  snprintf(p, sizeof p, "%s/clusters", pki);
+  nb__give(gw, p);
+  nb__give(gw, pki);
   return NB_OK;
 }
 
@@ -1370,9 +1585,10 @@ static nb_status_t nb__job_config(nb_job_store_t* st, const char* id, nb_job_con
 }
 
 /* The artifact service asks whether `peer` takes part in job_id (one of the clusters its
- * descriptor names, or the one holding its base checkpoint) and for the job's secret. */
-static nb_status_t nb__artifact_secret(void* user, const char* job_id, const char* peer,
-                                       uint8_t secret[32]) {
+ * descriptor names, or the one holding its base checkpoint) and for the job's secret, owner and
+ * base checkpoint, from which it decides what the job is entitled to (jobs/artifact.h). */
+static nb_status_t nb__artifact_job(void* user, const char* job_id, const char* peer,
+                                    nb_artifact_job_t* out) {
   nb_gateway_t* gw = user;
   nb_job_store_t* st = NULL;
   nb_job_config_t* cfg = NULL;
@@ -1395,9 +1611,16 @@ static nb_status_t nb__artifact_secret(void* user, const char* job_id, const cha
     in |= !strcmp(fed.origin, peer); /* the origin fetches the job's outputs for its report */
     if (!in)
       s = nb_error(NB_ERR_PERMISSION, "cluster '%s' takes no part in job '%s'", peer, job_id);
-    else
-      memcpy(secret, fed.secret, 32);
   }
+  nb_job_record_t rec = {0};
+  if (s == NB_OK) s = nb_job_store_get(st, job_id, &rec);
+  if (s == NB_OK) {
+    memcpy(out->secret, fed.secret, 32);
+    snprintf(out->owner, sizeof out->owner, "%.63s", rec.owner);
+    snprintf(out->base, sizeof out->base, "%.255s", cfg->model.base_checkpoint);
+    snprintf(out->base_sha256, sizeof out->base_sha256, "%s", cfg->model.base_sha256);
+  }
+  nb_job_record_clear(&rec);
   if (loaded) nb__fed_release(&fed, info);
   nb_free(cfg);
   nb_job_store_close(st);
@@ -1470,6 +1693,13 @@ static nb_status_t nb__fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const ch
                       mo->base_cluster);
     goto out;
   }
+  if (gw->run_as) /* the fetched file and the folders made for it, up to the job's folder */
+    for (char* q = dest; strlen(q) > strlen(dir);) {
+      nb__give(gw, q);
+      char* sl = strrchr(q, '/');
+      if (!sl) break;
+      *sl = 0;
+    }
   json_t* j =
       json_pack("{s:s, s:s, s:s, s:I, s:f}", "name", o.name, "from", mo->base_cluster, "sha256",
                 info.sha256, "size", (json_int_t)info.size, "seconds", nb_now_s() - t0);
@@ -1515,9 +1745,13 @@ static void nb__report_event(nb_job_store_t* st, const char* id, const char* kin
 }
 
 /* Copies file src to dst (dst's folder exists); 0 or -1 (errno). */
-static int nb__copy_file(const char* src, const char* dst) {
-  FILE* in = fopen(src, "rbe");
-  if (!in) return -1;
+static int nb__copy_file(const nb_gateway_t* gw, const char* src, const char* dst) {
+  int ifd = nb__open_job_file(gw, src);
+  FILE* in = ifd >= 0 ? fdopen(ifd, "rbe") : NULL;
+  if (!in) {
+    if (ifd >= 0) close(ifd);
+    return -1;
+  }
   FILE* out = fopen(dst, "wbe");
   if (!out) {
     fclose(in);
@@ -1577,6 +1811,22 @@ static int nb__report_try(nb_gateway_t* gw, nb_job_store_t* st, const nb__report
     last = 1;
     goto out;
   }
+  if (gw->run_as) {
+    /* the job's user owns the job's folder: the gateway writes report/ only as a folder of its
+     * own (made now, the job's processes being gone), never through something the job left */
+    struct stat rs;
+    if (lstat(rdir, &rs) != 0 && errno == ENOENT && mkdir(rdir, 0755) != 0) {
+      snprintf(err, sizeof err, "cannot create %s: %s", rdir, strerror(errno));
+      last = 1;
+      goto out;
+    }
+    if (lstat(rdir, &rs) != 0 || !S_ISDIR(rs.st_mode) || rs.st_uid != geteuid()) {
+      snprintf(err, sizeof err, "%s was not made by the gateway (the job left it): no report",
+               rdir);
+      last = 1;
+      goto out;
+    }
+  }
   loaded = nb__fed_load(st, id, &fed, &info) == NB_OK;
   if (loaded && nb_job_store_events(st, id, 0, 0, &ev, &nev) != NB_OK) {
     ev = NULL;
@@ -1599,7 +1849,7 @@ static int nb__report_try(nb_gateway_t* gw, nb_job_store_t* st, const nb__report
       for (int f = 0; f < 2 && !err[0]; f++) {
         snprintf(src, sizeof src, "%s%s/%s", dir, base, files[f]);
         snprintf(dst, sizeof dst, "%s/%s", cdir, files[f]);
-        if (nb__copy_file(src, dst) != 0) {
+        if (nb__copy_file(gw, src, dst) != 0) {
           snprintf(err, sizeof err, "cannot copy %s: %s", src, strerror(errno));
           last = 1; /* our worker is gone: nothing more will come */
         }
@@ -1737,6 +1987,7 @@ static nb_status_t nb__fed_start(nb_gateway_t* gw, nb_job_store_t* st, const cha
   int fd = open(secret_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0 || write(fd, secret, 32) != 32 || close(fd) != 0)
     return nb_error(NB_ERR_IO, "cannot write %s: %s", secret_file, strerror(errno));
+  nb__give(gw, secret_file);
   NB_CHECK(nb__job_pki(gw, dir, pki, sizeof pki));
   nb__wk_args_t wk;
   memset(&wk, 0, sizeof wk);
@@ -2123,6 +2374,8 @@ static nb_status_t nb__fed_propose(nb_rpc_call_t* call, void* user_data) {
         diag->count ? nb_descriptor_error_format(&diag->errors[0], line, sizeof line) : "?");
     goto done;
   }
+  s = nb__paths_check(gw, cfg, diag);
+  if (s != NB_OK) goto done;
   nb__part_t parts[NB__MAX_PARTS];
   int np = nb__parts(cfg, parts), mine = -1;
   for (int i = 0; i < np; i++)
@@ -2571,6 +2824,8 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, void* user_data) {
     s = nb_error(NB_ERR_INVALID, "%s", msg);
     goto done;
   }
+  s = nb__paths_check(gw, cfg, diag);
+  if (s != NB_OK) goto done;
   /* Which clusters: each one named, and the one holding the base checkpoint */
   nb__part_t parts[NB__MAX_PARTS];
   int np = nb__parts(cfg, parts), mine = -1, fed = 0;
@@ -2838,7 +3093,19 @@ static nb_status_t nb__cancel(nb_rpc_call_t* call, void* user_data) {
   Nebula__V1__CancelRequest* req = (Nebula__V1__CancelRequest*)m;
   nb_job_store_t* st = NULL;
   nb_job_record_t rec = {0};
-  nb_status_t s = nb__open_store(gw, &st);
+  nb_status_t s = NB_OK;
+  /* the reason is stored and shown by `nebula list/get/watch`: printable text only */
+  for (size_t i = 0; req->reason && req->reason[i] && s == NB_OK; i++) {
+    unsigned char c = (unsigned char)req->reason[i];
+    if (c < 0x20 || c == 0x7f ||
+        (c == 0xc2 && (unsigned char)req->reason[i + 1] >= 0x80 &&
+         (unsigned char)req->reason[i + 1] <= 0x9f))
+      s = nb_error(NB_ERR_INVALID,
+                   "Cancel: the reason has a control character (0x%02x) at byte %zu; give "
+                   "printable text",
+                   c == 0xc2 ? (unsigned char)req->reason[i + 1] : c, i);
+  }
+  if (s == NB_OK) s = nb__open_store(gw, &st);
   if (s == NB_OK) s = nb__job_for(st, req->job_id, user, admin, &rec);
   if (s == NB_OK && !nb_job_state_is_final(rec.state)) {
     char reason[512];
@@ -3050,6 +3317,7 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
   pthread_mutexattr_init(&ma);
   pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
   pthread_mutex_init(&gw->mu, &ma);
+  pthread_mutex_init(&gw->lim_mu, NULL);
   pthread_mutexattr_destroy(&ma);
   if (!gw->cfg.cluster_id[0]) {
     s = nb_error(NB_ERR_CONFIG, "gateway: cluster_id is required");
@@ -3061,6 +3329,37 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     s = nb_error(NB_ERR_IO, "gateway: cannot create work_dir %s: %s", gw->cfg.work_dir,
                  strerror(errno));
     goto fail;
+  }
+  if (gw->cfg.run_as[0]) {
+    struct passwd pw, *pr = NULL;
+    char pbuf[4096];
+    struct stat wd;
+    if (getpwnam_r(gw->cfg.run_as, &pw, pbuf, sizeof pbuf, &pr) != 0 || !pr) {
+      s = nb_error(NB_ERR_CONFIG, "config: run_as: no user '%s' on this host", gw->cfg.run_as);
+      goto fail;
+    }
+    if (geteuid() != 0 || pr->pw_uid == 0) {
+      s = nb_error(NB_ERR_CONFIG,
+                   "config: run_as '%s': needs a gateway started as root (it runs as uid %u) "
+                   "and a user other than root",
+                   gw->cfg.run_as, (unsigned)geteuid());
+      goto fail;
+    }
+    if (gw->cfg.launcher.kind != NB_LAUNCHER_LOCAL) {
+      s = nb_error(NB_ERR_CONFIG, "config: run_as works with launcher \"local\" only (for now)");
+      goto fail;
+    }
+    /* the job's user must reach its folder */
+    if (stat(gw->cfg.work_dir, &wd) != 0 || !(wd.st_mode & S_IXOTH)) {
+      s = nb_error(NB_ERR_CONFIG,
+                   "config: run_as '%s': work_dir %s must be searchable by others (chmod o+x), "
+                   "or the job's user cannot reach its folder",
+                   gw->cfg.run_as, gw->cfg.work_dir);
+      goto fail;
+    }
+    gw->run_as = 1;
+    gw->run_uid = pr->pw_uid;
+    gw->run_gid = pr->pw_gid;
   }
   if (!gw->cfg.store_path[0])
     snprintf(gw->cfg.store_path, sizeof gw->cfg.store_path, "%.*s/jobs.db", NB_GW_STR - 16,
@@ -3106,13 +3405,13 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     char adir[NB_GW_STR + 16];
     snprintf(adir, sizeof adir, "%s/artifacts", gw->cfg.work_dir);
     NB_CHECK_GOTO(nb_artifact_store_open(adir, &gw->art), s, fail);
-    NB_CHECK_GOTO(nb_artifact_service_add(gw->srv, gw->art, nb__artifact_secret, gw), s, fail);
+    NB_CHECK_GOTO(nb_artifact_service_add(gw->srv, gw->art, nb__artifact_job, gw), s, fail);
   }
   static const struct {
     const char* m;
     nb_rpc_kind_t k;
     nb_rpc_handler_fn fn;
-  } methods[] = {
+  } methods[NB__N_METHODS] = {
       {"/nebula.v1.Gateway/Submit", NB_RPC_UNARY, nb__submit},
       {"/nebula.v1.Gateway/Get", NB_RPC_UNARY, nb__get},
       {"/nebula.v1.Gateway/List", NB_RPC_UNARY, nb__list},
@@ -3126,9 +3425,13 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
       {"/nebula.v1.Federation/Report", NB_RPC_UNARY, nb__fed_report},
       {"/nebula.v1.Federation/Logs", NB_RPC_SERVER_STREAMING, nb__fed_logs},
   };
-  for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
-    NB_CHECK_GOTO(nb_rpc_server_add_method(gw->srv, methods[i].m, methods[i].k, methods[i].fn, gw),
-                  s, fail);
+  for (size_t i = 0; i < NB__N_METHODS; i++) {
+    gw->hand[i].gw = gw;
+    gw->hand[i].fn = methods[i].fn;
+    NB_CHECK_GOTO(
+        nb_rpc_server_add_method(gw->srv, methods[i].m, methods[i].k, nb__limited, &gw->hand[i]), s,
+        fail);
+  }
   if (pthread_create(&gw->mon, NULL, nb__monitor, gw) != 0) {
     s = nb_error(NB_ERR_SYSTEM, "gateway: cannot start the monitor thread");
     goto fail;
@@ -3171,6 +3474,7 @@ void nb_gateway_destroy(nb_gateway_t* gw) {
   if (gw->ca) X509_free(gw->ca);
   nb_tls_destroy(gw->tls);
   pthread_mutex_destroy(&gw->mu);
+  pthread_mutex_destroy(&gw->lim_mu);
   nb_free(gw);
 }
 

@@ -127,8 +127,10 @@ nb_status_t nb_launcher_start(const char* jobdir, char* const* argv, char* const
   NB_CHECK_GOTO(nb_calloc((void**)&cargv, na + 5, sizeof *cargv, "launch argv"), st, fail);
   cargv[0] = (char*)"/bin/sh";
   cargv[1] = (char*)"-c";
-  cargv[2] = (char*)"\"$@\"; rc=$?; echo $rc > " NB_LAUNCH_EXIT ".tmp && mv " NB_LAUNCH_EXIT
-                    ".tmp " NB_LAUNCH_EXIT "; exit $rc";
+  /* the status file is made afresh (set -C: O_EXCL, never through a link the job left) */
+  cargv[2] =
+      (char*)"\"$@\"; rc=$?; rm -f " NB_LAUNCH_EXIT ".tmp; set -C; echo $rc > " NB_LAUNCH_EXIT
+             ".tmp && mv -f " NB_LAUNCH_EXIT ".tmp " NB_LAUNCH_EXIT "; exit $rc";
   cargv[3] = (char*)"nebula-job";
   for (size_t i = 0; i < na; i++) cargv[4 + i] = argv[i];
   NB_CHECK_GOTO(nb_calloc((void**)&cenv, ne0 + ne + 1, sizeof *cenv, "launch env"), st, fail);
@@ -255,10 +257,11 @@ nb_status_t nb_launcher_stop(pid_t pgid, int64_t grace_ms, int* killed) {
 nb_status_t nb_launcher_exit_code(const char* jobdir, int* code) {
   char path[4096], buf[32];
   snprintf(path, sizeof path, "%s/%s", jobdir, NB_LAUNCH_EXIT);
-  FILE* f = fopen(path, "re");
-  if (!f) return nb_error(NB_ERR_NOT_FOUND, "no exit status in %s", path);
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK); /* never a link */
+  if (fd < 0) return nb_error(NB_ERR_NOT_FOUND, "no exit status in %s", path);
+  ssize_t r = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  size_t n = r > 0 ? (size_t)r : 0;
   buf[n] = 0;
   char* end = NULL;
   long v = strtol(buf, &end, 10);
@@ -377,8 +380,9 @@ static nb_status_t nb__launch_mpirun(const nb_launcher_conf_t* conf, const char*
   a[k++] = (char*)"none";
   a[k++] = (char*)"-np";
   a[k++] = np;
-  static const char* const xs[] = {"NB_JOB_ID", "NB_JOB_DIR", "NB_JOB_PROGRESS", "NB_CLUSTER_ID"};
-  for (size_t i = 0; i < 4; i++) {
+  static const char* const xs[] = {"NB_JOB_ID", "NB_JOB_DIR", "NB_JOB_PROGRESS", "NB_CLUSTER_ID",
+                                   "NB_JOB_ALLOW"};
+  for (size_t i = 0; i < 5; i++) {
     a[k++] = (char*)"-x";
     a[k++] = (char*)xs[i];
   }

@@ -24,6 +24,7 @@
 #include "common/common.h"
 #include "jobs/cli.h"
 #include "jobs/descriptor.h"
+#include "jobs/job_paths.h"
 #include "jobs/report.h"
 #include "jobs/worker_cli.h"
 #include "security/pki.h"
@@ -573,6 +574,10 @@ int nb_run_main(int argc, char** argv) {
               nb_descriptor_error_format(&diag->errors[i], line, sizeof line));
     fprintf(stderr, "nebula run: %s: invalid descriptor\n", file);
     rc = NB_EXIT_USAGE;
+    goto done;
+  }
+  if (nb_job_paths_confine_env(job) != NB_OK) { /* run by a gateway: paths stay in the job */
+    fprintf(stderr, "nebula run: %s: %s\n", file, nb_error_last());
     goto done;
   }
   n = job->n_clusters;

@@ -3,6 +3,7 @@
  * WAN; several workers are emulated by gradient accumulation. */
 #include "jobs/train_cli.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include "common/common.h"
 #include "jobs/cli.h"
 #include "jobs/descriptor.h"
+#include "jobs/job_paths.h"
 #include "jobs/translation_eval.h"
 #include "train/checkpoint.h"
 #include "train/translate.h"
@@ -200,7 +202,7 @@ static int nb__on_progress(void* vctx, const nb_train_progress_t* p) {
 static void nb__train_usage(FILE* f) {
   fprintf(f,
           "usage: nebula train CONFIG.json [--out DIR] [--steps N] [--seconds S] [--data-dir D]\n"
-          "                    [--cluster ID] [--resume] [--json]\n"
+          "                    [--cluster ID] [--resume] [--force] [--json]\n"
           "\n"
           "Trains one cluster of a job descriptor (the first, or --cluster ID) in this process.\n"
           "Writes DIR/summary.json, DIR/curve.tsv (step, samples, seconds, held-out bits per\n"
@@ -214,10 +216,67 @@ static void nb__train_usage(FILE* f) {
           "  --seconds S    override training.maxSeconds\n"
           "  --data-dir D   data folder (mono/, pairs/) instead of the cluster's data.dir\n"
           "  --cluster ID   which cluster of the job to train\n"
-          "  --resume       continue from the newest checkpoint\n"
+          "  --resume       continue from the checkpoint LATEST names (an error without one)\n"
+          "  --force        start afresh even where checkpoints exist (they are overwritten)\n"
           "  --json         print the summary as JSON on stdout (progress goes to stderr)\n"
           "\n"
           "Exit status: 0 done, 1 failure, 2 usage error.\n");
+}
+
+/* What a checkpoint folder holds: whether LATEST exists, and the step-N folders (how many, and
+ * the names of the first few for a message). */
+static int nb__ckpt_held(const char* dir, int* has_latest, char* names, size_t cap) {
+  char p[NB_TRAIN_PATH_MAX + 16];
+  struct stat sb;
+  snprintf(p, sizeof p, "%s/LATEST", dir);
+  *has_latest = lstat(p, &sb) == 0;
+  names[0] = 0;
+  int n = 0;
+  DIR* d = opendir(dir);
+  struct dirent* e;
+  size_t o = 0;
+  while (d && (e = readdir(d))) {
+    if (strncmp(e->d_name, "step-", 5) != 0) continue;
+    if (n++ < 4 && o + 2 < cap) {
+      int k = snprintf(names + o, cap - o, "%s%.40s", o ? ", " : "", e->d_name);
+      if (k > 0) o += (size_t)k < cap - o ? (size_t)k : cap - o - 1;
+    }
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+/* Nothing is overwritten by accident: --resume needs the checkpoint that LATEST names (a
+ * missing LATEST is an error, not a fresh start over the folder's checkpoints), and a fresh
+ * run refuses a folder that already holds checkpoints. --force starts afresh regardless.
+ * Returns 0, or the exit status after saying why. */
+static int nb__ckpt_guard(const char* dir, int resume, int force) {
+  if (force) return 0;
+  int latest = 0;
+  char names[256];
+  int n = nb__ckpt_held(dir, &latest, names, sizeof names);
+  if (resume && !latest) {
+    if (n)
+      fprintf(stderr,
+              "nebula train: --resume: %s/LATEST is missing, but the folder holds %d "
+              "checkpoint%s (%s%s): nothing was changed. Write the one to resume into LATEST "
+              "(e.g. \"step-N\"), or start afresh over them with --force\n",
+              dir, n, n == 1 ? "" : "s", names, n > 4 ? ", ..." : "");
+    else
+      fprintf(stderr,
+              "nebula train: --resume: no checkpoint to resume from (%s/LATEST is missing): "
+              "nothing was changed; run without --resume to start afresh\n",
+              dir);
+    return NB_EXIT_FAIL;
+  }
+  if (!resume && (latest || n)) {
+    fprintf(stderr,
+            "nebula train: %s already holds checkpoints (%s%s%s): nothing was changed. Continue "
+            "with --resume, or start afresh and overwrite them with --force\n",
+            dir, latest ? "LATEST" : "", latest && n ? ", " : "", names);
+    return NB_EXIT_FAIL;
+  }
+  return 0;
 }
 
 static int nb__fail(const char* cmd, const char* what) {
@@ -244,7 +303,7 @@ int nb_train_main(int argc, char** argv) {
   const char *file = NULL, *out = NULL, *data_dir = NULL, *cluster = NULL;
   long steps = 0;
   double seconds = -1;
-  int as_json = 0, resume = 0;
+  int as_json = 0, resume = 0, force = 0;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     int has_val = i + 1 < argc;
@@ -255,6 +314,8 @@ int nb_train_main(int argc, char** argv) {
       as_json = 1;
     } else if (strcmp(a, "--resume") == 0) {
       resume = 1;
+    } else if (strcmp(a, "--force") == 0) {
+      force = 1;
     } else if (strcmp(a, "--out") == 0 && has_val) {
       out = argv[++i];
     } else if (strcmp(a, "--data-dir") == 0 && has_val) {
@@ -312,6 +373,10 @@ int nb_train_main(int argc, char** argv) {
     fprintf(stderr, "nebula train: %s: invalid descriptor\n", file);
     goto done;
   }
+  if (nb_job_paths_confine_env(job) != NB_OK) { /* run by a gateway: paths stay in the job */
+    rc = nb__fail("train", file);
+    goto done;
+  }
   int ci = 0;
   if (cluster) {
     for (ci = 0; ci < job->n_clusters && strcmp(job->clusters[ci].id, cluster) != 0; ci++) {
@@ -359,7 +424,9 @@ int nb_train_main(int argc, char** argv) {
     snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s", job->checkpoint.dir);
   else
     snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s/checkpoints", odir);
-  tc->resume = resume;
+  if ((rc = nb__ckpt_guard(tc->checkpoint_dir, resume, force)) != 0) goto done;
+  rc = NB_EXIT_FAIL;
+  tc->resume = resume && !force;
 
   snprintf(path, sizeof path, "%s/curve.tsv", odir);
   curve = fopen(path, resume ? "a" : "w");

@@ -22,6 +22,7 @@
 #include "intra/intra.h"
 #include "jobs/cli.h"
 #include "jobs/descriptor.h"
+#include "jobs/job_paths.h"
 #include "jobs/translation_eval.h"
 #include "jobs/train_cli.h"
 #include "jobs/worker_cli.h"
@@ -447,6 +448,10 @@ int nb_worker_main(int argc, char** argv) {
       fprintf(stderr, "%s: %s\n", job_file,
               nb_descriptor_error_format(&diag->errors[i], line, sizeof line));
     fprintf(stderr, "nebula worker: %s: invalid descriptor\n", job_file);
+    goto done;
+  }
+  if (nb_job_paths_confine_env(job) != NB_OK) { /* run by a gateway: paths stay in the job */
+    rc = nb__wk_fail(cluster, job_file);
     goto done;
   }
   int ci = -1;

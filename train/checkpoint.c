@@ -242,14 +242,18 @@ static nb_status_t nb__parse_owned(uint8_t* buf, size_t len, const char* what, n
   uint64_t hl = 0;
   for (int i = 0; i < 8; i++) hl |= (uint64_t)buf[i] << (8 * i);
   if (hl < 2 || hl > NB_CKPT_MAX_HEADER || hl > len - 8) {
-    st = BAD("checkpoint %s: bad header length %" PRIu64 " (file has %zu bytes after it; limit %u)",
-             what, hl, len - 8, NB_CKPT_MAX_HEADER);
+    /* never the number itself: those are the file's first 8 bytes, whatever the file is */
+    st =
+        BAD("checkpoint %s: not a safetensors file: header length out of range (the file has %zu "
+            "bytes; a header is at most %u)",
+            what, len, NB_CKPT_MAX_HEADER);
     goto fail;
   }
   json_error_t jerr;
   root = json_loadb((const char*)buf + 8, (size_t)hl, JSON_REJECT_DUPLICATES, &jerr);
   if (!root) {
-    st = BAD("checkpoint %s: header is not valid JSON: %s (at byte %d)", what, jerr.text,
+    /* jansson's text quotes the bytes near the error: only the position is given */
+    st = BAD("checkpoint %s: not a safetensors file: header is not valid JSON (at byte %d)", what,
              jerr.position);
     goto fail;
   }
@@ -527,8 +531,7 @@ static nb_status_t nb__meta_long(const nb_ckpt_t* c, const char* path, const cha
   errno = 0;
   long v = strtol(s, &end, 10);
   if (errno || end == s || *end)
-    return nb_error(NB_ERR_INVALID, "checkpoint %s: __metadata__.%s = '%s' is not an integer", path,
-                    key, s);
+    return nb_error(NB_ERR_INVALID, "checkpoint %s: __metadata__.%s is not an integer", path, key);
   *out = v;
   return NB_OK;
 }

@@ -13,6 +13,7 @@
 #include <ftw.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "common/common.h"
 #include "jobs/artifact.h"
 #include "jobs/artifact_internal.h"
+#include "nebula/v1/artifact.pb-c.h"
 #include "security/seal.h"
 #include "tests/unit/link/certs.h"
 
@@ -32,12 +34,26 @@ static nb_tls_t *g_tls_a, *g_tls_b, *g_tls_c;
 static uint8_t g_secret[32];
 
 /* The gateway's answer: job-1 involves dc-a and dc-b; no other job exists. */
-static nb_status_t secret_of(void* user, const char* job_id, const char* peer, uint8_t out[32]) {
+/* The jobs the server knows: JOB of alice (base "pre/final.safetensors"), job-4 of alice (no
+ * base), job-5 of alice naming bob's model as its base, job-b of bob. dc-b takes part in each. */
+static nb_status_t job_of(void* user, const char* job_id, const char* peer,
+                          nb_artifact_job_t* out) {
   (void)user;
-  if (strcmp(job_id, JOB)) return nb_error(NB_ERR_NOT_FOUND, "no job '%s'", job_id);
-  if (strcmp(peer, "dc-b")) return nb_error(NB_ERR_PERMISSION, "'%s' is not in the job", peer);
-  memcpy(out, g_secret, 32);
-  return NB_OK;
+  static const struct {
+    const char *id, *owner, *base;
+  } jobs[] = {{JOB, "alice", "pre/final.safetensors"},
+              {"job-4", "alice", ""},
+              {"job-5", "alice", "bob/secret/final.safetensors"},
+              {"job-b", "bob", ""}};
+  for (size_t i = 0; i < sizeof jobs / sizeof jobs[0]; i++) {
+    if (strcmp(job_id, jobs[i].id)) continue;
+    if (strcmp(peer, "dc-b")) return nb_error(NB_ERR_PERMISSION, "'%s' is not in the job", peer);
+    memcpy(out->secret, g_secret, 32);
+    snprintf(out->owner, sizeof out->owner, "%s", jobs[i].owner);
+    snprintf(out->base, sizeof out->base, "%s", jobs[i].base);
+    return NB_OK;
+  }
+  return nb_error(NB_ERR_NOT_FOUND, "no job '%s'", job_id);
 }
 
 static int rm_one(const char* p, const struct stat* sb, int f, struct FTW* ftw) {
@@ -160,12 +176,12 @@ static void test_store(void** state) {
   sha256_hex(src, hex);
 
   nb_artifact_info_t a, b, c;
-  assert_int_equal(nb_artifact_put(s, "job-1/ckpt.bin", src, &a), NB_OK);
+  assert_int_equal(nb_artifact_put(s, "job-1/ckpt.bin", NULL, NULL, src, &a), NB_OK);
   assert_string_equal(a.sha256, hex);
   assert_int_equal(a.size, 100000);
   assert_same_file(a.path, src);
   /* the same content under another name is kept once */
-  assert_int_equal(nb_artifact_put(s, "job-1/copy.bin", src, &b), NB_OK);
+  assert_int_equal(nb_artifact_put(s, "job-1/copy.bin", NULL, NULL, src, &b), NB_OK);
   assert_string_equal(b.path, a.path);
   char odir[600];
   snprintf(odir, sizeof odir, "%s/objects/%.2s", sdir, hex);
@@ -188,14 +204,14 @@ static void test_store(void** state) {
   assert_string_equal(c.name, "job-1/ckpt.bin");
   /* a name given again points to the new content */
   path_of(src, sizeof src, "s2.bin");
-  assert_int_equal(nb_artifact_put(s, "job-1/copy.bin", src, &b), NB_OK);
+  assert_int_equal(nb_artifact_put(s, "job-1/copy.bin", NULL, NULL, src, &b), NB_OK);
   assert_int_equal(nb_artifact_lookup(s, "job-1/copy.bin", &c), NB_OK);
   assert_int_equal(c.size, 5000);
   assert_string_not_equal(c.sha256, hex);
   /* an empty file is an artifact too */
   write_file("empty.bin", 0, 3);
   path_of(src, sizeof src, "empty.bin");
-  assert_int_equal(nb_artifact_put(s, "job-1/empty", src, &c), NB_OK);
+  assert_int_equal(nb_artifact_put(s, "job-1/empty", NULL, NULL, src, &c), NB_OK);
   assert_string_equal(c.sha256, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
 
   /* bad names */
@@ -215,10 +231,10 @@ static void test_store(void** state) {
                        "sha256:abc",
                        longname};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-    assert_int_equal(nb_artifact_put(s, bad[i], src, NULL), NB_ERR_INVALID);
+    assert_int_equal(nb_artifact_put(s, bad[i], NULL, NULL, src, NULL), NB_ERR_INVALID);
     assert_true(strlen(nb_error_last()) > 0);
   }
-  assert_int_equal(nb_artifact_put(s, NULL, src, NULL), NB_ERR_INVALID);
+  assert_int_equal(nb_artifact_put(s, NULL, NULL, NULL, src, NULL), NB_ERR_INVALID);
   assert_int_equal(nb_artifact_lookup(s, "job/../x", &c), NB_ERR_INVALID);
   assert_int_equal(nb_artifact_lookup(s, "sha256:xyz", &c), NB_ERR_INVALID);
   /* unknown name, unknown hash, missing source */
@@ -228,7 +244,7 @@ static void test_store(void** state) {
           s, "sha256:0000000000000000000000000000000000000000000000000000000000000000", &c),
       NB_ERR_NOT_FOUND);
   path_of(src, sizeof src, "no-such-file");
-  assert_int_equal(nb_artifact_put(s, "job-1/x", src, NULL), NB_ERR_IO);
+  assert_int_equal(nb_artifact_put(s, "job-1/x", NULL, NULL, src, NULL), NB_ERR_IO);
   assert_non_null(strstr(nb_error_last(), "no-such-file"));
   nb_artifact_store_close(s);
   /* temp folder is left empty, and names survive a reopen */
@@ -261,8 +277,8 @@ static void server_start(server_t* sv, const char* store_rel) {
   if (!sv->store) assert_int_equal(nb_artifact_store_open(sdir, &sv->store), NB_OK);
   nb_rpc_server_opts_t o = {.listen = "127.0.0.1:0", .tls = g_tls_a};
   assert_int_equal(nb_rpc_server_create(&o, &sv->srv), NB_OK);
-  assert_int_equal(nb_artifact_service_add(sv->srv, sv->store, secret_of, NULL), NB_OK);
-  assert_int_equal(nb_artifact_service_add(sv->srv, sv->store, secret_of, NULL), NB_ERR_EXISTS);
+  assert_int_equal(nb_artifact_service_add(sv->srv, sv->store, job_of, NULL), NB_OK);
+  assert_int_equal(nb_artifact_service_add(sv->srv, sv->store, job_of, NULL), NB_ERR_EXISTS);
   assert_int_equal(nb_rpc_server_start(sv->srv), NB_OK);
   snprintf(sv->target, sizeof sv->target, "127.0.0.1:%d", nb_rpc_server_port(sv->srv));
 }
@@ -294,7 +310,8 @@ static void test_fetch(void** state) {
   write_file("f.bin", 3 * 1024 * 1024 + 123, 4);
   path_of(src, sizeof src, "f.bin");
   nb_artifact_info_t put;
-  assert_int_equal(nb_artifact_put(sv.store, "job-1/model.safetensors", src, &put), NB_OK);
+  assert_int_equal(
+      nb_artifact_put(sv.store, "alice/job-1/model.safetensors", "alice", JOB, src, &put), NB_OK);
 
   path_of(dest, sizeof dest, "fetched.bin");
   nb_artifact_fetch_opts_t o = fetch_opts(&sv, g_tls_b, "job-1/model.safetensors", dest);
@@ -326,7 +343,7 @@ static void test_fetch(void** state) {
   assert_same_file(dest2, src);
   write_file("empty.bin", 0, 5);
   path_of(src, sizeof src, "empty.bin");
-  assert_int_equal(nb_artifact_put(sv.store, "job-1/empty", src, NULL), NB_OK);
+  assert_int_equal(nb_artifact_put(sv.store, "alice/job-1/empty", "alice", JOB, src, NULL), NB_OK);
   path_of(dest2, sizeof dest2, "empty-fetched.bin");
   o = fetch_opts(&sv, g_tls_b, "job-1/empty", dest2);
   assert_int_equal(nb_artifact_fetch(&o, NULL), NB_OK);
@@ -388,7 +405,7 @@ static void test_resume(void** state) {
   char src[512], dest[512], part[600];
   write_file("r.bin", size, 6);
   path_of(src, sizeof src, "r.bin");
-  assert_int_equal(nb_artifact_put(sv.store, "job-1/big", src, NULL), NB_OK);
+  assert_int_equal(nb_artifact_put(sv.store, "alice/job-1/big", "alice", JOB, src, NULL), NB_OK);
   path_of(dest, sizeof dest, "resumed.bin");
   snprintf(part, sizeof part, "%s.part", dest);
 
@@ -436,7 +453,7 @@ static void test_resume(void** state) {
   snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
   nb_rpc_server_opts_t so = {.listen = listen, .tls = g_tls_a};
   assert_int_equal(nb_rpc_server_create(&so, &sv.srv), NB_OK);
-  assert_int_equal(nb_artifact_service_add(sv.srv, sv.store, secret_of, NULL), NB_OK);
+  assert_int_equal(nb_artifact_service_add(sv.srv, sv.store, job_of, NULL), NB_OK);
   assert_int_equal(nb_rpc_server_start(sv.srv), NB_OK);
   path_of(dest, sizeof dest, "resumed3.bin");
   snprintf(part, sizeof part, "%s.part", dest);
@@ -449,7 +466,7 @@ static void test_resume(void** state) {
   server_stop(&sv);
   nb_sleep_ns(300 * 1000000);
   assert_int_equal(nb_rpc_server_create(&so, &sv.srv), NB_OK);
-  assert_int_equal(nb_artifact_service_add(sv.srv, sv.store, secret_of, NULL), NB_OK);
+  assert_int_equal(nb_artifact_service_add(sv.srv, sv.store, job_of, NULL), NB_OK);
   assert_int_equal(nb_rpc_server_start(sv.srv), NB_OK);
   pthread_join(th, NULL);
   assert_int_equal(j.st, NB_OK);
@@ -478,6 +495,156 @@ static void test_resume(void** state) {
   set_params(NULL, NULL, NULL);
 }
 
+/* Who may fetch what: artifacts are owned (user, job) and names are per user. The attacks of the
+ * red team, each refused with its message: another user's output by its old-style name, by its
+ * full name, by hash; another user's model named as a base; a job of the same user that does not
+ * name the model; and two users' jobs of the same name, which no longer share an artifact name. */
+/* A store written before names had owners: opening it adds the columns; its names keep their
+ * objects (lookup) but belong to nobody, and a put gives a name its owner. */
+static void test_store_upgrade(void** state) {
+  (void)state;
+  char sdir[512], db[600], src[512];
+  path_of(sdir, sizeof sdir, "store-old");
+  assert_int_equal(mkdir(sdir, 0755), 0);
+  snprintf(db, sizeof db, "%s/names.db", sdir);
+  sqlite3* h = NULL;
+  assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+  assert_int_equal(
+      sqlite3_exec(h,
+                   "CREATE TABLE names (name TEXT PRIMARY KEY, sha256 TEXT NOT NULL, "
+                   "size INTEGER NOT NULL, updated_ns INTEGER NOT NULL);"
+                   "INSERT INTO names VALUES('old-job/final.safetensors', "
+                   "'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855', "
+                   "0, 1);",
+                   NULL, NULL, NULL),
+      SQLITE_OK);
+  sqlite3_close(h);
+  nb_artifact_store_t* s = NULL;
+  assert_int_equal(nb_artifact_store_open(sdir, &s), NB_OK);
+  write_file("empty-old", 0, 1);
+  path_of(src, sizeof src, "empty-old");
+  /* the recorded name's object (the empty file) is put under a new, owned name */
+  assert_int_equal(nb_artifact_put(s, "alice/new/final.safetensors", "alice", "job-n", src, NULL),
+                   NB_OK);
+  nb_artifact_info_t i;
+  assert_int_equal(nb_artifact_lookup(s, "old-job/final.safetensors", &i), NB_OK);
+  assert_string_equal(i.owner, "");
+  assert_int_equal(nb_artifact_lookup(s, "alice/new/final.safetensors", &i), NB_OK);
+  assert_string_equal(i.owner, "alice");
+  assert_string_equal(i.job, "job-n");
+  nb_artifact_store_close(s);
+  /* and it opens again */
+  assert_int_equal(nb_artifact_store_open(sdir, &s), NB_OK);
+  nb_artifact_store_close(s);
+}
+
+static void test_entitlement(void** state) {
+  (void)state;
+  server_t sv = {0};
+  server_start(&sv, "store-e");
+  char src[512], dest[512], hex_bob[65], hex_alice[65];
+  write_file("bob-secret.bin", 40000, 21);
+  path_of(src, sizeof src, "bob-secret.bin");
+  sha256_hex(src, hex_bob);
+  assert_int_equal(
+      nb_artifact_put(sv.store, "bob/secret/final.safetensors", "bob", "job-b", src, NULL), NB_OK);
+  /* bob's and alice's jobs both named "pre": two names, two owners */
+  assert_int_equal(
+      nb_artifact_put(sv.store, "bob/pre/final.safetensors", "bob", "job-b", src, NULL), NB_OK);
+  write_file("alice-pre.bin", 30000, 22);
+  path_of(src, sizeof src, "alice-pre.bin");
+  sha256_hex(src, hex_alice);
+  assert_int_equal(
+      nb_artifact_put(sv.store, "alice/pre/final.safetensors", "alice", "job-p", src, NULL), NB_OK);
+  /* a name outside its owner's namespace is refused at put */
+  assert_int_equal(
+      nb_artifact_put(sv.store, "bob/x/final.safetensors", "alice", "job-p", src, NULL),
+      NB_ERR_INVALID);
+  path_of(dest, sizeof dest, "ent.bin");
+  char key[80];
+
+  /* JOB (alice) asks for bob's output by the name of his job, and by its full name */
+  nb_artifact_fetch_opts_t o = fetch_opts(&sv, g_tls_b, "secret/final.safetensors", dest);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_NOT_FOUND);
+  fprintf(stderr, "refused: %s\n", nb_error_last());
+  assert_non_null(strstr(
+      nb_error_last(), "no artifact 'secret/final.safetensors' in the namespace of user 'alice'"));
+  o = fetch_opts(&sv, g_tls_b, "bob/secret/final.safetensors", dest);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_NOT_FOUND);
+  assert_non_null(strstr(nb_error_last(), "other users' artifacts are not served"));
+  /* ... and by hash */
+  snprintf(key, sizeof key, "sha256:%s", hex_bob);
+  o = fetch_opts(&sv, g_tls_b, key, dest);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_NOT_FOUND);
+  fprintf(stderr, "refused: %s\n", nb_error_last());
+  assert_non_null(strstr(nb_error_last(), "that job 'job-1' of user 'alice' may fetch here"));
+  /* ... and by a Fetch of the hash straight away, without Resolve */
+  {
+    nb_rpc_client_opts_t co = {0};
+    co.tls = g_tls_b;
+    nb_rpc_client_t* cli = NULL;
+    assert_int_equal(nb_rpc_client_create(sv.target, &co, &cli), NB_OK);
+    Nebula__V1__FetchRequest fr = NEBULA__V1__FETCH_REQUEST__INIT;
+    fr.job_id = (char*)JOB;
+    fr.sha256 = hex_bob;
+    uint8_t buf[256];
+    size_t len = nebula__v1__fetch_request__pack(&fr, buf);
+    nb_rpc_stream_t* fs = NULL;
+    assert_int_equal(nb_rpc_stream_open(cli, "/nebula.v1.Artifacts/Fetch", 10000, 0, &fs), NB_OK);
+    assert_int_equal(nb_rpc_stream_send(fs, buf, len), NB_OK);
+    nb_rpc_msg_t m = {0};
+    int end = 0;
+    nb_status_t rs = nb_rpc_stream_recv(fs, &m, &end, NB_RPC_INFINITE);
+    fprintf(stderr, "Fetch refused: %s\n", nb_error_last());
+    assert_int_equal(rs, NB_ERR_NOT_FOUND);
+    assert_int_equal(m.len, 0);
+    assert_non_null(strstr(nb_error_last(), "that job 'job-1' of user 'alice' may fetch here"));
+    nb_rpc_stream_destroy(fs);
+    nb_rpc_client_destroy(cli);
+  }
+  /* job-5 of alice names bob's model as its base: still bob's */
+  o = fetch_opts(&sv, g_tls_b, "bob/secret/final.safetensors", dest);
+  o.job_id = "job-5";
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_NOT_FOUND);
+  assert_int_equal(file_size(dest), -1);
+
+  /* JOB names "pre/final.safetensors": it gets alice's "pre", never bob's of the same name */
+  o = fetch_opts(&sv, g_tls_b, "pre/final.safetensors", dest);
+  nb_artifact_info_t got;
+  assert_int_equal(nb_artifact_fetch(&o, &got), NB_OK);
+  assert_string_equal(got.sha256, hex_alice);
+  assert_string_equal(got.name, "alice/pre/final.safetensors");
+  unlink(dest);
+  /* the full name of one's own artifact works too, and so does the hash */
+  o = fetch_opts(&sv, g_tls_b, "alice/pre/final.safetensors", dest);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_OK);
+  unlink(dest);
+  snprintf(key, sizeof key, "sha256:%s", hex_alice);
+  o = fetch_opts(&sv, g_tls_b, key, dest);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_OK);
+  unlink(dest);
+  /* job-4 of alice does not name it: refused, with the reason */
+  o = fetch_opts(&sv, g_tls_b, "pre/final.safetensors", dest);
+  o.job_id = "job-4";
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_PERMISSION);
+  fprintf(stderr, "refused: %s\n", nb_error_last());
+  assert_non_null(strstr(nb_error_last(),
+                         "job 'job-4' of user 'alice' may not fetch artifact "
+                         "'pre/final.safetensors'"));
+  /* bob's own job reads its own output; the hash that alice could not have is fine for bob */
+  o = fetch_opts(&sv, g_tls_b, "secret/final.safetensors", dest);
+  o.job_id = "job-b";
+  assert_int_equal(nb_artifact_fetch(&o, &got), NB_OK);
+  assert_string_equal(got.sha256, hex_bob);
+  unlink(dest);
+  /* a name kept without an owner (before owners were recorded) is served to nobody */
+  assert_int_equal(nb_artifact_put(sv.store, "job-1/legacy", NULL, NULL, src, NULL), NB_OK);
+  o = fetch_opts(&sv, g_tls_b, "job-1/legacy", dest);
+  assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_NOT_FOUND);
+  server_stop(&sv);
+  nb_artifact_store_close(sv.store);
+}
+
 static void test_corrupt(void** state) {
   (void)state;
   set_params("64", NULL, "0");
@@ -487,7 +654,8 @@ static void test_corrupt(void** state) {
   write_file("c.bin", 300000, 7);
   path_of(src, sizeof src, "c.bin");
   nb_artifact_info_t put;
-  assert_int_equal(nb_artifact_put(sv.store, "job-1/adapter", src, &put), NB_OK);
+  assert_int_equal(nb_artifact_put(sv.store, "alice/job-1/adapter", "alice", JOB, src, &put),
+                   NB_OK);
   /* flip one byte of the stored object in place (same size) */
   int fd = open(put.path, O_RDWR);
   assert_true(fd >= 0);
@@ -508,7 +676,8 @@ static void test_corrupt(void** state) {
   assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_INTEGRITY);
   assert_int_equal(file_size(dest), -1);
   /* putting the file again heals the store */
-  assert_int_equal(nb_artifact_put(sv.store, "job-1/adapter", src, NULL), NB_OK);
+  assert_int_equal(nb_artifact_put(sv.store, "alice/job-1/adapter", "alice", JOB, src, NULL),
+                   NB_OK);
   assert_int_equal(nb_artifact_fetch(&o, NULL), NB_OK);
   assert_same_file(dest, src);
   server_stop(&sv);
@@ -604,9 +773,10 @@ static void test_chunk_tamper(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_store),        cmocka_unit_test(test_fetch),
-      cmocka_unit_test(test_resume),       cmocka_unit_test(test_corrupt),
-      cmocka_unit_test(test_chunk_tamper),
+      cmocka_unit_test(test_store),         cmocka_unit_test(test_fetch),
+      cmocka_unit_test(test_resume),        cmocka_unit_test(test_corrupt),
+      cmocka_unit_test(test_chunk_tamper),  cmocka_unit_test(test_entitlement),
+      cmocka_unit_test(test_store_upgrade),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -9,6 +9,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <jansson.h>
@@ -84,9 +85,10 @@ static void make_config(int i) {
       "   \"{cluster}\", \"--out\", \"{jobdir}/out\", \"--listen\", \"{listen}\", \"{peers}\",\n"
       "   \"--pki\", \"{pki}\", \"--secret-file\", \"{secret_file}\"],\n"
       " \"resources\": {\"slots\": 2}, \"work_dir\": \"work-%s\", \"acl\": %s,\n"
+      " \"paths\": {\"allow\": [\"%s\"]},\n"
       " \"federation_timeout_ms\": 5000, \"cancel_grace_ms\": 2000, \"poll_ms\": 20}",
       g_ids[i], g_port[i], g_ids[i], g_ids[i], g_ids[1 - i], g_port[1 - i], g_nebula, g_nebula,
-      g_ids[i], acl);
+      g_ids[i], acl, g_data);
   nb_gateway_config_defaults(&g_cfg[i]);
   assert_int_equal(nb_gateway_config_parse(cfg, strlen(cfg), g_dir, &g_cfg[i]), NB_OK);
 }
@@ -529,7 +531,7 @@ static void test_peer_fails(void** state) {
   nb_tls_t* tls = NULL;
   nb_rpc_client_t* cli = client_as("alice", &tls, 0);
   char doc[4096], id[128];
-  g_data_b = "/nonexistent-nebula-data";
+  g_data_b = "no-data-here"; /* inside the job's folder, so allowed, and missing */
   job_doc(doc, sizeof doc, "fed-fails", 1, 1, 200000);
   g_data_b = NULL;
   assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
@@ -802,7 +804,7 @@ static void test_remote_finetune(void** state) {
   wait_state(0, pre, NB_JOB_SUCCEEDED, 60);
   json_t* art = NULL;
   for (int k = 0; k < 200 && !art; k++) {
-    art = last_event(0, pre, "artifact", "\"fed-pre/final.safetensors\"");
+    art = last_event(0, pre, "artifact", "\"alice/fed-pre/final.safetensors\"");
     if (!art) nb_sleep_ns(25000000);
   }
   assert_non_null(art);
@@ -841,9 +843,95 @@ static void test_remote_finetune(void** state) {
   assert_int_equal(count_events(0, tune, "launch", NULL), 0);
   for (int k = 0; k < 200 && !count_events(0, tune, "cluster_artifact", "fed-tune/final"); k++)
     nb_sleep_ns(25000000);
-  assert_int_equal(count_events(0, tune, "cluster_artifact", "\"fed-tune/final.safetensors\""), 1);
+  assert_int_equal(
+      count_events(0, tune, "cluster_artifact", "\"alice/fed-tune/final.safetensors\""), 1);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
+}
+
+/* Artifacts are owned per user: alice and bob each pretrain a job named "dup-pre" at dc-a. A
+ * fine-tune of alice's for dc-b that names "dup-pre/final.safetensors" trains from alice's model,
+ * never bob's; naming bob's model by its full name, or pinning its hash, is refused before
+ * anything runs, with the reason from dc-a. */
+static void finetune_doc(char* doc, size_t cap, const char* name, const char* base,
+                         const char* sha) {
+  char pin[128] = "";
+  if (sha) snprintf(pin, sizeof pin, ", \"sha256\": \"%s\"", sha);
+  snprintf(doc, cap,
+           "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+           "\"%s\"}, \"spec\": {\"task\": \"pretrain\", \"clusters\": [{\"id\": \"dc-b\", "
+           "\"workers\": 1, \"data\": {\"tier\": \"quick\", \"dir\": \"%s\", \"languages\": "
+           "[\"en\", \"ru\"]}}],"
+           " \"model\": {\"layers\": 1, \"width\": 32, \"heads\": 2, \"context\": 32,"
+           "  \"base\": {\"checkpoint\": \"%s\", \"cluster\": \"dc-a\"%s}},"
+           " \"training\": {\"seed\": 7, \"batchSize\": 4, \"maxSteps\": 4,"
+           "  \"eval\": {\"batches\": 1}, \"optimizer\": {\"lr\": 0.003, \"warmupSteps\": 1}}}}",
+           name, g_data, base, pin);
+}
+
+static void pretrain_hash(nb_rpc_client_t* cli, const char* user, long steps, char* hash,
+                          size_t cap) {
+  char doc[8192], id[128], needle[128];
+  job_doc(doc, sizeof doc, "dup-pre", 1, 0, steps);
+  assert_int_equal(submit(cli, user, doc, id, sizeof id), NB_OK);
+  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
+  snprintf(needle, sizeof needle, "\"%s/dup-pre/final.safetensors\"", user);
+  json_t* art = NULL;
+  for (int k = 0; k < 200 && !art; k++) {
+    art = last_event(0, id, "artifact", needle);
+    if (!art) nb_sleep_ns(25000000);
+  }
+  assert_non_null(art);
+  snprintf(hash, cap, "%s", json_string_value(json_object_get(art, "sha256")));
+  json_decref(art);
+  assert_int_equal(strlen(hash), 64);
+}
+
+static void test_artifact_owners(void** state) {
+  (void)state;
+  nb_tls_t *ta = NULL, *tb = NULL;
+  nb_rpc_client_t* alice = client_as("alice", &ta, 0);
+  nb_rpc_client_t* bob = client_as("bob", &tb, 0);
+  char h_alice[80], h_bob[80], doc[8192], id[128];
+  pretrain_hash(bob, "bob", 6, h_bob, sizeof h_bob); /* other steps: other bytes */
+  pretrain_hash(alice, "alice", 4, h_alice, sizeof h_alice);
+  assert_string_not_equal(h_alice, h_bob);
+  /* the same name, two owners: alice's unpinned fine-tune gets her own model */
+  finetune_doc(doc, sizeof doc, "own-tune", "dup-pre/final.safetensors", NULL);
+  assert_int_equal(submit(alice, "alice", doc, id, sizeof id), NB_OK);
+  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
+  json_t* f = last_event(1, id, "fetch", NULL);
+  assert_non_null(f);
+  assert_string_equal(json_string_value(json_object_get(f, "sha256")), h_alice);
+  json_decref(f);
+  /* bob's model by its full name: refused by dc-a, nothing launched at dc-b */
+  finetune_doc(doc, sizeof doc, "steal-name", "bob/dup-pre/final.safetensors", NULL);
+  assert_int_not_equal(submit(alice, "alice", doc, id, sizeof id), NB_OK);
+  fprintf(stderr, "refused: %s\n", nb_error_last());
+  assert_non_null(strstr(nb_error_last(),
+                         "no artifact 'bob/dup-pre/final.safetensors' in the "
+                         "namespace of user 'alice'"));
+  /* bob's model by its hash */
+  finetune_doc(doc, sizeof doc, "steal-hash", "dup-pre/final.safetensors", h_bob);
+  assert_int_not_equal(submit(alice, "alice", doc, id, sizeof id), NB_OK);
+  fprintf(stderr, "refused: %s\n", nb_error_last());
+  char want[200];
+  snprintf(want, sizeof want, "no artifact sha256:%s that job", h_bob);
+  assert_non_null(strstr(nb_error_last(), want));
+  /* bob's model never reached dc-b */
+  char p[1200];
+  DIR* d = opendir(g_cfg[1].work_dir);
+  struct dirent* e;
+  while (d && (e = readdir(d))) {
+    if (strncmp(e->d_name, "steal-", 6)) continue;
+    snprintf(p, sizeof p, "%s/%s/dup-pre/final.safetensors", g_cfg[1].work_dir, e->d_name);
+    assert_int_equal(access(p, F_OK), -1);
+  }
+  if (d) closedir(d);
+  nb_rpc_client_destroy(alice);
+  nb_rpc_client_destroy(bob);
+  nb_tls_destroy(ta);
+  nb_tls_destroy(tb);
 }
 
 int main(int argc, char** argv) {
@@ -875,6 +963,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test_setup_teardown(test_member_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_forward, setup, teardown),
       cmocka_unit_test_setup_teardown(test_remote_finetune, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_artifact_owners, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -32,6 +32,7 @@ slow-*) for i in 1 2 3; do echo "line $i"; sleep 0.1; done;;
 report-*) printf 'round\tloss\tbytes_sent\tdensity\tcompute_s\texchange_s\tglobal_xxh3\n0\t2.5\t0\t0\t0.1\t0\t-\n' > rounds.tsv
   echo '{"job": "report", "cluster": "dc-a", "global_xxh3": "00ff"}' > summary.json;;
 sleepy-*) sleep 300 & echo $! > pids; sleep 300 & echo $! >> pids; echo $$ >> pids; wait;;
+evil-*) printf '%s\n' '{"step":1,"max_steps":2,"source":"\u001b]0;pwned\u0007\u001b[2J\ninjected"}' >> "$NB_JOB_PROGRESS";;
 esac
 SCRIPT
 cat > "$T/gw.json" <<CFG
@@ -107,6 +108,22 @@ SID=$("$NB" submit "$T/slow.json") || fail "submit slow"
 "$NB" logs -f "$SID" > "$T/slow.out" || fail "logs -f"
 [ "$(cat "$T/slow.out")" = "$(printf 'line 1\nline 2\nline 3')" ] || fail "logs -f: $(cat "$T/slow.out")"
 "$NB" get "$SID" | grep -q "state: *succeeded" || fail "logs -f returned before the job ended"
+
+# terminal escapes: a cancel reason with ESC, BEL or a newline is refused (exit 6, nothing
+# stored); strings a job wrote (a progress "source") are shown with their control characters
+# escaped by watch, get and list
+ESC=$(printf '\033'); BEL=$(printf '\007')
+"$NB" cancel "$SID" --reason "$(printf 'x\033]0;pwned\007\ny')" 2> "$T/esc.err"; rc=$?
+[ $rc -eq 6 ] || fail "cancel with an escape in the reason: exit $rc"
+grep -q "control character (0x1b) at byte 1" "$T/esc.err" || fail "cancel reason: $(cat "$T/esc.err")"
+desc evil > "$T/evil.json"
+EID=$("$NB" submit "$T/evil.json") || fail "submit evil"
+"$NB" watch "$EID" > "$T/evil.out" 2>&1
+grep -q "$ESC" "$T/evil.out" && fail "watch printed a raw ESC"
+grep -q "$BEL" "$T/evil.out" && fail "watch printed a raw BEL"
+grep -q 'x1b\]0;pwned\\x07\\x1b\[2J\\x0ainjected' "$T/evil.out" || fail "watch: escaped source: $(cat "$T/evil.out")"
+"$NB" list > "$T/list.out"; "$NB" get "$EID" >> "$T/list.out"
+grep -q "$ESC" "$T/list.out" && fail "list/get printed a raw ESC"
 
 # exit codes
 "$NB" get >/dev/null 2>&1; [ $? -eq 2 ] || fail "get without id: not a usage error"

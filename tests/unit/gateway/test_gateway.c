@@ -9,6 +9,8 @@
 #include <cmocka.h>
 
 #include <ftw.h>
+#include <pwd.h>
+#include <sys/stat.h>
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
@@ -43,6 +45,10 @@ static const char* g_script =
     "late-*) sleep 1; printf 'round\\tloss\\tbytes_sent\\tdensity\\tcompute_s\\texchange_s\\t"
     "global_xxh3\\n0\\t2.5\\t0\\t0\\t0.1\\t0\\t-\\n' > rounds.tsv; echo '{\"job\": \"late\"}' > "
     "summary.json;;\n"
+    "runas-*) id -u > uid.txt; echo '{\"step\":1}' >> \"$NB_JOB_PROGRESS\"; "
+    "ln -s /etc/shadow final.safetensors; ln -s \"$NB_TEST_SECRET\" summary.json; "
+    "ln -s \"$NB_TEST_SECRET\" exit_code.tmp; printf 'round\\tloss\\n0\\t1\\n' > rounds.tsv; "
+    "touch ../escaped 2>/dev/null && echo yes > escaped.txt; true;;\n"
     "report-*) printf 'round\\tloss\\tbytes_sent\\tdensity\\tcompute_s\\texchange_s\\t"
     "global_xxh3\\n0\\t2.5\\t0\\t0\\t0.1\\t0\\t-\\n1\\t2.0\\t0\\t0\\t0.1\\t0\\t-\\n' > "
     "rounds.tsv; echo '{\"job\": \"report\", \"cluster\": \"dc-a\", \"final_train_loss\": "
@@ -104,7 +110,10 @@ static int setup(void** state) {
       " \"acl\": [{\"user\": \"alice\", \"clusters\": [\"dc-a\"], \"max_workers\": 2},\n"
       "         {\"user\": \"bob\", \"clusters\": [\"dc-b\"]},\n"
       "         {\"user\": \"alice\", \"clusters\": [\"dc-a\", \"dc-b\"], \"max_workers\": 1}],\n"
+      " \"paths\": {\"allow\": [\"data\"]},\n"
       " \"cancel_grace_ms\": 500, \"poll_ms\": 20}");
+  snprintf(p, sizeof p, "%s/data", g_dir);
+  assert_int_equal(mkdir(p, 0755), 0);
   assert_int_equal(nb_gateway_config_parse(cfg, strlen(cfg), g_dir, &g_cfg), NB_OK);
   setenv("NB_TEST_SCRIPT", g_script, 1);
   assert_string_equal(g_cfg.command[2], "eval \"$NB_TEST_SCRIPT\"");
@@ -559,6 +568,66 @@ static void test_refusals(void** state) {
   nb_gateway_destroy(gw);
 }
 
+/* Descriptor paths outside the job's folder and paths.allow: refused at submit, each named by its
+ * JSON path, nothing stored or created (the attacks: another job's checkpoints, another user's
+ * weights, /etc/shadow through the loader). Paths inside the allowed root are accepted. */
+static void test_path_refusals(void** state) {
+  (void)state;
+  nb_gateway_t* gw = NULL;
+  assert_int_equal(nb_gateway_create(&g_cfg, &gw), NB_OK);
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, nb_gateway_port(gw));
+  static const char* fmt =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+      "\"%s\"}, \"spec\": {\"clusters\": [{\"id\": \"dc-a\", \"data\": {%s\"languages\": "
+      "[\"en\"]}}]%s}}";
+  struct {
+    const char *data, *rest, *field, *why;
+  } bad[] = {
+      {"", ", \"checkpoint\": {\"dir\": \"../victim-job/checkpoints\", \"keep\": 1}",
+       "$.spec.checkpoint.dir: \"../victim-job/checkpoints\"", "\"..\" is not allowed"},
+      {"", ", \"checkpoint\": {\"dir\": \"/tmp/elsewhere\"}", "$.spec.checkpoint.dir",
+       "an absolute path is not allowed"},
+      {"", ", \"model\": {\"base\": {\"checkpoint\": \"../victim-job/final.safetensors\"}}",
+       "$.spec.model.base.checkpoint", "\"..\" is not allowed"},
+      {"", ", \"model\": {\"base\": {\"checkpoint\": \"/etc/shadow\"}}",
+       "$.spec.model.base.checkpoint: \"/etc/shadow\"",
+       "outside the job's folder and the gateway's allowed roots"},
+      {"\"dir\": \"/etc\", ", "", "$.spec.clusters[0].data.dir", "allowed roots"},
+      {"",
+       ", \"security\": {\"ca\": \"ca.crt\", \"cert\": \"/etc/passwd\", \"key\": \"/etc/shadow\"}",
+       "$.spec.security.key", "allowed roots"},
+  };
+  char doc[2048], data[600];
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    snprintf(doc, sizeof doc, fmt, "quick-paths", bad[i].data, bad[i].rest);
+    assert_int_equal(submit(cli, "alice", doc, 0, NULL), NB_ERR_PERMISSION);
+    fprintf(stderr, "refusal: %s\n", nb_error_last());
+    assert_non_null(strstr(nb_error_last(), "descriptor refused:"));
+    assert_non_null(strstr(nb_error_last(), bad[i].field));
+    assert_non_null(strstr(nb_error_last(), bad[i].why));
+  }
+  /* nothing stored, no folder created */
+  Nebula__V1__ListRequest lq = NEBULA__V1__LIST_REQUEST__INIT;
+  ProtobufCMessage* rep = NULL;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/List", &lq.base,
+                                   &nebula__v1__list_reply__descriptor, &rep, 10000, 0),
+                   NB_OK);
+  Nebula__V1__ListReply* lr = (Nebula__V1__ListReply*)rep;
+  for (size_t i = 0; i < lr->n_jobs; i++) assert_true(strncmp(lr->jobs[i]->id, "quick-paths", 11));
+  protobuf_c_message_free_unpacked(rep, NULL);
+  /* inside the allowed root: accepted and run */
+  snprintf(data, sizeof data, "\"dir\": \"%s/data/quick\", ", g_dir);
+  snprintf(doc, sizeof doc, fmt, "quick-allowed", data, ", \"checkpoint\": {\"dir\": \"ck\"}");
+  Nebula__V1__Job* job = NULL;
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  wait_state(cli, job->id, "succeeded");
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+}
+
 static int read_pids(const char* id, pid_t* pids) {
   char p[1200];
   snprintf(p, sizeof p, "%s/%s/pids", g_cfg.work_dir, id);
@@ -677,6 +746,217 @@ static void test_slots(void** state) {
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
   nb_gateway_destroy(gw);
+}
+
+/* One user's Watch streams cannot take every handler of the gateway: with
+ * limits.calls_per_identity 3, alice's fourth call while three Watch streams are open is
+ * RESOURCE_EXHAUSTED naming the limit; bob is served meanwhile; once a stream ends, alice is
+ * served again. */
+static void test_call_limits(void** state) {
+  (void)state;
+  nb_gateway_config_t c = g_cfg;
+  c.calls_per_identity = 3;
+  nb_gateway_t* gw = NULL;
+  assert_int_equal(nb_gateway_create(&c, &gw), NB_OK);
+  int port = nb_gateway_port(gw);
+  nb_tls_t *tls = NULL, *tb = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, port);
+  char doc[1024], id[64];
+  snprintf(doc, sizeof doc, doc_fmt, "sleepy", "dc-a", 1);
+  Nebula__V1__Job* job = NULL;
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id, sizeof id, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  pid_t pids[3];
+  assert_int_equal(read_pids(id, pids), 3);
+  /* three Watch streams of the running job, each seen to be served (its first event came) */
+  nb_rpc_stream_t* ws[4] = {0};
+  Nebula__V1__WatchRequest wr = NEBULA__V1__WATCH_REQUEST__INIT;
+  wr.job_id = id;
+  uint8_t buf[256];
+  size_t len = nebula__v1__watch_request__pack(&wr, buf);
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(nb_rpc_stream_open(cli, "/nebula.v1.Gateway/Watch", 30000, 0, &ws[i]), NB_OK);
+    assert_int_equal(nb_rpc_stream_send(ws[i], buf, len), NB_OK);
+    ProtobufCMessage* m = NULL;
+    int end = 0;
+    nb_status_t st =
+        nb_rpc_stream_recv_pb(ws[i], &nebula__v1__job_event__descriptor, &m, &end, NB_RPC_INFINITE);
+    if (i < 3) {
+      assert_int_equal(st, NB_OK);
+      assert_false(end);
+      protobuf_c_message_free_unpacked(m, NULL);
+      continue;
+    }
+    /* the fourth */
+    assert_int_not_equal(st, NB_OK);
+    fprintf(stderr, "limit: %s\n", nb_error_last());
+    assert_non_null(strstr(nb_error_last(), "RESOURCE_EXHAUSTED"));
+    assert_non_null(strstr(nb_error_last(),
+                           "user 'alice' already has 3 calls in flight at "
+                           "gateway 'dc-a', the limit per identity "
+                           "(limits.calls_per_identity = 3)"));
+  }
+  /* a unary call of alice's too; another user is served */
+  Nebula__V1__ListRequest lq = NEBULA__V1__LIST_REQUEST__INIT;
+  ProtobufCMessage* rep = NULL;
+  assert_int_not_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/List", &lq.base,
+                                       &nebula__v1__list_reply__descriptor, &rep, 10000, 0),
+                       NB_OK);
+  assert_non_null(strstr(nb_error_last(), "RESOURCE_EXHAUSTED"));
+  nb_rpc_client_t* bob = client_as("bob", &tb, port);
+  assert_int_equal(nb_rpc_unary_pb(bob, "/nebula.v1.Gateway/List", &lq.base,
+                                   &nebula__v1__list_reply__descriptor, &rep, 10000, 0),
+                   NB_OK);
+  protobuf_c_message_free_unpacked(rep, NULL);
+  /* one stream ends: alice is served again (the handler notices the cancelled stream) */
+  nb_rpc_stream_destroy(ws[0]);
+  ws[0] = NULL;
+  nb_status_t st = NB_ERR_INVALID;
+  for (int k = 0; k < 500 && st != NB_OK; k++) {
+    st = nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/List", &lq.base,
+                         &nebula__v1__list_reply__descriptor, &rep, 10000, 0);
+    if (st == NB_OK)
+      protobuf_c_message_free_unpacked(rep, NULL);
+    else
+      nb_sleep_ns(20000000);
+  }
+  assert_int_equal(st, NB_OK);
+  for (int i = 1; i < 4; i++) nb_rpc_stream_destroy(ws[i]);
+  /* and cancels its job once the streams are gone */
+  st = NB_ERR_INVALID;
+  for (int k = 0; k < 500 && st != NB_OK; k++) {
+    Nebula__V1__CancelRequest cr = NEBULA__V1__CANCEL_REQUEST__INIT;
+    cr.job_id = id;
+    st = nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Cancel", &cr.base, &nebula__v1__job__descriptor,
+                         &rep, 10000, 0);
+    if (st == NB_OK)
+      protobuf_c_message_free_unpacked(rep, NULL);
+    else
+      nb_sleep_ns(20000000);
+  }
+  assert_int_equal(st, NB_OK);
+  wait_state(cli, id, "cancelled");
+  nb_rpc_client_destroy(bob);
+  nb_tls_destroy(tb);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+}
+
+/* Every payload of the job's events of one kind, one per line (caller frees). */
+static char* watch_all(nb_rpc_client_t* cli, const char* id, const char* kind) {
+  Nebula__V1__WatchRequest wr = NEBULA__V1__WATCH_REQUEST__INIT;
+  wr.job_id = (char*)id;
+  uint8_t buf[256];
+  size_t len = nebula__v1__watch_request__pack(&wr, buf);
+  nb_rpc_stream_t* s = NULL;
+  assert_int_equal(nb_rpc_stream_open(cli, "/nebula.v1.Gateway/Watch", 30000, 0, &s), NB_OK);
+  assert_int_equal(nb_rpc_stream_send(s, buf, len), NB_OK);
+  char* all = calloc(1, 1);
+  size_t n = 0;
+  for (int end = 0;;) {
+    ProtobufCMessage* m = NULL;
+    assert_int_equal(
+        nb_rpc_stream_recv_pb(s, &nebula__v1__job_event__descriptor, &m, &end, NB_RPC_INFINITE),
+        NB_OK);
+    if (end) break;
+    Nebula__V1__JobEvent* e = (Nebula__V1__JobEvent*)m;
+    if (!strcmp(e->kind, kind)) {
+      size_t k = strlen(e->payload_json);
+      all = realloc(all, n + k + 2);
+      memcpy(all + n, e->payload_json, k);
+      n += k;
+      all[n++] = '\n';
+      all[n] = 0;
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  nb_rpc_stream_destroy(s);
+  return all;
+}
+
+/* run_as (a gateway started as root): the job runs as that user in a folder it may write but
+ * whose gateway files it cannot replace; links it leaves to files only root may read (the
+ * final model, summary.json, the status file) are not read, kept or written through. Skipped
+ * when not root or without the user "nobody". */
+static void test_run_as(void** state) {
+  (void)state;
+  struct passwd* pw = getpwnam("nobody");
+  if (geteuid() != 0 || !pw) skip();
+  uid_t nobody = pw->pw_uid;
+  char secret[400], wd[400];
+  snprintf(secret, sizeof secret, "%s/root-only", g_dir);
+  FILE* f = fopen(secret, "w");
+  assert_non_null(f);
+  fputs("{\"root\": \"only\"}\n", f);
+  fclose(f);
+  assert_int_equal(chmod(secret, 0600), 0);
+  setenv("NB_TEST_SECRET", secret, 1);
+  assert_int_equal(chmod(g_dir, 0711), 0);
+  nb_gateway_config_t c = g_cfg;
+  snprintf(c.run_as, sizeof c.run_as, "nobody");
+  snprintf(wd, sizeof wd, "%s/work-runas", g_dir);
+  snprintf(c.work_dir, sizeof c.work_dir, "%s", wd);
+  nb_gateway_t* gw = NULL;
+  /* a work_dir the user cannot reach is refused, saying why */
+  assert_int_equal(mkdir(wd, 0750), 0);
+  assert_int_equal(nb_gateway_create(&c, &gw), NB_ERR_CONFIG);
+  assert_non_null(strstr(nb_error_last(), "must be searchable by others"));
+  assert_int_equal(chmod(wd, 0751), 0);
+  nb_gateway_config_t m = c;
+  m.launcher.kind = NB_LAUNCHER_MPIRUN;
+  assert_int_equal(nb_gateway_create(&m, &gw), NB_ERR_CONFIG);
+  assert_non_null(strstr(nb_error_last(), "launcher \"local\" only"));
+  assert_int_equal(nb_gateway_create(&c, &gw), NB_OK);
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, nb_gateway_port(gw));
+  char doc[1024], id[64], p[1400];
+  snprintf(doc, sizeof doc, doc_fmt, "runas", "dc-a", 1);
+  Nebula__V1__Job* job = NULL;
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id, sizeof id, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  wait_state(cli, id, "succeeded");
+  /* it ran as nobody, and its progress (a file of nobody's) was read */
+  snprintf(p, sizeof p, "%s/%s/uid.txt", wd, id);
+  f = fopen(p, "r");
+  assert_non_null(f);
+  unsigned u = 0;
+  assert_int_equal(fscanf(f, "%u", &u), 1);
+  fclose(f);
+  assert_int_equal(u, (unsigned)nobody);
+  assert_true(count_progress(cli, id) >= 1);
+  /* it could not write next to its folder */
+  snprintf(p, sizeof p, "%s/escaped", wd);
+  assert_int_equal(access(p, F_OK), -1);
+  /* the links to root's files were not kept as artifacts; rounds.tsv (its own file) was */
+  char* arts = watch_all(cli, id, "artifact");
+  fprintf(stderr, "artifacts:\n%s", arts);
+  assert_null(strstr(arts, "final.safetensors"));
+  assert_null(strstr(arts, "summary.json"));
+  assert_non_null(strstr(arts, "rounds.tsv"));
+  free(arts);
+  /* the report did not copy root's file; the status file was written afresh, not through the
+   * link, and root's file is unchanged */
+  char* rf = watch_find(cli, id, "report_failed");
+  assert_non_null(rf);
+  assert_non_null(strstr(rf, "summary.json"));
+  free(rf);
+  f = fopen(secret, "r");
+  char back[64] = "";
+  assert_non_null(fgets(back, sizeof back, f));
+  fclose(f);
+  assert_string_equal(back, "{\"root\": \"only\"}\n");
+  snprintf(p, sizeof p, "%s/%s/exit_code", wd, id);
+  struct stat sb;
+  assert_int_equal(lstat(p, &sb), 0);
+  assert_true(S_ISREG(sb.st_mode));
+  assert_int_equal(sb.st_uid, 0);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+  assert_int_equal(chmod(g_dir, 0700), 0);
 }
 
 static void test_restart(void** state) {
@@ -834,8 +1114,11 @@ int main(void) {
       cmocka_unit_test(test_submit_watch_logs),
       cmocka_unit_test(test_report),
       cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_path_refusals),
       cmocka_unit_test(test_cancel_and_fail),
       cmocka_unit_test(test_slots),
+      cmocka_unit_test(test_call_limits),
+      cmocka_unit_test(test_run_as),
       cmocka_unit_test(test_restart),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
