@@ -51,11 +51,13 @@ int nb_clock_cond_init(pthread_cond_t* cv);
 typedef struct nb_vclock nb_vclock_t;
 
 /* Creates a virtual clock reading start_ns. auto_advance 0: time moves only by
- * nb_vclock_advance, and a waiter sleeps until another thread advances past its deadline (or, in
- * wait_until, signals its cv). auto_advance 1: a wait for a future time moves the clock to that
- * time and returns at once, so single-threaded code runs through its waits instantly and the
- * clock then reads exactly the time the waits added up to. Returns NB_ERR_INVALID (out NULL),
- * NB_ERR_NOMEM, NB_ERR_SYSTEM. *out is owned by the caller (nb_vclock_destroy). */
+ * nb_vclock_advance, and a waiter sleeps until another thread advances to its deadline (or, in
+ * wait_until, until its cv is signalled; such a waiter re-reads the virtual time every
+ * millisecond of real time, so an advance never touches the waiter's mutex). auto_advance 1: a wait
+ * for a future time moves the clock to that time and returns at once, so single-threaded code runs
+ * through its waits instantly and the clock then reads exactly the time the waits added up to.
+ * Returns NB_ERR_INVALID (out NULL), NB_ERR_NOMEM, NB_ERR_SYSTEM. *out is owned by the caller
+ * (nb_vclock_destroy). */
 nb_status_t nb_vclock_create(int64_t start_ns, int auto_advance, nb_vclock_t** out);
 
 /* No thread may be waiting on it, and nothing that holds its nb_clock_t may use it later. NULL
