@@ -24,13 +24,18 @@ struct nb_estimator {
   pthread_mutex_t mu;
   nb_estimator_config_t cfg;
   nb_estimate_t e;
-  double last_goodput_s; /* nb_now_s() of the last goodput sample */
+  double last_goodput_s; /* clock time (s) of the last goodput sample */
   double run[64];        /* the current run of far-off samples */
   uint32_t run_len;
   int run_side; /* +1 above, -1 below */
   double rtt_ring[EST_RTT_WINDOW_MAX];
   uint32_t rtt_head, rtt_count;
+  nb_clock_t clk; /* stamps samples: updated_s and staleness */
 };
+
+static double est_now_s(const nb_estimator_t* est) {
+  return (double)est->clk.now_ns(est->clk.ctx) * 1e-9;
+}
 
 void nb_estimator_config_default(nb_estimator_config_t* cfg) {
   if (!cfg) return;
@@ -44,8 +49,14 @@ void nb_estimator_config_default(nb_estimator_config_t* cfg) {
 }
 
 nb_status_t nb_estimator_create(const nb_estimator_config_t* cfg, nb_estimator_t** out) {
+  return nb_estimator_create_clock(cfg, NULL, out);
+}
+
+nb_status_t nb_estimator_create_clock(const nb_estimator_config_t* cfg, const nb_clock_t* clk,
+                                      nb_estimator_t** out) {
   if (!out) return nb_error(NB_ERR_INVALID, "estimator: out is NULL");
   *out = NULL;
+  if (clk && !clk->now_ns) return nb_error(NB_ERR_INVALID, "estimator: the clock lacks now_ns");
   nb_estimator_config_t c;
   if (cfg)
     c = *cfg;
@@ -72,6 +83,7 @@ nb_status_t nb_estimator_create(const nb_estimator_config_t* cfg, nb_estimator_t
     return nb_error(NB_ERR_SYSTEM, "estimator: pthread_mutex_init failed");
   }
   est->cfg = c;
+  est->clk = clk ? *clk : *nb_clock_real();
   *out = est;
   return NB_OK;
 }
@@ -142,7 +154,7 @@ nb_status_t nb_estimator_add_transfer(nb_estimator_t* est, uint64_t bytes, doubl
     return nb_error(NB_ERR_INVALID, "estimator: transfer time must be finite and > 0, got %g",
                     seconds);
   if (streams == 0) return nb_error(NB_ERR_INVALID, "estimator: transfer over 0 streams");
-  double now = nb_now_s();
+  double now = est_now_s(est);
   pthread_mutex_lock(&est->mu);
   est->e.bytes_total += bytes;
   est->e.seconds_total += seconds;
@@ -159,7 +171,7 @@ nb_status_t nb_estimator_add_probe(nb_estimator_t* est, uint64_t bytes, double s
   if (!isfinite(seconds) || seconds <= 0.0)
     return nb_error(NB_ERR_INVALID, "estimator: probe time must be finite and > 0, got %g",
                     seconds);
-  double now = nb_now_s();
+  double now = est_now_s(est);
   pthread_mutex_lock(&est->mu);
   /* The probe's time is one round trip plus its bytes at the bottleneck rate; the round trip
    * is the smallest one seen lately (queueing excluded). At least 5% of the time is kept as
@@ -196,7 +208,7 @@ nb_status_t nb_estimator_add_rtt(nb_estimator_t* est, double rtt_s) {
   for (uint32_t i = 0; i < est->rtt_count; ++i)
     if (est->rtt_ring[i] < mn) mn = est->rtt_ring[i];
   e->rtt_min_s = mn;
-  e->updated_s = nb_now_s();
+  e->updated_s = est_now_s(est);
   pthread_mutex_unlock(&est->mu);
   return NB_OK;
 }

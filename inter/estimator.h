@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "common/clock.h"
 #include "common/status.h"
 
 #ifdef __cplusplus
@@ -44,7 +45,8 @@ typedef struct {
   uint64_t restarts;    /* times the goodput average was restarted (change, streams, stale) */
   uint64_t bytes_total; /* bytes of every transfer reported */
   double seconds_total; /* seconds of every transfer reported */
-  double updated_s;     /* nb_now_s() of the latest sample of either kind, 0 = none */
+  double updated_s;     /* time (s, the estimator's clock: nb_now_s by default) of the latest
+                           sample of either kind, 0 = none */
 } nb_estimate_t;
 
 /* Fills cfg with defaults (from the NB_EST_* environment parameters). */
@@ -53,6 +55,13 @@ void nb_estimator_config_default(nb_estimator_config_t* cfg);
 /* Creates an estimator. cfg NULL = defaults; cfg is copied. Returns NB_ERR_INVALID naming a bad
  * field, NB_ERR_NOMEM. *out is owned by the caller (nb_estimator_destroy). */
 nb_status_t nb_estimator_create(const nb_estimator_config_t* cfg, nb_estimator_t** out);
+
+/* As nb_estimator_create, with the time source clk (NULL = nb_clock_real()) for updated_s and for
+ * cfg->stale_s, so tests can age an estimate in virtual time. Only clk->now_ns is used. clk is
+ * copied; its ctx is borrowed and must outlive the estimator. Returns also NB_ERR_INVALID for a
+ * clock without now_ns. */
+nb_status_t nb_estimator_create_clock(const nb_estimator_config_t* cfg, const nb_clock_t* clk,
+                                      nb_estimator_t** out);
 
 /* NULL ok. */
 void nb_estimator_destroy(nb_estimator_t* est);

@@ -4,11 +4,9 @@
  * grows. Not a scheduler across links: one limiter per capped link. */
 #include "inter/ratelimit.h"
 
-#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/common.h"
 
@@ -22,7 +20,12 @@ struct nb_ratelimit {
   int64_t last_ns; /* time `allowed` was brought up to date */
   int cancelled;
   nb_ratelimit_stats_t st;
+  nb_clock_t clk; /* every reading of the time and every timed wait */
 };
+
+static int64_t rl_now(const nb_ratelimit_t* rl) {
+  return rl->clk.now_ns(rl->clk.ctx);
+}
 
 static double rl_default_burst(double rate) {
   double b = rate * 0.010;
@@ -50,20 +53,20 @@ static void rl_refill(nb_ratelimit_t* rl, int64_t now) {
 }
 
 nb_status_t nb_ratelimit_create(double rate_Bps, double burst_bytes, nb_ratelimit_t** out) {
+  return nb_ratelimit_create_clock(rate_Bps, burst_bytes, NULL, out);
+}
+
+nb_status_t nb_ratelimit_create_clock(double rate_Bps, double burst_bytes, const nb_clock_t* clk,
+                                      nb_ratelimit_t** out) {
   if (!out) return nb_error(NB_ERR_INVALID, "rate limit: out is NULL");
   *out = NULL;
   NB_CHECK(rl_check(rate_Bps, burst_bytes));
+  if (clk && (!clk->now_ns || !clk->wait_until))
+    return nb_error(NB_ERR_INVALID, "rate limit: the clock lacks now_ns or wait_until");
   nb_ratelimit_t* rl = NULL;
   NB_CHECK(nb_calloc((void**)&rl, 1, sizeof *rl, "rate limiter"));
-  pthread_condattr_t ca;
-  if (pthread_condattr_init(&ca) != 0) {
-    nb_free(rl);
-    return nb_error(NB_ERR_SYSTEM, "rate limit: pthread_condattr_init failed");
-  }
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   int e1 = pthread_mutex_init(&rl->mu, NULL);
-  int e2 = pthread_cond_init(&rl->cv, &ca);
-  pthread_condattr_destroy(&ca);
+  int e2 = nb_clock_cond_init(&rl->cv);
   if (e1 || e2) {
     if (!e1) pthread_mutex_destroy(&rl->mu);
     if (!e2) pthread_cond_destroy(&rl->cv);
@@ -73,7 +76,8 @@ nb_status_t nb_ratelimit_create(double rate_Bps, double burst_bytes, nb_ratelimi
   rl->rate = rate_Bps;
   rl->burst = burst_bytes > 0.0 ? burst_bytes : rl_default_burst(rate_Bps);
   rl->allowed = rl->burst; /* starts full */
-  rl->last_ns = nb_now_ns();
+  rl->clk = clk ? *clk : *nb_clock_real();
+  rl->last_ns = rl_now(rl);
   *out = rl;
   return NB_OK;
 }
@@ -89,7 +93,7 @@ nb_status_t nb_ratelimit_set_rate(nb_ratelimit_t* rl, double rate_Bps, double bu
   if (!rl) return nb_error(NB_ERR_INVALID, "rate limit: limiter is NULL");
   NB_CHECK(rl_check(rate_Bps, burst_bytes));
   pthread_mutex_lock(&rl->mu);
-  int64_t now = nb_now_ns();
+  int64_t now = rl_now(rl);
   rl_refill(rl, now);
   int was_unlimited = rl->rate == 0.0;
   rl->rate = rate_Bps;
@@ -112,7 +116,7 @@ static nb_status_t rl_acquire(nb_ratelimit_t* rl, size_t bytes, int64_t deadline
     pthread_mutex_unlock(&rl->mu);
     return nb_error(NB_ERR_CANCELLED, "rate limit: cancelled");
   }
-  int64_t t0 = nb_now_ns();
+  int64_t t0 = rl_now(rl);
   rl_refill(rl, t0);
   double n = (double)bytes;
   if (rl->rate == 0.0) {
@@ -132,7 +136,7 @@ static nb_status_t rl_acquire(nb_ratelimit_t* rl, size_t bytes, int64_t deadline
   rl->issued = end;
   int waited = 0;
   for (;;) {
-    int64_t now = nb_now_ns();
+    int64_t now = rl_now(rl);
     rl_refill(rl, now);
     if (rl->rate == 0.0) {
       if (rl->allowed < rl->issued) rl->allowed = rl->issued;
@@ -151,14 +155,12 @@ static nb_status_t rl_acquire(nb_ratelimit_t* rl, size_t bytes, int64_t deadline
     double wait_ns = (end - rl->allowed) / rl->rate * 1e9;
     int64_t wake = now + (int64_t)ceil(wait_ns);
     if (deadline_ns >= 0 && wake > deadline_ns) wake = deadline_ns;
-    struct timespec ts = {.tv_sec = wake / 1000000000LL, .tv_nsec = wake % 1000000000LL};
     waited = 1;
-    int e = pthread_cond_timedwait(&rl->cv, &rl->mu, &ts);
-    (void)e; /* timeout, signal or spurious: the loop re-checks */
+    rl->clk.wait_until(rl->clk.ctx, &rl->cv, &rl->mu, wake); /* any return: the loop re-checks */
   }
   if (waited) {
     rl->st.waits++;
-    rl->st.wait_s += (double)(nb_now_ns() - t0) * 1e-9;
+    rl->st.wait_s += (double)(rl_now(rl) - t0) * 1e-9;
   }
   if (st != NB_OK) {
     pthread_mutex_unlock(&rl->mu);
@@ -185,7 +187,7 @@ int nb_ratelimit_try_acquire(nb_ratelimit_t* rl, size_t bytes) {
   int ok = 0;
   pthread_mutex_lock(&rl->mu);
   if (!rl->cancelled) {
-    rl_refill(rl, nb_now_ns());
+    rl_refill(rl, rl_now(rl));
     double n = (double)bytes;
     if (rl->rate == 0.0 || rl->allowed - rl->issued >= n) {
       rl->issued += n;

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/clock.h"
 #include "common/status.h"
 
 #ifdef __cplusplus
@@ -31,6 +32,13 @@ typedef struct {
  * NB_ERR_SYSTEM. *out is owned by the caller (nb_ratelimit_destroy). */
 nb_status_t nb_ratelimit_create(double rate_Bps, double burst_bytes, nb_ratelimit_t** out);
 
+/* As nb_ratelimit_create, on the time source clk (NULL = nb_clock_real()): the bucket refills
+ * and waiters sleep on clk's time, and deadlines are on clk's scale, so tests can run the limiter
+ * in virtual time (nb_vclock_t). clk is copied; its ctx is borrowed and must outlive the limiter.
+ * Returns also NB_ERR_INVALID for a clock without now_ns or wait_until. */
+nb_status_t nb_ratelimit_create_clock(double rate_Bps, double burst_bytes, const nb_clock_t* clk,
+                                      nb_ratelimit_t** out);
+
 /* Destroys the limiter. No thread may be inside acquire (cancel and join them first). NULL ok. */
 void nb_ratelimit_destroy(nb_ratelimit_t* rl);
 
@@ -44,10 +52,11 @@ nb_status_t nb_ratelimit_set_rate(nb_ratelimit_t* rl, double rate_Bps, double bu
  * nb_ratelimit_cancel, NB_ERR_INVALID for rl NULL. Thread-safe; callers are served FIFO. */
 nb_status_t nb_ratelimit_acquire(nb_ratelimit_t* rl, size_t bytes);
 
-/* As nb_ratelimit_acquire, but gives up at deadline_ns (nb_now_ns clock): returns NB_ERR_TIMEOUT
- * at once, without reserving, when the wait predicted at the current rate ends after the
- * deadline; if the rate drops while waiting and the deadline passes, returns NB_ERR_TIMEOUT and
- * the reservation stays consumed (the limiter errs on the slow side). */
+/* As nb_ratelimit_acquire, but gives up at deadline_ns (on the limiter's clock: nb_now_ns unless
+ * created with another): returns NB_ERR_TIMEOUT at once, without reserving, when the wait
+ * predicted at the current rate ends after the deadline; if the rate drops while waiting and the
+ * deadline passes, returns NB_ERR_TIMEOUT and the reservation stays consumed (the limiter errs on
+ * the slow side). */
 nb_status_t nb_ratelimit_acquire_until(nb_ratelimit_t* rl, size_t bytes, int64_t deadline_ns);
 
 /* Non-blocking: takes the bytes and returns 1 if they are available now, else 0 (nothing taken,

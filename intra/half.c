@@ -4,6 +4,7 @@
 #include "intra/half.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define NB__HAVE_X86 1
 #endif
@@ -63,9 +64,17 @@ __attribute__((target("avx2"))) static void nb__sum_bf16_avx2(const uint16_t* a,
 }
 #endif
 
+#ifdef NB__HAVE_X86
+/* CPUID.1:ECX.F16C; clang before 16 does not know "f16c" in __builtin_cpu_supports. */
+static int nb__cpu_f16c(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 void nb__sum_f16(const uint16_t* a, uint16_t* b, size_t n, int hw) {
 #ifdef NB__HAVE_X86
-  if (hw && __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c")) {
+  if (hw && __builtin_cpu_supports("avx") && nb__cpu_f16c()) {
     nb__sum_f16_f16c(a, b, n);
     return;
   }

@@ -698,7 +698,7 @@ fail:
 }
 
 /* PEM of a private key in a BIO whose memory is cleansed when freed. */
-static nb_status_t nb__key_pem(EVP_PKEY* key, BIO** bio_out, const char** data, size_t* len) {
+static nb_status_t nb__key_pem(EVP_PKEY* key, BIO** bio_out, const void** data, size_t* len) {
   BIO* bio = BIO_new(BIO_s_secmem());
   if (!bio || !PEM_write_bio_PrivateKey(bio, key, NULL, NULL, 0, NULL, NULL)) {
     BIO_free(bio);
@@ -712,7 +712,7 @@ static nb_status_t nb__key_pem(EVP_PKEY* key, BIO** bio_out, const char** data, 
   return NB_OK;
 }
 
-static nb_status_t nb__cert_pem(X509* cert, BIO** bio_out, const char** data, size_t* len) {
+static nb_status_t nb__cert_pem(X509* cert, BIO** bio_out, const void** data, size_t* len) {
   BIO* bio = BIO_new(BIO_s_mem());
   if (!bio || !PEM_write_bio_X509(bio, cert)) {
     BIO_free(bio);
@@ -729,11 +729,11 @@ static nb_status_t nb__cert_pem(X509* cert, BIO** bio_out, const char** data, si
 static nb_status_t nb__write_pair(const char* key_path, EVP_PKEY* key, const char* crt_path,
                                   X509* cert, int overwrite) {
   BIO *kb = NULL, *cb = NULL;
-  const void* data[2];
-  size_t lens[2];
+  const void* data[2] = {NULL, NULL};
+  size_t lens[2] = {0, 0};
   nb_status_t st = NB_OK;
-  NB_CHECK_GOTO(nb__key_pem(key, &kb, (const char**)&data[0], &lens[0]), st, done);
-  NB_CHECK_GOTO(nb__cert_pem(cert, &cb, (const char**)&data[1], &lens[1]), st, done);
+  NB_CHECK_GOTO(nb__key_pem(key, &kb, &data[0], &lens[0]), st, done);
+  NB_CHECK_GOTO(nb__cert_pem(cert, &cb, &data[1], &lens[1]), st, done);
   nb__staged_t s[2];
   const char* paths[2] = {key_path, crt_path};
   const mode_t modes[2] = {0600, 0644};
@@ -747,9 +747,9 @@ done:
 nb_status_t nb_pki_key_write(const char* path, EVP_PKEY* key, int overwrite) {
   if (!path || !key) return nb_error(NB_ERR_INVALID, "NULL argument");
   BIO* b = NULL;
-  const void* data;
-  size_t len;
-  NB_CHECK(nb__key_pem(key, &b, (const char**)&data, &len));
+  const void* data = NULL;
+  size_t len = 0;
+  NB_CHECK(nb__key_pem(key, &b, &data, &len));
   nb__staged_t s;
   const mode_t mode = 0600;
   nb_status_t st = nb__write_files(&s, &path, &data, &len, &mode, 1, overwrite);
@@ -760,9 +760,9 @@ nb_status_t nb_pki_key_write(const char* path, EVP_PKEY* key, int overwrite) {
 nb_status_t nb_pki_cert_write(const char* path, X509* cert, int overwrite) {
   if (!path || !cert) return nb_error(NB_ERR_INVALID, "NULL argument");
   BIO* b = NULL;
-  const void* data;
-  size_t len;
-  NB_CHECK(nb__cert_pem(cert, &b, (const char**)&data, &len));
+  const void* data = NULL;
+  size_t len = 0;
+  NB_CHECK(nb__cert_pem(cert, &b, &data, &len));
   nb__staged_t s;
   const mode_t mode = 0644;
   nb_status_t st = nb__write_files(&s, &path, &data, &len, &mode, 1, overwrite);

@@ -28,6 +28,8 @@
 #include "tests/unit/link/certs.h"
 
 #define JOB "job-1"
+/* Real-time bound on waiting for a transfer to get somewhere: only a hang reaches it. */
+#define HANG_NS (30 * 1000000000LL)
 static char g_dir[256];
 static const char* const g_ids[] = {"dc-a", "dc-b", "dc-c"};
 static nb_tls_t *g_tls_a, *g_tls_b, *g_tls_c;
@@ -118,6 +120,13 @@ static void sha256_hex(const char* path, char hex[65]) {
 static off_t file_size(const char* path) {
   struct stat sb;
   return stat(path, &sb) == 0 ? sb.st_size : -1;
+}
+
+/* Waits until `path` holds at least `bytes` (or HANG_NS pass); returns its size then. */
+static off_t wait_size(const char* path, off_t bytes) {
+  int64_t end = nb_now_ns() + HANG_NS;
+  while (file_size(path) < bytes && nb_now_ns() < end) nb_sleep_ns(2 * 1000000);
+  return file_size(path);
 }
 
 static void set_params(const char* chunk_kib, const char* rate, const char* retries) {
@@ -397,8 +406,10 @@ static void* fetch_thread(void* arg) {
 
 static void test_resume(void** state) {
   (void)state;
-  /* 64 KiB chunks at 8 Mbit/s (1 MB/s), no reconnect: the stop ends the first fetch */
-  set_params("64", "8", "0");
+  /* 64 KiB chunks at 4 Mbit/s (500 kB/s), no reconnect: the stop ends the first fetch. The stop
+   * comes once 512 KiB have landed; the other 2.5 MB need 5 s more at the cap, however fast the
+   * machine is, so the stop cannot miss the transfer. */
+  set_params("64", "4", "0");
   server_t sv = {0};
   server_start(&sv, "store-r");
   const size_t size = 3 * 1024 * 1024 + 777;
@@ -412,9 +423,7 @@ static void test_resume(void** state) {
   fetch_job_t j = {.o = fetch_opts(&sv, g_tls_b, "job-1/big", dest)};
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, fetch_thread, &j), 0);
-  int64_t t0 = nb_now_ns();
-  while (file_size(part) < 512 * 1024 && nb_now_ns() - t0 < 10 * 1000000000LL)
-    nb_sleep_ns(5 * 1000000);
+  assert_true(wait_size(part, 512 * 1024) >= 512 * 1024);
   server_stop(&sv);
   pthread_join(th, NULL);
   assert_int_equal(j.st, NB_ERR_UNAVAILABLE);
@@ -460,11 +469,9 @@ static void test_resume(void** state) {
   j.o = fetch_opts(&sv, g_tls_b, "job-1/big", dest);
   s0 = nb_artifact_sent_bytes();
   assert_int_equal(pthread_create(&th, NULL, fetch_thread, &j), 0);
-  t0 = nb_now_ns();
-  while (file_size(part) < 512 * 1024 && nb_now_ns() - t0 < 10 * 1000000000LL)
-    nb_sleep_ns(5 * 1000000);
+  wait_size(part, 512 * 1024); /* if the fetch ends first, the checks below still hold */
   server_stop(&sv);
-  nb_sleep_ns(300 * 1000000);
+  nb_sleep_ns(300 * 1000000); /* a stopped server for a while; any length will do */
   assert_int_equal(nb_rpc_server_create(&so, &sv.srv), NB_OK);
   assert_int_equal(nb_artifact_service_add(sv.srv, sv.store, job_of, NULL), NB_OK);
   assert_int_equal(nb_rpc_server_start(sv.srv), NB_OK);
@@ -477,15 +484,15 @@ static void test_resume(void** state) {
   /* at most the chunks in flight at the stop are sent twice */
   assert_true(resent < size + 8 * 64 * 1024);
 
-  /* a whole-transfer deadline far shorter than the capped transfer (2 Mbit/s: 12 s):
-   * NB_ERR_TIMEOUT, .part kept */
+  /* a whole-transfer deadline far shorter than the capped transfer (1 Mbit/s: 25 s; a slower
+   * machine only makes it longer): NB_ERR_TIMEOUT, .part kept */
   server_stop(&sv);
-  set_params("64", "2", "0");
+  set_params("64", "1", "0");
   server_start(&sv, "store-r");
   path_of(dest, sizeof dest, "timeout.bin");
   snprintf(part, sizeof part, "%s.part", dest);
   j.o = fetch_opts(&sv, g_tls_b, "job-1/big", dest);
-  j.o.timeout_ms = 3000;
+  j.o.timeout_ms = 5000;
   assert_int_equal(nb_artifact_fetch(&j.o, NULL), NB_ERR_TIMEOUT);
   assert_int_equal(file_size(dest), -1);
   assert_true(file_size(part) > 0);

@@ -1,12 +1,14 @@
-/* Unit tests of common/: status text, error detail, parameters, allocation, clocks, checksums. */
+/* Unit tests of common/: status text, error detail, parameters, allocation, clocks (the real one
+ * against itself, the virtual one exactly), checksums. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <stdlib.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -103,13 +105,131 @@ static void test_alloc(void** state) {
   nb_free(NULL);
 }
 
+/* The real clock, judged against itself only: it never goes back, and a sleep or a sleep_until
+ * ends no earlier than asked (load can only make them later, so this cannot flake). */
 static void test_clock(void** state) {
   (void)state;
+  int64_t prev = nb_now_ns();
+  for (int i = 0; i < 1000; i++) {
+    int64_t t = nb_now_ns();
+    assert_true(t >= prev);
+    prev = t;
+  }
   int64_t a = nb_now_ns();
   nb_sleep_ns(2000000);
-  int64_t b = nb_now_ns();
-  assert_true(b - a >= 2000000);
+  assert_true(nb_now_ns() - a >= 2000000);
+  const nb_clock_t* rc = nb_clock_real();
+  int64_t until = rc->now_ns(rc->ctx) + 1000000;
+  rc->sleep_until(rc->ctx, until);
+  assert_true(nb_now_ns() >= until);
+  rc->sleep_until(rc->ctx, 0); /* in the past: returns */
   assert_true(nb_wall_ns() > 1600000000LL * 1000000000LL);
+}
+
+typedef struct {
+  nb_vclock_t* vc;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int flag;
+  int64_t deadline;
+  int64_t woke_at;
+  int use_cv;
+} vc_waiter_t;
+
+static void* vc_waiter(void* arg) {
+  vc_waiter_t* w = arg;
+  const nb_clock_t* c = nb_vclock_clock(w->vc);
+  if (w->use_cv) {
+    pthread_mutex_lock(&w->mu);
+    while (!w->flag && c->now_ns(c->ctx) < w->deadline)
+      c->wait_until(c->ctx, &w->cv, &w->mu, w->deadline);
+    pthread_mutex_unlock(&w->mu);
+  } else {
+    c->sleep_until(c->ctx, w->deadline);
+  }
+  w->woke_at = c->now_ns(c->ctx);
+  return NULL;
+}
+
+static void vc_waiter_init(vc_waiter_t* w, nb_vclock_t* vc, int64_t deadline, int use_cv) {
+  memset(w, 0, sizeof *w);
+  w->vc = vc;
+  w->deadline = deadline;
+  w->use_cv = use_cv;
+  assert_int_equal(pthread_mutex_init(&w->mu, NULL), 0);
+  assert_int_equal(nb_clock_cond_init(&w->cv), 0);
+}
+
+static void vc_waiter_fini(vc_waiter_t* w) {
+  pthread_cond_destroy(&w->cv);
+  pthread_mutex_destroy(&w->mu);
+}
+
+#define HANG_MS 30000 /* real-time bound on a thread reaching its wait: only a hang reaches it */
+
+/* The virtual clock: auto_advance jumps to each wait's deadline; manual time moves only by
+ * advance, which releases exactly the waits it reaches; a signal ends a wait_until early. */
+static void test_vclock(void** state) {
+  (void)state;
+  nb_vclock_t* vc = NULL;
+  assert_int_equal(nb_vclock_create(5, 1, NULL), NB_ERR_INVALID);
+  assert_int_equal(nb_vclock_create(5, 1, &vc), NB_OK);
+  const nb_clock_t* c = nb_vclock_clock(vc);
+  assert_int_equal(c->now_ns(c->ctx), 5);
+  c->sleep_until(c->ctx, 100);
+  assert_int_equal(nb_vclock_now(vc), 100);
+  c->sleep_until(c->ctx, 50); /* in the past: no jump back, no wait */
+  assert_int_equal(nb_vclock_now(vc), 100);
+  assert_int_equal(nb_vclock_waits(vc), 1);
+  vc_waiter_t w;
+  vc_waiter_init(&w, vc, 200, 1);
+  pthread_mutex_lock(&w.mu);
+  c->wait_until(c->ctx, &w.cv, &w.mu, 200);
+  pthread_mutex_unlock(&w.mu);
+  assert_int_equal(nb_vclock_now(vc), 200);
+  assert_int_equal(nb_vclock_waits(vc), 2);
+  vc_waiter_fini(&w);
+  nb_vclock_advance(vc, -7); /* ignored */
+  assert_int_equal(nb_vclock_now(vc), 200);
+  nb_vclock_destroy(vc);
+
+  assert_int_equal(nb_vclock_create(0, 0, &vc), NB_OK);
+  /* nobody waits: the wait for a waiter gives up (real-time bound, 10 ms) */
+  assert_int_equal(nb_vclock_wait_waits(vc, 1, 10), NB_ERR_TIMEOUT);
+  assert_int_equal(nb_vclock_next_deadline(vc), -1);
+  for (int use_cv = 0; use_cv < 2; use_cv++) {
+    uint64_t n = nb_vclock_waits(vc);
+    int64_t t = nb_vclock_now(vc);
+    vc_waiter_init(&w, vc, t + 1000, use_cv);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, vc_waiter, &w), 0);
+    assert_int_equal(nb_vclock_wait_waits(vc, n + 1, HANG_MS), NB_OK);
+    assert_int_equal(nb_vclock_next_deadline(vc), t + 1000);
+    nb_vclock_advance(vc, 999);
+    assert_int_equal(nb_vclock_wait_waits(vc, n + 1, HANG_MS), NB_OK); /* not reached: waits */
+    assert_int_equal(nb_vclock_next_deadline(vc), t + 1000);
+    nb_vclock_advance(vc, 1);
+    pthread_join(th, NULL);
+    assert_int_equal(w.woke_at, t + 1000);
+    assert_int_equal(nb_vclock_next_deadline(vc), -1);
+    vc_waiter_fini(&w);
+  }
+  /* a signal ends wait_until before its deadline, and the clock does not move */
+  int64_t t = nb_vclock_now(vc);
+  uint64_t n = nb_vclock_waits(vc);
+  vc_waiter_init(&w, vc, t + 1000000000000LL, 1);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, vc_waiter, &w), 0);
+  assert_int_equal(nb_vclock_wait_waits(vc, n + 1, HANG_MS), NB_OK);
+  pthread_mutex_lock(&w.mu);
+  w.flag = 1;
+  pthread_cond_signal(&w.cv);
+  pthread_mutex_unlock(&w.mu);
+  pthread_join(th, NULL);
+  assert_int_equal(w.woke_at, t);
+  vc_waiter_fini(&w);
+  nb_vclock_destroy(vc);
+  nb_vclock_destroy(NULL);
 }
 
 static void test_checksums(void** state) {
@@ -156,7 +276,8 @@ int main(void) {
       cmocka_unit_test(test_status_names), cmocka_unit_test(test_error_detail),
       cmocka_unit_test(test_params),       cmocka_unit_test(test_param_registry),
       cmocka_unit_test(test_alloc),        cmocka_unit_test(test_clock),
-      cmocka_unit_test(test_checksums),    cmocka_unit_test(test_log_levels),
+      cmocka_unit_test(test_vclock),       cmocka_unit_test(test_checksums),
+      cmocka_unit_test(test_log_levels),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

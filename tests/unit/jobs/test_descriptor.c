@@ -183,7 +183,7 @@ static void test_normalized_roundtrip(void** state) {
   for (int i = 0; i < 2; i++) {
     char path[1024];
     example_path(path, sizeof path, names[i]);
-    size_t len;
+    size_t len = 0;
     char* text = read_file(path, &len);
     assert_non_null(text);
     roundtrip(text, len);

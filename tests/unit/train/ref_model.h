@@ -70,7 +70,7 @@ static double ref_model_loss(void* ctx) {
   double* y = malloc(sizeof(double) * N * C);
   double* f = malloc(sizeof(double) * N * 4 * C);
   double* g = malloc(sizeof(double) * N * 4 * C);
-  double* logits = malloc(sizeof(double) * N * V);
+  double* logits = calloc((size_t)N * V, sizeof(double)); /* zeroed: -O3 can't see it filled */
   ref_embedding(x, r->tok, ref_t(r, "wte", 0), ref_t(r, "wpe", 0), B, T, C);
   for (int l = 0; l < c->n_layer; l++) {
     ref_layernorm(h, x, ref_t(r, "h.%d.ln_1.weight", l), ref_t(r, "h.%d.ln_1.bias", l), N, C);

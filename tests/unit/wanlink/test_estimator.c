@@ -1,7 +1,7 @@
 /* Unit tests of inter/estimator: smoothing of noisy goodput, following a halved (and a doubled)
  * link within a few samples while ignoring a single outlier, small transfers feeding RTT only,
- * RTT smoothing and windowed minimum, bandwidth probes (RTT taken off their time), and bad inputs.
- * Samples are synthetic and deterministic. */
+ * RTT smoothing and windowed minimum, bandwidth probes (RTT taken off their time), an estimate
+ * going stale (in virtual time), and bad inputs. Samples are synthetic and deterministic. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -208,12 +208,72 @@ static void test_probes(void** state) {
   nb_estimator_destroy(e);
 }
 
+/* stale_s on the estimator's clock: a goodput sample after more than stale_s without one restarts
+ * the average instead of moving it by alpha; RTT samples do not keep the estimate fresh. */
+static void test_stale(void** state) {
+  (void)state;
+  nb_vclock_t* vc = NULL;
+  assert_int_equal(nb_vclock_create(1000000000LL, 0, &vc), NB_OK); /* starts at 1 s */
+  nb_estimator_config_t c;
+  nb_estimator_config_default(&c);
+  c.alpha = 0.5;
+  c.change_samples = 3;
+  c.stale_s = 120.0;
+  nb_estimator_t* e = NULL;
+  assert_int_equal(nb_estimator_create_clock(&c, nb_vclock_clock(vc), &e), NB_OK);
+  nb_estimate_t s;
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(nb_estimator_add_transfer(e, 10 * 1000 * 1000, 1.0, 1), NB_OK);
+  nb_estimator_get(e, &s);
+  assert_true(s.goodput_Bps == 10 * MB);
+  assert_true(fabs(s.updated_s - 1.0) < 1e-9);
+  assert_int_equal(s.restarts, 0);
+
+  /* 119 s later the estimate is still fresh: one slow sample moves it halfway */
+  nb_vclock_advance(vc, 119 * 1000000000LL);
+  assert_int_equal(nb_estimator_add_transfer(e, 5 * 1000 * 1000, 1.0, 1), NB_OK);
+  nb_estimator_get(e, &s);
+  assert_true(s.goodput_Bps == 7.5 * MB);
+  assert_int_equal(s.restarts, 0);
+  assert_true(fabs(s.updated_s - 120.0) < 1e-9);
+
+  /* 121 s without a goodput sample (an RTT in between does not count): the next one restarts */
+  nb_vclock_advance(vc, 100 * 1000000000LL);
+  assert_int_equal(nb_estimator_add_rtt(e, 0.05), NB_OK);
+  nb_estimator_get(e, &s);
+  assert_true(fabs(s.updated_s - 220.0) < 1e-9);
+  nb_vclock_advance(vc, 21 * 1000000000LL);
+  assert_int_equal(nb_estimator_add_transfer(e, 5 * 1000 * 1000, 1.0, 1), NB_OK);
+  nb_estimator_get(e, &s);
+  assert_true(s.goodput_Bps == 5 * MB);
+  assert_int_equal(s.restarts, 1);
+  assert_true(fabs(s.updated_s - 241.0) < 1e-9);
+  nb_estimator_destroy(e);
+
+  /* stale_s 0: never stale */
+  c.stale_s = 0.0;
+  assert_int_equal(nb_estimator_create_clock(&c, nb_vclock_clock(vc), &e), NB_OK);
+  assert_int_equal(nb_estimator_add_transfer(e, 10 * 1000 * 1000, 1.0, 1), NB_OK);
+  nb_vclock_advance(vc, 100000 * 1000000000LL);
+  assert_int_equal(nb_estimator_add_transfer(e, 5 * 1000 * 1000, 1.0, 1), NB_OK);
+  nb_estimator_get(e, &s);
+  assert_true(s.goodput_Bps == 7.5 * MB);
+  assert_int_equal(s.restarts, 0);
+  nb_estimator_destroy(e);
+
+  nb_clock_t none = {0};
+  assert_int_equal(nb_estimator_create_clock(&c, &none, &e), NB_ERR_INVALID);
+  assert_null(e);
+  nb_vclock_destroy(vc);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_steady_and_halved),
       cmocka_unit_test(test_small_transfers_and_streams),
       cmocka_unit_test(test_rtt),
       cmocka_unit_test(test_probes),
+      cmocka_unit_test(test_stale),
       cmocka_unit_test(test_bad_inputs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
