@@ -213,8 +213,95 @@ static nb_status_t nb__quantize(const nb_codec_config_t* c, float* vals, size_t 
       NB_CHECK(nb_quantize_int8_block(vals, k, c->block_size, (int8_t*)values, (float*)scales));
       nb_dequantize_int8_block((const int8_t*)values, (const float*)scales, k, c->block_size, vals);
       break;
+    case NB_VALUES_INT4:
+      NB_CHECK(nb_quantize_int4_block(vals, k, c->block_size, values, (float*)scales));
+      nb_dequantize_int4_block(values, (const float*)scales, k, c->block_size, vals);
+      break;
+    case NB_VALUES_INT2:
+      NB_CHECK(nb_quantize_int2_block(vals, k, c->block_size, values, (float*)scales));
+      nb_dequantize_int2_block(values, (const float*)scales, k, c->block_size, vals);
+      break;
   }
   return NB_OK;
+}
+
+/* ---- chunked top-k: every chunk selects its own exact top-kc, independently of the others ---- */
+
+typedef struct {
+  nb_codec_t* c;
+  float* res;
+  const float* upd;
+  size_t n, c0, c1; /* chunks [c0, c1) */
+  uint32_t chunk, kc, t;
+  size_t bad; /* output position of the first non-finite kept value, or SIZE_MAX */
+} nb__cjob_t;
+
+/* Chunk [b, b + len): accumulate, then the exact top-kk by (|x|, lower index) into idx/vals in
+ * index order. A 2048-bucket histogram of the top 11 key bits (sign dropped: exponent and 3
+ * mantissa bits) finds the bucket of the kk-th; only that bucket is quickselected. */
+static size_t nb__chunk_select(const nb__cjob_t* jb, size_t b, size_t len, size_t kk,
+                               uint32_t* idx, float* vals) {
+  float* res = jb->res;
+  const float* src = res ? res + b : jb->upd + b;
+  if (res && jb->upd) {
+    const float* u = jb->upd + b;
+    float* r = res + b;
+    for (size_t i = 0; i < len; i++) r[i] += u[i];
+  }
+  if (kk == 0) return SIZE_MAX;
+  uint64_t kth = 0; /* the packed (key, ~index) of the kk-th largest; everything >= it is kept */
+  if (kk < len) {
+    /* two interleaved histograms halve the store-forwarding chains on repeated buckets; each
+     * counts at most len / 2 + 1 <= 32769 values... so u32 */
+    uint32_t h0[2048], h1[2048];
+    memset(h0, 0, sizeof h0);
+    memset(h1, 0, sizeof h1);
+    size_t i = 0;
+    for (; i + 2 <= len; i += 2) {
+      h0[nb_topk_key(src[i]) >> 20]++;
+      h1[nb_topk_key(src[i + 1]) >> 20]++;
+    }
+    if (i < len) h0[nb_topk_key(src[i]) >> 20]++;
+    size_t above = 0;
+    unsigned bk = 2047;
+    for (;; bk--) {
+      size_t hb = (size_t)h0[bk] + h1[bk];
+      if (above + hb >= kk || bk == 0) break;
+      above += hb;
+    }
+    uint64_t* w = jb->c->cand[jb->t];
+    size_t m = 0;
+    for (size_t j = 0; j < len; j++) {
+      uint32_t key = nb_topk_key(src[j]);
+      if ((key >> 20) == bk) w[m++] = nb_topk_pack(key, (uint32_t)j);
+    }
+    kth = nb_topk_kth_largest(w, m, kk - above);
+  }
+  size_t o = 0, bad = SIZE_MAX;
+  const uint32_t tkey = (uint32_t)(kth >> 32);
+  for (size_t j = 0; j < len; j++) {
+    uint32_t key = nb_topk_key(src[j]);
+    if (key >= tkey && nb_topk_pack(key, (uint32_t)j) >= kth) {
+      if (bad == SIZE_MAX && key >= 0x7f800000u) bad = o;
+      idx[o] = (uint32_t)(b + j);
+      vals[o++] = src[j];
+    }
+  }
+  return bad;
+}
+
+static void* nb__chunked_run(void* arg) {
+  nb__cjob_t* jb = (nb__cjob_t*)arg;
+  nb_codec_t* c = jb->c;
+  jb->bad = SIZE_MAX;
+  for (size_t ch = jb->c0; ch < jb->c1; ch++) {
+    size_t b = ch * jb->chunk, len = jb->n - b < jb->chunk ? jb->n - b : jb->chunk;
+    size_t kk = len == jb->chunk ? jb->kc : (size_t)((uint64_t)jb->kc * len / jb->chunk);
+    size_t o = ch * jb->kc; /* every chunk before this one is whole */
+    size_t bad = nb__chunk_select(jb, b, len, kk, c->idx + o, c->vals + o);
+    if (bad != SIZE_MAX && jb->bad == SIZE_MAX) jb->bad = o + bad;
+  }
+  return NULL;
 }
 
 typedef struct {
@@ -229,13 +316,14 @@ typedef struct {
 static void* nb__quant_run(void* arg) {
   nb__qjob_t* q = (nb__qjob_t*)arg;
   nb_codec_t* c = q->c;
-  size_t vsz = nb__values_size(c->cfg.values), end = q->g1 < q->k ? q->g1 : q->k;
+  unsigned bits = nb__values_bits(c->cfg.values);
+  size_t end = q->g1 < q->k ? q->g1 : q->k;
   q->st = NB_OK;
   for (size_t g0 = q->g0; g0 < end; g0 += q->group) {
     size_t g1 = end - g0 < q->group ? end : g0 + q->group;
-    size_t sc = c->cfg.values == NB_VALUES_INT8 ? g0 / c->cfg.block_size : 0;
-    q->st =
-        nb__quantize(&c->cfg, c->vals + g0, g1 - g0, c->raw + 4 * sc, c->raw + q->sb + g0 * vsz);
+    size_t sc = nb__values_blocked(c->cfg.values) ? g0 / c->cfg.block_size : 0;
+    q->st = nb__quantize(&c->cfg, c->vals + g0, g1 - g0, c->raw + 4 * sc,
+                         c->raw + q->sb + g0 * bits / 8);
     if (q->st != NB_OK) {
       snprintf(q->msg, sizeof q->msg, "%s", nb_error_last());
       return NULL;
@@ -285,6 +373,139 @@ static nb_status_t nb__finish(nb_codec_t* c, nb_frame_info_t* h, size_t raw, uin
   return NB_OK;
 }
 
+/* Step 4 of a sparse encode, shared by global and chunked top-k: sections
+ * [scales][values][indices] from codec->idx/vals[0..k), residual correction, zstd, frame.
+ * chunk != 0: chunked top-k with kc per chunk, coded NB_INDEX_CHUNKED when that fits the
+ * bound (see nb_codec_config_t). */
+static nb_status_t nb__emit_sparse(nb_codec_t* c, float* residual, size_t n, size_t k,
+                                   size_t varint, uint32_t chunk, uint32_t kc, uint64_t round,
+                                   uint32_t sender, uint8_t* out, size_t cap, size_t* len,
+                                   int threads, int64_t t_start, int64_t t_pass,
+                                   int64_t t_select, size_t m, int scans) {
+  /* 4. sections [scales][values][indices]; values are gathered, quantized and taken out of the
+   * residual a group at a time so each residual line is touched once */
+  size_t nbl = (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size);
+  size_t sb = 4 * nbl, vb = (size_t)nb__value_bytes(c->cfg.values, k);
+  size_t bitmap = n / 8 + (n % 8 != 0);
+  unsigned cbits = chunk ? (unsigned)__builtin_ctz(chunk) : 0;
+  size_t chunked = chunk ? (size_t)nb__chunked_index_bytes(k, cbits) : SIZE_MAX;
+  int use_chunked = k > 0 && chunked <= 5 * k && chunked <= bitmap;
+  int use_bitmap = !use_chunked && bitmap < varint;
+  size_t ib = use_chunked ? chunked : use_bitmap ? bitmap : varint;
+  NB_CHECK(nb__codec_grow((void**)&c->raw, &c->raw_cap, sb + vb + ib + 8, 1, "codec sections"));
+  /* groups are whole scale blocks and whole bytes of packed values (a multiple of 4 values);
+   * threads take contiguous runs of groups */
+  size_t unit = !nb__values_blocked(c->cfg.values)  ? 1
+                : nb__values_bits(c->cfg.values) < 8 ? 4 * (size_t)c->cfg.block_size
+                                                      : c->cfg.block_size;
+  size_t group = unit * ((1023 + unit) / unit);
+  size_t ngroups = (k + group - 1) / group;
+  int qthreads = k >= 65536 ? threads : 1;
+  nb__qjob_t qj[NB__CODEC_MAX_THREADS];
+  for (int i = 0; i < qthreads; i++)
+    qj[i] = (nb__qjob_t){.c = c,
+                         .residual = residual,
+                         .k = k,
+                         .group = group,
+                         .sb = sb,
+                         .g0 = ngroups * (size_t)i / (size_t)qthreads * group,
+                         .g1 = ngroups * (size_t)(i + 1) / (size_t)qthreads * group};
+  nb__parallel(nb__quant_run, qj, sizeof qj[0], qthreads);
+  for (int i = 0; i < qthreads; i++)
+    if (qj[i].st != NB_OK) return nb_error(qj[i].st, "codec: quantization failed: %s", qj[i].msg);
+  uint8_t* ip = c->raw + sb + vb;
+  if (use_chunked) {
+    nb__put32(ip, chunk);
+    nb__put32(ip + 4, kc);
+    uint8_t* q = ip + NB__CHUNKED_HEAD;
+    uint64_t acc = 0;
+    unsigned have = 0;
+    const uint32_t mask = chunk - 1;
+    for (size_t j = 0; j < k; j++) {
+      acc |= (uint64_t)(c->idx[j] & mask) << have;
+      have += cbits;
+      while (have >= 8) {
+        *q++ = (uint8_t)acc;
+        acc >>= 8;
+        have -= 8;
+      }
+    }
+    if (have) *q++ = (uint8_t)acc;
+  } else if (use_bitmap) {
+    memset(ip, 0, bitmap);
+    for (size_t j = 0; j < k; j++) ip[c->idx[j] >> 3] |= (uint8_t)(1u << (c->idx[j] & 7));
+  } else {
+    nb__put_varints(ip, c->idx, k);
+  }
+
+  int64_t t_quant = nb_now_ns();
+  nb_frame_info_t h = {.flags = NB_FRAME_FLAG_SPARSE,
+                       .values = c->cfg.values,
+                       .index_coding = use_chunked  ? NB_INDEX_CHUNKED
+                                       : use_bitmap ? NB_INDEX_BITMAP
+                                                    : NB_INDEX_DELTA_VARINT,
+                       .n = n,
+                       .k = k,
+                       .round = round,
+                       .sender = sender,
+                       .block_size = nb__values_blocked(c->cfg.values) ? c->cfg.block_size : 0,
+                       .scale_bytes = sb,
+                       .value_bytes = vb,
+                       .index_bytes = ib};
+  nb_status_t st = nb__finish(c, &h, sb + vb + ib, out, cap, len);
+  NB_TRACE(CODEC,
+           "encode n=%zu k=%zu chunk=%u: %zu candidates over %d scan(s); sample+pass %.2f ms, "
+           "select %.2f "
+           "ms, quantize+index %.2f ms, zstd+frame %.2f ms, %zu bytes",
+           n, k, chunk, m, scans, (t_pass - t_start) / 1e6, (t_select - t_pass) / 1e6,
+           (t_quant - t_select) / 1e6, (nb_now_ns() - t_quant) / 1e6, *len);
+  return st;
+}
+
+/* Chunked top-k (cfg.topk_chunk): kc = floor(k * C / n) per whole chunk; the chunks are split
+ * evenly over the threads, each writes its chunks' winners at their fixed output positions. */
+static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float* residual,
+                                      size_t n, size_t k, int threads, uint64_t round,
+                                      uint32_t sender, uint8_t* out, size_t cap, size_t* len) {
+  int64_t t_start = nb_now_ns();
+  uint32_t chunk = c->cfg.topk_chunk;
+  uint32_t kc = n ? (uint32_t)((uint64_t)k * chunk / n) : 0;
+  if (kc > chunk) kc = chunk;
+  size_t kt = (size_t)nb__chunked_k(n, chunk, kc), nch = n / chunk + (n % chunk != 0);
+  NB_CHECK(nb__codec_grow((void**)&c->idx, &c->idx_cap, kt ? kt : 1, 4, "codec indices"));
+  NB_CHECK(nb__codec_grow((void**)&c->vals, &c->vals_cap, kt ? kt : 1, 4, "codec values"));
+  if ((size_t)threads > nch) threads = nch ? (int)nch : 1;
+  nb__cjob_t jb[NB__CODEC_MAX_THREADS];
+  for (int i = 0; i < threads; i++) {
+    NB_CHECK(nb__grow_candidates(c, i, chunk < n ? chunk : (n ? n : 1)));
+    jb[i] = (nb__cjob_t){.c = c,
+                         .res = residual,
+                         .upd = update,
+                         .n = n,
+                         .c0 = nch * (size_t)i / (size_t)threads,
+                         .c1 = nch * (size_t)(i + 1) / (size_t)threads,
+                         .chunk = chunk,
+                         .kc = kc,
+                         .t = (uint32_t)i};
+  }
+  nb__parallel(nb__chunked_run, jb, sizeof jb[0], threads);
+  int64_t t_pass = nb_now_ns();
+  size_t bad = SIZE_MAX;
+  for (int i = 0; i < threads && bad == SIZE_MAX; i++) bad = jb[i].bad;
+  if (bad != SIZE_MAX)
+    return nb_error(NB_ERR_INVALID, "codec: the %s holds a non-finite value at index %u",
+                    residual ? "residual (after adding the update)" : "update", c->idx[bad]);
+  size_t varint = 0;
+  uint32_t prev = 0;
+  for (size_t j = 0; j < kt; j++) {
+    uint32_t d = c->idx[j] - prev;
+    prev = c->idx[j];
+    varint += 1 + (d >= (1u << 7)) + (d >= (1u << 14)) + (d >= (1u << 21)) + (d >= (1u << 28));
+  }
+  return nb__emit_sparse(c, residual, n, kt, varint, chunk, kc, round, sender, out, cap, len,
+                         threads, t_start, t_pass, nb_now_ns(), kt, 1);
+}
+
 nb_status_t nb_codec_encode_sparse(nb_codec_t* codec, const float* update, float* residual,
                                    size_t n, double density, uint64_t round, uint32_t sender,
                                    void* out, size_t cap, size_t* len) {
@@ -306,7 +527,7 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
   /* the stored (uncompressed) frame always fits in this; checked before the residual changes */
   size_t need = NB_FRAME_HEADER_BYTES +
                 4 * (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size) +
-                k * nb__values_size(c->cfg.values) +
+                (size_t)nb__value_bytes(c->cfg.values, k) +
                 (k ? (5 * k < n / 8 + (n % 8 != 0) ? 5 * k : n / 8 + (n % 8 != 0)) : 0);
   if (cap < need)
     return nb_error(NB_ERR_INVALID,
@@ -315,8 +536,10 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
                     cap, need, k, n);
   int threads = c->cfg.threads;
   if (n < (1u << 20)) threads = 1; /* thread start-up would dominate */
+  if (c->cfg.topk_chunk)
+    return nb__encode_chunked(c, update, residual, n, k, threads, round, sender, out, cap, len);
 
-  int64_t t_start = nb_now_ns(), t_pass, t_select, t_quant;
+  int64_t t_start = nb_now_ns(), t_pass, t_select;
   int scans = 1;
   /* 1. threshold from a sample of residual + update (computed the same way as the pass) */
   uint32_t t = 0;
@@ -451,59 +674,8 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
                     residual ? "residual (after adding the update)" : "update", c->idx[bad]);
   t_select = nb_now_ns();
 
-  /* 4. sections [scales][values][indices]; values are gathered, quantized and taken out of the
-   * residual a group at a time so each residual line is touched once */
-  size_t nbl = (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size);
-  size_t sb = 4 * nbl, vb = k * nb__values_size(c->cfg.values);
-  size_t bitmap = n / 8 + (n % 8 != 0);
-  int use_bitmap = bitmap < varint;
-  size_t ib = use_bitmap ? bitmap : varint;
-  NB_CHECK(nb__codec_grow((void**)&c->raw, &c->raw_cap, sb + vb + ib + 8, 1, "codec sections"));
-  /* groups are whole int8 blocks; threads take contiguous runs of groups */
-  size_t group = c->cfg.values == NB_VALUES_INT8
-                     ? (size_t)c->cfg.block_size * ((1023 + c->cfg.block_size) / c->cfg.block_size)
-                     : 1024;
-  size_t ngroups = (k + group - 1) / group;
-  int qthreads = k >= 65536 ? threads : 1;
-  nb__qjob_t qj[NB__CODEC_MAX_THREADS];
-  for (int i = 0; i < qthreads; i++)
-    qj[i] = (nb__qjob_t){.c = c,
-                         .residual = residual,
-                         .k = k,
-                         .group = group,
-                         .sb = sb,
-                         .g0 = ngroups * (size_t)i / (size_t)qthreads * group,
-                         .g1 = ngroups * (size_t)(i + 1) / (size_t)qthreads * group};
-  nb__parallel(nb__quant_run, qj, sizeof qj[0], qthreads);
-  for (int i = 0; i < qthreads; i++)
-    if (qj[i].st != NB_OK) return nb_error(qj[i].st, "codec: quantization failed: %s", qj[i].msg);
-  uint8_t* ip = c->raw + sb + vb;
-  if (use_bitmap) {
-    memset(ip, 0, bitmap);
-    for (size_t j = 0; j < k; j++) ip[c->idx[j] >> 3] |= (uint8_t)(1u << (c->idx[j] & 7));
-  } else {
-    nb__put_varints(ip, c->idx, k);
-  }
-
-  t_quant = nb_now_ns();
-  nb_frame_info_t h = {.flags = NB_FRAME_FLAG_SPARSE,
-                       .values = c->cfg.values,
-                       .index_coding = use_bitmap ? NB_INDEX_BITMAP : NB_INDEX_DELTA_VARINT,
-                       .n = n,
-                       .k = k,
-                       .round = round,
-                       .sender = sender,
-                       .block_size = c->cfg.values == NB_VALUES_INT8 ? c->cfg.block_size : 0,
-                       .scale_bytes = sb,
-                       .value_bytes = vb,
-                       .index_bytes = ib};
-  nb_status_t st = nb__finish(c, &h, sb + vb + ib, out, cap, len);
-  NB_TRACE(CODEC,
-           "encode n=%zu k=%zu: %zu candidates over %d scan(s); sample+pass %.2f ms, select %.2f "
-           "ms, quantize+index %.2f ms, zstd+frame %.2f ms, %zu bytes",
-           n, k, m, scans, (t_pass - t_start) / 1e6, (t_select - t_pass) / 1e6,
-           (t_quant - t_select) / 1e6, (nb_now_ns() - t_quant) / 1e6, *len);
-  return st;
+  return nb__emit_sparse(c, residual, n, k, varint, 0, 0, round, sender, out, cap, len, threads,
+                         t_start, t_pass, t_select, m, scans);
 }
 
 nb_status_t nb_codec_encode_dense(nb_codec_t* c, const float* x, size_t n, uint64_t round,
@@ -513,10 +685,10 @@ nb_status_t nb_codec_encode_dense(nb_codec_t* c, const float* x, size_t n, uint6
   if (n > UINT32_MAX) return nb_error(NB_ERR_INVALID, "codec: n (%zu) > 2^32-1", n);
   *len = 0;
   size_t nbl = (size_t)nb__scale_blocks(c->cfg.values, n, c->cfg.block_size);
-  size_t sb = 4 * nbl, vb = n * nb__values_size(c->cfg.values);
+  size_t sb = 4 * nbl, vb = (size_t)nb__value_bytes(c->cfg.values, n);
   NB_CHECK(nb__codec_grow((void**)&c->raw, &c->raw_cap, sb + vb + 8, 1, "codec sections"));
   uint8_t *scales = c->raw, *values = c->raw + sb;
-  if (c->cfg.values != NB_VALUES_INT8) /* int8 quantization reports its own non-finite blocks */
+  if (!nb__values_blocked(c->cfg.values)) /* block quantization reports non-finite blocks */
     for (size_t i = 0; i < n; i++)
       if (!isfinite(x[i]))
         return nb_error(NB_ERR_INVALID, "codec: dense input holds a non-finite value at index %zu",
@@ -534,6 +706,12 @@ nb_status_t nb_codec_encode_dense(nb_codec_t* c, const float* x, size_t n, uint6
     case NB_VALUES_INT8:
       NB_CHECK(nb_quantize_int8_block(x, n, c->cfg.block_size, (int8_t*)values, (float*)scales));
       break;
+    case NB_VALUES_INT4:
+      NB_CHECK(nb_quantize_int4_block(x, n, c->cfg.block_size, values, (float*)scales));
+      break;
+    case NB_VALUES_INT2:
+      NB_CHECK(nb_quantize_int2_block(x, n, c->cfg.block_size, values, (float*)scales));
+      break;
   }
   nb_frame_info_t h = {.flags = 0,
                        .values = c->cfg.values,
@@ -542,7 +720,7 @@ nb_status_t nb_codec_encode_dense(nb_codec_t* c, const float* x, size_t n, uint6
                        .k = n,
                        .round = round,
                        .sender = sender,
-                       .block_size = c->cfg.values == NB_VALUES_INT8 ? c->cfg.block_size : 0,
+                       .block_size = nb__values_blocked(c->cfg.values) ? c->cfg.block_size : 0,
                        .scale_bytes = sb,
                        .value_bytes = vb};
   return nb__finish(c, &h, sb + vb, out, cap, len);

@@ -133,7 +133,7 @@ size_t nb_test_frames_build(nb_test_frame_t** out) {
   p = add(&l, "value-type", &B, B.len, C, "value type");
   p[12] = 9;
   p = add(&l, "index-coding-sparse", &B, B.len, C, "index coding");
-  p[13] = 3;
+  p[13] = 4;
   p = add(&l, "index-coding-dense", &G, G.len, C, "index coding");
   p[13] = 1;
   p = add(&l, "zstd-level-stored", &B, B.len, C, "zstd level");

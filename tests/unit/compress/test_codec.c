@@ -65,8 +65,47 @@ static void reference_sent(nb_values_t v, uint32_t block, const float* vals, siz
       nb_dequantize_int8_block(q, s, k, block, deq);
       free(q);
       free(s);
+      break;
+    }
+    case NB_VALUES_INT4:
+    case NB_VALUES_INT2: {
+      uint8_t* q = malloc(k);
+      float* s = malloc((k / block + 1) * 4);
+      assert_true(q && s);
+      if (v == NB_VALUES_INT4) {
+        assert_int_equal(nb_quantize_int4_block(vals, k, block, q, s), NB_OK);
+        nb_dequantize_int4_block(q, s, k, block, deq);
+      } else {
+        assert_int_equal(nb_quantize_int2_block(vals, k, block, q, s), NB_OK);
+        nb_dequantize_int2_block(q, s, k, block, deq);
+      }
+      free(q);
+      free(s);
+      break;
     }
   }
+}
+
+static int blocked(nb_values_t v) {
+  return v == NB_VALUES_INT8 || v == NB_VALUES_INT4 || v == NB_VALUES_INT2;
+}
+
+/* The error-feedback invariant sent + new residual == old residual + update (r). The residual is
+ * fl(r - sent): exact (Sterbenz) whenever sent is within a factor 2 of r, which holds for fp32,
+ * fp16, bf16 and int8; 4bit and 2bit can overshoot a value by more than that, so there it holds
+ * up to the one rounding of that subtraction, checked in double: |sent + res - r| <=
+ * 2^-24 (|r| + |sent|). */
+static void ef_check(size_t i, float sent, float res, float r, nb_values_t v) {
+  if (v != NB_VALUES_INT4 && v != NB_VALUES_INT2) {
+    if (sent + res != r)
+      fail_msg("EF invariant broken at %zu: sent %a + residual %a != %a", i, sent, res, r);
+    return;
+  }
+  double err = fabs((double)sent + (double)res - (double)r);
+  double tol = 0x1.0p-24 * (fabs((double)r) + fabs((double)sent));
+  if (err > tol)
+    fail_msg("%s EF invariant broken at %zu: sent %a + residual %a - %a = %g > %g",
+             nb_values_name(v), i, sent, res, r, err, tol);
 }
 
 /* One round trip with every check. Returns the frame length. */
@@ -104,7 +143,7 @@ static size_t round_trip(size_t n, double density, nb_values_t v, int level, uin
   assert_int_equal(info.values, v);
   assert_int_equal(info.frame_bytes, len);
   assert_true(info.flags & NB_FRAME_FLAG_SPARSE);
-  assert_int_equal(info.block_size, v == NB_VALUES_INT8 ? block : 0);
+  assert_int_equal(info.block_size, blocked(v) ? block : 0);
   st = nb_codec_decode_accumulate(c, frame, len, 1.0f, out, n, NULL);
   if (st != NB_OK) fail_msg("decode n=%zu d=%g: %s", n, density, nb_error_last());
 
@@ -116,8 +155,7 @@ static size_t round_trip(size_t n, double density, nb_values_t v, int level, uin
     if (out[i] != sent)
       fail_msg("n=%zu d=%g %s: decoded[%zu] = %a, sender quantized %a", n, density,
                nb_values_name(v), i, out[i], sent);
-    if (out[i] + res[i] != r[i])
-      fail_msg("EF invariant broken at %zu: sent %a + residual %a != %a", i, out[i], res[i], r[i]);
+    ef_check(i, out[i], res[i], r[i], v);
   }
 
   /* determinism: another codec, another thread count, same bytes */
@@ -136,12 +174,13 @@ static size_t round_trip(size_t n, double density, nb_values_t v, int level, uin
 
 static void test_round_trips(void** state) {
   (void)state;
-  const nb_values_t types[] = {NB_VALUES_INT8, NB_VALUES_FP16, NB_VALUES_BF16, NB_VALUES_FP32};
+  const nb_values_t types[] = {NB_VALUES_INT8, NB_VALUES_FP16, NB_VALUES_BF16,
+                               NB_VALUES_FP32, NB_VALUES_INT4, NB_VALUES_INT2};
   const size_t ns[] = {1, 10, 1000, 70001};
   const double dens[] = {0.0, 0.001, 0.01, 0.1, 0.6, 1.0};
   const int levels[] = {0, 1, 3};
   for (size_t a = 0; a < 4; a++)
-    for (size_t t = 0; t < 4; t++)
+    for (size_t t = 0; t < 6; t++)
       for (size_t d = 0; d < 6; d++)
         for (size_t l = 0; l < 3; l++) round_trip(ns[a], dens[d], types[t], levels[l], 64, 2);
   round_trip(5000, 0.05, NB_VALUES_INT8, 19, 1, 1);
@@ -312,13 +351,14 @@ static void test_index_coding_choice(void** state) {
 
 static void test_dense(void** state) {
   (void)state;
-  const nb_values_t types[] = {NB_VALUES_INT8, NB_VALUES_FP16, NB_VALUES_BF16, NB_VALUES_FP32};
-  size_t n = 300007; /* more than one stream chunk of every type */
+  const nb_values_t types[] = {NB_VALUES_INT8, NB_VALUES_FP16, NB_VALUES_BF16,
+                               NB_VALUES_FP32, NB_VALUES_INT4, NB_VALUES_INT2};
+  size_t n = 300007; /* more than one stream chunk of every type; odd, so packed bytes pad */
   float *x = malloc(n * 4), *out = malloc(n * 4), *want = malloc(n * 4), *deq = malloc(n * 4);
   assert_true(x && out && want && deq);
   for (size_t i = 0; i < n; i++) x[i] = heavy();
   for (int level = 0; level <= 3; level += 3)
-    for (size_t t = 0; t < 4; t++) {
+    for (size_t t = 0; t < 6; t++) {
       nb_codec_t* c = make_codec(types[t], level, 128, 2);
       size_t cap = nb_codec_frame_bound(n, n, types[t], 128), len = 0;
       uint8_t* frame = malloc(cap);
