@@ -237,55 +237,56 @@ typedef struct {
 } nb__cjob_t;
 
 /* Chunk [b, b + len): accumulate, then the exact top-kk by (|x|, lower index) into idx/vals in
- * index order. A 2048-bucket histogram of the top 11 key bits (sign dropped: exponent and 3
- * mantissa bits) finds the bucket of the kk-th; only that bucket is quickselected. */
+ * index order. One fused pass (the same SIMD pass as global top-k) collects the values at or
+ * above a key threshold *t carried over from the previous chunk; the exact kk-th is
+ * quickselected among those few candidates. A threshold that keeps fewer than kk (the vector's
+ * scale dropped) is retried at 0, i.e. with every value of the chunk. The threshold only
+ * changes the speed: the winners are exact whatever it is, so the bytes stay deterministic. */
 static size_t nb__chunk_select(const nb__cjob_t* jb, size_t b, size_t len, size_t kk,
-                               uint32_t* idx, float* vals) {
-  float* res = jb->res;
-  const float* src = res ? res + b : jb->upd + b;
-  if (res && jb->upd) {
-    const float* u = jb->upd + b;
-    float* r = res + b;
-    for (size_t i = 0; i < len; i++) r[i] += u[i];
-  }
+                               uint32_t* t, uint32_t* idx, float* vals) {
+  nb_codec_t* c = jb->c;
+  uint64_t* w = c->cand[jb->t];
+  float* wv = c->cval[jb->t];
+  nb__pass_t ps = {.res = jb->res,
+                   .upd = jb->upd,
+                   .b = b,
+                   .e = b + len,
+                   .t = kk ? *t : 0xffffffffu, /* kk = 0: accumulate only */
+                   .accumulate = 1,
+                   .buf = w,
+                   .vbuf = wv,
+                   .cap = len};
+  nb__pass_run(&ps);
   if (kk == 0) return SIZE_MAX;
-  uint64_t kth = 0; /* the packed (key, ~index) of the kk-th largest; everything >= it is kept */
-  if (kk < len) {
-    /* two interleaved histograms halve the store-forwarding chains on repeated buckets; each
-     * counts at most len / 2 + 1 <= 32769 values... so u32 */
-    uint32_t h0[2048], h1[2048];
-    memset(h0, 0, sizeof h0);
-    memset(h1, 0, sizeof h1);
-    size_t i = 0;
-    for (; i + 2 <= len; i += 2) {
-      h0[nb_topk_key(src[i]) >> 20]++;
-      h1[nb_topk_key(src[i + 1]) >> 20]++;
-    }
-    if (i < len) h0[nb_topk_key(src[i]) >> 20]++;
-    size_t above = 0;
-    unsigned bk = 2047;
-    for (;; bk--) {
-      size_t hb = (size_t)h0[bk] + h1[bk];
-      if (above + hb >= kk || bk == 0) break;
-      above += hb;
-    }
-    uint64_t* w = jb->c->cand[jb->t];
-    size_t m = 0;
-    for (size_t j = 0; j < len; j++) {
-      uint32_t key = nb_topk_key(src[j]);
-      if ((key >> 20) == bk) w[m++] = nb_topk_pack(key, (uint32_t)j);
-    }
-    kth = nb_topk_kth_largest(w, m, kk - above);
+  while (ps.cnt < kk) { /* too few: a quarter of the magnitude, then everything */
+    float f;
+    memcpy(&f, &ps.t, 4);
+    ps.t = ps.t < 0x00800000u ? 0 : nb_topk_key(0.25f * f);
+    ps.accumulate = 0;
+    nb__pass_run(&ps);
   }
-  size_t o = 0, bad = SIZE_MAX;
-  const uint32_t tkey = (uint32_t)(kth >> 32);
-  for (size_t j = 0; j < len; j++) {
-    uint32_t key = nb_topk_key(src[j]);
-    if (key >= tkey && nb_topk_pack(key, (uint32_t)j) >= kth) {
-      if (bad == SIZE_MAX && key >= 0x7f800000u) bad = o;
-      idx[o] = (uint32_t)(b + j);
-      vals[o++] = src[j];
+  size_t m = ps.cnt, o = 0, bad = SIZE_MAX;
+  uint64_t kth = 0;
+  if (m > kk) {
+    uint64_t* sel = w + len; /* the second half of the candidate buffer */
+    memcpy(sel, w, m * sizeof *w);
+    kth = nb_topk_kth_largest(sel, m, kk);
+  }
+  for (size_t j = 0; j < m; j++)
+    if (w[j] >= kth) {
+      if (bad == SIZE_MAX && (w[j] >> 32) >= 0x7f800000u) bad = o;
+      idx[o] = nb_topk_unpack_index(w[j]);
+      vals[o++] = wv[j];
     }
+  /* next chunk: a threshold 0.85 times this one's kk-th magnitude, so that a chunk of the same
+   * scale keeps about 1.5 kk candidates (heavy-tailed values) and very rarely fewer than kk */
+  uint32_t kkey = (uint32_t)(kth >> 32);
+  if (kkey >= 0x7f800000u) {
+    *t = 0x7f000000u;
+  } else {
+    float f;
+    memcpy(&f, &kkey, 4);
+    *t = nb_topk_key(0.85f * f);
   }
   return bad;
 }
@@ -293,12 +294,13 @@ static size_t nb__chunk_select(const nb__cjob_t* jb, size_t b, size_t len, size_
 static void* nb__chunked_run(void* arg) {
   nb__cjob_t* jb = (nb__cjob_t*)arg;
   nb_codec_t* c = jb->c;
+  uint32_t t = 0;
   jb->bad = SIZE_MAX;
   for (size_t ch = jb->c0; ch < jb->c1; ch++) {
     size_t b = ch * jb->chunk, len = jb->n - b < jb->chunk ? jb->n - b : jb->chunk;
     size_t kk = len == jb->chunk ? jb->kc : (size_t)((uint64_t)jb->kc * len / jb->chunk);
     size_t o = ch * jb->kc; /* every chunk before this one is whole */
-    size_t bad = nb__chunk_select(jb, b, len, kk, c->idx + o, c->vals + o);
+    size_t bad = nb__chunk_select(jb, b, len, kk, &t, c->idx + o, c->vals + o);
     if (bad != SIZE_MAX && jb->bad == SIZE_MAX) jb->bad = o + bad;
   }
   return NULL;
@@ -477,7 +479,7 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
   if ((size_t)threads > nch) threads = nch ? (int)nch : 1;
   nb__cjob_t jb[NB__CODEC_MAX_THREADS];
   for (int i = 0; i < threads; i++) {
-    NB_CHECK(nb__grow_candidates(c, i, chunk < n ? chunk : (n ? n : 1)));
+    NB_CHECK(nb__grow_candidates(c, i, 2 * (size_t)(chunk < n ? chunk : (n ? n : 1))));
     jb[i] = (nb__cjob_t){.c = c,
                          .res = residual,
                          .upd = update,

@@ -43,30 +43,43 @@ nb_status_t nb_quantize_int4_block(const float* x, size_t n, uint32_t block, uin
                                    float* scales) {
   NB_CHECK(nb__block_scales(x, n, block, NB_QUANT_INT4_MAX, scales, "4-bit"));
   memset(q, 0, n / 2 + (n & 1));
-  for (size_t i = 0; i < n; i++)
-    q[i >> 1] |= (uint8_t)(nb_quant_int4(x[i], scales[i / block]) << (4 * (i & 1)));
+  for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
+    size_t b1 = n - b0 < block ? n : b0 + block;
+    float s = scales[bi];
+    for (size_t i = b0; i < b1; i++)
+      q[i >> 1] |= (uint8_t)(nb_quant_int4(x[i], s) << (4 * (i & 1)));
+  }
   return NB_OK;
 }
 
 void nb_dequantize_int4_block(const uint8_t* q, const float* scales, size_t n, uint32_t block,
                               float* x) {
-  for (size_t i = 0; i < n; i++)
-    x[i] = (float)nb_int4_code(q[i >> 1] >> (4 * (i & 1))) * scales[i / block];
+  for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
+    size_t b1 = n - b0 < block ? n : b0 + block;
+    for (size_t i = b0; i < b1; i++)
+      x[i] = (float)nb_int4_code(q[i >> 1] >> (4 * (i & 1))) * scales[bi];
+  }
 }
 
 nb_status_t nb_quantize_int2_block(const float* x, size_t n, uint32_t block, uint8_t* q,
                                    float* scales) {
   NB_CHECK(nb__block_scales(x, n, block, NB_QUANT_INT2_MAX, scales, "2-bit"));
   memset(q, 0, n / 4 + ((n & 3) != 0));
-  for (size_t i = 0; i < n; i++)
-    q[i >> 2] |= (uint8_t)(nb_quant_int2(x[i], scales[i / block]) << (2 * (i & 3)));
+  for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
+    size_t b1 = n - b0 < block ? n : b0 + block;
+    float s = scales[bi];
+    for (size_t i = b0; i < b1; i++)
+      q[i >> 2] |= (uint8_t)(nb_quant_int2(x[i], s) << (2 * (i & 3)));
+  }
   return NB_OK;
 }
 
 void nb_dequantize_int2_block(const uint8_t* q, const float* scales, size_t n, uint32_t block,
                               float* x) {
-  for (size_t i = 0; i < n; i++)
-    x[i] = nb_int2_level(q[i >> 2] >> (2 * (i & 3))) * scales[i / block];
+  for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
+    size_t b1 = n - b0 < block ? n : b0 + block;
+    for (size_t i = b0; i < b1; i++) x[i] = nb_int2_level(q[i >> 2] >> (2 * (i & 3))) * scales[bi];
+  }
 }
 
 void nb_dequantize_int8_block(const int8_t* q, const float* scales, size_t n, uint32_t block,

@@ -143,9 +143,8 @@ NB_HD int nb_int4_code(unsigned nibble) {
  * is 0 when the scale is 0, as for an all-zero block). */
 NB_HD uint8_t nb_quant_int2(float x, float scale) {
   if (!(scale > 0.0f)) return 2;
-  float y = x / scale;
-  if (y >= 0.0f) return y >= 1.0f ? 3 : 2;
-  return y <= -1.0f ? 0 : 1;
+  float y = x / scale; /* branch-free: signs of kept values are random */
+  return (uint8_t)((y > -1.0f) + (y >= 0.0f) + (y >= 1.0f));
 }
 /* The level of a 2-bit code, in units of the scale. */
 NB_HD float nb_int2_level(unsigned c) {
