@@ -132,7 +132,7 @@ static nb_status_t nb__check_scales(nb_values_t t, const uint8_t* s, uint64_t co
     float v;
     memcpy(&v, s + 4 * j, 4);
     if (!(v >= 0.0f && v <= smax))
-      return NB__BAD("%s scale %llu is %g (must be in [0, %.9g], so that %g * scale is finite)",
+      return NB__BAD("%s scale %llu is %.9g (must be in [0, %.9g], so that %g * scale is finite)",
                      nb_values_name(t), (unsigned long long)(first + j), (double)v, (double)smax,
                      (double)code);
   }
