@@ -235,7 +235,7 @@ int nb_bench_codec_main(int argc, char** argv) {
   uint64_t sent_k = 0;
   if (nb_codec_frame_info(first, len0, NULL, &fi) == NB_OK) {
     sent_k = fi.k;
-    index_text = fi.index_coding == NB_INDEX_CHUNKED ? "chunked"
+    index_text = fi.index_coding == NB_INDEX_CHUNKED  ? "chunked"
                  : fi.index_coding == NB_INDEX_BITMAP ? "bitmap"
                                                       : "delta-varint";
   }

@@ -46,7 +46,8 @@ nb_status_t nb_values_parse(const char* name, nb_values_t* out) {
       *out = all[i];
       return NB_OK;
     }
-  return nb_error(NB_ERR_INVALID, "unknown value type '%s' (expected fp32, fp16, bf16, int8, 4bit or 2bit)",
+  return nb_error(NB_ERR_INVALID,
+                  "unknown value type '%s' (expected fp32, fp16, bf16, int8, 4bit or 2bit)",
                   name ? name : "(null)");
 }
 
@@ -139,8 +140,9 @@ nb_status_t nb_codec_create(const nb_codec_config_t* cfg, nb_codec_t** out) {
   if (c.block_size < 1 || c.block_size > NB_FRAME_MAX_BLOCK)
     return nb_error(NB_ERR_INVALID, "codec config: block_size %u outside [1, %u]", c.block_size,
                     NB_FRAME_MAX_BLOCK);
-  if (c.topk_chunk != 0 && (c.topk_chunk < NB_FRAME_MIN_CHUNK || c.topk_chunk > NB_FRAME_MAX_CHUNK ||
-                            (c.topk_chunk & (c.topk_chunk - 1)) != 0))
+  if (c.topk_chunk != 0 &&
+      (c.topk_chunk < NB_FRAME_MIN_CHUNK || c.topk_chunk > NB_FRAME_MAX_CHUNK ||
+       (c.topk_chunk & (c.topk_chunk - 1)) != 0))
     return nb_error(NB_ERR_INVALID,
                     "codec config: topk_chunk %u is not 0 or a power of two in [%u, %u]",
                     c.topk_chunk, NB_FRAME_MIN_CHUNK, NB_FRAME_MAX_CHUNK);

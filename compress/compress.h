@@ -1,9 +1,10 @@
 /* compress: the update codec. It turns an fp32 update (plus its error-feedback residual) into one
  * self-describing, checksummed frame for the WAN, and back: sparse frames (exact top-k of the
- * residual, quantized values, delta+varint or bitmap indices, zstd) and dense frames (fp32, fp16,
- * bf16, int8-blockwise). Decoding is strict and accumulates into the caller's buffer. The byte
- * layout is in docs/wire-format.md. Not here: sealing/encryption (security/) and transport
- * (inter/); this module never sees a socket or a key. */
+ * residual, or of each chunk of it; quantized values; delta+varint, bitmap or chunked indices;
+ * zstd) and dense frames (fp32, fp16, bf16, and int8, 4bit, 2bit with one scale per block).
+ * Decoding is strict and accumulates into the caller's buffer. The byte layout is in
+ * docs/wire-format.md. Not here: sealing/encryption (security/) and transport (inter/); this module
+ * never sees a socket or a key. */
 /* Typical use, once per round (errors elided):
  *   nb_codec_t* codec;  nb_codec_create(NULL, &codec);          // once; holds warm scratch
  *   size_t cap = nb_codec_frame_bound(n, nb_codec_k_for_density(n, d), NB_VALUES_INT8, 256);
@@ -103,7 +104,9 @@ void nb_codec_limits_default(nb_codec_limits_t* limits);
 
 /* Creates a codec: the settings plus warm scratch buffers and zstd contexts, so that encoding and
  * decoding every round do not allocate once the buffers have grown. cfg is copied (NULL =
- * defaults). NB_ERR_INVALID for settings out of range (message names the field), NB_ERR_NOMEM.
+ * defaults). NB_ERR_INVALID for settings out of range (message names the field: values,
+ * zstd_level, block_size, threads, topk_chunk not 0 or a power of two in [16, 65536]),
+ * NB_ERR_NOMEM.
  * A codec is not thread-safe: use one per thread. */
 nb_status_t nb_codec_create(const nb_codec_config_t* cfg, nb_codec_t** out);
 /* Releases the codec and its buffers. NULL is accepted. */
@@ -113,8 +116,10 @@ const nb_codec_config_t* nb_codec_config(const nb_codec_t* codec);
 
 /* k for a density: round(density * n), clamped to [0, n]. */
 size_t nb_codec_k_for_density(size_t n, double density);
-/* An upper bound of the frame size for n values of which k are sent (k = n for dense frames).
- * An output buffer of this size never fails with "buffer too small". Encoders check up front
+/* An upper bound of the frame size for n values of which k are sent (k = n for dense frames),
+ * with global or chunked top-k (a chunked frame carries at most k values and its index section
+ * is never larger than the bound's). An output buffer of this size never fails with "buffer too
+ * small". Encoders check up front
  * (before touching the residual) that the buffer holds the frame uncompressed: header, scales,
  * values and min(5k, ceil(n/8)) index bytes. */
 size_t nb_codec_frame_bound(size_t n, size_t k, nb_values_t values, uint32_t block_size);

@@ -85,16 +85,17 @@ static nb_status_t nb__decode_chunked(const uint8_t* p, size_t ib, uint64_t n, u
                    chunk);
   uint64_t want_k = nb__chunked_k(n, chunk, kc);
   if (want_k != k)
-    return NB__BAD("chunked index section: %u per chunk of %u over n = %llu makes k = %llu, the "
-                   "header says k = %llu",
-                   kc, chunk, (unsigned long long)n, (unsigned long long)want_k,
-                   (unsigned long long)k);
+    return NB__BAD(
+        "chunked index section: %u per chunk of %u over n = %llu makes k = %llu, the "
+        "header says k = %llu",
+        kc, chunk, (unsigned long long)n, (unsigned long long)want_k, (unsigned long long)k);
   unsigned bits = (unsigned)__builtin_ctz(chunk);
   uint64_t want_ib = nb__chunked_index_bytes(k, bits);
   if (ib != want_ib)
-    return NB__BAD("chunked index section is %zu bytes, expected %llu (k = %llu offsets of %u "
-                   "bits)",
-                   ib, (unsigned long long)want_ib, (unsigned long long)k, bits);
+    return NB__BAD(
+        "chunked index section is %zu bytes, expected %llu (k = %llu offsets of %u "
+        "bits)",
+        ib, (unsigned long long)want_ib, (unsigned long long)k, bits);
   const uint8_t* q = p + NB__CHUNKED_HEAD;
   uint64_t acc = 0, pos = 0;
   unsigned have = 0;
@@ -109,9 +110,10 @@ static nb_status_t nb__decode_chunked(const uint8_t* p, size_t ib, uint64_t n, u
     have -= bits;
     uint64_t c = j / kc, first = j % kc == 0;
     if (!first && off <= prev)
-      return NB__BAD("chunked index section: offsets of chunk %llu not strictly increasing "
-                     "(index %llu)",
-                     (unsigned long long)c, (unsigned long long)j);
+      return NB__BAD(
+          "chunked index section: offsets of chunk %llu not strictly increasing "
+          "(index %llu)",
+          (unsigned long long)c, (unsigned long long)j);
     uint64_t ix = c * chunk + off;
     if (ix >= n)
       return NB__BAD("chunked index section: index %llu is %llu, not below n = %llu",
@@ -142,8 +144,8 @@ static nb_status_t nb__check_scales(nb_values_t t, const uint8_t* s, uint64_t co
 /* Checks `count` values starting at value position `first` (for packed types a multiple of the
  * values per byte, v pointing at its byte); k is the frame's value count, so that the padding
  * bits after the last value can be checked. */
-static nb_status_t nb__check_values(nb_values_t t, const uint8_t* v, uint64_t count,
-                                    uint64_t first, uint64_t k) {
+static nb_status_t nb__check_values(nb_values_t t, const uint8_t* v, uint64_t count, uint64_t first,
+                                    uint64_t k) {
   uint64_t bad = count;
   switch (t) {
     case NB_VALUES_INT4:

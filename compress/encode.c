@@ -242,8 +242,8 @@ typedef struct {
  * quickselected among those few candidates. A threshold that keeps fewer than kk (the vector's
  * scale dropped) is retried at 0, i.e. with every value of the chunk. The threshold only
  * changes the speed: the winners are exact whatever it is, so the bytes stay deterministic. */
-static size_t nb__chunk_select(const nb__cjob_t* jb, size_t b, size_t len, size_t kk,
-                               uint32_t* t, uint32_t* idx, float* vals) {
+static size_t nb__chunk_select(const nb__cjob_t* jb, size_t b, size_t len, size_t kk, uint32_t* t,
+                               uint32_t* idx, float* vals) {
   nb_codec_t* c = jb->c;
   uint64_t* w = c->cand[jb->t];
   float* wv = c->cval[jb->t];
@@ -382,8 +382,8 @@ static nb_status_t nb__finish(nb_codec_t* c, nb_frame_info_t* h, size_t raw, uin
 static nb_status_t nb__emit_sparse(nb_codec_t* c, float* residual, size_t n, size_t k,
                                    size_t varint, uint32_t chunk, uint32_t kc, uint64_t round,
                                    uint32_t sender, uint8_t* out, size_t cap, size_t* len,
-                                   int threads, int64_t t_start, int64_t t_pass,
-                                   int64_t t_select, size_t m, int scans) {
+                                   int threads, int64_t t_start, int64_t t_pass, int64_t t_select,
+                                   size_t m, int scans) {
   /* 4. sections [scales][values][indices]; values are gathered, quantized and taken out of the
    * residual a group at a time so each residual line is touched once */
   size_t nbl = (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size);
@@ -397,9 +397,9 @@ static nb_status_t nb__emit_sparse(nb_codec_t* c, float* residual, size_t n, siz
   NB_CHECK(nb__codec_grow((void**)&c->raw, &c->raw_cap, sb + vb + ib + 8, 1, "codec sections"));
   /* groups are whole scale blocks and whole bytes of packed values (a multiple of 4 values);
    * threads take contiguous runs of groups */
-  size_t unit = !nb__values_blocked(c->cfg.values)  ? 1
+  size_t unit = !nb__values_blocked(c->cfg.values)   ? 1
                 : nb__values_bits(c->cfg.values) < 8 ? 4 * (size_t)c->cfg.block_size
-                                                      : c->cfg.block_size;
+                                                     : c->cfg.block_size;
   size_t group = unit * ((1023 + unit) / unit);
   size_t ngroups = (k + group - 1) / group;
   int qthreads = k >= 65536 ? threads : 1;
@@ -466,9 +466,9 @@ static nb_status_t nb__emit_sparse(nb_codec_t* c, float* residual, size_t n, siz
 
 /* Chunked top-k (cfg.topk_chunk): kc = floor(k * C / n) per whole chunk; the chunks are split
  * evenly over the threads, each writes its chunks' winners at their fixed output positions. */
-static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float* residual,
-                                      size_t n, size_t k, int threads, uint64_t round,
-                                      uint32_t sender, uint8_t* out, size_t cap, size_t* len) {
+static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float* residual, size_t n,
+                                      size_t k, int threads, uint64_t round, uint32_t sender,
+                                      uint8_t* out, size_t cap, size_t* len) {
   int64_t t_start = nb_now_ns();
   uint32_t chunk = c->cfg.topk_chunk;
   uint32_t kc = n ? (uint32_t)((uint64_t)k * chunk / n) : 0;

@@ -89,7 +89,8 @@ NB_HD float nb_absmax_merge(float m, float a) {
   return (a > m || a != a) ? a : m;
 }
 
-/* Largest codes of the block types: int8 [-127, 127], 4-bit [-7, 7], 2-bit {-1.5, -0.5, 0.5, 1.5}. */
+/* Largest codes of the block types: int8 [-127, 127], 4-bit [-7, 7], 2-bit {-1.5, -0.5, 0.5, 1.5}.
+ */
 #define NB_QUANT_INT8_MAX 127.0f
 #define NB_QUANT_INT4_MAX 7.0f
 #define NB_QUANT_INT2_MAX 1.5f

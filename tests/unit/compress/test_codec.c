@@ -389,7 +389,6 @@ static void test_dense(void** state) {
   free(x), free(out), free(want), free(deq);
 }
 
-
 /* ---- sub-int8 values: error bound against a double-precision reference ---- */
 
 /* For each block of `block` consecutive values of x (the carried values, in order), the decoded
@@ -471,8 +470,7 @@ static void test_lowbit_sparse_error_bound(void** state) {
       assert_non_null(frame);
       memset(res, 0, n * 4);
       memset(out, 0, n * 4);
-      assert_int_equal(nb_codec_encode_sparse(c, upd, res, n, 0.03, 0, 0, frame, cap, &len),
-                       NB_OK);
+      assert_int_equal(nb_codec_encode_sparse(c, upd, res, n, 0.03, 0, 0, frame, cap, &len), NB_OK);
       assert_int_equal(nb_codec_decode_accumulate(c, frame, len, 1.0f, out, n, NULL), NB_OK);
       size_t k = 0;
       for (size_t i = 0; i < n; i++)
@@ -495,9 +493,8 @@ static void test_lowbit_sparse_error_bound(void** state) {
 /* One chunked round trip: the kept set is the exact top-kk of every chunk (checked with nb_topk
  * on each chunk), the decoded values are the kernels' quantization of them, the EF invariant
  * holds, and another thread count gives the same bytes and residual. */
-static void chunked_round_trip(size_t n, uint32_t chunk, double density, nb_values_t v,
-                               int level, int threads, int with_residual,
-                               nb_index_coding_t want_coding) {
+static void chunked_round_trip(size_t n, uint32_t chunk, double density, nb_values_t v, int level,
+                               int threads, int with_residual, nb_index_coding_t want_coding) {
   size_t k = nb_codec_k_for_density(n, density);
   size_t kc = (size_t)((uint64_t)k * chunk / n), nch = (n + chunk - 1) / chunk;
   float *upd = malloc(n * 4), *res = malloc(n * 4), *r = malloc(n * 4), *out = calloc(n, 4),
@@ -707,9 +704,9 @@ static void test_nonfinite_decode(void** state) {
       nb_codec_t* c = make_codec(types[t], 0, 16, 1);
       uint8_t frame[1024];
       size_t len = 0;
-      nb_status_t st = dense ? nb_codec_encode_dense(c, x, n, 0, 0, frame, sizeof frame, &len)
-                             : nb_codec_encode_sparse(c, x, NULL, n, 0.5, 0, 0, frame,
-                                                      sizeof frame, &len);
+      nb_status_t st =
+          dense ? nb_codec_encode_dense(c, x, n, 0, 0, frame, sizeof frame, &len)
+                : nb_codec_encode_sparse(c, x, NULL, n, 0.5, 0, 0, frame, sizeof frame, &len);
       assert_int_equal(st, NB_OK);
       float smax = nb_quant_scale_max(codes[t]), bad = nextafterf(smax, INFINITY);
       float tries[] = {smax, bad, INFINITY, NAN, -1.0f, FLT_MAX / codes[t]};
@@ -723,8 +720,8 @@ static void test_nonfinite_decode(void** state) {
         st = nb_codec_decode_accumulate(c, frame, len, 1.0f, out, n, NULL);
         int ok = tries[j] == smax || (j == 5 && isfinite(codes[t] * tries[j]));
         if (ok) {
-          if (st != NB_OK) fail_msg("%s scale %a: %s", nb_values_name(types[t]), tries[j],
-                                    nb_error_last());
+          if (st != NB_OK)
+            fail_msg("%s scale %a: %s", nb_values_name(types[t]), tries[j], nb_error_last());
           assert_all_finite(out, n, "decoded at the bound");
         } else {
           if (st != NB_ERR_CODEC)
