@@ -214,9 +214,24 @@ static void nb__apply(const nb_frame_info_t* h, const uint8_t* v, uint64_t count
                       const uint32_t* idx, const float* scales, float w, float* out) {
   nb_values_t t = h->values;
   uint32_t block = h->block_size ? h->block_size : 1;
-  if (idx) {
-    for (uint64_t j = 0; j < count; j++)
-      out[idx[first + j]] += w * nb__value(t, v, j, scales - first / block, block);
+  if (idx) { /* sparse: the whole payload at once (first == 0); block by block, no division */
+    const uint32_t* ix = idx + first;
+    if (!nb__values_blocked(t)) {
+      for (uint64_t j = 0; j < count; j++) out[ix[j]] += w * nb__value(t, v, j, scales, block);
+      return;
+    }
+    for (uint64_t b0 = 0, bi = 0; b0 < count; b0 += block, bi++) {
+      uint64_t b1 = count - b0 < block ? count : b0 + block;
+      float s = scales[bi];
+      if (t == NB_VALUES_INT8)
+        for (uint64_t j = b0; j < b1; j++) out[ix[j]] += w * ((float)(int8_t)v[j] * s);
+      else if (t == NB_VALUES_INT4)
+        for (uint64_t j = b0; j < b1; j++)
+          out[ix[j]] += w * ((float)nb_int4_code(v[j >> 1] >> (4 * (j & 1))) * s);
+      else
+        for (uint64_t j = b0; j < b1; j++)
+          out[ix[j]] += w * (nb_int2_level(v[j >> 2] >> (2 * (j & 3))) * s);
+    }
     return;
   }
   float* o = out + first;

@@ -236,42 +236,133 @@ typedef struct {
   size_t bad; /* output position of the first non-finite kept value, or SIZE_MAX */
 } nb__cjob_t;
 
+/* Pass of one chunk: (res += upd,) then the indices and values of src[b, e) with key >= t into
+ * ibuf/vbuf (each with room for e - b + 8), in index order; returns the count. */
+static size_t nb__chunk_pass_scalar(float* res, const float* upd, const float* src, int acc,
+                                    size_t b, size_t e, uint32_t t, uint32_t* ibuf, float* vbuf) {
+  size_t cnt = 0;
+  for (size_t j = b; j < e; j++) {
+    float v = acc ? (res[j] += upd[j]) : src[j];
+    ibuf[cnt] = (uint32_t)j;
+    vbuf[cnt] = v;
+    cnt += nb_topk_key(v) >= t;
+  }
+  return cnt;
+}
+
+#ifdef NB__HAVE_AVX2_PATH
+/* For each 8-bit mask, the positions of its set bits (then zeros): the permutation that packs
+ * the selected lanes to the front. */
+static uint64_t nb__compact_lut[256];
+static pthread_once_t nb__compact_once = PTHREAD_ONCE_INIT;
+static void nb__compact_init(void) {
+  for (unsigned m = 0; m < 256; m++) {
+    uint64_t v = 0;
+    unsigned o = 0;
+    for (unsigned l = 0; l < 8; l++)
+      if (m >> l & 1) v |= (uint64_t)l << (8 * o++);
+    nb__compact_lut[m] = v;
+  }
+}
+
+/* The same with AVX2: 8 values per step, the hits packed to the front by a permutation and
+ * stored unconditionally (so the buffers need 8 slots of slack), no per-value branch. */
+__attribute__((target("avx2"))) static size_t nb__chunk_pass_avx2(float* res, const float* upd,
+                                                                  const float* src, int acc,
+                                                                  size_t b, size_t e, uint32_t t,
+                                                                  uint32_t* ibuf, float* vbuf) {
+  const __m256i tm1 = _mm256_set1_epi32((int32_t)t - 1), absm = _mm256_set1_epi32(0x7fffffff);
+  const __m256i eight = _mm256_set1_epi32(8);
+  __m256i iv = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                _mm256_set1_epi32((int32_t)(uint32_t)b));
+  size_t cnt = 0, j = b;
+  for (; j + 8 <= e; j += 8, iv = _mm256_add_epi32(iv, eight)) {
+    __m256 a;
+    if (acc) {
+      a = _mm256_add_ps(_mm256_loadu_ps(res + j), _mm256_loadu_ps(upd + j));
+      _mm256_storeu_ps(res + j, a);
+    } else {
+      a = _mm256_loadu_ps(src + j);
+    }
+    __m256i hit = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(a), absm), tm1);
+    unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(hit));
+    if (mask) {
+      __m256i perm = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)&nb__compact_lut[mask]));
+      _mm256_storeu_ps(vbuf + cnt, _mm256_permutevar8x32_ps(a, perm));
+      _mm256_storeu_si256((__m256i*)(ibuf + cnt), _mm256_permutevar8x32_epi32(iv, perm));
+      cnt += (size_t)__builtin_popcount(mask);
+    }
+  }
+  return cnt + nb__chunk_pass_scalar(res, upd, src, acc, j, e, t, ibuf + cnt, vbuf + cnt);
+}
+#endif
+
+static size_t nb__chunk_pass(float* res, const float* upd, int acc, size_t b, size_t e, uint32_t t,
+                             uint32_t* ibuf, float* vbuf) {
+  const float* src = res ? res : upd;
+  acc = acc && res;
+#ifdef NB__HAVE_AVX2_PATH
+  if (__builtin_cpu_supports("avx2"))
+    return nb__chunk_pass_avx2(res, upd, src, acc, b, e, t, ibuf, vbuf);
+#endif
+  return nb__chunk_pass_scalar(res, upd, src, acc, b, e, t, ibuf, vbuf);
+}
+
+/* The kk-th largest (1 <= kk < m) of the packed candidates w[0..m), exact: a 256-bucket
+ * histogram of their keys between min and max finds the bucket that holds it, and only that
+ * bucket's candidates (a handful) are quickselected. tmp: room for m. */
+static uint64_t nb__select_small(const uint64_t* w, size_t m, size_t kk, uint64_t* tmp) {
+  uint32_t lo = UINT32_MAX, hi = 0;
+  for (size_t j = 0; j < m; j++) {
+    uint32_t key = (uint32_t)(w[j] >> 32);
+    lo = key < lo ? key : lo;
+    hi = key > hi ? key : hi;
+  }
+  unsigned shift = 0;
+  while (((hi - lo) >> shift) > 255) shift++;
+  uint32_t hist[256];
+  memset(hist, 0, sizeof hist);
+  for (size_t j = 0; j < m; j++) hist[((uint32_t)(w[j] >> 32) - lo) >> shift]++;
+  size_t above = 0;
+  uint32_t bk = (hi - lo) >> shift;
+  for (; bk > 0 && above + hist[bk] < kk; bk--) above += hist[bk];
+  size_t cb = 0;
+  for (size_t j = 0; j < m; j++)
+    if ((((uint32_t)(w[j] >> 32) - lo) >> shift) == bk) tmp[cb++] = w[j];
+  return nb_topk_kth_largest(tmp, cb, kk - above);
+}
+
 /* Chunk [b, b + len): accumulate, then the exact top-kk by (|x|, lower index) into idx/vals in
- * index order. One fused pass (the same SIMD pass as global top-k) collects the values at or
- * above a key threshold *t carried over from the previous chunk; the exact kk-th is
- * quickselected among those few candidates. A threshold that keeps fewer than kk (the vector's
- * scale dropped) is retried at 0, i.e. with every value of the chunk. The threshold only
- * changes the speed: the winners are exact whatever it is, so the bytes stay deterministic. */
+ * index order. One fused pass collects the values at or above a key threshold *t carried over
+ * from the previous chunk; the exact kk-th is selected among those few candidates. A
+ * threshold that keeps fewer than kk (the vector's scale dropped) is retried lower, down to 0
+ * (every value of the chunk). The threshold only changes the speed: the winners are exact
+ * whatever it is, so the bytes stay deterministic. Scratch (cand/cval of this thread): 2 len +
+ * 16 entries each. */
 static size_t nb__chunk_select(const nb__cjob_t* jb, size_t b, size_t len, size_t kk, uint32_t* t,
                                uint32_t* idx, float* vals) {
   nb_codec_t* c = jb->c;
-  uint64_t* w = c->cand[jb->t];
+  if (kk == 0) { /* nothing to send from this chunk: accumulate only */
+    if (jb->res && jb->upd)
+      for (size_t j = b; j < b + len; j++) jb->res[j] += jb->upd[j];
+    return SIZE_MAX;
+  }
+  uint64_t* w = c->cand[jb->t];    /* [0, len + 8): packed candidates in index order */
+  uint64_t* sel = w + len + 8;     /* [len + 8, 2 len + 16): their copy for selection */
+  uint32_t* ibuf = (uint32_t*)sel; /* the pass's indices, before packing */
   float* wv = c->cval[jb->t];
-  nb__pass_t ps = {.res = jb->res,
-                   .upd = jb->upd,
-                   .b = b,
-                   .e = b + len,
-                   .t = kk ? *t : 0xffffffffu, /* kk = 0: accumulate only */
-                   .accumulate = 1,
-                   .buf = w,
-                   .vbuf = wv,
-                   .cap = len};
-  nb__pass_run(&ps);
-  if (kk == 0) return SIZE_MAX;
-  while (ps.cnt < kk) { /* too few: a quarter of the magnitude, then everything */
+  size_t m = nb__chunk_pass(jb->res, jb->upd, 1, b, b + len, *t, ibuf, wv);
+  uint32_t tt = *t;
+  while (m < kk) { /* too few: a quarter of the magnitude, then everything */
     float f;
-    memcpy(&f, &ps.t, 4);
-    ps.t = ps.t < 0x00800000u ? 0 : nb_topk_key(0.25f * f);
-    ps.accumulate = 0;
-    nb__pass_run(&ps);
+    memcpy(&f, &tt, 4);
+    tt = tt < 0x00800000u ? 0 : nb_topk_key(0.25f * f);
+    m = nb__chunk_pass(jb->res, jb->upd, 0, b, b + len, tt, ibuf, wv);
   }
-  size_t m = ps.cnt, o = 0, bad = SIZE_MAX;
+  for (size_t j = 0; j < m; j++) w[j] = nb_topk_pack(nb_topk_key(wv[j]), ibuf[j]);
+  size_t o = 0, bad = SIZE_MAX;
   uint64_t kth = 0;
-  if (m > kk) {
-    uint64_t* sel = w + len; /* the second half of the candidate buffer */
-    memcpy(sel, w, m * sizeof *w);
-    kth = nb_topk_kth_largest(sel, m, kk);
-  }
+  if (m > kk) kth = nb__select_small(w, m, kk, sel);
   for (size_t j = 0; j < m; j++)
     if (w[j] >= kth) {
       if (bad == SIZE_MAX && (w[j] >> 32) >= 0x7f800000u) bad = o;
@@ -479,7 +570,7 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
   if ((size_t)threads > nch) threads = nch ? (int)nch : 1;
   nb__cjob_t jb[NB__CODEC_MAX_THREADS];
   for (int i = 0; i < threads; i++) {
-    NB_CHECK(nb__grow_candidates(c, i, 2 * (size_t)(chunk < n ? chunk : (n ? n : 1))));
+    NB_CHECK(nb__grow_candidates(c, i, 2 * (size_t)(chunk < n ? chunk : (n ? n : 1)) + 16));
     jb[i] = (nb__cjob_t){.c = c,
                          .res = residual,
                          .upd = update,
@@ -490,6 +581,9 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
                          .kc = kc,
                          .t = (uint32_t)i};
   }
+#ifdef NB__HAVE_AVX2_PATH
+  pthread_once(&nb__compact_once, nb__compact_init);
+#endif
   nb__parallel(nb__chunked_run, jb, sizeof jb[0], threads);
   int64_t t_pass = nb_now_ns();
   size_t bad = SIZE_MAX;
