@@ -175,6 +175,7 @@ void nb_codec_destroy(nb_codec_t* k) {
   for (int t = 0; t < NB__CODEC_MAX_THREADS; t++) {
     nb_free(k->cand[t]);
     nb_free(k->cval[t]);
+    nb_free(k->cidx[t]);
   }
   nb_free(k->hist);
   nb_free(k->work);

@@ -24,6 +24,8 @@ struct nb_codec {
   uint64_t* cand[NB__CODEC_MAX_THREADS];
   float* cval[NB__CODEC_MAX_THREADS];
   size_t cand_cap[NB__CODEC_MAX_THREADS];
+  uint32_t* cidx[NB__CODEC_MAX_THREADS]; /* chunked top-k: candidate indices of a chunk */
+  size_t cidx_cap[NB__CODEC_MAX_THREADS];
   uint32_t* hist;
   size_t hist_cap;
   uint64_t* work;

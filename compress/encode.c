@@ -338,7 +338,7 @@ static uint64_t nb__select_small(const uint64_t* w, size_t m, size_t kk, uint64_
  * threshold that keeps fewer than kk (the vector's scale dropped) is retried lower, down to 0
  * (every value of the chunk). The threshold only changes the speed: the winners are exact
  * whatever it is, so the bytes stay deterministic. Scratch (cand/cval of this thread): 2 len +
- * 16 entries each. */
+ * 16 entries each, cidx len + 8. */
 static size_t nb__chunk_select(const nb__cjob_t* jb, size_t b, size_t len, size_t kk, uint32_t* t,
                                uint32_t* idx, float* vals) {
   nb_codec_t* c = jb->c;
@@ -348,8 +348,8 @@ static size_t nb__chunk_select(const nb__cjob_t* jb, size_t b, size_t len, size_
     return SIZE_MAX;
   }
   uint64_t* w = c->cand[jb->t];    /* [0, len + 8): packed candidates in index order */
-  uint64_t* sel = w + len + 8;     /* [len + 8, 2 len + 16): their copy for selection */
-  uint32_t* ibuf = (uint32_t*)sel; /* the pass's indices, before packing */
+  uint64_t* sel = w + len + 8;     /* [len + 8, 2 len + 16): scratch of the selection */
+  uint32_t* ibuf = c->cidx[jb->t]; /* len + 8: the pass's indices, before packing */
   float* wv = c->cval[jb->t];
   size_t m = nb__chunk_pass(jb->res, jb->upd, 1, b, b + len, *t, ibuf, wv);
   uint32_t tt = *t;
@@ -570,7 +570,10 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
   if ((size_t)threads > nch) threads = nch ? (int)nch : 1;
   nb__cjob_t jb[NB__CODEC_MAX_THREADS];
   for (int i = 0; i < threads; i++) {
-    NB_CHECK(nb__grow_candidates(c, i, 2 * (size_t)(chunk < n ? chunk : (n ? n : 1)) + 16));
+    size_t clen = chunk < n ? chunk : (n ? n : 1);
+    NB_CHECK(nb__grow_candidates(c, i, 2 * clen + 16));
+    NB_CHECK(
+        nb__codec_grow((void**)&c->cidx[i], &c->cidx_cap[i], clen + 8, 4, "codec chunk indices"));
     jb[i] = (nb__cjob_t){.c = c,
                          .res = residual,
                          .upd = update,

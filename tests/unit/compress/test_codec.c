@@ -563,6 +563,19 @@ static void test_chunked(void** state) {
     chunked_round_trip(70001, 256, 0.015, types[t], 1, 1, 1, NB_INDEX_CHUNKED);
     chunked_round_trip(70001, 4096, 0.03, types[t], 3, 1, 0, NB_INDEX_CHUNKED);
   }
+  /* tiny vectors: everything sent, coded as the smallest section */
+  chunked_round_trip(1, 16, 1.0, NB_VALUES_INT2, 0, 1, 1, NB_INDEX_DELTA_VARINT);
+  chunked_round_trip(17, 16, 1.0, NB_VALUES_INT4, 0, 1, 1, NB_INDEX_BITMAP);
+  {
+    nb_codec_t* c = make_codec_chunked(NB_VALUES_INT2, 1, 64, 2, 4096);
+    uint8_t frame[256];
+    size_t len = 0;
+    assert_int_equal(nb_codec_encode_sparse(c, NULL, NULL, 0, 0.5, 0, 0, frame, sizeof frame, &len),
+                     NB_OK);
+    assert_int_equal(len, NB_FRAME_HEADER_BYTES);
+    assert_int_equal(nb_codec_decode_accumulate(c, frame, len, 1.0f, NULL, 0, NULL), NB_OK);
+    nb_codec_destroy(c);
+  }
   /* a chunk larger than n: one (short) chunk */
   chunked_round_trip(3000, 4096, 0.05, NB_VALUES_INT2, 1, 1, 1, NB_INDEX_CHUNKED);
   /* 10% with 12-bit offsets is more than a bitmap: the same selection, coded as the smaller of
