@@ -128,6 +128,7 @@ static nb_status_t nb__decode_chunked(const uint8_t* p, size_t ib, uint64_t n, u
 
 static nb_status_t nb__check_scales(nb_values_t t, const uint8_t* s, uint64_t count,
                                     uint64_t first) {
+  if (count == 0) return NB_OK; /* also every type without scales */
   /* the encoder caps its scales the same way, so max_code * scale is always finite */
   float code = nb__values_max_code(t), smax = nb_quant_scale_max(code);
   for (uint64_t j = 0; j < count; j++) {
