@@ -594,9 +594,12 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
   if (bad != SIZE_MAX)
     return nb_error(NB_ERR_INVALID, "codec: the %s holds a non-finite value at index %u",
                     residual ? "residual (after adding the update)" : "update", c->idx[bad]);
-  size_t varint = 0;
+  /* the varint size matters only when the chunked section does not fit (see nb__emit_sparse) */
+  size_t varint = 0, bitmap = n / 8 + (n % 8 != 0);
+  size_t chunked = (size_t)nb__chunked_index_bytes(kt, (unsigned)__builtin_ctz(chunk));
+  int need_varint = !(kt > 0 && chunked <= 5 * kt && chunked <= bitmap);
   uint32_t prev = 0;
-  for (size_t j = 0; j < kt; j++) {
+  for (size_t j = 0; need_varint && j < kt; j++) {
     uint32_t d = c->idx[j] - prev;
     prev = c->idx[j];
     varint += 1 + (d >= (1u << 7)) + (d >= (1u << 14)) + (d >= (1u << 21)) + (d >= (1u << 28));
