@@ -117,11 +117,11 @@ const nb_codec_config_t* nb_codec_config(const nb_codec_t* codec);
 /* k for a density: round(density * n), clamped to [0, n]. */
 size_t nb_codec_k_for_density(size_t n, double density);
 /* An upper bound of the frame size for n values of which k are sent (k = n for dense frames),
- * with global or chunked top-k (a chunked frame carries at most k values and its index section
- * is never larger than the bound's). An output buffer of this size never fails with "buffer too
- * small". Encoders check up front
- * (before touching the residual) that the buffer holds the frame uncompressed: header, scales,
- * values and min(5k, ceil(n/8)) index bytes. */
+ * for every value type, with global or chunked top-k (a chunked frame carries at most k values
+ * and its index section is never larger than the bound's). An output buffer of this size never
+ * fails with "buffer too small". Encoders check up front (before touching the residual) that the
+ * buffer holds the frame uncompressed: header, scales, values and min(5k, ceil(n/8)) index
+ * bytes. */
 size_t nb_codec_frame_bound(size_t n, size_t k, nb_values_t values, uint32_t block_size);
 
 /* Sparse encode with error feedback, one round:
