@@ -335,10 +335,10 @@ static uint64_t nb__select_small(const uint64_t* w, size_t m, size_t kk, uint64_
 /* Chunk [b, b + len): accumulate, then the exact top-kk by (|x|, lower index) into idx/vals in
  * index order. One fused pass collects the values at or above a key threshold *t carried over
  * from the previous chunk; the exact kk-th is selected among those few candidates. A
- * threshold that keeps fewer than kk (the vector's scale dropped) is retried lower, down to 0
- * (every value of the chunk). The threshold only changes the speed: the winners are exact
- * whatever it is, so the bytes stay deterministic. Scratch (cand/cval of this thread): 2 len +
- * 16 entries each, cidx len + 8. */
+ * threshold that keeps fewer than kk (the vector's scale dropped) is retried at 0 (every value
+ * of the chunk: the histogram select handles that too). The threshold only changes the speed: the
+ * winners are exact whatever it is, so the bytes stay deterministic. Scratch (cand/cval of this
+ * thread): 2 len + 16 entries each, cidx len + 8. */
 static size_t nb__chunk_select(const nb__cjob_t* jb, size_t b, size_t len, size_t kk, uint32_t* t,
                                uint32_t* idx, float* vals) {
   nb_codec_t* c = jb->c;
@@ -352,13 +352,8 @@ static size_t nb__chunk_select(const nb__cjob_t* jb, size_t b, size_t len, size_
   uint32_t* ibuf = c->cidx[jb->t]; /* len + 8: the pass's indices, before packing */
   float* wv = c->cval[jb->t];
   size_t m = nb__chunk_pass(jb->res, jb->upd, 1, b, b + len, *t, ibuf, wv);
-  uint32_t tt = *t;
-  while (m < kk) { /* too few: a quarter of the magnitude, then everything */
-    float f;
-    memcpy(&f, &tt, 4);
-    tt = tt < 0x00800000u ? 0 : nb_topk_key(0.25f * f);
-    m = nb__chunk_pass(jb->res, jb->upd, 0, b, b + len, tt, ibuf, wv);
-  }
+  if (m < kk) /* too few (the scale dropped): every value of the chunk, at most 2 passes */
+    m = nb__chunk_pass(jb->res, jb->upd, 0, b, b + len, 0, ibuf, wv);
   for (size_t j = 0; j < m; j++) w[j] = nb_topk_pack(nb_topk_key(wv[j]), ibuf[j]);
   size_t o = 0, bad = SIZE_MAX;
   uint64_t kth = 0;
