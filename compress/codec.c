@@ -12,7 +12,7 @@ NB_PARAM_INT(ZstdLevel, "NB_ZSTD_LEVEL", 1, 0, 19,
              "zstd level of codec frames (0 = no zstd, sections stored as-is)")
 NB_PARAM_INT(CodecThreads, "NB_CODEC_THREADS", 2, 1, 64, "threads of the sparse encode pass")
 NB_PARAM_INT(CodecInt8Block, "NB_CODEC_INT8_BLOCK", 256, 1, 65536,
-             "values per fp32 scale in int8 frames")
+             "values per fp32 scale in int8, 4bit and 2bit frames")
 NB_PARAM_INT(CodecTopkChunk, "NB_CODEC_TOPK_CHUNK", 0, 0, 65536,
              "chunked top-k: coordinates per chunk (a power of two >= 16); 0 = exact global top-k")
 NB_PARAM_INT(CodecMaxN, "NB_CODEC_MAX_N", 2147483648, 0, 4294967295.0,
