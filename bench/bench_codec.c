@@ -51,9 +51,12 @@ static void nb__fill(float* x, size_t n, uint64_t seed) {
 
 static void nb__usage(void) {
   fprintf(stderr,
-          "usage: nebula bench codec [--n N] [--density D] [--values int8|fp16|bf16|fp32]\n"
-          "                          [--zstd-level L] [--threads T] [--runs R]\n"
+          "usage: nebula bench codec [--n N] [--density D]\n"
+          "                          [--values int8|4bit|2bit|fp16|bf16|fp32] [--block B]\n"
+          "                          [--topk-chunk C] [--zstd-level L] [--threads T] [--runs R]\n"
           "                          [--input FILE.f32] [--json]\n"
+          "  --block sets the values per scale of int8/4bit/2bit; --topk-chunk C selects chunked\n"
+          "  top-k (a power of two >= 16; 0 = global top-k), as NB_CODEC_TOPK_CHUNK.\n"
           "  --input reads a raw little-endian fp32 vector (for example a real pseudo-gradient)\n"
           "  instead of the synthetic heavy-tailed one; n is then its length.\n");
 }
@@ -91,6 +94,14 @@ int nb_bench_codec_main(int argc, char** argv) {
       if (*end || !(density >= 0 && density <= 1)) goto bad;
     } else if (strcmp(a, "--values") == 0) {
       if (nb_values_parse(v, &cfg.values) != NB_OK) goto bad;
+    } else if (strcmp(a, "--block") == 0) {
+      long b = strtol(v, &end, 10);
+      if (*end || b < 1 || b > 65536) goto bad;
+      cfg.block_size = (uint32_t)b;
+    } else if (strcmp(a, "--topk-chunk") == 0) {
+      long cc = strtol(v, &end, 10);
+      if (*end || cc < 0 || cc > 65536) goto bad;
+      cfg.topk_chunk = (uint32_t)cc;
     } else if (strcmp(a, "--zstd-level") == 0) {
       long l = strtol(v, &end, 10);
       if (*end || l < 0 || l > 19) goto bad;
@@ -219,6 +230,19 @@ int nb_bench_codec_main(int argc, char** argv) {
          cpy = nb_bench_median(t_cpy, (size_t)runs);
   double enc_gbps = bytes / enc / 1e9, dec_gbps = bytes / dec / 1e9, cpy_gbps = bytes / cpy / 1e9;
   double bpp = 8.0 * (double)len0 / (double)n, zbpp = 8.0 * (double)zbytes / (double)n;
+  nb_frame_info_t fi;
+  const char* index_text = "?";
+  uint64_t sent_k = 0;
+  if (nb_codec_frame_info(first, len0, NULL, &fi) == NB_OK) {
+    sent_k = fi.k;
+    index_text = fi.index_coding == NB_INDEX_CHUNKED  ? "chunked"
+                 : fi.index_coding == NB_INDEX_BITMAP ? "bitmap"
+                                                      : "delta-varint";
+  }
+  char chunk_text[48] = "global";
+  if (cfg.topk_chunk)
+    snprintf(chunk_text, sizeof chunk_text, "chunked (C = %u, %u per chunk)", cfg.topk_chunk,
+             (unsigned)((uint64_t)k * cfg.topk_chunk / n));
   if (json) {
     nb_json_obj_t j;
     nb_json_begin(&j, stdout);
@@ -235,10 +259,12 @@ int nb_bench_codec_main(int argc, char** argv) {
     nb_json_end(&j);
   } else {
     printf(
-        "codec: n = %zu, density %g (k = %zu), %s values, zstd level %d, %d threads, "
-        "median of %d runs\n",
-        n, density, k, nb_values_name(cfg.values), cfg.zstd_level, cfg.threads, runs);
-    printf("  wire bytes            %zu (header %d)\n", len0, NB_FRAME_HEADER_BYTES);
+        "codec: n = %zu, density %g (k = %zu), %s values (block %u), %s top-k, zstd level %d, "
+        "%d threads, median of %d runs\n",
+        n, density, k, nb_values_name(cfg.values), cfg.block_size, chunk_text, cfg.zstd_level,
+        cfg.threads, runs);
+    printf("  wire bytes            %zu (header %d), %s index coding, k sent %llu\n", len0,
+           NB_FRAME_HEADER_BYTES, index_text, (unsigned long long)sent_k);
     printf("  bits per parameter    %.4f   (plain zstd of fp32: %.3f, fp32: 32)\n", bpp, zbpp);
     printf("  compression ratio     %.1fx vs fp32, %.1fx vs plain zstd\n", 32.0 / bpp, zbpp / bpp);
     printf("  encode                %.2f GB/s  (%.1f ms)\n", enc_gbps, enc * 1e3);

@@ -6,12 +6,15 @@
 
 #include "common/common.h"
 #include "compress/codec_internal.h"
+#include "kernels/quantize.h"
 
 NB_PARAM_INT(ZstdLevel, "NB_ZSTD_LEVEL", 1, 0, 19,
              "zstd level of codec frames (0 = no zstd, sections stored as-is)")
 NB_PARAM_INT(CodecThreads, "NB_CODEC_THREADS", 2, 1, 64, "threads of the sparse encode pass")
 NB_PARAM_INT(CodecInt8Block, "NB_CODEC_INT8_BLOCK", 256, 1, 65536,
-             "values per fp32 scale in int8 frames")
+             "values per fp32 scale in int8, 4bit and 2bit frames")
+NB_PARAM_INT(CodecTopkChunk, "NB_CODEC_TOPK_CHUNK", 0, 0, 65536,
+             "chunked top-k: coordinates per chunk (a power of two >= 16); 0 = exact global top-k")
 NB_PARAM_INT(CodecMaxN, "NB_CODEC_MAX_N", 2147483648, 0, 4294967295.0,
              "decode limit: largest n a frame may declare")
 NB_PARAM_INT(CodecMaxFrameBytes, "NB_CODEC_MAX_FRAME_BYTES", 4294967296, 88, 1e18,
@@ -27,37 +30,74 @@ const char* nb_values_name(nb_values_t v) {
       return "bf16";
     case NB_VALUES_INT8:
       return "int8";
+    case NB_VALUES_INT4:
+      return "4bit";
+    case NB_VALUES_INT2:
+      return "2bit";
   }
   return "?";
 }
 
 nb_status_t nb_values_parse(const char* name, nb_values_t* out) {
-  static const nb_values_t all[] = {NB_VALUES_FP32, NB_VALUES_FP16, NB_VALUES_BF16, NB_VALUES_INT8};
+  static const nb_values_t all[] = {NB_VALUES_FP32, NB_VALUES_FP16, NB_VALUES_BF16,
+                                    NB_VALUES_INT8, NB_VALUES_INT4, NB_VALUES_INT2};
   for (size_t i = 0; name && i < sizeof all / sizeof all[0]; i++)
     if (strcasecmp(name, nb_values_name(all[i])) == 0) {
       *out = all[i];
       return NB_OK;
     }
-  return nb_error(NB_ERR_INVALID, "unknown value type '%s' (expected fp32, fp16, bf16 or int8)",
+  return nb_error(NB_ERR_INVALID,
+                  "unknown value type '%s' (expected fp32, fp16, bf16, int8, 4bit or 2bit)",
                   name ? name : "(null)");
 }
 
-size_t nb__values_size(nb_values_t v) {
+unsigned nb__values_bits(nb_values_t v) {
   switch (v) {
     case NB_VALUES_FP32:
-      return 4;
+      return 32;
     case NB_VALUES_FP16:
     case NB_VALUES_BF16:
-      return 2;
+      return 16;
     case NB_VALUES_INT8:
-      return 1;
+      return 8;
+    case NB_VALUES_INT4:
+      return 4;
+    case NB_VALUES_INT2:
+      return 2;
   }
   return 0;
 }
 
+uint64_t nb__value_bytes(nb_values_t v, uint64_t k) {
+  return (k * nb__values_bits(v) + 7) / 8;
+}
+
+int nb__values_blocked(nb_values_t v) {
+  return v == NB_VALUES_INT8 || v == NB_VALUES_INT4 || v == NB_VALUES_INT2;
+}
+
+float nb__values_max_code(nb_values_t v) {
+  switch (v) {
+    case NB_VALUES_INT8:
+      return NB_QUANT_INT8_MAX;
+    case NB_VALUES_INT4:
+      return NB_QUANT_INT4_MAX;
+    case NB_VALUES_INT2:
+      return NB_QUANT_INT2_MAX;
+    default:
+      return 0.0f;
+  }
+}
+
 uint64_t nb__scale_blocks(nb_values_t v, uint64_t k, uint32_t block) {
-  if (v != NB_VALUES_INT8 || block == 0) return 0;
+  if (!nb__values_blocked(v) || block == 0) return 0;
   return k / block + (k % block != 0);
+}
+
+uint64_t nb__chunked_k(uint64_t n, uint32_t chunk, uint32_t kc) {
+  if (n == 0 || chunk == 0) return 0;
+  uint64_t whole = n / chunk, last = n % chunk;
+  return whole * kc + (uint64_t)kc * last / chunk;
 }
 
 void nb_codec_config_default(nb_codec_config_t* cfg) {
@@ -65,6 +105,7 @@ void nb_codec_config_default(nb_codec_config_t* cfg) {
   cfg->zstd_level = (int)nb_param_ZstdLevel();
   cfg->block_size = (uint32_t)nb_param_CodecInt8Block();
   cfg->threads = (int)nb_param_CodecThreads();
+  cfg->topk_chunk = (uint32_t)nb_param_CodecTopkChunk();
 }
 
 void nb_codec_limits_default(nb_codec_limits_t* limits) {
@@ -92,13 +133,19 @@ nb_status_t nb_codec_create(const nb_codec_config_t* cfg, nb_codec_t** out) {
     c = *cfg;
   else
     nb_codec_config_default(&c);
-  if (nb__values_size(c.values) == 0)
+  if (nb__values_bits(c.values) == 0)
     return nb_error(NB_ERR_INVALID, "codec config: unknown value type %d", (int)c.values);
   if (c.zstd_level < 0 || c.zstd_level > 19)
     return nb_error(NB_ERR_INVALID, "codec config: zstd_level %d outside [0, 19]", c.zstd_level);
   if (c.block_size < 1 || c.block_size > NB_FRAME_MAX_BLOCK)
     return nb_error(NB_ERR_INVALID, "codec config: block_size %u outside [1, %u]", c.block_size,
                     NB_FRAME_MAX_BLOCK);
+  if (c.topk_chunk != 0 &&
+      (c.topk_chunk < NB_FRAME_MIN_CHUNK || c.topk_chunk > NB_FRAME_MAX_CHUNK ||
+       (c.topk_chunk & (c.topk_chunk - 1)) != 0))
+    return nb_error(NB_ERR_INVALID,
+                    "codec config: topk_chunk %u is not 0 or a power of two in [%u, %u]",
+                    c.topk_chunk, NB_FRAME_MIN_CHUNK, NB_FRAME_MAX_CHUNK);
   if (c.threads < 1 || c.threads > NB__CODEC_MAX_THREADS)
     return nb_error(NB_ERR_INVALID, "codec config: threads %d outside [1, %d]", c.threads,
                     NB__CODEC_MAX_THREADS);
@@ -128,6 +175,7 @@ void nb_codec_destroy(nb_codec_t* k) {
   for (int t = 0; t < NB__CODEC_MAX_THREADS; t++) {
     nb_free(k->cand[t]);
     nb_free(k->cval[t]);
+    nb_free(k->cidx[t]);
   }
   nb_free(k->hist);
   nb_free(k->work);
@@ -159,8 +207,8 @@ size_t nb_codec_frame_bound(size_t n, size_t k, nb_values_t values, uint32_t blo
     size_t varint = 5 * k, bitmap = n / 8 + (n % 8 != 0);
     idx = varint < bitmap ? varint : bitmap;
   }
-  size_t raw =
-      4 * (size_t)nb__scale_blocks(values, k, block_size) + k * nb__values_size(values) + idx;
+  size_t raw = 4 * (size_t)nb__scale_blocks(values, k, block_size) +
+               (size_t)nb__value_bytes(values, k) + idx;
   size_t zb = ZSTD_compressBound(raw);
   return NB_FRAME_HEADER_BYTES + (zb > raw ? zb : raw);
 }
@@ -222,8 +270,7 @@ nb_status_t nb_codec_frame_info(const void* frame, size_t len, const nb_codec_li
     return NB__BAD("unknown flag bits 0x%x",
                    info->flags & ~(NB_FRAME_FLAG_SPARSE | NB_FRAME_FLAG_ZSTD));
   info->values = (nb_values_t)f[NB__H_VALUES];
-  size_t vsize = nb__values_size(info->values);
-  if (vsize == 0) return NB__BAD("unknown value type %u", f[NB__H_VALUES]);
+  if (nb__values_bits(info->values) == 0) return NB__BAD("unknown value type %u", f[NB__H_VALUES]);
   info->index_coding = (nb_index_coding_t)f[NB__H_INDEX];
   info->zstd_level = (int8_t)f[NB__H_LEVEL];
   if (f[NB__H_RESERVED] != 0)
@@ -248,7 +295,8 @@ nb_status_t nb_codec_frame_info(const void* frame, size_t len, const nb_codec_li
                    (unsigned long long)max_n);
   if (k > n) return NB__BAD("k (%llu) > n (%llu)", (unsigned long long)k, (unsigned long long)n);
   if (sparse) {
-    if (info->index_coding != NB_INDEX_DELTA_VARINT && info->index_coding != NB_INDEX_BITMAP)
+    if (info->index_coding != NB_INDEX_DELTA_VARINT && info->index_coding != NB_INDEX_BITMAP &&
+        info->index_coding != NB_INDEX_CHUNKED)
       return NB__BAD("index coding %u is not valid for a sparse frame", f[NB__H_INDEX]);
   } else {
     if (info->index_coding != NB_INDEX_NONE)
@@ -257,10 +305,10 @@ nb_status_t nb_codec_frame_info(const void* frame, size_t len, const nb_codec_li
       return NB__BAD("dense frame with k (%llu) != n (%llu)", (unsigned long long)k,
                      (unsigned long long)n);
   }
-  if (info->values == NB_VALUES_INT8) {
+  if (nb__values_blocked(info->values)) {
     if (info->block_size < 1 || info->block_size > NB_FRAME_MAX_BLOCK)
-      return NB__BAD("int8 scale block size %u outside [1, %u]", info->block_size,
-                     NB_FRAME_MAX_BLOCK);
+      return NB__BAD("%s scale block size %u outside [1, %u]", nb_values_name(info->values),
+                     info->block_size, NB_FRAME_MAX_BLOCK);
   } else if (info->block_size != 0) {
     return NB__BAD("block size %u set for %s values (must be 0)", info->block_size,
                    nb_values_name(info->values));
@@ -269,9 +317,10 @@ nb_status_t nb_codec_frame_info(const void* frame, size_t len, const nb_codec_li
   if (info->scale_bytes != want_scales)
     return NB__BAD("scale section is %llu bytes, expected %llu",
                    (unsigned long long)info->scale_bytes, (unsigned long long)want_scales);
-  if (info->value_bytes != k * vsize)
+  uint64_t want_values = nb__value_bytes(info->values, k);
+  if (info->value_bytes != want_values)
     return NB__BAD("value section is %llu bytes, expected %llu (k = %llu %s values)",
-                   (unsigned long long)info->value_bytes, (unsigned long long)(k * vsize),
+                   (unsigned long long)info->value_bytes, (unsigned long long)want_values,
                    (unsigned long long)k, nb_values_name(info->values));
   uint64_t ib = info->index_bytes;
   if (!sparse) {
@@ -282,6 +331,11 @@ nb_status_t nb_codec_frame_info(const void* frame, size_t len, const nb_codec_li
       return NB__BAD("bitmap index section is %llu bytes, expected %llu for n = %llu",
                      (unsigned long long)ib, (unsigned long long)(n / 8 + (n % 8 != 0)),
                      (unsigned long long)n);
+  } else if (info->index_coding == NB_INDEX_CHUNKED) {
+    /* the exact size depends on the chunk size inside the section; here only its range */
+    if (ib < NB__CHUNKED_HEAD || ib > NB__CHUNKED_HEAD + 2 * k)
+      return NB__BAD("chunked index section is %llu bytes, outside [8, 8 + 2k] = [8, %llu]",
+                     (unsigned long long)ib, (unsigned long long)(NB__CHUNKED_HEAD + 2 * k));
   } else if (ib < k || ib > 5 * k) {
     return NB__BAD("varint index section is %llu bytes, outside [k, 5k] = [%llu, %llu]",
                    (unsigned long long)ib, (unsigned long long)k, (unsigned long long)(5 * k));

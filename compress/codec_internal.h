@@ -24,6 +24,8 @@ struct nb_codec {
   uint64_t* cand[NB__CODEC_MAX_THREADS];
   float* cval[NB__CODEC_MAX_THREADS];
   size_t cand_cap[NB__CODEC_MAX_THREADS];
+  uint32_t* cidx[NB__CODEC_MAX_THREADS]; /* chunked top-k: candidate indices of a chunk */
+  size_t cidx_cap[NB__CODEC_MAX_THREADS];
   uint32_t* hist;
   size_t hist_cap;
   uint64_t* work;
@@ -45,6 +47,8 @@ struct nb_codec {
 };
 
 #define NB__CHUNK (1u << 17)
+/* A chunked index section starts with u32 chunk_size, u32 k_per_chunk. */
+#define NB__CHUNKED_HEAD 8u
 
 /* Grows *p to hold at least `want` elements of `size` bytes (no copy of old contents). */
 nb_status_t nb__codec_grow(void** p, size_t* cap, size_t want, size_t size, const char* what);
@@ -96,10 +100,24 @@ static inline uint64_t nb__get64(const uint8_t* p) {
   return v;
 }
 
-/* Bytes per value on the wire (1, 2 or 4); 0 for an unknown type. */
-size_t nb__values_size(nb_values_t v);
-/* Number of int8 scale blocks for k values (0 for other types). */
+/* Bits per value on the wire (32, 16, 8, 4 or 2); 0 for an unknown type. */
+unsigned nb__values_bits(nb_values_t v);
+/* Bytes of the value section for k values: ceil(k * bits / 8) (sub-byte types are packed). */
+uint64_t nb__value_bytes(nb_values_t v, uint64_t k);
+/* 1 for the types with one fp32 scale per block (int8, 4-bit, 2-bit). */
+int nb__values_blocked(nb_values_t v);
+/* The largest |code| of a blocked type (127, 7, 1.5); 0 for the others. */
+float nb__values_max_code(nb_values_t v);
+/* Number of scale blocks for k values (0 for types without scales). */
 uint64_t nb__scale_blocks(nb_values_t v, uint64_t k, uint32_t block);
+/* Chunked top-k (index coding 3): values sent by chunk c of n (ceil(n / chunk) chunks, all of
+ * `chunk` coordinates except possibly the last, of len <= chunk): kc for a whole chunk,
+ * floor(kc * len / chunk) for a shorter last one. Returns the total (<= n). */
+uint64_t nb__chunked_k(uint64_t n, uint32_t chunk, uint32_t kc);
+/* Bytes of a chunked index section for k values with chunks of 2^bits coordinates. */
+static inline uint64_t nb__chunked_index_bytes(uint64_t k, unsigned bits) {
+  return NB__CHUNKED_HEAD + (k * bits + 7) / 8;
+}
 /* Checksum of a frame: XXH3-64 of the payload seeded with XXH3-64 of header bytes [0, 80). */
 uint64_t nb__frame_checksum(const uint8_t* frame, size_t payload_bytes);
 /* Writes the header (checksum included) in front of a payload already at frame + 88. */

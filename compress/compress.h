@@ -1,9 +1,10 @@
 /* compress: the update codec. It turns an fp32 update (plus its error-feedback residual) into one
  * self-describing, checksummed frame for the WAN, and back: sparse frames (exact top-k of the
- * residual, quantized values, delta+varint or bitmap indices, zstd) and dense frames (fp32, fp16,
- * bf16, int8-blockwise). Decoding is strict and accumulates into the caller's buffer. The byte
- * layout is in docs/wire-format.md. Not here: sealing/encryption (security/) and transport
- * (inter/); this module never sees a socket or a key. */
+ * residual, or of each chunk of it; quantized values; delta+varint, bitmap or chunked indices;
+ * zstd) and dense frames (fp32, fp16, bf16, and int8, 4bit, 2bit with one scale per block).
+ * Decoding is strict and accumulates into the caller's buffer. The byte layout is in
+ * docs/wire-format.md. Not here: sealing/encryption (security/) and transport (inter/); this module
+ * never sees a socket or a key. */
 /* Typical use, once per round (errors elided):
  *   nb_codec_t* codec;  nb_codec_create(NULL, &codec);          // once; holds warm scratch
  *   size_t cap = nb_codec_frame_bound(n, nb_codec_k_for_density(n, d), NB_VALUES_INT8, 256);
@@ -29,6 +30,9 @@ typedef enum {
   NB_VALUES_FP16 = 2,
   NB_VALUES_BF16 = 3,
   NB_VALUES_INT8 = 4, /* int8 with one fp32 absmax scale per block of values */
+  NB_VALUES_INT4 = 5, /* "4bit": codes -7..7 times one fp32 scale per block, two per byte */
+  NB_VALUES_INT2 = 6, /* "2bit": levels {-1.5, -0.5, 0.5, 1.5} times one fp32 scale per block,
+                         four per byte */
 } nb_values_t;
 
 /* Index coding of a sparse frame (the header's index_coding byte). */
@@ -36,6 +40,8 @@ typedef enum {
   NB_INDEX_NONE = 0,         /* dense frame: no index section */
   NB_INDEX_DELTA_VARINT = 1, /* first index, then gaps (>= 1), LEB128 varints */
   NB_INDEX_BITMAP = 2,       /* ceil(n/8) bytes, bit i = byte i/8, bit i%8 (LSB first) */
+  NB_INDEX_CHUNKED = 3,      /* chunked top-k: u32 chunk size C, u32 k per chunk, then every
+                                index's offset within its chunk in log2(C) bits, LSB first */
 } nb_index_coding_t;
 
 #define NB_FRAME_MAGIC 0x4643424eu /* bytes 'N' 'B' 'C' 'F' */
@@ -43,9 +49,11 @@ typedef enum {
 #define NB_FRAME_HEADER_BYTES 88
 #define NB_FRAME_FLAG_SPARSE 0x1u /* the frame carries k of n values plus an index section */
 #define NB_FRAME_FLAG_ZSTD 0x2u   /* the payload is one zstd frame (else the sections as-is) */
-#define NB_FRAME_MAX_BLOCK 65536u /* largest int8 scale block */
+#define NB_FRAME_MAX_BLOCK 65536u /* largest scale block (int8, 4bit, 2bit) */
+#define NB_FRAME_MIN_CHUNK 16u    /* smallest chunk of chunked top-k (a power of two) */
+#define NB_FRAME_MAX_CHUNK 65536u /* largest chunk of chunked top-k (a power of two) */
 
-/* "fp32", "fp16", "bf16", "int8"; "?" for anything else. */
+/* "fp32", "fp16", "bf16", "int8", "4bit", "2bit"; "?" for anything else. */
 const char* nb_values_name(nb_values_t v);
 /* Parses a name of nb_values_name. NB_ERR_INVALID naming the text when unknown. */
 nb_status_t nb_values_parse(const char* name, nb_values_t* out);
@@ -54,8 +62,18 @@ nb_status_t nb_values_parse(const char* name, nb_values_t* out);
 typedef struct {
   nb_values_t values;  /* value type of sparse and dense frames (default int8) */
   int zstd_level;      /* 1..19, 0 = no zstd; default NB_ZSTD_LEVEL (3) */
-  uint32_t block_size; /* int8 scale block, 1..65536; default NB_CODEC_INT8_BLOCK (256) */
+  uint32_t block_size; /* values per fp32 scale of int8, 4bit and 2bit, 1..65536; default
+                          NB_CODEC_INT8_BLOCK (256) */
   int threads;         /* threads of the encode pass, 1..64; default NB_CODEC_THREADS (2) */
+  /* Sparse selection. 0 (the default, NB_CODEC_TOPK_CHUNK): the exact top-k of the whole
+   * vector. C (a power of two in [NB_FRAME_MIN_CHUNK, NB_FRAME_MAX_CHUNK]): chunked top-k —
+   * the vector is cut into chunks of C coordinates and each whole chunk sends its own exact
+   * top-kc, kc = floor(k * C / n) (a shorter last chunk of L coordinates: floor(kc * L / C)),
+   * so a frame carries at most k values and the work is the same in every chunk. Indices are
+   * then coded NB_INDEX_CHUNKED (log2(C) bits each) unless that section would be larger than
+   * min(5k, ceil(n / 8)) bytes, in which case the smaller of varint and bitmap is written as
+   * for global top-k (so nb_codec_frame_bound holds either way). Dense frames ignore it. */
+  uint32_t topk_chunk;
 } nb_codec_config_t;
 
 /* Decoder limits: frames beyond them are rejected before any allocation. */
@@ -86,7 +104,9 @@ void nb_codec_limits_default(nb_codec_limits_t* limits);
 
 /* Creates a codec: the settings plus warm scratch buffers and zstd contexts, so that encoding and
  * decoding every round do not allocate once the buffers have grown. cfg is copied (NULL =
- * defaults). NB_ERR_INVALID for settings out of range (message names the field), NB_ERR_NOMEM.
+ * defaults). NB_ERR_INVALID for settings out of range (message names the field: values,
+ * zstd_level, block_size, threads, topk_chunk not 0 or a power of two in [16, 65536]),
+ * NB_ERR_NOMEM.
  * A codec is not thread-safe: use one per thread. */
 nb_status_t nb_codec_create(const nb_codec_config_t* cfg, nb_codec_t** out);
 /* Releases the codec and its buffers. NULL is accepted. */
@@ -96,17 +116,23 @@ const nb_codec_config_t* nb_codec_config(const nb_codec_t* codec);
 
 /* k for a density: round(density * n), clamped to [0, n]. */
 size_t nb_codec_k_for_density(size_t n, double density);
-/* An upper bound of the frame size for n values of which k are sent (k = n for dense frames).
- * An output buffer of this size never fails with "buffer too small". Encoders check up front
- * (before touching the residual) that the buffer holds the frame uncompressed: header, scales,
- * values and min(5k, ceil(n/8)) index bytes. */
+/* An upper bound of the frame size for n values of which k are sent (k = n for dense frames),
+ * for every value type, with global or chunked top-k (a chunked frame carries at most k values
+ * and its index section is never larger than the bound's). An output buffer of this size never
+ * fails with "buffer too small". Encoders check up front (before touching the residual) that the
+ * buffer holds the frame uncompressed: header, scales, values and min(5k, ceil(n/8)) index
+ * bytes. */
 size_t nb_codec_frame_bound(size_t n, size_t k, nb_values_t values, uint32_t block_size);
 
 /* Sparse encode with error feedback, one round:
  *   residual += update; pick the exact top-k of |residual| (k = nb_codec_k_for_density; ties to
- *   the lower index); quantize those values; residual -= the dequantized values (what the
- *   receiver will decode, bit for bit); code indices (delta+varint or bitmap, whichever is
- *   smaller); zstd; write one frame of *len bytes into out[0..cap).
+ *   the lower index), or with cfg.topk_chunk the exact top-kc of every chunk (see
+ *   nb_codec_config_t; the frame then carries k' <= k values); quantize those values;
+ *   residual -= the dequantized values (what the receiver will decode, bit for bit, so the
+ *   residual keeps the quantization error too); code indices (delta+varint or bitmap, whichever
+ *   is smaller, or chunked); zstd; write one frame of *len bytes into out[0..cap).
+ * Every value a frame decodes to is finite: scales are capped (nb_quant_scale_max), fp16/bf16
+ * saturate, and a non-finite residual value is refused (below).
  * update: n values, borrowed, read only. residual: n values, borrowed, updated in place; NULL
  * encodes the update itself without error feedback. round and sender go into the header.
  * Deterministic: the same inputs and settings give the same bytes, whatever the thread count.
@@ -124,9 +150,10 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* codec, const float* update, flo
                                      size_t n, size_t k, uint64_t round, uint32_t sender, void* out,
                                      size_t cap, size_t* len);
 
-/* Dense encode of x[0..n) with the codec's value type (fp32 is exact; int8 per block, fp16 and
- * bf16 saturate at their largest finite value). x is borrowed. Statuses as encode_sparse
- * (NB_ERR_INVALID, naming the index or block, when x holds a non-finite value). */
+/* Dense encode of x[0..n) with the codec's value type (fp32 is exact; int8, 4bit and 2bit per
+ * block with a capped scale so every decoded value is finite; fp16 and bf16 saturate at their
+ * largest finite value). x is borrowed. Statuses as encode_sparse (NB_ERR_INVALID, naming the
+ * index or block, when x holds a non-finite value). */
 nb_status_t nb_codec_encode_dense(nb_codec_t* codec, const float* x, size_t n, uint64_t round,
                                   uint32_t sender, void* out, size_t cap, size_t* len);
 
@@ -140,7 +167,10 @@ nb_status_t nb_codec_frame_info(const void* frame, size_t len, const nb_codec_li
 /* Strict decode-and-accumulate: out[i] += w * decoded[i] for every value of the frame (only the
  * k sent indices for a sparse frame). Everything is validated before out is touched, so on error
  * out is unchanged: header fields and sizes, checksum, the zstd payload's exact size, index
- * order (strictly increasing, < n), canonical varints, bitmap population, finite scales and
+ * order (strictly increasing, < n), canonical varints, bitmap population, chunked sections
+ * (chunk size, k per chunk against k, offsets within their chunk and increasing, zero padding),
+ * scales in [0, nb_quant_scale_max(max code)] so that every decoded value is finite, finite
+ * fp16/bf16/fp32 values, the invalid codes (int8 -128, 4bit -8) and zero padding bits of packed
  * values. No dense temporaries: sparse frames use O(k) scratch, dense frames are streamed.
  * codec: borrowed scratch (NULL = allocate for this call). frame: borrowed. out: n floats,
  * borrowed, must be the frame's n (so scratch stays within a small multiple of out's size

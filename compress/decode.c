@@ -72,23 +72,97 @@ static nb_status_t nb__decode_bitmap(const uint8_t* p, size_t ib, uint64_t n, ui
   return NB_OK;
 }
 
-static nb_status_t nb__check_scales(const uint8_t* s, uint64_t count, uint64_t first) {
+/* Chunked index section: u32 chunk size (a power of two), u32 k per chunk, then the offsets of
+ * all k indices within their chunks, log2(chunk) bits each, LSB first, zero padding. */
+static nb_status_t nb__decode_chunked(const uint8_t* p, size_t ib, uint64_t n, uint64_t k,
+                                      uint32_t* idx) {
+  uint32_t chunk = nb__get32(p), kc = nb__get32(p + 4);
+  if (chunk < NB_FRAME_MIN_CHUNK || chunk > NB_FRAME_MAX_CHUNK || (chunk & (chunk - 1)))
+    return NB__BAD("chunked index section: chunk size %u is not a power of two in [%u, %u]", chunk,
+                   NB_FRAME_MIN_CHUNK, NB_FRAME_MAX_CHUNK);
+  if (kc < 1 || kc > chunk)
+    return NB__BAD("chunked index section: %u values per chunk, outside [1, chunk size %u]", kc,
+                   chunk);
+  uint64_t want_k = nb__chunked_k(n, chunk, kc);
+  if (want_k != k)
+    return NB__BAD(
+        "chunked index section: %u per chunk of %u over n = %llu makes k = %llu, the "
+        "header says k = %llu",
+        kc, chunk, (unsigned long long)n, (unsigned long long)want_k, (unsigned long long)k);
+  unsigned bits = (unsigned)__builtin_ctz(chunk);
+  uint64_t want_ib = nb__chunked_index_bytes(k, bits);
+  if (ib != want_ib)
+    return NB__BAD(
+        "chunked index section is %zu bytes, expected %llu (k = %llu offsets of %u "
+        "bits)",
+        ib, (unsigned long long)want_ib, (unsigned long long)k, bits);
+  const uint8_t* q = p + NB__CHUNKED_HEAD;
+  uint64_t acc = 0, pos = 0;
+  unsigned have = 0;
+  uint32_t mask = chunk - 1, prev = 0;
+  for (uint64_t j = 0; j < k; j++) {
+    while (have < bits) {
+      acc |= (uint64_t)q[pos++] << have;
+      have += 8;
+    }
+    uint32_t off = (uint32_t)acc & mask;
+    acc >>= bits;
+    have -= bits;
+    uint64_t c = j / kc, first = j % kc == 0;
+    if (!first && off <= prev)
+      return NB__BAD(
+          "chunked index section: offsets of chunk %llu not strictly increasing "
+          "(index %llu)",
+          (unsigned long long)c, (unsigned long long)j);
+    uint64_t ix = c * chunk + off;
+    if (ix >= n)
+      return NB__BAD("chunked index section: index %llu is %llu, not below n = %llu",
+                     (unsigned long long)j, (unsigned long long)ix, (unsigned long long)n);
+    idx[j] = (uint32_t)ix;
+    prev = off;
+  }
+  if (acc != 0 || (pos < ib - NB__CHUNKED_HEAD && q[pos] != 0))
+    return NB__BAD("chunked index section: padding bits after the last offset are not 0");
+  return NB_OK;
+}
+
+static nb_status_t nb__check_scales(nb_values_t t, const uint8_t* s, uint64_t count,
+                                    uint64_t first) {
+  if (count == 0) return NB_OK; /* also every type without scales */
+  /* the encoder caps its scales the same way, so max_code * scale is always finite */
+  float code = nb__values_max_code(t), smax = nb_quant_scale_max(code);
   for (uint64_t j = 0; j < count; j++) {
     float v;
     memcpy(&v, s + 4 * j, 4);
-    /* the encoder's scales are absmax / 127, so 127 * scale is always finite */
-    if (!(v >= 0.0f && v <= FLT_MAX / 127.0f))
-      return NB__BAD("int8 scale %llu is %g (must be in [0, FLT_MAX / 127])",
-                     (unsigned long long)(first + j), (double)v);
+    if (!(v >= 0.0f && v <= smax))
+      return NB__BAD("%s scale %llu is %.9g (must be in [0, %.9g], so that %g * scale is finite)",
+                     nb_values_name(t), (unsigned long long)(first + j), (double)v, (double)smax,
+                     (double)code);
   }
   return NB_OK;
 }
 
-/* Checks `count` values starting at value position `first`. */
-static nb_status_t nb__check_values(nb_values_t t, const uint8_t* v, uint64_t count,
-                                    uint64_t first) {
+/* Checks `count` values starting at value position `first` (for packed types a multiple of the
+ * values per byte, v pointing at its byte); k is the frame's value count, so that the padding
+ * bits after the last value can be checked. */
+static nb_status_t nb__check_values(nb_values_t t, const uint8_t* v, uint64_t count, uint64_t first,
+                                    uint64_t k) {
   uint64_t bad = count;
   switch (t) {
+    case NB_VALUES_INT4:
+    case NB_VALUES_INT2: {
+      unsigned bits = t == NB_VALUES_INT4 ? 4 : 2, per = 8 / bits;
+      if (t == NB_VALUES_INT4)
+        for (uint64_t j = 0; j < count && bad == count; j++)
+          if (((v[j / 2] >> (4 * (j & 1))) & 0xf) == 8) bad = j;
+      if (bad < count)
+        return NB__BAD("4bit value %llu is -8 (the range is [-7, 7])",
+                       (unsigned long long)(first + bad));
+      if (first + count == k && k % per && (v[count / per] >> (bits * (k % per))) != 0)
+        return NB__BAD("%s value section: padding bits after value %llu are not 0",
+                       nb_values_name(t), (unsigned long long)(k - 1));
+      return NB_OK;
+    }
     case NB_VALUES_INT8:
       for (uint64_t j = 0; j < count && bad == count; j++)
         if ((int8_t)v[j] == -128) bad = j;
@@ -119,6 +193,10 @@ static inline float nb__value(nb_values_t t, const uint8_t* v, uint64_t j, const
   switch (t) {
     case NB_VALUES_INT8:
       return (float)(int8_t)v[j] * scales[j / block];
+    case NB_VALUES_INT4:
+      return (float)nb_int4_code(v[j >> 1] >> (4 * (j & 1))) * scales[j / block];
+    case NB_VALUES_INT2:
+      return nb_int2_level(v[j >> 2] >> (2 * (j & 3))) * scales[j / block];
     case NB_VALUES_FP16:
       return nb_f16_to_f32(nb__get16(v + 2 * j));
     case NB_VALUES_BF16:
@@ -137,15 +215,36 @@ static void nb__apply(const nb_frame_info_t* h, const uint8_t* v, uint64_t count
                       const uint32_t* idx, const float* scales, float w, float* out) {
   nb_values_t t = h->values;
   uint32_t block = h->block_size ? h->block_size : 1;
-  if (idx) {
-    for (uint64_t j = 0; j < count; j++)
-      out[idx[first + j]] += w * nb__value(t, v, j, scales - first / block, block);
+  if (idx) { /* sparse: the whole payload at once (first == 0); block by block, no division */
+    const uint32_t* ix = idx + first;
+    if (!nb__values_blocked(t)) {
+      for (uint64_t j = 0; j < count; j++) out[ix[j]] += w * nb__value(t, v, j, scales, block);
+      return;
+    }
+    for (uint64_t b0 = 0, bi = 0; b0 < count; b0 += block, bi++) {
+      uint64_t b1 = count - b0 < block ? count : b0 + block;
+      float s = scales[bi];
+      if (t == NB_VALUES_INT8)
+        for (uint64_t j = b0; j < b1; j++) out[ix[j]] += w * ((float)(int8_t)v[j] * s);
+      else if (t == NB_VALUES_INT4)
+        for (uint64_t j = b0; j < b1; j++)
+          out[ix[j]] += w * ((float)nb_int4_code(v[j >> 1] >> (4 * (j & 1))) * s);
+      else
+        for (uint64_t j = b0; j < b1; j++)
+          out[ix[j]] += w * (nb_int2_level(v[j >> 2] >> (2 * (j & 3))) * s);
+    }
     return;
   }
   float* o = out + first;
   if (t == NB_VALUES_INT8) {
     for (uint64_t j = 0; j < count; j++)
       o[j] += w * ((float)(int8_t)v[j] * scales[(first + j) / block]);
+  } else if (t == NB_VALUES_INT4) { /* first is even: v[0] holds values first, first + 1 */
+    for (uint64_t j = 0; j < count; j++)
+      o[j] += w * ((float)nb_int4_code(v[j >> 1] >> (4 * (j & 1))) * scales[(first + j) / block]);
+  } else if (t == NB_VALUES_INT2) { /* first is a multiple of 4 */
+    for (uint64_t j = 0; j < count; j++)
+      o[j] += w * (nb_int2_level(v[j >> 2] >> (2 * (j & 3))) * scales[(first + j) / block]);
   } else {
     for (uint64_t j = 0; j < count; j++) o[j] += w * nb__value(t, v, j, scales, block);
   }
@@ -181,23 +280,25 @@ typedef struct {
 
 static nb_status_t nb__dense_consume(nb__dense_t* d, const uint8_t* p, size_t len) {
   const nb_frame_info_t* h = d->h;
-  size_t vs = nb__values_size(h->values);
+  unsigned bits = nb__values_bits(h->values);
   while (len > 0) {
     if (d->off < h->scale_bytes) {
       size_t take =
           (size_t)(h->scale_bytes - d->off) < len ? (size_t)(h->scale_bytes - d->off) : len;
-      if (!d->apply) NB_CHECK(nb__check_scales(p, take / 4, d->off / 4));
+      if (!d->apply) NB_CHECK(nb__check_scales(h->values, p, take / 4, d->off / 4));
       memcpy((uint8_t*)d->scales + d->off, p, take);
       d->off += take;
       p += take;
       len -= take;
       continue;
     }
-    uint64_t first = (d->off - h->scale_bytes) / vs, count = len / vs;
+    /* pieces are whole bytes (whole values for the wider types): first stays aligned */
+    uint64_t first = (d->off - h->scale_bytes) * 8 / bits, count = (uint64_t)len * 8 / bits;
+    if (count > h->k - first) count = h->k - first; /* padding of the last packed byte */
     if (d->apply)
       nb__apply(h, p, count, first, NULL, d->scales, d->w, d->out);
     else
-      NB_CHECK(nb__check_values(h->values, p, count, first));
+      NB_CHECK(nb__check_values(h->values, p, count, first, h->k));
     d->off += len;
     len = 0;
   }
@@ -271,11 +372,13 @@ static nb_status_t nb__decode(nb_codec_t* c, const uint8_t* f, size_t len, float
       nb__codec_grow((void**)&c->didx, &c->didx_cap, h.k ? (size_t)h.k : 1, 4, "decode indices"));
   if (h.index_coding == NB_INDEX_BITMAP)
     NB_CHECK(nb__decode_bitmap(index, (size_t)h.index_bytes, h.n, h.k, c->didx));
+  else if (h.index_coding == NB_INDEX_CHUNKED)
+    NB_CHECK(nb__decode_chunked(index, (size_t)h.index_bytes, h.n, h.k, c->didx));
   else
     NB_CHECK(nb__decode_varints(index, (size_t)h.index_bytes, h.n, h.k, c->didx));
   size_t nbl = (size_t)(h.scale_bytes / 4);
-  NB_CHECK(nb__check_scales(scales, nbl, 0));
-  NB_CHECK(nb__check_values(h.values, values, h.k, 0));
+  NB_CHECK(nb__check_scales(h.values, scales, nbl, 0));
+  NB_CHECK(nb__check_values(h.values, values, h.k, 0, h.k));
   NB_CHECK(nb__codec_grow((void**)&c->dscales, &c->dscales_cap, nbl ? nbl : 1, 4, "decode scales"));
   memcpy(c->dscales, scales, nbl * 4);
   nb__apply(&h, values, h.k, 0, c->didx, c->dscales, w, out);

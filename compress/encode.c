@@ -213,8 +213,183 @@ static nb_status_t nb__quantize(const nb_codec_config_t* c, float* vals, size_t 
       NB_CHECK(nb_quantize_int8_block(vals, k, c->block_size, (int8_t*)values, (float*)scales));
       nb_dequantize_int8_block((const int8_t*)values, (const float*)scales, k, c->block_size, vals);
       break;
+    case NB_VALUES_INT4:
+      NB_CHECK(nb_quantize_int4_block(vals, k, c->block_size, values, (float*)scales));
+      nb_dequantize_int4_block(values, (const float*)scales, k, c->block_size, vals);
+      break;
+    case NB_VALUES_INT2:
+      NB_CHECK(nb_quantize_int2_block(vals, k, c->block_size, values, (float*)scales));
+      nb_dequantize_int2_block(values, (const float*)scales, k, c->block_size, vals);
+      break;
   }
   return NB_OK;
+}
+
+/* ---- chunked top-k: every chunk selects its own exact top-kc, independently of the others ---- */
+
+typedef struct {
+  nb_codec_t* c;
+  float* res;
+  const float* upd;
+  size_t n, c0, c1; /* chunks [c0, c1) */
+  uint32_t chunk, kc, t;
+  size_t bad; /* output position of the first non-finite kept value, or SIZE_MAX */
+} nb__cjob_t;
+
+/* Pass of one chunk: (res += upd,) then the indices and values of src[b, e) with key >= t into
+ * ibuf/vbuf (each with room for e - b + 8), in index order; returns the count. */
+static size_t nb__chunk_pass_scalar(float* res, const float* upd, const float* src, int acc,
+                                    size_t b, size_t e, uint32_t t, uint32_t* ibuf, float* vbuf) {
+  size_t cnt = 0;
+  for (size_t j = b; j < e; j++) {
+    float v = acc ? (res[j] += upd[j]) : src[j];
+    ibuf[cnt] = (uint32_t)j;
+    vbuf[cnt] = v;
+    cnt += nb_topk_key(v) >= t;
+  }
+  return cnt;
+}
+
+#ifdef NB__HAVE_AVX2_PATH
+/* For each 8-bit mask, the positions of its set bits (then zeros): the permutation that packs
+ * the selected lanes to the front. */
+static uint64_t nb__compact_lut[256];
+static pthread_once_t nb__compact_once = PTHREAD_ONCE_INIT;
+static void nb__compact_init(void) {
+  for (unsigned m = 0; m < 256; m++) {
+    uint64_t v = 0;
+    unsigned o = 0;
+    for (unsigned l = 0; l < 8; l++)
+      if (m >> l & 1) v |= (uint64_t)l << (8 * o++);
+    nb__compact_lut[m] = v;
+  }
+}
+
+/* The same with AVX2: 8 values per step, the hits packed to the front by a permutation and
+ * stored unconditionally (so the buffers need 8 slots of slack), no per-value branch. */
+__attribute__((target("avx2"))) static size_t nb__chunk_pass_avx2(float* res, const float* upd,
+                                                                  const float* src, int acc,
+                                                                  size_t b, size_t e, uint32_t t,
+                                                                  uint32_t* ibuf, float* vbuf) {
+  const __m256i tm1 = _mm256_set1_epi32((int32_t)t - 1), absm = _mm256_set1_epi32(0x7fffffff);
+  const __m256i eight = _mm256_set1_epi32(8);
+  __m256i iv = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                _mm256_set1_epi32((int32_t)(uint32_t)b));
+  size_t cnt = 0, j = b;
+  for (; j + 8 <= e; j += 8, iv = _mm256_add_epi32(iv, eight)) {
+    __m256 a;
+    if (acc) {
+      a = _mm256_add_ps(_mm256_loadu_ps(res + j), _mm256_loadu_ps(upd + j));
+      _mm256_storeu_ps(res + j, a);
+    } else {
+      a = _mm256_loadu_ps(src + j);
+    }
+    __m256i hit = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(a), absm), tm1);
+    unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(hit));
+    /* unconditional: a hit in a group is a coin flip at these densities, a branch on it would
+     * mispredict often; a group without hits stores lanes that the next group overwrites */
+    __m256i perm = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)&nb__compact_lut[mask]));
+    _mm256_storeu_ps(vbuf + cnt, _mm256_permutevar8x32_ps(a, perm));
+    _mm256_storeu_si256((__m256i*)(ibuf + cnt), _mm256_permutevar8x32_epi32(iv, perm));
+    cnt += (size_t)__builtin_popcount(mask);
+  }
+  return cnt + nb__chunk_pass_scalar(res, upd, src, acc, j, e, t, ibuf + cnt, vbuf + cnt);
+}
+#endif
+
+static size_t nb__chunk_pass(float* res, const float* upd, int acc, size_t b, size_t e, uint32_t t,
+                             uint32_t* ibuf, float* vbuf) {
+  const float* src = res ? res : upd;
+  acc = acc && res;
+#ifdef NB__HAVE_AVX2_PATH
+  if (__builtin_cpu_supports("avx2"))
+    return nb__chunk_pass_avx2(res, upd, src, acc, b, e, t, ibuf, vbuf);
+#endif
+  return nb__chunk_pass_scalar(res, upd, src, acc, b, e, t, ibuf, vbuf);
+}
+
+/* The kk-th largest (1 <= kk < m) of the packed candidates w[0..m), exact: a 256-bucket
+ * histogram of their keys between min and max finds the bucket that holds it, and only that
+ * bucket's candidates (a handful) are quickselected. tmp: room for m. */
+static uint64_t nb__select_small(const uint64_t* w, size_t m, size_t kk, uint64_t* tmp) {
+  uint32_t lo = UINT32_MAX, hi = 0;
+  for (size_t j = 0; j < m; j++) {
+    uint32_t key = (uint32_t)(w[j] >> 32);
+    lo = key < lo ? key : lo;
+    hi = key > hi ? key : hi;
+  }
+  unsigned shift = 0;
+  while (((hi - lo) >> shift) > 255) shift++;
+  uint32_t hist[256];
+  memset(hist, 0, sizeof hist);
+  for (size_t j = 0; j < m; j++) hist[((uint32_t)(w[j] >> 32) - lo) >> shift]++;
+  size_t above = 0;
+  uint32_t bk = (hi - lo) >> shift;
+  for (; bk > 0 && above + hist[bk] < kk; bk--) above += hist[bk];
+  size_t cb = 0;
+  for (size_t j = 0; j < m; j++)
+    if ((((uint32_t)(w[j] >> 32) - lo) >> shift) == bk) tmp[cb++] = w[j];
+  return nb_topk_kth_largest(tmp, cb, kk - above);
+}
+
+/* Chunk [b, b + len): accumulate, then the exact top-kk by (|x|, lower index) into idx/vals in
+ * index order. One fused pass collects the values at or above a key threshold *t carried over
+ * from the previous chunk; the exact kk-th is selected among those few candidates. A
+ * threshold that keeps fewer than kk (the vector's scale dropped) is retried at 0 (every value
+ * of the chunk: the histogram select handles that too). The threshold only changes the speed: the
+ * winners are exact whatever it is, so the bytes stay deterministic. Scratch (cand/cval of this
+ * thread): 2 len + 16 entries each, cidx len + 8. */
+static size_t nb__chunk_select(const nb__cjob_t* jb, size_t b, size_t len, size_t kk, uint32_t* t,
+                               uint32_t* idx, float* vals) {
+  nb_codec_t* c = jb->c;
+  if (kk == 0) { /* nothing to send from this chunk: accumulate only */
+    if (jb->res && jb->upd)
+      for (size_t j = b; j < b + len; j++) jb->res[j] += jb->upd[j];
+    return SIZE_MAX;
+  }
+  uint64_t* w = c->cand[jb->t];    /* [0, len + 8): packed candidates in index order */
+  uint64_t* sel = w + len + 8;     /* [len + 8, 2 len + 16): scratch of the selection */
+  uint32_t* ibuf = c->cidx[jb->t]; /* len + 8: the pass's indices, before packing */
+  float* wv = c->cval[jb->t];
+  size_t m = nb__chunk_pass(jb->res, jb->upd, 1, b, b + len, *t, ibuf, wv);
+  if (m < kk) /* too few (the scale dropped): every value of the chunk, at most 2 passes */
+    m = nb__chunk_pass(jb->res, jb->upd, 0, b, b + len, 0, ibuf, wv);
+  for (size_t j = 0; j < m; j++) w[j] = nb_topk_pack(nb_topk_key(wv[j]), ibuf[j]);
+  size_t o = 0, bad = SIZE_MAX;
+  uint64_t kth = 0;
+  if (m > kk) kth = nb__select_small(w, m, kk, sel);
+  for (size_t j = 0; j < m; j++)
+    if (w[j] >= kth) {
+      if (bad == SIZE_MAX && (w[j] >> 32) >= 0x7f800000u) bad = o;
+      idx[o] = nb_topk_unpack_index(w[j]);
+      vals[o++] = wv[j];
+    }
+  /* next chunk: a threshold 0.85 times this one's kk-th magnitude, so that a chunk of the same
+   * scale keeps about 1.5 kk candidates (heavy-tailed values) and very rarely fewer than kk */
+  uint32_t kkey = (uint32_t)(kth >> 32);
+  if (kkey >= 0x7f800000u) {
+    *t = 0x7f000000u;
+  } else {
+    float f;
+    memcpy(&f, &kkey, 4);
+    *t = nb_topk_key(0.85f * f);
+  }
+  return bad;
+}
+
+static void* nb__chunked_run(void* arg) {
+  nb__cjob_t* jb = (nb__cjob_t*)arg;
+  nb_codec_t* c = jb->c;
+  uint32_t t = 0;
+  jb->bad = SIZE_MAX;
+  for (size_t ch = jb->c0; ch < jb->c1; ch++) {
+    size_t b = ch * jb->chunk, len = jb->n - b < jb->chunk ? jb->n - b : jb->chunk;
+    size_t kk = len == jb->chunk ? jb->kc : (size_t)((uint64_t)jb->kc * len / jb->chunk);
+    size_t o = ch * jb->kc; /* every chunk before this one is whole */
+    size_t bad = nb__chunk_select(jb, b, len, kk, &t, c->idx + o, c->vals + o);
+    if (bad != SIZE_MAX && jb->bad == SIZE_MAX) jb->bad = o + bad;
+  }
+  return NULL;
 }
 
 typedef struct {
@@ -229,13 +404,14 @@ typedef struct {
 static void* nb__quant_run(void* arg) {
   nb__qjob_t* q = (nb__qjob_t*)arg;
   nb_codec_t* c = q->c;
-  size_t vsz = nb__values_size(c->cfg.values), end = q->g1 < q->k ? q->g1 : q->k;
+  unsigned bits = nb__values_bits(c->cfg.values);
+  size_t end = q->g1 < q->k ? q->g1 : q->k;
   q->st = NB_OK;
   for (size_t g0 = q->g0; g0 < end; g0 += q->group) {
     size_t g1 = end - g0 < q->group ? end : g0 + q->group;
-    size_t sc = c->cfg.values == NB_VALUES_INT8 ? g0 / c->cfg.block_size : 0;
-    q->st =
-        nb__quantize(&c->cfg, c->vals + g0, g1 - g0, c->raw + 4 * sc, c->raw + q->sb + g0 * vsz);
+    size_t sc = nb__values_blocked(c->cfg.values) ? g0 / c->cfg.block_size : 0;
+    q->st = nb__quantize(&c->cfg, c->vals + g0, g1 - g0, c->raw + 4 * sc,
+                         c->raw + q->sb + g0 * bits / 8);
     if (q->st != NB_OK) {
       snprintf(q->msg, sizeof q->msg, "%s", nb_error_last());
       return NULL;
@@ -285,6 +461,148 @@ static nb_status_t nb__finish(nb_codec_t* c, nb_frame_info_t* h, size_t raw, uin
   return NB_OK;
 }
 
+/* Step 4 of a sparse encode, shared by global and chunked top-k: sections
+ * [scales][values][indices] from codec->idx/vals[0..k), residual correction, zstd, frame.
+ * chunk != 0: chunked top-k with kc per chunk, coded NB_INDEX_CHUNKED when that fits the
+ * bound (see nb_codec_config_t). */
+static nb_status_t nb__emit_sparse(nb_codec_t* c, float* residual, size_t n, size_t k,
+                                   size_t varint, uint32_t chunk, uint32_t kc, uint64_t round,
+                                   uint32_t sender, uint8_t* out, size_t cap, size_t* len,
+                                   int threads, int64_t t_start, int64_t t_pass, int64_t t_select,
+                                   size_t m, int scans) {
+  /* 4. sections [scales][values][indices]; values are gathered, quantized and taken out of the
+   * residual a group at a time so each residual line is touched once */
+  size_t nbl = (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size);
+  size_t sb = 4 * nbl, vb = (size_t)nb__value_bytes(c->cfg.values, k);
+  size_t bitmap = n / 8 + (n % 8 != 0);
+  unsigned cbits = chunk ? (unsigned)__builtin_ctz(chunk) : 0;
+  size_t chunked = chunk ? (size_t)nb__chunked_index_bytes(k, cbits) : SIZE_MAX;
+  int use_chunked = k > 0 && chunked <= 5 * k && chunked <= bitmap;
+  int use_bitmap = !use_chunked && bitmap < varint;
+  size_t ib = use_chunked ? chunked : use_bitmap ? bitmap : varint;
+  NB_CHECK(nb__codec_grow((void**)&c->raw, &c->raw_cap, sb + vb + ib + 8, 1, "codec sections"));
+  /* groups are whole scale blocks and whole bytes of packed values (a multiple of 4 values);
+   * threads take contiguous runs of groups */
+  size_t unit = !nb__values_blocked(c->cfg.values)   ? 1
+                : nb__values_bits(c->cfg.values) < 8 ? 4 * (size_t)c->cfg.block_size
+                                                     : c->cfg.block_size;
+  size_t group = unit * ((1023 + unit) / unit);
+  size_t ngroups = (k + group - 1) / group;
+  int qthreads = k >= 65536 ? threads : 1;
+  nb__qjob_t qj[NB__CODEC_MAX_THREADS];
+  for (int i = 0; i < qthreads; i++)
+    qj[i] = (nb__qjob_t){.c = c,
+                         .residual = residual,
+                         .k = k,
+                         .group = group,
+                         .sb = sb,
+                         .g0 = ngroups * (size_t)i / (size_t)qthreads * group,
+                         .g1 = ngroups * (size_t)(i + 1) / (size_t)qthreads * group};
+  nb__parallel(nb__quant_run, qj, sizeof qj[0], qthreads);
+  for (int i = 0; i < qthreads; i++)
+    if (qj[i].st != NB_OK) return nb_error(qj[i].st, "codec: quantization failed: %s", qj[i].msg);
+  uint8_t* ip = c->raw + sb + vb;
+  if (use_chunked) {
+    nb__put32(ip, chunk);
+    nb__put32(ip + 4, kc);
+    uint8_t* q = ip + NB__CHUNKED_HEAD;
+    uint64_t acc = 0;
+    unsigned have = 0;
+    const uint32_t mask = chunk - 1;
+    for (size_t j = 0; j < k; j++) {
+      acc |= (uint64_t)(c->idx[j] & mask) << have;
+      have += cbits;
+      while (have >= 8) {
+        *q++ = (uint8_t)acc;
+        acc >>= 8;
+        have -= 8;
+      }
+    }
+    if (have) *q++ = (uint8_t)acc;
+  } else if (use_bitmap) {
+    memset(ip, 0, bitmap);
+    for (size_t j = 0; j < k; j++) ip[c->idx[j] >> 3] |= (uint8_t)(1u << (c->idx[j] & 7));
+  } else {
+    nb__put_varints(ip, c->idx, k);
+  }
+
+  int64_t t_quant = nb_now_ns();
+  nb_frame_info_t h = {.flags = NB_FRAME_FLAG_SPARSE,
+                       .values = c->cfg.values,
+                       .index_coding = use_chunked  ? NB_INDEX_CHUNKED
+                                       : use_bitmap ? NB_INDEX_BITMAP
+                                                    : NB_INDEX_DELTA_VARINT,
+                       .n = n,
+                       .k = k,
+                       .round = round,
+                       .sender = sender,
+                       .block_size = nb__values_blocked(c->cfg.values) ? c->cfg.block_size : 0,
+                       .scale_bytes = sb,
+                       .value_bytes = vb,
+                       .index_bytes = ib};
+  nb_status_t st = nb__finish(c, &h, sb + vb + ib, out, cap, len);
+  NB_TRACE(CODEC,
+           "encode n=%zu k=%zu chunk=%u: %zu candidates over %d scan(s); sample+pass %.2f ms, "
+           "select %.2f "
+           "ms, quantize+index %.2f ms, zstd+frame %.2f ms, %zu bytes",
+           n, k, chunk, m, scans, (t_pass - t_start) / 1e6, (t_select - t_pass) / 1e6,
+           (t_quant - t_select) / 1e6, (nb_now_ns() - t_quant) / 1e6, *len);
+  return st;
+}
+
+/* Chunked top-k (cfg.topk_chunk): kc = floor(k * C / n) per whole chunk; the chunks are split
+ * evenly over the threads, each writes its chunks' winners at their fixed output positions. */
+static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float* residual, size_t n,
+                                      size_t k, int threads, uint64_t round, uint32_t sender,
+                                      uint8_t* out, size_t cap, size_t* len) {
+  int64_t t_start = nb_now_ns();
+  uint32_t chunk = c->cfg.topk_chunk;
+  uint32_t kc = n ? (uint32_t)((uint64_t)k * chunk / n) : 0;
+  if (kc > chunk) kc = chunk;
+  size_t kt = (size_t)nb__chunked_k(n, chunk, kc), nch = n / chunk + (n % chunk != 0);
+  NB_CHECK(nb__codec_grow((void**)&c->idx, &c->idx_cap, kt ? kt : 1, 4, "codec indices"));
+  NB_CHECK(nb__codec_grow((void**)&c->vals, &c->vals_cap, kt ? kt : 1, 4, "codec values"));
+  if ((size_t)threads > nch) threads = nch ? (int)nch : 1;
+  nb__cjob_t jb[NB__CODEC_MAX_THREADS];
+  for (int i = 0; i < threads; i++) {
+    size_t clen = chunk < n ? chunk : (n ? n : 1);
+    NB_CHECK(nb__grow_candidates(c, i, 2 * clen + 16));
+    NB_CHECK(
+        nb__codec_grow((void**)&c->cidx[i], &c->cidx_cap[i], clen + 8, 4, "codec chunk indices"));
+    jb[i] = (nb__cjob_t){.c = c,
+                         .res = residual,
+                         .upd = update,
+                         .n = n,
+                         .c0 = nch * (size_t)i / (size_t)threads,
+                         .c1 = nch * (size_t)(i + 1) / (size_t)threads,
+                         .chunk = chunk,
+                         .kc = kc,
+                         .t = (uint32_t)i};
+  }
+#ifdef NB__HAVE_AVX2_PATH
+  pthread_once(&nb__compact_once, nb__compact_init);
+#endif
+  nb__parallel(nb__chunked_run, jb, sizeof jb[0], threads);
+  int64_t t_pass = nb_now_ns();
+  size_t bad = SIZE_MAX;
+  for (int i = 0; i < threads && bad == SIZE_MAX; i++) bad = jb[i].bad;
+  if (bad != SIZE_MAX)
+    return nb_error(NB_ERR_INVALID, "codec: the %s holds a non-finite value at index %u",
+                    residual ? "residual (after adding the update)" : "update", c->idx[bad]);
+  /* the varint size matters only when the chunked section does not fit (see nb__emit_sparse) */
+  size_t varint = 0, bitmap = n / 8 + (n % 8 != 0);
+  size_t chunked = (size_t)nb__chunked_index_bytes(kt, (unsigned)__builtin_ctz(chunk));
+  int need_varint = !(kt > 0 && chunked <= 5 * kt && chunked <= bitmap);
+  uint32_t prev = 0;
+  for (size_t j = 0; need_varint && j < kt; j++) {
+    uint32_t d = c->idx[j] - prev;
+    prev = c->idx[j];
+    varint += 1 + (d >= (1u << 7)) + (d >= (1u << 14)) + (d >= (1u << 21)) + (d >= (1u << 28));
+  }
+  return nb__emit_sparse(c, residual, n, kt, varint, chunk, kc, round, sender, out, cap, len,
+                         threads, t_start, t_pass, nb_now_ns(), kt, 1);
+}
+
 nb_status_t nb_codec_encode_sparse(nb_codec_t* codec, const float* update, float* residual,
                                    size_t n, double density, uint64_t round, uint32_t sender,
                                    void* out, size_t cap, size_t* len) {
@@ -306,7 +624,7 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
   /* the stored (uncompressed) frame always fits in this; checked before the residual changes */
   size_t need = NB_FRAME_HEADER_BYTES +
                 4 * (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size) +
-                k * nb__values_size(c->cfg.values) +
+                (size_t)nb__value_bytes(c->cfg.values, k) +
                 (k ? (5 * k < n / 8 + (n % 8 != 0) ? 5 * k : n / 8 + (n % 8 != 0)) : 0);
   if (cap < need)
     return nb_error(NB_ERR_INVALID,
@@ -315,8 +633,10 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
                     cap, need, k, n);
   int threads = c->cfg.threads;
   if (n < (1u << 20)) threads = 1; /* thread start-up would dominate */
+  if (c->cfg.topk_chunk)
+    return nb__encode_chunked(c, update, residual, n, k, threads, round, sender, out, cap, len);
 
-  int64_t t_start = nb_now_ns(), t_pass, t_select, t_quant;
+  int64_t t_start = nb_now_ns(), t_pass, t_select;
   int scans = 1;
   /* 1. threshold from a sample of residual + update (computed the same way as the pass) */
   uint32_t t = 0;
@@ -451,59 +771,8 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
                     residual ? "residual (after adding the update)" : "update", c->idx[bad]);
   t_select = nb_now_ns();
 
-  /* 4. sections [scales][values][indices]; values are gathered, quantized and taken out of the
-   * residual a group at a time so each residual line is touched once */
-  size_t nbl = (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size);
-  size_t sb = 4 * nbl, vb = k * nb__values_size(c->cfg.values);
-  size_t bitmap = n / 8 + (n % 8 != 0);
-  int use_bitmap = bitmap < varint;
-  size_t ib = use_bitmap ? bitmap : varint;
-  NB_CHECK(nb__codec_grow((void**)&c->raw, &c->raw_cap, sb + vb + ib + 8, 1, "codec sections"));
-  /* groups are whole int8 blocks; threads take contiguous runs of groups */
-  size_t group = c->cfg.values == NB_VALUES_INT8
-                     ? (size_t)c->cfg.block_size * ((1023 + c->cfg.block_size) / c->cfg.block_size)
-                     : 1024;
-  size_t ngroups = (k + group - 1) / group;
-  int qthreads = k >= 65536 ? threads : 1;
-  nb__qjob_t qj[NB__CODEC_MAX_THREADS];
-  for (int i = 0; i < qthreads; i++)
-    qj[i] = (nb__qjob_t){.c = c,
-                         .residual = residual,
-                         .k = k,
-                         .group = group,
-                         .sb = sb,
-                         .g0 = ngroups * (size_t)i / (size_t)qthreads * group,
-                         .g1 = ngroups * (size_t)(i + 1) / (size_t)qthreads * group};
-  nb__parallel(nb__quant_run, qj, sizeof qj[0], qthreads);
-  for (int i = 0; i < qthreads; i++)
-    if (qj[i].st != NB_OK) return nb_error(qj[i].st, "codec: quantization failed: %s", qj[i].msg);
-  uint8_t* ip = c->raw + sb + vb;
-  if (use_bitmap) {
-    memset(ip, 0, bitmap);
-    for (size_t j = 0; j < k; j++) ip[c->idx[j] >> 3] |= (uint8_t)(1u << (c->idx[j] & 7));
-  } else {
-    nb__put_varints(ip, c->idx, k);
-  }
-
-  t_quant = nb_now_ns();
-  nb_frame_info_t h = {.flags = NB_FRAME_FLAG_SPARSE,
-                       .values = c->cfg.values,
-                       .index_coding = use_bitmap ? NB_INDEX_BITMAP : NB_INDEX_DELTA_VARINT,
-                       .n = n,
-                       .k = k,
-                       .round = round,
-                       .sender = sender,
-                       .block_size = c->cfg.values == NB_VALUES_INT8 ? c->cfg.block_size : 0,
-                       .scale_bytes = sb,
-                       .value_bytes = vb,
-                       .index_bytes = ib};
-  nb_status_t st = nb__finish(c, &h, sb + vb + ib, out, cap, len);
-  NB_TRACE(CODEC,
-           "encode n=%zu k=%zu: %zu candidates over %d scan(s); sample+pass %.2f ms, select %.2f "
-           "ms, quantize+index %.2f ms, zstd+frame %.2f ms, %zu bytes",
-           n, k, m, scans, (t_pass - t_start) / 1e6, (t_select - t_pass) / 1e6,
-           (t_quant - t_select) / 1e6, (nb_now_ns() - t_quant) / 1e6, *len);
-  return st;
+  return nb__emit_sparse(c, residual, n, k, varint, 0, 0, round, sender, out, cap, len, threads,
+                         t_start, t_pass, t_select, m, scans);
 }
 
 nb_status_t nb_codec_encode_dense(nb_codec_t* c, const float* x, size_t n, uint64_t round,
@@ -513,10 +782,10 @@ nb_status_t nb_codec_encode_dense(nb_codec_t* c, const float* x, size_t n, uint6
   if (n > UINT32_MAX) return nb_error(NB_ERR_INVALID, "codec: n (%zu) > 2^32-1", n);
   *len = 0;
   size_t nbl = (size_t)nb__scale_blocks(c->cfg.values, n, c->cfg.block_size);
-  size_t sb = 4 * nbl, vb = n * nb__values_size(c->cfg.values);
+  size_t sb = 4 * nbl, vb = (size_t)nb__value_bytes(c->cfg.values, n);
   NB_CHECK(nb__codec_grow((void**)&c->raw, &c->raw_cap, sb + vb + 8, 1, "codec sections"));
   uint8_t *scales = c->raw, *values = c->raw + sb;
-  if (c->cfg.values != NB_VALUES_INT8) /* int8 quantization reports its own non-finite blocks */
+  if (!nb__values_blocked(c->cfg.values)) /* block quantization reports non-finite blocks */
     for (size_t i = 0; i < n; i++)
       if (!isfinite(x[i]))
         return nb_error(NB_ERR_INVALID, "codec: dense input holds a non-finite value at index %zu",
@@ -534,6 +803,12 @@ nb_status_t nb_codec_encode_dense(nb_codec_t* c, const float* x, size_t n, uint6
     case NB_VALUES_INT8:
       NB_CHECK(nb_quantize_int8_block(x, n, c->cfg.block_size, (int8_t*)values, (float*)scales));
       break;
+    case NB_VALUES_INT4:
+      NB_CHECK(nb_quantize_int4_block(x, n, c->cfg.block_size, values, (float*)scales));
+      break;
+    case NB_VALUES_INT2:
+      NB_CHECK(nb_quantize_int2_block(x, n, c->cfg.block_size, values, (float*)scales));
+      break;
   }
   nb_frame_info_t h = {.flags = 0,
                        .values = c->cfg.values,
@@ -542,7 +817,7 @@ nb_status_t nb_codec_encode_dense(nb_codec_t* c, const float* x, size_t n, uint6
                        .k = n,
                        .round = round,
                        .sender = sender,
-                       .block_size = c->cfg.values == NB_VALUES_INT8 ? c->cfg.block_size : 0,
+                       .block_size = nb__values_blocked(c->cfg.values) ? c->cfg.block_size : 0,
                        .scale_bytes = sb,
                        .value_bytes = vb};
   return nb__finish(c, &h, sb + vb, out, cap, len);

@@ -20,7 +20,8 @@ __global__ void nb__q8_kernel(const float* x, size_t n, uint32_t block, int8_t* 
     if (threadIdx.x < s) red[threadIdx.x] = nb_absmax_merge(red[threadIdx.x], red[threadIdx.x + s]);
     __syncthreads();
   }
-  float scale = red[0] / 127.0f;
+  float scale = red[0] / 127.0f, smax = nb_quant_scale_max(NB_QUANT_INT8_MAX);
+  if (scale > smax) scale = smax; /* as the CPU reference: 127 * scale stays finite */
   if (!isfinite(red[0])) scale = nanf("");
   if (threadIdx.x == 0) scales[blockIdx.x] = scale;
   for (size_t i = b0 + threadIdx.x; i < b1; i += blockDim.x) q[i] = nb_quant_int8(x[i], scale);

@@ -1,7 +1,7 @@
 /* Runs the decoder fuzz entry over every file of a corpus folder as a normal test. A file named
  * ok-*, codec-* or integrity-* must give NB_OK, NB_ERR_CODEC or NB_ERR_INTEGRITY; any other file
  * (for example a crash-* input the fuzzer found) must simply not crash. Every file is also
- * decoded with its checksum recomputed, as the fuzz target does. */
+ * decoded with its checksum recomputed, and drives the encoder, as the fuzz target does. */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
     char msg[600];
     snprintf(msg, sizeof msg, "%s", nb_error_last());
     nb_fuzz_decode_resealed(buf, len);
+    nb_fuzz_encode(buf, len);
     free(buf);
     files++;
     rejected += st != NB_OK;

@@ -15,4 +15,10 @@ nb_status_t nb_fuzz_decode(const uint8_t* data, size_t size);
  * section parsers instead of stopping at the checksum. */
 void nb_fuzz_decode_resealed(const uint8_t* data, size_t size);
 
+/* Encoder round trip driven by the bytes: byte 0 the value type (and bit 7: dense), byte 1 the
+ * top-k chunk, byte 2 zstd and density, byte 3 the scale block, then fp32 values (NaN -> 0,
+ * +-inf -> +-FLT_MAX). Traps unless the input encodes, decodes, every decoded value and the
+ * residual are finite, and sent + residual == input up to one rounding. */
+void nb_fuzz_encode(const uint8_t* data, size_t size);
+
 #endif

@@ -3,6 +3,7 @@
  * whenever the defect must be caught by something other than the checksum. */
 #include "bad_frames.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,13 +43,43 @@ static void reseal(uint8_t* f, size_t len) {
   put64(f + 80, nb_xxh3_64(f + HDR, (size_t)pb, seed));
 }
 
-static buf_t encode(nb_values_t v, int level, int dense, size_t n, double density, int spiky) {
+static void putf(uint8_t* p, float f) {
+  memcpy(p, &f, 4);
+}
+/* The largest scale whose top code is finite (as nb_quant_scale_max, recomputed here). */
+static float scale_max(float code) {
+  float s = FLT_MAX / code;
+  while (!(s * code <= FLT_MAX)) s = nextafterf(s, 0.0f);
+  return s;
+}
+/* Section offsets of a stored frame, from its header. */
+static size_t values_at(const uint8_t* f) {
+  return HDR + (size_t)get64(f + 48);
+}
+static size_t index_at(const uint8_t* f) {
+  return values_at(f) + (size_t)get64(f + 56);
+}
+/* Sets offset j (of `bits` bits) of a chunked index section starting at `ix`. */
+static void set_offset(uint8_t* ix, size_t j, unsigned bits, uint32_t off) {
+  for (unsigned b = 0; b < bits; b++) {
+    size_t bit = j * bits + b;
+    uint8_t* q = ix + 8 + bit / 8;
+    if (off >> b & 1)
+      *q |= (uint8_t)(1u << (bit % 8));
+    else
+      *q &= (uint8_t) ~(1u << (bit % 8));
+  }
+}
+
+static buf_t encode_chunked(nb_values_t v, int level, int dense, size_t n, double density,
+                            int spiky, uint32_t chunk) {
   nb_codec_config_t cfg;
   nb_codec_config_default(&cfg);
   cfg.values = v;
   cfg.zstd_level = level;
   cfg.block_size = 16;
   cfg.threads = 1;
+  cfg.topk_chunk = chunk;
   nb_codec_t* c = NULL;
   buf_t out = {0};
   if (nb_codec_create(&cfg, &c) != NB_OK) return out;
@@ -65,6 +96,10 @@ static buf_t encode(nb_values_t v, int level, int dense, size_t n, double densit
   free(x);
   nb_codec_destroy(c);
   return out;
+}
+
+static buf_t encode(nb_values_t v, int level, int dense, size_t n, double density, int spiky) {
+  return encode_chunked(v, level, dense, n, density, spiky, 0);
 }
 
 typedef struct {
@@ -133,7 +168,7 @@ size_t nb_test_frames_build(nb_test_frame_t** out) {
   p = add(&l, "value-type", &B, B.len, C, "value type");
   p[12] = 9;
   p = add(&l, "index-coding-sparse", &B, B.len, C, "index coding");
-  p[13] = 3;
+  p[13] = 4;
   p = add(&l, "index-coding-dense", &G, G.len, C, "index coding");
   p[13] = 1;
   p = add(&l, "zstd-level-stored", &B, B.len, C, "zstd level");
@@ -218,7 +253,114 @@ size_t nb_test_frames_build(nb_test_frame_t** out) {
   p = add(&l, "zstd-dense-magic", &F, F.len, C, "not a zstd frame");
   p[HDR + 1] ^= 0x55, reseal(p, F.len);
 
+  /* sub-int8 values. H: sparse 4bit stored (k = 50: 25 value bytes); J: sparse 2bit stored
+   * (13 value bytes, the last holds 2 values and 4 zero padding bits); K: dense 4bit stored,
+   * n = 101 (51 bytes, a zero padding nibble); L: dense 2bit stored, n = 103 (26 bytes, 2
+   * padding bits); O: dense 4bit zstd. P: sparse bf16 stored, Q: sparse fp32 stored. */
+  buf_t H = encode(NB_VALUES_INT4, 0, 0, 1000, 0.05, 1);
+  buf_t J = encode(NB_VALUES_INT2, 0, 0, 1000, 0.05, 1);
+  buf_t K = encode(NB_VALUES_INT4, 0, 1, 101, 1.0, 0);
+  buf_t L = encode(NB_VALUES_INT2, 0, 1, 103, 1.0, 0);
+  buf_t O = encode(NB_VALUES_INT4, 3, 1, 5000, 1.0, 0);
+  buf_t P = encode(NB_VALUES_BF16, 0, 0, 1000, 0.05, 1);
+  buf_t Q = encode(NB_VALUES_FP32, 0, 0, 1000, 0.05, 1);
+  /* chunked top-k. M: 2bit stored, n = 1000, chunks of 64, k = 100 -> 6 per whole chunk (15 of
+   * them) and floor(6 * 40 / 64) = 3 in the last of 40: k = 93 offsets of 6 bits = 70 bytes (2
+   * padding bits) after the 8-byte section head. N: int8 zstd, n = 5000, chunks of 256. */
+  buf_t M = encode_chunked(NB_VALUES_INT2, 0, 0, 1000, 0.1, 0, 64);
+  buf_t N = encode_chunked(NB_VALUES_INT8, 1, 0, 5000, 0.03, 0, 256);
+  add(&l, "ok-sparse-4bit", &H, H.len, NB_OK, NULL);
+  add(&l, "ok-sparse-2bit", &J, J.len, NB_OK, NULL);
+  add(&l, "ok-dense-4bit-odd", &K, K.len, NB_OK, NULL);
+  add(&l, "ok-dense-2bit-odd", &L, L.len, NB_OK, NULL);
+  add(&l, "ok-dense-4bit-zstd", &O, O.len, NB_OK, NULL);
+  add(&l, "ok-sparse-bf16", &P, P.len, NB_OK, NULL);
+  add(&l, "ok-sparse-fp32", &Q, Q.len, NB_OK, NULL);
+  add(&l, "ok-chunked-2bit", &M, M.len, NB_OK, NULL);
+  add(&l, "ok-chunked-int8-zstd", &N, N.len, NB_OK, NULL);
+
+  /* scales at and beyond the finite bound: 127 * (FLT_MAX / 127.0f) rounds to infinity, so that
+   * scale (which the old bound accepted) must be refused; the bound itself decodes finitely */
+  p = add(&l, "int8-scale-flt-max-127", &B, B.len, C, "int8 scale 2");
+  putf(p + HDR + 8, FLT_MAX / 127.0f), reseal(p, B.len);
+  p = add(&l, "ok-int8-scale-at-bound", &B, B.len, NB_OK, NULL);
+  putf(p + HDR, scale_max(127.0f)), reseal(p, B.len);
+  p = add(&l, "4bit-scale-overflows", &H, H.len, C, "4bit scale 1");
+  putf(p + HDR + 4, nextafterf(scale_max(7.0f), INFINITY)), reseal(p, H.len);
+  p = add(&l, "ok-4bit-scale-at-bound", &H, H.len, NB_OK, NULL);
+  putf(p + HDR + 4, scale_max(7.0f)), reseal(p, H.len);
+  p = add(&l, "2bit-scale-inf", &J, J.len, C, "2bit scale 0");
+  put32(p + HDR, 0x7f800000u), reseal(p, J.len);
+  p = add(&l, "2bit-scale-overflows", &J, J.len, C, "2bit scale 3");
+  putf(p + HDR + 12, nextafterf(scale_max(1.5f), INFINITY)), reseal(p, J.len);
+  p = add(&l, "2bit-scale-negative", &J, J.len, C, "2bit scale 1");
+  putf(p + HDR + 4, -1.0f), reseal(p, J.len);
+  p = add(&l, "4bit-dense-scale-nan", &K, K.len, C, "4bit scale 6");
+  put32(p + HDR + 24, 0x7fc00000u), reseal(p, K.len);
+  p = add(&l, "2bit-dense-scale-inf", &L, L.len, C, "2bit scale 2");
+  put32(p + HDR + 8, 0xff800000u), reseal(p, L.len);
+  /* non-finite fp payload values */
+  p = add(&l, "bf16-inf-sparse", &P, P.len, C, "bf16 value 4 is not finite");
+  p[values_at(p) + 8] = 0x80, p[values_at(p) + 9] = 0x7f, reseal(p, P.len);
+  p = add(&l, "fp32-inf-sparse", &Q, Q.len, C, "fp32 value 7 is not finite");
+  put32(p + values_at(p) + 28, 0xff800000u), reseal(p, Q.len);
+  p = add(&l, "fp16-nan-sparse", &E, E.len, C, "fp16 value 3 is not finite");
+  p[values_at(p) + 6] = 0x01, p[values_at(p) + 7] = 0x7e, reseal(p, E.len);
+
+  /* packed values: invalid code, padding bits, section sizes, block size */
+  p = add(&l, "4bit-minus-8", &H, H.len, C, "4bit value 7 is -8");
+  p[values_at(p) + 3] = (uint8_t)((p[values_at(p) + 3] & 0x0f) | 0x80), reseal(p, H.len);
+  p = add(&l, "4bit-dense-minus-8", &K, K.len, C, "4bit value 20 is -8");
+  p[values_at(p) + 10] = (uint8_t)((p[values_at(p) + 10] & 0xf0) | 0x08), reseal(p, K.len);
+  p = add(&l, "4bit-dense-padding", &K, K.len, C, "padding bits");
+  p[K.len - 1] |= 0x10, reseal(p, K.len);
+  p = add(&l, "2bit-padding", &J, J.len, C, "padding bits");
+  p[index_at(p) - 1] |= 0x40, reseal(p, J.len);
+  p = add(&l, "2bit-dense-padding", &L, L.len, C, "padding bits");
+  p[L.len - 1] |= 0x80, reseal(p, L.len);
+  p = add(&l, "4bit-value-bytes", &H, H.len, C, "value section");
+  put64(p + 56, 50);
+  p = add(&l, "2bit-value-bytes", &L, L.len, C, "value section");
+  put64(p + 56, 25);
+  p = add(&l, "2bit-block-zero", &J, J.len, C, "block size");
+  put32(p + 44, 0);
+  p = add(&l, "4bit-scale-bytes", &K, K.len, C, "scale section");
+  put64(p + 48, 24);
+
+  /* chunked index sections (M: the section starts at index_at) */
+  p = add(&l, "chunked-on-dense", &L, L.len, C, "index coding");
+  p[13] = 3;
+  p = add(&l, "chunk-not-power-of-two", &M, M.len, C, "not a power of two");
+  put32(p + index_at(p), 48), reseal(p, M.len);
+  p = add(&l, "chunk-too-small", &M, M.len, C, "not a power of two");
+  put32(p + index_at(p), 8), reseal(p, M.len);
+  p = add(&l, "chunk-too-large", &M, M.len, C, "not a power of two");
+  put32(p + index_at(p), 1u << 17), reseal(p, M.len);
+  p = add(&l, "chunk-k-zero", &M, M.len, C, "values per chunk");
+  put32(p + index_at(p) + 4, 0), reseal(p, M.len);
+  p = add(&l, "chunk-k-above-chunk", &M, M.len, C, "values per chunk");
+  put32(p + index_at(p) + 4, 65), reseal(p, M.len);
+  p = add(&l, "chunk-k-mismatch", &M, M.len, C, "makes k");
+  put32(p + index_at(p) + 4, 7), reseal(p, M.len);
+  p = add(&l, "chunk-size-mismatch", &M, M.len, C, "expected");
+  put32(p + index_at(p), 128), put32(p + index_at(p) + 4, 12), reseal(p, M.len);
+  p = add(&l, "chunk-index-bytes-under-8", &M, M.len, C, "chunked index section is 7");
+  put64(p + 64, 7);
+  p = add(&l, "chunk-index-bytes-over-2k", &M, M.len, C, "chunked index section is");
+  put64(p + 64, 8 + 2 * 93 + 1);
+  p = add(&l, "chunk-unused-byte", &M, M.len + 1, C, "chunked index section is 79");
+  put64(p + 64, 79), put64(p + 72, get64(p + 72) + 1), reseal(p, M.len + 1);
+  p = add(&l, "chunk-offsets-repeat", &M, M.len, C, "not strictly increasing");
+  set_offset(p + index_at(p), 13, 6, 0), set_offset(p + index_at(p), 12, 6, 0), reseal(p, M.len);
+  p = add(&l, "chunk-offset-beyond-n", &M, M.len, C, "not below n");
+  set_offset(p + index_at(p), 92, 6, 63), reseal(p, M.len);
+  p = add(&l, "chunk-padding", &M, M.len, C, "padding bits");
+  p[M.len - 1] |= 0x80, reseal(p, M.len);
+  p = add(&l, "flip-chunked-payload", &N, N.len, I, "checksum");
+  p[HDR + 12] ^= 0x08;
+
   free(A.b), free(B.b), free(D.b), free(E.b), free(F.b), free(G.b);
+  free(H.b), free(J.b), free(K.b), free(L.b), free(M.b), free(N.b), free(O.b), free(P.b), free(Q.b);
   *out = l.v;
   return l.n;
 }

@@ -1,6 +1,7 @@
 /* Strict decoding: every frame of the defect corpus is rejected with the right status and a
  * message naming the defect, and the destination is left untouched; the good frames decode.
- * `test_codec_frames --write-corpus DIR` writes the corpus as files for the fuzz target. */
+ * `test_codec_frames --write-corpus DIR` writes the corpus as files for the fuzz target;
+ * `--check-corpus DIR` checks that the checked-in files are exactly these frames. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -102,8 +103,39 @@ static int write_corpus(const char* dir) {
   return 0;
 }
 
+/* The checked-in corpus must hold exactly the frames built here: the base frames come from the
+ * real encoder, so this pins the encoder's output bit for bit (default settings included). */
+static int check_corpus(const char* dir) {
+  nb_test_frame_t* fr = NULL;
+  size_t count = nb_test_frames_build(&fr);
+  int bad = 0;
+  for (size_t i = 0; i < count; i++) {
+    char path[1024];
+    const char* kind = fr[i].want == NB_OK              ? "ok"
+                       : fr[i].want == NB_ERR_INTEGRITY ? "integrity"
+                                                        : "codec";
+    const char* name = fr[i].name;
+    if (strncmp(name, "ok-", 3) == 0) name += 3;
+    snprintf(path, sizeof path, "%s/%s-%s.frame", dir, kind, name);
+    FILE* f = fopen(path, "rb");
+    uint8_t* b = malloc(fr[i].len + 1);
+    size_t got = f && b ? fread(b, 1, fr[i].len + 1, f) : 0;
+    if (f) fclose(f);
+    if (!f || got != fr[i].len || memcmp(b, fr[i].bytes, fr[i].len) != 0) {
+      fprintf(stderr, "FAIL %s: %s (regenerate with --write-corpus only if the format changed)\n",
+              path, f ? "differs from the frame built now" : "missing");
+      bad++;
+    }
+    free(b);
+  }
+  printf("%zu corpus frames checked, %d differ\n", count, bad);
+  nb_test_frames_free(fr, count);
+  return bad ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && strcmp(argv[1], "--write-corpus") == 0) return write_corpus(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "--check-corpus") == 0) return check_corpus(argv[2]);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_corpus),
       cmocka_unit_test(test_limits),
