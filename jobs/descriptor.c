@@ -22,7 +22,8 @@ static const char* const nb__device_names[] = {"cpu", "cuda", NULL};
 static const char* const nb__tier_names[] = {"quick", "full", NULL};
 static const char* const nb__schedule_names[] = {"cosine", "constant", NULL};
 static const char* const nb__sync_names[] = {"outer", "step", "dense", NULL};
-static const char* const nb__values_names[] = {"fp32", "fp16", "bf16", "int8", NULL};
+static const char* const nb__values_names[] = {"fp32", "fp16", "bf16", "int8",
+                                               "4bit", "2bit", NULL};
 static const char* const nb__optimizer_names[] = {"adamw", NULL};
 static const char* const nb__lora_target_names[] = {"qkv", "attnOut", "mlpUp", "mlpDown", NULL};
 /* Languages the data pipeline produces (docs/data.md). */
@@ -32,7 +33,7 @@ const char* nb_job_sync_name(nb_job_sync_t m) {
   return (unsigned)m < 3 ? nb__sync_names[m] : "?";
 }
 const char* nb_job_values_name(nb_job_values_t v) {
-  return (unsigned)v < 4 ? nb__values_names[v] : "?";
+  return (unsigned)v < 6 ? nb__values_names[v] : "?";
 }
 const char* nb_job_task_name(nb_job_task_t t) {
   return (unsigned)t < 2 ? nb__task_names[t] : "?";
@@ -67,9 +68,9 @@ static const char* const nb__sync_keys[] = {
     "mode",         "innerSteps", "roundSeconds",       "overlap",
     "overlapSteps", "outer",      "peerTimeoutSeconds", NULL};
 static const char* const nb__outer_keys[] = {"lr", "momentum", "nesterov", NULL};
-static const char* const nb__comp_keys[] = {
-    "density", "adaptive", "budgetFraction", "errorFeedback", "errorFeedbackDecay", "values",
-    "zstdLevel", NULL};
+static const char* const nb__comp_keys[] = {"density",       "adaptive",           "budgetFraction",
+                                            "errorFeedback", "errorFeedbackDecay", "topkChunk",
+                                            "values",        "zstdLevel",          NULL};
 static const char* const nb__density_keys[] = {"initial", "min", "max", NULL};
 static const char* const nb__link_keys[] = {"rateMbit", "delayMs", "streams", "chunkKib", NULL};
 static const char* const nb__sec_keys[] = {"ca", "cert", "key", "seal", NULL};
@@ -753,6 +754,7 @@ static void nb__parse_compression(nb__dctx_t* c, json_t* spec, nb_job_compressio
     nb__get_num(c, o, "budgetFraction", 0, 10, NB__LO_OPEN, &k->budget_fraction);
     nb__get_bool(c, o, "errorFeedback", &k->error_feedback);
     nb__get_num(c, o, "errorFeedbackDecay", 0, 1, NB__LO_OPEN, &k->error_feedback_decay);
+    nb__get_i32(c, o, "topkChunk", 0, 65536, &k->topk_chunk);
     int v = (int)k->values;
     nb__get_enum(c, o, "values", nb__values_names, &v);
     k->values = (nb_job_values_t)v;
@@ -861,6 +863,11 @@ static void nb__cross_checks(nb__dctx_t* c, const nb_job_config_t* cfg, const nb
   }
 
   const nb_job_compression_t* k = &cfg->compression;
+  if (k->topk_chunk != 0 && (k->topk_chunk < 16 || (k->topk_chunk & (k->topk_chunk - 1)) != 0))
+    nb__err_at(c, "$.spec.compression.topkChunk",
+               "chunk of %d coordinates: expected 0 (global top-k) or a power of two in [16, "
+               "65536]",
+               k->topk_chunk);
   if (k->density_min > k->density_max)
     nb__err_at(c, "$.spec.compression.density.min",
                "density floor %g is above the ceiling $.spec.compression.density.max (%g)",
@@ -1144,6 +1151,7 @@ nb_status_t nb_descriptor_to_json(const nb_job_config_t* cfg, char** out) {
   nb__set_num(&b, co, "budgetFraction", k->budget_fraction);
   nb__set_bool(&b, co, "errorFeedback", k->error_feedback);
   nb__set_num(&b, co, "errorFeedbackDecay", k->error_feedback_decay);
+  nb__set_int(&b, co, "topkChunk", k->topk_chunk);
   nb__set_str(&b, co, "values", nb_job_values_name(k->values));
   nb__set_int(&b, co, "zstdLevel", k->zstd_level);
 

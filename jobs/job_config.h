@@ -32,7 +32,9 @@ typedef enum {
   NB_JOB_VALUES_FP32 = 0,
   NB_JOB_VALUES_FP16 = 1,
   NB_JOB_VALUES_BF16 = 2,
-  NB_JOB_VALUES_INT8 = 3
+  NB_JOB_VALUES_INT8 = 3,
+  NB_JOB_VALUES_INT4 = 4, /* "4bit" */
+  NB_JOB_VALUES_INT2 = 5  /* "2bit" */
 } nb_job_values_t;
 
 /* LoRA target projections (bit mask). */
@@ -122,6 +124,7 @@ typedef struct {
   double budget_fraction; /* a round's transfer must fit in this fraction of its compute */
   bool error_feedback;
   double error_feedback_decay; /* beta in (0, 1]: the residual is scaled by it each round */
+  int topk_chunk; /* chunked top-k: 0 (global top-k) or a power of two in [16, 65536] */
   nb_job_values_t values;
   int zstd_level; /* 1..19 */
 } nb_job_compression_t;

@@ -93,6 +93,10 @@ static nb_values_t nb__wk_values(nb_job_values_t v) {
       return NB_VALUES_FP16;
     case NB_JOB_VALUES_BF16:
       return NB_VALUES_BF16;
+    case NB_JOB_VALUES_INT4:
+      return NB_VALUES_INT4;
+    case NB_JOB_VALUES_INT2:
+      return NB_VALUES_INT2;
     default:
       return NB_VALUES_INT8;
   }
@@ -228,11 +232,18 @@ static nb_status_t nb__wk_exchange(void* ctx, uint64_t round, const void* msg, s
 
 /* Codec bits per kept value and per index, for the scheduler's prediction: int8 carries one
  * fp32 scale per block; delta+varint indices take about log2(1/density)/7 bytes each. */
-static void nb__wk_bits(nb_values_t v, double density, double* per_value, double* per_index) {
-  *per_value = v == NB_VALUES_FP32 ? 32 : v == NB_VALUES_INT8 ? 8 + 32.0 / 256 : 16;
+static void nb__wk_bits(nb_values_t v, double density, uint32_t chunk, double* per_value,
+                        double* per_index) {
+  double scale = 32.0 / 256; /* one fp32 scale per block of 256 (the codec's default) */
+  *per_value = v == NB_VALUES_FP32   ? 32
+               : v == NB_VALUES_INT8 ? 8 + scale
+               : v == NB_VALUES_INT4 ? 4 + scale
+               : v == NB_VALUES_INT2 ? 2 + scale
+                                     : 16;
   double gap = density > 0 ? 1.0 / density : 1;
   double bytes = ceil(log2(gap + 1) / 7);
   *per_index = 8 * (bytes < 1 ? 1 : bytes);
+  if (chunk > 0 && log2((double)chunk) < *per_index) *per_index = log2((double)chunk);
 }
 
 /* The slowest peer link's estimate (goodput 0 while any link has none yet). */
@@ -647,6 +658,7 @@ int nb_worker_main(int argc, char** argv) {
   hc.density = job->compression.density_initial;
   hc.error_feedback = job->compression.error_feedback;
   hc.ef_decay = (float)job->compression.error_feedback_decay;
+  hc.topk_chunk = (uint32_t)job->compression.topk_chunk;
   hc.values = nb__wk_values(job->compression.values);
   hc.zstd_level = job->compression.zstd_level;
   hc.mode = job->sync.mode == NB_JOB_SYNC_STEP    ? NB_HYBRID_STEP
@@ -889,7 +901,7 @@ int nb_worker_main(int argc, char** argv) {
       in.step_compute_s = rec.steps > 0 ? rec.compute_s / (double)rec.steps : 0;
       in.steps = (uint32_t)hc.inner_steps;
       in.n_params = n_params;
-      nb__wk_bits(hc.values, rec.density, &in.bits_per_value, &in.bits_per_index);
+      nb__wk_bits(hc.values, rec.density, hc.topk_chunk, &in.bits_per_value, &in.bits_per_index);
       in.fanout = 1; /* one capped link per peer */
       in.round_s = hc.round_seconds;
       /* with overlap the update lands tau steps into the next round: only those hide it */
@@ -899,8 +911,8 @@ int nb_worker_main(int argc, char** argv) {
           nb_hybrid_set_density(h, dec.density) != NB_OK ||
           nb_hybrid_set_inner_steps(h, (long)dec.steps) != NB_OK ||
           (in.hide_steps > 0 &&
-           nb_hybrid_set_overlap_steps(h, dec.hide_steps > 0 ? (long)dec.hide_steps
-                                                             : (long)dec.steps) != NB_OK)) {
+           nb_hybrid_set_overlap_steps(
+               h, dec.hide_steps > 0 ? (long)dec.hide_steps : (long)dec.steps) != NB_OK)) {
         rc = nb__wk_fail(cluster, "scheduler");
         goto done;
       }

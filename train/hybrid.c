@@ -57,14 +57,14 @@ struct nb_hybrid {
   double mid_waited;
   uint64_t mid_sent;
   /* fault-tolerant rounds (docs/hybrid.md, Faults) */
-  uint64_t commits;      /* rounds applied */
+  uint64_t commits;        /* rounds applied */
   uint32_t final_attempts; /* exchanges the final check of fault-tolerant rounds took */
-  uint64_t ft_samples;   /* samples trained on since the last applied round: the weight of our
-                            Delta, which carries all of that progress */
-  uint64_t pend_samples; /* what the held round's message of ours claimed */
-  float* res_pre;        /* (n) residual before this round's encode: restored when it is skipped */
-  float* lsend;          /* (n) theta_local when this round's message was made */
-  int pend; /* every message of round pend_round arrived, the vote did not confirm it */
+  uint64_t ft_samples;     /* samples trained on since the last applied round: the weight of our
+                              Delta, which carries all of that progress */
+  uint64_t pend_samples;   /* what the held round's message of ours claimed */
+  float* res_pre; /* (n) residual before this round's encode: restored when it is skipped */
+  float* lsend;   /* (n) theta_local when this round's message was made */
+  int pend;       /* every message of round pend_round arrived, the vote did not confirm it */
   uint64_t pend_round, pend_commits, pend_hash;
   nb_hybrid_msg_t pend_msgs[NB_HYBRID_MAX_CLUSTERS]; /* owned copies, cluster order */
   float* pend_local;                                 /* (n) theta_local at that round's send */
@@ -178,7 +178,8 @@ static nb_status_t nb__hy_check(const nb_hybrid_config_t* c) {
     return nb_error(NB_ERR_CONFIG, "hybrid: n_clusters %u outside [1, %d]", c->n_clusters,
                     NB_HYBRID_MAX_CLUSTERS);
   if (!(c->ef_decay >= 0.0f && c->ef_decay <= 1.0f))
-    return nb_error(NB_ERR_CONFIG, "hybrid: ef_decay %g outside (0, 1] (0 = 1)", (double)c->ef_decay);
+    return nb_error(NB_ERR_CONFIG, "hybrid: ef_decay %g outside (0, 1] (0 = 1)",
+                    (double)c->ef_decay);
   if (c->cluster_index >= c->n_clusters)
     return nb_error(NB_ERR_CONFIG, "hybrid: cluster_index %u >= n_clusters %u", c->cluster_index,
                     c->n_clusters);
@@ -229,6 +230,7 @@ nb_status_t nb_hybrid_create(const nb_hybrid_config_t* cfg, nb_trainer_t* t, nb_
   nb_codec_config_default(&cc);
   cc.values = cfg->values;
   cc.zstd_level = cfg->zstd_level;
+  if (cfg->topk_chunk) cc.topk_chunk = cfg->topk_chunk;
   NB_CHECK_GOTO(nb_codec_create(&cc, &h->codec), st, fail);
   NB_CHECK_GOTO(nb_calloc((void**)&h->global, h->n, sizeof(float), "theta_global"), st, fail);
   NB_CHECK_GOTO(nb_calloc((void**)&h->momentum, h->n, sizeof(float), "outer momentum"), st, fail);
@@ -1319,8 +1321,8 @@ static nb_status_t nb__hy_finish_ft(nb_hybrid_t* h) {
     if (attempts == 1)
       NB_WARN("hybrid: final check: %u of %u peers not heard yet; asking again for up to %.1f s",
               missing, np, until - nb_now_s());
-    NB_INFO(TRAIN, "hybrid: final check: attempt %u: asking again on exchange id %llu", attempts + 1,
-            (unsigned long long)next);
+    NB_INFO(TRAIN, "hybrid: final check: attempt %u: asking again on exchange id %llu",
+            attempts + 1, (unsigned long long)next);
     xid = next;
   }
   NB_CHECK(nb_error_wrap(st, "hybrid: final check"));
@@ -1512,7 +1514,9 @@ out:
   return st;
 }
 
-uint32_t nb_hybrid_final_attempts(const nb_hybrid_t* h) { return h ? h->final_attempts : 0; }
+uint32_t nb_hybrid_final_attempts(const nb_hybrid_t* h) {
+  return h ? h->final_attempts : 0;
+}
 
 uint64_t nb_hybrid_commits(const nb_hybrid_t* h) {
   return h->commits;

@@ -76,6 +76,8 @@ typedef struct {
   uint32_t samples_scale; /* ranks of this cluster training in lockstep with this trainer (their
                              samples count for the weights); 0 = 1 */
   nb_values_t values;     /* value type on the wire */
+  uint32_t topk_chunk;    /* chunked top-k: a power of two in [16, 65536] (the codec's
+                             topk_chunk); 0 = the codec's default (NB_CODEC_TOPK_CHUNK) */
   int zstd_level;         /* 0..19 */
   /* 1: round r's exchange runs on a background thread during round r+1's inner steps and its
    * update lands overlap_steps into round r+1 (or at its end); each round starts from theta_global
