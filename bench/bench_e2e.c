@@ -114,6 +114,8 @@ int nb_e2e_write_job(json_t* base, const char* v, double rate, double delay, con
       json_object_set_new(comp, "values", json_string(point->values));
       json_object_set_new(comp, "errorFeedback", json_boolean(point->density < 1));
     }
+    if (point && point->topk_chunk > 0 && json_is_object(comp))
+      json_object_set_new(comp, "topkChunk", json_integer(point->topk_chunk));
     if (point && point->ef_decay > 0 && json_is_object(comp))
       json_object_set_new(comp, "errorFeedbackDecay", json_real(point->ef_decay));
     if (point && point->outer_momentum >= 0) {

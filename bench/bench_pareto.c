@@ -18,15 +18,16 @@
 
 #define NB__PARETO_MAX_SEEDS 10
 
+/* name, density, values, adaptive, ef_decay, outer momentum (-1: the job's), topk chunk */
 static const nb_e2e_point_t nb__points[] = {
-    {"dense-fp32", 1.0, "fp32", 0, 0, -1},
-    {"dense-int8", 1.0, "int8", 0, 0, -1},
-    {"top10-int8", 0.10, "int8", 0, 0, -1},
-    {"top3-4bit", 0.03, "4bit", 0, 0, -1},
-    {"top1.5-2bit", 0.015, "2bit", 0, 0, -1},
+    {"dense-fp32", 1.0, "fp32", 0, 0, -1, 0},
+    {"dense-int8", 1.0, "int8", 0, 0, -1, 0},
+    {"top10-int8", 0.10, "int8", 0, 0, -1, 0},
+    {"top3-4bit", 0.03, "4bit", 0, 0, -1, 4096},
+    {"top1.5-2bit", 0.015, "2bit", 0, 0, -1, 4096},
     /* SparseLoCo: e <- beta e + Delta replaces the outer momentum */
-    {"top1.5-2bit-ef", 0.015, "2bit", 0, 0.95, 0},
-    {"sched", 0, NULL, 1, 0, -1},
+    {"top1.5-2bit-ef", 0.015, "2bit", 0, 0.95, 0, 4096},
+    {"sched", 0, NULL, 1, 0, -1, 0},
 };
 #define NB__N_POINTS (sizeof nb__points / sizeof nb__points[0])
 

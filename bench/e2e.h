@@ -18,7 +18,8 @@ typedef struct {
 
 /* A fixed point of the codec for the nebula variant (bench pareto): density and value type with
  * the scheduler off, or adaptive = 1 for the scheduler's own choice; ef_decay > 0 sets
- * compression.errorFeedbackDecay; outer_momentum >= 0 sets sync.outer.momentum. */
+ * compression.errorFeedbackDecay; outer_momentum >= 0 sets sync.outer.momentum; topk_chunk > 0
+ * sets compression.topkChunk. */
 typedef struct {
   const char* name;
   double density;
@@ -26,6 +27,7 @@ typedef struct {
   int adaptive;
   double ef_decay;
   double outer_momentum;
+  int topk_chunk; /* > 0: compression.topkChunk (chunked top-k) */
 } nb_e2e_point_t;
 
 /* Writes variant v ("single": one cluster with every language and worker, exact dense fp32
