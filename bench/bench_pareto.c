@@ -35,7 +35,7 @@ static void nb__pareto_usage(FILE* f) {
   fprintf(f,
           "usage: nebula bench pareto [--job FILE] [--seeds N] [--points A,B,...] [--steps N]\n"
           "                           [--eval-batches B] [--rate-mbit R] [--data-dir DIR]\n"
-          "                           [--out DIR] [--json]\n"
+          "                           [--out DIR] [--reuse] [--json]\n"
           "Trains the job (default jobs/examples/pretrain-2dc-small.json) once on one cluster\n"
           "(exact) and once per codec point on two clusters with outer sync, for seeds 1..N\n"
           "(default 1), and prints each point's held-out loss ratio against the single run\n"
@@ -44,7 +44,23 @@ static void nb__pareto_usage(FILE* f) {
   fprintf(f,
           "\n(sched: the adaptive scheduler on the job's own compression). The link is the\n"
           "job's, at --rate-mbit (default 100); the runs take about a minute or two each on\n"
-          "two cores, so 3 seeds of every point take about half an hour.\n");
+          "two cores, so 3 seeds of every point take about half an hour. --reuse reads a\n"
+          "finished run of exactly the same job in --out instead of running it again (an\n"
+          "interrupted study resumes; another --points list reuses the single runs).\n");
+}
+
+/* 1 when files a and b exist and hold the same bytes. */
+static int nb__pareto_same_file(const char* a, const char* b) {
+  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+  int same = fa && fb;
+  while (same) {
+    int x = fgetc(fa), y = fgetc(fb);
+    if (x != y) same = 0;
+    if (x == EOF || y == EOF) break;
+  }
+  if (fa) fclose(fa);
+  if (fb) fclose(fb);
+  return same;
 }
 
 static int nb__pareto_want(const char* list, const char* name) {
@@ -77,7 +93,7 @@ int nb_bench_pareto_main(int argc, char** argv) {
   const char *out = "runs/bench-pareto", *points = NULL;
   double rate = 100;
   long seeds = 1, eval_batches = -1, x;
-  int as_json = 0;
+  int as_json = 0, reuse = 0;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     int v = i + 1 < argc;
@@ -86,6 +102,8 @@ int nb_bench_pareto_main(int argc, char** argv) {
       return 0;
     } else if (strcmp(a, "--json") == 0) {
       as_json = 1;
+    } else if (strcmp(a, "--reuse") == 0) {
+      reuse = 1;
     } else if (strcmp(a, "--job") == 0 && v) {
       job = argv[++i];
     } else if (strcmp(a, "--seeds") == 0 && v) {
@@ -158,18 +176,34 @@ int nb_bench_pareto_main(int argc, char** argv) {
       snprintf(jp, sizeof jp, "%s/seed%ld-%s.json", out, s + 1, name);
       snprintf(op, sizeof op, "%s/seed%ld-%s", out, s + 1, name);
       snprintf(lp, sizeof lp, "%s/seed%ld-%s.log", out, s + 1, name);
-      if (nb_e2e_write_job(base, pt ? "nebula" : "single", rate, 0, jp, pt) != 0) {
+      char fresh[1300];
+      snprintf(fresh, sizeof fresh, "%s.new", jp);
+      if (nb_e2e_write_job(base, pt ? "nebula" : "single", rate, 0, fresh, pt) != 0) {
         fprintf(stderr, "nebula bench pareto: %s: cannot derive the %s job\n", job, name);
         rc = 1;
         break;
       }
-      if (!as_json) {
-        printf("pareto: seed %ld: %s (log %s)\n", s + 1, name, lp);
-        fflush(stdout);
-      }
       nb_e2e_result_t r = {.name = pt ? "nebula" : "single"};
-      int st = nb_e2e_run(jp, op, lp, data_dir, steps);
-      nb_e2e_collect(op, &r);
+      int st = 0;
+      /* --reuse: a finished run of exactly this job (and --steps) in --out is read, not rerun */
+      if (reuse && !steps && nb__pareto_same_file(fresh, jp)) nb_e2e_collect(op, &r);
+      if (r.ok && isfinite(r.eval_bpb)) {
+        remove(fresh);
+        if (!as_json) printf("pareto: seed %ld: %s: reusing %s\n", s + 1, name, op);
+      } else {
+        if (rename(fresh, jp) != 0) {
+          fprintf(stderr, "nebula bench pareto: cannot write %s: %s\n", jp, strerror(errno));
+          rc = 1;
+          break;
+        }
+        if (!as_json) {
+          printf("pareto: seed %ld: %s (log %s)\n", s + 1, name, lp);
+          fflush(stdout);
+        }
+        r.ok = 0;
+        st = nb_e2e_run(jp, op, lp, data_dir, steps);
+        nb_e2e_collect(op, &r);
+      }
       if (st != 0 || !r.ok || !isfinite(r.eval_bpb)) {
         fprintf(stderr, "nebula bench pareto: the %s run of seed %ld failed (exit %d); see %s\n",
                 name, s + 1, st, lp);
