@@ -29,6 +29,7 @@
 #include "security/pki.h"
 #include "security/seal.h"
 #include "security/tls.h"
+#include "jobs/codec_points.h"
 #include "train/checkpoint.h"
 #include "train/hybrid.h"
 #include "train/lora.h"
@@ -659,6 +660,19 @@ int nb_worker_main(int argc, char** argv) {
   hc.error_feedback = job->compression.error_feedback;
   hc.ef_decay = (float)job->compression.error_feedback_decay;
   hc.topk_chunk = (uint32_t)job->compression.topk_chunk;
+  /* values "auto": the scheduler picks a codec point each round (jobs/codec_points.h); until it
+   * has measured the link, the point of fewest bytes */
+  size_t n_points = 0, point = 0;
+  const nb_codec_point_t* points = nb_codec_points(&n_points);
+  nb_sched_point_t spoints[16];
+  int auto_codec = job->compression.values == NB_JOB_VALUES_AUTO && n_points <= 16;
+  for (size_t i = 0; auto_codec && i < n_points; i++) spoints[i] = points[i].sched;
+  if (auto_codec) {
+    point = n_points - 1;
+    hc.values = points[point].values;
+    hc.density = points[point].sched.density;
+    hc.topk_chunk = points[point].topk_chunk;
+  }
   hc.values = nb__wk_values(job->compression.values);
   hc.zstd_level = job->compression.zstd_level;
   hc.mode = job->sync.mode == NB_JOB_SYNC_STEP    ? NB_HYBRID_STEP
@@ -907,7 +921,14 @@ int nb_worker_main(int argc, char** argv) {
       /* with overlap the update lands tau steps into the next round: only those hide it */
       if (hc.overlap && hc.overlap_steps > 0)
         in.hide_steps = (uint32_t)(hc.overlap_steps < UINT32_MAX ? hc.overlap_steps : UINT32_MAX);
-      if (nb_sched_decide(&scfg, &in, have_dec ? &prev_dec : NULL, &dec) != NB_OK ||
+      size_t prev_point = point;
+      nb_status_t sst = auto_codec
+                            ? nb_sched_pick(&scfg, &in, spoints, n_points,
+                                            have_dec ? &prev_dec : NULL, prev_point, &dec, &point)
+                            : nb_sched_decide(&scfg, &in, have_dec ? &prev_dec : NULL, &dec);
+      if (sst != NB_OK ||
+          (auto_codec &&
+           nb_hybrid_set_codec(h, points[point].values, points[point].topk_chunk) != NB_OK) ||
           nb_hybrid_set_density(h, dec.density) != NB_OK ||
           nb_hybrid_set_inner_steps(h, (long)dec.steps) != NB_OK ||
           (in.hide_steps > 0 &&
@@ -921,7 +942,10 @@ int nb_worker_main(int argc, char** argv) {
       cur_h = (long)dec.steps;
       char line[512];
       nb_sched_decision_format(&dec, line, sizeof line);
-      printf("%s\n", line);
+      if (auto_codec)
+        printf("%s point=%s\n", line, points[point].sched.name);
+      else
+        printf("%s\n", line);
       json_t* d = json_object();
       json_object_set_new(d, "round", json_integer(r + 1));
       json_object_set_new(d, "reason", json_string(nb_sched_reason_name(dec.reason)));
@@ -933,6 +957,7 @@ int nb_worker_main(int argc, char** argv) {
       json_object_set_new(d, "predicted_transfer_s", json_real(dec.transfer_s));
       json_object_set_new(d, "budget_s", json_real(dec.budget_s));
       json_object_set_new(d, "overlap_steps", json_integer(dec.hide_steps));
+      if (auto_codec) json_object_set_new(d, "point", json_string(points[point].sched.name));
       json_array_append_new(decisions, d);
     }
   }
