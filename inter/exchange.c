@@ -450,7 +450,7 @@ nb_status_t nb_exchange_peer_liveness(nb_exchange_t* ex, size_t i, nb_exchange_l
   out->dead_ms = nb__dead_ms(ex, p, &h, &out->rtt_s, &out->rate_Bps, &out->chunk_bytes);
   out->floor_ms = ex->dead_ms;
   out->silent_ms = (nb_now_ns() - h) / 1000000;
-  out->dead = p->dead;
+  out->dead = p->dead || out->silent_ms > out->dead_ms; /* as nb_exchange_peer_alive */
   out->pings_ok = p->pings_ok;
   out->pings_failed = p->pings_failed;
   pthread_mutex_unlock(&ex->mu);

@@ -95,7 +95,7 @@ typedef struct {
   double rtt_s;       /* the RTT the timeout used */
   double rate_Bps;    /* the rate it used, 0 = unknown */
   size_t chunk_bytes; /* the chunk it used (plaintext) */
-  int dead;           /* declared dead */
+  int dead;           /* 1 when nb_exchange_peer_alive would say 0 */
   uint64_t pings_ok, pings_failed; /* heartbeats answered / not */
 } nb_exchange_liveness_t;
 

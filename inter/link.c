@@ -31,8 +31,6 @@ NB_PARAM_INT(LinkChunkMs, "NB_LINK_CHUNK_MS", 1000, 50, 60000,
              "adaptive chunks: one chunk takes about this long on one stream at the link's rate")
 NB_PARAM_INT(LinkChunkMinKib, "NB_LINK_CHUNK_MIN_KIB", 16, 1, 65536,
              "adaptive chunks: smallest chunk in KiB")
-NB_PARAM_INT(LinkRateProbeKib, "NB_LINK_RATE_PROBE_KIB", 32, 0, 4096,
-             "probe sent before a send when the link's rate is unknown (0 = none), KiB")
 
 #define NB__LINK_BACKOFF_MIN_NS 100000000LL
 #define NB__LINK_BACKOFF_MAX_NS 2000000000LL
@@ -699,16 +697,6 @@ static nb_status_t nb__recv_ack(nb_rpc_stream_t* s, int64_t wait_ms, Nebula__V1_
   return NB_OK;
 }
 
-/* The rate probe before a send: at most 10 s, and within the send's deadline. */
-static int64_t nb__link_probe_timeout_ms(int64_t deadline_ns) {
-  int64_t t = 10000;
-  if (deadline_ns) {
-    int64_t left = (deadline_ns - nb_now_ns()) / 1000000 / 4;
-    if (left < t) t = left;
-  }
-  return t;
-}
-
 static int64_t nb__ms_left(int64_t deadline_ns) {
   if (!deadline_ns) return NB_RPC_INFINITE;
   int64_t left = (deadline_ns - nb_now_ns()) / 1000000;
@@ -910,16 +898,9 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
     return nb_error(NB_ERR_INVALID, "link send: round %llu does not fit the nonce",
                     (unsigned long long)round);
   if (nb__link_cancelled(L)) return nb_error(NB_ERR_CANCELLED, "link to %s is cancelled", L->peer);
-  /* Adaptive chunks need the link's rate; a link that has none yet (no cap, nothing measured)
-   * measures it with one small probe first. Without a rate the smallest chunk is used. */
-  if (L->chunk_ms && len > L->chunk_min && nb_link_rate_Bps(L) <= 0 &&
-      nb_param_LinkRateProbeKib() > 0) {
-    size_t pb = (size_t)nb_param_LinkRateProbeKib() << 10;
-    int64_t pt = nb__link_probe_timeout_ms(deadline_ns);
-    if (pt > 0 && nb_link_probe(L, pb, pt, NULL) != NB_OK)
-      NB_INFO(WIRE, "link %s -> %s: rate probe failed (%s): smallest chunks this time", L->local,
-              L->peer, nb_error_last());
-  }
+  /* Adaptive chunks follow the link's rate; while it has none (no cap, nothing measured yet)
+   * the smallest chunk is used: that first transfer measures the rate. A probe of the same
+   * size would not (a shaper's burst lets it through at line rate). */
   size_t chunk = nb_link_chunk_bytes(L);
   uint64_t count64 = (len + chunk - 1) / chunk;
   if (count64 > UINT32_MAX)

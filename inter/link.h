@@ -87,9 +87,8 @@ void nb_link_destroy(nb_link_t* link);
  * round and direction: the seal's nonces are (round, chunk). frame/len: borrowed, len >= 1.
  * deadline_ns: nb_now_ns() clock, 0 = none. frame_header: optional bytes authenticated with every
  * chunk (may be NULL/0). stats: may be NULL. The chunk size is nb_link_chunk_bytes() at the
- * start; when the link has no rate yet (no cap, nothing measured) the send first measures it
- * with one probe of NB_LINK_RATE_PROBE_KIB (within a quarter of the time to the deadline, at
- * most 10 s), and uses the smallest chunk if that fails.
+ * start: the smallest while the link has no rate yet (no cap, nothing measured), so the first
+ * transfer keeps acks coming on any link and measures the rate for the next.
  * A dropped connection is reopened with backoff (100 ms doubling to 2 s) and the transfer resumes
  * from the acknowledged chunks. Returns NB_OK; NB_ERR_INTEGRITY (the receiver found a chunk or
  * the frame corrupt: not retried); NB_ERR_PERMISSION (refused: certificate, identity, or the

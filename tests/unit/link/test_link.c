@@ -601,9 +601,9 @@ static void test_probe(void** state) {
   rx_side_down(&r);
 }
 
-/* Adaptive chunks: the rule, then links that use it. With a cap the chunk follows the cap and
- * no probe is sent; without one the first send measures the rate with one probe, and the
- * next send needs none. */
+/* Adaptive chunks: the rule, then links that use it. With a cap the chunk follows the cap;
+ * without one the first send uses the smallest chunk, and the next one follows the goodput the
+ * first measured. */
 static void test_adaptive_chunks(void** state) {
   (void)state;
   const size_t kib = 1024, mib = 1 << 20;
@@ -648,20 +648,25 @@ static void test_adaptive_chunks(void** state) {
   assert_int_equal(nb_link_chunk_bytes(l), 48 * kib);
   nb_link_destroy(l);
 
-  /* no cap: the first send probes the rate once and cuts chunks from it */
+  /* no cap: the first send uses the smallest chunk and measures the rate; the next one cuts
+   * its chunks from that measurement */
   l = link_to(&r, seal_a, 2, 256 * kib, 0);
   assert_true(nb_link_rate_Bps(l) == 0);
   assert_int_equal(nb_link_chunk_bytes(l), 16 * kib); /* unknown: the smallest */
   assert_int_equal(nb_link_send(l, 2, f, len, NULL, 0, nb_now_ns() + 60000000000LL, &s), NB_OK);
+  assert_int_equal(s.chunk_bytes, 16 * kib);
+  assert_int_equal(s.chunks, (len + 16 * kib - 1) / (16 * kib));
   nb_estimator_get(nb_link_estimator(l), &e);
-  assert_int_equal(e.probe_samples, 1);
-  assert_true(e.goodput_Bps > 0);
-  assert_true(s.chunk_bytes >= 16 * kib && s.chunk_bytes <= 256 * kib);
-  assert_int_equal(s.chunks, (len + s.chunk_bytes - 1) / s.chunk_bytes);
+  assert_int_equal(e.transfer_samples, 1);
+  assert_true(e.goodput_Bps > 0 && nb_link_rate_Bps(l) == e.goodput_Bps);
+  size_t want = nb__link_chunk_for_rate(e.goodput_Bps, 2, 1000, 16 * kib, 256 * kib);
+  assert_int_equal(nb_link_chunk_bytes(l), want);
   assert_int_equal(nb_link_send(l, 3, f, len, NULL, 0, nb_now_ns() + 60000000000LL, &s), NB_OK);
+  assert_int_equal(s.chunk_bytes, want);
+  assert_int_equal(s.chunks, (len + want - 1) / want);
   nb_estimator_get(nb_link_estimator(l), &e);
-  assert_int_equal(e.probe_samples, 1); /* the rate is known now */
-  assert_int_equal(e.transfer_samples, 3);
+  assert_int_equal(e.probe_samples, 0);
+  assert_int_equal(e.transfer_samples, 2);
   for (uint64_t rd = 2; rd <= 3; rd++) {
     assert_int_equal(nb_link_rx_take(r.rx, "dc-a", rd, nb_now_ns() + 60000000000LL, &got, &glen),
                      NB_OK);
