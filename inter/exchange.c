@@ -386,8 +386,8 @@ nb_link_t* nb_exchange_link(nb_exchange_t* ex, size_t i) {
   return ex && i < ex->n ? ex->peers[i]->link : NULL;
 }
 
-int64_t nb__exchange_dead_ms(int64_t floor_ms, int rtts, int chunks, double rtt_s,
-                              double rate_Bps, size_t chunk_wire_bytes, uint32_t streams) {
+int64_t nb__exchange_dead_ms(int64_t floor_ms, int rtts, int chunks, double rtt_s, double rate_Bps,
+                             size_t chunk_wire_bytes, uint32_t streams) {
   double ms = (double)rtts * (rtt_s > 0 ? rtt_s : 0) * 1e3;
   if (rate_Bps > 0 && chunk_wire_bytes > 0)
     ms += (double)chunks * (double)chunk_wire_bytes * (streams ? streams : 1) / rate_Bps * 1e3;
@@ -513,8 +513,8 @@ static void* nb__heartbeat(void* arg) {
     }
     int64_t wait_ms = ex->hb_ms;
     if (st != NB_OK && !p->dead) {
-      int64_t to_dead = nb__dead_ms(ex, p, &heard, NULL, NULL, NULL) -
-                        (nb_now_ns() - heard) / 1000000 + 10;
+      int64_t to_dead =
+          nb__dead_ms(ex, p, &heard, NULL, NULL, NULL) - (nb_now_ns() - heard) / 1000000 + 10;
       if (to_dead < wait_ms) wait_ms = to_dead < 10 ? 10 : to_dead;
     }
     int64_t until = nb_now_ns() + wait_ms * 1000000;
@@ -714,8 +714,8 @@ nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* fra
         r->status = NB_ERR_UNAVAILABLE;
       }
       if (r->status == NB_ERR_UNAVAILABLE && !strstr(r->detail, "answering"))
-        snprintf(r->detail, sizeof r->detail, "peer %s (%.100s) stopped answering",
-                 r->peer, ex->peers[i]->target);
+        snprintf(r->detail, sizeof r->detail, "peer %s (%.100s) stopped answering", r->peer,
+                 ex->peers[i]->target);
     }
     r->newest = nb_link_rx_newest(ex->rx, ex->peers[i]->id);
     if (r->status != NB_OK) {

@@ -1,8 +1,8 @@
 /* inter/exchange: one cluster leader's side of the per-round exchange among K clusters of a job:
  * an Exchange server (Push + Ping, inter/link's receiver), one link per peer, and a heartbeat
  * (Ping) per peer so that a peer we stop hearing from is reported within its dead timeout
- * (nb_exchange_peer_alive) instead of being waited on, and Pull, which serves the published global state to a peer that
- * rejoins. A round sends our frame to every peer and receives theirs under a
+ * (nb_exchange_peer_alive) instead of being waited on, and Pull, which serves the published global
+ * state to a peer that rejoins. A round sends our frame to every peer and receives theirs under a
  * deadline. It does not encode or aggregate frames (the codec and the trainer do). */
 #ifndef NB_INTER_EXCHANGE_H
 #define NB_INTER_EXCHANGE_H
@@ -89,13 +89,13 @@ int nb_exchange_peer_alive(nb_exchange_t* ex, size_t i);
 
 /* Peer i's liveness figures now. */
 typedef struct {
-  int64_t dead_ms;    /* the derived dead timeout */
-  int64_t floor_ms;   /* the configured floor (dead_ms of the config) */
-  int64_t silent_ms;  /* since we last heard from it (any path) */
-  double rtt_s;       /* the RTT the timeout used */
-  double rate_Bps;    /* the rate it used, 0 = unknown */
-  size_t chunk_bytes; /* the chunk it used (plaintext) */
-  int dead;           /* 1 when nb_exchange_peer_alive would say 0 */
+  int64_t dead_ms;                 /* the derived dead timeout */
+  int64_t floor_ms;                /* the configured floor (dead_ms of the config) */
+  int64_t silent_ms;               /* since we last heard from it (any path) */
+  double rtt_s;                    /* the RTT the timeout used */
+  double rate_Bps;                 /* the rate it used, 0 = unknown */
+  size_t chunk_bytes;              /* the chunk it used (plaintext) */
+  int dead;                        /* 1 when nb_exchange_peer_alive would say 0 */
   uint64_t pings_ok, pings_failed; /* heartbeats answered / not */
 } nb_exchange_liveness_t;
 
@@ -103,8 +103,8 @@ typedef struct {
 nb_status_t nb_exchange_peer_liveness(nb_exchange_t* ex, size_t i, nb_exchange_liveness_t* out);
 
 /* Internal (tests): the dead-timeout rule as a pure function, in ms (see above). */
-int64_t nb__exchange_dead_ms(int64_t floor_ms, int rtts, int chunks, double rtt_s,
-                              double rate_Bps, size_t chunk_wire_bytes, uint32_t streams);
+int64_t nb__exchange_dead_ms(int64_t floor_ms, int rtts, int chunks, double rtt_s, double rate_Bps,
+                             size_t chunk_wire_bytes, uint32_t streams);
 
 /* One round: sends frame/len to every peer and receives every peer's frame of `round`, all in
  * parallel, until deadline_ns (nb_now_ns clock; 0 = none, then only heartbeats end a wait).

@@ -330,8 +330,8 @@ void nb_link_liveness(nb_link_t* L, nb_link_liveness_t* out) {
   pthread_mutex_unlock(&L->mu);
   if (e.rtt_s > rtt) rtt = e.rtt_s;
   out->rtt_s = rtt;
-  out->chunk_next = nb__link_chunk_for_rate(out->rate_Bps, L->streams, L->chunk_ms, L->chunk_min,
-                                            L->chunk_bytes);
+  out->chunk_next =
+      nb__link_chunk_for_rate(out->rate_Bps, L->streams, L->chunk_ms, L->chunk_min, L->chunk_bytes);
   out->seal_tag_bytes = L->seal ? NB_SEAL_TAG_BYTES : 0;
 }
 
@@ -917,8 +917,8 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
   pthread_t* th = NULL;
   nb__worker_t* ws = NULL;
   uint32_t started = 0;
-  x.aad_len = nb_link_chunk_aad(x.tid, len, (uint32_t)x.chunk, x.count, frame_header,
-                                header_len, NULL, 0);
+  x.aad_len =
+      nb_link_chunk_aad(x.tid, len, (uint32_t)x.chunk, x.count, frame_header, header_len, NULL, 0);
   NB_CHECK_GOTO(nb_alloc((void**)&x.aad, x.aad_len, 1, "chunk aad"), st, out);
   nb_link_chunk_aad(x.tid, len, (uint32_t)x.chunk, x.count, frame_header, header_len, x.aad,
                     x.aad_len);

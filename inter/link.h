@@ -109,9 +109,9 @@ void nb_link_resume(nb_link_t* link);
 /* One Ping to the peer: without payload (a heartbeat) on the heartbeat connection, with payload
  * on the probe connection. timeout_ms bounds it. *rtt_s (may be NULL) gets the round trip, which
  * also feeds the estimator. payload_bytes: probe bytes sent along (0 for a heartbeat). An answer
- * counts as hearing from the peer (nb_link_last_heard_ns). Returns NB_OK, NB_ERR_TIMEOUT, NB_ERR_UNAVAILABLE, NB_ERR_PERMISSION,
- * NB_ERR_REMOTE (a reply from someone other than peer_cluster), others from nb_rpc_unary.
- * Thread-safe, may run during a send. */
+ * counts as hearing from the peer (nb_link_last_heard_ns). Returns NB_OK, NB_ERR_TIMEOUT,
+ * NB_ERR_UNAVAILABLE, NB_ERR_PERMISSION, NB_ERR_REMOTE (a reply from someone other than
+ * peer_cluster), others from nb_rpc_unary. Thread-safe, may run during a send. */
 nb_status_t nb_link_ping(nb_link_t* link, int64_t timeout_ms, size_t payload_bytes, double* rtt_s);
 
 /* One bandwidth probe: `bytes` (1 B .. 4 MiB) of payload in a Ping on the control connection,

@@ -219,7 +219,7 @@ static void test_resume_after_drop(void** state) {
   pthread_join(th, NULL);
   if (st != NB_OK) fail_msg("send: %s", nb_error_last());
   assert_true(t.restarted);
-  assert_true(s.reconnects >= 1);            /* streams were dropped and reopened */
+  assert_true(s.reconnects >= 1);   /* streams were dropped and reopened */
   assert_true(s.resumed_from >= 8); /* a reopened stream was told to start past the 8 held */
   assert_true(s.chunks_sent < 2 * s.chunks); /* resumed, not restarted from scratch */
   uint8_t* got = NULL;
@@ -485,7 +485,7 @@ static void test_rate_cap(void** state) {
   assert_int_equal(s.chunks, 40);
   assert_int_equal(s.chunks_sent, s.chunks); /* no resend */
   assert_true(rl.rate_Bps == cap);
-  assert_int_equal(rl.acquires, s.chunks_sent);                       /* one per chunk */
+  assert_int_equal(rl.acquires, s.chunks_sent);                        /* one per chunk */
   assert_int_equal(rl.bytes, len + s.chunks_sent * NB_SEAL_TAG_BYTES); /* its sealed bytes */
   assert_true(rl.waits >= 1); /* 10 MiB is far beyond the bucket's 64 KiB burst */
   uint8_t* got = NULL;
@@ -615,8 +615,8 @@ static void test_adaptive_chunks(void** state) {
   assert_int_equal(nb__link_chunk_for_rate(1e6, 4, 1000, 16 * kib, mib), 244 * kib);
   assert_int_equal(nb__link_chunk_for_rate(1e6, 2, 500, 16 * kib, mib), 244 * kib);
   assert_int_equal(nb__link_chunk_for_rate(1e6, 0, 1000, 16 * kib, mib), 976 * kib); /* 1 */
-  assert_int_equal(nb__link_chunk_for_rate(1e6, 4, 0, 16 * kib, mib), mib); /* fixed */
-  assert_int_equal(nb__link_chunk_for_rate(0, 4, 1000, 16 * kib, mib), 16 * kib); /* unknown */
+  assert_int_equal(nb__link_chunk_for_rate(1e6, 4, 0, 16 * kib, mib), mib);          /* fixed */
+  assert_int_equal(nb__link_chunk_for_rate(0, 4, 1000, 16 * kib, mib), 16 * kib);    /* unknown */
   assert_int_equal(nb__link_chunk_for_rate(62500, 4, 1000, 16 * kib, 4 * kib), 4 * kib);
 
   rx_side_t r;

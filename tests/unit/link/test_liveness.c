@@ -108,10 +108,11 @@ static void* leader(void* arg) {
 static void print_liveness(const char* who, nb_exchange_t* ex) {
   nb_exchange_liveness_t lv;
   assert_int_equal(nb_exchange_peer_liveness(ex, 0, &lv), NB_OK);
-  printf("%s: dead timeout %lld ms (floor %lld), rtt %.0f ms, rate %.0f B/s, chunk %zu, "
-         "pings %llu ok / %llu failed\n",
-         who, (long long)lv.dead_ms, (long long)lv.floor_ms, lv.rtt_s * 1e3, lv.rate_Bps,
-         lv.chunk_bytes, (unsigned long long)lv.pings_ok, (unsigned long long)lv.pings_failed);
+  printf(
+      "%s: dead timeout %lld ms (floor %lld), rtt %.0f ms, rate %.0f B/s, chunk %zu, "
+      "pings %llu ok / %llu failed\n",
+      who, (long long)lv.dead_ms, (long long)lv.floor_ms, lv.rtt_s * 1e3, lv.rate_Bps,
+      lv.chunk_bytes, (unsigned long long)lv.pings_ok, (unsigned long long)lv.pings_failed);
 }
 
 /* Both leaders fill the thin link with their frames in both directions for four times the dead
@@ -151,8 +152,8 @@ static void test_thin_link_saturated(void** state) {
     }
     for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
     for (int i = 0; i < 2; i++) {
-      if (l[i].st != NB_OK) fail_msg("%s round %llu: %s", g_ids[i], (unsigned long long)round,
-                                     l[i].res[0].detail);
+      if (l[i].st != NB_OK)
+        fail_msg("%s round %llu: %s", g_ids[i], (unsigned long long)round, l[i].res[0].detail);
       nb_exchange_result_t* r = &l[i].res[0];
       assert_int_equal(r->status, NB_OK);
       assert_int_equal(r->len, THIN_FRAME);
@@ -190,8 +191,10 @@ static void test_thin_link_saturated(void** state) {
   assert_int_equal(pthread_create(&th, NULL, leader, &l), 0);
   while (thinlink_forwarded(tl, 0) - fwd0 < THIN_FRAME / 4) nb_sleep_ns(1000000);
   nb_exchange_destroy(ex[1]);
+  int64_t gone = nb_now_ns();
   pthread_join(th, NULL);
-  printf("dc-b destroyed mid-transfer: %s\n", l.res[0].detail);
+  printf("dc-b destroyed mid-transfer: reported after %.2f s: %s\n", (nb_now_ns() - gone) * 1e-9,
+         l.res[0].detail);
   assert_int_equal(l.st, NB_ERR_UNAVAILABLE); /* dead, not the deadline's TIMEOUT */
   assert_int_equal(l.res[0].status, NB_ERR_UNAVAILABLE);
   assert_non_null(strstr(l.res[0].detail, "dc-b"));
