@@ -253,7 +253,7 @@ static void test_peer_stopped_thin(void** state) {
     dup2(fds[1], 1);
     close(fds[0]);
     close(fds[1]);
-    execl("/proc/self/exe", "test_liveness", "--peer", g_dir, port, (char*)NULL);
+    execl("/proc/self/exe", "test_link_liveness", "--peer", g_dir, port, (char*)NULL);
     _exit(127);
   }
   close(fds[1]);
