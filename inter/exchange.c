@@ -39,6 +39,7 @@ typedef struct {
   int64_t last_ok_ns;   /* under ex->mu: the latest heartbeat answer (add_peer to start) */
   int64_t pull_ns;      /* under ex->mu: the latest Pull request from it */
   int dead;             /* under ex->mu: declared dead by the heartbeat */
+  int64_t dead_at_ns;   /* under ex->mu: when; bytes heard after it bring the peer back */
   int64_t dead_ms_told; /* under ex->mu: the derived dead timeout last logged */
   uint64_t pings_ok, pings_failed;
 } nb__peer_t;
@@ -423,6 +424,17 @@ static int64_t nb__dead_ms(nb_exchange_t* ex, nb__peer_t* p, int64_t* heard_ns, 
                               c + lv.seal_tag_bytes, lv.streams);
 }
 
+/* A dead peer we have heard from since it was declared dead lives again: any bytes count, not
+ * only our heartbeat's answer (whose connection may still be in its reconnect backoff while the
+ * peer's own pings and chunks already arrive). ex->mu held. */
+static void nb__revive_locked(nb_exchange_t* ex, nb__peer_t* p, int64_t heard_ns) {
+  if (!p->dead || heard_ns <= p->dead_at_ns) return;
+  p->dead = 0;
+  NB_WARN("exchange %s: peer %s answers again at unix %.3f", ex->self, p->id,
+          (double)nb_wall_ns() / 1e9);
+  nb_link_resume(p->link);
+}
+
 /* Milliseconds since we last heard from peer p. ex->mu held. */
 static int64_t nb__silent_ms(nb_exchange_t* ex, nb__peer_t* p) {
   int64_t h = 0;
@@ -436,6 +448,7 @@ int nb_exchange_peer_alive(nb_exchange_t* ex, size_t i) {
   nb__peer_t* p = ex->peers[i];
   int64_t h = 0;
   int64_t dead_ms = nb__dead_ms(ex, p, &h, NULL, NULL, NULL);
+  nb__revive_locked(ex, p, h);
   int alive = !p->dead && (nb_now_ns() - h) / 1000000 <= dead_ms;
   pthread_mutex_unlock(&ex->mu);
   return alive;
@@ -470,6 +483,7 @@ static void* nb__heartbeat(void* arg) {
     double rtt = 0, rate = 0;
     size_t chunk = 0;
     int64_t dead_ms = nb__dead_ms(ex, p, &heard, &rtt, &rate, &chunk);
+    nb__revive_locked(ex, p, heard);
     int64_t told = p->dead_ms_told;
     int64_t diff = dead_ms > told ? dead_ms - told : told - dead_ms;
     if (!stop && (told == 0 || diff * 10 > told)) {
@@ -487,22 +501,18 @@ static void* nb__heartbeat(void* arg) {
     if (pt < 50) pt = 50;
     nb_status_t st = nb_link_ping(p->link, pt, 0, NULL);
     pthread_mutex_lock(&ex->mu);
-    int declare = 0;
+    int declare = 0; /* declared dead now */
     if (st == NB_OK) {
       p->pings_ok++;
       p->last_ok_ns = nb_now_ns();
-      if (p->dead) {
-        p->dead = 0;
-        NB_WARN("exchange %s: peer %s answers again at unix %.3f", ex->self, p->id,
-                (double)nb_wall_ns() / 1e9);
-        nb_link_resume(p->link);
-      }
+      nb__revive_locked(ex, p, p->last_ok_ns);
     } else {
       p->pings_failed++;
       dead_ms = nb__dead_ms(ex, p, &heard, NULL, NULL, NULL);
       int64_t silent = (nb_now_ns() - heard) / 1000000;
       if (!p->dead && silent > dead_ms) {
         p->dead = 1;
+        p->dead_at_ns = nb_now_ns();
         declare = 1;
         NB_WARN(
             "exchange %s: peer %s (%s) stopped answering: nothing heard for %lld ms (dead "
@@ -519,9 +529,10 @@ static void* nb__heartbeat(void* arg) {
     }
     int64_t until = nb_now_ns() + wait_ms * 1000000;
     struct timespec ts = {.tv_sec = until / 1000000000LL, .tv_nsec = until % 1000000000LL};
+    /* cancel under ex->mu, so that a revival (which resumes the link) cannot come between */
+    if (declare) nb_link_cancel(p->link);
     if (!ex->stopping) pthread_cond_timedwait(&ex->cv, &ex->mu, &ts);
     pthread_mutex_unlock(&ex->mu);
-    if (declare) nb_link_cancel(p->link);
   }
   return NULL;
 }

@@ -35,6 +35,9 @@ NB_PARAM_INT(LinkChunkMinKib, "NB_LINK_CHUNK_MIN_KIB", 16, 1, 65536,
 #define NB__LINK_BACKOFF_MIN_NS 100000000LL
 #define NB__LINK_BACKOFF_MAX_NS 2000000000LL
 #define NB__LINK_TICK_MS 100
+/* a send this large measures the rate well enough to plan chunks with (the estimator's own
+ * threshold for a goodput sample) */
+#define NB__LINK_RATE_MIN_BYTES ((size_t)64 << 10)
 
 static void nb__copy_id(char* dst, const char* src) {
   snprintf(dst, NB_LINK_ID_MAX, "%s", src ? src : "");
@@ -120,6 +123,7 @@ struct nb_link {
    * what is in flight (the chunk of the send in progress, the payload of probes in progress) */
   int64_t last_heard_ns;
   double hb_rtt_last_s;
+  double send_Bps; /* goodput of the latest completed send of at least NB__LINK_RATE_MIN_BYTES */
   size_t send_chunk;
   size_t probe_inflight;
 };
@@ -285,14 +289,21 @@ int64_t nb_link_last_heard_ns(nb_link_t* L) {
   return t;
 }
 
+/* The smallest of the known rates: a probe can overestimate a shaped link (a shaper's burst
+ * lets it through at line rate) and the estimator mixes probes in; an underestimate only makes
+ * chunks smaller and the dead timeout longer. */
 double nb_link_rate_Bps(nb_link_t* L) {
   if (!L) return 0;
   nb_ratelimit_stats_t rs;
   nb_ratelimit_stats(L->rl, &rs);
   nb_estimate_t e;
   nb_estimator_get(L->est, &e);
-  double r = e.goodput_Bps > 0 ? e.goodput_Bps : 0;
-  if (rs.rate_Bps > 0 && (r == 0 || rs.rate_Bps < r)) r = rs.rate_Bps;
+  pthread_mutex_lock(&L->mu);
+  double known[3] = {rs.rate_Bps, e.goodput_Bps, L->send_Bps};
+  pthread_mutex_unlock(&L->mu);
+  double r = 0;
+  for (int i = 0; i < 3; i++)
+    if (known[i] > 0 && (r == 0 || known[i] < r)) r = known[i];
   return r;
 }
 
@@ -951,6 +962,11 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
   if (x.complete) {
     st = NB_OK;
     if (secs > 0) nb_estimator_add_transfer(L->est, len, secs, nstreams);
+    if (secs > 0 && len >= NB__LINK_RATE_MIN_BYTES) {
+      pthread_mutex_lock(&L->mu);
+      L->send_Bps = (double)len / secs;
+      pthread_mutex_unlock(&L->mu);
+    }
     NB_INFO(WIRE,
             "link %s -> %s: round %llu, %zu bytes in %.3f s (%.1f Mbit/s), %u chunks of %zu "
             "bytes, %u reconnects",

@@ -143,8 +143,10 @@ void nb_link_ratelimit_stats(nb_link_t* link, nb_ratelimit_stats_t* out);
 /* Changes the operator cap at run time (0 = none). Returns NB_ERR_INVALID for a bad rate. */
 nb_status_t nb_link_set_rate_cap(nb_link_t* link, double rate_Bps);
 
-/* The rate the link plans with, bytes/s: the smaller of the operator cap and the estimator's
- * smoothed goodput; 0 while neither is known. Thread-safe. */
+/* The rate the link plans chunks and liveness with, bytes/s: the smallest of the operator cap,
+ * the estimator's smoothed goodput and the goodput of the latest send of at least 64 KiB
+ * (probes, which the estimator mixes in, can overestimate a shaped link); 0 while none is
+ * known. Thread-safe. */
 double nb_link_rate_Bps(nb_link_t* link);
 
 /* The plaintext chunk size a send would use now: rate * chunk_ms / streams within
