@@ -75,7 +75,7 @@ size_t nb_exchange_peer_count(const nb_exchange_t* ex);
 nb_link_t* nb_exchange_link(nb_exchange_t* ex, size_t i);
 
 /* 1 while peer i is alive, 0 once it was declared dead (nothing heard for its dead timeout;
- * it lives again when it answers a heartbeat). Thread-safe.
+ * it lives again once anything is heard from it). Thread-safe.
  *
  * Liveness rule: any bytes from the peer count (a heartbeat answer; an ack or probe answer on
  * our link; a PushOpen, chunk or Ping at our receiver; a Pull), so a peer that fills a thin link
