@@ -471,8 +471,10 @@ static void* nb__probe_main(void* arg) {
     size_t bytes = L->probe_bytes;
     int64_t interval_ns = L->probe_interval_ms * 1000000LL;
     pthread_mutex_unlock(&L->mu);
-    /* a probe is one message, like a chunk: no longer on a thin link than an adaptive chunk */
-    size_t cap = L->chunk_ms ? nb_link_chunk_bytes(L) : bytes;
+    /* a probe is one message, like a chunk: once the rate is known, no longer on a thin link
+     * than an adaptive chunk (before, the full size measures it: a shaper's burst would let a
+     * small probe through at line rate) */
+    size_t cap = L->chunk_ms && nb_link_rate_Bps(L) > 0 ? nb_link_chunk_bytes(L) : bytes;
     if (bytes > cap) bytes = cap;
     int64_t t0 = nb_now_ns();
     nb_status_t st = nb_link_probe(L, bytes, 5000, NULL);
