@@ -117,11 +117,14 @@ static nb_status_t nb__ex_pull(nb_rpc_call_t* call, void* user) {
   protobuf_c_message_free_unpacked(in, NULL);
   if (st != NB_OK) return st;
   int known = 0;
+  size_t step = NB__EX_PULL_CHUNK; /* chunks of the link's adaptive size, at most 1 MiB */
   pthread_mutex_lock(&ex->mu);
   for (size_t i = 0; i < ex->n; i++)
     if (strcmp(ex->peers[i]->id, who) == 0) {
       known = 1;
       ex->peers[i]->pull_ns = nb_now_ns(); /* a peer that pulls is alive */
+      size_t c = nb_link_chunk_bytes(ex->peers[i]->link);
+      if (c > 0 && c < step) step = c;
     }
   uint8_t* state = NULL;
   size_t len = ex->state_len;
@@ -147,8 +150,8 @@ static nb_status_t nb__ex_pull(nb_rpc_call_t* call, void* user) {
   uint8_t aad[24], hb[8];
   size_t aad_len = nb__ex_pull_aad(len, hash, aad);
   nb__ex_le64(hb, hash);
-  for (size_t off = 0, i = 0; st == NB_OK && (off < len || i == 0); off += NB__EX_PULL_CHUNK, i++) {
-    size_t n = len - off < NB__EX_PULL_CHUNK ? len - off : NB__EX_PULL_CHUNK;
+  for (size_t off = 0, i = 0; st == NB_OK && (off < len || i == 0); off += step, i++) {
+    size_t n = len - off < step ? len - off : step;
     Nebula__V1__PullChunk c = NEBULA__V1__PULL_CHUNK__INIT;
     c.round = ((uint64_t)epoch << 32) | (round & 0xffffffffu);
     c.total_size = len;
@@ -236,6 +239,9 @@ nb_status_t nb_exchange_pull(nb_exchange_t* ex, size_t i, int64_t timeout_ms, ui
     }
     Nebula__V1__PullChunk* c = (Nebula__V1__PullChunk*)m;
     st = NB_OK;
+    pthread_mutex_lock(&ex->mu);
+    p->pull_ns = nb_now_ns(); /* a chunk of the peer's state: we heard from it */
+    pthread_mutex_unlock(&ex->mu);
     if (!have_first) {
       if (c->state_hash.len != 8 || c->total_size == 0 || c->total_size > ((uint64_t)4 << 30)) {
         st = nb_error(NB_ERR_CODEC, "pull from %s: first chunk without a size or hash", p->id);

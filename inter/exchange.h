@@ -124,7 +124,8 @@ nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* fra
 nb_status_t nb_exchange_publish_state(nb_exchange_t* ex, uint64_t round, const void* state,
                                       size_t len);
 
-/* Pulls peer i's published state (Exchange.Pull, 1 MiB chunks, each sealed under a key of its
+/* Pulls peer i's published state (Exchange.Pull, chunks of the link's adaptive size, at most
+ * 1 MiB, each sealed under a key of its
  * own for this pull when the job seals frames), and checks the XXH3-64 of the whole state that
  * the first chunk announces. *state: nb_alloc'd (caller nb_free), *len, *round (nullable).
  * timeout_ms bounds the call (it waits for the peer to be reachable). NB_ERR_UNAVAILABLE (the
