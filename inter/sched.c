@@ -165,8 +165,10 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
     d.reason = NB_SCHED_NO_ESTIMATE;
     d.density = clampd(cfg->initial_density, cfg->density_floor, cfg->density_ceiling);
   } else {
+    /* with tau, the round trips do not eat tau's budget: tau steps carry the data, and the
+     * update lands later by what the latency costs (below) */
     double budget = share * hide_compute;
-    d.density_fit = (budget - fixed_s - fixed_bytes / g) * g / bytes_full;
+    d.density_fit = (budget - (tau ? 0.0 : fixed_s) - fixed_bytes / g) * g / bytes_full;
     if (d.density_fit >= cfg->density_ceiling) {
       d.reason = NB_SCHED_CEILING;
       d.density = cfg->density_ceiling;
@@ -180,7 +182,7 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
       }
     } else {
       d.density = cfg->density_floor;
-      double need_s = fixed_s + (fixed_bytes + d.density * bytes_full) / g;
+      const double need_s = fixed_s + (fixed_bytes + d.density * bytes_full) / g;
       double steps_need = wall ? 0.0 : ceil(need_s / (share * in->step_compute_s));
       double tau_need = tau ? ceil(need_s / (share * in->step_compute_s)) : 0.0;
       if (tau && tau_need < (double)in->steps && tau_need * in->step_compute_s < base_compute) {
@@ -202,6 +204,16 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
         d.steps = max_steps;
       }
     }
+  }
+  if (tau &&
+      (d.reason == NB_SCHED_FIT || d.reason == NB_SCHED_CEILING || d.reason == NB_SCHED_HOLD)) {
+    /* the data fits tau steps; the round trips make it land later, while that is in the round */
+    double land =
+        ceil((fixed_s + (fixed_bytes + d.density * bytes_full) / g) / (share * in->step_compute_s));
+    if (land > (double)d.hide_steps)
+      d.hide_steps = land < (double)in->steps && land * in->step_compute_s < base_compute
+                         ? (uint32_t)land
+                         : 0; /* at the round's end */
   }
   double kf = ceil(d.density * (double)in->n_params);
   d.k = kf < 1.0 ? 1 : (kf > (double)in->n_params ? in->n_params : (uint64_t)kf);

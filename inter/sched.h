@@ -53,10 +53,12 @@ typedef struct {
   double round_s;        /* wall-time rounds (heterogeneous clusters): the base round budget in
                             seconds; step_compute_s is then not needed and steps is passed
                             through. 0 = a round is `steps` inner steps */
-  uint32_t hide_steps;   /* with cfg.overlap: the update must land this many inner steps into the
-                            next round (sync.overlapSteps, tau), so the transfer can hide under
-                            only those; 0, or >= steps: the whole round. Needs step_compute_s
-                            (in wall-time rounds too; without it the whole round counts) */
+  uint32_t hide_steps;   /* with cfg.overlap: the update should land this many inner steps into
+                            the next round (sync.overlapSteps, tau), so the frame's data must fit
+                            under those (the round trips of the exchange are added on top: the
+                            decision's hide_steps says when it lands); 0, or >= steps: the whole
+                            round. Needs step_compute_s (in wall-time rounds too; without it the
+                            whole round counts) */
 } nb_sched_input_t;
 
 typedef enum {

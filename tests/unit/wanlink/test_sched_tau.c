@@ -76,6 +76,26 @@ static void test_tau_budget(void** state) {
   assert_true(fabs(d.budget_s - 2.0) < 1e-9);
 }
 
+/* A long link: two round trips of 0.2 s would eat more than tau 4's 0.36 s. They do not take the
+ * data's share: the density still fills 0.36 s of transfer (0.18), and the update lands after
+ * ceil((0.4 + 0.36) / 0.09) = 9 steps instead of 4. */
+static void test_tau_latency(void** state) {
+  (void)state;
+  nb_sched_config_t c = cfg();
+  c.rtts_per_round = 2;
+  nb_sched_input_t in = input(4);
+  in.rtt_s = 0.2;
+  nb_sched_decision_t d;
+  assert_int_equal(nb_sched_decide(&c, &in, NULL, &d), NB_OK);
+  assert_int_equal(d.reason, NB_SCHED_FIT);
+  assert_true(fabs(d.density - 0.18) < 1e-9);
+  assert_int_equal(d.hide_steps, 9);
+  assert_true(d.transfer_s <= d.budget_s + 1e-12);
+  in.rtt_s = 2.0; /* 4 s of round trips: the update lands at the round's end */
+  assert_int_equal(nb_sched_decide(&c, &in, NULL, &d), NB_OK);
+  assert_int_equal(d.hide_steps, 0);
+}
+
 /* At the floor: a 100x thinner link (10 kB/s) carries the 0.001-density frame (2 kB) in 0.2 s,
  * more than tau 1 hides (0.09 s): the update lands after 3 steps instead (0.27 s); thinner still,
  * when even the round's last step is too early, the round is lengthened as without tau. */
@@ -188,8 +208,11 @@ static void test_pick_hold(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_tau_budget),      cmocka_unit_test(test_floor_later_then_lengthen),
-      cmocka_unit_test(test_tau_wall_rounds), cmocka_unit_test(test_pick),
+      cmocka_unit_test(test_tau_budget),
+      cmocka_unit_test(test_tau_latency),
+      cmocka_unit_test(test_floor_later_then_lengthen),
+      cmocka_unit_test(test_tau_wall_rounds),
+      cmocka_unit_test(test_pick),
       cmocka_unit_test(test_pick_hold),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
