@@ -19,6 +19,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <openssl/x509v3.h>
+
 #include "common/common.h"
 #include "inter/rpc.h"
 #include "jobs/gateway.h"
@@ -92,6 +96,16 @@ static int setup(void** state) {
     assert_int_equal(nb_pki_cert_issue(ca_key, ca, &u, &k, &c), NB_OK);
     write_pair(k, c, users[i]);
   }
+  /* "cn-alice": the CA signs a certificate with CN=alice and no subjectAltName at all (a user
+   * certificate with its identity URI taken out, then signed again) */
+  nb_pki_issue_opts_t cu = {.kind = NB_PKI_USER, .name = "alice"};
+  assert_int_equal(nb_pki_cert_issue(ca_key, ca, &cu, &k, &c), NB_OK);
+  int san = X509_get_ext_by_NID(c, NID_subject_alt_name, -1);
+  assert_true(san >= 0);
+  X509_EXTENSION_free(X509_delete_ext(c, san));
+  assert_true(X509_get_ext_by_NID(c, NID_subject_alt_name, -1) < 0);
+  assert_true(X509_sign(c, ca_key, EVP_sha256()) > 0);
+  write_pair(k, c, "cn-alice");
   char p[512];
   snprintf(p, sizeof p, "%s/ca.crt", g_dir);
   assert_int_equal(nb_pki_cert_write(p, ca, 1), NB_OK);
@@ -563,6 +577,149 @@ static void test_refusals(void** state) {
   Nebula__V1__ListReply* lr = (Nebula__V1__ListReply*)rep;
   for (size_t i = 0; i < lr->n_jobs; i++) assert_true(strncmp(lr->jobs[i]->id, "Bad", 3));
   protobuf_c_message_free_unpacked(rep, NULL);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+}
+
+/* One call with hand-made credentials from g_dir/<who>.{crt,key} (the wrapper refuses to load a
+ * certificate without an identity): returns the gRPC status code, its details in `details`. */
+static char* slurp_file(const char* path) {
+  FILE* f = fopen(path, "rb");
+  assert_non_null(f);
+  char* b = calloc(1, 1 << 16);
+  assert_non_null(b);
+  assert_true(fread(b, 1, (1 << 16) - 1, f) > 0);
+  fclose(f);
+  return b;
+}
+
+static int raw_call(int port, const char* who, const char* method, const ProtobufCMessage* m,
+                    char* details, size_t cap) {
+  char p[512], target[64];
+  snprintf(p, sizeof p, "%s/ca.crt", g_dir);
+  char* ca = slurp_file(p);
+  snprintf(p, sizeof p, "%s/%s.crt", g_dir, who);
+  char* crt = slurp_file(p);
+  snprintf(p, sizeof p, "%s/%s.key", g_dir, who);
+  char* key = slurp_file(p);
+  grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = crt};
+  grpc_channel_credentials* creds = grpc_ssl_credentials_create_ex(ca, &pair, NULL, NULL);
+  snprintf(target, sizeof target, "127.0.0.1:%d", port);
+  grpc_channel* ch = grpc_channel_create(target, creds, NULL);
+  grpc_completion_queue* cq = grpc_completion_queue_create_for_pluck(NULL);
+  grpc_slice ms = grpc_slice_from_copied_string(method);
+  gpr_timespec dl =
+      gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(10000, GPR_TIMESPAN));
+  grpc_call* call = grpc_channel_create_call(ch, NULL, 0, cq, ms, NULL, dl, NULL);
+  uint8_t buf[1024];
+  assert_true(protobuf_c_message_get_packed_size(m) <= sizeof buf);
+  size_t len = protobuf_c_message_pack(m, buf);
+  grpc_slice s = grpc_slice_from_copied_buffer((const char*)buf, len);
+  grpc_byte_buffer* req = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_byte_buffer* resp = NULL;
+  grpc_metadata_array md, tmd;
+  grpc_metadata_array_init(&md);
+  grpc_metadata_array_init(&tmd);
+  grpc_status_code code = GRPC_STATUS_UNKNOWN;
+  grpc_slice det = grpc_empty_slice();
+  grpc_op ops[6];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = req;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &md;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = &resp;
+  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[5].data.recv_status_on_client.status = &code;
+  ops[5].data.recv_status_on_client.status_details = &det;
+  ops[5].data.recv_status_on_client.trailing_metadata = &tmd;
+  assert_int_equal(grpc_call_start_batch(call, ops, 6, (void*)1, NULL), GRPC_CALL_OK);
+  grpc_event ev =
+      grpc_completion_queue_pluck(cq, (void*)1, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+  assert_int_equal(ev.type, GRPC_OP_COMPLETE);
+  snprintf(details, cap, "%.*s", (int)GRPC_SLICE_LENGTH(det),
+           (const char*)GRPC_SLICE_START_PTR(det));
+  if (resp) grpc_byte_buffer_destroy(resp);
+  grpc_byte_buffer_destroy(req);
+  grpc_slice_unref(s);
+  grpc_slice_unref(ms);
+  grpc_slice_unref(det);
+  grpc_metadata_array_destroy(&md);
+  grpc_metadata_array_destroy(&tmd);
+  grpc_call_unref(call);
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+         GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(cq);
+  grpc_channel_destroy(ch);
+  grpc_channel_credentials_release(creds);
+  free(ca);
+  free(crt);
+  free(key);
+  return (int)code;
+}
+
+/* The attack: a certificate the federation CA signed with CN=alice and no nebula URI SAN was
+ * taken as the cluster "alice", i.e. an admin: List showed every user's jobs, Get and Logs read
+ * another user's job. No URI, no identity: every call is refused naming what is missing. */
+static void test_cn_only_refused(void** state) {
+  (void)state;
+  nb_gateway_t* gw = NULL;
+  assert_int_equal(nb_gateway_create(&g_cfg, &gw), NB_OK);
+  int port = nb_gateway_port(gw);
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, port);
+  char doc[1024];
+  snprintf(doc, sizeof doc, doc_fmt, "quick", "dc-a", 1);
+  Nebula__V1__Job* job = NULL;
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  char id[64];
+  snprintf(id, sizeof id, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+
+  /* the wrapper refuses to present it at all */
+  char ca[512], crt[512], key[512];
+  path_of(ca, sizeof ca, "ca.crt");
+  path_of(crt, sizeof crt, "cn-alice.crt");
+  path_of(key, sizeof key, "cn-alice.key");
+  nb_tls_files_t f = {ca, crt, key};
+  nb_tls_t* bad = NULL;
+  assert_int_equal(nb_tls_create(&f, &bad), NB_ERR_CRYPTO);
+  assert_non_null(strstr(nb_error_last(), "states no nebula identity"));
+
+  char det[1024];
+  Nebula__V1__ListRequest lq = NEBULA__V1__LIST_REQUEST__INIT;
+  lq.owner = (char*)"";
+  assert_int_equal(raw_call(port, "cn-alice", "/nebula.v1.Gateway/List", &lq.base, det, sizeof det),
+                   GRPC_STATUS_PERMISSION_DENIED);
+  fprintf(stderr, "CN-only List: %s\n", det);
+  assert_non_null(strstr(det, "certificate (CN 'alice') states no nebula identity"));
+  assert_non_null(strstr(det, "nebula://user/NAME"));
+  Nebula__V1__GetRequest gq = NEBULA__V1__GET_REQUEST__INIT;
+  gq.job_id = id;
+  assert_int_equal(raw_call(port, "cn-alice", "/nebula.v1.Gateway/Get", &gq.base, det, sizeof det),
+                   GRPC_STATUS_PERMISSION_DENIED);
+  assert_non_null(strstr(det, "states no nebula identity"));
+  Nebula__V1__LogsRequest logq = NEBULA__V1__LOGS_REQUEST__INIT;
+  logq.job_id = id;
+  assert_int_equal(
+      raw_call(port, "cn-alice", "/nebula.v1.Gateway/Logs", &logq.base, det, sizeof det),
+      GRPC_STATUS_PERMISSION_DENIED);
+  assert_non_null(strstr(det, "states no nebula identity"));
+  /* the Federation API (peer gateways) the same */
+  assert_int_equal(
+      raw_call(port, "cn-alice", "/nebula.v1.Federation/Report", &gq.base, det, sizeof det),
+      GRPC_STATUS_PERMISSION_DENIED);
+  assert_non_null(strstr(det, "states no nebula identity"));
+  /* the same key pair with its identity URI works: the refusal is the identity, not the TLS */
+  assert_int_equal(raw_call(port, "alice", "/nebula.v1.Gateway/List", &lq.base, det, sizeof det),
+                   GRPC_STATUS_OK);
+  wait_state(cli, id, "succeeded");
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
   nb_gateway_destroy(gw);
@@ -1114,6 +1271,7 @@ int main(void) {
       cmocka_unit_test(test_submit_watch_logs),
       cmocka_unit_test(test_report),
       cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_cn_only_refused),
       cmocka_unit_test(test_path_refusals),
       cmocka_unit_test(test_cancel_and_fail),
       cmocka_unit_test(test_slots),

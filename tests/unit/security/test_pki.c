@@ -413,6 +413,24 @@ static void test_certs_cli(void** state) {
   assert_int_equal(nb_certs_main(9, ver), 0);
   char* ver_wrong[] = {"certs", "verify", "--dir", pki, "--cluster", "dc-b", crt, NULL};
   assert_int_equal(nb_certs_main(7, ver_wrong), 1);
+  /* signed by this CA with CN=alice and no subjectAltName: a good chain, but no nebula identity,
+   * so verify refuses it as every gateway does (docs/security.md, Identity) */
+  assert_int_equal(
+      sec_sh("cd '%1$s' && openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 "
+             "-out cn.key 2>/dev/null && openssl req -new -key cn.key -subj /O=nebula/CN=alice "
+             "-out cn.csr 2>/dev/null && printf 'basicConstraints=critical,CA:FALSE\n"
+             "keyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n' > cn.ext && "
+             "openssl x509 -req -in cn.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 "
+             "-sha256 -extfile cn.ext -out cn.crt 2>/dev/null",
+             pki),
+      0);
+  char cn_crt[700];
+  snprintf(cn_crt, sizeof cn_crt, "%s/cn.crt", pki);
+  char* ver_cn[] = {"certs", "verify", "--dir", pki, "--usage", "client", cn_crt, NULL};
+  assert_int_equal(nb_certs_main(7, ver_cn), 1);
+  assert_non_null(strstr(nb_error_last(), "no subjectAltName, so no nebula identity"));
+  char* ver_cn_user[] = {"certs", "verify", "--dir", pki, "--user", "alice", cn_crt, NULL};
+  assert_int_equal(nb_certs_main(7, ver_cn_user), 1);
   char* missing[] = {"certs", "show", "/nonexistent/x.crt", NULL};
   assert_int_equal(nb_certs_main(3, missing), 1);
   /* show, captured through a pipe to a file */
