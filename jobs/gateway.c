@@ -2565,6 +2565,9 @@ static nb_status_t nb__fed_cancel(nb_rpc_call_t* call, void* user_data) {
   return s;
 }
 
+/* The most a member's event seq may run ahead of its last accepted one at the origin. */
+#define NB__FED_SEQ_MAX_GAP 1000
+
 /* Origin: a batch of a member's events. Stored tagged with the cluster (state → cluster_state,
  * launch/exit → cluster_launch/cluster_exit, progress keeps its kind); the cluster's state feeds
  * the job's aggregate state. Idempotent: events at or below the cluster's acked seq are skipped. */
@@ -2597,6 +2600,33 @@ static nb_status_t nb__fed_report(nb_rpc_call_t* call, void* user_data) {
                    req->job_id);
     } else {
       acked = json_integer_value(json_object_get(c, "seq"));
+      /* A member numbers its events 1, 2, 3, ... in its own store and reports them in order, so
+       * a new event follows the last accepted one closely. One far ahead (or going backwards)
+       * would move the acked seq past the member's real events, which would then be skipped as
+       * already stored: the job would never end here. The whole batch is refused, nothing is
+       * stored, and the member is told why. */
+      int64_t prev = acked;
+      for (size_t i = 0; i < req->n_events && s == NB_OK; i++) {
+        int64_t q = req->events[i]->seq;
+        if (q <= acked) continue;
+        if (q <= prev)
+          s = nb_error(NB_ERR_INVALID,
+                       "Report from cluster '%s' for job '%s' refused: event seq %" PRId64
+                       " does not follow seq %" PRId64
+                       " (a member's events are in increasing "
+                       "order); nothing stored",
+                       caller, req->job_id, q, prev);
+        else if (q - prev > NB__FED_SEQ_MAX_GAP)
+          s = nb_error(NB_ERR_INVALID,
+                       "Report from cluster '%s' for job '%s' refused: event seq %" PRId64
+                       " is more than %d ahead of seq %" PRId64
+                       ", the last accepted; "
+                       "nothing stored",
+                       caller, req->job_id, q, NB__FED_SEQ_MAX_GAP, prev);
+        else
+          prev = q;
+      }
+      if (s != NB_OK) NB_WARN("federation: %s", nb_error_last());
       for (size_t i = 0; i < req->n_events && s == NB_OK; i++) {
         Nebula__V1__ReportEvent* e = req->events[i];
         if (e->seq <= acked) continue;
