@@ -3337,6 +3337,79 @@ static nb_status_t nb__fed_logs(nb_rpc_call_t* call, void* user_data) {
 
 /* ------------------------------------------------------------------ lifecycle */
 
+/* The job folders in work_dir: sub-folders holding a descriptor.json. Counts them and keeps the
+ * first name (in directory order) for messages; calls fn on each when given. */
+static int nb__job_folders(nb_gateway_t* gw, char* first, size_t cap,
+                           void (*fn)(nb_gateway_t*, const char*, void*), void* ctx) {
+  DIR* d = opendir(gw->cfg.work_dir);
+  int n = 0;
+  if (first && cap) first[0] = 0;
+  if (!d) return 0;
+  for (struct dirent* e; (e = readdir(d)) != NULL;) {
+    if (e->d_name[0] == '.' || strlen(e->d_name) >= NB_JOB_ID_MAX) continue;
+    char p[NB_GW_STR + NB_JOB_ID_MAX + 32];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s/descriptor.json", gw->cfg.work_dir, e->d_name);
+    if (lstat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+    if (n++ == 0 && first && cap) snprintf(first, cap, "%s", e->d_name);
+    if (fn) fn(gw, e->d_name, ctx);
+  }
+  closedir(d);
+  return n;
+}
+
+/* Before the store is opened (which would create an empty one): a missing or empty jobs.db next
+ * to job folders means the record of those jobs was lost, and starting would serve an empty
+ * gateway over them without a word. Refused; the operator restores or moves them. */
+static nb_status_t nb__store_present(nb_gateway_t* gw) {
+  struct stat sb, wb;
+  char wal[NB_GW_STR + 8];
+  snprintf(wal, sizeof wal, "%s-wal", gw->cfg.store_path);
+  int missing = stat(gw->cfg.store_path, &sb) != 0 && errno == ENOENT;
+  int empty = !missing && S_ISREG(sb.st_mode) && sb.st_size == 0 &&
+              (stat(wal, &wb) != 0 || wb.st_size == 0); /* a WAL may hold it all */
+  if (!missing && !empty) return NB_OK;
+  char first[NB_JOB_ID_MAX];
+  int n = nb__job_folders(gw, first, sizeof first, NULL, NULL);
+  if (n == 0) return NB_OK; /* a new gateway */
+  return nb_error(NB_ERR_INTEGRITY,
+                  "gateway: job store %s is %s but work_dir %s holds %d job folder%s (e.g. '%s'): "
+                  "starting would forget those jobs; restore jobs.db from a backup, or move the "
+                  "job folders out of work_dir to start with an empty store",
+                  gw->cfg.store_path, missing ? "missing" : "empty (0 bytes)", gw->cfg.work_dir, n,
+                  n == 1 ? "" : "s", first);
+}
+
+typedef struct {
+  int n;
+  char first[NB_JOB_ID_MAX];
+} nb__orphans_t;
+
+static void nb__orphan_one(nb_gateway_t* gw, const char* id, void* ctx) {
+  nb__orphans_t* o = ctx;
+  nb_job_record_t r;
+  memset(&r, 0, sizeof r);
+  nb_status_t s = nb_job_store_get(gw->mon_store, id, &r);
+  if (s == NB_OK)
+    nb_job_record_clear(&r);
+  else if (s == NB_ERR_NOT_FOUND && o->n++ == 0)
+    snprintf(o->first, sizeof o->first, "%s", id);
+}
+
+/* Job folders the store has no entry for (a store restored from an older backup, a folder
+ * copied in): not served, and said so once at start. */
+static void nb__store_orphans(nb_gateway_t* gw) {
+  nb__orphans_t o = {0};
+  nb__job_folders(gw, NULL, 0, nb__orphan_one, &o);
+  if (o.n > 0)
+    NB_WARN(
+        "gateway: %d job folder%s in %s %s no entry in job store %s (e.g. '%s'): not served; "
+        "restore a newer jobs.db, or move the folder%s away",
+        o.n, o.n == 1 ? "" : "s", gw->cfg.work_dir, o.n == 1 ? "has" : "have", gw->cfg.store_path,
+        o.first, o.n == 1 ? "" : "s");
+  nb_error_clear();
+}
+
 nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out) {
   if (!cfg || !out) return nb_error(NB_ERR_INVALID, "gateway: NULL argument");
   nb_gateway_t* gw = NULL;
@@ -3403,6 +3476,7 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     goto fail;
   }
   NB_CHECK_GOTO(nb_pki_cert_load(gw->cfg.tls_ca, &gw->ca), s, fail);
+  NB_CHECK_GOTO(nb__store_present(gw), s, fail);
   {
     /* the store holds job secrets: owner only, and SQLite gives its -wal and -shm files the
      * mode of the database file */
@@ -3417,6 +3491,16 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     }
   }
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->mon_store), s, fail);
+  if ((s = nb_job_store_check(gw->mon_store)) != NB_OK) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", nb_error_last()); /* nb_error writes where it reads */
+    s = nb_error(s,
+                 "gateway: %s; refusing to start on job store %s: restore it from a backup "
+                 "(the job folders in %s are untouched)",
+                 why, gw->cfg.store_path, gw->cfg.work_dir);
+    goto fail;
+  }
+  nb__store_orphans(gw);
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->fed_store), s, fail);
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->rep_store), s, fail);
   NB_CHECK_GOTO(nb__recover(gw), s, fail);

@@ -22,6 +22,7 @@
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <openssl/x509v3.h>
+#include <sqlite3.h>
 
 #include "common/common.h"
 #include "inter/rpc.h"
@@ -1264,6 +1265,153 @@ static void test_config(void** state) {
   assert_int_equal(g_cfg.acl.rules[0].max_workers, 2);
 }
 
+static void copy_file(const char* from, const char* to) {
+  FILE* a = fopen(from, "rb");
+  FILE* b = fopen(to, "wb");
+  assert_non_null(a);
+  assert_non_null(b);
+  char buf[8192];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, a)) > 0;) assert_int_equal(fwrite(buf, 1, n, b), n);
+  fclose(a);
+  assert_int_equal(fclose(b), 0);
+}
+
+/* Runs sql on the store file directly (as a damaged or tampered store would be); closing the
+ * only connection folds the WAL back into the file. */
+static void sql_on(const char* db, const char* sql) {
+  sqlite3* h = NULL;
+  assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+  char* err = NULL;
+  int rc = sqlite3_exec(h, sql, NULL, NULL, &err);
+  if (rc != SQLITE_OK) fail_msg("%s: %s", sql, err ? err : "?");
+  sqlite3_close(h);
+}
+
+static long sql_long(const char* db, const char* sql) {
+  sqlite3* h = NULL;
+  sqlite3_stmt* st = NULL;
+  assert_int_equal(sqlite3_open(db, &h), SQLITE_OK);
+  assert_int_equal(sqlite3_prepare_v2(h, sql, -1, &st, NULL), SQLITE_OK);
+  assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+  long v = (long)sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+  return v;
+}
+
+/* The store is checked before the gateway serves: a deleted or 0-byte jobs.db next to job
+ * folders, a dropped events table and a job in an unknown state each refuse the start with a
+ * message naming the problem (the store is not recreated, the folders are untouched); job folders
+ * the store does not know are warned about; the restored store starts and serves the job. */
+static void test_store_checks(void** state) {
+  (void)state;
+  nb_gateway_config_t cfg = g_cfg;
+  snprintf(cfg.work_dir, sizeof cfg.work_dir, "%s/work-store", g_dir);
+  cfg.store_path[0] = 0;
+  nb_gateway_t* gw = NULL;
+  assert_int_equal(nb_gateway_create(&cfg, &gw), NB_OK);
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, nb_gateway_port(gw));
+  char doc[1024], id[64];
+  snprintf(doc, sizeof doc, doc_fmt, "quick", "dc-a", 1);
+  Nebula__V1__Job* job = NULL;
+  assert_int_equal(submit(cli, "alice", doc, 0, &job), NB_OK);
+  snprintf(id, sizeof id, "%s", job->id);
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  wait_state(cli, id, "succeeded");
+  nb_rpc_client_destroy(cli);
+  nb_gateway_destroy(gw);
+  gw = NULL;
+
+  char db[600], wal[610], shm[610], bak[600];
+  snprintf(db, sizeof db, "%s/jobs.db", cfg.work_dir);
+  snprintf(wal, sizeof wal, "%s-wal", db);
+  snprintf(shm, sizeof shm, "%s-shm", db);
+  snprintf(bak, sizeof bak, "%s/jobs.db.bak", g_dir);
+  sql_on(db, "PRAGMA wal_checkpoint(TRUNCATE)");
+  unlink(wal);
+  unlink(shm);
+  copy_file(db, bak);
+
+  /* deleted: refused, and no empty store is created in its place */
+  assert_int_equal(unlink(db), 0);
+  assert_int_equal(nb_gateway_create(&cfg, &gw), NB_ERR_INTEGRITY);
+  fprintf(stderr, "deleted store: %s\n", nb_error_last());
+  assert_non_null(strstr(nb_error_last(), "is missing but work_dir"));
+  assert_non_null(strstr(nb_error_last(), "holds 1 job folder (e.g. 'quick-"));
+  assert_non_null(strstr(nb_error_last(), "restore jobs.db from a backup"));
+  assert_null(gw);
+  assert_int_equal(access(db, F_OK), -1);
+  /* 0 bytes */
+  FILE* f = fopen(db, "w");
+  assert_non_null(f);
+  fclose(f);
+  assert_int_equal(nb_gateway_create(&cfg, &gw), NB_ERR_INTEGRITY);
+  assert_non_null(strstr(nb_error_last(), "is empty (0 bytes) but work_dir"));
+  struct stat sb;
+  assert_int_equal(stat(db, &sb), 0);
+  assert_int_equal(sb.st_size, 0);
+
+  /* the events table dropped (Watch would fail with INTERNAL on every job) */
+  copy_file(bak, db);
+  sql_on(db, "DROP TABLE events");
+  assert_int_equal(nb_gateway_create(&cfg, &gw), NB_ERR_INTEGRITY);
+  fprintf(stderr, "dropped table: %s\n", nb_error_last());
+  assert_non_null(strstr(nb_error_last(), "table 'events' is missing"));
+  assert_non_null(strstr(nb_error_last(), "refusing to start on job store"));
+  /* a column gone */
+  copy_file(bak, db);
+  sql_on(db, "ALTER TABLE jobs DROP COLUMN reason");
+  assert_int_equal(nb_gateway_create(&cfg, &gw), NB_ERR_INTEGRITY);
+  assert_non_null(strstr(nb_error_last(), "table 'jobs' has no column 'reason'"));
+  /* a state no version of nebula writes (it showed as "pending" and Watch never ended) */
+  copy_file(bak, db);
+  sql_on(db, "UPDATE jobs SET state = 9");
+  assert_int_equal(nb_gateway_create(&cfg, &gw), NB_ERR_INTEGRITY);
+  fprintf(stderr, "unknown state: %s\n", nb_error_last());
+  assert_non_null(strstr(nb_error_last(), "has state 9, which is none of the 6 known states"));
+  assert_non_null(strstr(nb_error_last(), id));
+  copy_file(bak, db);
+  sql_on(db, "UPDATE jobs SET state = 'running'");
+  assert_int_equal(nb_gateway_create(&cfg, &gw), NB_ERR_INTEGRITY);
+  assert_non_null(strstr(nb_error_last(), "has state of type text"));
+
+  /* a damaged page (the jobs_by_owner index claims 9 cells): the file opens and plain reads
+   * work, SQLite's integrity check does not */
+  copy_file(bak, db);
+  long page = sql_long(db, "PRAGMA page_size");
+  long root = sql_long(db, "SELECT rootpage FROM sqlite_schema WHERE name = 'jobs_by_owner'");
+  assert_true(page > 0 && root > 1);
+  f = fopen(db, "r+b");
+  assert_non_null(f);
+  assert_int_equal(fseek(f, (root - 1) * page + 3, SEEK_SET), 0);
+  assert_int_equal(fwrite("\x00\x09", 1, 2, f), 2);
+  assert_int_equal(fclose(f), 0);
+  assert_int_not_equal(nb_gateway_create(&cfg, &gw), NB_OK);
+  fprintf(stderr, "damaged page: %s\n", nb_error_last());
+  assert_non_null(strstr(nb_error_last(), "integrity check"));
+  assert_non_null(strstr(nb_error_last(), "refusing to start on job store"));
+
+  /* restored, plus a job folder the store does not know: starts (with a warning), serves */
+  copy_file(bak, db);
+  char ghost[700];
+  snprintf(ghost, sizeof ghost, "%s/ghost-1", cfg.work_dir);
+  assert_int_equal(mkdir(ghost, 0750), 0);
+  snprintf(ghost, sizeof ghost, "%s/ghost-1/descriptor.json", cfg.work_dir);
+  f = fopen(ghost, "w");
+  assert_non_null(f);
+  fputs("{}", f);
+  fclose(f);
+  assert_int_equal(nb_gateway_create(&cfg, &gw), NB_OK);
+  cli = client_as("alice", &tls, nb_gateway_port(gw));
+  job = get_job(cli, id);
+  assert_string_equal(job->state, "succeeded");
+  protobuf_c_message_free_unpacked(&job->base, NULL);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  nb_gateway_destroy(gw);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_acl),
@@ -1278,6 +1426,7 @@ int main(void) {
       cmocka_unit_test(test_call_limits),
       cmocka_unit_test(test_run_as),
       cmocka_unit_test(test_restart),
+      cmocka_unit_test(test_store_checks),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
