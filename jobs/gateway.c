@@ -289,6 +289,9 @@ static nb_status_t nb__cfg_set(const nb__opt_t* o, json_t* v, const char* base,
         char key[128];
         snprintf(key, sizeof key, "peers.%s", id);
         NB_CHECK(nb__cfg_str(key, a, pe->address, sizeof pe->address, NULL));
+        char what[160];
+        snprintf(what, sizeof what, "config: %s", key);
+        NB_CHECK(nb_cli_addr_check(pe->address, 0, what));
         c->n_peers++;
       }
       return NB_OK;
@@ -386,6 +389,7 @@ nb_status_t nb_gateway_config_parse(const char* text, size_t len, const char* ba
   json_decref(root);
   if (st != NB_OK) return st;
   if (!cfg->cluster_id[0]) return nb_error(NB_ERR_CONFIG, "config: cluster_id is required");
+  NB_CHECK(nb_cli_addr_check(cfg->listen, 1, "config: listen"));
   if (nb_pki_name_check(cfg->cluster_id, "cluster_id") != NB_OK)
     return nb_error_wrap(NB_ERR_CONFIG, "config");
   if (!cfg->tls_ca[0] || !cfg->tls_cert[0] || !cfg->tls_key[0])
@@ -3189,6 +3193,9 @@ static nb_status_t nb__logs_send(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_s
   const char* which = req->stream && *req->stream ? req->stream : "stdout";
   if (strcmp(which, "stdout") && strcmp(which, "stderr"))
     return nb_error(NB_ERR_INVALID, "stream must be \"stdout\" or \"stderr\", not '%s'", which);
+  if (req->offset < 0) /* it used to read from 0, as if asked for the whole log */
+    return nb_error(NB_ERR_INVALID, "Logs: offset %" PRId64 " is negative; give a byte offset >= 0",
+                    req->offset);
   nb_job_record_t rec = {0};
   FILE* f = NULL;
   uint8_t* buf = NULL;
@@ -3197,7 +3204,7 @@ static nb_status_t nb__logs_send(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_s
   NB_CHECK(nb_alloc((void**)&buf, 65536, 1, "log chunk"));
   char path[NB_GW_STR + 128];
   snprintf(path, sizeof path, "%s/%s/%s.log", gw->cfg.work_dir, req->job_id, which);
-  int64_t off = req->offset > 0 ? req->offset : 0;
+  int64_t off = req->offset;
   for (;;) {
     if (nb_rpc_call_cancelled(call)) {
       s = nb_error(NB_ERR_CANCELLED, "Logs: client went away");

@@ -355,6 +355,18 @@ static void test_submit_watch_logs(void** state) {
   assert_memory_equal(((Nebula__V1__LogChunk*)lm)->data.data, want + 6, strlen(want) - 6);
   protobuf_c_message_free_unpacked(lm, NULL);
   nb_rpc_stream_destroy(s);
+  /* a negative offset is refused (it used to read the whole log, as from 0) */
+  lr.offset = -1;
+  len = nebula__v1__logs_request__pack(&lr, buf);
+  assert_int_equal(nb_rpc_stream_open(cli, "/nebula.v1.Gateway/Logs", 10000, 0, &s), NB_OK);
+  assert_int_equal(nb_rpc_stream_send(s, buf, len), NB_OK);
+  lm = NULL;
+  assert_int_equal(
+      nb_rpc_stream_recv_pb(s, &nebula__v1__log_chunk__descriptor, &lm, &end, NB_RPC_INFINITE),
+      NB_ERR_INVALID);
+  assert_null(lm);
+  assert_non_null(strstr(nb_error_last(), "offset -1 is negative"));
+  nb_rpc_stream_destroy(s);
 
   /* List: alice sees her job */
   Nebula__V1__ListRequest lq = NEBULA__V1__LIST_REQUEST__INIT;

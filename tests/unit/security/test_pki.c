@@ -394,6 +394,13 @@ static void test_certs_cli(void** state) {
   char pki[600], crt[700];
   snprintf(pki, sizeof pki, "%s/pki", d);
   snprintf(crt, sizeof crt, "%s/clusters/dc-a.crt", pki);
+  /* a failed init (a CN longer than 64 bytes) leaves no folder behind */
+  char* bad_cn[] = {"certs", "init",
+                    "--dir", pki,
+                    "--cn",  "a-common-name-that-is-far-too-long-for-a-certificate-authority-cn-x",
+                    NULL};
+  assert_int_equal(nb_certs_main(6, bad_cn), 1);
+  assert_int_equal(access(pki, F_OK), -1);
   char* init[] = {"certs", "init", "--dir", pki, NULL};
   assert_int_equal(nb_certs_main(4, init), 0);
   assert_int_equal(nb_certs_main(4, init), 1); /* exists */
