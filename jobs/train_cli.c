@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -288,7 +289,8 @@ static int nb__fail(const char* cmd, const char* what) {
 
 static json_t* nb__eval_json(const nb_train_eval_t* e) {
   json_t* o = json_object();
-  for (int i = 0; i < e->n; i++) json_object_set_new(o, e->label[i], json_real(e->bpb[i]));
+  for (int i = 0; i < e->n; i++)
+    json_object_set_new(o, e->label[i], isfinite(e->bpb[i]) ? json_real(e->bpb[i]) : json_null());
   return o;
 }
 
@@ -747,17 +749,30 @@ int nb_eval_main(int argc, char** argv) {
     rc = nb__fail("eval", ckpt);
     goto done;
   }
-  for (int i = 0; i < ev.n; i++)
-    if (ev.scored[i] == 0) { /* a mean over nothing is not a score */
-      fprintf(stderr,
-              "nebula eval: nothing was scored for '%s': no held-out byte of it can be scored "
-              "within the model's context of %d bytes (%s); a mean over nothing is not a score\n",
-              ev.label[i], c->model.ctx,
-              pairs ? "every held-out source in pairs/*.dev.tsv fills the context"
-                    : "its held-out slice of mono/<lang>.txt is too short");
-      rc = NB_EXIT_FAIL;
-      goto done;
+  /* A mean over nothing is not a score: such a source has no bits per byte (n/a, null in
+   * JSON, left out of the mean). Without --translate there is then nothing to report for it,
+   * which is an error; with it, the translation scores still stand. */
+  int unscored = 0;
+  double sum = 0;
+  for (int i = 0; i < ev.n; i++) {
+    if (ev.scored[i] > 0) {
+      sum += ev.bpb[i];
+      continue;
     }
+    unscored++;
+    ev.bpb[i] = NAN;
+    fprintf(stderr,
+            "nebula eval: nothing was scored for '%s': no held-out byte of it can be scored "
+            "within the model's context of %d bytes (%s); a mean over nothing is not a score\n",
+            ev.label[i], c->model.ctx,
+            pairs ? "every held-out source in pairs/*.dev.tsv fills the context"
+                  : "its held-out slice of mono/<lang>.txt is too short");
+  }
+  ev.mean_bpb = unscored < ev.n ? sum / (ev.n - unscored) : NAN;
+  if (unscored && !translate) {
+    rc = NB_EXIT_FAIL;
+    goto done;
+  }
   nb_translate_score_t ts[NB_TRAIN_MAX_SOURCES];
   if (translate) { /* the trainer's model is the checkpoint's, already loaded */
     nb_model_t* tm = nb_trainer_model(t);
@@ -795,7 +810,8 @@ int nb_eval_main(int argc, char** argv) {
     for (int i = 0; i < ev.n; i++)
       json_object_set_new(sc, ev.label[i], json_integer((json_int_t)ev.scored[i]));
     json_object_set_new(o, "scored_bytes", sc);
-    json_object_set_new(o, "mean_bpb", json_real(ev.mean_bpb));
+    json_object_set_new(o, "mean_bpb",
+                        isfinite(ev.mean_bpb) ? json_real(ev.mean_bpb) : json_null());
     char* text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
     json_decref(o);
     if (text) printf("%s\n", text);
@@ -803,8 +819,14 @@ int nb_eval_main(int argc, char** argv) {
   } else {
     printf("%s (step %ld): held-out bits per byte\n", ckpt, step);
     for (int i = 0; i < ev.n; i++)
-      printf("  %-6s %.4f  (%zu bytes)\n", ev.label[i], ev.bpb[i], ev.scored[i]);
-    printf("  %-6s %.4f\n", "mean", ev.mean_bpb);
+      if (ev.scored[i] > 0)
+        printf("  %-6s %.4f  (%zu bytes)\n", ev.label[i], ev.bpb[i], ev.scored[i]);
+      else
+        printf("  %-6s n/a     (nothing scored)\n", ev.label[i]);
+    if (isfinite(ev.mean_bpb))
+      printf("  %-6s %.4f\n", "mean", ev.mean_bpb);
+    else
+      printf("  %-6s n/a\n", "mean");
     if (translate) {
       printf("translation of the test split (greedy decoding):\n");
       for (int i = 0; i < c->n_sources; i++)

@@ -170,6 +170,15 @@ static void test_bad_input_messages(void** state) {
   assert_non_null(strstr(out, "nothing was scored for 'en-de'"));
   assert_non_null(strstr(out, "model's context of 32 bytes"));
   assert_null(strstr(out, "0.0000"));
+  /* with --translate the translation scores stand; the source's bits per byte are n/a */
+  snprintf(sh, sizeof sh, "cp '%s/pairs/en-de.test.tsv' '%s/tiny/pairs/'", g_data, g_dir);
+  assert_int_equal(system(sh), 0);
+  assert_int_equal(
+      run("eval good.safetensors --data-dir tiny --pairs en-de --translate 1", out, sizeof out), 0);
+  assert_non_null(strstr(out, "nothing was scored for 'en-de'"));
+  assert_non_null(strstr(out, "en-de  n/a     (nothing scored)"));
+  assert_non_null(strstr(out, "chrF"));
+  assert_null(strstr(out, "0.0000"));
 
   /* sizes that do not fit: refused, not truncated to 32 bits */
   snprintf(args, sizeof args, "eval good.safetensors --data-dir '%s' --batch 4294967297", g_data);
