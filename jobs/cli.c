@@ -3,11 +3,13 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "bench/bench.h"
 #include "common/common.h"
 #include "jobs/train_cli.h"
 #include "jobs/client_cli.h"
+#include "jobs/descriptor.h"
 #include "jobs/gateway.h"
 #include "jobs/report.h"
 #include "jobs/validate_cli.h"
@@ -15,6 +17,18 @@
 #include "security/security.h"
 
 static int nb__cmd_help(int argc, char** argv);
+
+nb_status_t nb_cli_descriptor_precheck(const char* path) {
+  struct stat sb;
+  if (!path || stat(path, &sb) != 0) return NB_OK;
+  if (S_ISDIR(sb.st_mode))
+    return nb_error(NB_ERR_CONFIG, "%s is a folder, not a descriptor file", path);
+  if (S_ISREG(sb.st_mode) && sb.st_size > (off_t)NB_DESCRIPTOR_MAX_BYTES)
+    return nb_error(NB_ERR_CONFIG,
+                    "%s is %lld bytes, larger than the descriptor limit of %u bytes (1 MiB)", path,
+                    (long long)sb.st_size, NB_DESCRIPTOR_MAX_BYTES);
+  return NB_OK;
+}
 
 nb_status_t nb_cli_addr_check(const char* addr, int allow_zero, const char* what) {
   if (!addr || !*addr)

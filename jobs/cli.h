@@ -26,6 +26,12 @@ int nb_cli_main(int argc, char** argv);
  * what names the setting in the message (borrowed). Returns NB_OK or NB_ERR_CONFIG. */
 nb_status_t nb_cli_addr_check(const char* addr, int allow_zero, const char* what);
 
+/* Before a descriptor file is read: a folder, or a regular file over the 1 MiB descriptor limit
+ * (whose reader stops one byte past it), is named with what is wrong and its real size.
+ * Returns NB_OK or NB_ERR_CONFIG with that message; a file that cannot be stat'ed passes (the
+ * reader names the error). path: borrowed. */
+nb_status_t nb_cli_descriptor_precheck(const char* path);
+
 #ifdef __cplusplus
 }
 #endif

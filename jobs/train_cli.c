@@ -381,6 +381,10 @@ int nb_train_main(int argc, char** argv) {
   char made_curve[NB_TRAIN_PATH_MAX + 64] = "", made_rounds[NB_TRAIN_PATH_MAX + 64] = "";
   char made_odir[NB_TRAIN_PATH_MAX] = "";
   int trained = 0;
+  if (nb_cli_descriptor_precheck(file) != NB_OK) {
+    fprintf(stderr, "nebula train: %s\n", nb_error_last());
+    goto done;
+  }
   if (nb_descriptor_load(file, job, diag) != NB_OK) {
     char line[640];
     for (int i = 0; i < diag->count; i++)
@@ -620,8 +624,8 @@ static void nb__eval_usage(FILE* f) {
           "  --data-dir D   data folder (default data/quick)\n"
           "  --langs L,...  languages (default: every mono/<lang>.txt of en de fr ru es zh fa)\n"
           "  --pairs P,...  evaluate translation pairs instead\n"
-          "  --batches N    batches per language (default 8)\n"
-          "  --batch B      sequences per batch (default 8)\n"
+          "  --batches N    batches per language (default 8, 1..1000000)\n"
+          "  --batch B      sequences per batch (default 8, 1..4096)\n"
           "  --translate N  with --pairs: also translate the first N pairs of the test split\n"
           "                 (pairs/en-<x>.test.tsv) by greedy decoding and score chrF and BLEU\n"
           "  --json         print one JSON object\n");

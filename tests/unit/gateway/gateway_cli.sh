@@ -145,6 +145,11 @@ grep -q "signature" "$T/e" && fail "submit of an empty file blames the signature
 "$NB" validate "$T/big.json" 2> "$T/e"; rc=$?
 [ $rc -eq 1 ] && grep -q "is 104857600 bytes" "$T/e" || fail "validate of 100 MB: $rc $(cat "$T/e")"
 grep -q 1048577 "$T/e" && fail "validate reports the read size: $(cat "$T/e")"
+for c in train run; do
+  "$NB" $c "$T/big.json" 2> "$T/e"
+  grep -q "is 104857600 bytes, larger than the descriptor limit" "$T/e" || fail "$c of 100 MB: $(cat "$T/e")"
+  grep -q 1048577 "$T/e" && fail "$c reports the read size: $(cat "$T/e")"
+done
 head -c 1048600 /dev/zero | "$NB" validate - 2> "$T/e"; rc=$?
 [ $rc -eq 1 ] && grep -q "standard input is larger than the descriptor limit" "$T/e" || fail "validate - of 1 MiB+: $rc $(cat "$T/e")"
 "$NB" validate "$T/folder" 2> "$T/e"; grep -q "is a folder" "$T/e" || fail "validate of a folder: $(cat "$T/e")"
