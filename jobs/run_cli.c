@@ -567,6 +567,11 @@ int nb_run_main(int argc, char** argv) {
     fprintf(stderr, "nebula run: %s\n", nb_error_last());
     goto done;
   }
+  if (nb_cli_descriptor_precheck(file) != NB_OK) {
+    fprintf(stderr, "nebula run: %s\n", nb_error_last());
+    rc = NB_EXIT_USAGE;
+    goto done;
+  }
   if (nb_descriptor_load(file, job, diag) != NB_OK) {
     char line[640];
     for (int i = 0; i < diag->count; i++)

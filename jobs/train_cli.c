@@ -6,10 +6,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/common.h"
 #include "jobs/cli.h"
@@ -286,18 +289,27 @@ static int nb__fail(const char* cmd, const char* what) {
 
 static json_t* nb__eval_json(const nb_train_eval_t* e) {
   json_t* o = json_object();
-  for (int i = 0; i < e->n; i++) json_object_set_new(o, e->label[i], json_real(e->bpb[i]));
+  for (int i = 0; i < e->n; i++)
+    json_object_set_new(o, e->label[i], isfinite(e->bpb[i]) ? json_real(e->bpb[i]) : json_null());
   return o;
 }
 
-static int nb__parse_long(const char* s, long lo, long* out) {
+static int nb__parse_long_range(const char* s, long lo, long hi, long* out) {
   char* end;
   errno = 0;
   long v = strtol(s, &end, 10);
-  if (errno || *end || end == s || v < lo) return -1;
+  if (errno || *end || end == s || v < lo || v > hi) return -1;
   *out = v;
   return 0;
 }
+
+static int nb__parse_long(const char* s, long lo, long* out) {
+  return nb__parse_long_range(s, lo, LONG_MAX, out);
+}
+
+/* eval's sizes: a batch is B sequences held at once, int-sized in the trainer */
+#define NB__EVAL_MAX_BATCH 4096L
+#define NB__EVAL_MAX_BATCHES 1000000L
 
 int nb_train_main(int argc, char** argv) {
   const char *file = NULL, *out = NULL, *data_dir = NULL, *cluster = NULL;
@@ -365,6 +377,14 @@ int nb_train_main(int argc, char** argv) {
   FILE* curve = NULL;
   FILE* progress_f = NULL;
   FILE* rounds_f = NULL;
+  /* what this run created, removed again when it fails before training a step */
+  char made_curve[NB_TRAIN_PATH_MAX + 64] = "", made_rounds[NB_TRAIN_PATH_MAX + 64] = "";
+  char made_odir[NB_TRAIN_PATH_MAX] = "";
+  int trained = 0;
+  if (nb_cli_descriptor_precheck(file) != NB_OK) {
+    fprintf(stderr, "nebula train: %s\n", nb_error_last());
+    goto done;
+  }
   if (nb_descriptor_load(file, job, diag) != NB_OK) {
     char line[640];
     for (int i = 0; i < diag->count; i++)
@@ -415,10 +435,13 @@ int nb_train_main(int argc, char** argv) {
   }
   if (mkdir(odir, 0755) != 0 && errno != EEXIST) {
     if (errno == ENOENT && !out && mkdir("runs", 0755) == 0 && mkdir(odir, 0755) == 0) {
+      snprintf(made_odir, sizeof made_odir, "%s", odir);
     } else {
       fprintf(stderr, "nebula train: cannot create %s: %s\n", odir, strerror(errno));
       goto done;
     }
+  } else if (errno != EEXIST) {
+    snprintf(made_odir, sizeof made_odir, "%s", odir);
   }
   if (job->checkpoint.dir[0])
     snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s", job->checkpoint.dir);
@@ -429,6 +452,8 @@ int nb_train_main(int argc, char** argv) {
   tc->resume = resume && !force;
 
   snprintf(path, sizeof path, "%s/curve.tsv", odir);
+  struct stat pre;
+  if (stat(path, &pre) != 0) snprintf(made_curve, sizeof made_curve, "%s", path);
   curve = fopen(path, resume ? "a" : "w");
   if (!curve) {
     fprintf(stderr, "nebula train: cannot write %s: %s\n", path, strerror(errno));
@@ -440,6 +465,7 @@ int nb_train_main(int argc, char** argv) {
     fprintf(curve, "\tmean\n");
   }
   snprintf(path, sizeof path, "%s/rounds.tsv", odir);
+  if (stat(path, &pre) != 0) snprintf(made_rounds, sizeof made_rounds, "%s", path);
   rounds_f = fopen(path, resume ? "a" : "w");
   if (!rounds_f) {
     fprintf(stderr, "nebula train: cannot write %s: %s\n", path, strerror(errno));
@@ -472,7 +498,7 @@ int nb_train_main(int argc, char** argv) {
   nb_status_t cst = nb_trainer_create(tc, &t);
   if (cst != NB_OK) {
     rc = nb__fail("train", file);
-    if (cst == NB_ERR_IO)
+    if (cst == NB_ERR_IO && strstr(nb_error_last(), "data file")) /* not a checkpoint's */
       fprintf(stderr, "nebula train: prepare the data with 'make data', or pass --data-dir\n");
     goto done;
   }
@@ -492,6 +518,7 @@ int nb_train_main(int argc, char** argv) {
   double t1 = nb_now_s();
   nb_status_t st = nb_trainer_run(t, &ev);
   double wall = nb_now_s() - t1;
+  trained = nb_trainer_step(t) > step0;
   if (st != NB_OK) {
     rc = nb__fail("train", NULL);
     goto done;
@@ -563,6 +590,19 @@ done:
   if (curve) fclose(curve);
   if (rounds_f) fclose(rounds_f);
   if (progress_f) fclose(progress_f);
+  /* A run that failed before its first step leaves nothing behind of its own: no header-only
+   * tsv files, no empty output folder. Once it trained, its files describe the checkpoints it
+   * kept and stay. */
+  if (rc != NB_EXIT_OK && !trained) {
+    if (made_curve[0]) unlink(made_curve);
+    if (made_rounds[0]) unlink(made_rounds);
+    if (made_odir[0]) {
+      char ck[NB_TRAIN_PATH_MAX + 16];
+      snprintf(ck, sizeof ck, "%s/checkpoints", made_odir);
+      rmdir(ck);                                        /* only when empty */
+      if (rmdir(made_odir) == 0 && !out) rmdir("runs"); /* ditto */
+    }
+  }
   nb_trainer_destroy(t);
   nb_free(tc);
   nb_free(diag);
@@ -584,8 +624,8 @@ static void nb__eval_usage(FILE* f) {
           "  --data-dir D   data folder (default data/quick)\n"
           "  --langs L,...  languages (default: every mono/<lang>.txt of en de fr ru es zh fa)\n"
           "  --pairs P,...  evaluate translation pairs instead\n"
-          "  --batches N    batches per language (default 8)\n"
-          "  --batch B      sequences per batch (default 8)\n"
+          "  --batches N    batches per language (default 8, 1..1000000)\n"
+          "  --batch B      sequences per batch (default 8, 1..4096)\n"
           "  --translate N  with --pairs: also translate the first N pairs of the test split\n"
           "                 (pairs/en-<x>.test.tsv) by greedy decoding and score chrF and BLEU\n"
           "  --json         print one JSON object\n");
@@ -640,8 +680,10 @@ int nb_eval_main(int argc, char** argv) {
         return NB_EXIT_USAGE;
       }
     } else if ((strcmp(a, "--batches") == 0 || strcmp(a, "--batch") == 0) && has_val) {
-      if (nb__parse_long(argv[++i], 1, strcmp(a, "--batch") == 0 ? &batch : &batches)) {
-        fprintf(stderr, "nebula eval: %s needs an integer >= 1, got '%s'\n", a, argv[i]);
+      int is_batch = strcmp(a, "--batch") == 0;
+      long hi = is_batch ? NB__EVAL_MAX_BATCH : NB__EVAL_MAX_BATCHES;
+      if (nb__parse_long_range(argv[++i], 1, hi, is_batch ? &batch : &batches)) {
+        fprintf(stderr, "nebula eval: %s needs an integer in 1..%ld, got '%s'\n", a, hi, argv[i]);
         return NB_EXIT_USAGE;
       }
     } else if (a[0] == '-') {
@@ -711,6 +753,30 @@ int nb_eval_main(int argc, char** argv) {
     rc = nb__fail("eval", ckpt);
     goto done;
   }
+  /* A mean over nothing is not a score: such a source has no bits per byte (n/a, null in
+   * JSON, left out of the mean). Without --translate there is then nothing to report for it,
+   * which is an error; with it, the translation scores still stand. */
+  int unscored = 0;
+  double sum = 0;
+  for (int i = 0; i < ev.n; i++) {
+    if (ev.scored[i] > 0) {
+      sum += ev.bpb[i];
+      continue;
+    }
+    unscored++;
+    ev.bpb[i] = NAN;
+    fprintf(stderr,
+            "nebula eval: nothing was scored for '%s': no held-out byte of it can be scored "
+            "within the model's context of %d bytes (%s); a mean over nothing is not a score\n",
+            ev.label[i], c->model.ctx,
+            pairs ? "every held-out source in pairs/*.dev.tsv fills the context"
+                  : "its held-out slice of mono/<lang>.txt is too short");
+  }
+  ev.mean_bpb = unscored < ev.n ? sum / (ev.n - unscored) : NAN;
+  if (unscored && !translate) {
+    rc = NB_EXIT_FAIL;
+    goto done;
+  }
   nb_translate_score_t ts[NB_TRAIN_MAX_SOURCES];
   if (translate) { /* the trainer's model is the checkpoint's, already loaded */
     nb_model_t* tm = nb_trainer_model(t);
@@ -748,7 +814,8 @@ int nb_eval_main(int argc, char** argv) {
     for (int i = 0; i < ev.n; i++)
       json_object_set_new(sc, ev.label[i], json_integer((json_int_t)ev.scored[i]));
     json_object_set_new(o, "scored_bytes", sc);
-    json_object_set_new(o, "mean_bpb", json_real(ev.mean_bpb));
+    json_object_set_new(o, "mean_bpb",
+                        isfinite(ev.mean_bpb) ? json_real(ev.mean_bpb) : json_null());
     char* text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
     json_decref(o);
     if (text) printf("%s\n", text);
@@ -756,8 +823,14 @@ int nb_eval_main(int argc, char** argv) {
   } else {
     printf("%s (step %ld): held-out bits per byte\n", ckpt, step);
     for (int i = 0; i < ev.n; i++)
-      printf("  %-6s %.4f  (%zu bytes)\n", ev.label[i], ev.bpb[i], ev.scored[i]);
-    printf("  %-6s %.4f\n", "mean", ev.mean_bpb);
+      if (ev.scored[i] > 0)
+        printf("  %-6s %.4f  (%zu bytes)\n", ev.label[i], ev.bpb[i], ev.scored[i]);
+      else
+        printf("  %-6s n/a     (nothing scored)\n", ev.label[i]);
+    if (isfinite(ev.mean_bpb))
+      printf("  %-6s %.4f\n", "mean", ev.mean_bpb);
+    else
+      printf("  %-6s n/a\n", "mean");
     if (translate) {
       printf("translation of the test split (greedy decoding):\n");
       for (int i = 0; i < c->n_sources; i++)

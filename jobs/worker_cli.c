@@ -610,7 +610,7 @@ int nb_worker_main(int argc, char** argv) {
   nb_status_t cst = nb_trainer_create(tc, &t);
   if (cst != NB_OK) {
     rc = nb__wk_fail(cluster, "creating the trainer");
-    if (cst == NB_ERR_IO)
+    if (cst == NB_ERR_IO && strstr(nb_error_last(), "data file")) /* not a checkpoint's */
       fprintf(stderr, "nebula worker: prepare the data with 'make data', or pass --data-dir\n");
     goto done;
   }
