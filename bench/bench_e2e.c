@@ -18,7 +18,6 @@
 #include "bench/e2e.h"
 #include "common/common.h"
 
-
 static void nb__e2e_usage(FILE* f) {
   fprintf(
       f,
@@ -36,7 +35,9 @@ static void nb__e2e_usage(FILE* f) {
       "--thin F: a thin link that scales with the machine: the rate is set so that one dense\n"
       "int8 frame of the job takes F x the round's compute time measured by the single run\n"
       "(F = 10 is a 10-70B model on a few hundred Mbit/s); the dense baseline is skipped\n"
-      "there (it would take hours) and the rate chosen is reported.\n");
+      "there (it would take hours) and the rate chosen is reported; nebula then runs with\n"
+      "compression.values \"auto\" (the scheduler picks the codec point each round) and\n"
+      "errorFeedbackDecay 0.95 with outer momentum 0.\n");
 }
 
 int nb_e2e_write_job(json_t* base, const char* v, double rate, double delay, const char* path,
@@ -109,11 +110,14 @@ int nb_e2e_write_job(json_t* base, const char* v, double rate, double delay, con
     if (point && !point->adaptive) { /* one fixed point of the codec */
       if (!json_is_object(comp)) json_object_set_new(spec, "compression", comp = json_object());
       json_object_set_new(comp, "adaptive", json_false());
-      json_object_set_new(comp, "density", json_pack("{s:f,s:f,s:f}", "initial", point->density,
-                                                     "min", point->density, "max", point->density));
+      json_object_set_new(comp, "density",
+                          json_pack("{s:f,s:f,s:f}", "initial", point->density, "min",
+                                    point->density, "max", point->density));
       json_object_set_new(comp, "values", json_string(point->values));
       json_object_set_new(comp, "errorFeedback", json_boolean(point->density < 1));
     }
+    if (point && point->adaptive && point->values && json_is_object(comp))
+      json_object_set_new(comp, "values", json_string(point->values)); /* e.g. "auto" */
     if (point && point->topk_chunk > 0 && json_is_object(comp))
       json_object_set_new(comp, "topkChunk", json_integer(point->topk_chunk));
     if (point && point->ef_decay > 0 && json_is_object(comp))
@@ -142,7 +146,7 @@ static int nb__e2e_used_netns(const char* log) {
 }
 
 int nb_e2e_run(const char* job, const char* out, const char* log, const char* data_dir,
-                       const char* steps) {
+               const char* steps) {
   const char* av[16];
   int k = 0;
   av[k++] = "nebula";
@@ -337,7 +341,11 @@ int nb_bench_e2e_main(int argc, char** argv) {
     snprintf(jp, sizeof jp, "%s/%s.json", out, res[i].name);
     snprintf(op, sizeof op, "%s/%s", out, res[i].name);
     snprintf(lp, sizeof lp, "%s/%s.log", out, res[i].name);
-    if (nb_e2e_write_job(base, res[i].name, rate, delay, jp, NULL) != 0) {
+    /* --thin: the scheduler picks whole codec points (values "auto") and the sparse ones carry
+     * SparseLoCo's decaying error feedback in place of the outer momentum (docs/hybrid.md) */
+    static const nb_e2e_point_t thin_point = {"auto", 0, "auto", 1, 0.95, 0, 0};
+    if (nb_e2e_write_job(base, res[i].name, rate, delay, jp,
+                         thin > 0 && i == 2 ? &thin_point : NULL) != 0) {
       fprintf(stderr, "nebula bench e2e: %s: cannot derive the %s job\n", job, res[i].name);
       rc = 1;
       break;

@@ -17,7 +17,8 @@ typedef struct {
 } nb_e2e_result_t;
 
 /* A fixed point of the codec for the nebula variant (bench pareto): density and value type with
- * the scheduler off, or adaptive = 1 for the scheduler's own choice; ef_decay > 0 sets
+ * the scheduler off, or adaptive = 1 for the scheduler's own choice (with values, e.g. "auto",
+ * set as compression.values); ef_decay > 0 sets
  * compression.errorFeedbackDecay; outer_momentum >= 0 sets sync.outer.momentum; topk_chunk > 0
  * sets compression.topkChunk. */
 typedef struct {
