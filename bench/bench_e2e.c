@@ -145,6 +145,38 @@ static int nb__e2e_used_netns(const char* log) {
   return yes;
 }
 
+json_t* nb_e2e_load_job(const char* bench, const char* job, long seed, long eval_batches,
+                        const char* out, int* rc) {
+  json_error_t je;
+  json_t* base = json_load_file(job, 0, &je);
+  if (!base) {
+    fprintf(stderr, "nebula bench %s: %s: %s (line %d)\n", bench, job, je.text, je.line);
+    *rc = 1;
+    return NULL;
+  }
+  json_t* tr = json_object_get(json_object_get(base, "spec"), "training");
+  if (!json_is_object(tr)) {
+    fprintf(stderr, "nebula bench %s: %s has no spec.training (seed, evaluation)\n", bench, job);
+    json_decref(base);
+    *rc = 2;
+    return NULL;
+  }
+  if (seed >= 0) json_object_set_new(tr, "seed", json_integer(seed));
+  if (eval_batches > 0) {
+    json_t* ev = json_object_get(tr, "eval");
+    if (!json_is_object(ev)) json_object_set_new(tr, "eval", ev = json_object());
+    json_object_set_new(ev, "batches", json_integer(eval_batches));
+  }
+  mkdir("runs", 0755);
+  if (mkdir(out, 0755) != 0 && errno != EEXIST) {
+    fprintf(stderr, "nebula bench %s: cannot create %s: %s\n", bench, out, strerror(errno));
+    json_decref(base);
+    *rc = 1;
+    return NULL;
+  }
+  return base;
+}
+
 int nb_e2e_run(const char* job, const char* out, const char* log, const char* data_dir,
                const char* steps) {
   const char* av[16];
@@ -286,34 +318,12 @@ int nb_bench_e2e_main(int argc, char** argv) {
     fprintf(stderr, "nebula bench e2e: --rate-mbit must be > 0\n");
     return 2;
   }
-  json_error_t je;
-  json_t* base = json_load_file(job, 0, &je);
-  if (!base) {
-    fprintf(stderr, "nebula bench e2e: %s: %s (line %d)\n", job, je.text, je.line);
-    return 1;
-  }
   /* the same seed and evaluation for all three runs */
-  json_t* tr = json_object_get(json_object_get(base, "spec"), "training");
-  if ((seed >= 0 || eval_batches > 0) && !json_is_object(tr)) {
-    fprintf(stderr, "nebula bench e2e: %s has no spec.training to set --seed/--eval-batches in\n",
-            job);
-    json_decref(base);
-    return 2;
-  }
-  if (seed >= 0) json_object_set_new(tr, "seed", json_integer(seed));
-  if (eval_batches > 0) {
-    json_t* ev = json_object_get(tr, "eval");
-    if (!json_is_object(ev)) json_object_set_new(tr, "eval", ev = json_object());
-    json_object_set_new(ev, "batches", json_integer(eval_batches));
-  }
-  mkdir("runs", 0755);
-  if (mkdir(out, 0755) != 0 && errno != EEXIST) {
-    fprintf(stderr, "nebula bench e2e: cannot create %s: %s\n", out, strerror(errno));
-    json_decref(base);
-    return 1;
-  }
+  int rc = 0;
+  json_t* base = nb_e2e_load_job("e2e", job, seed, eval_batches, out, &rc);
+  if (!base) return rc;
   nb_e2e_result_t res[3] = {{.name = "single"}, {.name = "dense"}, {.name = "nebula"}};
-  int rc = 0, netns = 0;
+  int netns = 0;
   double round_compute = 0;
   long long n_params = 0;
   for (int i = 0; i < 3; i++) {

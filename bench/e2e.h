@@ -38,6 +38,12 @@ typedef struct {
 int nb_e2e_write_job(json_t* base, const char* v, double rate, double delay, const char* path,
                      const nb_e2e_point_t* point);
 
+/* Loads the job `job` for `nebula bench <bench>`, sets training.seed (seed >= 0) and
+ * training.eval.batches (eval_batches > 0), and creates runs/ and out. NULL with *rc set (1: a
+ * file error, 2: no spec.training) after printing why. */
+json_t* nb_e2e_load_job(const char* bench, const char* job, long seed, long eval_batches,
+                        const char* out, int* rc);
+
 /* Runs `nebula run JOB --out OUT [--data-dir D] [--steps N]` with its output in LOG; returns the
  * exit code (-1 when it could not run). */
 int nb_e2e_run(const char* job, const char* out, const char* log, const char* data_dir,
