@@ -150,7 +150,10 @@ json_t* nb_e2e_load_job(const char* bench, const char* job, long seed, long eval
   json_error_t je;
   json_t* base = json_load_file(job, 0, &je);
   if (!base) {
-    fprintf(stderr, "nebula bench %s: %s: %s (line %d)\n", bench, job, je.text, je.line);
+    if (je.line > 0)
+      fprintf(stderr, "nebula bench %s: %s: %s (line %d)\n", bench, job, je.text, je.line);
+    else
+      fprintf(stderr, "nebula bench %s: %s\n", bench, je.text);
     *rc = 1;
     return NULL;
   }
