@@ -37,7 +37,7 @@ static void nb__e2e_usage(FILE* f) {
       "(F = 10 is a 10-70B model on a few hundred Mbit/s); the dense baseline is skipped\n"
       "there (it would take hours) and the rate chosen is reported; nebula then runs with\n"
       "compression.values \"auto\" (the scheduler picks the codec point each round) and\n"
-      "errorFeedbackDecay 0.95 with outer momentum 0.\n");
+      "errorFeedbackDecay 0.9.\n");
 }
 
 int nb_e2e_write_job(json_t* base, const char* v, double rate, double delay, const char* path,
@@ -354,9 +354,9 @@ int nb_bench_e2e_main(int argc, char** argv) {
     snprintf(jp, sizeof jp, "%s/%s.json", out, res[i].name);
     snprintf(op, sizeof op, "%s/%s", out, res[i].name);
     snprintf(lp, sizeof lp, "%s/%s.log", out, res[i].name);
-    /* --thin: the scheduler picks whole codec points (values "auto") and the sparse ones carry
-     * SparseLoCo's decaying error feedback in place of the outer momentum (docs/hybrid.md) */
-    static const nb_e2e_point_t thin_point = {"auto", 0, "auto", 1, 0.95, 0, 0};
+    /* --thin: the scheduler picks whole codec points (values "auto"), with SparseLoCo's
+     * decaying error feedback (beta 0.9) beside the job's outer momentum (docs/hybrid.md) */
+    static const nb_e2e_point_t thin_point = {"auto", 0, "auto", 1, 0.9, -1, 0};
     if (nb_e2e_write_job(base, res[i].name, rate, delay, jp,
                          thin > 0 && i == 2 ? &thin_point : NULL) != 0) {
       fprintf(stderr, "nebula bench e2e: %s: cannot derive the %s job\n", job, res[i].name);
