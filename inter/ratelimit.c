@@ -27,9 +27,12 @@ static int64_t rl_now(const nb_ratelimit_t* rl) {
   return rl->clk.now_ns(rl->clk.ctx);
 }
 
+/* 10 ms at the rate, at least one smallest link chunk (16 KiB): a larger floor let whole frames
+ * of a thin link through at once, and the estimator (which samples transfers of 64 KiB and
+ * more) then measured the burst, not the rate. */
 static double rl_default_burst(double rate) {
   double b = rate * 0.010;
-  return b < 65536.0 ? 65536.0 : b;
+  return b < 16384.0 ? 16384.0 : b;
 }
 
 static nb_status_t rl_check(double rate, double burst) {

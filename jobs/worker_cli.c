@@ -912,6 +912,10 @@ int nb_worker_main(int argc, char** argv) {
       memset(&in, 0, sizeof in);
       in.round = (uint64_t)r + 1;
       nb_sched_input_from_estimate(&in, &est);
+      /* the link's rate (the cap we apply, or the emulated link's) bounds what is measured: a
+       * burst after an idle gap can make a sample look faster than the link */
+      double cap_Bps = job->link.rate_mbit * 1e6 / 8;
+      if (cap_Bps > 0 && in.goodput_Bps > cap_Bps) in.goodput_Bps = cap_Bps;
       in.step_compute_s = rec.steps > 0 ? rec.compute_s / (double)rec.steps : 0;
       in.steps = (uint32_t)hc.inner_steps;
       in.n_params = n_params;
