@@ -18,7 +18,7 @@
 #include "common/common.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
-#include "jobs/validate_cli.h"
+#include "cli/cli.h"
 
 static const char* nb_src = ".";
 

@@ -1,6 +1,6 @@
 /* `nebula validate FILE [--json]`: runs the descriptor parser on a file (or stdin) and prints
  * the normalized descriptor or every error found. It never contacts a gateway. */
-#include "jobs/validate_cli.h"
+#include "cli/cli.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "jobs/cli.h"
 #include "jobs/descriptor.h"
 
 static void nb__validate_usage(FILE* f) {

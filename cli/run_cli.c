@@ -21,12 +21,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli/cli.h"
 #include "common/common.h"
-#include "jobs/cli.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
-#include "jobs/report.h"
-#include "jobs/worker_cli.h"
+#include "report/report.h"
 #include "security/pki.h"
 #include "security/seal.h"
 

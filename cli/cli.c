@@ -1,18 +1,13 @@
 /* Subcommand dispatch for the `nebula` binary. Adding a command: one line in nb__cmds. */
-#include "jobs/cli.h"
+#include "cli/cli.h"
 
 #include <stdio.h>
 #include <string.h>
 
 #include "bench/bench.h"
 #include "common/common.h"
-#include "jobs/train_cli.h"
 #include "jobs/client_cli.h"
 #include "jobs/gateway.h"
-#include "jobs/report.h"
-#include "jobs/validate_cli.h"
-#include "jobs/worker_cli.h"
-#include "security/security.h"
 
 static int nb__cmd_help(int argc, char** argv);
 

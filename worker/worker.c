@@ -20,12 +20,9 @@
 #include "inter/exchange.h"
 #include "inter/sched.h"
 #include "intra/intra.h"
-#include "jobs/cli.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
-#include "jobs/translation_eval.h"
-#include "jobs/train_cli.h"
-#include "jobs/worker_cli.h"
+#include "worker/worker.h"
 #include "security/pki.h"
 #include "security/seal.h"
 #include "security/tls.h"
@@ -33,8 +30,6 @@
 #include "train/hybrid.h"
 #include "train/lora.h"
 #include "train/trainer.h"
-
-#define NB__WK_MAX_PEERS (NB_JOB_MAX_CLUSTERS - 1)
 
 NB_PARAM_DOUBLE(RoundDeadlineS, "NB_ROUND_DEADLINE_S", 30, 0.5, 3600,
                 "fault-tolerant rounds: how long a round's update or vote exchange waits for a "
@@ -50,39 +45,9 @@ NB_PARAM_INT(
 NB_PARAM_DOUBLE(RejoinTimeoutS, "NB_REJOIN_TIMEOUT_S", 60, 1, 3600,
                 "nebula worker --rejoin: how long to keep trying to pull the global state")
 
-static void nb__worker_usage(FILE* f) {
-  fprintf(
-      f,
-      "usage: nebula worker --job FILE --cluster ID [--out DIR] [--listen ADDR]\n"
-      "                     [--peer ID=ADDR ...] [--pki DIR] [--secret-file F]\n"
-      "                     [--data-dir DIR] [--steps N] [--resume] [--rejoin] [--insecure]\n"
-      "\n"
-      "Runs cluster ID of the job: inner training steps, then every round the pseudo-gradient\n"
-      "is compressed, exchanged with every other cluster (--peer, one per cluster) and applied\n"
-      "by the outer Nesterov step; the clusters check each round that they hold the same\n"
-      "parameters. Writes DIR/rounds.tsv and DIR/summary.json (default runs/<job>/<cluster>).\n"
-      "  --listen ADDR      our exchange server (default 127.0.0.1:0)\n"
-      "  --pki DIR          federation PKI (DIR/ca.crt, DIR/clusters/<id>.{crt,key}): mTLS\n"
-      "  --secret-file F    the job secret (32 bytes) that seals update frames\n"
-      "  --insecure         allow plaintext links and unsealed frames (tests, baselines)\n"
-      "  --no-rate-cap      ignore link.rateMbit (the link itself is shaped: nebula run's\n"
-      "                     emulated WAN)\n"
-      "  --data-dir DIR     data folder (mono/<lang>.txt); default the cluster's data.dir\n"
-      "  --steps N          override training.maxSteps (inner steps per cluster)\n"
-      "  --resume           continue from this cluster's last checkpoint (checkpoint.everyRounds;\n"
-      "                     with sync.overlap the update in flight lands before each one)\n"
-      "  --rejoin           a restarted cluster: pull the global state from a live peer and\n"
-      "                     continue with the others (outer mode, with or without overlap;\n"
-      "                     under mpirun the leader hands it to the other ranks)\n"
-      "With several clusters, outer rounds are fault-tolerant (NB_FAULT_TOLERANT, default 1): a\n"
-      "round counts on every cluster or on none, so a link down or a dead peer skips rounds\n"
-      "instead of stopping the worker; with sync.overlap the round's exchange and vote run in\n"
-      "the background and the decision lands sync.overlapSteps into the next round.\n");
-}
-
-static int nb__wk_fail(const char* cluster, const char* what) {
+static nb_worker_outcome_t nb__wk_fail(const char* cluster, const char* what) {
   fprintf(stderr, "nebula worker: %s: %s: %s\n", cluster ? cluster : "?", what, nb_error_last());
-  return NB_EXIT_FAIL;
+  return NB_WORKER_FAILED;
 }
 
 static nb_values_t nb__wk_values(nb_job_values_t v) {
@@ -119,7 +84,7 @@ static nb_status_t nb__wk_ft_exchange(void* ctx, uint64_t xround, const void* ms
   if (n_peers != x->n_peers)
     return nb_error(NB_ERR_INTERNAL, "worker: %zu peers expected, exchange has %zu", n_peers,
                     x->n_peers);
-  nb_exchange_result_t res[NB__WK_MAX_PEERS];
+  nb_exchange_result_t res[NB_WORKER_MAX_PEERS];
   memset(res, 0, sizeof res);
   int64_t deadline = nb_now_ns() + (int64_t)(x->deadline_s * 1e9);
   nb_status_t st = nb_exchange_round(x->ex, xround, msg, len, deadline, res);
@@ -211,7 +176,7 @@ static nb_status_t nb__wk_exchange(void* ctx, uint64_t round, const void* msg, s
   if (n_peers != x->n_peers)
     return nb_error(NB_ERR_INTERNAL, "worker: %zu peers expected, exchange has %zu", n_peers,
                     x->n_peers);
-  nb_exchange_result_t res[NB__WK_MAX_PEERS];
+  nb_exchange_result_t res[NB_WORKER_MAX_PEERS];
   memset(res, 0, sizeof res);
   nb_status_t st = nb_exchange_round(x->ex, round, msg, len, 0, res);
   uint64_t bytes = 0;
@@ -294,16 +259,16 @@ static nb_status_t nb__wk_allreduce_hook(void* ctx, float* grads, size_t n) {
 /* A rank other than the leader: before each run of inner steps the leader broadcasts {steps,
  * go} and then the theta_local they start from (after an applied, landed, skipped or pulled
  * update alike); the rank takes it and runs the steps, allreducing every gradient. */
-static int nb__wk_follower(nb_trainer_t* t, nb_comm_t* comm) {
+static nb_worker_outcome_t nb__wk_follower(nb_trainer_t* t, nb_comm_t* comm) {
   size_t n;
   float* p = nb_trainer_sync_params(t, &n);
   for (;;) {
     float ctl[2] = {0, 0};
-    if (nb_comm_broadcast(comm, ctl, ctl, 2, NB_COMM_FP32, 0) != NB_OK) return NB_EXIT_FAIL;
-    if (ctl[1] == 0) return NB_EXIT_OK;
+    if (nb_comm_broadcast(comm, ctl, ctl, 2, NB_COMM_FP32, 0) != NB_OK) return NB_WORKER_FAILED;
+    if (ctl[1] == 0) return NB_WORKER_DONE;
     if (nb_comm_broadcast(comm, p, p, n, NB_COMM_FP32, 0) != NB_OK ||
         nb_trainer_steps(t, (long)ctl[0], NULL) != NB_OK)
-      return NB_EXIT_FAIL;
+      return NB_WORKER_FAILED;
   }
 }
 
@@ -356,67 +321,14 @@ static int nb__wk_mkdirs(const char* path) {
   return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-int nb_worker_main(int argc, char** argv) {
-  const char *job_file = NULL, *cluster = NULL, *out = NULL, *listen = "127.0.0.1:0";
-  const char *pki = NULL, *secret_file = NULL, *data_dir = NULL;
-  const char* peer_arg[NB__WK_MAX_PEERS];
-  int n_peer_arg = 0, insecure = 0, resume = 0, no_rate_cap = 0, rejoin = 0;
-  long steps = 0;
-  for (int i = 1; i < argc; i++) {
-    const char* a = argv[i];
-    int v = i + 1 < argc;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      nb__worker_usage(stdout);
-      return NB_EXIT_OK;
-    } else if (strcmp(a, "--insecure") == 0) {
-      insecure = 1;
-    } else if (strcmp(a, "--no-rate-cap") == 0) {
-      no_rate_cap = 1;
-    } else if (strcmp(a, "--resume") == 0) {
-      resume = 1;
-    } else if (strcmp(a, "--rejoin") == 0) {
-      rejoin = 1;
-    } else if (strcmp(a, "--job") == 0 && v) {
-      job_file = argv[++i];
-    } else if (strcmp(a, "--cluster") == 0 && v) {
-      cluster = argv[++i];
-    } else if (strcmp(a, "--out") == 0 && v) {
-      out = argv[++i];
-    } else if (strcmp(a, "--listen") == 0 && v) {
-      listen = argv[++i];
-    } else if (strcmp(a, "--pki") == 0 && v) {
-      pki = argv[++i];
-    } else if (strcmp(a, "--secret-file") == 0 && v) {
-      secret_file = argv[++i];
-    } else if (strcmp(a, "--data-dir") == 0 && v) {
-      data_dir = argv[++i];
-    } else if (strcmp(a, "--steps") == 0 && v) {
-      char* end;
-      steps = strtol(argv[++i], &end, 10);
-      if (*end || end == argv[i] || steps < 1) {
-        fprintf(stderr, "nebula worker: --steps needs an integer >= 1, got '%s'\n", argv[i]);
-        return NB_EXIT_USAGE;
-      }
-    } else if (strcmp(a, "--peer") == 0 && v) {
-      if (n_peer_arg == NB__WK_MAX_PEERS) {
-        fprintf(stderr, "nebula worker: at most %d --peer\n", NB__WK_MAX_PEERS);
-        return NB_EXIT_USAGE;
-      }
-      peer_arg[n_peer_arg++] = argv[++i];
-    } else {
-      fprintf(stderr, "nebula worker: unknown option or missing value: '%s'\n", a);
-      nb__worker_usage(stderr);
-      return NB_EXIT_USAGE;
-    }
-  }
-  if (!job_file || !cluster) {
-    nb__worker_usage(stderr);
-    return NB_EXIT_USAGE;
-  }
-  if (!pki && !insecure) {
-    fprintf(stderr, "nebula worker: --pki DIR is required (or --insecure for a plaintext test)\n");
-    return NB_EXIT_USAGE;
-  }
+nb_worker_outcome_t nb_worker_run(const nb_worker_opts_t* o) {
+  const char *job_file = o->job_file, *cluster = o->cluster, *out = o->out;
+  const char *listen = o->listen ? o->listen : "127.0.0.1:0", *pki = o->pki;
+  const char *secret_file = o->secret_file, *data_dir = o->data_dir;
+  const char* const* peer_arg = o->peers;
+  int n_peer_arg = o->n_peers, insecure = o->insecure, resume = o->resume;
+  int no_rate_cap = o->no_rate_cap, rejoin = o->rejoin;
+  long steps = o->steps;
   /* under mpirun: one process per rank of this cluster; rank 0 leads */
   nb_comm_t* comm = NULL;
   int mpi_rank = 0, mpi_size = 1;
@@ -426,14 +338,14 @@ int nb_worker_main(int argc, char** argv) {
     nb_comm_config_t ccfg;
     nb_comm_config_init(&ccfg);
     ccfg.device = NB_COMM_DEVICE_CPU;
-    if (nb_intra_init(&argc, &argv) != NB_OK || nb_comm_create(&ccfg, &comm) != NB_OK)
+    if (nb_intra_init(NULL, NULL) != NB_OK || nb_comm_create(&ccfg, &comm) != NB_OK)
       return nb__wk_fail(cluster, "MPI");
     mpi_rank = nb_comm_rank(comm);
     mpi_size = nb_comm_size(comm);
   }
   nb_log_set_identity(cluster, mpi_rank);
 
-  int rc = NB_EXIT_FAIL;
+  nb_worker_outcome_t rc = NB_WORKER_FAILED;
   nb_job_config_t* job = NULL;
   nb_descriptor_diag_t* diag = NULL;
   nb_train_config_t* tc = NULL;
@@ -472,7 +384,7 @@ int nb_worker_main(int argc, char** argv) {
   }
   if (ci < 0) {
     fprintf(stderr, "nebula worker: job %s has no cluster '%s'\n", job->name, cluster);
-    rc = NB_EXIT_USAGE;
+    rc = NB_WORKER_MISFIT;
     goto done;
   }
   for (int i = 0; i < job->n_clusters; i++)
@@ -483,17 +395,17 @@ int nb_worker_main(int argc, char** argv) {
             "nebula worker: job %s has %d clusters: give one --peer ID=ADDR for each "
             "other cluster (got %d)\n",
             job->name, job->n_clusters, n_peer_arg);
-    rc = NB_EXIT_USAGE;
+    rc = NB_WORKER_MISFIT;
     goto done;
   }
-  char peer_id[NB__WK_MAX_PEERS][NB_JOB_NAME_MAX];
-  const char* peer_addr[NB__WK_MAX_PEERS];
+  char peer_id[NB_WORKER_MAX_PEERS][NB_JOB_NAME_MAX];
+  const char* peer_addr[NB_WORKER_MAX_PEERS];
   for (int i = 0; i < n_peer_arg; i++) {
     const char* eq = strchr(peer_arg[i], '=');
     size_t idlen = eq ? (size_t)(eq - peer_arg[i]) : 0;
     if (!eq || idlen == 0 || idlen >= NB_JOB_NAME_MAX || !eq[1]) {
       fprintf(stderr, "nebula worker: --peer needs ID=HOST:PORT, got '%s'\n", peer_arg[i]);
-      rc = NB_EXIT_USAGE;
+      rc = NB_WORKER_MISFIT;
       goto done;
     }
     memcpy(peer_id[i], peer_arg[i], idlen);
@@ -507,7 +419,7 @@ int nb_worker_main(int argc, char** argv) {
     if (!known) {
       fprintf(stderr, "nebula worker: --peer %s: not another cluster of job %s (or repeated)\n",
               peer_id[i], job->name);
-      rc = NB_EXIT_USAGE;
+      rc = NB_WORKER_MISFIT;
       goto done;
     }
   }
@@ -527,7 +439,7 @@ int nb_worker_main(int argc, char** argv) {
       fprintf(stderr,
               "nebula worker: several ranks per cluster need sync.mode \"outer\" with "
               "step-counted rounds\n");
-      rc = NB_EXIT_USAGE;
+      rc = NB_WORKER_MISFIT;
       goto done;
     }
     /* real ranks replace the accumulated micro-batches that stand for workers otherwise */
@@ -542,7 +454,7 @@ int nb_worker_main(int argc, char** argv) {
   if (out ? snprintf(odir, sizeof odir, "%s", out) >= (int)sizeof odir
           : snprintf(odir, sizeof odir, "runs/%s/%s", job->name, cluster) >= (int)sizeof odir) {
     fprintf(stderr, "nebula worker: --out path too long\n");
-    rc = NB_EXIT_USAGE;
+    rc = NB_WORKER_MISFIT;
     goto done;
   }
   if (nb__wk_mkdirs(odir) != 0) {
@@ -597,7 +509,7 @@ int nb_worker_main(int argc, char** argv) {
     have_secret = 1;
   } else if (job->security.seal && !insecure) {
     fprintf(stderr, "nebula worker: the job seals update frames: give --secret-file\n");
-    rc = NB_EXIT_USAGE;
+    rc = NB_WORKER_MISFIT;
     goto done;
   }
 
@@ -684,7 +596,7 @@ int nb_worker_main(int argc, char** argv) {
     fprintf(stderr,
             "nebula worker: --rejoin needs fault-tolerant rounds (outer mode, several "
             "clusters, NB_FAULT_TOLERANT=1)\n");
-    rc = NB_EXIT_USAGE;
+    rc = NB_WORKER_MISFIT;
     goto done;
   }
   hc.samples_scale = (uint32_t)mpi_size;
@@ -1060,7 +972,7 @@ int nb_worker_main(int argc, char** argv) {
       "nebula worker: %s done: %ld rounds, eval mean %.4f bpb, %.1f KiB sent, %.1f s wall, "
       "theta %s\n",
       cluster, rounds, ev.mean_bpb, wan_bytes / 1024.0, wall, hex);
-  rc = NB_EXIT_OK;
+  rc = NB_WORKER_DONE;
 done:
   json_decref(evals);
   json_decref(decisions);
@@ -1075,7 +987,7 @@ done:
   nb_free(job);
   memset(secret, 0, sizeof secret);
   if (comm) {
-    if (rc != NB_EXIT_OK && mpi_size > 1) {
+    if (rc != NB_WORKER_DONE && mpi_size > 1) {
       /* the other ranks wait in a collective: take the whole cluster down */
       fflush(stdout);
       fflush(stderr);
