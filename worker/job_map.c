@@ -9,6 +9,23 @@
 
 #define NB__CP(dst, ...) (snprintf((dst), sizeof(dst), __VA_ARGS__) >= (int)sizeof(dst))
 
+static nb_values_t nb__map_values(nb_job_values_t v) {
+  switch (v) {
+    case NB_JOB_VALUES_FP32:
+      return NB_VALUES_FP32;
+    case NB_JOB_VALUES_FP16:
+      return NB_VALUES_FP16;
+    case NB_JOB_VALUES_BF16:
+      return NB_VALUES_BF16;
+    case NB_JOB_VALUES_INT4:
+      return NB_VALUES_INT4;
+    case NB_JOB_VALUES_INT2:
+      return NB_VALUES_INT2;
+    default:
+      return NB_VALUES_INT8;
+  }
+}
+
 nb_status_t nb_train_config_from_job(const nb_job_config_t* job, int ci, const char* data_dir,
                                      nb_train_config_t* c) {
   if (!job || !c || ci < 0 || ci >= job->n_clusters)
@@ -108,4 +125,35 @@ nb_status_t nb_train_config_from_job(const nb_job_config_t* job, int ci, const c
   c->checkpoint_every = job->checkpoint.every_rounds > 0 ? job->checkpoint.every_rounds * round : 0;
   c->checkpoint_keep = job->checkpoint.keep;
   return NB_OK;
+}
+
+void nb_hybrid_config_from_job(const nb_job_config_t* job, uint32_t index, nb_hybrid_config_t* hc) {
+  nb_hybrid_config_defaults(hc);
+  hc->cluster_index = index;
+  hc->n_clusters = (uint32_t)job->n_clusters;
+  hc->inner_steps = job->sync.inner_steps > 0 ? job->sync.inner_steps : 50;
+  hc->round_seconds = job->sync.round_seconds;
+  hc->outer_lr = (float)job->sync.outer_lr;
+  hc->outer_momentum = (float)job->sync.outer_momentum;
+  hc->density = job->compression.density_initial;
+  hc->error_feedback = job->compression.error_feedback;
+  hc->ef_decay = (float)job->compression.error_feedback_decay;
+  hc->topk_chunk = (uint32_t)job->compression.topk_chunk;
+  hc->values = nb__map_values(job->compression.values);
+  hc->zstd_level = job->compression.zstd_level;
+  hc->mode = job->sync.mode == NB_JOB_SYNC_STEP    ? NB_HYBRID_STEP
+             : job->sync.mode == NB_JOB_SYNC_DENSE ? NB_HYBRID_DENSE
+                                                   : NB_HYBRID_OUTER;
+  hc->overlap = job->sync.overlap && hc->mode == NB_HYBRID_OUTER;
+  hc->overlap_steps = job->sync.overlap_steps;
+}
+
+void nb_sched_config_from_job(const nb_job_config_t* job, nb_sched_config_t* sc) {
+  nb_sched_config_default(sc);
+  sc->density_floor = job->compression.density_min;
+  sc->density_ceiling = job->compression.density_max;
+  sc->initial_density = job->compression.density_initial;
+  sc->overlap = job->sync.overlap;
+  if (job->compression.budget_fraction > 0 && job->compression.budget_fraction <= 1)
+    sc->fraction = job->compression.budget_fraction;
 }

@@ -1,8 +1,8 @@
-/* `nebula worker`: one cluster's leader of a cross-datacenter job. It trains its cluster with
- * train/trainer, runs the outer-sync rounds of train/hybrid over inter/exchange (mTLS, sealed
- * frames) and writes rounds.tsv and summary.json. Not here: several ranks per cluster (a
- * cluster's workers are accumulated micro-batches, as in `nebula train`), overlap, the adaptive
- * density (fault-tolerant rounds and --rejoin are wired here; the logic is train/hybrid's). */
+/* The training program of one cluster's leader (`nebula worker`, worker/worker.h), read top to
+ * bottom: set up (ranks, descriptor, peers, trainer), connect (exchange, round state, resume or
+ * rejoin, scheduler, log), the round loop (round, log, evaluate, checkpoint, schedule), finish
+ * (final check, evaluation, final model, summary.json). The cross-datacenter logic is
+ * train/hybrid's and inter/exchange's; this file only wires them. It parses no command line. */
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
@@ -48,23 +48,6 @@ NB_PARAM_DOUBLE(RejoinTimeoutS, "NB_REJOIN_TIMEOUT_S", 60, 1, 3600,
 static nb_worker_outcome_t nb__wk_fail(const char* cluster, const char* what) {
   fprintf(stderr, "nebula worker: %s: %s: %s\n", cluster ? cluster : "?", what, nb_error_last());
   return NB_WORKER_FAILED;
-}
-
-static nb_values_t nb__wk_values(nb_job_values_t v) {
-  switch (v) {
-    case NB_JOB_VALUES_FP32:
-      return NB_VALUES_FP32;
-    case NB_JOB_VALUES_FP16:
-      return NB_VALUES_FP16;
-    case NB_JOB_VALUES_BF16:
-      return NB_VALUES_BF16;
-    case NB_JOB_VALUES_INT4:
-      return NB_VALUES_INT4;
-    case NB_JOB_VALUES_INT2:
-      return NB_VALUES_INT2;
-    default:
-      return NB_VALUES_INT8;
-  }
 }
 
 typedef struct {
@@ -321,680 +304,786 @@ static int nb__wk_mkdirs(const char* path) {
   return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-nb_worker_outcome_t nb_worker_run(const nb_worker_opts_t* o) {
-  const char *job_file = o->job_file, *cluster = o->cluster, *out = o->out;
-  const char *listen = o->listen ? o->listen : "127.0.0.1:0", *pki = o->pki;
-  const char *secret_file = o->secret_file, *data_dir = o->data_dir;
-  const char* const* peer_arg = o->peers;
-  int n_peer_arg = o->n_peers, insecure = o->insecure, resume = o->resume;
-  int no_rate_cap = o->no_rate_cap, rejoin = o->rejoin;
-  long steps = o->steps;
-  /* under mpirun: one process per rank of this cluster; rank 0 leads */
-  nb_comm_t* comm = NULL;
-  int mpi_rank = 0, mpi_size = 1;
+/* ---- the run: every phase below shares one nb__wk_t ---------------------------------------- */
+
+/* What one run holds. The phases fill it in order (set up, connect, rounds, finish) and
+ * nb__wk_release frees what it owns. */
+typedef struct {
+  const nb_worker_opts_t* o;
+  const char* cluster;
+  /* set up */
+  nb_comm_t* comm; /* under mpirun: this cluster's ranks (rank 0 leads); NULL alone */
+  int rank, size;
+  nb_job_config_t* job;
+  nb_descriptor_diag_t* diag;
+  nb_train_config_t* tc;
+  int ci;         /* the cluster's position in the descriptor */
+  uint32_t index; /* its position among the job's clusters ordered by id */
+  char peer_id[NB_WORKER_MAX_PEERS][NB_JOB_NAME_MAX];
+  const char* peer_addr[NB_WORKER_MAX_PEERS];
+  int n_peers;
+  char odir[NB_JOB_PATH_MAX];
+  char path[NB_TRAIN_PATH_MAX + 64]; /* scratch for the files written */
+  nb_tls_t* tls;
+  uint8_t secret[NB_SEAL_SECRET_BYTES];
+  int have_secret;
+  nb_trainer_t* t;
+  double t_start;
+  /* connect */
+  nb_exchange_t* ex;
+  nb__wk_exchange_t xctx;
+  nb__wk_ranks_t ranks;
+  nb_hybrid_config_t hc;
+  nb_hybrid_t* h;
+  int ft; /* fault-tolerant rounds: outer mode, several clusters, NB_FAULT_TOLERANT */
+  size_t n_params;
+  long rejoined_at, round0, rounds;
+  int adaptive;
+  nb_sched_config_t scfg;
+  nb_sched_decision_t prev_dec;
+  int have_dec;
+  /* the rounds' log and totals */
+  FILE* tsv;
+  json_t* decisions;
+  json_t* evals;
+  double compute_s, exchange_s, codec_s, last_loss, density_sum;
+  uint64_t wan_bytes, msg_bytes;
+  long steps_done, step0, skipped, late, jumps, pulls, prev_r;
+} nb__wk_t;
+
+#define NB__WK_TRY(call)                         \
+  do {                                           \
+    nb_worker_outcome_t nb__rc = (call);         \
+    if (nb__rc != NB_WORKER_DONE) return nb__rc; \
+  } while (0)
+
+/* ---- set up --------------------------------------------------------------------------------- */
+
+/* Under mpirun: one process per rank of this cluster; rank 0 leads. */
+static nb_worker_outcome_t nb__wk_join_ranks(nb__wk_t* w) {
+  w->size = 1;
   const char* ws = getenv("OMPI_COMM_WORLD_SIZE");
   if (!ws) ws = getenv("PMI_SIZE");
   if (ws && atoi(ws) > 1) {
     nb_comm_config_t ccfg;
     nb_comm_config_init(&ccfg);
     ccfg.device = NB_COMM_DEVICE_CPU;
-    if (nb_intra_init(NULL, NULL) != NB_OK || nb_comm_create(&ccfg, &comm) != NB_OK)
-      return nb__wk_fail(cluster, "MPI");
-    mpi_rank = nb_comm_rank(comm);
-    mpi_size = nb_comm_size(comm);
+    if (nb_intra_init(NULL, NULL) != NB_OK || nb_comm_create(&ccfg, &w->comm) != NB_OK)
+      return nb__wk_fail(w->cluster, "MPI");
+    w->rank = nb_comm_rank(w->comm);
+    w->size = nb_comm_size(w->comm);
   }
-  nb_log_set_identity(cluster, mpi_rank);
+  nb_log_set_identity(w->cluster, w->rank);
+  return NB_WORKER_DONE;
+}
 
-  nb_worker_outcome_t rc = NB_WORKER_FAILED;
-  nb_job_config_t* job = NULL;
-  nb_descriptor_diag_t* diag = NULL;
-  nb_train_config_t* tc = NULL;
-  nb_trainer_t* t = NULL;
-  nb_hybrid_t* h = NULL;
-  nb_tls_t* tls = NULL;
-  nb_exchange_t* ex = NULL;
-  FILE* tsv = NULL;
-  json_t* sum = NULL;
-  json_t* decisions = NULL;
-  json_t* evals = NULL;
-  uint8_t secret[NB_SEAL_SECRET_BYTES];
-  int have_secret = 0;
-  if (nb_calloc((void**)&job, 1, sizeof *job, "job") != NB_OK ||
-      nb_calloc((void**)&diag, 1, sizeof *diag, "diag") != NB_OK ||
-      nb_calloc((void**)&tc, 1, sizeof *tc, "train config") != NB_OK) {
-    rc = nb__wk_fail(cluster, "setup");
-    goto done;
-  }
-  if (nb_descriptor_load(job_file, job, diag) != NB_OK) {
+/* The descriptor, confined to the job's paths when a gateway runs it, and our cluster in it. */
+static nb_worker_outcome_t nb__wk_load_job(nb__wk_t* w) {
+  const char* job_file = w->o->job_file;
+  if (nb_calloc((void**)&w->job, 1, sizeof *w->job, "job") != NB_OK ||
+      nb_calloc((void**)&w->diag, 1, sizeof *w->diag, "diag") != NB_OK ||
+      nb_calloc((void**)&w->tc, 1, sizeof *w->tc, "train config") != NB_OK)
+    return nb__wk_fail(w->cluster, "setup");
+  if (nb_descriptor_load(job_file, w->job, w->diag) != NB_OK) {
     char line[640];
-    for (int i = 0; i < diag->count; i++)
+    for (int i = 0; i < w->diag->count; i++)
       fprintf(stderr, "%s: %s\n", job_file,
-              nb_descriptor_error_format(&diag->errors[i], line, sizeof line));
+              nb_descriptor_error_format(&w->diag->errors[i], line, sizeof line));
     fprintf(stderr, "nebula worker: %s: invalid descriptor\n", job_file);
-    goto done;
+    return NB_WORKER_FAILED;
   }
-  if (nb_job_paths_confine_env(job) != NB_OK) { /* run by a gateway: paths stay in the job */
-    rc = nb__wk_fail(cluster, job_file);
-    goto done;
-  }
-  int ci = -1;
-  uint32_t index = 0;
+  if (nb_job_paths_confine_env(w->job) != NB_OK) /* run by a gateway: paths stay in the job */
+    return nb__wk_fail(w->cluster, job_file);
+  const nb_job_config_t* job = w->job;
+  w->ci = -1;
   for (int i = 0; i < job->n_clusters; i++) {
-    if (strcmp(job->clusters[i].id, cluster) == 0) ci = i;
+    if (strcmp(job->clusters[i].id, w->cluster) == 0) w->ci = i;
   }
-  if (ci < 0) {
-    fprintf(stderr, "nebula worker: job %s has no cluster '%s'\n", job->name, cluster);
-    rc = NB_WORKER_MISFIT;
-    goto done;
+  if (w->ci < 0) {
+    fprintf(stderr, "nebula worker: job %s has no cluster '%s'\n", job->name, w->cluster);
+    return NB_WORKER_MISFIT;
   }
   for (int i = 0; i < job->n_clusters; i++)
-    if (strcmp(job->clusters[i].id, cluster) < 0) index++;
-  /* every other cluster needs exactly one --peer */
-  if (n_peer_arg != job->n_clusters - 1) {
+    if (strcmp(job->clusters[i].id, w->cluster) < 0) w->index++;
+  return NB_WORKER_DONE;
+}
+
+/* Every other cluster needs exactly one --peer ID=HOST:PORT. */
+static nb_worker_outcome_t nb__wk_peers(nb__wk_t* w) {
+  const nb_job_config_t* job = w->job;
+  const char* const* arg = w->o->peers;
+  w->n_peers = w->o->n_peers;
+  if (w->n_peers != job->n_clusters - 1) {
     fprintf(stderr,
             "nebula worker: job %s has %d clusters: give one --peer ID=ADDR for each "
             "other cluster (got %d)\n",
-            job->name, job->n_clusters, n_peer_arg);
-    rc = NB_WORKER_MISFIT;
-    goto done;
+            job->name, job->n_clusters, w->n_peers);
+    return NB_WORKER_MISFIT;
   }
-  char peer_id[NB_WORKER_MAX_PEERS][NB_JOB_NAME_MAX];
-  const char* peer_addr[NB_WORKER_MAX_PEERS];
-  for (int i = 0; i < n_peer_arg; i++) {
-    const char* eq = strchr(peer_arg[i], '=');
-    size_t idlen = eq ? (size_t)(eq - peer_arg[i]) : 0;
+  for (int i = 0; i < w->n_peers; i++) {
+    const char* eq = strchr(arg[i], '=');
+    size_t idlen = eq ? (size_t)(eq - arg[i]) : 0;
     if (!eq || idlen == 0 || idlen >= NB_JOB_NAME_MAX || !eq[1]) {
-      fprintf(stderr, "nebula worker: --peer needs ID=HOST:PORT, got '%s'\n", peer_arg[i]);
-      rc = NB_WORKER_MISFIT;
-      goto done;
+      fprintf(stderr, "nebula worker: --peer needs ID=HOST:PORT, got '%s'\n", arg[i]);
+      return NB_WORKER_MISFIT;
     }
-    memcpy(peer_id[i], peer_arg[i], idlen);
-    peer_id[i][idlen] = 0;
-    peer_addr[i] = eq + 1;
+    memcpy(w->peer_id[i], arg[i], idlen);
+    w->peer_id[i][idlen] = 0;
+    w->peer_addr[i] = eq + 1;
     int known = 0;
     for (int c = 0; c < job->n_clusters; c++)
-      if (strcmp(job->clusters[c].id, peer_id[i]) == 0 && c != ci) known = 1;
+      if (strcmp(job->clusters[c].id, w->peer_id[i]) == 0 && c != w->ci) known = 1;
     for (int j = 0; j < i; j++)
-      if (strcmp(peer_id[j], peer_id[i]) == 0) known = 0;
+      if (strcmp(w->peer_id[j], w->peer_id[i]) == 0) known = 0;
     if (!known) {
       fprintf(stderr, "nebula worker: --peer %s: not another cluster of job %s (or repeated)\n",
-              peer_id[i], job->name);
-      rc = NB_WORKER_MISFIT;
-      goto done;
+              w->peer_id[i], job->name);
+      return NB_WORKER_MISFIT;
     }
   }
+  return NB_WORKER_DONE;
+}
 
+/* The trainer's config: the job's, with --steps, the ranks and the data order of this cluster. */
+static nb_worker_outcome_t nb__wk_train_config(nb__wk_t* w) {
+  nb_job_config_t* job = w->job;
+  nb_train_config_t* tc = w->tc;
+  long steps = w->o->steps;
   if (steps > 0) {
     job->training.max_steps = steps;
     if (job->training.optimizer.warmup_steps >= steps)
       job->training.optimizer.warmup_steps = (int)(steps / 10);
   }
-  if (nb_train_config_from_job(job, ci, data_dir, tc) != NB_OK) {
-    rc = nb__wk_fail(cluster, job_file);
-    goto done;
-  }
-  tc->data_rank = (int)index; /* clusters that share a language read it in different orders */
-  if (mpi_size > 1) {
+  if (nb_train_config_from_job(job, w->ci, w->o->data_dir, tc) != NB_OK)
+    return nb__wk_fail(w->cluster, w->o->job_file);
+  tc->data_rank = (int)w->index; /* clusters that share a language read it in different orders */
+  if (w->size > 1) {
     if (job->sync.mode != NB_JOB_SYNC_OUTER || job->sync.round_seconds > 0) {
       fprintf(stderr,
               "nebula worker: several ranks per cluster need sync.mode \"outer\" with "
               "step-counted rounds\n");
-      rc = NB_WORKER_MISFIT;
-      goto done;
+      return NB_WORKER_MISFIT;
     }
     /* real ranks replace the accumulated micro-batches that stand for workers otherwise */
-    tc->micro_batches =
-        job->clusters[ci].workers > mpi_size ? job->clusters[ci].workers / mpi_size : 1;
-    tc->data_rank = (int)index * 1000 + mpi_rank;
+    int workers = job->clusters[w->ci].workers;
+    tc->micro_batches = workers > w->size ? workers / w->size : 1;
+    tc->data_rank = (int)w->index * 1000 + w->rank;
     tc->grad_hook = nb__wk_allreduce_hook;
-    tc->grad_hook_ctx = comm;
+    tc->grad_hook_ctx = w->comm;
   }
+  return NB_WORKER_DONE;
+}
 
-  char odir[NB_JOB_PATH_MAX], path[NB_TRAIN_PATH_MAX + 64];
-  if (out ? snprintf(odir, sizeof odir, "%s", out) >= (int)sizeof odir
-          : snprintf(odir, sizeof odir, "runs/%s/%s", job->name, cluster) >= (int)sizeof odir) {
+/* The output folder and, with checkpoints or --resume, the checkpoint folder: the trainer's
+ * step-<N>/ folders plus hybrid-step-<N>.bin beside them. With overlap the update in flight
+ * lands first (nb_hybrid_drain): nothing is in flight in a checkpoint, and --resume starts with
+ * nothing in flight. */
+static nb_worker_outcome_t nb__wk_folders(nb__wk_t* w) {
+  const nb_job_config_t* job = w->job;
+  nb_train_config_t* tc = w->tc;
+  const char* out = w->o->out;
+  if (out ? snprintf(w->odir, sizeof w->odir, "%s", out) >= (int)sizeof w->odir
+          : snprintf(w->odir, sizeof w->odir, "runs/%s/%s", job->name, w->cluster) >=
+                (int)sizeof w->odir) {
     fprintf(stderr, "nebula worker: --out path too long\n");
-    rc = NB_WORKER_MISFIT;
-    goto done;
+    return NB_WORKER_MISFIT;
   }
-  if (nb__wk_mkdirs(odir) != 0) {
-    fprintf(stderr, "nebula worker: cannot create %s: %s\n", odir, strerror(errno));
-    goto done;
+  if (nb__wk_mkdirs(w->odir) != 0) {
+    fprintf(stderr, "nebula worker: cannot create %s: %s\n", w->odir, strerror(errno));
+    return NB_WORKER_FAILED;
   }
-
-  /* checkpoints: the trainer's step-<N>/ folders plus hybrid-step-<N>.bin beside them */
-  /* with overlap the update in flight lands first (nb_hybrid_drain): nothing is in flight in a
-   * checkpoint, and --resume starts with nothing in flight */
-  int ckpt_every = job->checkpoint.every_rounds;
   tc->checkpoint_dir[0] = 0;
-  if (ckpt_every > 0 || resume) {
-    int w = job->checkpoint.dir[0]
-                ? snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s/%s",
-                           job->checkpoint.dir, cluster)
-                : snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s/checkpoints", odir);
-    if (w >= (int)sizeof tc->checkpoint_dir || nb__wk_mkdirs(tc->checkpoint_dir) != 0) {
+  if (job->checkpoint.every_rounds > 0 || w->o->resume) {
+    int n = job->checkpoint.dir[0] ? snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir,
+                                              "%s/%s", job->checkpoint.dir, w->cluster)
+                                   : snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir,
+                                              "%s/checkpoints", w->odir);
+    if (n >= (int)sizeof tc->checkpoint_dir || nb__wk_mkdirs(tc->checkpoint_dir) != 0) {
       fprintf(stderr, "nebula worker: cannot create the checkpoint folder %s\n",
               tc->checkpoint_dir);
-      goto done;
+      return NB_WORKER_FAILED;
     }
   }
   tc->checkpoint_keep = job->checkpoint.keep;
-  tc->resume = resume;
+  tc->resume = w->o->resume;
+  return NB_WORKER_DONE;
+}
 
-  /* security material */
+/* The cluster's certificate (mTLS) and the job secret that seals update frames. */
+static nb_worker_outcome_t nb__wk_security(nb__wk_t* w) {
+  const char *pki = w->o->pki, *secret_file = w->o->secret_file;
   if (pki) {
     char ca[NB_JOB_PATH_MAX], crt[NB_JOB_PATH_MAX], key[NB_JOB_PATH_MAX];
     if (nb_pki_path(pki, NB_PKI_NONE, NULL, "crt", ca, sizeof ca) != NB_OK ||
-        nb_pki_path(pki, NB_PKI_CLUSTER, cluster, "crt", crt, sizeof crt) != NB_OK ||
-        nb_pki_path(pki, NB_PKI_CLUSTER, cluster, "key", key, sizeof key) != NB_OK) {
-      rc = nb__wk_fail(cluster, "--pki");
-      goto done;
-    }
+        nb_pki_path(pki, NB_PKI_CLUSTER, w->cluster, "crt", crt, sizeof crt) != NB_OK ||
+        nb_pki_path(pki, NB_PKI_CLUSTER, w->cluster, "key", key, sizeof key) != NB_OK)
+      return nb__wk_fail(w->cluster, "--pki");
     nb_tls_files_t files = {ca, crt, key};
-    if (nb_tls_create(&files, &tls) != NB_OK) {
-      rc = nb__wk_fail(cluster, "loading the cluster certificate");
-      goto done;
-    }
+    if (nb_tls_create(&files, &w->tls) != NB_OK)
+      return nb__wk_fail(w->cluster, "loading the cluster certificate");
   }
   if (secret_file) {
     FILE* f = fopen(secret_file, "rb");
-    size_t got = f ? fread(secret, 1, sizeof secret, f) : 0;
+    size_t got = f ? fread(w->secret, 1, sizeof w->secret, f) : 0;
     int extra = f ? fgetc(f) : EOF;
     if (f) fclose(f);
-    if (got != sizeof secret || extra != EOF) {
-      fprintf(stderr, "nebula worker: %s: --secret-file must hold exactly %d bytes\n", cluster,
+    if (got != sizeof w->secret || extra != EOF) {
+      fprintf(stderr, "nebula worker: %s: --secret-file must hold exactly %d bytes\n", w->cluster,
               NB_SEAL_SECRET_BYTES);
-      goto done;
+      return NB_WORKER_FAILED;
     }
-    have_secret = 1;
-  } else if (job->security.seal && !insecure) {
+    w->have_secret = 1;
+  } else if (w->job->security.seal && !w->o->insecure) {
     fprintf(stderr, "nebula worker: the job seals update frames: give --secret-file\n");
-    rc = NB_WORKER_MISFIT;
-    goto done;
+    return NB_WORKER_MISFIT;
   }
+  return NB_WORKER_DONE;
+}
 
-  if (job->sync.mode != NB_JOB_SYNC_OUTER) {
-    tc->grad_hook = nb__wk_grad_hook;
-    tc->grad_hook_ctx = &h;
+static nb_worker_outcome_t nb__wk_trainer(nb__wk_t* w) {
+  if (w->job->sync.mode != NB_JOB_SYNC_OUTER) {
+    w->tc->grad_hook = nb__wk_grad_hook;
+    w->tc->grad_hook_ctx = &w->h;
   }
-  double t_start = nb_now_s();
-  nb_status_t cst = nb_trainer_create(tc, &t);
-  if (cst != NB_OK) {
-    rc = nb__wk_fail(cluster, "creating the trainer");
-    if (cst == NB_ERR_IO)
+  w->t_start = nb_now_s();
+  nb_status_t st = nb_trainer_create(w->tc, &w->t);
+  if (st != NB_OK) {
+    nb_worker_outcome_t rc = nb__wk_fail(w->cluster, "creating the trainer");
+    if (st == NB_ERR_IO)
       fprintf(stderr, "nebula worker: prepare the data with 'make data', or pass --data-dir\n");
-    goto done;
+    return rc;
   }
+  return NB_WORKER_DONE;
+}
 
-  if (mpi_rank > 0) {
-    rc = nb__wk_follower(t, comm);
-    goto done;
-  }
+static nb_worker_outcome_t nb__wk_setup(nb__wk_t* w) {
+  NB__WK_TRY(nb__wk_join_ranks(w));
+  NB__WK_TRY(nb__wk_load_job(w));
+  NB__WK_TRY(nb__wk_peers(w));
+  NB__WK_TRY(nb__wk_train_config(w));
+  NB__WK_TRY(nb__wk_folders(w));
+  NB__WK_TRY(nb__wk_security(w));
+  return nb__wk_trainer(w);
+}
 
+/* ---- connect -------------------------------------------------------------------------------- */
+
+/* Our exchange server and one link per peer cluster (none for a one-cluster job). */
+static nb_worker_outcome_t nb__wk_exchange_start(nb__wk_t* w) {
+  const nb_job_config_t* job = w->job;
   nb_exchange_config_t xc;
   memset(&xc, 0, sizeof xc);
   xc.job_id = job->name;
-  xc.self = cluster;
-  xc.listen = listen;
-  xc.tls = tls;
-  xc.allow_insecure = tls == NULL;
-  xc.job_secret = have_secret ? secret : NULL;
-  xc.allow_unsealed = !have_secret;
+  xc.self = w->cluster;
+  xc.listen = w->o->listen ? w->o->listen : "127.0.0.1:0";
+  xc.tls = w->tls;
+  xc.allow_insecure = w->tls == NULL;
+  xc.job_secret = w->have_secret ? w->secret : NULL;
+  xc.allow_unsealed = !w->have_secret;
   xc.streams = job->link.streams > 0 ? (uint32_t)job->link.streams : 0;
   xc.chunk_bytes = job->link.chunk_kib > 0 ? (size_t)job->link.chunk_kib * 1024 : 0;
-  xc.rate_cap_Bps = job->link.rate_mbit > 0 && !no_rate_cap ? job->link.rate_mbit * 1e6 / 8 : 0;
+  xc.rate_cap_Bps =
+      job->link.rate_mbit > 0 && !w->o->no_rate_cap ? job->link.rate_mbit * 1e6 / 8 : 0;
   if (job->sync.peer_timeout_seconds > 0) xc.dead_ms = (int)(job->sync.peer_timeout_seconds * 1000);
   if (job->n_clusters > 1) {
-    if (nb_exchange_create(&xc, &ex) != NB_OK) {
-      rc = nb__wk_fail(cluster, "starting the exchange");
-      goto done;
-    }
-    for (int i = 0; i < n_peer_arg; i++) {
-      if (nb_exchange_add_peer(ex, peer_id[i], peer_addr[i]) != NB_OK) {
-        rc = nb__wk_fail(cluster, peer_id[i]);
-        goto done;
-      }
-    }
+    if (nb_exchange_create(&xc, &w->ex) != NB_OK)
+      return nb__wk_fail(w->cluster, "starting the exchange");
+    for (int i = 0; i < w->n_peers; i++)
+      if (nb_exchange_add_peer(w->ex, w->peer_id[i], w->peer_addr[i]) != NB_OK)
+        return nb__wk_fail(w->cluster, w->peer_id[i]);
   }
-  nb__wk_exchange_t xctx = {ex, (size_t)n_peer_arg, job->sync.peer_timeout_seconds,
-                            nb_param_RoundDeadlineS()};
+  w->xctx = (nb__wk_exchange_t){w->ex, (size_t)w->n_peers, job->sync.peer_timeout_seconds,
+                                nb_param_RoundDeadlineS()};
+  return NB_WORKER_DONE;
+}
 
-  nb_hybrid_config_t hc;
-  nb_hybrid_config_defaults(&hc);
-  hc.cluster_index = index;
-  hc.n_clusters = (uint32_t)job->n_clusters;
-  hc.inner_steps = job->sync.inner_steps > 0 ? job->sync.inner_steps : 50;
-  hc.round_seconds = job->sync.round_seconds;
-  hc.outer_lr = (float)job->sync.outer_lr;
-  hc.outer_momentum = (float)job->sync.outer_momentum;
-  hc.density = job->compression.density_initial;
-  hc.error_feedback = job->compression.error_feedback;
-  hc.ef_decay = (float)job->compression.error_feedback_decay;
-  hc.topk_chunk = (uint32_t)job->compression.topk_chunk;
-  hc.values = nb__wk_values(job->compression.values);
-  hc.zstd_level = job->compression.zstd_level;
-  hc.mode = job->sync.mode == NB_JOB_SYNC_STEP    ? NB_HYBRID_STEP
-            : job->sync.mode == NB_JOB_SYNC_DENSE ? NB_HYBRID_DENSE
-                                                  : NB_HYBRID_OUTER;
-  hc.overlap = job->sync.overlap && hc.mode == NB_HYBRID_OUTER;
-  hc.overlap_steps = job->sync.overlap_steps;
-  nb__wk_ranks_t ranks = {comm, t};
-  if (comm) {
-    hc.steps_hook = nb__wk_steps_hook;
-    hc.hook_ctx = &ranks;
+/* The round state: the job's config (worker/job_map.c) plus our hooks and exchange. */
+static nb_worker_outcome_t nb__wk_hybrid(nb__wk_t* w) {
+  nb_hybrid_config_t* hc = &w->hc;
+  nb_hybrid_config_from_job(w->job, w->index, hc);
+  w->ranks = (nb__wk_ranks_t){w->comm, w->t};
+  if (w->comm) {
+    hc->steps_hook = nb__wk_steps_hook;
+    hc->hook_ctx = &w->ranks;
   }
-  if (job->sync.overlap && hc.mode != NB_HYBRID_OUTER)
+  if (w->job->sync.overlap && hc->mode != NB_HYBRID_OUTER)
     fprintf(stderr, "nebula worker: %s: sync.overlap applies to the outer mode only; ignored\n",
-            cluster);
-  hc.exchange = nb__wk_exchange;
-  hc.exchange_ctx = &xctx;
+            w->cluster);
+  hc->exchange = nb__wk_exchange;
+  hc->exchange_ctx = &w->xctx;
   /* fault-tolerant rounds: outer mode (with or without overlap), several clusters */
-  int ft = ex != NULL && hc.mode == NB_HYBRID_OUTER && nb_param_FaultTolerant();
-  if (ft) hc.ft_exchange = nb__wk_ft_exchange;
-  hc.final_wait_s = nb_param_FinalWaitS();
-  if (rejoin && !ft) {
+  w->ft = w->ex != NULL && hc->mode == NB_HYBRID_OUTER && nb_param_FaultTolerant();
+  if (w->ft) hc->ft_exchange = nb__wk_ft_exchange;
+  hc->final_wait_s = nb_param_FinalWaitS();
+  if (w->o->rejoin && !w->ft) {
     fprintf(stderr,
             "nebula worker: --rejoin needs fault-tolerant rounds (outer mode, several "
             "clusters, NB_FAULT_TOLERANT=1)\n");
-    rc = NB_WORKER_MISFIT;
-    goto done;
+    return NB_WORKER_MISFIT;
   }
-  hc.samples_scale = (uint32_t)mpi_size;
-  if (nb_hybrid_create(&hc, t, &h) != NB_OK) {
-    rc = nb__wk_fail(cluster, "creating the round state");
-    goto done;
-  }
-  size_t n_params;
-  nb_hybrid_global(h, &n_params);
-  if (resume && nb_trainer_step(t) > 0) {
-    snprintf(path, sizeof path, "%s/hybrid-step-%ld.bin", tc->checkpoint_dir, nb_trainer_step(t));
-    if (nb_hybrid_load(h, path) != NB_OK) {
-      rc = nb__wk_fail(cluster, "resuming the round state");
-      goto done;
-    }
-    printf("nebula worker: %s resumes at round %llu (step %ld), theta %016llx\n", cluster,
-           (unsigned long long)nb_hybrid_rounds(h), nb_trainer_step(t),
+  hc->samples_scale = (uint32_t)w->size;
+  if (nb_hybrid_create(hc, w->t, &w->h) != NB_OK)
+    return nb__wk_fail(w->cluster, "creating the round state");
+  nb_hybrid_global(w->h, &w->n_params);
+  return NB_WORKER_DONE;
+}
+
+/* --resume: the round state saved beside the trainer's checkpoint; --rejoin: a live peer's. */
+static nb_worker_outcome_t nb__wk_restore(nb__wk_t* w) {
+  nb_hybrid_t* h = w->h;
+  long step = nb_trainer_step(w->t);
+  if (w->o->resume && step > 0) {
+    snprintf(w->path, sizeof w->path, "%s/hybrid-step-%ld.bin", w->tc->checkpoint_dir, step);
+    if (nb_hybrid_load(h, w->path) != NB_OK)
+      return nb__wk_fail(w->cluster, "resuming the round state");
+    printf("nebula worker: %s resumes at round %llu (step %ld), theta %016llx\n", w->cluster,
+           (unsigned long long)nb_hybrid_rounds(h), nb_trainer_step(w->t),
            (unsigned long long)nb_hybrid_global_hash(h));
   }
-  long rejoined_at = -1;
-  if (rejoin) {
+  w->rejoined_at = -1;
+  if (w->o->rejoin) {
     const char* from = "?";
-    if (nb__wk_pull_state(ex, h, nb_param_RejoinTimeoutS(), 2, &from) != NB_OK) {
-      rc = nb__wk_fail(cluster, "rejoining (pulling the global state)");
-      goto done;
-    }
-    rejoined_at = (long)nb_hybrid_rounds(h);
+    if (nb__wk_pull_state(w->ex, h, nb_param_RejoinTimeoutS(), 2, &from) != NB_OK)
+      return nb__wk_fail(w->cluster, "rejoining (pulling the global state)");
+    w->rejoined_at = (long)nb_hybrid_rounds(h);
     printf("nebula worker: %s rejoined from %s at round %ld (%llu rounds applied), theta %016llx\n",
-           cluster, from, rejoined_at, (unsigned long long)nb_hybrid_commits(h),
+           w->cluster, from, w->rejoined_at, (unsigned long long)nb_hybrid_commits(h),
            (unsigned long long)nb_hybrid_global_hash(h));
     fflush(stdout);
   }
-  if (ft && nb__wk_publish(ex, h) != NB_OK) {
-    rc = nb__wk_fail(cluster, "publishing the global state");
-    goto done;
-  }
-  long round0 = (long)nb_hybrid_rounds(h);
-  int adaptive = job->compression.adaptive && ex != NULL && hc.mode == NB_HYBRID_OUTER;
-  nb_sched_config_t scfg;
-  nb_sched_config_default(&scfg);
-  scfg.density_floor = job->compression.density_min;
-  scfg.density_ceiling = job->compression.density_max;
-  scfg.initial_density = job->compression.density_initial;
-  scfg.overlap = job->sync.overlap;
-  if (job->compression.budget_fraction > 0 && job->compression.budget_fraction <= 1)
-    scfg.fraction = job->compression.budget_fraction;
-  if (adaptive && nb_sched_config_check(&scfg) != NB_OK) {
-    rc = nb__wk_fail(cluster, "compression settings for the scheduler");
-    goto done;
-  }
-  /* frames may be too small to measure the link: probe it while it is idle (inter/link.h) */
-  for (int i = 0; adaptive && i < n_peer_arg; i++)
-    if (nb_link_probe_start(nb_exchange_link(ex, (size_t)i), 0, 0) != NB_OK) {
-      rc = nb__wk_fail(cluster, "starting the link probe");
-      goto done;
-    }
-  nb_sched_decision_t dec, prev_dec;
-  int have_dec = 0;
-  decisions = json_array();
-  evals = json_array();
-  long rounds = (long)((job->training.max_steps + hc.inner_steps - 1) / hc.inner_steps);
+  if (w->ft && nb__wk_publish(w->ex, h) != NB_OK)
+    return nb__wk_fail(w->cluster, "publishing the global state");
+  w->round0 = (long)nb_hybrid_rounds(h);
+  return NB_WORKER_DONE;
+}
+
+/* The adaptive scheduler (outer mode, several clusters) and the idle-link probes it measures
+ * with: frames may be too small to measure the link (inter/link.h). */
+static nb_worker_outcome_t nb__wk_scheduler(nb__wk_t* w) {
+  w->adaptive = w->job->compression.adaptive && w->ex != NULL && w->hc.mode == NB_HYBRID_OUTER;
+  nb_sched_config_from_job(w->job, &w->scfg);
+  if (w->adaptive && nb_sched_config_check(&w->scfg) != NB_OK)
+    return nb__wk_fail(w->cluster, "compression settings for the scheduler");
+  for (int i = 0; w->adaptive && i < w->n_peers; i++)
+    if (nb_link_probe_start(nb_exchange_link(w->ex, (size_t)i), 0, 0) != NB_OK)
+      return nb__wk_fail(w->cluster, "starting the link probe");
+  return NB_WORKER_DONE;
+}
+
+/* The banner and rounds.tsv (appended to on --resume and --rejoin). */
+static nb_worker_outcome_t nb__wk_open_log(nb__wk_t* w) {
+  const nb_job_config_t* job = w->job;
+  const nb_hybrid_config_t* hc = &w->hc;
+  w->decisions = json_array();
+  w->evals = json_array();
+  w->rounds = (long)((job->training.max_steps + hc->inner_steps - 1) / hc->inner_steps);
   printf(
       "nebula worker: job %s, cluster %s (%u of %d), %zu synced parameters, %ld rounds of %ld "
       "steps, density %g %s%s, exchange on port %d\n",
-      job->name, cluster, index, job->n_clusters, n_params, rounds, hc.inner_steps, hc.density,
-      nb_values_name(hc.values), hc.overlap ? ", overlap" : "", ex ? nb_exchange_port(ex) : 0);
+      job->name, w->cluster, w->index, job->n_clusters, w->n_params, w->rounds, hc->inner_steps,
+      hc->density, nb_values_name(hc->values), hc->overlap ? ", overlap" : "",
+      w->ex ? nb_exchange_port(w->ex) : 0);
   fflush(stdout);
-
-  snprintf(path, sizeof path, "%s/rounds.tsv", odir);
-  tsv = fopen(path, resume || rejoin ? "a" : "w");
-  if (!tsv) {
-    fprintf(stderr, "nebula worker: cannot write %s: %s\n", path, strerror(errno));
-    goto done;
+  snprintf(w->path, sizeof w->path, "%s/rounds.tsv", w->odir);
+  w->tsv = fopen(w->path, w->o->resume || w->o->rejoin ? "a" : "w");
+  if (!w->tsv) {
+    fprintf(stderr, "nebula worker: cannot write %s: %s\n", w->path, strerror(errno));
+    return NB_WORKER_FAILED;
   }
-  fseek(tsv, 0, SEEK_END);
-  if (ftell(tsv) == 0)
-    fprintf(tsv,
+  fseek(w->tsv, 0, SEEK_END);
+  if (ftell(w->tsv) == 0)
+    fprintf(w->tsv,
             "round\tsteps\tsamples\tsamples_all\tloss\tmsg_bytes\tbytes_sent\tdensity\t"
             "compute_s\tcodec_s\texchange_s\tglobal_xxh3\tapplied\tcommits\tpeers_ok\t"
             "peers_alive\tevent\n");
-  double compute_s = 0, exchange_s = 0, codec_s = 0, last_loss = 0, density_sum = 0;
-  uint64_t wan_bytes = 0, msg_bytes = 0;
-  long steps_done = nb_trainer_step(t), step0 = steps_done, cur_h = hc.inner_steps;
-  long skipped = 0, late = 0, jumps = 0, pulls = 0, prev_r = round0 - 1;
-  for (long r = round0; r < rounds; r = (long)nb_hybrid_rounds(h)) {
-    nb_hybrid_round_t rec;
-    long left = (long)job->training.max_steps - steps_done;
-    if (hc.mode != NB_HYBRID_OUTER && left < hc.inner_steps && left > 0)
-      nb_hybrid_set_inner_steps(h, cur_h = left); /* in step modes a round only groups the log */
-    if (nb_hybrid_round(h, &rec) != NB_OK) {      /* the ranks follow through hc's hooks */
-      rc = nb__wk_fail(cluster, "round");
-      goto done;
-    }
-    int ckpt_now =
-        ckpt_every > 0 && ((r + 1) % ckpt_every == 0 || (long)nb_hybrid_rounds(h) >= rounds);
-    int drained_skip = 0;
-    if (ckpt_now && hc.overlap) {
-      /* a checkpoint round: this round's update lands now (nothing in flight in the state) */
-      nb_hybrid_round_t d;
-      if (nb_hybrid_drain(h, &d) != NB_OK) {
-        rc = nb__wk_fail(cluster, "landing the update before the checkpoint");
-        goto done;
-      }
-      rec.exchange_s += d.exchange_s;
-      rec.bytes_sent += d.bytes_sent;
-      rec.global_hash = d.global_hash;
-      if (ft) {
-        rec.commits = d.commits;
-        if (!d.applied) {
-          drained_skip = 1;
-          printf(
-              "round %ld: not applied (decided before the checkpoint: updates from %u of %d "
-              "peers, %u alive) at unix %.3f\n",
-              r + 1, d.peers_ok, n_peer_arg, d.peers_alive, (double)nb_wall_ns() / 1e9);
-        }
-        if (d.caught_up) rec.caught_up = 1;
-        if (d.need_state) rec.need_state = 1;
-        if (d.next_round > rec.next_round) rec.next_round = d.next_round;
-      }
-    }
-    const char* event = "-";
-    if (!ft) {
-      rec.applied = 1;
-      rec.commits = nb_hybrid_commits(h);
-      rec.peers_ok = rec.peers_alive = (uint32_t)n_peer_arg;
-    } else {
-      /* with overlap rec tells the previous round's update, decided in this one */
-      if (rec.landed && !rec.applied) skipped++, event = "skipped";
-      if (drained_skip) skipped++, event = "skipped";
-      if (rec.caught_up) late++, event = "late";
-      if (rec.next_round > rec.round + 1) jumps++, event = "jump";
-      if (rec.need_state) {
-        /* a peer applied rounds we cannot replay: adopt its state */
-        const char* from = "?";
-        if (nb__wk_pull_state(ex, h, nb_param_RoundDeadlineS(), 0, &from) != NB_OK) {
-          rc = nb__wk_fail(cluster, "catching up (pulling the global state)");
-          goto done;
-        }
-        pulls++;
-        event = "pulled";
-        rec.commits = nb_hybrid_commits(h);
-        rec.global_hash = nb_hybrid_global_hash(h);
-        printf("round %llu: behind the other clusters: pulled the global state from %s\n",
-               (unsigned long long)rec.round, from);
-      }
-      if (r == round0 && rejoined_at >= 0) event = "rejoined";
-      if (nb__wk_publish(ex, h) != NB_OK) {
-        rc = nb__wk_fail(cluster, "publishing the global state");
-        goto done;
-      }
-    }
-    compute_s += rec.compute_s;
-    exchange_s += rec.exchange_s;
-    codec_s += rec.codec_s;
-    wan_bytes += rec.bytes_sent;
-    msg_bytes += rec.msg_bytes;
-    steps_done += rec.steps;
-    last_loss = rec.loss;
-    density_sum += rec.density;
-    fprintf(tsv,
-            "%llu\t%ld\t%llu\t%llu\t%.6f\t%llu\t%llu\t%g\t%.4f\t%.4f\t%.4f\t%016llx\t%d\t%llu\t%"
-            "u\t%u\t%s\n",
-            (unsigned long long)rec.round, rec.steps, (unsigned long long)rec.samples,
-            (unsigned long long)rec.samples_all, rec.loss, (unsigned long long)rec.msg_bytes,
-            (unsigned long long)rec.bytes_sent, rec.density, rec.compute_s, rec.codec_s,
-            rec.exchange_s, (unsigned long long)rec.global_hash, rec.applied,
-            (unsigned long long)rec.commits, rec.peers_ok, rec.peers_alive, event);
-    fflush(tsv);
+  w->steps_done = w->step0 = nb_trainer_step(w->t);
+  w->prev_r = w->round0 - 1;
+  return NB_WORKER_DONE;
+}
+
+static nb_worker_outcome_t nb__wk_connect(nb__wk_t* w) {
+  NB__WK_TRY(nb__wk_exchange_start(w));
+  NB__WK_TRY(nb__wk_hybrid(w));
+  NB__WK_TRY(nb__wk_restore(w));
+  NB__WK_TRY(nb__wk_scheduler(w));
+  return nb__wk_open_log(w);
+}
+
+/* ---- the round loop ------------------------------------------------------------------------- */
+
+/* A peer applied rounds we cannot replay: adopt its state. */
+static nb_worker_outcome_t nb__wk_catch_up(nb__wk_t* w, const char** from) {
+  *from = "?";
+  if (nb__wk_pull_state(w->ex, w->h, nb_param_RoundDeadlineS(), 0, from) != NB_OK)
+    return nb__wk_fail(w->cluster, "catching up (pulling the global state)");
+  w->pulls++;
+  return NB_WORKER_DONE;
+}
+
+/* A checkpoint round with overlap: this round's update lands now (nothing in flight in the
+ * state); *skip: it was decided not applied. */
+static nb_worker_outcome_t nb__wk_land_for_checkpoint(nb__wk_t* w, long r, nb_hybrid_round_t* rec,
+                                                      int* skip) {
+  nb_hybrid_round_t d;
+  if (nb_hybrid_drain(w->h, &d) != NB_OK)
+    return nb__wk_fail(w->cluster, "landing the update before the checkpoint");
+  rec->exchange_s += d.exchange_s;
+  rec->bytes_sent += d.bytes_sent;
+  rec->global_hash = d.global_hash;
+  if (!w->ft) return NB_WORKER_DONE;
+  rec->commits = d.commits;
+  if (!d.applied) {
+    *skip = 1;
     printf(
-        "round %ld/%ld: %ld steps, loss %.4f, sent %.1f KiB (density %g), compute %.2f s, "
-        "exchange %.2f s, theta %016llx%s%s\n",
-        r + 1, rounds, rec.steps, rec.loss, rec.msg_bytes / 1024.0, rec.density, rec.compute_s,
-        rec.exchange_s, (unsigned long long)rec.global_hash, strcmp(event, "-") ? ", " : "",
-        strcmp(event, "-") ? event : "");
-    if (ft && rec.landed && !rec.applied)
-      printf("round %ld%s: not applied (updates from %u of %d peers, %u alive) at unix %.3f\n",
-             hc.overlap ? prev_r + 1 : r + 1, hc.overlap ? " (decided in the next round)" : "",
-             rec.peers_ok, n_peer_arg, rec.peers_alive, (double)nb_wall_ns() / 1e9);
-    prev_r = r;
-    fflush(stdout);
-    nb__wk_progress(cluster, r + 1, rounds, steps_done, (long)job->training.max_steps, &rec);
-    int every = job->training.eval_every_rounds;
-    if (every > 0 && (r + 1) % every == 0 && r + 1 < rounds) {
-      /* the held-out curve on theta_global (with overlap: the parameters as they are) */
-      nb_train_eval_t mid;
-      if (nb_trainer_eval(t, &mid) != NB_OK) {
-        rc = nb__wk_fail(cluster, "evaluation");
-        goto done;
-      }
-      printf("eval after round %ld: mean %.4f bpb\n", r + 1, mid.mean_bpb);
-      json_t* e = json_object();
-      json_object_set_new(e, "round", json_integer(r + 1));
-      json_object_set_new(e, "step", json_integer(nb_trainer_step(t)));
-      json_object_set_new(e, "mean_bpb", json_real(mid.mean_bpb));
-      json_array_append_new(evals, e);
-    }
-    if (ckpt_now) {
-      /* the round state first, then the trainer's checkpoint moves LATEST to it */
-      snprintf(path, sizeof path, "%s/hybrid-step-%ld.bin", tc->checkpoint_dir, nb_trainer_step(t));
-      if (nb_hybrid_save(h, path) != NB_OK || nb_trainer_checkpoint(t) != NB_OK) {
-        rc = nb__wk_fail(cluster, "checkpoint");
-        goto done;
-      }
-      nb__wk_prune_states(tc->checkpoint_dir);
-    }
-    if (adaptive && r + 1 < rounds) {
-      /* the next round's density (and length) from the measured link and compute */
-      nb_estimate_t est;
-      nb__wk_estimate(ex, &est);
-      nb_sched_input_t in;
-      memset(&in, 0, sizeof in);
-      in.round = (uint64_t)r + 1;
-      nb_sched_input_from_estimate(&in, &est);
-      in.step_compute_s = rec.steps > 0 ? rec.compute_s / (double)rec.steps : 0;
-      in.steps = (uint32_t)hc.inner_steps;
-      in.n_params = n_params;
-      nb__wk_bits(hc.values, rec.density, hc.topk_chunk, &in.bits_per_value, &in.bits_per_index);
-      in.fanout = 1; /* one capped link per peer */
-      in.round_s = hc.round_seconds;
-      /* with overlap the update lands tau steps into the next round: only those hide it */
-      if (hc.overlap && hc.overlap_steps > 0)
-        in.hide_steps = (uint32_t)(hc.overlap_steps < UINT32_MAX ? hc.overlap_steps : UINT32_MAX);
-      if (nb_sched_decide(&scfg, &in, have_dec ? &prev_dec : NULL, &dec) != NB_OK ||
-          nb_hybrid_set_density(h, dec.density) != NB_OK ||
-          nb_hybrid_set_inner_steps(h, (long)dec.steps) != NB_OK ||
-          (in.hide_steps > 0 &&
-           nb_hybrid_set_overlap_steps(
-               h, dec.hide_steps > 0 ? (long)dec.hide_steps : (long)dec.steps) != NB_OK)) {
-        rc = nb__wk_fail(cluster, "scheduler");
-        goto done;
-      }
-      prev_dec = dec;
-      have_dec = 1;
-      cur_h = (long)dec.steps;
-      char line[512];
-      nb_sched_decision_format(&dec, line, sizeof line);
-      printf("%s\n", line);
-      json_t* d = json_object();
-      json_object_set_new(d, "round", json_integer(r + 1));
-      json_object_set_new(d, "reason", json_string(nb_sched_reason_name(dec.reason)));
-      json_object_set_new(d, "density", json_real(dec.density));
-      json_object_set_new(d, "steps", json_integer(dec.steps));
-      json_object_set_new(d, "goodput_Bps", json_real(in.goodput_Bps));
-      json_object_set_new(d, "rtt_s", json_real(in.rtt_s));
-      json_object_set_new(d, "step_compute_s", json_real(in.step_compute_s));
-      json_object_set_new(d, "predicted_transfer_s", json_real(dec.transfer_s));
-      json_object_set_new(d, "budget_s", json_real(dec.budget_s));
-      json_object_set_new(d, "overlap_steps", json_integer(dec.hide_steps));
-      json_array_append_new(decisions, d);
-    }
+        "round %ld: not applied (decided before the checkpoint: updates from %u of %d "
+        "peers, %u alive) at unix %.3f\n",
+        r + 1, d.peers_ok, w->n_peers, d.peers_alive, (double)nb_wall_ns() / 1e9);
   }
-  if (nb__wk_lead(comm, 0, 0) != NB_OK) {
-    rc = nb__wk_fail(cluster, "stopping the ranks");
-    goto done;
+  if (d.caught_up) rec->caught_up = 1;
+  if (d.need_state) rec->need_state = 1;
+  if (d.next_round > rec->next_round) rec->next_round = d.next_round;
+  return NB_WORKER_DONE;
+}
+
+/* What the round's record means for the counters and the event column; with overlap rec tells
+ * the previous round's update, decided in this one. */
+static nb_worker_outcome_t nb__wk_tally(nb__wk_t* w, long r, nb_hybrid_round_t* rec, int skip,
+                                        const char** event) {
+  if (!w->ft) {
+    rec->applied = 1;
+    rec->commits = nb_hybrid_commits(w->h);
+    rec->peers_ok = rec->peers_alive = (uint32_t)w->n_peers;
+    return NB_WORKER_DONE;
   }
-  if (ft && hc.overlap) {
-    /* the last round's update is decided here (not inside the final check), so that it is
-     * counted, and a cluster found behind pulls the state before the check */
-    nb_hybrid_round_t d;
-    if (nb_hybrid_drain(h, &d) != NB_OK) {
-      rc = nb__wk_fail(cluster, "landing the last update");
-      goto done;
-    }
-    exchange_s += d.exchange_s;
-    wan_bytes += d.bytes_sent;
-    if (d.landed && !d.applied) {
-      skipped++;
-      printf(
-          "round %ld: not applied (decided at the end: updates from %u of %d peers, %u alive) "
-          "at unix %.3f\n",
-          prev_r + 1, d.peers_ok, n_peer_arg, d.peers_alive, (double)nb_wall_ns() / 1e9);
-    }
-    if (d.caught_up) late++;
-    if (d.need_state) {
-      const char* from = "?";
-      if (nb__wk_pull_state(ex, h, nb_param_RoundDeadlineS(), 0, &from) != NB_OK) {
-        rc = nb__wk_fail(cluster, "catching up (pulling the global state)");
-        goto done;
-      }
-      pulls++;
-      printf("end: behind the other clusters: pulled the global state from %s\n", from);
-    }
-    fflush(stdout);
+  if (rec->landed && !rec->applied) w->skipped++, *event = "skipped";
+  if (skip) w->skipped++, *event = "skipped";
+  if (rec->caught_up) w->late++, *event = "late";
+  if (rec->next_round > rec->round + 1) w->jumps++, *event = "jump";
+  if (rec->need_state) {
+    const char* from;
+    NB__WK_TRY(nb__wk_catch_up(w, &from));
+    *event = "pulled";
+    rec->commits = nb_hybrid_commits(w->h);
+    rec->global_hash = nb_hybrid_global_hash(w->h);
+    printf("round %llu: behind the other clusters: pulled the global state from %s\n",
+           (unsigned long long)rec->round, from);
   }
+  if (r == w->round0 && w->rejoined_at >= 0) *event = "rejoined";
+  if (nb__wk_publish(w->ex, w->h) != NB_OK)
+    return nb__wk_fail(w->cluster, "publishing the global state");
+  return NB_WORKER_DONE;
+}
+
+/* The totals, a rounds.tsv row, the round's line and the gateway's progress line. */
+static void nb__wk_log(nb__wk_t* w, long r, const nb_hybrid_round_t* rec, const char* event) {
+  w->compute_s += rec->compute_s;
+  w->exchange_s += rec->exchange_s;
+  w->codec_s += rec->codec_s;
+  w->wan_bytes += rec->bytes_sent;
+  w->msg_bytes += rec->msg_bytes;
+  w->steps_done += rec->steps;
+  w->last_loss = rec->loss;
+  w->density_sum += rec->density;
+  fprintf(w->tsv,
+          "%llu\t%ld\t%llu\t%llu\t%.6f\t%llu\t%llu\t%g\t%.4f\t%.4f\t%.4f\t%016llx\t%d\t%llu\t%"
+          "u\t%u\t%s\n",
+          (unsigned long long)rec->round, rec->steps, (unsigned long long)rec->samples,
+          (unsigned long long)rec->samples_all, rec->loss, (unsigned long long)rec->msg_bytes,
+          (unsigned long long)rec->bytes_sent, rec->density, rec->compute_s, rec->codec_s,
+          rec->exchange_s, (unsigned long long)rec->global_hash, rec->applied,
+          (unsigned long long)rec->commits, rec->peers_ok, rec->peers_alive, event);
+  fflush(w->tsv);
+  int evt = strcmp(event, "-") != 0;
+  printf(
+      "round %ld/%ld: %ld steps, loss %.4f, sent %.1f KiB (density %g), compute %.2f s, "
+      "exchange %.2f s, theta %016llx%s%s\n",
+      r + 1, w->rounds, rec->steps, rec->loss, rec->msg_bytes / 1024.0, rec->density,
+      rec->compute_s, rec->exchange_s, (unsigned long long)rec->global_hash, evt ? ", " : "",
+      evt ? event : "");
+  int overlap = w->hc.overlap;
+  if (w->ft && rec->landed && !rec->applied)
+    printf("round %ld%s: not applied (updates from %u of %d peers, %u alive) at unix %.3f\n",
+           overlap ? w->prev_r + 1 : r + 1, overlap ? " (decided in the next round)" : "",
+           rec->peers_ok, w->n_peers, rec->peers_alive, (double)nb_wall_ns() / 1e9);
+  w->prev_r = r;
+  fflush(stdout);
+  nb__wk_progress(w->cluster, r + 1, w->rounds, w->steps_done, (long)w->job->training.max_steps,
+                  rec);
+}
+
+/* The held-out curve on theta_global (with overlap: the parameters as they are). */
+static nb_worker_outcome_t nb__wk_eval_round(nb__wk_t* w, long r) {
+  nb_train_eval_t mid;
+  if (nb_trainer_eval(w->t, &mid) != NB_OK) return nb__wk_fail(w->cluster, "evaluation");
+  printf("eval after round %ld: mean %.4f bpb\n", r + 1, mid.mean_bpb);
+  json_t* e = json_object();
+  json_object_set_new(e, "round", json_integer(r + 1));
+  json_object_set_new(e, "step", json_integer(nb_trainer_step(w->t)));
+  json_object_set_new(e, "mean_bpb", json_real(mid.mean_bpb));
+  json_array_append_new(w->evals, e);
+  return NB_WORKER_DONE;
+}
+
+/* The round state first, then the trainer's checkpoint moves LATEST to it. */
+static nb_worker_outcome_t nb__wk_checkpoint(nb__wk_t* w) {
+  const char* dir = w->tc->checkpoint_dir;
+  snprintf(w->path, sizeof w->path, "%s/hybrid-step-%ld.bin", dir, nb_trainer_step(w->t));
+  if (nb_hybrid_save(w->h, w->path) != NB_OK || nb_trainer_checkpoint(w->t) != NB_OK)
+    return nb__wk_fail(w->cluster, "checkpoint");
+  nb__wk_prune_states(dir);
+  return NB_WORKER_DONE;
+}
+
+static json_t* nb__wk_decision_json(long r, const nb_sched_input_t* in,
+                                    const nb_sched_decision_t* dec) {
+  json_t* d = json_object();
+  json_object_set_new(d, "round", json_integer(r + 1));
+  json_object_set_new(d, "reason", json_string(nb_sched_reason_name(dec->reason)));
+  json_object_set_new(d, "density", json_real(dec->density));
+  json_object_set_new(d, "steps", json_integer(dec->steps));
+  json_object_set_new(d, "goodput_Bps", json_real(in->goodput_Bps));
+  json_object_set_new(d, "rtt_s", json_real(in->rtt_s));
+  json_object_set_new(d, "step_compute_s", json_real(in->step_compute_s));
+  json_object_set_new(d, "predicted_transfer_s", json_real(dec->transfer_s));
+  json_object_set_new(d, "budget_s", json_real(dec->budget_s));
+  json_object_set_new(d, "overlap_steps", json_integer(dec->hide_steps));
+  return d;
+}
+
+/* The next round's density (and length) from the measured link and compute. */
+static nb_worker_outcome_t nb__wk_schedule(nb__wk_t* w, long r, const nb_hybrid_round_t* rec) {
+  const nb_hybrid_config_t* hc = &w->hc;
+  nb_estimate_t est;
+  nb__wk_estimate(w->ex, &est);
+  nb_sched_input_t in;
+  memset(&in, 0, sizeof in);
+  in.round = (uint64_t)r + 1;
+  nb_sched_input_from_estimate(&in, &est);
+  in.step_compute_s = rec->steps > 0 ? rec->compute_s / (double)rec->steps : 0;
+  in.steps = (uint32_t)hc->inner_steps;
+  in.n_params = w->n_params;
+  nb__wk_bits(hc->values, rec->density, hc->topk_chunk, &in.bits_per_value, &in.bits_per_index);
+  in.fanout = 1; /* one capped link per peer */
+  in.round_s = hc->round_seconds;
+  /* with overlap the update lands tau steps into the next round: only those hide it */
+  if (hc->overlap && hc->overlap_steps > 0)
+    in.hide_steps = (uint32_t)(hc->overlap_steps < UINT32_MAX ? hc->overlap_steps : UINT32_MAX);
+  nb_sched_decision_t dec;
+  if (nb_sched_decide(&w->scfg, &in, w->have_dec ? &w->prev_dec : NULL, &dec) != NB_OK ||
+      nb_hybrid_set_density(w->h, dec.density) != NB_OK ||
+      nb_hybrid_set_inner_steps(w->h, (long)dec.steps) != NB_OK ||
+      (in.hide_steps > 0 &&
+       nb_hybrid_set_overlap_steps(
+           w->h, dec.hide_steps > 0 ? (long)dec.hide_steps : (long)dec.steps) != NB_OK))
+    return nb__wk_fail(w->cluster, "scheduler");
+  w->prev_dec = dec;
+  w->have_dec = 1;
+  char line[512];
+  nb_sched_decision_format(&dec, line, sizeof line);
+  printf("%s\n", line);
+  json_array_append_new(w->decisions, nb__wk_decision_json(r, &in, &dec));
+  return NB_WORKER_DONE;
+}
+
+/* Round r: inner steps and the exchange (the ranks follow through hc's hooks), then log,
+ * evaluate, checkpoint and schedule the next one. */
+static nb_worker_outcome_t nb__wk_round(nb__wk_t* w, long r) {
+  const nb_job_config_t* job = w->job;
+  nb_hybrid_round_t rec;
+  long left = (long)job->training.max_steps - w->steps_done;
+  if (w->hc.mode != NB_HYBRID_OUTER && left < w->hc.inner_steps && left > 0)
+    nb_hybrid_set_inner_steps(w->h, left); /* in step modes a round only groups the log */
+  if (nb_hybrid_round(w->h, &rec) != NB_OK) return nb__wk_fail(w->cluster, "round");
+  int every = job->checkpoint.every_rounds;
+  int ckpt_now = every > 0 && ((r + 1) % every == 0 || (long)nb_hybrid_rounds(w->h) >= w->rounds);
+  int skip = 0;
+  if (ckpt_now && w->hc.overlap) NB__WK_TRY(nb__wk_land_for_checkpoint(w, r, &rec, &skip));
+  const char* event = "-";
+  NB__WK_TRY(nb__wk_tally(w, r, &rec, skip, &event));
+  nb__wk_log(w, r, &rec, event);
+  int eval_every = job->training.eval_every_rounds;
+  if (eval_every > 0 && (r + 1) % eval_every == 0 && r + 1 < w->rounds)
+    NB__WK_TRY(nb__wk_eval_round(w, r));
+  if (ckpt_now) NB__WK_TRY(nb__wk_checkpoint(w));
+  if (w->adaptive && r + 1 < w->rounds) NB__WK_TRY(nb__wk_schedule(w, r, &rec));
+  return NB_WORKER_DONE;
+}
+
+/* ---- finish --------------------------------------------------------------------------------- */
+
+/* With overlap the last round's update is decided here (not inside the final check), so that it
+ * is counted, and a cluster found behind pulls the state before the check. */
+static nb_worker_outcome_t nb__wk_land_last(nb__wk_t* w) {
+  nb_hybrid_round_t d;
+  if (nb_hybrid_drain(w->h, &d) != NB_OK) return nb__wk_fail(w->cluster, "landing the last update");
+  w->exchange_s += d.exchange_s;
+  w->wan_bytes += d.bytes_sent;
+  if (d.landed && !d.applied) {
+    w->skipped++;
+    printf(
+        "round %ld: not applied (decided at the end: updates from %u of %d peers, %u alive) "
+        "at unix %.3f\n",
+        w->prev_r + 1, d.peers_ok, w->n_peers, d.peers_alive, (double)nb_wall_ns() / 1e9);
+  }
+  if (d.caught_up) w->late++;
+  if (d.need_state) {
+    const char* from;
+    NB__WK_TRY(nb__wk_catch_up(w, &from));
+    printf("end: behind the other clusters: pulled the global state from %s\n", from);
+  }
+  fflush(stdout);
+  return NB_WORKER_DONE;
+}
+
+/* summary.json (atomically: a temp file renamed); ev and tr_scores (stolen) are the final
+ * evaluation's. */
+static nb_worker_outcome_t nb__wk_summary(nb__wk_t* w, const nb_train_eval_t* ev, json_t* tr_scores,
+                                          double eval_s, double wall, const char* hex) {
+  const nb_job_config_t* job = w->job;
+  const nb_hybrid_config_t* hc = &w->hc;
+  nb_hybrid_t* h = w->h;
+  json_t* sum = json_object();
+  json_t* evj = json_object();
+  for (int i = 0; i < ev->n; i++) json_object_set_new(evj, ev->label[i], json_real(ev->bpb[i]));
+  /* per sync: a round in outer mode, a step in step and dense modes */
+  long syncs = hc->mode == NB_HYBRID_OUTER ? w->rounds - w->round0 : w->steps_done - w->step0;
+  double bpp = syncs > 0 ? 8.0 * (double)w->msg_bytes / (double)syncs / (double)w->n_params : 0;
+  json_object_set_new(sum, "job", json_string(job->name));
+  json_object_set_new(sum, "cluster", json_string(w->cluster));
+  json_object_set_new(sum, "cluster_index", json_integer(w->index));
+  json_object_set_new(sum, "ranks", json_integer(w->size));
+  json_object_set_new(sum, "pid", json_integer(getpid()));
+  json_object_set_new(sum, "mode", json_string(nb_job_sync_name(job->sync.mode)));
+  json_object_set_new(sum, "overlap", json_boolean(hc->overlap));
+  json_object_set_new(sum, "params_synced", json_integer((json_int_t)w->n_params));
+  json_object_set_new(sum, "rounds", json_integer(w->rounds));
+  json_object_set_new(sum, "resumed_at_round", json_integer(w->o->rejoin ? 0 : w->round0));
+  json_object_set_new(sum, "fault_tolerant", json_boolean(w->ft));
+  json_object_set_new(sum, "rounds_applied", json_integer((json_int_t)nb_hybrid_commits(h)));
+  json_object_set_new(sum, "rounds_skipped", json_integer(w->skipped));
+  json_object_set_new(sum, "final_check_attempts", json_integer(nb_hybrid_final_attempts(h)));
+  json_object_set_new(sum, "rounds_late", json_integer(w->late));
+  json_object_set_new(sum, "round_jumps", json_integer(w->jumps));
+  json_object_set_new(sum, "state_pulls", json_integer(w->pulls));
+  json_object_set_new(sum, "rejoined_at_round", json_integer(w->rejoined_at));
+  json_object_set_new(sum, "syncs", json_integer(syncs));
+  json_object_set_new(sum, "inner_steps", json_integer(w->steps_done));
+  json_object_set_new(sum, "samples", json_integer((json_int_t)nb_trainer_samples(w->t)));
+  json_object_set_new(sum, "final_train_loss", json_real(w->last_loss));
+  json_object_set_new(sum, "final_eval_bpb", evj);
+  json_object_set_new(sum, "final_eval_mean_bpb", json_real(ev->mean_bpb));
+  json_object_set_new(sum, "wall_s", json_real(wall));
+  json_object_set_new(sum, "compute_s", json_real(w->compute_s));
+  json_object_set_new(sum, "codec_s", json_real(w->codec_s));
+  json_object_set_new(sum, "exchange_s", json_real(w->exchange_s));
+  json_object_set_new(sum, "eval_s", json_real(eval_s));
+  json_object_set_new(sum, "compute_utilization", json_real(wall > 0 ? w->compute_s / wall : 0));
+  json_object_set_new(sum, "wan_bytes_sent", json_integer((json_int_t)w->wan_bytes));
+  json_object_set_new(sum, "msg_bytes", json_integer((json_int_t)w->msg_bytes));
+  json_object_set_new(sum, "density_mean",
+                      json_real(w->rounds > 0 ? w->density_sum / w->rounds : 0));
+  json_object_set_new(sum, "values", json_string(nb_values_name(hc->values)));
+  json_object_set_new(sum, "bits_per_param_per_sync", json_real(bpp));
+  json_object_set_new(sum, "global_xxh3", json_string(hex));
+  json_object_set_new(sum, "adaptive", json_boolean(w->adaptive));
+  json_object_set(sum, "decisions", w->decisions);
+  json_object_set(sum, "evals", w->evals);
+  json_object_set_new(sum, "tls", json_boolean(w->tls != NULL));
+  json_object_set_new(sum, "sealed", json_boolean(w->have_secret));
+  if (tr_scores) json_object_set_new(sum, "translation", tr_scores);
+  char tmp[NB_JOB_PATH_MAX + 64];
+  snprintf(w->path, sizeof w->path, "%s/summary.json", w->odir);
+  snprintf(tmp, sizeof tmp, "%s/summary.json.tmp", w->odir);
+  int bad = json_dump_file(sum, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) != 0 || rename(tmp, w->path);
+  json_decref(sum);
+  if (bad) {
+    fprintf(stderr, "nebula worker: cannot write %s\n", w->path);
+    return NB_WORKER_FAILED;
+  }
+  return NB_WORKER_DONE;
+}
+
+/* Stops the ranks, lands the last update, runs the final check and the final evaluation, and
+ * writes final.safetensors (LoRA merged, what a gateway publishes) and summary.json. */
+static nb_worker_outcome_t nb__wk_finish(nb__wk_t* w) {
+  if (nb__wk_lead(w->comm, 0, 0) != NB_OK) return nb__wk_fail(w->cluster, "stopping the ranks");
+  if (w->ft && w->hc.overlap) NB__WK_TRY(nb__wk_land_last(w));
   /* the final check asks a silent peer again on fresh ids: each attempt waits a quarter of the
    * final wait at most, so that the whole check stays within about the final wait */
-  if (hc.final_wait_s > 0 && xctx.deadline_s > hc.final_wait_s / 4)
-    xctx.deadline_s = hc.final_wait_s / 4 > 1 ? hc.final_wait_s / 4 : 1;
-  if (nb_hybrid_finish(h) != NB_OK) {
-    rc = nb__wk_fail(cluster, "final check");
-    goto done;
-  }
+  double fw = w->hc.final_wait_s;
+  if (fw > 0 && w->xctx.deadline_s > fw / 4) w->xctx.deadline_s = fw / 4 > 1 ? fw / 4 : 1;
+  if (nb_hybrid_finish(w->h) != NB_OK) return nb__wk_fail(w->cluster, "final check");
   nb_train_eval_t ev;
   double te = nb_now_s();
-  if (nb_trainer_eval(t, &ev) != NB_OK) {
-    rc = nb__wk_fail(cluster, "evaluation");
-    goto done;
-  }
+  if (nb_trainer_eval(w->t, &ev) != NB_OK) return nb__wk_fail(w->cluster, "evaluation");
   /* Translation jobs: chrF/BLEU of the base and the final model on the test split. */
   json_t* tr_scores = NULL;
+  const nb_job_config_t* job = w->job;
   if (job->task == NB_JOB_TASK_TRANSLATION && job->training.eval_sentences > 0 &&
-      nb_translation_eval(tc, nb_trainer_model(t), (size_t)job->training.eval_sentences,
+      nb_translation_eval(w->tc, nb_trainer_model(w->t), (size_t)job->training.eval_sentences,
                           &tr_scores) != NB_OK)
     NB_WARN("no translation scores in the summary: %s", nb_error_last());
   double eval_s = nb_now_s() - te;
-  /* the final model (LoRA merged), as `nebula train` writes it: what a gateway publishes */
-  snprintf(path, sizeof path, "%s/final.safetensors", odir);
-  if ((nb_trainer_lora(t) && nb_lora_merge(nb_trainer_lora(t)) != NB_OK) ||
-      nb_checkpoint_save(path, nb_trainer_model(t), nb_trainer_step(t)) != NB_OK) {
-    rc = nb__wk_fail(cluster, path);
-    goto done;
+  snprintf(w->path, sizeof w->path, "%s/final.safetensors", w->odir);
+  nb_lora_t* lora = nb_trainer_lora(w->t);
+  if ((lora && nb_lora_merge(lora) != NB_OK) ||
+      nb_checkpoint_save(w->path, nb_trainer_model(w->t), nb_trainer_step(w->t)) != NB_OK) {
+    json_decref(tr_scores);
+    return nb__wk_fail(w->cluster, w->path);
   }
-  double wall = nb_now_s() - t_start;
-
-  sum = json_object();
-  json_t* evj = json_object();
-  for (int i = 0; i < ev.n; i++) json_object_set_new(evj, ev.label[i], json_real(ev.bpb[i]));
+  double wall = nb_now_s() - w->t_start;
   char hex[24];
-  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)nb_hybrid_global_hash(h));
-  /* per sync: a round in outer mode, a step in step and dense modes */
-  long syncs = hc.mode == NB_HYBRID_OUTER ? rounds - round0 : steps_done - step0;
-  double bpp = syncs > 0 ? 8.0 * (double)msg_bytes / (double)syncs / (double)n_params : 0;
-  json_object_set_new(sum, "job", json_string(job->name));
-  json_object_set_new(sum, "cluster", json_string(cluster));
-  json_object_set_new(sum, "cluster_index", json_integer(index));
-  json_object_set_new(sum, "ranks", json_integer(mpi_size));
-  json_object_set_new(sum, "pid", json_integer(getpid()));
-  json_object_set_new(sum, "mode", json_string(nb_job_sync_name(job->sync.mode)));
-  json_object_set_new(sum, "overlap", json_boolean(hc.overlap));
-  json_object_set_new(sum, "params_synced", json_integer((json_int_t)n_params));
-  json_object_set_new(sum, "rounds", json_integer(rounds));
-  json_object_set_new(sum, "resumed_at_round", json_integer(rejoin ? 0 : round0));
-  json_object_set_new(sum, "fault_tolerant", json_boolean(ft));
-  json_object_set_new(sum, "rounds_applied", json_integer((json_int_t)nb_hybrid_commits(h)));
-  json_object_set_new(sum, "rounds_skipped", json_integer(skipped));
-  json_object_set_new(sum, "final_check_attempts", json_integer(nb_hybrid_final_attempts(h)));
-  json_object_set_new(sum, "rounds_late", json_integer(late));
-  json_object_set_new(sum, "round_jumps", json_integer(jumps));
-  json_object_set_new(sum, "state_pulls", json_integer(pulls));
-  json_object_set_new(sum, "rejoined_at_round", json_integer(rejoined_at));
-  json_object_set_new(sum, "syncs", json_integer(syncs));
-  json_object_set_new(sum, "inner_steps", json_integer(steps_done));
-  json_object_set_new(sum, "samples", json_integer((json_int_t)nb_trainer_samples(t)));
-  json_object_set_new(sum, "final_train_loss", json_real(last_loss));
-  json_object_set_new(sum, "final_eval_bpb", evj);
-  json_object_set_new(sum, "final_eval_mean_bpb", json_real(ev.mean_bpb));
-  json_object_set_new(sum, "wall_s", json_real(wall));
-  json_object_set_new(sum, "compute_s", json_real(compute_s));
-  json_object_set_new(sum, "codec_s", json_real(codec_s));
-  json_object_set_new(sum, "exchange_s", json_real(exchange_s));
-  json_object_set_new(sum, "eval_s", json_real(eval_s));
-  json_object_set_new(sum, "compute_utilization", json_real(wall > 0 ? compute_s / wall : 0));
-  json_object_set_new(sum, "wan_bytes_sent", json_integer((json_int_t)wan_bytes));
-  json_object_set_new(sum, "msg_bytes", json_integer((json_int_t)msg_bytes));
-  json_object_set_new(sum, "density_mean", json_real(rounds > 0 ? density_sum / rounds : 0));
-  json_object_set_new(sum, "values", json_string(nb_values_name(hc.values)));
-  json_object_set_new(sum, "bits_per_param_per_sync", json_real(bpp));
-  json_object_set_new(sum, "global_xxh3", json_string(hex));
-  json_object_set_new(sum, "adaptive", json_boolean(adaptive));
-  json_object_set(sum, "decisions", decisions);
-  json_object_set(sum, "evals", evals);
-  json_object_set_new(sum, "tls", json_boolean(tls != NULL));
-  json_object_set_new(sum, "sealed", json_boolean(have_secret));
-  if (tr_scores) json_object_set_new(sum, "translation", tr_scores);
-  char tmp[NB_JOB_PATH_MAX + 64];
-  snprintf(path, sizeof path, "%s/summary.json", odir);
-  snprintf(tmp, sizeof tmp, "%s/summary.json.tmp", odir);
-  if (json_dump_file(sum, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) != 0 || rename(tmp, path) != 0) {
-    fprintf(stderr, "nebula worker: cannot write %s\n", path);
-    goto done;
-  }
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)nb_hybrid_global_hash(w->h));
+  NB__WK_TRY(nb__wk_summary(w, &ev, tr_scores, eval_s, wall, hex));
   printf(
       "nebula worker: %s done: %ld rounds, eval mean %.4f bpb, %.1f KiB sent, %.1f s wall, "
       "theta %s\n",
-      cluster, rounds, ev.mean_bpb, wan_bytes / 1024.0, wall, hex);
-  rc = NB_WORKER_DONE;
-done:
-  json_decref(evals);
-  json_decref(decisions);
-  json_decref(sum);
-  if (tsv) fclose(tsv);
-  nb_hybrid_destroy(h);
-  nb_exchange_destroy(ex);
-  nb_tls_destroy(tls);
-  nb_trainer_destroy(t);
-  nb_free(tc);
-  nb_free(diag);
-  nb_free(job);
-  memset(secret, 0, sizeof secret);
-  if (comm) {
-    if (rc != NB_WORKER_DONE && mpi_size > 1) {
-      /* the other ranks wait in a collective: take the whole cluster down */
+      w->cluster, w->rounds, ev.mean_bpb, w->wan_bytes / 1024.0, wall, hex);
+  return NB_WORKER_DONE;
+}
+
+/* Frees what the run holds; on failure under mpirun the other ranks wait in a collective, so
+ * the whole cluster goes down. */
+static void nb__wk_release(nb__wk_t* w, nb_worker_outcome_t rc) {
+  json_decref(w->evals);
+  json_decref(w->decisions);
+  if (w->tsv) fclose(w->tsv);
+  nb_hybrid_destroy(w->h);
+  nb_exchange_destroy(w->ex);
+  nb_tls_destroy(w->tls);
+  nb_trainer_destroy(w->t);
+  nb_free(w->tc);
+  nb_free(w->diag);
+  nb_free(w->job);
+  memset(w->secret, 0, sizeof w->secret);
+  if (w->comm) {
+    if (rc != NB_WORKER_DONE && w->size > 1) {
       fflush(stdout);
       fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, rc);
+      MPI_Abort(MPI_COMM_WORLD, (int)rc);
     }
-    nb_comm_destroy(comm);
+    nb_comm_destroy(w->comm);
     nb_intra_finalize();
   }
+}
+
+nb_worker_outcome_t nb_worker_run(const nb_worker_opts_t* o) {
+  nb__wk_t* w = NULL;
+  if (nb_calloc((void**)&w, 1, sizeof *w, "worker") != NB_OK)
+    return nb__wk_fail(o->cluster, "setup");
+  w->o = o;
+  w->cluster = o->cluster;
+  nb_worker_outcome_t rc = nb__wk_setup(w);
+  if (rc == NB_WORKER_DONE && w->rank > 0) {
+    rc = nb__wk_follower(w->t, w->comm);
+  } else if (rc == NB_WORKER_DONE) {
+    rc = nb__wk_connect(w);
+    for (long r = w->round0; rc == NB_WORKER_DONE && r < w->rounds;
+         r = (long)nb_hybrid_rounds(w->h))
+      rc = nb__wk_round(w, r);
+    if (rc == NB_WORKER_DONE) rc = nb__wk_finish(w);
+  }
+  nb__wk_release(w, rc);
+  nb_free(w);
   return rc;
 }

@@ -52,6 +52,14 @@ nb_worker_outcome_t nb_worker_run(const nb_worker_opts_t* opts);
 nb_status_t nb_train_config_from_job(const nb_job_config_t* job, int cluster, const char* data_dir,
                                      nb_train_config_t* out);
 
+/* The round's config for the cluster that is index-th of the job's clusters by id: the job's
+ * sync and compression settings over nb_hybrid_config_defaults. The caller adds the hooks and
+ * the exchange callbacks. */
+void nb_hybrid_config_from_job(const nb_job_config_t* job, uint32_t index, nb_hybrid_config_t* hc);
+
+/* The adaptive scheduler's config: the job's density range and budget over its defaults. */
+void nb_sched_config_from_job(const nb_job_config_t* job, nb_sched_config_t* sc);
+
 /* Translation jobs: chrF/BLEU of the base and the final model on the first `sentences` of each
  * pair's test split, as the summary's "translation" object (*out, caller frees). */
 nb_status_t nb_translation_eval(const nb_train_config_t* tc, nb_model_t* final_model,
