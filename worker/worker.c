@@ -6,7 +6,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
-#include <mpi.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -362,9 +361,7 @@ typedef struct {
 /* Under mpirun: one process per rank of this cluster; rank 0 leads. */
 static nb_worker_outcome_t nb__wk_join_ranks(nb__wk_t* w) {
   w->size = 1;
-  const char* ws = getenv("OMPI_COMM_WORLD_SIZE");
-  if (!ws) ws = getenv("PMI_SIZE");
-  if (ws && atoi(ws) > 1) {
+  if (nb_intra_launch_size() > 1) {
     nb_comm_config_t ccfg;
     nb_comm_config_init(&ccfg);
     ccfg.device = NB_COMM_DEVICE_CPU;
@@ -1060,7 +1057,7 @@ static void nb__wk_release(nb__wk_t* w, nb_worker_outcome_t rc) {
     if (rc != NB_WORKER_DONE && w->size > 1) {
       fflush(stdout);
       fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, (int)rc);
+      nb_comm_abort(w->comm, (int)rc);
     }
     nb_comm_destroy(w->comm);
     nb_intra_finalize();
