@@ -758,7 +758,8 @@ static void nb__parse_compression(nb__dctx_t* c, json_t* spec, nb_job_compressio
     int v = (int)k->values;
     nb__get_enum(c, o, "values", nb__values_names, &v);
     k->values = (nb_job_values_t)v;
-    nb__get_i32(c, o, "zstdLevel", 1, 19, &k->zstd_level);
+    nb__get_i32(c, o, "zstdLevel", NB_CODEC_ZSTD_LEVEL_MIN, NB_CODEC_ZSTD_LEVEL_MAX,
+                &k->zstd_level);
   }
   nb__pop(c, mark);
 }

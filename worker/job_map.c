@@ -119,7 +119,7 @@ nb_status_t nb_train_config_from_job(const nb_job_config_t* job, int ci, const c
         return nb_error(NB_ERR_CONFIG, "data dir path too long: %s", dir);
     }
   }
-  long round = job->sync.inner_steps > 0 ? job->sync.inner_steps : 50;
+  long round = job->sync.inner_steps > 0 ? job->sync.inner_steps : NB_HYBRID_INNER_STEPS_DEFAULT;
   c->eval_every = tr->eval_every_rounds > 0 ? tr->eval_every_rounds * round : 0;
   c->eval_batches = tr->eval_batches;
   c->checkpoint_every = job->checkpoint.every_rounds > 0 ? job->checkpoint.every_rounds * round : 0;
@@ -131,7 +131,7 @@ void nb_hybrid_config_from_job(const nb_job_config_t* job, uint32_t index, nb_hy
   nb_hybrid_config_defaults(hc);
   hc->cluster_index = index;
   hc->n_clusters = (uint32_t)job->n_clusters;
-  hc->inner_steps = job->sync.inner_steps > 0 ? job->sync.inner_steps : 50;
+  hc->inner_steps = job->sync.inner_steps > 0 ? job->sync.inner_steps : NB_HYBRID_INNER_STEPS_DEFAULT;
   hc->round_seconds = job->sync.round_seconds;
   hc->outer_lr = (float)job->sync.outer_lr;
   hc->outer_momentum = (float)job->sync.outer_momentum;
