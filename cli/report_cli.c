@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "common/common.h"
 #include "report/report.h"
 
@@ -17,27 +18,28 @@ static int nb__rp_cmp(const void* a, const void* b) {
 
 int nb_report_main(int argc, char** argv) {
   const char *dir = NULL, *title = NULL;
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-      printf(
-          "usage: nebula report DIR [--title TEXT]\n"
+  const nb_opt_t opts[] = {
+      {.name = "title",
+       .kind = NB_OPT_STR,
+       .dst = &title,
+       .meta = "TEXT",
+       .help = "the report's title (default: the job's name)"},
+      {.name = NULL},
+  };
+  const nb_cmd_spec_t spec = {
+      .cmd = "nebula report",
+      .synopsis = "usage: nebula report DIR [--title TEXT]",
+      .about =
           "Writes DIR/report.html (tables and SVG charts, self-contained) and DIR/summary.json\n"
           "from every subfolder of DIR that holds a rounds.tsv and summary.json (one per\n"
-          "cluster of a `nebula run`).\n");
-      return NB_EXIT_OK;
-    } else if (strcmp(argv[i], "--title") == 0 && i + 1 < argc) {
-      title = argv[++i];
-    } else if (argv[i][0] != '-' && !dir) {
-      dir = argv[i];
-    } else {
-      fprintf(stderr, "nebula report: unexpected argument '%s' (see --help)\n", argv[i]);
-      return NB_EXIT_USAGE;
-    }
-  }
-  if (!dir) {
-    fprintf(stderr, "usage: nebula report DIR [--title TEXT]\n");
-    return NB_EXIT_USAGE;
-  }
+          "cluster of a `nebula run`).",
+      .arg_name = "DIR",
+      .arg = &dir,
+      .opts = opts,
+  };
+  int prc = nb_opts_parse(&spec, argc, argv);
+  if (prc != NB_OPTS_RUN) return prc;
+  if (!dir) return nb_opts_usage_error(&spec, "missing DIR");
   DIR* d = opendir(dir);
   if (!d) {
     fprintf(stderr, "nebula report: cannot open %s: %s\n", dir, strerror(errno));

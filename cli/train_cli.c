@@ -2,6 +2,7 @@
  * CHECKPOINT` (held-out bits per byte per language). Not the multi-cluster runner: no MPI, no
  * WAN; several workers are emulated by gradient accumulation. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -97,32 +98,6 @@ static int nb__on_progress(void* vctx, const nb_train_progress_t* p) {
   return 0;
 }
 
-static void nb__train_usage(FILE* f) {
-  fprintf(f,
-          "usage: nebula train CONFIG.json [--out DIR] [--steps N] [--seconds S] [--data-dir D]\n"
-          "                    [--cluster ID] [--resume] [--force] [--json]\n"
-          "\n"
-          "Trains one cluster of a job descriptor (the first, or --cluster ID) in this process.\n"
-          "Writes DIR/summary.json, DIR/curve.tsv (step, samples, seconds, held-out bits per\n"
-          "byte per language, mean), DIR/rounds.tsv (as `nebula worker`, one row per\n"
-          "sync.innerSteps steps, no WAN columns), DIR/final.safetensors (LoRA merged into the "
-          "base) and\n"
-          "checkpoints under the descriptor's checkpoint.dir or DIR/checkpoints.\n"
-          "\n"
-          "  --out DIR      output folder (default runs/<job name>)\n"
-          "  --steps N      override training.maxSteps (also the cosine schedule's length)\n"
-          "  --seconds S    override training.maxSeconds\n"
-          "  --data-dir D   data folder (mono/, pairs/) instead of the cluster's data.dir\n"
-          "  --cluster ID   which cluster of the job to train\n"
-          "  --resume       continue from the checkpoint LATEST names (an error without one)\n"
-          "  --force        start afresh even where checkpoints exist (they are overwritten)\n"
-          "  --json         print the summary as JSON on stdout (progress goes to stderr)\n"
-          "\n"
-          "Exit status: 0 done, 1 failure, 2 usage error.\n");
-}
-
-/* What a checkpoint folder holds: whether LATEST exists, and the step-N folders (how many, and
- * the names of the first few for a message). */
 static int nb__ckpt_held(const char* dir, int* has_latest, char* names, size_t cap) {
   char p[NB_TRAIN_PATH_MAX + 16];
   struct stat sb;
@@ -188,305 +163,312 @@ static json_t* nb__eval_json(const nb_train_eval_t* e) {
   return o;
 }
 
-static int nb__parse_long(const char* s, long lo, long* out) {
-  char* end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || *end || end == s || v < lo) return -1;
-  *out = v;
-  return 0;
-}
+/* One `nebula train` run: its options, the job and what the phases below open. */
+typedef struct {
+  const char *file, *out, *data_dir, *cluster;
+  long steps;
+  double seconds; /* < 0: the descriptor's */
+  int as_json, resume, force;
+  nb_job_config_t* job;
+  nb_descriptor_diag_t* diag;
+  nb_train_config_t* tc;
+  const nb_job_cluster_t* cl;
+  char odir[NB_TRAIN_PATH_MAX - 64], path[NB_TRAIN_PATH_MAX + 64];
+  FILE *curve, *rounds, *progress;
+  nb__train_ctx_t px;
+  nb_trainer_t* t;
+  double setup_s;
+  long step0;
+  uint64_t tok0;
+} nb__train_run_t;
 
-int nb_train_main(int argc, char** argv) {
-  const char *file = NULL, *out = NULL, *data_dir = NULL, *cluster = NULL;
-  long steps = 0;
-  double seconds = -1;
-  int as_json = 0, resume = 0, force = 0;
-  for (int i = 1; i < argc; i++) {
-    const char* a = argv[i];
-    int has_val = i + 1 < argc;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      nb__train_usage(stdout);
-      return NB_EXIT_OK;
-    } else if (strcmp(a, "--json") == 0) {
-      as_json = 1;
-    } else if (strcmp(a, "--resume") == 0) {
-      resume = 1;
-    } else if (strcmp(a, "--force") == 0) {
-      force = 1;
-    } else if (strcmp(a, "--out") == 0 && has_val) {
-      out = argv[++i];
-    } else if (strcmp(a, "--data-dir") == 0 && has_val) {
-      data_dir = argv[++i];
-    } else if (strcmp(a, "--cluster") == 0 && has_val) {
-      cluster = argv[++i];
-    } else if (strcmp(a, "--steps") == 0 && has_val) {
-      if (nb__parse_long(argv[++i], 1, &steps)) {
-        fprintf(stderr, "nebula train: --steps needs an integer >= 1, got '%s'\n", argv[i]);
-        return NB_EXIT_USAGE;
-      }
-    } else if (strcmp(a, "--seconds") == 0 && has_val) {
-      char* end;
-      seconds = strtod(argv[++i], &end);
-      if (*end || end == argv[i] || !(seconds >= 0)) {
-        fprintf(stderr, "nebula train: --seconds needs a number >= 0, got '%s'\n", argv[i]);
-        return NB_EXIT_USAGE;
-      }
-    } else if (a[0] == '-') {
-      fprintf(stderr, "nebula train: unknown option or missing value: '%s'\n", a);
-      nb__train_usage(stderr);
-      return NB_EXIT_USAGE;
-    } else if (file) {
-      fprintf(stderr, "nebula train: one CONFIG only (got '%s' and '%s')\n", file, a);
-      return NB_EXIT_USAGE;
-    } else {
-      file = a;
-    }
-  }
-  if (!file) {
-    nb__train_usage(stderr);
-    return NB_EXIT_USAGE;
-  }
-
-  nb_job_config_t* job = NULL;
-  nb_descriptor_diag_t* diag = NULL;
-  nb_train_config_t* tc = NULL;
-  if (nb_calloc((void**)&job, 1, sizeof *job, "job") != NB_OK ||
-      nb_calloc((void**)&diag, 1, sizeof *diag, "diag") != NB_OK ||
-      nb_calloc((void**)&tc, 1, sizeof *tc, "train config") != NB_OK) {
-    nb_free(job);
-    nb_free(diag);
-    return nb__fail("train", NULL);
-  }
-  int rc = NB_EXIT_FAIL;
-  nb_trainer_t* t = NULL;
-  FILE* curve = NULL;
-  FILE* progress_f = NULL;
-  FILE* rounds_f = NULL;
-  if (nb_descriptor_load(file, job, diag) != NB_OK) {
+/* The descriptor, our cluster, the overrides and the trainer's config. */
+static int nb__train_load(nb__train_run_t* r) {
+  if (nb_descriptor_load(r->file, r->job, r->diag) != NB_OK) {
     char line[640];
-    for (int i = 0; i < diag->count; i++)
-      fprintf(stderr, "%s: %s\n", file,
-              nb_descriptor_error_format(&diag->errors[i], line, sizeof line));
-    fprintf(stderr, "nebula train: %s: invalid descriptor\n", file);
-    goto done;
+    for (int i = 0; i < r->diag->count; i++)
+      fprintf(stderr, "%s: %s\n", r->file,
+              nb_descriptor_error_format(&r->diag->errors[i], line, sizeof line));
+    fprintf(stderr, "nebula train: %s: invalid descriptor\n", r->file);
+    return NB_EXIT_FAIL;
   }
-  if (nb_job_paths_confine_env(job) != NB_OK) { /* run by a gateway: paths stay in the job */
-    rc = nb__fail("train", file);
-    goto done;
-  }
+  nb_job_config_t* job = r->job;
+  if (nb_job_paths_confine_env(job) != NB_OK) /* run by a gateway: paths stay in the job */
+    return nb__fail("train", r->file);
   int ci = 0;
-  if (cluster) {
-    for (ci = 0; ci < job->n_clusters && strcmp(job->clusters[ci].id, cluster) != 0; ci++) {
-    }
+  if (r->cluster) {
+    while (ci < job->n_clusters && strcmp(job->clusters[ci].id, r->cluster) != 0) ci++;
     if (ci == job->n_clusters) {
-      fprintf(stderr, "nebula train: job %s has no cluster '%s'\n", job->name, cluster);
-      rc = NB_EXIT_USAGE;
-      goto done;
+      fprintf(stderr, "nebula train: job %s has no cluster '%s'\n", job->name, r->cluster);
+      return NB_EXIT_USAGE;
     }
   }
-  const nb_job_cluster_t* cl = &job->clusters[ci];
-  if (steps > 0) {
-    job->training.max_steps = steps;
-    if (job->training.optimizer.warmup_steps >= steps)
-      job->training.optimizer.warmup_steps = (int)(steps / 10);
+  r->cl = &job->clusters[ci];
+  if (r->steps > 0) {
+    job->training.max_steps = r->steps;
+    if (job->training.optimizer.warmup_steps >= r->steps)
+      job->training.optimizer.warmup_steps = (int)(r->steps / 10);
   }
-  if (seconds >= 0) job->training.max_seconds = seconds;
-  if (nb_train_config_from_job(job, ci, data_dir, tc) != NB_OK) {
-    rc = nb__fail("train", file);
-    goto done;
-  }
-  if (cl->device == NB_JOB_DEVICE_CUDA)
+  if (r->seconds >= 0) job->training.max_seconds = r->seconds;
+  if (nb_train_config_from_job(job, ci, r->data_dir, r->tc) != NB_OK)
+    return nb__fail("train", r->file);
+  if (r->cl->device == NB_JOB_DEVICE_CUDA)
     fprintf(stderr, "nebula train: cluster %s asks for cuda; the training loop runs on the CPU\n",
-            cl->id);
-  if (cl->threads_per_worker > 0 && !getenv("NB_TRAIN_THREADS")) {
+            r->cl->id);
+  if (r->cl->threads_per_worker > 0 && !getenv("NB_TRAIN_THREADS")) {
     char v[16];
-    snprintf(v, sizeof v, "%d", cl->threads_per_worker);
+    snprintf(v, sizeof v, "%d", r->cl->threads_per_worker);
     setenv("NB_TRAIN_THREADS", v, 0);
   }
+  return NB_EXIT_OK;
+}
 
-  char odir[NB_TRAIN_PATH_MAX - 64], path[NB_TRAIN_PATH_MAX + 64];
-  if (out ? NB__CP(odir, "%s", out) : NB__CP(odir, "runs/%s", job->name)) {
+/* Opens path (append with --resume) and writes header when the file is empty. */
+static FILE* nb__train_open_tsv(nb__train_run_t* r, const char* name) {
+  snprintf(r->path, sizeof r->path, "%s/%s", r->odir, name);
+  FILE* f = fopen(r->path, r->resume ? "a" : "w");
+  if (!f) fprintf(stderr, "nebula train: cannot write %s: %s\n", r->path, strerror(errno));
+  return f;
+}
+
+/* The output folder, the checkpoint guard, curve.tsv, rounds.tsv and the progress file. */
+static int nb__train_outputs(nb__train_run_t* r) {
+  nb_train_config_t* tc = r->tc;
+  const nb_job_config_t* job = r->job;
+  if (r->out ? NB__CP(r->odir, "%s", r->out) : NB__CP(r->odir, "runs/%s", job->name)) {
     fprintf(stderr, "nebula train: --out path too long\n");
-    rc = NB_EXIT_USAGE;
-    goto done;
+    return NB_EXIT_USAGE;
   }
-  if (mkdir(odir, 0755) != 0 && errno != EEXIST) {
-    if (errno == ENOENT && !out && mkdir("runs", 0755) == 0 && mkdir(odir, 0755) == 0) {
-    } else {
-      fprintf(stderr, "nebula train: cannot create %s: %s\n", odir, strerror(errno));
-      goto done;
-    }
+  if (mkdir(r->odir, 0755) != 0 && errno != EEXIST &&
+      !(errno == ENOENT && !r->out && mkdir("runs", 0755) == 0 && mkdir(r->odir, 0755) == 0)) {
+    fprintf(stderr, "nebula train: cannot create %s: %s\n", r->odir, strerror(errno));
+    return NB_EXIT_FAIL;
   }
   if (job->checkpoint.dir[0])
     snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s", job->checkpoint.dir);
   else
-    snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s/checkpoints", odir);
-  if ((rc = nb__ckpt_guard(tc->checkpoint_dir, resume, force)) != 0) goto done;
-  rc = NB_EXIT_FAIL;
-  tc->resume = resume && !force;
-
-  snprintf(path, sizeof path, "%s/curve.tsv", odir);
-  curve = fopen(path, resume ? "a" : "w");
-  if (!curve) {
-    fprintf(stderr, "nebula train: cannot write %s: %s\n", path, strerror(errno));
-    goto done;
+    snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s/checkpoints", r->odir);
+  int rc = nb__ckpt_guard(tc->checkpoint_dir, r->resume, r->force);
+  if (rc != 0) return rc;
+  tc->resume = r->resume && !r->force;
+  if (!(r->curve = nb__train_open_tsv(r, "curve.tsv"))) return NB_EXIT_FAIL;
+  if (ftell(r->curve) == 0) {
+    fprintf(r->curve, "step\tsamples\tseconds");
+    for (int i = 0; i < tc->n_sources; i++) fprintf(r->curve, "\t%s", tc->sources[i].label);
+    fprintf(r->curve, "\tmean\n");
   }
-  if (ftell(curve) == 0) {
-    fprintf(curve, "step\tsamples\tseconds");
-    for (int i = 0; i < tc->n_sources; i++) fprintf(curve, "\t%s", tc->sources[i].label);
-    fprintf(curve, "\tmean\n");
-  }
-  snprintf(path, sizeof path, "%s/rounds.tsv", odir);
-  rounds_f = fopen(path, resume ? "a" : "w");
-  if (!rounds_f) {
-    fprintf(stderr, "nebula train: cannot write %s: %s\n", path, strerror(errno));
-    goto done;
-  }
-  if (ftell(rounds_f) == 0)
-    fprintf(rounds_f,
-            "round\tsteps\tsamples\tsamples_all\tloss\tmsg_bytes\tbytes_sent\tdensity\t"
-            "compute_s\tcodec_s\texchange_s\tglobal_xxh3\tapplied\tcommits\tpeers_ok\t"
-            "peers_alive\tevent\n");
-  nb__train_ctx_t px = {.curve = curve,
-                        .rounds = rounds_f,
-                        .round_len = job->sync.inner_steps > 0 ? job->sync.inner_steps : 50,
-                        .log = as_json ? stderr : stdout,
-                        .print_every = tc->max_steps >= 200 ? 25 : 5};
-  px.max_steps = tc->max_steps;
-  px.source = cl->id;
+  if (!(r->rounds = nb__train_open_tsv(r, "rounds.tsv"))) return NB_EXIT_FAIL;
+  if (ftell(r->rounds) == 0) fprintf(r->rounds, "%s", NB_WORKER_ROUNDS_TSV_HEADER);
+  nb__train_ctx_t* px = &r->px;
+  px->curve = r->curve;
+  px->rounds = r->rounds;
+  px->round_len = job->sync.inner_steps > 0 ? job->sync.inner_steps : NB_HYBRID_INNER_STEPS_DEFAULT;
+  px->log = r->as_json ? stderr : stdout;
+  px->print_every = tc->max_steps >= 200 ? 25 : 5;
+  px->max_steps = tc->max_steps;
+  px->source = r->cl->id;
   const char* progress_path = getenv("NB_JOB_PROGRESS");
   if (progress_path && *progress_path) {
-    progress_f = fopen(progress_path, "a");
-    px.progress = progress_f;
-    if (!progress_f)
+    r->progress = fopen(progress_path, "a");
+    px->progress = r->progress;
+    if (!r->progress)
       NB_WARN("cannot append progress to %s (%s); the gateway will see no progress events",
               progress_path, strerror(errno));
   }
   tc->progress = nb__on_progress;
-  tc->progress_ctx = &px;
+  tc->progress_ctx = px;
+  return NB_EXIT_OK;
+}
 
+/* The trainer (model, data, optimizer; a checkpoint with --resume) and the banner. */
+static int nb__train_start(nb__train_run_t* r) {
   double t0 = nb_now_s();
-  nb_status_t cst = nb_trainer_create(tc, &t);
-  if (cst != NB_OK) {
-    rc = nb__fail("train", file);
-    if (cst == NB_ERR_IO)
+  nb_status_t st = nb_trainer_create(r->tc, &r->t);
+  if (st != NB_OK) {
+    int rc = nb__fail("train", r->file);
+    if (st == NB_ERR_IO)
       fprintf(stderr, "nebula train: prepare the data with 'make data', or pass --data-dir\n");
-    goto done;
+    return rc;
   }
-  double setup_s = nb_now_s() - t0;
-  long step0 = nb_trainer_step(t);
-  px.round = step0 / px.round_len;
-  px.round_s0 = nb_trainer_samples(t);
-  uint64_t tok0 = nb_trainer_tokens(t);
+  r->setup_s = nb_now_s() - t0;
+  r->step0 = nb_trainer_step(r->t);
+  r->px.round = r->step0 / r->px.round_len;
+  r->px.round_s0 = nb_trainer_samples(r->t);
+  r->tok0 = nb_trainer_tokens(r->t);
   size_t n_sync;
-  nb_trainer_sync_params(t, &n_sync);
-  fprintf(px.log,
+  nb_trainer_sync_params(r->t, &n_sync);
+  fprintf(r->px.log,
           "nebula train: job %s, cluster %s, %zu parameters (%zu trained), %d sources, "
           "steps %ld..%ld\n",
-          job->name, cl->id, nb_model_num_params(nb_trainer_model(t)), n_sync, tc->n_sources, step0,
-          tc->max_steps);
-  nb_train_eval_t ev;
-  double t1 = nb_now_s();
-  nb_status_t st = nb_trainer_run(t, &ev);
-  double wall = nb_now_s() - t1;
-  if (st != NB_OK) {
-    rc = nb__fail("train", NULL);
-    goto done;
-  }
-  /* The final model, LoRA merged, as one safetensors file `nebula eval` reads. */
-  snprintf(path, sizeof path, "%s/final.safetensors", odir);
-  if (nb_trainer_lora(t) && nb_lora_merge(nb_trainer_lora(t)) != NB_OK) {
-    rc = nb__fail("train", "merge LoRA");
-    goto done;
-  }
-  if (nb_checkpoint_save(path, nb_trainer_model(t), nb_trainer_step(t)) != NB_OK) {
-    rc = nb__fail("train", path);
-    goto done;
-  }
+          r->job->name, r->cl->id, nb_model_num_params(nb_trainer_model(r->t)), n_sync,
+          r->tc->n_sources, r->step0, r->tc->max_steps);
+  return NB_EXIT_OK;
+}
 
-  /* Translation jobs: chrF/BLEU of the base and the final (merged) model on the test split. */
-  json_t* tr_scores = NULL;
-  if (job->task == NB_JOB_TASK_TRANSLATION && job->training.eval_sentences > 0 &&
-      nb_translation_eval(tc, nb_trainer_model(t), (size_t)job->training.eval_sentences,
-                          &tr_scores) != NB_OK)
-    NB_WARN("no translation scores in the summary: %s", nb_error_last());
-
+/* The run's summary object (what summary.json holds); tr_scores is stolen. */
+static json_t* nb__train_summary(nb__train_run_t* r, const nb_train_eval_t* ev, double wall,
+                                 json_t* tr_scores) {
+  nb_trainer_t* t = r->t;
   size_t n_tr;
   nb_trainer_sync_params(t, &n_tr);
   double comp = nb_trainer_compute_seconds(t);
-  uint64_t toks = nb_trainer_tokens(t) - tok0;
+  uint64_t toks = nb_trainer_tokens(t) - r->tok0;
   json_t* o = json_object();
-  json_object_set_new(o, "job", json_string(job->name));
-  json_object_set_new(o, "cluster", json_string(cl->id));
-  json_object_set_new(o, "task", json_string(nb_job_task_name(job->task)));
+  json_object_set_new(o, "job", json_string(r->job->name));
+  json_object_set_new(o, "cluster", json_string(r->cl->id));
+  json_object_set_new(o, "task", json_string(nb_job_task_name(r->job->task)));
   json_object_set_new(o, "params",
                       json_integer((json_int_t)nb_model_num_params(nb_trainer_model(t))));
   json_object_set_new(o, "trainable_params", json_integer((json_int_t)n_tr));
   json_object_set_new(o, "steps", json_integer(nb_trainer_step(t)));
-  json_object_set_new(o, "steps_this_run", json_integer(nb_trainer_step(t) - step0));
+  json_object_set_new(o, "steps_this_run", json_integer(nb_trainer_step(t) - r->step0));
   json_object_set_new(o, "samples", json_integer((json_int_t)nb_trainer_samples(t)));
   json_object_set_new(o, "tokens", json_integer((json_int_t)nb_trainer_tokens(t)));
   json_object_set_new(o, "wall_s", json_real(wall));
-  json_object_set_new(o, "setup_s", json_real(setup_s));
+  json_object_set_new(o, "setup_s", json_real(r->setup_s));
   json_object_set_new(o, "compute_s", json_real(comp));
   json_object_set_new(o, "tokens_per_s", json_real(comp > 0 ? toks / comp : 0));
-  json_object_set_new(o, "rounds", json_integer(px.round));
-  json_object_set_new(o, "final_train_loss", json_real(px.last_loss));
+  json_object_set_new(o, "rounds", json_integer(r->px.round));
+  json_object_set_new(o, "final_train_loss", json_real(r->px.last_loss));
   json_object_set_new(o, "compute_utilization", json_real(wall > 0 ? comp / wall : 0));
-  json_object_set_new(o, "final_eval_bpb", nb__eval_json(&ev));
-  json_object_set_new(o, "final_eval_mean_bpb", json_real(ev.mean_bpb));
-  json_object_set_new(o, "final_mean_bpb", json_real(ev.mean_bpb));
-  json_object_set_new(o, "final_model", json_string(path));
-  json_object_set_new(o, "checkpoint_dir", json_string(tc->checkpoint_dir));
+  json_object_set_new(o, "final_eval_bpb", nb__eval_json(ev));
+  json_object_set_new(o, "final_eval_mean_bpb", json_real(ev->mean_bpb));
+  json_object_set_new(o, "final_mean_bpb", json_real(ev->mean_bpb));
+  json_object_set_new(o, "final_model", json_string(r->path));
+  json_object_set_new(o, "checkpoint_dir", json_string(r->tc->checkpoint_dir));
   if (tr_scores) json_object_set_new(o, "translation", tr_scores);
+  return o;
+}
+
+/* Trains, writes final.safetensors (LoRA merged, what `nebula eval` reads) and summary.json. */
+static int nb__train_finish(nb__train_run_t* r) {
+  nb_trainer_t* t = r->t;
+  nb_train_eval_t ev;
+  double t1 = nb_now_s();
+  nb_status_t st = nb_trainer_run(t, &ev);
+  double wall = nb_now_s() - t1;
+  if (st != NB_OK) return nb__fail("train", NULL);
+  snprintf(r->path, sizeof r->path, "%s/final.safetensors", r->odir);
+  if (nb_trainer_lora(t) && nb_lora_merge(nb_trainer_lora(t)) != NB_OK)
+    return nb__fail("train", "merge LoRA");
+  if (nb_checkpoint_save(r->path, nb_trainer_model(t), nb_trainer_step(t)) != NB_OK)
+    return nb__fail("train", r->path);
+  /* Translation jobs: chrF/BLEU of the base and the final (merged) model on the test split. */
+  json_t* tr_scores = NULL;
+  const nb_job_config_t* job = r->job;
+  if (job->task == NB_JOB_TASK_TRANSLATION && job->training.eval_sentences > 0 &&
+      nb_translation_eval(r->tc, nb_trainer_model(t), (size_t)job->training.eval_sentences,
+                          &tr_scores) != NB_OK)
+    NB_WARN("no translation scores in the summary: %s", nb_error_last());
+  json_t* o = nb__train_summary(r, &ev, wall, tr_scores);
   char* text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
   json_decref(o);
   char spath[NB_TRAIN_PATH_MAX + 64];
-  snprintf(spath, sizeof spath, "%s/summary.json", odir);
+  snprintf(spath, sizeof spath, "%s/summary.json", r->odir);
   FILE* sf = text ? fopen(spath, "w") : NULL;
   if (!sf || fprintf(sf, "%s\n", text) < 0 || fclose(sf) != 0) {
     fprintf(stderr, "nebula train: cannot write %s\n", spath);
     free(text);
-    goto done;
+    return NB_EXIT_FAIL;
   }
-  if (as_json)
+  double comp = nb_trainer_compute_seconds(t);
+  uint64_t toks = nb_trainer_tokens(t) - r->tok0;
+  if (r->as_json)
     printf("%s\n", text);
   else
     printf("done: %ld steps in %.1f s (%.0f tokens/s), mean held-out %.3f bits/byte; %s\n",
-           nb_trainer_step(t) - step0, wall, comp > 0 ? toks / comp : 0, ev.mean_bpb, spath);
+           nb_trainer_step(t) - r->step0, wall, comp > 0 ? toks / comp : 0, ev.mean_bpb, spath);
   free(text);
-  rc = NB_EXIT_OK;
-done:
-  if (curve) fclose(curve);
-  if (rounds_f) fclose(rounds_f);
-  if (progress_f) fclose(progress_f);
-  nb_trainer_destroy(t);
-  nb_free(tc);
-  nb_free(diag);
-  nb_free(job);
-  return rc;
+  return NB_EXIT_OK;
 }
 
-/* ---- nebula eval -------------------------------------------------------------------------- */
-
-static void nb__eval_usage(FILE* f) {
-  fprintf(f,
-          "usage: nebula eval CHECKPOINT [--data-dir D] [--langs en,de,...] [--pairs en-de,...]\n"
-          "                   [--batches N] [--batch B] [--translate N] [--json]\n"
-          "\n"
-          "Held-out bits per byte of a model checkpoint (safetensors) per language, on the same\n"
-          "held-out slice `nebula train` never trains on (mono/<lang>.txt segments selected by\n"
-          "hash), or per pair on pairs/en-<x>.dev.tsv (target bytes given the source).\n"
-          "\n"
-          "  --data-dir D   data folder (default data/quick)\n"
-          "  --langs L,...  languages (default: every mono/<lang>.txt of en de fr ru es zh fa)\n"
-          "  --pairs P,...  evaluate translation pairs instead\n"
-          "  --batches N    batches per language (default 8)\n"
-          "  --batch B      sequences per batch (default 8)\n"
-          "  --translate N  with --pairs: also translate the first N pairs of the test split\n"
-          "                 (pairs/en-<x>.test.tsv) by greedy decoding and score chrF and BLEU\n"
-          "  --json         print one JSON object\n");
+int nb_train_main(int argc, char** argv) {
+  nb__train_run_t r;
+  memset(&r, 0, sizeof r);
+  r.seconds = -1;
+  const nb_opt_t opts[] = {
+      {.name = "out",
+       .kind = NB_OPT_STR,
+       .dst = &r.out,
+       .meta = "DIR",
+       .help = "output folder (default runs/<job name>)"},
+      {.name = "steps",
+       .kind = NB_OPT_LONG,
+       .dst = &r.steps,
+       .meta = "N",
+       .help = "override training.maxSteps (also the cosine schedule's length)",
+       .min = 1},
+      {.name = "seconds",
+       .kind = NB_OPT_DOUBLE,
+       .dst = &r.seconds,
+       .meta = "S",
+       .help = "override training.maxSeconds",
+       .min = 0},
+      {.name = "data-dir",
+       .kind = NB_OPT_STR,
+       .dst = &r.data_dir,
+       .meta = "D",
+       .help = "data folder (mono/, pairs/) instead of the cluster's data.dir"},
+      {.name = "cluster",
+       .kind = NB_OPT_STR,
+       .dst = &r.cluster,
+       .meta = "ID",
+       .help = "which cluster of the job to train"},
+      {.name = "resume",
+       .kind = NB_OPT_FLAG,
+       .dst = &r.resume,
+       .meta = NULL,
+       .help = "continue from the checkpoint LATEST names (an error without one)"},
+      {.name = "force",
+       .kind = NB_OPT_FLAG,
+       .dst = &r.force,
+       .meta = NULL,
+       .help = "start afresh even where checkpoints exist (they are overwritten)"},
+      {.name = "json",
+       .kind = NB_OPT_FLAG,
+       .dst = &r.as_json,
+       .meta = NULL,
+       .help = "print the summary as JSON on stdout (progress goes to stderr)"},
+      {.name = NULL},
+  };
+  const nb_cmd_spec_t spec = {
+      .cmd = "nebula train",
+      .synopsis =
+          "usage: nebula train CONFIG.json [--out DIR] [--steps N] [--seconds S] [--data-dir D]\n"
+          "                    [--cluster ID] [--resume] [--force] [--json]",
+      .about =
+          "Trains one cluster of a job descriptor (the first, or --cluster ID) in this process.\n"
+          "Writes DIR/summary.json, DIR/curve.tsv (step, samples, seconds, held-out bits per\n"
+          "byte per language, mean), DIR/rounds.tsv (as `nebula worker`, one row per\n"
+          "sync.innerSteps steps, no WAN columns), DIR/final.safetensors (LoRA merged into "
+          "the base) and\ncheckpoints under the descriptor's checkpoint.dir or "
+          "DIR/checkpoints.",
+      .epilog = "\nExit status: 0 done, 1 failure, 2 usage error.",
+      .arg_name = "CONFIG",
+      .arg = &r.file,
+      .opts = opts,
+  };
+  int rc = nb_opts_parse(&spec, argc, argv);
+  if (rc != NB_OPTS_RUN) return rc;
+  if (!r.file) return nb_opts_usage_error(&spec, "missing CONFIG.json");
+  if (nb_calloc((void**)&r.job, 1, sizeof *r.job, "job") != NB_OK ||
+      nb_calloc((void**)&r.diag, 1, sizeof *r.diag, "diag") != NB_OK ||
+      nb_calloc((void**)&r.tc, 1, sizeof *r.tc, "train config") != NB_OK) {
+    rc = nb__fail("train", NULL);
+  } else {
+    rc = nb__train_load(&r);
+    if (rc == NB_EXIT_OK) rc = nb__train_outputs(&r);
+    if (rc == NB_EXIT_OK) rc = nb__train_start(&r);
+    if (rc == NB_EXIT_OK) rc = nb__train_finish(&r);
+  }
+  if (r.curve) fclose(r.curve);
+  if (r.rounds) fclose(r.rounds);
+  if (r.progress) fclose(r.progress);
+  nb_trainer_destroy(r.t);
+  nb_free(r.tc);
+  nb_free(r.diag);
+  nb_free(r.job);
+  return rc;
 }
 
 static int nb__add_sources(nb_train_config_t* c, const char* list, const char* dir, int pairs) {
@@ -518,46 +500,66 @@ int nb_eval_main(int argc, char** argv) {
   const char *ckpt = NULL, *dir = "data/quick", *langs = NULL, *pairs = NULL;
   long batches = 8, batch = 8, translate = 0;
   int as_json = 0;
-  for (int i = 1; i < argc; i++) {
-    const char* a = argv[i];
-    int has_val = i + 1 < argc;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      nb__eval_usage(stdout);
-      return NB_EXIT_OK;
-    } else if (strcmp(a, "--json") == 0) {
-      as_json = 1;
-    } else if (strcmp(a, "--data-dir") == 0 && has_val) {
-      dir = argv[++i];
-    } else if (strcmp(a, "--langs") == 0 && has_val) {
-      langs = argv[++i];
-    } else if (strcmp(a, "--pairs") == 0 && has_val) {
-      pairs = argv[++i];
-    } else if (strcmp(a, "--translate") == 0 && has_val) {
-      if (nb__parse_long(argv[++i], 1, &translate)) {
-        fprintf(stderr, "nebula eval: --translate needs an integer >= 1, got '%s'\n", argv[i]);
-        return NB_EXIT_USAGE;
-      }
-    } else if ((strcmp(a, "--batches") == 0 || strcmp(a, "--batch") == 0) && has_val) {
-      if (nb__parse_long(argv[++i], 1, strcmp(a, "--batch") == 0 ? &batch : &batches)) {
-        fprintf(stderr, "nebula eval: %s needs an integer >= 1, got '%s'\n", a, argv[i]);
-        return NB_EXIT_USAGE;
-      }
-    } else if (a[0] == '-') {
-      fprintf(stderr, "nebula eval: unknown option or missing value: '%s'\n", a);
-      nb__eval_usage(stderr);
-      return NB_EXIT_USAGE;
-    } else if (ckpt) {
-      fprintf(stderr, "nebula eval: one CHECKPOINT only\n");
-      return NB_EXIT_USAGE;
-    } else {
-      ckpt = a;
-    }
-  }
-  if (!ckpt || (langs && pairs) || (translate && !pairs)) {
-    if (translate && !pairs) fprintf(stderr, "nebula eval: --translate needs --pairs\n");
-    nb__eval_usage(stderr);
-    return NB_EXIT_USAGE;
-  }
+  const nb_opt_t opts[] = {
+      {.name = "data-dir",
+       .kind = NB_OPT_STR,
+       .dst = &dir,
+       .meta = "D",
+       .help = "data folder (default data/quick)"},
+      {.name = "langs",
+       .kind = NB_OPT_STR,
+       .dst = &langs,
+       .meta = "L,...",
+       .help = "languages (default: every mono/<lang>.txt of en de fr ru es zh fa)"},
+      {.name = "pairs",
+       .kind = NB_OPT_STR,
+       .dst = &pairs,
+       .meta = "P,...",
+       .help = "evaluate translation pairs instead"},
+      {.name = "batches",
+       .kind = NB_OPT_LONG,
+       .dst = &batches,
+       .meta = "N",
+       .help = "batches per language (default 8)",
+       .min = 1},
+      {.name = "batch",
+       .kind = NB_OPT_LONG,
+       .dst = &batch,
+       .meta = "B",
+       .help = "sequences per batch (default 8)",
+       .min = 1},
+      {.name = "translate",
+       .kind = NB_OPT_LONG,
+       .dst = &translate,
+       .meta = "N",
+       .help = "with --pairs: also translate the first N pairs of the test split\n"
+               "(pairs/en-<x>.test.tsv) by greedy decoding and score chrF and BLEU",
+       .min = 1},
+      {.name = "json",
+       .kind = NB_OPT_FLAG,
+       .dst = &as_json,
+       .meta = NULL,
+       .help = "print one JSON object"},
+      {.name = NULL},
+  };
+  const nb_cmd_spec_t spec = {
+      .cmd = "nebula eval",
+      .synopsis =
+          "usage: nebula eval CHECKPOINT [--data-dir D] [--langs en,de,...] [--pairs en-de,...]\n"
+          "                   [--batches N] [--batch B] [--translate N] [--json]",
+      .about =
+          "Held-out bits per byte of a model checkpoint (safetensors) per language, on the same\n"
+          "held-out slice `nebula train` never trains on (mono/<lang>.txt segments selected by\n"
+          "hash), or per pair on pairs/en-<x>.dev.tsv (target bytes given the source).",
+      .arg_name = "CHECKPOINT",
+      .arg = &ckpt,
+      .opts = opts,
+  };
+  int prc = nb_opts_parse(&spec, argc, argv);
+  if (prc != NB_OPTS_RUN) return prc;
+  if (!ckpt) return nb_opts_usage_error(&spec, "missing CHECKPOINT");
+  if (langs && pairs) return nb_opts_usage_error(&spec, "--langs and --pairs exclude each other");
+  if (translate && !pairs) return nb_opts_usage_error(&spec, "--translate needs --pairs");
   nb_model_t* m = NULL;
   long step = 0;
   if (nb_checkpoint_load(ckpt, &m, &step) != NB_OK) return nb__fail("eval", NULL);

@@ -688,11 +688,7 @@ static nb_worker_outcome_t nb__wk_open_log(nb__wk_t* w) {
     return NB_WORKER_FAILED;
   }
   fseek(w->tsv, 0, SEEK_END);
-  if (ftell(w->tsv) == 0)
-    fprintf(w->tsv,
-            "round\tsteps\tsamples\tsamples_all\tloss\tmsg_bytes\tbytes_sent\tdensity\t"
-            "compute_s\tcodec_s\texchange_s\tglobal_xxh3\tapplied\tcommits\tpeers_ok\t"
-            "peers_alive\tevent\n");
+  if (ftell(w->tsv) == 0) fprintf(w->tsv, "%s", NB_WORKER_ROUNDS_TSV_HEADER);
   w->steps_done = w->step0 = nb_trainer_step(w->t);
   w->prev_r = w->round0 - 1;
   return NB_WORKER_DONE;

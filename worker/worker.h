@@ -20,6 +20,12 @@ extern "C" {
 
 #define NB_WORKER_MAX_PEERS (NB_JOB_MAX_CLUSTERS - 1)
 
+/* The header line of rounds.tsv, one row per round (the run report and the benchmarks read these
+ * columns; `nebula train` writes the same file without the WAN columns filled). */
+#define NB_WORKER_ROUNDS_TSV_HEADER                                                       \
+  "round\tsteps\tsamples\tsamples_all\tloss\tmsg_bytes\tbytes_sent\tdensity\tcompute_s\t" \
+  "codec_s\texchange_s\tglobal_xxh3\tapplied\tcommits\tpeers_ok\tpeers_alive\tevent\n"
+
 /* What `nebula worker` was asked to do. Every string is borrowed and must outlive the run. */
 typedef struct {
   const char* job_file;    /* the job descriptor (required) */
