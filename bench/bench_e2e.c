@@ -18,7 +18,6 @@
 #include "bench/e2e.h"
 #include "common/common.h"
 
-
 static void nb__e2e_usage(FILE* f) {
   fprintf(
       f,
@@ -36,7 +35,9 @@ static void nb__e2e_usage(FILE* f) {
       "--thin F: a thin link that scales with the machine: the rate is set so that one dense\n"
       "int8 frame of the job takes F x the round's compute time measured by the single run\n"
       "(F = 10 is a 10-70B model on a few hundred Mbit/s); the dense baseline is skipped\n"
-      "there (it would take hours) and the rate chosen is reported.\n");
+      "there (it would take hours) and the rate chosen is reported; nebula then runs with\n"
+      "compression.values \"auto\" (the scheduler picks the codec point each round) and\n"
+      "errorFeedbackDecay 0.95 with outer momentum 0.\n");
 }
 
 int nb_e2e_write_job(json_t* base, const char* v, double rate, double delay, const char* path,
@@ -109,11 +110,14 @@ int nb_e2e_write_job(json_t* base, const char* v, double rate, double delay, con
     if (point && !point->adaptive) { /* one fixed point of the codec */
       if (!json_is_object(comp)) json_object_set_new(spec, "compression", comp = json_object());
       json_object_set_new(comp, "adaptive", json_false());
-      json_object_set_new(comp, "density", json_pack("{s:f,s:f,s:f}", "initial", point->density,
-                                                     "min", point->density, "max", point->density));
+      json_object_set_new(comp, "density",
+                          json_pack("{s:f,s:f,s:f}", "initial", point->density, "min",
+                                    point->density, "max", point->density));
       json_object_set_new(comp, "values", json_string(point->values));
       json_object_set_new(comp, "errorFeedback", json_boolean(point->density < 1));
     }
+    if (point && point->adaptive && point->values && json_is_object(comp))
+      json_object_set_new(comp, "values", json_string(point->values)); /* e.g. "auto" */
     if (point && point->topk_chunk > 0 && json_is_object(comp))
       json_object_set_new(comp, "topkChunk", json_integer(point->topk_chunk));
     if (point && point->ef_decay > 0 && json_is_object(comp))
@@ -141,8 +145,43 @@ static int nb__e2e_used_netns(const char* log) {
   return yes;
 }
 
+json_t* nb_e2e_load_job(const char* bench, const char* job, long seed, long eval_batches,
+                        const char* out, int* rc) {
+  json_error_t je;
+  json_t* base = json_load_file(job, 0, &je);
+  if (!base) {
+    if (je.line > 0)
+      fprintf(stderr, "nebula bench %s: %s: %s (line %d)\n", bench, job, je.text, je.line);
+    else
+      fprintf(stderr, "nebula bench %s: %s\n", bench, je.text);
+    *rc = 1;
+    return NULL;
+  }
+  json_t* tr = json_object_get(json_object_get(base, "spec"), "training");
+  if (!json_is_object(tr)) {
+    fprintf(stderr, "nebula bench %s: %s has no spec.training (seed, evaluation)\n", bench, job);
+    json_decref(base);
+    *rc = 2;
+    return NULL;
+  }
+  if (seed >= 0) json_object_set_new(tr, "seed", json_integer(seed));
+  if (eval_batches > 0) {
+    json_t* ev = json_object_get(tr, "eval");
+    if (!json_is_object(ev)) json_object_set_new(tr, "eval", ev = json_object());
+    json_object_set_new(ev, "batches", json_integer(eval_batches));
+  }
+  mkdir("runs", 0755);
+  if (mkdir(out, 0755) != 0 && errno != EEXIST) {
+    fprintf(stderr, "nebula bench %s: cannot create %s: %s\n", bench, out, strerror(errno));
+    json_decref(base);
+    *rc = 1;
+    return NULL;
+  }
+  return base;
+}
+
 int nb_e2e_run(const char* job, const char* out, const char* log, const char* data_dir,
-                       const char* steps) {
+               const char* steps) {
   const char* av[16];
   int k = 0;
   av[k++] = "nebula";
@@ -282,34 +321,12 @@ int nb_bench_e2e_main(int argc, char** argv) {
     fprintf(stderr, "nebula bench e2e: --rate-mbit must be > 0\n");
     return 2;
   }
-  json_error_t je;
-  json_t* base = json_load_file(job, 0, &je);
-  if (!base) {
-    fprintf(stderr, "nebula bench e2e: %s: %s (line %d)\n", job, je.text, je.line);
-    return 1;
-  }
   /* the same seed and evaluation for all three runs */
-  json_t* tr = json_object_get(json_object_get(base, "spec"), "training");
-  if ((seed >= 0 || eval_batches > 0) && !json_is_object(tr)) {
-    fprintf(stderr, "nebula bench e2e: %s has no spec.training to set --seed/--eval-batches in\n",
-            job);
-    json_decref(base);
-    return 2;
-  }
-  if (seed >= 0) json_object_set_new(tr, "seed", json_integer(seed));
-  if (eval_batches > 0) {
-    json_t* ev = json_object_get(tr, "eval");
-    if (!json_is_object(ev)) json_object_set_new(tr, "eval", ev = json_object());
-    json_object_set_new(ev, "batches", json_integer(eval_batches));
-  }
-  mkdir("runs", 0755);
-  if (mkdir(out, 0755) != 0 && errno != EEXIST) {
-    fprintf(stderr, "nebula bench e2e: cannot create %s: %s\n", out, strerror(errno));
-    json_decref(base);
-    return 1;
-  }
+  int rc = 0;
+  json_t* base = nb_e2e_load_job("e2e", job, seed, eval_batches, out, &rc);
+  if (!base) return rc;
   nb_e2e_result_t res[3] = {{.name = "single"}, {.name = "dense"}, {.name = "nebula"}};
-  int rc = 0, netns = 0;
+  int netns = 0;
   double round_compute = 0;
   long long n_params = 0;
   for (int i = 0; i < 3; i++) {
@@ -337,7 +354,11 @@ int nb_bench_e2e_main(int argc, char** argv) {
     snprintf(jp, sizeof jp, "%s/%s.json", out, res[i].name);
     snprintf(op, sizeof op, "%s/%s", out, res[i].name);
     snprintf(lp, sizeof lp, "%s/%s.log", out, res[i].name);
-    if (nb_e2e_write_job(base, res[i].name, rate, delay, jp, NULL) != 0) {
+    /* --thin: the scheduler picks whole codec points (values "auto") and the sparse ones carry
+     * SparseLoCo's decaying error feedback in place of the outer momentum (docs/hybrid.md) */
+    static const nb_e2e_point_t thin_point = {"auto", 0, "auto", 1, 0.95, 0, 0};
+    if (nb_e2e_write_job(base, res[i].name, rate, delay, jp,
+                         thin > 0 && i == 2 ? &thin_point : NULL) != 0) {
       fprintf(stderr, "nebula bench e2e: %s: cannot derive the %s job\n", job, res[i].name);
       rc = 1;
       break;

@@ -27,6 +27,9 @@ static const nb_e2e_point_t nb__points[] = {
     {"top1.5-2bit", 0.015, "2bit", 0, 0, -1, 4096},
     /* SparseLoCo: e <- beta e + Delta replaces the outer momentum */
     {"top1.5-2bit-ef", 0.015, "2bit", 0, 0.95, 0, 4096},
+    {"top3-2bit-ef", 0.03, "2bit", 0, 0.95, 0, 4096},
+    {"top3-4bit-ef", 0.03, "4bit", 0, 0.95, 0, 4096},
+    {"top10-int8-ef", 0.10, "int8", 0, 0.95, 0, 0},
     {"sched", 0, NULL, 1, 0, -1, 0},
 };
 #define NB__N_POINTS (sizeof nb__points / sizeof nb__points[0])
@@ -139,32 +142,12 @@ int nb_bench_pareto_main(int argc, char** argv) {
     fprintf(stderr, "nebula bench pareto: --points names none of the points (see --help)\n");
     return 2;
   }
-  json_error_t je;
-  json_t* base = json_load_file(job, 0, &je);
-  if (!base) {
-    fprintf(stderr, "nebula bench pareto: %s: %s (line %d)\n", job, je.text, je.line);
-    return 1;
-  }
+  int rc = 0;
+  json_t* base = nb_e2e_load_job("pareto", job, -1, eval_batches, out, &rc);
+  if (!base) return rc;
   json_t* tr = json_object_get(json_object_get(base, "spec"), "training");
-  if (!json_is_object(tr)) {
-    fprintf(stderr, "nebula bench pareto: %s has no spec.training\n", job);
-    json_decref(base);
-    return 2;
-  }
-  if (eval_batches > 0) {
-    json_t* ev = json_object_get(tr, "eval");
-    if (!json_is_object(ev)) json_object_set_new(tr, "eval", ev = json_object());
-    json_object_set_new(ev, "batches", json_integer(eval_batches));
-  }
-  mkdir("runs", 0755);
-  if (mkdir(out, 0755) != 0 && errno != EEXIST) {
-    fprintf(stderr, "nebula bench pareto: cannot create %s: %s\n", out, strerror(errno));
-    json_decref(base);
-    return 1;
-  }
   double single[NB__PARETO_MAX_SEEDS], bpb[NB__N_POINTS][NB__PARETO_MAX_SEEDS];
   double bits[NB__N_POINTS][NB__PARETO_MAX_SEEDS];
-  int rc = 0;
   for (long s = 0; s < seeds && rc == 0; s++) {
     json_object_set_new(tr, "seed", json_integer(s + 1));
     for (size_t p = 0; p <= NB__N_POINTS && rc == 0; p++) {

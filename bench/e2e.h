@@ -17,7 +17,8 @@ typedef struct {
 } nb_e2e_result_t;
 
 /* A fixed point of the codec for the nebula variant (bench pareto): density and value type with
- * the scheduler off, or adaptive = 1 for the scheduler's own choice; ef_decay > 0 sets
+ * the scheduler off, or adaptive = 1 for the scheduler's own choice (with values, e.g. "auto",
+ * set as compression.values); ef_decay > 0 sets
  * compression.errorFeedbackDecay; outer_momentum >= 0 sets sync.outer.momentum; topk_chunk > 0
  * sets compression.topkChunk. */
 typedef struct {
@@ -36,6 +37,12 @@ typedef struct {
  * 0 on success, -1 when base lacks spec.sync or spec.link or the file cannot be written. */
 int nb_e2e_write_job(json_t* base, const char* v, double rate, double delay, const char* path,
                      const nb_e2e_point_t* point);
+
+/* Loads the job `job` for `nebula bench <bench>`, sets training.seed (seed >= 0) and
+ * training.eval.batches (eval_batches > 0), and creates runs/ and out. NULL with *rc set (1: a
+ * file error, 2: no spec.training) after printing why. */
+json_t* nb_e2e_load_job(const char* bench, const char* job, long seed, long eval_batches,
+                        const char* out, int* rc);
 
 /* Runs `nebula run JOB --out OUT [--data-dir D] [--steps N]` with its output in LOG; returns the
  * exit code (-1 when it could not run). */

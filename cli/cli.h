@@ -5,6 +5,8 @@
 #ifndef NB_CLI_CLI_H
 #define NB_CLI_CLI_H
 
+#include "jobs/cli_checks.h" /* nb_cli_addr_check, nb_cli_descriptor_precheck */
+
 #ifdef __cplusplus
 extern "C" {
 #endif

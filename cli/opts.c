@@ -42,6 +42,11 @@ static int nb__opt_set(const nb_cmd_spec_t* s, const nb_opt_t* o, const char* v)
       return NB_OPTS_RUN;
     case NB_OPT_LONG: {
       long n = strtol(v, &end, 10);
+      if (o->max > 0 && (*end || end == v || errno || (double)n < o->min || n > o->max)) {
+        fprintf(stderr, "%s: --%s needs an integer in %.0f..%d, got '%s'\n", s->cmd, o->name,
+                o->min, o->max, v);
+        return NB_EXIT_USAGE;
+      }
       if (*end || end == v || errno || (double)n < o->min) {
         fprintf(stderr, "%s: --%s needs an integer >= %.0f, got '%s'\n", s->cmd, o->name, o->min,
                 v);

@@ -27,7 +27,7 @@ typedef struct {
   const char* help; /* its help; '\n' starts a continuation line */
   double min;       /* LONG and DOUBLE: the smallest value accepted */
   int* count;       /* LIST: how many were given */
-  int max;          /* LIST: at most this many */
+  int max;          /* LIST: at most this many; LONG: the largest value accepted (0: none) */
 } nb_opt_t;
 
 typedef struct {

@@ -509,6 +509,10 @@ static int nb__run_load(nb__run_t* r) {
     fprintf(stderr, "nebula run: %s\n", nb_error_last());
     return NB_EXIT_FAIL;
   }
+  if (nb_cli_descriptor_precheck(r->file) != NB_OK) {
+    fprintf(stderr, "nebula run: %s\n", nb_error_last());
+    return NB_EXIT_USAGE;
+  }
   if (nb_descriptor_load(r->file, r->job, r->diag) != NB_OK) {
     char line[640];
     for (int i = 0; i < r->diag->count; i++)

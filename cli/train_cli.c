@@ -7,10 +7,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/common.h"
 #include "jobs/descriptor.h"
@@ -159,7 +162,8 @@ static int nb__fail(const char* cmd, const char* what) {
 
 static json_t* nb__eval_json(const nb_train_eval_t* e) {
   json_t* o = json_object();
-  for (int i = 0; i < e->n; i++) json_object_set_new(o, e->label[i], json_real(e->bpb[i]));
+  for (int i = 0; i < e->n; i++)
+    json_object_set_new(o, e->label[i], isfinite(e->bpb[i]) ? json_real(e->bpb[i]) : json_null());
   return o;
 }
 
@@ -180,10 +184,18 @@ typedef struct {
   double setup_s;
   long step0;
   uint64_t tok0;
+  /* what this run created, removed again when it fails before training a step */
+  char made_curve[NB_TRAIN_PATH_MAX + 64], made_rounds[NB_TRAIN_PATH_MAX + 64];
+  char made_odir[NB_TRAIN_PATH_MAX];
+  int trained;
 } nb__train_run_t;
 
 /* The descriptor, our cluster, the overrides and the trainer's config. */
 static int nb__train_load(nb__train_run_t* r) {
+  if (nb_cli_descriptor_precheck(r->file) != NB_OK) {
+    fprintf(stderr, "nebula train: %s\n", nb_error_last());
+    return NB_EXIT_FAIL;
+  }
   if (nb_descriptor_load(r->file, r->job, r->diag) != NB_OK) {
     char line[640];
     for (int i = 0; i < r->diag->count; i++)
@@ -223,9 +235,11 @@ static int nb__train_load(nb__train_run_t* r) {
   return NB_EXIT_OK;
 }
 
-/* Opens path (append with --resume) and writes header when the file is empty. */
-static FILE* nb__train_open_tsv(nb__train_run_t* r, const char* name) {
+/* Opens odir/name (appends with --resume); made receives its path when it did not exist. */
+static FILE* nb__train_open_tsv(nb__train_run_t* r, const char* name, char* made, size_t cap) {
   snprintf(r->path, sizeof r->path, "%s/%s", r->odir, name);
+  struct stat pre;
+  if (stat(r->path, &pre) != 0) snprintf(made, cap, "%s", r->path);
   FILE* f = fopen(r->path, r->resume ? "a" : "w");
   if (!f) fprintf(stderr, "nebula train: cannot write %s: %s\n", r->path, strerror(errno));
   return f;
@@ -239,10 +253,14 @@ static int nb__train_outputs(nb__train_run_t* r) {
     fprintf(stderr, "nebula train: --out path too long\n");
     return NB_EXIT_USAGE;
   }
-  if (mkdir(r->odir, 0755) != 0 && errno != EEXIST &&
-      !(errno == ENOENT && !r->out && mkdir("runs", 0755) == 0 && mkdir(r->odir, 0755) == 0)) {
-    fprintf(stderr, "nebula train: cannot create %s: %s\n", r->odir, strerror(errno));
-    return NB_EXIT_FAIL;
+  if (mkdir(r->odir, 0755) != 0 && errno != EEXIST) {
+    if (!(errno == ENOENT && !r->out && mkdir("runs", 0755) == 0 && mkdir(r->odir, 0755) == 0)) {
+      fprintf(stderr, "nebula train: cannot create %s: %s\n", r->odir, strerror(errno));
+      return NB_EXIT_FAIL;
+    }
+    snprintf(r->made_odir, sizeof r->made_odir, "%s", r->odir);
+  } else if (errno != EEXIST) {
+    snprintf(r->made_odir, sizeof r->made_odir, "%s", r->odir);
   }
   if (job->checkpoint.dir[0])
     snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s", job->checkpoint.dir);
@@ -251,13 +269,15 @@ static int nb__train_outputs(nb__train_run_t* r) {
   int rc = nb__ckpt_guard(tc->checkpoint_dir, r->resume, r->force);
   if (rc != 0) return rc;
   tc->resume = r->resume && !r->force;
-  if (!(r->curve = nb__train_open_tsv(r, "curve.tsv"))) return NB_EXIT_FAIL;
+  if (!(r->curve = nb__train_open_tsv(r, "curve.tsv", r->made_curve, sizeof r->made_curve)))
+    return NB_EXIT_FAIL;
   if (ftell(r->curve) == 0) {
     fprintf(r->curve, "step\tsamples\tseconds");
     for (int i = 0; i < tc->n_sources; i++) fprintf(r->curve, "\t%s", tc->sources[i].label);
     fprintf(r->curve, "\tmean\n");
   }
-  if (!(r->rounds = nb__train_open_tsv(r, "rounds.tsv"))) return NB_EXIT_FAIL;
+  if (!(r->rounds = nb__train_open_tsv(r, "rounds.tsv", r->made_rounds, sizeof r->made_rounds)))
+    return NB_EXIT_FAIL;
   if (ftell(r->rounds) == 0) fprintf(r->rounds, "%s", NB_WORKER_ROUNDS_TSV_HEADER);
   nb__train_ctx_t* px = &r->px;
   px->curve = r->curve;
@@ -286,7 +306,7 @@ static int nb__train_start(nb__train_run_t* r) {
   nb_status_t st = nb_trainer_create(r->tc, &r->t);
   if (st != NB_OK) {
     int rc = nb__fail("train", r->file);
-    if (st == NB_ERR_IO)
+    if (st == NB_ERR_IO && strstr(nb_error_last(), "data file")) /* not a checkpoint's */
       fprintf(stderr, "nebula train: prepare the data with 'make data', or pass --data-dir\n");
     return rc;
   }
@@ -347,6 +367,7 @@ static int nb__train_finish(nb__train_run_t* r) {
   double t1 = nb_now_s();
   nb_status_t st = nb_trainer_run(t, &ev);
   double wall = nb_now_s() - t1;
+  r->trained = nb_trainer_step(t) > r->step0;
   if (st != NB_OK) return nb__fail("train", NULL);
   snprintf(r->path, sizeof r->path, "%s/final.safetensors", r->odir);
   if (nb_trainer_lora(t) && nb_lora_merge(nb_trainer_lora(t)) != NB_OK)
@@ -464,6 +485,19 @@ int nb_train_main(int argc, char** argv) {
   if (r.curve) fclose(r.curve);
   if (r.rounds) fclose(r.rounds);
   if (r.progress) fclose(r.progress);
+  /* A run that failed before its first step leaves nothing behind of its own: no header-only
+   * tsv files, no empty output folder. Once it trained, its files describe the checkpoints it
+   * kept and stay. */
+  if (rc != NB_EXIT_OK && !r.trained) {
+    if (r.made_curve[0]) unlink(r.made_curve);
+    if (r.made_rounds[0]) unlink(r.made_rounds);
+    if (r.made_odir[0]) {
+      char ck[NB_TRAIN_PATH_MAX + 16];
+      snprintf(ck, sizeof ck, "%s/checkpoints", r.made_odir);
+      rmdir(ck);                                            /* only when empty */
+      if (rmdir(r.made_odir) == 0 && !r.out) rmdir("runs"); /* ditto */
+    }
+  }
   nb_trainer_destroy(r.t);
   nb_free(r.tc);
   nb_free(r.diag);
@@ -496,6 +530,10 @@ static int nb__add_sources(nb_train_config_t* c, const char* list, const char* d
   return 0;
 }
 
+/* eval's sizes: a batch is B sequences held at once, int-sized in the trainer */
+#define NB__EVAL_MAX_BATCH 4096
+#define NB__EVAL_MAX_BATCHES 1000000
+
 int nb_eval_main(int argc, char** argv) {
   const char *ckpt = NULL, *dir = "data/quick", *langs = NULL, *pairs = NULL;
   long batches = 8, batch = 8, translate = 0;
@@ -520,14 +558,16 @@ int nb_eval_main(int argc, char** argv) {
        .kind = NB_OPT_LONG,
        .dst = &batches,
        .meta = "N",
-       .help = "batches per language (default 8)",
-       .min = 1},
+       .help = "batches per language (default 8, 1..1000000)",
+       .min = 1,
+       .max = NB__EVAL_MAX_BATCHES},
       {.name = "batch",
        .kind = NB_OPT_LONG,
        .dst = &batch,
        .meta = "B",
-       .help = "sequences per batch (default 8)",
-       .min = 1},
+       .help = "sequences per batch (default 8, 1..4096)",
+       .min = 1,
+       .max = NB__EVAL_MAX_BATCH},
       {.name = "translate",
        .kind = NB_OPT_LONG,
        .dst = &translate,
@@ -611,6 +651,30 @@ int nb_eval_main(int argc, char** argv) {
     rc = nb__fail("eval", ckpt);
     goto done;
   }
+  /* A mean over nothing is not a score: such a source has no bits per byte (n/a, null in
+   * JSON, left out of the mean). Without --translate there is then nothing to report for it,
+   * which is an error; with it, the translation scores still stand. */
+  int unscored = 0;
+  double sum = 0;
+  for (int i = 0; i < ev.n; i++) {
+    if (ev.scored[i] > 0) {
+      sum += ev.bpb[i];
+      continue;
+    }
+    unscored++;
+    ev.bpb[i] = NAN;
+    fprintf(stderr,
+            "nebula eval: nothing was scored for '%s': no held-out byte of it can be scored "
+            "within the model's context of %d bytes (%s); a mean over nothing is not a score\n",
+            ev.label[i], c->model.ctx,
+            pairs ? "every held-out source in pairs/*.dev.tsv fills the context"
+                  : "its held-out slice of mono/<lang>.txt is too short");
+  }
+  ev.mean_bpb = unscored < ev.n ? sum / (ev.n - unscored) : NAN;
+  if (unscored && !translate) {
+    rc = NB_EXIT_FAIL;
+    goto done;
+  }
   nb_translate_score_t ts[NB_TRAIN_MAX_SOURCES];
   if (translate) { /* the trainer's model is the checkpoint's, already loaded */
     nb_model_t* tm = nb_trainer_model(t);
@@ -648,7 +712,8 @@ int nb_eval_main(int argc, char** argv) {
     for (int i = 0; i < ev.n; i++)
       json_object_set_new(sc, ev.label[i], json_integer((json_int_t)ev.scored[i]));
     json_object_set_new(o, "scored_bytes", sc);
-    json_object_set_new(o, "mean_bpb", json_real(ev.mean_bpb));
+    json_object_set_new(o, "mean_bpb",
+                        isfinite(ev.mean_bpb) ? json_real(ev.mean_bpb) : json_null());
     char* text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
     json_decref(o);
     if (text) printf("%s\n", text);
@@ -656,8 +721,14 @@ int nb_eval_main(int argc, char** argv) {
   } else {
     printf("%s (step %ld): held-out bits per byte\n", ckpt, step);
     for (int i = 0; i < ev.n; i++)
-      printf("  %-6s %.4f  (%zu bytes)\n", ev.label[i], ev.bpb[i], ev.scored[i]);
-    printf("  %-6s %.4f\n", "mean", ev.mean_bpb);
+      if (ev.scored[i] > 0)
+        printf("  %-6s %.4f  (%zu bytes)\n", ev.label[i], ev.bpb[i], ev.scored[i]);
+      else
+        printf("  %-6s n/a     (nothing scored)\n", ev.label[i]);
+    if (isfinite(ev.mean_bpb))
+      printf("  %-6s %.4f\n", "mean", ev.mean_bpb);
+    else
+      printf("  %-6s n/a\n", "mean");
     if (translate) {
       printf("translation of the test split (greedy decoding):\n");
       for (int i = 0; i < c->n_sources; i++)

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/common.h"
 #include "jobs/descriptor.h"
@@ -105,7 +106,16 @@ int nb_validate_main(int argc, char** argv) {
     char* buf = NULL;
     size_t len = 0;
     st = nb__read_stdin(&buf, &len);
-    if (st == NB_OK) {
+    if (st == NB_OK && len > NB_DESCRIPTOR_MAX_BYTES) { /* only one byte past it was read */
+      nb_free(buf);
+      st = nb_error(NB_ERR_CONFIG,
+                    "standard input is larger than the descriptor limit of %u "
+                    "bytes (1 MiB)",
+                    NB_DESCRIPTOR_MAX_BYTES);
+      snprintf(diag->errors[0].path, sizeof diag->errors[0].path, "$");
+      snprintf(diag->errors[0].message, sizeof diag->errors[0].message, "%s", nb_error_last());
+      diag->count = 1;
+    } else if (st == NB_OK) {
       st = nb_descriptor_parse(buf, len, cfg, diag);
       nb_free(buf);
     } else {
@@ -114,7 +124,28 @@ int nb_validate_main(int argc, char** argv) {
       diag->count = 1;
     }
   } else {
-    st = nb_descriptor_load(file, cfg, diag);
+    struct stat sb;
+    const char* bad = NULL;
+    char what[160];
+    if (stat(file, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+      bad = "is a folder, not a descriptor file";
+    } else if (stat(file, &sb) == 0 && S_ISREG(sb.st_mode) &&
+               sb.st_size > (off_t)NB_DESCRIPTOR_MAX_BYTES) {
+      /* the reader stops one byte past the limit: the real size is the file's */
+      snprintf(what, sizeof what,
+               "is %lld bytes, larger than the descriptor limit of %u bytes "
+               "(1 MiB)",
+               (long long)sb.st_size, NB_DESCRIPTOR_MAX_BYTES);
+      bad = what;
+    }
+    if (bad) {
+      snprintf(diag->errors[0].path, sizeof diag->errors[0].path, "$");
+      snprintf(diag->errors[0].message, sizeof diag->errors[0].message, "%s %s", file, bad);
+      diag->count = 1;
+      st = S_ISDIR(sb.st_mode) ? NB_ERR_IO : NB_ERR_CONFIG;
+    } else {
+      st = nb_descriptor_load(file, cfg, diag);
+    }
   }
 
   char* normalized = NULL;

@@ -21,7 +21,12 @@
 NB_PARAM_INT(ExchangeHeartbeatMs, "NB_EXCHANGE_HEARTBEAT_MS", 250, 20, 60000,
              "Ping period of the exchange heartbeat per peer")
 NB_PARAM_INT(ExchangeDeadMs, "NB_EXCHANGE_DEAD_MS", 2000, 100, 600000,
-             "a peer without a heartbeat answer for this long is reported dead")
+             "floor of the dead timeout: a peer not heard from for this long (or the timeout "
+             "derived from RTT, rate and chunk size, if longer) is reported dead")
+NB_PARAM_INT(ExchangeDeadRtts, "NB_EXCHANGE_DEAD_RTTS", 4, 1, 100,
+             "derived dead timeout: RTTs it allows (the RTT measured with queueing)")
+NB_PARAM_INT(ExchangeDeadChunks, "NB_EXCHANGE_DEAD_CHUNKS", 2, 0, 100,
+             "derived dead timeout: chunk times it allows (a chunk per stream at the link's rate)")
 
 typedef struct {
   struct nb_exchange* ex;
@@ -31,8 +36,11 @@ typedef struct {
   nb_link_t* link;
   pthread_t hb;
   int hb_started;
-  int64_t last_ok_ns; /* under ex->mu */
-  int dead;           /* under ex->mu: declared dead by the heartbeat */
+  int64_t last_ok_ns;   /* under ex->mu: the latest heartbeat answer (add_peer to start) */
+  int64_t pull_ns;      /* under ex->mu: the latest Pull request from it */
+  int dead;             /* under ex->mu: declared dead by the heartbeat */
+  int64_t dead_at_ns;   /* under ex->mu: when; bytes heard after it bring the peer back */
+  int64_t dead_ms_told; /* under ex->mu: the derived dead timeout last logged */
   uint64_t pings_ok, pings_failed;
 } nb__peer_t;
 
@@ -45,7 +53,8 @@ struct nb_exchange {
   uint32_t streams, window;
   size_t chunk_bytes;
   double rate_cap;
-  int hb_ms, dead_ms;
+  int hb_ms, dead_ms; /* dead_ms: the floor of the derived dead timeout */
+  int dead_rtts, dead_chunks;
   nb_link_rx_t* rx;
   nb_rpc_server_t* srv;
   nb__peer_t** peers;
@@ -108,9 +117,15 @@ static nb_status_t nb__ex_pull(nb_rpc_call_t* call, void* user) {
   protobuf_c_message_free_unpacked(in, NULL);
   if (st != NB_OK) return st;
   int known = 0;
+  size_t step = NB__EX_PULL_CHUNK; /* chunks of the link's adaptive size, at most 1 MiB */
   pthread_mutex_lock(&ex->mu);
   for (size_t i = 0; i < ex->n; i++)
-    if (strcmp(ex->peers[i]->id, who) == 0) known = 1;
+    if (strcmp(ex->peers[i]->id, who) == 0) {
+      known = 1;
+      ex->peers[i]->pull_ns = nb_now_ns(); /* a peer that pulls is alive */
+      size_t c = nb_link_chunk_bytes(ex->peers[i]->link);
+      if (c > 0 && c < step) step = c;
+    }
   uint8_t* state = NULL;
   size_t len = ex->state_len;
   uint64_t round = ex->state_round;
@@ -135,8 +150,8 @@ static nb_status_t nb__ex_pull(nb_rpc_call_t* call, void* user) {
   uint8_t aad[24], hb[8];
   size_t aad_len = nb__ex_pull_aad(len, hash, aad);
   nb__ex_le64(hb, hash);
-  for (size_t off = 0, i = 0; st == NB_OK && (off < len || i == 0); off += NB__EX_PULL_CHUNK, i++) {
-    size_t n = len - off < NB__EX_PULL_CHUNK ? len - off : NB__EX_PULL_CHUNK;
+  for (size_t off = 0, i = 0; st == NB_OK && (off < len || i == 0); off += step, i++) {
+    size_t n = len - off < step ? len - off : step;
     Nebula__V1__PullChunk c = NEBULA__V1__PULL_CHUNK__INIT;
     c.round = ((uint64_t)epoch << 32) | (round & 0xffffffffu);
     c.total_size = len;
@@ -224,6 +239,9 @@ nb_status_t nb_exchange_pull(nb_exchange_t* ex, size_t i, int64_t timeout_ms, ui
     }
     Nebula__V1__PullChunk* c = (Nebula__V1__PullChunk*)m;
     st = NB_OK;
+    pthread_mutex_lock(&ex->mu);
+    p->pull_ns = nb_now_ns(); /* a chunk of the peer's state: we heard from it */
+    pthread_mutex_unlock(&ex->mu);
     if (!have_first) {
       if (c->state_hash.len != 8 || c->total_size == 0 || c->total_size > ((uint64_t)4 << 30)) {
         st = nb_error(NB_ERR_CODEC, "pull from %s: first chunk without a size or hash", p->id);
@@ -330,6 +348,8 @@ nb_status_t nb_exchange_create(const nb_exchange_config_t* cfg, nb_exchange_t** 
   ex->rate_cap = cfg->rate_cap_Bps;
   ex->hb_ms = cfg->heartbeat_ms > 0 ? cfg->heartbeat_ms : (int)nb_param_ExchangeHeartbeatMs();
   ex->dead_ms = cfg->dead_ms > 0 ? cfg->dead_ms : (int)nb_param_ExchangeDeadMs();
+  ex->dead_rtts = (int)nb_param_ExchangeDeadRtts();
+  ex->dead_chunks = (int)nb_param_ExchangeDeadChunks();
   pthread_mutex_init(&ex->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -373,70 +393,152 @@ nb_link_t* nb_exchange_link(nb_exchange_t* ex, size_t i) {
   return ex && i < ex->n ? ex->peers[i]->link : NULL;
 }
 
-/* Milliseconds since peer p last answered a Ping. ex->mu held. */
-static int64_t nb__silent_ms(const nb__peer_t* p) {
-  return (nb_now_ns() - p->last_ok_ns) / 1000000;
+int64_t nb__exchange_dead_ms(int64_t floor_ms, int rtts, int chunks, double rtt_s, double rate_Bps,
+                             size_t chunk_wire_bytes, uint32_t streams) {
+  double ms = (double)rtts * (rtt_s > 0 ? rtt_s : 0) * 1e3;
+  if (rate_Bps > 0 && chunk_wire_bytes > 0)
+    ms += (double)chunks * (double)chunk_wire_bytes * (streams ? streams : 1) / rate_Bps * 1e3;
+  if (!(ms < 3.6e9)) ms = 3.6e9; /* an hour: NaN and absurd rates end here */
+  int64_t d = (int64_t)ms + 1;
+  return d > floor_ms ? d : floor_ms;
+}
+
+/* The dead timeout of peer p now, and when we last heard from it by any path (a heartbeat
+ * answer, an ack or probe answer on our link, a message to our receiver, a Pull). The heaviest
+ * single message that may stand between two arrivals is one chunk per stream: ours, theirs, or
+ * the one a probe or the next send would use. ex->mu held (the link and receiver have locks of
+ * their own, taken inside). */
+static int64_t nb__dead_ms(nb_exchange_t* ex, nb__peer_t* p, int64_t* heard_ns, double* rtt_s,
+                           double* rate_Bps, size_t* chunk) {
+  nb_link_liveness_t lv;
+  nb_link_liveness(p->link, &lv);
+  nb_link_rx_peer_t rp;
+  if (nb_link_rx_peer(ex->rx, p->id, &rp) != NB_OK) memset(&rp, 0, sizeof rp);
+  int64_t h = p->last_ok_ns;
+  if (lv.last_heard_ns > h) h = lv.last_heard_ns;
+  if (rp.last_heard_ns > h) h = rp.last_heard_ns;
+  if (p->pull_ns > h) h = p->pull_ns;
+  size_t c = lv.chunk_next;
+  if (lv.chunk_bytes > c) c = lv.chunk_bytes;
+  if (rp.chunk_bytes > c) c = rp.chunk_bytes;
+  if (lv.probe_bytes > c) c = lv.probe_bytes;
+  if (heard_ns) *heard_ns = h;
+  if (rtt_s) *rtt_s = lv.rtt_s;
+  if (rate_Bps) *rate_Bps = lv.rate_Bps;
+  if (chunk) *chunk = c;
+  return nb__exchange_dead_ms(ex->dead_ms, ex->dead_rtts, ex->dead_chunks, lv.rtt_s, lv.rate_Bps,
+                              c + lv.seal_tag_bytes, lv.streams);
+}
+
+/* A dead peer we have heard from since it was declared dead lives again: any bytes count, not
+ * only our heartbeat's answer (whose connection may still be in its reconnect backoff while the
+ * peer's own pings and chunks already arrive). ex->mu held. */
+static void nb__revive_locked(nb_exchange_t* ex, nb__peer_t* p, int64_t heard_ns) {
+  if (!p->dead || heard_ns <= p->dead_at_ns) return;
+  p->dead = 0;
+  NB_WARN("exchange %s: peer %s answers again at unix %.3f", ex->self, p->id,
+          (double)nb_wall_ns() / 1e9);
+  nb_link_resume(p->link);
+}
+
+/* Milliseconds since we last heard from peer p. ex->mu held. */
+static int64_t nb__silent_ms(nb_exchange_t* ex, nb__peer_t* p) {
+  int64_t h = 0;
+  nb__dead_ms(ex, p, &h, NULL, NULL, NULL);
+  return (nb_now_ns() - h) / 1000000;
 }
 
 int nb_exchange_peer_alive(nb_exchange_t* ex, size_t i) {
   if (!ex || i >= ex->n) return 0;
   pthread_mutex_lock(&ex->mu);
-  int alive = !ex->peers[i]->dead && nb__silent_ms(ex->peers[i]) <= ex->dead_ms;
+  nb__peer_t* p = ex->peers[i];
+  int64_t h = 0;
+  int64_t dead_ms = nb__dead_ms(ex, p, &h, NULL, NULL, NULL);
+  nb__revive_locked(ex, p, h);
+  int alive = !p->dead && (nb_now_ns() - h) / 1000000 <= dead_ms;
   pthread_mutex_unlock(&ex->mu);
   return alive;
+}
+
+nb_status_t nb_exchange_peer_liveness(nb_exchange_t* ex, size_t i, nb_exchange_liveness_t* out) {
+  if (!ex || i >= ex->n || !out) return nb_error(NB_ERR_INVALID, "exchange liveness: bad peer");
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&ex->mu);
+  nb__peer_t* p = ex->peers[i];
+  int64_t h = 0;
+  out->dead_ms = nb__dead_ms(ex, p, &h, &out->rtt_s, &out->rate_Bps, &out->chunk_bytes);
+  out->floor_ms = ex->dead_ms;
+  out->silent_ms = (nb_now_ns() - h) / 1000000;
+  out->dead = p->dead || out->silent_ms > out->dead_ms; /* as nb_exchange_peer_alive */
+  out->pings_ok = p->pings_ok;
+  out->pings_failed = p->pings_failed;
+  pthread_mutex_unlock(&ex->mu);
+  return NB_OK;
 }
 
 static void* nb__heartbeat(void* arg) {
   nb__peer_t* p = arg;
   nb_exchange_t* ex = p->ex;
-  int64_t timeout = ex->dead_ms / 2 < 1000 ? ex->dead_ms / 2 : 1000;
-  if (timeout < 50) timeout = 50;
   for (;;) {
     pthread_mutex_lock(&ex->mu);
     int stop = ex->stopping;
+    /* never wait past the moment the peer would be declared dead: detection stays within the
+     * dead timeout plus one short ping, also when pings hang instead of failing; but let a
+     * slow answer (a queue on a thin link) come in, it measures the RTT the timeout needs */
+    int64_t heard = 0;
+    double rtt = 0, rate = 0;
+    size_t chunk = 0;
+    int64_t dead_ms = nb__dead_ms(ex, p, &heard, &rtt, &rate, &chunk);
+    nb__revive_locked(ex, p, heard);
+    int64_t told = p->dead_ms_told;
+    int64_t diff = dead_ms > told ? dead_ms - told : told - dead_ms;
+    if (!stop && (told == 0 || diff * 10 > told)) {
+      p->dead_ms_told = dead_ms;
+      if (told != 0 || dead_ms != ex->dead_ms)
+        NB_INFO(WIRE,
+                "exchange %s: peer %s: dead timeout %lld ms (floor %d ms; RTT %.0f ms, rate %.3g "
+                "Mbit/s, chunks of %zu bytes)",
+                ex->self, p->id, (long long)dead_ms, ex->dead_ms, rtt * 1e3, rate * 8e-6, chunk);
+    }
+    int64_t left = dead_ms - (nb_now_ns() - heard) / 1000000 + 20;
     pthread_mutex_unlock(&ex->mu);
     if (stop) break;
-    /* never wait past the moment the peer would be declared dead: detection stays within
-     * dead_ms plus one short ping, also when pings hang instead of failing */
-    pthread_mutex_lock(&ex->mu);
-    int64_t left = ex->dead_ms - nb__silent_ms(p) + 20;
-    pthread_mutex_unlock(&ex->mu);
-    int64_t pt = timeout < left ? timeout : left;
+    int64_t pt = left < dead_ms ? left : dead_ms;
     if (pt < 50) pt = 50;
     nb_status_t st = nb_link_ping(p->link, pt, 0, NULL);
     pthread_mutex_lock(&ex->mu);
-    int declare = 0;
+    int declare = 0; /* declared dead now */
     if (st == NB_OK) {
       p->pings_ok++;
       p->last_ok_ns = nb_now_ns();
-      if (p->dead) {
-        p->dead = 0;
-        NB_WARN("exchange %s: peer %s answers again at unix %.3f", ex->self, p->id,
-                (double)nb_wall_ns() / 1e9);
-        nb_link_resume(p->link);
-      }
+      nb__revive_locked(ex, p, p->last_ok_ns);
     } else {
       p->pings_failed++;
-      if (!p->dead && nb__silent_ms(p) > ex->dead_ms) {
+      dead_ms = nb__dead_ms(ex, p, &heard, NULL, NULL, NULL);
+      int64_t silent = (nb_now_ns() - heard) / 1000000;
+      if (!p->dead && silent > dead_ms) {
         p->dead = 1;
+        p->dead_at_ns = nb_now_ns();
         declare = 1;
         NB_WARN(
-            "exchange %s: peer %s (%s) stopped answering: no heartbeat for %lld ms (%s), "
-            "declared dead at unix %.3f",
-            ex->self, p->id, p->target, (long long)nb__silent_ms(p), nb_status_name(st),
+            "exchange %s: peer %s (%s) stopped answering: nothing heard for %lld ms (dead "
+            "timeout %lld ms, last ping %s), declared dead at unix %.3f",
+            ex->self, p->id, p->target, (long long)silent, (long long)dead_ms, nb_status_name(st),
             (double)nb_wall_ns() / 1e9);
       }
     }
     int64_t wait_ms = ex->hb_ms;
     if (st != NB_OK && !p->dead) {
-      int64_t to_dead = ex->dead_ms - nb__silent_ms(p) + 10;
+      int64_t to_dead =
+          nb__dead_ms(ex, p, &heard, NULL, NULL, NULL) - (nb_now_ns() - heard) / 1000000 + 10;
       if (to_dead < wait_ms) wait_ms = to_dead < 10 ? 10 : to_dead;
     }
     int64_t until = nb_now_ns() + wait_ms * 1000000;
     struct timespec ts = {.tv_sec = until / 1000000000LL, .tv_nsec = until % 1000000000LL};
+    /* cancel under ex->mu, so that a revival (which resumes the link) cannot come between */
+    if (declare) nb_link_cancel(p->link);
     if (!ex->stopping) pthread_cond_timedwait(&ex->cv, &ex->mu, &ts);
     pthread_mutex_unlock(&ex->mu);
-    if (declare) nb_link_cancel(p->link);
   }
   return NULL;
 }
@@ -537,11 +639,11 @@ nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* fra
     snprintf(r->peer, sizeof r->peer, "%s", p->id);
     if (!nb_exchange_peer_alive(ex, i)) {
       pthread_mutex_lock(&ex->mu);
-      long long silent = (long long)nb__silent_ms(p);
+      long long silent = (long long)nb__silent_ms(ex, p);
       pthread_mutex_unlock(&ex->mu);
       r->status = r->send_status = r->recv_status = NB_ERR_UNAVAILABLE;
       snprintf(r->detail, sizeof r->detail,
-               "peer %s (%.100s) is not answering (no heartbeat for %lld ms)", p->id, p->target,
+               "peer %s (%.100s) is not answering (nothing heard for %lld ms)", p->id, p->target,
                silent);
       continue;
     }
@@ -566,11 +668,11 @@ nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* fra
       nb_status_t rs = nb_link_rx_take(ex->rx, p->id, round, 0, &r->frame, &r->len);
       if (rs == NB_ERR_TIMEOUT && !nb_exchange_peer_alive(ex, i)) {
         pthread_mutex_lock(&ex->mu);
-        long long silent = (long long)nb__silent_ms(p);
+        long long silent = (long long)nb__silent_ms(ex, p);
         pthread_mutex_unlock(&ex->mu);
         rs = NB_ERR_UNAVAILABLE;
         snprintf(r->detail, sizeof r->detail,
-                 "peer %s (%.100s) stopped answering: no heartbeat for %lld ms", p->id, p->target,
+                 "peer %s (%.100s) stopped answering: nothing heard for %lld ms", p->id, p->target,
                  silent);
         nb_link_cancel(p->link);
       } else if (rs == NB_ERR_TIMEOUT && nb_link_rx_newest(ex->rx, p->id) > round) {
@@ -628,9 +730,9 @@ nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* fra
       if (r->status != NB_OK && !alive && r->status != NB_ERR_UNAVAILABLE) {
         r->status = NB_ERR_UNAVAILABLE;
       }
-      if (r->status == NB_ERR_UNAVAILABLE && !strstr(r->detail, "heartbeat"))
-        snprintf(r->detail, sizeof r->detail, "peer %s (%.100s) stopped answering its heartbeat",
-                 r->peer, ex->peers[i]->target);
+      if (r->status == NB_ERR_UNAVAILABLE && !strstr(r->detail, "answering"))
+        snprintf(r->detail, sizeof r->detail, "peer %s (%.100s) stopped answering", r->peer,
+                 ex->peers[i]->target);
     }
     r->newest = nb_link_rx_newest(ex->rx, ex->peers[i]->id);
     if (r->status != NB_OK) {

@@ -1,8 +1,8 @@
 /* inter/exchange: one cluster leader's side of the per-round exchange among K clusters of a job:
  * an Exchange server (Push + Ping, inter/link's receiver), one link per peer, and a heartbeat
- * (Ping) per peer so that a peer that stops answering is reported within NB_EXCHANGE_DEAD_MS
- * instead of being waited on, and Pull, which serves the published global state to a peer that
- * rejoins. A round sends our frame to every peer and receives theirs under a
+ * (Ping) per peer so that a peer we stop hearing from is reported within its dead timeout
+ * (nb_exchange_peer_alive) instead of being waited on, and Pull, which serves the published global
+ * state to a peer that rejoins. A round sends our frame to every peer and receives theirs under a
  * deadline. It does not encode or aggregate frames (the codec and the trainer do). */
 #ifndef NB_INTER_EXCHANGE_H
 #define NB_INTER_EXCHANGE_H
@@ -37,8 +37,9 @@ typedef struct {
   uint32_t window;     /* 0: NB_LINK_WINDOW */
   double rate_cap_Bps; /* operator cap per link, bytes/s; 0 = none */
   int heartbeat_ms;    /* Ping period per peer; 0: NB_EXCHANGE_HEARTBEAT_MS (250) */
-  int dead_ms;         /* a peer without a Ping answer for this long is dead;
-                          0: NB_EXCHANGE_DEAD_MS (2000), so detection is within 3 s */
+  int dead_ms;         /* floor of the dead timeout: a peer we heard nothing from for this long
+                          (or for the derived timeout, if longer: see nb_exchange_peer_liveness)
+                          is dead; 0: NB_EXCHANGE_DEAD_MS (2000) */
 } nb_exchange_config_t;
 
 /* Outcome of one round for one peer. */
@@ -73,13 +74,42 @@ nb_status_t nb_exchange_add_peer(nb_exchange_t* ex, const char* peer, const char
 size_t nb_exchange_peer_count(const nb_exchange_t* ex);
 nb_link_t* nb_exchange_link(nb_exchange_t* ex, size_t i);
 
-/* 1 while peer i answers its heartbeat, 0 once it missed dead_ms. Thread-safe. */
+/* 1 while peer i is alive, 0 once it was declared dead (nothing heard for its dead timeout;
+ * it lives again once anything is heard from it). Thread-safe.
+ *
+ * Liveness rule: any bytes from the peer count (a heartbeat answer; an ack or probe answer on
+ * our link; a PushOpen, chunk or Ping at our receiver; a Pull), so a peer that fills a thin link
+ * with data is alive although its pings queue behind that data. The dead timeout is
+ *   max(dead_ms, NB_EXCHANGE_DEAD_RTTS x RTT + NB_EXCHANGE_DEAD_CHUNKS x S x chunk / rate)
+ * with RTT the larger of the smoothed and the latest heartbeat RTT (queueing included), S the
+ * link's streams, chunk the largest single message in flight or next (our send's chunk, the
+ * peer's incoming chunk, a probe, the chunk the next send would use) plus its seal tag, and rate
+ * nb_link_rate_Bps (no chunk term while it is unknown). */
 int nb_exchange_peer_alive(nb_exchange_t* ex, size_t i);
+
+/* Peer i's liveness figures now. */
+typedef struct {
+  int64_t dead_ms;                 /* the derived dead timeout */
+  int64_t floor_ms;                /* the configured floor (dead_ms of the config) */
+  int64_t silent_ms;               /* since we last heard from it (any path) */
+  double rtt_s;                    /* the RTT the timeout used */
+  double rate_Bps;                 /* the rate it used, 0 = unknown */
+  size_t chunk_bytes;              /* the chunk it used (plaintext) */
+  int dead;                        /* 1 when nb_exchange_peer_alive would say 0 */
+  uint64_t pings_ok, pings_failed; /* heartbeats answered / not */
+} nb_exchange_liveness_t;
+
+/* Fills *out. Returns NB_ERR_INVALID for a bad index. Thread-safe. */
+nb_status_t nb_exchange_peer_liveness(nb_exchange_t* ex, size_t i, nb_exchange_liveness_t* out);
+
+/* Internal (tests): the dead-timeout rule as a pure function, in ms (see above). */
+int64_t nb__exchange_dead_ms(int64_t floor_ms, int rtts, int chunks, double rtt_s, double rate_Bps,
+                             size_t chunk_wire_bytes, uint32_t streams);
 
 /* One round: sends frame/len to every peer and receives every peer's frame of `round`, all in
  * parallel, until deadline_ns (nb_now_ns clock; 0 = none, then only heartbeats end a wait).
  * results: an array of nb_exchange_peer_count() entries, filled in peer order (release with
- * nb_exchange_results_release). A peer whose heartbeat stops is given up on at once
+ * nb_exchange_results_release). A peer declared dead is given up on at once
  * (NB_ERR_UNAVAILABLE in its result, naming it and how long it has been silent).
  * Returns NB_OK when every peer succeeded; otherwise the first failing peer's status (in peer
  * order) with a detail naming it: NB_ERR_UNAVAILABLE (peer dead), NB_ERR_TIMEOUT (deadline),
@@ -94,7 +124,8 @@ nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* fra
 nb_status_t nb_exchange_publish_state(nb_exchange_t* ex, uint64_t round, const void* state,
                                       size_t len);
 
-/* Pulls peer i's published state (Exchange.Pull, 1 MiB chunks, each sealed under a key of its
+/* Pulls peer i's published state (Exchange.Pull, chunks of the link's adaptive size, at most
+ * 1 MiB, each sealed under a key of its
  * own for this pull when the job seals frames), and checks the XXH3-64 of the whole state that
  * the first chunk announces. *state: nb_alloc'd (caller nb_free), *len, *round (nullable).
  * timeout_ms bounds the call (it waits for the peer to be reachable). NB_ERR_UNAVAILABLE (the

@@ -27,10 +27,17 @@ NB_PARAM_INT(LinkProbeMs, "NB_LINK_PROBE_MS", 2000, 10, 3600000,
              "period of the bandwidth probe in ms (nb_link_probe_start with interval 0)")
 NB_PARAM_INT(LinkMaxFrameMb, "NB_LINK_MAX_FRAME_MB", 4096, 1, 1048576,
              "largest frame a receiver accepts, MiB")
+NB_PARAM_INT(LinkChunkMs, "NB_LINK_CHUNK_MS", 1000, 50, 60000,
+             "adaptive chunks: one chunk takes about this long on one stream at the link's rate")
+NB_PARAM_INT(LinkChunkMinKib, "NB_LINK_CHUNK_MIN_KIB", 16, 1, 65536,
+             "adaptive chunks: smallest chunk in KiB")
 
 #define NB__LINK_BACKOFF_MIN_NS 100000000LL
 #define NB__LINK_BACKOFF_MAX_NS 2000000000LL
 #define NB__LINK_TICK_MS 100
+/* a send this large measures the rate well enough to plan chunks with (the estimator's own
+ * threshold for a goodput sample) */
+#define NB__LINK_RATE_MIN_BYTES ((size_t)64 << 10)
 
 static void nb__copy_id(char* dst, const char* src) {
   snprintf(dst, NB_LINK_ID_MAX, "%s", src ? src : "");
@@ -90,10 +97,13 @@ struct nb_link {
   char target[256];
   nb_seal_ctx_t* seal;
   uint32_t streams, window;
-  size_t chunk_bytes;
+  size_t chunk_bytes; /* the configured (largest) chunk */
+  size_t chunk_min;   /* adaptive chunks: the smallest */
+  int64_t chunk_ms;   /* adaptive chunks: target time of one chunk on one stream; 0 = fixed */
   int64_t stall_ms;
   nb_rpc_client_t** data; /* streams clients */
-  nb_rpc_client_t* ctl;   /* pings */
+  nb_rpc_client_t* hb;    /* heartbeats (payload-free pings) only: never behind bulk bytes */
+  nb_rpc_client_t* ctl;   /* probes (pings with payload) */
   nb_ratelimit_t* rl;
   nb_estimator_t* est;
   pthread_mutex_t mu;
@@ -109,6 +119,13 @@ struct nb_link {
   pthread_cond_t probe_cv;
   size_t probe_bytes;
   int64_t probe_interval_ms;
+  /* liveness (under mu): when bytes from the peer last arrived, the latest heartbeat RTT, and
+   * what is in flight (the chunk of the send in progress, the payload of probes in progress) */
+  int64_t last_heard_ns;
+  double hb_rtt_last_s;
+  double send_Bps; /* goodput of the latest completed send of at least NB__LINK_RATE_MIN_BYTES */
+  size_t send_chunk;
+  size_t probe_inflight;
 };
 
 /* One transfer in progress, shared by the stream workers. */
@@ -117,6 +134,7 @@ typedef struct {
   uint64_t round, tid;
   const uint8_t* frame;
   size_t len;
+  size_t chunk; /* plaintext bytes per chunk of this transfer */
   uint32_t count;
   uint8_t* aad;
   size_t aad_len;
@@ -156,8 +174,11 @@ nb_status_t nb_link_create(const nb_link_config_t* cfg, nb_link_t** out) {
     return nb_error(NB_ERR_INVALID, "link to '%s': no TLS material (allow_insecure not set)",
                     cfg->peer_cluster);
   if (cfg->streams > 64) return nb_error(NB_ERR_INVALID, "link: streams %u > 64", cfg->streams);
-  if (!(cfg->rate_cap_Bps >= 0))
-    return nb_error(NB_ERR_INVALID, "link: rate cap must be >= 0 bytes/s");
+  if (!(cfg->rate_cap_Bps >= 0) || cfg->rate_cap_Bps > 1e15)
+    return nb_error(NB_ERR_INVALID, "link: rate cap must be >= 0 bytes/s and finite");
+  if (cfg->chunk_ms < 0 || cfg->chunk_ms > 3600000)
+    return nb_error(NB_ERR_INVALID, "link to '%s': chunk_ms %lld out of [0, 3600000]",
+                    cfg->peer_cluster, (long long)cfg->chunk_ms);
   nb_link_t* L = NULL;
   nb_status_t st = NB_CALLOC(L, 1, "link");
   if (st != NB_OK) return st;
@@ -169,6 +190,9 @@ nb_status_t nb_link_create(const nb_link_config_t* cfg, nb_link_t** out) {
   L->streams = cfg->streams ? cfg->streams : (uint32_t)nb_param_LinkStreams();
   L->window = cfg->window ? cfg->window : (uint32_t)nb_param_LinkWindow();
   L->chunk_bytes = cfg->chunk_bytes ? cfg->chunk_bytes : (size_t)nb_param_LinkChunkKib() << 10;
+  L->chunk_min = (size_t)nb_param_LinkChunkMinKib() << 10;
+  if (L->chunk_min > L->chunk_bytes) L->chunk_min = L->chunk_bytes;
+  L->chunk_ms = cfg->fixed_chunks ? 0 : cfg->chunk_ms > 0 ? cfg->chunk_ms : nb_param_LinkChunkMs();
   L->stall_ms = cfg->stall_ms > 0 ? cfg->stall_ms : nb_param_LinkStallMs();
   pthread_mutex_init(&L->mu, NULL);
   nb__cond_init_mono(&L->probe_cv);
@@ -185,10 +209,13 @@ nb_status_t nb_link_create(const nb_link_config_t* cfg, nb_link_t** out) {
   for (uint32_t i = 0; i < L->streams; i++)
     NB_CHECK_GOTO(nb_rpc_client_create(L->target, &co, &L->data[i]), st, fail);
   NB_CHECK_GOTO(nb_rpc_client_create(L->target, &co, &L->ctl), st, fail);
+  NB_CHECK_GOTO(nb_rpc_client_create(L->target, &co, &L->hb), st, fail);
   NB_CHECK_GOTO(nb_ratelimit_create(cfg->rate_cap_Bps, 0, &L->rl), st, fail);
   NB_CHECK_GOTO(nb_estimator_create(NULL, &L->est), st, fail);
-  NB_INFO(WIRE, "link %s -> %s at %s: %u streams, %zu-byte chunks, window %u, cap %.0f B/s%s",
-          L->local, L->peer, L->target, L->streams, L->chunk_bytes, L->window, cfg->rate_cap_Bps,
+  NB_INFO(WIRE,
+          "link %s -> %s at %s: %u streams, chunks of %s%zu bytes%s, window %u, cap %.0f B/s%s",
+          L->local, L->peer, L->target, L->streams, L->chunk_ms ? "at most " : "", L->chunk_bytes,
+          L->chunk_ms ? " (adapted to the rate)" : "", L->window, cfg->rate_cap_Bps,
           L->seal ? "" : ", UNSEALED");
   *out = L;
   return NB_OK;
@@ -203,6 +230,7 @@ void nb_link_destroy(nb_link_t* L) {
   if (L->data)
     for (uint32_t i = 0; i < L->streams; i++) nb_rpc_client_destroy(L->data[i]);
   nb_rpc_client_destroy(L->ctl);
+  nb_rpc_client_destroy(L->hb);
   nb_ratelimit_destroy(L->rl);
   nb_estimator_destroy(L->est);
   nb_free(L->data);
@@ -245,6 +273,84 @@ const char* nb_link_target(const nb_link_t* L) {
   return L ? L->target : NULL;
 }
 
+/* Bytes from the peer arrived on this link (an ack, a ping's or a probe's reply). */
+static void nb__link_heard(nb_link_t* L) {
+  int64_t now = nb_now_ns();
+  pthread_mutex_lock(&L->mu);
+  if (now > L->last_heard_ns) L->last_heard_ns = now;
+  pthread_mutex_unlock(&L->mu);
+}
+
+int64_t nb_link_last_heard_ns(nb_link_t* L) {
+  if (!L) return 0;
+  pthread_mutex_lock(&L->mu);
+  int64_t t = L->last_heard_ns;
+  pthread_mutex_unlock(&L->mu);
+  return t;
+}
+
+/* The smallest of the known rates: a probe can overestimate a shaped link (a shaper's burst
+ * lets it through at line rate) and the estimator mixes probes in; an underestimate only makes
+ * chunks smaller and the dead timeout longer. */
+double nb_link_rate_Bps(nb_link_t* L) {
+  if (!L) return 0;
+  nb_ratelimit_stats_t rs;
+  nb_ratelimit_stats(L->rl, &rs);
+  nb_estimate_t e;
+  nb_estimator_get(L->est, &e);
+  pthread_mutex_lock(&L->mu);
+  double known[3] = {rs.rate_Bps, e.goodput_Bps, L->send_Bps};
+  pthread_mutex_unlock(&L->mu);
+  double r = 0;
+  for (int i = 0; i < 3; i++)
+    if (known[i] > 0 && (r == 0 || known[i] < r)) r = known[i];
+  return r;
+}
+
+size_t nb__link_chunk_for_rate(double rate_Bps, uint32_t streams, int64_t chunk_ms, size_t min,
+                               size_t max) {
+  if (min > max) min = max;
+  if (chunk_ms <= 0) return max; /* fixed chunks */
+  if (!(rate_Bps > 0)) return min;
+  if (streams == 0) streams = 1;
+  double c = rate_Bps * (double)chunk_ms * 1e-3 / (double)streams;
+  if (c >= (double)max) return max;
+  size_t n = (size_t)c & ~(size_t)1023; /* whole KiB */
+  return n < min ? min : n;
+}
+
+size_t nb_link_chunk_bytes(nb_link_t* L) {
+  if (!L) return 0;
+  return nb__link_chunk_for_rate(nb_link_rate_Bps(L), L->streams, L->chunk_ms, L->chunk_min,
+                                 L->chunk_bytes);
+}
+
+void nb_link_liveness(nb_link_t* L, nb_link_liveness_t* out) {
+  memset(out, 0, sizeof *out);
+  if (!L) return;
+  nb_estimate_t e;
+  nb_estimator_get(L->est, &e);
+  out->rate_Bps = nb_link_rate_Bps(L);
+  pthread_mutex_lock(&L->mu);
+  out->last_heard_ns = L->last_heard_ns;
+  out->sending = L->sending > 0;
+  out->chunk_bytes = L->sending ? L->send_chunk : 0;
+  out->streams = L->streams;
+  out->probe_bytes = L->probe_inflight;
+  double rtt = L->hb_rtt_last_s;
+  pthread_mutex_unlock(&L->mu);
+  if (e.rtt_s > rtt) rtt = e.rtt_s;
+  out->rtt_s = rtt;
+  out->chunk_next =
+      nb__link_chunk_for_rate(out->rate_Bps, L->streams, L->chunk_ms, L->chunk_min, L->chunk_bytes);
+  out->seal_tag_bytes = L->seal ? NB_SEAL_TAG_BYTES : 0;
+}
+
+void nb_link_ratelimit_stats(nb_link_t* L, nb_ratelimit_stats_t* out) {
+  memset(out, 0, sizeof *out);
+  if (L) nb_ratelimit_stats(L->rl, out);
+}
+
 nb_status_t nb_link_set_rate_cap(nb_link_t* L, double rate_Bps) {
   if (!L) return nb_error(NB_ERR_INVALID, "link: NULL");
   return nb_ratelimit_set_rate(L->rl, rate_Bps, 0);
@@ -270,7 +376,8 @@ nb_status_t nb_link_ping(nb_link_t* L, int64_t timeout_ms, size_t payload_bytes,
   req.payload.len = payload_bytes;
   ProtobufCMessage* resp = NULL;
   int64_t t0 = nb_now_ns();
-  nb_status_t st = nb_rpc_unary_pb(L->ctl, NB_LINK_METHOD_PING, &req.base,
+  /* heartbeats have a connection of their own: not behind a probe's payload, nor chunks */
+  nb_status_t st = nb_rpc_unary_pb(payload_bytes ? L->ctl : L->hb, NB_LINK_METHOD_PING, &req.base,
                                    &nebula__v1__ping_reply__descriptor, &resp, timeout_ms, 0);
   double rtt = (double)(nb_now_ns() - t0) * 1e-9;
   nb_free(pay);
@@ -281,8 +388,10 @@ nb_status_t nb_link_ping(nb_link_t* L, int64_t timeout_ms, size_t payload_bytes,
                   r->responder ? r->responder : "", (unsigned long long)r->seq,
                   (unsigned long long)req.seq);
   } else {
+    nb__link_heard(L);
     pthread_mutex_lock(&L->mu);
-    int first = L->pings_ok++ == 0;
+    int first = payload_bytes == 0 && L->pings_ok++ == 0;
+    if (payload_bytes == 0 && !first) L->hb_rtt_last_s = rtt;
     int clean = !busy0 && !L->probing && gen0 == L->probe_gen;
     pthread_mutex_unlock(&L->mu);
     if (first && payload_bytes == 0) {
@@ -303,9 +412,17 @@ nb_status_t nb_link_probe(nb_link_t* L, size_t bytes, int64_t timeout_ms, double
   if (!L) return nb_error(NB_ERR_INVALID, "link: NULL");
   if (bytes == 0 || bytes > ((size_t)4 << 20))
     return nb_error(NB_ERR_INVALID, "probe of %zu bytes: must be in [1, 4 MiB]", bytes);
+  /* a probe on a connection still being opened would time the TCP and TLS handshakes too;
+   * wait for it in slices, so that nb_link_cancel (a send's rate probe) ends the wait */
+  int64_t ready_by = nb_now_ns() + (timeout_ms > 0 ? timeout_ms : 5000) * 1000000LL;
+  while (nb_rpc_client_state(L->ctl, 1) != NB_RPC_READY && nb_now_ns() < ready_by) {
+    if (nb__link_cancelled(L)) return nb_error(NB_ERR_CANCELLED, "probe %s: cancelled", L->peer);
+    (void)nb_rpc_client_wait_ready(L->ctl, NB__LINK_TICK_MS);
+  }
   pthread_mutex_lock(&L->mu);
   L->probing++;
   L->probe_gen++;
+  L->probe_inflight += bytes;
   pthread_mutex_unlock(&L->mu);
   int64_t t0 = nb_now_ns();
   int64_t deadline = timeout_ms > 0 ? t0 + timeout_ms * 1000000LL : 0;
@@ -322,6 +439,7 @@ nb_status_t nb_link_probe(nb_link_t* L, size_t bytes, int64_t timeout_ms, double
   pthread_mutex_lock(&L->mu);
   L->probing--;
   L->probe_gen++;
+  L->probe_inflight -= bytes;
   pthread_mutex_unlock(&L->mu);
   if (st != NB_OK) return st;
   NB_CHECK(nb_estimator_add_probe(L->est, bytes, secs));
@@ -353,6 +471,11 @@ static void* nb__probe_main(void* arg) {
     size_t bytes = L->probe_bytes;
     int64_t interval_ns = L->probe_interval_ms * 1000000LL;
     pthread_mutex_unlock(&L->mu);
+    /* a probe is one message, like a chunk: once the rate is known, no longer on a thin link
+     * than an adaptive chunk (before, the full size measures it: a shaper's burst would let a
+     * small probe through at line rate) */
+    size_t cap = L->chunk_ms && nb_link_rate_Bps(L) > 0 ? nb_link_chunk_bytes(L) : bytes;
+    if (bytes > cap) bytes = cap;
     int64_t t0 = nb_now_ns();
     nb_status_t st = nb_link_probe(L, bytes, 5000, NULL);
     int64_t took = nb_now_ns() - t0;
@@ -475,7 +598,7 @@ static nb_status_t nb__send_open(nb__xfer_t* x, nb_rpc_stream_t* s) {
   Nebula__V1__PushOpen o = NEBULA__V1__PUSH_OPEN__INIT;
   o.key = &key;
   o.frame_size = x->len;
-  o.chunk_size = (uint32_t)x->L->chunk_bytes;
+  o.chunk_size = (uint32_t)x->chunk;
   o.chunk_count = x->count;
   o.frame_hash = x->hash;
   o.frame_header.data = x->aad + 28;
@@ -544,8 +667,8 @@ size_t nb__link_chunk_encode(uint8_t* out, uint64_t transfer_id, uint32_t index,
  * sealed bytes are written once, into the gRPC slice, not into a buffer of ours first. */
 static nb_status_t nb__send_chunk(nb__xfer_t* x, nb_rpc_stream_t* s, uint32_t i) {
   nb_link_t* L = x->L;
-  size_t off = (size_t)i * L->chunk_bytes;
-  size_t n = x->len - off < L->chunk_bytes ? x->len - off : L->chunk_bytes;
+  size_t off = (size_t)i * x->chunk;
+  size_t n = x->len - off < x->chunk ? x->len - off : x->chunk;
   const uint8_t* data = x->frame + off;
   size_t dlen = n + (L->seal ? NB_SEAL_TAG_BYTES : 0);
   /* The crc32 guards unsealed chunks only: a sealed chunk's GCM tag is the stronger check, and
@@ -623,6 +746,7 @@ static void* nb__ack_reader(void* arg) {
       break;
     }
     st->last_ack_ns = nb_now_ns();
+    nb__link_heard(x->L);
     if (st->nin > 0) {
       nb__xfer_ack(x, st->fifo[st->head]);
       st->head = (st->head + 1) % st->window;
@@ -695,6 +819,7 @@ static void* nb__worker(void* arg) {
     int reader = 0;
     pthread_t rth;
     if (rc == NB_OK) {
+      nb__link_heard(L);
       pthread_mutex_lock(&x->mu);
       int done = nb__xfer_status(x, a);
       if (!done) {
@@ -785,25 +910,30 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
   if (round > NB_SEAL_MAX_ROUND)
     return nb_error(NB_ERR_INVALID, "link send: round %llu does not fit the nonce",
                     (unsigned long long)round);
-  uint64_t count64 = (len + L->chunk_bytes - 1) / L->chunk_bytes;
+  if (nb__link_cancelled(L)) return nb_error(NB_ERR_CANCELLED, "link to %s is cancelled", L->peer);
+  /* Adaptive chunks follow the link's rate; while it has none (no cap, nothing measured yet)
+   * the smallest chunk is used: that first transfer measures the rate. A probe of the same
+   * size would not (a shaper's burst lets it through at line rate). */
+  size_t chunk = nb_link_chunk_bytes(L);
+  uint64_t count64 = (len + chunk - 1) / chunk;
   if (count64 > UINT32_MAX)
     return nb_error(NB_ERR_INVALID, "link send: %zu bytes is too many chunks", len);
-  if (nb__link_cancelled(L)) return nb_error(NB_ERR_CANCELLED, "link to %s is cancelled", L->peer);
   nb__xfer_t x = {.L = L,
                   .round = round,
                   .tid = nb_link_transfer_id(round),
                   .frame = frame,
                   .len = len,
+                  .chunk = chunk,
                   .count = (uint32_t)count64,
                   .deadline_ns = deadline_ns};
   nb_status_t st = NB_OK;
   pthread_t* th = NULL;
   nb__worker_t* ws = NULL;
   uint32_t started = 0;
-  x.aad_len = nb_link_chunk_aad(x.tid, len, (uint32_t)L->chunk_bytes, x.count, frame_header,
-                                header_len, NULL, 0);
+  x.aad_len =
+      nb_link_chunk_aad(x.tid, len, (uint32_t)x.chunk, x.count, frame_header, header_len, NULL, 0);
   NB_CHECK_GOTO(nb_alloc((void**)&x.aad, x.aad_len, 1, "chunk aad"), st, out);
-  nb_link_chunk_aad(x.tid, len, (uint32_t)L->chunk_bytes, x.count, frame_header, header_len, x.aad,
+  nb_link_chunk_aad(x.tid, len, (uint32_t)x.chunk, x.count, frame_header, header_len, x.aad,
                     x.aad_len);
   NB_CHECK_GOTO(nb_calloc((void**)&x.state, x.count, 1, "chunk states"), st, out);
   NB_CHECK_GOTO(NB_CALLOC(th, L->streams, "link threads"), st, out);
@@ -811,11 +941,12 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
   x.hash = nb_xxh3_64(frame, len, 0);
   pthread_mutex_init(&x.mu, NULL);
   nb__cond_init_mono(&x.cv);
+  uint32_t nstreams = L->streams < x.count ? L->streams : x.count;
   pthread_mutex_lock(&L->mu);
   L->sending++;
+  L->send_chunk = x.chunk;
   pthread_mutex_unlock(&L->mu);
   int64_t t0 = nb_now_ns();
-  uint32_t nstreams = L->streams < x.count ? L->streams : x.count;
   for (; started < nstreams; started++) {
     ws[started] = (nb__worker_t){.x = &x, .sid = started};
     if (pthread_create(&th[started], NULL, nb__worker, &ws[started]) != 0) {
@@ -833,9 +964,16 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
   if (x.complete) {
     st = NB_OK;
     if (secs > 0) nb_estimator_add_transfer(L->est, len, secs, nstreams);
-    NB_INFO(WIRE, "link %s -> %s: round %llu, %zu bytes in %.3f s (%.1f Mbit/s), %u reconnects",
-            L->local, L->peer, (unsigned long long)round, len, secs, len * 8e-6 / secs,
-            x.reconnects);
+    if (secs > 0 && len >= NB__LINK_RATE_MIN_BYTES) {
+      pthread_mutex_lock(&L->mu);
+      L->send_Bps = (double)len / secs;
+      pthread_mutex_unlock(&L->mu);
+    }
+    NB_INFO(WIRE,
+            "link %s -> %s: round %llu, %zu bytes in %.3f s (%.1f Mbit/s), %u chunks of %zu "
+            "bytes, %u reconnects",
+            L->local, L->peer, (unsigned long long)round, len, secs, len * 8e-6 / secs, x.count,
+            x.chunk, x.reconnects);
   } else if (x.fatal != NB_OK) {
     st = nb_error(x.fatal, "link %s -> %s: %s", L->local, L->peer, x.fatal_msg);
   } else if (nb__link_cancelled(L)) {
@@ -849,6 +987,7 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
   if (stats) {
     stats->bytes = x.complete ? len : 0;
     stats->chunks = x.count;
+    stats->chunk_bytes = (uint32_t)x.chunk;
     stats->chunks_sent = x.sent;
     stats->resumed_from = x.resumed_from;
     stats->reconnects = x.reconnects;
@@ -870,6 +1009,11 @@ out:
 typedef struct nb__rx_peer {
   char id[NB_LINK_ID_MAX];
   nb_seal_ctx_t* seal;
+  /* liveness, under rx->mu: the latest message from this peer, and the round it was for */
+  int64_t last_heard_ns;
+  uint64_t messages;
+  uint64_t last_round;
+  int have_round;
   struct nb__rx_peer* next;
 } nb__rx_peer_t;
 
@@ -1010,6 +1154,46 @@ static nb__rx_xfer_t* nb__rx_find(nb_link_rx_t* rx, const char* sender, uint64_t
   return NULL;
 }
 
+/* A message from peer p arrived (for transfer round `round` when has_round). */
+static void nb__rx_heard(nb_link_rx_t* rx, nb__rx_peer_t* p, int has_round, uint64_t round) {
+  if (!p) return;
+  int64_t now = nb_now_ns();
+  pthread_mutex_lock(&rx->mu);
+  if (now > p->last_heard_ns) p->last_heard_ns = now;
+  p->messages++;
+  if (has_round) {
+    p->last_round = round;
+    p->have_round = 1;
+  }
+  pthread_mutex_unlock(&rx->mu);
+}
+
+static nb__rx_peer_t* nb__rx_peer_find(nb_link_rx_t* rx, const char* id) {
+  nb__rx_peer_t* found = NULL;
+  pthread_mutex_lock(&rx->mu);
+  for (nb__rx_peer_t* p = rx->peers; p; p = p->next)
+    if (strcmp(p->id, id) == 0) found = p;
+  pthread_mutex_unlock(&rx->mu);
+  return found;
+}
+
+nb_status_t nb_link_rx_peer(nb_link_rx_t* rx, const char* peer, nb_link_rx_peer_t* out) {
+  if (!rx || !peer || !out) return nb_error(NB_ERR_INVALID, "link rx peer: NULL");
+  memset(out, 0, sizeof *out);
+  nb_status_t st = nb_error(NB_ERR_NOT_FOUND, "link rx: '%.64s' is not a peer", peer);
+  pthread_mutex_lock(&rx->mu);
+  for (nb__rx_peer_t* p = rx->peers; p; p = p->next) {
+    if (strcmp(p->id, peer) != 0) continue;
+    out->last_heard_ns = p->last_heard_ns;
+    out->messages = p->messages;
+    nb__rx_xfer_t* x = p->have_round ? nb__rx_find(rx, peer, p->last_round) : NULL;
+    if (x && x->state == NB__RX_RECEIVING) out->chunk_bytes = x->chunk_size;
+    st = NB_OK;
+  }
+  pthread_mutex_unlock(&rx->mu);
+  return st;
+}
+
 uint64_t nb_link_rx_newest(nb_link_rx_t* rx, const char* sender) {
   if (!rx || !sender) return 0;
   uint64_t newest = 0;
@@ -1083,7 +1267,8 @@ static nb_status_t nb__rx_ack(nb_rpc_call_t* call, uint64_t tid, uint32_t next, 
 typedef struct {
   nb_link_rx_t* rx;
   nb_rpc_call_t* call;
-  nb__rx_xfer_t* cur; /* the transfer opened on this call */
+  nb__rx_peer_t* peer; /* the sender, once a PushOpen named a known one */
+  nb__rx_xfer_t* cur;  /* the transfer opened on this call */
   nb_seal_ctx_t* seal;
   uint8_t* aad;
   size_t aad_len;
@@ -1136,6 +1321,8 @@ static nb_status_t nb__rx_open(nb__rx_call_t* c, const Nebula__V1__PushOpen* o) 
   if (!peer)
     return nb__rx_refuse(c, k->transfer_id, NB_ERR_PERMISSION, NB__ST_REJECTED,
                          "unknown sender '%.64s'", k->sender);
+  c->peer = peer; /* its identity was checked above */
+  nb__rx_heard(rx, peer, 1, k->round);
   if (o->chunk_size == 0 || o->chunk_size > (48u << 20) || o->frame_size == 0 ||
       o->frame_size > rx->max_frame ||
       o->chunk_count != (o->frame_size + o->chunk_size - 1) / o->chunk_size ||
@@ -1215,6 +1402,7 @@ static nb_status_t nb__rx_open(nb__rx_call_t* c, const Nebula__V1__PushOpen* o) 
 static nb_status_t nb__rx_chunk(nb__rx_call_t* c, const Nebula__V1__PushChunk* ch) {
   nb_link_rx_t* rx = c->rx;
   nb__rx_xfer_t* x = c->cur;
+  if (x) nb__rx_heard(rx, c->peer, 1, x->round);
   if (!x || ch->transfer_id != x->tid)
     return nb__rx_refuse(c, ch->transfer_id, NB_ERR_INVALID, NB__ST_REJECTED,
                          "chunk of transfer %llu without its PushOpen on this stream",
@@ -1345,6 +1533,12 @@ static nb_status_t nb__rx_ping(nb_rpc_call_t* call, void* user) {
       nb_rpc_call_recv_pb(call, &nebula__v1__ping_request__descriptor, &in, &end, NB_RPC_INFINITE));
   if (end) return nb_error(NB_ERR_INVALID, "Ping without a request");
   Nebula__V1__PingRequest* q = (Nebula__V1__PingRequest*)in;
+  if (q->sender && *q->sender) { /* a peer's ping is news of it, if it is who it says */
+    const nb_tls_peer_t* who = nb_rpc_call_peer(call);
+    int verified = who && who->kind != NB_TLS_PEER_NONE;
+    if (!verified || (who->kind == NB_TLS_PEER_CLUSTER && strcmp(who->name, q->sender) == 0))
+      nb__rx_heard(rx, nb__rx_peer_find(rx, q->sender), 0, 0);
+  }
   Nebula__V1__PingReply r = NEBULA__V1__PING_REPLY__INIT;
   r.seq = q->seq;
   r.echo_sent_unix_ns = q->sent_unix_ns;

@@ -46,11 +46,17 @@ typedef struct {
                               needs allow_unsealed (benchmark baselines only) */
   int allow_unsealed;
   uint32_t streams;    /* parallel streams / TCP connections; 0: NB_LINK_STREAMS (4) */
-  size_t chunk_bytes;  /* plaintext bytes per chunk; 0: NB_LINK_CHUNK_KIB (1024) KiB */
+  size_t chunk_bytes;  /* largest plaintext bytes per chunk; 0: NB_LINK_CHUNK_KIB (1024) KiB.
+                          Chunks adapt to the rate (see chunk_ms) unless fixed_chunks */
   uint32_t window;     /* chunks in flight per stream; 0: NB_LINK_WINDOW (8) */
   double rate_cap_Bps; /* operator cap over all streams, bytes/s; 0 = none */
   int64_t stall_ms;    /* a stream without an ack for this long is dropped and reopened;
                           0: NB_LINK_STALL_MS */
+  int64_t chunk_ms;    /* adaptive chunks: each send picks chunks of rate * chunk_ms / streams
+                          bytes (rate: nb_link_rate_Bps), within [NB_LINK_CHUNK_MIN_KIB,
+                          chunk_bytes], so one chunk takes about chunk_ms on its stream and
+                          acknowledgements keep arriving on a thin link; 0: NB_LINK_CHUNK_MS */
+  int fixed_chunks;    /* 1: every chunk is chunk_bytes, whatever the rate */
 } nb_link_config_t;
 
 /* What one nb_link_send did. */
@@ -62,11 +68,14 @@ typedef struct {
   uint32_t reconnects;   /* streams dropped and reopened */
   double seconds;        /* first open to completion */
   double goodput_Bps;    /* bytes / seconds */
+  uint32_t chunk_bytes;  /* plaintext bytes per chunk this send used (the last one shorter) */
 } nb_link_send_stats_t;
 
-/* Creates a link: S clients (one TCP connection each, connecting lazily) for data and one more
- * for Ping, so heartbeats never queue behind chunks. cfg: see above. out: destroy with
- * nb_link_destroy. Returns NB_ERR_INVALID naming a bad field, NB_ERR_RPC, NB_ERR_NOMEM. */
+/* Creates a link: S clients (one TCP connection each, connecting lazily) for data, one for
+ * bandwidth probes and one for heartbeat pings only, so heartbeats never queue behind chunks or
+ * a probe's payload in a connection, and never wait in the rate cap's bucket (only chunks and
+ * probes are charged to it). cfg: see above. out: destroy with nb_link_destroy. Returns
+ * NB_ERR_INVALID naming a bad field, NB_ERR_RPC, NB_ERR_NOMEM. */
 nb_status_t nb_link_create(const nb_link_config_t* cfg, nb_link_t** out);
 
 /* Cancels a send in progress (NB_ERR_CANCELLED) and joins nothing; then frees. NULL ok. No
@@ -77,7 +86,9 @@ void nb_link_destroy(nb_link_t* link);
  * confirmed it (every chunk opened and the frame's xxh3 matched) or it failed. One frame per
  * round and direction: the seal's nonces are (round, chunk). frame/len: borrowed, len >= 1.
  * deadline_ns: nb_now_ns() clock, 0 = none. frame_header: optional bytes authenticated with every
- * chunk (may be NULL/0). stats: may be NULL.
+ * chunk (may be NULL/0). stats: may be NULL. The chunk size is nb_link_chunk_bytes() at the
+ * start: the smallest while the link has no rate yet (no cap, nothing measured), so the first
+ * transfer keeps acks coming on any link and measures the rate for the next.
  * A dropped connection is reopened with backoff (100 ms doubling to 2 s) and the transfer resumes
  * from the acknowledged chunks. Returns NB_OK; NB_ERR_INTEGRITY (the receiver found a chunk or
  * the frame corrupt: not retried); NB_ERR_PERMISSION (refused: certificate, identity, or the
@@ -95,11 +106,12 @@ void nb_link_cancel(nb_link_t* link);
 /* Clears a cancellation. Thread-safe. */
 void nb_link_resume(nb_link_t* link);
 
-/* One Ping to the peer on the control connection. timeout_ms bounds it. *rtt_s (may be NULL)
- * gets the round trip, which also feeds the estimator. payload_bytes: probe bytes sent along
- * (0 for a heartbeat). Returns NB_OK, NB_ERR_TIMEOUT, NB_ERR_UNAVAILABLE, NB_ERR_PERMISSION,
- * NB_ERR_REMOTE (a reply from someone other than peer_cluster), others from nb_rpc_unary.
- * Thread-safe, may run during a send. */
+/* One Ping to the peer: without payload (a heartbeat) on the heartbeat connection, with payload
+ * on the probe connection. timeout_ms bounds it. *rtt_s (may be NULL) gets the round trip, which
+ * also feeds the estimator. payload_bytes: probe bytes sent along (0 for a heartbeat). An answer
+ * counts as hearing from the peer (nb_link_last_heard_ns). Returns NB_OK, NB_ERR_TIMEOUT,
+ * NB_ERR_UNAVAILABLE, NB_ERR_PERMISSION, NB_ERR_REMOTE (a reply from someone other than
+ * peer_cluster), others from nb_rpc_unary. Thread-safe, may run during a send. */
 nb_status_t nb_link_ping(nb_link_t* link, int64_t timeout_ms, size_t payload_bytes, double* rtt_s);
 
 /* One bandwidth probe: `bytes` (1 B .. 4 MiB) of payload in a Ping on the control connection,
@@ -124,8 +136,48 @@ void nb_link_probe_stop(nb_link_t* link);
  * reads it (nb_estimator_get / nb_estimator_predict_s). Borrowed, valid for the link's lifetime. */
 nb_estimator_t* nb_link_estimator(nb_link_t* link);
 
+/* The counters of the link's rate-cap bucket (bytes granted to chunks and probes, acquires,
+ * waits). Zeroed for link NULL. Thread-safe. */
+void nb_link_ratelimit_stats(nb_link_t* link, nb_ratelimit_stats_t* out);
+
 /* Changes the operator cap at run time (0 = none). Returns NB_ERR_INVALID for a bad rate. */
 nb_status_t nb_link_set_rate_cap(nb_link_t* link, double rate_Bps);
+
+/* The rate the link plans chunks and liveness with, bytes/s: the smallest of the operator cap,
+ * the estimator's smoothed goodput and the goodput of the latest send of at least 64 KiB
+ * (probes, which the estimator mixes in, can overestimate a shaped link); 0 while none is
+ * known. Thread-safe. */
+double nb_link_rate_Bps(nb_link_t* link);
+
+/* The plaintext chunk size a send would use now: rate * chunk_ms / streams within
+ * [NB_LINK_CHUNK_MIN_KIB, chunk_bytes]; chunk_bytes with fixed_chunks; the smallest while the
+ * rate is unknown. Thread-safe. */
+size_t nb_link_chunk_bytes(nb_link_t* link);
+
+/* nb_now_ns() when bytes from the peer last arrived on this link's connections: an ack of a
+ * chunk or of a PushOpen, a heartbeat's or a probe's answer. 0 = never. Thread-safe. */
+int64_t nb_link_last_heard_ns(nb_link_t* link);
+
+/* What a liveness check needs to know about the link now (see inter/exchange's dead rule). */
+typedef struct {
+  int64_t last_heard_ns;   /* nb_link_last_heard_ns */
+  double rtt_s;            /* max(smoothed RTT, latest heartbeat RTT): queueing included */
+  double rate_Bps;         /* nb_link_rate_Bps, 0 = unknown */
+  int sending;             /* a send is in progress */
+  size_t chunk_bytes;      /* plaintext bytes per chunk of that send, 0 when none */
+  size_t chunk_next;       /* nb_link_chunk_bytes: what the next send (and a probe) would use */
+  uint32_t streams;        /* the link's streams (a send of few chunks uses fewer) */
+  size_t probe_bytes;      /* payload of probes in progress */
+  uint32_t seal_tag_bytes; /* wire bytes a chunk carries beyond its plaintext */
+} nb_link_liveness_t;
+
+/* Fills *out (zeroed for link NULL). Thread-safe. */
+void nb_link_liveness(nb_link_t* link, nb_link_liveness_t* out);
+
+/* Internal (tests): the chunk size rule of nb_link_chunk_bytes as a pure function. chunk_ms 0 =
+ * fixed (returns max); rate 0 = unknown (returns min). */
+size_t nb__link_chunk_for_rate(double rate_Bps, uint32_t streams, int64_t chunk_ms, size_t min,
+                               size_t max);
 
 /* The peer cluster id and target of the link (borrowed). */
 const char* nb_link_peer(const nb_link_t* link);
@@ -177,6 +229,19 @@ nb_status_t nb_link_rx_register(nb_link_rx_t* rx, nb_rpc_server_t* srv);
  * NB_ERR_CANCELLED (nb_link_rx_cancel); NB_ERR_INVALID. Thread-safe. */
 nb_status_t nb_link_rx_take(nb_link_rx_t* rx, const char* sender, uint64_t round,
                             int64_t deadline_ns, uint8_t** frame, size_t* len);
+
+/* What the receiver heard from one peer. */
+typedef struct {
+  int64_t last_heard_ns; /* nb_now_ns() of the latest message from it (PushOpen, chunk, Ping),
+                            0 = none yet */
+  uint32_t chunk_bytes;  /* chunk size of its transfer still arriving, 0 when none */
+  uint64_t messages;     /* messages received from it */
+} nb_link_rx_peer_t;
+
+/* Fills *out for `peer` (added with nb_link_rx_add_peer). A Ping counts when its sender field
+ * names the peer and, on a TLS server, the caller's certificate is that peer. Returns NB_OK,
+ * NB_ERR_NOT_FOUND (not a peer), NB_ERR_INVALID. Thread-safe. */
+nb_status_t nb_link_rx_peer(nb_link_rx_t* rx, const char* peer, nb_link_rx_peer_t* out);
 
 /* The newest round of any transfer `sender` opened to us (complete, taken or still arriving),
  * 0 when none: a sender already past the round we wait for will not send it. Thread-safe. */

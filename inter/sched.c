@@ -165,8 +165,10 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
     d.reason = NB_SCHED_NO_ESTIMATE;
     d.density = clampd(cfg->initial_density, cfg->density_floor, cfg->density_ceiling);
   } else {
+    /* with tau, the round trips do not eat tau's budget: tau steps carry the data, and the
+     * update lands later by what the latency costs (below) */
     double budget = share * hide_compute;
-    d.density_fit = (budget - fixed_s - fixed_bytes / g) * g / bytes_full;
+    d.density_fit = (budget - (tau ? 0.0 : fixed_s) - fixed_bytes / g) * g / bytes_full;
     if (d.density_fit >= cfg->density_ceiling) {
       d.reason = NB_SCHED_CEILING;
       d.density = cfg->density_ceiling;
@@ -180,7 +182,7 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
       }
     } else {
       d.density = cfg->density_floor;
-      double need_s = fixed_s + (fixed_bytes + d.density * bytes_full) / g;
+      const double need_s = fixed_s + (fixed_bytes + d.density * bytes_full) / g;
       double steps_need = wall ? 0.0 : ceil(need_s / (share * in->step_compute_s));
       double tau_need = tau ? ceil(need_s / (share * in->step_compute_s)) : 0.0;
       if (tau && tau_need < (double)in->steps && tau_need * in->step_compute_s < base_compute) {
@@ -202,6 +204,16 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
         d.steps = max_steps;
       }
     }
+  }
+  if (tau &&
+      (d.reason == NB_SCHED_FIT || d.reason == NB_SCHED_CEILING || d.reason == NB_SCHED_HOLD)) {
+    /* the data fits tau steps; the round trips make it land later, while that is in the round */
+    double land =
+        ceil((fixed_s + (fixed_bytes + d.density * bytes_full) / g) / (share * in->step_compute_s));
+    if (land > (double)d.hide_steps)
+      d.hide_steps = land < (double)in->steps && land * in->step_compute_s < base_compute
+                         ? (uint32_t)land
+                         : 0; /* at the round's end */
   }
   double kf = ceil(d.density * (double)in->n_params);
   d.k = kf < 1.0 ? 1 : (kf > (double)in->n_params ? in->n_params : (uint64_t)kf);
@@ -231,4 +243,85 @@ int nb_sched_decision_format(const nb_sched_decision_t* d, char* buf, size_t len
                   d->in.rtt_s * 1e3, d->in.step_compute_s * 1e3, (unsigned long long)d->in.n_params,
                   d->in.bits_per_value, d->in.bits_per_index, d->in.fanout, d->in.round_s,
                   d->hide_steps);
+}
+
+/* One point's decision: nb_sched_decide with the density pinned to the point's. */
+static nb_status_t nb__sched_point(const nb_sched_config_t* cfg, const nb_sched_input_t* in,
+                                   const nb_sched_point_t* p, nb_sched_decision_t* d) {
+  nb_sched_config_t c = *cfg;
+  c.density_floor = c.density_ceiling = c.initial_density = p->density;
+  c.hysteresis = 0;
+  nb_sched_input_t x = *in;
+  x.bits_per_value = p->bits_per_value;
+  x.bits_per_index = p->bits_per_index;
+  return nb_sched_decide(&c, &x, NULL, d);
+}
+
+nb_status_t nb_sched_pick(const nb_sched_config_t* cfg, const nb_sched_input_t* in,
+                          const nb_sched_point_t* points, size_t n, const nb_sched_decision_t* prev,
+                          size_t prev_index, nb_sched_decision_t* out, size_t* index) {
+  if (!out || !index || !points || n == 0)
+    return nb_error(NB_ERR_INVALID, "scheduler: pick needs a table of at least one point");
+  NB_CHECK(nb_sched_config_check(cfg));
+  NB_CHECK(sched_input_check(in));
+  size_t best = 0, cheapest = 0, fit = n, later = n;
+  nb_sched_decision_t d, dfit, dlater, dcheap;
+  memset(&dfit, 0, sizeof dfit);
+  memset(&dlater, 0, sizeof dlater);
+  memset(&dcheap, 0, sizeof dcheap);
+  for (size_t i = 0; i < n; i++) {
+    const nb_sched_point_t* p = &points[i];
+    if (!(isfinite(p->density) && p->density > 0 && p->density <= 1) ||
+        !(isfinite(p->bits_per_value) && p->bits_per_value > 0 && p->bits_per_value <= 64) ||
+        !(fin_ge0(p->bits_per_index) && p->bits_per_index <= 64) || !isfinite(p->loss_cost))
+      return nb_error(NB_ERR_INVALID,
+                      "scheduler: point %zu (%s): density must be in (0, 1], bits per value in "
+                      "(0, 64], bits per index in [0, 64], loss cost finite",
+                      i, p->name ? p->name : "?");
+    NB_CHECK(nb__sched_point(cfg, in, p, &d));
+    if (p->loss_cost < points[best].loss_cost) best = i;
+    if (i == 0 || d.bytes < dcheap.bytes) cheapest = i, dcheap = d;
+    if (d.reason == NB_SCHED_CEILING) {
+      if (fit == n || p->loss_cost < points[fit].loss_cost ||
+          (p->loss_cost == points[fit].loss_cost && d.bytes < dfit.bytes))
+        fit = i, dfit = d;
+    } else if (d.reason == NB_SCHED_FLOOR_LATER) {
+      if (later == n || p->loss_cost < points[later].loss_cost ||
+          (p->loss_cost == points[later].loss_cost && d.bytes < dlater.bytes))
+        later = i, dlater = d;
+    }
+  }
+  if (dcheap.reason == NB_SCHED_NO_ESTIMATE) {
+    *index = cheapest;
+    *out = dcheap;
+    return NB_OK;
+  }
+  if (fit < n) {
+    *index = fit;
+    *out = dfit;
+    out->reason = fit == best ? NB_SCHED_CEILING : NB_SCHED_FIT;
+    /* hold: the previous point still fits and the better one would nearly fill its budget */
+    if (prev && prev_index < n && prev_index != fit &&
+        points[prev_index].loss_cost > points[fit].loss_cost &&
+        dfit.transfer_s > (1.0 - cfg->hysteresis) * dfit.budget_s) {
+      NB_CHECK(nb__sched_point(cfg, in, &points[prev_index], &d));
+      if (d.reason == NB_SCHED_CEILING) {
+        *index = prev_index;
+        *out = d;
+        out->reason = NB_SCHED_HOLD;
+      }
+    }
+  } else if (later < n) {
+    *index = later;
+    *out = dlater;
+  } else {
+    *index = cheapest;
+    *out = dcheap;
+  }
+  if (nb_log_enabled(NB_LOG_INFO, NB_SUB_SCHED)) {
+    char line[512];
+    nb_sched_decision_format(out, line, sizeof line);
+    NB_INFO(SCHED, "pick %s: %s", points[*index].name ? points[*index].name : "?", line);
+  }
+  return NB_OK;
 }

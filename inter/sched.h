@@ -53,10 +53,12 @@ typedef struct {
   double round_s;        /* wall-time rounds (heterogeneous clusters): the base round budget in
                             seconds; step_compute_s is then not needed and steps is passed
                             through. 0 = a round is `steps` inner steps */
-  uint32_t hide_steps;   /* with cfg.overlap: the update must land this many inner steps into the
-                            next round (sync.overlapSteps, tau), so the transfer can hide under
-                            only those; 0, or >= steps: the whole round. Needs step_compute_s
-                            (in wall-time rounds too; without it the whole round counts) */
+  uint32_t hide_steps;   /* with cfg.overlap: the update should land this many inner steps into
+                            the next round (sync.overlapSteps, tau), so the frame's data must fit
+                            under those (the round trips of the exchange are added on top: the
+                            decision's hide_steps says when it lands); 0, or >= steps: the whole
+                            round. Needs step_compute_s (in wall-time rounds too; without it the
+                            whole round counts) */
 } nb_sched_input_t;
 
 typedef enum {
@@ -74,21 +76,21 @@ typedef enum {
 typedef struct {
   nb_sched_input_t in; /* the inputs, copied */
   nb_sched_reason_t reason;
-  double density;     /* chosen top-k density, in [floor, ceiling] */
-  uint64_t k;         /* kept values: ceil(density x n_params), >= 1, <= n_params */
-  uint32_t steps;     /* inner steps of the next round, >= in.steps (= in.steps in wall-time
-                         mode) */
+  double density;      /* chosen top-k density, in [floor, ceiling] */
+  uint64_t k;          /* kept values: ceil(density x n_params), >= 1, <= n_params */
+  uint32_t steps;      /* inner steps of the next round, >= in.steps (= in.steps in wall-time
+                          mode) */
   uint32_t hide_steps; /* inner steps after which the next round's update must land: in.hide_steps,
                           raised at the floor (NB_SCHED_FLOOR_LATER); 0 when in.hide_steps is 0 or
                           no longer below the round's steps (the update lands at the round's end) */
-  double density_fit; /* unclamped density that exactly fills the budget at in.steps (may
-                         be < 0 when even the fixed costs do not fit); 0 with no estimate */
-  double bytes;       /* predicted frame bytes x fanout */
-  double transfer_s;  /* predicted transfer time */
-  double compute_s;   /* the next round's compute: steps x step_compute_s, or in wall-time mode
-                         its wall budget (>= in.round_s; lengthened at the floor) */
-  double budget_s;    /* the share of the compute it hides under (hide_steps x step_compute_s,
-                         or compute_s) that the transfer may take */
+  double density_fit;  /* unclamped density that exactly fills the budget at in.steps (may
+                          be < 0 when even the fixed costs do not fit); 0 with no estimate */
+  double bytes;        /* predicted frame bytes x fanout */
+  double transfer_s;   /* predicted transfer time */
+  double compute_s;    /* the next round's compute: steps x step_compute_s, or in wall-time mode
+                          its wall budget (>= in.round_s; lengthened at the floor) */
+  double budget_s;     /* the share of the compute it hides under (hide_steps x step_compute_s,
+                          or compute_s) that the transfer may take */
 } nb_sched_decision_t;
 
 /* Fills cfg with defaults (NB_SCHED_* environment parameters); overlap defaults to 1. */
@@ -108,6 +110,32 @@ void nb_sched_input_from_estimate(nb_sched_input_t* in, const nb_estimate_t* est
  * steps 0, n_params 0, bits out of range). Pure and thread-safe. */
 nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t* in,
                             const nb_sched_decision_t* prev, nb_sched_decision_t* out);
+
+/* A point of the codec the scheduler may choose: a row of the quality table measured by
+ * `nebula bench pareto` (docs/hybrid.md). */
+typedef struct {
+  const char* name;      /* for the log, e.g. "top1.5-2bit"; borrowed */
+  double density;        /* top-k density, (0, 1]; 1 = a dense frame */
+  double bits_per_value; /* bits per kept value, scales included, (0, 64] */
+  double bits_per_index; /* bits per kept index, [0, 64] (0 for a dense frame) */
+  double loss_cost;      /* held-out loss ratio - 1 against the exact single-cluster run; the
+                            lower the better; finite */
+} nb_sched_point_t;
+
+/* Picks the point of `points` (n >= 1) for the next round: the least loss_cost among those
+ * whose transfer fits what the round hides (as nb_sched_decide: tau steps with overlap, else the
+ * round); if none does, the least loss_cost among those that fit when the update lands later in
+ * the round (floor_later); else the point of fewest bytes, with the round lengthened. A point is
+ * kept over a better one that would fill more than (1 - hysteresis) of its budget (reason hold),
+ * so that a link near a boundary does not flip the codec every round. Without an estimate the
+ * point of fewest bytes (no_estimate). *index: the chosen point; out: its decision as
+ * nb_sched_decide makes it for that point's density (reason ceiling when the chosen point is the
+ * table's best, fit when the link made it choose a cheaper one). prev: the previous decision
+ * and prev_index its point, or NULL. Returns NB_ERR_INVALID for a bad table entry (naming it),
+ * config or input. Pure and thread-safe. */
+nb_status_t nb_sched_pick(const nb_sched_config_t* cfg, const nb_sched_input_t* in,
+                          const nb_sched_point_t* points, size_t n, const nb_sched_decision_t* prev,
+                          size_t prev_index, nb_sched_decision_t* out, size_t* index);
 
 /* Short constant name of a reason ("fit", "floor_lengthen", ...); never NULL. */
 const char* nb_sched_reason_name(nb_sched_reason_t r);

@@ -3,10 +3,12 @@
  * prints; every decision is the gateway's. It does not talk to peers or read the job store. */
 #include "jobs/client_cli.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -24,6 +26,8 @@ NB_PARAM_STRING(ClientGateway, "NB_GATEWAY", "127.0.0.1:7070",
 NB_PARAM_STRING(ClientCa, "NB_CA", "", "federation CA certificate (PEM) for the client commands");
 NB_PARAM_STRING(ClientCert, "NB_CERT", "", "user certificate (PEM) for the client commands");
 NB_PARAM_STRING(ClientKey, "NB_KEY", "", "user private key (PEM) for the client commands");
+
+static const char* nb__safe(const char* s);
 
 typedef struct {
   const char* cmd;
@@ -138,6 +142,10 @@ static int nb__parse(int argc, char** argv, nb__copts_t* o) {
     } else if (!strcmp(o->cmd, "list") && !strcmp(a, "--state")) {
       NB__VAL(state);
     } else if (!strcmp(o->cmd, "cancel") && !strcmp(a, "--reason")) {
+      if (v && v[0] == '-' && v[1] == '-') { /* "--reason --json": the option is not a reason */
+        fprintf(stderr, "nebula cancel: --reason needs a text, not the option '%s'\n", nb__safe(v));
+        return NB_EXIT_USAGE;
+      }
       NB__VAL(reason);
     } else if (a[0] == '-' && a[1]) {
       fprintf(stderr, "nebula %s: unknown option '%s'\n", o->cmd, a);
@@ -153,6 +161,10 @@ static int nb__parse(int argc, char** argv, nb__copts_t* o) {
   }
   if (!o->arg && strcmp(o->cmd, "list")) {
     nb__usage(o->cmd, stderr);
+    return NB_EXIT_USAGE;
+  }
+  if (nb_cli_addr_check(o->gateway, 0, "--gateway (or NB_GATEWAY)") != NB_OK) {
+    fprintf(stderr, "nebula %s: %s\n", o->cmd, nb__safe(nb_error_last()));
     return NB_EXIT_USAGE;
   }
   if (!*o->ca || !*o->cert || !*o->key) {
@@ -185,10 +197,18 @@ static int nb__exit_for(nb_status_t st) {
   }
 }
 
-static const char* nb__safe(const char* s);
-
 static int nb__fail(const nb__copts_t* o, nb_status_t st) {
   fprintf(stderr, "nebula %s: %s\n", o->cmd, nb__safe(nb_error_last()));
+  /* inter/rpc turns a handshake that failed on a certificate (ours of the gateway's, or the
+   * gateway's of ours) into NB_ERR_PERMISSION; the gateway never answered, so it is "gateway
+   * unreachable" (5), not "refused by the gateway" (3), which is a decision the gateway made */
+  if (st == NB_ERR_PERMISSION && strstr(nb_error_last(), "UNAVAILABLE (14)")) {
+    fprintf(stderr,
+            "nebula %s: the TLS handshake with %s failed: check --ca (the federation CA), "
+            "--server-name, and that the gateway's certificate is from that CA\n",
+            o->cmd, nb__safe(o->gateway));
+    return NB_EXIT_UNREACHABLE;
+  }
   return nb__exit_for(st);
 }
 
@@ -301,8 +321,23 @@ int nb_submit_main(int argc, char** argv) {
   /* the descriptor bytes exactly as they are in the file: that is what is signed */
   FILE* f = fopen(o.arg, "rb");
   if (!f) {
-    fprintf(stderr, "nebula submit: cannot open %s\n", o.arg);
+    fprintf(stderr, "nebula submit: cannot open %s: %s\n", nb__safe(o.arg), strerror(errno));
     return NB_EXIT_FAIL;
+  }
+  struct stat fsb;
+  if (fstat(fileno(f), &fsb) != 0 || !S_ISREG(fsb.st_mode)) {
+    fprintf(stderr, "nebula submit: %s is %s, not a descriptor file\n", nb__safe(o.arg),
+            S_ISDIR(fsb.st_mode) ? "a folder" : "not a regular file");
+    fclose(f);
+    return NB_EXIT_INVALID;
+  }
+  if (fsb.st_size > (off_t)NB_DESCRIPTOR_MAX_BYTES) {
+    fprintf(stderr,
+            "nebula submit: %s is %lld bytes, larger than the descriptor limit of %u "
+            "bytes (1 MiB)\n",
+            nb__safe(o.arg), (long long)fsb.st_size, NB_DESCRIPTOR_MAX_BYTES);
+    fclose(f);
+    return NB_EXIT_INVALID;
   }
   char* doc = NULL;
   size_t len = 0;
@@ -312,11 +347,21 @@ int nb_submit_main(int argc, char** argv) {
     return nb__fail(&o, st);
   }
   len = fread(doc, 1, NB_DESCRIPTOR_MAX_BYTES + 1, f);
+  int rerr = ferror(f);
   fclose(f);
-  if (len > NB_DESCRIPTOR_MAX_BYTES) {
+  if (rerr || len == 0 || len > NB_DESCRIPTOR_MAX_BYTES) {
     nb_free(doc);
-    fprintf(stderr, "nebula submit: %s is larger than %u bytes\n", o.arg, NB_DESCRIPTOR_MAX_BYTES);
-    return NB_EXIT_INVALID;
+    if (rerr)
+      fprintf(stderr, "nebula submit: cannot read %s\n", nb__safe(o.arg));
+    else if (len == 0)
+      fprintf(stderr,
+              "nebula submit: %s is empty: a descriptor is a JSON document (see "
+              "'nebula validate --help')\n",
+              nb__safe(o.arg));
+    else /* it grew while read */
+      fprintf(stderr, "nebula submit: %s is larger than the descriptor limit of %u bytes (1 MiB)\n",
+              nb__safe(o.arg), NB_DESCRIPTOR_MAX_BYTES);
+    return rerr ? NB_EXIT_FAIL : NB_EXIT_INVALID;
   }
   EVP_PKEY* key = NULL;
   char* pem = NULL;

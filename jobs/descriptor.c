@@ -23,7 +23,7 @@ static const char* const nb__tier_names[] = {"quick", "full", NULL};
 static const char* const nb__schedule_names[] = {"cosine", "constant", NULL};
 static const char* const nb__sync_names[] = {"outer", "step", "dense", NULL};
 static const char* const nb__values_names[] = {"fp32", "fp16", "bf16", "int8",
-                                               "4bit", "2bit", NULL};
+                                               "4bit", "2bit", "auto", NULL};
 static const char* const nb__optimizer_names[] = {"adamw", NULL};
 static const char* const nb__lora_target_names[] = {"qkv", "attnOut", "mlpUp", "mlpDown", NULL};
 /* Languages the data pipeline produces (docs/data.md). */
@@ -33,7 +33,7 @@ const char* nb_job_sync_name(nb_job_sync_t m) {
   return (unsigned)m < 3 ? nb__sync_names[m] : "?";
 }
 const char* nb_job_values_name(nb_job_values_t v) {
-  return (unsigned)v < 6 ? nb__values_names[v] : "?";
+  return (unsigned)v < 7 ? nb__values_names[v] : "?";
 }
 const char* nb_job_task_name(nb_job_task_t t) {
   return (unsigned)t < 2 ? nb__task_names[t] : "?";
@@ -864,6 +864,10 @@ static void nb__cross_checks(nb__dctx_t* c, const nb_job_config_t* cfg, const nb
   }
 
   const nb_job_compression_t* k = &cfg->compression;
+  if (k->values == NB_JOB_VALUES_AUTO && !k->adaptive)
+    nb__err_at(c, "$.spec.compression.values",
+               "\"auto\" lets the adaptive scheduler pick the codec point each round: it needs "
+               "$.spec.compression.adaptive true");
   if (k->topk_chunk != 0 && (k->topk_chunk < 16 || (k->topk_chunk & (k->topk_chunk - 1)) != 0))
     nb__err_at(c, "$.spec.compression.topkChunk",
                "chunk of %d coordinates: expected 0 (global top-k) or a power of two in [16, "

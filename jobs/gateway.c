@@ -289,6 +289,9 @@ static nb_status_t nb__cfg_set(const nb__opt_t* o, json_t* v, const char* base,
         char key[128];
         snprintf(key, sizeof key, "peers.%s", id);
         NB_CHECK(nb__cfg_str(key, a, pe->address, sizeof pe->address, NULL));
+        char what[160];
+        snprintf(what, sizeof what, "config: %s", key);
+        NB_CHECK(nb_cli_addr_check(pe->address, 0, what));
         c->n_peers++;
       }
       return NB_OK;
@@ -386,6 +389,7 @@ nb_status_t nb_gateway_config_parse(const char* text, size_t len, const char* ba
   json_decref(root);
   if (st != NB_OK) return st;
   if (!cfg->cluster_id[0]) return nb_error(NB_ERR_CONFIG, "config: cluster_id is required");
+  NB_CHECK(nb_cli_addr_check(cfg->listen, 1, "config: listen"));
   if (nb_pki_name_check(cfg->cluster_id, "cluster_id") != NB_OK)
     return nb_error_wrap(NB_ERR_CONFIG, "config");
   if (!cfg->tls_ca[0] || !cfg->tls_cert[0] || !cfg->tls_key[0])
@@ -2565,6 +2569,9 @@ static nb_status_t nb__fed_cancel(nb_rpc_call_t* call, void* user_data) {
   return s;
 }
 
+/* The most a member's event seq may run ahead of its last accepted one at the origin. */
+#define NB__FED_SEQ_MAX_GAP 1000
+
 /* Origin: a batch of a member's events. Stored tagged with the cluster (state → cluster_state,
  * launch/exit → cluster_launch/cluster_exit, progress keeps its kind); the cluster's state feeds
  * the job's aggregate state. Idempotent: events at or below the cluster's acked seq are skipped. */
@@ -2597,6 +2604,33 @@ static nb_status_t nb__fed_report(nb_rpc_call_t* call, void* user_data) {
                    req->job_id);
     } else {
       acked = json_integer_value(json_object_get(c, "seq"));
+      /* A member numbers its events 1, 2, 3, ... in its own store and reports them in order, so
+       * a new event follows the last accepted one closely. One far ahead (or going backwards)
+       * would move the acked seq past the member's real events, which would then be skipped as
+       * already stored: the job would never end here. The whole batch is refused, nothing is
+       * stored, and the member is told why. */
+      int64_t prev = acked;
+      for (size_t i = 0; i < req->n_events && s == NB_OK; i++) {
+        int64_t q = req->events[i]->seq;
+        if (q <= acked) continue;
+        if (q <= prev)
+          s = nb_error(NB_ERR_INVALID,
+                       "Report from cluster '%s' for job '%s' refused: event seq %" PRId64
+                       " does not follow seq %" PRId64
+                       " (a member's events are in increasing "
+                       "order); nothing stored",
+                       caller, req->job_id, q, prev);
+        else if (q - prev > NB__FED_SEQ_MAX_GAP)
+          s = nb_error(NB_ERR_INVALID,
+                       "Report from cluster '%s' for job '%s' refused: event seq %" PRId64
+                       " is more than %d ahead of seq %" PRId64
+                       ", the last accepted; "
+                       "nothing stored",
+                       caller, req->job_id, q, NB__FED_SEQ_MAX_GAP, prev);
+        else
+          prev = q;
+      }
+      if (s != NB_OK) NB_WARN("federation: %s", nb_error_last());
       for (size_t i = 0; i < req->n_events && s == NB_OK; i++) {
         Nebula__V1__ReportEvent* e = req->events[i];
         if (e->seq <= acked) continue;
@@ -3159,6 +3193,9 @@ static nb_status_t nb__logs_send(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_s
   const char* which = req->stream && *req->stream ? req->stream : "stdout";
   if (strcmp(which, "stdout") && strcmp(which, "stderr"))
     return nb_error(NB_ERR_INVALID, "stream must be \"stdout\" or \"stderr\", not '%s'", which);
+  if (req->offset < 0) /* it used to read from 0, as if asked for the whole log */
+    return nb_error(NB_ERR_INVALID, "Logs: offset %" PRId64 " is negative; give a byte offset >= 0",
+                    req->offset);
   nb_job_record_t rec = {0};
   FILE* f = NULL;
   uint8_t* buf = NULL;
@@ -3167,7 +3204,7 @@ static nb_status_t nb__logs_send(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_s
   NB_CHECK(nb_alloc((void**)&buf, 65536, 1, "log chunk"));
   char path[NB_GW_STR + 128];
   snprintf(path, sizeof path, "%s/%s/%s.log", gw->cfg.work_dir, req->job_id, which);
-  int64_t off = req->offset > 0 ? req->offset : 0;
+  int64_t off = req->offset;
   for (;;) {
     if (nb_rpc_call_cancelled(call)) {
       s = nb_error(NB_ERR_CANCELLED, "Logs: client went away");
@@ -3307,6 +3344,79 @@ static nb_status_t nb__fed_logs(nb_rpc_call_t* call, void* user_data) {
 
 /* ------------------------------------------------------------------ lifecycle */
 
+/* The job folders in work_dir: sub-folders holding a descriptor.json. Counts them and keeps the
+ * first name (in directory order) for messages; calls fn on each when given. */
+static int nb__job_folders(nb_gateway_t* gw, char* first, size_t cap,
+                           void (*fn)(nb_gateway_t*, const char*, void*), void* ctx) {
+  DIR* d = opendir(gw->cfg.work_dir);
+  int n = 0;
+  if (first && cap) first[0] = 0;
+  if (!d) return 0;
+  for (struct dirent* e; (e = readdir(d)) != NULL;) {
+    if (e->d_name[0] == '.' || strlen(e->d_name) >= NB_JOB_ID_MAX) continue;
+    char p[NB_GW_STR + NB_JOB_ID_MAX + 32];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s/descriptor.json", gw->cfg.work_dir, e->d_name);
+    if (lstat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+    if (n++ == 0 && first && cap) snprintf(first, cap, "%s", e->d_name);
+    if (fn) fn(gw, e->d_name, ctx);
+  }
+  closedir(d);
+  return n;
+}
+
+/* Before the store is opened (which would create an empty one): a missing or empty jobs.db next
+ * to job folders means the record of those jobs was lost, and starting would serve an empty
+ * gateway over them without a word. Refused; the operator restores or moves them. */
+static nb_status_t nb__store_present(nb_gateway_t* gw) {
+  struct stat sb, wb;
+  char wal[NB_GW_STR + 8];
+  snprintf(wal, sizeof wal, "%s-wal", gw->cfg.store_path);
+  int missing = stat(gw->cfg.store_path, &sb) != 0 && errno == ENOENT;
+  int empty = !missing && S_ISREG(sb.st_mode) && sb.st_size == 0 &&
+              (stat(wal, &wb) != 0 || wb.st_size == 0); /* a WAL may hold it all */
+  if (!missing && !empty) return NB_OK;
+  char first[NB_JOB_ID_MAX];
+  int n = nb__job_folders(gw, first, sizeof first, NULL, NULL);
+  if (n == 0) return NB_OK; /* a new gateway */
+  return nb_error(NB_ERR_INTEGRITY,
+                  "gateway: job store %s is %s but work_dir %s holds %d job folder%s (e.g. '%s'): "
+                  "starting would forget those jobs; restore jobs.db from a backup, or move the "
+                  "job folders out of work_dir to start with an empty store",
+                  gw->cfg.store_path, missing ? "missing" : "empty (0 bytes)", gw->cfg.work_dir, n,
+                  n == 1 ? "" : "s", first);
+}
+
+typedef struct {
+  int n;
+  char first[NB_JOB_ID_MAX];
+} nb__orphans_t;
+
+static void nb__orphan_one(nb_gateway_t* gw, const char* id, void* ctx) {
+  nb__orphans_t* o = ctx;
+  nb_job_record_t r;
+  memset(&r, 0, sizeof r);
+  nb_status_t s = nb_job_store_get(gw->mon_store, id, &r);
+  if (s == NB_OK)
+    nb_job_record_clear(&r);
+  else if (s == NB_ERR_NOT_FOUND && o->n++ == 0)
+    snprintf(o->first, sizeof o->first, "%s", id);
+}
+
+/* Job folders the store has no entry for (a store restored from an older backup, a folder
+ * copied in): not served, and said so once at start. */
+static void nb__store_orphans(nb_gateway_t* gw) {
+  nb__orphans_t o = {0};
+  nb__job_folders(gw, NULL, 0, nb__orphan_one, &o);
+  if (o.n > 0)
+    NB_WARN(
+        "gateway: %d job folder%s in %s %s no entry in job store %s (e.g. '%s'): not served; "
+        "restore a newer jobs.db, or move the folder%s away",
+        o.n, o.n == 1 ? "" : "s", gw->cfg.work_dir, o.n == 1 ? "has" : "have", gw->cfg.store_path,
+        o.first, o.n == 1 ? "" : "s");
+  nb_error_clear();
+}
+
 nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out) {
   if (!cfg || !out) return nb_error(NB_ERR_INVALID, "gateway: NULL argument");
   nb_gateway_t* gw = NULL;
@@ -3373,6 +3483,7 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     goto fail;
   }
   NB_CHECK_GOTO(nb_pki_cert_load(gw->cfg.tls_ca, &gw->ca), s, fail);
+  NB_CHECK_GOTO(nb__store_present(gw), s, fail);
   {
     /* the store holds job secrets: owner only, and SQLite gives its -wal and -shm files the
      * mode of the database file */
@@ -3387,6 +3498,16 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     }
   }
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->mon_store), s, fail);
+  if ((s = nb_job_store_check(gw->mon_store)) != NB_OK) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", nb_error_last()); /* nb_error writes where it reads */
+    s = nb_error(s,
+                 "gateway: %s; refusing to start on job store %s: restore it from a backup "
+                 "(the job folders in %s are untouched)",
+                 why, gw->cfg.store_path, gw->cfg.work_dir);
+    goto fail;
+  }
+  nb__store_orphans(gw);
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->fed_store), s, fail);
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->rep_store), s, fail);
   NB_CHECK_GOTO(nb__recover(gw), s, fail);

@@ -37,7 +37,8 @@ typedef enum {
   NB_JOB_VALUES_BF16 = 2,
   NB_JOB_VALUES_INT8 = 3,
   NB_JOB_VALUES_INT4 = 4, /* "4bit" */
-  NB_JOB_VALUES_INT2 = 5  /* "2bit" */
+  NB_JOB_VALUES_INT2 = 5, /* "2bit" */
+  NB_JOB_VALUES_AUTO = 6  /* "auto": the adaptive scheduler picks a codec point each round */
 } nb_job_values_t;
 
 /* LoRA target projections (bit mask). */

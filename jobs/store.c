@@ -206,6 +206,97 @@ void nb_job_store_close(nb_job_store_t* s) {
   nb_free(s);
 }
 
+static nb_status_t nb__check_id(const char* id);
+
+/* What each table of the current schema must have (the indexes are the integrity check's). */
+static const struct {
+  const char* table;
+  const char* columns[8];
+} nb__schema[] = {
+    {"jobs", {"id", "owner", "descriptor", "state", "created_ns", "updated_ns", "reason", NULL}},
+    {"events", {"job_id", "seq", "time_ns", "kind", "payload", NULL}},
+    {"federation", {"job_id", "role", "origin", "secret", "active", "info", NULL}},
+};
+
+nb_status_t nb_job_store_check(nb_job_store_t* s) {
+  if (!s) return nb_error(NB_ERR_INVALID, "job store: NULL argument");
+  sqlite3_stmt* st = NULL;
+  NB_CHECK(nb__prepare(s->db, "PRAGMA integrity_check(8)", &st));
+  int rc, ok = 0, rows = 0;
+  char why[256] = "";
+  nb_status_t r = NB_OK;
+  /* "ok", or the complaints, after a "*** in database main ***" line in newer SQLite */
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    const char* line = (const char*)sqlite3_column_text(st, 0);
+    rows++;
+    if (line && !strcmp(line, "ok")) {
+      ok = 1;
+    } else if (line && !why[0]) {
+      if (!strncmp(line, "***", 3)) line = strchr(line, '\n') ? strchr(line, '\n') + 1 : "";
+      size_t j = 0; /* one line, printable: it may quote names from the file */
+      for (; line[j] && line[j] != '\n' && j + 1 < sizeof why; j++)
+        why[j] = (line[j] >= 0x20 && line[j] < 0x7f) ? line[j] : '?';
+      why[j] = 0;
+    }
+  }
+  if (rc != SQLITE_DONE)
+    r = nb__sql_error(s->db, rc, "integrity check");
+  else if (!ok || rows != 1)
+    r = nb_error(NB_ERR_INTEGRITY, "job store: SQLite's integrity check fails: %s",
+                 why[0] ? why : "(no detail)");
+  sqlite3_finalize(st);
+  NB_CHECK(r);
+  for (size_t t = 0; t < sizeof nb__schema / sizeof nb__schema[0]; t++) {
+    /* table_info takes no bound parameter; the names are ours, not the file's */
+    char sql[96];
+    snprintf(sql, sizeof sql, "PRAGMA table_info(%s)", nb__schema[t].table);
+    NB_CHECK(nb__prepare(s->db, sql, &st));
+    unsigned have = 0;
+    int ncols = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+      const char* name = (const char*)sqlite3_column_text(st, 1);
+      ncols++;
+      for (int c = 0; name && nb__schema[t].columns[c]; c++)
+        if (!strcmp(name, nb__schema[t].columns[c])) have |= 1u << c;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) return nb__sql_error(s->db, rc, "read the schema");
+    if (ncols == 0)
+      return nb_error(NB_ERR_INTEGRITY,
+                      "job store: table '%s' is missing (schema version %d has jobs, events and "
+                      "federation)",
+                      nb__schema[t].table, NB_JOB_STORE_SCHEMA_VERSION);
+    for (int c = 0; nb__schema[t].columns[c]; c++)
+      if (!(have & (1u << c)))
+        return nb_error(NB_ERR_INTEGRITY, "job store: table '%s' has no column '%s'",
+                        nb__schema[t].table, nb__schema[t].columns[c]);
+  }
+  NB_CHECK(nb__prepare(s->db,
+                       "SELECT id, state, typeof(state) FROM jobs WHERE typeof(state) <> 'integer' "
+                       "OR state < 0 OR state >= ?1 LIMIT 1",
+                       &st));
+  sqlite3_bind_int(st, 1, NB_JOB_STATE_COUNT);
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) {
+    const char* id = (const char*)sqlite3_column_text(st, 0);
+    char safe[NB_JOB_ID_MAX], state[48];
+    snprintf(safe, sizeof safe, "%s", id && nb__check_id(id) == NB_OK ? id : "?");
+    if (sqlite3_column_type(st, 1) == SQLITE_INTEGER)
+      snprintf(state, sizeof state, "%lld", (long long)sqlite3_column_int64(st, 1));
+    else /* never the file's text itself */
+      snprintf(state, sizeof state, "of type %.10s", (const char*)sqlite3_column_text(st, 2));
+    nb_error_clear();
+    r = nb_error(NB_ERR_INTEGRITY,
+                 "job store: job '%s' has state %s, which is none of the %d known states "
+                 "(0 pending .. 5 cancelled)",
+                 safe, state, NB_JOB_STATE_COUNT);
+  } else if (rc != SQLITE_DONE) {
+    r = nb__sql_error(s->db, rc, "check the job states");
+  }
+  sqlite3_finalize(st);
+  return r;
+}
+
 nb_status_t nb_job_store_schema_version(nb_job_store_t* s, int* out) {
   if (!s || !out) return nb_error(NB_ERR_INVALID, "job store: NULL argument");
   return nb__user_version(s->db, out);

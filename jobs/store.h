@@ -69,6 +69,13 @@ nb_status_t nb_job_store_open(const char* path, nb_job_store_t** out);
 /* Closes the handle (NULL ok). */
 void nb_job_store_close(nb_job_store_t* s);
 
+/* Checks what the gateway relies on before it serves from the store: SQLite's integrity check,
+ * the tables and columns of schema NB_JOB_STORE_SCHEMA_VERSION, and that every job has a known
+ * state. Nothing is changed. Returns NB_OK; NB_ERR_INTEGRITY naming the first problem (the
+ * integrity check's first complaint, a missing table or column, a job and its unknown state
+ * number); NB_ERR_IO, NB_ERR_TIMEOUT (locked). Thread-safe per handle as the other calls. */
+nb_status_t nb_job_store_check(nb_job_store_t* s);
+
 /* The schema version found in the file (PRAGMA user_version). */
 nb_status_t nb_job_store_schema_version(nb_job_store_t* s, int* out);
 

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -171,23 +172,33 @@ typedef struct {
 static void nb__rp_chart(FILE* f, const char* title, const char* xlabel, const char* ylabel,
                          const nb__rp_series_t* s, int ns) {
   const double W = 640, H = 300, L = 70, R = 150, T = 30, B = 45;
+  /* Every value read is finite, but sums (cumulative compute seconds) and quotients can
+   * overflow: such points are left out of the chart and said so in the legend, and the scale
+   * works on halves so that a span of two huge values stays finite. No coordinate written is
+   * ever NaN or infinite. */
   double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
   for (int i = 0; i < ns; i++)
     for (int j = 0; j < s[i].n; j++) {
+      if (!isfinite(s[i].x[j]) || !isfinite(s[i].y[j])) continue;
       x0 = fmin(x0, s[i].x[j]), x1 = fmax(x1, s[i].x[j]);
       y0 = fmin(y0, s[i].y[j]), y1 = fmax(y1, s[i].y[j]);
     }
   if (!(x0 <= x1)) x0 = 0, x1 = 1;
   if (!(y0 <= y1)) y0 = 0, y1 = 1;
   if (y0 > 0 && y0 < 0.5 * y1) y0 = 0;
-  if (x1 - x0 < 1e-12) x0 -= 0.5, x1 += 0.5;
-  if (y1 - y0 < 1e-12 * fmax(1, fabs(y1))) {
+  if (x1 / 2 - x0 / 2 < 1e-12 * fmax(1, fabs(x1))) { /* one x: pad relative to its size */
+    double d = fmax(fabs(x1) * 0.1, 0.5);
+    x0 -= d, x1 += d;
+  }
+  if (y1 / 2 - y0 / 2 < 1e-12 * fmax(1, fabs(y1))) {
     double d = fmax(fabs(y1) * 0.1, 0.5);
     y0 -= d, y1 += d;
   }
+  if (!isfinite(x0) || !isfinite(x1)) x0 = -DBL_MAX, x1 = DBL_MAX; /* padding overflowed */
+  if (!isfinite(y0) || !isfinite(y1)) y0 = -DBL_MAX, y1 = DBL_MAX;
   double pw = W - L - R, ph = H - T - B;
-#define NB__PX(v) (L + ((v)-x0) / (x1 - x0) * pw)
-#define NB__PY(v) (T + ph - ((v)-y0) / (y1 - y0) * ph)
+#define NB__PX(v) (L + ((v) / 2 - x0 / 2) / (x1 / 2 - x0 / 2) * pw)
+#define NB__PY(v) (T + ph - ((v) / 2 - y0 / 2) / (y1 / 2 - y0 / 2) * ph)
   fprintf(f,
           "<figure><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
           "viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n",
@@ -200,7 +211,7 @@ static void nb__rp_chart(FILE* f, const char* title, const char* xlabel, const c
           "stroke=\"#888\"/>\n",
           L, T, pw, ph);
   for (int k = 0; k <= 4; k++) {
-    double xv = x0 + (x1 - x0) * k / 4, yv = y0 + (y1 - y0) * k / 4;
+    double a = k / 4.0, xv = x0 * (1 - a) + x1 * a, yv = y0 * (1 - a) + y1 * a; /* no overflow */
     double px = NB__PX(xv), py = NB__PY(yv);
     fprintf(f,
             "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
@@ -223,12 +234,17 @@ static void nb__rp_chart(FILE* f, const char* title, const char* xlabel, const c
     const char* col = nb__rp_colors[s[i].color % 8];
     fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\"%s points=\"", col,
             s[i].dashed ? " stroke-dasharray=\"5,3\"" : "");
-    for (int j = 0; j < s[i].n; j++)
-      fprintf(f, "%s%.1f,%.1f", j ? " " : "", NB__PX(s[i].x[j]), NB__PY(s[i].y[j]));
+    int drawn = 0, last = -1;
+    for (int j = 0; j < s[i].n; j++) {
+      double px = NB__PX(s[i].x[j]), py = NB__PY(s[i].y[j]);
+      if (!isfinite(s[i].x[j]) || !isfinite(s[i].y[j]) || !isfinite(px) || !isfinite(py)) continue;
+      fprintf(f, "%s%.1f,%.1f", drawn++ ? " " : "", px, py);
+      last = j;
+    }
     fputs("\"/>\n", f);
-    if (s[i].n == 1)
-      fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", NB__PX(s[i].x[0]),
-              NB__PY(s[i].y[0]), col);
+    if (drawn == 1)
+      fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", NB__PX(s[i].x[last]),
+              NB__PY(s[i].y[last]), col);
     double ly = T + 10 + 16 * i;
     fprintf(f,
             "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" "
@@ -237,6 +253,7 @@ static void nb__rp_chart(FILE* f, const char* title, const char* xlabel, const c
             L + pw + 34, ly + 4);
     nb__rp_esc(f, s[i].name);
     nb__rp_esc(f, s[i].extra);
+    if (drawn < s[i].n) fprintf(f, " (%d not finite, not drawn)", s[i].n - drawn);
     fputs("</text>\n", f);
   }
 #undef NB__PX
@@ -346,7 +363,7 @@ static void nb__rp_tr_chart(FILE* f, const nb__rp_tr_t* t, int nt, int label_clu
   double vmax = 0;
   for (int i = 0; i < nt; i++)
     for (int k = 0; k < 4; k++)
-      if (!isnan(t[i].v[k])) vmax = fmax(vmax, t[i].v[k]);
+      if (isfinite(t[i].v[k])) vmax = fmax(vmax, t[i].v[k]);
   double ymax = fmin(100, fmax(10, ceil(vmax / 10) * 10));
   const double L = 50, R = 120, T = 30, B = 60, bw = 14, gap = 20, H = 300;
   double pw = fmax(nt * (4 * bw + gap) + gap, 330), W = L + pw + R, ph = H - T - B;
@@ -370,8 +387,8 @@ static void nb__rp_tr_chart(FILE* f, const nb__rp_tr_t* t, int nt, int label_clu
   for (int i = 0; i < nt; i++) {
     double gx = L + gap + i * (4 * bw + gap);
     for (int k = 0; k < 4; k++) {
-      if (isnan(t[i].v[k])) continue;
-      double h = t[i].v[k] / ymax * ph;
+      if (!isfinite(t[i].v[k])) continue;
+      double h = fmin(fmax(t[i].v[k], 0), ymax) / ymax * ph; /* scores are 0..100 */
       fprintf(f,
               "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.0f\" height=\"%.1f\" fill=\"%s\">"
               "<title>%s %.2f</title></rect>\n",

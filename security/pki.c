@@ -803,7 +803,6 @@ nb_status_t nb_pki_dir_init(const char* dir, const char* common_name, int days, 
   char kp[PATH_MAX], cp[PATH_MAX];
   NB_CHECK(nb_pki_path(dir, NB_PKI_NONE, NULL, "key", kp, sizeof kp));
   NB_CHECK(nb_pki_path(dir, NB_PKI_NONE, NULL, "crt", cp, sizeof cp));
-  NB_CHECK(nb__mkdir(dir));
   if (!force)
     for (int i = 0; i < 2; i++)
       if (access(i ? cp : kp, F_OK) == 0)
@@ -811,12 +810,25 @@ nb_status_t nb_pki_dir_init(const char* dir, const char* common_name, int days, 
                         "%s already exists: refusing to overwrite the federation CA (--force "
                         "replaces it and invalidates every certificate it issued)",
                         i ? cp : kp);
+  /* The CA is made in memory first (a bad name or validity fails here), and a folder this call
+   * created is removed again when writing fails: a failed init leaves nothing behind. */
   EVP_PKEY* key = NULL;
   X509* cert = NULL;
   NB_CHECK(nb_pki_ca_create(common_name, days, &key, &cert));
-  nb_status_t st = nb__write_pair(kp, key, cp, cert, force);
+  struct stat pre;
+  int made = stat(dir, &pre) != 0 && errno == ENOENT;
+  nb_status_t st = nb__mkdir(dir);
+  if (st == NB_OK) st = nb__write_pair(kp, key, cp, cert, force);
   EVP_PKEY_free(key);
   X509_free(cert);
+  if (st != NB_OK && made) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", nb_error_last());
+    unlink(kp);
+    unlink(cp);
+    rmdir(dir);
+    nb_error(st, "%s", why);
+  }
   if (st == NB_OK) NB_INFO(SEC, "created the federation CA in %s", dir);
   return st;
 }

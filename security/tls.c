@@ -152,15 +152,16 @@ static nb_status_t nb__tls_peer_from_x509(X509* x, nb_tls_peer_t* out) {
     memcpy(out->name, uri + plen, ulen - plen);
     out->name[ulen - plen] = '\0';
   }
-  if (!found && out->common_name[0] != '\0' &&
-      nb__tls_name_ok(out->common_name, strlen(out->common_name))) {
-    out->kind = NB_TLS_PEER_CLUSTER; /* CN-only certificate: a cluster by its CN */
-    memcpy(out->name, out->common_name, sizeof out->name);
-  }
-  if (out->kind == NB_TLS_PEER_NONE)
-    st = nb_error(NB_ERR_CRYPTO,
-                  "certificate states no nebula identity (no nebula:// URI SAN "
-                  "and no usable CN)");
+  /* No nebula URI, no identity: a CA-signed certificate with only a CN (made by hand, or for
+   * another service of the same CA) speaks for nobody here (docs/security.md, "Identity"). */
+  if (!found)
+    st = nb_error(
+        NB_ERR_CRYPTO,
+        "certificate (CN '%s') states no nebula identity: it has no "
+        "nebula://cluster/ID or nebula://user/NAME URI SAN, and a CN alone names no "
+        "one; issue it with 'nebula certs issue --cluster ID' or '--user NAME' "
+        "(docs/security.md, Identity)",
+        nb__tls_name_ok(out->common_name, strlen(out->common_name)) ? out->common_name : "?");
 done:
   GENERAL_NAMES_free(sans);
   if (st != NB_OK) memset(out, 0, sizeof *out);

@@ -3,8 +3,9 @@
  * (security/pki does) and does not run servers or channels (inter/rpc does).
  *
  * Identities: a cluster certificate carries the URI SAN "nebula://cluster/<id>" (and CN=<id>);
- * a user certificate carries "nebula://user/<name>". A nebula:// URI SAN is authoritative; a
- * certificate without one is identified by its CN as a cluster (older certificates). */
+ * a user certificate carries "nebula://user/<name>". The nebula:// URI SAN is the identity; a
+ * certificate without one has no identity and is refused, whatever its CN says (the rule is
+ * stated once in docs/security.md, "Identity"). */
 #ifndef NB_SECURITY_TLS_H
 #define NB_SECURITY_TLS_H
 
@@ -36,7 +37,7 @@ typedef struct nb_tls nb_tls_t;
 
 typedef enum {
   NB_TLS_PEER_NONE = 0,    /* no verified certificate (plaintext or not TLS) */
-  NB_TLS_PEER_CLUSTER = 1, /* nebula://cluster/<id>, or a CN without any nebula URI SAN */
+  NB_TLS_PEER_CLUSTER = 1, /* nebula://cluster/<id> */
   NB_TLS_PEER_USER = 2,    /* nebula://user/<name> */
 } nb_tls_peer_kind_t;
 
@@ -101,8 +102,9 @@ nb_status_t nb_tls_peer_from_call(struct grpc_call* call, nb_tls_peer_t* out);
 
 /* The identity stated by a PEM certificate (leaf first; only the first certificate is read).
  * It does not verify the certificate: use it on certificates a TLS handshake verified.
- * Returns NB_ERR_INVALID, NB_ERR_CRYPTO (unparsable, several nebula identities, a nebula URI
- * with an empty or over-long name or bad characters). */
+ * Returns NB_ERR_INVALID, NB_ERR_CRYPTO (unparsable, no nebula identity URI -- a CN alone is
+ * not one --, several nebula identities, a nebula URI with an empty or over-long name or bad
+ * characters). */
 nb_status_t nb_tls_peer_from_pem(const char* pem, size_t len, nb_tls_peer_t* out);
 
 /* NB_OK when peer is the cluster `cluster_id`; otherwise NB_ERR_PERMISSION with a message that

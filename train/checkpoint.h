@@ -42,8 +42,9 @@ typedef struct nb_ckpt nb_ckpt_t;
 /* Reads and validates path: header length (>= 2, within the file, <= NB_CKPT_MAX_HEADER), JSON
  * syntax, a top-level object, every tensor entry (dtype F32, shape of non-negative integers,
  * data_offsets [begin, end] with end - begin = 4 * numel, in bounds, non-overlapping and
- * covering the data section without gaps), the metadata (string values), and the SHA-256 of the
- * data section against __metadata__.sha256. NB_ERR_IO (unreadable), NB_ERR_INVALID (malformed;
+ * covering the data section without gaps), the metadata (string values), the SHA-256 of the
+ * data section against __metadata__.sha256, and every value (a NaN or an infinity in any tensor
+ * refuses the file). NB_ERR_IO (unreadable), NB_ERR_INVALID (malformed or a non-finite value;
  * the message names the file, the tensor and the rule), NB_ERR_INTEGRITY (checksum missing or
  * mismatched), NB_ERR_NOMEM. *out owned by the caller. */
 nb_status_t nb_checkpoint_open(const char* path, nb_ckpt_t** out);

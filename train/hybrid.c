@@ -1393,6 +1393,26 @@ nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps) {
   return NB_OK;
 }
 
+nb_status_t nb_hybrid_set_codec(nb_hybrid_t* h, nb_values_t values, uint32_t topk_chunk) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  const nb_codec_config_t* cur = nb_codec_config(h->codec);
+  uint32_t chunk = topk_chunk ? topk_chunk : cur->topk_chunk;
+  if (cur->values == values && cur->topk_chunk == chunk) return NB_OK;
+  if (h->cfg.mode == NB_HYBRID_DENSE)
+    return nb_error(NB_ERR_CONFIG, "hybrid: dense mode sends fp32 gradients; no codec to set");
+  nb_codec_config_t cc = *cur;
+  cc.values = values;
+  cc.topk_chunk = chunk;
+  nb_codec_t* c = NULL;
+  nb_status_t st = nb_codec_create(&cc, &c);
+  if (st != NB_OK) return nb_error(NB_ERR_CONFIG, "hybrid: codec: %s", nb_error_last());
+  nb_codec_destroy(h->codec);
+  h->codec = c;
+  h->cfg.values = values;
+  h->cfg.topk_chunk = chunk;
+  return NB_OK;
+}
+
 nb_status_t nb_hybrid_set_overlap_steps(nb_hybrid_t* h, long steps) {
   if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
   if (steps < 0) return nb_error(NB_ERR_CONFIG, "hybrid: overlap_steps %ld < 0", steps);

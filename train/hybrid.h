@@ -215,6 +215,11 @@ nb_status_t nb_hybrid_set_density(nb_hybrid_t* h, double density);
 /* Sets H, the inner steps of the next rounds (>= 1; the cap of a wall-time round).
  * NB_ERR_CONFIG when < 1. */
 nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps);
+/* Sets the value type and top-k chunk of the next rounds' frames (the scheduler's codec point;
+ * frames are self-describing, so clusters may differ). Between rounds only (the codec is used
+ * by the thread that calls nb_hybrid_round). NB_ERR_CONFIG in dense mode (fp32 fixed) or for a
+ * chunk the codec refuses, NB_ERR_NOMEM. */
+nb_status_t nb_hybrid_set_codec(nb_hybrid_t* h, nb_values_t values, uint32_t topk_chunk);
 /* Sets tau, the inner steps of the next rounds after which the previous update lands (overlap;
  * >= 0, see cfg.overlap_steps; the scheduler raises it on a thin link). NB_ERR_CONFIG when < 0. */
 nb_status_t nb_hybrid_set_overlap_steps(nb_hybrid_t* h, long steps);

@@ -21,6 +21,7 @@
 #include "intra/intra.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
+#include "worker/codec_points.h"
 #include "worker/worker.h"
 #include "security/pki.h"
 #include "security/seal.h"
@@ -341,6 +342,11 @@ typedef struct {
   nb_sched_config_t scfg;
   nb_sched_decision_t prev_dec;
   int have_dec;
+  /* values "auto": the codec points the scheduler picks from, and the one in use */
+  const nb_codec_point_t* points;
+  size_t n_points, point;
+  nb_sched_point_t spoints[16];
+  int auto_codec;
   /* the rounds' log and totals */
   FILE* tsv;
   json_t* decisions;
@@ -546,7 +552,7 @@ static nb_worker_outcome_t nb__wk_trainer(nb__wk_t* w) {
   nb_status_t st = nb_trainer_create(w->tc, &w->t);
   if (st != NB_OK) {
     nb_worker_outcome_t rc = nb__wk_fail(w->cluster, "creating the trainer");
-    if (st == NB_ERR_IO)
+    if (st == NB_ERR_IO && strstr(nb_error_last(), "data file")) /* not a checkpoint's */
       fprintf(stderr, "nebula worker: prepare the data with 'make data', or pass --data-dir\n");
     return rc;
   }
@@ -598,6 +604,17 @@ static nb_worker_outcome_t nb__wk_exchange_start(nb__wk_t* w) {
 static nb_worker_outcome_t nb__wk_hybrid(nb__wk_t* w) {
   nb_hybrid_config_t* hc = &w->hc;
   nb_hybrid_config_from_job(w->job, w->index, hc);
+  /* values "auto": the scheduler picks a codec point each round (worker/codec_points.h); until
+   * it has measured the link, the density and chunk of the point of fewest bytes (the value
+   * type stays the job's mapping until the scheduler's first pick sets the codec) */
+  w->points = nb_codec_points(&w->n_points);
+  w->auto_codec = w->job->compression.values == NB_JOB_VALUES_AUTO && w->n_points <= 16;
+  for (size_t i = 0; w->auto_codec && i < w->n_points; i++) w->spoints[i] = w->points[i].sched;
+  if (w->auto_codec) {
+    w->point = w->n_points - 1;
+    hc->density = w->points[w->point].sched.density;
+    hc->topk_chunk = w->points[w->point].topk_chunk;
+  }
   w->ranks = (nb__wk_ranks_t){w->comm, w->t};
   if (w->comm) {
     hc->steps_hook = nb__wk_steps_hook;
@@ -862,7 +879,13 @@ static nb_worker_outcome_t nb__wk_schedule(nb__wk_t* w, long r, const nb_hybrid_
   if (hc->overlap && hc->overlap_steps > 0)
     in.hide_steps = (uint32_t)(hc->overlap_steps < UINT32_MAX ? hc->overlap_steps : UINT32_MAX);
   nb_sched_decision_t dec;
-  if (nb_sched_decide(&w->scfg, &in, w->have_dec ? &w->prev_dec : NULL, &dec) != NB_OK ||
+  const nb_sched_decision_t* prev = w->have_dec ? &w->prev_dec : NULL;
+  nb_status_t sst = w->auto_codec ? nb_sched_pick(&w->scfg, &in, w->spoints, w->n_points, prev,
+                                                  w->point, &dec, &w->point)
+                                  : nb_sched_decide(&w->scfg, &in, prev, &dec);
+  const nb_codec_point_t* pt = &w->points[w->point];
+  if (sst != NB_OK ||
+      (w->auto_codec && nb_hybrid_set_codec(w->h, pt->values, pt->topk_chunk) != NB_OK) ||
       nb_hybrid_set_density(w->h, dec.density) != NB_OK ||
       nb_hybrid_set_inner_steps(w->h, (long)dec.steps) != NB_OK ||
       (in.hide_steps > 0 &&
@@ -873,8 +896,13 @@ static nb_worker_outcome_t nb__wk_schedule(nb__wk_t* w, long r, const nb_hybrid_
   w->have_dec = 1;
   char line[512];
   nb_sched_decision_format(&dec, line, sizeof line);
-  printf("%s\n", line);
-  json_array_append_new(w->decisions, nb__wk_decision_json(r, &in, &dec));
+  if (w->auto_codec)
+    printf("%s point=%s\n", line, pt->sched.name);
+  else
+    printf("%s\n", line);
+  json_t* d = nb__wk_decision_json(r, &in, &dec);
+  if (w->auto_codec) json_object_set_new(d, "point", json_string(pt->sched.name));
+  json_array_append_new(w->decisions, d);
   return NB_WORKER_DONE;
 }
 

@@ -25,14 +25,19 @@ wan_check_prefix() {
 
 wan_is_number() { [[ "$1" =~ ^[0-9]+([.][0-9]+)?$ ]]; }
 
-# tbf parameters for a rate in Mbit/s and a one-way delay in ms: burst of 5 ms at the rate (at
-# least 32 KiB, so a GSO segment fits), and a queue (limit) of max(2 x delay, 20 ms) at the rate,
-# at least 64 KiB: about one bandwidth-delay product, like a sensibly sized WAN bottleneck.
+# tbf parameters for a rate in Mbit/s and a one-way delay in ms: burst of 5 ms at the rate, and a
+# queue (limit) of max(2 x delay, 20 ms) at the rate, at least 64 KiB: about one bandwidth-delay
+# product, like a sensibly sized WAN bottleneck. The burst is at least 32 KiB on the veth link
+# (delay 0), so that a GSO segment fits; behind the delay line (delay > 0) the TAP devices carry
+# frames of at most the MTU, so 4 frames suffice: a larger floor would let every frame below it
+# through at line speed after an idle gap, and a link of 0.1 Mbit/s would carry a 20 KiB frame
+# in a moment instead of 1.6 s.
 wan_tbf_args() {
   local rate=$1 delay=$2
   awk -v r="$rate" -v d="$delay" 'BEGIN {
     bps = r * 1e6 / 8
-    burst = bps * 0.005; if (burst < 32768) burst = 32768
+    floor = d > 0 ? 4 * 1514 : 32768
+    burst = bps * 0.005; if (burst < floor) burst = floor
     q = 2 * d; if (q < 20) q = 20
     limit = bps * q / 1000; if (limit < 65536) limit = 65536
     printf "rate %.6gmbit burst %d limit %d\n", r, burst, limit

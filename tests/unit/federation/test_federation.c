@@ -626,6 +626,56 @@ static void test_federation_auth(void** state) {
   nb_tls_destroy(tls);
 }
 
+/* The attack: a member reported an event with a huge seq; the origin took it as acked, skipped
+ * the member's real later events as already stored, and the job stayed running there forever.
+ * The origin refuses a batch with a seq more than 1000 ahead of the last accepted one, or one
+ * going backwards, tells the sender why, stores nothing, and the job ends normally. */
+static void test_report_seq(void** state) {
+  (void)state;
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = client_as("alice", &tls, 0);
+  char doc[4096], id[128];
+  job_doc(doc, sizeof doc, "fed-seq", 1, 1, 8);
+  assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+
+  cli = client_as("dc-b", &tls, 0); /* the member's own certificate */
+  Nebula__V1__ReportEvent ev[2] = {NEBULA__V1__REPORT_EVENT__INIT, NEBULA__V1__REPORT_EVENT__INIT};
+  Nebula__V1__ReportEvent* evp[2] = {&ev[0], &ev[1]};
+  ev[0].kind = ev[1].kind = (char*)"progress";
+  ev[0].payload_json = ev[1].payload_json = (char*)"{\"forged\": 1}";
+  Nebula__V1__ReportRequest rr = NEBULA__V1__REPORT_REQUEST__INIT;
+  rr.job_id = id;
+  rr.cluster = (char*)"dc-b";
+  rr.events = evp;
+  ProtobufCMessage* rep = NULL;
+  ev[0].seq = INT64_C(1) << 60;
+  rr.n_events = 1;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Federation/Report", &rr.base,
+                                   &nebula__v1__report_reply__descriptor, &rep, 10000, 0),
+                   NB_ERR_INVALID);
+  fprintf(stderr, "forged seq: %s\n", nb_error_last());
+  assert_non_null(strstr(nb_error_last(), "INVALID_ARGUMENT"));
+  assert_non_null(strstr(nb_error_last(), "is more than 1000 ahead of seq"));
+  assert_non_null(strstr(nb_error_last(), "nothing stored"));
+  /* within the gap but going backwards (a real 8-step job has far fewer than 400 events) */
+  ev[0].seq = 500;
+  ev[1].seq = 400;
+  rr.n_events = 2;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Federation/Report", &rr.base,
+                                   &nebula__v1__report_reply__descriptor, &rep, 10000, 0),
+                   NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "event seq 400 does not follow seq 500"));
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+
+  /* the member's real events still arrive: the job ends at the origin, nothing forged stored */
+  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
+  assert_int_equal(count_events(0, id, "cluster_state", "\"to\":\"succeeded\""), 2);
+  assert_int_equal(count_events(0, id, "progress", "forged"), 0);
+}
+
 /* A member gateway stops mid-job and starts again: it re-attaches to its worker, reports the rest
  * and the job ends succeeded at the origin. */
 static void test_member_restart(void** state) {
@@ -959,6 +1009,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test_setup_teardown(test_cancel_peer_down, setup, teardown),
       cmocka_unit_test_setup_teardown(test_peer_fails, setup, teardown),
       cmocka_unit_test_setup_teardown(test_federation_auth, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_report_seq, setup, teardown),
       cmocka_unit_test_setup_teardown(test_origin_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_member_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_forward, setup, teardown),

@@ -133,6 +133,42 @@ NB_CERT="$T/pki/clusters/dc-a.crt" NB_KEY="$T/pki/clusters/dc-a.key" "$NB" submi
   >/dev/null 2>&1; [ $? -eq 3 ] || fail "a cluster certificate may submit"
 NB_GATEWAY=127.0.0.1:1 "$NB" list --timeout 2 >/dev/null 2>&1; [ $? -eq 5 ] || fail "unreachable: not 5"
 
+# misleading output: each says what is wrong with what it was given
+mkdir "$T/folder"; : > "$T/empty.json"; truncate -s 100M "$T/big.json"
+"$NB" submit "$T/folder" 2> "$T/e"; rc=$?
+[ $rc -eq 6 ] && grep -q "folder is a folder, not a descriptor file" "$T/e" || fail "submit of a folder: $rc $(cat "$T/e")"
+"$NB" submit "$T/empty.json" 2> "$T/e"; rc=$?
+[ $rc -eq 6 ] && grep -q "empty.json is empty" "$T/e" || fail "submit of an empty file: $rc $(cat "$T/e")"
+grep -q "signature" "$T/e" && fail "submit of an empty file blames the signature"
+"$NB" submit "$T/big.json" 2> "$T/e"; rc=$?
+[ $rc -eq 6 ] && grep -q "is 104857600 bytes, larger than the descriptor limit of 1048576 bytes" "$T/e" || fail "submit of 100 MB: $rc $(cat "$T/e")"
+"$NB" validate "$T/big.json" 2> "$T/e"; rc=$?
+[ $rc -eq 1 ] && grep -q "is 104857600 bytes" "$T/e" || fail "validate of 100 MB: $rc $(cat "$T/e")"
+grep -q 1048577 "$T/e" && fail "validate reports the read size: $(cat "$T/e")"
+for c in train run; do
+  "$NB" $c "$T/big.json" 2> "$T/e"
+  grep -q "is 104857600 bytes, larger than the descriptor limit" "$T/e" || fail "$c of 100 MB: $(cat "$T/e")"
+  grep -q 1048577 "$T/e" && fail "$c reports the read size: $(cat "$T/e")"
+done
+head -c 1048600 /dev/zero | "$NB" validate - 2> "$T/e"; rc=$?
+[ $rc -eq 1 ] && grep -q "standard input is larger than the descriptor limit" "$T/e" || fail "validate - of 1 MiB+: $rc $(cat "$T/e")"
+"$NB" validate "$T/folder" 2> "$T/e"; grep -q "is a folder" "$T/e" || fail "validate of a folder: $(cat "$T/e")"
+NB_GATEWAY=127.0.0.1:99999 "$NB" list 2> "$T/e"; rc=$?
+[ $rc -eq 2 ] && grep -q "port '99999' of '127.0.0.1:99999' is not a port number in 1..65535" "$T/e" || fail "--gateway port 99999: $rc $(cat "$T/e")"
+"$NB" list --gateway 127.0.0.1:0 2> "$T/e"; [ $? -eq 2 ] || fail "--gateway port 0"
+"$NB" cancel "$SID" --reason --json 2> "$T/e"; rc=$?
+[ $rc -eq 2 ] && grep -q "needs a text, not the option '--json'" "$T/e" || fail "cancel --reason --json: $rc $(cat "$T/e")"
+"$NB" get "$SID" | grep -q "reason:.*--json" && fail "--json was stored as a reason"
+# the gateway's certificate does not match the name the client checks: the gateway never
+# answered, so exit 5 (unreachable), not 3 (refused)
+"$NB" list --server-name not-the-gateway.example 2> "$T/e"; rc=$?
+[ $rc -eq 5 ] && grep -q "TLS handshake with" "$T/e" || fail "server certificate refused: $rc $(cat "$T/e")"
+for bad in '"listen": "127.0.0.1:99999"' '"listen": "127.0.0.1:70000"' '"peers": {"dc-b": "127.0.0.1:99999"}' '"peers": {"dc-b": "127.0.0.1"}'; do
+  sed "s|\"listen\": \"127.0.0.1:0\"|$bad|" "$T/gw.json" > "$T/badport.json"
+  "$NB" gateway --config "$T/badport.json" --check > /dev/null 2> "$T/e" && fail "config with $bad accepted"
+  grep -Eq "not a port number in|has no port" "$T/e" || fail "config with $bad: $(cat "$T/e")"
+done
+
 # restart: two long jobs; the gateway is killed; one job dies meanwhile
 desc sleepy > "$T/sleepy.json"
 J1=$("$NB" submit "$T/sleepy.json") || fail "submit sleepy 1"

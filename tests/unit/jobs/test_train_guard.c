@@ -2,6 +2,9 @@
  * the trainer's committed corpus): --resume with LATEST gone is an error that changes nothing
  * (it used to start a fresh model over the old checkpoints, exit 0); a fresh run into a folder
  * with checkpoints is refused; --force starts afresh on purpose; a good LATEST resumes.
+ * And what train and eval say when given bad input: a checkpoint with NaN weights, nothing to
+ * score, out-of-range --batch/--batches, a teacher checkpoint that is not there (no `make data`
+ * advice, no half-written output folder left behind).
  * argv[1]: the nebula binary; argv[2]: the corpus folder (mono/, pairs/). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,12 +13,16 @@
 #include <cmocka.h>
 
 #include <ftw.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "train/checkpoint.h"
+#include "train/model.h"
 
 static char g_dir[256];
 static const char *g_nebula, *g_data;
@@ -118,6 +125,97 @@ static void test_resume_guard(void** state) {
   assert_non_null(strstr(err, "no checkpoint to resume from"));
 }
 
+/* `nebula CMD ARGS` in g_dir, stdout and stderr into out; returns the exit status. */
+static int run(const char* args, char* out, size_t n) {
+  char cmd[2048], p[512];
+  snprintf(p, sizeof p, "%s/out.txt", g_dir);
+  snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s > '%s' 2>&1", g_dir, g_nebula, args, p);
+  int st = system(cmd);
+  FILE* f = fopen(p, "r");
+  size_t k = f ? fread(out, 1, n - 1, f) : 0;
+  out[k] = 0;
+  if (f) fclose(f);
+  fprintf(stderr, "nebula %s -> %d: %s", args, WEXITSTATUS(st), out);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static void test_bad_input_messages(void** state) {
+  (void)state;
+  char args[2048], out[8192], p[512];
+  /* a checksummed checkpoint with one NaN weight: eval fails naming the tensor, prints no score */
+  nb_model_config_t cfg = nb_model_config_make(1, 32, 2, 32);
+  nb_model_t* m = NULL;
+  assert_int_equal(nb_model_create(&cfg, 1, &m), NB_OK);
+  nb_model_params(m, NULL)[3] = NAN;
+  snprintf(p, sizeof p, "%s/nan.safetensors", g_dir);
+  assert_int_equal(nb_checkpoint_save(p, m, 1), NB_OK);
+  nb_model_params(m, NULL)[3] = 0.5f;
+  snprintf(p, sizeof p, "%s/good.safetensors", g_dir);
+  assert_int_equal(nb_checkpoint_save(p, m, 1), NB_OK);
+  nb_model_destroy(m);
+  snprintf(args, sizeof args, "eval nan.safetensors --data-dir '%s' --langs en", g_data);
+  assert_int_equal(run(args, out, sizeof out), 1);
+  assert_non_null(strstr(out, "holds a non-finite value (NaN or infinity)"));
+  assert_null(strstr(out, "bits per byte"));
+
+  /* nothing to score: the one held-out pair's source fills the whole context (32 bytes), so
+   * no target byte is left to score; eval used to print "0.0000 (0 bytes)" and exit 0 */
+  char sh[2048];
+  snprintf(sh, sizeof sh,
+           "mkdir -p '%1$s/tiny/pairs' && cp '%2$s/pairs/en-de.train.tsv' "
+           "'%1$s/tiny/pairs/' && printf '%%0200d\\tx\\n' 0 > '%1$s/tiny/pairs/en-de.dev.tsv'",
+           g_dir, g_data);
+  assert_int_equal(system(sh), 0);
+  assert_int_equal(run("eval good.safetensors --data-dir tiny --pairs en-de", out, sizeof out), 1);
+  assert_non_null(strstr(out, "nothing was scored for 'en-de'"));
+  assert_non_null(strstr(out, "model's context of 32 bytes"));
+  assert_null(strstr(out, "0.0000"));
+  /* with --translate the translation scores stand; the source's bits per byte are n/a */
+  snprintf(sh, sizeof sh, "cp '%s/pairs/en-de.test.tsv' '%s/tiny/pairs/'", g_data, g_dir);
+  assert_int_equal(system(sh), 0);
+  assert_int_equal(
+      run("eval good.safetensors --data-dir tiny --pairs en-de --translate 1", out, sizeof out), 0);
+  assert_non_null(strstr(out, "nothing was scored for 'en-de'"));
+  assert_non_null(strstr(out, "en-de  n/a     (nothing scored)"));
+  assert_non_null(strstr(out, "chrF"));
+  assert_null(strstr(out, "0.0000"));
+
+  /* sizes that do not fit: refused, not truncated to 32 bits */
+  snprintf(args, sizeof args, "eval good.safetensors --data-dir '%s' --batch 4294967297", g_data);
+  assert_int_equal(run(args, out, sizeof out), 2);
+  assert_non_null(strstr(out, "--batch needs an integer in 1..4096, got '4294967297'"));
+  snprintf(args, sizeof args, "eval good.safetensors --data-dir '%s' --batches 4294967296", g_data);
+  assert_int_equal(run(args, out, sizeof out), 2);
+  assert_non_null(strstr(out, "--batches needs an integer in 1..1000000"));
+
+  /* a teacher checkpoint that is not there: the message is about it, not about `make data`, and
+   * the run leaves no output folder with header-only tsv files behind */
+  snprintf(p, sizeof p, "%s/distill.json", g_dir);
+  FILE* f = fopen(p, "w");
+  assert_non_null(f);
+  fprintf(f,
+          "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+          "\"distill\"}, \"spec\": {\"clusters\": [{\"id\": \"dc-a\", \"data\": {\"dir\": \"%s\", "
+          "\"languages\": [\"en\"]}}], \"model\": {\"layers\": 1, \"width\": 32, \"heads\": 2, "
+          "\"context\": 32}, \"training\": {\"batchSize\": 2, \"maxSteps\": 2, \"distillation\": "
+          "{\"enabled\": true, \"teacher\": \"%s/no-such-teacher.safetensors\"}}}}",
+          g_data, g_dir);
+  fclose(f);
+  assert_int_equal(run("train distill.json --out fresh-out", out, sizeof out), 1);
+  assert_non_null(strstr(out, "no-such-teacher.safetensors"));
+  assert_null(strstr(out, "make data"));
+  snprintf(p, sizeof p, "%s/fresh-out", g_dir);
+  assert_int_equal(access(p, F_OK), -1);
+  /* into an existing folder: the folder stays, the tsv files this run made do not */
+  assert_int_equal(mkdir(p, 0755), 0);
+  assert_int_equal(run("train distill.json --out fresh-out", out, sizeof out), 1);
+  assert_int_equal(access(p, F_OK), 0);
+  snprintf(p, sizeof p, "%s/fresh-out/curve.tsv", g_dir);
+  assert_int_equal(access(p, F_OK), -1);
+  snprintf(p, sizeof p, "%s/fresh-out/rounds.tsv", g_dir);
+  assert_int_equal(access(p, F_OK), -1);
+}
+
 int main(int argc, char** argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: %s NEBULA DATA_DIR\n", argv[0]);
@@ -125,6 +223,7 @@ int main(int argc, char** argv) {
   }
   g_nebula = argv[1];
   g_data = argv[2];
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_resume_guard)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_resume_guard),
+                                     cmocka_unit_test(test_bad_input_messages)};
   return cmocka_run_group_tests(tests, setup, teardown);
 }

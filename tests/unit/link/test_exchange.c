@@ -1,7 +1,8 @@
 /* inter/exchange over loopback with mTLS and sealing: a 3-cluster round in one process (every
  * leader gets both peers' frames byte-identical), a round whose peer never sends ends at the
  * deadline, and a peer process killed with SIGKILL is reported NB_ERR_UNAVAILABLE, naming it,
- * within 3 seconds; the child is reaped, so no process is left behind. */
+ * long before the round's deadline; the child is reaped, so no process is left behind. Verdicts
+ * rest on statuses, counts and order, not on how fast this machine is. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -92,7 +93,9 @@ static void test_three_clusters(void** state) {
     for (int j = 0; j < 3; j++)
       if (i != j) assert_int_equal(nb_exchange_add_peer(ex[i], g_ids[j], target[j]), NB_OK);
   assert_int_equal(nb_exchange_add_peer(ex[0], "dc-b", target[1]), NB_ERR_EXISTS);
+  double round_s = 0; /* the slowest of rounds 1 and 2, measured here */
   for (uint64_t round = 1; round <= 2; round++) {
+    int64_t r0 = nb_now_ns();
     leader_t l[3];
     pthread_t th[3];
     for (int i = 0; i < 3; i++) {
@@ -101,6 +104,7 @@ static void test_three_clusters(void** state) {
       assert_int_equal(pthread_create(&th[i], NULL, leader, &l[i]), 0);
     }
     for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    if ((nb_now_ns() - r0) * 1e-9 > round_s) round_s = (nb_now_ns() - r0) * 1e-9;
     for (int i = 0; i < 3; i++) {
       if (l[i].st != NB_OK)
         fail_msg("%s round %llu: %s / %s", g_ids[i], (unsigned long long)round, l[i].res[0].detail,
@@ -128,23 +132,24 @@ static void test_three_clusters(void** state) {
     for (size_t k = 0; k < 2; k++) {
       nb_estimate_t e;
       nb_estimator_get(nb_link_estimator(nb_exchange_link(ex[i], k)), &e);
-      assert_int_equal(e.transfer_samples, 2);
+      assert_int_equal(e.transfer_samples - e.probe_samples, 2);
       assert_true(e.rtt_samples >= 1 && e.rtt_s > 0);
       assert_true(nb_exchange_peer_alive(ex[i], k));
     }
   }
   /* round 3 where dc-c does not take part: a and b finish with each other and report dc-c's
-   * frame as missing at the deadline (it is alive: TIMEOUT, not UNAVAILABLE) */
+   * frame as missing at the deadline (it is alive: TIMEOUT, not UNAVAILABLE). The deadline
+   * leaves a and b four times what a round took here, and at least 1.5 s. */
   leader_t l[2];
   pthread_t th[2];
-  int64_t t0 = nb_now_ns();
+  double budget = 4 * round_s > 1.5 ? 4 * round_s : 1.5;
+  int64_t deadline = nb_now_ns() + (int64_t)(budget * 1e9);
   for (int i = 0; i < 2; i++) {
-    l[i] = (leader_t){.ex = ex[i], .me = i, .round = 3, .deadline_ns = t0 + 1500000000LL};
+    l[i] = (leader_t){.ex = ex[i], .me = i, .round = 3, .deadline_ns = deadline};
     assert_int_equal(pthread_create(&th[i], NULL, leader, &l[i]), 0);
   }
   for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
-  double took = (nb_now_ns() - t0) * 1e-9;
-  assert_true(took >= 1.4 && took < 5.0);
+  assert_true(nb_now_ns() >= deadline); /* they waited for dc-c until the deadline */
   for (int i = 0; i < 2; i++) {
     assert_int_equal(l[i].st, NB_ERR_TIMEOUT);
     for (int k = 0; k < 2; k++) {
@@ -232,26 +237,34 @@ static void test_peer_killed(void** state) {
   free(want);
   nb_exchange_results_release(r, 1);
   free(f);
-  /* kill -9 the peer; round 2 must report it within 3 s although its deadline is 30 s away */
+  /* kill -9 the peer; round 2 must report it dead (UNAVAILABLE), not wait for its deadline
+   * (TIMEOUT), which is ten times the dead timeout derived now plus 20 s away */
+  nb_exchange_liveness_t lv;
+  assert_int_equal(nb_exchange_peer_liveness(ex, 0, &lv), NB_OK);
+  assert_true(lv.dead_ms >= lv.floor_ms);
   assert_int_equal(kill(pid, SIGKILL), 0);
   int64_t t0 = nb_now_ns();
   len = frame_len(0, 2);
   f = make_frame(len, 2);
-  st = nb_exchange_round(ex, 2, f, len, nb_now_ns() + 30000000000LL, r);
-  double took = (nb_now_ns() - t0) * 1e-9;
-  printf("peer killed: reported after %.2f s: %s\n", took, r[0].detail);
+  int64_t deadline = nb_now_ns() + 10 * lv.dead_ms * 1000000LL + 20000000000LL;
+  st = nb_exchange_round(ex, 2, f, len, deadline, r);
+  printf("peer killed: reported after %.2f s (dead timeout %lld ms): %s\n",
+         (nb_now_ns() - t0) * 1e-9, (long long)lv.dead_ms, r[0].detail);
   assert_int_equal(st, NB_ERR_UNAVAILABLE);
   assert_int_equal(r[0].status, NB_ERR_UNAVAILABLE);
   assert_non_null(strstr(r[0].detail, "dc-b"));
   assert_non_null(strstr(nb_error_last(), "dc-b"));
-  assert_true(took < 3.0);
   assert_false(nb_exchange_peer_alive(ex, 0));
+  assert_int_equal(nb_exchange_peer_liveness(ex, 0, &lv), NB_OK);
+  assert_true(lv.dead);
+  assert_true(lv.silent_ms >= lv.floor_ms); /* not declared before its time */
   nb_exchange_results_release(r, 1);
-  /* the next round fails at once for the dead peer */
-  t0 = nb_now_ns();
+  /* the next round fails at once for the dead peer: nothing is sent to it */
   assert_int_equal(nb_exchange_round(ex, 3, f, len, nb_now_ns() + 30000000000LL, r),
                    NB_ERR_UNAVAILABLE);
-  assert_true((nb_now_ns() - t0) * 1e-9 < 0.5);
+  assert_int_equal(r[0].send_status, NB_ERR_UNAVAILABLE);
+  assert_int_equal(r[0].send.chunks, 0);
+  assert_non_null(strstr(r[0].detail, "is not answering"));
   nb_exchange_results_release(r, 1);
   free(f);
   int wst = 0;

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -260,11 +261,53 @@ static void test_report_translation(void** state) {
   rm_rf(dir);
 }
 
+/* Values each finite whose sums and spans overflow (compute seconds of 1e308 add up to inf,
+ * losses of +-1e308 span inf): the report is written, no SVG coordinate is NaN or infinite, and
+ * the points that cannot be placed are named in the legend instead of drawn as "-nan". */
+static void test_report_overflow(void** state) {
+  (void)state;
+  char dir[] = "/tmp/nb_report_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char buf[4096];
+  int o = snprintf(buf, sizeof buf, "%s", nb__hdr);
+  const char* loss[3] = {"1e308", "-1e308", "2.5"};
+  for (int r = 0; r < 3; r++)
+    o += snprintf(buf + o, sizeof buf - (size_t)o,
+                  "%d\t20\t160\t320\t%s\t1000\t1000\t0.1\t1e308\t0.01\t1e-300\t%016x\n", r, loss[r],
+                  0xabcu + (unsigned)r);
+  put(dir, "dc-a", "rounds.tsv", buf);
+  put(dir, "dc-a", "summary.json", "{\"cluster\":\"dc-a\",\"global_xxh3\":\"00\"}");
+  const char* ids[] = {"dc-a"};
+  assert_int_equal(nb_report_write(dir, ids, 1, NULL), NB_OK);
+  char p[600];
+  snprintf(p, sizeof p, "%s/report.html", dir);
+  char* html = slurp(p);
+  assert_non_null(html);
+  /* every number inside an SVG attribute or points list is finite */
+  for (const char* q = html; (q = strstr(q, "<svg")) != NULL; q++) {
+    const char* end = strstr(q, "</svg>");
+    assert_non_null(end);
+    for (const char* c = q; c < end; c++) {
+      if (*c == '>') { /* skip text content: labels may legitimately say anything */
+        const char* lt = memchr(c, '<', (size_t)(end - c));
+        if (!lt) break;
+        c = lt;
+      }
+      if (!strncasecmp(c, "nan", 3) || !strncasecmp(c, "inf", 3))
+        fail_msg("non-finite coordinate in the SVG: %.40s", c);
+    }
+  }
+  assert_non_null(strstr(html, "not finite, not drawn"));
+  free(html);
+  rm_rf(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_report_ok),
       cmocka_unit_test(test_report_bad),
       cmocka_unit_test(test_report_translation),
+      cmocka_unit_test(test_report_overflow),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -395,6 +395,13 @@ static void test_certs_cli(void** state) {
   char pki[600], crt[700];
   snprintf(pki, sizeof pki, "%s/pki", d);
   snprintf(crt, sizeof crt, "%s/clusters/dc-a.crt", pki);
+  /* a failed init (a CN longer than 64 bytes) leaves no folder behind */
+  char* bad_cn[] = {"certs", "init",
+                    "--dir", pki,
+                    "--cn",  "a-common-name-that-is-far-too-long-for-a-certificate-authority-cn-x",
+                    NULL};
+  assert_int_equal(nb_certs_main(6, bad_cn), 1);
+  assert_int_equal(access(pki, F_OK), -1);
   char* init[] = {"certs", "init", "--dir", pki, NULL};
   assert_int_equal(nb_certs_main(4, init), 0);
   assert_int_equal(nb_certs_main(4, init), 1); /* exists */
@@ -414,6 +421,24 @@ static void test_certs_cli(void** state) {
   assert_int_equal(nb_certs_main(9, ver), 0);
   char* ver_wrong[] = {"certs", "verify", "--dir", pki, "--cluster", "dc-b", crt, NULL};
   assert_int_equal(nb_certs_main(7, ver_wrong), 1);
+  /* signed by this CA with CN=alice and no subjectAltName: a good chain, but no nebula identity,
+   * so verify refuses it as every gateway does (docs/security.md, Identity) */
+  assert_int_equal(
+      sec_sh("cd '%1$s' && openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 "
+             "-out cn.key 2>/dev/null && openssl req -new -key cn.key -subj /O=nebula/CN=alice "
+             "-out cn.csr 2>/dev/null && printf 'basicConstraints=critical,CA:FALSE\n"
+             "keyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n' > cn.ext && "
+             "openssl x509 -req -in cn.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 "
+             "-sha256 -extfile cn.ext -out cn.crt 2>/dev/null",
+             pki),
+      0);
+  char cn_crt[700];
+  snprintf(cn_crt, sizeof cn_crt, "%s/cn.crt", pki);
+  char* ver_cn[] = {"certs", "verify", "--dir", pki, "--usage", "client", cn_crt, NULL};
+  assert_int_equal(nb_certs_main(7, ver_cn), 1);
+  assert_non_null(strstr(nb_error_last(), "no subjectAltName, so no nebula identity"));
+  char* ver_cn_user[] = {"certs", "verify", "--dir", pki, "--user", "alice", cn_crt, NULL};
+  assert_int_equal(nb_certs_main(7, ver_cn_user), 1);
   char* missing[] = {"certs", "show", "/nonexistent/x.crt", NULL};
   assert_int_equal(nb_certs_main(3, missing), 1);
   /* show, captured through a pipe to a file */

@@ -7,6 +7,7 @@
 #   wrong.{pem,key}        cluster dc-x: valid, but not the cluster a job expects
 #   user.{pem,key}         user alice (URI nebula://user/alice)
 #   other-ca.pem, foreign.{pem,key}  a second CA and a "dc-b" certificate it issued
+#   cnonly.{pem,key}       signed by ca, CN=alice and no subjectAltName: no nebula identity
 set -eu
 d=$1
 mkdir -p "$d"
@@ -22,12 +23,13 @@ mkca() { # name cn
     -out "$1.pem" 2>/dev/null
 }
 
-issue() { # name ca cn san
+issue() { # name ca cn [san]
   newkey "$1.key"
   openssl req -new -key "$1.key" -subj "/O=nebula test/CN=$3" -out "$1.csr" 2>/dev/null
   printf '%s\n' "basicConstraints=critical,CA:FALSE" \
     "keyUsage=critical,digitalSignature,keyAgreement" \
-    "extendedKeyUsage=serverAuth,clientAuth" "subjectAltName=$4" > "$1.ext"
+    "extendedKeyUsage=serverAuth,clientAuth" > "$1.ext"
+  [ -z "${4:-}" ] || printf '%s\n' "subjectAltName=$4" >> "$1.ext"
   openssl x509 -req -in "$1.csr" -CA "$2.pem" -CAkey "$2.key" -CAcreateserial -sha256 -days 2 \
     -extfile "$1.ext" -out "$1.pem" 2>/dev/null
   rm -f "$1.csr" "$1.ext"
@@ -40,4 +42,5 @@ issue client ca dc-b "IP:127.0.0.1,URI:nebula://cluster/dc-b"
 issue wrong ca dc-x "URI:nebula://cluster/dc-x"
 issue user ca alice "URI:nebula://user/alice"
 issue foreign other-ca dc-b "IP:127.0.0.1,URI:nebula://cluster/dc-b"
+issue cnonly ca alice
 rm -f ./*.srl

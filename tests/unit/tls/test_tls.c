@@ -320,6 +320,35 @@ static void test_mtls_wrong_identity(void** state) {
   assert_int_equal(atomic_load(&g_handled), before); /* refused before the handler */
 }
 
+/* A certificate the federation CA signed with CN=alice and no subjectAltName: no nebula
+ * identity, so neither a cluster by its CN nor a user (docs/security.md, Identity). */
+static void test_mtls_cn_only(void** state) {
+  int before = atomic_load(&g_handled);
+  nb_tls_peer_t p;
+  char* pem = slurp("cnonly.pem");
+  assert_int_equal(nb_tls_peer_from_pem(pem, strlen(pem), &p), NB_ERR_CRYPTO);
+  assert_non_null(strstr(nb_error_last(), "certificate (CN 'alice') states no nebula identity"));
+  assert_non_null(strstr(nb_error_last(), "nebula://user/NAME"));
+  assert_int_equal(p.kind, NB_TLS_PEER_NONE);
+  assert_string_equal(p.name, "");
+  /* an endpoint does not start with it as its own certificate */
+  nb_tls_files_t f = {
+      .ca_path = path("ca.pem"), .cert_path = path("cnonly.pem"), .key_path = path("cnonly.key")};
+  nb_tls_t* t = NULL;
+  assert_int_equal(nb_tls_create(&f, &t), NB_ERR_CRYPTO);
+  assert_non_null(strstr(nb_error_last(), "states no nebula identity"));
+  assert_null(t);
+  /* and a server refuses its calls before any handler runs */
+  char *ca = slurp("ca.pem"), *key = slurp("cnonly.key");
+  grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = pem};
+  assert_int_equal(raw_ping(grpc_ssl_credentials_create_ex(ca, &pair, NULL, NULL)),
+                   GRPC_STATUS_PERMISSION_DENIED);
+  free(ca);
+  free(key);
+  free(pem);
+  assert_int_equal(atomic_load(&g_handled), before);
+}
+
 static void test_client_checks_server(void** state) {
   int before = atomic_load(&g_handled);
   nb_tls_t* t = load("ca.pem", "client.pem", "client.key");
@@ -494,6 +523,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_mtls_foreign_ca),
       cmocka_unit_test(test_mtls_plaintext),
       cmocka_unit_test(test_mtls_wrong_identity),
+      cmocka_unit_test(test_mtls_cn_only),
       cmocka_unit_test(test_client_checks_server),
       cmocka_unit_test(test_tls_garbage_then_good),
       cmocka_unit_test(test_tls13_aes128_on_the_wire),

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/common.h"
 #include "train/checkpoint.h"
 #include "train/model.h"
 #include "train/rng.h"
@@ -54,6 +55,23 @@ int main(int argc, char** argv) {
   nb_model_config_t cfg = nb_model_config_make(1, 4, 1, 4);
   nb_model_t* m;
   if (nb_model_create(&cfg, 1, &m) != NB_OK || nb_checkpoint_save(path, m, 1) != NB_OK) return 1;
+  /* bad seeds that must be refused: a checksummed checkpoint with a NaN, one with an Inf */
+  for (int k = 0; k < 2; k++) {
+    float* w = nb_model_params(m, NULL);
+    float keep = w[k * 7];
+    w[k * 7] = k ? -1.0f / 0.0f : 0.0f / 0.0f;
+    int saved = nb_checkpoint_save(path, m, 1) == NB_OK;
+    w[k * 7] = keep;
+    nb_ckpt_t* c = NULL;
+    if (!saved || nb_checkpoint_open(path, &c) != NB_ERR_INVALID ||
+        !strstr(nb_error_last(), "non-finite")) {
+      fprintf(stderr, "fuzz_checkpoint: a checkpoint with a %s weight was not refused\n",
+              k ? "-Inf" : "NaN");
+      nb_checkpoint_close(c);
+      return 1;
+    }
+  }
+  if (nb_checkpoint_save(path, m, 1) != NB_OK) return 1;
   nb_model_destroy(m);
   FILE* f = fopen(path, "rb");
   uint8_t* seed = malloc(1 << 16);

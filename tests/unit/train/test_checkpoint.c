@@ -9,6 +9,7 @@
 #include <cmocka.h>
 #include <dirent.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -346,6 +347,49 @@ static void test_corrupt_corpus(void** state) {
     t[3].name = t[4].name; /* and duplicate names */
     assert_int_equal(nb_checkpoint_write(path_in("dup"), t, nv, meta, 6), NB_ERR_INVALID);
     free(t);
+  }
+  /* non-finite values, correctly checksummed: NaN, +Inf and -Inf each refused naming the tensor */
+  {
+    float* w = nb_model_params(m, NULL);
+    const nb_tensor_view_t* wpe = NULL;
+    const nb_tensor_view_t* lnb = NULL;
+    for (size_t i = 0; i < nb_model_num_tensors(m); i++) {
+      if (!strcmp(nb_model_tensor(m, i)->name, "wpe")) wpe = nb_model_tensor(m, i);
+      if (!strcmp(nb_model_tensor(m, i)->name, "ln_f.bias")) lnb = nb_model_tensor(m, i);
+    }
+    assert_non_null(wpe);
+    assert_non_null(lnb);
+    float keep = w[wpe->offset + 5];
+    w[wpe->offset + 5] = NAN;
+    assert_int_equal(nb_checkpoint_save(path_in("nan_wpe"), m, 1), NB_OK);
+    w[wpe->offset + 5] = keep;
+    expect_reject("nan_wpe", NB_ERR_INVALID,
+                  "tensor wpe holds a non-finite value (NaN or infinity) at element 5");
+    keep = w[lnb->offset + lnb->numel - 1];
+    w[lnb->offset + lnb->numel - 1] = INFINITY;
+    assert_int_equal(nb_checkpoint_save(path_in("inf_ln_f"), m, 1), NB_OK);
+    w[lnb->offset + lnb->numel - 1] = -INFINITY;
+    assert_int_equal(nb_checkpoint_save(path_in("ninf_ln_f"), m, 1), NB_OK);
+    w[lnb->offset + lnb->numel - 1] = keep;
+    expect_reject("inf_ln_f", NB_ERR_INVALID, "tensor ln_f.bias holds a non-finite value");
+    expect_reject("ninf_ln_f", NB_ERR_INVALID, "tensor ln_f.bias holds a non-finite value");
+    /* a hostile tensor name is not echoed as it is (no terminal control bytes) */
+    float bad[2] = {1.0f, NAN};
+    nb_ckpt_tensor_t t = {.name = "x\x1b[2J\ty", .ndim = 1, .shape = {2}, .data = bad};
+    const char* meta[] = {"step", "1"};
+    assert_int_equal(nb_checkpoint_write(path_in("nan_name"), &t, 1, meta, 1), NB_OK);
+    size_t n = 0;
+    uint8_t* img = slurp(path_in("nan_name"), &n);
+    nb_ckpt_t* c = NULL;
+    assert_int_equal(nb_checkpoint_parse(img, n, "nan_name", &c), NB_ERR_INVALID);
+    assert_null(c);
+    printf("  %-22s -> %s\n", "nan_name", nb_error_last());
+    assert_non_null(strstr(nb_error_last(), "tensor x??2J?y holds a non-finite value"));
+    assert_null(strchr(nb_error_last(), '\x1b'));
+    free(img);
+    unlink(path_in("nan_name"));
+    /* and the model it was loaded into is untouched (expect_reject checked), the good file loads */
+    assert_int_equal(nb_checkpoint_load_into(path_in("good.safetensors"), m, NULL), NB_OK);
   }
   /* not there at all */
   assert_int_equal(nb_checkpoint_load_into(path_in("absent"), m, NULL), NB_ERR_IO);

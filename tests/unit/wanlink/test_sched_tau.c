@@ -1,7 +1,9 @@
 /* Unit tests of inter/sched with overlap steps (tau): the transfer must fit under the tau inner
  * steps after which the update lands, not the whole round; at the density floor the update is
  * let land later (a larger tau, reason floor_later) before the round is lengthened; without
- * overlap, or with tau >= H, the decision is the whole round's as before. */
+ * overlap, or with tau >= H, the decision is the whole round's as before. And nb_sched_pick, the
+ * choice of a codec point from a quality table: the least loss that fits, then the least loss
+ * that fits landing later, then the fewest bytes with a longer round. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -74,6 +76,26 @@ static void test_tau_budget(void** state) {
   assert_true(fabs(d.budget_s - 2.0) < 1e-9);
 }
 
+/* A long link: two round trips of 0.2 s would eat more than tau 4's 0.36 s. They do not take the
+ * data's share: the density still fills 0.36 s of transfer (0.18), and the update lands after
+ * ceil((0.4 + 0.36) / 0.09) = 9 steps instead of 4. */
+static void test_tau_latency(void** state) {
+  (void)state;
+  nb_sched_config_t c = cfg();
+  c.rtts_per_round = 2;
+  nb_sched_input_t in = input(4);
+  in.rtt_s = 0.2;
+  nb_sched_decision_t d;
+  assert_int_equal(nb_sched_decide(&c, &in, NULL, &d), NB_OK);
+  assert_int_equal(d.reason, NB_SCHED_FIT);
+  assert_true(fabs(d.density - 0.18) < 1e-9);
+  assert_int_equal(d.hide_steps, 9);
+  assert_true(d.transfer_s <= d.budget_s + 1e-12);
+  in.rtt_s = 2.0; /* 4 s of round trips: the update lands at the round's end */
+  assert_int_equal(nb_sched_decide(&c, &in, NULL, &d), NB_OK);
+  assert_int_equal(d.hide_steps, 0);
+}
+
 /* At the floor: a 100x thinner link (10 kB/s) carries the 0.001-density frame (2 kB) in 0.2 s,
  * more than tau 1 hides (0.09 s): the update lands after 3 steps instead (0.27 s); thinner still,
  * when even the round's last step is too early, the round is lengthened as without tau. */
@@ -114,11 +136,84 @@ static void test_tau_wall_rounds(void** state) {
   assert_true(fabs(d.budget_s - 0.27) < 1e-9);
 }
 
+/* A table like the one bench pareto measures: 1 MB dense int8, 264 kB top-10 % int8, 60 kB
+ * top-3 % 4-bit, 26 kB top-1.5 % 2-bit (1e6 params, bits as the worker passes them). */
+static const nb_sched_point_t g_points[] = {
+    {"dense-int8", 1.0, 8.125, 0, 0.010},
+    {"top10-int8", 0.10, 8.125, 13, 0.020},
+    {"top3-4bit", 0.03, 4.125, 12, 0.030},
+    {"top1.5-2bit", 0.015, 2.125, 12, 0.050},
+};
+#define N_POINTS (sizeof g_points / sizeof g_points[0])
+
+static void test_pick(void** state) {
+  (void)state;
+  nb_sched_config_t c = cfg();
+  nb_sched_input_t in = input(4); /* tau 4: 0.36 s of transfer hide under a 4 s round */
+  nb_sched_decision_t d;
+  size_t at = 99;
+  in.goodput_Bps = 1e8; /* 2 MB in 0.02 s: dense int8, the table's best */
+  assert_int_equal(nb_sched_pick(&c, &in, g_points, N_POINTS, NULL, 0, &d, &at), NB_OK);
+  assert_int_equal(at, 0);
+  assert_int_equal(d.reason, NB_SCHED_CEILING);
+  assert_true(d.density == 1.0);
+  in.goodput_Bps = 2e5; /* 0.36 s carry 72 kB: 4-bit (60 kB) is the best that fits */
+  assert_int_equal(nb_sched_pick(&c, &in, g_points, N_POINTS, NULL, 0, &d, &at), NB_OK);
+  assert_int_equal(at, 2);
+  assert_int_equal(d.reason, NB_SCHED_FIT);
+  assert_true(d.transfer_s <= d.budget_s + 1e-12);
+  assert_int_equal(d.hide_steps, 4);
+  /* 20 kB/s: nothing fits under tau; landing later, 2-bit (26 kB) needs 15 steps and 4-bit
+   * (60 kB) 34 of the 40: the lesser loss of the two, 4-bit, lands after 34 */
+  in.goodput_Bps = 2e4;
+  assert_int_equal(nb_sched_pick(&c, &in, g_points, N_POINTS, NULL, 0, &d, &at), NB_OK);
+  assert_int_equal(at, 2);
+  assert_int_equal(d.reason, NB_SCHED_FLOOR_LATER);
+  assert_int_equal(d.hide_steps, 34);
+  assert_true(d.transfer_s <= d.budget_s + 1e-12);
+  in.goodput_Bps = 1e3; /* even 2-bit (26 kB, 26 s) needs more than the round: fewest bytes */
+  assert_int_equal(nb_sched_pick(&c, &in, g_points, N_POINTS, NULL, 0, &d, &at), NB_OK);
+  assert_int_equal(at, 3);
+  assert_int_equal(d.reason, NB_SCHED_FLOOR_LENGTHEN);
+  assert_true(d.steps > 40);
+  in.goodput_Bps = 0; /* no estimate yet: fewest bytes */
+  assert_int_equal(nb_sched_pick(&c, &in, g_points, N_POINTS, NULL, 0, &d, &at), NB_OK);
+  assert_int_equal(at, 3);
+  assert_int_equal(d.reason, NB_SCHED_NO_ESTIMATE);
+}
+
+/* Hold: a better point that would fill more than (1 - hysteresis) of its budget does not replace
+ * the previous one while that still fits; with room to spare it does. */
+static void test_pick_hold(void** state) {
+  (void)state;
+  nb_sched_config_t c = cfg();
+  c.hysteresis = 0.1;
+  nb_sched_input_t in = input(4);
+  nb_sched_decision_t prev, d;
+  size_t at;
+  in.goodput_Bps = 6.1e4 / 0.36 / 0.95; /* 4-bit's 61 kB (with the sent scales) fill 95 % */
+  assert_int_equal(nb_sched_pick(&c, &in, g_points, N_POINTS, NULL, 0, &prev, &at), NB_OK);
+  assert_int_equal(at, 2);
+  assert_int_equal(nb_sched_pick(&c, &in, g_points, N_POINTS, &prev, 3, &d, &at), NB_OK);
+  assert_int_equal(at, 3);
+  assert_int_equal(d.reason, NB_SCHED_HOLD);
+  in.goodput_Bps *= 1.5; /* now 63 % of the budget: the better point is taken */
+  assert_int_equal(nb_sched_pick(&c, &in, g_points, N_POINTS, &d, 3, &d, &at), NB_OK);
+  assert_int_equal(at, 2);
+  nb_sched_point_t bad[] = {{"nan-cost", 0.5, 8, 8, NAN}};
+  assert_int_equal(nb_sched_pick(&c, &in, bad, 1, NULL, 0, &d, &at), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "nan-cost"));
+  assert_int_equal(nb_sched_pick(&c, &in, g_points, 0, NULL, 0, &d, &at), NB_ERR_INVALID);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_tau_budget),
+      cmocka_unit_test(test_tau_latency),
       cmocka_unit_test(test_floor_later_then_lengthen),
       cmocka_unit_test(test_tau_wall_rounds),
+      cmocka_unit_test(test_pick),
+      cmocka_unit_test(test_pick_hold),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,29 @@
+/* Checks of a command's input made before it is used, shared by the commands in cli/ and the
+ * gateway daemon (jobs/gateway.c), which both include it through cli/cli.h. Named nb_cli_* for
+ * those callers; they move with the gateway and the client commands. Data checks only: nothing
+ * is printed, the detail goes to nb_error(). */
+#ifndef NB_JOBS_CLI_CHECKS_H
+#define NB_JOBS_CLI_CHECKS_H
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Checks that addr is "HOST:PORT" ("[V6]:PORT"; a gRPC "dns:" / "ipv4:" / "ipv6:" prefix is
+ * fine) with PORT decimal in 1..65535, or 0..65535 with allow_zero (a server's ":0", any free
+ * port). gRPC itself takes "host:99999" as port 34463. "unix:" targets have no port and pass.
+ * what names the setting in the message (borrowed). Returns NB_OK or NB_ERR_CONFIG. */
+nb_status_t nb_cli_addr_check(const char* addr, int allow_zero, const char* what);
+
+/* Before a descriptor file is read: a folder, or a regular file over the 1 MiB descriptor limit
+ * (whose reader stops one byte past it), is named with what is wrong and its real size.
+ * Returns NB_OK or NB_ERR_CONFIG with that message; a file that cannot be stat'ed passes (the
+ * reader names the error). path: borrowed. */
+nb_status_t nb_cli_descriptor_precheck(const char* path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

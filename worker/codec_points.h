@@ -1,0 +1,23 @@
+/* The codec points that `compression.values: "auto"` lets the adaptive scheduler choose from,
+ * round by round (inter/sched.h, nb_sched_pick): a value type, a density and a top-k chunk each,
+ * with the bits per parameter per sync and the held-out loss cost measured for it by
+ * `nebula bench pareto` (docs/hybrid.md, "Choosing a point"). */
+#ifndef NB_WORKER_CODEC_POINTS_H
+#define NB_WORKER_CODEC_POINTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compress/compress.h"
+#include "inter/sched.h"
+
+typedef struct {
+  nb_sched_point_t sched; /* name, density, bits, loss cost: what the scheduler weighs */
+  nb_values_t values;     /* what the codec then sends */
+  uint32_t topk_chunk;    /* 0 = global top-k */
+} nb_codec_point_t;
+
+/* The table, best quality first; *n receives its length. Static, never NULL. */
+const nb_codec_point_t* nb_codec_points(size_t* n);
+
+#endif
