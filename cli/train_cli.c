@@ -530,6 +530,131 @@ static int nb__add_sources(nb_train_config_t* c, const char* list, const char* d
   return 0;
 }
 
+/* The sources to evaluate: --pairs, --langs, or every mono/<lang>.txt found under dir. */
+static int nb__eval_sources(nb_train_config_t* c, const char* pairs, const char* langs,
+                            const char* dir) {
+  if (pairs) {
+    c->data_kind = NB_TRAIN_DATA_PAIRS;
+    if (nb__add_sources(c, pairs, dir, 1)) {
+      fprintf(stderr, "nebula eval: --pairs: expected en-X or X-en items, at most %d\n",
+              NB_TRAIN_MAX_SOURCES);
+      return NB_EXIT_USAGE;
+    }
+  } else if (langs) {
+    if (nb__add_sources(c, langs, dir, 0)) {
+      fprintf(stderr, "nebula eval: --langs: at most %d languages\n", NB_TRAIN_MAX_SOURCES);
+      return NB_EXIT_USAGE;
+    }
+  } else {
+    static const char* all[] = {"en", "de", "fr", "ru", "es", "zh", "fa"};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+      char p[NB_TRAIN_PATH_MAX + 32];
+      snprintf(p, sizeof p, "%s/mono/%s.txt", dir, all[i]);
+      struct stat sb;
+      if (stat(p, &sb) == 0) nb__add_sources(c, all[i], dir, 0);
+    }
+    if (c->n_sources == 0) {
+      fprintf(stderr, "nebula eval: no mono/<lang>.txt under %s (run make data, or --data-dir)\n",
+              dir);
+      return NB_EXIT_FAIL;
+    }
+  }
+  return NB_EXIT_OK;
+}
+
+/* A mean over nothing is not a score: such a source has no bits per byte (n/a, null in JSON,
+ * left out of the mean). Without --translate there is then nothing to report for it, which is
+ * an error; with it, the translation scores still stand. Returns how many such sources. */
+static int nb__eval_unscored(nb_train_eval_t* ev, const nb_train_config_t* c, int pairs) {
+  int unscored = 0;
+  double sum = 0;
+  for (int i = 0; i < ev->n; i++) {
+    if (ev->scored[i] > 0) {
+      sum += ev->bpb[i];
+      continue;
+    }
+    unscored++;
+    ev->bpb[i] = NAN;
+    fprintf(stderr,
+            "nebula eval: nothing was scored for '%s': no held-out byte of it can be scored "
+            "within the model's context of %d bytes (%s); a mean over nothing is not a score\n",
+            ev->label[i], c->model.ctx,
+            pairs ? "every held-out source in pairs/*.dev.tsv fills the context"
+                  : "its held-out slice of mono/<lang>.txt is too short");
+  }
+  ev->mean_bpb = unscored < ev->n ? sum / (ev->n - unscored) : NAN;
+  return unscored;
+}
+
+/* --translate: greedy decoding of the first n pairs of each test split (the trainer's model is
+ * the checkpoint's, already loaded), chrF and BLEU into ts[]. */
+static int nb__eval_translate(nb_trainer_t* t, const nb_train_config_t* c, long n,
+                              nb_translate_score_t* ts) {
+  nb_model_t* tm = nb_trainer_model(t);
+  for (int i = 0; i < c->n_sources; i++) {
+    char tsv[NB_TRAIN_PATH_MAX + 32];
+    snprintf(tsv, sizeof tsv, "%s", c->sources[i].dev_path);
+    char* dot = strstr(tsv, ".dev.tsv");
+    if (dot) memcpy(dot, ".test.tsv", sizeof ".test.tsv");
+    char tgt[NB_TRANSLATE_LANG_MAX + 1]; /* the language the trainer tagged this pair with */
+    if (nb_translate_pair_target(c->sources[i].label, tgt, sizeof tgt) != NB_OK ||
+        nb_translate_eval_tsv(tm, tsv, c->sources[i].swap, tgt, (size_t)n, &ts[i]) != NB_OK)
+      return nb__fail("eval", tsv);
+  }
+  return NB_EXIT_OK;
+}
+
+/* --json: one object (ts NULL without --translate). */
+static void nb__eval_print_json(const char* ckpt, long step, const nb_train_eval_t* ev,
+                                const nb_train_config_t* c, const nb_translate_score_t* ts) {
+  json_t* o = json_object();
+  json_object_set_new(o, "checkpoint", json_string(ckpt));
+  json_object_set_new(o, "step", json_integer(step));
+  json_object_set_new(o, "bits_per_byte", nb__eval_json(ev));
+  if (ts) {
+    json_t* tr = json_object();
+    for (int i = 0; i < c->n_sources; i++) {
+      json_t* one = json_object();
+      json_object_set_new(one, "sentences", json_integer((json_int_t)ts[i].sentences));
+      json_object_set_new(one, "chrf", json_real(ts[i].chrf));
+      json_object_set_new(one, "bleu", json_real(ts[i].bleu));
+      json_object_set_new(tr, c->sources[i].label, one);
+    }
+    json_object_set_new(o, "translation", tr);
+  }
+  json_t* sc = json_object();
+  for (int i = 0; i < ev->n; i++)
+    json_object_set_new(sc, ev->label[i], json_integer((json_int_t)ev->scored[i]));
+  json_object_set_new(o, "scored_bytes", sc);
+  json_object_set_new(o, "mean_bpb",
+                      isfinite(ev->mean_bpb) ? json_real(ev->mean_bpb) : json_null());
+  char* text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
+  json_decref(o);
+  if (text) printf("%s\n", text);
+  free(text);
+}
+
+/* The text report (ts NULL without --translate). */
+static void nb__eval_print_text(const char* ckpt, long step, const nb_train_eval_t* ev,
+                                const nb_train_config_t* c, const nb_translate_score_t* ts) {
+  printf("%s (step %ld): held-out bits per byte\n", ckpt, step);
+  for (int i = 0; i < ev->n; i++)
+    if (ev->scored[i] > 0)
+      printf("  %-6s %.4f  (%zu bytes)\n", ev->label[i], ev->bpb[i], ev->scored[i]);
+    else
+      printf("  %-6s n/a     (nothing scored)\n", ev->label[i]);
+  if (isfinite(ev->mean_bpb))
+    printf("  %-6s %.4f\n", "mean", ev->mean_bpb);
+  else
+    printf("  %-6s n/a\n", "mean");
+  if (ts) {
+    printf("translation of the test split (greedy decoding):\n");
+    for (int i = 0; i < c->n_sources; i++)
+      printf("  %-6s chrF %6.2f  BLEU %6.2f  (%zu sentences, %.1f s)\n", c->sources[i].label,
+             ts[i].chrf, ts[i].bleu, ts[i].sentences, ts[i].seconds);
+  }
+}
+
 /* eval's sizes: a batch is B sequences held at once, int-sized in the trainer */
 #define NB__EVAL_MAX_BATCH 4096
 #define NB__EVAL_MAX_BATCHES 1000000
@@ -615,127 +740,22 @@ int nb_eval_main(int argc, char** argv) {
   c->batch_size = (int)batch;
   c->eval_batches = (int)batches;
   c->max_steps = 1;
-  int rc = NB_EXIT_FAIL;
-  if (pairs) {
-    c->data_kind = NB_TRAIN_DATA_PAIRS;
-    if (nb__add_sources(c, pairs, dir, 1)) {
-      fprintf(stderr, "nebula eval: --pairs: expected en-X or X-en items, at most %d\n",
-              NB_TRAIN_MAX_SOURCES);
-      nb_free(c);
-      return NB_EXIT_USAGE;
-    }
-  } else if (langs) {
-    if (nb__add_sources(c, langs, dir, 0)) {
-      fprintf(stderr, "nebula eval: --langs: at most %d languages\n", NB_TRAIN_MAX_SOURCES);
-      nb_free(c);
-      return NB_EXIT_USAGE;
-    }
-  } else {
-    static const char* all[] = {"en", "de", "fr", "ru", "es", "zh", "fa"};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-      char p[NB_TRAIN_PATH_MAX + 32];
-      snprintf(p, sizeof p, "%s/mono/%s.txt", dir, all[i]);
-      struct stat sb;
-      if (stat(p, &sb) == 0) nb__add_sources(c, all[i], dir, 0);
-    }
-    if (c->n_sources == 0) {
-      fprintf(stderr, "nebula eval: no mono/<lang>.txt under %s (run make data, or --data-dir)\n",
-              dir);
-      nb_free(c);
-      return NB_EXIT_FAIL;
-    }
-  }
+  int rc = nb__eval_sources(c, pairs, langs, dir);
   nb_trainer_t* t = NULL;
   nb_train_eval_t ev;
+  nb_translate_score_t ts[NB_TRAIN_MAX_SOURCES];
+  if (rc != NB_EXIT_OK) goto done;
+  rc = NB_EXIT_FAIL;
   if (nb_trainer_create(c, &t) != NB_OK || nb_trainer_eval(t, &ev) != NB_OK) {
     rc = nb__fail("eval", ckpt);
     goto done;
   }
-  /* A mean over nothing is not a score: such a source has no bits per byte (n/a, null in
-   * JSON, left out of the mean). Without --translate there is then nothing to report for it,
-   * which is an error; with it, the translation scores still stand. */
-  int unscored = 0;
-  double sum = 0;
-  for (int i = 0; i < ev.n; i++) {
-    if (ev.scored[i] > 0) {
-      sum += ev.bpb[i];
-      continue;
-    }
-    unscored++;
-    ev.bpb[i] = NAN;
-    fprintf(stderr,
-            "nebula eval: nothing was scored for '%s': no held-out byte of it can be scored "
-            "within the model's context of %d bytes (%s); a mean over nothing is not a score\n",
-            ev.label[i], c->model.ctx,
-            pairs ? "every held-out source in pairs/*.dev.tsv fills the context"
-                  : "its held-out slice of mono/<lang>.txt is too short");
-  }
-  ev.mean_bpb = unscored < ev.n ? sum / (ev.n - unscored) : NAN;
-  if (unscored && !translate) {
-    rc = NB_EXIT_FAIL;
-    goto done;
-  }
-  nb_translate_score_t ts[NB_TRAIN_MAX_SOURCES];
-  if (translate) { /* the trainer's model is the checkpoint's, already loaded */
-    nb_model_t* tm = nb_trainer_model(t);
-    for (int i = 0; i < c->n_sources; i++) {
-      char tsv[NB_TRAIN_PATH_MAX + 32];
-      snprintf(tsv, sizeof tsv, "%s", c->sources[i].dev_path);
-      char* dot = strstr(tsv, ".dev.tsv");
-      if (dot) memcpy(dot, ".test.tsv", sizeof ".test.tsv");
-      char tgt[NB_TRANSLATE_LANG_MAX + 1]; /* the language the trainer tagged this pair with */
-      if (nb_translate_pair_target(c->sources[i].label, tgt, sizeof tgt) != NB_OK ||
-          nb_translate_eval_tsv(tm, tsv, c->sources[i].swap, tgt, (size_t)translate, &ts[i]) !=
-              NB_OK) {
-        rc = nb__fail("eval", tsv);
-        goto done;
-      }
-    }
-  }
-  if (as_json) {
-    json_t* o = json_object();
-    json_object_set_new(o, "checkpoint", json_string(ckpt));
-    json_object_set_new(o, "step", json_integer(step));
-    json_object_set_new(o, "bits_per_byte", nb__eval_json(&ev));
-    if (translate) {
-      json_t* tr = json_object();
-      for (int i = 0; i < c->n_sources; i++) {
-        json_t* one = json_object();
-        json_object_set_new(one, "sentences", json_integer((json_int_t)ts[i].sentences));
-        json_object_set_new(one, "chrf", json_real(ts[i].chrf));
-        json_object_set_new(one, "bleu", json_real(ts[i].bleu));
-        json_object_set_new(tr, c->sources[i].label, one);
-      }
-      json_object_set_new(o, "translation", tr);
-    }
-    json_t* sc = json_object();
-    for (int i = 0; i < ev.n; i++)
-      json_object_set_new(sc, ev.label[i], json_integer((json_int_t)ev.scored[i]));
-    json_object_set_new(o, "scored_bytes", sc);
-    json_object_set_new(o, "mean_bpb",
-                        isfinite(ev.mean_bpb) ? json_real(ev.mean_bpb) : json_null());
-    char* text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
-    json_decref(o);
-    if (text) printf("%s\n", text);
-    free(text);
-  } else {
-    printf("%s (step %ld): held-out bits per byte\n", ckpt, step);
-    for (int i = 0; i < ev.n; i++)
-      if (ev.scored[i] > 0)
-        printf("  %-6s %.4f  (%zu bytes)\n", ev.label[i], ev.bpb[i], ev.scored[i]);
-      else
-        printf("  %-6s n/a     (nothing scored)\n", ev.label[i]);
-    if (isfinite(ev.mean_bpb))
-      printf("  %-6s %.4f\n", "mean", ev.mean_bpb);
-    else
-      printf("  %-6s n/a\n", "mean");
-    if (translate) {
-      printf("translation of the test split (greedy decoding):\n");
-      for (int i = 0; i < c->n_sources; i++)
-        printf("  %-6s chrF %6.2f  BLEU %6.2f  (%zu sentences, %.1f s)\n", c->sources[i].label,
-               ts[i].chrf, ts[i].bleu, ts[i].sentences, ts[i].seconds);
-    }
-  }
+  if (nb__eval_unscored(&ev, c, pairs != NULL) && !translate) goto done;
+  if (translate && (rc = nb__eval_translate(t, c, translate, ts)) != NB_EXIT_OK) goto done;
+  if (as_json)
+    nb__eval_print_json(ckpt, step, &ev, c, translate ? ts : NULL);
+  else
+    nb__eval_print_text(ckpt, step, &ev, c, translate ? ts : NULL);
   rc = NB_EXIT_OK;
 done:
   nb_trainer_destroy(t);
