@@ -514,10 +514,7 @@ static int nb__run_load(nb__run_t* r) {
     return NB_EXIT_USAGE;
   }
   if (nb_descriptor_load(r->file, r->job, r->diag) != NB_OK) {
-    char line[640];
-    for (int i = 0; i < r->diag->count; i++)
-      fprintf(stderr, "%s: %s\n", r->file,
-              nb_descriptor_error_format(&r->diag->errors[i], line, sizeof line));
+    nb_descriptor_diag_print(stderr, r->file, r->diag);
     fprintf(stderr, "nebula run: %s: invalid descriptor\n", r->file);
     return NB_EXIT_USAGE;
   }

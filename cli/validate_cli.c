@@ -162,10 +162,7 @@ int nb_validate_main(int argc, char** argv) {
     printf("%s\n", normalized);
     rc = NB_EXIT_OK;
   } else {
-    char line[640];
-    for (int i = 0; i < diag->count; i++)
-      fprintf(stderr, "%s: %s\n", file,
-              nb_descriptor_error_format(&diag->errors[i], line, sizeof line));
+    nb_descriptor_diag_print(stderr, file, diag);
     if (diag->dropped) fprintf(stderr, "%s: ... and %d more errors\n", file, diag->dropped);
     fprintf(stderr, "%s: invalid descriptor (%d error%s)\n", file, diag->count + diag->dropped,
             diag->count + diag->dropped == 1 ? "" : "s");

@@ -1193,3 +1193,9 @@ const char* nb_descriptor_error_format(const nb_descriptor_error_t* e, char* buf
     snprintf(buf, n, "%s: %s", e->path, e->message);
   return buf;
 }
+
+void nb_descriptor_diag_print(FILE* f, const char* file, const nb_descriptor_diag_t* d) {
+  char line[640];
+  for (int i = 0; i < d->count; i++)
+    fprintf(f, "%s: %s\n", file, nb_descriptor_error_format(&d->errors[i], line, sizeof line));
+}

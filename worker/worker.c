@@ -388,10 +388,7 @@ static nb_worker_outcome_t nb__wk_load_job(nb__wk_t* w) {
       nb_calloc((void**)&w->tc, 1, sizeof *w->tc, "train config") != NB_OK)
     return nb__wk_fail(w->cluster, "setup");
   if (nb_descriptor_load(job_file, w->job, w->diag) != NB_OK) {
-    char line[640];
-    for (int i = 0; i < w->diag->count; i++)
-      fprintf(stderr, "%s: %s\n", job_file,
-              nb_descriptor_error_format(&w->diag->errors[i], line, sizeof line));
+    nb_descriptor_diag_print(stderr, job_file, w->diag);
     fprintf(stderr, "nebula worker: %s: invalid descriptor\n", job_file);
     return NB_WORKER_FAILED;
   }
