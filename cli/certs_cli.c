@@ -41,37 +41,25 @@ int nb_certs_main(int argc, char** argv) {
   const char* file = NULL;
   int n_sans_opt = 0, force = 0;
   long days_opt = 0;
+  // clang-format off: one option per entry
   const nb_opt_t opts[] = {
       {.name = "dir", .kind = NB_OPT_STR, .dst = &dir, .meta = "D", .help = "the PKI folder"},
       {.name = "cn", .kind = NB_OPT_STR, .dst = &cn, .meta = "NAME", .help = "init: the CA's name"},
-      {.name = "days",
-       .kind = NB_OPT_LONG,
-       .dst = &days_opt,
-       .meta = "N",
-       .help = "validity in days (1..36500)",
-       .min = 1,
-       .max = 36500},
-      {.name = "force",
-       .kind = NB_OPT_FLAG,
-       .dst = &force,
+      {.name = "days", .kind = NB_OPT_LONG, .dst = &days_opt, .meta = "N", .min = 1, .max = 36500,
+       .help = "validity in days (1..36500)"},
+      {.name = "force", .kind = NB_OPT_FLAG, .dst = &force,
        .help = "replace an existing CA, key or certificate"},
       {.name = "cluster", .kind = NB_OPT_STR, .dst = &cluster, .meta = "ID", .help = "a cluster"},
       {.name = "user", .kind = NB_OPT_STR, .dst = &user, .meta = "NAME", .help = "a user"},
-      {.name = "san",
-       .kind = NB_OPT_LIST,
-       .dst = (void*)sans,
-       .meta = "IP-or-DNS",
-       .help = "issue --cluster: one more subject alternative name (repeat)",
-       .count = &n_sans_opt,
-       .max = NB__MAX_SANS},
+      {.name = "san", .kind = NB_OPT_LIST, .dst = (void*)sans, .meta = "IP-or-DNS",
+       .count = &n_sans_opt, .max = NB__MAX_SANS,
+       .help = "issue --cluster: one more subject alternative name (repeat)"},
       {.name = "ca", .kind = NB_OPT_STR, .dst = &ca, .meta = "CAFILE", .help = "verify: the CA"},
-      {.name = "usage",
-       .kind = NB_OPT_STR,
-       .dst = &usage,
-       .meta = "U",
+      {.name = "usage", .kind = NB_OPT_STR, .dst = &usage, .meta = "U",
        .help = "verify: the usage FILE must allow, server or client"},
       {.name = NULL},
   };
+  // clang-format on
   const char* cmd = argc >= 2 ? argv[1] : "";
   char name[64];
   snprintf(name, sizeof name, "nebula certs %s", cmd);

@@ -18,14 +18,13 @@ static int nb__rp_cmp(const void* a, const void* b) {
 
 int nb_report_main(int argc, char** argv) {
   const char *dir = NULL, *title = NULL;
+  // clang-format off: one option per entry
   const nb_opt_t opts[] = {
-      {.name = "title",
-       .kind = NB_OPT_STR,
-       .dst = &title,
-       .meta = "TEXT",
+      {.name = "title", .kind = NB_OPT_STR, .dst = &title, .meta = "TEXT",
        .help = "the report's title (default: the job's name)"},
       {.name = NULL},
   };
+  // clang-format on
   const nb_cmd_spec_t spec = {
       .cmd = "nebula report",
       .synopsis = "usage: nebula report DIR [--title TEXT]",

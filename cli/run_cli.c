@@ -721,46 +721,26 @@ int nb_run_main(int argc, char** argv) {
     fprintf(stderr, "nebula run: %s\n", nb_error_last());
     return NB_EXIT_FAIL;
   }
+  // clang-format off: one option per entry
   const nb_opt_t opts[] = {
-      {.name = "out",
-       .kind = NB_OPT_STR,
-       .dst = &r->out,
-       .meta = "DIR",
+      {.name = "out", .kind = NB_OPT_STR, .dst = &r->out, .meta = "DIR",
        .help = "run folder (default runs/<job>)"},
-      {.name = "netns",
-       .kind = NB_OPT_FLAG,
-       .dst = &r->force_netns,
-       .meta = NULL,
+      {.name = "netns", .kind = NB_OPT_FLAG, .dst = &r->force_netns,
        .help = "namespaces even without a delay (error if not possible)"},
-      {.name = "loopback",
-       .kind = NB_OPT_FLAG,
-       .dst = &r->force_loop,
-       .meta = NULL,
+      {.name = "loopback", .kind = NB_OPT_FLAG, .dst = &r->force_loop,
        .help = "loopback even as root with a delay"},
-      {.name = "steps",
-       .kind = NB_OPT_LONG,
-       .dst = &r->steps,
-       .meta = "N",
-       .help = "override training.maxSteps (inner steps per cluster)",
-       .min = 1},
-      {.name = "data-dir",
-       .kind = NB_OPT_STR,
-       .dst = &r->data_dir,
-       .meta = "DIR",
+      {.name = "steps", .kind = NB_OPT_LONG, .dst = &r->steps, .meta = "N", .min = 1,
+       .help = "override training.maxSteps (inner steps per cluster)"},
+      {.name = "data-dir", .kind = NB_OPT_STR, .dst = &r->data_dir, .meta = "DIR",
        .help = "data folder for every cluster (mono/<lang>.txt)"},
-      {.name = "resume",
-       .kind = NB_OPT_FLAG,
-       .dst = &r->resume,
-       .meta = NULL,
+      {.name = "resume", .kind = NB_OPT_FLAG, .dst = &r->resume,
        .help = "continue every cluster from its newest checkpoint in DIR"},
-      {.name = "no-mpi",
-       .kind = NB_OPT_FLAG,
-       .dst = &r->no_mpi,
-       .meta = NULL,
+      {.name = "no-mpi", .kind = NB_OPT_FLAG, .dst = &r->no_mpi,
        .help = "one process per cluster even with several workers (they are then\naccumulated "
                "micro-batches); default: mpirun -np WORKERS"},
       {.name = NULL},
   };
+  // clang-format on
   const nb_cmd_spec_t spec = {
       .cmd = "nebula run",
       .synopsis =

@@ -67,15 +67,14 @@ int nb_validate_main(int argc, char** argv) {
            "with\nthe JSON path of the field (or the line and column of a syntax error), what "
            "was\nexpected and what was found. FILE '-' reads standard input.",
            NB_DESCRIPTOR_API_VERSION, NB_DESCRIPTOR_KIND);
+  // clang-format off: one option per entry
   const nb_opt_t opts[] = {
-      {.name = "json",
-       .kind = NB_OPT_FLAG,
-       .dst = &json_flag,
-       .meta = NULL,
+      {.name = "json", .kind = NB_OPT_FLAG, .dst = &json_flag,
        .help = "print one JSON object: {\"valid\", \"file\", \"config\"} or\n{\"valid\", \"file\", "
                "\"errors\": [{\"path\", \"message\", \"line\", \"column\"}]}"},
       {.name = NULL},
   };
+  // clang-format on
   const nb_cmd_spec_t spec = {
       .cmd = "nebula validate",
       .synopsis = "usage: nebula validate FILE [--json]",
