@@ -35,89 +35,61 @@ static int nb__fail(const char* cmd, nb_status_t st) {
 
 #define NB__MAX_SANS 64
 
-int nb_certs_main(int argc, char** argv) {
-  const char *dir = NULL, *cn = NULL, *cluster = NULL, *user = NULL, *ca = NULL, *usage = NULL;
-  const char* sans[NB__MAX_SANS];
-  const char* file = NULL;
-  int n_sans_opt = 0, force = 0;
-  long days_opt = 0;
-  // clang-format off: one option per entry
-  const nb_opt_t opts[] = {
-      {.name = "dir", .kind = NB_OPT_STR, .dst = &dir, .meta = "D", .help = "the PKI folder"},
-      {.name = "cn", .kind = NB_OPT_STR, .dst = &cn, .meta = "NAME", .help = "init: the CA's name"},
-      {.name = "days", .kind = NB_OPT_LONG, .dst = &days_opt, .meta = "N", .min = 1, .max = 36500,
-       .help = "validity in days (1..36500)"},
-      {.name = "force", .kind = NB_OPT_FLAG, .dst = &force,
-       .help = "replace an existing CA, key or certificate"},
-      {.name = "cluster", .kind = NB_OPT_STR, .dst = &cluster, .meta = "ID", .help = "a cluster"},
-      {.name = "user", .kind = NB_OPT_STR, .dst = &user, .meta = "NAME", .help = "a user"},
-      {.name = "san", .kind = NB_OPT_LIST, .dst = (void*)sans, .meta = "IP-or-DNS",
-       .count = &n_sans_opt, .max = NB__MAX_SANS,
-       .help = "issue --cluster: one more subject alternative name (repeat)"},
-      {.name = "ca", .kind = NB_OPT_STR, .dst = &ca, .meta = "CAFILE", .help = "verify: the CA"},
-      {.name = "usage", .kind = NB_OPT_STR, .dst = &usage, .meta = "U",
-       .help = "verify: the usage FILE must allow, server or client"},
-      {.name = NULL},
-  };
-  // clang-format on
-  const char* cmd = argc >= 2 ? argv[1] : "";
-  char name[64];
-  snprintf(name, sizeof name, "nebula certs %s", cmd);
-  nb_cmd_spec_t spec = {.cmd = name,
-                        .synopsis = "usage: nebula certs <command> [options]",
-                        .about = nb__certs_about,
-                        .arg_name = "FILE",
-                        .arg = &file,
-                        .opts = opts};
-  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
-      !strcmp(argv[1], "help")) {
-    nb_opts_help(&spec, argc < 2 ? stderr : stdout);
-    return argc < 2 ? NB_EXIT_USAGE : NB_EXIT_OK;
-  }
-  if (strcmp(cmd, "init") && strcmp(cmd, "issue") && strcmp(cmd, "show") && strcmp(cmd, "verify")) {
-    fprintf(stderr, "nebula certs: '%s' is not a certs command; see 'nebula certs --help'\n", cmd);
+/* What the options of `nebula certs <cmd>` said. */
+typedef struct {
+  const char* cmd;
+  const char *dir, *cn, *cluster, *user, *ca, *usage, *file;
+  const char** sans;
+  size_t n_sans;
+  int force, days;
+} nb__certs_opts_t;
+
+static int nb__certs_init(const nb__certs_opts_t* o) {
+  const char *dir = o->dir, *cluster = o->cluster, *user = o->user, *ca = o->ca;
+  size_t n_sans = o->n_sans;
+  if (!dir || o->file || cluster || user || n_sans || ca || o->usage) {
+    fprintf(stderr, "nebula certs init: takes --dir D [--cn NAME] [--days N] [--force]\n");
     return NB_EXIT_USAGE;
   }
-  int prc = nb_opts_parse(&spec, argc - 1, argv + 1);
-  if (prc != NB_OPTS_RUN) return prc;
-  size_t n_sans = (size_t)n_sans_opt;
-  int days = (int)days_opt;
-  int npos = file ? 1 : 0;
-  const char* pos[1] = {file};
+  nb_status_t st = nb_pki_dir_init(dir, o->cn, o->days, o->force);
+  if (st != NB_OK) return nb__fail(o->cmd, st);
+  printf("federation CA created: %s/ca.crt (key %s/ca.key, mode 0600)\n", dir, dir);
+  return NB_EXIT_OK;
+}
+
+static int nb__certs_issue(const nb__certs_opts_t* o) {
+  const char *dir = o->dir, *cluster = o->cluster, *user = o->user;
+  size_t n_sans = o->n_sans;
+  if (!dir || o->file || !!cluster == !!user || o->cn || o->ca || o->usage || (user && n_sans)) {
+    fprintf(stderr,
+            "nebula certs issue: takes --dir D and exactly one of --cluster ID [--san X ...] "
+            "or --user NAME\n");
+    return NB_EXIT_USAGE;
+  }
+  nb_pki_issue_opts_t io = {.kind = cluster ? NB_PKI_CLUSTER : NB_PKI_USER,
+                            .name = cluster ? cluster : user,
+                            .sans = o->sans,
+                            .n_sans = n_sans,
+                            .days = o->days};
+  nb_status_t st = nb_pki_dir_issue(dir, &io, o->force);
+  if (st != NB_OK) return nb__fail(o->cmd, st);
+  char kp[PATH_MAX], cp[PATH_MAX];
+  nb_pki_path(dir, io.kind, io.name, "key", kp, sizeof kp);
+  nb_pki_path(dir, io.kind, io.name, "crt", cp, sizeof cp);
+  printf("%s certificate issued: %s (key %s, mode 0600)\n", nb_pki_kind_name(io.kind), cp, kp);
+  return NB_EXIT_OK;
+}
+
+/* show and verify: one certificate file. */
+static int nb__certs_check(const nb__certs_opts_t* o) {
+  const char* cmd = o->cmd;
+  const char *dir = o->dir, *cn = o->cn, *cluster = o->cluster, *user = o->user, *ca = o->ca;
+  const char* usage = o->usage;
+  size_t n_sans = o->n_sans;
+  int force = o->force;
+  int npos = o->file ? 1 : 0;
+  const char* pos[1] = {o->file};
   nb_status_t st;
-
-  if (!strcmp(cmd, "init")) {
-    if (!dir || npos || cluster || user || n_sans || ca || usage) {
-      fprintf(stderr, "nebula certs init: takes --dir D [--cn NAME] [--days N] [--force]\n");
-      return NB_EXIT_USAGE;
-    }
-    st = nb_pki_dir_init(dir, cn, days, force);
-    if (st != NB_OK) return nb__fail(cmd, st);
-    printf("federation CA created: %s/ca.crt (key %s/ca.key, mode 0600)\n", dir, dir);
-    return NB_EXIT_OK;
-  }
-
-  if (!strcmp(cmd, "issue")) {
-    if (!dir || npos || !!cluster == !!user || cn || ca || usage || (user && n_sans)) {
-      fprintf(stderr,
-              "nebula certs issue: takes --dir D and exactly one of --cluster ID [--san X ...] "
-              "or --user NAME\n");
-      return NB_EXIT_USAGE;
-    }
-    nb_pki_issue_opts_t o = {.kind = cluster ? NB_PKI_CLUSTER : NB_PKI_USER,
-                             .name = cluster ? cluster : user,
-                             .sans = sans,
-                             .n_sans = n_sans,
-                             .days = days};
-    st = nb_pki_dir_issue(dir, &o, force);
-    if (st != NB_OK) return nb__fail(cmd, st);
-    char kp[PATH_MAX], cp[PATH_MAX];
-    nb_pki_path(dir, o.kind, o.name, "key", kp, sizeof kp);
-    nb_pki_path(dir, o.kind, o.name, "crt", cp, sizeof cp);
-    printf("%s certificate issued: %s (key %s, mode 0600)\n", nb_pki_kind_name(o.kind), cp, kp);
-    return NB_EXIT_OK;
-  }
-
   if (npos != 1 ||
       (!strcmp(cmd, "show") && (dir || ca || cluster || user || usage || n_sans || force))) {
     fprintf(stderr, "nebula certs %s: takes one certificate file; see 'nebula certs --help'\n",
@@ -192,4 +164,70 @@ out:
   X509_free(cacert);
   X509_free(cert);
   return rc;
+}
+
+int nb_certs_main(int argc, char** argv) {
+  const char *dir = NULL, *cn = NULL, *cluster = NULL, *user = NULL, *ca = NULL, *usage = NULL;
+  const char* sans[NB__MAX_SANS];
+  const char* file = NULL;
+  int n_sans_opt = 0, force = 0;
+  long days_opt = 0;
+  // clang-format off: one option per entry
+  const nb_opt_t opts[] = {
+      {.name = "dir", .kind = NB_OPT_STR, .dst = &dir, .meta = "D", .help = "the PKI folder"},
+      {.name = "cn", .kind = NB_OPT_STR, .dst = &cn, .meta = "NAME", .help = "init: the CA's name"},
+      {.name = "days",
+       .kind = NB_OPT_LONG,
+       .dst = &days_opt,
+       .meta = "N",
+       .min = 1,
+       .max = 36500,
+       .help = "validity in days (1..36500)"},
+      {.name = "force",
+       .kind = NB_OPT_FLAG,
+       .dst = &force,
+       .help = "replace an existing CA, key or certificate"},
+      {.name = "cluster", .kind = NB_OPT_STR, .dst = &cluster, .meta = "ID", .help = "a cluster"},
+      {.name = "user", .kind = NB_OPT_STR, .dst = &user, .meta = "NAME", .help = "a user"},
+      {.name = "san",
+       .kind = NB_OPT_LIST,
+       .dst = (void*)sans,
+       .meta = "IP-or-DNS",
+       .count = &n_sans_opt,
+       .max = NB__MAX_SANS,
+       .help = "issue --cluster: one more subject alternative name (repeat)"},
+      {.name = "ca", .kind = NB_OPT_STR, .dst = &ca, .meta = "CAFILE", .help = "verify: the CA"},
+      {.name = "usage",
+       .kind = NB_OPT_STR,
+       .dst = &usage,
+       .meta = "U",
+       .help = "verify: the usage FILE must allow, server or client"},
+      {.name = NULL},
+  };
+  // clang-format on
+  const char* cmd = argc >= 2 ? argv[1] : "";
+  char name[64];
+  snprintf(name, sizeof name, "nebula certs %s", cmd);
+  nb_cmd_spec_t spec = {.cmd = name,
+                        .synopsis = "usage: nebula certs <command> [options]",
+                        .about = nb__certs_about,
+                        .arg_name = "FILE",
+                        .arg = &file,
+                        .opts = opts};
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+      !strcmp(argv[1], "help")) {
+    nb_opts_help(&spec, argc < 2 ? stderr : stdout);
+    return argc < 2 ? NB_EXIT_USAGE : NB_EXIT_OK;
+  }
+  if (strcmp(cmd, "init") && strcmp(cmd, "issue") && strcmp(cmd, "show") && strcmp(cmd, "verify")) {
+    fprintf(stderr, "nebula certs: '%s' is not a certs command; see 'nebula certs --help'\n", cmd);
+    return NB_EXIT_USAGE;
+  }
+  int prc = nb_opts_parse(&spec, argc - 1, argv + 1);
+  if (prc != NB_OPTS_RUN) return prc;
+  nb__certs_opts_t o = {
+      cmd, dir, cn, cluster, user, ca, usage, file, sans, (size_t)n_sans_opt, force, (int)days_opt};
+  if (!strcmp(cmd, "init")) return nb__certs_init(&o);
+  if (!strcmp(cmd, "issue")) return nb__certs_issue(&o);
+  return nb__certs_check(&o);
 }
