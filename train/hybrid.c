@@ -362,6 +362,9 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
   h->loss = done > 0 ? loss_sum / (double)done : 0;
   double t1 = nb_now_s();
   h->compute_s = t1 - t0 - (h->mid_landed ? h->mid_waited + h->mid_rec.codec_s : 0);
+  /* the landed update's wait and decode overlap the steps' own timing by a few microseconds:
+   * never report (or schedule from) a negative compute time */
+  if (h->compute_s < 0) h->compute_s = 0;
   h->samples = (nb_trainer_samples(h->t) - s0) * (h->cfg.samples_scale ? h->cfg.samples_scale : 1);
 
   size_t k = h->cfg.density >= 1 ? h->n : nb_codec_k_for_density(h->n, h->cfg.density);
