@@ -23,7 +23,7 @@ static void nb__e2e_usage(FILE* f) {
       f,
       "usage: nebula bench e2e [--job FILE] [--rate-mbit R | --thin F] [--delay-ms D]\n"
       "                        [--steps N] [--seed S] [--eval-batches B] [--data-dir DIR]\n"
-      "                        [--out DIR] [--json]\n"
+      "                        [--out DIR] [--no-dense] [--json]\n"
       "Trains the job's model three ways with 'nebula run' (single cluster, dense sync,\n"
       "nebula outer sync with adaptive density and overlap) and prints wall time, final\n"
       "held-out bits per byte (mean over the job's languages), WAN bytes and compute\n"
@@ -37,7 +37,7 @@ static void nb__e2e_usage(FILE* f) {
       "(F = 10 is a 10-70B model on a few hundred Mbit/s); the dense baseline is skipped\n"
       "there (it would take hours) and the rate chosen is reported; nebula then runs with\n"
       "compression.values \"auto\" (the scheduler picks the codec point each round) and\n"
-      "errorFeedbackDecay 0.95 with outer momentum 0.\n");
+      "errorFeedbackDecay 0.9. --no-dense skips the dense baseline (minutes at 100 Mbit/s).\n");
 }
 
 int nb_e2e_write_job(json_t* base, const char* v, double rate, double delay, const char* path,
@@ -272,6 +272,7 @@ int nb_bench_e2e_main(int argc, char** argv) {
   const char *job = "jobs/examples/pretrain-2dc-small.json", *data_dir = NULL, *steps = NULL;
   const char* out = "runs/bench-e2e";
   double rate = 100, delay = 25, thin = 0;
+  int no_dense = 0;
   int as_json = 0;
   long seed = -1, eval_batches = -1;
   for (int i = 1; i < argc; i++) {
@@ -282,6 +283,8 @@ int nb_bench_e2e_main(int argc, char** argv) {
       return 0;
     } else if (strcmp(a, "--json") == 0) {
       as_json = 1;
+    } else if (strcmp(a, "--no-dense") == 0) {
+      no_dense = 1;
     } else if (strcmp(a, "--job") == 0 && v) {
       job = argv[++i];
     } else if (strcmp(a, "--rate-mbit") == 0 && v) {
@@ -330,7 +333,7 @@ int nb_bench_e2e_main(int argc, char** argv) {
   double round_compute = 0;
   long long n_params = 0;
   for (int i = 0; i < 3; i++) {
-    if (thin > 0 && i == 1) continue; /* dense at a thin link's rate: hours; skipped */
+    if ((thin > 0 || no_dense) && i == 1) continue; /* dense at a thin link's rate: hours */
     if (thin > 0 && i == 2) {
       /* the rate at which one dense int8 frame (a byte per value, a 4-byte scale per 256,
        * header) takes thin x the single run's round compute */
@@ -354,9 +357,9 @@ int nb_bench_e2e_main(int argc, char** argv) {
     snprintf(jp, sizeof jp, "%s/%s.json", out, res[i].name);
     snprintf(op, sizeof op, "%s/%s", out, res[i].name);
     snprintf(lp, sizeof lp, "%s/%s.log", out, res[i].name);
-    /* --thin: the scheduler picks whole codec points (values "auto") and the sparse ones carry
-     * SparseLoCo's decaying error feedback in place of the outer momentum (docs/hybrid.md) */
-    static const nb_e2e_point_t thin_point = {"auto", 0, "auto", 1, 0.95, 0, 0};
+    /* --thin: the scheduler picks whole codec points (values "auto"), with SparseLoCo's
+     * decaying error feedback (beta 0.9) beside the job's outer momentum (docs/hybrid.md) */
+    static const nb_e2e_point_t thin_point = {"auto", 0, "auto", 1, 0.9, -1, 0};
     if (nb_e2e_write_job(base, res[i].name, rate, delay, jp,
                          thin > 0 && i == 2 ? &thin_point : NULL) != 0) {
       fprintf(stderr, "nebula bench e2e: %s: cannot derive the %s job\n", job, res[i].name);
@@ -380,28 +383,37 @@ int nb_bench_e2e_main(int argc, char** argv) {
   double delay_em = netns ? delay : 0;
   nb_e2e_result_t *s = &res[0], *d = &res[1], *nb = &res[2];
   double t_ratio = nb->wall_s / s->wall_s, l_ratio = nb->eval_bpb / s->eval_bpb;
-  double b_ratio =
-      nb->wan_bytes > 0 && thin <= 0 ? (double)d->wan_bytes / (double)nb->wan_bytes : NAN;
+  double b_ratio = nb->wan_bytes > 0 && thin <= 0 && !no_dense
+                       ? (double)d->wan_bytes / (double)nb->wan_bytes
+                       : NAN;
   if (as_json) {
     printf("{");
     for (int i = 0; i < 3; i++)
-      if (!(thin > 0 && i == 1))
+      if (!((thin > 0 || no_dense) && i == 1))
         printf(
             "\"%s\": {\"wall_s\": %.3f, \"final_eval_loss\": %.6f, \"wan_bytes\": %lld, "
             "\"compute_utilization\": %.4f}, ",
             res[i].name, res[i].wall_s, res[i].eval_bpb, res[i].wan_bytes, res[i].util);
+    char bytes_ratio[32]; /* JSON has no NaN: null when there is no dense run */
+    if (isfinite(b_ratio))
+      snprintf(bytes_ratio, sizeof bytes_ratio, "%.2f", b_ratio);
+    else
+      snprintf(bytes_ratio, sizeof bytes_ratio, "null");
     printf(
         "\"nebula_bits_per_param_per_sync\": %.4f, \"nebula_vs_single_time\": %.4f, "
-        "\"nebula_vs_single_loss\": %.4f, \"dense_over_nebula_bytes\": %.2f, "
+        "\"nebula_vs_single_loss\": %.4f, \"dense_over_nebula_bytes\": %s, "
         "\"rate_mbit\": %g, \"delay_ms_emulated\": %g, \"delay_ms_requested\": %g, "
         "\"thin\": %g, \"round_compute_s\": %.4f, \"dense\": \"%s\"}\n",
-        nb->bits_per_param, t_ratio, l_ratio, b_ratio, rate, delay_em, delay, thin, round_compute,
-        thin > 0 ? "skipped at --thin" : "run");
+        nb->bits_per_param, t_ratio, l_ratio, bytes_ratio, rate, delay_em, delay, thin,
+        round_compute,
+        thin > 0   ? "skipped at --thin"
+        : no_dense ? "skipped (--no-dense)"
+                   : "run");
   } else {
     printf("\n%-8s %9s %15s %14s %12s\n", "run", "wall_s", "eval_bpb(loss)", "wan_bytes",
            "compute_util");
     for (int i = 0; i < 3; i++)
-      if (!(thin > 0 && i == 1))
+      if (!((thin > 0 || no_dense) && i == 1))
         printf("%-8s %9.1f %15.4f %14lld %12.3f\n", res[i].name, res[i].wall_s, res[i].eval_bpb,
                res[i].wan_bytes, res[i].util);
     printf(

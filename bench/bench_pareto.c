@@ -30,6 +30,9 @@ static const nb_e2e_point_t nb__points[] = {
     {"top3-2bit-ef", 0.03, "2bit", 0, 0.95, 0, 4096},
     {"top3-4bit-ef", 0.03, "4bit", 0, 0.95, 0, 4096},
     {"top10-int8-ef", 0.10, "int8", 0, 0.95, 0, 0},
+    /* decaying error feedback with the job's outer Nesterov momentum: the best of a sweep */
+    {"top3-2bit-efm", 0.03, "2bit", 0, 0.9, -1, 4096},
+    {"top1.5-2bit-efm", 0.015, "2bit", 0, 0.9, -1, 4096},
     {"sched", 0, NULL, 1, 0, -1, 0},
 };
 #define NB__N_POINTS (sizeof nb__points / sizeof nb__points[0])

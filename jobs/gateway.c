@@ -3356,8 +3356,8 @@ static int nb__job_folders(nb_gateway_t* gw, char* first, size_t cap,
     if (e->d_name[0] == '.' || strlen(e->d_name) >= NB_JOB_ID_MAX) continue;
     char p[NB_GW_STR + NB_JOB_ID_MAX + 32];
     struct stat sb;
-    snprintf(p, sizeof p, "%s/%s/descriptor.json", gw->cfg.work_dir, e->d_name);
-    if (lstat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+    int w = snprintf(p, sizeof p, "%s/%s/descriptor.json", gw->cfg.work_dir, e->d_name);
+    if (w < 0 || (size_t)w >= sizeof p || lstat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
     if (n++ == 0 && first && cap) snprintf(first, cap, "%s", e->d_name);
     if (fn) fn(gw, e->d_name, ctx);
   }

@@ -1332,6 +1332,8 @@ static void test_store_checks(void** state) {
   protobuf_c_message_free_unpacked(&job->base, NULL);
   wait_state(cli, id, "succeeded");
   nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  tls = NULL;
   nb_gateway_destroy(gw);
   gw = NULL;
 
