@@ -1,6 +1,7 @@
 /* `nebula bench allreduce`: nebula's allreduce against the engine called directly (raw
  * MPI_Allreduce on CPU, raw ncclAllReduce on GPU) on the same warm buffers in the same run,
  * interleaved, reporting bus bandwidth as nccl-tests does. Run under mpirun; not a test. */
+#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

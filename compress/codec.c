@@ -8,7 +8,8 @@
 #include "compress/codec_internal.h"
 #include "kernels/quantize.h"
 
-NB_PARAM_INT(ZstdLevel, "NB_ZSTD_LEVEL", 1, 0, 19,
+NB_PARAM_INT(ZstdLevel, "NB_ZSTD_LEVEL", NB_CODEC_ZSTD_LEVEL_DEFAULT, NB_CODEC_ZSTD_LEVEL_MIN,
+             NB_CODEC_ZSTD_LEVEL_MAX,
              "zstd level of codec frames (0 = no zstd, sections stored as-is)")
 NB_PARAM_INT(CodecThreads, "NB_CODEC_THREADS", 2, 1, 64, "threads of the sparse encode pass")
 NB_PARAM_INT(CodecInt8Block, "NB_CODEC_INT8_BLOCK", 256, 1, 65536,
@@ -135,8 +136,9 @@ nb_status_t nb_codec_create(const nb_codec_config_t* cfg, nb_codec_t** out) {
     nb_codec_config_default(&c);
   if (nb__values_bits(c.values) == 0)
     return nb_error(NB_ERR_INVALID, "codec config: unknown value type %d", (int)c.values);
-  if (c.zstd_level < 0 || c.zstd_level > 19)
-    return nb_error(NB_ERR_INVALID, "codec config: zstd_level %d outside [0, 19]", c.zstd_level);
+  if (c.zstd_level < NB_CODEC_ZSTD_LEVEL_MIN || c.zstd_level > NB_CODEC_ZSTD_LEVEL_MAX)
+    return nb_error(NB_ERR_INVALID, "codec config: zstd_level %d outside [%d, %d]", c.zstd_level,
+                    NB_CODEC_ZSTD_LEVEL_MIN, NB_CODEC_ZSTD_LEVEL_MAX);
   if (c.block_size < 1 || c.block_size > NB_FRAME_MAX_BLOCK)
     return nb_error(NB_ERR_INVALID, "codec config: block_size %u outside [1, %u]", c.block_size,
                     NB_FRAME_MAX_BLOCK);

@@ -24,6 +24,14 @@
 extern "C" {
 #endif
 
+/* The zstd level of frames: the default (level 1: the sections are already dense, and level 3
+ * made a 64M-parameter frame 0.5% larger and zstd 5x slower; docs/env-codec.md) and the range
+ * the codec accepts (0 = sections stored uncompressed). NB_ZSTD_LEVEL, the descriptor's
+ * compression.zstdLevel and the round's config take their default and bounds from here. */
+#define NB_CODEC_ZSTD_LEVEL_DEFAULT 1
+#define NB_CODEC_ZSTD_LEVEL_MIN 0
+#define NB_CODEC_ZSTD_LEVEL_MAX 19
+
 /* Value types on the wire (the header's value_type byte). */
 typedef enum {
   NB_VALUES_FP32 = 1,
@@ -61,7 +69,7 @@ nb_status_t nb_values_parse(const char* name, nb_values_t* out);
 /* Encoder settings. Fill with nb_codec_config_default, then override. */
 typedef struct {
   nb_values_t values;  /* value type of sparse and dense frames (default int8) */
-  int zstd_level;      /* 1..19, 0 = no zstd; default NB_ZSTD_LEVEL (3) */
+  int zstd_level;      /* 1..19, 0 = no zstd; default NB_ZSTD_LEVEL (NB_CODEC_ZSTD_LEVEL_DEFAULT) */
   uint32_t block_size; /* values per fp32 scale of int8, 4bit and 2bit, 1..65536; default
                           NB_CODEC_INT8_BLOCK (256) */
   int threads;         /* threads of the encode pass, 1..64; default NB_CODEC_THREADS (2) */

@@ -2,8 +2,10 @@
  * turns a bad argument on one rank into an error on every rank, and the hierarchical
  * allreduce. The collectives themselves are the engines' (mpi_backend.c, nccl_backend.c). */
 #include <limits.h>
+#include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -124,12 +126,28 @@ void nb__comm_post_apply(const nb__comm_post_t* p) {
   }
 }
 
+int nb_intra_launch_size(void) {
+  const char* ws = getenv("OMPI_COMM_WORLD_SIZE");
+  if (!ws) ws = getenv("PMI_SIZE");
+  long n = ws ? strtol(ws, NULL, 10) : 1; /* like atoi: leading digits count */
+  return n > 1 && n <= INT_MAX ? (int)n : 1;
+}
+
+void nb_comm_abort(nb_comm_t* c, int code) {
+  (void)c; /* every rank of the launch waits: take them all down, not only c's group */
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) exit(code);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  exit(code); /* MPI_Abort does not return; this keeps the promise if an MPI does */
+}
+
 /* ---- creation ------------------------------------------------------------------------------ */
 
 void nb_comm_config_init(nb_comm_config_t* cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->device = NB_COMM_DEVICE_AUTO;
-  cfg->mpi_comm = MPI_COMM_NULL;
+  cfg->mpi_comm = NULL;
   cfg->gpu = -1;
   cfg->stream = NULL;
 }
@@ -159,7 +177,8 @@ nb_status_t nb_comm_create(const nb_comm_config_t* cfg_in, nb_comm_t** out) {
   c->op_sum_f16 = c->op_sum_bf16 = MPI_OP_NULL;
   c->validate = (int)nb_param_IntraValidate();
 
-  MPI_Comm parent = cfg.mpi_comm == MPI_COMM_NULL ? MPI_COMM_WORLD : cfg.mpi_comm;
+  MPI_Comm parent = cfg.mpi_comm ? *(const MPI_Comm*)cfg.mpi_comm : MPI_COMM_NULL;
+  if (parent == MPI_COMM_NULL) parent = MPI_COMM_WORLD;
   int rc = MPI_Comm_dup(parent, &c->mpi);
   if (rc != MPI_SUCCESS) {
     st = nb__mpi_error(rc, "MPI_Comm_dup");

@@ -6,8 +6,6 @@
 
 #include <stddef.h>
 
-#include <mpi.h>
-
 #include "common/status.h"
 
 #ifdef __cplusplus
@@ -38,9 +36,11 @@ typedef struct nb_comm_request nb_comm_request_t;
 
 typedef struct {
   nb_comm_device_t device; /* default AUTO */
-  /* MPI communicator whose ranks form the cluster; MPI_COMM_NULL (what nb_comm_config_init
-   * sets) means MPI_COMM_WORLD. It is duplicated: the caller keeps ownership of its own. */
-  MPI_Comm mpi_comm;
+  /* Points to the MPI_Comm whose ranks form the cluster (borrowed, read at nb_comm_create);
+   * NULL (what nb_comm_config_init sets) or MPI_COMM_NULL means MPI_COMM_WORLD. It is
+   * duplicated: the caller keeps ownership of its own. A pointer, so that this header does not
+   * pull in <mpi.h>: only intra/ and a caller that builds its own communicators see MPI. */
+  const void* mpi_comm;
   /* GPU only: CUDA device ordinal; -1 (default) = node-local rank modulo the device count. */
   int gpu;
   /* GPU only: cudaStream_t to enqueue on (borrowed, must outlive the communicator); NULL
@@ -56,6 +56,17 @@ void nb_comm_config_init(nb_comm_config_t* cfg);
 /* Initializes MPI (MPI_THREAD_SERIALIZED) unless the program already did; nb_comm_create calls
  * it. Returns NB_ERR_MPI if MPI cannot start. Not thread-safe; call from the main thread. */
 nb_status_t nb_intra_init(int* argc, char*** argv);
+
+/* The number of processes the launcher started for this job (OMPI_COMM_WORLD_SIZE under Open
+ * MPI's mpirun, PMI_SIZE under other PMI launchers); 1 when the process was not launched by
+ * one, or the variable is not a number. Reads only the environment: MPI need not be started.
+ * Thread-safe. */
+int nb_intra_launch_size(void);
+
+/* Ends every process of the launch with exit code `code` (MPI_Abort), for a rank that fails
+ * while the others wait in a collective: they would wait forever. Does not return. c may be
+ * NULL (MPI started or not). */
+void nb_comm_abort(nb_comm_t* c, int code);
 
 /* Finalizes MPI if nb_intra_init started it and it is still running. Every communicator must
  * have been destroyed. Not thread-safe. */

@@ -3,6 +3,8 @@
 #ifndef NB_INTRA_INTRA_INTERNAL_H
 #define NB_INTRA_INTRA_INTERNAL_H
 
+#include <mpi.h>
+
 #include "intra/intra.h"
 
 typedef struct nb__comm_backend nb__comm_backend_t;

@@ -14,7 +14,7 @@
 
 #include "common/common.h"
 #include "inter/rpc.h"
-#include "jobs/cli.h"
+#include "cli/cli.h"
 #include "jobs/descriptor.h"
 #include "nebula/v1/gateway.pb-c.h"
 #include "security/pki.h"

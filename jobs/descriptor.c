@@ -758,7 +758,8 @@ static void nb__parse_compression(nb__dctx_t* c, json_t* spec, nb_job_compressio
     int v = (int)k->values;
     nb__get_enum(c, o, "values", nb__values_names, &v);
     k->values = (nb_job_values_t)v;
-    nb__get_i32(c, o, "zstdLevel", 1, 19, &k->zstd_level);
+    nb__get_i32(c, o, "zstdLevel", NB_CODEC_ZSTD_LEVEL_MIN, NB_CODEC_ZSTD_LEVEL_MAX,
+                &k->zstd_level);
   }
   nb__pop(c, mark);
 }
@@ -1191,4 +1192,10 @@ const char* nb_descriptor_error_format(const nb_descriptor_error_t* e, char* buf
   else
     snprintf(buf, n, "%s: %s", e->path, e->message);
   return buf;
+}
+
+void nb_descriptor_diag_print(FILE* f, const char* file, const nb_descriptor_diag_t* d) {
+  char line[640];
+  for (int i = 0; i < d->count; i++)
+    fprintf(f, "%s: %s\n", file, nb_descriptor_error_format(&d->errors[i], line, sizeof line));
 }

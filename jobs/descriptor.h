@@ -5,6 +5,7 @@
 #define NB_JOBS_DESCRIPTOR_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "common/status.h"
 #include "jobs/job_config.h"
@@ -56,6 +57,10 @@ nb_status_t nb_descriptor_to_json(const nb_job_config_t* cfg, char** out);
 /* Formats one error as a single line: "line 3, column 7: ..." for syntax errors, otherwise
  * "$.spec.x: ...". Writes at most n bytes into buf (borrowed) and returns buf. */
 const char* nb_descriptor_error_format(const nb_descriptor_error_t* e, char* buf, size_t n);
+
+/* Writes each error of d to f as "<file>: <error>", one line each (what the commands print for
+ * a descriptor that does not load). file and d: borrowed. */
+void nb_descriptor_diag_print(FILE* f, const char* file, const nb_descriptor_diag_t* d);
 
 /* Names used in descriptors for the enumerations of job_config.h ("outer", "fp16", ...). */
 const char* nb_job_sync_name(nb_job_sync_t m);

@@ -8,6 +8,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "compress/compress.h" /* NB_CODEC_ZSTD_LEVEL_*: the defaults come from their module */
+#include "train/hybrid.h"       /* NB_HYBRID_INNER_STEPS_DEFAULT, NB_HYBRID_OVERLAP_STEPS_DEFAULT */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -127,7 +130,7 @@ typedef struct {
   double error_feedback_decay; /* beta in (0, 1]: the residual is scaled by it each round */
   int topk_chunk; /* chunked top-k: 0 (global top-k) or a power of two in [16, 65536] */
   nb_job_values_t values;
-  int zstd_level; /* 1..19 */
+  int zstd_level; /* NB_CODEC_ZSTD_LEVEL_MIN..MAX (0 = no zstd) */
 } nb_job_compression_t;
 
 typedef struct {
@@ -209,10 +212,10 @@ static inline void nb_job_config_defaults(nb_job_config_t* c) {
   t->distill.temperature = 2.0;
 
   c->sync.mode = NB_JOB_SYNC_OUTER;
-  c->sync.inner_steps = 50;
+  c->sync.inner_steps = NB_HYBRID_INNER_STEPS_DEFAULT;
   c->sync.round_seconds = 0;
   c->sync.overlap = false;
-  c->sync.overlap_steps = 4; /* = NB_HYBRID_OVERLAP_STEPS_DEFAULT */
+  c->sync.overlap_steps = NB_HYBRID_OVERLAP_STEPS_DEFAULT;
   c->sync.outer_lr = 0.7;
   c->sync.outer_momentum = 0.9;
   c->sync.outer_nesterov = true;
@@ -227,7 +230,7 @@ static inline void nb_job_config_defaults(nb_job_config_t* c) {
   c->compression.error_feedback = true;
   c->compression.error_feedback_decay = 1.0;
   c->compression.values = NB_JOB_VALUES_FP16;
-  c->compression.zstd_level = 3;
+  c->compression.zstd_level = NB_CODEC_ZSTD_LEVEL_DEFAULT;
 
   c->link.rate_mbit = 0;
   c->link.delay_ms = 0;

@@ -1,5 +1,5 @@
 /* security: the umbrella header of nebula's security layer — the federation PKI, sealing of
- * frame chunks, descriptor signatures and the `nebula certs` command. It adds nothing of its own;
+ * frame chunks and descriptor signatures (the `nebula certs` command is cli/certs_cli.c). It adds nothing of its own;
  * include the specific header where only one part is needed. */
 #ifndef NB_SECURITY_SECURITY_H
 #define NB_SECURITY_SECURITY_H
@@ -12,9 +12,6 @@
 extern "C" {
 #endif
 
-/* `nebula certs init|issue|show|verify`: the PKI from the command line (security/certs_cli.c).
- * Returns an exit status (0 ok, 1 failure, 2 usage error). */
-int nb_certs_main(int argc, char** argv);
 
 #ifdef __cplusplus
 }

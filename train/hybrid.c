@@ -163,13 +163,13 @@ void nb_hybrid_config_defaults(nb_hybrid_config_t* c) {
   memset(c, 0, sizeof *c);
   c->cluster_index = 0;
   c->n_clusters = 1;
-  c->inner_steps = 50;
+  c->inner_steps = NB_HYBRID_INNER_STEPS_DEFAULT;
   c->outer_lr = 0.7f;
   c->outer_momentum = 0.9f;
   c->density = 0.01;
   c->error_feedback = 1;
   c->values = NB_VALUES_INT8;
-  c->zstd_level = 3;
+  c->zstd_level = NB_CODEC_ZSTD_LEVEL_DEFAULT;
   c->overlap_steps = NB_HYBRID_OVERLAP_STEPS_DEFAULT;
 }
 
@@ -201,8 +201,9 @@ static nb_status_t nb__hy_check(const nb_hybrid_config_t* c) {
     return nb_error(NB_ERR_CONFIG, "hybrid: fault-tolerant rounds need the outer mode");
   if (c->overlap_steps < 0)
     return nb_error(NB_ERR_CONFIG, "hybrid: overlap_steps %ld < 0", c->overlap_steps);
-  if (c->zstd_level < 0 || c->zstd_level > 19)
-    return nb_error(NB_ERR_CONFIG, "hybrid: zstd_level %d outside [0, 19]", c->zstd_level);
+  if (c->zstd_level < NB_CODEC_ZSTD_LEVEL_MIN || c->zstd_level > NB_CODEC_ZSTD_LEVEL_MAX)
+    return nb_error(NB_ERR_CONFIG, "hybrid: zstd_level %d outside [%d, %d]", c->zstd_level,
+                    NB_CODEC_ZSTD_LEVEL_MIN, NB_CODEC_ZSTD_LEVEL_MAX);
   return NB_OK;
 }
 
@@ -361,6 +362,9 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
   h->loss = done > 0 ? loss_sum / (double)done : 0;
   double t1 = nb_now_s();
   h->compute_s = t1 - t0 - (h->mid_landed ? h->mid_waited + h->mid_rec.codec_s : 0);
+  /* the landed update's wait and decode overlap the steps' own timing by a few microseconds:
+   * never report (or schedule from) a negative compute time */
+  if (h->compute_s < 0) h->compute_s = 0;
   h->samples = (nb_trainer_samples(h->t) - s0) * (h->cfg.samples_scale ? h->cfg.samples_scale : 1);
 
   size_t k = h->cfg.density >= 1 ? h->n : nb_codec_k_for_density(h->n, h->cfg.density);

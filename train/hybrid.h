@@ -24,6 +24,9 @@ extern "C" {
 #define NB_HYBRID_MAX_CLUSTERS 64
 /* The default of nb_hybrid_config_t.overlap_steps (and of the descriptor's sync.overlapSteps). */
 #define NB_HYBRID_OVERLAP_STEPS_DEFAULT 4
+/* H: inner steps per round when a config does not say (nb_hybrid_config_defaults, the job
+ * descriptor's sync.innerSteps). */
+#define NB_HYBRID_INNER_STEPS_DEFAULT 50
 
 /* One received message (a peer's, or our own). data is owned by the hybrid after the exchange
  * callback returns (allocated with nb_alloc; freed with nb_free). */

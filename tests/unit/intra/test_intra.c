@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -257,7 +258,7 @@ static void test_create(void** state) {
   MPI_Comm_split(MPI_COMM_WORLD, wr % 2, wr, &half);
   nb_comm_config_t cfg;
   nb_comm_config_init(&cfg);
-  cfg.mpi_comm = half;
+  cfg.mpi_comm = &half;
   cfg.device = g_gpu ? NB_COMM_DEVICE_GPU : NB_COMM_DEVICE_CPU;
   nb_comm_t* sub = NULL;
   int ok = 0;

@@ -15,10 +15,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/cli.h"
 #include "common/common.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
-#include "jobs/validate_cli.h"
 
 static const char* nb_src = ".";
 
@@ -139,7 +139,7 @@ static void test_defaults_filled(void** state) {
   assert_true(cfg.compression.density_initial == 0.01);
   assert_true(cfg.compression.density_min == 0.001);
   assert_true(cfg.compression.density_max == 0.1);
-  assert_int_equal(cfg.compression.zstd_level, 3);
+  assert_int_equal(cfg.compression.zstd_level, NB_CODEC_ZSTD_LEVEL_DEFAULT);
   assert_int_equal(cfg.link.streams, 4);
   assert_true(cfg.security.seal);
   assert_int_equal(cfg.checkpoint.every_rounds, 10);

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
-#include "jobs/report.h"
+#include "report/report.h"
 
 static const char* const nb__hdr =
     "round\tsteps\tsamples\tsamples_all\tloss\tmsg_bytes\tbytes_sent\tdensity\tcompute_s\t"

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli/cli.h"
 #include "common/common.h"
 #include "sec_test_util.h"
 #include "security/security.h"

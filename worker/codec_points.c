@@ -5,7 +5,7 @@
  * points with decaying error feedback (errorFeedbackDecay 0.9) beside the demo job's outer
  * Nesterov momentum 0.5, the best recipe of the sweep there. The scheduler only compares them, so it is their
  * order that matters: less loss costs more bits. */
-#include "jobs/codec_points.h"
+#include "worker/codec_points.h"
 
 static const nb_codec_point_t nb__points[] = {
     /* 7.66 bits/param; 1.0169 (3 seeds) */

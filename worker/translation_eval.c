@@ -1,6 +1,6 @@
-/* chrF/BLEU of the base and the final model for a run summary (jobs/translation_eval.h). It
+/* chrF/BLEU of the base and the final model for a run summary (worker/worker.h). It
  * decodes with train/translate and does not train, load data pipelines or write files. */
-#include "jobs/translation_eval.h"
+#include "worker/worker.h"
 
 #include <string.h>
 

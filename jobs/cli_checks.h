@@ -1,24 +1,15 @@
-/* The `nebula` command line: git-style subcommands. Each subcommand is a function with the
- * signature of main() that returns an exit status (0 ok, 1 failure, 2 usage error). */
-#ifndef NB_JOBS_CLI_H
-#define NB_JOBS_CLI_H
+/* Checks of a command's input made before it is used, shared by the commands in cli/ and the
+ * gateway daemon (jobs/gateway.c), which both include it through cli/cli.h. Named nb_cli_* for
+ * those callers; they move with the gateway and the client commands. Data checks only: nothing
+ * is printed, the detail goes to nb_error(). */
+#ifndef NB_JOBS_CLI_CHECKS_H
+#define NB_JOBS_CLI_CHECKS_H
 
 #include "common/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct {
-  const char* name;                   /* "bench" */
-  const char* summary;                /* one line for `nebula help` */
-  int (*main)(int argc, char** argv); /* argv[0] is the subcommand name */
-} nb_cli_cmd_t;
-
-/* Exit codes shared by every subcommand. */
-enum { NB_EXIT_OK = 0, NB_EXIT_FAIL = 1, NB_EXIT_USAGE = 2 };
-
-int nb_cli_main(int argc, char** argv);
 
 /* Checks that addr is "HOST:PORT" ("[V6]:PORT"; a gRPC "dns:" / "ipv4:" / "ipv6:" prefix is
  * fine) with PORT decimal in 1..65535, or 0..65535 with allow_zero (a server's ":0", any free

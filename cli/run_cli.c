@@ -21,42 +21,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli/cli.h"
+#include "cli/opts.h"
 #include "common/common.h"
-#include "jobs/cli.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
-#include "jobs/report.h"
-#include "jobs/worker_cli.h"
+#include "report/report.h"
 #include "security/pki.h"
 #include "security/seal.h"
 
 static volatile sig_atomic_t nb__run_stop = 0;
 static void nb__run_on_signal(int sig) {
   nb__run_stop = sig;
-}
-
-static void nb__run_usage(FILE* f) {
-  fprintf(
-      f,
-      "usage: nebula run JOB.json [--out DIR] [--steps N] [--data-dir DIR] [--resume] [--no-mpi]\n"
-      "                           [--netns | --loopback]\n"
-      "\n"
-      "Starts every cluster of the job on this machine (one 'nebula worker' each, with\n"
-      "mutual TLS and sealed frames), streams their logs, waits, and prints a summary.\n"
-      "As root, a two-cluster job whose link has a delay runs each cluster in its own\n"
-      "network namespace behind the emulated WAN link of deploy/wan (link.rateMbit each way,\n"
-      "link.delayMs one way), torn down at the end; otherwise over loopback with the\n"
-      "link's rate cap. DIR (default runs/<job>) receives pki/, job.secret and one folder\n"
-      "per cluster with worker.log, rounds.tsv, summary.json.\n"
-      "  --netns          namespaces even without a delay (error if not possible)\n"
-      "  --loopback       loopback even as root with a delay\n"
-      "  --steps N        override training.maxSteps (inner steps per cluster)\n"
-      "  --data-dir DIR   data folder for every cluster (mono/<lang>.txt)\n"
-      "  --resume         continue every cluster from its newest checkpoint in DIR\n"
-      "  --no-mpi         one process per cluster even with several workers (they are then\n"
-      "                   accumulated micro-batches); default: mpirun -np WORKERS\n"
-      "A one-process cluster whose worker is killed by a signal (other than TERM/INT) while\n"
-      "another cluster trains is restarted with --rejoin, up to NB_RUN_RESTARTS (2) times.\n");
 }
 
 typedef struct {
@@ -506,209 +482,194 @@ static int nb__run_table(nb__run_child_t* ch, int n, double wall) {
   return same;
 }
 
-int nb_run_main(int argc, char** argv) {
-  const char *file = NULL, *out = NULL, *data_dir = NULL, *steps = NULL;
-  int resume = 0, no_mpi = 0, force_netns = 0, force_loop = 0;
-  for (int i = 1; i < argc; i++) {
-    const char* a = argv[i];
-    int v = i + 1 < argc;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      nb__run_usage(stdout);
-      return NB_EXIT_OK;
-    } else if (strcmp(a, "--resume") == 0) {
-      resume = 1;
-    } else if (strcmp(a, "--no-mpi") == 0) {
-      no_mpi = 1;
-    } else if (strcmp(a, "--netns") == 0) {
-      force_netns = 1;
-    } else if (strcmp(a, "--loopback") == 0) {
-      force_loop = 1;
-    } else if (strcmp(a, "--out") == 0 && v) {
-      out = argv[++i];
-    } else if (strcmp(a, "--data-dir") == 0 && v) {
-      data_dir = argv[++i];
-    } else if (strcmp(a, "--steps") == 0 && v) {
-      steps = argv[++i];
-      char* end;
-      long s = strtol(steps, &end, 10);
-      if (*end || end == steps || s < 1) {
-        fprintf(stderr, "nebula run: --steps needs an integer >= 1, got '%s'\n", steps);
-        return NB_EXIT_USAGE;
-      }
-    } else if (a[0] == '-') {
-      fprintf(stderr, "nebula run: unknown option or missing value: '%s'\n", a);
-      nb__run_usage(stderr);
-      return NB_EXIT_USAGE;
-    } else if (file) {
-      fprintf(stderr, "nebula run: one JOB only (got '%s' and '%s')\n", file, a);
-      return NB_EXIT_USAGE;
-    } else {
-      file = a;
-    }
-  }
-  if (!file) {
-    nb__run_usage(stderr);
-    return NB_EXIT_USAGE;
-  }
-  if (force_netns && force_loop) {
-    fprintf(stderr, "nebula run: --netns and --loopback exclude each other\n");
-    return NB_EXIT_USAGE;
-  }
+/* One `nebula run`: its options, the job, the children and what the phases below set up. */
+typedef struct {
+  const char *file, *out, *data_dir;
+  long steps;
+  char steps_text[24]; /* what each worker gets as --steps; empty: none */
+  int resume, no_mpi, force_netns, force_loop;
   nb__run_wan_t wan;
-  memset(&wan, 0, sizeof wan);
-  char wanlog[NB_JOB_PATH_MAX + 16] = "";
-  nb_job_config_t* job = NULL;
-  nb_descriptor_diag_t* diag = NULL;
-  nb__run_child_t* ch = NULL;
-  int rc = NB_EXIT_FAIL, n = 0;
-  if (nb_calloc((void**)&job, 1, sizeof *job, "job") != NB_OK ||
-      nb_calloc((void**)&diag, 1, sizeof *diag, "diag") != NB_OK ||
-      nb_calloc((void**)&ch, NB_JOB_MAX_CLUSTERS, sizeof *ch, "children") != NB_OK) {
-    fprintf(stderr, "nebula run: %s\n", nb_error_last());
-    goto done;
-  }
-  if (nb_cli_descriptor_precheck(file) != NB_OK) {
-    fprintf(stderr, "nebula run: %s\n", nb_error_last());
-    rc = NB_EXIT_USAGE;
-    goto done;
-  }
-  if (nb_descriptor_load(file, job, diag) != NB_OK) {
-    char line[640];
-    for (int i = 0; i < diag->count; i++)
-      fprintf(stderr, "%s: %s\n", file,
-              nb_descriptor_error_format(&diag->errors[i], line, sizeof line));
-    fprintf(stderr, "nebula run: %s: invalid descriptor\n", file);
-    rc = NB_EXIT_USAGE;
-    goto done;
-  }
-  if (nb_job_paths_confine_env(job) != NB_OK) { /* run by a gateway: paths stay in the job */
-    fprintf(stderr, "nebula run: %s: %s\n", file, nb_error_last());
-    goto done;
-  }
-  n = job->n_clusters;
+  char wanlog[NB_JOB_PATH_MAX + 16];
+  nb_job_config_t* job;
+  nb_descriptor_diag_t* diag;
+  nb__run_child_t* ch;
+  int n;
   char dir[NB_JOB_PATH_MAX];
-  if ((out ? snprintf(dir, sizeof dir, "%s", out)
-           : snprintf(dir, sizeof dir, "runs/%s", job->name)) >= (int)sizeof dir) {
-    fprintf(stderr, "nebula run: --out path too long\n");
-    rc = NB_EXIT_USAGE;
-    goto done;
-  }
-  if (nb__run_mkparents(dir) != 0 || nb__run_mkdir(dir, 0700) != 0) {
-    fprintf(stderr, "nebula run: cannot create %s: %s\n", dir, strerror(errno));
-    goto done;
-  }
   char exe[4096];
-  ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  char pki[NB_JOB_PATH_MAX + 16], secret[NB_JOB_PATH_MAX + 16];
+  int use_mpi[NB_JOB_MAX_CLUSTERS], total_ranks;
+  nb__run_spawn_t sp;
+  double t0;
+} nb__run_t;
+
+static int nb__run_load(nb__run_t* r) {
+  if (nb_calloc((void**)&r->job, 1, sizeof *r->job, "job") != NB_OK ||
+      nb_calloc((void**)&r->diag, 1, sizeof *r->diag, "diag") != NB_OK ||
+      nb_calloc((void**)&r->ch, NB_JOB_MAX_CLUSTERS, sizeof *r->ch, "children") != NB_OK) {
+    fprintf(stderr, "nebula run: %s\n", nb_error_last());
+    return NB_EXIT_FAIL;
+  }
+  if (nb_cli_descriptor_precheck(r->file) != NB_OK) {
+    fprintf(stderr, "nebula run: %s\n", nb_error_last());
+    return NB_EXIT_USAGE;
+  }
+  if (nb_descriptor_load(r->file, r->job, r->diag) != NB_OK) {
+    nb_descriptor_diag_print(stderr, r->file, r->diag);
+    fprintf(stderr, "nebula run: %s: invalid descriptor\n", r->file);
+    return NB_EXIT_USAGE;
+  }
+  if (nb_job_paths_confine_env(r->job) != NB_OK) { /* run by a gateway: paths stay in the job */
+    fprintf(stderr, "nebula run: %s: %s\n", r->file, nb_error_last());
+    return NB_EXIT_FAIL;
+  }
+  r->n = r->job->n_clusters;
+  return NB_EXIT_OK;
+}
+
+/* Namespaces behind the emulated WAN (as root, two clusters, a delay or --netns), or loopback. */
+static int nb__run_choose_net(nb__run_t* r) {
+  nb__run_wan_t* wan = &r->wan;
+  if (!(r->force_netns || (!r->force_loop && geteuid() == 0 && r->job->link.delay_ms > 0)))
+    return NB_EXIT_OK;
+  const char* why = NULL;
+  if (geteuid() != 0)
+    why = "needs root";
+  else if (r->n != 2)
+    why = "the emulated WAN link of deploy/wan joins exactly two clusters";
+  else if (nb__run_wan_find(r->exe, wan) != 0)
+    why = "deploy/wan not found next to this executable (set NB_WAN_DIR)";
+  if (why && r->force_netns) {
+    fprintf(stderr, "nebula run: --netns: %s\n", why);
+    return NB_EXIT_USAGE;
+  }
+  if (why) {
+    printf("nebula run: namespaces not used (%s); running over loopback\n", why);
+    return NB_EXIT_OK;
+  }
+  wan->on = 1;
+  snprintf(wan->prefix, sizeof wan->prefix, "nbr-%ld", (long)getpid());
+  snprintf(wan->ns[0], sizeof wan->ns[0], "%s-a", wan->prefix);
+  snprintf(wan->ns[1], sizeof wan->ns[1], "%s-b", wan->prefix);
+  wan->addr[0] = "169.254.100.1"; /* deploy/wan/lib.sh: NB_WAN_ADDR_A, _B */
+  wan->addr[1] = "169.254.100.2";
+  snprintf(r->wanlog, sizeof r->wanlog, "%s/wan.log", r->dir);
+  return NB_EXIT_OK;
+}
+
+/* The run folder, this executable, the network, the PKI and secret, ports and child folders. */
+static int nb__run_prepare(nb__run_t* r) {
+  const nb_job_config_t* job = r->job;
+  if ((r->out ? snprintf(r->dir, sizeof r->dir, "%s", r->out)
+              : snprintf(r->dir, sizeof r->dir, "runs/%s", job->name)) >= (int)sizeof r->dir) {
+    fprintf(stderr, "nebula run: --out path too long\n");
+    return NB_EXIT_USAGE;
+  }
+  if (nb__run_mkparents(r->dir) != 0 || nb__run_mkdir(r->dir, 0700) != 0) {
+    fprintf(stderr, "nebula run: cannot create %s: %s\n", r->dir, strerror(errno));
+    return NB_EXIT_FAIL;
+  }
+  ssize_t el = readlink("/proc/self/exe", r->exe, sizeof r->exe - 1);
   if (el <= 0) {
     fprintf(stderr, "nebula run: cannot find this executable: %s\n", strerror(errno));
-    goto done;
+    return NB_EXIT_FAIL;
   }
-  exe[el] = 0;
-  /* namespaces behind the emulated WAN, or loopback */
-  if (force_netns || (!force_loop && geteuid() == 0 && job->link.delay_ms > 0)) {
-    const char* why = NULL;
-    if (geteuid() != 0)
-      why = "needs root";
-    else if (n != 2)
-      why = "the emulated WAN link of deploy/wan joins exactly two clusters";
-    else if (nb__run_wan_find(exe, &wan) != 0)
-      why = "deploy/wan not found next to this executable (set NB_WAN_DIR)";
-    if (why && force_netns) {
-      fprintf(stderr, "nebula run: --netns: %s\n", why);
-      rc = NB_EXIT_USAGE;
-      goto done;
-    }
-    if (why) {
-      printf("nebula run: namespaces not used (%s); running over loopback\n", why);
-    } else {
-      wan.on = 1;
-      snprintf(wan.prefix, sizeof wan.prefix, "nbr-%ld", (long)getpid());
-      snprintf(wan.ns[0], sizeof wan.ns[0], "%s-a", wan.prefix);
-      snprintf(wan.ns[1], sizeof wan.ns[1], "%s-b", wan.prefix);
-      wan.addr[0] = "169.254.100.1"; /* deploy/wan/lib.sh: NB_WAN_ADDR_A, _B */
-      wan.addr[1] = "169.254.100.2";
-      snprintf(wanlog, sizeof wanlog, "%s/wan.log", dir);
-    }
-  }
-  char pki[NB_JOB_PATH_MAX + 16], secret[NB_JOB_PATH_MAX + 16];
-  if (nb__run_setup_security(dir, job, &wan, pki, sizeof pki, secret, sizeof secret) != 0)
-    goto done;
+  r->exe[el] = 0;
+  int rc = nb__run_choose_net(r);
+  if (rc != NB_EXIT_OK) return rc;
+  if (nb__run_setup_security(r->dir, job, &r->wan, r->pki, sizeof r->pki, r->secret,
+                             sizeof r->secret) != 0)
+    return NB_EXIT_FAIL;
   int ports[NB_JOB_MAX_CLUSTERS];
-  if (nb__run_ports(n, ports) != 0) {
+  if (nb__run_ports(r->n, ports) != 0) {
     fprintf(stderr, "nebula run: no free loopback port: %s\n", strerror(errno));
-    goto done;
+    return NB_EXIT_FAIL;
   }
-  for (int i = 0; i < n; i++) {
-    snprintf(ch[i].id, sizeof ch[i].id, "%s", job->clusters[i].id);
-    ch[i].port = ports[i];
-    snprintf(ch[i].dir, sizeof ch[i].dir, "%s/%s", dir, ch[i].id);
-    snprintf(ch[i].log, sizeof ch[i].log, "%s/worker.log", ch[i].dir);
-    if (nb__run_mkdir(ch[i].dir, 0755) != 0) {
-      fprintf(stderr, "nebula run: cannot create %s: %s\n", ch[i].dir, strerror(errno));
-      goto done;
+  for (int i = 0; i < r->n; i++) {
+    nb__run_child_t* c = &r->ch[i];
+    snprintf(c->id, sizeof c->id, "%s", job->clusters[i].id);
+    c->port = ports[i];
+    snprintf(c->dir, sizeof c->dir, "%s/%s", r->dir, c->id);
+    snprintf(c->log, sizeof c->log, "%s/worker.log", c->dir);
+    if (nb__run_mkdir(c->dir, 0755) != 0) {
+      fprintf(stderr, "nebula run: cannot create %s: %s\n", c->dir, strerror(errno));
+      return NB_EXIT_FAIL;
     }
   }
-  if (wan.on)
+  return NB_EXIT_OK;
+}
+
+/* The banner, signal handlers, the emulated link, mpirun or not per cluster, and the workers. */
+static int nb__run_launch(nb__run_t* r) {
+  const nb_job_config_t* job = r->job;
+  if (r->wan.on)
     printf(
         "nebula run: job %s, %d clusters in network namespaces behind an emulated WAN link; "
         "logs and results in %s\n",
-        job->name, n, dir);
+        job->name, r->n, r->dir);
   else
-    printf("nebula run: job %s, %d clusters on loopback%s; logs and results in %s\n", job->name, n,
-           job->link.rate_mbit > 0 ? " (rate cap applied, no delay emulation)" : "", dir);
+    printf("nebula run: job %s, %d clusters on loopback%s; logs and results in %s\n", job->name,
+           r->n, job->link.rate_mbit > 0 ? " (rate cap applied, no delay emulation)" : "", r->dir);
   if (job->link.rate_mbit > 0)
-    printf("nebula run: link cap %.1f Mbit/s per peer%s\n", job->link.rate_mbit,
-           job->link.delay_ms > 0 && !wan.on ? "; link.delayMs needs the namespaces (root)" : "");
+    printf(
+        "nebula run: link cap %.1f Mbit/s per peer%s\n", job->link.rate_mbit,
+        job->link.delay_ms > 0 && !r->wan.on ? "; link.delayMs needs the namespaces (root)" : "");
   fflush(stdout);
-
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = nb__run_on_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
-  if (wan.on && (nb__run_wan_up(&wan, job, wanlog) != 0 || nb__run_stop)) {
+  if (r->wan.on && (nb__run_wan_up(&r->wan, job, r->wanlog) != 0 || nb__run_stop)) {
     if (nb__run_stop) fprintf(stderr, "nebula run: interrupted while the link came up\n");
-    goto done;
+    return NB_EXIT_FAIL;
   }
-  int use_mpi[NB_JOB_MAX_CLUSTERS], total_ranks = 0;
   int have_mpirun = system("command -v mpirun >/dev/null 2>&1") == 0;
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; i < r->n; i++) {
     int w = job->clusters[i].workers;
-    use_mpi[i] = w > 1 && !no_mpi && have_mpirun;
-    total_ranks += use_mpi[i] ? w : 1;
-    if (w > 1 && !use_mpi[i])
+    r->use_mpi[i] = w > 1 && !r->no_mpi && have_mpirun;
+    r->total_ranks += r->use_mpi[i] ? w : 1;
+    if (w > 1 && !r->use_mpi[i])
       printf("nebula run: %s: %d workers as accumulated micro-batches in one process%s\n",
              job->clusters[i].id, w, have_mpirun ? "" : " (no mpirun found)");
-    else if (use_mpi[i])
+    else if (r->use_mpi[i])
       printf("nebula run: %s: %d ranks under mpirun\n", job->clusters[i].id, w);
   }
-  nb__run_spawn_t sp = {exe,    file,  job,      ch,     n,       &wan,       pki,
-                        secret, steps, data_dir, resume, use_mpi, total_ranks};
-  double t0 = nb_now_s();
-  for (int i = 0; i < n; i++) {
-    if (nb__run_spawn(&sp, i, 0) != 0) {
-      nb__run_kill_all(ch, n);
-      goto done;
+  r->sp = (nb__run_spawn_t){r->exe,        r->file,   job,
+                            r->ch,         r->n,      &r->wan,
+                            r->pki,        r->secret, r->steps_text[0] ? r->steps_text : NULL,
+                            r->data_dir,   r->resume, r->use_mpi,
+                            r->total_ranks};
+  r->t0 = nb_now_s();
+  for (int i = 0; i < r->n; i++) {
+    if (nb__run_spawn(&r->sp, i, 0) != 0) {
+      nb__run_kill_all(r->ch, r->n);
+      return NB_EXIT_FAIL;
     }
   }
+  return NB_EXIT_OK;
+}
 
+/* Waits for every worker, restarting one killed by a signal (--rejoin) while others train;
+ * returns the first that failed, or -1. */
+static int nb__run_wait(nb__run_t* r) {
+  nb__run_child_t* ch = r->ch;
   int failed = -1;
   for (;;) {
     int left = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < r->n; i++) {
       if (ch[i].done) continue;
       pid_t w = waitpid(ch[i].pid, &ch[i].status, WNOHANG);
       if (w == ch[i].pid) {
         ch[i].done = 1;
         nb__run_pump(&ch[i], 1);
-        if (nb__run_restartable(&sp, i) && !nb__run_stop) {
+        if (nb__run_restartable(&r->sp, i) && !nb__run_stop) {
           ch[i].restarts++;
           fprintf(stderr,
                   "nebula run: cluster %s killed by signal %d; restarting it with --rejoin "
                   "(restart %d of %d)\n",
                   ch[i].id, WTERMSIG(ch[i].status), ch[i].restarts, (int)nb_param_RunRestarts());
-          if (nb__run_spawn(&sp, i, 1) == 0) {
+          if (nb__run_spawn(&r->sp, i, 1) == 0) {
             left++;
             continue;
           }
@@ -719,12 +680,18 @@ int nb_run_main(int argc, char** argv) {
       }
       nb__run_pump(&ch[i], ch[i].done);
     }
-    if (!left || failed >= 0 || nb__run_stop) break;
+    if (!left || failed >= 0 || nb__run_stop) return failed;
     nb_sleep_ns(200000000);
   }
+}
+
+/* After the workers: on a failure or an interrupt, stop every worker and say why; otherwise
+ * the summary table and the run report. */
+static int nb__run_conclude(nb__run_t* r, int failed) {
+  nb__run_child_t* ch = r->ch;
   if (failed >= 0 || nb__run_stop) {
-    nb__run_kill_all(ch, n);
-    for (int i = 0; i < n; i++) nb__run_pump(&ch[i], 1);
+    nb__run_kill_all(ch, r->n);
+    for (int i = 0; i < r->n; i++) nb__run_pump(&ch[i], 1);
     if (nb__run_stop)
       fprintf(stderr, "nebula run: interrupted; every worker stopped\n");
     else if (WIFEXITED(ch[failed].status))
@@ -733,27 +700,88 @@ int nb_run_main(int argc, char** argv) {
     else
       fprintf(stderr, "nebula run: cluster %s killed by signal %d (see %s); every worker stopped\n",
               ch[failed].id, WTERMSIG(ch[failed].status), ch[failed].log);
-    goto done;
+    return NB_EXIT_FAIL;
   }
-  rc = nb__run_table(ch, n, nb_now_s() - t0) ? NB_EXIT_OK : NB_EXIT_FAIL;
-  {
-    const char** ids = NULL;
-    if (nb_calloc((void**)&ids, (size_t)n, sizeof *ids, "report ids") == NB_OK) {
-      for (int i = 0; i < n; i++) ids[i] = ch[i].id;
-      if (nb_report_write(dir, ids, n, job->name) == NB_OK)
-        printf("report: %s/report.html\n", dir);
-      else
-        NB_WARN("nebula run: no report: %s", nb_error_last());
-      nb_free(ids);
-    }
+  int rc = nb__run_table(ch, r->n, nb_now_s() - r->t0) ? NB_EXIT_OK : NB_EXIT_FAIL;
+  const char** ids = NULL;
+  if (nb_calloc((void**)&ids, (size_t)r->n, sizeof *ids, "report ids") == NB_OK) {
+    for (int i = 0; i < r->n; i++) ids[i] = ch[i].id;
+    if (nb_report_write(r->dir, ids, r->n, r->job->name) == NB_OK)
+      printf("report: %s/report.html\n", r->dir);
+    else
+      NB_WARN("nebula run: no report: %s", nb_error_last());
+    nb_free(ids);
   }
-done:
-  if (wan.up) {
-    if (ch) nb__run_kill_all(ch, n); /* nothing of ours may stay inside the namespaces */
-    nb__run_wan_down(&wan, wanlog);
+  return rc;
+}
+
+int nb_run_main(int argc, char** argv) {
+  nb__run_t* r = NULL;
+  if (nb_calloc((void**)&r, 1, sizeof *r, "run") != NB_OK) {
+    fprintf(stderr, "nebula run: %s\n", nb_error_last());
+    return NB_EXIT_FAIL;
   }
-  nb_free(ch);
-  nb_free(diag);
-  nb_free(job);
+  // clang-format off: one option per entry
+  const nb_opt_t opts[] = {
+      {.name = "out", .kind = NB_OPT_STR, .dst = &r->out, .meta = "DIR",
+       .help = "run folder (default runs/<job>)"},
+      {.name = "netns", .kind = NB_OPT_FLAG, .dst = &r->force_netns,
+       .help = "namespaces even without a delay (error if not possible)"},
+      {.name = "loopback", .kind = NB_OPT_FLAG, .dst = &r->force_loop,
+       .help = "loopback even as root with a delay"},
+      {.name = "steps", .kind = NB_OPT_LONG, .dst = &r->steps, .meta = "N", .min = 1,
+       .help = "override training.maxSteps (inner steps per cluster)"},
+      {.name = "data-dir", .kind = NB_OPT_STR, .dst = &r->data_dir, .meta = "DIR",
+       .help = "data folder for every cluster (mono/<lang>.txt)"},
+      {.name = "resume", .kind = NB_OPT_FLAG, .dst = &r->resume,
+       .help = "continue every cluster from its newest checkpoint in DIR"},
+      {.name = "no-mpi", .kind = NB_OPT_FLAG, .dst = &r->no_mpi,
+       .help = "one process per cluster even with several workers (they are then\naccumulated "
+               "micro-batches); default: mpirun -np WORKERS"},
+      {.name = NULL},
+  };
+  // clang-format on
+  const nb_cmd_spec_t spec = {
+      .cmd = "nebula run",
+      .synopsis =
+          "usage: nebula run JOB.json [--out DIR] [--steps N] [--data-dir DIR] [--resume] "
+          "[--no-mpi]\n                           [--netns | --loopback]",
+      .about =
+          "Starts every cluster of the job on this machine (one 'nebula worker' each, with\n"
+          "mutual TLS and sealed frames), streams their logs, waits, and prints a summary.\n"
+          "As root, a two-cluster job whose link has a delay runs each cluster in its own\n"
+          "network namespace behind the emulated WAN link of deploy/wan (link.rateMbit each "
+          "way,\nlink.delayMs one way), torn down at the end; otherwise over loopback with "
+          "the\nlink's rate cap. DIR (default runs/<job>) receives pki/, job.secret and one "
+          "folder\nper cluster with worker.log, rounds.tsv, summary.json.",
+      .epilog =
+          "A one-process cluster whose worker is killed by a signal (other than TERM/INT) "
+          "while\nanother cluster trains is restarted with --rejoin, up to NB_RUN_RESTARTS "
+          "(2) times.",
+      .arg_name = "JOB",
+      .arg = &r->file,
+      .opts = opts,
+  };
+  int rc = nb_opts_parse(&spec, argc, argv);
+  if (rc == NB_OPTS_RUN && !r->file) rc = nb_opts_usage_error(&spec, "missing JOB.json");
+  if (rc == NB_OPTS_RUN && r->force_netns && r->force_loop) {
+    fprintf(stderr, "nebula run: --netns and --loopback exclude each other\n");
+    rc = NB_EXIT_USAGE;
+  }
+  if (rc == NB_OPTS_RUN) {
+    if (r->steps > 0) snprintf(r->steps_text, sizeof r->steps_text, "%ld", r->steps);
+    rc = nb__run_load(r);
+    if (rc == NB_EXIT_OK) rc = nb__run_prepare(r);
+    if (rc == NB_EXIT_OK) rc = nb__run_launch(r);
+    if (rc == NB_EXIT_OK) rc = nb__run_conclude(r, nb__run_wait(r));
+  }
+  if (r->wan.up) {
+    if (r->ch) nb__run_kill_all(r->ch, r->n); /* nothing of ours may stay inside the namespaces */
+    nb__run_wan_down(&r->wan, r->wanlog);
+  }
+  nb_free(r->ch);
+  nb_free(r->diag);
+  nb_free(r->job);
+  nb_free(r);
   return rc;
 }

@@ -1,6 +1,7 @@
 /* `nebula validate FILE [--json]`: runs the descriptor parser on a file (or stdin) and prints
  * the normalized descriptor or every error found. It never contacts a gateway. */
-#include "jobs/validate_cli.h"
+#include "cli/cli.h"
+#include "cli/opts.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -9,26 +10,7 @@
 #include <sys/stat.h>
 
 #include "common/common.h"
-#include "jobs/cli.h"
 #include "jobs/descriptor.h"
-
-static void nb__validate_usage(FILE* f) {
-  fprintf(f,
-          "usage: nebula validate FILE [--json]\n"
-          "\n"
-          "Checks a job descriptor (apiVersion %s, kind %s). When it is valid, prints it\n"
-          "normalized: every field present, defaults filled in. Otherwise prints every error with\n"
-          "the JSON path of the field (or the line and column of a syntax error), what was\n"
-          "expected and what was found. FILE '-' reads standard input.\n"
-          "\n"
-          "  --json   print one JSON object: {\"valid\", \"file\", \"config\"} or\n"
-          "           {\"valid\", \"file\", \"errors\": [{\"path\", \"message\", \"line\", "
-          "\"column\"}]}\n"
-          "  --help   show this help\n"
-          "\n"
-          "Exit status: 0 valid, 1 invalid or unreadable, 2 usage error.\n",
-          NB_DESCRIPTOR_API_VERSION, NB_DESCRIPTOR_KIND);
-}
 
 /* Reads all of stdin (bounded: one byte past the limit lets the parser report the size). */
 static nb_status_t nb__read_stdin(char** out, size_t* len) {
@@ -77,28 +59,35 @@ static int nb__print_json_result(const char* file, nb_status_t st, const char* n
 
 int nb_validate_main(int argc, char** argv) {
   const char* file = NULL;
-  bool as_json = false;
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-      nb__validate_usage(stdout);
-      return NB_EXIT_OK;
-    } else if (strcmp(argv[i], "--json") == 0) {
-      as_json = true;
-    } else if (argv[i][0] == '-' && argv[i][1] != 0) {
-      fprintf(stderr, "nebula validate: unknown option '%s'\n", argv[i]);
-      nb__validate_usage(stderr);
-      return NB_EXIT_USAGE;
-    } else if (file) {
-      fprintf(stderr, "nebula validate: one FILE only (got '%s' and '%s')\n", file, argv[i]);
-      return NB_EXIT_USAGE;
-    } else {
-      file = argv[i];
-    }
-  }
-  if (!file) {
-    nb__validate_usage(stderr);
-    return NB_EXIT_USAGE;
-  }
+  int json_flag = 0;
+  char about[512];
+  snprintf(about, sizeof about,
+           "Checks a job descriptor (apiVersion %s, kind %s). When it is valid, prints it\n"
+           "normalized: every field present, defaults filled in. Otherwise prints every error "
+           "with\nthe JSON path of the field (or the line and column of a syntax error), what "
+           "was\nexpected and what was found. FILE '-' reads standard input.",
+           NB_DESCRIPTOR_API_VERSION, NB_DESCRIPTOR_KIND);
+  // clang-format off: one option per entry
+  const nb_opt_t opts[] = {
+      {.name = "json", .kind = NB_OPT_FLAG, .dst = &json_flag,
+       .help = "print one JSON object: {\"valid\", \"file\", \"config\"} or\n{\"valid\", \"file\", "
+               "\"errors\": [{\"path\", \"message\", \"line\", \"column\"}]}"},
+      {.name = NULL},
+  };
+  // clang-format on
+  const nb_cmd_spec_t spec = {
+      .cmd = "nebula validate",
+      .synopsis = "usage: nebula validate FILE [--json]",
+      .about = about,
+      .epilog = "\nExit status: 0 valid, 1 invalid or unreadable, 2 usage error.",
+      .arg_name = "FILE",
+      .arg = &file,
+      .opts = opts,
+  };
+  int rc = nb_opts_parse(&spec, argc, argv);
+  if (rc != NB_OPTS_RUN) return rc;
+  if (!file) return nb_opts_usage_error(&spec, "missing FILE");
+  bool as_json = json_flag != 0;
 
   nb_descriptor_diag_t* diag = NULL;
   if (nb_calloc((void**)&diag, 1, sizeof *diag, "diagnostics") != NB_OK) {
@@ -165,17 +154,14 @@ int nb_validate_main(int argc, char** argv) {
     nb_free(diag);
     return NB_EXIT_FAIL;
   }
-  int rc;
+  rc = NB_EXIT_FAIL;
   if (as_json) {
     rc = nb__print_json_result(file, st, normalized, diag);
   } else if (st == NB_OK) {
     printf("%s\n", normalized);
     rc = NB_EXIT_OK;
   } else {
-    char line[640];
-    for (int i = 0; i < diag->count; i++)
-      fprintf(stderr, "%s: %s\n", file,
-              nb_descriptor_error_format(&diag->errors[i], line, sizeof line));
+    nb_descriptor_diag_print(stderr, file, diag);
     if (diag->dropped) fprintf(stderr, "%s: ... and %d more errors\n", file, diag->dropped);
     fprintf(stderr, "%s: invalid descriptor (%d error%s)\n", file, diag->count + diag->dropped,
             diag->count + diag->dropped == 1 ? "" : "s");

@@ -1,8 +1,8 @@
 /* The run report: from each cluster's rounds.tsv and summary.json under a run folder, a job-level
  * summary.json and a self-contained report.html (tables and inline SVG charts, no scripts, no
  * external assets). Not here: live progress (nebula watch) or reading checkpoints. */
-#ifndef NB_JOBS_REPORT_H
-#define NB_JOBS_REPORT_H
+#ifndef NB_REPORT_REPORT_H
+#define NB_REPORT_REPORT_H
 
 #include "common/status.h"
 
@@ -25,8 +25,6 @@ nb_status_t nb_report_write(const char* run_dir, const char* const* cluster_ids,
                             const char* title);
 
 /* `nebula report DIR [--title T]`: every subfolder of DIR holding a rounds.tsv is a cluster. */
-int nb_report_main(int argc, char** argv);
-
 #ifdef __cplusplus
 }
 #endif

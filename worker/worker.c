@@ -1,0 +1,1111 @@
+/* The training program of one cluster's leader (`nebula worker`, worker/worker.h), read top to
+ * bottom: set up (ranks, descriptor, peers, trainer), connect (exchange, round state, resume or
+ * rejoin, scheduler, log), the round loop (round, log, evaluate, checkpoint, schedule), finish
+ * (final check, evaluation, final model, summary.json). The cross-datacenter logic is
+ * train/hybrid's and inter/exchange's; this file only wires them. It parses no command line. */
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "compress/compress.h"
+#include "inter/estimator.h"
+#include "inter/exchange.h"
+#include "inter/sched.h"
+#include "intra/intra.h"
+#include "jobs/descriptor.h"
+#include "jobs/job_paths.h"
+#include "worker/codec_points.h"
+#include "worker/worker.h"
+#include "security/pki.h"
+#include "security/seal.h"
+#include "security/tls.h"
+#include "train/checkpoint.h"
+#include "train/hybrid.h"
+#include "train/lora.h"
+#include "train/trainer.h"
+
+NB_PARAM_DOUBLE(RoundDeadlineS, "NB_ROUND_DEADLINE_S", 30, 0.5, 3600,
+                "fault-tolerant rounds: how long a round's update or vote exchange waits for a "
+                "live peer before the round is skipped")
+NB_PARAM_DOUBLE(FinalWaitS, "NB_FINAL_WAIT_S", 30, 0, 3600,
+                "fault-tolerant rounds: how long the final check keeps asking a peer that has "
+                "not answered (a link back near the end of a run still ends in agreement)")
+NB_PARAM_INT(
+    FaultTolerant, "NB_FAULT_TOLERANT", 1, 0, 1,
+    "1: outer rounds (with or without overlap) survive a link down or a dead cluster (a round "
+    "counts on every cluster or on none; docs/hybrid.md, Faults); 0: any exchange "
+    "failure stops the worker")
+NB_PARAM_DOUBLE(RejoinTimeoutS, "NB_REJOIN_TIMEOUT_S", 60, 1, 3600,
+                "nebula worker --rejoin: how long to keep trying to pull the global state")
+
+static nb_worker_outcome_t nb__wk_fail(const char* cluster, const char* what) {
+  fprintf(stderr, "nebula worker: %s: %s: %s\n", cluster ? cluster : "?", what, nb_error_last());
+  return NB_WORKER_FAILED;
+}
+
+typedef struct {
+  nb_exchange_t* ex;
+  size_t n_peers;
+  double peer_timeout_s;
+  double deadline_s; /* fault-tolerant rounds: per exchange */
+} nb__wk_exchange_t;
+
+/* The fault-tolerant exchange (train/hybrid's ft_exchange): a peer that does not deliver by the
+ * deadline, is dead or already past this round is left out (NULL) and named in a warning; the
+ * round goes on with what arrived. */
+static nb_status_t nb__wk_ft_exchange(void* ctx, uint64_t xround, const void* msg, size_t len,
+                                      nb_hybrid_msg_t* peers, size_t n_peers, uint64_t* sent,
+                                      uint64_t* ahead, uint32_t* alive) {
+  nb__wk_exchange_t* x = ctx;
+  if (n_peers != x->n_peers)
+    return nb_error(NB_ERR_INTERNAL, "worker: %zu peers expected, exchange has %zu", n_peers,
+                    x->n_peers);
+  nb_exchange_result_t res[NB_WORKER_MAX_PEERS];
+  memset(res, 0, sizeof res);
+  int64_t deadline = nb_now_ns() + (int64_t)(x->deadline_s * 1e9);
+  nb_status_t st = nb_exchange_round(x->ex, xround, msg, len, deadline, res);
+  if (st == NB_ERR_INVALID || st == NB_ERR_NOMEM) return st;
+  uint64_t bytes = 0, newest = 0;
+  uint32_t up = 0;
+  nb_status_t fatal = NB_OK;
+  for (size_t i = 0; i < n_peers; i++) {
+    bytes += res[i].send.bytes;
+    /* an unavailable or slow peer costs a round; a frame that fails its checks or a refused
+     * transfer is never tolerated silently */
+    if (fatal == NB_OK && (res[i].status == NB_ERR_INTEGRITY || res[i].status == NB_ERR_PERMISSION))
+      fatal = nb_error(res[i].status, "exchange %llu: peer %s: %s", (unsigned long long)xround,
+                       res[i].peer, res[i].detail);
+    if (res[i].newest > xround && res[i].newest > newest) newest = res[i].newest;
+    if (res[i].status == NB_OK) {
+      peers[i].data = res[i].frame;
+      peers[i].len = res[i].len;
+      res[i].frame = NULL;
+    } else {
+      peers[i].data = NULL;
+      peers[i].len = 0;
+      NB_WARN("exchange %llu (round %llu): peer %s left out: %s (%s)", (unsigned long long)xround,
+              (unsigned long long)(xround >= 2 ? (xround - 2) / 2 : 0), res[i].peer, res[i].detail,
+              nb_status_name(res[i].status));
+    }
+    if (nb_exchange_peer_alive(x->ex, i)) up++;
+  }
+  if (fatal != NB_OK) {
+    for (size_t i = 0; i < n_peers; i++) {
+      nb_free(peers[i].data);
+      peers[i].data = NULL;
+    }
+  }
+  nb_exchange_results_release(res, n_peers);
+  if (sent) *sent = bytes;
+  if (ahead) *ahead = newest;
+  if (alive) *alive = up;
+  return fatal;
+}
+
+/* Publishes our global state for peers that rejoin (Exchange.Pull). */
+static nb_status_t nb__wk_publish(nb_exchange_t* ex, nb_hybrid_t* h) {
+  if (!ex) return NB_OK;
+  uint8_t* b = NULL;
+  size_t len = 0;
+  NB_CHECK(nb_hybrid_export(h, &b, &len));
+  nb_status_t st = nb_exchange_publish_state(ex, nb_hybrid_rounds(h) & 0xffffffffu, b, len);
+  nb_free(b);
+  return st;
+}
+
+/* Pulls the global state from the first peer that serves one (alive, and published), trying
+ * every peer until timeout_s, and adopts it; skip: rounds added to the pulled round (a restarted
+ * process must not reuse the exchange ids of its previous life). */
+static nb_status_t nb__wk_pull_state(nb_exchange_t* ex, nb_hybrid_t* h, double timeout_s,
+                                     uint64_t skip, const char** from) {
+  double until = nb_now_s() + timeout_s;
+  size_t np = nb_exchange_peer_count(ex);
+  nb_status_t st = nb_error(NB_ERR_UNAVAILABLE, "no peer to pull the global state from");
+  while (nb_now_s() < until) {
+    for (size_t i = 0; i < np; i++) {
+      if (!nb_exchange_peer_alive(ex, i)) continue;
+      uint8_t* b = NULL;
+      size_t len = 0;
+      st = nb_exchange_pull(ex, i, 10000, &b, &len, NULL);
+      if (st == NB_OK) {
+        st = nb_hybrid_import(h, b, len, skip);
+        nb_free(b);
+        if (st == NB_OK) {
+          *from = nb_link_peer(nb_exchange_link(ex, i));
+          return NB_OK;
+        }
+      }
+      NB_WARN("pulling the global state from %s: %s", nb_link_peer(nb_exchange_link(ex, i)),
+              nb_error_last());
+      if (st == NB_ERR_INTEGRITY) return st;
+    }
+    nb_sleep_ns(250000000LL);
+  }
+  return st;
+}
+
+/* The hybrid's exchange callback over inter/exchange. Peer order does not matter to the hybrid
+ * (messages name their sender). */
+static nb_status_t nb__wk_exchange(void* ctx, uint64_t round, const void* msg, size_t len,
+                                   nb_hybrid_msg_t* peers, size_t n_peers, uint64_t* sent) {
+  nb__wk_exchange_t* x = ctx;
+  if (n_peers != x->n_peers)
+    return nb_error(NB_ERR_INTERNAL, "worker: %zu peers expected, exchange has %zu", n_peers,
+                    x->n_peers);
+  nb_exchange_result_t res[NB_WORKER_MAX_PEERS];
+  memset(res, 0, sizeof res);
+  nb_status_t st = nb_exchange_round(x->ex, round, msg, len, 0, res);
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n_peers; i++) {
+    bytes += res[i].send.bytes;
+    if (st == NB_OK) {
+      peers[i].data = res[i].frame;
+      peers[i].len = res[i].len;
+      res[i].frame = NULL;
+    } else if (res[i].status != NB_OK) {
+      NB_WARN("round %llu: peer %s: %s", (unsigned long long)round, res[i].peer, res[i].detail);
+    }
+  }
+  nb_exchange_results_release(res, n_peers);
+  if (sent) *sent = bytes;
+  return st;
+}
+
+/* Codec bits per kept value and per index, for the scheduler's prediction: int8 carries one
+ * fp32 scale per block; delta+varint indices take about log2(1/density)/7 bytes each. */
+static void nb__wk_bits(nb_values_t v, double density, uint32_t chunk, double* per_value,
+                        double* per_index) {
+  double scale = 32.0 / 256; /* one fp32 scale per block of 256 (the codec's default) */
+  *per_value = v == NB_VALUES_FP32   ? 32
+               : v == NB_VALUES_INT8 ? 8 + scale
+               : v == NB_VALUES_INT4 ? 4 + scale
+               : v == NB_VALUES_INT2 ? 2 + scale
+                                     : 16;
+  double gap = density > 0 ? 1.0 / density : 1;
+  double bytes = ceil(log2(gap + 1) / 7);
+  *per_index = 8 * (bytes < 1 ? 1 : bytes);
+  if (chunk > 0 && log2((double)chunk) < *per_index) *per_index = log2((double)chunk);
+}
+
+/* The slowest peer link's estimate (goodput 0 while any link has none yet). */
+static void nb__wk_estimate(nb_exchange_t* ex, nb_estimate_t* out) {
+  memset(out, 0, sizeof *out);
+  size_t np = ex ? nb_exchange_peer_count(ex) : 0;
+  for (size_t i = 0; i < np; i++) {
+    nb_estimate_t e;
+    nb_estimator_get(nb_link_estimator(nb_exchange_link(ex, i)), &e);
+    if (i == 0 || e.goodput_Bps < out->goodput_Bps) out->goodput_Bps = e.goodput_Bps;
+    if (e.rtt_s > out->rtt_s) out->rtt_s = e.rtt_s;
+    if (e.rtt_min_s > out->rtt_min_s) out->rtt_min_s = e.rtt_min_s;
+  }
+}
+
+/* The trainer's grad hook in step and dense modes; ctx is the nb_hybrid_t* slot, filled right
+ * after the trainer is created (the hook runs only during steps). */
+static nb_status_t nb__wk_grad_hook(void* ctx, float* grads, size_t n) {
+  return nb_hybrid_gradient(*(nb_hybrid_t**)ctx, grads, n);
+}
+
+/* Removes hybrid-step-<N>.bin files whose trainer folder step-<N> was pruned. */
+static void nb__wk_prune_states(const char* dir) {
+  DIR* d = opendir(dir);
+  if (!d) return;
+  struct dirent* e;
+  while ((e = readdir(d))) {
+    long step;
+    char tail[8];
+    if (sscanf(e->d_name, "hybrid-step-%ld.bi%1s", &step, tail) != 2 || strcmp(tail, "n") != 0)
+      continue;
+    char p[NB_TRAIN_PATH_MAX + 320];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/step-%ld", dir, step);
+    if (stat(p, &st) != 0) {
+      snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+      unlink(p);
+    }
+  }
+  closedir(d);
+}
+
+/* Ranks of a cluster under mpirun: the gradient of every step is averaged over the ranks. */
+static nb_status_t nb__wk_allreduce_hook(void* ctx, float* grads, size_t n) {
+  return nb_comm_allreduce((nb_comm_t*)ctx, grads, grads, n, NB_COMM_FP32, NB_COMM_AVG);
+}
+
+/* A rank other than the leader: before each run of inner steps the leader broadcasts {steps,
+ * go} and then the theta_local they start from (after an applied, landed, skipped or pulled
+ * update alike); the rank takes it and runs the steps, allreducing every gradient. */
+static nb_worker_outcome_t nb__wk_follower(nb_trainer_t* t, nb_comm_t* comm) {
+  size_t n;
+  float* p = nb_trainer_sync_params(t, &n);
+  for (;;) {
+    float ctl[2] = {0, 0};
+    if (nb_comm_broadcast(comm, ctl, ctl, 2, NB_COMM_FP32, 0) != NB_OK) return NB_WORKER_FAILED;
+    if (ctl[1] == 0) return NB_WORKER_DONE;
+    if (nb_comm_broadcast(comm, p, p, n, NB_COMM_FP32, 0) != NB_OK ||
+        nb_trainer_steps(t, (long)ctl[0], NULL) != NB_OK)
+      return NB_WORKER_FAILED;
+  }
+}
+
+/* Leader side of the above. */
+static nb_status_t nb__wk_lead(nb_comm_t* comm, long steps, int go) {
+  float ctl[2] = {(float)steps, go ? 1.0f : 0.0f};
+  return comm ? nb_comm_broadcast(comm, ctl, ctl, 2, NB_COMM_FP32, 0) : NB_OK;
+}
+
+/* The hybrid round's hook under mpirun: before each run of inner steps the other ranks take
+ * theta_local from the leader and run the steps with it. */
+typedef struct {
+  nb_comm_t* comm;
+  nb_trainer_t* t;
+} nb__wk_ranks_t;
+
+static nb_status_t nb__wk_steps_hook(void* ctx, long k) {
+  nb__wk_ranks_t* r = ctx;
+  size_t n;
+  float* p = nb_trainer_sync_params(r->t, &n);
+  NB_CHECK(nb__wk_lead(r->comm, k, 1));
+  return nb_comm_broadcast(r->comm, p, p, n, NB_COMM_FP32, 0);
+}
+
+/* One progress line per round for a gateway ($NB_JOB_PROGRESS, docs/gateway.md). */
+static void nb__wk_progress(const char* cluster, long round, long rounds, long step, long max_steps,
+                            const nb_hybrid_round_t* rec) {
+  const char* path = getenv("NB_JOB_PROGRESS");
+  FILE* f = path && *path ? fopen(path, "a") : NULL;
+  if (!f) return;
+  double mbps = rec->exchange_s > 0 ? (double)rec->bytes_sent * 8 / 1e6 / rec->exchange_s : 0;
+  fprintf(f,
+          "{\"round\": %ld, \"rounds\": %ld, \"step\": %ld, \"max_steps\": %ld, \"loss\": %.6f, "
+          "\"wan_mbps\": %.3f, \"density\": %g, \"source\": \"%s\", \"global_xxh3\": "
+          "\"%016llx\"}\n",
+          round, rounds, step, max_steps, rec->loss, mbps, rec->density, cluster,
+          (unsigned long long)rec->global_hash);
+  fclose(f);
+}
+
+static int nb__wk_mkdirs(const char* path) {
+  char tmp[NB_JOB_PATH_MAX];
+  if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) return -1;
+  for (char* p = tmp + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = 0;
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+    *p = '/';
+  }
+  return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* ---- the run: every phase below shares one nb__wk_t ---------------------------------------- */
+
+/* What one run holds. The phases fill it in order (set up, connect, rounds, finish) and
+ * nb__wk_release frees what it owns. */
+typedef struct {
+  const nb_worker_opts_t* o;
+  const char* cluster;
+  /* set up */
+  nb_comm_t* comm; /* under mpirun: this cluster's ranks (rank 0 leads); NULL alone */
+  int rank, size;
+  nb_job_config_t* job;
+  nb_descriptor_diag_t* diag;
+  nb_train_config_t* tc;
+  int ci;         /* the cluster's position in the descriptor */
+  uint32_t index; /* its position among the job's clusters ordered by id */
+  char peer_id[NB_WORKER_MAX_PEERS][NB_JOB_NAME_MAX];
+  const char* peer_addr[NB_WORKER_MAX_PEERS];
+  int n_peers;
+  char odir[NB_JOB_PATH_MAX];
+  char path[NB_TRAIN_PATH_MAX + 64]; /* scratch for the files written */
+  nb_tls_t* tls;
+  uint8_t secret[NB_SEAL_SECRET_BYTES];
+  int have_secret;
+  nb_trainer_t* t;
+  double t_start;
+  /* connect */
+  nb_exchange_t* ex;
+  nb__wk_exchange_t xctx;
+  nb__wk_ranks_t ranks;
+  nb_hybrid_config_t hc;
+  nb_hybrid_t* h;
+  int ft; /* fault-tolerant rounds: outer mode, several clusters, NB_FAULT_TOLERANT */
+  size_t n_params;
+  long rejoined_at, round0, rounds;
+  int adaptive;
+  nb_sched_config_t scfg;
+  nb_sched_decision_t prev_dec;
+  int have_dec;
+  /* values "auto": the codec points the scheduler picks from, and the one in use */
+  const nb_codec_point_t* points;
+  size_t n_points, point;
+  nb_sched_point_t spoints[16];
+  int auto_codec;
+  /* the rounds' log and totals */
+  FILE* tsv;
+  json_t* decisions;
+  json_t* evals;
+  double compute_s, exchange_s, codec_s, last_loss, density_sum;
+  uint64_t wan_bytes, msg_bytes;
+  long steps_done, step0, skipped, late, jumps, pulls, prev_r;
+} nb__wk_t;
+
+#define NB__WK_TRY(call)                         \
+  do {                                           \
+    nb_worker_outcome_t nb__rc = (call);         \
+    if (nb__rc != NB_WORKER_DONE) return nb__rc; \
+  } while (0)
+
+/* ---- set up --------------------------------------------------------------------------------- */
+
+/* Under mpirun: one process per rank of this cluster; rank 0 leads. */
+static nb_worker_outcome_t nb__wk_join_ranks(nb__wk_t* w) {
+  w->size = 1;
+  if (nb_intra_launch_size() > 1) {
+    nb_comm_config_t ccfg;
+    nb_comm_config_init(&ccfg);
+    ccfg.device = NB_COMM_DEVICE_CPU;
+    if (nb_intra_init(NULL, NULL) != NB_OK || nb_comm_create(&ccfg, &w->comm) != NB_OK)
+      return nb__wk_fail(w->cluster, "MPI");
+    w->rank = nb_comm_rank(w->comm);
+    w->size = nb_comm_size(w->comm);
+  }
+  nb_log_set_identity(w->cluster, w->rank);
+  return NB_WORKER_DONE;
+}
+
+/* The descriptor, confined to the job's paths when a gateway runs it, and our cluster in it. */
+static nb_worker_outcome_t nb__wk_load_job(nb__wk_t* w) {
+  const char* job_file = w->o->job_file;
+  if (nb_calloc((void**)&w->job, 1, sizeof *w->job, "job") != NB_OK ||
+      nb_calloc((void**)&w->diag, 1, sizeof *w->diag, "diag") != NB_OK ||
+      nb_calloc((void**)&w->tc, 1, sizeof *w->tc, "train config") != NB_OK)
+    return nb__wk_fail(w->cluster, "setup");
+  if (nb_descriptor_load(job_file, w->job, w->diag) != NB_OK) {
+    nb_descriptor_diag_print(stderr, job_file, w->diag);
+    fprintf(stderr, "nebula worker: %s: invalid descriptor\n", job_file);
+    return NB_WORKER_FAILED;
+  }
+  if (nb_job_paths_confine_env(w->job) != NB_OK) /* run by a gateway: paths stay in the job */
+    return nb__wk_fail(w->cluster, job_file);
+  const nb_job_config_t* job = w->job;
+  w->ci = -1;
+  for (int i = 0; i < job->n_clusters; i++) {
+    if (strcmp(job->clusters[i].id, w->cluster) == 0) w->ci = i;
+  }
+  if (w->ci < 0) {
+    fprintf(stderr, "nebula worker: job %s has no cluster '%s'\n", job->name, w->cluster);
+    return NB_WORKER_MISFIT;
+  }
+  for (int i = 0; i < job->n_clusters; i++)
+    if (strcmp(job->clusters[i].id, w->cluster) < 0) w->index++;
+  return NB_WORKER_DONE;
+}
+
+/* Every other cluster needs exactly one --peer ID=HOST:PORT. */
+static nb_worker_outcome_t nb__wk_peers(nb__wk_t* w) {
+  const nb_job_config_t* job = w->job;
+  const char* const* arg = w->o->peers;
+  w->n_peers = w->o->n_peers;
+  if (w->n_peers != job->n_clusters - 1) {
+    fprintf(stderr,
+            "nebula worker: job %s has %d clusters: give one --peer ID=ADDR for each "
+            "other cluster (got %d)\n",
+            job->name, job->n_clusters, w->n_peers);
+    return NB_WORKER_MISFIT;
+  }
+  for (int i = 0; i < w->n_peers; i++) {
+    const char* eq = strchr(arg[i], '=');
+    size_t idlen = eq ? (size_t)(eq - arg[i]) : 0;
+    if (!eq || idlen == 0 || idlen >= NB_JOB_NAME_MAX || !eq[1]) {
+      fprintf(stderr, "nebula worker: --peer needs ID=HOST:PORT, got '%s'\n", arg[i]);
+      return NB_WORKER_MISFIT;
+    }
+    memcpy(w->peer_id[i], arg[i], idlen);
+    w->peer_id[i][idlen] = 0;
+    w->peer_addr[i] = eq + 1;
+    int known = 0;
+    for (int c = 0; c < job->n_clusters; c++)
+      if (strcmp(job->clusters[c].id, w->peer_id[i]) == 0 && c != w->ci) known = 1;
+    for (int j = 0; j < i; j++)
+      if (strcmp(w->peer_id[j], w->peer_id[i]) == 0) known = 0;
+    if (!known) {
+      fprintf(stderr, "nebula worker: --peer %s: not another cluster of job %s (or repeated)\n",
+              w->peer_id[i], job->name);
+      return NB_WORKER_MISFIT;
+    }
+  }
+  return NB_WORKER_DONE;
+}
+
+/* The trainer's config: the job's, with --steps, the ranks and the data order of this cluster. */
+static nb_worker_outcome_t nb__wk_train_config(nb__wk_t* w) {
+  nb_job_config_t* job = w->job;
+  nb_train_config_t* tc = w->tc;
+  long steps = w->o->steps;
+  if (steps > 0) {
+    job->training.max_steps = steps;
+    if (job->training.optimizer.warmup_steps >= steps)
+      job->training.optimizer.warmup_steps = (int)(steps / 10);
+  }
+  if (nb_train_config_from_job(job, w->ci, w->o->data_dir, tc) != NB_OK)
+    return nb__wk_fail(w->cluster, w->o->job_file);
+  tc->data_rank = (int)w->index; /* clusters that share a language read it in different orders */
+  if (w->size > 1) {
+    if (job->sync.mode != NB_JOB_SYNC_OUTER || job->sync.round_seconds > 0) {
+      fprintf(stderr,
+              "nebula worker: several ranks per cluster need sync.mode \"outer\" with "
+              "step-counted rounds\n");
+      return NB_WORKER_MISFIT;
+    }
+    /* real ranks replace the accumulated micro-batches that stand for workers otherwise */
+    int workers = job->clusters[w->ci].workers;
+    tc->micro_batches = workers > w->size ? workers / w->size : 1;
+    tc->data_rank = (int)w->index * 1000 + w->rank;
+    tc->grad_hook = nb__wk_allreduce_hook;
+    tc->grad_hook_ctx = w->comm;
+  }
+  return NB_WORKER_DONE;
+}
+
+/* The output folder and, with checkpoints or --resume, the checkpoint folder: the trainer's
+ * step-<N>/ folders plus hybrid-step-<N>.bin beside them. With overlap the update in flight
+ * lands first (nb_hybrid_drain): nothing is in flight in a checkpoint, and --resume starts with
+ * nothing in flight. */
+static nb_worker_outcome_t nb__wk_folders(nb__wk_t* w) {
+  const nb_job_config_t* job = w->job;
+  nb_train_config_t* tc = w->tc;
+  const char* out = w->o->out;
+  if (out ? snprintf(w->odir, sizeof w->odir, "%s", out) >= (int)sizeof w->odir
+          : snprintf(w->odir, sizeof w->odir, "runs/%s/%s", job->name, w->cluster) >=
+                (int)sizeof w->odir) {
+    fprintf(stderr, "nebula worker: --out path too long\n");
+    return NB_WORKER_MISFIT;
+  }
+  if (nb__wk_mkdirs(w->odir) != 0) {
+    fprintf(stderr, "nebula worker: cannot create %s: %s\n", w->odir, strerror(errno));
+    return NB_WORKER_FAILED;
+  }
+  tc->checkpoint_dir[0] = 0;
+  if (job->checkpoint.every_rounds > 0 || w->o->resume) {
+    int n = job->checkpoint.dir[0] ? snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir,
+                                              "%s/%s", job->checkpoint.dir, w->cluster)
+                                   : snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir,
+                                              "%s/checkpoints", w->odir);
+    if (n >= (int)sizeof tc->checkpoint_dir || nb__wk_mkdirs(tc->checkpoint_dir) != 0) {
+      fprintf(stderr, "nebula worker: cannot create the checkpoint folder %s\n",
+              tc->checkpoint_dir);
+      return NB_WORKER_FAILED;
+    }
+  }
+  tc->checkpoint_keep = job->checkpoint.keep;
+  tc->resume = w->o->resume;
+  return NB_WORKER_DONE;
+}
+
+/* The cluster's certificate (mTLS) and the job secret that seals update frames. */
+static nb_worker_outcome_t nb__wk_security(nb__wk_t* w) {
+  const char *pki = w->o->pki, *secret_file = w->o->secret_file;
+  if (pki) {
+    char ca[NB_JOB_PATH_MAX], crt[NB_JOB_PATH_MAX], key[NB_JOB_PATH_MAX];
+    if (nb_pki_path(pki, NB_PKI_NONE, NULL, "crt", ca, sizeof ca) != NB_OK ||
+        nb_pki_path(pki, NB_PKI_CLUSTER, w->cluster, "crt", crt, sizeof crt) != NB_OK ||
+        nb_pki_path(pki, NB_PKI_CLUSTER, w->cluster, "key", key, sizeof key) != NB_OK)
+      return nb__wk_fail(w->cluster, "--pki");
+    nb_tls_files_t files = {ca, crt, key};
+    if (nb_tls_create(&files, &w->tls) != NB_OK)
+      return nb__wk_fail(w->cluster, "loading the cluster certificate");
+  }
+  if (secret_file) {
+    FILE* f = fopen(secret_file, "rb");
+    size_t got = f ? fread(w->secret, 1, sizeof w->secret, f) : 0;
+    int extra = f ? fgetc(f) : EOF;
+    if (f) fclose(f);
+    if (got != sizeof w->secret || extra != EOF) {
+      fprintf(stderr, "nebula worker: %s: --secret-file must hold exactly %d bytes\n", w->cluster,
+              NB_SEAL_SECRET_BYTES);
+      return NB_WORKER_FAILED;
+    }
+    w->have_secret = 1;
+  } else if (w->job->security.seal && !w->o->insecure) {
+    fprintf(stderr, "nebula worker: the job seals update frames: give --secret-file\n");
+    return NB_WORKER_MISFIT;
+  }
+  return NB_WORKER_DONE;
+}
+
+static nb_worker_outcome_t nb__wk_trainer(nb__wk_t* w) {
+  if (w->job->sync.mode != NB_JOB_SYNC_OUTER) {
+    w->tc->grad_hook = nb__wk_grad_hook;
+    w->tc->grad_hook_ctx = &w->h;
+  }
+  w->t_start = nb_now_s();
+  nb_status_t st = nb_trainer_create(w->tc, &w->t);
+  if (st != NB_OK) {
+    nb_worker_outcome_t rc = nb__wk_fail(w->cluster, "creating the trainer");
+    if (st == NB_ERR_IO && strstr(nb_error_last(), "data file")) /* not a checkpoint's */
+      fprintf(stderr, "nebula worker: prepare the data with 'make data', or pass --data-dir\n");
+    return rc;
+  }
+  return NB_WORKER_DONE;
+}
+
+static nb_worker_outcome_t nb__wk_setup(nb__wk_t* w) {
+  NB__WK_TRY(nb__wk_join_ranks(w));
+  NB__WK_TRY(nb__wk_load_job(w));
+  NB__WK_TRY(nb__wk_peers(w));
+  NB__WK_TRY(nb__wk_train_config(w));
+  NB__WK_TRY(nb__wk_folders(w));
+  NB__WK_TRY(nb__wk_security(w));
+  return nb__wk_trainer(w);
+}
+
+/* ---- connect -------------------------------------------------------------------------------- */
+
+/* Our exchange server and one link per peer cluster (none for a one-cluster job). */
+static nb_worker_outcome_t nb__wk_exchange_start(nb__wk_t* w) {
+  const nb_job_config_t* job = w->job;
+  nb_exchange_config_t xc;
+  memset(&xc, 0, sizeof xc);
+  xc.job_id = job->name;
+  xc.self = w->cluster;
+  xc.listen = w->o->listen ? w->o->listen : "127.0.0.1:0";
+  xc.tls = w->tls;
+  xc.allow_insecure = w->tls == NULL;
+  xc.job_secret = w->have_secret ? w->secret : NULL;
+  xc.allow_unsealed = !w->have_secret;
+  xc.streams = job->link.streams > 0 ? (uint32_t)job->link.streams : 0;
+  xc.chunk_bytes = job->link.chunk_kib > 0 ? (size_t)job->link.chunk_kib * 1024 : 0;
+  xc.rate_cap_Bps =
+      job->link.rate_mbit > 0 && !w->o->no_rate_cap ? job->link.rate_mbit * 1e6 / 8 : 0;
+  if (job->sync.peer_timeout_seconds > 0) xc.dead_ms = (int)(job->sync.peer_timeout_seconds * 1000);
+  if (job->n_clusters > 1) {
+    if (nb_exchange_create(&xc, &w->ex) != NB_OK)
+      return nb__wk_fail(w->cluster, "starting the exchange");
+    for (int i = 0; i < w->n_peers; i++)
+      if (nb_exchange_add_peer(w->ex, w->peer_id[i], w->peer_addr[i]) != NB_OK)
+        return nb__wk_fail(w->cluster, w->peer_id[i]);
+  }
+  w->xctx = (nb__wk_exchange_t){w->ex, (size_t)w->n_peers, job->sync.peer_timeout_seconds,
+                                nb_param_RoundDeadlineS()};
+  return NB_WORKER_DONE;
+}
+
+/* The round state: the job's config (worker/job_map.c) plus our hooks and exchange. */
+static nb_worker_outcome_t nb__wk_hybrid(nb__wk_t* w) {
+  nb_hybrid_config_t* hc = &w->hc;
+  nb_hybrid_config_from_job(w->job, w->index, hc);
+  /* values "auto": the scheduler picks a codec point each round (worker/codec_points.h); until
+   * it has measured the link, the point of fewest bytes */
+  w->points = nb_codec_points(&w->n_points);
+  w->auto_codec = w->job->compression.values == NB_JOB_VALUES_AUTO && w->n_points <= 16;
+  for (size_t i = 0; w->auto_codec && i < w->n_points; i++) w->spoints[i] = w->points[i].sched;
+  if (w->auto_codec) {
+    w->point = w->n_points - 1;
+    hc->values = w->points[w->point].values;
+    hc->density = w->points[w->point].sched.density;
+    hc->topk_chunk = w->points[w->point].topk_chunk;
+  }
+  w->ranks = (nb__wk_ranks_t){w->comm, w->t};
+  if (w->comm) {
+    hc->steps_hook = nb__wk_steps_hook;
+    hc->hook_ctx = &w->ranks;
+  }
+  if (w->job->sync.overlap && hc->mode != NB_HYBRID_OUTER)
+    fprintf(stderr, "nebula worker: %s: sync.overlap applies to the outer mode only; ignored\n",
+            w->cluster);
+  hc->exchange = nb__wk_exchange;
+  hc->exchange_ctx = &w->xctx;
+  /* fault-tolerant rounds: outer mode (with or without overlap), several clusters */
+  w->ft = w->ex != NULL && hc->mode == NB_HYBRID_OUTER && nb_param_FaultTolerant();
+  if (w->ft) hc->ft_exchange = nb__wk_ft_exchange;
+  hc->final_wait_s = nb_param_FinalWaitS();
+  if (w->o->rejoin && !w->ft) {
+    fprintf(stderr,
+            "nebula worker: --rejoin needs fault-tolerant rounds (outer mode, several "
+            "clusters, NB_FAULT_TOLERANT=1)\n");
+    return NB_WORKER_MISFIT;
+  }
+  hc->samples_scale = (uint32_t)w->size;
+  if (nb_hybrid_create(hc, w->t, &w->h) != NB_OK)
+    return nb__wk_fail(w->cluster, "creating the round state");
+  nb_hybrid_global(w->h, &w->n_params);
+  return NB_WORKER_DONE;
+}
+
+/* --resume: the round state saved beside the trainer's checkpoint; --rejoin: a live peer's. */
+static nb_worker_outcome_t nb__wk_restore(nb__wk_t* w) {
+  nb_hybrid_t* h = w->h;
+  long step = nb_trainer_step(w->t);
+  if (w->o->resume && step > 0) {
+    snprintf(w->path, sizeof w->path, "%s/hybrid-step-%ld.bin", w->tc->checkpoint_dir, step);
+    if (nb_hybrid_load(h, w->path) != NB_OK)
+      return nb__wk_fail(w->cluster, "resuming the round state");
+    printf("nebula worker: %s resumes at round %llu (step %ld), theta %016llx\n", w->cluster,
+           (unsigned long long)nb_hybrid_rounds(h), nb_trainer_step(w->t),
+           (unsigned long long)nb_hybrid_global_hash(h));
+  }
+  w->rejoined_at = -1;
+  if (w->o->rejoin) {
+    const char* from = "?";
+    if (nb__wk_pull_state(w->ex, h, nb_param_RejoinTimeoutS(), 2, &from) != NB_OK)
+      return nb__wk_fail(w->cluster, "rejoining (pulling the global state)");
+    w->rejoined_at = (long)nb_hybrid_rounds(h);
+    printf("nebula worker: %s rejoined from %s at round %ld (%llu rounds applied), theta %016llx\n",
+           w->cluster, from, w->rejoined_at, (unsigned long long)nb_hybrid_commits(h),
+           (unsigned long long)nb_hybrid_global_hash(h));
+    fflush(stdout);
+  }
+  if (w->ft && nb__wk_publish(w->ex, h) != NB_OK)
+    return nb__wk_fail(w->cluster, "publishing the global state");
+  w->round0 = (long)nb_hybrid_rounds(h);
+  return NB_WORKER_DONE;
+}
+
+/* The adaptive scheduler (outer mode, several clusters) and the idle-link probes it measures
+ * with: frames may be too small to measure the link (inter/link.h). */
+static nb_worker_outcome_t nb__wk_scheduler(nb__wk_t* w) {
+  w->adaptive = w->job->compression.adaptive && w->ex != NULL && w->hc.mode == NB_HYBRID_OUTER;
+  nb_sched_config_from_job(w->job, &w->scfg);
+  if (w->adaptive && nb_sched_config_check(&w->scfg) != NB_OK)
+    return nb__wk_fail(w->cluster, "compression settings for the scheduler");
+  for (int i = 0; w->adaptive && i < w->n_peers; i++)
+    if (nb_link_probe_start(nb_exchange_link(w->ex, (size_t)i), 0, 0) != NB_OK)
+      return nb__wk_fail(w->cluster, "starting the link probe");
+  return NB_WORKER_DONE;
+}
+
+/* The banner and rounds.tsv (appended to on --resume and --rejoin). */
+static nb_worker_outcome_t nb__wk_open_log(nb__wk_t* w) {
+  const nb_job_config_t* job = w->job;
+  const nb_hybrid_config_t* hc = &w->hc;
+  w->decisions = json_array();
+  w->evals = json_array();
+  w->rounds = (long)((job->training.max_steps + hc->inner_steps - 1) / hc->inner_steps);
+  printf(
+      "nebula worker: job %s, cluster %s (%u of %d), %zu synced parameters, %ld rounds of %ld "
+      "steps, density %g %s%s, exchange on port %d\n",
+      job->name, w->cluster, w->index, job->n_clusters, w->n_params, w->rounds, hc->inner_steps,
+      hc->density, nb_values_name(hc->values), hc->overlap ? ", overlap" : "",
+      w->ex ? nb_exchange_port(w->ex) : 0);
+  fflush(stdout);
+  snprintf(w->path, sizeof w->path, "%s/rounds.tsv", w->odir);
+  w->tsv = fopen(w->path, w->o->resume || w->o->rejoin ? "a" : "w");
+  if (!w->tsv) {
+    fprintf(stderr, "nebula worker: cannot write %s: %s\n", w->path, strerror(errno));
+    return NB_WORKER_FAILED;
+  }
+  fseek(w->tsv, 0, SEEK_END);
+  if (ftell(w->tsv) == 0) fprintf(w->tsv, "%s", NB_WORKER_ROUNDS_TSV_HEADER);
+  w->steps_done = w->step0 = nb_trainer_step(w->t);
+  w->prev_r = w->round0 - 1;
+  return NB_WORKER_DONE;
+}
+
+static nb_worker_outcome_t nb__wk_connect(nb__wk_t* w) {
+  NB__WK_TRY(nb__wk_exchange_start(w));
+  NB__WK_TRY(nb__wk_hybrid(w));
+  NB__WK_TRY(nb__wk_restore(w));
+  NB__WK_TRY(nb__wk_scheduler(w));
+  return nb__wk_open_log(w);
+}
+
+/* ---- the round loop ------------------------------------------------------------------------- */
+
+/* A peer applied rounds we cannot replay: adopt its state. */
+static nb_worker_outcome_t nb__wk_catch_up(nb__wk_t* w, const char** from) {
+  *from = "?";
+  if (nb__wk_pull_state(w->ex, w->h, nb_param_RoundDeadlineS(), 0, from) != NB_OK)
+    return nb__wk_fail(w->cluster, "catching up (pulling the global state)");
+  w->pulls++;
+  return NB_WORKER_DONE;
+}
+
+/* A checkpoint round with overlap: this round's update lands now (nothing in flight in the
+ * state); *skip: it was decided not applied. */
+static nb_worker_outcome_t nb__wk_land_for_checkpoint(nb__wk_t* w, long r, nb_hybrid_round_t* rec,
+                                                      int* skip) {
+  nb_hybrid_round_t d;
+  if (nb_hybrid_drain(w->h, &d) != NB_OK)
+    return nb__wk_fail(w->cluster, "landing the update before the checkpoint");
+  rec->exchange_s += d.exchange_s;
+  rec->bytes_sent += d.bytes_sent;
+  rec->global_hash = d.global_hash;
+  if (!w->ft) return NB_WORKER_DONE;
+  rec->commits = d.commits;
+  if (!d.applied) {
+    *skip = 1;
+    printf(
+        "round %ld: not applied (decided before the checkpoint: updates from %u of %d "
+        "peers, %u alive) at unix %.3f\n",
+        r + 1, d.peers_ok, w->n_peers, d.peers_alive, (double)nb_wall_ns() / 1e9);
+  }
+  if (d.caught_up) rec->caught_up = 1;
+  if (d.need_state) rec->need_state = 1;
+  if (d.next_round > rec->next_round) rec->next_round = d.next_round;
+  return NB_WORKER_DONE;
+}
+
+/* What the round's record means for the counters and the event column; with overlap rec tells
+ * the previous round's update, decided in this one. */
+static nb_worker_outcome_t nb__wk_tally(nb__wk_t* w, long r, nb_hybrid_round_t* rec, int skip,
+                                        const char** event) {
+  if (!w->ft) {
+    rec->applied = 1;
+    rec->commits = nb_hybrid_commits(w->h);
+    rec->peers_ok = rec->peers_alive = (uint32_t)w->n_peers;
+    return NB_WORKER_DONE;
+  }
+  if (rec->landed && !rec->applied) w->skipped++, *event = "skipped";
+  if (skip) w->skipped++, *event = "skipped";
+  if (rec->caught_up) w->late++, *event = "late";
+  if (rec->next_round > rec->round + 1) w->jumps++, *event = "jump";
+  if (rec->need_state) {
+    const char* from;
+    NB__WK_TRY(nb__wk_catch_up(w, &from));
+    *event = "pulled";
+    rec->commits = nb_hybrid_commits(w->h);
+    rec->global_hash = nb_hybrid_global_hash(w->h);
+    printf("round %llu: behind the other clusters: pulled the global state from %s\n",
+           (unsigned long long)rec->round, from);
+  }
+  if (r == w->round0 && w->rejoined_at >= 0) *event = "rejoined";
+  if (nb__wk_publish(w->ex, w->h) != NB_OK)
+    return nb__wk_fail(w->cluster, "publishing the global state");
+  return NB_WORKER_DONE;
+}
+
+/* The totals, a rounds.tsv row, the round's line and the gateway's progress line. */
+static void nb__wk_log(nb__wk_t* w, long r, const nb_hybrid_round_t* rec, const char* event) {
+  w->compute_s += rec->compute_s;
+  w->exchange_s += rec->exchange_s;
+  w->codec_s += rec->codec_s;
+  w->wan_bytes += rec->bytes_sent;
+  w->msg_bytes += rec->msg_bytes;
+  w->steps_done += rec->steps;
+  w->last_loss = rec->loss;
+  w->density_sum += rec->density;
+  fprintf(w->tsv,
+          "%llu\t%ld\t%llu\t%llu\t%.6f\t%llu\t%llu\t%g\t%.4f\t%.4f\t%.4f\t%016llx\t%d\t%llu\t%"
+          "u\t%u\t%s\n",
+          (unsigned long long)rec->round, rec->steps, (unsigned long long)rec->samples,
+          (unsigned long long)rec->samples_all, rec->loss, (unsigned long long)rec->msg_bytes,
+          (unsigned long long)rec->bytes_sent, rec->density, rec->compute_s, rec->codec_s,
+          rec->exchange_s, (unsigned long long)rec->global_hash, rec->applied,
+          (unsigned long long)rec->commits, rec->peers_ok, rec->peers_alive, event);
+  fflush(w->tsv);
+  int evt = strcmp(event, "-") != 0;
+  printf(
+      "round %ld/%ld: %ld steps, loss %.4f, sent %.1f KiB (density %g), compute %.2f s, "
+      "exchange %.2f s, theta %016llx%s%s\n",
+      r + 1, w->rounds, rec->steps, rec->loss, rec->msg_bytes / 1024.0, rec->density,
+      rec->compute_s, rec->exchange_s, (unsigned long long)rec->global_hash, evt ? ", " : "",
+      evt ? event : "");
+  int overlap = w->hc.overlap;
+  if (w->ft && rec->landed && !rec->applied)
+    printf("round %ld%s: not applied (updates from %u of %d peers, %u alive) at unix %.3f\n",
+           overlap ? w->prev_r + 1 : r + 1, overlap ? " (decided in the next round)" : "",
+           rec->peers_ok, w->n_peers, rec->peers_alive, (double)nb_wall_ns() / 1e9);
+  w->prev_r = r;
+  fflush(stdout);
+  nb__wk_progress(w->cluster, r + 1, w->rounds, w->steps_done, (long)w->job->training.max_steps,
+                  rec);
+}
+
+/* The held-out curve on theta_global (with overlap: the parameters as they are). */
+static nb_worker_outcome_t nb__wk_eval_round(nb__wk_t* w, long r) {
+  nb_train_eval_t mid;
+  if (nb_trainer_eval(w->t, &mid) != NB_OK) return nb__wk_fail(w->cluster, "evaluation");
+  printf("eval after round %ld: mean %.4f bpb\n", r + 1, mid.mean_bpb);
+  json_t* e = json_object();
+  json_object_set_new(e, "round", json_integer(r + 1));
+  json_object_set_new(e, "step", json_integer(nb_trainer_step(w->t)));
+  json_object_set_new(e, "mean_bpb", json_real(mid.mean_bpb));
+  json_array_append_new(w->evals, e);
+  return NB_WORKER_DONE;
+}
+
+/* The round state first, then the trainer's checkpoint moves LATEST to it. */
+static nb_worker_outcome_t nb__wk_checkpoint(nb__wk_t* w) {
+  const char* dir = w->tc->checkpoint_dir;
+  snprintf(w->path, sizeof w->path, "%s/hybrid-step-%ld.bin", dir, nb_trainer_step(w->t));
+  if (nb_hybrid_save(w->h, w->path) != NB_OK || nb_trainer_checkpoint(w->t) != NB_OK)
+    return nb__wk_fail(w->cluster, "checkpoint");
+  nb__wk_prune_states(dir);
+  return NB_WORKER_DONE;
+}
+
+static json_t* nb__wk_decision_json(long r, const nb_sched_input_t* in,
+                                    const nb_sched_decision_t* dec) {
+  json_t* d = json_object();
+  json_object_set_new(d, "round", json_integer(r + 1));
+  json_object_set_new(d, "reason", json_string(nb_sched_reason_name(dec->reason)));
+  json_object_set_new(d, "density", json_real(dec->density));
+  json_object_set_new(d, "steps", json_integer(dec->steps));
+  json_object_set_new(d, "goodput_Bps", json_real(in->goodput_Bps));
+  json_object_set_new(d, "rtt_s", json_real(in->rtt_s));
+  json_object_set_new(d, "step_compute_s", json_real(in->step_compute_s));
+  json_object_set_new(d, "predicted_transfer_s", json_real(dec->transfer_s));
+  json_object_set_new(d, "budget_s", json_real(dec->budget_s));
+  json_object_set_new(d, "overlap_steps", json_integer(dec->hide_steps));
+  return d;
+}
+
+/* The next round's density (and length) from the measured link and compute. */
+static nb_worker_outcome_t nb__wk_schedule(nb__wk_t* w, long r, const nb_hybrid_round_t* rec) {
+  const nb_hybrid_config_t* hc = &w->hc;
+  nb_estimate_t est;
+  nb__wk_estimate(w->ex, &est);
+  nb_sched_input_t in;
+  memset(&in, 0, sizeof in);
+  in.round = (uint64_t)r + 1;
+  nb_sched_input_from_estimate(&in, &est);
+  /* the link's rate (the cap we apply, or the emulated link's) bounds what is measured: a burst
+   * after an idle gap can make a sample look faster than the link */
+  double cap_Bps = w->job->link.rate_mbit * 1e6 / 8;
+  if (cap_Bps > 0 && in.goodput_Bps > cap_Bps) in.goodput_Bps = cap_Bps;
+  in.step_compute_s = rec->steps > 0 ? rec->compute_s / (double)rec->steps : 0;
+  in.steps = (uint32_t)hc->inner_steps;
+  in.n_params = w->n_params;
+  nb__wk_bits(hc->values, rec->density, hc->topk_chunk, &in.bits_per_value, &in.bits_per_index);
+  in.fanout = 1; /* one capped link per peer */
+  in.round_s = hc->round_seconds;
+  /* with overlap the update lands tau steps into the next round: only those hide it */
+  if (hc->overlap && hc->overlap_steps > 0)
+    in.hide_steps = (uint32_t)(hc->overlap_steps < UINT32_MAX ? hc->overlap_steps : UINT32_MAX);
+  nb_sched_decision_t dec;
+  const nb_sched_decision_t* prev = w->have_dec ? &w->prev_dec : NULL;
+  nb_status_t sst = w->auto_codec ? nb_sched_pick(&w->scfg, &in, w->spoints, w->n_points, prev,
+                                                  w->point, &dec, &w->point)
+                                  : nb_sched_decide(&w->scfg, &in, prev, &dec);
+  const nb_codec_point_t* pt = &w->points[w->point];
+  if (sst != NB_OK ||
+      (w->auto_codec && nb_hybrid_set_codec(w->h, pt->values, pt->topk_chunk) != NB_OK) ||
+      nb_hybrid_set_density(w->h, dec.density) != NB_OK ||
+      nb_hybrid_set_inner_steps(w->h, (long)dec.steps) != NB_OK ||
+      (in.hide_steps > 0 &&
+       nb_hybrid_set_overlap_steps(
+           w->h, dec.hide_steps > 0 ? (long)dec.hide_steps : (long)dec.steps) != NB_OK))
+    return nb__wk_fail(w->cluster, "scheduler");
+  w->prev_dec = dec;
+  w->have_dec = 1;
+  char line[512];
+  nb_sched_decision_format(&dec, line, sizeof line);
+  if (w->auto_codec)
+    printf("%s point=%s\n", line, pt->sched.name);
+  else
+    printf("%s\n", line);
+  json_t* d = nb__wk_decision_json(r, &in, &dec);
+  if (w->auto_codec) json_object_set_new(d, "point", json_string(pt->sched.name));
+  json_array_append_new(w->decisions, d);
+  return NB_WORKER_DONE;
+}
+
+/* Round r: inner steps and the exchange (the ranks follow through hc's hooks), then log,
+ * evaluate, checkpoint and schedule the next one. */
+static nb_worker_outcome_t nb__wk_round(nb__wk_t* w, long r) {
+  const nb_job_config_t* job = w->job;
+  nb_hybrid_round_t rec;
+  long left = (long)job->training.max_steps - w->steps_done;
+  if (w->hc.mode != NB_HYBRID_OUTER && left < w->hc.inner_steps && left > 0)
+    nb_hybrid_set_inner_steps(w->h, left); /* in step modes a round only groups the log */
+  if (nb_hybrid_round(w->h, &rec) != NB_OK) return nb__wk_fail(w->cluster, "round");
+  int every = job->checkpoint.every_rounds;
+  int ckpt_now = every > 0 && ((r + 1) % every == 0 || (long)nb_hybrid_rounds(w->h) >= w->rounds);
+  int skip = 0;
+  if (ckpt_now && w->hc.overlap) NB__WK_TRY(nb__wk_land_for_checkpoint(w, r, &rec, &skip));
+  const char* event = "-";
+  NB__WK_TRY(nb__wk_tally(w, r, &rec, skip, &event));
+  nb__wk_log(w, r, &rec, event);
+  int eval_every = job->training.eval_every_rounds;
+  if (eval_every > 0 && (r + 1) % eval_every == 0 && r + 1 < w->rounds)
+    NB__WK_TRY(nb__wk_eval_round(w, r));
+  if (ckpt_now) NB__WK_TRY(nb__wk_checkpoint(w));
+  if (w->adaptive && r + 1 < w->rounds) NB__WK_TRY(nb__wk_schedule(w, r, &rec));
+  return NB_WORKER_DONE;
+}
+
+/* ---- finish --------------------------------------------------------------------------------- */
+
+/* With overlap the last round's update is decided here (not inside the final check), so that it
+ * is counted, and a cluster found behind pulls the state before the check. */
+static nb_worker_outcome_t nb__wk_land_last(nb__wk_t* w) {
+  nb_hybrid_round_t d;
+  if (nb_hybrid_drain(w->h, &d) != NB_OK) return nb__wk_fail(w->cluster, "landing the last update");
+  w->exchange_s += d.exchange_s;
+  w->wan_bytes += d.bytes_sent;
+  if (d.landed && !d.applied) {
+    w->skipped++;
+    printf(
+        "round %ld: not applied (decided at the end: updates from %u of %d peers, %u alive) "
+        "at unix %.3f\n",
+        w->prev_r + 1, d.peers_ok, w->n_peers, d.peers_alive, (double)nb_wall_ns() / 1e9);
+  }
+  if (d.caught_up) w->late++;
+  if (d.need_state) {
+    const char* from;
+    NB__WK_TRY(nb__wk_catch_up(w, &from));
+    printf("end: behind the other clusters: pulled the global state from %s\n", from);
+  }
+  fflush(stdout);
+  return NB_WORKER_DONE;
+}
+
+/* summary.json (atomically: a temp file renamed); ev and tr_scores (stolen) are the final
+ * evaluation's. */
+static nb_worker_outcome_t nb__wk_summary(nb__wk_t* w, const nb_train_eval_t* ev, json_t* tr_scores,
+                                          double eval_s, double wall, const char* hex) {
+  const nb_job_config_t* job = w->job;
+  const nb_hybrid_config_t* hc = &w->hc;
+  nb_hybrid_t* h = w->h;
+  json_t* sum = json_object();
+  json_t* evj = json_object();
+  for (int i = 0; i < ev->n; i++) json_object_set_new(evj, ev->label[i], json_real(ev->bpb[i]));
+  /* per sync: a round in outer mode, a step in step and dense modes */
+  long syncs = hc->mode == NB_HYBRID_OUTER ? w->rounds - w->round0 : w->steps_done - w->step0;
+  double bpp = syncs > 0 ? 8.0 * (double)w->msg_bytes / (double)syncs / (double)w->n_params : 0;
+  json_object_set_new(sum, "job", json_string(job->name));
+  json_object_set_new(sum, "cluster", json_string(w->cluster));
+  json_object_set_new(sum, "cluster_index", json_integer(w->index));
+  json_object_set_new(sum, "ranks", json_integer(w->size));
+  json_object_set_new(sum, "pid", json_integer(getpid()));
+  json_object_set_new(sum, "mode", json_string(nb_job_sync_name(job->sync.mode)));
+  json_object_set_new(sum, "overlap", json_boolean(hc->overlap));
+  json_object_set_new(sum, "params_synced", json_integer((json_int_t)w->n_params));
+  json_object_set_new(sum, "rounds", json_integer(w->rounds));
+  json_object_set_new(sum, "resumed_at_round", json_integer(w->o->rejoin ? 0 : w->round0));
+  json_object_set_new(sum, "fault_tolerant", json_boolean(w->ft));
+  json_object_set_new(sum, "rounds_applied", json_integer((json_int_t)nb_hybrid_commits(h)));
+  json_object_set_new(sum, "rounds_skipped", json_integer(w->skipped));
+  json_object_set_new(sum, "final_check_attempts", json_integer(nb_hybrid_final_attempts(h)));
+  json_object_set_new(sum, "rounds_late", json_integer(w->late));
+  json_object_set_new(sum, "round_jumps", json_integer(w->jumps));
+  json_object_set_new(sum, "state_pulls", json_integer(w->pulls));
+  json_object_set_new(sum, "rejoined_at_round", json_integer(w->rejoined_at));
+  json_object_set_new(sum, "syncs", json_integer(syncs));
+  json_object_set_new(sum, "inner_steps", json_integer(w->steps_done));
+  json_object_set_new(sum, "samples", json_integer((json_int_t)nb_trainer_samples(w->t)));
+  json_object_set_new(sum, "final_train_loss", json_real(w->last_loss));
+  json_object_set_new(sum, "final_eval_bpb", evj);
+  json_object_set_new(sum, "final_eval_mean_bpb", json_real(ev->mean_bpb));
+  json_object_set_new(sum, "wall_s", json_real(wall));
+  json_object_set_new(sum, "compute_s", json_real(w->compute_s));
+  json_object_set_new(sum, "codec_s", json_real(w->codec_s));
+  json_object_set_new(sum, "exchange_s", json_real(w->exchange_s));
+  json_object_set_new(sum, "eval_s", json_real(eval_s));
+  json_object_set_new(sum, "compute_utilization", json_real(wall > 0 ? w->compute_s / wall : 0));
+  json_object_set_new(sum, "wan_bytes_sent", json_integer((json_int_t)w->wan_bytes));
+  json_object_set_new(sum, "msg_bytes", json_integer((json_int_t)w->msg_bytes));
+  json_object_set_new(sum, "density_mean",
+                      json_real(w->rounds > 0 ? w->density_sum / w->rounds : 0));
+  json_object_set_new(sum, "values", json_string(nb_values_name(hc->values)));
+  json_object_set_new(sum, "bits_per_param_per_sync", json_real(bpp));
+  json_object_set_new(sum, "global_xxh3", json_string(hex));
+  json_object_set_new(sum, "adaptive", json_boolean(w->adaptive));
+  json_object_set(sum, "decisions", w->decisions);
+  json_object_set(sum, "evals", w->evals);
+  json_object_set_new(sum, "tls", json_boolean(w->tls != NULL));
+  json_object_set_new(sum, "sealed", json_boolean(w->have_secret));
+  if (tr_scores) json_object_set_new(sum, "translation", tr_scores);
+  char tmp[NB_JOB_PATH_MAX + 64];
+  snprintf(w->path, sizeof w->path, "%s/summary.json", w->odir);
+  snprintf(tmp, sizeof tmp, "%s/summary.json.tmp", w->odir);
+  int bad = json_dump_file(sum, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) != 0 || rename(tmp, w->path);
+  json_decref(sum);
+  if (bad) {
+    fprintf(stderr, "nebula worker: cannot write %s\n", w->path);
+    return NB_WORKER_FAILED;
+  }
+  return NB_WORKER_DONE;
+}
+
+/* Stops the ranks, lands the last update, runs the final check and the final evaluation, and
+ * writes final.safetensors (LoRA merged, what a gateway publishes) and summary.json. */
+static nb_worker_outcome_t nb__wk_finish(nb__wk_t* w) {
+  if (nb__wk_lead(w->comm, 0, 0) != NB_OK) return nb__wk_fail(w->cluster, "stopping the ranks");
+  if (w->ft && w->hc.overlap) NB__WK_TRY(nb__wk_land_last(w));
+  /* the final check asks a silent peer again on fresh ids: each attempt waits a quarter of the
+   * final wait at most, so that the whole check stays within about the final wait */
+  double fw = w->hc.final_wait_s;
+  if (fw > 0 && w->xctx.deadline_s > fw / 4) w->xctx.deadline_s = fw / 4 > 1 ? fw / 4 : 1;
+  if (nb_hybrid_finish(w->h) != NB_OK) return nb__wk_fail(w->cluster, "final check");
+  nb_train_eval_t ev;
+  double te = nb_now_s();
+  if (nb_trainer_eval(w->t, &ev) != NB_OK) return nb__wk_fail(w->cluster, "evaluation");
+  /* Translation jobs: chrF/BLEU of the base and the final model on the test split. */
+  json_t* tr_scores = NULL;
+  const nb_job_config_t* job = w->job;
+  if (job->task == NB_JOB_TASK_TRANSLATION && job->training.eval_sentences > 0 &&
+      nb_translation_eval(w->tc, nb_trainer_model(w->t), (size_t)job->training.eval_sentences,
+                          &tr_scores) != NB_OK)
+    NB_WARN("no translation scores in the summary: %s", nb_error_last());
+  double eval_s = nb_now_s() - te;
+  snprintf(w->path, sizeof w->path, "%s/final.safetensors", w->odir);
+  nb_lora_t* lora = nb_trainer_lora(w->t);
+  if ((lora && nb_lora_merge(lora) != NB_OK) ||
+      nb_checkpoint_save(w->path, nb_trainer_model(w->t), nb_trainer_step(w->t)) != NB_OK) {
+    json_decref(tr_scores);
+    return nb__wk_fail(w->cluster, w->path);
+  }
+  double wall = nb_now_s() - w->t_start;
+  char hex[24];
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)nb_hybrid_global_hash(w->h));
+  NB__WK_TRY(nb__wk_summary(w, &ev, tr_scores, eval_s, wall, hex));
+  printf(
+      "nebula worker: %s done: %ld rounds, eval mean %.4f bpb, %.1f KiB sent, %.1f s wall, "
+      "theta %s\n",
+      w->cluster, w->rounds, ev.mean_bpb, w->wan_bytes / 1024.0, wall, hex);
+  return NB_WORKER_DONE;
+}
+
+/* Frees what the run holds; on failure under mpirun the other ranks wait in a collective, so
+ * the whole cluster goes down. */
+static void nb__wk_release(nb__wk_t* w, nb_worker_outcome_t rc) {
+  json_decref(w->evals);
+  json_decref(w->decisions);
+  if (w->tsv) fclose(w->tsv);
+  nb_hybrid_destroy(w->h);
+  nb_exchange_destroy(w->ex);
+  nb_tls_destroy(w->tls);
+  nb_trainer_destroy(w->t);
+  nb_free(w->tc);
+  nb_free(w->diag);
+  nb_free(w->job);
+  memset(w->secret, 0, sizeof w->secret);
+  if (w->comm) {
+    if (rc != NB_WORKER_DONE && w->size > 1) {
+      fflush(stdout);
+      fflush(stderr);
+      nb_comm_abort(w->comm, (int)rc);
+    }
+    nb_comm_destroy(w->comm);
+    nb_intra_finalize();
+  }
+}
+
+nb_worker_outcome_t nb_worker_run(const nb_worker_opts_t* o) {
+  nb__wk_t* w = NULL;
+  if (nb_calloc((void**)&w, 1, sizeof *w, "worker") != NB_OK)
+    return nb__wk_fail(o->cluster, "setup");
+  w->o = o;
+  w->cluster = o->cluster;
+  nb_worker_outcome_t rc = nb__wk_setup(w);
+  if (rc == NB_WORKER_DONE && w->rank > 0) {
+    rc = nb__wk_follower(w->t, w->comm);
+  } else if (rc == NB_WORKER_DONE) {
+    rc = nb__wk_connect(w);
+    for (long r = w->round0; rc == NB_WORKER_DONE && r < w->rounds;
+         r = (long)nb_hybrid_rounds(w->h))
+      rc = nb__wk_round(w, r);
+    if (rc == NB_WORKER_DONE) rc = nb__wk_finish(w);
+  }
+  nb__wk_release(w, rc);
+  nb_free(w);
+  return rc;
+}
