@@ -867,9 +867,13 @@ static nb_worker_outcome_t nb__wk_schedule(nb__wk_t* w, long r, const nb_hybrid_
   in.round = (uint64_t)r + 1;
   nb_sched_input_from_estimate(&in, &est);
   /* the link's rate (the cap we apply, or the emulated link's) bounds what is measured: a burst
-   * after an idle gap can make a sample look faster than the link */
+   * after an idle gap can make a sample look faster than the link. With values "auto", until a
+   * transfer large enough to measure has crossed (the small frames of a thin link may never be
+   * one), 90 % of it is the estimate (TCP, TLS and gRPC framing take the rest), so that the
+   * point and the landing step fit the link from the second round on */
   double cap_Bps = w->job->link.rate_mbit * 1e6 / 8;
   if (cap_Bps > 0 && in.goodput_Bps > cap_Bps) in.goodput_Bps = cap_Bps;
+  if (w->auto_codec && cap_Bps > 0 && in.goodput_Bps <= 0) in.goodput_Bps = 0.9 * cap_Bps;
   in.step_compute_s = rec->steps > 0 ? rec->compute_s / (double)rec->steps : 0;
   in.steps = (uint32_t)hc->inner_steps;
   in.n_params = w->n_params;
