@@ -6,7 +6,7 @@
 # A test that asserts wall time, machine load or what one BLAS kernel's rounding happens to give
 # fails here. Stops at the first failing run and says which; prints each run's wall time.
 # usage: scripts/stress-suite.sh [RUNS]   (default 3; BUILD=dir as for make)
-# Takes about RUNS x 6-7 minutes on 2 cores (the load slows every test down about 2x).
+# Takes about RUNS x 4 minutes on 2 cores after the first build (3 runs: 727 s here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
