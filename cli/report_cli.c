@@ -20,7 +20,10 @@ int nb_report_main(int argc, char** argv) {
   const char *dir = NULL, *title = NULL;
   // clang-format off: one option per entry
   const nb_opt_t opts[] = {
-      {.name = "title", .kind = NB_OPT_STR, .dst = &title, .meta = "TEXT",
+      {.name = "title",
+       .kind = NB_OPT_STR,
+       .dst = &title,
+       .meta = "TEXT",
        .help = "the report's title (default: the job's name)"},
       {.name = NULL},
   };

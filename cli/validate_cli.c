@@ -69,7 +69,9 @@ int nb_validate_main(int argc, char** argv) {
            NB_DESCRIPTOR_API_VERSION, NB_DESCRIPTOR_KIND);
   // clang-format off: one option per entry
   const nb_opt_t opts[] = {
-      {.name = "json", .kind = NB_OPT_FLAG, .dst = &json_flag,
+      {.name = "json",
+       .kind = NB_OPT_FLAG,
+       .dst = &json_flag,
        .help = "print one JSON object: {\"valid\", \"file\", \"config\"} or\n{\"valid\", \"file\", "
                "\"errors\": [{\"path\", \"message\", \"line\", \"column\"}]}"},
       {.name = NULL},

@@ -55,10 +55,12 @@ void nb_param_reset_all(void);
 /* The default as `nebula env` shows it: the value, also when it is a module's macro. */
 #define NB__PARAM_XSTR(x) #x
 #define NB__PARAM_STR(x) NB__PARAM_XSTR(x)
-#define NB_PARAM_INT(name, envname, def, lo, hi, description) \
-  NB__PARAM_DECL(name, envname, NB_PARAM_INT, NB__PARAM_STR(def), lo, hi, description, int64_t, nb_param_int)
-#define NB_PARAM_DOUBLE(name, envname, def, lo, hi, description) \
-  NB__PARAM_DECL(name, envname, NB_PARAM_DOUBLE, NB__PARAM_STR(def), lo, hi, description, double, nb_param_double)
+#define NB_PARAM_INT(name, envname, def, lo, hi, description)                                   \
+  NB__PARAM_DECL(name, envname, NB_PARAM_INT, NB__PARAM_STR(def), lo, hi, description, int64_t, \
+                 nb_param_int)
+#define NB_PARAM_DOUBLE(name, envname, def, lo, hi, description)                                  \
+  NB__PARAM_DECL(name, envname, NB_PARAM_DOUBLE, NB__PARAM_STR(def), lo, hi, description, double, \
+                 nb_param_double)
 #define NB_PARAM_STRING(name, envname, def, description)                              \
   NB__PARAM_DECL(name, envname, NB_PARAM_STRING, def, 1, 0, description, const char*, \
                  nb_param_string)

@@ -28,8 +28,8 @@ typedef struct {
 
 /* Creates a limiter. rate_Bps: bytes per second, 0 = unlimited. burst_bytes: bytes that may pass
  * at once after an idle period (the bucket starts full); 0 picks 10 ms at the rate, at least
- * 16 KiB (one smallest link chunk). Returns NB_ERR_INVALID for a negative, NaN or infinite rate or burst, NB_ERR_NOMEM,
- * NB_ERR_SYSTEM. *out is owned by the caller (nb_ratelimit_destroy). */
+ * 16 KiB (one smallest link chunk). Returns NB_ERR_INVALID for a negative, NaN or infinite rate or
+ * burst, NB_ERR_NOMEM, NB_ERR_SYSTEM. *out is owned by the caller (nb_ratelimit_destroy). */
 nb_status_t nb_ratelimit_create(double rate_Bps, double burst_bytes, nb_ratelimit_t** out);
 
 /* As nb_ratelimit_create, on the time source clk (NULL = nb_clock_real()): the bucket refills

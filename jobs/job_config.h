@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "compress/compress.h" /* NB_CODEC_ZSTD_LEVEL_*: the defaults come from their module */
-#include "train/hybrid.h"       /* NB_HYBRID_INNER_STEPS_DEFAULT, NB_HYBRID_OVERLAP_STEPS_DEFAULT */
+#include "train/hybrid.h"      /* NB_HYBRID_INNER_STEPS_DEFAULT, NB_HYBRID_OVERLAP_STEPS_DEFAULT */
 
 #ifdef __cplusplus
 extern "C" {

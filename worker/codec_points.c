@@ -3,8 +3,8 @@
  * scales them with the parameter count; the loss costs are the held-out loss ratio - 1 against
  * the exact single-cluster run (`nebula bench pareto`, the table in docs/hybrid.md), the 2-bit
  * points with decaying error feedback (errorFeedbackDecay 0.9) beside the demo job's outer
- * Nesterov momentum 0.5, the best recipe of the sweep there. The scheduler only compares them, so it is their
- * order that matters: less loss costs more bits. */
+ * Nesterov momentum 0.5, the best recipe of the sweep there. The scheduler only compares them, so
+ * it is their order that matters: less loss costs more bits. */
 #include "worker/codec_points.h"
 
 static const nb_codec_point_t nb__points[] = {

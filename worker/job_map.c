@@ -131,7 +131,8 @@ void nb_hybrid_config_from_job(const nb_job_config_t* job, uint32_t index, nb_hy
   nb_hybrid_config_defaults(hc);
   hc->cluster_index = index;
   hc->n_clusters = (uint32_t)job->n_clusters;
-  hc->inner_steps = job->sync.inner_steps > 0 ? job->sync.inner_steps : NB_HYBRID_INNER_STEPS_DEFAULT;
+  hc->inner_steps =
+      job->sync.inner_steps > 0 ? job->sync.inner_steps : NB_HYBRID_INNER_STEPS_DEFAULT;
   hc->round_seconds = job->sync.round_seconds;
   hc->outer_lr = (float)job->sync.outer_lr;
   hc->outer_momentum = (float)job->sync.outer_momentum;
