@@ -1399,7 +1399,7 @@ nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps) {
 nb_status_t nb_hybrid_set_codec(nb_hybrid_t* h, nb_values_t values, uint32_t topk_chunk) {
   if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
   const nb_codec_config_t* cur = nb_codec_config(h->codec);
-  uint32_t chunk = topk_chunk ? topk_chunk : cur->topk_chunk;
+  uint32_t chunk = topk_chunk; /* 0: global top-k, whatever the previous point used */
   if (cur->values == values && cur->topk_chunk == chunk) return NB_OK;
   if (h->cfg.mode == NB_HYBRID_DENSE)
     return nb_error(NB_ERR_CONFIG, "hybrid: dense mode sends fp32 gradients; no codec to set");

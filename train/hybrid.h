@@ -215,7 +215,8 @@ nb_status_t nb_hybrid_set_density(nb_hybrid_t* h, double density);
 /* Sets H, the inner steps of the next rounds (>= 1; the cap of a wall-time round).
  * NB_ERR_CONFIG when < 1. */
 nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps);
-/* Sets the value type and top-k chunk of the next rounds' frames (the scheduler's codec point;
+/* Sets the value type and top-k chunk (0 = global top-k) of the next rounds' frames (the
+ * scheduler's codec point;
  * frames are self-describing, so clusters may differ). Between rounds only (the codec is used
  * by the thread that calls nb_hybrid_round). NB_ERR_CONFIG in dense mode (fp32 fixed) or for a
  * chunk the codec refuses, NB_ERR_NOMEM. */
