@@ -216,9 +216,8 @@ nb_status_t nb_hybrid_set_density(nb_hybrid_t* h, double density);
  * NB_ERR_CONFIG when < 1. */
 nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps);
 /* Sets the value type and top-k chunk (0 = global top-k) of the next rounds' frames (the
- * scheduler's codec point;
- * frames are self-describing, so clusters may differ). Between rounds only (the codec is used
- * by the thread that calls nb_hybrid_round). NB_ERR_CONFIG in dense mode (fp32 fixed) or for a
+ * scheduler's codec point; frames are self-describing, so clusters may differ). Between rounds
+ * only (the codec is used by the thread that calls nb_hybrid_round). NB_ERR_CONFIG in dense mode (fp32 fixed) or for a
  * chunk the codec refuses, NB_ERR_NOMEM. */
 nb_status_t nb_hybrid_set_codec(nb_hybrid_t* h, nb_values_t values, uint32_t topk_chunk);
 /* Sets tau, the inner steps of the next rounds after which the previous update lands (overlap;
