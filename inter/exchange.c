@@ -17,9 +17,15 @@
 
 #define NB__EX_METHOD_PULL "/nebula.v1.Exchange/Pull"
 #define NB__EX_PULL_CHUNK ((size_t)1 << 20)
+/* what one heartbeat costs on the wire, both ways (gRPC unary Ping over TLS: HTTP/2 frames, TLS
+ * records, TCP/IP headers and ACKs), for the Ping period on a thin link */
+#define NB__EX_HB_WIRE_BYTES 600
 
 NB_PARAM_INT(ExchangeHeartbeatMs, "NB_EXCHANGE_HEARTBEAT_MS", 250, 20, 60000,
              "Ping period of the exchange heartbeat per peer")
+NB_PARAM_INT(ExchangeHeartbeatSharePct, "NB_EXCHANGE_HEARTBEAT_SHARE_PCT", 2, 1, 100,
+             "heartbeats take at most this percentage of the link's rate: on a thin link the "
+             "Ping period grows beyond NB_EXCHANGE_HEARTBEAT_MS")
 NB_PARAM_INT(ExchangeDeadMs, "NB_EXCHANGE_DEAD_MS", 2000, 100, 600000,
              "floor of the dead timeout: a peer not heard from for this long (or the timeout "
              "derived from RTT, rate and chunk size, if longer) is reported dead")
@@ -41,6 +47,7 @@ typedef struct {
   int dead;             /* under ex->mu: declared dead by the heartbeat */
   int64_t dead_at_ns;   /* under ex->mu: when; bytes heard after it bring the peer back */
   int64_t dead_ms_told; /* under ex->mu: the derived dead timeout last logged */
+  int64_t ping_ns;      /* heartbeat thread only: when its latest Ping ended (0 = none yet) */
   uint64_t pings_ok, pings_failed;
 } nb__peer_t;
 
@@ -52,8 +59,9 @@ struct nb_exchange {
   int sealed;
   uint32_t streams, window;
   size_t chunk_bytes;
-  double rate_cap;
+  double rate_cap, rate_hint;
   int hb_ms, dead_ms; /* dead_ms: the floor of the derived dead timeout */
+  int hb_share_pct;   /* NB_EXCHANGE_HEARTBEAT_SHARE_PCT */
   int dead_rtts, dead_chunks;
   nb_link_rx_t* rx;
   nb_rpc_server_t* srv;
@@ -346,7 +354,9 @@ nb_status_t nb_exchange_create(const nb_exchange_config_t* cfg, nb_exchange_t** 
   ex->window = cfg->window;
   ex->chunk_bytes = cfg->chunk_bytes;
   ex->rate_cap = cfg->rate_cap_Bps;
+  ex->rate_hint = cfg->rate_hint_Bps;
   ex->hb_ms = cfg->heartbeat_ms > 0 ? cfg->heartbeat_ms : (int)nb_param_ExchangeHeartbeatMs();
+  ex->hb_share_pct = (int)nb_param_ExchangeHeartbeatSharePct();
   ex->dead_ms = cfg->dead_ms > 0 ? cfg->dead_ms : (int)nb_param_ExchangeDeadMs();
   ex->dead_rtts = (int)nb_param_ExchangeDeadRtts();
   ex->dead_chunks = (int)nb_param_ExchangeDeadChunks();
@@ -393,6 +403,13 @@ nb_link_t* nb_exchange_link(nb_exchange_t* ex, size_t i) {
   return ex && i < ex->n ? ex->peers[i]->link : NULL;
 }
 
+int64_t nb__exchange_hb_ms(int64_t hb_ms, double rate_Bps, int share_pct) {
+  if (!(rate_Bps > 0) || share_pct <= 0) return hb_ms;
+  double ms = (double)NB__EX_HB_WIRE_BYTES / (rate_Bps * share_pct / 100.0) * 1e3;
+  if (!(ms < 60000.0)) ms = 60000.0; /* at most a minute between pings */
+  return (int64_t)ms > hb_ms ? (int64_t)ms : hb_ms;
+}
+
 int64_t nb__exchange_dead_ms(int64_t floor_ms, int rtts, int chunks, double rtt_s, double rate_Bps,
                              size_t chunk_wire_bytes, uint32_t streams) {
   double ms = (double)rtts * (rtt_s > 0 ? rtt_s : 0) * 1e3;
@@ -426,7 +443,10 @@ static int64_t nb__dead_ms(nb_exchange_t* ex, nb__peer_t* p, int64_t* heard_ns, 
   if (rtt_s) *rtt_s = lv.rtt_s;
   if (rate_Bps) *rate_Bps = lv.rate_Bps;
   if (chunk) *chunk = c;
-  return nb__exchange_dead_ms(ex->dead_ms, ex->dead_rtts, ex->dead_chunks, lv.rtt_s, lv.rate_Bps,
+  /* three Ping periods without a word is the least that can mean dead */
+  int64_t floor = 3 * nb__exchange_hb_ms(ex->hb_ms, lv.rate_Bps, ex->hb_share_pct);
+  if (floor < ex->dead_ms) floor = ex->dead_ms;
+  return nb__exchange_dead_ms(floor, ex->dead_rtts, ex->dead_chunks, lv.rtt_s, lv.rate_Bps,
                               c + lv.seal_tag_bytes, lv.streams);
 }
 
@@ -501,11 +521,28 @@ static void* nb__heartbeat(void* arg) {
                 ex->self, p->id, (long long)dead_ms, ex->dead_ms, rtt * 1e3, rate * 8e-6, chunk);
     }
     int64_t left = dead_ms - (nb_now_ns() - heard) / 1000000 + 20;
+    /* the Ping period: NB_EXCHANGE_HEARTBEAT_MS, longer on a thin link; while the peer's own
+     * bytes (chunks, acks, its pings) keep arriving within one period, one Ping in four periods
+     * (it still measures the RTT) */
+    int64_t period = nb__exchange_hb_ms(ex->hb_ms, rate, ex->hb_share_pct);
+    int64_t now = nb_now_ns();
+    int64_t quiet_ms = (now - heard) / 1000000;
+    if (!stop && !p->dead && heard > 0 && quiet_ms < period && p->ping_ns > 0 &&
+        now - p->ping_ns < 4 * period * 1000000) {
+      int64_t until = heard + period * 1000000;
+      int64_t next_ping = p->ping_ns + 4 * period * 1000000;
+      if (next_ping < until) until = next_ping;
+      struct timespec ts = {.tv_sec = until / 1000000000LL, .tv_nsec = until % 1000000000LL};
+      pthread_cond_timedwait(&ex->cv, &ex->mu, &ts);
+      pthread_mutex_unlock(&ex->mu);
+      continue;
+    }
     pthread_mutex_unlock(&ex->mu);
     if (stop) break;
     int64_t pt = left < dead_ms ? left : dead_ms;
     if (pt < 50) pt = 50;
     nb_status_t st = nb_link_ping(p->link, pt, 0, NULL);
+    p->ping_ns = nb_now_ns(); /* only this thread reads and writes it */
     pthread_mutex_lock(&ex->mu);
     int declare = 0; /* declared dead now */
     if (st == NB_OK) {
@@ -527,7 +564,7 @@ static void* nb__heartbeat(void* arg) {
             (double)nb_wall_ns() / 1e9);
       }
     }
-    int64_t wait_ms = ex->hb_ms;
+    int64_t wait_ms = nb__exchange_hb_ms(ex->hb_ms, rate, ex->hb_share_pct);
     if (st != NB_OK && !p->dead) {
       int64_t to_dead =
           nb__dead_ms(ex, p, &heard, NULL, NULL, NULL) - (nb_now_ns() - heard) / 1000000 + 10;
@@ -572,7 +609,8 @@ nb_status_t nb_exchange_add_peer(nb_exchange_t* ex, const char* peer, const char
                          .streams = ex->streams,
                          .chunk_bytes = ex->chunk_bytes,
                          .window = ex->window,
-                         .rate_cap_Bps = ex->rate_cap};
+                         .rate_cap_Bps = ex->rate_cap,
+                         .rate_hint_Bps = ex->rate_hint};
   NB_CHECK_GOTO(nb_link_create(&lc, &p->link), st, fail);
   NB_CHECK_GOTO(nb_link_rx_add_peer(ex->rx, peer, p->seal), st, fail);
   NB_CHECK_GOTO(nb_realloc((void**)&ex->peers, ex->n + 1, sizeof *ex->peers, "exchange peers"), st,

@@ -32,14 +32,15 @@ typedef struct {
   const uint8_t* job_secret; /* NB_SEAL_SECRET_BYTES shared by the job; NULL = frames travel
                                 unsealed, needs allow_unsealed */
   int allow_unsealed;
-  uint32_t streams;    /* per link; 0: NB_LINK_STREAMS */
-  size_t chunk_bytes;  /* 0: NB_LINK_CHUNK_KIB */
-  uint32_t window;     /* 0: NB_LINK_WINDOW */
-  double rate_cap_Bps; /* operator cap per link, bytes/s; 0 = none */
-  int heartbeat_ms;    /* Ping period per peer; 0: NB_EXCHANGE_HEARTBEAT_MS (250) */
-  int dead_ms;         /* floor of the dead timeout: a peer we heard nothing from for this long
-                          (or for the derived timeout, if longer: see nb_exchange_peer_liveness)
-                          is dead; 0: NB_EXCHANGE_DEAD_MS (2000) */
+  uint32_t streams;     /* per link; 0: NB_LINK_STREAMS */
+  size_t chunk_bytes;   /* 0: NB_LINK_CHUNK_KIB */
+  uint32_t window;      /* 0: NB_LINK_WINDOW */
+  double rate_cap_Bps;  /* operator cap per link, bytes/s; 0 = none */
+  double rate_hint_Bps; /* nominal rate per link, bytes/s, until measured (nb_link_config_t) */
+  int heartbeat_ms;     /* Ping period per peer; 0: NB_EXCHANGE_HEARTBEAT_MS (250) */
+  int dead_ms;          /* floor of the dead timeout: a peer we heard nothing from for this long
+                           (or for the derived timeout, if longer: see nb_exchange_peer_liveness)
+                           is dead; 0: NB_EXCHANGE_DEAD_MS (2000) */
 } nb_exchange_config_t;
 
 /* Outcome of one round for one peer. */
@@ -84,7 +85,9 @@ nb_link_t* nb_exchange_link(nb_exchange_t* ex, size_t i);
  * with RTT the larger of the smoothed and the latest heartbeat RTT (queueing included), S the
  * link's streams, chunk the largest single message in flight or next (our send's chunk, the
  * peer's incoming chunk, a probe, the chunk the next send would use) plus its seal tag, and rate
- * nb_link_rate_Bps (no chunk term while it is unknown). */
+ * nb_link_rate_Bps (no chunk term while it is unknown); dead_ms is raised to three Ping periods
+ * where the Ping period grows on a thin link (nb__exchange_hb_ms). A peer is pinged only after
+ * a Ping period in which nothing was heard from it. */
 int nb_exchange_peer_alive(nb_exchange_t* ex, size_t i);
 
 /* Peer i's liveness figures now. */
@@ -101,6 +104,11 @@ typedef struct {
 
 /* Fills *out. Returns NB_ERR_INVALID for a bad index. Thread-safe. */
 nb_status_t nb_exchange_peer_liveness(nb_exchange_t* ex, size_t i, nb_exchange_liveness_t* out);
+
+/* Internal (tests): the Ping period, in ms: hb_ms, or longer on a thin link so that heartbeats
+ * (about 600 wire bytes each) take at most share_pct % of rate_Bps (0 = unknown: hb_ms); at
+ * most a minute. */
+int64_t nb__exchange_hb_ms(int64_t hb_ms, double rate_Bps, int share_pct);
 
 /* Internal (tests): the dead-timeout rule as a pure function, in ms (see above). */
 int64_t nb__exchange_dead_ms(int64_t floor_ms, int rtts, int chunks, double rtt_s, double rate_Bps,

@@ -25,6 +25,8 @@ NB_PARAM_INT(LinkProbeKib, "NB_LINK_PROBE_KIB", 256, 1, 4096,
              "bandwidth probe size in KiB (nb_link_probe_start with 0 bytes)")
 NB_PARAM_INT(LinkProbeMs, "NB_LINK_PROBE_MS", 2000, 10, 3600000,
              "period of the bandwidth probe in ms (nb_link_probe_start with interval 0)")
+NB_PARAM_INT(LinkProbeIdleMs, "NB_LINK_PROBE_IDLE_MS", 10000, 0, 3600000,
+             "bandwidth probes only after this long without a completed send")
 NB_PARAM_INT(LinkMaxFrameMb, "NB_LINK_MAX_FRAME_MB", 4096, 1, 1048576,
              "largest frame a receiver accepts, MiB")
 NB_PARAM_INT(LinkChunkMs, "NB_LINK_CHUNK_MS", 1000, 50, 60000,
@@ -38,6 +40,9 @@ NB_PARAM_INT(LinkChunkMinKib, "NB_LINK_CHUNK_MIN_KIB", 16, 1, 65536,
 /* a send this large measures the rate well enough to plan chunks with (the estimator's own
  * threshold for a goodput sample) */
 #define NB__LINK_RATE_MIN_BYTES ((size_t)64 << 10)
+/* smaller sends are timed as probes (bytes / (time - min RTT)); below this their time is
+ * mostly the round trip */
+#define NB__LINK_SMALL_SAMPLE_BYTES ((size_t)4 << 10)
 
 static void nb__copy_id(char* dst, const char* src) {
   snprintf(dst, NB_LINK_ID_MAX, "%s", src ? src : "");
@@ -124,6 +129,9 @@ struct nb_link {
   int64_t last_heard_ns;
   double hb_rtt_last_s;
   double send_Bps; /* goodput of the latest completed send of at least NB__LINK_RATE_MIN_BYTES */
+  double rate_hint_Bps; /* cfg->rate_hint_Bps: the rate while nothing is known */
+  int64_t
+      send_done_ns; /* when the latest send completed (0 = none): probes wait for an idle link */
   size_t send_chunk;
   size_t probe_inflight;
 };
@@ -176,6 +184,8 @@ nb_status_t nb_link_create(const nb_link_config_t* cfg, nb_link_t** out) {
   if (cfg->streams > 64) return nb_error(NB_ERR_INVALID, "link: streams %u > 64", cfg->streams);
   if (!(cfg->rate_cap_Bps >= 0) || cfg->rate_cap_Bps > 1e15)
     return nb_error(NB_ERR_INVALID, "link: rate cap must be >= 0 bytes/s and finite");
+  if (!(cfg->rate_hint_Bps >= 0) || cfg->rate_hint_Bps > 1e15)
+    return nb_error(NB_ERR_INVALID, "link: rate hint must be >= 0 bytes/s and finite");
   if (cfg->chunk_ms < 0 || cfg->chunk_ms > 3600000)
     return nb_error(NB_ERR_INVALID, "link to '%s': chunk_ms %lld out of [0, 3600000]",
                     cfg->peer_cluster, (long long)cfg->chunk_ms);
@@ -194,6 +204,7 @@ nb_status_t nb_link_create(const nb_link_config_t* cfg, nb_link_t** out) {
   if (L->chunk_min > L->chunk_bytes) L->chunk_min = L->chunk_bytes;
   L->chunk_ms = cfg->fixed_chunks ? 0 : cfg->chunk_ms > 0 ? cfg->chunk_ms : nb_param_LinkChunkMs();
   L->stall_ms = cfg->stall_ms > 0 ? cfg->stall_ms : nb_param_LinkStallMs();
+  L->rate_hint_Bps = cfg->rate_hint_Bps;
   pthread_mutex_init(&L->mu, NULL);
   nb__cond_init_mono(&L->probe_cv);
   if (L->chunk_bytes > ((size_t)48 << 20)) {
@@ -291,7 +302,8 @@ int64_t nb_link_last_heard_ns(nb_link_t* L) {
 
 /* The smallest of the known rates: a probe can overestimate a shaped link (a shaper's burst
  * lets it through at line rate) and the estimator mixes probes in; an underestimate only makes
- * chunks smaller and the dead timeout longer. */
+ * chunks smaller and the dead timeout longer. With nothing known: the configured hint (0 if
+ * none). */
 double nb_link_rate_Bps(nb_link_t* L) {
   if (!L) return 0;
   nb_ratelimit_stats_t rs;
@@ -304,7 +316,7 @@ double nb_link_rate_Bps(nb_link_t* L) {
   double r = 0;
   for (int i = 0; i < 3; i++)
     if (known[i] > 0 && (r == 0 || known[i] < r)) r = known[i];
-  return r;
+  return r > 0 ? r : L->rate_hint_Bps;
 }
 
 size_t nb__link_chunk_for_rate(double rate_Bps, uint32_t streams, int64_t chunk_ms, size_t min,
@@ -466,6 +478,13 @@ static void* nb__probe_main(void* arg) {
     }
     if (L->sending || L->cancelled) { /* data has the link: look again shortly */
       due = now + 100000000LL;
+      continue;
+    }
+    /* sends measure the link themselves; a probe then only takes link time a send may need
+     * (on a thin link, seconds of it): probe only a link idle for NB_LINK_PROBE_IDLE_MS */
+    int64_t idle_ns = (int64_t)nb_param_LinkProbeIdleMs() * 1000000LL;
+    if (L->send_done_ns && now - L->send_done_ns < idle_ns) {
+      due = L->send_done_ns + idle_ns;
       continue;
     }
     size_t bytes = L->probe_bytes;
@@ -964,11 +983,14 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
   if (x.complete) {
     st = NB_OK;
     if (secs > 0) nb_estimator_add_transfer(L->est, len, secs, nstreams);
-    if (secs > 0 && len >= NB__LINK_RATE_MIN_BYTES) {
-      pthread_mutex_lock(&L->mu);
-      L->send_Bps = (double)len / secs;
-      pthread_mutex_unlock(&L->mu);
-    }
+    /* a frame too small for a transfer sample (a sparse frame on a thin link) still measures
+     * the rate the way a probe does, net of the round trip: with it the link needs no probes */
+    if (secs > 0 && len < NB__LINK_RATE_MIN_BYTES && len >= NB__LINK_SMALL_SAMPLE_BYTES)
+      nb_estimator_add_probe(L->est, len, secs);
+    pthread_mutex_lock(&L->mu);
+    if (secs > 0 && len >= NB__LINK_RATE_MIN_BYTES) L->send_Bps = (double)len / secs;
+    L->send_done_ns = nb_now_ns();
+    pthread_mutex_unlock(&L->mu);
     NB_INFO(WIRE,
             "link %s -> %s: round %llu, %zu bytes in %.3f s (%.1f Mbit/s), %u chunks of %zu "
             "bytes, %u reconnects",

@@ -45,18 +45,21 @@ typedef struct {
   nb_seal_ctx_t* seal;     /* sealing of local -> peer; NULL = chunks travel unsealed, which
                               needs allow_unsealed (benchmark baselines only) */
   int allow_unsealed;
-  uint32_t streams;    /* parallel streams / TCP connections; 0: NB_LINK_STREAMS (4) */
-  size_t chunk_bytes;  /* largest plaintext bytes per chunk; 0: NB_LINK_CHUNK_KIB (1024) KiB.
-                          Chunks adapt to the rate (see chunk_ms) unless fixed_chunks */
-  uint32_t window;     /* chunks in flight per stream; 0: NB_LINK_WINDOW (8) */
-  double rate_cap_Bps; /* operator cap over all streams, bytes/s; 0 = none */
-  int64_t stall_ms;    /* a stream without an ack for this long is dropped and reopened;
-                          0: NB_LINK_STALL_MS */
-  int64_t chunk_ms;    /* adaptive chunks: each send picks chunks of rate * chunk_ms / streams
-                          bytes (rate: nb_link_rate_Bps), within [NB_LINK_CHUNK_MIN_KIB,
-                          chunk_bytes], so one chunk takes about chunk_ms on its stream and
-                          acknowledgements keep arriving on a thin link; 0: NB_LINK_CHUNK_MS */
-  int fixed_chunks;    /* 1: every chunk is chunk_bytes, whatever the rate */
+  uint32_t streams;     /* parallel streams / TCP connections; 0: NB_LINK_STREAMS (4) */
+  size_t chunk_bytes;   /* largest plaintext bytes per chunk; 0: NB_LINK_CHUNK_KIB (1024) KiB.
+                           Chunks adapt to the rate (see chunk_ms) unless fixed_chunks */
+  uint32_t window;      /* chunks in flight per stream; 0: NB_LINK_WINDOW (8) */
+  double rate_cap_Bps;  /* operator cap over all streams, bytes/s; 0 = none */
+  double rate_hint_Bps; /* the link's nominal rate, bytes/s (a contracted or emulated rate), used
+                           by nb_link_rate_Bps while nothing is measured or capped, so the first
+                           chunks and dead timeouts fit a thin link; 0 = none */
+  int64_t stall_ms;     /* a stream without an ack for this long is dropped and reopened;
+                           0: NB_LINK_STALL_MS */
+  int64_t chunk_ms;     /* adaptive chunks: each send picks chunks of rate * chunk_ms / streams
+                           bytes (rate: nb_link_rate_Bps), within [NB_LINK_CHUNK_MIN_KIB,
+                           chunk_bytes], so one chunk takes about chunk_ms on its stream and
+                           acknowledgements keep arriving on a thin link; 0: NB_LINK_CHUNK_MS */
+  int fixed_chunks;     /* 1: every chunk is chunk_bytes, whatever the rate */
 } nb_link_config_t;
 
 /* What one nb_link_send did. */

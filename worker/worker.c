@@ -582,8 +582,9 @@ static nb_worker_outcome_t nb__wk_exchange_start(nb__wk_t* w) {
   xc.allow_unsealed = !w->have_secret;
   xc.streams = job->link.streams > 0 ? (uint32_t)job->link.streams : 0;
   xc.chunk_bytes = job->link.chunk_kib > 0 ? (size_t)job->link.chunk_kib * 1024 : 0;
-  xc.rate_cap_Bps =
-      job->link.rate_mbit > 0 && !w->o->no_rate_cap ? job->link.rate_mbit * 1e6 / 8 : 0;
+  double rate_Bps = job->link.rate_mbit > 0 ? job->link.rate_mbit * 1e6 / 8 : 0;
+  xc.rate_cap_Bps = w->o->no_rate_cap ? 0 : rate_Bps;
+  xc.rate_hint_Bps = rate_Bps; /* until measured, also where something else shapes the link */
   if (job->sync.peer_timeout_seconds > 0) xc.dead_ms = (int)(job->sync.peer_timeout_seconds * 1000);
   if (job->n_clusters > 1) {
     if (nb_exchange_create(&xc, &w->ex) != NB_OK)

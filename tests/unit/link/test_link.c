@@ -687,6 +687,64 @@ static void test_adaptive_chunks(void** state) {
   rx_side_down(&r);
 }
 
+/* The rate hint: the rate while nothing is measured or capped (the first chunks fit a thin
+ * link); a frame too small for a transfer sample is timed as a probe, and the probe thread
+ * leaves a link alone for NB_LINK_PROBE_IDLE_MS after a send. */
+static void test_rate_hint_and_small_sends(void** state) {
+  (void)state;
+  const size_t kib = 1024;
+  rx_side_t r;
+  rx_side_up(&r);
+  nb_seal_ctx_t* seal_a = NULL;
+  assert_int_equal(nb_seal_ctx_create(g_secret, JOB, "dc-a", "dc-b", NULL, &seal_a), NB_OK);
+  nb_link_config_t lc = {.job_id = JOB,
+                         .local_cluster = "dc-a",
+                         .peer_cluster = "dc-b",
+                         .target = r.target,
+                         .tls = g_tls_a,
+                         .seal = seal_a,
+                         .streams = 2,
+                         .chunk_bytes = 1 << 20,
+                         .rate_hint_Bps = 1e6};
+  nb_link_t* l = NULL;
+  lc.rate_hint_Bps = -1;
+  assert_int_equal(nb_link_create(&lc, &l), NB_ERR_INVALID);
+  lc.rate_hint_Bps = 1e6;
+  assert_int_equal(nb_link_create(&lc, &l), NB_OK);
+  assert_true(nb_link_rate_Bps(l) == 1e6);
+  assert_int_equal(nb_link_chunk_bytes(l), 488 * kib); /* 1 MB/s x 1 s over 2 streams */
+  /* a 20 KiB frame: no transfer sample, one probe-style sample; then the estimate rules */
+  for (int i = 0; i < 3; i++) assert_int_equal(nb_link_ping(l, 2000, 0, NULL), NB_OK);
+  size_t len = 20 * kib;
+  uint8_t* f = make_frame(len, 5);
+  nb_link_send_stats_t s;
+  assert_int_equal(nb_link_send(l, 1, f, len, NULL, 0, nb_now_ns() + 60000000000LL, &s), NB_OK);
+  nb_estimate_t e;
+  nb_estimator_get(nb_link_estimator(l), &e);
+  assert_int_equal(e.probe_samples, 1);
+  assert_int_equal(e.transfer_samples, 1);
+  assert_true(e.goodput_Bps > 0);
+  double rate = nb_link_rate_Bps(l);
+  assert_true(rate > 0 && rate <= e.goodput_Bps); /* measured: the hint is no longer used */
+  /* the probe thread (every 50 ms) waits for an idle link: no probe right after the send */
+  assert_int_equal(nb_link_probe_start(l, 4096, 50), NB_OK);
+  nb_sleep_ns(300000000);
+  nb_link_probe_stop(l);
+  nb_estimator_get(nb_link_estimator(l), &e);
+  assert_int_equal(e.probe_samples, 1);
+  uint8_t* got = NULL;
+  size_t glen = 0;
+  assert_int_equal(nb_link_rx_take(r.rx, "dc-a", 1, nb_now_ns() + 60000000000LL, &got, &glen),
+                   NB_OK);
+  assert_int_equal(glen, len);
+  assert_memory_equal(got, f, len);
+  nb_free(got);
+  free(f);
+  nb_link_destroy(l);
+  nb_seal_ctx_destroy(seal_a);
+  rx_side_down(&r);
+}
+
 /* The chunk messages the sender builds by hand (to seal straight into them) are byte-identical to
  * protobuf-c's packing of the same PushRequest, and protobuf-c reads them back. */
 static void test_chunk_encoding(void** state) {
@@ -759,6 +817,7 @@ int main(void) {
       cmocka_unit_test(test_deadline_and_cancel),
       cmocka_unit_test(test_probe),
       cmocka_unit_test(test_adaptive_chunks),
+      cmocka_unit_test(test_rate_hint_and_small_sends),
   };
   return cmocka_run_group_tests_name("link", tests, setup, teardown);
 }

@@ -86,6 +86,13 @@ static void test_dead_rule(void** state) {
   /* streams 0 counts as one; absurd inputs stay finite */
   assert_int_equal(nb__exchange_dead_ms(0, 0, 1, 0, 1000, 1000, 0), 1001);
   assert_true(nb__exchange_dead_ms(0, 4, 2, 1e300, 1, 1 << 20, 64) <= 3600000001LL);
+  /* the Ping period: 250 ms on a fat link; at 0.06 Mbit/s (7500 B/s) 2 % is 150 B/s, one
+   * 600-byte heartbeat every 4 s; unknown rate: the configured period; at most a minute */
+  assert_int_equal(nb__exchange_hb_ms(250, 12.5e6, 2), 250);
+  assert_int_equal(nb__exchange_hb_ms(250, 7500, 2), 4000);
+  assert_int_equal(nb__exchange_hb_ms(250, 62500, 2), 480);
+  assert_int_equal(nb__exchange_hb_ms(250, 0, 2), 250);
+  assert_int_equal(nb__exchange_hb_ms(250, 1, 1), 60000);
 }
 
 typedef struct {
