@@ -33,6 +33,9 @@ static const nb_e2e_point_t nb__points[] = {
     /* decaying error feedback with the job's outer Nesterov momentum: the best of a sweep */
     {"top3-2bit-efm", 0.03, "2bit", 0, 0.9, -1, 4096},
     {"top1.5-2bit-efm", 0.015, "2bit", 0, 0.9, -1, 4096},
+    /* denser points that the Rice-coded chunked index brings under 0.5 bits */
+    {"top5-2bit-efm", 0.05, "2bit", 0, 0.9, -1, 4096},
+    {"top8-2bit-efm", 0.08, "2bit", 0, 0.9, -1, 4096},
     {"sched", 0, NULL, 1, 0, -1, 0},
 };
 #define NB__N_POINTS (sizeof nb__points / sizeof nb__points[0])
