@@ -122,10 +122,14 @@ int nb_e2e_write_job(json_t* base, const char* v, double rate, double delay, con
       json_object_set_new(comp, "topkChunk", json_integer(point->topk_chunk));
     if (point && point->ef_decay > 0 && json_is_object(comp))
       json_object_set_new(comp, "errorFeedbackDecay", json_real(point->ef_decay));
-    if (point && point->outer_momentum >= 0) {
+    if (point && point->overlap_steps > 0)
+      json_object_set_new(sync, "overlapSteps", json_integer(point->overlap_steps));
+    if (point && (point->outer_momentum >= 0 || point->outer_lr > 0)) {
       json_t* outer = json_object_get(sync, "outer");
       if (!json_is_object(outer)) json_object_set_new(sync, "outer", outer = json_object());
-      json_object_set_new(outer, "momentum", json_real(point->outer_momentum));
+      if (point->outer_momentum >= 0)
+        json_object_set_new(outer, "momentum", json_real(point->outer_momentum));
+      if (point->outer_lr > 0) json_object_set_new(outer, "lr", json_real(point->outer_lr));
     }
   }
   int rc = json_dump_file(j, path, JSON_INDENT(2)) == 0 ? 0 : -1;
@@ -359,7 +363,7 @@ int nb_bench_e2e_main(int argc, char** argv) {
     snprintf(lp, sizeof lp, "%s/%s.log", out, res[i].name);
     /* --thin: the scheduler picks whole codec points (values "auto"), with SparseLoCo's
      * decaying error feedback (beta 0.9) beside the job's outer momentum (docs/hybrid.md) */
-    static const nb_e2e_point_t thin_point = {"auto", 0, "auto", 1, 0.9, -1, 0};
+    static const nb_e2e_point_t thin_point = {"auto", 0, "auto", 1, 0.9, -1, 0, 0, 0};
     if (nb_e2e_write_job(base, res[i].name, rate, delay, jp,
                          thin > 0 && i == 2 ? &thin_point : NULL) != 0) {
       fprintf(stderr, "nebula bench e2e: %s: cannot derive the %s job\n", job, res[i].name);

@@ -28,7 +28,9 @@ typedef struct {
   int adaptive;
   double ef_decay;
   double outer_momentum;
-  int topk_chunk; /* > 0: compression.topkChunk (chunked top-k) */
+  int topk_chunk;    /* > 0: compression.topkChunk (chunked top-k) */
+  int overlap_steps; /* > 0: sync.overlapSteps (where the update lands), else the job's */
+  double outer_lr;   /* > 0: sync.outer.lr, else the job's */
 } nb_e2e_point_t;
 
 /* Writes variant v ("single": one cluster with every language and worker, exact dense fp32

@@ -130,8 +130,10 @@ struct nb_link {
   double hb_rtt_last_s;
   double send_Bps; /* goodput of the latest completed send of at least NB__LINK_RATE_MIN_BYTES */
   double rate_hint_Bps; /* cfg->rate_hint_Bps: the rate while nothing is known */
-  int64_t
-      send_done_ns; /* when the latest send completed (0 = none): probes wait for an idle link */
+  /* when the latest send that measured the link (>= 4 KiB) completed (0 = none): probes wait
+   * for an idle link */
+  int64_t send_done_ns;
+  uint64_t sends_ok; /* sends completed */
   size_t send_chunk;
   size_t probe_inflight;
 };
@@ -480,8 +482,9 @@ static void* nb__probe_main(void* arg) {
       due = now + 100000000LL;
       continue;
     }
-    /* sends measure the link themselves; a probe then only takes link time a send may need
-     * (on a thin link, seconds of it): probe only a link idle for NB_LINK_PROBE_IDLE_MS */
+    /* sends of 4 KiB or more measure the link themselves; a probe then only takes link time a
+     * send may need (on a thin link, seconds of it): probe only a link they left idle for
+     * NB_LINK_PROBE_IDLE_MS (smaller frames measure nothing: the probes go on) */
     int64_t idle_ns = (int64_t)nb_param_LinkProbeIdleMs() * 1000000LL;
     if (L->send_done_ns && now - L->send_done_ns < idle_ns) {
       due = L->send_done_ns + idle_ns;
@@ -985,11 +988,17 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
     if (secs > 0) nb_estimator_add_transfer(L->est, len, secs, nstreams);
     /* a frame too small for a transfer sample (a sparse frame on a thin link) still measures
      * the rate the way a probe does, net of the round trip: with it the link needs no probes */
-    if (secs > 0 && len < NB__LINK_RATE_MIN_BYTES && len >= NB__LINK_SMALL_SAMPLE_BYTES)
-      nb_estimator_add_probe(L->est, len, secs);
+    /* not the link's first send, nor one that reconnected: their time has TCP and TLS
+     * handshakes in it */
+    pthread_mutex_lock(&L->mu);
+    int warm = L->sends_ok > 0 && x.reconnects == 0;
+    L->sends_ok++;
+    pthread_mutex_unlock(&L->mu);
+    int small = len < NB__LINK_RATE_MIN_BYTES && len >= NB__LINK_SMALL_SAMPLE_BYTES && warm;
+    if (secs > 0 && small) nb_estimator_add_probe(L->est, len, secs);
     pthread_mutex_lock(&L->mu);
     if (secs > 0 && len >= NB__LINK_RATE_MIN_BYTES) L->send_Bps = (double)len / secs;
-    L->send_done_ns = nb_now_ns();
+    if (secs > 0 && (small || len >= NB__LINK_RATE_MIN_BYTES)) L->send_done_ns = nb_now_ns();
     pthread_mutex_unlock(&L->mu);
     NB_INFO(WIRE,
             "link %s -> %s: round %llu, %zu bytes in %.3f s (%.1f Mbit/s), %u chunks of %zu "

@@ -257,6 +257,19 @@ static nb_status_t nb__sched_point(const nb_sched_config_t* cfg, const nb_sched_
   return nb_sched_decide(&c, &x, NULL, d);
 }
 
+double nb_sched_point_cost(const nb_sched_point_t* p, double f) {
+  if (!p) return INFINITY;
+  if (!(p->land_late > p->land) || !(f > p->land)) return p->loss_cost;
+  if (f > 1) f = 1;
+  return p->loss_cost + (p->loss_cost_late - p->loss_cost) * (f - p->land) / (p->land_late - p->land);
+}
+
+/* Where decision d's update lands, as a fraction of its round: hide_steps of in.steps, or the
+ * round's end. */
+static double nb__sched_land(const nb_sched_decision_t* d) {
+  return d->hide_steps > 0 && d->in.steps > 0 ? (double)d->hide_steps / d->in.steps : 1.0;
+}
+
 nb_status_t nb_sched_pick(const nb_sched_config_t* cfg, const nb_sched_input_t* in,
                           const nb_sched_point_t* points, size_t n, const nb_sched_decision_t* prev,
                           size_t prev_index, nb_sched_decision_t* out, size_t* index) {
@@ -264,31 +277,29 @@ nb_status_t nb_sched_pick(const nb_sched_config_t* cfg, const nb_sched_input_t* 
     return nb_error(NB_ERR_INVALID, "scheduler: pick needs a table of at least one point");
   NB_CHECK(nb_sched_config_check(cfg));
   NB_CHECK(sched_input_check(in));
-  size_t best = 0, cheapest = 0, fit = n, later = n;
-  nb_sched_decision_t d, dfit, dlater, dcheap;
+  size_t best = 0, cheapest = 0, fit = n;
+  double fit_cost = INFINITY;
+  nb_sched_decision_t d, dfit, dcheap;
   memset(&dfit, 0, sizeof dfit);
-  memset(&dlater, 0, sizeof dlater);
   memset(&dcheap, 0, sizeof dcheap);
   for (size_t i = 0; i < n; i++) {
     const nb_sched_point_t* p = &points[i];
     if (!(isfinite(p->density) && p->density > 0 && p->density <= 1) ||
         !(isfinite(p->bits_per_value) && p->bits_per_value > 0 && p->bits_per_value <= 64) ||
-        !(fin_ge0(p->bits_per_index) && p->bits_per_index <= 64) || !isfinite(p->loss_cost))
+        !(fin_ge0(p->bits_per_index) && p->bits_per_index <= 64) || !isfinite(p->loss_cost) ||
+        !(fin_ge0(p->land) && p->land <= 1) || !(fin_ge0(p->land_late) && p->land_late <= 1) ||
+        !isfinite(p->loss_cost_late))
       return nb_error(NB_ERR_INVALID,
                       "scheduler: point %zu (%s): density must be in (0, 1], bits per value in "
-                      "(0, 64], bits per index in [0, 64], loss cost finite",
+                      "(0, 64], bits per index in [0, 64], landings in [0, 1], loss costs finite",
                       i, p->name ? p->name : "?");
     NB_CHECK(nb__sched_point(cfg, in, p, &d));
     if (p->loss_cost < points[best].loss_cost) best = i;
     if (i == 0 || d.bytes < dcheap.bytes) cheapest = i, dcheap = d;
-    if (d.reason == NB_SCHED_CEILING) {
-      if (fit == n || p->loss_cost < points[fit].loss_cost ||
-          (p->loss_cost == points[fit].loss_cost && d.bytes < dfit.bytes))
-        fit = i, dfit = d;
-    } else if (d.reason == NB_SCHED_FLOOR_LATER) {
-      if (later == n || p->loss_cost < points[later].loss_cost ||
-          (p->loss_cost == points[later].loss_cost && d.bytes < dlater.bytes))
-        later = i, dlater = d;
+    if (d.reason == NB_SCHED_CEILING || d.reason == NB_SCHED_FLOOR_LATER) {
+      double c = nb_sched_point_cost(p, nb__sched_land(&d));
+      if (fit == n || c < fit_cost || (c == fit_cost && d.bytes < dfit.bytes))
+        fit = i, dfit = d, fit_cost = c;
     }
   }
   if (dcheap.reason == NB_SCHED_NO_ESTIMATE) {
@@ -299,21 +310,22 @@ nb_status_t nb_sched_pick(const nb_sched_config_t* cfg, const nb_sched_input_t* 
   if (fit < n) {
     *index = fit;
     *out = dfit;
-    out->reason = fit == best ? NB_SCHED_CEILING : NB_SCHED_FIT;
-    /* hold: the previous point still fits and the better one would nearly fill its budget */
-    if (prev && prev_index < n && prev_index != fit &&
-        points[prev_index].loss_cost > points[fit].loss_cost &&
-        dfit.transfer_s > (1.0 - cfg->hysteresis) * dfit.budget_s) {
+    if (dfit.reason == NB_SCHED_CEILING) out->reason = fit == best ? NB_SCHED_CEILING : NB_SCHED_FIT;
+    /* hold: the previous point still fits and the better one would no longer fit on a link
+     * slower by the hysteresis (under tau: it nearly fills its budget; landing later: it would
+     * land past the round's end) */
+    int near = dfit.reason == NB_SCHED_CEILING
+                   ? dfit.transfer_s > (1.0 - cfg->hysteresis) * dfit.budget_s
+                   : (double)dfit.hide_steps >= (1.0 - cfg->hysteresis) * (double)dfit.in.steps;
+    if (prev && prev_index < n && prev_index != fit && near) {
       NB_CHECK(nb__sched_point(cfg, in, &points[prev_index], &d));
-      if (d.reason == NB_SCHED_CEILING) {
+      if ((d.reason == NB_SCHED_CEILING || d.reason == NB_SCHED_FLOOR_LATER) &&
+          nb_sched_point_cost(&points[prev_index], nb__sched_land(&d)) > fit_cost) {
         *index = prev_index;
         *out = d;
         out->reason = NB_SCHED_HOLD;
       }
     }
-  } else if (later < n) {
-    *index = later;
-    *out = dlater;
   } else {
     *index = cheapest;
     *out = dcheap;
@@ -321,7 +333,8 @@ nb_status_t nb_sched_pick(const nb_sched_config_t* cfg, const nb_sched_input_t* 
   if (nb_log_enabled(NB_LOG_INFO, NB_SUB_SCHED)) {
     char line[512];
     nb_sched_decision_format(out, line, sizeof line);
-    NB_INFO(SCHED, "pick %s: %s", points[*index].name ? points[*index].name : "?", line);
+    NB_INFO(SCHED, "pick %s: %s (cost %.4g)", points[*index].name ? points[*index].name : "?", line,
+            nb_sched_point_cost(&points[*index], nb__sched_land(out)));
   }
   return NB_OK;
 }

@@ -120,12 +120,21 @@ typedef struct {
   double bits_per_index; /* bits per kept index, [0, 64] (0 for a dense frame) */
   double loss_cost;      /* held-out loss ratio - 1 against the exact single-cluster run; the
                             lower the better; finite */
+  /* Where the update lands matters too (a later update is staler). loss_cost was measured with
+   * the update landing `land` of the way into the next round (tau / H, e.g. 4 / 32), and
+   * loss_cost_late with it landing land_late of the way (e.g. 24 / 32). With land_late > land
+   * the pick weighs each point at the landing its transfer needs, linearly between the two and
+   * beyond (at most to the round's end); land_late 0: loss_cost wherever it lands. */
+  double land, land_late, loss_cost_late;
 } nb_sched_point_t;
 
-/* Picks the point of `points` (n >= 1) for the next round: the least loss_cost among those
- * whose transfer fits what the round hides (as nb_sched_decide: tau steps with overlap, else the
- * round); if none does, the least loss_cost among those that fit when the update lands later in
- * the round (floor_later); else the point of fewest bytes, with the round lengthened. A point is
+/* The loss cost of point p when its update lands at fraction f of the next round (see above). */
+double nb_sched_point_cost(const nb_sched_point_t* p, double f);
+
+/* Picks the point of `points` (n >= 1) for the next round: among those whose transfer fits
+ * the round (as nb_sched_decide: under tau steps with overlap, or landing later in the round,
+ * floor_later; else under the round), the least loss cost at the landing each needs
+ * (nb_sched_point_cost); if none fits, the point of fewest bytes, with the round lengthened. A point is
  * kept over a better one that would fill more than (1 - hysteresis) of its budget (reason hold),
  * so that a link near a boundary does not flip the codec every round. Without an estimate the
  * point of fewest bytes (no_estimate). *index: the chosen point; out: its decision as

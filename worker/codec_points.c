@@ -9,13 +9,13 @@
 
 static const nb_codec_point_t nb__points[] = {
     /* 7.66 bits/param; 1.0169 (3 seeds) */
-    {{"dense-int8", 1.0, 7.66, 0, 0.0169}, NB_VALUES_INT8, 0},
+    {{"dense-int8", 1.0, 7.66, 0, 0.0169, 0, 0, 0}, NB_VALUES_INT8, 0},
     /* 1.33 bits/param; 1.0261 (3 seeds; no error-feedback decay) */
-    {{"top10-int8", 0.10, 13.3, 0, 0.0261}, NB_VALUES_INT8, 0},
+    {{"top10-int8", 0.10, 13.3, 0, 0.0261, 0, 0, 0}, NB_VALUES_INT8, 0},
     /* 0.424 bits/param; 1.0352 (3 seeds); 4bit at 3 % costs more bits and more loss */
-    {{"top3-2bit", 0.03, 14.1, 0, 0.0352}, NB_VALUES_INT2, 4096},
+    {{"top3-2bit", 0.03, 14.1, 0, 0.0352, 0, 0, 0}, NB_VALUES_INT2, 4096},
     /* 0.213 bits/param; 1.0484 (3 seeds) */
-    {{"top1.5-2bit", 0.015, 14.2, 0, 0.0484}, NB_VALUES_INT2, 4096},
+    {{"top1.5-2bit", 0.015, 14.2, 0, 0.0484, 0, 0, 0}, NB_VALUES_INT2, 4096},
 };
 
 const nb_codec_point_t* nb_codec_points(size_t* n) {

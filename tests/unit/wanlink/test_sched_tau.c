@@ -2,8 +2,8 @@
  * steps after which the update lands, not the whole round; at the density floor the update is
  * let land later (a larger tau, reason floor_later) before the round is lengthened; without
  * overlap, or with tau >= H, the decision is the whole round's as before. And nb_sched_pick, the
- * choice of a codec point from a quality table: the least loss that fits, then the least loss
- * that fits landing later, then the fewest bytes with a longer round. */
+ * choice of a codec point from a quality table: the least loss at the landing each point needs
+ * among those that fit the round, then the fewest bytes with a longer round. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -139,10 +139,10 @@ static void test_tau_wall_rounds(void** state) {
 /* A table like the one bench pareto measures: 1 MB dense int8, 264 kB top-10 % int8, 60 kB
  * top-3 % 4-bit, 26 kB top-1.5 % 2-bit (1e6 params, bits as the worker passes them). */
 static const nb_sched_point_t g_points[] = {
-    {"dense-int8", 1.0, 8.125, 0, 0.010},
-    {"top10-int8", 0.10, 8.125, 13, 0.020},
-    {"top3-4bit", 0.03, 4.125, 12, 0.030},
-    {"top1.5-2bit", 0.015, 2.125, 12, 0.050},
+    {"dense-int8", 1.0, 8.125, 0, 0.010, 0.1, 0.75, 0.030},
+    {"top10-int8", 0.10, 8.125, 13, 0.020, 0.1, 0.75, 0.050},
+    {"top3-4bit", 0.03, 4.125, 12, 0.030, 0.1, 0.75, 0.045},
+    {"top1.5-2bit", 0.015, 2.125, 12, 0.050, 0.1, 0.75, 0.060},
 };
 #define N_POINTS (sizeof g_points / sizeof g_points[0])
 
@@ -157,14 +157,16 @@ static void test_pick(void** state) {
   assert_int_equal(at, 0);
   assert_int_equal(d.reason, NB_SCHED_CEILING);
   assert_true(d.density == 1.0);
-  in.goodput_Bps = 2e5; /* 0.36 s carry 72 kB: 4-bit (60 kB) is the best that fits */
+  /* 0.36 s carry 72 kB: 4-bit (60 kB) is the best that fits under tau; top-10 % (264 kB)
+   * would land after 15 of 40 steps, at a cost of 0.02 + 0.03 x 0.275 / 0.65 = 0.0327 > 0.03 */
+  in.goodput_Bps = 2e5;
   assert_int_equal(nb_sched_pick(&c, &in, g_points, N_POINTS, NULL, 0, &d, &at), NB_OK);
   assert_int_equal(at, 2);
   assert_int_equal(d.reason, NB_SCHED_FIT);
   assert_true(d.transfer_s <= d.budget_s + 1e-12);
   assert_int_equal(d.hide_steps, 4);
-  /* 20 kB/s: nothing fits under tau; landing later, 2-bit (26 kB) needs 15 steps and 4-bit
-   * (60 kB) 34 of the 40: the lesser loss of the two, 4-bit, lands after 34 */
+  /* 20 kB/s: nothing fits under tau; landing later, 2-bit (26 kB) needs 15 steps (cost 0.0542)
+   * and 4-bit (60 kB) 34 of the 40 (0.0473): the lesser, 4-bit, lands after 34 */
   in.goodput_Bps = 2e4;
   assert_int_equal(nb_sched_pick(&c, &in, g_points, N_POINTS, NULL, 0, &d, &at), NB_OK);
   assert_int_equal(at, 2);
@@ -197,13 +199,72 @@ static void test_pick_hold(void** state) {
   assert_int_equal(nb_sched_pick(&c, &in, g_points, N_POINTS, &prev, 3, &d, &at), NB_OK);
   assert_int_equal(at, 3);
   assert_int_equal(d.reason, NB_SCHED_HOLD);
-  in.goodput_Bps *= 1.5; /* now 63 % of the budget: the better point is taken */
+  /* 1.5x: 4-bit would fill 63 % of tau's budget, and top-10 % lands after 11 of 40 steps at
+   * a cost of 0.0281, below 4-bit's 0.03; 11 steps are far from the round's end: it is taken */
+  in.goodput_Bps *= 1.5;
+  assert_int_equal(nb_sched_pick(&c, &in, g_points, N_POINTS, &d, 3, &d, &at), NB_OK);
+  assert_int_equal(at, 1);
+  assert_int_equal(d.reason, NB_SCHED_FLOOR_LATER);
+  assert_int_equal(d.hide_steps, 11);
+  /* 70 kB/s: top-10 % would need 42 steps (past the round); 4-bit lands after 10 (cost
+   * 0.0335), 2-bit after 5 (0.0504): 4-bit, far from the round's end, replaces 2-bit */
+  in.goodput_Bps = 7.0e4;
   assert_int_equal(nb_sched_pick(&c, &in, g_points, N_POINTS, &d, 3, &d, &at), NB_OK);
   assert_int_equal(at, 2);
-  nb_sched_point_t bad[] = {{"nan-cost", 0.5, 8, 8, NAN}};
+  assert_int_equal(d.hide_steps, 10);
+  /* 4-bit landing after 37 of 40 (within 10 % of the end) does not replace the 2-bit point */
+  in.goodput_Bps = 60469.0 / (37 * 0.09) * 1.001;
+  assert_int_equal(nb_sched_pick(&c, &in, g_points, N_POINTS, &d, 3, &d, &at), NB_OK);
+  assert_int_equal(at, 3);
+  assert_int_equal(d.reason, NB_SCHED_HOLD);
+  nb_sched_point_t bad[] = {{"nan-cost", 0.5, 8, 8, NAN, 0, 0, 0}};
   assert_int_equal(nb_sched_pick(&c, &in, bad, 1, NULL, 0, &d, &at), NB_ERR_INVALID);
   assert_non_null(strstr(nb_error_last(), "nan-cost"));
   assert_int_equal(nb_sched_pick(&c, &in, g_points, 0, NULL, 0, &d, &at), NB_ERR_INVALID);
+}
+
+/* A point's cost at its landing: measured at land and land_late, linear between and beyond (to
+ * the round's end), flat before land and without a late measurement. A point that would land
+ * late loses to a cheaper one that lands early when its staleness costs more than the bytes buy. */
+static void test_pick_late(void** state) {
+  (void)state;
+  nb_sched_point_t pts[] = {
+      {"top10-stale", 0.10, 8.125, 13, 0.010, 0.125, 0.75, 0.060}, /* staleness hurts it */
+      {"top3-steady", 0.03, 4.125, 12, 0.029, 0.125, 0.75, 0.035},
+  };
+  assert_true(fabs(nb_sched_point_cost(&pts[0], 0.0) - 0.010) < 1e-12);
+  assert_true(fabs(nb_sched_point_cost(&pts[0], 0.125) - 0.010) < 1e-12);
+  assert_true(fabs(nb_sched_point_cost(&pts[0], 0.4375) - 0.035) < 1e-12);
+  assert_true(fabs(nb_sched_point_cost(&pts[0], 0.75) - 0.060) < 1e-12);
+  assert_true(fabs(nb_sched_point_cost(&pts[0], 1.0) - 0.080) < 1e-12);
+  assert_true(fabs(nb_sched_point_cost(&pts[0], 7.0) - 0.080) < 1e-12); /* the round's end */
+  nb_sched_point_t flat = pts[1];
+  flat.land_late = 0;
+  assert_true(nb_sched_point_cost(&flat, 0.9) == 0.029);
+  nb_sched_config_t c = cfg();
+  nb_sched_input_t in = input(4);
+  nb_sched_decision_t d;
+  size_t at = 99;
+  /* 2e5 B/s: top-10 % (264 kB, 1.32 s) lands after 15 of 40 steps (0.375: cost 0.030), top-3 %
+   * (60.5 kB) fits tau 4 (0.029) */
+  in.goodput_Bps = 2e5;
+  assert_int_equal(nb_sched_pick(&c, &in, pts, 2, NULL, 0, &d, &at), NB_OK);
+  assert_int_equal(at, 1);
+  /* 1e5 B/s: top-10 % lands after 30 (0.75: 0.060), top-3 % after 7 (0.175: 0.0295) */
+  in.goodput_Bps = 1e5;
+  assert_int_equal(nb_sched_pick(&c, &in, pts, 2, NULL, 0, &d, &at), NB_OK);
+  assert_int_equal(at, 1);
+  assert_int_equal(d.reason, NB_SCHED_FLOOR_LATER);
+  assert_int_equal(d.hide_steps, 7);
+  /* 4e5 B/s: top-10 % lands after 8 (0.2: 0.016) and wins over top-3 % at tau 4 (0.029) */
+  in.goodput_Bps = 4e5;
+  assert_int_equal(nb_sched_pick(&c, &in, pts, 2, NULL, 0, &d, &at), NB_OK);
+  assert_int_equal(at, 0);
+  assert_int_equal(d.reason, NB_SCHED_FLOOR_LATER);
+  assert_int_equal(d.hide_steps, 8);
+  pts[0].land_late = 1.5; /* out of [0, 1] */
+  assert_int_equal(nb_sched_pick(&c, &in, pts, 2, NULL, 0, &d, &at), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "top10-stale"));
 }
 
 int main(void) {
@@ -214,6 +275,7 @@ int main(void) {
       cmocka_unit_test(test_tau_wall_rounds),
       cmocka_unit_test(test_pick),
       cmocka_unit_test(test_pick_hold),
+      cmocka_unit_test(test_pick_late),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
