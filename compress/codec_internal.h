@@ -49,6 +49,8 @@ struct nb_codec {
 #define NB__CHUNK (1u << 17)
 /* A chunked index section starts with u32 chunk_size, u32 k_per_chunk. */
 #define NB__CHUNKED_HEAD 8u
+/* A chunked Rice section starts with u32 chunk_size, u32 k_per_chunk, u8 r, 3 zero bytes. */
+#define NB__RICE_HEAD 12u
 
 /* Grows *p to hold at least `want` elements of `size` bytes (no copy of old contents). */
 nb_status_t nb__codec_grow(void** p, size_t* cap, size_t want, size_t size, const char* what);

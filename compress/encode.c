@@ -461,22 +461,126 @@ static nb_status_t nb__finish(nb_codec_t* c, nb_frame_info_t* h, size_t raw, uin
   return NB_OK;
 }
 
+/* ---- chunked Rice index section (NB_INDEX_CHUNKED_RICE) ---- */
+
+/* Values sent by chunk `ch` (the counting rule of nb__chunked_k). */
+static inline size_t nb__chunk_count(size_t n, uint32_t chunk, uint32_t kc, size_t ch) {
+  size_t len = n - ch * chunk < chunk ? n - ch * chunk : chunk;
+  return len == chunk ? kc : (size_t)((uint64_t)kc * len / chunk);
+}
+
+/* Chooses the Rice parameter of the chunked section of idx[0..k) (chunk by chunk, kc per whole
+ * chunk): the one of floor(log2(mean gap)) - 2 .. + 1 (within [0, log2(C) - 1]) that gives the
+ * fewest bits, the smaller on a tie, counted exactly. The winners of a chunk must be ascending
+ * (nb__chunk_select keeps them in index order): the gaps are checked here, so the section
+ * always lists the indices in the order the values were written. *bytes: the section's size. */
+static nb_status_t nb__rice_plan(const uint32_t* idx, size_t n, size_t k, uint32_t chunk,
+                                 uint32_t kc, unsigned* r_out, size_t* bytes) {
+  const uint32_t mask = chunk - 1;
+  const unsigned bits = (unsigned)__builtin_ctz(chunk);
+  size_t nch = n / chunk + (n % chunk != 0);
+  uint64_t gsum = 0; /* the gaps of a chunk add up to its last offset - (count - 1) */
+  for (size_t ch = 0, o = 0; ch < nch; ch++) {
+    size_t cnt = nb__chunk_count(n, chunk, kc, ch);
+    if (cnt) gsum += (idx[o + cnt - 1] & mask) - (cnt - 1);
+    o += cnt;
+  }
+  unsigned r0 = 0;
+  while (r0 + 1 < bits && (gsum >> (r0 + 1)) >= k) r0++; /* floor(log2(mean)), clamped */
+  unsigned lo = r0 >= 2 ? r0 - 2 : 0, hi = r0 + 1 < bits ? r0 + 1 : bits - 1;
+  uint64_t sum[4] = {0, 0, 0, 0};
+  for (size_t ch = 0, o = 0; ch < nch; ch++) {
+    size_t cnt = nb__chunk_count(n, chunk, kc, ch);
+    uint32_t next = 0;
+    for (size_t j = o; j < o + cnt; j++) {
+      uint32_t off = idx[j] & mask;
+      if (off < next || idx[j] - off != (uint32_t)(ch * chunk))
+        return nb_error(NB_ERR_INTERNAL, "codec: chunk %zu's winners are not ascending at %zu", ch,
+                        j);
+      uint32_t g = off - next;
+      next = off + 1;
+      for (unsigned r = lo; r <= hi; r++) sum[r - lo] += g >> r;
+    }
+    o += cnt;
+  }
+  unsigned best = lo;
+  uint64_t best_bits = UINT64_MAX;
+  for (unsigned r = lo; r <= hi; r++) {
+    uint64_t b = (uint64_t)k * (1 + r) + sum[r - lo];
+    if (b < best_bits) best_bits = b, best = r;
+  }
+  *r_out = best;
+  *bytes = NB__RICE_HEAD + (size_t)((best_bits + 7) / 8);
+  return NB_OK;
+}
+
+/* Appends the low `nb` (<= 32) bits of v to the LSB-first stream; *have < 32 before and after. */
+static inline void nb__bits_put(uint8_t** q, uint64_t* acc, unsigned* have, uint64_t v,
+                                unsigned nb) {
+  *acc |= v << *have;
+  *have += nb;
+  if (*have >= 32) {
+    nb__put32(*q, (uint32_t)*acc);
+    *q += 4;
+    *acc >>= 32;
+    *have -= 32;
+  }
+}
+
+/* Writes the chunked Rice section of idx[0..k) with parameter r (nb__rice_plan checked the
+ * order); returns its size. */
+static size_t nb__put_rice(uint8_t* o, const uint32_t* idx, size_t n, uint32_t chunk, uint32_t kc,
+                           unsigned r) {
+  nb__put32(o, chunk);
+  nb__put32(o + 4, kc);
+  o[8] = (uint8_t)r, o[9] = o[10] = o[11] = 0;
+  uint8_t* q = o + NB__RICE_HEAD;
+  uint64_t acc = 0;
+  unsigned have = 0;
+  const uint32_t mask = chunk - 1, rmask = (1u << r) - 1;
+  size_t nch = n / chunk + (n % chunk != 0);
+  for (size_t ch = 0, j = 0; ch < nch; ch++) {
+    uint32_t next = 0;
+    for (size_t e = j + nb__chunk_count(n, chunk, kc, ch); j < e; j++) {
+      uint32_t off = idx[j] & mask, g = off - next, qn = g >> r;
+      next = off + 1;
+      uint64_t low = (uint64_t)(g & rmask) << 1; /* the zero-bit, then the low r bits */
+      if (qn + 1 + r <= 32) {
+        nb__bits_put(&q, &acc, &have, ((1ull << qn) - 1) | low << qn, qn + 1 + r);
+        continue;
+      }
+      for (; qn > 0;) {
+        unsigned m = qn < 32 ? qn : 32;
+        nb__bits_put(&q, &acc, &have, (1ull << m) - 1, m);
+        qn -= m;
+      }
+      nb__bits_put(&q, &acc, &have, low, r + 1);
+    }
+  }
+  for (; have > 0; have = have > 8 ? have - 8 : 0) {
+    *q++ = (uint8_t)acc;
+    acc >>= 8;
+  }
+  return (size_t)(q - o);
+}
+
 /* Step 4 of a sparse encode, shared by global and chunked top-k: sections
  * [scales][values][indices] from codec->idx/vals[0..k), residual correction, zstd, frame.
- * chunk != 0: chunked top-k with kc per chunk, coded NB_INDEX_CHUNKED when that fits the
- * bound (see nb_codec_config_t). */
+ * chunk != 0: chunked top-k with kc per chunk, coded NB_INDEX_CHUNKED_RICE with parameter
+ * rice (>= 0) or NB_INDEX_CHUNKED (rice < 0) in `chunked` bytes when that fits the bound (see
+ * nb_codec_config_t). */
 static nb_status_t nb__emit_sparse(nb_codec_t* c, float* residual, size_t n, size_t k,
-                                   size_t varint, uint32_t chunk, uint32_t kc, uint64_t round,
-                                   uint32_t sender, uint8_t* out, size_t cap, size_t* len,
-                                   int threads, int64_t t_start, int64_t t_pass, int64_t t_select,
-                                   size_t m, int scans) {
+                                   size_t varint, uint32_t chunk, uint32_t kc, int rice,
+                                   size_t chunked, uint64_t round, uint32_t sender, uint8_t* out,
+                                   size_t cap, size_t* len, int threads, int64_t t_start,
+                                   int64_t t_pass, int64_t t_select, size_t m, int scans) {
   /* 4. sections [scales][values][indices]; values are gathered, quantized and taken out of the
    * residual a group at a time so each residual line is touched once */
   size_t nbl = (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size);
   size_t sb = 4 * nbl, vb = (size_t)nb__value_bytes(c->cfg.values, k);
   size_t bitmap = n / 8 + (n % 8 != 0);
   unsigned cbits = chunk ? (unsigned)__builtin_ctz(chunk) : 0;
-  size_t chunked = chunk ? (size_t)nb__chunked_index_bytes(k, cbits) : SIZE_MAX;
+  if (!chunk) chunked = SIZE_MAX;
   int use_chunked = k > 0 && chunked <= 5 * k && chunked <= bitmap;
   int use_bitmap = !use_chunked && bitmap < varint;
   size_t ib = use_chunked ? chunked : use_bitmap ? bitmap : varint;
@@ -502,7 +606,9 @@ static nb_status_t nb__emit_sparse(nb_codec_t* c, float* residual, size_t n, siz
   for (int i = 0; i < qthreads; i++)
     if (qj[i].st != NB_OK) return nb_error(qj[i].st, "codec: quantization failed: %s", qj[i].msg);
   uint8_t* ip = c->raw + sb + vb;
-  if (use_chunked) {
+  if (use_chunked && rice >= 0) {
+    nb__put_rice(ip, c->idx, n, chunk, kc, (unsigned)rice);
+  } else if (use_chunked) {
     nb__put32(ip, chunk);
     nb__put32(ip + 4, kc);
     uint8_t* q = ip + NB__CHUNKED_HEAD;
@@ -529,9 +635,10 @@ static nb_status_t nb__emit_sparse(nb_codec_t* c, float* residual, size_t n, siz
   int64_t t_quant = nb_now_ns();
   nb_frame_info_t h = {.flags = NB_FRAME_FLAG_SPARSE,
                        .values = c->cfg.values,
-                       .index_coding = use_chunked  ? NB_INDEX_CHUNKED
-                                       : use_bitmap ? NB_INDEX_BITMAP
-                                                    : NB_INDEX_DELTA_VARINT,
+                       .index_coding = use_chunked && rice >= 0 ? NB_INDEX_CHUNKED_RICE
+                                       : use_chunked            ? NB_INDEX_CHUNKED
+                                       : use_bitmap             ? NB_INDEX_BITMAP
+                                                                : NB_INDEX_DELTA_VARINT,
                        .n = n,
                        .k = k,
                        .round = round,
@@ -589,9 +696,17 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
   if (bad != SIZE_MAX)
     return nb_error(NB_ERR_INVALID, "codec: the %s holds a non-finite value at index %u",
                     residual ? "residual (after adding the update)" : "update", c->idx[bad]);
+  /* the smaller of the Rice and the plain chunked section (Rice practically always: about
+   * log2(C / kc) + 1.5 bits per index instead of log2(C)); plain on a tie */
+  size_t chunked = (size_t)nb__chunked_index_bytes(kt, (unsigned)__builtin_ctz(chunk)), rb = 0;
+  unsigned r = 0;
+  int rice = -1;
+  if (kt > 0) {
+    NB_CHECK(nb__rice_plan(c->idx, n, kt, chunk, kc, &r, &rb));
+    if (rb < chunked) rice = (int)r, chunked = rb;
+  }
   /* the varint size matters only when the chunked section does not fit (see nb__emit_sparse) */
   size_t varint = 0, bitmap = n / 8 + (n % 8 != 0);
-  size_t chunked = (size_t)nb__chunked_index_bytes(kt, (unsigned)__builtin_ctz(chunk));
   int need_varint = !(kt > 0 && chunked <= 5 * kt && chunked <= bitmap);
   uint32_t prev = 0;
   for (size_t j = 0; need_varint && j < kt; j++) {
@@ -599,8 +714,8 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
     prev = c->idx[j];
     varint += 1 + (d >= (1u << 7)) + (d >= (1u << 14)) + (d >= (1u << 21)) + (d >= (1u << 28));
   }
-  return nb__emit_sparse(c, residual, n, kt, varint, chunk, kc, round, sender, out, cap, len,
-                         threads, t_start, t_pass, nb_now_ns(), kt, 1);
+  return nb__emit_sparse(c, residual, n, kt, varint, chunk, kc, rice, chunked, round, sender, out,
+                         cap, len, threads, t_start, t_pass, nb_now_ns(), kt, 1);
 }
 
 nb_status_t nb_codec_encode_sparse(nb_codec_t* codec, const float* update, float* residual,
@@ -771,8 +886,8 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
                     residual ? "residual (after adding the update)" : "update", c->idx[bad]);
   t_select = nb_now_ns();
 
-  return nb__emit_sparse(c, residual, n, k, varint, 0, 0, round, sender, out, cap, len, threads,
-                         t_start, t_pass, t_select, m, scans);
+  return nb__emit_sparse(c, residual, n, k, varint, 0, 0, -1, 0, round, sender, out, cap, len,
+                         threads, t_start, t_pass, t_select, m, scans);
 }
 
 nb_status_t nb_codec_encode_dense(nb_codec_t* c, const float* x, size_t n, uint64_t round,
