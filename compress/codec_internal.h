@@ -26,6 +26,8 @@ struct nb_codec {
   size_t cand_cap[NB__CODEC_MAX_THREADS];
   uint32_t* cidx[NB__CODEC_MAX_THREADS]; /* chunked top-k: candidate indices of a chunk */
   size_t cidx_cap[NB__CODEC_MAX_THREADS];
+  uint32_t* ghist[NB__CODEC_MAX_THREADS]; /* chunked top-k: histogram of the offset gaps */
+  size_t ghist_cap[NB__CODEC_MAX_THREADS];
   uint32_t* hist;
   size_t hist_cap;
   uint64_t* work;

@@ -233,7 +233,10 @@ typedef struct {
   const float* upd;
   size_t n, c0, c1; /* chunks [c0, c1) */
   uint32_t chunk, kc, t;
-  size_t bad; /* output position of the first non-finite kept value, or SIZE_MAX */
+  size_t bad;      /* output position of the first non-finite kept value, or SIZE_MAX */
+  uint32_t* ghist; /* gaps of the winners' offsets within their chunk: counts of 0 .. gmax */
+  uint32_t gmax;
+  size_t unsorted; /* output position of the first winner not above its predecessor, or SIZE_MAX */
 } nb__cjob_t;
 
 /* Pass of one chunk: (res += upd,) then the indices and values of src[b, e) with key >= t into
@@ -381,13 +384,31 @@ static void* nb__chunked_run(void* arg) {
   nb__cjob_t* jb = (nb__cjob_t*)arg;
   nb_codec_t* c = jb->c;
   uint32_t t = 0;
-  jb->bad = SIZE_MAX;
+  jb->bad = jb->unsorted = SIZE_MAX;
+  jb->gmax = 0;
+  memset(jb->ghist, 0, (jb->chunk < jb->n ? jb->chunk : jb->n) * sizeof *jb->ghist);
   for (size_t ch = jb->c0; ch < jb->c1; ch++) {
     size_t b = ch * jb->chunk, len = jb->n - b < jb->chunk ? jb->n - b : jb->chunk;
     size_t kk = len == jb->chunk ? jb->kc : (size_t)((uint64_t)jb->kc * len / jb->chunk);
     size_t o = ch * jb->kc; /* every chunk before this one is whole */
     size_t bad = nb__chunk_select(jb, b, len, kk, &t, c->idx + o, c->vals + o);
     if (bad != SIZE_MAX && jb->bad == SIZE_MAX) jb->bad = o + bad;
+    /* the gaps the Rice section will code (first: the offset; then offset - previous - 1),
+     * while the winners are in cache; the section must list them in the order of the values */
+    const uint32_t* ix = c->idx + o;
+    uint32_t next = 0, gmax = jb->gmax;
+    for (size_t j = 0; j < kk; j++) {
+      uint32_t off = ix[j] - (uint32_t)b;
+      if (off < next || off >= len) {
+        if (jb->unsorted == SIZE_MAX) jb->unsorted = o + j;
+        break;
+      }
+      uint32_t g = off - next;
+      jb->ghist[g]++;
+      gmax = g > gmax ? g : gmax;
+      next = off + 1;
+    }
+    jb->gmax = gmax;
   }
   return NULL;
 }
@@ -469,66 +490,41 @@ static inline size_t nb__chunk_count(size_t n, uint32_t chunk, uint32_t kc, size
   return len == chunk ? kc : (size_t)((uint64_t)kc * len / chunk);
 }
 
-/* Chooses the Rice parameter of the chunked section of idx[0..k) (chunk by chunk, kc per whole
- * chunk): the one of floor(log2(mean gap)) - 2 .. + 1 (within [0, log2(C) - 1]) that gives the
- * fewest bits, the smaller on a tie, counted exactly. The winners of a chunk must be ascending
- * (nb__chunk_select keeps them in index order): the gaps are checked here, so the section
- * always lists the indices in the order the values were written. *bytes: the section's size. */
-static nb_status_t nb__rice_plan(const uint32_t* idx, size_t n, size_t k, uint32_t chunk,
-                                 uint32_t kc, unsigned* r_out, size_t* bytes) {
-  const uint32_t mask = chunk - 1;
+/* The Rice parameter of a chunked section of k gaps whose counts are hist[0..gmax] (summed over
+ * the threads' histograms into hist, which is left holding suffix counts): the r in
+ * [0, log2(C) - 1] with the fewest bits, the smaller on a tie, counted exactly:
+ * bits(r) = k (1 + r) + sum over gaps of (g >> r), and sum (g >> r) = sum over m >= 1 of
+ * #{g >= m 2^r}, so every r costs gmax / 2^r steps. *bytes: the section's size. */
+static unsigned nb__rice_choose(uint32_t* hist, uint32_t gmax, size_t k, uint32_t chunk,
+                                size_t* bytes) {
   const unsigned bits = (unsigned)__builtin_ctz(chunk);
-  size_t nch = n / chunk + (n % chunk != 0);
-  uint64_t gsum = 0; /* the gaps of a chunk add up to its last offset - (count - 1) */
-  for (size_t ch = 0, o = 0; ch < nch; ch++) {
-    size_t cnt = nb__chunk_count(n, chunk, kc, ch);
-    if (cnt) gsum += (idx[o + cnt - 1] & mask) - (cnt - 1);
-    o += cnt;
-  }
-  unsigned r0 = 0;
-  while (r0 + 1 < bits && (gsum >> (r0 + 1)) >= k) r0++; /* floor(log2(mean)), clamped */
-  unsigned lo = r0 >= 2 ? r0 - 2 : 0, hi = r0 + 1 < bits ? r0 + 1 : bits - 1;
-  uint64_t sum[4] = {0, 0, 0, 0};
-  for (size_t ch = 0, o = 0; ch < nch; ch++) {
-    size_t cnt = nb__chunk_count(n, chunk, kc, ch);
-    uint32_t next = 0;
-    for (size_t j = o; j < o + cnt; j++) {
-      uint32_t off = idx[j] & mask;
-      if (off < next || idx[j] - off != (uint32_t)(ch * chunk))
-        return nb_error(NB_ERR_INTERNAL, "codec: chunk %zu's winners are not ascending at %zu", ch,
-                        j);
-      uint32_t g = off - next;
-      next = off + 1;
-      for (unsigned r = lo; r <= hi; r++) sum[r - lo] += g >> r;
-    }
-    o += cnt;
-  }
-  unsigned best = lo;
+  uint64_t above = 0;
+  for (uint32_t g = gmax + 1; g-- > 0;) hist[g] = (uint32_t)(above += hist[g]);
+  unsigned best = 0;
   uint64_t best_bits = UINT64_MAX;
-  for (unsigned r = lo; r <= hi; r++) {
-    uint64_t b = (uint64_t)k * (1 + r) + sum[r - lo];
+  for (unsigned r = 0; r < bits; r++) {
+    uint64_t b = (uint64_t)k * (1 + r);
+    for (uint64_t x = (uint64_t)1 << r; x <= gmax; x += (uint64_t)1 << r) b += hist[x];
     if (b < best_bits) best_bits = b, best = r;
   }
-  *r_out = best;
   *bytes = NB__RICE_HEAD + (size_t)((best_bits + 7) / 8);
-  return NB_OK;
+  return best;
 }
 
-/* Appends the low `nb` (<= 32) bits of v to the LSB-first stream; *have < 32 before and after. */
+/* Appends the low `nb` (<= 32) bits of v to the LSB-first stream at *q (*have < 8 bits pending
+ * before and after). Stores 8 bytes unconditionally, so the buffer needs 8 bytes of slack. */
 static inline void nb__bits_put(uint8_t** q, uint64_t* acc, unsigned* have, uint64_t v,
                                 unsigned nb) {
   *acc |= v << *have;
   *have += nb;
-  if (*have >= 32) {
-    nb__put32(*q, (uint32_t)*acc);
-    *q += 4;
-    *acc >>= 32;
-    *have -= 32;
-  }
+  nb__put64(*q, *acc);
+  *q += *have >> 3;
+  *acc >>= *have & ~7u;
+  *have &= 7;
 }
 
-/* Writes the chunked Rice section of idx[0..k) with parameter r (nb__rice_plan checked the
- * order); returns its size. */
+/* Writes the chunked Rice section of idx[0..k) (ascending within each chunk, checked by the
+ * selection) with parameter r; returns its size. Writes up to 8 bytes past it. */
 static size_t nb__put_rice(uint8_t* o, const uint32_t* idx, size_t n, uint32_t chunk, uint32_t kc,
                            unsigned r) {
   nb__put32(o, chunk);
@@ -557,10 +553,7 @@ static size_t nb__put_rice(uint8_t* o, const uint32_t* idx, size_t n, uint32_t c
       nb__bits_put(&q, &acc, &have, low, r + 1);
     }
   }
-  for (; have > 0; have = have > 8 ? have - 8 : 0) {
-    *q++ = (uint8_t)acc;
-    acc >>= 8;
-  }
+  if (have) *q++ = (uint8_t)acc;
   return (size_t)(q - o);
 }
 
@@ -584,6 +577,7 @@ static nb_status_t nb__emit_sparse(nb_codec_t* c, float* residual, size_t n, siz
   int use_chunked = k > 0 && chunked <= 5 * k && chunked <= bitmap;
   int use_bitmap = !use_chunked && bitmap < varint;
   size_t ib = use_chunked ? chunked : use_bitmap ? bitmap : varint;
+  /* + 8: the Rice writer stores 8 bytes at a time up to the section's last byte */
   NB_CHECK(nb__codec_grow((void**)&c->raw, &c->raw_cap, sb + vb + ib + 8, 1, "codec sections"));
   /* groups are whole scale blocks and whole bytes of packed values (a multiple of 4 values);
    * threads take contiguous runs of groups */
@@ -676,6 +670,7 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
     NB_CHECK(nb__grow_candidates(c, i, 2 * clen + 16));
     NB_CHECK(
         nb__codec_grow((void**)&c->cidx[i], &c->cidx_cap[i], clen + 8, 4, "codec chunk indices"));
+    NB_CHECK(nb__codec_grow((void**)&c->ghist[i], &c->ghist_cap[i], clen, 4, "codec gap counts"));
     jb[i] = (nb__cjob_t){.c = c,
                          .res = residual,
                          .upd = update,
@@ -684,7 +679,8 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
                          .c1 = nch * (size_t)(i + 1) / (size_t)threads,
                          .chunk = chunk,
                          .kc = kc,
-                         .t = (uint32_t)i};
+                         .t = (uint32_t)i,
+                         .ghist = c->ghist[i]};
   }
 #ifdef NB__HAVE_AVX2_PATH
   pthread_once(&nb__compact_once, nb__compact_init);
@@ -696,13 +692,22 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
   if (bad != SIZE_MAX)
     return nb_error(NB_ERR_INVALID, "codec: the %s holds a non-finite value at index %u",
                     residual ? "residual (after adding the update)" : "update", c->idx[bad]);
+  for (int i = 0; i < threads; i++)
+    if (jb[i].unsorted != SIZE_MAX)
+      return nb_error(NB_ERR_INTERNAL,
+                      "codec: chunked top-k winner %zu is not above the one before",
+                      jb[i].unsorted);
   /* the smaller of the Rice and the plain chunked section (Rice practically always: about
    * log2(C / kc) + 1.5 bits per index instead of log2(C)); plain on a tie */
   size_t chunked = (size_t)nb__chunked_index_bytes(kt, (unsigned)__builtin_ctz(chunk)), rb = 0;
-  unsigned r = 0;
   int rice = -1;
   if (kt > 0) {
-    NB_CHECK(nb__rice_plan(c->idx, n, kt, chunk, kc, &r, &rb));
+    uint32_t gmax = jb[0].gmax;
+    for (int i = 1; i < threads; i++) {
+      for (uint32_t g = 0; g <= jb[i].gmax; g++) jb[0].ghist[g] += jb[i].ghist[g];
+      gmax = jb[i].gmax > gmax ? jb[i].gmax : gmax;
+    }
+    unsigned r = nb__rice_choose(jb[0].ghist, gmax, kt, chunk, &rb);
     if (rb < chunked) rice = (int)r, chunked = rb;
   }
   /* the varint size matters only when the chunked section does not fit (see nb__emit_sparse) */
