@@ -157,7 +157,8 @@ static nb_status_t nb__decode_rice(const uint8_t* p, size_t ib, uint64_t n, uint
   const uint8_t* q = p + NB__RICE_HEAD;
   const size_t nb = ib - NB__RICE_HEAD;
   const uint32_t rmask = (1u << r) - 1;
-  uint64_t acc = 0; /* the next `have` bits of the stream, LSB first; nothing above them */
+  uint64_t acc = 0; /* the next `have` bits of the stream, LSB first; above them 0 or the bits
+                       of the bytes from q[pos] on */
   unsigned have = 0;
   size_t pos = 0; /* bytes of q loaded into acc */
   uint64_t j = 0;
@@ -172,8 +173,31 @@ static nb_status_t nb__decode_rice(const uint8_t* p, size_t ib, uint64_t n, uint
             "length %llu",
             (unsigned long long)j, (unsigned long long)(b / chunk), (unsigned long long)len);
       /* (gap >> r) <= (len - 1 - next) >> r, or the offset leaves the chunk */
-      uint64_t qmax = (len - 1 - next) >> r, qn = 0;
+      uint64_t qmax = (len - 1 - next) >> r, qn = 0, off;
+      if (have <= 48 && pos + 8 <= nb) { /* the common case: the whole code in 56+ bits */
+        uint64_t w;
+        memcpy(&w, q + pos, 8);
+        acc |= w << have;
+        pos += (63 - have) >> 3;
+        have |= 56;
+      }
+      uint64_t ones = ~acc;
+      unsigned t0 = ones ? (unsigned)__builtin_ctzll(ones) : 64;
+      if (t0 + 1 + r <= have && t0 <= qmax) {
+        off = next + ((uint64_t)t0 << r) + ((acc >> (t0 + 1)) & rmask);
+        acc >>= t0 + 1 + r;
+        have -= t0 + 1 + r;
+        goto have_offset;
+      }
       for (;;) {
+        if (have <= 48 && pos + 8 <= nb) { /* 8 bytes at once; bits above `have` are those of
+                                             q[pos..], which later loads OR in again */
+          uint64_t w;
+          memcpy(&w, q + pos, 8);
+          acc |= w << have;
+          pos += (63 - have) >> 3;
+          have |= 56;
+        }
         while (have <= 48 && pos < nb) {
           acc |= (uint64_t)q[pos++] << have;
           have += 8;
@@ -205,9 +229,10 @@ static nb_status_t nb__decode_rice(const uint8_t* p, size_t ib, uint64_t n, uint
       if (have < r)
         return NB__BAD("chunked Rice index section ends inside offset %llu of %llu",
                        (unsigned long long)j, (unsigned long long)k);
-      uint64_t off = next + (qn << r) + (acc & rmask);
+      off = next + (qn << r) + (acc & rmask);
       acc >>= r;
       have -= r;
+    have_offset:
       if (off >= len)
         return NB__BAD(
             "chunked Rice index section: offset %llu of chunk %llu is %llu, not below its "
