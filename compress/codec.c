@@ -179,6 +179,7 @@ void nb_codec_destroy(nb_codec_t* k) {
     nb_free(k->cval[t]);
     nb_free(k->cidx[t]);
     nb_free(k->ghist[t]);
+    nb_free(k->rbuf[t]);
   }
   nb_free(k->hist);
   nb_free(k->work);

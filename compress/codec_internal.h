@@ -28,6 +28,12 @@ struct nb_codec {
   size_t cidx_cap[NB__CODEC_MAX_THREADS];
   uint32_t* ghist[NB__CODEC_MAX_THREADS]; /* chunked top-k: histogram of the offset gaps */
   size_t ghist_cap[NB__CODEC_MAX_THREADS];
+  uint8_t* rbuf[NB__CODEC_MAX_THREADS]; /* chunked Rice: the bits of part t >= 1 */
+  size_t rbuf_cap[NB__CODEC_MAX_THREADS];
+  /* chunked Rice: part t (the chunks of selection thread t) starts at bit rice_start[t] of the
+   * stream; rice_start[rice_parts] is the stream's length */
+  uint64_t rice_start[NB__CODEC_MAX_THREADS + 1];
+  int rice_parts;
   uint32_t* hist;
   size_t hist_cap;
   uint64_t* work;

@@ -490,8 +490,8 @@ static inline size_t nb__chunk_count(size_t n, uint32_t chunk, uint32_t kc, size
   return len == chunk ? kc : (size_t)((uint64_t)kc * len / chunk);
 }
 
-/* The Rice parameter of a chunked section of k gaps whose counts are hist[0..gmax] (summed over
- * the threads' histograms into hist, which is left holding suffix counts): the r in
+/* The Rice parameter of a chunked section of k gaps whose counts are hist[0..gmax] (the sum of
+ * the selection threads' histograms; left holding suffix counts): the r in
  * [0, log2(C) - 1] with the fewest bits, the smaller on a tie, counted exactly:
  * bits(r) = k (1 + r) + sum over gaps of (g >> r), and sum (g >> r) = sum over m >= 1 of
  * #{g >= m 2^r}, so every r costs gmax / 2^r steps. *bytes: the section's size. */
@@ -523,19 +523,16 @@ static inline void nb__bits_put(uint8_t** q, uint64_t* acc, unsigned* have, uint
   *have &= 7;
 }
 
-/* Writes the chunked Rice section of idx[0..k) (ascending within each chunk, checked by the
- * selection) with parameter r; returns its size. Writes up to 8 bytes past it. */
-static size_t nb__put_rice(uint8_t* o, const uint32_t* idx, size_t n, uint32_t chunk, uint32_t kc,
-                           unsigned r) {
-  nb__put32(o, chunk);
-  nb__put32(o + 4, kc);
-  o[8] = (uint8_t)r, o[9] = o[10] = o[11] = 0;
-  uint8_t* q = o + NB__RICE_HEAD;
+/* Writes the codes of the winners of chunks [c0, c1) (ascending within each chunk, checked by
+ * the selection) with parameter r, after `lead` zero bits, at dst; returns the bytes written
+ * (ceil((lead + bits) / 8)). Stores up to 8 bytes past them. */
+static size_t nb__put_rice_part(uint8_t* dst, const uint32_t* idx, size_t n, uint32_t chunk,
+                                uint32_t kc, unsigned r, size_t c0, size_t c1, unsigned lead) {
+  uint8_t* q = dst;
   uint64_t acc = 0;
-  unsigned have = 0;
+  unsigned have = lead;
   const uint32_t mask = chunk - 1, rmask = (1u << r) - 1;
-  size_t nch = n / chunk + (n % chunk != 0);
-  for (size_t ch = 0, j = 0; ch < nch; ch++) {
+  for (size_t ch = c0, j = c0 * kc; ch < c1; ch++) { /* every chunk before c0 is whole */
     uint32_t next = 0;
     for (size_t e = j + nb__chunk_count(n, chunk, kc, ch); j < e; j++) {
       uint32_t off = idx[j] & mask, g = off - next, qn = g >> r;
@@ -554,7 +551,64 @@ static size_t nb__put_rice(uint8_t* o, const uint32_t* idx, size_t n, uint32_t c
     }
   }
   if (have) *q++ = (uint8_t)acc;
-  return (size_t)(q - o);
+  return (size_t)(q - dst);
+}
+
+typedef struct {
+  const uint32_t* idx;
+  size_t n, c0, c1, bytes;
+  uint32_t chunk, kc;
+  unsigned r, lead;
+  uint8_t* dst;
+} nb__rjob_t;
+
+static void* nb__rice_run(void* arg) {
+  nb__rjob_t* w = (nb__rjob_t*)arg;
+  w->bytes = nb__put_rice_part(w->dst, w->idx, w->n, w->chunk, w->kc, w->r, w->c0, w->c1, w->lead);
+  return NULL;
+}
+
+/* Writes the chunked Rice section of c->idx with parameter r: the head, then the stream in
+ * c->rice_parts parts on as many threads (part t: the chunks selection thread t had, from bit
+ * c->rice_start[t]). Part 0 goes in place, the others into their own buffers (so no two threads
+ * store into the same bytes) that are then copied behind it, the byte they share ORed. Needs 8
+ * bytes of slack after the section; returns its size. */
+static nb_status_t nb__put_rice(nb_codec_t* c, uint8_t* o, size_t n, uint32_t chunk, uint32_t kc,
+                                unsigned r, size_t* bytes) {
+  nb__put32(o, chunk);
+  nb__put32(o + 4, kc);
+  o[8] = (uint8_t)r, o[9] = o[10] = o[11] = 0;
+  uint8_t* s = o + NB__RICE_HEAD;
+  int parts = c->rice_parts;
+  size_t nch = n / chunk + (n % chunk != 0);
+  nb__rjob_t w[NB__CODEC_MAX_THREADS];
+  for (int t = 0; t < parts; t++) {
+    uint64_t b0 = c->rice_start[t], b1 = c->rice_start[t + 1];
+    if (t > 0)
+      NB_CHECK(nb__codec_grow((void**)&c->rbuf[t], &c->rbuf_cap[t],
+                              (size_t)((b1 - b0 + 7) / 8) + 16, 1, "codec Rice part"));
+    w[t] = (nb__rjob_t){.idx = c->idx,
+                        .n = n,
+                        .c0 = nch * (size_t)t / (size_t)parts,
+                        .c1 = nch * (size_t)(t + 1) / (size_t)parts,
+                        .chunk = chunk,
+                        .kc = kc,
+                        .r = r,
+                        .lead = (unsigned)(b0 % 8),
+                        .dst = t ? c->rbuf[t] : s};
+  }
+  nb__parallel(nb__rice_run, w, sizeof w[0], parts);
+  for (int t = 1; t < parts; t++) { /* in order: part t - 1's last byte is complete first */
+    size_t at = (size_t)(c->rice_start[t] / 8);
+    if (w[t].bytes == 0) continue;
+    if (c->rice_start[t] % 8)
+      s[at] |= w[t].dst[0];
+    else
+      s[at] = w[t].dst[0];
+    memcpy(s + at + 1, w[t].dst + 1, w[t].bytes - 1);
+  }
+  *bytes = NB__RICE_HEAD + (size_t)((c->rice_start[parts] + 7) / 8);
+  return NB_OK;
 }
 
 /* Step 4 of a sparse encode, shared by global and chunked top-k: sections
@@ -601,7 +655,10 @@ static nb_status_t nb__emit_sparse(nb_codec_t* c, float* residual, size_t n, siz
     if (qj[i].st != NB_OK) return nb_error(qj[i].st, "codec: quantization failed: %s", qj[i].msg);
   uint8_t* ip = c->raw + sb + vb;
   if (use_chunked && rice >= 0) {
-    nb__put_rice(ip, c->idx, n, chunk, kc, (unsigned)rice);
+    size_t wrote = 0;
+    NB_CHECK(nb__put_rice(c, ip, n, chunk, kc, (unsigned)rice, &wrote));
+    if (wrote != ib)
+      return nb_error(NB_ERR_INTERNAL, "codec: Rice section of %zu bytes, %zu planned", wrote, ib);
   } else if (use_chunked) {
     nb__put32(ip, chunk);
     nb__put32(ip + 4, kc);
@@ -701,14 +758,25 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
    * log2(C / kc) + 1.5 bits per index instead of log2(C)); plain on a tie */
   size_t chunked = (size_t)nb__chunked_index_bytes(kt, (unsigned)__builtin_ctz(chunk)), rb = 0;
   int rice = -1;
-  if (kt > 0) {
-    uint32_t gmax = jb[0].gmax;
-    for (int i = 1; i < threads; i++) {
-      for (uint32_t g = 0; g <= jb[i].gmax; g++) jb[0].ghist[g] += jb[i].ghist[g];
-      gmax = jb[i].gmax > gmax ? jb[i].gmax : gmax;
+  if (kt > 0) { /* the threads' gap counts summed into c->hist (theirs are needed below) */
+    uint32_t gmax = 0;
+    for (int i = 0; i < threads; i++) gmax = jb[i].gmax > gmax ? jb[i].gmax : gmax;
+    NB_CHECK(nb__codec_grow((void**)&c->hist, &c->hist_cap, (size_t)gmax + 1, 4, "codec gaps"));
+    memset(c->hist, 0, ((size_t)gmax + 1) * sizeof *c->hist);
+    for (int i = 0; i < threads; i++)
+      for (uint32_t g = 0; g <= jb[i].gmax; g++) c->hist[g] += jb[i].ghist[g];
+    unsigned r = nb__rice_choose(c->hist, gmax, kt, chunk, &rb);
+    if (rb < chunked) { /* where each thread's part of the stream starts */
+      rice = (int)r, chunked = rb;
+      uint64_t at = 0;
+      for (int i = 0; i < threads; i++) {
+        c->rice_start[i] = at;
+        for (uint32_t g = 0; g <= jb[i].gmax; g++)
+          at += (uint64_t)jb[i].ghist[g] * ((g >> r) + 1 + r);
+      }
+      c->rice_start[threads] = at;
+      c->rice_parts = threads;
     }
-    unsigned r = nb__rice_choose(jb[0].ghist, gmax, kt, chunk, &rb);
-    if (rb < chunked) rice = (int)r, chunked = rb;
   }
   /* the varint size matters only when the chunked section does not fit (see nb__emit_sparse) */
   size_t varint = 0, bitmap = n / 8 + (n % 8 != 0);
