@@ -9,7 +9,6 @@
 #include <zstd.h>
 
 #include "bench/bench.h"
-#include "cli/opts.h"
 #include "common/common.h"
 #include "compress/compress.h"
 
@@ -58,18 +57,107 @@ typedef struct {
   nb_codec_config_t cfg;
 } nb__bopts_t;
 
+/* The flags, parsed by a table with cli/opts.h's conventions (--opt value and --opt=value, one
+ * line naming a bad option or value, --help from the table). Not cli/opts.h itself: bench/ sits
+ * below cli/ and may not include it (tests/layering/check_includes.py). */
+typedef enum { NB__F_FLAG, NB__F_STR, NB__F_LONG, NB__F_NUM } nb__fkind_t;
+typedef struct {
+  const char* name; /* without the dashes; NULL ends a table */
+  nb__fkind_t kind;
+  void* dst; /* int (flag), const char* (str), long, double */
+  const char* meta;
+  double min, max;  /* LONG and NUM: the accepted range */
+  const char* help; /* '\n' starts a continuation line */
+} nb__flag_t;
+
+static const char* nb__bench_cmd = "nebula bench codec";
 static const char* nb__bench_synopsis =
     "usage: nebula bench codec [--n N] [--density D]\n"
     "                          [--values int8|4bit|2bit|fp16|bf16|fp32] [--block B]\n"
     "                          [--topk-chunk C] [--zstd-level L] [--threads T] [--runs R]\n"
-    "                          [--input FILE.f32] [--json]";
-static const char* nb__bench_about =
+    "                          [--input FILE.f32] [--json]\n\n"
     "Encodes (error feedback + exact top-k + quantize + index coding + zstd + frame) and\n"
     "decodes a heavy-tailed vector, median of R runs against a memcpy of the same buffer;\n"
-    "prints the wire size, the index section and the speeds. Asserts nothing.";
+    "prints the wire size, the index section and the speeds. Asserts nothing.\n";
 
-/* Parses the flags into o (defaults first). Returns NB_OPTS_RUN to go on, else the exit code
- * (0 after --help, 2 after one line naming the bad option). */
+static void nb__flags_help(const nb__flag_t* t) {
+  printf("%s\n", nb__bench_synopsis);
+  for (; t->name; t++) {
+    char head[64];
+    snprintf(head, sizeof head, "--%s%s%s", t->name, t->meta ? " " : "", t->meta ? t->meta : "");
+    printf("  %-18s ", head);
+    for (const char* p = t->help; *p; p++) {
+      putchar(*p);
+      if (*p == '\n') printf("  %-18s ", "");
+    }
+    putchar('\n');
+  }
+}
+
+/* Stores one value; 0, or 2 after the error line. */
+static int nb__flag_set(const nb__flag_t* o, const char* v) {
+  char* end = NULL;
+  if (o->kind == NB__F_STR) {
+    *(const char**)o->dst = v;
+  } else if (o->kind == NB__F_LONG) {
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || !((double)x >= o->min && (double)x <= o->max)) {
+      fprintf(stderr, "%s: --%s needs an integer in %.0f..%.0f, got '%s'\n", nb__bench_cmd, o->name,
+              o->min, o->max, v);
+      return 2;
+    }
+    *(long*)o->dst = x;
+  } else {
+    double x = strtod(v, &end);
+    if (end == v || *end || !(x >= o->min && x <= o->max)) {
+      fprintf(stderr, "%s: --%s needs a number in %g..%g, got '%s'\n", nb__bench_cmd, o->name,
+              o->min, o->max, v);
+      return 2;
+    }
+    *(double*)o->dst = x;
+  }
+  return 0;
+}
+
+/* Parses argv[1..) into the table. Returns -1 to go on, 0 after --help, 2 after one line. */
+static int nb__flags_parse(const nb__flag_t* t, int argc, char** argv) {
+  for (int i = 1; i < argc; i++) {
+    const char* a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      nb__flags_help(t);
+      return 0;
+    }
+    if (strncmp(a, "--", 2) != 0) {
+      fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", nb__bench_cmd, a);
+      return 2;
+    }
+    const char* eq = strchr(a + 2, '=');
+    size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+    const nb__flag_t* o = t;
+    while (o->name && !(strlen(o->name) == len && strncmp(o->name, a + 2, len) == 0)) o++;
+    if (!o->name) {
+      fprintf(stderr, "%s: unknown option '%s' (see --help)\n", nb__bench_cmd, a);
+      return 2;
+    }
+    if (o->kind == NB__F_FLAG) {
+      if (eq) {
+        fprintf(stderr, "%s: --%s takes no value (got '%s')\n", nb__bench_cmd, o->name, a);
+        return 2;
+      }
+      *(int*)o->dst = 1;
+      continue;
+    }
+    if (!eq && i + 1 >= argc) {
+      fprintf(stderr, "%s: --%s needs a value (%s)\n", nb__bench_cmd, o->name, o->meta);
+      return 2;
+    }
+    if (nb__flag_set(o, eq ? eq + 1 : argv[++i])) return 2;
+  }
+  return -1;
+}
+
+/* Parses the flags into o (defaults first). Returns -1 to go on, else the exit code (0 after
+ * --help, 2 after one line naming the bad option or value). */
 static int nb__bench_parse(int argc, char** argv, nb__bopts_t* o) {
   o->n = 64u << 20;
   o->density = 0.01;
@@ -81,84 +169,36 @@ static int nb__bench_parse(int argc, char** argv, nb__bopts_t* o) {
   long block = o->cfg.block_size, chunk = o->cfg.topk_chunk, level = o->cfg.zstd_level;
   long threads = o->cfg.threads, runs = o->runs;
   const char* values = NULL;
-  const nb_opt_t opts[] = {
-      {.name = "n",
-       .kind = NB_OPT_DOUBLE,
-       .dst = &n,
-       .meta = "N",
-       .min = 1,
-       .help = "coordinates, 1 .. 2^32-1 (default 64M)"},
-      {.name = "density",
-       .kind = NB_OPT_DOUBLE,
-       .dst = &o->density,
-       .meta = "D",
-       .help = "fraction sent, 0 .. 1 (default 0.01)"},
-      {.name = "values",
-       .kind = NB_OPT_STR,
-       .dst = &values,
-       .meta = "TYPE",
-       .help = "int8|4bit|2bit|fp16|bf16|fp32 (default int8)"},
-      {.name = "block",
-       .kind = NB_OPT_LONG,
-       .dst = &block,
-       .meta = "B",
-       .min = 1,
-       .max = 65536,
-       .help = "values per scale of int8/4bit/2bit"},
-      {.name = "topk-chunk",
-       .kind = NB_OPT_LONG,
-       .dst = &chunk,
-       .meta = "C",
-       .max = 65536,
-       .help = "chunked top-k (a power of two >= 16; 0 = global top-k),\n"
-               "as NB_CODEC_TOPK_CHUNK"},
-      {.name = "zstd-level",
-       .kind = NB_OPT_LONG,
-       .dst = &level,
-       .meta = "L",
-       .max = 19,
-       .help = "0 .. 19 (0 = no zstd)"},
-      {.name = "threads",
-       .kind = NB_OPT_LONG,
-       .dst = &threads,
-       .meta = "T",
-       .min = 1,
-       .max = 64,
-       .help = "encode threads, 1 .. 64"},
-      {.name = "runs",
-       .kind = NB_OPT_LONG,
-       .dst = &runs,
-       .meta = "R",
-       .min = 1,
-       .max = 1000,
-       .help = "timed runs (median), 1 .. 1000 (default 7)"},
-      {.name = "input",
-       .kind = NB_OPT_STR,
-       .dst = &o->input,
-       .meta = "FILE.f32",
-       .help = "a raw little-endian fp32 vector (for example a real\n"
-               "pseudo-gradient) instead of the synthetic heavy-tailed one;\n"
-               "n is then its length"},
-      {.name = "json", .kind = NB_OPT_FLAG, .dst = &o->json, .help = "one JSON object on stdout"},
-      {.name = NULL},
+  const nb__flag_t flags[] = {
+      {"n", NB__F_NUM, &n, "N", 1, 4294967295.0, "coordinates, 1 .. 2^32-1 (default 64M)"},
+      {"density", NB__F_NUM, &o->density, "D", 0, 1, "fraction sent, 0 .. 1 (default 0.01)"},
+      {"values", NB__F_STR, &values, "TYPE", 0, 0, "int8|4bit|2bit|fp16|bf16|fp32 (default int8)"},
+      {"block", NB__F_LONG, &block, "B", 1, 65536, "values per scale of int8/4bit/2bit"},
+      {"topk-chunk", NB__F_LONG, &chunk, "C", 0, 65536,
+       "chunked top-k (a power of two >= 16; 0 = global top-k),\nas NB_CODEC_TOPK_CHUNK"},
+      {"zstd-level", NB__F_LONG, &level, "L", 0, 19, "0 .. 19 (0 = no zstd)"},
+      {"threads", NB__F_LONG, &threads, "T", 1, 64, "encode threads, 1 .. 64"},
+      {"runs", NB__F_LONG, &runs, "R", 1, 1000, "timed runs (median), 1 .. 1000 (default 7)"},
+      {"input", NB__F_STR, &o->input, "FILE.f32", 0, 0,
+       "a raw little-endian fp32 vector (for example a real\npseudo-gradient) instead of the "
+       "synthetic heavy-tailed one;\nn is then its length"},
+      {"json", NB__F_FLAG, &o->json, NULL, 0, 0, "one JSON object on stdout"},
+      {NULL, NB__F_FLAG, NULL, NULL, 0, 0, NULL},
   };
-  const nb_cmd_spec_t spec = {.cmd = "nebula bench codec",
-                              .synopsis = nb__bench_synopsis,
-                              .about = nb__bench_about,
-                              .opts = opts};
-  int rc = nb_opts_parse(&spec, argc, argv);
-  if (rc != NB_OPTS_RUN) return rc;
-  if (n > 4294967295.0) return nb_opts_usage_error(&spec, "--n needs a number in 1..2^32-1");
-  if (o->density > 1) return nb_opts_usage_error(&spec, "--density needs a number in 0..1");
-  if (values && nb_values_parse(values, &o->cfg.values) != NB_OK)
-    return nb_opts_usage_error(&spec, "--values needs int8, 4bit, 2bit, fp16, bf16 or fp32");
+  int rc = nb__flags_parse(flags, argc, argv);
+  if (rc >= 0) return rc;
+  if (values && nb_values_parse(values, &o->cfg.values) != NB_OK) {
+    fprintf(stderr, "%s: --values needs int8, 4bit, 2bit, fp16, bf16 or fp32, got '%s'\n",
+            nb__bench_cmd, values);
+    return 2;
+  }
   o->n = (size_t)n;
   o->cfg.block_size = (uint32_t)block;
   o->cfg.topk_chunk = (uint32_t)chunk;
   o->cfg.zstd_level = (int)level;
   o->cfg.threads = (int)threads;
   o->runs = (int)runs;
-  return NB_OPTS_RUN;
+  return -1;
 }
 
 /* Opens a raw fp32 file and sets *n to its length; NULL (after one line) when unusable. */
@@ -324,7 +364,7 @@ static void nb__bench_report(const nb__bopts_t* o, const nb__bstate_t* b, size_t
 int nb_bench_codec_main(int argc, char** argv) {
   nb__bopts_t o;
   int rc = nb__bench_parse(argc, argv, &o);
-  if (rc != NB_OPTS_RUN) return rc;
+  if (rc >= 0) return rc;
   FILE* in = NULL;
   if (o.input && !(in = nb__bench_open(o.input, &o.n))) return 1;
   rc = 1;
