@@ -1,10 +1,10 @@
 /* compress: the update codec. It turns an fp32 update (plus its error-feedback residual) into one
  * self-describing, checksummed frame for the WAN, and back: sparse frames (exact top-k of the
- * residual, or of each chunk of it; quantized values; delta+varint, bitmap or chunked indices;
- * zstd) and dense frames (fp32, fp16, bf16, and int8, 4bit, 2bit with one scale per block).
- * Decoding is strict and accumulates into the caller's buffer. The byte layout is in
- * docs/wire-format.md. Not here: sealing/encryption (security/) and transport (inter/); this module
- * never sees a socket or a key. */
+ * residual, or of each chunk of it; quantized values; delta+varint, bitmap, chunked or chunked
+ * Golomb-Rice indices; zstd) and dense frames (fp32, fp16, bf16, and int8, 4bit, 2bit with one
+ * scale per block). Decoding is strict and accumulates into the caller's buffer. The byte layout is
+ * in docs/wire-format.md. Not here: sealing/encryption (security/) and transport (inter/); this
+ * module never sees a socket or a key. */
 /* Typical use, once per round (errors elided):
  *   nb_codec_t* codec;  nb_codec_create(NULL, &codec);          // once; holds warm scratch
  *   size_t cap = nb_codec_frame_bound(n, nb_codec_k_for_density(n, d), NB_VALUES_INT8, 256);
