@@ -178,6 +178,8 @@ void nb_codec_destroy(nb_codec_t* k) {
     nb_free(k->cand[t]);
     nb_free(k->cval[t]);
     nb_free(k->cidx[t]);
+    nb_free(k->ghist[t]);
+    nb_free(k->rbuf[t]);
   }
   nb_free(k->hist);
   nb_free(k->work);
@@ -298,7 +300,7 @@ nb_status_t nb_codec_frame_info(const void* frame, size_t len, const nb_codec_li
   if (k > n) return NB__BAD("k (%llu) > n (%llu)", (unsigned long long)k, (unsigned long long)n);
   if (sparse) {
     if (info->index_coding != NB_INDEX_DELTA_VARINT && info->index_coding != NB_INDEX_BITMAP &&
-        info->index_coding != NB_INDEX_CHUNKED)
+        info->index_coding != NB_INDEX_CHUNKED && info->index_coding != NB_INDEX_CHUNKED_RICE)
       return NB__BAD("index coding %u is not valid for a sparse frame", f[NB__H_INDEX]);
   } else {
     if (info->index_coding != NB_INDEX_NONE)
@@ -338,6 +340,12 @@ nb_status_t nb_codec_frame_info(const void* frame, size_t len, const nb_codec_li
     if (ib < NB__CHUNKED_HEAD || ib > NB__CHUNKED_HEAD + 2 * k)
       return NB__BAD("chunked index section is %llu bytes, outside [8, 8 + 2k] = [8, %llu]",
                      (unsigned long long)ib, (unsigned long long)(NB__CHUNKED_HEAD + 2 * k));
+  } else if (info->index_coding == NB_INDEX_CHUNKED_RICE) {
+    /* the exact size follows from the bit stream; an encoder writes this coding only when it is
+     * smaller than the plain chunked section (<= 8 + 2k), so 12 + 2k bounds every valid one */
+    if (ib < NB__RICE_HEAD || ib > NB__RICE_HEAD + 2 * k)
+      return NB__BAD("chunked Rice index section is %llu bytes, outside [12, 12 + 2k] = [12, %llu]",
+                     (unsigned long long)ib, (unsigned long long)(NB__RICE_HEAD + 2 * k));
   } else if (ib < k || ib > 5 * k) {
     return NB__BAD("varint index section is %llu bytes, outside [k, 5k] = [%llu, %llu]",
                    (unsigned long long)ib, (unsigned long long)k, (unsigned long long)(5 * k));

@@ -26,6 +26,14 @@ struct nb_codec {
   size_t cand_cap[NB__CODEC_MAX_THREADS];
   uint32_t* cidx[NB__CODEC_MAX_THREADS]; /* chunked top-k: candidate indices of a chunk */
   size_t cidx_cap[NB__CODEC_MAX_THREADS];
+  uint32_t* ghist[NB__CODEC_MAX_THREADS]; /* chunked top-k: histogram of the offset gaps */
+  size_t ghist_cap[NB__CODEC_MAX_THREADS];
+  uint8_t* rbuf[NB__CODEC_MAX_THREADS]; /* chunked Rice: the bits of part t >= 1 */
+  size_t rbuf_cap[NB__CODEC_MAX_THREADS];
+  /* chunked Rice: part t (the chunks of selection thread t) starts at bit rice_start[t] of the
+   * stream; rice_start[rice_parts] is the stream's length */
+  uint64_t rice_start[NB__CODEC_MAX_THREADS + 1];
+  int rice_parts;
   uint32_t* hist;
   size_t hist_cap;
   uint64_t* work;
@@ -49,6 +57,8 @@ struct nb_codec {
 #define NB__CHUNK (1u << 17)
 /* A chunked index section starts with u32 chunk_size, u32 k_per_chunk. */
 #define NB__CHUNKED_HEAD 8u
+/* A chunked Rice section starts with u32 chunk_size, u32 k_per_chunk, u8 r, 3 zero bytes. */
+#define NB__RICE_HEAD 12u
 
 /* Grows *p to hold at least `want` elements of `size` bytes (no copy of old contents). */
 nb_status_t nb__codec_grow(void** p, size_t* cap, size_t want, size_t size, const char* what);

@@ -1,10 +1,10 @@
 /* compress: the update codec. It turns an fp32 update (plus its error-feedback residual) into one
  * self-describing, checksummed frame for the WAN, and back: sparse frames (exact top-k of the
- * residual, or of each chunk of it; quantized values; delta+varint, bitmap or chunked indices;
- * zstd) and dense frames (fp32, fp16, bf16, and int8, 4bit, 2bit with one scale per block).
- * Decoding is strict and accumulates into the caller's buffer. The byte layout is in
- * docs/wire-format.md. Not here: sealing/encryption (security/) and transport (inter/); this module
- * never sees a socket or a key. */
+ * residual, or of each chunk of it; quantized values; delta+varint, bitmap, chunked or chunked
+ * Golomb-Rice indices; zstd) and dense frames (fp32, fp16, bf16, and int8, 4bit, 2bit with one
+ * scale per block). Decoding is strict and accumulates into the caller's buffer. The byte layout is
+ * in docs/wire-format.md. Not here: sealing/encryption (security/) and transport (inter/); this
+ * module never sees a socket or a key. */
 /* Typical use, once per round (errors elided):
  *   nb_codec_t* codec;  nb_codec_create(NULL, &codec);          // once; holds warm scratch
  *   size_t cap = nb_codec_frame_bound(n, nb_codec_k_for_density(n, d), NB_VALUES_INT8, 256);
@@ -50,6 +50,11 @@ typedef enum {
   NB_INDEX_BITMAP = 2,       /* ceil(n/8) bytes, bit i = byte i/8, bit i%8 (LSB first) */
   NB_INDEX_CHUNKED = 3,      /* chunked top-k: u32 chunk size C, u32 k per chunk, then every
                                 index's offset within its chunk in log2(C) bits, LSB first */
+  NB_INDEX_CHUNKED_RICE = 4, /* chunked top-k, Golomb-Rice: u32 C, u32 k per chunk, u8 Rice
+                                parameter r < log2(C), 3 zero bytes, then chunk by chunk the
+                                gaps of its ascending offsets (the first offset, then offset -
+                                previous - 1), each as (gap >> r) one-bits, a zero-bit and the
+                                low r bits, one LSB-first bit stream with zero padding */
 } nb_index_coding_t;
 
 #define NB_FRAME_MAGIC 0x4643424eu /* bytes 'N' 'B' 'C' 'F' */
@@ -78,9 +83,11 @@ typedef struct {
    * the vector is cut into chunks of C coordinates and each whole chunk sends its own exact
    * top-kc, kc = floor(k * C / n) (a shorter last chunk of L coordinates: floor(kc * L / C)),
    * so a frame carries at most k values and the work is the same in every chunk. Indices are
-   * then coded NB_INDEX_CHUNKED (log2(C) bits each) unless that section would be larger than
-   * min(5k, ceil(n / 8)) bytes, in which case the smaller of varint and bitmap is written as
-   * for global top-k (so nb_codec_frame_bound holds either way). Dense frames ignore it. */
+   * then coded as the smaller of NB_INDEX_CHUNKED_RICE (about log2(C / kc) + 1.5 bits each;
+   * practically always) and NB_INDEX_CHUNKED (log2(C) bits each) unless that section would be
+   * larger than min(5k, ceil(n / 8)) bytes, in which case the smaller of varint and bitmap is
+   * written as for global top-k (so nb_codec_frame_bound holds either way). Dense frames
+   * ignore it. */
   uint32_t topk_chunk;
 } nb_codec_config_t;
 
@@ -138,7 +145,8 @@ size_t nb_codec_frame_bound(size_t n, size_t k, nb_values_t values, uint32_t blo
  *   nb_codec_config_t; the frame then carries k' <= k values); quantize those values;
  *   residual -= the dequantized values (what the receiver will decode, bit for bit, so the
  *   residual keeps the quantization error too); code indices (delta+varint or bitmap, whichever
- *   is smaller, or chunked); zstd; write one frame of *len bytes into out[0..cap).
+ *   is smaller, or chunked / chunked Rice); zstd; write one frame of *len bytes into
+ *   out[0..cap).
  * Every value a frame decodes to is finite: scales are capped (nb_quant_scale_max), fp16/bf16
  * saturate, and a non-finite residual value is refused (below).
  * update: n values, borrowed, read only. residual: n values, borrowed, updated in place; NULL
@@ -176,7 +184,8 @@ nb_status_t nb_codec_frame_info(const void* frame, size_t len, const nb_codec_li
  * k sent indices for a sparse frame). Everything is validated before out is touched, so on error
  * out is unchanged: header fields and sizes, checksum, the zstd payload's exact size, index
  * order (strictly increasing, < n), canonical varints, bitmap population, chunked sections
- * (chunk size, k per chunk against k, offsets within their chunk and increasing, zero padding),
+ * (chunk size, k per chunk against k, Rice parameter and unary runs, offsets within their chunk
+ * and increasing, exact section size, zero padding),
  * scales in [0, nb_quant_scale_max(max code)] so that every decoded value is finite, finite
  * fp16/bf16/fp32 values, the invalid codes (int8 -128, 4bit -8) and zero padding bits of packed
  * values. No dense temporaries: sparse frames use O(k) scratch, dense frames are streamed.

@@ -126,6 +126,131 @@ static nb_status_t nb__decode_chunked(const uint8_t* p, size_t ib, uint64_t n, u
   return NB_OK;
 }
 
+/* Chunked Rice index section (NB_INDEX_CHUNKED_RICE): u32 chunk size, u32 k per chunk, u8 r,
+ * 3 zero bytes, then chunk by chunk the gaps of its ascending offsets (first: the offset; then
+ * offset - previous - 1) as (gap >> r) one-bits, a zero-bit, the low r bits; one LSB-first bit
+ * stream, zero padding to the section's end. Gaps are >= 0, so offsets rise strictly by
+ * construction; each unary run is bounded by the room left in its chunk before it is read on,
+ * and the bit reader never loads past the section. */
+static nb_status_t nb__decode_rice(const uint8_t* p, size_t ib, uint64_t n, uint64_t k,
+                                   uint32_t* idx) {
+  uint32_t chunk = nb__get32(p), kc = nb__get32(p + 4);
+  unsigned r = p[8];
+  if (chunk < NB_FRAME_MIN_CHUNK || chunk > NB_FRAME_MAX_CHUNK || (chunk & (chunk - 1)))
+    return NB__BAD("chunked Rice index section: chunk size %u is not a power of two in [%u, %u]",
+                   chunk, NB_FRAME_MIN_CHUNK, NB_FRAME_MAX_CHUNK);
+  if (kc < 1 || kc > chunk)
+    return NB__BAD("chunked Rice index section: %u values per chunk, outside [1, chunk size %u]",
+                   kc, chunk);
+  unsigned bits = (unsigned)__builtin_ctz(chunk);
+  if (r >= bits)
+    return NB__BAD("chunked Rice index section: Rice parameter %u, outside [0, log2(%u) - 1 = %u]",
+                   r, chunk, bits - 1);
+  if (p[9] | p[10] | p[11])
+    return NB__BAD("chunked Rice index section: padding bytes 9..11 are not 0");
+  uint64_t want_k = nb__chunked_k(n, chunk, kc);
+  if (want_k != k)
+    return NB__BAD(
+        "chunked Rice index section: %u per chunk of %u over n = %llu makes k = %llu, the "
+        "header says k = %llu",
+        kc, chunk, (unsigned long long)n, (unsigned long long)want_k, (unsigned long long)k);
+  const uint8_t* q = p + NB__RICE_HEAD;
+  const size_t nb = ib - NB__RICE_HEAD;
+  const uint32_t rmask = (1u << r) - 1;
+  uint64_t acc = 0; /* the next `have` bits of the stream, LSB first; above them 0 or the bits
+                       of the bytes from q[pos] on */
+  unsigned have = 0;
+  size_t pos = 0; /* bytes of q loaded into acc */
+  uint64_t j = 0;
+  for (uint64_t b = 0; j < k; b += chunk) {
+    uint64_t len = n - b < chunk ? n - b : chunk;
+    uint64_t cnt = len == chunk ? kc : (uint64_t)kc * len / chunk;
+    uint64_t next = 0; /* the smallest offset the next gap can give */
+    for (uint64_t e = j + cnt; j < e; j++) {
+      if (next >= len) /* only after an earlier gap of this chunk too large for the rest */
+        return NB__BAD(
+            "chunked Rice index section: offset %llu of chunk %llu has no room left below its "
+            "length %llu",
+            (unsigned long long)j, (unsigned long long)(b / chunk), (unsigned long long)len);
+      /* (gap >> r) <= (len - 1 - next) >> r, or the offset leaves the chunk */
+      uint64_t qmax = (len - 1 - next) >> r, qn = 0, off;
+      if (have <= 48 && pos + 8 <= nb) { /* the common case: the whole code in 56+ bits */
+        uint64_t w;
+        memcpy(&w, q + pos, 8);
+        acc |= w << have;
+        pos += (63 - have) >> 3;
+        have |= 56;
+      }
+      uint64_t ones = ~acc;
+      unsigned t0 = ones ? (unsigned)__builtin_ctzll(ones) : 64;
+      if (t0 + 1 + r <= have && t0 <= qmax) {
+        off = next + ((uint64_t)t0 << r) + ((acc >> (t0 + 1)) & rmask);
+        acc >>= t0 + 1 + r;
+        have -= t0 + 1 + r;
+        goto have_offset;
+      }
+      for (;;) {
+        if (have <= 48 && pos + 8 <= nb) { /* 8 bytes at once; bits above `have` are those of
+                                             q[pos..], which later loads OR in again */
+          uint64_t w;
+          memcpy(&w, q + pos, 8);
+          acc |= w << have;
+          pos += (63 - have) >> 3;
+          have |= 56;
+        }
+        while (have <= 48 && pos < nb) {
+          acc |= (uint64_t)q[pos++] << have;
+          have += 8;
+        }
+        if (have == 0)
+          return NB__BAD("chunked Rice index section ends inside offset %llu of %llu",
+                         (unsigned long long)j, (unsigned long long)k);
+        uint64_t zeros = ~acc & (have == 64 ? ~0ull : (1ull << have) - 1);
+        unsigned t = zeros ? (unsigned)__builtin_ctzll(zeros) : have;
+        qn += t;
+        if (qn > qmax)
+          return NB__BAD(
+              "chunked Rice index section: unary run of offset %llu is longer than chunk %llu "
+              "allows (%llu ones, at most %llu)",
+              (unsigned long long)j, (unsigned long long)(b / chunk), (unsigned long long)qn,
+              (unsigned long long)qmax);
+        if (t < have) { /* the run ends here: drop it and its zero-bit */
+          acc >>= t + 1;
+          have -= t + 1;
+          break;
+        }
+        acc = 0;
+        have = 0;
+      }
+      while (have < r && pos < nb) {
+        acc |= (uint64_t)q[pos++] << have;
+        have += 8;
+      }
+      if (have < r)
+        return NB__BAD("chunked Rice index section ends inside offset %llu of %llu",
+                       (unsigned long long)j, (unsigned long long)k);
+      off = next + (qn << r) + (acc & rmask);
+      acc >>= r;
+      have -= r;
+    have_offset:
+      if (off >= len)
+        return NB__BAD(
+            "chunked Rice index section: offset %llu of chunk %llu is %llu, not below its "
+            "length %llu",
+            (unsigned long long)j, (unsigned long long)(b / chunk), (unsigned long long)off,
+            (unsigned long long)len);
+      idx[j] = (uint32_t)(b + off);
+      next = off + 1;
+    }
+  }
+  if (have >= 8 || pos < nb)
+    return NB__BAD("chunked Rice index section: %zu unused bytes after the last offset",
+                   nb - pos + have / 8);
+  if (acc != 0)
+    return NB__BAD("chunked Rice index section: padding bits after the last offset are not 0");
+  return NB_OK;
+}
+
 static nb_status_t nb__check_scales(nb_values_t t, const uint8_t* s, uint64_t count,
                                     uint64_t first) {
   if (count == 0) return NB_OK; /* also every type without scales */
@@ -374,6 +499,8 @@ static nb_status_t nb__decode(nb_codec_t* c, const uint8_t* f, size_t len, float
     NB_CHECK(nb__decode_bitmap(index, (size_t)h.index_bytes, h.n, h.k, c->didx));
   else if (h.index_coding == NB_INDEX_CHUNKED)
     NB_CHECK(nb__decode_chunked(index, (size_t)h.index_bytes, h.n, h.k, c->didx));
+  else if (h.index_coding == NB_INDEX_CHUNKED_RICE)
+    NB_CHECK(nb__decode_rice(index, (size_t)h.index_bytes, h.n, h.k, c->didx));
   else
     NB_CHECK(nb__decode_varints(index, (size_t)h.index_bytes, h.n, h.k, c->didx));
   size_t nbl = (size_t)(h.scale_bytes / 4);

@@ -233,7 +233,10 @@ typedef struct {
   const float* upd;
   size_t n, c0, c1; /* chunks [c0, c1) */
   uint32_t chunk, kc, t;
-  size_t bad; /* output position of the first non-finite kept value, or SIZE_MAX */
+  size_t bad;      /* output position of the first non-finite kept value, or SIZE_MAX */
+  uint32_t* ghist; /* gaps of the winners' offsets within their chunk: counts of 0 .. gmax */
+  uint32_t gmax;
+  size_t unsorted; /* output position of the first winner not above its predecessor, or SIZE_MAX */
 } nb__cjob_t;
 
 /* Pass of one chunk: (res += upd,) then the indices and values of src[b, e) with key >= t into
@@ -381,13 +384,31 @@ static void* nb__chunked_run(void* arg) {
   nb__cjob_t* jb = (nb__cjob_t*)arg;
   nb_codec_t* c = jb->c;
   uint32_t t = 0;
-  jb->bad = SIZE_MAX;
+  jb->bad = jb->unsorted = SIZE_MAX;
+  jb->gmax = 0;
+  memset(jb->ghist, 0, (jb->chunk < jb->n ? jb->chunk : jb->n) * sizeof *jb->ghist);
   for (size_t ch = jb->c0; ch < jb->c1; ch++) {
     size_t b = ch * jb->chunk, len = jb->n - b < jb->chunk ? jb->n - b : jb->chunk;
     size_t kk = len == jb->chunk ? jb->kc : (size_t)((uint64_t)jb->kc * len / jb->chunk);
     size_t o = ch * jb->kc; /* every chunk before this one is whole */
     size_t bad = nb__chunk_select(jb, b, len, kk, &t, c->idx + o, c->vals + o);
     if (bad != SIZE_MAX && jb->bad == SIZE_MAX) jb->bad = o + bad;
+    /* the gaps the Rice section will code (first: the offset; then offset - previous - 1),
+     * while the winners are in cache; the section must list them in the order of the values */
+    const uint32_t* ix = c->idx + o;
+    uint32_t next = 0, gmax = jb->gmax;
+    for (size_t j = 0; j < kk; j++) {
+      uint32_t off = ix[j] - (uint32_t)b;
+      if (off < next || off >= len) {
+        if (jb->unsorted == SIZE_MAX) jb->unsorted = o + j;
+        break;
+      }
+      uint32_t g = off - next;
+      jb->ghist[g]++;
+      gmax = g > gmax ? g : gmax;
+      next = off + 1;
+    }
+    jb->gmax = gmax;
   }
   return NULL;
 }
@@ -461,25 +482,156 @@ static nb_status_t nb__finish(nb_codec_t* c, nb_frame_info_t* h, size_t raw, uin
   return NB_OK;
 }
 
+/* ---- chunked Rice index section (NB_INDEX_CHUNKED_RICE) ---- */
+
+/* Values sent by chunk `ch` (the counting rule of nb__chunked_k). */
+static inline size_t nb__chunk_count(size_t n, uint32_t chunk, uint32_t kc, size_t ch) {
+  size_t len = n - ch * chunk < chunk ? n - ch * chunk : chunk;
+  return len == chunk ? kc : (size_t)((uint64_t)kc * len / chunk);
+}
+
+/* The Rice parameter of a chunked section of k gaps whose counts are hist[0..gmax] (the sum of
+ * the selection threads' histograms; left holding suffix counts): the r in
+ * [0, log2(C) - 1] with the fewest bits, the smaller on a tie, counted exactly:
+ * bits(r) = k (1 + r) + sum over gaps of (g >> r), and sum (g >> r) = sum over m >= 1 of
+ * #{g >= m 2^r}, so every r costs gmax / 2^r steps. *bytes: the section's size. */
+static unsigned nb__rice_choose(uint32_t* hist, uint32_t gmax, size_t k, uint32_t chunk,
+                                size_t* bytes) {
+  const unsigned bits = (unsigned)__builtin_ctz(chunk);
+  uint64_t above = 0;
+  for (uint32_t g = gmax + 1; g-- > 0;) hist[g] = (uint32_t)(above += hist[g]);
+  unsigned best = 0;
+  uint64_t best_bits = UINT64_MAX;
+  for (unsigned r = 0; r < bits; r++) {
+    uint64_t b = (uint64_t)k * (1 + r);
+    for (uint64_t x = (uint64_t)1 << r; x <= gmax; x += (uint64_t)1 << r) b += hist[x];
+    if (b < best_bits) best_bits = b, best = r;
+  }
+  *bytes = NB__RICE_HEAD + (size_t)((best_bits + 7) / 8);
+  return best;
+}
+
+/* Appends the low `nb` (<= 32) bits of v to the LSB-first stream at *q (*have < 8 bits pending
+ * before and after). Stores 8 bytes unconditionally, so the buffer needs 8 bytes of slack. */
+static inline void nb__bits_put(uint8_t** q, uint64_t* acc, unsigned* have, uint64_t v,
+                                unsigned nb) {
+  *acc |= v << *have;
+  *have += nb;
+  nb__put64(*q, *acc);
+  *q += *have >> 3;
+  *acc >>= *have & ~7u;
+  *have &= 7;
+}
+
+/* Writes the codes of the winners of chunks [c0, c1) (ascending within each chunk, checked by
+ * the selection) with parameter r, after `lead` zero bits, at dst; returns the bytes written
+ * (ceil((lead + bits) / 8)). Stores up to 8 bytes past them. */
+static size_t nb__put_rice_part(uint8_t* dst, const uint32_t* idx, size_t n, uint32_t chunk,
+                                uint32_t kc, unsigned r, size_t c0, size_t c1, unsigned lead) {
+  uint8_t* q = dst;
+  uint64_t acc = 0;
+  unsigned have = lead;
+  const uint32_t mask = chunk - 1, rmask = (1u << r) - 1;
+  for (size_t ch = c0, j = c0 * kc; ch < c1; ch++) { /* every chunk before c0 is whole */
+    uint32_t next = 0;
+    for (size_t e = j + nb__chunk_count(n, chunk, kc, ch); j < e; j++) {
+      uint32_t off = idx[j] & mask, g = off - next, qn = g >> r;
+      next = off + 1;
+      uint64_t low = (uint64_t)(g & rmask) << 1; /* the zero-bit, then the low r bits */
+      if (qn + 1 + r <= 32) {
+        nb__bits_put(&q, &acc, &have, ((1ull << qn) - 1) | low << qn, qn + 1 + r);
+        continue;
+      }
+      for (; qn > 0;) {
+        unsigned m = qn < 32 ? qn : 32;
+        nb__bits_put(&q, &acc, &have, (1ull << m) - 1, m);
+        qn -= m;
+      }
+      nb__bits_put(&q, &acc, &have, low, r + 1);
+    }
+  }
+  if (have) *q++ = (uint8_t)acc;
+  return (size_t)(q - dst);
+}
+
+typedef struct {
+  const uint32_t* idx;
+  size_t n, c0, c1, bytes;
+  uint32_t chunk, kc;
+  unsigned r, lead;
+  uint8_t* dst;
+} nb__rjob_t;
+
+static void* nb__rice_run(void* arg) {
+  nb__rjob_t* w = (nb__rjob_t*)arg;
+  w->bytes = nb__put_rice_part(w->dst, w->idx, w->n, w->chunk, w->kc, w->r, w->c0, w->c1, w->lead);
+  return NULL;
+}
+
+/* Writes the chunked Rice section of c->idx with parameter r: the head, then the stream in
+ * c->rice_parts parts on as many threads (part t: the chunks selection thread t had, from bit
+ * c->rice_start[t]). Part 0 goes in place, the others into their own buffers (so no two threads
+ * store into the same bytes) that are then copied behind it, the byte they share ORed. Needs 8
+ * bytes of slack after the section; returns its size. */
+static nb_status_t nb__put_rice(nb_codec_t* c, uint8_t* o, size_t n, uint32_t chunk, uint32_t kc,
+                                unsigned r, size_t* bytes) {
+  nb__put32(o, chunk);
+  nb__put32(o + 4, kc);
+  o[8] = (uint8_t)r, o[9] = o[10] = o[11] = 0;
+  uint8_t* s = o + NB__RICE_HEAD;
+  int parts = c->rice_parts;
+  size_t nch = n / chunk + (n % chunk != 0);
+  nb__rjob_t w[NB__CODEC_MAX_THREADS];
+  for (int t = 0; t < parts; t++) {
+    uint64_t b0 = c->rice_start[t], b1 = c->rice_start[t + 1];
+    if (t > 0)
+      NB_CHECK(nb__codec_grow((void**)&c->rbuf[t], &c->rbuf_cap[t],
+                              (size_t)((b1 - b0 + 7) / 8) + 16, 1, "codec Rice part"));
+    w[t] = (nb__rjob_t){.idx = c->idx,
+                        .n = n,
+                        .c0 = nch * (size_t)t / (size_t)parts,
+                        .c1 = nch * (size_t)(t + 1) / (size_t)parts,
+                        .chunk = chunk,
+                        .kc = kc,
+                        .r = r,
+                        .lead = (unsigned)(b0 % 8),
+                        .dst = t ? c->rbuf[t] : s};
+  }
+  nb__parallel(nb__rice_run, w, sizeof w[0], parts);
+  for (int t = 1; t < parts; t++) { /* in order: part t - 1's last byte is complete first */
+    size_t at = (size_t)(c->rice_start[t] / 8);
+    if (w[t].bytes == 0) continue;
+    if (c->rice_start[t] % 8)
+      s[at] |= w[t].dst[0];
+    else
+      s[at] = w[t].dst[0];
+    memcpy(s + at + 1, w[t].dst + 1, w[t].bytes - 1);
+  }
+  *bytes = NB__RICE_HEAD + (size_t)((c->rice_start[parts] + 7) / 8);
+  return NB_OK;
+}
+
 /* Step 4 of a sparse encode, shared by global and chunked top-k: sections
  * [scales][values][indices] from codec->idx/vals[0..k), residual correction, zstd, frame.
- * chunk != 0: chunked top-k with kc per chunk, coded NB_INDEX_CHUNKED when that fits the
- * bound (see nb_codec_config_t). */
+ * chunk != 0: chunked top-k with kc per chunk, coded NB_INDEX_CHUNKED_RICE with parameter
+ * rice (>= 0) or NB_INDEX_CHUNKED (rice < 0) in `chunked` bytes when that fits the bound (see
+ * nb_codec_config_t). */
 static nb_status_t nb__emit_sparse(nb_codec_t* c, float* residual, size_t n, size_t k,
-                                   size_t varint, uint32_t chunk, uint32_t kc, uint64_t round,
-                                   uint32_t sender, uint8_t* out, size_t cap, size_t* len,
-                                   int threads, int64_t t_start, int64_t t_pass, int64_t t_select,
-                                   size_t m, int scans) {
+                                   size_t varint, uint32_t chunk, uint32_t kc, int rice,
+                                   size_t chunked, uint64_t round, uint32_t sender, uint8_t* out,
+                                   size_t cap, size_t* len, int threads, int64_t t_start,
+                                   int64_t t_pass, int64_t t_select, size_t m, int scans) {
   /* 4. sections [scales][values][indices]; values are gathered, quantized and taken out of the
    * residual a group at a time so each residual line is touched once */
   size_t nbl = (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size);
   size_t sb = 4 * nbl, vb = (size_t)nb__value_bytes(c->cfg.values, k);
   size_t bitmap = n / 8 + (n % 8 != 0);
   unsigned cbits = chunk ? (unsigned)__builtin_ctz(chunk) : 0;
-  size_t chunked = chunk ? (size_t)nb__chunked_index_bytes(k, cbits) : SIZE_MAX;
+  if (!chunk) chunked = SIZE_MAX;
   int use_chunked = k > 0 && chunked <= 5 * k && chunked <= bitmap;
   int use_bitmap = !use_chunked && bitmap < varint;
   size_t ib = use_chunked ? chunked : use_bitmap ? bitmap : varint;
+  /* + 8: the Rice writer stores 8 bytes at a time up to the section's last byte */
   NB_CHECK(nb__codec_grow((void**)&c->raw, &c->raw_cap, sb + vb + ib + 8, 1, "codec sections"));
   /* groups are whole scale blocks and whole bytes of packed values (a multiple of 4 values);
    * threads take contiguous runs of groups */
@@ -502,7 +654,12 @@ static nb_status_t nb__emit_sparse(nb_codec_t* c, float* residual, size_t n, siz
   for (int i = 0; i < qthreads; i++)
     if (qj[i].st != NB_OK) return nb_error(qj[i].st, "codec: quantization failed: %s", qj[i].msg);
   uint8_t* ip = c->raw + sb + vb;
-  if (use_chunked) {
+  if (use_chunked && rice >= 0) {
+    size_t wrote = 0;
+    NB_CHECK(nb__put_rice(c, ip, n, chunk, kc, (unsigned)rice, &wrote));
+    if (wrote != ib)
+      return nb_error(NB_ERR_INTERNAL, "codec: Rice section of %zu bytes, %zu planned", wrote, ib);
+  } else if (use_chunked) {
     nb__put32(ip, chunk);
     nb__put32(ip + 4, kc);
     uint8_t* q = ip + NB__CHUNKED_HEAD;
@@ -529,9 +686,10 @@ static nb_status_t nb__emit_sparse(nb_codec_t* c, float* residual, size_t n, siz
   int64_t t_quant = nb_now_ns();
   nb_frame_info_t h = {.flags = NB_FRAME_FLAG_SPARSE,
                        .values = c->cfg.values,
-                       .index_coding = use_chunked  ? NB_INDEX_CHUNKED
-                                       : use_bitmap ? NB_INDEX_BITMAP
-                                                    : NB_INDEX_DELTA_VARINT,
+                       .index_coding = use_chunked && rice >= 0 ? NB_INDEX_CHUNKED_RICE
+                                       : use_chunked            ? NB_INDEX_CHUNKED
+                                       : use_bitmap             ? NB_INDEX_BITMAP
+                                                                : NB_INDEX_DELTA_VARINT,
                        .n = n,
                        .k = k,
                        .round = round,
@@ -569,6 +727,7 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
     NB_CHECK(nb__grow_candidates(c, i, 2 * clen + 16));
     NB_CHECK(
         nb__codec_grow((void**)&c->cidx[i], &c->cidx_cap[i], clen + 8, 4, "codec chunk indices"));
+    NB_CHECK(nb__codec_grow((void**)&c->ghist[i], &c->ghist_cap[i], clen, 4, "codec gap counts"));
     jb[i] = (nb__cjob_t){.c = c,
                          .res = residual,
                          .upd = update,
@@ -577,7 +736,8 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
                          .c1 = nch * (size_t)(i + 1) / (size_t)threads,
                          .chunk = chunk,
                          .kc = kc,
-                         .t = (uint32_t)i};
+                         .t = (uint32_t)i,
+                         .ghist = c->ghist[i]};
   }
 #ifdef NB__HAVE_AVX2_PATH
   pthread_once(&nb__compact_once, nb__compact_init);
@@ -589,9 +749,37 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
   if (bad != SIZE_MAX)
     return nb_error(NB_ERR_INVALID, "codec: the %s holds a non-finite value at index %u",
                     residual ? "residual (after adding the update)" : "update", c->idx[bad]);
+  for (int i = 0; i < threads; i++)
+    if (jb[i].unsorted != SIZE_MAX)
+      return nb_error(NB_ERR_INTERNAL,
+                      "codec: chunked top-k winner %zu is not above the one before",
+                      jb[i].unsorted);
+  /* the smaller of the Rice and the plain chunked section (Rice practically always: about
+   * log2(C / kc) + 1.5 bits per index instead of log2(C)); plain on a tie */
+  size_t chunked = (size_t)nb__chunked_index_bytes(kt, (unsigned)__builtin_ctz(chunk)), rb = 0;
+  int rice = -1;
+  if (kt > 0) { /* the threads' gap counts summed into c->hist (theirs are needed below) */
+    uint32_t gmax = 0;
+    for (int i = 0; i < threads; i++) gmax = jb[i].gmax > gmax ? jb[i].gmax : gmax;
+    NB_CHECK(nb__codec_grow((void**)&c->hist, &c->hist_cap, (size_t)gmax + 1, 4, "codec gaps"));
+    memset(c->hist, 0, ((size_t)gmax + 1) * sizeof *c->hist);
+    for (int i = 0; i < threads; i++)
+      for (uint32_t g = 0; g <= jb[i].gmax; g++) c->hist[g] += jb[i].ghist[g];
+    unsigned r = nb__rice_choose(c->hist, gmax, kt, chunk, &rb);
+    if (rb < chunked) { /* where each thread's part of the stream starts */
+      rice = (int)r, chunked = rb;
+      uint64_t at = 0;
+      for (int i = 0; i < threads; i++) {
+        c->rice_start[i] = at;
+        for (uint32_t g = 0; g <= jb[i].gmax; g++)
+          at += (uint64_t)jb[i].ghist[g] * ((g >> r) + 1 + r);
+      }
+      c->rice_start[threads] = at;
+      c->rice_parts = threads;
+    }
+  }
   /* the varint size matters only when the chunked section does not fit (see nb__emit_sparse) */
   size_t varint = 0, bitmap = n / 8 + (n % 8 != 0);
-  size_t chunked = (size_t)nb__chunked_index_bytes(kt, (unsigned)__builtin_ctz(chunk));
   int need_varint = !(kt > 0 && chunked <= 5 * kt && chunked <= bitmap);
   uint32_t prev = 0;
   for (size_t j = 0; need_varint && j < kt; j++) {
@@ -599,8 +787,8 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
     prev = c->idx[j];
     varint += 1 + (d >= (1u << 7)) + (d >= (1u << 14)) + (d >= (1u << 21)) + (d >= (1u << 28));
   }
-  return nb__emit_sparse(c, residual, n, kt, varint, chunk, kc, round, sender, out, cap, len,
-                         threads, t_start, t_pass, nb_now_ns(), kt, 1);
+  return nb__emit_sparse(c, residual, n, kt, varint, chunk, kc, rice, chunked, round, sender, out,
+                         cap, len, threads, t_start, t_pass, nb_now_ns(), kt, 1);
 }
 
 nb_status_t nb_codec_encode_sparse(nb_codec_t* codec, const float* update, float* residual,
@@ -771,8 +959,8 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
                     residual ? "residual (after adding the update)" : "update", c->idx[bad]);
   t_select = nb_now_ns();
 
-  return nb__emit_sparse(c, residual, n, k, varint, 0, 0, round, sender, out, cap, len, threads,
-                         t_start, t_pass, t_select, m, scans);
+  return nb__emit_sparse(c, residual, n, k, varint, 0, 0, -1, 0, round, sender, out, cap, len,
+                         threads, t_start, t_pass, t_select, m, scans);
 }
 
 nb_status_t nb_codec_encode_dense(nb_codec_t* c, const float* x, size_t n, uint64_t round,

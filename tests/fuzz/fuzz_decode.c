@@ -1,8 +1,8 @@
 /* libFuzzer target for the codec's strict decoder: any bytes must give a status, never a crash,
  * an out-of-bounds access or a non-finite accumulated value. The same bytes also drive the
- * encoder (every value type, global and chunked top-k, dense): any finite input must encode,
- * decode to finite values and leave a finite residual. Built with -DNB_FUZZ=ON and clang; the
- * checked-in corpus also runs as a normal test (corpus_main.c). */
+ * encoder (every value type, global and chunked top-k with every chunk size, dense): any finite
+ * input must encode, decode to finite values and leave a finite residual. Built with -DNB_FUZZ=ON
+ * and clang; the checked-in corpus also runs as a normal test (corpus_main.c). */
 #include "fuzz_decode.h"
 
 #include <float.h>
@@ -56,7 +56,9 @@ void nb_fuzz_encode(const uint8_t* data, size_t size) {
   nb_codec_config_t cfg;
   nb_codec_config_default(&cfg);
   cfg.values = types[data[0] % 6];
-  cfg.topk_chunk = data[1] % 8 == 0 ? 0 : 1u << (3 + data[1] % 8); /* 0, 16 .. 1024 */
+  /* 0 (global), or chunks of 16 .. 65536: chunked frames are coded Rice, plain chunked, varint
+   * or bitmap, whichever the encoder finds smallest */
+  cfg.topk_chunk = data[1] % 14 == 0 ? 0 : 1u << (3 + data[1] % 14);
   cfg.block_size = 1 + data[3] % 64;
   cfg.zstd_level = data[2] & 1;
   cfg.threads = 1;

@@ -71,6 +71,57 @@ static void set_offset(uint8_t* ix, size_t j, unsigned bits, uint32_t off) {
   }
 }
 
+/* ---- chunked Rice sections (index coding 4), read and written here from the wire format's
+ * words, so that frames with chosen gaps, parameters and lengths can be built ---- */
+
+typedef struct {
+  uint32_t chunk, kc;
+  unsigned r;
+  size_t k;
+  uint32_t* gaps; /* malloc'd, k entries: chunk by chunk, first offset then offset - prev - 1 */
+} rice_t;
+
+/* Reads the (valid) Rice section at sec of a frame for n coordinates. */
+static rice_t rice_read(const uint8_t* sec, size_t n) {
+  rice_t rc;
+  memcpy(&rc.chunk, sec, 4);
+  memcpy(&rc.kc, sec + 4, 4);
+  rc.r = sec[8];
+  rc.k = 0;
+  for (size_t b = 0; b < n; b += rc.chunk)
+    rc.k += n - b >= rc.chunk ? rc.kc : (size_t)rc.kc * (n - b) / rc.chunk;
+  rc.gaps = malloc((rc.k + 1) * sizeof *rc.gaps);
+  size_t bit = 0;
+  for (size_t j = 0; j < rc.k; j++) {
+    uint32_t q = 0, low = 0;
+    while (sec[12 + bit / 8] >> (bit % 8) & 1) q++, bit++;
+    bit++;
+    for (unsigned i = 0; i < rc.r; i++, bit++)
+      low |= (uint32_t)(sec[12 + bit / 8] >> (bit % 8) & 1) << i;
+    rc.gaps[j] = q << rc.r | low;
+  }
+  return rc;
+}
+
+/* Writes a Rice section (head and stream, zero padding); returns its bytes, *bits the stream's
+ * length in bits. sec must have room. */
+static size_t rice_write(uint8_t* sec, const rice_t* rc, size_t* bits) {
+  memcpy(sec, &rc->chunk, 4);
+  memcpy(sec + 4, &rc->kc, 4);
+  sec[8] = (uint8_t)rc->r, sec[9] = sec[10] = sec[11] = 0;
+  size_t bit = 0;
+  for (size_t j = 0; j < rc->k; j++) {
+    uint32_t g = rc->gaps[j];
+    for (uint32_t q = g >> rc->r; q > 0; q--, bit++)
+      sec[12 + bit / 8] |= (uint8_t)(1u << (bit % 8));
+    bit++; /* the zero-bit (sec starts zeroed) */
+    for (unsigned i = 0; i < rc->r; i++, bit++)
+      if (g >> i & 1) sec[12 + bit / 8] |= (uint8_t)(1u << (bit % 8));
+  }
+  if (bits) *bits = bit;
+  return 12 + (bit + 7) / 8;
+}
+
 static buf_t encode_chunked(nb_values_t v, int level, int dense, size_t n, double density,
                             int spiky, uint32_t chunk) {
   nb_codec_config_t cfg;
@@ -106,6 +157,54 @@ typedef struct {
   nb_test_frame_t* v;
   size_t n, cap;
 } list_t;
+
+/* A stored sparse frame with base's scales and values and a new index section of ib bytes
+ * (index coding `coding`), sealed. */
+static buf_t with_index(const buf_t* base, uint8_t coding, const uint8_t* sec, size_t ib) {
+  size_t at = index_at(base->b);
+  buf_t o = {calloc(at + ib + 1, 1), at + ib};
+  memcpy(o.b, base->b, at);
+  memcpy(o.b + at, sec, ib);
+  o.b[13] = coding;
+  put64(o.b + 64, ib);
+  put64(o.b + 72, at + ib - HDR);
+  reseal(o.b, o.len);
+  return o;
+}
+
+/* base (a stored Rice frame) with its gaps re-coded as rc says. */
+static buf_t rice_frame(const buf_t* base, const rice_t* rc) {
+  uint8_t* sec = calloc(12 + 4 * rc->k + 64, 1);
+  size_t ib = rice_write(sec, rc, NULL);
+  buf_t o = with_index(base, 4, sec, ib);
+  free(sec);
+  return o;
+}
+
+/* base (a stored Rice frame for n coordinates) re-coded as the plain chunked section
+ * (index coding 3) that the encoder wrote before the Rice coding existed. */
+static buf_t rice_to_plain(const buf_t* base, size_t n) {
+  rice_t rc = rice_read(base->b + index_at(base->b), n);
+  unsigned bits = 0;
+  while ((1u << bits) < rc.chunk) bits++;
+  uint8_t* sec = calloc(8 + (rc.k * bits + 7) / 8 + 1, 1);
+  memcpy(sec, &rc.chunk, 4);
+  memcpy(sec + 4, &rc.kc, 4);
+  size_t j = 0;
+  for (size_t b = 0; b < n; b += rc.chunk) {
+    size_t cnt = n - b >= rc.chunk ? rc.kc : (size_t)rc.kc * (n - b) / rc.chunk;
+    uint32_t next = 0;
+    for (size_t e = j + cnt; j < e; j++) {
+      uint32_t off = next + rc.gaps[j];
+      next = off + 1;
+      set_offset(sec, j, bits, off);
+    }
+  }
+  buf_t o = with_index(base, 3, sec, 8 + (rc.k * bits + 7) / 8);
+  free(sec);
+  free(rc.gaps);
+  return o;
+}
 
 static uint8_t* add(list_t* l, const char* name, const buf_t* base, size_t len, nb_status_t want,
                     const char* needle) {
@@ -168,7 +267,7 @@ size_t nb_test_frames_build(nb_test_frame_t** out) {
   p = add(&l, "value-type", &B, B.len, C, "value type");
   p[12] = 9;
   p = add(&l, "index-coding-sparse", &B, B.len, C, "index coding");
-  p[13] = 4;
+  p[13] = 5;
   p = add(&l, "index-coding-dense", &G, G.len, C, "index coding");
   p[13] = 1;
   p = add(&l, "zstd-level-stored", &B, B.len, C, "zstd level");
@@ -264,10 +363,13 @@ size_t nb_test_frames_build(nb_test_frame_t** out) {
   buf_t O = encode(NB_VALUES_INT4, 3, 1, 5000, 1.0, 0);
   buf_t P = encode(NB_VALUES_BF16, 0, 0, 1000, 0.05, 1);
   buf_t Q = encode(NB_VALUES_FP32, 0, 0, 1000, 0.05, 1);
-  /* chunked top-k. M: 2bit stored, n = 1000, chunks of 64, k = 100 -> 6 per whole chunk (15 of
-   * them) and floor(6 * 40 / 64) = 3 in the last of 40: k = 93 offsets of 6 bits = 70 bytes (2
-   * padding bits) after the 8-byte section head. N: int8 zstd, n = 5000, chunks of 256. */
-  buf_t M = encode_chunked(NB_VALUES_INT2, 0, 0, 1000, 0.1, 0, 64);
+  /* chunked top-k. R: 2bit stored, n = 1000, chunks of 64, k = 100 -> 6 per whole chunk (15 of
+   * them) and floor(6 * 40 / 64) = 3 in the last of 40: k = 93 offsets, coded Rice by the
+   * encoder. M: the same frame with the plain chunked section (index coding 3) that encoders
+   * wrote before Rice: 93 offsets of 6 bits = 70 bytes (2 padding bits) after the 8-byte section
+   * head. N: int8 zstd, n = 5000, chunks of 256 (Rice inside zstd). */
+  buf_t R = encode_chunked(NB_VALUES_INT2, 0, 0, 1000, 0.1, 0, 64);
+  buf_t M = rice_to_plain(&R, 1000);
   buf_t N = encode_chunked(NB_VALUES_INT8, 1, 0, 5000, 0.03, 0, 256);
   add(&l, "ok-sparse-4bit", &H, H.len, NB_OK, NULL);
   add(&l, "ok-sparse-2bit", &J, J.len, NB_OK, NULL);
@@ -359,8 +461,84 @@ size_t nb_test_frames_build(nb_test_frame_t** out) {
   p = add(&l, "flip-chunked-payload", &N, N.len, I, "checksum");
   p[HDR + 12] ^= 0x08;
 
+  /* chunked Rice sections (R: the section starts at index_at; its gaps are in rr) */
+  add(&l, "ok-chunked-rice-2bit", &R, R.len, NB_OK, NULL);
+  rice_t rr = rice_read(R.b + index_at(R.b), 1000);
+  size_t rix = index_at(R.b), rib = R.len - rix;
+  buf_t X;
+  p = add(&l, "rice-on-dense", &L, L.len, C, "index coding");
+  p[13] = 4;
+  p = add(&l, "rice-chunk-not-power-of-two", &R, R.len, C, "not a power of two");
+  put32(p + rix, 48), reseal(p, R.len);
+  p = add(&l, "rice-chunk-too-small", &R, R.len, C, "not a power of two");
+  put32(p + rix, 8), reseal(p, R.len);
+  p = add(&l, "rice-chunk-too-large", &R, R.len, C, "not a power of two");
+  put32(p + rix, 1u << 17), reseal(p, R.len);
+  p = add(&l, "rice-k-zero", &R, R.len, C, "values per chunk");
+  put32(p + rix + 4, 0), reseal(p, R.len);
+  p = add(&l, "rice-k-above-chunk", &R, R.len, C, "values per chunk");
+  put32(p + rix + 4, 65), reseal(p, R.len);
+  p = add(&l, "rice-k-mismatch", &R, R.len, C, "makes k");
+  put32(p + rix + 4, 7), reseal(p, R.len);
+  p = add(&l, "rice-param-too-large", &R, R.len, C, "Rice parameter 6");
+  p[rix + 8] = 6, reseal(p, R.len);
+  p = add(&l, "rice-head-padding", &R, R.len, C, "padding bytes");
+  p[rix + 10] = 1, reseal(p, R.len);
+  p = add(&l, "rice-index-bytes-under-12", &R, R.len, C, "Rice index section is 11");
+  put64(p + 64, 11);
+  p = add(&l, "rice-index-bytes-over-2k", &R, R.len, C, "Rice index section is");
+  put64(p + 64, 12 + 2 * 93 + 1);
+  /* the stream: all ones (the first unary run passes what chunk 0 allows), cut inside a long
+   * unary run (r = 0), a zero byte after the padding, a set padding bit */
+  p = add(&l, "rice-unary-too-long", &R, R.len, C, "unary run of offset 0 is longer");
+  memset(p + rix + 12, 0xff, rib - 12), reseal(p, R.len);
+  rr.r = 0;
+  X = rice_frame(&R, &rr);
+  p = add(&l, "rice-stream-cut", &X, X.len - 1, C, "ends inside offset 92");
+  put64(p + 64, get64(p + 64) - 1), put64(p + 72, get64(p + 72) - 1), reseal(p, X.len - 1);
+  free(X.b);
+  rr.r = R.b[rix + 8];
+  p = add(&l, "rice-unused-byte", &R, R.len + 1, C, "1 unused bytes");
+  put64(p + 64, rib + 1), put64(p + 72, get64(p + 72) + 1), reseal(p, R.len + 1);
+  {
+    size_t bits = 0;
+    uint8_t* sec = calloc(12 + 4 * rr.k + 64, 1);
+    for (rr.r = 1; rr.r < 6; rr.r++) { /* a parameter that leaves padding bits */
+      memset(sec, 0, 12 + 4 * rr.k + 64);
+      if (rice_write(sec, &rr, &bits) && bits % 8 != 0) break;
+    }
+    X = rice_frame(&R, &rr);
+    p = add(&l, "rice-padding", &X, X.len, C, "padding bits after the last offset");
+    p[X.len - 1] |= 0x80, reseal(p, X.len);
+    free(X.b), free(sec);
+    rr.r = R.b[rix + 8];
+  }
+  /* an offset at or past its chunk's length with a unary run within bounds: the first gap
+   * whose largest low bits reach past the chunk gets them */
+  {
+    rice_t bad = rr;
+    bad.gaps = malloc(rr.k * sizeof *bad.gaps);
+    memcpy(bad.gaps, rr.gaps, rr.k * sizeof *bad.gaps);
+    size_t j = 0, found = 0;
+    for (size_t b = 0; b < 1000 && !found; b += 64) {
+      size_t cl = 1000 - b < 64 ? 1000 - b : 64, cnt = cl == 64 ? 6 : 6 * cl / 64, next = 0;
+      for (size_t e = j + cnt; j < e && !found; j++) {
+        uint32_t gmax = (uint32_t)(((cl - 1 - next) >> rr.r) << rr.r | ((1u << rr.r) - 1));
+        if (next + gmax >= cl)
+          bad.gaps[j] = gmax, found = 1;
+        else
+          next += bad.gaps[j] + 1;
+      }
+    }
+    X = rice_frame(&R, &bad);
+    p = add(&l, "rice-offset-beyond-chunk", &X, X.len, C, "not below its length");
+    free(X.b), free(bad.gaps);
+  }
+  free(rr.gaps);
+
   free(A.b), free(B.b), free(D.b), free(E.b), free(F.b), free(G.b);
   free(H.b), free(J.b), free(K.b), free(L.b), free(M.b), free(N.b), free(O.b), free(P.b), free(Q.b);
+  free(R.b);
   *out = l.v;
   return l.n;
 }

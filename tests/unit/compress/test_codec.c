@@ -490,12 +490,68 @@ static void test_lowbit_sparse_error_bound(void** state) {
 
 /* ---- chunked top-k ---- */
 
+/* An independent reader of a stored frame's chunked Rice section (bit by bit, as
+ * docs/wire-format.md words it): checks its layout, that it lists exactly want[0..kt), that r
+ * is the best parameter of all (for these smooth inputs the encoder's few candidates hold it)
+ * and that the section is smaller than the plain chunked one. */
+static void check_rice_section(const uint8_t* frame, size_t len, size_t n, const uint32_t* want,
+                               size_t kt) {
+  nb_frame_info_t info;
+  assert_int_equal(nb_codec_frame_info(frame, len, NULL, &info), NB_OK);
+  assert_int_equal(info.index_coding, NB_INDEX_CHUNKED_RICE);
+  assert_false(info.flags & NB_FRAME_FLAG_ZSTD);
+  const uint8_t* p = frame + NB_FRAME_HEADER_BYTES + info.scale_bytes + info.value_bytes;
+  size_t ib = (size_t)info.index_bytes;
+  uint32_t chunk, kc;
+  memcpy(&chunk, p, 4);
+  memcpy(&kc, p + 4, 4);
+  unsigned r = p[8], lg = 0;
+  while ((1u << lg) < chunk) lg++;
+  assert_true(r < lg);
+  assert_true(p[9] == 0 && p[10] == 0 && p[11] == 0);
+  size_t bit = 0, j = 0;
+#define RICE_BIT() (assert_true(bit < 8 * (ib - 12)), (p[12 + bit / 8] >> (bit % 8)) & 1u)
+  for (size_t b = 0; b < n; b += chunk) {
+    size_t cl = n - b < chunk ? n - b : chunk, cnt = cl == chunk ? kc : kc * cl / chunk, next = 0;
+    for (size_t e = j + cnt; j < e; j++) {
+      size_t q = 0, low = 0;
+      while (RICE_BIT()) q++, bit++;
+      bit++;
+      for (unsigned i = 0; i < r; i++, bit++) low |= (size_t)RICE_BIT() << i;
+      size_t off = next + (q << r) + low;
+      assert_true(off < cl);
+      assert_true(j < kt);
+      if (b + off != want[j]) fail_msg("rice index %zu: %zu, want %u", j, b + off, want[j]);
+      next = off + 1;
+    }
+  }
+#undef RICE_BIT
+  assert_int_equal(j, kt);
+  assert_int_equal(ib, 12 + (bit + 7) / 8);
+  for (; bit < 8 * (ib - 12); bit++) assert_int_equal((p[12 + bit / 8] >> (bit % 8)) & 1u, 0);
+  /* every parameter's exact cost: the chosen one is the cheapest */
+  size_t best = SIZE_MAX, at_r = 0;
+  for (unsigned rr = 0; rr < lg; rr++) {
+    size_t bits = 0, prev = 0;
+    for (size_t i = 0; i < kt; i++) {
+      size_t b = want[i] / chunk * chunk, first = i == 0 || want[i - 1] < b;
+      size_t g = first ? want[i] - b : want[i] - prev - 1;
+      bits += (g >> rr) + 1 + rr;
+      prev = want[i];
+    }
+    if (bits < best) best = bits;
+    if (rr == r) at_r = bits;
+  }
+  if (at_r != best) fail_msg("rice r = %u costs %zu bits, the best r %zu", r, at_r, best);
+  assert_true(ib < 8 + (kt * lg + 7) / 8);
+}
+
 /* One chunked round trip: the kept set is the exact top-kk of every chunk (checked with nb_topk
  * on each chunk), the decoded values are the kernels' quantization of them, the EF invariant
- * holds, and another thread count gives the same bytes and residual. */
-static void chunked_round_trip(size_t n, uint32_t chunk, double density, nb_values_t v, int level,
-                               int threads, int with_residual, nb_index_coding_t want_coding) {
-  size_t k = nb_codec_k_for_density(n, density);
+ * holds, and another thread count gives the same bytes and residual. want_coding < 0: any
+ * coding. A stored Rice section is also read by check_rice_section. Returns the coding. */
+static int chunked_round_trip_k(size_t n, uint32_t chunk, size_t k, nb_values_t v, int level,
+                                int threads, int with_residual, int want_coding) {
   size_t kc = (size_t)((uint64_t)k * chunk / n), nch = (n + chunk - 1) / chunk;
   float *upd = malloc(n * 4), *res = malloc(n * 4), *r = malloc(n * 4), *out = calloc(n, 4),
         *res2 = malloc(n * 4), *vals = malloc(n * 4), *deq = malloc(n * 4);
@@ -523,14 +579,16 @@ static void chunked_round_trip(size_t n, uint32_t chunk, double density, nb_valu
 
   nb_codec_t* c = make_codec_chunked(v, level, 64, threads, chunk);
   float* rp = with_residual ? res : NULL;
-  nb_status_t st = nb_codec_encode_sparse(c, upd, rp, n, density, 4, 2, frame, cap, &len);
+  nb_status_t st = nb_codec_encode_sparse_k(c, upd, rp, n, k, 4, 2, frame, cap, &len);
   if (st != NB_OK) fail_msg("chunked encode n=%zu C=%u: %s", n, chunk, nb_error_last());
   nb_frame_info_t info;
   assert_int_equal(nb_codec_frame_info(frame, len, NULL, &info), NB_OK);
   assert_int_equal(info.k, kt);
-  if (info.index_coding != want_coding)
-    fail_msg("chunked n=%zu C=%u d=%g %s: index coding %d, want %d", n, chunk, density,
-             nb_values_name(v), (int)info.index_coding, (int)want_coding);
+  if (want_coding >= 0 && (int)info.index_coding != want_coding)
+    fail_msg("chunked n=%zu C=%u k=%zu %s: index coding %d, want %d", n, chunk, k,
+             nb_values_name(v), (int)info.index_coding, want_coding);
+  if (info.index_coding == NB_INDEX_CHUNKED_RICE && !(info.flags & NB_FRAME_FLAG_ZSTD))
+    check_rice_section(frame, len, n, idx, kt);
   assert_int_equal(nb_codec_decode_accumulate(c, frame, len, 1.0f, out, n, NULL), NB_OK);
   size_t j = 0;
   for (size_t i = 0; i < n; i++) {
@@ -543,8 +601,7 @@ static void chunked_round_trip(size_t n, uint32_t chunk, double density, nb_valu
   }
   nb_codec_t* c2 = make_codec_chunked(v, level, 64, threads == 1 ? 2 : 1, chunk);
   float* rp2 = with_residual ? res2 : NULL;
-  assert_int_equal(nb_codec_encode_sparse(c2, upd, rp2, n, density, 4, 2, frame2, cap, &len2),
-                   NB_OK);
+  assert_int_equal(nb_codec_encode_sparse_k(c2, upd, rp2, n, k, 4, 2, frame2, cap, &len2), NB_OK);
   assert_int_equal(len, len2);
   assert_memory_equal(frame, frame2, len);
   if (with_residual) assert_memory_equal(res, res2, n * 4);
@@ -552,6 +609,13 @@ static void chunked_round_trip(size_t n, uint32_t chunk, double density, nb_valu
   nb_codec_destroy(c2);
   free(upd), free(res), free(r), free(out), free(res2), free(vals), free(deq), free(idx);
   free(frame), free(frame2);
+  return (int)info.index_coding;
+}
+
+static void chunked_round_trip(size_t n, uint32_t chunk, double density, nb_values_t v, int level,
+                               int threads, int with_residual, nb_index_coding_t want_coding) {
+  chunked_round_trip_k(n, chunk, nb_codec_k_for_density(n, density), v, level, threads,
+                       with_residual, (int)want_coding);
 }
 
 static void test_chunked(void** state) {
@@ -559,9 +623,9 @@ static void test_chunked(void** state) {
   const nb_values_t types[] = {NB_VALUES_INT2, NB_VALUES_INT4, NB_VALUES_INT8, NB_VALUES_FP16,
                                NB_VALUES_FP32};
   for (size_t t = 0; t < 5; t++) {
-    chunked_round_trip(1000, 64, 0.1, types[t], 0, 1, 1, NB_INDEX_CHUNKED);
-    chunked_round_trip(70001, 256, 0.015, types[t], 1, 1, 1, NB_INDEX_CHUNKED);
-    chunked_round_trip(70001, 4096, 0.03, types[t], 3, 1, 0, NB_INDEX_CHUNKED);
+    chunked_round_trip(1000, 64, 0.1, types[t], 0, 1, 1, NB_INDEX_CHUNKED_RICE);
+    chunked_round_trip(70001, 256, 0.015, types[t], 1, 1, 1, NB_INDEX_CHUNKED_RICE);
+    chunked_round_trip(70001, 4096, 0.03, types[t], 3, 1, 0, NB_INDEX_CHUNKED_RICE);
   }
   /* tiny vectors: everything sent, coded as the smallest section */
   chunked_round_trip(1, 16, 1.0, NB_VALUES_INT2, 0, 1, 1, NB_INDEX_DELTA_VARINT);
@@ -577,18 +641,64 @@ static void test_chunked(void** state) {
     nb_codec_destroy(c);
   }
   /* a chunk larger than n: one (short) chunk */
-  chunked_round_trip(3000, 4096, 0.05, NB_VALUES_INT2, 1, 1, 1, NB_INDEX_CHUNKED);
-  /* 10% with 12-bit offsets is more than a bitmap: the same selection, coded as the smaller of
-   * varint (gaps ~10: one byte each) and bitmap; at 30% the bitmap */
-  chunked_round_trip(70001, 4096, 0.10, NB_VALUES_INT8, 1, 1, 1, NB_INDEX_DELTA_VARINT);
-  chunked_round_trip(70001, 4096, 0.30, NB_VALUES_INT8, 1, 1, 1, NB_INDEX_BITMAP);
+  chunked_round_trip(3000, 4096, 0.05, NB_VALUES_INT2, 1, 1, 1, NB_INDEX_CHUNKED_RICE);
+  /* 10%: Rice (gaps ~10: about 5 bits) beats 12-bit offsets, varint (one byte per gap) and the
+   * bitmap (10 bits per index); Rice with r = 0 costs one bit per position up to a chunk's
+   * last offset, so the bitmap wins only where that saves less than Rice's head: when
+   * everything is sent */
+  chunked_round_trip(70001, 4096, 0.10, NB_VALUES_INT8, 1, 1, 1, NB_INDEX_CHUNKED_RICE);
+  chunked_round_trip(70001, 4096, 0.30, NB_VALUES_INT8, 1, 1, 1, NB_INDEX_CHUNKED_RICE);
+  chunked_round_trip(70001, 4096, 1.0, NB_VALUES_INT8, 1, 1, 1, NB_INDEX_BITMAP);
   /* k too small for the section head: varint */
   chunked_round_trip(70001, 4096, 0.0001, NB_VALUES_INT8, 1, 1, 1, NB_INDEX_DELTA_VARINT);
   /* kc = floor(k C / n) = 0: nothing is sent, everything stays in the residual */
   chunked_round_trip(70001, 64, 0.001, NB_VALUES_INT2, 1, 1, 1, NB_INDEX_DELTA_VARINT);
   /* threaded (n >= 2^20), against one thread */
-  chunked_round_trip((1u << 20) + 77, 4096, 0.015, NB_VALUES_INT2, 1, 2, 1, NB_INDEX_CHUNKED);
-  chunked_round_trip((1u << 20) + 77, 1024, 0.03, NB_VALUES_INT4, 1, 4, 1, NB_INDEX_CHUNKED);
+  chunked_round_trip((1u << 20) + 77, 4096, 0.015, NB_VALUES_INT2, 1, 2, 1, NB_INDEX_CHUNKED_RICE);
+  chunked_round_trip((1u << 20) + 77, 1024, 0.03, NB_VALUES_INT4, 1, 4, 1, NB_INDEX_CHUNKED_RICE);
+}
+
+/* Chunked Rice index coding over every chunk size: kc per chunk at the densities chunked 2-bit
+ * runs at (1.5, 3, 5 %), a short last chunk (n not a multiple of C), a single short chunk,
+ * kc = 0, 1, C / 2 and C, every value type, stored and zstd. k is chosen so that
+ * floor(k C / n) is exactly the kc wanted. Rice must win wherever a chunk keeps a few values
+ * and the 12-byte head is small against the section (C >= 256 here); elsewhere the smallest
+ * coding is whichever it is, and the round trip is checked all the same. */
+static void test_chunked_rice(void** state) {
+  (void)state;
+  const uint32_t chunks[] = {16, 64, 256, 1024, 4096, 16384, 65536};
+  const double dens[] = {0.015, 0.03, 0.05};
+  for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+    uint32_t C = chunks[ci];
+    size_t n = (size_t)(C <= 4096 ? 40 : 8) * C + C / 3 + 5;
+    for (size_t di = 0; di < 3; di++) {
+      size_t kc = (size_t)(dens[di] * C + 0.5);
+      if (kc == 0) kc = 1;
+      size_t k = (kc * n + C - 1) / C;
+      assert_int_equal(k * C / n, kc);
+      chunked_round_trip_k(n, C, k, NB_VALUES_INT2, 0, 1, 1, C >= 256 ? NB_INDEX_CHUNKED_RICE : -1);
+    }
+    chunked_round_trip_k(n, C, n / C / 2, NB_VALUES_INT2, 0, 1, 1,
+                         NB_INDEX_DELTA_VARINT);                              /* kc 0 */
+    chunked_round_trip_k(n, C, (n + C - 1) / C, NB_VALUES_INT4, 0, 1, 1, -1); /* kc = 1 */
+    chunked_round_trip_k(n, C, n / 2 + 1, NB_VALUES_INT4, 0, 1, 1, -1);       /* kc = C / 2 */
+    chunked_round_trip_k(n, C, n, NB_VALUES_INT8, 0, 1, 1, -1);               /* kc = C */
+    if (C >= 4096) /* one short chunk: n < C */
+      chunked_round_trip_k(C / 2 + 3, C, (C / 2 + 3) / 20, NB_VALUES_INT2, 0, 1, 1,
+                           NB_INDEX_CHUNKED_RICE);
+  }
+  const nb_values_t types[] = {NB_VALUES_FP32, NB_VALUES_FP16, NB_VALUES_BF16,
+                               NB_VALUES_INT8, NB_VALUES_INT4, NB_VALUES_INT2};
+  for (size_t t = 0; t < 6; t++) {
+    size_t n = 100 * 4096 + 1234, k = nb_codec_k_for_density(n, 0.03);
+    chunked_round_trip_k(n, 4096, k, types[t], 0, 1, 1, NB_INDEX_CHUNKED_RICE);
+    chunked_round_trip_k(n, 4096, k, types[t], 1, 1, 0, NB_INDEX_CHUNKED_RICE);
+  }
+  /* threaded (n >= 2^20) against one thread, a short last chunk included */
+  chunked_round_trip((1u << 20) + 3 * 4096 + 77, 4096, 0.03, NB_VALUES_INT2, 0, 2, 1,
+                     NB_INDEX_CHUNKED_RICE);
+  chunked_round_trip((1u << 20) + 999, 65536, 0.015, NB_VALUES_INT4, 1, 1, 1,
+                     NB_INDEX_CHUNKED_RICE);
 }
 
 /* Scale changes between chunks (the carried threshold is far off both ways) and ties. */
@@ -840,6 +950,7 @@ int main(void) {
       cmocka_unit_test(test_lowbit_error_bound),
       cmocka_unit_test(test_lowbit_sparse_error_bound),
       cmocka_unit_test(test_chunked),
+      cmocka_unit_test(test_chunked_rice),
       cmocka_unit_test(test_chunked_scales_and_ties),
       cmocka_unit_test(test_scale_bound),
       cmocka_unit_test(test_nonfinite_encode),
