@@ -6,8 +6,8 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
-#include "jobs/client_cli.h"
-#include "jobs/gateway.h"
+#include "cli/client_cli.h"
+#include "gateway/gateway.h"
 
 static int nb__cmd_help(int argc, char** argv);
 

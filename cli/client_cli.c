@@ -1,7 +1,7 @@
 /* `nebula submit|get|list|watch|cancel|logs`: a thin client of nebula.v1.Gateway over mutual TLS
  * with the user's certificate. It signs descriptors with the user's key (security/sign) and
  * prints; every decision is the gateway's. It does not talk to peers or read the job store. */
-#include "jobs/client_cli.h"
+#include "cli/client_cli.h"
 
 #include <errno.h>
 #include <jansson.h>

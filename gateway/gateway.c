@@ -1,9 +1,9 @@
-/* The gateway daemon (jobs/gateway.h): config option table, the nebula.v1.Gateway handlers, the
+/* The gateway daemon (gateway/gateway.h): config option table, the nebula.v1.Gateway handlers, the
  * process monitor that turns process exits and progress lines into job events, recovery after a
  * restart, and federation with peer gateways (nebula.v1.Federation: propose / commit / abort,
  * cancel, event reports to the origin). Not here: scheduling beyond a slot count. How workers
- * start (local, mpirun, Slurm) is jobs/launcher.h's business. */
-#include "jobs/gateway.h"
+ * start (local, mpirun, Slurm) is gateway/launcher.h's business. */
+#include "gateway/gateway.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -25,12 +25,12 @@
 
 #include "common/common.h"
 #include "inter/rpc.h"
-#include "jobs/artifact.h"
-#include "cli/cli.h"
+#include "gateway/artifact.h"
+#include "jobs/cli_checks.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
 #include "report/report.h"
-#include "jobs/store.h"
+#include "gateway/store.h"
 #include "nebula/v1/federation.pb-c.h"
 #include "nebula/v1/gateway.pb-c.h"
 #include "security/pki.h"
@@ -794,7 +794,7 @@ static void nb__publish_dir(nb_gateway_t* gw, nb_job_store_t* st, const char* id
 /* A job's part succeeded here: its outputs (final model, summary, the latest checkpoint with
  * the adapters of a LoRA job) become artifacts under "<owner>/<job name>/<relative path>",
  * owned by the job's user and the job, where peer gateways of a later job of the same user can
- * fetch them (jobs/artifact.h: who is entitled to what). */
+ * fetch them (gateway/artifact.h: who is entitled to what). */
 static void nb__publish(nb_gateway_t* gw, nb_job_store_t* st, const char* id) {
   if (!gw->art) return;
   nb_job_record_t rec = {0};
@@ -1590,7 +1590,7 @@ static nb_status_t nb__job_config(nb_job_store_t* st, const char* id, nb_job_con
 
 /* The artifact service asks whether `peer` takes part in job_id (one of the clusters its
  * descriptor names, or the one holding its base checkpoint) and for the job's secret, owner and
- * base checkpoint, from which it decides what the job is entitled to (jobs/artifact.h). */
+ * base checkpoint, from which it decides what the job is entitled to (gateway/artifact.h). */
 static nb_status_t nb__artifact_job(void* user, const char* job_id, const char* peer,
                                     nb_artifact_job_t* out) {
   nb_gateway_t* gw = user;
@@ -3597,76 +3597,4 @@ void nb_gateway_destroy(nb_gateway_t* gw) {
   pthread_mutex_destroy(&gw->mu);
   pthread_mutex_destroy(&gw->lim_mu);
   nb_free(gw);
-}
-
-/* ------------------------------------------------------------------ `nebula gateway` */
-
-static void nb__gateway_usage(FILE* f) {
-  fprintf(f,
-          "usage: nebula gateway --config FILE [--check]\n\n"
-          "Runs this cluster's gateway: the nebula.v1.Gateway API over mutual TLS, the job store\n"
-          "and the launcher. Stops on SIGINT/SIGTERM; running jobs keep running and are\n"
-          "re-attached at the next start. Prints 'listening on ADDR port PORT' once serving.\n\n"
-          "  --config FILE  JSON config (keys below)\n"
-          "  --check        read and check the config, print it, and exit\n"
-          "  --help         show this help\n\n");
-  nb_gateway_config_help(f);
-  fprintf(f, "\nExit status: 0 stopped by a signal, 1 failure, 2 usage error.\n");
-}
-
-int nb_gateway_main(int argc, char** argv) {
-  const char* path = NULL;
-  int check = 0;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      nb__gateway_usage(stdout);
-      return NB_EXIT_OK;
-    } else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
-      path = argv[++i];
-    } else if (!strcmp(argv[i], "--check")) {
-      check = 1;
-    } else {
-      fprintf(stderr, "nebula gateway: unknown argument '%s'\n", argv[i]);
-      nb__gateway_usage(stderr);
-      return NB_EXIT_USAGE;
-    }
-  }
-  if (!path) {
-    nb__gateway_usage(stderr);
-    return NB_EXIT_USAGE;
-  }
-  nb_gateway_config_t cfg;
-  nb_gateway_config_defaults(&cfg);
-  if (nb_gateway_config_load(path, &cfg) != NB_OK) {
-    fprintf(stderr, "nebula gateway: %s\n", nb_error_last());
-    return NB_EXIT_FAIL;
-  }
-  if (check) {
-    printf("cluster_id %s\nlisten %s\nwork_dir %s\nacl rules %d\npeers %d\n", cfg.cluster_id,
-           cfg.listen, cfg.work_dir, cfg.acl.n_rules, cfg.n_peers);
-    return NB_EXIT_OK;
-  }
-  nb_log_set_identity(cfg.cluster_id, -1);
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, NULL); /* every thread inherits it; sigwait below */
-  nb_gateway_t* gw = NULL;
-  if (nb_gateway_create(&cfg, &gw) != NB_OK) {
-    fprintf(stderr, "nebula gateway: %s\n", nb_error_last());
-    return NB_EXIT_FAIL;
-  }
-  if (cfg.acl.n_rules == 0)
-    NB_WARN("gateway %s: the ACL is empty, so nobody may submit jobs; add \"acl\" rules to %s",
-            cfg.cluster_id, path);
-  if (cfg.n_peers > 0)
-    NB_INFO(JOB, "gateway %s: %d peers configured for federation", cfg.cluster_id, cfg.n_peers);
-  printf("listening on %s port %d\n", cfg.listen, nb_gateway_port(gw));
-  fflush(stdout);
-  int sig = 0;
-  sigwait(&set, &sig);
-  NB_WARN("gateway %s: stopping on signal %d; running jobs keep running", cfg.cluster_id, sig);
-  nb_gateway_destroy(gw);
-  return NB_EXIT_OK;
 }
