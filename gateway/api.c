@@ -29,19 +29,6 @@ static nb_status_t nb__caller(nb_rpc_call_t* call, const char** user, int* admin
   return NB_OK;
 }
 
-/* The start of every handler but Submit: who calls (listed admins included) and its request. */
-static nb_status_t nb__request(nb_rpc_call_t* call, nb_gateway_t* gw,
-                               const ProtobufCMessageDescriptor* desc, const char* method,
-                               const char** user, int* admin, ProtobufCMessage** m) {
-  NB_CHECK(nb__caller(call, user, admin));
-  *admin |= nb__is_admin(gw, *user);
-  int end = 0;
-  *m = NULL;
-  NB_CHECK(nb_rpc_call_recv_pb(call, desc, m, &end, NB_RPC_INFINITE));
-  if (!*m) return nb_error(NB_ERR_INVALID, "%s: no request", method);
-  return NB_OK;
-}
-
 nb_status_t nb__gw_open_store(nb_gateway_t* gw, nb_job_store_t** st) {
   nb_status_t s = nb_job_store_open(gw->cfg.store_path, st);
   if (s != NB_OK) return nb_error_wrap(NB_ERR_UNAVAILABLE, "job store");
@@ -137,6 +124,54 @@ static nb_status_t nb__job_for(nb_job_store_t* st, const char* id, const char* u
                     user);
   }
   return NB_OK;
+}
+
+/* One call of a Gateway method past the shared prologue (nb__api_call). */
+typedef struct {
+  nb_gateway_t* gw;
+  const char* user;    /* the caller's certificate name */
+  int admin;           /* a listed admin, or a peer gateway's cluster certificate */
+  nb_job_store_t* st;  /* this call's own store handle */
+  nb_job_record_t rec; /* methods with .job: the job the request names, which the caller may see */
+} nb__api_call_t;
+
+/* What one Gateway method adds to the shared prologue. */
+typedef struct {
+  const ProtobufCMessageDescriptor* desc; /* its request */
+  const char* method;
+  int job; /* the request's job_id must name a job the caller may see (into rec) */
+  /* checks of the request alone, made before the store is opened (NULL: none) */
+  nb_status_t (*check)(const nb__api_call_t* c, const ProtobufCMessage* req);
+  nb_status_t (*serve)(nb_rpc_call_t* call, nb__api_call_t* c, const ProtobufCMessage* req);
+} nb__api_method_t;
+
+/* The job_id field of a request (by name, from its descriptor); NULL when it has none. */
+const char* nb__gw_req_job_id(const ProtobufCMessage* req) {
+  const ProtobufCFieldDescriptor* f =
+      protobuf_c_message_descriptor_get_field_by_name(req->descriptor, "job_id");
+  return f ? *(const char* const*)((const char*)req + f->offset) : NULL;
+}
+
+/* The prologue and epilogue of every Gateway handler but Submit: who calls (listed admins
+ * included) and its request, the method's checks of the request, a store handle and, for a
+ * method about one job, that job (the caller's own, or any for admins); then m->serve; then
+ * everything released. */
+static nb_status_t nb__api_call(nb_rpc_call_t* call, void* user_data, const nb__api_method_t* m) {
+  nb__api_call_t c = {.gw = user_data, .user = ""};
+  ProtobufCMessage* req = NULL;
+  int end = 0;
+  NB_CHECK(nb__caller(call, &c.user, &c.admin));
+  c.admin |= nb__is_admin(c.gw, c.user);
+  NB_CHECK(nb_rpc_call_recv_pb(call, m->desc, &req, &end, NB_RPC_INFINITE));
+  if (!req) return nb_error(NB_ERR_INVALID, "%s: no request", m->method);
+  nb_status_t s = m->check ? m->check(&c, req) : NB_OK;
+  if (s == NB_OK) s = nb__gw_open_store(c.gw, &c.st);
+  if (s == NB_OK && m->job) s = nb__job_for(c.st, nb__gw_req_job_id(req), c.user, c.admin, &c.rec);
+  if (s == NB_OK) s = m->serve(call, &c, req);
+  nb_job_record_clear(&c.rec);
+  nb_job_store_close(c.st);
+  protobuf_c_message_free_unpacked(req, NULL);
+  return s;
 }
 
 static nb_status_t nb__submit(nb_rpc_call_t* call, void* user_data) {
@@ -285,62 +320,59 @@ done:
   return s;
 }
 
-static nb_status_t nb__get(nb_rpc_call_t* call, void* user_data) {
-  nb_gateway_t* gw = user_data;
-  const char* user = "";
-  int admin = 0;
-  ProtobufCMessage* m = NULL;
-  NB_CHECK(nb__request(call, gw, &nebula__v1__get_request__descriptor, "Get", &user, &admin, &m));
-  Nebula__V1__GetRequest* req = (Nebula__V1__GetRequest*)m;
-  nb_job_store_t* st = NULL;
-  nb_job_record_t rec = {0};
-  nb_status_t s = nb__gw_open_store(gw, &st);
-  if (s == NB_OK) s = nb__job_for(st, req->job_id, user, admin, &rec);
-  if (s == NB_OK) s = nb__send_job(call, gw, st, req->job_id, 1);
-  nb_job_record_clear(&rec);
-  nb_job_store_close(st);
-  protobuf_c_message_free_unpacked(m, NULL);
-  return s;
+static nb_status_t nb__get_serve(nb_rpc_call_t* call, nb__api_call_t* c,
+                                 const ProtobufCMessage* m) {
+  return nb__send_job(call, c->gw, c->st, ((const Nebula__V1__GetRequest*)m)->job_id, 1);
 }
 
-static nb_status_t nb__list(nb_rpc_call_t* call, void* user_data) {
-  nb_gateway_t* gw = user_data;
-  const char* user = "";
-  int admin = 0;
-  ProtobufCMessage* m = NULL;
-  NB_CHECK(nb__request(call, gw, &nebula__v1__list_request__descriptor, "List", &user, &admin, &m));
-  Nebula__V1__ListRequest* req = (Nebula__V1__ListRequest*)m;
+static nb_status_t nb__get(nb_rpc_call_t* call, void* user_data) {
+  static const nb__api_method_t m = {&nebula__v1__get_request__descriptor, "Get", 1, NULL,
+                                     nb__get_serve};
+  return nb__api_call(call, user_data, &m);
+}
+
+/* Whose jobs, in which state, List may show: only the caller's own unless it is an admin. */
+static nb_status_t nb__list_filter(const nb__api_call_t* c, const Nebula__V1__ListRequest* req,
+                                   const char** owner, nb_job_state_t* state) {
+  *owner = req->owner && *req->owner ? req->owner : NULL;
+  if (!c->admin && *owner && strcmp(*owner, c->user))
+    return nb_error(NB_ERR_PERMISSION, "user '%s' may only list its own jobs (asked for '%s')",
+                    c->user, *owner);
+  if (!c->admin) *owner = c->user;
+  *state = (nb_job_state_t)-1;
+  if (req->state && *req->state && nb_job_state_parse(req->state, state) != NB_OK)
+    return nb_error(NB_ERR_INVALID,
+                    "state '%s' is not a job state (pending, proposed, running, "
+                    "succeeded, failed, cancelled)",
+                    req->state);
+  return NB_OK;
+}
+
+static nb_status_t nb__list_check(const nb__api_call_t* c, const ProtobufCMessage* m) {
+  const char* owner;
+  nb_job_state_t state;
+  return nb__list_filter(c, (const Nebula__V1__ListRequest*)m, &owner, &state);
+}
+
+static nb_status_t nb__list_serve(nb_rpc_call_t* call, nb__api_call_t* c,
+                                  const ProtobufCMessage* m) {
   nb_status_t s = NB_OK;
-  nb_job_store_t* st = NULL;
   nb_job_record_t* recs = NULL;
   size_t n = 0;
   Nebula__V1__Job* jobs = NULL;
   Nebula__V1__Job** ptrs = NULL;
   char(*names)[NB_JOB_NAME_MAX] = NULL;
-  const char* owner = req->owner && *req->owner ? req->owner : NULL;
-  if (!admin && owner && strcmp(owner, user)) {
-    s = nb_error(NB_ERR_PERMISSION, "user '%s' may only list its own jobs (asked for '%s')", user,
-                 owner);
-    goto done;
-  }
-  if (!admin) owner = user;
-  nb_job_state_t state = (nb_job_state_t)-1;
-  if (req->state && *req->state && nb_job_state_parse(req->state, &state) != NB_OK) {
-    s = nb_error(NB_ERR_INVALID,
-                 "state '%s' is not a job state (pending, proposed, running, "
-                 "succeeded, failed, cancelled)",
-                 req->state);
-    goto done;
-  }
-  NB_CHECK_GOTO(nb__gw_open_store(gw, &st), s, done);
-  NB_CHECK_GOTO(nb_job_store_list(st, owner, (int)state, &recs, &n), s, done);
+  const char* owner;
+  nb_job_state_t state;
+  NB_CHECK(nb__list_filter(c, (const Nebula__V1__ListRequest*)m, &owner, &state));
+  NB_CHECK_GOTO(nb_job_store_list(c->st, owner, (int)state, &recs, &n), s, done);
   if (n) {
     NB_CHECK_GOTO(nb_calloc((void**)&jobs, n, sizeof *jobs, "jobs"), s, done);
     NB_CHECK_GOTO(nb_calloc((void**)&ptrs, n, sizeof *ptrs, "jobs"), s, done);
     NB_CHECK_GOTO(nb_calloc((void**)&names, n, sizeof *names, "names"), s, done);
   }
   for (size_t i = 0; i < n; i++) {
-    nb__job_msg(gw, &recs[i], 0, &jobs[i], names[i], sizeof names[i]);
+    nb__job_msg(c->gw, &recs[i], 0, &jobs[i], names[i], sizeof names[i]);
     ptrs[i] = &jobs[i];
   }
   Nebula__V1__ListReply rep = NEBULA__V1__LIST_REPLY__INIT;
@@ -352,9 +384,13 @@ done:
   nb_free(ptrs);
   nb_free(names);
   nb_job_records_free(recs, n);
-  nb_job_store_close(st);
-  protobuf_c_message_free_unpacked(m, NULL);
   return s;
+}
+
+static nb_status_t nb__list(nb_rpc_call_t* call, void* user_data) {
+  static const nb__api_method_t m = {&nebula__v1__list_request__descriptor, "List", 0,
+                                     nb__list_check, nb__list_serve};
+  return nb__api_call(call, user_data, &m);
 }
 
 static double nb__jnum(json_t* o, const char* k, double def) {
@@ -396,36 +432,28 @@ static nb_status_t nb__send_event(nb_rpc_call_t* call, const char* id, const nb_
   return s;
 }
 
-static nb_status_t nb__watch(nb_rpc_call_t* call, void* user_data) {
-  nb_gateway_t* gw = user_data;
-  const char* user = "";
-  int admin = 0;
-  ProtobufCMessage* m = NULL;
-  NB_CHECK(
-      nb__request(call, gw, &nebula__v1__watch_request__descriptor, "Watch", &user, &admin, &m));
-  Nebula__V1__WatchRequest* req = (Nebula__V1__WatchRequest*)m;
-  nb_job_store_t* st = NULL;
+static nb_status_t nb__watch_serve(nb_rpc_call_t* call, nb__api_call_t* c,
+                                   const ProtobufCMessage* m) {
+  const Nebula__V1__WatchRequest* req = (const Nebula__V1__WatchRequest*)m;
   nb_job_record_t rec = {0};
   int64_t after = req->after_seq;
   int sent = 0;
-  nb_status_t s = nb__gw_open_store(gw, &st);
-  if (s == NB_OK) s = nb__job_for(st, req->job_id, user, admin, &rec);
-  nb_job_record_clear(&rec);
+  nb_status_t s = NB_OK;
   while (s == NB_OK) {
     if (nb_rpc_call_cancelled(call)) {
       s = nb_error(NB_ERR_CANCELLED, "Watch: client went away");
       break;
     }
     /* read the state before the events: a final state seen here has all its events below */
-    s = nb_job_store_get(st, req->job_id, &rec);
+    s = nb_job_store_get(c->st, req->job_id, &rec);
     if (s != NB_OK) break;
     int final = nb_job_state_is_final(rec.state);
     nb_job_record_clear(&rec);
     /* a succeeded job's run report is still being built: its "report" event is to come */
-    int pending = final && nb__gw_report_pending(gw, req->job_id);
+    int pending = final && nb__gw_report_pending(c->gw, req->job_id);
     nb_job_event_t* ev = NULL;
     size_t n = 0;
-    s = nb_job_store_events(st, req->job_id, after, 256, &ev, &n);
+    s = nb_job_store_events(c->st, req->job_id, after, 256, &ev, &n);
     for (size_t i = 0; s == NB_OK && i < n; i++) {
       s = nb__send_event(call, req->job_id, &ev[i]);
       after = ev[i].seq;
@@ -433,12 +461,12 @@ static nb_status_t nb__watch(nb_rpc_call_t* call, void* user_data) {
     }
     nb_job_events_free(ev, n);
     if (s != NB_OK || (final && n == 0 && !pending)) break;
-    if (n == 0) nb_sleep_ns((int64_t)gw->cfg.poll_ms * 1000000);
+    if (n == 0) nb_sleep_ns((int64_t)c->gw->cfg.poll_ms * 1000000);
   }
   if (s == NB_OK && sent == 0) {
     /* a stream must carry something: repeat the final state */
     nb_job_event_t e = {0};
-    nb_job_store_get(st, req->job_id, &rec);
+    nb_job_store_get(c->st, req->job_id, &rec);
     e.seq = after;
     e.time_ns = rec.updated_ns;
     snprintf(e.kind, sizeof e.kind, "state");
@@ -450,78 +478,82 @@ static nb_status_t nb__watch(nb_rpc_call_t* call, void* user_data) {
     free(e.payload);
     nb_job_record_clear(&rec);
   }
-  nb_job_store_close(st);
-  protobuf_c_message_free_unpacked(m, NULL);
   return s;
 }
 
-static nb_status_t nb__cancel(nb_rpc_call_t* call, void* user_data) {
-  nb_gateway_t* gw = user_data;
-  const char* user = "";
-  int admin = 0;
-  ProtobufCMessage* m = NULL;
-  NB_CHECK(
-      nb__request(call, gw, &nebula__v1__cancel_request__descriptor, "Cancel", &user, &admin, &m));
-  Nebula__V1__CancelRequest* req = (Nebula__V1__CancelRequest*)m;
-  nb_job_store_t* st = NULL;
-  nb_job_record_t rec = {0};
+static nb_status_t nb__watch(nb_rpc_call_t* call, void* user_data) {
+  static const nb__api_method_t m = {&nebula__v1__watch_request__descriptor, "Watch", 1, NULL,
+                                     nb__watch_serve};
+  return nb__api_call(call, user_data, &m);
+}
+
+/* The reason is stored and shown by `nebula list/get/watch`: printable text only. */
+static nb_status_t nb__cancel_check(const nb__api_call_t* c, const ProtobufCMessage* m) {
+  const Nebula__V1__CancelRequest* req = (const Nebula__V1__CancelRequest*)m;
   nb_status_t s = NB_OK;
-  /* the reason is stored and shown by `nebula list/get/watch`: printable text only */
   for (size_t i = 0; req->reason && req->reason[i] && s == NB_OK; i++) {
-    unsigned char c = (unsigned char)req->reason[i];
-    if (c < 0x20 || c == 0x7f ||
-        (c == 0xc2 && (unsigned char)req->reason[i + 1] >= 0x80 &&
+    unsigned char ch = (unsigned char)req->reason[i];
+    if (ch < 0x20 || ch == 0x7f ||
+        (ch == 0xc2 && (unsigned char)req->reason[i + 1] >= 0x80 &&
          (unsigned char)req->reason[i + 1] <= 0x9f))
       s = nb_error(NB_ERR_INVALID,
                    "Cancel: the reason has a control character (0x%02x) at byte %zu; give "
                    "printable text",
-                   c == 0xc2 ? (unsigned char)req->reason[i + 1] : c, i);
+                   ch == 0xc2 ? (unsigned char)req->reason[i + 1] : ch, i);
   }
-  if (s == NB_OK) s = nb__gw_open_store(gw, &st);
-  if (s == NB_OK) s = nb__job_for(st, req->job_id, user, admin, &rec);
-  if (s == NB_OK && !nb_job_state_is_final(rec.state)) {
+  return s;
+}
+
+static nb_status_t nb__cancel_serve(nb_rpc_call_t* call, nb__api_call_t* c,
+                                    const ProtobufCMessage* m) {
+  const Nebula__V1__CancelRequest* req = (const Nebula__V1__CancelRequest*)m;
+  nb_status_t s = NB_OK;
+  if (!nb_job_state_is_final(c->rec.state)) {
     char reason[512];
-    snprintf(reason, sizeof reason, "cancelled by %s%s%.300s", user,
+    snprintf(reason, sizeof reason, "cancelled by %s%s%.300s", c->user,
              req->reason && *req->reason ? ": " : "", req->reason ? req->reason : "");
     /* a federated job: every other cluster stops first (each answers once its workers are
      * gone), then ours. A job with processes: the monitor records the end (exit event, then
      * `cancelled`) once they are gone, and retires the entry, which frees its slots before we
      * answer. */
-    pthread_mutex_lock(&gw->mu);
+    pthread_mutex_lock(&c->gw->mu);
     nb_job_fed_t fed;
     json_t* info = NULL;
-    if (nb__gw_fed_load(st, req->job_id, &fed, &info) == NB_OK) {
+    if (nb__gw_fed_load(c->st, req->job_id, &fed, &info) == NB_OK) {
       /* the peers' cancelled states that come in now must not fail the job */
       json_object_set_new(info, "cancelling", json_string(reason));
-      nb__gw_fed_save(st, &fed, info);
+      nb__gw_fed_save(c->st, &fed, info);
       nb__gw_fed_release(&fed, info);
     }
-    pthread_mutex_unlock(&gw->mu);
-    nb_status_t peers = nb__gw_fed_cancel_peers(gw, st, req->job_id, reason);
+    pthread_mutex_unlock(&c->gw->mu);
+    nb_status_t peers = nb__gw_fed_cancel_peers(c->gw, c->st, req->job_id, reason);
     char perr[768] = "";
     if (peers != NB_OK) {
       snprintf(perr, sizeof perr, "%s", nb_error_last());
       /* the federation thread keeps trying the clusters that did not answer */
-      pthread_mutex_lock(&gw->mu);
-      if (nb__gw_fed_load(st, req->job_id, &fed, &info) == NB_OK) {
+      pthread_mutex_lock(&c->gw->mu);
+      if (nb__gw_fed_load(c->st, req->job_id, &fed, &info) == NB_OK) {
         json_object_set_new(info, "cancel_pending", json_true());
-        nb__gw_fed_save(st, &fed, info);
+        nb__gw_fed_save(c->st, &fed, info);
         nb__gw_fed_release(&fed, info);
       }
-      pthread_mutex_unlock(&gw->mu);
+      pthread_mutex_unlock(&c->gw->mu);
     }
-    s = nb__gw_cancel_local(gw, st, req->job_id, reason);
+    s = nb__gw_cancel_local(c->gw, c->st, req->job_id, reason);
     if (s == NB_OK && peers != NB_OK)
       s = nb_error(peers,
                    "job %s: cancelled here, but not yet on every cluster (retried in the "
                    "background): %s",
                    req->job_id, perr);
   }
-  if (s == NB_OK) s = nb__send_job(call, gw, st, req->job_id, 0);
-  nb_job_record_clear(&rec);
-  nb_job_store_close(st);
-  protobuf_c_message_free_unpacked(m, NULL);
+  if (s == NB_OK) s = nb__send_job(call, c->gw, c->st, req->job_id, 0);
   return s;
+}
+
+static nb_status_t nb__cancel(nb_rpc_call_t* call, void* user_data) {
+  static const nb__api_method_t m = {&nebula__v1__cancel_request__descriptor, "Cancel", 1,
+                                     nb__cancel_check, nb__cancel_serve};
+  return nb__api_call(call, user_data, &m);
 }
 
 /* Streams <work_dir>/<job>/<stream>.log from req's offset as LogChunks (at least one, empty
@@ -635,27 +667,18 @@ static nb_status_t nb__logs_relay(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_
   return NB_OK;
 }
 
+static nb_status_t nb__logs_serve(nb_rpc_call_t* call, nb__api_call_t* c,
+                                  const ProtobufCMessage* m) {
+  const Nebula__V1__LogsRequest* req = (const Nebula__V1__LogsRequest*)m;
+  if (req->cluster && *req->cluster && strcmp(req->cluster, c->gw->cfg.cluster_id))
+    return nb__logs_relay(call, c->gw, c->st, req);
+  return nb__gw_logs_send(call, c->gw, c->st, req);
+}
+
 static nb_status_t nb__logs(nb_rpc_call_t* call, void* user_data) {
-  nb_gateway_t* gw = user_data;
-  const char* user = "";
-  int admin = 0;
-  ProtobufCMessage* m = NULL;
-  NB_CHECK(nb__request(call, gw, &nebula__v1__logs_request__descriptor, "Logs", &user, &admin, &m));
-  Nebula__V1__LogsRequest* req = (Nebula__V1__LogsRequest*)m;
-  nb_job_store_t* st = NULL;
-  nb_job_record_t rec = {0};
-  nb_status_t s = nb__gw_open_store(gw, &st);
-  if (s == NB_OK) s = nb__job_for(st, req->job_id, user, admin, &rec);
-  nb_job_record_clear(&rec);
-  if (s == NB_OK) {
-    if (req->cluster && *req->cluster && strcmp(req->cluster, gw->cfg.cluster_id))
-      s = nb__logs_relay(call, gw, st, req);
-    else
-      s = nb__gw_logs_send(call, gw, st, req);
-  }
-  nb_job_store_close(st);
-  protobuf_c_message_free_unpacked(m, NULL);
-  return s;
+  static const nb__api_method_t m = {&nebula__v1__logs_request__descriptor, "Logs", 1, NULL,
+                                     nb__logs_serve};
+  return nb__api_call(call, user_data, &m);
 }
 
 const nb__gw_method_t nb__gw_api_methods[NB__GW_API_METHODS] = {

@@ -62,6 +62,46 @@ static nb_status_t nb__fed_ack(nb_rpc_call_t* call, nb_job_store_t* st, const ch
   return s;
 }
 
+/* One call of a Federation method past the shared prologue (nb__fed_serve). */
+typedef struct {
+  nb_gateway_t* gw;
+  const char* caller; /* the calling peer's cluster id */
+  nb_job_store_t* st; /* this call's own store handle */
+  nb_job_fed_t fed;   /* methods with .member: the job's member record; its origin is the caller */
+  json_t* info;       /* and its info object */
+} nb__fed_call_t;
+
+/* What one Federation method adds to the shared prologue. */
+typedef struct {
+  const ProtobufCMessageDescriptor* desc; /* its request */
+  const char* method;
+  int member; /* the request's job_id names a job here whose origin is the caller */
+  /* checks of the request alone, made before the store is opened (NULL: none) */
+  nb_status_t (*check)(const nb__fed_call_t* c, const ProtobufCMessage* req);
+  nb_status_t (*serve)(nb_rpc_call_t* call, nb__fed_call_t* c, const ProtobufCMessage* req);
+} nb__fed_method_t;
+
+/* The prologue and epilogue of the Federation handlers but Propose: the calling peer and its
+ * request, the method's checks, a store handle and, for a method about a job this cluster is a
+ * member of, its record; then m->serve; then everything released. */
+static nb_status_t nb__fed_serve(nb_rpc_call_t* call, void* user_data, const nb__fed_method_t* m) {
+  nb__fed_call_t c = {.gw = user_data, .caller = ""};
+  ProtobufCMessage* req = NULL;
+  int loaded = 0;
+  NB_CHECK(nb__fed_request(call, c.gw, m->desc, m->method, &c.caller, &req));
+  nb_status_t s = m->check ? m->check(&c, req) : NB_OK;
+  if (s == NB_OK) s = nb__gw_open_store(c.gw, &c.st);
+  if (s == NB_OK && m->member) {
+    s = nb__fed_member(c.st, nb__gw_req_job_id(req), c.caller, &c.fed, &c.info);
+    loaded = s == NB_OK;
+  }
+  if (s == NB_OK) s = m->serve(call, &c, req);
+  if (loaded) nb__gw_fed_release(&c.fed, c.info);
+  nb_job_store_close(c.st);
+  protobuf_c_message_free_unpacked(req, NULL);
+  return s;
+}
+
 /* Member, phase 1: the same checks as Submit (signature, descriptor, our ACL and resources),
  * then the job is stored as proposed, its slots reserved and our Exchange endpoint chosen. */
 static nb_status_t nb__fed_propose(nb_rpc_call_t* call, void* user_data) {
@@ -197,112 +237,93 @@ done:
 }
 
 /* Member, phase 2: keep the secret and the endpoints, launch our share. */
-static nb_status_t nb__fed_commit(nb_rpc_call_t* call, void* user_data) {
-  nb_gateway_t* gw = user_data;
-  const char* caller = "";
-  ProtobufCMessage* m = NULL;
-  NB_CHECK(
-      nb__fed_request(call, gw, &nebula__v1__commit_request__descriptor, "Commit", &caller, &m));
-  Nebula__V1__CommitRequest* req = (Nebula__V1__CommitRequest*)m;
-  nb_job_store_t* st = NULL;
+static nb_status_t nb__fed_commit_serve(nb_rpc_call_t* call, nb__fed_call_t* c,
+                                        const ProtobufCMessage* m) {
+  const Nebula__V1__CommitRequest* req = (const Nebula__V1__CommitRequest*)m;
+  nb_gateway_t* gw = c->gw;
+  nb_job_store_t* st = c->st;
+  const char* caller = c->caller;
   nb_job_fed_t fed;
   json_t* info = NULL;
   int loaded = 0;
   nb_job_record_t rec = {0};
-  nb_status_t s = nb__gw_open_store(gw, &st);
+  nb_status_t s = NB_OK;
+  pthread_mutex_lock(&gw->mu);
+  s = nb__fed_member(st, req->job_id, caller, &fed, &info);
+  loaded = s == NB_OK;
+  if (s == NB_OK && req->secret.len != sizeof fed.secret)
+    s = nb_error(NB_ERR_INVALID, "Commit: the secret must be %zu bytes", sizeof fed.secret);
+  if (s == NB_OK) s = nb_job_store_get(st, req->job_id, &rec);
+  if (s == NB_OK && rec.state != NB_JOB_PROPOSED)
+    s = nb_error(NB_ERR_INVALID, "job '%s' is %s here, not proposed", req->job_id,
+                 nb_job_state_name(rec.state));
+  json_t* eps = json_object();
+  for (size_t i = 0; s == NB_OK && i < req->n_endpoints; i++)
+    json_object_set_new(eps, req->endpoints[i]->cluster, json_string(req->endpoints[i]->address));
   if (s == NB_OK) {
-    pthread_mutex_lock(&gw->mu);
-    s = nb__fed_member(st, req->job_id, caller, &fed, &info);
-    loaded = s == NB_OK;
-    if (s == NB_OK && req->secret.len != sizeof fed.secret)
-      s = nb_error(NB_ERR_INVALID, "Commit: the secret must be %zu bytes", sizeof fed.secret);
-    if (s == NB_OK) s = nb_job_store_get(st, req->job_id, &rec);
-    if (s == NB_OK && rec.state != NB_JOB_PROPOSED)
-      s = nb_error(NB_ERR_INVALID, "job '%s' is %s here, not proposed", req->job_id,
-                   nb_job_state_name(rec.state));
-    json_t* eps = json_object();
-    for (size_t i = 0; s == NB_OK && i < req->n_endpoints; i++)
-      json_object_set_new(eps, req->endpoints[i]->cluster, json_string(req->endpoints[i]->address));
-    if (s == NB_OK) {
-      memcpy(fed.secret, req->secret.data, sizeof fed.secret);
-      fed.has_secret = 1;
-      json_object_set(info, "endpoints", eps);
-      s = nb__gw_fed_save(st, &fed, info);
-    }
-    pthread_mutex_unlock(&gw->mu);
-    int workers = (int)json_integer_value(
-        json_object_get(nb__gw_fed_cluster(info ? info : eps, gw->cfg.cluster_id), "workers"));
-    if (s == NB_OK) {
-      s = nb__gw_fed_start(gw, st, req->job_id, workers, fed.secret, eps);
-      if (s != NB_OK) {
-        char reason[768];
-        snprintf(reason, sizeof reason, "launch failed: %.700s", nb_error_last());
-        nb__gw_unreserve(gw, req->job_id);
-        nb_job_store_transition(st, req->job_id, NB_JOB_FAILED, reason);
-        s = nb_error(s, "%s", reason);
-      }
-    }
-    json_decref(eps);
+    memcpy(fed.secret, req->secret.data, sizeof fed.secret);
+    fed.has_secret = 1;
+    json_object_set(info, "endpoints", eps);
+    s = nb__gw_fed_save(st, &fed, info);
   }
+  pthread_mutex_unlock(&gw->mu);
+  int workers = (int)json_integer_value(
+      json_object_get(nb__gw_fed_cluster(info ? info : eps, gw->cfg.cluster_id), "workers"));
+  if (s == NB_OK) {
+    s = nb__gw_fed_start(gw, st, req->job_id, workers, fed.secret, eps);
+    if (s != NB_OK) {
+      char reason[768];
+      snprintf(reason, sizeof reason, "launch failed: %.700s", nb_error_last());
+      nb__gw_unreserve(gw, req->job_id);
+      nb_job_store_transition(st, req->job_id, NB_JOB_FAILED, reason);
+      s = nb_error(s, "%s", reason);
+    }
+  }
+  json_decref(eps);
   if (s == NB_OK) s = nb__fed_ack(call, st, req->job_id);
   if (loaded) nb__gw_fed_release(&fed, info);
   nb_job_record_clear(&rec);
-  nb_job_store_close(st);
-  protobuf_c_message_free_unpacked(m, NULL);
   return s;
 }
+static nb_status_t nb__fed_commit(nb_rpc_call_t* call, void* user_data) {
+  /* the member record is read (and written) under gw->mu: .member stays 0 */
+  static const nb__fed_method_t m = {&nebula__v1__commit_request__descriptor, "Commit", 0, NULL,
+                                     nb__fed_commit_serve};
+  return nb__fed_serve(call, user_data, &m);
+}
 
-/* Member: the origin gave up on the job (another cluster refused): release, launch nothing. */
+static nb_status_t nb__fed_abort_serve(nb_rpc_call_t* call, nb__fed_call_t* c,
+                                       const ProtobufCMessage* m) {
+  const Nebula__V1__AbortRequest* req = (const Nebula__V1__AbortRequest*)m;
+  nb__gw_unreserve(c->gw, req->job_id);
+  char reason[768];
+  snprintf(reason, sizeof reason, "aborted by the origin '%s': %.600s", c->caller,
+           req->reason ? req->reason : "");
+  nb_status_t t = nb_job_store_transition(c->st, req->job_id, NB_JOB_FAILED, reason);
+  if (t != NB_OK && t != NB_ERR_INVALID) return t;
+  return nb__fed_ack(call, c->st, req->job_id);
+}
+
 static nb_status_t nb__fed_abort(nb_rpc_call_t* call, void* user_data) {
-  nb_gateway_t* gw = user_data;
-  const char* caller = "";
-  ProtobufCMessage* m = NULL;
-  NB_CHECK(nb__fed_request(call, gw, &nebula__v1__abort_request__descriptor, "Abort", &caller, &m));
-  Nebula__V1__AbortRequest* req = (Nebula__V1__AbortRequest*)m;
-  nb_job_store_t* st = NULL;
-  nb_job_fed_t fed;
-  json_t* info = NULL;
-  nb_status_t s = nb__gw_open_store(gw, &st);
-  if (s == NB_OK) s = nb__fed_member(st, req->job_id, caller, &fed, &info);
-  if (s == NB_OK) {
-    nb__gw_unreserve(gw, req->job_id);
-    char reason[768];
-    snprintf(reason, sizeof reason, "aborted by the origin '%s': %.600s", caller,
-             req->reason ? req->reason : "");
-    nb_status_t t = nb_job_store_transition(st, req->job_id, NB_JOB_FAILED, reason);
-    if (t != NB_OK && t != NB_ERR_INVALID) s = t;
-    nb__gw_fed_release(&fed, info);
-  }
-  if (s == NB_OK) s = nb__fed_ack(call, st, req->job_id);
-  nb_job_store_close(st);
-  protobuf_c_message_free_unpacked(m, NULL);
-  return s;
+  static const nb__fed_method_t m = {&nebula__v1__abort_request__descriptor, "Abort", 1, NULL,
+                                     nb__fed_abort_serve};
+  return nb__fed_serve(call, user_data, &m);
 }
 
-/* Member: stop our share of the job (the origin cancelled it, or another cluster failed). */
+static nb_status_t nb__fed_cancel_serve(nb_rpc_call_t* call, nb__fed_call_t* c,
+                                        const ProtobufCMessage* m) {
+  const Nebula__V1__FederationCancelRequest* req = (const Nebula__V1__FederationCancelRequest*)m;
+  char reason[768];
+  snprintf(reason, sizeof reason, "cancelled by the origin '%s'%s%.600s", c->caller,
+           req->reason && *req->reason ? ": " : "", req->reason ? req->reason : "");
+  NB_CHECK(nb__gw_cancel_local(c->gw, c->st, req->job_id, reason));
+  return nb__fed_ack(call, c->st, req->job_id);
+}
+
 static nb_status_t nb__fed_cancel(nb_rpc_call_t* call, void* user_data) {
-  nb_gateway_t* gw = user_data;
-  const char* caller = "";
-  ProtobufCMessage* m = NULL;
-  NB_CHECK(nb__fed_request(call, gw, &nebula__v1__federation_cancel_request__descriptor, "Cancel",
-                           &caller, &m));
-  Nebula__V1__FederationCancelRequest* req = (Nebula__V1__FederationCancelRequest*)m;
-  nb_job_store_t* st = NULL;
-  nb_job_fed_t fed;
-  json_t* info = NULL;
-  nb_status_t s = nb__gw_open_store(gw, &st);
-  if (s == NB_OK) s = nb__fed_member(st, req->job_id, caller, &fed, &info);
-  if (s == NB_OK) {
-    nb__gw_fed_release(&fed, info);
-    char reason[768];
-    snprintf(reason, sizeof reason, "cancelled by the origin '%s'%s%.600s", caller,
-             req->reason && *req->reason ? ": " : "", req->reason ? req->reason : "");
-    s = nb__gw_cancel_local(gw, st, req->job_id, reason);
-  }
-  if (s == NB_OK) s = nb__fed_ack(call, st, req->job_id);
-  nb_job_store_close(st);
-  protobuf_c_message_free_unpacked(m, NULL);
-  return s;
+  static const nb__fed_method_t m = {&nebula__v1__federation_cancel_request__descriptor, "Cancel",
+                                     1, NULL, nb__fed_cancel_serve};
+  return nb__fed_serve(call, user_data, &m);
 }
 
 /* The most a member's event seq may run ahead of its last accepted one at the origin. */
@@ -311,24 +332,24 @@ static nb_status_t nb__fed_cancel(nb_rpc_call_t* call, void* user_data) {
 /* Origin: a batch of a member's events. Stored tagged with the cluster (state → cluster_state,
  * launch/exit → cluster_launch/cluster_exit, progress keeps its kind); the cluster's state feeds
  * the job's aggregate state. Idempotent: events at or below the cluster's acked seq are skipped. */
-static nb_status_t nb__fed_report(nb_rpc_call_t* call, void* user_data) {
-  nb_gateway_t* gw = user_data;
-  const char* caller = "";
-  ProtobufCMessage* m = NULL;
-  NB_CHECK(
-      nb__fed_request(call, gw, &nebula__v1__report_request__descriptor, "Report", &caller, &m));
-  Nebula__V1__ReportRequest* req = (Nebula__V1__ReportRequest*)m;
-  nb_job_store_t* st = NULL;
+static nb_status_t nb__fed_report_check(const nb__fed_call_t* c, const ProtobufCMessage* m) {
+  const Nebula__V1__ReportRequest* req = (const Nebula__V1__ReportRequest*)m;
+  if (!req->cluster || strcmp(req->cluster, c->caller))
+    return nb_error(NB_ERR_PERMISSION, "Report: cluster '%s' is not the caller '%s'",
+                    req->cluster ? req->cluster : "", c->caller);
+  return NB_OK;
+}
+
+static nb_status_t nb__fed_report_serve(nb_rpc_call_t* call, nb__fed_call_t* fc,
+                                        const ProtobufCMessage* m) {
+  const Nebula__V1__ReportRequest* req = (const Nebula__V1__ReportRequest*)m;
+  nb_gateway_t* gw = fc->gw;
+  nb_job_store_t* st = fc->st;
+  const char* caller = fc->caller;
   nb_job_fed_t fed;
   json_t* info = NULL;
   int64_t acked = 0;
   nb_status_t s = NB_OK;
-  if (!req->cluster || strcmp(req->cluster, caller)) {
-    s = nb_error(NB_ERR_PERMISSION, "Report: cluster '%s' is not the caller '%s'",
-                 req->cluster ? req->cluster : "", caller);
-    goto out;
-  }
-  NB_CHECK_GOTO(nb__gw_open_store(gw, &st), s, out);
   pthread_mutex_lock(&gw->mu);
   s = nb__gw_fed_load(st, req->job_id ? req->job_id : "", &fed, &info);
   if (s == NB_ERR_NOT_FOUND)
@@ -408,32 +429,24 @@ static nb_status_t nb__fed_report(nb_rpc_call_t* call, void* user_data) {
     r.acked_seq = acked;
     s = nb_rpc_call_send_pb(call, &r.base);
   }
-out:
-  nb_job_store_close(st);
-  protobuf_c_message_free_unpacked(m, NULL);
   return s;
 }
 
-/* Member: the origin asks for this cluster's output of one of its jobs (`nebula logs
- * --cluster` there). */
+static nb_status_t nb__fed_report(nb_rpc_call_t* call, void* user_data) {
+  static const nb__fed_method_t m = {&nebula__v1__report_request__descriptor, "Report", 0,
+                                     nb__fed_report_check, nb__fed_report_serve};
+  return nb__fed_serve(call, user_data, &m);
+}
+
+static nb_status_t nb__fed_logs_serve(nb_rpc_call_t* call, nb__fed_call_t* c,
+                                      const ProtobufCMessage* m) {
+  return nb__gw_logs_send(call, c->gw, c->st, (const Nebula__V1__LogsRequest*)m);
+}
+
 static nb_status_t nb__fed_logs(nb_rpc_call_t* call, void* user_data) {
-  nb_gateway_t* gw = user_data;
-  const char* caller = "";
-  ProtobufCMessage* m = NULL;
-  NB_CHECK(nb__fed_request(call, gw, &nebula__v1__logs_request__descriptor, "Logs", &caller, &m));
-  Nebula__V1__LogsRequest* req = (Nebula__V1__LogsRequest*)m;
-  nb_job_store_t* st = NULL;
-  nb_job_fed_t fed;
-  json_t* info = NULL;
-  nb_status_t s = nb__gw_open_store(gw, &st);
-  if (s == NB_OK) s = nb__fed_member(st, req->job_id, caller, &fed, &info);
-  if (s == NB_OK) {
-    nb__gw_fed_release(&fed, info);
-    s = nb__gw_logs_send(call, gw, st, req);
-  }
-  nb_job_store_close(st);
-  protobuf_c_message_free_unpacked(m, NULL);
-  return s;
+  static const nb__fed_method_t m = {&nebula__v1__logs_request__descriptor, "Logs", 1, NULL,
+                                     nb__fed_logs_serve};
+  return nb__fed_serve(call, user_data, &m);
 }
 
 const nb__gw_method_t nb__gw_fed_methods[NB__GW_FED_METHODS] = {

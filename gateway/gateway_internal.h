@@ -186,6 +186,7 @@ nb_status_t nb__gw_store_present(nb_gateway_t* gw);
 
 /* api.c: the nebula.v1.Gateway service */
 nb_status_t nb__gw_open_store(nb_gateway_t* gw, nb_job_store_t** st);
+const char* nb__gw_req_job_id(const ProtobufCMessage* req);
 nb_status_t nb__gw_logs_send(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_store_t* st,
                              const Nebula__V1__LogsRequest* req);
 
