@@ -54,10 +54,10 @@ static void nb__job_msg(nb_gateway_t* gw, const nb_job_record_t* rec, int with_d
   if (nm) snprintf(name, name_cap, "%s", nm);
   json_decref(d);
   m->name = name;
-  pthread_mutex_lock(&gw->mu);
+  pthread_mutex_lock(&gw->active_mu);
   int k = nb__gw_active_find(gw, rec->id);
   if (k >= 0) m->pid = gw->active[k].launch.pid;
-  pthread_mutex_unlock(&gw->mu);
+  pthread_mutex_unlock(&gw->active_mu);
 }
 
 static nb_status_t nb__send_job(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_store_t* st,
@@ -266,10 +266,9 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, void* user_data) {
       goto done;
     }
   }
-  int used = 0;
-  pthread_mutex_lock(&gw->mu);
-  for (int i = 0; i < gw->n_active; i++) used += gw->active[i].workers;
-  pthread_mutex_unlock(&gw->mu);
+  pthread_mutex_lock(&gw->active_mu);
+  int used = nb__gw_slots_used(gw, NULL);
+  pthread_mutex_unlock(&gw->active_mu);
   if (used + my_workers > gw->cfg.slots) {
     s = nb_error(NB_ERR_UNAVAILABLE,
                  "cluster '%s' has %d free worker slots of %d, the job needs %d",
@@ -516,28 +515,14 @@ static nb_status_t nb__cancel_serve(nb_rpc_call_t* call, nb__api_call_t* c,
      * gone), then ours. A job with processes: the monitor records the end (exit event, then
      * `cancelled`) once they are gone, and retires the entry, which frees its slots before we
      * answer. */
-    pthread_mutex_lock(&c->gw->mu);
-    nb_job_fed_t fed;
-    json_t* info = NULL;
-    if (nb__gw_fed_load(c->st, req->job_id, &fed, &info) == NB_OK) {
-      /* the peers' cancelled states that come in now must not fail the job */
-      json_object_set_new(info, "cancelling", json_string(reason));
-      nb__gw_fed_save(c->st, &fed, info);
-      nb__gw_fed_release(&fed, info);
-    }
-    pthread_mutex_unlock(&c->gw->mu);
+    /* the peers' cancelled states that come in now must not fail the job */
+    nb__gw_fed_update(c->gw, c->st, req->job_id, "cancelling", json_string(reason), NULL, -1);
     nb_status_t peers = nb__gw_fed_cancel_peers(c->gw, c->st, req->job_id, reason);
     char perr[768] = "";
     if (peers != NB_OK) {
       snprintf(perr, sizeof perr, "%s", nb_error_last());
       /* the federation thread keeps trying the clusters that did not answer */
-      pthread_mutex_lock(&c->gw->mu);
-      if (nb__gw_fed_load(c->st, req->job_id, &fed, &info) == NB_OK) {
-        json_object_set_new(info, "cancel_pending", json_true());
-        nb__gw_fed_save(c->st, &fed, info);
-        nb__gw_fed_release(&fed, info);
-      }
-      pthread_mutex_unlock(&c->gw->mu);
+      nb__gw_fed_update(c->gw, c->st, req->job_id, "cancel_pending", json_true(), NULL, -1);
     }
     s = nb__gw_cancel_local(c->gw, c->st, req->job_id, reason);
     if (s == NB_OK && peers != NB_OK)

@@ -40,6 +40,26 @@ void nb__gw_fed_release(nb_job_fed_t* f, json_t* info) {
   json_decref(info);
 }
 
+/* One read-modify-write of job id's federation record under record_mu: info[key] = value
+ * (stolen; key NULL: none), info[drop] removed (NULL: none), fed.active = active (-1: kept).
+ * A job without a record is left alone (and value released). */
+void nb__gw_fed_update(nb_gateway_t* gw, nb_job_store_t* st, const char* id, const char* key,
+                       json_t* value, const char* drop, int active) {
+  nb_job_fed_t f;
+  json_t* info = NULL;
+  pthread_mutex_lock(&gw->record_mu);
+  if (nb__gw_fed_load(st, id, &f, &info) == NB_OK) {
+    if (key) json_object_set_new(info, key, value);
+    value = NULL;
+    if (drop) json_object_del(info, drop);
+    if (active >= 0) f.active = active;
+    nb__gw_fed_save(st, &f, info);
+    nb__gw_fed_release(&f, info);
+  }
+  pthread_mutex_unlock(&gw->record_mu);
+  json_decref(value);
+}
+
 /* info.clusters[cluster] (created when absent). */
 json_t* nb__gw_fed_cluster(json_t* info, const char* cluster) {
   json_t* cl = json_object_get(info, "clusters");
@@ -77,7 +97,8 @@ void nb__gw_fed_cluster_state(nb_job_store_t* st, const char* id, json_t* info, 
 
 /* The origin's job state from its clusters' (those with workers): failed (or cancelled by
  * someone else than the origin) as soon as one is, and then the others are to be cancelled;
- * succeeded once all are. A final job is left alone. Caller holds gw->mu or runs alone. */
+ * succeeded once all are. A final job is left alone. Caller holds gw->record_mu (or runs alone,
+ * at start). */
 void nb__gw_fed_aggregate(nb_gateway_t* gw, nb_job_store_t* st, const char* id, json_t* info) {
   nb_job_record_t rec = {0};
   if (nb_job_store_get(st, id, &rec) != NB_OK) return;
@@ -100,12 +121,12 @@ void nb__gw_fed_aggregate(nb_gateway_t* gw, nb_job_store_t* st, const char* id, 
     json_object_set_new(info, "cancel_pending", json_true());
     nb_job_store_transition(st, id, NB_JOB_FAILED, reason);
     NB_WARN("job %s: %s: stopping the other clusters", id, reason);
-    pthread_mutex_lock(&gw->mu);
+    pthread_mutex_lock(&gw->active_mu);
     int i = nb__gw_active_find(gw, id);
     int launched = i >= 0 && nb__launched(&gw->active[i]);
     nb_launch_t launch;
     if (launched) launch = gw->active[i].launch;
-    pthread_mutex_unlock(&gw->mu);
+    pthread_mutex_unlock(&gw->active_mu);
     if (launched && nb_launcher_cancel(&launch, gw->cfg.cancel_grace_ms, NULL) != NB_OK)
       NB_WARN("job %s: cannot stop this cluster's workers: %s", id, nb_error_last());
   } else if (n > 0 && ok == n) {
@@ -359,7 +380,7 @@ nb_status_t nb__gw_fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const char* 
     NB_WARN("job %s: %s", id, why);
     s = nb_error(code == NB_OK ? NB_ERR_INTERNAL : code, "%s", why);
   } else {
-    pthread_mutex_lock(&gw->mu);
+    pthread_mutex_lock(&gw->record_mu);
     /* reports may already have come in: merge our view into the stored one */
     nb_job_fed_t cur;
     json_t* now = NULL;
@@ -374,7 +395,7 @@ nb_status_t nb__gw_fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const char* 
       nb__gw_fed_save(st, &fed, now);
       nb__gw_fed_release(&cur, now);
     }
-    pthread_mutex_unlock(&gw->mu);
+    pthread_mutex_unlock(&gw->record_mu);
     NB_INFO(JOB, "job %s: committed on %d clusters", id, np);
   }
   json_decref(endpoints);
@@ -389,9 +410,9 @@ nb_status_t nb__gw_fed_cancel_peers(nb_gateway_t* gw, nb_job_store_t* st, const 
                                     const char* reason) {
   nb_job_fed_t fed;
   json_t* info = NULL;
-  pthread_mutex_lock(&gw->mu);
+  pthread_mutex_lock(&gw->record_mu);
   nb_status_t s = nb__gw_fed_load(st, id, &fed, &info);
-  pthread_mutex_unlock(&gw->mu);
+  pthread_mutex_unlock(&gw->record_mu);
   if (s != NB_OK) return NB_OK; /* not federated */
   if (strcmp(fed.role, "origin")) {
     nb__gw_fed_release(&fed, info);
@@ -478,15 +499,7 @@ static void nb__fed_pass(nb_gateway_t* gw) {
           if (nb__fed_call(gw, f->origin, "Report", &rr.base, &nebula__v1__report_reply__descriptor,
                            &resp, 0) == NB_OK) {
             int64_t acked = ((Nebula__V1__ReportReply*)resp)->acked_seq;
-            pthread_mutex_lock(&gw->mu);
-            nb_job_fed_t cur;
-            json_t* now = NULL;
-            if (nb__gw_fed_load(st, f->job_id, &cur, &now) == NB_OK) {
-              json_object_set_new(now, "report_seq", json_integer(acked));
-              nb__gw_fed_save(st, &cur, now);
-              nb__gw_fed_release(&cur, now);
-            }
-            pthread_mutex_unlock(&gw->mu);
+            nb__gw_fed_update(gw, st, f->job_id, "report_seq", json_integer(acked), NULL, -1);
             after = acked;
           } else {
             NB_TRACE(RPC, "job %s: report to %s: %s", f->job_id, f->origin, nb_error_last());
@@ -498,15 +511,7 @@ static void nb__fed_pass(nb_gateway_t* gw) {
       }
       nb_job_events_free(ev, ne);
       if (final && ne == 0) { /* everything reported */
-        pthread_mutex_lock(&gw->mu);
-        nb_job_fed_t cur;
-        json_t* now = NULL;
-        if (nb__gw_fed_load(st, f->job_id, &cur, &now) == NB_OK) {
-          cur.active = 0;
-          nb__gw_fed_save(st, &cur, now);
-          nb__gw_fed_release(&cur, now);
-        }
-        pthread_mutex_unlock(&gw->mu);
+        nb__gw_fed_update(gw, st, f->job_id, NULL, NULL, NULL, 0);
       }
     } else if (final) {
       /* origin: once final, the clusters still running are cancelled, then nothing is left */
@@ -520,16 +525,7 @@ static void nb__fed_pass(nb_gateway_t* gw) {
         ok = nb__gw_fed_cancel_peers(gw, st, f->job_id, reason) == NB_OK;
       }
       if (ok) {
-        pthread_mutex_lock(&gw->mu);
-        nb_job_fed_t cur;
-        json_t* now = NULL;
-        if (nb__gw_fed_load(st, f->job_id, &cur, &now) == NB_OK) {
-          cur.active = 0;
-          json_object_del(now, "cancel_pending");
-          nb__gw_fed_save(st, &cur, now);
-          nb__gw_fed_release(&cur, now);
-        }
-        pthread_mutex_unlock(&gw->mu);
+        nb__gw_fed_update(gw, st, f->job_id, NULL, NULL, "cancel_pending", 0);
       }
     }
     json_decref(info);

@@ -248,7 +248,7 @@ static nb_status_t nb__fed_commit_serve(nb_rpc_call_t* call, nb__fed_call_t* c,
   int loaded = 0;
   nb_job_record_t rec = {0};
   nb_status_t s = NB_OK;
-  pthread_mutex_lock(&gw->mu);
+  pthread_mutex_lock(&gw->record_mu);
   s = nb__fed_member(st, req->job_id, caller, &fed, &info);
   loaded = s == NB_OK;
   if (s == NB_OK && req->secret.len != sizeof fed.secret)
@@ -266,7 +266,7 @@ static nb_status_t nb__fed_commit_serve(nb_rpc_call_t* call, nb__fed_call_t* c,
     json_object_set(info, "endpoints", eps);
     s = nb__gw_fed_save(st, &fed, info);
   }
-  pthread_mutex_unlock(&gw->mu);
+  pthread_mutex_unlock(&gw->record_mu);
   int workers = (int)json_integer_value(
       json_object_get(nb__gw_fed_cluster(info ? info : eps, gw->cfg.cluster_id), "workers"));
   if (s == NB_OK) {
@@ -286,7 +286,7 @@ static nb_status_t nb__fed_commit_serve(nb_rpc_call_t* call, nb__fed_call_t* c,
   return s;
 }
 static nb_status_t nb__fed_commit(nb_rpc_call_t* call, void* user_data) {
-  /* the member record is read (and written) under gw->mu: .member stays 0 */
+  /* the member record is read (and written) under record_mu: .member stays 0 */
   static const nb__fed_method_t m = {&nebula__v1__commit_request__descriptor, "Commit", 0, NULL,
                                      nb__fed_commit_serve};
   return nb__fed_serve(call, user_data, &m);
@@ -350,7 +350,7 @@ static nb_status_t nb__fed_report_serve(nb_rpc_call_t* call, nb__fed_call_t* fc,
   json_t* info = NULL;
   int64_t acked = 0;
   nb_status_t s = NB_OK;
-  pthread_mutex_lock(&gw->mu);
+  pthread_mutex_lock(&gw->record_mu);
   s = nb__gw_fed_load(st, req->job_id ? req->job_id : "", &fed, &info);
   if (s == NB_ERR_NOT_FOUND)
     s = nb_error(NB_ERR_NOT_FOUND, "no federated job '%s' here", req->job_id);
@@ -423,7 +423,7 @@ static nb_status_t nb__fed_report_serve(nb_rpc_call_t* call, nb__fed_call_t* fc,
     }
     nb__gw_fed_release(&fed, info);
   }
-  pthread_mutex_unlock(&gw->mu);
+  pthread_mutex_unlock(&gw->record_mu);
   if (s == NB_OK) {
     Nebula__V1__ReportReply r = NEBULA__V1__REPORT_REPLY__INIT;
     r.acked_seq = acked;

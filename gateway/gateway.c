@@ -67,12 +67,10 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
   nb_status_t s = NB_OK;
   NB_CHECK(nb_calloc((void**)&gw, 1, sizeof *gw, "gateway"));
   gw->cfg = *cfg;
-  pthread_mutexattr_t ma;
-  pthread_mutexattr_init(&ma);
-  pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
-  pthread_mutex_init(&gw->mu, &ma);
+  pthread_mutex_init(&gw->record_mu, NULL);
+  pthread_mutex_init(&gw->active_mu, NULL);
+  pthread_mutex_init(&gw->queue_mu, NULL);
   pthread_mutex_init(&gw->lim_mu, NULL);
-  pthread_mutexattr_destroy(&ma);
   if (!gw->cfg.cluster_id[0]) {
     s = nb_error(NB_ERR_CONFIG, "gateway: cluster_id is required");
     goto fail;
@@ -221,7 +219,9 @@ void nb_gateway_destroy(nb_gateway_t* gw) {
   nb_artifact_store_close(gw->art);
   if (gw->ca) X509_free(gw->ca);
   nb_tls_destroy(gw->tls);
-  pthread_mutex_destroy(&gw->mu);
+  pthread_mutex_destroy(&gw->record_mu);
+  pthread_mutex_destroy(&gw->active_mu);
+  pthread_mutex_destroy(&gw->queue_mu);
   pthread_mutex_destroy(&gw->lim_mu);
   nb_free(gw);
 }

@@ -2,7 +2,16 @@
  * nebula.v1.Gateway over mutual TLS (Submit a signed descriptor, Get, List, Watch, Cancel, Logs),
  * decides with the ACL, keeps jobs in the SQLite job store and runs them with a launcher (local,
  * mpirun or Slurm: gateway/launcher.h), and federates with its peer gateways (nebula.v1.Federation)
- * so that a job runs on every cluster it names. It does not schedule beyond a slot count. */
+ * so that a job runs on every cluster it names. It does not schedule beyond a slot count.
+ *
+ * Thread safety: the config functions touch only the struct they are given (one thread per
+ * struct). A gateway runs threads of its own (the gRPC handlers, a monitor of the job processes,
+ * a federation thread and a run-report thread) that share its state under separate locks
+ * (gateway/gateway_internal.h says which lock guards what, and their order); nb_gateway_port may
+ * be called from any thread while it lives. nb_gateway_create and nb_gateway_destroy are not
+ * thread-safe with respect to the same gateway: destroy only once, from one thread, and not
+ * while another thread still uses it. Several gateways may live in one process (the tests run
+ * two or three) as long as each has its own work_dir. */
 #ifndef NB_GATEWAY_GATEWAY_H
 #define NB_GATEWAY_GATEWAY_H
 

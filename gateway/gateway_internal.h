@@ -28,7 +28,15 @@ typedef struct {
   long progress_off;
   int progress_skip;       /* lines already recorded before a restart */
   char cancel_reason[512]; /* set by Cancel: the end is recorded as cancelled with this */
+  int ending; /* its processes are gone and the monitor is recording the end: it holds no
+                 slots, and Cancel waits for it to be retired */
 } nb__active_t;
+
+/* An entry the monitor saw end, recorded outside active_mu (monitor thread only). */
+typedef struct {
+  nb__active_t a;
+  int code, sig;
+} nb__ended_t;
 
 /* Something runs for this entry (a process, or a Slurm job); otherwise it is a reservation. */
 static inline int nb__launched(const nb__active_t* a) {
@@ -65,41 +73,64 @@ typedef struct {
 #define NB__MAX_IDENTITIES 256
 #define NB__N_METHODS (NB__GW_API_METHODS + NB__GW_FED_METHODS)
 
+/* The daemon. Threads: the gRPC server's handler threads, the monitor (monitor.c), the
+ * federation thread (federation.c) and the report thread (report_queue.c); each thread has its
+ * own store handle, and each handler opens one per call.
+ *
+ * Locks and what they guard (none is recursive; none is held across a call to a peer):
+ *   record_mu  the read-modify-write of a job's federation record in the store, and the
+ *              recording of a job's end (its final state and the run report it queues), so
+ *              that a reader who takes it after seeing a job final also sees its report queued
+ *   active_mu  active[] and n_active: the jobs running or reserved here (slots), each entry's
+ *              fields included (the monitor also reads progress files under it)
+ *   queue_mu   publish[] / n_publish and report[] / n_report
+ *   lim_mu     ident[] / n_ident: calls in flight per identity
+ * Order: record_mu, then active_mu, then queue_mu; lim_mu is taken alone. Everything else is
+ * set by nb_gateway_create before the threads start and only read afterwards, but `stopping`
+ * (atomic), the ended[] scratch of the monitor, and the thread-owned store handles. */
 struct nb_gateway {
   nb_gateway_config_t cfg;
   int run_as; /* jobs run as run_uid:run_gid (cfg.run_as) */
   uid_t run_uid;
   gid_t run_gid;
   nb__hand_t hand[NB__N_METHODS];
-  pthread_mutex_t lim_mu; /* calls in flight per identity */
+  char self_exe[NB_GW_STR];
+  nb_tls_t* tls;
+  X509* ca;
+  nb_rpc_server_t* srv;
+  nb_rpc_client_t* peer_cli[NB_GW_MAX_PEERS]; /* Federation clients, one per configured peer */
+  nb_artifact_store_t* art;                   /* <work_dir>/artifacts: what jobs produced */
+  _Atomic int stopping;
+
+  pthread_mutex_t record_mu; /* federation records' read-modify-write; a job's end */
+
+  pthread_mutex_t active_mu;
+  nb__active_t active[NB__MAX_ACTIVE];
+  int n_active;
+
+  pthread_mutex_t queue_mu;
+  char publish[16][NB_JOB_ID_MAX]; /* jobs that succeeded here, outputs to put in `art` */
+  int n_publish;
+  nb__report_t report[NB__MAX_REPORTS]; /* run reports to build */
+  int n_report;
+
+  pthread_mutex_t lim_mu;
   int n_ident;
   struct {
     char key[160]; /* "user:alice", "cluster:dc-b" */
     int calls;
   } ident[NB__MAX_IDENTITIES];
-  char self_exe[NB_GW_STR];
-  nb_tls_t* tls;
-  X509* ca;
-  nb_rpc_server_t* srv;
-  nb_job_store_t* mon_store; /* monitor thread's own handle */
+
+  nb_job_store_t* mon_store; /* the monitor thread's own handle */
   pthread_t mon;
   int mon_started;
-  _Atomic int stopping;
-  pthread_mutex_t mu; /* recursive: active[] and read-modify-write of federation records */
-  nb_rpc_client_t* peer_cli[NB_GW_MAX_PEERS]; /* Federation clients, one per configured peer */
-  nb_job_store_t* fed_store;                  /* the federation thread's own handle */
-  nb_artifact_store_t* art;                   /* <work_dir>/artifacts: what jobs produced */
-  char publish[16][NB_JOB_ID_MAX]; /* jobs that succeeded here, outputs to put in `art` (mu) */
-  int n_publish;
-  nb__report_t report[NB__MAX_REPORTS]; /* run reports to build (mu) */
-  int n_report;
+  nb__ended_t ended[NB__MAX_ACTIVE]; /* the monitor's: entries that ended this pass */
+  nb_job_store_t* fed_store;         /* the federation thread's own handle */
+  pthread_t fed;
+  int fed_started;
   nb_job_store_t* rep_store; /* the report thread's own handle */
   pthread_t rep;
   int rep_started;
-  pthread_t fed;
-  int fed_started;
-  nb__active_t active[NB__MAX_ACTIVE];
-  int n_active;
 };
 
 #define NB__MAX_PARTS (NB_JOB_MAX_CLUSTERS + 1) /* the clusters named + the base's holder */
@@ -122,6 +153,7 @@ typedef struct {
 
 /* start.c: job folders, command words, worker slots, stopping a job here */
 int nb__gw_active_find(nb_gateway_t* gw, const char* id);
+int nb__gw_slots_used(const nb_gateway_t* gw, const char* except);
 void nb__gw_jobdir(const nb_gateway_t* gw, const char* id, char* buf, size_t n);
 void nb__gw_unreserve(nb_gateway_t* gw, const char* id);
 int nb__gw_parts(const nb_job_config_t* cfg, nb__part_t* p);
@@ -144,6 +176,8 @@ int nb__gw_open_job_file(const nb_gateway_t* gw, const char* path);
 /* federation.c: federation records, the origin's two-phase submit, the federation thread */
 nb_status_t nb__gw_fed_save(nb_job_store_t* st, const nb_job_fed_t* f, json_t* info);
 void nb__gw_fed_release(nb_job_fed_t* f, json_t* info);
+void nb__gw_fed_update(nb_gateway_t* gw, nb_job_store_t* st, const char* id, const char* key,
+                       json_t* value, const char* drop, int active);
 const char* nb__gw_jstr(json_t* o, const char* k);
 nb_rpc_client_t* nb__gw_peer_client(nb_gateway_t* gw, const char* cluster);
 void* nb__gw_fed_loop(void* arg);

@@ -75,6 +75,7 @@ void nb__gw_job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t* a, 
   nb_job_fed_t fed;
   json_t* info = NULL;
   int origin = 0, federated = 0;
+  pthread_mutex_lock(&gw->record_mu); /* the end and the report it queues, at once */
   if (!a->cancel_reason[0] && nb__gw_fed_load(store, a->id, &fed, &info) == NB_OK) {
     federated = 1;
     origin = !strcmp(fed.role, "origin");
@@ -97,10 +98,10 @@ void nb__gw_job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t* a, 
     } else if (*how) {
       snprintf(reason, sizeof reason, "finished%s", how);
     }
-    if (to == NB_JOB_SUCCEEDED && gw->n_publish < 16) {
-      pthread_mutex_lock(&gw->mu);
-      snprintf(gw->publish[gw->n_publish++], NB_JOB_ID_MAX, "%s", a->id);
-      pthread_mutex_unlock(&gw->mu);
+    if (to == NB_JOB_SUCCEEDED) {
+      pthread_mutex_lock(&gw->queue_mu);
+      if (gw->n_publish < 16) snprintf(gw->publish[gw->n_publish++], NB_JOB_ID_MAX, "%s", a->id);
+      pthread_mutex_unlock(&gw->queue_mu);
     }
     if (origin) {
       /* this cluster's part of a federated job ended: the job's state is the aggregate */
@@ -115,53 +116,84 @@ void nb__gw_job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t* a, 
       nb__gw_report_queue(gw, a->id); /* a job of this cluster only */
     }
   }
+  pthread_mutex_unlock(&gw->record_mu);
   if (origin) nb__gw_fed_release(&fed, info);
   nb_job_record_clear(&rec);
+}
+
+/* One look at every launched job under active_mu: a process that ended is marked `ending` and
+ * copied to gw->ended[] (its end is recorded without the lock, nb__monitor_pass); the others'
+ * new progress lines are recorded. Returns how many ended. */
+static int nb__monitor_poll(nb_gateway_t* gw) {
+  int n_ended = 0;
+  pthread_mutex_lock(&gw->active_mu);
+  for (int i = 0; i < gw->n_active; i++) {
+    nb__active_t* a = &gw->active[i];
+    if (!nb__launched(a) || a->ending) continue; /* a reservation: nothing runs yet */
+    int ended = 0, code = -1, sig = 0;
+    if (a->own_child) {
+      int status = 0;
+      pid_t r = waitpid(a->launch.pid, &status, WNOHANG);
+      if (r == a->launch.pid) {
+        ended = 1;
+        if (WIFEXITED(status)) code = WEXITSTATUS(status);
+        if (WIFSIGNALED(status)) sig = WTERMSIG(status);
+        /* the wrapper reports a command killed by signal N as 128+N */
+        if (code > 128 && code < 128 + 65) {
+          sig = code - 128;
+        }
+      } else if (r < 0 && errno == ECHILD) {
+        a->own_child = 0;
+      }
+    }
+    if (!a->own_child && !ended && !nb_launcher_alive(&a->launch)) {
+      ended = 1;
+      if (nb_launcher_exit_code(a->dir, &code) != NB_OK) code = -1;
+      if (code > 128 && code < 128 + 65) sig = code - 128;
+    }
+    if (!ended) {
+      nb__gw_tail_progress(gw, gw->mon_store, a);
+      continue;
+    }
+    a->ending = 1;
+    gw->ended[n_ended].a = *a;
+    gw->ended[n_ended].code = code;
+    gw->ended[n_ended].sig = sig;
+    n_ended++;
+  }
+  pthread_mutex_unlock(&gw->active_mu);
+  return n_ended;
+}
+
+/* One pass of the monitor: the ends seen by nb__monitor_poll recorded, their entries retired
+ * (which frees their slots and lets a waiting Cancel answer), then the outputs of the jobs
+ * that succeeded published. */
+static void nb__monitor_pass(nb_gateway_t* gw) {
+  int n_ended = nb__monitor_poll(gw);
+  for (int i = 0; i < n_ended; i++) {
+    nb__ended_t* e = &gw->ended[i];
+    nb__gw_job_ended(gw, gw->mon_store, &e->a, e->code, e->sig,
+                     e->code == -1 && !e->sig ? " (no exit status recorded)" : "");
+  }
+  pthread_mutex_lock(&gw->active_mu);
+  for (int i = 0; i < n_ended; i++) {
+    int k = nb__gw_active_find(gw, gw->ended[i].a.id);
+    if (k >= 0 && gw->active[k].ending) gw->active[k] = gw->active[--gw->n_active];
+  }
+  pthread_mutex_unlock(&gw->active_mu);
+  char todo[16][NB_JOB_ID_MAX];
+  pthread_mutex_lock(&gw->queue_mu);
+  int n_todo = gw->n_publish;
+  memcpy(todo, gw->publish, sizeof todo);
+  gw->n_publish = 0;
+  pthread_mutex_unlock(&gw->queue_mu);
+  for (int i = 0; i < n_todo; i++) nb__gw_publish(gw, gw->mon_store, todo[i]);
 }
 
 void* nb__gw_monitor(void* arg) {
   nb_gateway_t* gw = arg;
   while (!gw->stopping) {
-    pthread_mutex_lock(&gw->mu);
-    for (int i = 0; i < gw->n_active; i++) {
-      nb__active_t* a = &gw->active[i];
-      if (!nb__launched(a)) continue; /* a reservation: nothing runs yet */
-      int ended = 0, code = -1, sig = 0;
-      if (a->own_child) {
-        int status = 0;
-        pid_t r = waitpid(a->launch.pid, &status, WNOHANG);
-        if (r == a->launch.pid) {
-          ended = 1;
-          if (WIFEXITED(status)) code = WEXITSTATUS(status);
-          if (WIFSIGNALED(status)) sig = WTERMSIG(status);
-          /* the wrapper reports a command killed by signal N as 128+N */
-          if (code > 128 && code < 128 + 65) {
-            sig = code - 128;
-          }
-        } else if (r < 0 && errno == ECHILD) {
-          a->own_child = 0;
-        }
-      }
-      if (!a->own_child && !ended && !nb_launcher_alive(&a->launch)) {
-        ended = 1;
-        if (nb_launcher_exit_code(a->dir, &code) != NB_OK) code = -1;
-        if (code > 128 && code < 128 + 65) sig = code - 128;
-      }
-      if (!ended) {
-        nb__gw_tail_progress(gw, gw->mon_store, a);
-        continue;
-      }
-      nb__gw_job_ended(gw, gw->mon_store, a, code, sig,
-                       code == -1 && !sig ? " (no exit status recorded)" : "");
-      gw->active[i] = gw->active[--gw->n_active];
-      i--;
-    }
-    char todo[16][NB_JOB_ID_MAX];
-    int n_todo = gw->n_publish;
-    memcpy(todo, gw->publish, sizeof todo);
-    gw->n_publish = 0;
-    pthread_mutex_unlock(&gw->mu);
-    for (int i = 0; i < n_todo; i++) nb__gw_publish(gw, gw->mon_store, todo[i]);
+    nb__monitor_pass(gw);
     nb_sleep_ns((int64_t)gw->cfg.poll_ms * 1000000);
   }
   return NULL;

@@ -42,12 +42,12 @@ void nb__gw_report_recover(nb_gateway_t* gw, nb_job_store_t* st) {
 }
 
 /* Queues the run report of a job that just succeeded here as its origin (or as a job of this
- * cluster only); the report thread builds it (nb__gw_report_loop), off gw->mu. */
+ * cluster only); the report thread builds it (nb__gw_report_loop), off every lock. */
 void nb__gw_report_queue(nb_gateway_t* gw, const char* id) {
-  pthread_mutex_lock(&gw->mu);
+  pthread_mutex_lock(&gw->queue_mu);
   for (int k = 0; k < gw->n_report; k++)
     if (!strcmp(gw->report[k].id, id)) {
-      pthread_mutex_unlock(&gw->mu);
+      pthread_mutex_unlock(&gw->queue_mu);
       return; /* already queued */
     }
   if (gw->n_report < NB__MAX_REPORTS) {
@@ -59,7 +59,7 @@ void nb__gw_report_queue(nb_gateway_t* gw, const char* id) {
   } else {
     NB_WARN("job %s: too many run reports pending: none is written for it", id);
   }
-  pthread_mutex_unlock(&gw->mu);
+  pthread_mutex_unlock(&gw->queue_mu);
 }
 
 static void nb__report_event(nb_job_store_t* st, const char* id, const char* kind, json_t* j) {
@@ -248,38 +248,42 @@ out:
 
 /* Whether the run report of job id is queued and not yet written or given up. */
 int nb__gw_report_pending(nb_gateway_t* gw, const char* id) {
-  pthread_mutex_lock(&gw->mu);
+  /* a job's end and the report it queues are recorded under record_mu: once it is ours, a job
+   * seen final has its report queued (or none is to come) */
+  pthread_mutex_lock(&gw->record_mu);
+  pthread_mutex_lock(&gw->queue_mu);
   int found = 0;
   for (int k = 0; k < gw->n_report; k++) found |= !strcmp(gw->report[k].id, id);
-  pthread_mutex_unlock(&gw->mu);
+  pthread_mutex_unlock(&gw->queue_mu);
+  pthread_mutex_unlock(&gw->record_mu);
   return found;
 }
 
-/* One try at each pending report that is due, off gw->mu. */
+/* One try at each pending report that is due, off every lock. */
 static void nb__report_step(nb_gateway_t* gw, nb_job_store_t* st) {
   nb__report_t todo[NB__MAX_REPORTS];
-  pthread_mutex_lock(&gw->mu);
+  pthread_mutex_lock(&gw->queue_mu);
   int n = gw->n_report;
   memcpy(todo, gw->report, sizeof todo);
-  pthread_mutex_unlock(&gw->mu);
+  pthread_mutex_unlock(&gw->queue_mu);
   for (int i = 0; i < n && !gw->stopping; i++) {
     double now = nb_now_s();
     if (now < todo[i].next) continue;
     if (!nb__report_try(gw, st, &todo[i], now >= todo[i].deadline)) {
       todo[i].next = nb_now_s() + 0.2;
-      pthread_mutex_lock(&gw->mu);
+      pthread_mutex_lock(&gw->queue_mu);
       for (int k = 0; k < gw->n_report; k++)
         if (!strcmp(gw->report[k].id, todo[i].id)) gw->report[k].next = todo[i].next;
-      pthread_mutex_unlock(&gw->mu);
+      pthread_mutex_unlock(&gw->queue_mu);
       continue;
     }
-    pthread_mutex_lock(&gw->mu);
+    pthread_mutex_lock(&gw->queue_mu);
     for (int k = 0; k < gw->n_report; k++)
       if (!strcmp(gw->report[k].id, todo[i].id)) {
         gw->report[k] = gw->report[--gw->n_report];
         break;
       }
-    pthread_mutex_unlock(&gw->mu);
+    pthread_mutex_unlock(&gw->queue_mu);
   }
 }
 

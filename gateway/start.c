@@ -18,10 +18,21 @@
 #include "jobs/job_paths.h"
 #include "security/sign.h"
 
+/* The index of job id in active[], or -1. Caller holds active_mu (or runs alone, at start). */
 int nb__gw_active_find(nb_gateway_t* gw, const char* id) {
   for (int i = 0; i < gw->n_active; i++)
     if (!strcmp(gw->active[i].id, id)) return i;
   return -1;
+}
+
+/* Worker slots held by the jobs in active[] but `except` (NULL: none) and those whose end is
+ * being recorded (their processes are gone). Caller holds active_mu. */
+int nb__gw_slots_used(const nb_gateway_t* gw, const char* except) {
+  int used = 0;
+  for (int i = 0; i < gw->n_active; i++)
+    if (!gw->active[i].ending && (!except || strcmp(gw->active[i].id, except)))
+      used += gw->active[i].workers;
+  return used;
 }
 
 void nb__gw_jobdir(const nb_gateway_t* gw, const char* id, char* buf, size_t n) {
@@ -177,7 +188,7 @@ nb_status_t nb__gw_launch(nb_gateway_t* gw, nb_job_store_t* st, const char* id, 
   }
   char* env[] = {env0, env1, env2, env3, env4, NULL};
   int n_tmpl = wk ? gw->cfg.n_worker_command : gw->cfg.n_command;
-  pthread_mutex_lock(&gw->mu);
+  pthread_mutex_lock(&gw->active_mu);
   int n = 0;
   if (gw->run_as) { /* setpriv drops to the run_as user before the job's command */
     snprintf(words[n++], sizeof words[0], "setpriv");
@@ -212,14 +223,8 @@ nb_status_t nb__gw_launch(nb_gateway_t* gw, nb_job_store_t* st, const char* id, 
   }
   argv[n] = NULL;
   /* the slot check again, under the lock: two submits may have raced past the first one */
-  int used = 0, mine = -1;
-  for (int i = 0; i < gw->n_active; i++) {
-    if (!strcmp(gw->active[i].id, id)) {
-      mine = i; /* our own reservation */
-      continue;
-    }
-    used += gw->active[i].workers;
-  }
+  int mine = nb__gw_active_find(gw, id); /* our own reservation */
+  int used = nb__gw_slots_used(gw, id);
   nb_status_t s;
   if (mine < 0 && gw->n_active >= NB__MAX_ACTIVE)
     s = nb_error(NB_ERR_UNAVAILABLE, "too many jobs running on this gateway");
@@ -247,7 +252,7 @@ nb_status_t nb__gw_launch(nb_gateway_t* gw, nb_job_store_t* st, const char* id, 
     else
       gw->active[gw->n_active++] = a;
   }
-  pthread_mutex_unlock(&gw->mu);
+  pthread_mutex_unlock(&gw->active_mu);
   nb_free(words);
   nb_free(env4);
   return s;
@@ -256,9 +261,8 @@ nb_status_t nb__gw_launch(nb_gateway_t* gw, nb_job_store_t* st, const char* id, 
 /* Holds `workers` slots for a proposed job until it launches or is aborted (nb__gw_unreserve).
  * NB_ERR_UNAVAILABLE when they are not free. */
 nb_status_t nb__gw_reserve(nb_gateway_t* gw, const char* id, int workers) {
-  pthread_mutex_lock(&gw->mu);
-  int used = 0;
-  for (int i = 0; i < gw->n_active; i++) used += gw->active[i].workers;
+  pthread_mutex_lock(&gw->active_mu);
+  int used = nb__gw_slots_used(gw, NULL);
   nb_status_t s = NB_OK;
   if (gw->n_active >= NB__MAX_ACTIVE)
     s = nb_error(NB_ERR_UNAVAILABLE, "too many jobs running on this gateway");
@@ -273,15 +277,15 @@ nb_status_t nb__gw_reserve(nb_gateway_t* gw, const char* id, int workers) {
     nb__gw_jobdir(gw, id, a->dir, sizeof a->dir);
     a->workers = workers;
   }
-  pthread_mutex_unlock(&gw->mu);
+  pthread_mutex_unlock(&gw->active_mu);
   return s;
 }
 
 void nb__gw_unreserve(nb_gateway_t* gw, const char* id) {
-  pthread_mutex_lock(&gw->mu);
+  pthread_mutex_lock(&gw->active_mu);
   int k = nb__gw_active_find(gw, id);
   if (k >= 0 && !nb__launched(&gw->active[k])) gw->active[k] = gw->active[--gw->n_active];
-  pthread_mutex_unlock(&gw->mu);
+  pthread_mutex_unlock(&gw->active_mu);
 }
 
 int nb__gw_parts(const nb_job_config_t* cfg, nb__part_t* p) {
@@ -408,42 +412,48 @@ int nb__gw_mkdirs(const char* path) {
   return mkdir(tmp, 0750) != 0 && errno != EEXIST ? -1 : 0;
 }
 
+/* Waits until the monitor retired job id's entry (it recorded the job's end); NB_ERR_TIMEOUT
+ * when that takes longer than the processes' end plausibly can. */
+static nb_status_t nb__wait_retired(nb_gateway_t* gw, const char* id) {
+  int64_t until = nb_now_ns() + 5000000000LL + (int64_t)gw->cfg.poll_ms * 4000000;
+  for (;;) {
+    pthread_mutex_lock(&gw->active_mu);
+    int k = nb__gw_active_find(gw, id);
+    pthread_mutex_unlock(&gw->active_mu);
+    if (k < 0) return NB_OK;
+    if (nb_now_ns() > until)
+      return nb_error(NB_ERR_TIMEOUT,
+                      "job %s: its processes are gone but the end was not recorded in time", id);
+    nb_sleep_ns(5000000);
+  }
+}
+
 /* Stops a job's processes here (or, without any, moves it to cancelled at once) and waits until
  * the monitor recorded the end. */
 nb_status_t nb__gw_cancel_local(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
                                 const char* reason) {
   nb_status_t s = NB_OK;
-  pthread_mutex_lock(&gw->mu);
+  pthread_mutex_lock(&gw->active_mu);
   int k = nb__gw_active_find(gw, id);
-  int launched = k >= 0 && nb__launched(&gw->active[k]);
+  int ending = k >= 0 && gw->active[k].ending; /* the monitor is recording its end */
+  int launched = k >= 0 && !ending && nb__launched(&gw->active[k]);
   nb_launch_t launch;
   if (launched) launch = gw->active[k].launch;
-  if (k >= 0)
+  if (k >= 0 && !ending)
     snprintf(gw->active[k].cancel_reason, sizeof gw->active[k].cancel_reason, "%s", reason);
-  if (k >= 0 && !launched) gw->active[k] = gw->active[--gw->n_active]; /* a reservation */
-  pthread_mutex_unlock(&gw->mu);
+  if (k >= 0 && !ending && !launched)
+    gw->active[k] = gw->active[--gw->n_active]; /* a reservation */
+  pthread_mutex_unlock(&gw->active_mu);
   if (launched) {
     int killed = 0;
     char what[64];
     s = nb_launcher_cancel(&launch, gw->cfg.cancel_grace_ms, &killed);
     NB_INFO(JOB, "job %s: %s stopped%s", id, nb_launcher_describe(&launch, what, sizeof what),
             killed ? " with SIGKILL" : "");
-    int64_t until = nb_now_ns() + 5000000000LL + (int64_t)gw->cfg.poll_ms * 4000000;
-    for (;;) {
-      pthread_mutex_lock(&gw->mu);
-      k = nb__gw_active_find(gw, id);
-      pthread_mutex_unlock(&gw->mu);
-      if (k < 0 || s != NB_OK) break;
-      if (nb_now_ns() > until) {
-        s = nb_error(NB_ERR_TIMEOUT,
-                     "job %s: its processes are gone but the end was not recorded in time", id);
-        break;
-      }
-      nb_sleep_ns(5000000);
-    }
-  } else {
-    s = nb_job_store_transition(st, id, NB_JOB_CANCELLED, reason);
-    if (s == NB_ERR_INVALID) s = NB_OK; /* it reached a final state meanwhile */
+    return s == NB_OK ? nb__wait_retired(gw, id) : s;
   }
+  if (ending) NB_CHECK(nb__wait_retired(gw, id));
+  s = nb_job_store_transition(st, id, NB_JOB_CANCELLED, reason);
+  if (s == NB_ERR_INVALID) s = NB_OK; /* it reached a final state meanwhile */
   return s;
 }
