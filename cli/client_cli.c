@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/opts.h"
 #include "inter/rpc.h"
 #include "cli/cli.h"
 #include "jobs/descriptor.h"
@@ -47,46 +48,33 @@ typedef struct {
   int64_t timeout_ms;
 } nb__copts_t;
 
-static void nb__common_help(FILE* f) {
-  fprintf(f,
-          "\nconnection (flags override the environment):\n"
-          "  --gateway ADDR     gateway address (NB_GATEWAY, default 127.0.0.1:7070)\n"
-          "  --ca FILE          federation CA certificate (NB_CA)\n"
-          "  --cert FILE        your user certificate (NB_CERT)\n"
-          "  --key FILE         your private key (NB_KEY)\n"
-          "  --server-name N    name to check in the gateway's certificate (default: the host)\n"
-          "  --timeout S        give up after S seconds (default 30; watch/logs -f: none)\n"
-          "  --help             show this help\n"
-          "\nexit status: 0 ok, 1 failure, 2 usage, 3 refused by the gateway, 4 no such job,\n"
-          "5 gateway unreachable, 6 invalid request or descriptor; watch: 10 the job failed,\n"
-          "11 the job was cancelled.\n");
-}
-
 static const char* nb__usage_line(const char* cmd) {
   if (!strcmp(cmd, "submit"))
-    return "nebula submit FILE [--json]\n  sign FILE with your key and "
+    return "usage: nebula submit FILE [--json]\n  sign FILE with your key and "
            "submit it; prints the job id";
-  if (!strcmp(cmd, "get")) return "nebula get JOB [--json]\n  show one job";
+  if (!strcmp(cmd, "get")) return "usage: nebula get JOB [--json]\n  show one job";
   if (!strcmp(cmd, "list"))
-    return "nebula list [--owner USER] [--state STATE] [--json]\n  list your jobs (all jobs for "
-           "admins)";
+    return "usage: nebula list [--owner USER] [--state STATE] [--json]\n  list your jobs (all "
+           "jobs for admins)";
   if (!strcmp(cmd, "watch"))
-    return "nebula watch JOB [--json]\n  follow a job's events until it ends: a live progress "
-           "line on a terminal\n  (step, loss, WAN MB/s, density, ETA), plain lines otherwise";
+    return "usage: nebula watch JOB [--json]\n  follow a job's events until it ends: a live "
+           "progress line on a terminal\n  (step, loss, WAN MB/s, density, ETA), plain lines "
+           "otherwise";
   if (!strcmp(cmd, "cancel"))
-    return "nebula cancel JOB [--reason TEXT] [--json]\n  stop every process of the job "
+    return "usage: nebula cancel JOB [--reason TEXT] [--json]\n  stop every process of the job "
            "(SIGTERM, then SIGKILL)";
-  return "nebula logs JOB [-f] [--stderr] [--cluster ID] [--json]\n  print the job's output; -f "
-         "follows it until the job ends; --cluster: another cluster's part of a\n  federated job "
-         "(asked at the gateway where it was submitted)";
+  return "usage: nebula logs JOB [-f] [--stderr] [--cluster ID] [--json]\n  print the job's "
+         "output; -f follows it until the job ends; --cluster: another cluster's part of a\n  "
+         "federated job (asked at the gateway where it was submitted)";
 }
 
-static void nb__usage(const char* cmd, FILE* f) {
-  fprintf(f, "usage: %s\n", nb__usage_line(cmd));
-  nb__common_help(f);
-}
+#define NB__CLIENT_EPILOG                                                               \
+  "\nexit status: 0 ok, 1 failure, 2 usage, 3 refused by the gateway, 4 no such job,\n" \
+  "5 gateway unreachable, 6 invalid request or descriptor; watch: 10 the job failed,\n" \
+  "11 the job was cancelled."
 
-/* Parses the options shared by every command; returns -1 to continue, else an exit code. */
+/* Parses the options of one client command (the connection's, shared by all, and its own);
+ * returns -1 to continue, else an exit code. */
 static int nb__parse(int argc, char** argv, nb__copts_t* o) {
   memset(o, 0, sizeof *o);
   o->cmd = argv[0];
@@ -94,74 +82,104 @@ static int nb__parse(int argc, char** argv, nb__copts_t* o) {
   o->ca = nb_param_ClientCa();
   o->cert = nb_param_ClientCert();
   o->key = nb_param_ClientKey();
-  o->timeout_ms = 30000;
-  for (int i = 1; i < argc; i++) {
-    const char* a = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NB__VAL(field)                                             \
-  do {                                                             \
-    if (!v) {                                                      \
-      fprintf(stderr, "nebula %s: %s needs a value\n", o->cmd, a); \
-      return NB_EXIT_USAGE;                                        \
-    }                                                              \
-    o->field = v;                                                  \
-    i++;                                                           \
-  } while (0)
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      nb__usage(o->cmd, stdout);
-      return NB_EXIT_OK;
-    } else if (!strcmp(a, "--gateway")) {
-      NB__VAL(gateway);
-    } else if (!strcmp(a, "--ca")) {
-      NB__VAL(ca);
-    } else if (!strcmp(a, "--cert")) {
-      NB__VAL(cert);
-    } else if (!strcmp(a, "--key")) {
-      NB__VAL(key);
-    } else if (!strcmp(a, "--server-name")) {
-      NB__VAL(server_name);
-    } else if (!strcmp(a, "--json")) {
-      o->json = 1;
-    } else if (!strcmp(a, "--timeout")) {
-      char* end = NULL;
-      double s = v ? strtod(v, &end) : -1;
-      if (!v || *end || s <= 0) {
-        fprintf(stderr, "nebula %s: --timeout takes seconds > 0\n", o->cmd);
-        return NB_EXIT_USAGE;
-      }
-      o->timeout_ms = (int64_t)(s * 1000);
-      i++;
-    } else if (!strcmp(o->cmd, "logs") && (!strcmp(a, "-f") || !strcmp(a, "--follow"))) {
-      o->follow = 1;
-    } else if (!strcmp(o->cmd, "logs") && !strcmp(a, "--stderr")) {
-      o->stream = "stderr";
-    } else if (!strcmp(o->cmd, "logs") && !strcmp(a, "--cluster")) {
-      NB__VAL(cluster);
-    } else if (!strcmp(o->cmd, "list") && !strcmp(a, "--owner")) {
-      NB__VAL(owner);
-    } else if (!strcmp(o->cmd, "list") && !strcmp(a, "--state")) {
-      NB__VAL(state);
-    } else if (!strcmp(o->cmd, "cancel") && !strcmp(a, "--reason")) {
-      if (v && v[0] == '-' && v[1] == '-') { /* "--reason --json": the option is not a reason */
-        fprintf(stderr, "nebula cancel: --reason needs a text, not the option '%s'\n", nb__safe(v));
-        return NB_EXIT_USAGE;
-      }
-      NB__VAL(reason);
-    } else if (a[0] == '-' && a[1]) {
-      fprintf(stderr, "nebula %s: unknown option '%s'\n", o->cmd, a);
-      nb__usage(o->cmd, stderr);
-      return NB_EXIT_USAGE;
-    } else if (o->arg || !strcmp(o->cmd, "list")) {
-      fprintf(stderr, "nebula %s: unexpected argument '%s'\n", o->cmd, a);
-      return NB_EXIT_USAGE;
-    } else {
-      o->arg = a;
-    }
-#undef NB__VAL
+  double timeout_s = 30;
+  int err_stream = 0;
+  nb_opt_t opts[16] = {
+      {.name = "gateway",
+       .kind = NB_OPT_STR,
+       .dst = &o->gateway,
+       .meta = "ADDR",
+       .help = "gateway address (NB_GATEWAY, default 127.0.0.1:7070)"},
+      {.name = "ca",
+       .kind = NB_OPT_STR,
+       .dst = &o->ca,
+       .meta = "FILE",
+       .help = "federation CA certificate (NB_CA)"},
+      {.name = "cert",
+       .kind = NB_OPT_STR,
+       .dst = &o->cert,
+       .meta = "FILE",
+       .help = "your user certificate (NB_CERT)"},
+      {.name = "key",
+       .kind = NB_OPT_STR,
+       .dst = &o->key,
+       .meta = "FILE",
+       .help = "your private key (NB_KEY)"},
+      {.name = "server-name",
+       .kind = NB_OPT_STR,
+       .dst = &o->server_name,
+       .meta = "N",
+       .help = "name to check in the gateway's certificate (default: the host)"},
+      {.name = "timeout",
+       .kind = NB_OPT_DOUBLE,
+       .dst = &timeout_s,
+       .meta = "S",
+       .help = "give up after S seconds (default 30; watch/logs -f: none)"},
+      {.name = "json", .kind = NB_OPT_FLAG, .dst = &o->json, .help = "print JSON"},
+  };
+  int n = 7;
+  if (!strcmp(o->cmd, "logs")) {
+    opts[n++] = (nb_opt_t){.name = "follow",
+                           .kind = NB_OPT_FLAG,
+                           .dst = &o->follow,
+                           .letter = 'f',
+                           .help = "follow the output until the job ends"};
+    opts[n++] = (nb_opt_t){.name = "stderr",
+                           .kind = NB_OPT_FLAG,
+                           .dst = &err_stream,
+                           .help = "the job's standard error instead of its output"};
+    opts[n++] = (nb_opt_t){.name = "cluster",
+                           .kind = NB_OPT_STR,
+                           .dst = &o->cluster,
+                           .meta = "ID",
+                           .help = "another cluster's part of a federated job"};
+  } else if (!strcmp(o->cmd, "list")) {
+    opts[n++] = (nb_opt_t){.name = "owner",
+                           .kind = NB_OPT_STR,
+                           .dst = &o->owner,
+                           .meta = "USER",
+                           .help = "only this user's jobs (admins)"};
+    opts[n++] = (nb_opt_t){.name = "state",
+                           .kind = NB_OPT_STR,
+                           .dst = &o->state,
+                           .meta = "STATE",
+                           .help = "only jobs in this state"};
+  } else if (!strcmp(o->cmd, "cancel")) {
+    opts[n++] = (nb_opt_t){.name = "reason",
+                           .kind = NB_OPT_STR,
+                           .dst = &o->reason,
+                           .meta = "TEXT",
+                           .help = "why, stored with the job"};
   }
-  if (!o->arg && strcmp(o->cmd, "list")) {
-    nb__usage(o->cmd, stderr);
+  opts[n] = (nb_opt_t){.name = NULL};
+  char cmd[32];
+  snprintf(cmd, sizeof cmd, "nebula %s", o->cmd);
+  int is_list = !strcmp(o->cmd, "list");
+  const nb_cmd_spec_t spec = {
+      .cmd = cmd,
+      .synopsis = nb__usage_line(o->cmd),
+      .about = "connection: the flags override the environment",
+      .epilog = NB__CLIENT_EPILOG,
+      .arg_name = is_list                     ? NULL
+                  : !strcmp(o->cmd, "submit") ? "FILE"
+                                              : "JOB",
+      .arg = &o->arg,
+      .opts = opts,
+  };
+  int rc = nb_opts_parse(&spec, argc, argv);
+  if (rc != NB_OPTS_RUN) return rc;
+  if (timeout_s <= 0) return nb_opts_usage_error(&spec, "--timeout takes seconds > 0");
+  o->timeout_ms = (int64_t)(timeout_s * 1000);
+  if (err_stream) o->stream = "stderr";
+  if (o->reason && o->reason[0] == '-' && o->reason[1] == '-') { /* "--reason --json" */
+    fprintf(stderr, "nebula cancel: --reason needs a text, not the option '%s'\n",
+            nb__safe(o->reason));
     return NB_EXIT_USAGE;
+  }
+  if (!o->arg && !is_list) {
+    char what[64];
+    snprintf(what, sizeof what, "%s is required", spec.arg_name);
+    return nb_opts_usage_error(&spec, what);
   }
   if (nb_cli_addr_check(o->gateway, 0, "--gateway (or NB_GATEWAY)") != NB_OK) {
     fprintf(stderr, "nebula %s: %s\n", o->cmd, nb__safe(nb_error_last()));

@@ -3,21 +3,14 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "cli/cli.h"
 #include "common/common.h"
+#include "common/opts.h"
 #include "gateway/gateway.h"
 
-static void nb__gateway_usage(FILE* f) {
-  fprintf(f,
-          "usage: nebula gateway --config FILE [--check]\n\n"
-          "Runs this cluster's gateway: the nebula.v1.Gateway API over mutual TLS, the job store\n"
-          "and the launcher. Stops on SIGINT/SIGTERM; running jobs keep running and are\n"
-          "re-attached at the next start. Prints 'listening on ADDR port PORT' once serving.\n\n"
-          "  --config FILE  JSON config (keys below)\n"
-          "  --check        read and check the config, print it, and exit\n"
-          "  --help         show this help\n\n");
+static void nb__gateway_more_help(FILE* f) {
+  fputc('\n', f);
   nb_gateway_config_help(f);
   fprintf(f, "\nExit status: 0 stopped by a signal, 1 failure, 2 usage error.\n");
 }
@@ -25,24 +18,32 @@ static void nb__gateway_usage(FILE* f) {
 int nb_gateway_main(int argc, char** argv) {
   const char* path = NULL;
   int check = 0;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      nb__gateway_usage(stdout);
-      return NB_EXIT_OK;
-    } else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
-      path = argv[++i];
-    } else if (!strcmp(argv[i], "--check")) {
-      check = 1;
-    } else {
-      fprintf(stderr, "nebula gateway: unknown argument '%s'\n", argv[i]);
-      nb__gateway_usage(stderr);
-      return NB_EXIT_USAGE;
-    }
-  }
-  if (!path) {
-    nb__gateway_usage(stderr);
-    return NB_EXIT_USAGE;
-  }
+  const nb_opt_t opts[] = {
+      {.name = "config",
+       .kind = NB_OPT_STR,
+       .dst = &path,
+       .meta = "FILE",
+       .help = "JSON config (keys below)"},
+      {.name = "check",
+       .kind = NB_OPT_FLAG,
+       .dst = &check,
+       .help = "read and check the config, print it, and exit"},
+      {.name = NULL},
+  };
+  const nb_cmd_spec_t spec = {
+      .cmd = "nebula gateway",
+      .synopsis = "usage: nebula gateway --config FILE [--check]",
+      .about =
+          "Runs this cluster's gateway: the nebula.v1.Gateway API over mutual TLS, the job "
+          "store\nand the launcher. Stops on SIGINT/SIGTERM; running jobs keep running and "
+          "are\nre-attached at the next start. Prints 'listening on ADDR port PORT' once "
+          "serving.",
+      .opts = opts,
+      .more_help = nb__gateway_more_help,
+  };
+  int rc = nb_opts_parse(&spec, argc, argv);
+  if (rc != NB_OPTS_RUN) return rc;
+  if (!path) return nb_opts_usage_error(&spec, "--config FILE is required");
   nb_gateway_config_t cfg;
   nb_gateway_config_defaults(&cfg);
   if (nb_gateway_config_load(path, &cfg) != NB_OK) {

@@ -34,7 +34,8 @@ typedef struct {
   nb__opt_type_t type;
   size_t offset, size;
   long min, max;
-  const char* def; /* shown by --help; the real default is set by nb_gateway_config_defaults */
+  const char* note; /* shown by --help after the default, which nb_gateway_config_defaults
+                       sets (NULL: none); in place of an empty one */
   const char* help;
 } nb__opt_t;
 
@@ -43,66 +44,62 @@ typedef struct {
 static const nb__opt_t nb__opts[] = {
     {"cluster_id", NB__OPT_STR, NB__F(cluster_id), 0, 0, "(required)",
      "this cluster's id; must be the identity in tls.cert"},
-    {"listen", NB__OPT_STR, NB__F(listen), 0, 0, "127.0.0.1:7070",
+    {"listen", NB__OPT_STR, NB__F(listen), 0, 0, NULL,
      "address of the Gateway service (\":0\" picks a free port)"},
     {"tls.ca", NB__OPT_PATH, NB__F(tls_ca), 0, 0, "(required)",
      "federation CA certificate (PEM): verifies clients and descriptor signers"},
     {"tls.cert", NB__OPT_PATH, NB__F(tls_cert), 0, 0, "(required)",
      "this gateway's cluster certificate (PEM)"},
     {"tls.key", NB__OPT_PATH, NB__F(tls_key), 0, 0, "(required)", "its private key (PEM)"},
-    {"peers", NB__OPT_PEERS, NB__F(peers), 0, 0, "{}",
+    {"peers", NB__OPT_PEERS, NB__F(peers), 0, 0, NULL,
      "peer gateways, cluster id -> \"host:port\" (kept for federation)"},
-    {"launcher", NB__OPT_LAUNCHER, NB__F(launcher), 0, 0, "local",
+    {"launcher", NB__OPT_LAUNCHER, NB__F(launcher), 0, 0, NULL,
      "how jobs start: \"local\" (the command once), \"mpirun\" (mpirun -np {workers}), "
      "\"slurm\" (sbatch)"},
-    {"mpirun.args", NB__OPT_LIST, NB__F(launcher.mpirun_args), 0, 0, "[]",
+    {"mpirun.args", NB__OPT_LIST, NB__F(launcher.mpirun_args), 0, 0, NULL,
      "extra mpirun flags (launcher mpirun), e.g. [\"-x\", \"GLIBC_TUNABLES\"]"},
-    {"slurm.partition", NB__OPT_STR, NB__F(launcher.partition), 0, 0, "\"\"",
+    {"slurm.partition", NB__OPT_STR, NB__F(launcher.partition), 0, 0, NULL,
      "#SBATCH --partition (launcher slurm; empty: Slurm's default)"},
-    {"slurm.account", NB__OPT_STR, NB__F(launcher.account), 0, 0, "\"\"",
+    {"slurm.account", NB__OPT_STR, NB__F(launcher.account), 0, 0, NULL,
      "#SBATCH --account (empty: none)"},
-    {"slurm.sbatch_args", NB__OPT_LIST, NB__F(launcher.sbatch_args), 0, 0, "[]",
+    {"slurm.sbatch_args", NB__OPT_LIST, NB__F(launcher.sbatch_args), 0, 0, NULL,
      "extra #SBATCH lines, e.g. [\"--time=60\"]"},
-    {"slurm.srun_args", NB__OPT_LIST, NB__F(launcher.srun_args), 0, 0, "[]",
+    {"slurm.srun_args", NB__OPT_LIST, NB__F(launcher.srun_args), 0, 0, NULL,
      "extra srun flags, e.g. [\"--mpi=pmix\"]"},
-    {"slurm.step", NB__OPT_STR, NB__F(launcher.slurm_step), 0, 0, "srun",
+    {"slurm.step", NB__OPT_STR, NB__F(launcher.slurm_step), 0, 0, NULL,
      "how the batch script starts the ranks: \"srun\" or \"mpirun\" (OpenMPI in the allocation)"},
-    {"slurm.poll_ms", NB__OPT_INT, NB__F(launcher.slurm_poll_ms), 50, 5000, "1000",
+    {"slurm.poll_ms", NB__OPT_INT, NB__F(launcher.slurm_poll_ms), 50, 5000, NULL,
      "at most one squeue per job this often"},
-    {"command", NB__OPT_ARGV, NB__F(command), 0, 0,
-     "[\"nebula\",\"train\",\"{descriptor}\",\"--out\",\"{jobdir}\"]",
+    {"command", NB__OPT_ARGV, NB__F(command), 0, 0, NULL,
      "job command; {descriptor} {jobdir} {job} {cluster} {workers} {nebula} are replaced"},
-    {"worker_command", NB__OPT_WARGV, NB__F(worker_command), 0, 0,
-     "[\"nebula\",\"worker\",\"--job\",\"{descriptor}\",\"--cluster\",\"{cluster}\",\"--out\","
-     "\"{jobdir}/out\",\"--listen\",\"{listen}\",\"{peers}\",\"--pki\",\"{pki}\","
-     "\"--secret-file\",\"{secret_file}\"]",
+    {"worker_command", NB__OPT_WARGV, NB__F(worker_command), 0, 0, NULL,
      "one cluster of a multi-cluster job; also {listen} {pki} {secret_file} {peers}"},
-    {"exchange_host", NB__OPT_STR, NB__F(exchange_host), 0, 0, "127.0.0.1",
+    {"exchange_host", NB__OPT_STR, NB__F(exchange_host), 0, 0, NULL,
      "host this cluster's workers listen on for Exchange (the port is chosen per job)"},
-    {"federation_timeout_ms", NB__OPT_INT, NB__F(federation_timeout_ms), 100, 600000, "10000",
+    {"federation_timeout_ms", NB__OPT_INT, NB__F(federation_timeout_ms), 100, 600000, NULL,
      "deadline of one call to a peer gateway"},
-    {"resources.slots", NB__OPT_INT, NB__F(slots), 1, 1 << 20, "4",
+    {"resources.slots", NB__OPT_INT, NB__F(slots), 1, 1 << 20, NULL,
      "workers run at once over all jobs; a submit beyond is refused"},
-    {"resources.device", NB__OPT_DEVICE, NB__F(device), 0, 0, "cpu",
+    {"resources.device", NB__OPT_DEVICE, NB__F(device), 0, 0, NULL,
      "device of this cluster: \"cpu\" or \"cuda\""},
     {"store", NB__OPT_PATH, NB__F(store_path), 0, 0, "<work_dir>/jobs.db", "SQLite job store"},
-    {"work_dir", NB__OPT_PATH, NB__F(work_dir), 0, 0, "work",
+    {"work_dir", NB__OPT_PATH, NB__F(work_dir), 0, 0, NULL,
      "jobs run in <work_dir>/<job-id>/ (logs, exit status, progress)"},
-    {"acl", NB__OPT_ACL, NB__F(acl), 0, 0, "[] (nobody)",
+    {"acl", NB__OPT_ACL, NB__F(acl), 0, 0, "(nobody)",
      "[{\"user\": NAME|\"*\", \"clusters\": [ID|\"*\"], \"max_workers\": N}]"},
-    {"admins", NB__OPT_USERS, NB__F(admins), 0, 0, "[]", "users who may read and cancel every job"},
-    {"limits.calls_per_identity", NB__OPT_INT, NB__F(calls_per_identity), 1, 4096, "16",
+    {"admins", NB__OPT_USERS, NB__F(admins), 0, 0, NULL, "users who may read and cancel every job"},
+    {"limits.calls_per_identity", NB__OPT_INT, NB__F(calls_per_identity), 1, 4096, NULL,
      "calls (Watch and Logs streams included) one user or cluster certificate may have in "
      "flight at once; more get RESOURCE_EXHAUSTED. Keep it well under NB_RPC_MAX_CALLS"},
-    {"run_as", NB__OPT_STR, NB__F(run_as), 0, 0, "\"\"",
+    {"run_as", NB__OPT_STR, NB__F(run_as), 0, 0, NULL,
      "user the jobs' processes run as (setpriv), for a gateway started as root; launcher local "
      "only; \"\" = the gateway's own user"},
-    {"paths.allow", NB__OPT_PATHS, NB__F(allow), 0, 0, "[]",
+    {"paths.allow", NB__OPT_PATHS, NB__F(allow), 0, 0, NULL,
      "folders besides the job's own that descriptor paths may name (data roots, a shared model "
      "store); read only: checkpoint.dir stays inside the job's folder"},
-    {"cancel_grace_ms", NB__OPT_INT, NB__F(cancel_grace_ms), 0, 600000, "5000",
+    {"cancel_grace_ms", NB__OPT_INT, NB__F(cancel_grace_ms), 0, 600000, NULL,
      "SIGTERM to the job's process group, SIGKILL after this"},
-    {"poll_ms", NB__OPT_INT, NB__F(poll_ms), 10, 10000, "100",
+    {"poll_ms", NB__OPT_INT, NB__F(poll_ms), 10, 10000, NULL,
      "how often job processes and progress files are checked"},
 };
 #define NB__N_OPTS (sizeof nb__opts / sizeof nb__opts[0])
@@ -130,14 +127,67 @@ void nb_gateway_config_defaults(nb_gateway_config_t* c) {
   c->calls_per_identity = 16;
 }
 
+/* Appends words[0..n) to buf as a JSON array of strings. */
+static void nb__opt_words(char* buf, size_t cap, const char (*words)[NB_GW_STR], int n,
+                          size_t stride) {
+  size_t o = (size_t)snprintf(buf, cap, "[");
+  for (int i = 0; i < n && o < cap; i++)
+    o += (size_t)snprintf(buf + o, cap - o, "%s\"%s\"", i ? "," : "",
+                          (const char*)words + (size_t)i * stride);
+  if (o < cap) snprintf(buf + o, cap - o, "]");
+}
+
+/* The default of option o as --help shows it, read from d (nb_gateway_config_defaults). */
+static const char* nb__opt_default(const nb__opt_t* o, const nb_gateway_config_t* d, char* buf,
+                                   size_t cap) {
+  const char* p = (const char*)d + o->offset;
+  switch (o->type) {
+    case NB__OPT_STR:
+    case NB__OPT_PATH:
+      if (!*p) return o->note ? "" : "\"\"";
+      snprintf(buf, cap, "%s", p);
+      return buf;
+    case NB__OPT_INT:
+      snprintf(buf, cap, "%d", *(const int*)p);
+      return buf;
+    case NB__OPT_LAUNCHER:
+      return nb_launcher_name(d->launcher.kind);
+    case NB__OPT_DEVICE:
+      return d->device == NB_JOB_DEVICE_CUDA ? "cuda" : "cpu";
+    case NB__OPT_LIST: {
+      const nb_launcher_args_t* l = (const nb_launcher_args_t*)p;
+      nb__opt_words(buf, cap, (const char(*)[NB_GW_STR])l->v, l->n, sizeof l->v[0]);
+      return buf;
+    }
+    case NB__OPT_ARGV:
+      nb__opt_words(buf, cap, d->command, d->n_command, sizeof d->command[0]);
+      return buf;
+    case NB__OPT_WARGV:
+      nb__opt_words(buf, cap, d->worker_command, d->n_worker_command, sizeof d->worker_command[0]);
+      return buf;
+    case NB__OPT_PEERS:
+      return d->n_peers ? "(set)" : "{}";
+    case NB__OPT_ACL:
+    case NB__OPT_USERS:
+    case NB__OPT_PATHS:
+      return "[]"; /* nb_gateway_config_defaults leaves them empty */
+  }
+  return "?";
+}
+
 void nb_gateway_config_help(FILE* f) {
+  nb_gateway_config_t d;
+  nb_gateway_config_defaults(&d);
   fprintf(f, "config file keys (JSON; a dotted key is a nested object):\n");
   for (size_t i = 0; i < NB__N_OPTS; i++) {
     static const char* tn[] = {"string", "path",   "integer", "[string]", "{id: addr}", "[rule]",
                                "[user]", "string", "string",  "[string]", "[string]",   "[path]"};
     _Static_assert(sizeof tn / sizeof tn[0] == NB__OPT_PATHS + 1, "a name for every type");
-    fprintf(f, "  %-18s %-10s default %s\n      %s\n", nb__opts[i].name, tn[nb__opts[i].type],
-            nb__opts[i].def, nb__opts[i].help);
+    char buf[2048];
+    const char* def = nb__opt_default(&nb__opts[i], &d, buf, sizeof buf);
+    const char* note = nb__opts[i].note;
+    fprintf(f, "  %-18s %-10s default %s%s%s\n      %s\n", nb__opts[i].name, tn[nb__opts[i].type],
+            def, *def && note ? " " : "", note ? note : "", nb__opts[i].help);
   }
 }
 
