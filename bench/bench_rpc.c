@@ -7,6 +7,7 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
+#include "common/opts.h"
 #include "inter/rpc.h"
 
 #define NB__BR_SINK "/nebula.bench.Rpc/Sink"
@@ -100,29 +101,45 @@ fail:
 int nb_bench_rpc_main(int argc, char** argv) {
   const char* certs = NULL;
   int mib = 256, chunk_kib = 1024, reps = 3, json = 0;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--certs") && i + 1 < argc)
-      certs = argv[++i];
-    else if (!strcmp(argv[i], "--mib") && i + 1 < argc)
-      mib = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--chunk-kib") && i + 1 < argc)
-      chunk_kib = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-      reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--json"))
-      json = 1;
-    else {
-      fprintf(stderr,
-              "usage: nebula bench rpc [--certs DIR] [--mib M] [--chunk-kib K] [--reps R] "
-              "[--json]\n  DIR holds ca.pem, server.pem/.key and client.pem/.key of one "
-              "federation; without it only plaintext runs\n");
-      return 2;
-    }
-  }
-  if (mib < 1 || chunk_kib < 1 || chunk_kib > 16384 || reps < 1 || reps > 16) {
-    fprintf(stderr, "bench rpc: --mib >= 1, 1 <= --chunk-kib <= 16384, 1 <= --reps <= 16\n");
-    return 2;
-  }
+  const nb_opt_t opts[] = {
+      {.name = "certs",
+       .kind = NB_OPT_STR,
+       .dst = &certs,
+       .meta = "DIR",
+       .help = "ca.pem, server.pem/.key and client.pem/.key of one federation;\nwithout it "
+               "only plaintext runs"},
+      {.name = "mib",
+       .kind = NB_OPT_INT,
+       .dst = &mib,
+       .meta = "M",
+       .min = 1,
+       .help = "MiB moved per repetition (default 256)"},
+      {.name = "chunk-kib",
+       .kind = NB_OPT_INT,
+       .dst = &chunk_kib,
+       .meta = "K",
+       .min = 1,
+       .max = 16384,
+       .help = "message size in KiB (default 1024)"},
+      {.name = "reps",
+       .kind = NB_OPT_INT,
+       .dst = &reps,
+       .meta = "R",
+       .min = 1,
+       .max = 16,
+       .help = "repetitions, the median is shown (default 3)"},
+      {.name = "json", .kind = NB_OPT_FLAG, .dst = &json, .help = "print one JSON object"},
+      {.name = NULL},
+  };
+  const nb_cmd_spec_t spec = {
+      .cmd = "nebula bench rpc",
+      .synopsis =
+          "usage: nebula bench rpc [--certs DIR] [--mib M] [--chunk-kib K] [--reps R] "
+          "[--json]",
+      .opts = opts,
+  };
+  int rc = nb_opts_parse(&spec, argc, argv);
+  if (rc != NB_OPTS_RUN) return rc;
   nb__br_result_t plain = {0}, tls = {0};
   nb_status_t st = nb__br_run(NULL, NULL, mib, chunk_kib, reps, &plain);
   nb_tls_t *stls = NULL, *ctls = NULL;

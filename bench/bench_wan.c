@@ -20,6 +20,7 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
+#include "common/opts.h"
 #include "inter/link.h"
 #include "security/pki.h"
 #include "security/seal.h"
@@ -34,20 +35,19 @@ static char nb__bw_wan_dir[PATH_MAX];
 static char nb__bw_certs[PATH_MAX];
 static pid_t nb__bw_kids[2] = {-1, -1};
 
-static void nb__bw_usage(FILE* f) {
-  fprintf(f,
-          "usage: nebula bench wan [--rate-mbit R] [--delay-ms D] [--streams S] [--mib M]\n"
-          "                        [--iperf-s T] [--wan-dir DIR] [--json]\n"
-          "       nebula bench wan --loopback-only [--streams S] [--mib M] [--reps R]\n"
-          "                        [--only plain|secure|tls|seal] [--json]\n"
-          "  Sets up an emulated WAN link (deploy/wan/wan-up.sh; default 100 Mbit/s each way,\n"
-          "  25 ms one way), measures iperf3 on it, then moves M MiB (default 256) of sealed\n"
-          "  frames over mTLS through inter/link with S streams (default 4); also the same\n"
-          "  transfer on loopback without and with TLS+sealing. Needs root.\n"
-          "  --loopback-only: only the loopback part (no namespaces, no root), R interleaved\n"
-          "  repetitions (default 5) of plain / mTLS+seal / mTLS only / seal only; --only V\n"
-          "  runs one variant alone (for perf record).\n");
-}
+#define NB__BW_SYNOPSIS                                                              \
+  "usage: nebula bench wan [--rate-mbit R] [--delay-ms D] [--streams S] [--mib M]\n" \
+  "                        [--iperf-s T] [--wan-dir DIR] [--json]\n"                 \
+  "       nebula bench wan --loopback-only [--streams S] [--mib M] [--reps R]\n"     \
+  "                        [--only plain|secure|tls|seal] [--json]"
+#define NB__BW_ABOUT                                                                   \
+  "Sets up an emulated WAN link (deploy/wan/wan-up.sh; default 100 Mbit/s each way,\n" \
+  "25 ms one way), measures iperf3 on it, then moves M MiB (default 256) of sealed\n"  \
+  "frames over mTLS through inter/link with S streams (default 4); also the same\n"    \
+  "transfer on loopback without and with TLS+sealing. Needs root.\n"                   \
+  "--loopback-only: only the loopback part (no namespaces, no root), R interleaved\n"  \
+  "repetitions (default 5) of plain / mTLS+seal / mTLS only / seal only; --only V\n"   \
+  "runs one variant alone (for perf record)."
 
 /* ------------------------------------------------------------ helpers */
 
@@ -498,22 +498,6 @@ static int nb__bw_loopback_main(int S, int M, int reps, int json) {
   return 0;
 }
 
-static int nb__bw_num(const char* opt, const char* v, double lo, double hi, double* out) {
-  char* end = NULL;
-  if (!v) {
-    fprintf(stderr, "nebula bench wan: %s needs a value\n", opt);
-    return 0;
-  }
-  double d = strtod(v, &end);
-  if (end == v || *end || !(d >= lo && d <= hi)) {
-    fprintf(stderr, "nebula bench wan: %s must be a number in [%g, %g], got '%s'\n", opt, lo, hi,
-            v);
-    return 0;
-  }
-  *out = d;
-  return 1;
-}
-
 int nb_bench_wan_main(int argc, char** argv) {
   if (argc >= 2 && !strcmp(argv[1], "--serve") && argc == 5)
     return nb__bw_serve(argv[2], argv[3], atoi(argv[4]));
@@ -521,44 +505,75 @@ int nb_bench_wan_main(int argc, char** argv) {
     return nb__bw_send_main(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
   double rate = 100, delay = 25, streams = 4, mib = 256, iperf_s = 8, reps = 5;
   int json = 0, loopback_only = 0;
-  const char* wan_dir = NULL;
-  for (int i = 1; i < argc; i++) {
-    const char* a = argv[i];
-    if (!strcmp(a, "--json"))
-      json = 1;
-    else if (!strcmp(a, "--loopback-only"))
-      loopback_only = 1;
-    else if (!strcmp(a, "--only") && i + 1 < argc) {
-      const char* v = argv[++i];
-      for (int k = 0; k < 4; k++)
-        if (!strcmp(v, nb__bw_variant[k])) nb__bw_only = k;
-      if (nb__bw_only < 0) {
-        fprintf(stderr, "nebula bench wan: --only takes plain, secure, tls or seal\n");
-        return 2;
-      }
-    } else if (!strcmp(a, "--reps")) {
-      if (!nb__bw_num(a, argv[++i], 1, 64, &reps)) return 2;
-    } else if (!strcmp(a, "--rate-mbit")) {
-      if (!nb__bw_num(a, argv[++i], 1, 10000, &rate)) return 2;
-    } else if (!strcmp(a, "--delay-ms")) {
-      if (!nb__bw_num(a, argv[++i], 0, 10000, &delay)) return 2;
-    } else if (!strcmp(a, "--streams")) {
-      if (!nb__bw_num(a, argv[++i], 1, 64, &streams)) return 2;
-    } else if (!strcmp(a, "--mib")) {
-      if (!nb__bw_num(a, argv[++i], 1, 4096, &mib)) return 2;
-    } else if (!strcmp(a, "--iperf-s")) {
-      if (!nb__bw_num(a, argv[++i], 3, 600, &iperf_s)) return 2;
-    } else if (!strcmp(a, "--wan-dir") && i + 1 < argc) {
-      wan_dir = argv[++i];
-    } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      nb__bw_usage(stdout);
-      return 0;
-    } else {
-      fprintf(stderr, "nebula bench wan: unknown option '%s'\n", a);
-      nb__bw_usage(stderr);
-      return 2;
-    }
-  }
+  const char *wan_dir = NULL, *only = NULL;
+  const nb_opt_t opts[] = {
+      {.name = "rate-mbit",
+       .kind = NB_OPT_DOUBLE,
+       .dst = &rate,
+       .meta = "R",
+       .min = 1,
+       .max = 10000,
+       .help = "the link's rate each way, Mbit/s"},
+      {.name = "delay-ms",
+       .kind = NB_OPT_DOUBLE,
+       .dst = &delay,
+       .meta = "D",
+       .min = 0,
+       .max = 10000,
+       .help = "one-way delay, ms"},
+      {.name = "streams",
+       .kind = NB_OPT_DOUBLE,
+       .dst = &streams,
+       .meta = "S",
+       .min = 1,
+       .max = 64,
+       .help = "parallel streams"},
+      {.name = "mib",
+       .kind = NB_OPT_DOUBLE,
+       .dst = &mib,
+       .meta = "M",
+       .min = 1,
+       .max = 4096,
+       .help = "MiB moved"},
+      {.name = "iperf-s",
+       .kind = NB_OPT_DOUBLE,
+       .dst = &iperf_s,
+       .meta = "T",
+       .min = 3,
+       .max = 600,
+       .help = "seconds of iperf3"},
+      {.name = "reps",
+       .kind = NB_OPT_DOUBLE,
+       .dst = &reps,
+       .meta = "R",
+       .min = 1,
+       .max = 64,
+       .help = "loopback repetitions"},
+      {.name = "wan-dir",
+       .kind = NB_OPT_STR,
+       .dst = &wan_dir,
+       .meta = "DIR",
+       .help = "the folder of wan-up.sh (deploy/wan)"},
+      {.name = "loopback-only",
+       .kind = NB_OPT_FLAG,
+       .dst = &loopback_only,
+       .help = "only the loopback part"},
+      {.name = "only",
+       .kind = NB_OPT_STR,
+       .dst = &only,
+       .meta = "V",
+       .help = "one loopback variant: plain, secure, tls or seal"},
+      {.name = "json", .kind = NB_OPT_FLAG, .dst = &json, .help = "print one JSON object"},
+      {.name = NULL},
+  };
+  const nb_cmd_spec_t spec = {
+      .cmd = "nebula bench wan", .synopsis = NB__BW_SYNOPSIS, .about = NB__BW_ABOUT, .opts = opts};
+  int rc = nb_opts_parse(&spec, argc, argv);
+  if (rc != NB_OPTS_RUN) return rc;
+  for (int k = 0; only && k < 4; k++)
+    if (!strcmp(only, nb__bw_variant[k])) nb__bw_only = k;
+  if (only && nb__bw_only < 0)
+    return nb_opts_usage_error(&spec, "--only takes plain, secure, tls or seal");
   if (loopback_only) return nb__bw_loopback_main((int)streams, (int)mib, (int)reps, json);
   if (geteuid() != 0) {
     fprintf(stderr,

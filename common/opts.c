@@ -72,6 +72,11 @@ static int nb__opt_set(const nb_cmd_spec_t* s, const nb_opt_t* o, const char* v)
     }
     case NB_OPT_DOUBLE: {
       double x = strtod(v, &end);
+      if (o->max > 0 && !(*end || end == v || !(x >= o->min) || !isfinite(x)) && x > o->max) {
+        fprintf(stderr, "%s: --%s needs a number in [%g, %d], got '%s'\n", s->cmd, o->name, o->min,
+                o->max, v);
+        return NB_OPTS_EXIT_USAGE;
+      }
       if (*end || end == v || !(x >= o->min) || !isfinite(x)) {
         fprintf(stderr, "%s: --%s needs a number >= %g, got '%s'\n", s->cmd, o->name, o->min, v);
         return NB_OPTS_EXIT_USAGE;

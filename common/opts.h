@@ -17,7 +17,7 @@ typedef enum {
   NB_OPT_STR,    /* --name TEXT: *(const char**)dst = TEXT (borrowed from argv) */
   NB_OPT_LONG,   /* --name N: an integer >= min into *(long*)dst */
   NB_OPT_INT,    /* --name N: an integer in [min, max] (max 0: INT_MAX) into *(int*)dst */
-  NB_OPT_DOUBLE, /* --name X: a number >= min into *(double*)dst */
+  NB_OPT_DOUBLE, /* --name X: a number >= min (<= max when max > 0) into *(double*)dst */
   NB_OPT_LIST,   /* --name TEXT, repeated: ((const char**)dst)[(*count)++], at most max */
 } nb_opt_kind_t;
 
@@ -29,7 +29,7 @@ typedef struct {
   const char* help; /* its help; '\n' starts a continuation line */
   double min;       /* LONG and DOUBLE: the smallest value accepted */
   int* count;       /* LIST: how many were given */
-  int max;          /* LIST: at most this many; LONG, INT: the largest value accepted (0: none) */
+  int max;          /* LIST: at most this many; else the largest value accepted (0: none) */
   char letter;      /* a one-letter alias, `-x` (0: none) */
 } nb_opt_t;
 
