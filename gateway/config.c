@@ -205,6 +205,148 @@ static nb_status_t nb__cfg_str(const char* key, json_t* v, char* dst, size_t cap
   return NB_OK;
 }
 
+/* an array of strings into an nb_launcher_args_t (mpirun.args, slurm.*_args). */
+static nb_status_t nb__cfg_list(const nb__opt_t* o, json_t* v, const char* base, char* p,
+                                nb_gateway_config_t* c) {
+  nb_launcher_args_t* l = (nb_launcher_args_t*)p;
+  size_t n = json_is_array(v) ? json_array_size(v) : (size_t)-1;
+  if (n > NB_LAUNCH_MAX_ARGS)
+    return nb_error(NB_ERR_CONFIG, "config: %s: expected an array of at most %d strings", o->name,
+                    NB_LAUNCH_MAX_ARGS);
+  for (size_t i = 0; i < n; i++) {
+    char key[128];
+    snprintf(key, sizeof key, "%s[%zu]", o->name, i);
+    NB_CHECK(nb__cfg_str(key, json_array_get(v, i), l->v[i], NB_LAUNCH_ARG, NULL));
+  }
+  l->n = (int)n;
+  return NB_OK;
+}
+
+/* a command template: command or worker_command. */
+static nb_status_t nb__cfg_argv(const nb__opt_t* o, json_t* v, const char* base, char* p,
+                                nb_gateway_config_t* c) {
+  int worker = o->type == NB__OPT_WARGV;
+  size_t n = json_is_array(v) ? json_array_size(v) : 0;
+  if (n < 1 || n > NB_GW_MAX_ARGS)
+    return nb_error(NB_ERR_CONFIG, "config: %s: expected an array of 1..%d strings", o->name,
+                    NB_GW_MAX_ARGS);
+  for (size_t i = 0; i < n; i++) {
+    char key[64];
+    snprintf(key, sizeof key, "%s[%zu]", o->name, i);
+    NB_CHECK(nb__cfg_str(key, json_array_get(v, i), worker ? c->worker_command[i] : c->command[i],
+                         NB_GW_STR, NULL));
+  }
+  if (worker)
+    c->n_worker_command = (int)n;
+  else
+    c->n_command = (int)n;
+  return NB_OK;
+}
+
+/* paths.allow: folders, relative to the config file's. */
+static nb_status_t nb__cfg_paths(const nb__opt_t* o, json_t* v, const char* base, char* p,
+                                 nb_gateway_config_t* c) {
+  size_t n = json_is_array(v) ? json_array_size(v) : (size_t)-1;
+  if (n > NB_JOB_PATHS_MAX_ROOTS)
+    return nb_error(NB_ERR_CONFIG, "config: %s: expected an array of at most %d paths", o->name,
+                    NB_JOB_PATHS_MAX_ROOTS);
+  for (size_t i = 0; i < n; i++) {
+    char key[64];
+    snprintf(key, sizeof key, "%s[%zu]", o->name, i);
+    NB_CHECK(nb__cfg_str(key, json_array_get(v, i), c->allow[i], NB_GW_STR, base));
+    if (!c->allow[i][0] || strchr(c->allow[i], ':'))
+      return nb_error(NB_ERR_CONFIG, "config: %s: expected a non-empty path without ':'", key);
+  }
+  c->n_allow = (int)n;
+  return NB_OK;
+}
+
+/* admins: user names. */
+static nb_status_t nb__cfg_users(const nb__opt_t* o, json_t* v, const char* base, char* p,
+                                 nb_gateway_config_t* c) {
+  size_t n = json_is_array(v) ? json_array_size(v) : (size_t)-1;
+  if (n > NB_GW_MAX_ADMINS)
+    return nb_error(NB_ERR_CONFIG, "config: admins: expected an array of at most %d names",
+                    NB_GW_MAX_ADMINS);
+  for (size_t i = 0; i < n; i++)
+    NB_CHECK(nb__cfg_str("admins[]", json_array_get(v, i), c->admins[i], NB_ACL_NAME_MAX, NULL));
+  c->n_admins = (int)n;
+  return NB_OK;
+}
+
+/* peers: cluster id -> "host:port". */
+static nb_status_t nb__cfg_peers(const nb__opt_t* o, json_t* v, const char* base, char* p,
+                                 nb_gateway_config_t* c) {
+  if (!json_is_object(v))
+    return nb_error(NB_ERR_CONFIG, "config: peers: expected an object id -> address");
+  const char* id;
+  json_t* a;
+  c->n_peers = 0;
+  json_object_foreach(v, id, a) {
+    if (c->n_peers >= NB_GW_MAX_PEERS)
+      return nb_error(NB_ERR_CONFIG, "config: peers: more than %d", NB_GW_MAX_PEERS);
+    nb_gateway_peer_t* pe = &c->peers[c->n_peers];
+    if (nb_pki_name_check(id, "peer cluster id") != NB_OK)
+      return nb_error_wrap(NB_ERR_CONFIG, "config: peers");
+    snprintf(pe->id, sizeof pe->id, "%s", id);
+    char key[128];
+    snprintf(key, sizeof key, "peers.%s", id);
+    NB_CHECK(nb__cfg_str(key, a, pe->address, sizeof pe->address, NULL));
+    char what[160];
+    snprintf(what, sizeof what, "config: %s", key);
+    NB_CHECK(nb_cli_addr_check(pe->address, 0, what));
+    c->n_peers++;
+  }
+  return NB_OK;
+}
+
+/* acl: the rules {"user", "clusters", "max_workers"}. */
+static nb_status_t nb__cfg_acl(const nb__opt_t* o, json_t* v, const char* base, char* p,
+                               nb_gateway_config_t* c) {
+  if (!json_is_array(v)) return nb_error(NB_ERR_CONFIG, "config: acl: expected an array");
+  memset(&c->acl, 0, sizeof c->acl);
+  for (size_t i = 0; i < json_array_size(v); i++) {
+    json_t* r = json_array_get(v, i);
+    const char* k;
+    json_t* x;
+    if (!json_is_object(r))
+      return nb_error(NB_ERR_CONFIG, "config: acl[%zu]: expected an object", i);
+    json_object_foreach(r, k, x) {
+      if (strcmp(k, "user") && strcmp(k, "clusters") && strcmp(k, "max_workers"))
+        return nb_error(NB_ERR_CONFIG,
+                        "config: acl[%zu].%s: unknown key (user, clusters, max_workers)", i, k);
+    }
+    json_t* u = json_object_get(r, "user");
+    json_t* cl = json_object_get(r, "clusters");
+    json_t* mw = json_object_get(r, "max_workers");
+    if (!json_is_string(u))
+      return nb_error(NB_ERR_CONFIG, "config: acl[%zu].user: expected a string", i);
+    const char* cls[NB_ACL_MAX_CLUSTERS];
+    int n = 0;
+    if (!cl) {
+      cls[n++] = "*";
+    } else {
+      if (!json_is_array(cl) || json_array_size(cl) < 1 ||
+          json_array_size(cl) > NB_ACL_MAX_CLUSTERS)
+        return nb_error(NB_ERR_CONFIG, "config: acl[%zu].clusters: expected 1..%d strings", i,
+                        NB_ACL_MAX_CLUSTERS);
+      for (size_t j = 0; j < json_array_size(cl); j++) {
+        cls[n] = json_string_value(json_array_get(cl, j));
+        if (!cls[n])
+          return nb_error(NB_ERR_CONFIG, "config: acl[%zu].clusters[%zu]: expected a string", i, j);
+        n++;
+      }
+    }
+    if (mw &&
+        (!json_is_integer(mw) || json_integer_value(mw) < 0 || json_integer_value(mw) > (1 << 20)))
+      return nb_error(NB_ERR_CONFIG, "config: acl[%zu].max_workers: expected an integer >= 0", i);
+    if (nb_acl_add(&c->acl, json_string_value(u), cls, n, mw ? (int)json_integer_value(mw) : 0) !=
+        NB_OK)
+      return nb_error_wrap(NB_ERR_CONFIG, "config: acl[%zu]", i);
+  }
+  return NB_OK;
+}
+
 static nb_status_t nb__cfg_set(const nb__opt_t* o, json_t* v, const char* base,
                                nb_gateway_config_t* c) {
   char* p = (char*)c + o->offset;
@@ -238,134 +380,19 @@ static nb_status_t nb__cfg_set(const nb__opt_t* o, json_t* v, const char* base,
         return nb_error(NB_ERR_CONFIG, "config: %s: expected \"cpu\" or \"cuda\"", o->name);
       return NB_OK;
     }
-    case NB__OPT_LIST: {
-      nb_launcher_args_t* l = (nb_launcher_args_t*)p;
-      size_t n = json_is_array(v) ? json_array_size(v) : (size_t)-1;
-      if (n > NB_LAUNCH_MAX_ARGS)
-        return nb_error(NB_ERR_CONFIG, "config: %s: expected an array of at most %d strings",
-                        o->name, NB_LAUNCH_MAX_ARGS);
-      for (size_t i = 0; i < n; i++) {
-        char key[128];
-        snprintf(key, sizeof key, "%s[%zu]", o->name, i);
-        NB_CHECK(nb__cfg_str(key, json_array_get(v, i), l->v[i], NB_LAUNCH_ARG, NULL));
-      }
-      l->n = (int)n;
-      return NB_OK;
-    }
+    case NB__OPT_LIST:
+      return nb__cfg_list(o, v, base, p, c);
     case NB__OPT_ARGV:
-    case NB__OPT_WARGV: {
-      int worker = o->type == NB__OPT_WARGV;
-      size_t n = json_is_array(v) ? json_array_size(v) : 0;
-      if (n < 1 || n > NB_GW_MAX_ARGS)
-        return nb_error(NB_ERR_CONFIG, "config: %s: expected an array of 1..%d strings", o->name,
-                        NB_GW_MAX_ARGS);
-      for (size_t i = 0; i < n; i++) {
-        char key[64];
-        snprintf(key, sizeof key, "%s[%zu]", o->name, i);
-        NB_CHECK(nb__cfg_str(key, json_array_get(v, i),
-                             worker ? c->worker_command[i] : c->command[i], NB_GW_STR, NULL));
-      }
-      if (worker)
-        c->n_worker_command = (int)n;
-      else
-        c->n_command = (int)n;
-      return NB_OK;
-    }
-    case NB__OPT_PATHS: {
-      size_t n = json_is_array(v) ? json_array_size(v) : (size_t)-1;
-      if (n > NB_JOB_PATHS_MAX_ROOTS)
-        return nb_error(NB_ERR_CONFIG, "config: %s: expected an array of at most %d paths", o->name,
-                        NB_JOB_PATHS_MAX_ROOTS);
-      for (size_t i = 0; i < n; i++) {
-        char key[64];
-        snprintf(key, sizeof key, "%s[%zu]", o->name, i);
-        NB_CHECK(nb__cfg_str(key, json_array_get(v, i), c->allow[i], NB_GW_STR, base));
-        if (!c->allow[i][0] || strchr(c->allow[i], ':'))
-          return nb_error(NB_ERR_CONFIG, "config: %s: expected a non-empty path without ':'", key);
-      }
-      c->n_allow = (int)n;
-      return NB_OK;
-    }
-    case NB__OPT_USERS: {
-      size_t n = json_is_array(v) ? json_array_size(v) : (size_t)-1;
-      if (n > NB_GW_MAX_ADMINS)
-        return nb_error(NB_ERR_CONFIG, "config: admins: expected an array of at most %d names",
-                        NB_GW_MAX_ADMINS);
-      for (size_t i = 0; i < n; i++)
-        NB_CHECK(
-            nb__cfg_str("admins[]", json_array_get(v, i), c->admins[i], NB_ACL_NAME_MAX, NULL));
-      c->n_admins = (int)n;
-      return NB_OK;
-    }
-    case NB__OPT_PEERS: {
-      if (!json_is_object(v))
-        return nb_error(NB_ERR_CONFIG, "config: peers: expected an object id -> address");
-      const char* id;
-      json_t* a;
-      c->n_peers = 0;
-      json_object_foreach(v, id, a) {
-        if (c->n_peers >= NB_GW_MAX_PEERS)
-          return nb_error(NB_ERR_CONFIG, "config: peers: more than %d", NB_GW_MAX_PEERS);
-        nb_gateway_peer_t* pe = &c->peers[c->n_peers];
-        if (nb_pki_name_check(id, "peer cluster id") != NB_OK)
-          return nb_error_wrap(NB_ERR_CONFIG, "config: peers");
-        snprintf(pe->id, sizeof pe->id, "%s", id);
-        char key[128];
-        snprintf(key, sizeof key, "peers.%s", id);
-        NB_CHECK(nb__cfg_str(key, a, pe->address, sizeof pe->address, NULL));
-        char what[160];
-        snprintf(what, sizeof what, "config: %s", key);
-        NB_CHECK(nb_cli_addr_check(pe->address, 0, what));
-        c->n_peers++;
-      }
-      return NB_OK;
-    }
-    case NB__OPT_ACL: {
-      if (!json_is_array(v)) return nb_error(NB_ERR_CONFIG, "config: acl: expected an array");
-      memset(&c->acl, 0, sizeof c->acl);
-      for (size_t i = 0; i < json_array_size(v); i++) {
-        json_t* r = json_array_get(v, i);
-        const char* k;
-        json_t* x;
-        if (!json_is_object(r))
-          return nb_error(NB_ERR_CONFIG, "config: acl[%zu]: expected an object", i);
-        json_object_foreach(r, k, x) {
-          if (strcmp(k, "user") && strcmp(k, "clusters") && strcmp(k, "max_workers"))
-            return nb_error(NB_ERR_CONFIG,
-                            "config: acl[%zu].%s: unknown key (user, clusters, max_workers)", i, k);
-        }
-        json_t* u = json_object_get(r, "user");
-        json_t* cl = json_object_get(r, "clusters");
-        json_t* mw = json_object_get(r, "max_workers");
-        if (!json_is_string(u))
-          return nb_error(NB_ERR_CONFIG, "config: acl[%zu].user: expected a string", i);
-        const char* cls[NB_ACL_MAX_CLUSTERS];
-        int n = 0;
-        if (!cl) {
-          cls[n++] = "*";
-        } else {
-          if (!json_is_array(cl) || json_array_size(cl) < 1 ||
-              json_array_size(cl) > NB_ACL_MAX_CLUSTERS)
-            return nb_error(NB_ERR_CONFIG, "config: acl[%zu].clusters: expected 1..%d strings", i,
-                            NB_ACL_MAX_CLUSTERS);
-          for (size_t j = 0; j < json_array_size(cl); j++) {
-            cls[n] = json_string_value(json_array_get(cl, j));
-            if (!cls[n])
-              return nb_error(NB_ERR_CONFIG, "config: acl[%zu].clusters[%zu]: expected a string", i,
-                              j);
-            n++;
-          }
-        }
-        if (mw && (!json_is_integer(mw) || json_integer_value(mw) < 0 ||
-                   json_integer_value(mw) > (1 << 20)))
-          return nb_error(NB_ERR_CONFIG, "config: acl[%zu].max_workers: expected an integer >= 0",
-                          i);
-        if (nb_acl_add(&c->acl, json_string_value(u), cls, n,
-                       mw ? (int)json_integer_value(mw) : 0) != NB_OK)
-          return nb_error_wrap(NB_ERR_CONFIG, "config: acl[%zu]", i);
-      }
-      return NB_OK;
-    }
+    case NB__OPT_WARGV:
+      return nb__cfg_argv(o, v, base, p, c);
+    case NB__OPT_PATHS:
+      return nb__cfg_paths(o, v, base, p, c);
+    case NB__OPT_USERS:
+      return nb__cfg_users(o, v, base, p, c);
+    case NB__OPT_PEERS:
+      return nb__cfg_peers(o, v, base, p, c);
+    case NB__OPT_ACL:
+      return nb__cfg_acl(o, v, base, p, c);
   }
   return nb_error(NB_ERR_INTERNAL, "config: bad option type");
 }

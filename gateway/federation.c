@@ -222,86 +222,97 @@ static nb_status_t nb__fed_code(nb_status_t s) {
   }
 }
 
-/* Origin side of Submit for a job involving other clusters: Propose to each, then Commit to each
- * and launch here, or Abort everywhere. The job (proposed) is in the store; on failure it ends
- * failed and the returned error names the cluster and its reason. */
-nb_status_t nb__gw_fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
-                              const Nebula__V1__SubmitRequest* req, const nb__part_t* parts, int np,
-                              int mine, const char* base_cluster) {
-  nb_job_fed_t fed;
-  memset(&fed, 0, sizeof fed);
-  snprintf(fed.job_id, sizeof fed.job_id, "%s", id);
-  snprintf(fed.role, sizeof fed.role, "origin");
-  snprintf(fed.origin, sizeof fed.origin, "%s", gw->cfg.cluster_id);
-  fed.active = 1;
-  json_t* info = json_object();
-  json_t* endpoints = json_object();
-  int my_workers = mine >= 0 ? parts[mine].workers : 0;
-  int accepted[NB__MAX_PARTS] = {0}, committed[NB__MAX_PARTS] = {0}, reserved = 0;
-  char why[2048] = "";
-  nb_status_t s = NB_OK, code = NB_OK;
-  for (int i = 0; i < np; i++)
-    json_object_set_new(nb__gw_fed_cluster(info, parts[i].id), "workers",
-                        json_integer(parts[i].workers));
-  s = nb__gw_jobdir_write(gw, id, req->descriptor.data, req->descriptor.len, req->signature.data,
-                          req->signature.len, req->cert_pem);
-  if (s == NB_OK && my_workers > 0) {
-    s = nb__gw_reserve(gw, id, my_workers);
-    reserved = s == NB_OK;
+/* The origin's two-phase submit of one federated job (nb__gw_fed_submit), phase by phase. */
+typedef struct {
+  nb_gateway_t* gw;
+  nb_job_store_t* st;
+  const char* id;
+  const Nebula__V1__SubmitRequest* req;
+  const nb__part_t* parts;
+  int np, mine;             /* mine: this cluster's index in parts, or -1 */
+  const char* base_cluster; /* model.base.cluster ("" none) */
+  nb_job_fed_t fed;         /* the origin's record, with the secret once made */
+  json_t* info;             /* its info: clusters and their states */
+  json_t* endpoints;        /* cluster id -> Exchange endpoint */
+  int my_workers;
+  int accepted[NB__MAX_PARTS], committed[NB__MAX_PARTS], reserved;
+  char why[2048];   /* set: the submit failed, and this says why */
+  nb_status_t code; /* what Submit answers when why is set */
+} nb__fsub_t;
+
+/* The job folder here, our slots and Exchange endpoint, the first record. */
+static void nb__fsub_prepare(nb__fsub_t* x) {
+  nb_status_t s = NB_OK;
+  for (int i = 0; i < x->np; i++)
+    json_object_set_new(nb__gw_fed_cluster(x->info, x->parts[i].id), "workers",
+                        json_integer(x->parts[i].workers));
+  s = nb__gw_jobdir_write(x->gw, x->id, x->req->descriptor.data, x->req->descriptor.len,
+                          x->req->signature.data, x->req->signature.len, x->req->cert_pem);
+  if (s == NB_OK && x->my_workers > 0) {
+    s = nb__gw_reserve(x->gw, x->id, x->my_workers);
+    x->reserved = s == NB_OK;
     char ep[NB_GW_STR + 16];
-    if (s == NB_OK) s = nb__gw_free_endpoint(gw->cfg.exchange_host, ep, sizeof ep);
+    if (s == NB_OK) s = nb__gw_free_endpoint(x->gw->cfg.exchange_host, ep, sizeof ep);
     if (s == NB_OK) {
-      json_object_set_new(nb__gw_fed_cluster(info, gw->cfg.cluster_id), "endpoint",
+      json_object_set_new(nb__gw_fed_cluster(x->info, x->gw->cfg.cluster_id), "endpoint",
                           json_string(ep));
-      json_object_set_new(endpoints, gw->cfg.cluster_id, json_string(ep));
+      json_object_set_new(x->endpoints, x->gw->cfg.cluster_id, json_string(ep));
     }
   }
-  if (s == NB_OK) s = nb__gw_fed_save(st, &fed, info);
+  if (s == NB_OK) s = nb__gw_fed_save(x->st, &x->fed, x->info);
   if (s != NB_OK) {
-    code = s;
-    snprintf(why, sizeof why, "cluster '%s' (this gateway) cannot run the job: %.900s",
-             gw->cfg.cluster_id, nb_error_last());
+    x->code = s;
+    snprintf(x->why, sizeof x->why, "cluster '%s' (this gateway) cannot run the job: %.900s",
+             x->gw->cfg.cluster_id, nb_error_last());
   }
-  /* phase 1: every other cluster validates and reserves */
-  for (int i = 0; i < np && !why[0]; i++) {
-    if (i == mine) continue;
+}
+
+/* Phase 1: every other cluster validates and reserves (Propose). */
+static void nb__fsub_propose(nb__fsub_t* x) {
+  nb_status_t s = NB_OK;
+  for (int i = 0; i < x->np && !x->why[0]; i++) {
+    if (i == x->mine) continue;
     Nebula__V1__ProposeRequest pr = NEBULA__V1__PROPOSE_REQUEST__INIT;
-    pr.job_id = (char*)id;
-    pr.descriptor = req->descriptor;
-    pr.signature = req->signature;
-    pr.cert_pem = req->cert_pem;
-    pr.origin = gw->cfg.cluster_id;
-    pr.workers = parts[i].workers;
+    pr.job_id = (char*)x->id;
+    pr.descriptor = x->req->descriptor;
+    pr.signature = x->req->signature;
+    pr.cert_pem = x->req->cert_pem;
+    pr.origin = x->gw->cfg.cluster_id;
+    pr.workers = x->parts[i].workers;
     ProtobufCMessage* resp = NULL;
-    s = nb__fed_call(gw, parts[i].id, "Propose", &pr.base, &nebula__v1__propose_reply__descriptor,
-                     &resp, 1);
+    s = nb__fed_call(x->gw, x->parts[i].id, "Propose", &pr.base,
+                     &nebula__v1__propose_reply__descriptor, &resp, 1);
     if (s != NB_OK) {
-      code = nb__fed_code(s);
-      snprintf(why, sizeof why, "cluster '%.63s' refused the job: %.900s", parts[i].id,
+      x->code = nb__fed_code(s);
+      snprintf(x->why, sizeof x->why, "cluster '%.63s' refused the job: %.900s", x->parts[i].id,
                nb_error_last());
       break;
     }
-    accepted[i] = 1;
+    x->accepted[i] = 1;
     const char* ep = ((Nebula__V1__ProposeReply*)resp)->endpoint;
-    if (parts[i].workers > 0 && (!ep || !*ep)) {
-      code = NB_ERR_INTERNAL;
-      snprintf(why, sizeof why, "cluster '%.63s' accepted the job without an Exchange endpoint",
-               parts[i].id);
-    } else if (parts[i].workers > 0) {
-      json_object_set_new(nb__gw_fed_cluster(info, parts[i].id), "endpoint", json_string(ep));
-      json_object_set_new(endpoints, parts[i].id, json_string(ep));
+    if (x->parts[i].workers > 0 && (!ep || !*ep)) {
+      x->code = NB_ERR_INTERNAL;
+      snprintf(x->why, sizeof x->why,
+               "cluster '%.63s' accepted the job without an Exchange endpoint", x->parts[i].id);
+    } else if (x->parts[i].workers > 0) {
+      json_object_set_new(nb__gw_fed_cluster(x->info, x->parts[i].id), "endpoint", json_string(ep));
+      json_object_set_new(x->endpoints, x->parts[i].id, json_string(ep));
     }
     protobuf_c_message_free_unpacked(resp, NULL);
   }
-  /* phase 2: the secret and every endpoint to each, then launch here */
-  if (!why[0]) {
-    s = nb_seal_secret_generate(fed.secret);
-    fed.has_secret = s == NB_OK;
-    json_object_set(info, "endpoints", endpoints);
-    if (s == NB_OK) s = nb__gw_fed_save(st, &fed, info);
+}
+
+/* Phase 2: the secret and every endpoint to each (Commit), then launch here. */
+static void nb__fsub_commit(nb__fsub_t* x) {
+  nb_status_t s = NB_OK;
+  if (!x->why[0]) {
+    s = nb_seal_secret_generate(x->fed.secret);
+    x->fed.has_secret = s == NB_OK;
+    json_object_set(x->info, "endpoints", x->endpoints);
+    if (s == NB_OK) s = nb__gw_fed_save(x->st, &x->fed, x->info);
     if (s != NB_OK) {
-      code = s;
-      snprintf(why, sizeof why, "cannot keep the job's secret: %.900s", nb_error_last());
+      x->code = s;
+      snprintf(x->why, sizeof x->why, "cannot keep the job's secret: %.900s", nb_error_last());
     }
   }
   Nebula__V1__Endpoint eps[NB__MAX_PARTS];
@@ -310,7 +321,7 @@ nb_status_t nb__gw_fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   {
     const char* k;
     json_t* v;
-    json_object_foreach(endpoints, k, v) {
+    json_object_foreach(x->endpoints, k, v) {
       nebula__v1__endpoint__init(&eps[n_eps]);
       eps[n_eps].cluster = (char*)k;
       eps[n_eps].address = (char*)json_string_value(v);
@@ -318,89 +329,133 @@ nb_status_t nb__gw_fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const char* 
       n_eps++;
     }
   }
-  for (int i = 0; i < np && !why[0]; i++) {
-    if (i == mine) continue;
+  for (int i = 0; i < x->np && !x->why[0]; i++) {
+    if (i == x->mine) continue;
     Nebula__V1__CommitRequest cr = NEBULA__V1__COMMIT_REQUEST__INIT;
-    cr.job_id = (char*)id;
-    cr.secret.data = fed.secret;
-    cr.secret.len = sizeof fed.secret;
+    cr.job_id = (char*)x->id;
+    cr.secret.data = x->fed.secret;
+    cr.secret.len = sizeof x->fed.secret;
     cr.n_endpoints = n_eps;
     cr.endpoints = epp;
     ProtobufCMessage* resp = NULL;
-    int fetches = base_cluster && base_cluster[0] && strcmp(base_cluster, parts[i].id) &&
-                  parts[i].workers > 0;
-    s = nb__fed_call(gw, parts[i].id, "Commit", &cr.base, &nebula__v1__federation_ack__descriptor,
-                     &resp, fetches ? 2 : 1);
+    int fetches = x->base_cluster && x->base_cluster[0] &&
+                  strcmp(x->base_cluster, x->parts[i].id) && x->parts[i].workers > 0;
+    s = nb__fed_call(x->gw, x->parts[i].id, "Commit", &cr.base,
+                     &nebula__v1__federation_ack__descriptor, &resp, fetches ? 2 : 1);
     if (resp) protobuf_c_message_free_unpacked(resp, NULL);
     if (s != NB_OK) {
-      code = nb__fed_code(s);
-      snprintf(why, sizeof why, "cluster '%.63s' could not start the job: %.900s", parts[i].id,
-               nb_error_last());
+      x->code = nb__fed_code(s);
+      snprintf(x->why, sizeof x->why, "cluster '%.63s' could not start the job: %.900s",
+               x->parts[i].id, nb_error_last());
       break;
     }
-    committed[i] = 1;
-    json_object_set_new(nb__gw_fed_cluster(info, parts[i].id), "state", json_string("committed"));
+    x->committed[i] = 1;
+    json_object_set_new(nb__gw_fed_cluster(x->info, x->parts[i].id), "state",
+                        json_string("committed"));
   }
-  if (!why[0]) {
-    s = my_workers > 0 ? nb__gw_fed_start(gw, st, id, my_workers, fed.secret, endpoints)
-                       : nb_job_store_transition(st, id, NB_JOB_RUNNING, NULL);
+  if (!x->why[0]) {
+    s = x->my_workers > 0
+            ? nb__gw_fed_start(x->gw, x->st, x->id, x->my_workers, x->fed.secret, x->endpoints)
+            : nb_job_store_transition(x->st, x->id, NB_JOB_RUNNING, NULL);
     if (s != NB_OK) {
-      code = s;
-      snprintf(why, sizeof why, "cluster '%s' (this gateway) could not start the job: %.900s",
-               gw->cfg.cluster_id, nb_error_last());
-    } else if (mine >= 0) {
-      json_object_set_new(nb__gw_fed_cluster(info, gw->cfg.cluster_id), "state",
-                          json_string(my_workers > 0 ? "running" : "none"));
+      x->code = s;
+      snprintf(x->why, sizeof x->why, "cluster '%s' (this gateway) could not start the job: %.900s",
+               x->gw->cfg.cluster_id, nb_error_last());
+    } else if (x->mine >= 0) {
+      json_object_set_new(nb__gw_fed_cluster(x->info, x->gw->cfg.cluster_id), "state",
+                          json_string(x->my_workers > 0 ? "running" : "none"));
     }
   }
-  if (why[0]) {
-    /* abort everywhere: the committed ones are cancelled, the others aborted */
-    for (int i = 0; i < np; i++) {
-      if (!accepted[i]) continue;
-      ProtobufCMessage* resp = NULL;
-      if (committed[i]) {
-        Nebula__V1__FederationCancelRequest c = NEBULA__V1__FEDERATION_CANCEL_REQUEST__INIT;
-        c.job_id = (char*)id;
-        c.reason = why;
-        nb__fed_call(gw, parts[i].id, "Cancel", &c.base, &nebula__v1__federation_ack__descriptor,
-                     &resp, 1);
-      } else {
-        Nebula__V1__AbortRequest a = NEBULA__V1__ABORT_REQUEST__INIT;
-        a.job_id = (char*)id;
-        a.reason = why;
-        nb__fed_call(gw, parts[i].id, "Abort", &a.base, &nebula__v1__federation_ack__descriptor,
-                     &resp, 1);
-      }
-      if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+}
+
+/* The submit failed: abort everywhere (the committed are cancelled, the others aborted), the
+ * job ends failed here. Returns the error Submit answers. */
+static nb_status_t nb__fsub_abort(nb__fsub_t* x) {
+  nb_status_t s;
+  /* abort everywhere: the committed ones are cancelled, the others aborted */
+  for (int i = 0; i < x->np; i++) {
+    if (!x->accepted[i]) continue;
+    ProtobufCMessage* resp = NULL;
+    if (x->committed[i]) {
+      Nebula__V1__FederationCancelRequest c = NEBULA__V1__FEDERATION_CANCEL_REQUEST__INIT;
+      c.job_id = (char*)x->id;
+      c.reason = x->why;
+      nb__fed_call(x->gw, x->parts[i].id, "Cancel", &c.base,
+                   &nebula__v1__federation_ack__descriptor, &resp, 1);
+    } else {
+      Nebula__V1__AbortRequest a = NEBULA__V1__ABORT_REQUEST__INIT;
+      a.job_id = (char*)x->id;
+      a.reason = x->why;
+      nb__fed_call(x->gw, x->parts[i].id, "Abort", &a.base, &nebula__v1__federation_ack__descriptor,
+                   &resp, 1);
     }
-    if (reserved) nb__gw_unreserve(gw, id);
-    nb_job_store_transition(st, id, NB_JOB_FAILED, why);
-    fed.active = 0;
-    nb__gw_fed_save(st, &fed, info);
-    NB_WARN("job %s: %s", id, why);
-    s = nb_error(code == NB_OK ? NB_ERR_INTERNAL : code, "%s", why);
-  } else {
-    pthread_mutex_lock(&gw->record_mu);
-    /* reports may already have come in: merge our view into the stored one */
-    nb_job_fed_t cur;
-    json_t* now = NULL;
-    if (nb__gw_fed_load(st, id, &cur, &now) == NB_OK) {
-      const char* k;
-      json_t* c;
-      json_object_foreach(json_object_get(info, "clusters"), k, c) {
-        json_t* stored = nb__gw_fed_cluster(now, k);
-        if (!strcmp(nb__gw_jstr(stored, "state"), "proposed"))
-          json_object_set(stored, "state", json_object_get(c, "state"));
-      }
-      nb__gw_fed_save(st, &fed, now);
-      nb__gw_fed_release(&cur, now);
-    }
-    pthread_mutex_unlock(&gw->record_mu);
-    NB_INFO(JOB, "job %s: committed on %d clusters", id, np);
+    if (resp) protobuf_c_message_free_unpacked(resp, NULL);
   }
-  json_decref(endpoints);
-  json_decref(info);
-  explicit_bzero(fed.secret, sizeof fed.secret);
+  if (x->reserved) nb__gw_unreserve(x->gw, x->id);
+  nb_job_store_transition(x->st, x->id, NB_JOB_FAILED, x->why);
+  x->fed.active = 0;
+  nb__gw_fed_save(x->st, &x->fed, x->info);
+  NB_WARN("job %s: %s", x->id, x->why);
+  s = nb_error(x->code == NB_OK ? NB_ERR_INTERNAL : x->code, "%s", x->why);
+  return s;
+}
+
+/* The submit succeeded: our view of the clusters merged into the stored record. */
+static void nb__fsub_merge(nb__fsub_t* x) {
+  pthread_mutex_lock(&x->gw->record_mu);
+  /* reports may already have come in: merge our view into the stored one */
+  nb_job_fed_t cur;
+  json_t* now = NULL;
+  if (nb__gw_fed_load(x->st, x->id, &cur, &now) == NB_OK) {
+    const char* k;
+    json_t* c;
+    json_object_foreach(json_object_get(x->info, "clusters"), k, c) {
+      json_t* stored = nb__gw_fed_cluster(now, k);
+      if (!strcmp(nb__gw_jstr(stored, "state"), "proposed"))
+        json_object_set(stored, "state", json_object_get(c, "state"));
+    }
+    nb__gw_fed_save(x->st, &x->fed, now);
+    nb__gw_fed_release(&cur, now);
+  }
+  pthread_mutex_unlock(&x->gw->record_mu);
+  NB_INFO(JOB, "job %s: committed on %d clusters", x->id, x->np);
+}
+
+/* Origin side of Submit for a job involving other clusters: Propose to each, then Commit to each
+ * and launch here, or Abort everywhere. The job (proposed) is in the store; on failure it ends
+ * failed and the returned error names the cluster and its reason. */
+nb_status_t nb__gw_fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
+                              const Nebula__V1__SubmitRequest* req, const nb__part_t* parts, int np,
+                              int mine, const char* base_cluster) {
+  nb__fsub_t* x = NULL;
+  NB_CHECK(nb_calloc((void**)&x, 1, sizeof *x, "federated submit"));
+  x->gw = gw;
+  x->st = st;
+  x->id = id;
+  x->req = req;
+  x->parts = parts;
+  x->np = np;
+  x->mine = mine;
+  x->base_cluster = base_cluster;
+  snprintf(x->fed.job_id, sizeof x->fed.job_id, "%s", id);
+  snprintf(x->fed.role, sizeof x->fed.role, "origin");
+  snprintf(x->fed.origin, sizeof x->fed.origin, "%s", gw->cfg.cluster_id);
+  x->fed.active = 1;
+  x->info = json_object();
+  x->endpoints = json_object();
+  x->my_workers = mine >= 0 ? parts[mine].workers : 0;
+  nb__fsub_prepare(x);
+  if (!x->why[0]) nb__fsub_propose(x);
+  if (!x->why[0]) nb__fsub_commit(x);
+  nb_status_t s = NB_OK;
+  if (x->why[0])
+    s = nb__fsub_abort(x);
+  else
+    nb__fsub_merge(x);
+  json_decref(x->endpoints);
+  json_decref(x->info);
+  explicit_bzero(x->fed.secret, sizeof x->fed.secret);
+  nb_free(x);
   return s;
 }
 
