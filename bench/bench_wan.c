@@ -498,6 +498,83 @@ static int nb__bw_loopback_main(int S, int M, int reps, int json) {
   return 0;
 }
 
+/* Step 3 of the WAN run: M MiB through inter/link over mTLS with sealing, from namespace ns_a
+ * to ns_b over S streams. Returns 0 with the sender's seconds, bytes and reconnects, else 1. */
+static int nb__bw_link_transfer(const char* ns_a, const char* ns_b, int S, int M, int json,
+                                double* secs, unsigned long long* bytes, unsigned* reconnects) {
+  if (!json) fprintf(stderr, "bench wan: %d MiB over %d streams through inter/link...\n", M, S);
+  char mib_s[16], s_s[16], listen[64], target[64];
+  snprintf(mib_s, sizeof mib_s, "%d", M);
+  snprintf(s_s, sizeof s_s, "%d", S);
+  snprintf(listen, sizeof listen, "169.254.100.2:%d", NB__BW_PORT);
+  snprintf(target, sizeof target, "169.254.100.2:%d", NB__BW_PORT);
+  char* serve_args[] = {"--serve", nb__bw_certs, listen, mib_s, NULL};
+  FILE *srv_out = NULL, *snd_out = NULL;
+  nb__bw_kids[0] = nb__bw_spawn(ns_b, serve_args, &srv_out);
+  char line[256] = {0};
+  if (nb__bw_kids[0] < 0 || !srv_out || !fgets(line, sizeof line, srv_out) ||
+      strncmp(line, "READY", 5) != 0) {
+    fprintf(stderr, "nebula bench wan: the receiver did not start\n");
+    return 1;
+  }
+  char* send_args[] = {"--send", nb__bw_certs, target, mib_s, s_s, NULL};
+  nb__bw_kids[1] = nb__bw_spawn(ns_a, send_args, &snd_out);
+  line[0] = 0;
+  int got = snd_out && fgets(line, sizeof line, snd_out) &&
+            sscanf(line, "SENT %lf %llu %u", secs, bytes, reconnects) == 3;
+  int wst = 0;
+  if (nb__bw_kids[1] > 0) waitpid(nb__bw_kids[1], &wst, 0);
+  nb__bw_kids[1] = -1;
+  char ok[16] = {0};
+  int rx_ok = srv_out && fgets(ok, sizeof ok, srv_out) && strncmp(ok, "OK", 2) == 0;
+  if (nb__bw_kids[0] > 0) waitpid(nb__bw_kids[0], &wst, 0);
+  nb__bw_kids[0] = -1;
+  if (srv_out) fclose(srv_out);
+  if (snd_out) fclose(snd_out);
+  if (!got || !rx_ok || *secs <= 0) {
+    fprintf(stderr, "nebula bench wan: the transfer over the link failed\n");
+    return 1;
+  }
+  return 0;
+}
+
+/* The WAN run's results: JSON, or one line per measurement. */
+static void nb__bw_print(int json, double rate, double delay, int S, int M, double iperf,
+                         double goodput, double secs, unsigned reconnects, const nb__bw_lb_t* lb) {
+  double plain = lb->med[0], secure = lb->med[1], tls_only = lb->med[2], seal_only = lb->med[3];
+  double eff = goodput / iperf;
+  if (json) {
+    nb_json_obj_t j;
+    nb_json_begin(&j, stdout);
+    nb_json_num(&j, "rate_mbit", rate);
+    nb_json_num(&j, "delay_ms", delay);
+    nb_json_int(&j, "streams", S);
+    nb_json_num(&j, "iperf3_mbit", iperf);
+    nb_json_num(&j, "goodput_mbit", goodput);
+    nb_json_num(&j, "efficiency", eff);
+    nb_json_num(&j, "loopback_plain_gbps", plain);
+    nb_json_num(&j, "loopback_secure_gbps", secure);
+    nb_json_end(&j);
+  } else {
+    printf("link: %g Mbit/s each way, %g ms one way (RTT %g ms), %d streams, %d MiB\n", rate, delay,
+           2 * delay, S, M);
+    printf("iperf3 (-P %d):        %8.1f Mbit/s\n", S, iperf);
+    printf("inter/link mTLS+seal:  %8.1f Mbit/s  (%.2f s, %u reconnects)\n", goodput, secs,
+           reconnects);
+    printf(
+        "efficiency:            %8.3f  (goodput / iperf3; target >= 0.90 at 50 ms RTT, "
+        ">= 0.85 at 200 ms)\n",
+        eff);
+    printf("loopback plain:        %8.2f Gbit/s\n", plain);
+    printf("loopback mTLS+seal:    %8.2f Gbit/s  (secure / plain = %.3f; target >= 0.90)\n", secure,
+           plain > 0 ? secure / plain : 0);
+    printf("loopback mTLS only:    %8.2f Gbit/s  (%.3f of plain)\n", tls_only,
+           plain > 0 ? tls_only / plain : 0);
+    printf("loopback seal only:    %8.2f Gbit/s  (%.3f of plain)\n", seal_only,
+           plain > 0 ? seal_only / plain : 0);
+  }
+}
+
 int nb_bench_wan_main(int argc, char** argv) {
   if (argc >= 2 && !strcmp(argv[1], "--serve") && argc == 5)
     return nb__bw_serve(argv[2], argv[3], atoi(argv[4]));
@@ -623,42 +700,10 @@ int nb_bench_wan_main(int argc, char** argv) {
     return 1;
   }
   /* 3. M MiB through inter/link over mTLS with sealing, namespace a -> b */
-  if (!json) fprintf(stderr, "bench wan: %d MiB over %d streams through inter/link...\n", M, S);
-  char mib_s[16], s_s[16], listen[64], target[64];
-  snprintf(mib_s, sizeof mib_s, "%d", M);
-  snprintf(s_s, sizeof s_s, "%d", S);
-  snprintf(listen, sizeof listen, "169.254.100.2:%d", NB__BW_PORT);
-  snprintf(target, sizeof target, "169.254.100.2:%d", NB__BW_PORT);
-  char* serve_args[] = {"--serve", nb__bw_certs, listen, mib_s, NULL};
-  FILE *srv_out = NULL, *snd_out = NULL;
-  nb__bw_kids[0] = nb__bw_spawn(ns_b, serve_args, &srv_out);
-  char line[256] = {0};
-  if (nb__bw_kids[0] < 0 || !srv_out || !fgets(line, sizeof line, srv_out) ||
-      strncmp(line, "READY", 5) != 0) {
-    fprintf(stderr, "nebula bench wan: the receiver did not start\n");
-    return 1;
-  }
-  char* send_args[] = {"--send", nb__bw_certs, target, mib_s, s_s, NULL};
-  nb__bw_kids[1] = nb__bw_spawn(ns_a, send_args, &snd_out);
   double secs = 0;
   unsigned long long bytes = 0;
   unsigned reconnects = 0;
-  line[0] = 0;
-  int got = snd_out && fgets(line, sizeof line, snd_out) &&
-            sscanf(line, "SENT %lf %llu %u", &secs, &bytes, &reconnects) == 3;
-  int wst = 0;
-  if (nb__bw_kids[1] > 0) waitpid(nb__bw_kids[1], &wst, 0);
-  nb__bw_kids[1] = -1;
-  char ok[16] = {0};
-  int rx_ok = srv_out && fgets(ok, sizeof ok, srv_out) && strncmp(ok, "OK", 2) == 0;
-  if (nb__bw_kids[0] > 0) waitpid(nb__bw_kids[0], &wst, 0);
-  nb__bw_kids[0] = -1;
-  if (srv_out) fclose(srv_out);
-  if (snd_out) fclose(snd_out);
-  if (!got || !rx_ok || secs <= 0) {
-    fprintf(stderr, "nebula bench wan: the transfer over the link failed\n");
-    return 1;
-  }
+  if (nb__bw_link_transfer(ns_a, ns_b, S, M, json, &secs, &bytes, &reconnects) != 0) return 1;
   double goodput = (double)bytes * 8e-6 / secs;
   /* 4. tear the link down before the loopback runs, so they do not share the cores with it */
   char pfx[64];
@@ -670,37 +715,6 @@ int nb_bench_wan_main(int argc, char** argv) {
   if (!json) fprintf(stderr, "bench wan: loopback plain vs mTLS+sealed...\n");
   nb__bw_lb_t lb;
   nb__bw_loopback_set(S, (size_t)M << 20, 5, json ? 2 : 4, &lb);
-  double plain = lb.med[0], secure = lb.med[1], tls_only = lb.med[2], seal_only = lb.med[3];
-  double eff = goodput / iperf;
-  if (json) {
-    nb_json_obj_t j;
-    nb_json_begin(&j, stdout);
-    nb_json_num(&j, "rate_mbit", rate);
-    nb_json_num(&j, "delay_ms", delay);
-    nb_json_int(&j, "streams", S);
-    nb_json_num(&j, "iperf3_mbit", iperf);
-    nb_json_num(&j, "goodput_mbit", goodput);
-    nb_json_num(&j, "efficiency", eff);
-    nb_json_num(&j, "loopback_plain_gbps", plain);
-    nb_json_num(&j, "loopback_secure_gbps", secure);
-    nb_json_end(&j);
-  } else {
-    printf("link: %g Mbit/s each way, %g ms one way (RTT %g ms), %d streams, %d MiB\n", rate, delay,
-           2 * delay, S, M);
-    printf("iperf3 (-P %d):        %8.1f Mbit/s\n", S, iperf);
-    printf("inter/link mTLS+seal:  %8.1f Mbit/s  (%.2f s, %u reconnects)\n", goodput, secs,
-           reconnects);
-    printf(
-        "efficiency:            %8.3f  (goodput / iperf3; target >= 0.90 at 50 ms RTT, "
-        ">= 0.85 at 200 ms)\n",
-        eff);
-    printf("loopback plain:        %8.2f Gbit/s\n", plain);
-    printf("loopback mTLS+seal:    %8.2f Gbit/s  (secure / plain = %.3f; target >= 0.90)\n", secure,
-           plain > 0 ? secure / plain : 0);
-    printf("loopback mTLS only:    %8.2f Gbit/s  (%.3f of plain)\n", tls_only,
-           plain > 0 ? tls_only / plain : 0);
-    printf("loopback seal only:    %8.2f Gbit/s  (%.3f of plain)\n", seal_only,
-           plain > 0 ? seal_only / plain : 0);
-  }
+  nb__bw_print(json, rate, delay, S, M, iperf, goodput, secs, reconnects, &lb);
   return 0;
 }
