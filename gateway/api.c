@@ -202,33 +202,13 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, void* user_data) {
                  "certificate");
     goto done;
   }
-  if (nb_pki_cert_from_pem(req->cert_pem, 0, &cert) != NB_OK) {
-    s = nb_error_wrap(NB_ERR_INVALID, "cert_pem");
-    goto done;
-  }
-  s = nb_sign_verify(cert, gw->ca, req->descriptor.data, req->descriptor.len, req->signature.data,
-                     req->signature.len, user, NULL);
-  if (s == NB_ERR_INTEGRITY) {
-    s = nb_error_wrap(NB_ERR_PERMISSION, "descriptor signature does not verify");
-    goto done;
-  }
-  if (s != NB_OK) {
-    s = nb_error_wrap(NB_ERR_PERMISSION, "signer certificate refused");
-    goto done;
-  }
+  s = nb__gw_verify_signed(gw, &req->descriptor, &req->signature, req->cert_pem, user, NULL, &cert);
+  if (s != NB_OK) goto done;
   NB_CHECK_GOTO(nb_calloc((void**)&cfg, 1, sizeof *cfg, "job config"), s, done);
   NB_CHECK_GOTO(nb_calloc((void**)&diag, 1, sizeof *diag, "diagnostics"), s, done);
   if (nb_descriptor_parse((const char*)req->descriptor.data, req->descriptor.len, cfg, diag) !=
       NB_OK) {
-    char msg[2048] = "descriptor is invalid:";
-    size_t o = strlen(msg);
-    for (int i = 0; i < diag->count && o + 2 < sizeof msg; i++) {
-      char line[640];
-      o += (size_t)snprintf(msg + o, sizeof msg - o, "%s %s", i ? ";" : "",
-                            nb_descriptor_error_format(&diag->errors[i], line, sizeof line));
-      if (o >= sizeof msg) o = sizeof msg - 1;
-    }
-    s = nb_error(NB_ERR_INVALID, "%s", msg);
+    s = nb__gw_diag_error(NB_ERR_INVALID, "descriptor is invalid:", diag);
     goto done;
   }
   s = nb__gw_paths_check(gw, cfg, diag);

@@ -130,20 +130,8 @@ static nb_status_t nb__fed_propose(nb_rpc_call_t* call, void* user_data) {
     s = nb_error(NB_ERR_INVALID, "Propose needs the job id, descriptor, signature and certificate");
     goto done;
   }
-  if (nb_pki_cert_from_pem(req->cert_pem, 0, &cert) != NB_OK) {
-    s = nb_error_wrap(NB_ERR_INVALID, "cert_pem");
-    goto done;
-  }
-  s = nb_sign_verify(cert, gw->ca, req->descriptor.data, req->descriptor.len, req->signature.data,
-                     req->signature.len, NULL, &who);
-  if (s == NB_ERR_INTEGRITY) {
-    s = nb_error_wrap(NB_ERR_PERMISSION, "descriptor signature does not verify");
-    goto done;
-  }
-  if (s != NB_OK) {
-    s = nb_error_wrap(NB_ERR_PERMISSION, "signer certificate refused");
-    goto done;
-  }
+  s = nb__gw_verify_signed(gw, &req->descriptor, &req->signature, req->cert_pem, NULL, &who, &cert);
+  if (s != NB_OK) goto done;
   NB_CHECK_GOTO(nb_calloc((void**)&cfg, 1, sizeof *cfg, "job config"), s, done);
   NB_CHECK_GOTO(nb_calloc((void**)&diag, 1, sizeof *diag, "diagnostics"), s, done);
   if (nb_descriptor_parse((const char*)req->descriptor.data, req->descriptor.len, cfg, diag) !=

@@ -13,6 +13,7 @@
 #include "gateway/gateway.h"
 #include "gateway/store.h"
 #include "inter/rpc.h"
+#include "jobs/descriptor.h"
 #include "nebula/v1/federation.pb-c.h"
 #include "nebula/v1/gateway.pb-c.h"
 #include "security/pki.h"
@@ -154,6 +155,10 @@ typedef struct {
 /* start.c: job folders, command words, worker slots, stopping a job here */
 int nb__gw_active_find(nb_gateway_t* gw, const char* id);
 int nb__gw_slots_used(const nb_gateway_t* gw, const char* except);
+nb_status_t nb__gw_diag_error(nb_status_t st, const char* prefix, const nb_descriptor_diag_t* diag);
+nb_status_t nb__gw_verify_signed(const nb_gateway_t* gw, const ProtobufCBinaryData* desc,
+                                 const ProtobufCBinaryData* sig, const char* cert_pem,
+                                 const char* user, nb_pki_identity_t* who, X509** cert);
 void nb__gw_jobdir(const nb_gateway_t* gw, const char* id, char* buf, size_t n);
 void nb__gw_unreserve(nb_gateway_t* gw, const char* id);
 int nb__gw_parts(const nb_job_config_t* cfg, nb__part_t* p);

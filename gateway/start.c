@@ -16,6 +16,7 @@
 #include "common/common.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
+#include "security/pki.h"
 #include "security/sign.h"
 
 /* The index of job id in active[], or -1. Caller holds active_mu (or runs alone, at start). */
@@ -130,6 +131,38 @@ static nb_status_t nb__allow_env(const nb_gateway_t* gw, char** out) {
   return NB_OK;
 }
 
+/* Error st with every error of diag after prefix, separated by ';' (at most 2 KiB). */
+nb_status_t nb__gw_diag_error(nb_status_t st, const char* prefix,
+                              const nb_descriptor_diag_t* diag) {
+  char msg[2048];
+  size_t o = (size_t)snprintf(msg, sizeof msg, "%s", prefix);
+  for (int i = 0; i < diag->count && o + 2 < sizeof msg; i++) {
+    char line[640];
+    o += (size_t)snprintf(msg + o, sizeof msg - o, "%s %s", i ? ";" : "",
+                          nb_descriptor_error_format(&diag->errors[i], line, sizeof line));
+    if (o >= sizeof msg) o = sizeof msg - 1;
+  }
+  return nb_error(st, "%s", msg);
+}
+
+/* What Submit and Propose check first: cert_pem is a certificate the federation CA issued
+ * (*cert: the caller X509_frees it, NULL when it does not parse) and its key signed the
+ * descriptor's bytes; with user, the signer must be that user; with who, the signer's
+ * identity. NB_ERR_INVALID (no certificate) or NB_ERR_PERMISSION (bad signature, refused
+ * signer). */
+nb_status_t nb__gw_verify_signed(const nb_gateway_t* gw, const ProtobufCBinaryData* desc,
+                                 const ProtobufCBinaryData* sig, const char* cert_pem,
+                                 const char* user, nb_pki_identity_t* who, X509** cert) {
+  if (nb_pki_cert_from_pem(cert_pem, 0, cert) != NB_OK)
+    return nb_error_wrap(NB_ERR_INVALID, "cert_pem");
+  nb_status_t s =
+      nb_sign_verify(*cert, gw->ca, desc->data, desc->len, sig->data, sig->len, user, who);
+  if (s == NB_ERR_INTEGRITY)
+    return nb_error_wrap(NB_ERR_PERMISSION, "descriptor signature does not verify");
+  if (s != NB_OK) return nb_error_wrap(NB_ERR_PERMISSION, "signer certificate refused");
+  return NB_OK;
+}
+
 /* Every path of a descriptor stays inside the job's folder (created afresh, so a relative path
  * without ".." does) or the config's paths.allow: refused otherwise, naming each JSON path. */
 nb_status_t nb__gw_paths_check(const nb_gateway_t* gw, const nb_job_config_t* cfg,
@@ -138,15 +171,7 @@ nb_status_t nb__gw_paths_check(const nb_gateway_t* gw, const nb_job_config_t* cf
   for (int i = 0; i < gw->cfg.n_allow; i++) roots[i] = gw->cfg.allow[i];
   memset(diag, 0, sizeof *diag);
   if (nb_job_paths_check(cfg, NULL, roots, gw->cfg.n_allow, diag) == NB_OK) return NB_OK;
-  char msg[2048] = "descriptor refused:";
-  size_t o = strlen(msg);
-  for (int i = 0; i < diag->count && o + 2 < sizeof msg; i++) {
-    char line[640];
-    o += (size_t)snprintf(msg + o, sizeof msg - o, "%s %s", i ? ";" : "",
-                          nb_descriptor_error_format(&diag->errors[i], line, sizeof line));
-    if (o >= sizeof msg) o = sizeof msg - 1;
-  }
-  return nb_error(NB_ERR_PERMISSION, "%s", msg);
+  return nb__gw_diag_error(NB_ERR_PERMISSION, "descriptor refused:", diag);
 }
 
 /* Starts the job's command in its folder (written by nb__gw_jobdir_write): `command`, or with wk
