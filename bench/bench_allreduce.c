@@ -91,25 +91,11 @@ int nb_bench_allreduce_main(int argc, char** argv) {
   nb_comm_device_t device = NB_COMM_DEVICE_AUTO;
   const char* dev = NULL;
   const nb_opt_t opts[] = {
-      {.name = "mib",
-       .kind = NB_OPT_DOUBLE,
-       .dst = &mib,
-       .meta = "M",
-       .max = 8192,
-       .help = "MiB per rank, > 0 (default 64)"},
-      {.name = "iters",
-       .kind = NB_OPT_INT,
-       .dst = &iters,
-       .meta = "K",
-       .min = 0,
-       .help = "timed iterations (default 40; 400 below 1 MiB)"},
-      {.name = "device",
-       .kind = NB_OPT_STR,
-       .dst = &dev,
-       .meta = "D",
-       .help = "cpu, gpu or auto (default auto)"},
-      {.name = "json", .kind = NB_OPT_FLAG, .dst = &json, .help = "print one JSON object"},
-      {.name = NULL},
+      NB_OPTION("mib", NB_OPT_DOUBLE, &mib, "M", "MiB per rank, > 0 (default 64)", .max = 8192),
+      NB_OPTION("iters", NB_OPT_INT, &iters, "K", "timed iterations (default 40; 400 below 1 MiB)"),
+      NB_OPTION("device", NB_OPT_STR, &dev, "D", "cpu, gpu or auto (default auto)"),
+      NB_OPTION("json", NB_OPT_FLAG, &json, NULL, "print one JSON object"),
+      NB_OPTION_END,
   };
   const nb_cmd_spec_t spec = {
       .cmd = "nebula bench allreduce", .synopsis = NB__AR_USAGE, .opts = opts};

@@ -435,8 +435,9 @@ static void nb__bw_loopback_set(int S, size_t bytes, int reps, int nv, nb__bw_lb
   }
 }
 
-/* `--loopback-only`: the loopback comparison alone (no namespaces, no root). */
-static int nb__bw_loopback_main(int S, int M, int reps, int json) {
+/* A temporary folder with the run's certificates, removed at exit or on a signal (with the
+ * link, when one was made). Returns 0, or 1 after a message. */
+static int nb__bw_setup(void) {
   const char* tmp = getenv("TMPDIR");
   snprintf(nb__bw_certs, sizeof nb__bw_certs, "%.3000s/nb-bench-wan-XXXXXX",
            tmp && *tmp ? tmp : "/tmp");
@@ -452,6 +453,12 @@ static int nb__bw_loopback_main(int S, int M, int reps, int json) {
     fprintf(stderr, "nebula bench wan: certificates: %s\n", nb_error_last());
     return 1;
   }
+  return 0;
+}
+
+/* `--loopback-only`: the loopback comparison alone (no namespaces, no root). */
+static int nb__bw_loopback_main(int S, int M, int reps, int json) {
+  if (nb__bw_setup() != 0) return 1;
   nb__bw_lb_t o;
   nb__bw_loopback_set(S, (size_t)M << 20, reps, 4, &o);
   if (nb__bw_only >= 0) {
@@ -584,64 +591,18 @@ int nb_bench_wan_main(int argc, char** argv) {
   int json = 0, loopback_only = 0;
   const char *wan_dir = NULL, *only = NULL;
   const nb_opt_t opts[] = {
-      {.name = "rate-mbit",
-       .kind = NB_OPT_DOUBLE,
-       .dst = &rate,
-       .meta = "R",
-       .min = 1,
-       .max = 10000,
-       .help = "the link's rate each way, Mbit/s"},
-      {.name = "delay-ms",
-       .kind = NB_OPT_DOUBLE,
-       .dst = &delay,
-       .meta = "D",
-       .min = 0,
-       .max = 10000,
-       .help = "one-way delay, ms"},
-      {.name = "streams",
-       .kind = NB_OPT_DOUBLE,
-       .dst = &streams,
-       .meta = "S",
-       .min = 1,
-       .max = 64,
-       .help = "parallel streams"},
-      {.name = "mib",
-       .kind = NB_OPT_DOUBLE,
-       .dst = &mib,
-       .meta = "M",
-       .min = 1,
-       .max = 4096,
-       .help = "MiB moved"},
-      {.name = "iperf-s",
-       .kind = NB_OPT_DOUBLE,
-       .dst = &iperf_s,
-       .meta = "T",
-       .min = 3,
-       .max = 600,
-       .help = "seconds of iperf3"},
-      {.name = "reps",
-       .kind = NB_OPT_DOUBLE,
-       .dst = &reps,
-       .meta = "R",
-       .min = 1,
-       .max = 64,
-       .help = "loopback repetitions"},
-      {.name = "wan-dir",
-       .kind = NB_OPT_STR,
-       .dst = &wan_dir,
-       .meta = "DIR",
-       .help = "the folder of wan-up.sh (deploy/wan)"},
-      {.name = "loopback-only",
-       .kind = NB_OPT_FLAG,
-       .dst = &loopback_only,
-       .help = "only the loopback part"},
-      {.name = "only",
-       .kind = NB_OPT_STR,
-       .dst = &only,
-       .meta = "V",
-       .help = "one loopback variant: plain, secure, tls or seal"},
-      {.name = "json", .kind = NB_OPT_FLAG, .dst = &json, .help = "print one JSON object"},
-      {.name = NULL},
+      NB_OPTION("rate-mbit", NB_OPT_DOUBLE, &rate, "R", "the link's rate each way, Mbit/s",
+                .min = 1, .max = 10000),
+      NB_OPTION("delay-ms", NB_OPT_DOUBLE, &delay, "D", "one-way delay, ms", .max = 10000),
+      NB_OPTION("streams", NB_OPT_DOUBLE, &streams, "S", "parallel streams", .min = 1, .max = 64),
+      NB_OPTION("mib", NB_OPT_DOUBLE, &mib, "M", "MiB moved", .min = 1, .max = 4096),
+      NB_OPTION("iperf-s", NB_OPT_DOUBLE, &iperf_s, "T", "seconds of iperf3", .min = 3, .max = 600),
+      NB_OPTION("reps", NB_OPT_DOUBLE, &reps, "R", "loopback repetitions", .min = 1, .max = 64),
+      NB_OPTION("wan-dir", NB_OPT_STR, &wan_dir, "DIR", "the folder of wan-up.sh (deploy/wan)"),
+      NB_OPTION("loopback-only", NB_OPT_FLAG, &loopback_only, NULL, "only the loopback part"),
+      NB_OPTION("only", NB_OPT_STR, &only, "V", "one loopback variant: plain, secure, tls or seal"),
+      NB_OPTION("json", NB_OPT_FLAG, &json, NULL, "print one JSON object"),
+      NB_OPTION_END,
   };
   const nb_cmd_spec_t spec = {
       .cmd = "nebula bench wan", .synopsis = NB__BW_SYNOPSIS, .about = NB__BW_ABOUT, .opts = opts};
@@ -663,21 +624,7 @@ int nb_bench_wan_main(int argc, char** argv) {
     return 2;
   }
   int S = (int)streams, M = (int)mib;
-  const char* tmp = getenv("TMPDIR");
-  snprintf(nb__bw_certs, sizeof nb__bw_certs, "%.3000s/nb-bench-wan-XXXXXX",
-           tmp && *tmp ? tmp : "/tmp");
-  if (!mkdtemp(nb__bw_certs)) {
-    nb__bw_certs[0] = 0;
-    perror("nebula bench wan: mkdtemp");
-    return 1;
-  }
-  atexit(nb__bw_teardown);
-  signal(SIGINT, nb__bw_on_signal);
-  signal(SIGTERM, nb__bw_on_signal);
-  if (nb__bw_make_certs(nb__bw_certs) != NB_OK) {
-    fprintf(stderr, "nebula bench wan: certificates: %s\n", nb_error_last());
-    return 1;
-  }
+  if (nb__bw_setup() != 0) return 1;
   /* 1. the link */
   snprintf(nb__bw_prefix, sizeof nb__bw_prefix, "nbbw-%d", (int)getpid());
   char cmd[PATH_MAX + 256];

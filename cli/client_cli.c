@@ -85,73 +85,43 @@ static int nb__parse(int argc, char** argv, nb__copts_t* o) {
   double timeout_s = 30;
   int err_stream = 0;
   nb_opt_t opts[16] = {
-      {.name = "gateway",
-       .kind = NB_OPT_STR,
-       .dst = &o->gateway,
-       .meta = "ADDR",
-       .help = "gateway address (NB_GATEWAY, default 127.0.0.1:7070)"},
-      {.name = "ca",
-       .kind = NB_OPT_STR,
-       .dst = &o->ca,
-       .meta = "FILE",
-       .help = "federation CA certificate (NB_CA)"},
-      {.name = "cert",
-       .kind = NB_OPT_STR,
-       .dst = &o->cert,
-       .meta = "FILE",
-       .help = "your user certificate (NB_CERT)"},
-      {.name = "key",
-       .kind = NB_OPT_STR,
-       .dst = &o->key,
-       .meta = "FILE",
-       .help = "your private key (NB_KEY)"},
-      {.name = "server-name",
-       .kind = NB_OPT_STR,
-       .dst = &o->server_name,
-       .meta = "N",
-       .help = "name to check in the gateway's certificate (default: the host)"},
-      {.name = "timeout",
-       .kind = NB_OPT_DOUBLE,
-       .dst = &timeout_s,
-       .meta = "S",
-       .help = "give up after S seconds (default 30; watch/logs -f: none)"},
-      {.name = "json", .kind = NB_OPT_FLAG, .dst = &o->json, .help = "print JSON"},
+      NB_OPTION("gateway", NB_OPT_STR, &o->gateway, "ADDR",
+                "gateway address (NB_GATEWAY, default 127.0.0.1:7070)"),
+      NB_OPTION("ca", NB_OPT_STR, &o->ca, "FILE", "federation CA certificate (NB_CA)"),
+      NB_OPTION("cert", NB_OPT_STR, &o->cert, "FILE", "your user certificate (NB_CERT)"),
+      NB_OPTION("key", NB_OPT_STR, &o->key, "FILE", "your private key (NB_KEY)"),
+      NB_OPTION("server-name", NB_OPT_STR, &o->server_name, "N",
+                "name to check in the gateway's certificate (default: the host)"),
+      NB_OPTION("timeout", NB_OPT_DOUBLE, &timeout_s, "S",
+                "give up after S seconds (default 30; watch/logs -f: none)"),
+      NB_OPTION("json", NB_OPT_FLAG, &o->json, NULL, "print JSON"),
   };
+  /* and each command's own */
+  const nb_opt_t logs[] = {
+      NB_OPTION("follow", NB_OPT_FLAG, &o->follow, NULL, "follow the output until the job ends",
+                .letter = 'f'),
+      NB_OPTION("stderr", NB_OPT_FLAG, &err_stream, NULL,
+                "the job's standard error instead of its output"),
+      NB_OPTION("cluster", NB_OPT_STR, &o->cluster, "ID",
+                "another cluster's part of a federated job"),
+      NB_OPTION_END,
+  };
+  const nb_opt_t list[] = {
+      NB_OPTION("owner", NB_OPT_STR, &o->owner, "USER", "only this user's jobs (admins)"),
+      NB_OPTION("state", NB_OPT_STR, &o->state, "STATE", "only jobs in this state"),
+      NB_OPTION_END,
+  };
+  const nb_opt_t cancel[] = {
+      NB_OPTION("reason", NB_OPT_STR, &o->reason, "TEXT", "why, stored with the job"),
+      NB_OPTION_END,
+  };
+  const nb_opt_t* own = !strcmp(o->cmd, "logs")     ? logs
+                        : !strcmp(o->cmd, "list")   ? list
+                        : !strcmp(o->cmd, "cancel") ? cancel
+                                                    : NULL;
   int n = 7;
-  if (!strcmp(o->cmd, "logs")) {
-    opts[n++] = (nb_opt_t){.name = "follow",
-                           .kind = NB_OPT_FLAG,
-                           .dst = &o->follow,
-                           .letter = 'f',
-                           .help = "follow the output until the job ends"};
-    opts[n++] = (nb_opt_t){.name = "stderr",
-                           .kind = NB_OPT_FLAG,
-                           .dst = &err_stream,
-                           .help = "the job's standard error instead of its output"};
-    opts[n++] = (nb_opt_t){.name = "cluster",
-                           .kind = NB_OPT_STR,
-                           .dst = &o->cluster,
-                           .meta = "ID",
-                           .help = "another cluster's part of a federated job"};
-  } else if (!strcmp(o->cmd, "list")) {
-    opts[n++] = (nb_opt_t){.name = "owner",
-                           .kind = NB_OPT_STR,
-                           .dst = &o->owner,
-                           .meta = "USER",
-                           .help = "only this user's jobs (admins)"};
-    opts[n++] = (nb_opt_t){.name = "state",
-                           .kind = NB_OPT_STR,
-                           .dst = &o->state,
-                           .meta = "STATE",
-                           .help = "only jobs in this state"};
-  } else if (!strcmp(o->cmd, "cancel")) {
-    opts[n++] = (nb_opt_t){.name = "reason",
-                           .kind = NB_OPT_STR,
-                           .dst = &o->reason,
-                           .meta = "TEXT",
-                           .help = "why, stored with the job"};
-  }
-  opts[n] = (nb_opt_t){.name = NULL};
+  for (; own && own->name; own++) opts[n++] = *own;
+  opts[n] = (nb_opt_t)NB_OPTION_END;
   char cmd[32];
   snprintf(cmd, sizeof cmd, "nebula %s", o->cmd);
   int is_list = !strcmp(o->cmd, "list");
@@ -248,6 +218,15 @@ static nb_status_t nb__connect(const nb__copts_t* o, nb__conn_t* c) {
     c->tls = NULL;
   }
   return st;
+}
+
+/* The start of every command but submit: its options, then the connection to the gateway.
+ * Returns -1 to go on, else the exit code (a usage error, or the failure to connect). */
+static int nb__start(int argc, char** argv, nb__copts_t* o, nb__conn_t* c) {
+  int rc = nb__parse(argc, argv, o);
+  if (rc >= 0) return rc;
+  nb_status_t st = nb__connect(o, c);
+  return st == NB_OK ? -1 : nb__fail(o, st);
 }
 
 static void nb__disconnect(nb__conn_t* c) {
@@ -421,11 +400,10 @@ done:
 
 static int nb__unary_job(int argc, char** argv, int cancel) {
   nb__copts_t o;
-  int rc = nb__parse(argc, argv, &o);
-  if (rc >= 0) return rc;
   nb__conn_t c;
-  nb_status_t st = nb__connect(&o, &c);
-  if (st != NB_OK) return nb__fail(&o, st);
+  nb_status_t st = NB_OK;
+  int rc = nb__start(argc, argv, &o, &c);
+  if (rc >= 0) return rc;
   ProtobufCMessage* rep = NULL;
   if (cancel) {
     Nebula__V1__CancelRequest req = NEBULA__V1__CANCEL_REQUEST__INIT;
@@ -470,11 +448,10 @@ int nb_cancel_main(int argc, char** argv) {
 
 int nb_list_main(int argc, char** argv) {
   nb__copts_t o;
-  int rc = nb__parse(argc, argv, &o);
-  if (rc >= 0) return rc;
   nb__conn_t c;
-  nb_status_t st = nb__connect(&o, &c);
-  if (st != NB_OK) return nb__fail(&o, st);
+  nb_status_t st = NB_OK;
+  int rc = nb__start(argc, argv, &o, &c);
+  if (rc >= 0) return rc;
   Nebula__V1__ListRequest req = NEBULA__V1__LIST_REQUEST__INIT;
   req.owner = (char*)(o.owner ? o.owner : "");
   req.state = (char*)(o.state ? o.state : "");
@@ -534,11 +511,10 @@ static void nb__progress_line(const Nebula__V1__JobEvent* e, char* buf, size_t n
 
 int nb_watch_main(int argc, char** argv) {
   nb__copts_t o;
-  int rc = nb__parse(argc, argv, &o);
-  if (rc >= 0) return rc;
   nb__conn_t c;
-  nb_status_t st = nb__connect(&o, &c);
-  if (st != NB_OK) return nb__fail(&o, st);
+  nb_status_t st = NB_OK;
+  int rc = nb__start(argc, argv, &o, &c);
+  if (rc >= 0) return rc;
   int tty = isatty(STDOUT_FILENO) && !o.json;
   Nebula__V1__WatchRequest req = NEBULA__V1__WATCH_REQUEST__INIT;
   req.job_id = (char*)o.arg;
@@ -607,11 +583,10 @@ done:
 
 int nb_logs_main(int argc, char** argv) {
   nb__copts_t o;
-  int rc = nb__parse(argc, argv, &o);
-  if (rc >= 0) return rc;
   nb__conn_t c;
-  nb_status_t st = nb__connect(&o, &c);
-  if (st != NB_OK) return nb__fail(&o, st);
+  nb_status_t st = NB_OK;
+  int rc = nb__start(argc, argv, &o, &c);
+  if (rc >= 0) return rc;
   Nebula__V1__LogsRequest req = NEBULA__V1__LOGS_REQUEST__INIT;
   req.job_id = (char*)o.arg;
   req.follow = o.follow;

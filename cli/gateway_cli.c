@@ -19,16 +19,10 @@ int nb_gateway_main(int argc, char** argv) {
   const char* path = NULL;
   int check = 0;
   const nb_opt_t opts[] = {
-      {.name = "config",
-       .kind = NB_OPT_STR,
-       .dst = &path,
-       .meta = "FILE",
-       .help = "JSON config (keys below)"},
-      {.name = "check",
-       .kind = NB_OPT_FLAG,
-       .dst = &check,
-       .help = "read and check the config, print it, and exit"},
-      {.name = NULL},
+      NB_OPTION("config", NB_OPT_STR, &path, "FILE", "JSON config (keys below)"),
+      NB_OPTION("check", NB_OPT_FLAG, &check, NULL,
+                "read and check the config, print it, and exit"),
+      NB_OPTION_END,
   };
   const nb_cmd_spec_t spec = {
       .cmd = "nebula gateway",

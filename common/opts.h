@@ -44,6 +44,14 @@ typedef struct {
   void (*more_help)(FILE* f); /* prints more after the epilog (NULL: nothing) */
 } nb_cmd_spec_t;
 
+/* One table entry on one line; the fields after help are designated:
+ *   NB_OPTION("steps", NB_OPT_LONG, &steps, "N", "inner steps", .min = 1)
+ * A table ends with NB_OPTION_END. */
+#define NB_OPTION(n, k, d, m, h, ...) \
+  { .name = (n), .kind = (k), .dst = (d), .meta = (m), .help = (h), __VA_ARGS__ }
+#define NB_OPTION_END \
+  { .name = NULL }
+
 /* What nb_opts_parse returns: go on, or the exit status (the NB_EXIT_OK and NB_EXIT_USAGE of
  * cli/cli.h, which cli/cli.c checks are the same). */
 enum { NB_OPTS_RUN = -1, NB_OPTS_EXIT_OK = 0, NB_OPTS_EXIT_USAGE = 2 };

@@ -156,8 +156,9 @@ const char* nb__gw_req_job_id(const ProtobufCMessage* req) {
  * included) and its request, the method's checks of the request, a store handle and, for a
  * method about one job, that job (the caller's own, or any for admins); then m->serve; then
  * everything released. */
-static nb_status_t nb__api_call(nb_rpc_call_t* call, void* user_data, const nb__api_method_t* m) {
-  nb__api_call_t c = {.gw = user_data, .user = ""};
+static nb_status_t nb__api_call(nb_rpc_call_t* call, nb_gateway_t* gw, const void* spec) {
+  const nb__api_method_t* m = spec;
+  nb__api_call_t c = {.gw = gw, .user = ""};
   ProtobufCMessage* req = NULL;
   int end = 0;
   NB_CHECK(nb__caller(call, &c.user, &c.admin));
@@ -174,8 +175,7 @@ static nb_status_t nb__api_call(nb_rpc_call_t* call, void* user_data, const nb__
   return s;
 }
 
-static nb_status_t nb__submit(nb_rpc_call_t* call, void* user_data) {
-  nb_gateway_t* gw = user_data;
+static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void* spec) {
   const char* user = "";
   int admin = 0;
   NB_CHECK(nb__caller(call, &user, &admin));
@@ -304,11 +304,8 @@ static nb_status_t nb__get_serve(nb_rpc_call_t* call, nb__api_call_t* c,
   return nb__send_job(call, c->gw, c->st, ((const Nebula__V1__GetRequest*)m)->job_id, 1);
 }
 
-static nb_status_t nb__get(nb_rpc_call_t* call, void* user_data) {
-  static const nb__api_method_t m = {&nebula__v1__get_request__descriptor, "Get", 1, NULL,
-                                     nb__get_serve};
-  return nb__api_call(call, user_data, &m);
-}
+static const nb__api_method_t nb__get_m = {&nebula__v1__get_request__descriptor, "Get", 1, NULL,
+                                           nb__get_serve};
 
 /* Whose jobs, in which state, List may show: only the caller's own unless it is an admin. */
 static nb_status_t nb__list_filter(const nb__api_call_t* c, const Nebula__V1__ListRequest* req,
@@ -366,11 +363,8 @@ done:
   return s;
 }
 
-static nb_status_t nb__list(nb_rpc_call_t* call, void* user_data) {
-  static const nb__api_method_t m = {&nebula__v1__list_request__descriptor, "List", 0,
-                                     nb__list_check, nb__list_serve};
-  return nb__api_call(call, user_data, &m);
-}
+static const nb__api_method_t nb__list_m = {&nebula__v1__list_request__descriptor, "List", 0,
+                                            nb__list_check, nb__list_serve};
 
 static double nb__jnum(json_t* o, const char* k, double def) {
   json_t* v = json_object_get(o, k);
@@ -460,11 +454,8 @@ static nb_status_t nb__watch_serve(nb_rpc_call_t* call, nb__api_call_t* c,
   return s;
 }
 
-static nb_status_t nb__watch(nb_rpc_call_t* call, void* user_data) {
-  static const nb__api_method_t m = {&nebula__v1__watch_request__descriptor, "Watch", 1, NULL,
-                                     nb__watch_serve};
-  return nb__api_call(call, user_data, &m);
-}
+static const nb__api_method_t nb__watch_m = {&nebula__v1__watch_request__descriptor, "Watch", 1,
+                                             NULL, nb__watch_serve};
 
 /* The reason is stored and shown by `nebula list/get/watch`: printable text only. */
 static nb_status_t nb__cancel_check(const nb__api_call_t* c, const ProtobufCMessage* m) {
@@ -515,11 +506,8 @@ static nb_status_t nb__cancel_serve(nb_rpc_call_t* call, nb__api_call_t* c,
   return s;
 }
 
-static nb_status_t nb__cancel(nb_rpc_call_t* call, void* user_data) {
-  static const nb__api_method_t m = {&nebula__v1__cancel_request__descriptor, "Cancel", 1,
-                                     nb__cancel_check, nb__cancel_serve};
-  return nb__api_call(call, user_data, &m);
-}
+static const nb__api_method_t nb__cancel_m = {&nebula__v1__cancel_request__descriptor, "Cancel", 1,
+                                              nb__cancel_check, nb__cancel_serve};
 
 /* Streams <work_dir>/<job>/<stream>.log from req's offset as LogChunks (at least one, empty
  * when there is nothing yet); with req->follow until the job is final here. */
@@ -640,17 +628,14 @@ static nb_status_t nb__logs_serve(nb_rpc_call_t* call, nb__api_call_t* c,
   return nb__gw_logs_send(call, c->gw, c->st, req);
 }
 
-static nb_status_t nb__logs(nb_rpc_call_t* call, void* user_data) {
-  static const nb__api_method_t m = {&nebula__v1__logs_request__descriptor, "Logs", 1, NULL,
-                                     nb__logs_serve};
-  return nb__api_call(call, user_data, &m);
-}
+static const nb__api_method_t nb__logs_m = {&nebula__v1__logs_request__descriptor, "Logs", 1, NULL,
+                                            nb__logs_serve};
 
 const nb__gw_method_t nb__gw_api_methods[NB__GW_API_METHODS] = {
-    {"/nebula.v1.Gateway/Submit", NB_RPC_UNARY, nb__submit},
-    {"/nebula.v1.Gateway/Get", NB_RPC_UNARY, nb__get},
-    {"/nebula.v1.Gateway/List", NB_RPC_UNARY, nb__list},
-    {"/nebula.v1.Gateway/Watch", NB_RPC_SERVER_STREAMING, nb__watch},
-    {"/nebula.v1.Gateway/Cancel", NB_RPC_UNARY, nb__cancel},
-    {"/nebula.v1.Gateway/Logs", NB_RPC_SERVER_STREAMING, nb__logs},
+    {"/nebula.v1.Gateway/Submit", NB_RPC_UNARY, nb__submit, NULL},
+    {"/nebula.v1.Gateway/Get", NB_RPC_UNARY, nb__api_call, &nb__get_m},
+    {"/nebula.v1.Gateway/List", NB_RPC_UNARY, nb__api_call, &nb__list_m},
+    {"/nebula.v1.Gateway/Watch", NB_RPC_SERVER_STREAMING, nb__api_call, &nb__watch_m},
+    {"/nebula.v1.Gateway/Cancel", NB_RPC_UNARY, nb__api_call, &nb__cancel_m},
+    {"/nebula.v1.Gateway/Logs", NB_RPC_SERVER_STREAMING, nb__api_call, &nb__logs_m},
 };

@@ -84,8 +84,9 @@ typedef struct {
 /* The prologue and epilogue of the Federation handlers but Propose: the calling peer and its
  * request, the method's checks, a store handle and, for a method about a job this cluster is a
  * member of, its record; then m->serve; then everything released. */
-static nb_status_t nb__fed_serve(nb_rpc_call_t* call, void* user_data, const nb__fed_method_t* m) {
-  nb__fed_call_t c = {.gw = user_data, .caller = ""};
+static nb_status_t nb__fed_serve(nb_rpc_call_t* call, nb_gateway_t* gw, const void* spec) {
+  const nb__fed_method_t* m = spec;
+  nb__fed_call_t c = {.gw = gw, .caller = ""};
   ProtobufCMessage* req = NULL;
   int loaded = 0;
   NB_CHECK(nb__fed_request(call, c.gw, m->desc, m->method, &c.caller, &req));
@@ -104,8 +105,7 @@ static nb_status_t nb__fed_serve(nb_rpc_call_t* call, void* user_data, const nb_
 
 /* Member, phase 1: the same checks as Submit (signature, descriptor, our ACL and resources),
  * then the job is stored as proposed, its slots reserved and our Exchange endpoint chosen. */
-static nb_status_t nb__fed_propose(nb_rpc_call_t* call, void* user_data) {
-  nb_gateway_t* gw = user_data;
+static nb_status_t nb__fed_propose(nb_rpc_call_t* call, nb_gateway_t* gw, const void* spec) {
   const char* caller = "";
   ProtobufCMessage* m = NULL;
   NB_CHECK(
@@ -228,20 +228,17 @@ done:
 static nb_status_t nb__fed_commit_serve(nb_rpc_call_t* call, nb__fed_call_t* c,
                                         const ProtobufCMessage* m) {
   const Nebula__V1__CommitRequest* req = (const Nebula__V1__CommitRequest*)m;
-  nb_gateway_t* gw = c->gw;
-  nb_job_store_t* st = c->st;
-  const char* caller = c->caller;
   nb_job_fed_t fed;
   json_t* info = NULL;
   int loaded = 0;
   nb_job_record_t rec = {0};
   nb_status_t s = NB_OK;
-  pthread_mutex_lock(&gw->record_mu);
-  s = nb__fed_member(st, req->job_id, caller, &fed, &info);
+  pthread_mutex_lock(&c->gw->record_mu);
+  s = nb__fed_member(c->st, req->job_id, c->caller, &fed, &info);
   loaded = s == NB_OK;
   if (s == NB_OK && req->secret.len != sizeof fed.secret)
     s = nb_error(NB_ERR_INVALID, "Commit: the secret must be %zu bytes", sizeof fed.secret);
-  if (s == NB_OK) s = nb_job_store_get(st, req->job_id, &rec);
+  if (s == NB_OK) s = nb_job_store_get(c->st, req->job_id, &rec);
   if (s == NB_OK && rec.state != NB_JOB_PROPOSED)
     s = nb_error(NB_ERR_INVALID, "job '%s' is %s here, not proposed", req->job_id,
                  nb_job_state_name(rec.state));
@@ -252,33 +249,30 @@ static nb_status_t nb__fed_commit_serve(nb_rpc_call_t* call, nb__fed_call_t* c,
     memcpy(fed.secret, req->secret.data, sizeof fed.secret);
     fed.has_secret = 1;
     json_object_set(info, "endpoints", eps);
-    s = nb__gw_fed_save(st, &fed, info);
+    s = nb__gw_fed_save(c->st, &fed, info);
   }
-  pthread_mutex_unlock(&gw->record_mu);
+  pthread_mutex_unlock(&c->gw->record_mu);
   int workers = (int)json_integer_value(
-      json_object_get(nb__gw_fed_cluster(info ? info : eps, gw->cfg.cluster_id), "workers"));
+      json_object_get(nb__gw_fed_cluster(info ? info : eps, c->gw->cfg.cluster_id), "workers"));
   if (s == NB_OK) {
-    s = nb__gw_fed_start(gw, st, req->job_id, workers, fed.secret, eps);
+    s = nb__gw_fed_start(c->gw, c->st, req->job_id, workers, fed.secret, eps);
     if (s != NB_OK) {
       char reason[768];
       snprintf(reason, sizeof reason, "launch failed: %.700s", nb_error_last());
-      nb__gw_unreserve(gw, req->job_id);
-      nb_job_store_transition(st, req->job_id, NB_JOB_FAILED, reason);
+      nb__gw_unreserve(c->gw, req->job_id);
+      nb_job_store_transition(c->st, req->job_id, NB_JOB_FAILED, reason);
       s = nb_error(s, "%s", reason);
     }
   }
   json_decref(eps);
-  if (s == NB_OK) s = nb__fed_ack(call, st, req->job_id);
+  if (s == NB_OK) s = nb__fed_ack(call, c->st, req->job_id);
   if (loaded) nb__gw_fed_release(&fed, info);
   nb_job_record_clear(&rec);
   return s;
 }
-static nb_status_t nb__fed_commit(nb_rpc_call_t* call, void* user_data) {
-  /* the member record is read (and written) under record_mu: .member stays 0 */
-  static const nb__fed_method_t m = {&nebula__v1__commit_request__descriptor, "Commit", 0, NULL,
-                                     nb__fed_commit_serve};
-  return nb__fed_serve(call, user_data, &m);
-}
+/* the member record is read (and written) under record_mu: .member stays 0 */
+static const nb__fed_method_t nb__fed_commit_m = {&nebula__v1__commit_request__descriptor, "Commit",
+                                                  0, NULL, nb__fed_commit_serve};
 
 static nb_status_t nb__fed_abort_serve(nb_rpc_call_t* call, nb__fed_call_t* c,
                                        const ProtobufCMessage* m) {
@@ -292,11 +286,8 @@ static nb_status_t nb__fed_abort_serve(nb_rpc_call_t* call, nb__fed_call_t* c,
   return nb__fed_ack(call, c->st, req->job_id);
 }
 
-static nb_status_t nb__fed_abort(nb_rpc_call_t* call, void* user_data) {
-  static const nb__fed_method_t m = {&nebula__v1__abort_request__descriptor, "Abort", 1, NULL,
-                                     nb__fed_abort_serve};
-  return nb__fed_serve(call, user_data, &m);
-}
+static const nb__fed_method_t nb__fed_abort_m = {&nebula__v1__abort_request__descriptor, "Abort", 1,
+                                                 NULL, nb__fed_abort_serve};
 
 static nb_status_t nb__fed_cancel_serve(nb_rpc_call_t* call, nb__fed_call_t* c,
                                         const ProtobufCMessage* m) {
@@ -308,11 +299,8 @@ static nb_status_t nb__fed_cancel_serve(nb_rpc_call_t* call, nb__fed_call_t* c,
   return nb__fed_ack(call, c->st, req->job_id);
 }
 
-static nb_status_t nb__fed_cancel(nb_rpc_call_t* call, void* user_data) {
-  static const nb__fed_method_t m = {&nebula__v1__federation_cancel_request__descriptor, "Cancel",
-                                     1, NULL, nb__fed_cancel_serve};
-  return nb__fed_serve(call, user_data, &m);
-}
+static const nb__fed_method_t nb__fed_cancel_m = {
+    &nebula__v1__federation_cancel_request__descriptor, "Cancel", 1, NULL, nb__fed_cancel_serve};
 
 /* The most a member's event seq may run ahead of its last accepted one at the origin. */
 #define NB__FED_SEQ_MAX_GAP 1000
@@ -331,22 +319,19 @@ static nb_status_t nb__fed_report_check(const nb__fed_call_t* c, const ProtobufC
 static nb_status_t nb__fed_report_serve(nb_rpc_call_t* call, nb__fed_call_t* fc,
                                         const ProtobufCMessage* m) {
   const Nebula__V1__ReportRequest* req = (const Nebula__V1__ReportRequest*)m;
-  nb_gateway_t* gw = fc->gw;
-  nb_job_store_t* st = fc->st;
-  const char* caller = fc->caller;
   nb_job_fed_t fed;
   json_t* info = NULL;
   int64_t acked = 0;
   nb_status_t s = NB_OK;
-  pthread_mutex_lock(&gw->record_mu);
-  s = nb__gw_fed_load(st, req->job_id ? req->job_id : "", &fed, &info);
+  pthread_mutex_lock(&fc->gw->record_mu);
+  s = nb__gw_fed_load(fc->st, req->job_id ? req->job_id : "", &fed, &info);
   if (s == NB_ERR_NOT_FOUND)
     s = nb_error(NB_ERR_NOT_FOUND, "no federated job '%s' here", req->job_id);
   if (s == NB_OK) {
-    json_t* c = json_object_get(json_object_get(info, "clusters"), caller);
+    json_t* c = json_object_get(json_object_get(info, "clusters"), fc->caller);
     if (strcmp(fed.role, "origin") || !json_is_object(c)) {
-      s = nb_error(NB_ERR_PERMISSION, "cluster '%s' takes no part in job '%s' from here", caller,
-                   req->job_id);
+      s = nb_error(NB_ERR_PERMISSION, "cluster '%s' takes no part in job '%s' from here",
+                   fc->caller, req->job_id);
     } else {
       acked = json_integer_value(json_object_get(c, "seq"));
       /* A member numbers its events 1, 2, 3, ... in its own store and reports them in order, so
@@ -364,14 +349,14 @@ static nb_status_t nb__fed_report_serve(nb_rpc_call_t* call, nb__fed_call_t* fc,
                        " does not follow seq %" PRId64
                        " (a member's events are in increasing "
                        "order); nothing stored",
-                       caller, req->job_id, q, prev);
+                       fc->caller, req->job_id, q, prev);
         else if (q - prev > NB__FED_SEQ_MAX_GAP)
           s = nb_error(NB_ERR_INVALID,
                        "Report from cluster '%s' for job '%s' refused: event seq %" PRId64
                        " is more than %d ahead of seq %" PRId64
                        ", the last accepted; "
                        "nothing stored",
-                       caller, req->job_id, q, NB__FED_SEQ_MAX_GAP, prev);
+                       fc->caller, req->job_id, q, NB__FED_SEQ_MAX_GAP, prev);
         else
           prev = q;
       }
@@ -384,11 +369,12 @@ static nb_status_t nb__fed_report_serve(nb_rpc_call_t* call, nb__fed_call_t* fc,
           json_decref(p);
           p = json_object();
         }
-        json_object_set_new(p, "cluster", json_string(caller));
+        json_object_set_new(p, "cluster", json_string(fc->caller));
         char kind[32];
         if (!strcmp(e->kind, "progress")) {
           snprintf(kind, sizeof kind, "progress");
-          if (!json_object_get(p, "source")) json_object_set_new(p, "source", json_string(caller));
+          if (!json_object_get(p, "source"))
+            json_object_set_new(p, "source", json_string(fc->caller));
         } else {
           snprintf(kind, sizeof kind, "cluster_%.20s", e->kind);
         }
@@ -399,19 +385,19 @@ static nb_status_t nb__fed_report_serve(nb_rpc_call_t* call, nb__fed_call_t* fc,
         }
         char* txt = json_dumps(p, JSON_COMPACT);
         json_decref(p);
-        s = txt ? nb_job_store_append_event(st, req->job_id, kind, txt, NULL)
+        s = txt ? nb_job_store_append_event(fc->st, req->job_id, kind, txt, NULL)
                 : nb_error(NB_ERR_NOMEM, "report");
         free(txt);
         if (s == NB_OK) acked = e->seq;
       }
       json_object_set_new(c, "seq", json_integer(acked));
-      nb__gw_fed_aggregate(gw, st, req->job_id, info);
-      nb_status_t t = nb__gw_fed_save(st, &fed, info);
+      nb__gw_fed_aggregate(fc->gw, fc->st, req->job_id, info);
+      nb_status_t t = nb__gw_fed_save(fc->st, &fed, info);
       if (s == NB_OK) s = t;
     }
     nb__gw_fed_release(&fed, info);
   }
-  pthread_mutex_unlock(&gw->record_mu);
+  pthread_mutex_unlock(&fc->gw->record_mu);
   if (s == NB_OK) {
     Nebula__V1__ReportReply r = NEBULA__V1__REPORT_REPLY__INIT;
     r.acked_seq = acked;
@@ -420,28 +406,22 @@ static nb_status_t nb__fed_report_serve(nb_rpc_call_t* call, nb__fed_call_t* fc,
   return s;
 }
 
-static nb_status_t nb__fed_report(nb_rpc_call_t* call, void* user_data) {
-  static const nb__fed_method_t m = {&nebula__v1__report_request__descriptor, "Report", 0,
-                                     nb__fed_report_check, nb__fed_report_serve};
-  return nb__fed_serve(call, user_data, &m);
-}
+static const nb__fed_method_t nb__fed_report_m = {&nebula__v1__report_request__descriptor, "Report",
+                                                  0, nb__fed_report_check, nb__fed_report_serve};
 
 static nb_status_t nb__fed_logs_serve(nb_rpc_call_t* call, nb__fed_call_t* c,
                                       const ProtobufCMessage* m) {
   return nb__gw_logs_send(call, c->gw, c->st, (const Nebula__V1__LogsRequest*)m);
 }
 
-static nb_status_t nb__fed_logs(nb_rpc_call_t* call, void* user_data) {
-  static const nb__fed_method_t m = {&nebula__v1__logs_request__descriptor, "Logs", 1, NULL,
-                                     nb__fed_logs_serve};
-  return nb__fed_serve(call, user_data, &m);
-}
+static const nb__fed_method_t nb__fed_logs_m = {&nebula__v1__logs_request__descriptor, "Logs", 1,
+                                                NULL, nb__fed_logs_serve};
 
 const nb__gw_method_t nb__gw_fed_methods[NB__GW_FED_METHODS] = {
-    {"/nebula.v1.Federation/Propose", NB_RPC_UNARY, nb__fed_propose},
-    {"/nebula.v1.Federation/Commit", NB_RPC_UNARY, nb__fed_commit},
-    {"/nebula.v1.Federation/Abort", NB_RPC_UNARY, nb__fed_abort},
-    {"/nebula.v1.Federation/Cancel", NB_RPC_UNARY, nb__fed_cancel},
-    {"/nebula.v1.Federation/Report", NB_RPC_UNARY, nb__fed_report},
-    {"/nebula.v1.Federation/Logs", NB_RPC_SERVER_STREAMING, nb__fed_logs},
+    {"/nebula.v1.Federation/Propose", NB_RPC_UNARY, nb__fed_propose, NULL},
+    {"/nebula.v1.Federation/Commit", NB_RPC_UNARY, nb__fed_serve, &nb__fed_commit_m},
+    {"/nebula.v1.Federation/Abort", NB_RPC_UNARY, nb__fed_serve, &nb__fed_abort_m},
+    {"/nebula.v1.Federation/Cancel", NB_RPC_UNARY, nb__fed_serve, &nb__fed_cancel_m},
+    {"/nebula.v1.Federation/Report", NB_RPC_UNARY, nb__fed_serve, &nb__fed_report_m},
+    {"/nebula.v1.Federation/Logs", NB_RPC_SERVER_STREAMING, nb__fed_serve, &nb__fed_logs_m},
 };

@@ -21,7 +21,7 @@ static nb_status_t nb__limited(nb_rpc_call_t* call, void* user_data) {
   nb__hand_t* h = user_data;
   nb_gateway_t* gw = h->gw;
   const nb_tls_peer_t* p = nb_rpc_call_peer(call);
-  if (!p || p->kind == NB_TLS_PEER_NONE) return h->fn(call, gw); /* refused there */
+  if (!p || p->kind == NB_TLS_PEER_NONE) return h->m->fn(call, gw, h->m->spec); /* refused there */
   char key[sizeof gw->ident[0].key];
   snprintf(key, sizeof key, "%s:%.140s", p->kind == NB_TLS_PEER_CLUSTER ? "cluster" : "user",
            p->name);
@@ -50,7 +50,7 @@ static nb_status_t nb__limited(nb_rpc_call_t* call, void* user_data) {
                     p->kind == NB_TLS_PEER_CLUSTER ? "cluster" : "user", p->name, n,
                     gw->cfg.cluster_id, limit);
   }
-  nb_status_t st = h->fn(call, gw);
+  nb_status_t st = h->m->fn(call, gw, h->m->spec);
   pthread_mutex_lock(&gw->lim_mu);
   for (int i = 0; i < gw->n_ident; i++)
     if (!strcmp(gw->ident[i].key, key)) {
@@ -174,7 +174,7 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     const nb__gw_method_t* m = i < NB__GW_API_METHODS ? &nb__gw_api_methods[i]
                                                       : &nb__gw_fed_methods[i - NB__GW_API_METHODS];
     gw->hand[i].gw = gw;
-    gw->hand[i].fn = m->fn;
+    gw->hand[i].m = m;
     NB_CHECK_GOTO(nb_rpc_server_add_method(gw->srv, m->path, m->kind, nb__limited, &gw->hand[i]), s,
                   fail);
   }

@@ -53,11 +53,17 @@ typedef struct {
   double started, next, deadline; /* nb_now_s(): queued, next try, last try */
 } nb__report_t;
 
-/* One method of a service: its gRPC path, kind and handler (user_data is the gateway). */
+/* A handler of the gateway: spec is its method's (NULL for Submit and Propose, which have their
+ * own prologue). */
+typedef nb_status_t (*nb__gw_handler_fn)(nb_rpc_call_t* call, struct nb_gateway* gw,
+                                         const void* spec);
+
+/* One method of a service: its gRPC path, kind, handler and what the handler is given. */
 typedef struct {
   const char* path;
   nb_rpc_kind_t kind;
-  nb_rpc_handler_fn fn;
+  nb__gw_handler_fn fn;
+  const void* spec;
 } nb__gw_method_t;
 
 #define NB__GW_API_METHODS 6 /* Submit, Get, List, Watch, Cancel, Logs */
@@ -68,7 +74,7 @@ extern const nb__gw_method_t nb__gw_fed_methods[NB__GW_FED_METHODS];
 /* One method of the server, behind the per-identity limit (nb__limited). */
 typedef struct {
   struct nb_gateway* gw;
-  nb_rpc_handler_fn fn;
+  const nb__gw_method_t* m;
 } nb__hand_t;
 
 #define NB__MAX_IDENTITIES 256
