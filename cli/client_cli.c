@@ -234,6 +234,13 @@ static void nb__disconnect(nb__conn_t* c) {
   nb_tls_destroy(c->tls);
 }
 
+/* The end of a command: the exit code for st (its error printed), then the connection closed. */
+static int nb__end(const nb__copts_t* o, nb__conn_t* c, nb_status_t st) {
+  int rc = st == NB_OK ? NB_EXIT_OK : nb__fail(o, st);
+  nb__disconnect(c);
+  return rc;
+}
+
 static void nb__fmt_time(int64_t ns, char* buf, size_t n) {
   time_t t = (time_t)(ns / 1000000000);
   struct tm tm;
@@ -431,12 +438,8 @@ static int nb__unary_job(int argc, char** argv, int cancel) {
       nb__print_job(j);
     }
     protobuf_c_message_free_unpacked(rep, NULL);
-    rc = NB_EXIT_OK;
-  } else {
-    rc = nb__fail(&o, st);
   }
-  nb__disconnect(&c);
-  return rc;
+  return nb__end(&o, &c, st);
 }
 
 int nb_get_main(int argc, char** argv) {
@@ -475,12 +478,8 @@ int nb_list_main(int argc, char** argv) {
       }
     }
     protobuf_c_message_free_unpacked(rep, NULL);
-    rc = NB_EXIT_OK;
-  } else {
-    rc = nb__fail(&o, st);
   }
-  nb__disconnect(&c);
-  return rc;
+  return nb__end(&o, &c, st);
 }
 
 static void nb__fmt_eta(double s, char* buf, size_t n) {

@@ -190,9 +190,8 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
   if (!m) return nb_error(NB_ERR_INVALID, "Submit: no request");
   Nebula__V1__SubmitRequest* req = (Nebula__V1__SubmitRequest*)m;
   nb_status_t s = NB_OK;
-  X509* cert = NULL;
-  nb_job_config_t* cfg = NULL;
-  nb_descriptor_diag_t* diag = NULL;
+  nb__gw_signed_t sd = {0};
+  nb_job_config_t* cfg = NULL; /* sd.cfg once read */
   nb_job_store_t* st = NULL;
   char id[NB_JOB_ID_MAX];
 
@@ -202,17 +201,9 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
                  "certificate");
     goto done;
   }
-  s = nb__gw_verify_signed(gw, &req->descriptor, &req->signature, req->cert_pem, user, NULL, &cert);
+  s = nb__gw_read_signed(gw, &req->descriptor, &req->signature, req->cert_pem, user, NULL, 1, &sd);
   if (s != NB_OK) goto done;
-  NB_CHECK_GOTO(nb_calloc((void**)&cfg, 1, sizeof *cfg, "job config"), s, done);
-  NB_CHECK_GOTO(nb_calloc((void**)&diag, 1, sizeof *diag, "diagnostics"), s, done);
-  if (nb_descriptor_parse((const char*)req->descriptor.data, req->descriptor.len, cfg, diag) !=
-      NB_OK) {
-    s = nb__gw_diag_error(NB_ERR_INVALID, "descriptor is invalid:", diag);
-    goto done;
-  }
-  s = nb__gw_paths_check(gw, cfg, diag);
-  if (s != NB_OK) goto done;
+  cfg = sd.cfg;
   /* Which clusters: each one named, and the one holding the base checkpoint */
   nb__part_t parts[NB__MAX_PARTS];
   int np = nb__gw_parts(cfg, parts), mine = -1, fed = 0;
@@ -291,9 +282,7 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
   NB_INFO(JOB, "job %s submitted by %s", id, user);
   s = nb__send_job(call, gw, st, id, 1);
 done:
-  if (cert) X509_free(cert);
-  nb_free(cfg);
-  nb_free(diag);
+  nb__gw_signed_clear(&sd);
   nb_job_store_close(st);
   protobuf_c_message_free_unpacked(m, NULL);
   return s;

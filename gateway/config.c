@@ -35,7 +35,7 @@ typedef struct {
   size_t offset, size;
   long min, max;
   const char* note; /* shown by --help after the default, which nb_gateway_config_defaults
-                       sets (NULL: none); in place of an empty one */
+                       sets ("": none); in place of an empty one */
   const char* help;
 } nb__opt_t;
 
@@ -44,62 +44,62 @@ typedef struct {
 static const nb__opt_t nb__opts[] = {
     {"cluster_id", NB__OPT_STR, NB__F(cluster_id), 0, 0, "(required)",
      "this cluster's id; must be the identity in tls.cert"},
-    {"listen", NB__OPT_STR, NB__F(listen), 0, 0, NULL,
+    {"listen", NB__OPT_STR, NB__F(listen), 0, 0, "",
      "address of the Gateway service (\":0\" picks a free port)"},
     {"tls.ca", NB__OPT_PATH, NB__F(tls_ca), 0, 0, "(required)",
      "federation CA certificate (PEM): verifies clients and descriptor signers"},
     {"tls.cert", NB__OPT_PATH, NB__F(tls_cert), 0, 0, "(required)",
      "this gateway's cluster certificate (PEM)"},
     {"tls.key", NB__OPT_PATH, NB__F(tls_key), 0, 0, "(required)", "its private key (PEM)"},
-    {"peers", NB__OPT_PEERS, NB__F(peers), 0, 0, NULL,
+    {"peers", NB__OPT_PEERS, NB__F(peers), 0, 0, "",
      "peer gateways, cluster id -> \"host:port\" (kept for federation)"},
-    {"launcher", NB__OPT_LAUNCHER, NB__F(launcher), 0, 0, NULL,
+    {"launcher", NB__OPT_LAUNCHER, NB__F(launcher), 0, 0, "",
      "how jobs start: \"local\" (the command once), \"mpirun\" (mpirun -np {workers}), "
      "\"slurm\" (sbatch)"},
-    {"mpirun.args", NB__OPT_LIST, NB__F(launcher.mpirun_args), 0, 0, NULL,
+    {"mpirun.args", NB__OPT_LIST, NB__F(launcher.mpirun_args), 0, 0, "",
      "extra mpirun flags (launcher mpirun), e.g. [\"-x\", \"GLIBC_TUNABLES\"]"},
-    {"slurm.partition", NB__OPT_STR, NB__F(launcher.partition), 0, 0, NULL,
+    {"slurm.partition", NB__OPT_STR, NB__F(launcher.partition), 0, 0, "",
      "#SBATCH --partition (launcher slurm; empty: Slurm's default)"},
-    {"slurm.account", NB__OPT_STR, NB__F(launcher.account), 0, 0, NULL,
+    {"slurm.account", NB__OPT_STR, NB__F(launcher.account), 0, 0, "",
      "#SBATCH --account (empty: none)"},
-    {"slurm.sbatch_args", NB__OPT_LIST, NB__F(launcher.sbatch_args), 0, 0, NULL,
+    {"slurm.sbatch_args", NB__OPT_LIST, NB__F(launcher.sbatch_args), 0, 0, "",
      "extra #SBATCH lines, e.g. [\"--time=60\"]"},
-    {"slurm.srun_args", NB__OPT_LIST, NB__F(launcher.srun_args), 0, 0, NULL,
+    {"slurm.srun_args", NB__OPT_LIST, NB__F(launcher.srun_args), 0, 0, "",
      "extra srun flags, e.g. [\"--mpi=pmix\"]"},
-    {"slurm.step", NB__OPT_STR, NB__F(launcher.slurm_step), 0, 0, NULL,
+    {"slurm.step", NB__OPT_STR, NB__F(launcher.slurm_step), 0, 0, "",
      "how the batch script starts the ranks: \"srun\" or \"mpirun\" (OpenMPI in the allocation)"},
-    {"slurm.poll_ms", NB__OPT_INT, NB__F(launcher.slurm_poll_ms), 50, 5000, NULL,
+    {"slurm.poll_ms", NB__OPT_INT, NB__F(launcher.slurm_poll_ms), 50, 5000, "",
      "at most one squeue per job this often"},
-    {"command", NB__OPT_ARGV, NB__F(command), 0, 0, NULL,
+    {"command", NB__OPT_ARGV, NB__F(command), 0, 0, "",
      "job command; {descriptor} {jobdir} {job} {cluster} {workers} {nebula} are replaced"},
-    {"worker_command", NB__OPT_WARGV, NB__F(worker_command), 0, 0, NULL,
+    {"worker_command", NB__OPT_WARGV, NB__F(worker_command), 0, 0, "",
      "one cluster of a multi-cluster job; also {listen} {pki} {secret_file} {peers}"},
-    {"exchange_host", NB__OPT_STR, NB__F(exchange_host), 0, 0, NULL,
+    {"exchange_host", NB__OPT_STR, NB__F(exchange_host), 0, 0, "",
      "host this cluster's workers listen on for Exchange (the port is chosen per job)"},
-    {"federation_timeout_ms", NB__OPT_INT, NB__F(federation_timeout_ms), 100, 600000, NULL,
+    {"federation_timeout_ms", NB__OPT_INT, NB__F(federation_timeout_ms), 100, 600000, "",
      "deadline of one call to a peer gateway"},
-    {"resources.slots", NB__OPT_INT, NB__F(slots), 1, 1 << 20, NULL,
+    {"resources.slots", NB__OPT_INT, NB__F(slots), 1, 1 << 20, "",
      "workers run at once over all jobs; a submit beyond is refused"},
-    {"resources.device", NB__OPT_DEVICE, NB__F(device), 0, 0, NULL,
+    {"resources.device", NB__OPT_DEVICE, NB__F(device), 0, 0, "",
      "device of this cluster: \"cpu\" or \"cuda\""},
     {"store", NB__OPT_PATH, NB__F(store_path), 0, 0, "<work_dir>/jobs.db", "SQLite job store"},
-    {"work_dir", NB__OPT_PATH, NB__F(work_dir), 0, 0, NULL,
+    {"work_dir", NB__OPT_PATH, NB__F(work_dir), 0, 0, "",
      "jobs run in <work_dir>/<job-id>/ (logs, exit status, progress)"},
     {"acl", NB__OPT_ACL, NB__F(acl), 0, 0, "(nobody)",
      "[{\"user\": NAME|\"*\", \"clusters\": [ID|\"*\"], \"max_workers\": N}]"},
-    {"admins", NB__OPT_USERS, NB__F(admins), 0, 0, NULL, "users who may read and cancel every job"},
-    {"limits.calls_per_identity", NB__OPT_INT, NB__F(calls_per_identity), 1, 4096, NULL,
+    {"admins", NB__OPT_USERS, NB__F(admins), 0, 0, "", "users who may read and cancel every job"},
+    {"limits.calls_per_identity", NB__OPT_INT, NB__F(calls_per_identity), 1, 4096, "",
      "calls (Watch and Logs streams included) one user or cluster certificate may have in "
      "flight at once; more get RESOURCE_EXHAUSTED. Keep it well under NB_RPC_MAX_CALLS"},
-    {"run_as", NB__OPT_STR, NB__F(run_as), 0, 0, NULL,
+    {"run_as", NB__OPT_STR, NB__F(run_as), 0, 0, "",
      "user the jobs' processes run as (setpriv), for a gateway started as root; launcher local "
      "only; \"\" = the gateway's own user"},
-    {"paths.allow", NB__OPT_PATHS, NB__F(allow), 0, 0, NULL,
+    {"paths.allow", NB__OPT_PATHS, NB__F(allow), 0, 0, "",
      "folders besides the job's own that descriptor paths may name (data roots, a shared model "
      "store); read only: checkpoint.dir stays inside the job's folder"},
-    {"cancel_grace_ms", NB__OPT_INT, NB__F(cancel_grace_ms), 0, 600000, NULL,
+    {"cancel_grace_ms", NB__OPT_INT, NB__F(cancel_grace_ms), 0, 600000, "",
      "SIGTERM to the job's process group, SIGKILL after this"},
-    {"poll_ms", NB__OPT_INT, NB__F(poll_ms), 10, 10000, NULL,
+    {"poll_ms", NB__OPT_INT, NB__F(poll_ms), 10, 10000, "",
      "how often job processes and progress files are checked"},
 };
 #define NB__N_OPTS (sizeof nb__opts / sizeof nb__opts[0])
@@ -144,7 +144,7 @@ static const char* nb__opt_default(const nb__opt_t* o, const nb_gateway_config_t
   switch (o->type) {
     case NB__OPT_STR:
     case NB__OPT_PATH:
-      if (!*p) return o->note ? "" : "\"\"";
+      if (!*p) return *o->note ? "" : "\"\"";
       snprintf(buf, cap, "%s", p);
       return buf;
     case NB__OPT_INT:
@@ -187,7 +187,7 @@ void nb_gateway_config_help(FILE* f) {
     const char* def = nb__opt_default(&nb__opts[i], &d, buf, sizeof buf);
     const char* note = nb__opts[i].note;
     fprintf(f, "  %-18s %-10s default %s%s%s\n      %s\n", nb__opts[i].name, tn[nb__opts[i].type],
-            def, *def && note ? " " : "", note ? note : "", nb__opts[i].help);
+            def, *def && *note ? " " : "", note, nb__opts[i].help);
   }
 }
 

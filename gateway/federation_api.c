@@ -112,9 +112,8 @@ static nb_status_t nb__fed_propose(nb_rpc_call_t* call, nb_gateway_t* gw, const 
       nb__fed_request(call, gw, &nebula__v1__propose_request__descriptor, "Propose", &caller, &m));
   Nebula__V1__ProposeRequest* req = (Nebula__V1__ProposeRequest*)m;
   nb_status_t s = NB_OK;
-  X509* cert = NULL;
-  nb_job_config_t* cfg = NULL;
-  nb_descriptor_diag_t* diag = NULL;
+  nb__gw_signed_t sd = {0};
+  nb_job_config_t* cfg = NULL; /* sd.cfg once read */
   nb_job_store_t* st = NULL;
   json_t* info = NULL;
   int reserved = 0, created = 0;
@@ -130,20 +129,9 @@ static nb_status_t nb__fed_propose(nb_rpc_call_t* call, nb_gateway_t* gw, const 
     s = nb_error(NB_ERR_INVALID, "Propose needs the job id, descriptor, signature and certificate");
     goto done;
   }
-  s = nb__gw_verify_signed(gw, &req->descriptor, &req->signature, req->cert_pem, NULL, &who, &cert);
+  s = nb__gw_read_signed(gw, &req->descriptor, &req->signature, req->cert_pem, NULL, &who, 0, &sd);
   if (s != NB_OK) goto done;
-  NB_CHECK_GOTO(nb_calloc((void**)&cfg, 1, sizeof *cfg, "job config"), s, done);
-  NB_CHECK_GOTO(nb_calloc((void**)&diag, 1, sizeof *diag, "diagnostics"), s, done);
-  if (nb_descriptor_parse((const char*)req->descriptor.data, req->descriptor.len, cfg, diag) !=
-      NB_OK) {
-    char line[640];
-    s = nb_error(
-        NB_ERR_INVALID, "descriptor is invalid: %s",
-        diag->count ? nb_descriptor_error_format(&diag->errors[0], line, sizeof line) : "?");
-    goto done;
-  }
-  s = nb__gw_paths_check(gw, cfg, diag);
-  if (s != NB_OK) goto done;
+  cfg = sd.cfg;
   nb__part_t parts[NB__MAX_PARTS];
   int np = nb__gw_parts(cfg, parts), mine = -1;
   for (int i = 0; i < np; i++)
@@ -216,9 +204,7 @@ done:
     s = nb_error(s, "%s", why);
   }
   json_decref(info);
-  if (cert) X509_free(cert);
-  nb_free(cfg);
-  nb_free(diag);
+  nb__gw_signed_clear(&sd);
   nb_job_store_close(st);
   protobuf_c_message_free_unpacked(m, NULL);
   return s;

@@ -151,6 +151,13 @@ typedef struct {
   char peers[NB_JOB_MAX_CLUSTERS][NB_GW_STR]; /* "ID=HOST:PORT" of every other cluster */
 } nb__wk_args_t;
 
+/* A signed descriptor as Submit and Propose read it (nb__gw_read_signed). */
+typedef struct {
+  X509* cert;                 /* the signer's certificate */
+  nb_job_config_t* cfg;       /* the parsed descriptor */
+  nb_descriptor_diag_t* diag; /* its diagnostics */
+} nb__gw_signed_t;
+
 /* A cluster taking part in a job: workers > 0 runs a share of it; 0 only provides the base
  * checkpoint (model.base.cluster). */
 typedef struct {
@@ -162,9 +169,11 @@ typedef struct {
 int nb__gw_active_find(nb_gateway_t* gw, const char* id);
 int nb__gw_slots_used(const nb_gateway_t* gw, const char* except);
 nb_status_t nb__gw_diag_error(nb_status_t st, const char* prefix, const nb_descriptor_diag_t* diag);
-nb_status_t nb__gw_verify_signed(const nb_gateway_t* gw, const ProtobufCBinaryData* desc,
-                                 const ProtobufCBinaryData* sig, const char* cert_pem,
-                                 const char* user, nb_pki_identity_t* who, X509** cert);
+nb_status_t nb__gw_read_signed(const nb_gateway_t* gw, const ProtobufCBinaryData* desc,
+                               const ProtobufCBinaryData* sig, const char* cert_pem,
+                               const char* user, nb_pki_identity_t* who, int all_errors,
+                               nb__gw_signed_t* sd);
+void nb__gw_signed_clear(nb__gw_signed_t* sd);
 void nb__gw_jobdir(const nb_gateway_t* gw, const char* id, char* buf, size_t n);
 void nb__gw_unreserve(nb_gateway_t* gw, const char* id);
 int nb__gw_parts(const nb_job_config_t* cfg, nb__part_t* p);

@@ -150,9 +150,9 @@ nb_status_t nb__gw_diag_error(nb_status_t st, const char* prefix,
  * descriptor's bytes; with user, the signer must be that user; with who, the signer's
  * identity. NB_ERR_INVALID (no certificate) or NB_ERR_PERMISSION (bad signature, refused
  * signer). */
-nb_status_t nb__gw_verify_signed(const nb_gateway_t* gw, const ProtobufCBinaryData* desc,
-                                 const ProtobufCBinaryData* sig, const char* cert_pem,
-                                 const char* user, nb_pki_identity_t* who, X509** cert) {
+static nb_status_t nb__verify_signed(const nb_gateway_t* gw, const ProtobufCBinaryData* desc,
+                                     const ProtobufCBinaryData* sig, const char* cert_pem,
+                                     const char* user, nb_pki_identity_t* who, X509** cert) {
   if (nb_pki_cert_from_pem(cert_pem, 0, cert) != NB_OK)
     return nb_error_wrap(NB_ERR_INVALID, "cert_pem");
   nb_status_t s =
@@ -161,6 +161,34 @@ nb_status_t nb__gw_verify_signed(const nb_gateway_t* gw, const ProtobufCBinaryDa
     return nb_error_wrap(NB_ERR_PERMISSION, "descriptor signature does not verify");
   if (s != NB_OK) return nb_error_wrap(NB_ERR_PERMISSION, "signer certificate refused");
   return NB_OK;
+}
+
+/* The signed descriptor of a Submit or Propose, read into sd (zeroed by the caller): its
+ * signature (nb__verify_signed), the descriptor parsed (all its errors in the message, or the
+ * first only) and its paths checked (nb__gw_paths_check). The caller releases sd with
+ * nb__gw_signed_clear, on failure too. */
+nb_status_t nb__gw_read_signed(const nb_gateway_t* gw, const ProtobufCBinaryData* desc,
+                               const ProtobufCBinaryData* sig, const char* cert_pem,
+                               const char* user, nb_pki_identity_t* who, int all_errors,
+                               nb__gw_signed_t* sd) {
+  NB_CHECK(nb__verify_signed(gw, desc, sig, cert_pem, user, who, &sd->cert));
+  NB_CHECK(nb_calloc((void**)&sd->cfg, 1, sizeof *sd->cfg, "job config"));
+  NB_CHECK(nb_calloc((void**)&sd->diag, 1, sizeof *sd->diag, "diagnostics"));
+  if (nb_descriptor_parse((const char*)desc->data, desc->len, sd->cfg, sd->diag) != NB_OK) {
+    if (all_errors) return nb__gw_diag_error(NB_ERR_INVALID, "descriptor is invalid:", sd->diag);
+    char line[640];
+    const nb_descriptor_diag_t* d = sd->diag;
+    return nb_error(NB_ERR_INVALID, "descriptor is invalid: %s",
+                    d->count ? nb_descriptor_error_format(&d->errors[0], line, sizeof line) : "?");
+  }
+  return nb__gw_paths_check(gw, sd->cfg, sd->diag);
+}
+
+void nb__gw_signed_clear(nb__gw_signed_t* sd) {
+  if (sd->cert) X509_free(sd->cert);
+  nb_free(sd->cfg);
+  nb_free(sd->diag);
+  memset(sd, 0, sizeof *sd);
 }
 
 /* Every path of a descriptor stays inside the job's folder (created afresh, so a relative path
