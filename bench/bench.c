@@ -1,11 +1,11 @@
 /* `nebula bench` dispatch and small helpers shared by the benchmarks. */
 #include "bench/bench.h"
 
-#include <errno.h>
-#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/opts.h"
 
 typedef struct {
   const char* name;
@@ -37,23 +37,22 @@ double nb_bench_median(double* v, size_t n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-int nb_bench_parse_int_flags(int argc, char** argv, const nb_bench_int_flag_t* flags, int n,
-                             int* json) {
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--json") == 0) {
-      *json = 1;
-      continue;
-    }
-    int k = 0;
-    while (k < n && strcmp(argv[i], flags[k].name) != 0) k++;
-    if (k == n || i + 1 >= argc) return -1;
-    char* end = NULL;
-    errno = 0;
-    long v = strtol(argv[++i], &end, 10);
-    if (errno || end == argv[i] || *end || v < 1 || v > INT_MAX) return -1;
-    *flags[k].dst = (int)v;
-  }
-  return 0;
+int nb_bench_parse_int_flags(const char* cmd, const char* synopsis, int argc, char** argv,
+                             const nb_bench_int_flag_t* flags, int n, int* json) {
+  nb_opt_t opts[24];
+  int k = 0;
+  for (int i = 0; i < n && k < 22; i++)
+    opts[k++] = (nb_opt_t){.name = flags[i].name + 2,
+                           .kind = NB_OPT_INT,
+                           .dst = flags[i].dst,
+                           .meta = "N",
+                           .help = "an integer >= 1",
+                           .min = 1};
+  opts[k++] =
+      (nb_opt_t){.name = "json", .kind = NB_OPT_FLAG, .dst = json, .help = "print one JSON object"};
+  opts[k] = (nb_opt_t){.name = NULL};
+  const nb_cmd_spec_t spec = {.cmd = cmd, .synopsis = synopsis, .opts = opts};
+  return nb_opts_parse(&spec, argc, argv);
 }
 
 void nb_json_begin(nb_json_obj_t* j, FILE* f) {

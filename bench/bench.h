@@ -35,16 +35,18 @@ int nb_bench_decode_main(int argc, char** argv);
 /* Median of n samples (the array is reordered). n must be > 0. */
 double nb_bench_median(double* v, size_t n);
 
-/* One flag of a benchmark that takes a positive integer ("--layers 4"). */
+/* One flag of a benchmark that takes a positive integer ("--layers": with its dashes). */
 typedef struct {
   const char* name;
   int* dst;
 } nb_bench_int_flag_t;
 
-/* Parses argv[1..]: "--json" sets *json, every flag of the table takes an integer >= 1.
- * Returns 0, or -1 for anything else (unknown flag, missing or bad value). */
-int nb_bench_parse_int_flags(int argc, char** argv, const nb_bench_int_flag_t* flags, int n,
-                             int* json);
+/* Parses argv[1..] with common/opts.h: "--json" sets *json, every flag of the table takes an
+ * integer >= 1 (`--layers 4` or `--layers=4`). cmd ("nebula bench train") starts each error
+ * line; synopsis is what --help prints above the flags. Returns NB_OPTS_RUN to go on, else the
+ * exit status: 0 after --help, 2 after one line naming the bad flag. */
+int nb_bench_parse_int_flags(const char* cmd, const char* synopsis, int argc, char** argv,
+                             const nb_bench_int_flag_t* flags, int n, int* json);
 
 /* Minimal JSON object writer for the --json outputs (flat objects only). */
 typedef struct {

@@ -8,6 +8,7 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
+#include "common/opts.h"
 #include "intra/intra.h"
 
 #ifdef NB_HAVE_NCCL
@@ -16,12 +17,10 @@
 void* nb__comm_nccl_handle(nb_comm_t* c); /* intra's own accessor, for the raw baseline */
 #endif
 
-static void nb__ar_usage(void) {
-  fprintf(stderr,
-          "usage: mpirun -np N nebula bench allreduce [--mib M] [--iters K] "
-          "[--device cpu|gpu|auto] [--json]\n"
-          "  fp32 sum of M MiB (default 64) per rank; K timed iterations of each (default 40)\n");
-}
+#define NB__AR_USAGE                                                                          \
+  "usage: mpirun -np N nebula bench allreduce [--mib M] [--iters K] [--device cpu|gpu|auto] " \
+  "[--json]\n"                                                                                \
+  "  fp32 sum of M MiB (default 64) per rank; K timed iterations of each (default 40)"
 
 typedef struct {
   nb_comm_t* c;
@@ -90,28 +89,24 @@ int nb_bench_allreduce_main(int argc, char** argv) {
   double mib = 64;
   int iters = 0, json = 0; /* 0: 40 for buffers of 1 MiB and more, else 400 */
   nb_comm_device_t device = NB_COMM_DEVICE_AUTO;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--mib") && i + 1 < argc)
-      mib = atof(argv[++i]);
-    else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
-      iters = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--json"))
-      json = 1;
-    else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
-      const char* d = argv[++i];
-      device = !strcmp(d, "gpu")   ? NB_COMM_DEVICE_GPU
-               : !strcmp(d, "cpu") ? NB_COMM_DEVICE_CPU
+  const char* dev = NULL;
+  const nb_opt_t opts[] = {
+      NB_OPTION("mib", NB_OPT_DOUBLE, &mib, "M", "MiB per rank, > 0 (default 64)", .max = 8192),
+      NB_OPTION("iters", NB_OPT_INT, &iters, "K", "timed iterations (default 40; 400 below 1 MiB)"),
+      NB_OPTION("device", NB_OPT_STR, &dev, "D", "cpu, gpu or auto (default auto)"),
+      NB_OPTION("json", NB_OPT_FLAG, &json, NULL, "print one JSON object"),
+      NB_OPTION_END,
+  };
+  const nb_cmd_spec_t spec = {
+      .cmd = "nebula bench allreduce", .synopsis = NB__AR_USAGE, .opts = opts};
+  int rc = nb_opts_parse(&spec, argc, argv);
+  if (rc != NB_OPTS_RUN) return rc;
+  if (dev)
+    device = !strcmp(dev, "gpu")   ? NB_COMM_DEVICE_GPU
+             : !strcmp(dev, "cpu") ? NB_COMM_DEVICE_CPU
                                    : NB_COMM_DEVICE_AUTO;
-    } else {
-      nb__ar_usage();
-      return 2;
-    }
-  }
   if (iters == 0) iters = mib >= 1 ? 40 : 400;
-  if (!(mib > 0) || mib > 8192 || iters < 1) {
-    nb__ar_usage();
-    return 2;
-  }
+  if (!(mib > 0)) return nb_opts_usage_error(&spec, "--mib must be > 0");
   nb_status_t st = nb_intra_init(NULL, NULL);
   if (st != NB_OK) {
     fprintf(stderr, "bench allreduce: %s\n", nb_error_last());

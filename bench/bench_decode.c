@@ -8,27 +8,25 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
+#include "common/opts.h"
 #include "train/model.h"
 #include "train/model_internal.h"
 #include "train/rng.h"
 
-static void nb__decode_usage(void) {
-  fprintf(stderr,
-          "usage: nebula bench decode [--layers L] [--dim D] [--heads H] [--ctx T] [--prompt P]\n"
-          "                           [--new N] [--batch B] [--reps R] [--json]\n"
-          "  defaults: 4 layers, width 256, heads D/64, context 128, prompt 48 tokens, 80 new\n"
-          "  tokens (no stop token), batch 8, 3 timed repetitions of each path\n");
-}
+#define NB__DECODE_USAGE                                                                   \
+  "usage: nebula bench decode [--layers L] [--dim D] [--heads H] [--ctx T] [--prompt P]\n" \
+  "                           [--new N] [--batch B] [--reps R] [--json]\n"                 \
+  "  defaults: 4 layers, width 256, heads D/64, context 128, prompt 48 tokens, 80 new\n"   \
+  "  tokens (no stop token), batch 8, 3 timed repetitions of each path"
 
 int nb_bench_decode_main(int argc, char** argv) {
   int L = 4, D = 256, H = 0, T = 128, P = 48, N = 80, NB = 8, reps = 3, json = 0;
   const nb_bench_int_flag_t flags[] = {{"--layers", &L}, {"--dim", &D},    {"--heads", &H},
                                        {"--ctx", &T},    {"--prompt", &P}, {"--new", &N},
                                        {"--batch", &NB}, {"--reps", &reps}};
-  if (nb_bench_parse_int_flags(argc, argv, flags, 8, &json) != 0) {
-    nb__decode_usage();
-    return 2;
-  }
+  int parsed = nb_bench_parse_int_flags("nebula bench decode", NB__DECODE_USAGE, argc, argv, flags,
+                                        8, &json);
+  if (parsed != NB_OPTS_RUN) return parsed;
   if (H == 0) H = D >= 64 ? D / 64 : 1;
   if (reps > 15) reps = 15;
   if (NB > 64) NB = 64;

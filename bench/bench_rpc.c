@@ -7,6 +7,7 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
+#include "common/opts.h"
 #include "inter/rpc.h"
 
 #define NB__BR_SINK "/nebula.bench.Rpc/Sink"
@@ -100,29 +101,27 @@ fail:
 int nb_bench_rpc_main(int argc, char** argv) {
   const char* certs = NULL;
   int mib = 256, chunk_kib = 1024, reps = 3, json = 0;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--certs") && i + 1 < argc)
-      certs = argv[++i];
-    else if (!strcmp(argv[i], "--mib") && i + 1 < argc)
-      mib = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--chunk-kib") && i + 1 < argc)
-      chunk_kib = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-      reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--json"))
-      json = 1;
-    else {
-      fprintf(stderr,
-              "usage: nebula bench rpc [--certs DIR] [--mib M] [--chunk-kib K] [--reps R] "
-              "[--json]\n  DIR holds ca.pem, server.pem/.key and client.pem/.key of one "
-              "federation; without it only plaintext runs\n");
-      return 2;
-    }
-  }
-  if (mib < 1 || chunk_kib < 1 || chunk_kib > 16384 || reps < 1 || reps > 16) {
-    fprintf(stderr, "bench rpc: --mib >= 1, 1 <= --chunk-kib <= 16384, 1 <= --reps <= 16\n");
-    return 2;
-  }
+  const nb_opt_t opts[] = {
+      NB_OPTION("certs", NB_OPT_STR, &certs, "DIR",
+                "ca.pem, server.pem/.key and client.pem/.key of one federation;\nwithout it only "
+                "plaintext runs"),
+      NB_OPTION("mib", NB_OPT_INT, &mib, "M", "MiB moved per repetition (default 256)", .min = 1),
+      NB_OPTION("chunk-kib", NB_OPT_INT, &chunk_kib, "K", "message size in KiB (default 1024)",
+                .min = 1, .max = 16384),
+      NB_OPTION("reps", NB_OPT_INT, &reps, "R", "repetitions, the median is shown (default 3)",
+                .min = 1, .max = 16),
+      NB_OPTION("json", NB_OPT_FLAG, &json, NULL, "print one JSON object"),
+      NB_OPTION_END,
+  };
+  const nb_cmd_spec_t spec = {
+      .cmd = "nebula bench rpc",
+      .synopsis =
+          "usage: nebula bench rpc [--certs DIR] [--mib M] [--chunk-kib K] [--reps R] "
+          "[--json]",
+      .opts = opts,
+  };
+  int rc = nb_opts_parse(&spec, argc, argv);
+  if (rc != NB_OPTS_RUN) return rc;
   nb__br_result_t plain = {0}, tls = {0};
   nb_status_t st = nb__br_run(NULL, NULL, mib, chunk_kib, reps, &plain);
   nb_tls_t *stls = NULL, *ctls = NULL;

@@ -8,16 +8,15 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
+#include "common/opts.h"
 #include "train/model.h"
 #include "train/optim.h"
 #include "train/rng.h"
 
-static void nb__train_usage(void) {
-  fprintf(stderr,
-          "usage: nebula bench train [--layers L] [--dim D] [--heads H] [--ctx T] [--batch B]\n"
-          "                          [--steps N] [--json]\n"
-          "  defaults: 4 layers, width 256, heads D/64, context 256, batch 4, 5 timed steps\n");
-}
+#define NB__TRAIN_USAGE                                                                  \
+  "usage: nebula bench train [--layers L] [--dim D] [--heads H] [--ctx T] [--batch B]\n" \
+  "                          [--steps N] [--json]\n"                                     \
+  "  defaults: 4 layers, width 256, heads D/64, context 256, batch 4, 5 timed steps"
 
 /* Seconds for one n x n x n sgemm on a, b -> c. */
 static double nb__sgemm_once(int n, const float* a, const float* b, float* c) {
@@ -30,10 +29,9 @@ int nb_bench_train_main(int argc, char** argv) {
   int L = 4, D = 256, H = 0, T = 256, B = 4, steps = 5, json = 0;
   const nb_bench_int_flag_t flags[] = {{"--layers", &L}, {"--dim", &D},   {"--heads", &H},
                                        {"--ctx", &T},    {"--batch", &B}, {"--steps", &steps}};
-  if (nb_bench_parse_int_flags(argc, argv, flags, 6, &json) != 0) {
-    nb__train_usage();
-    return 2;
-  }
+  int parsed =
+      nb_bench_parse_int_flags("nebula bench train", NB__TRAIN_USAGE, argc, argv, flags, 6, &json);
+  if (parsed != NB_OPTS_RUN) return parsed;
   if (H == 0) H = D >= 64 ? D / 64 : 1;
   if (steps > 15) steps = 15;
   nb_model_config_t cfg = nb_model_config_make(L, D, H, T);

@@ -20,6 +20,7 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
+#include "common/opts.h"
 #include "inter/link.h"
 #include "security/pki.h"
 #include "security/seal.h"
@@ -34,20 +35,19 @@ static char nb__bw_wan_dir[PATH_MAX];
 static char nb__bw_certs[PATH_MAX];
 static pid_t nb__bw_kids[2] = {-1, -1};
 
-static void nb__bw_usage(FILE* f) {
-  fprintf(f,
-          "usage: nebula bench wan [--rate-mbit R] [--delay-ms D] [--streams S] [--mib M]\n"
-          "                        [--iperf-s T] [--wan-dir DIR] [--json]\n"
-          "       nebula bench wan --loopback-only [--streams S] [--mib M] [--reps R]\n"
-          "                        [--only plain|secure|tls|seal] [--json]\n"
-          "  Sets up an emulated WAN link (deploy/wan/wan-up.sh; default 100 Mbit/s each way,\n"
-          "  25 ms one way), measures iperf3 on it, then moves M MiB (default 256) of sealed\n"
-          "  frames over mTLS through inter/link with S streams (default 4); also the same\n"
-          "  transfer on loopback without and with TLS+sealing. Needs root.\n"
-          "  --loopback-only: only the loopback part (no namespaces, no root), R interleaved\n"
-          "  repetitions (default 5) of plain / mTLS+seal / mTLS only / seal only; --only V\n"
-          "  runs one variant alone (for perf record).\n");
-}
+#define NB__BW_SYNOPSIS                                                              \
+  "usage: nebula bench wan [--rate-mbit R] [--delay-ms D] [--streams S] [--mib M]\n" \
+  "                        [--iperf-s T] [--wan-dir DIR] [--json]\n"                 \
+  "       nebula bench wan --loopback-only [--streams S] [--mib M] [--reps R]\n"     \
+  "                        [--only plain|secure|tls|seal] [--json]"
+#define NB__BW_ABOUT                                                                   \
+  "Sets up an emulated WAN link (deploy/wan/wan-up.sh; default 100 Mbit/s each way,\n" \
+  "25 ms one way), measures iperf3 on it, then moves M MiB (default 256) of sealed\n"  \
+  "frames over mTLS through inter/link with S streams (default 4); also the same\n"    \
+  "transfer on loopback without and with TLS+sealing. Needs root.\n"                   \
+  "--loopback-only: only the loopback part (no namespaces, no root), R interleaved\n"  \
+  "repetitions (default 5) of plain / mTLS+seal / mTLS only / seal only; --only V\n"   \
+  "runs one variant alone (for perf record)."
 
 /* ------------------------------------------------------------ helpers */
 
@@ -435,8 +435,9 @@ static void nb__bw_loopback_set(int S, size_t bytes, int reps, int nv, nb__bw_lb
   }
 }
 
-/* `--loopback-only`: the loopback comparison alone (no namespaces, no root). */
-static int nb__bw_loopback_main(int S, int M, int reps, int json) {
+/* A temporary folder with the run's certificates, removed at exit or on a signal (with the
+ * link, when one was made). Returns 0, or 1 after a message. */
+static int nb__bw_setup(void) {
   const char* tmp = getenv("TMPDIR");
   snprintf(nb__bw_certs, sizeof nb__bw_certs, "%.3000s/nb-bench-wan-XXXXXX",
            tmp && *tmp ? tmp : "/tmp");
@@ -452,6 +453,12 @@ static int nb__bw_loopback_main(int S, int M, int reps, int json) {
     fprintf(stderr, "nebula bench wan: certificates: %s\n", nb_error_last());
     return 1;
   }
+  return 0;
+}
+
+/* `--loopback-only`: the loopback comparison alone (no namespaces, no root). */
+static int nb__bw_loopback_main(int S, int M, int reps, int json) {
+  if (nb__bw_setup() != 0) return 1;
   nb__bw_lb_t o;
   nb__bw_loopback_set(S, (size_t)M << 20, reps, 4, &o);
   if (nb__bw_only >= 0) {
@@ -498,116 +505,10 @@ static int nb__bw_loopback_main(int S, int M, int reps, int json) {
   return 0;
 }
 
-static int nb__bw_num(const char* opt, const char* v, double lo, double hi, double* out) {
-  char* end = NULL;
-  if (!v) {
-    fprintf(stderr, "nebula bench wan: %s needs a value\n", opt);
-    return 0;
-  }
-  double d = strtod(v, &end);
-  if (end == v || *end || !(d >= lo && d <= hi)) {
-    fprintf(stderr, "nebula bench wan: %s must be a number in [%g, %g], got '%s'\n", opt, lo, hi,
-            v);
-    return 0;
-  }
-  *out = d;
-  return 1;
-}
-
-int nb_bench_wan_main(int argc, char** argv) {
-  if (argc >= 2 && !strcmp(argv[1], "--serve") && argc == 5)
-    return nb__bw_serve(argv[2], argv[3], atoi(argv[4]));
-  if (argc >= 2 && !strcmp(argv[1], "--send") && argc == 6)
-    return nb__bw_send_main(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
-  double rate = 100, delay = 25, streams = 4, mib = 256, iperf_s = 8, reps = 5;
-  int json = 0, loopback_only = 0;
-  const char* wan_dir = NULL;
-  for (int i = 1; i < argc; i++) {
-    const char* a = argv[i];
-    if (!strcmp(a, "--json"))
-      json = 1;
-    else if (!strcmp(a, "--loopback-only"))
-      loopback_only = 1;
-    else if (!strcmp(a, "--only") && i + 1 < argc) {
-      const char* v = argv[++i];
-      for (int k = 0; k < 4; k++)
-        if (!strcmp(v, nb__bw_variant[k])) nb__bw_only = k;
-      if (nb__bw_only < 0) {
-        fprintf(stderr, "nebula bench wan: --only takes plain, secure, tls or seal\n");
-        return 2;
-      }
-    } else if (!strcmp(a, "--reps")) {
-      if (!nb__bw_num(a, argv[++i], 1, 64, &reps)) return 2;
-    } else if (!strcmp(a, "--rate-mbit")) {
-      if (!nb__bw_num(a, argv[++i], 1, 10000, &rate)) return 2;
-    } else if (!strcmp(a, "--delay-ms")) {
-      if (!nb__bw_num(a, argv[++i], 0, 10000, &delay)) return 2;
-    } else if (!strcmp(a, "--streams")) {
-      if (!nb__bw_num(a, argv[++i], 1, 64, &streams)) return 2;
-    } else if (!strcmp(a, "--mib")) {
-      if (!nb__bw_num(a, argv[++i], 1, 4096, &mib)) return 2;
-    } else if (!strcmp(a, "--iperf-s")) {
-      if (!nb__bw_num(a, argv[++i], 3, 600, &iperf_s)) return 2;
-    } else if (!strcmp(a, "--wan-dir") && i + 1 < argc) {
-      wan_dir = argv[++i];
-    } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      nb__bw_usage(stdout);
-      return 0;
-    } else {
-      fprintf(stderr, "nebula bench wan: unknown option '%s'\n", a);
-      nb__bw_usage(stderr);
-      return 2;
-    }
-  }
-  if (loopback_only) return nb__bw_loopback_main((int)streams, (int)mib, (int)reps, json);
-  if (geteuid() != 0) {
-    fprintf(stderr,
-            "nebula bench wan: needs root (it creates network namespaces with "
-            "deploy/wan/wan-up.sh); run it with sudo\n");
-    return 2;
-  }
-  if (nb__bw_find_wan_dir(wan_dir) != 0) {
-    fprintf(stderr, "nebula bench wan: deploy/wan/wan-up.sh not found; pass --wan-dir DIR\n");
-    return 2;
-  }
-  int S = (int)streams, M = (int)mib;
-  const char* tmp = getenv("TMPDIR");
-  snprintf(nb__bw_certs, sizeof nb__bw_certs, "%.3000s/nb-bench-wan-XXXXXX",
-           tmp && *tmp ? tmp : "/tmp");
-  if (!mkdtemp(nb__bw_certs)) {
-    nb__bw_certs[0] = 0;
-    perror("nebula bench wan: mkdtemp");
-    return 1;
-  }
-  atexit(nb__bw_teardown);
-  signal(SIGINT, nb__bw_on_signal);
-  signal(SIGTERM, nb__bw_on_signal);
-  if (nb__bw_make_certs(nb__bw_certs) != NB_OK) {
-    fprintf(stderr, "nebula bench wan: certificates: %s\n", nb_error_last());
-    return 1;
-  }
-  /* 1. the link */
-  snprintf(nb__bw_prefix, sizeof nb__bw_prefix, "nbbw-%d", (int)getpid());
-  char cmd[PATH_MAX + 256];
-  snprintf(cmd, sizeof cmd,
-           "bash '%s/wan-up.sh' --prefix '%s' --rate-mbit %g --delay-ms %g >/dev/null",
-           nb__bw_wan_dir, nb__bw_prefix, rate, delay);
-  if (system(cmd) != 0) {
-    fprintf(stderr, "nebula bench wan: wan-up.sh failed\n");
-    nb__bw_prefix[0] = 0; /* wan-up.sh tears down what it made */
-    return 1;
-  }
-  char ns_a[96], ns_b[96];
-  snprintf(ns_a, sizeof ns_a, "%s-a", nb__bw_prefix);
-  snprintf(ns_b, sizeof ns_b, "%s-b", nb__bw_prefix);
-  /* 2. iperf3 on it, the capacity baseline */
-  if (!json) fprintf(stderr, "bench wan: iperf3 -P %d for %g s on the link...\n", S, iperf_s);
-  double iperf = nb__bw_iperf(S, (int)iperf_s);
-  if (iperf <= 0) {
-    fprintf(stderr, "nebula bench wan: iperf3 measurement failed\n");
-    return 1;
-  }
-  /* 3. M MiB through inter/link over mTLS with sealing, namespace a -> b */
+/* Step 3 of the WAN run: M MiB through inter/link over mTLS with sealing, from namespace ns_a
+ * to ns_b over S streams. Returns 0 with the sender's seconds, bytes and reconnects, else 1. */
+static int nb__bw_link_transfer(const char* ns_a, const char* ns_b, int S, int M, int json,
+                                double* secs, unsigned long long* bytes, unsigned* reconnects) {
   if (!json) fprintf(stderr, "bench wan: %d MiB over %d streams through inter/link...\n", M, S);
   char mib_s[16], s_s[16], listen[64], target[64];
   snprintf(mib_s, sizeof mib_s, "%d", M);
@@ -625,12 +526,9 @@ int nb_bench_wan_main(int argc, char** argv) {
   }
   char* send_args[] = {"--send", nb__bw_certs, target, mib_s, s_s, NULL};
   nb__bw_kids[1] = nb__bw_spawn(ns_a, send_args, &snd_out);
-  double secs = 0;
-  unsigned long long bytes = 0;
-  unsigned reconnects = 0;
   line[0] = 0;
   int got = snd_out && fgets(line, sizeof line, snd_out) &&
-            sscanf(line, "SENT %lf %llu %u", &secs, &bytes, &reconnects) == 3;
+            sscanf(line, "SENT %lf %llu %u", secs, bytes, reconnects) == 3;
   int wst = 0;
   if (nb__bw_kids[1] > 0) waitpid(nb__bw_kids[1], &wst, 0);
   nb__bw_kids[1] = -1;
@@ -640,22 +538,17 @@ int nb_bench_wan_main(int argc, char** argv) {
   nb__bw_kids[0] = -1;
   if (srv_out) fclose(srv_out);
   if (snd_out) fclose(snd_out);
-  if (!got || !rx_ok || secs <= 0) {
+  if (!got || !rx_ok || *secs <= 0) {
     fprintf(stderr, "nebula bench wan: the transfer over the link failed\n");
     return 1;
   }
-  double goodput = (double)bytes * 8e-6 / secs;
-  /* 4. tear the link down before the loopback runs, so they do not share the cores with it */
-  char pfx[64];
-  snprintf(pfx, sizeof pfx, "%s", nb__bw_prefix);
-  snprintf(cmd, sizeof cmd, "bash '%s/wan-down.sh' --prefix '%s' >/dev/null 2>&1", nb__bw_wan_dir,
-           pfx);
-  if (system(cmd) == 0) nb__bw_prefix[0] = 0;
-  /* 5. loopback: the same transfer without and with TLS + sealing */
-  if (!json) fprintf(stderr, "bench wan: loopback plain vs mTLS+sealed...\n");
-  nb__bw_lb_t lb;
-  nb__bw_loopback_set(S, (size_t)M << 20, 5, json ? 2 : 4, &lb);
-  double plain = lb.med[0], secure = lb.med[1], tls_only = lb.med[2], seal_only = lb.med[3];
+  return 0;
+}
+
+/* The WAN run's results: JSON, or one line per measurement. */
+static void nb__bw_print(int json, double rate, double delay, int S, int M, double iperf,
+                         double goodput, double secs, unsigned reconnects, const nb__bw_lb_t* lb) {
+  double plain = lb->med[0], secure = lb->med[1], tls_only = lb->med[2], seal_only = lb->med[3];
   double eff = goodput / iperf;
   if (json) {
     nb_json_obj_t j;
@@ -687,5 +580,88 @@ int nb_bench_wan_main(int argc, char** argv) {
     printf("loopback seal only:    %8.2f Gbit/s  (%.3f of plain)\n", seal_only,
            plain > 0 ? seal_only / plain : 0);
   }
+}
+
+int nb_bench_wan_main(int argc, char** argv) {
+  if (argc >= 2 && !strcmp(argv[1], "--serve") && argc == 5)
+    return nb__bw_serve(argv[2], argv[3], atoi(argv[4]));
+  if (argc >= 2 && !strcmp(argv[1], "--send") && argc == 6)
+    return nb__bw_send_main(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
+  double rate = 100, delay = 25, streams = 4, mib = 256, iperf_s = 8, reps = 5;
+  int json = 0, loopback_only = 0;
+  const char *wan_dir = NULL, *only = NULL;
+  const nb_opt_t opts[] = {
+      NB_OPTION("rate-mbit", NB_OPT_DOUBLE, &rate, "R", "the link's rate each way, Mbit/s",
+                .min = 1, .max = 10000),
+      NB_OPTION("delay-ms", NB_OPT_DOUBLE, &delay, "D", "one-way delay, ms", .max = 10000),
+      NB_OPTION("streams", NB_OPT_DOUBLE, &streams, "S", "parallel streams", .min = 1, .max = 64),
+      NB_OPTION("mib", NB_OPT_DOUBLE, &mib, "M", "MiB moved", .min = 1, .max = 4096),
+      NB_OPTION("iperf-s", NB_OPT_DOUBLE, &iperf_s, "T", "seconds of iperf3", .min = 3, .max = 600),
+      NB_OPTION("reps", NB_OPT_DOUBLE, &reps, "R", "loopback repetitions", .min = 1, .max = 64),
+      NB_OPTION("wan-dir", NB_OPT_STR, &wan_dir, "DIR", "the folder of wan-up.sh (deploy/wan)"),
+      NB_OPTION("loopback-only", NB_OPT_FLAG, &loopback_only, NULL, "only the loopback part"),
+      NB_OPTION("only", NB_OPT_STR, &only, "V", "one loopback variant: plain, secure, tls or seal"),
+      NB_OPTION("json", NB_OPT_FLAG, &json, NULL, "print one JSON object"),
+      NB_OPTION_END,
+  };
+  const nb_cmd_spec_t spec = {
+      .cmd = "nebula bench wan", .synopsis = NB__BW_SYNOPSIS, .about = NB__BW_ABOUT, .opts = opts};
+  int rc = nb_opts_parse(&spec, argc, argv);
+  if (rc != NB_OPTS_RUN) return rc;
+  for (int k = 0; only && k < 4; k++)
+    if (!strcmp(only, nb__bw_variant[k])) nb__bw_only = k;
+  if (only && nb__bw_only < 0)
+    return nb_opts_usage_error(&spec, "--only takes plain, secure, tls or seal");
+  if (loopback_only) return nb__bw_loopback_main((int)streams, (int)mib, (int)reps, json);
+  if (geteuid() != 0) {
+    fprintf(stderr,
+            "nebula bench wan: needs root (it creates network namespaces with "
+            "deploy/wan/wan-up.sh); run it with sudo\n");
+    return 2;
+  }
+  if (nb__bw_find_wan_dir(wan_dir) != 0) {
+    fprintf(stderr, "nebula bench wan: deploy/wan/wan-up.sh not found; pass --wan-dir DIR\n");
+    return 2;
+  }
+  int S = (int)streams, M = (int)mib;
+  if (nb__bw_setup() != 0) return 1;
+  /* 1. the link */
+  snprintf(nb__bw_prefix, sizeof nb__bw_prefix, "nbbw-%d", (int)getpid());
+  char cmd[PATH_MAX + 256];
+  snprintf(cmd, sizeof cmd,
+           "bash '%s/wan-up.sh' --prefix '%s' --rate-mbit %g --delay-ms %g >/dev/null",
+           nb__bw_wan_dir, nb__bw_prefix, rate, delay);
+  if (system(cmd) != 0) {
+    fprintf(stderr, "nebula bench wan: wan-up.sh failed\n");
+    nb__bw_prefix[0] = 0; /* wan-up.sh tears down what it made */
+    return 1;
+  }
+  char ns_a[96], ns_b[96];
+  snprintf(ns_a, sizeof ns_a, "%s-a", nb__bw_prefix);
+  snprintf(ns_b, sizeof ns_b, "%s-b", nb__bw_prefix);
+  /* 2. iperf3 on it, the capacity baseline */
+  if (!json) fprintf(stderr, "bench wan: iperf3 -P %d for %g s on the link...\n", S, iperf_s);
+  double iperf = nb__bw_iperf(S, (int)iperf_s);
+  if (iperf <= 0) {
+    fprintf(stderr, "nebula bench wan: iperf3 measurement failed\n");
+    return 1;
+  }
+  /* 3. M MiB through inter/link over mTLS with sealing, namespace a -> b */
+  double secs = 0;
+  unsigned long long bytes = 0;
+  unsigned reconnects = 0;
+  if (nb__bw_link_transfer(ns_a, ns_b, S, M, json, &secs, &bytes, &reconnects) != 0) return 1;
+  double goodput = (double)bytes * 8e-6 / secs;
+  /* 4. tear the link down before the loopback runs, so they do not share the cores with it */
+  char pfx[64];
+  snprintf(pfx, sizeof pfx, "%s", nb__bw_prefix);
+  snprintf(cmd, sizeof cmd, "bash '%s/wan-down.sh' --prefix '%s' >/dev/null 2>&1", nb__bw_wan_dir,
+           pfx);
+  if (system(cmd) == 0) nb__bw_prefix[0] = 0;
+  /* 5. loopback: the same transfer without and with TLS + sealing */
+  if (!json) fprintf(stderr, "bench wan: loopback plain vs mTLS+sealed...\n");
+  nb__bw_lb_t lb;
+  nb__bw_loopback_set(S, (size_t)M << 20, 5, json ? 2 : 4, &lb);
+  nb__bw_print(json, rate, delay, S, M, iperf, goodput, secs, reconnects, &lb);
   return 0;
 }

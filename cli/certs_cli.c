@@ -1,13 +1,13 @@
 /* `nebula certs`: the federation PKI from the command line (init a CA, issue cluster and user
  * certificates, show and verify a certificate). A thin layer over security/pki.h: all the work and
- * all the checks live there; this file only parses options (cli/opts.h) and prints. */
+ * all the checks live there; this file only parses options (common/opts.h) and prints. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/opts.h"
+#include "common/opts.h"
 #include "common/common.h"
 #include "security/security.h"
 

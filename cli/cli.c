@@ -6,8 +6,13 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
-#include "jobs/client_cli.h"
-#include "jobs/gateway.h"
+#include "common/opts.h"
+#include "cli/client_cli.h"
+#include "gateway/gateway.h"
+
+_Static_assert((int)NB_OPTS_EXIT_OK == (int)NB_EXIT_OK &&
+                   (int)NB_OPTS_EXIT_USAGE == (int)NB_EXIT_USAGE,
+               "common/opts.h returns the exit codes of cli/cli.h");
 
 static int nb__cmd_help(int argc, char** argv);
 

@@ -1,7 +1,6 @@
 /* The `nebula` command line: git-style subcommands. Each subcommand is a function with the
  * signature of main() that returns an exit status (0 ok, 1 failure, 2 usage error). This is the
- * top floor: nothing below cli/ includes this header (the gateway and client commands still in
- * jobs/ do, until they move). */
+ * top floor: nothing below cli/ includes this header. */
 #ifndef NB_CLI_CLI_H
 #define NB_CLI_CLI_H
 
@@ -32,6 +31,7 @@ int nb_worker_main(int argc, char** argv);   /* nebula worker */
 int nb_run_main(int argc, char** argv);      /* nebula run */
 int nb_report_main(int argc, char** argv);   /* nebula report */
 int nb_certs_main(int argc, char** argv);    /* nebula certs */
+int nb_gateway_main(int argc, char** argv);  /* nebula gateway: the daemon until a signal */
 
 #ifdef __cplusplus
 }

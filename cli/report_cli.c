@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 
 #include "cli/cli.h"
-#include "cli/opts.h"
+#include "common/opts.h"
 #include "common/common.h"
 #include "report/report.h"
 

@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "cli/opts.h"
+#include "common/opts.h"
 #include "common/common.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"

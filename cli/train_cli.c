@@ -2,7 +2,7 @@
  * CHECKPOINT` (held-out bits per byte per language). Not the multi-cluster runner: no MPI, no
  * WAN; several workers are emulated by gradient accumulation. */
 #include "cli/cli.h"
-#include "cli/opts.h"
+#include "common/opts.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* `nebula validate FILE [--json]`: runs the descriptor parser on a file (or stdin) and prints
  * the normalized descriptor or every error found. It never contacts a gateway. */
 #include "cli/cli.h"
-#include "cli/opts.h"
+#include "common/opts.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/opts.h"
+#include "common/opts.h"
 #include "worker/worker.h"
 
 int nb_worker_main(int argc, char** argv) {

@@ -1,7 +1,7 @@
-/* Checks of a command's input made before it is used, shared by the commands in cli/ and the
- * gateway daemon (jobs/gateway.c), which both include it through cli/cli.h. Named nb_cli_* for
- * those callers; they move with the gateway and the client commands. Data checks only: nothing
- * is printed, the detail goes to nb_error(). */
+/* Checks of a command's input made before it is used, shared by the commands in cli/ (through
+ * cli/cli.h) and the gateway's config reader (gateway/), which is why they live on the jobs/
+ * floor below both. Named nb_cli_* for the command-line callers. Data checks only: nothing is
+ * printed, the detail goes to nb_error(). */
 #ifndef NB_JOBS_CLI_CHECKS_H
 #define NB_JOBS_CLI_CHECKS_H
 

@@ -222,12 +222,153 @@ static int nb__cmp_entry(const void* a, const void* b) {
 
 #define BAD(...) nb_error(NB_ERR_INVALID, __VA_ARGS__)
 
+/* One tensor entry `key` of a checkpoint's header into c->t[c->n]: F32, at most 4 dimensions,
+ * data offsets inside the data section that hold exactly the shape's values. */
+static nb_status_t nb__parse_entry(nb_ckpt_t* c, const char* what, const char* key, json_t* val) {
+  if (!json_is_object(val)) {
+    return BAD("checkpoint %s: tensor %s: entry is not an object", what, key);
+  }
+  json_t* dt = json_object_get(val, "dtype");
+  json_t* sh = json_object_get(val, "shape");
+  json_t* of = json_object_get(val, "data_offsets");
+  if (!json_is_string(dt) || !json_is_array(sh) || !json_is_array(of)) {
+    return BAD("checkpoint %s: tensor %s: needs string dtype, array shape, array data_offsets",
+               what, key);
+  }
+  if (strcmp(json_string_value(dt), "F32") != 0) {
+    return BAD("checkpoint %s: tensor %s: unsupported dtype '%s' (only F32)", what, key,
+               json_string_value(dt));
+  }
+  nb__entry_t* e = &c->t[c->n];
+  size_t ndim = json_array_size(sh), numel = 1;
+  if (ndim > 4) {
+    return BAD("checkpoint %s: tensor %s: %zu dimensions (at most 4)", what, key, ndim);
+  }
+  for (size_t d = 0; d < ndim; d++) {
+    json_t* x = json_array_get(sh, d);
+    if (!json_is_integer(x) || json_integer_value(x) < 0 ||
+        nb_mul_overflow(numel, (size_t)json_integer_value(x), &numel)) {
+      return BAD("checkpoint %s: tensor %s: shape[%zu] is not a non-negative integer", what, key,
+                 d);
+    }
+    e->shape[d] = json_integer_value(x);
+  }
+  e->ndim = (int)ndim;
+  json_t* b0 = json_array_get(of, 0);
+  json_t* b1 = json_array_get(of, 1);
+  if (json_array_size(of) != 2 || !json_is_integer(b0) || !json_is_integer(b1) ||
+      json_integer_value(b0) < 0 || json_integer_value(b1) < json_integer_value(b0)) {
+    return BAD("checkpoint %s: tensor %s: data_offsets must be [begin, end] with 0 <= begin <= end",
+               what, key);
+  }
+  e->begin = (size_t)json_integer_value(b0);
+  e->end = (size_t)json_integer_value(b1);
+  if (e->end > c->data_len) {
+    return BAD(
+        "checkpoint %s: tensor %s: data_offsets [%zu, %zu] out of bounds (data section has "
+        "%zu bytes)",
+        what, key, e->begin, e->end, c->data_len);
+  }
+  size_t nbytes;
+  if (nb_mul_overflow(numel, 4, &nbytes) || nbytes != e->end - e->begin) {
+    return BAD(
+        "checkpoint %s: tensor %s: shape holds %zu F32 values but data_offsets span %zu "
+        "bytes",
+        what, key, numel, e->end - e->begin);
+  }
+  NB_CHECK(nb_alloc((void**)&e->name, strlen(key) + 1, 1, "tensor name"));
+  memcpy(e->name, key, strlen(key) + 1);
+  c->n++;
+  return NB_OK;
+}
+
+/* The tensors' data offsets do not overlap and cover the data section exactly. */
+static nb_status_t nb__check_layout(const nb_ckpt_t* c, const char* what) {
+  nb_status_t st = NB_OK;
+  nb__entry_t* sorted = NULL;
+  NB_CHECK_GOTO(nb_alloc((void**)&sorted, c->n ? c->n : 1, sizeof *sorted, "checkpoint sort"), st,
+                done);
+  memcpy(sorted, c->t, c->n * sizeof *sorted);
+  qsort(sorted, c->n, sizeof *sorted, nb__cmp_entry);
+  size_t pos = 0;
+  for (size_t i = 0; i < c->n; i++) {
+    if (sorted[i].begin < pos) {
+      st =
+          BAD("checkpoint %s: tensor %s overlaps the previous tensor (begins at %zu, previous "
+              "ends at %zu)",
+              what, sorted[i].name, sorted[i].begin, pos);
+      goto done;
+    }
+    if (sorted[i].begin > pos) {
+      st = BAD("checkpoint %s: gap in the data section before tensor %s (%zu..%zu)", what,
+               sorted[i].name, pos, sorted[i].begin);
+      goto done;
+    }
+    pos = sorted[i].end;
+  }
+  if (pos != c->data_len) {
+    st = BAD("checkpoint %s: data section has %zu bytes but tensors cover %zu", what, c->data_len,
+             pos);
+    goto done;
+  }
+done:
+  nb_free(sorted);
+  return st;
+}
+
+/* The data section hashes to the sha256 of __metadata__. */
+static nb_status_t nb__check_sha(const nb_ckpt_t* c, const char* what) {
+  const char* want = nb_checkpoint_meta(c, "sha256");
+  if (!want) {
+    return nb_error(NB_ERR_INTEGRITY, "checkpoint %s: no sha256 in __metadata__", what);
+  }
+  char hex[65];
+  const void* part = c->data;
+  size_t plen = c->data_len;
+  NB_CHECK(nb__sha256_hex(&part, &plen, 1, hex));
+  if (strcmp(hex, want) != 0) {
+    return nb_error(NB_ERR_INTEGRITY,
+                    "checkpoint %s: checksum mismatch: header says sha256 %.64s, data hashes to %s",
+                    what, want, hex);
+  }
+  return NB_OK;
+}
+
+/* Values: a NaN or Inf weight loads fine and then scores as a plausible-looking number (eval
+ * printed 99.66 bpb), so no tensor with one is ever exposed. Only the tensor is named; the
+ * name is shown with anything outside [A-Za-z0-9._-] as '?', and the value never. */
+static nb_status_t nb__check_finite(const nb_ckpt_t* c, const char* what) {
+  for (size_t i = 0; i < c->n; i++) {
+    const uint8_t* p = c->data + c->t[i].begin;
+    size_t nv = (c->t[i].end - c->t[i].begin) / 4;
+    for (size_t k = 0; k < nv; k++) {
+      float v;
+      memcpy(&v, p + 4 * k, sizeof v);
+      if (isfinite(v)) continue;
+      char name[96];
+      size_t j = 0;
+      for (const char* q = c->t[i].name; *q && j + 1 < sizeof name; q++, j++) {
+        unsigned char ch = (unsigned char)*q;
+        name[j] = (ch >= '0' && ch <= '9') || (ch >= 'A' && ch <= 'Z') ||
+                          (ch >= 'a' && ch <= 'z') || ch == '.' || ch == '_' || ch == '-'
+                      ? (char)ch
+                      : '?';
+      }
+      name[j] = '\0';
+      return BAD(
+          "checkpoint %s: tensor %s holds a non-finite value (NaN or infinity) at element %zu "
+          "of %zu: the weights are corrupt or training diverged; use an earlier checkpoint",
+          what, name, k, nv);
+    }
+  }
+  return NB_OK;
+}
+
 /* Takes ownership of buf. */
 static nb_status_t nb__parse_owned(uint8_t* buf, size_t len, const char* what, nb_ckpt_t** out) {
   nb_status_t st = NB_OK;
   nb_ckpt_t* c = NULL;
   json_t* root = NULL;
-  nb__entry_t* sorted = NULL;
   *out = NULL;
   if (nb_calloc((void**)&c, 1, sizeof *c, "checkpoint") != NB_OK) {
     nb_free(buf);
@@ -286,144 +427,15 @@ static nb_status_t nb__parse_owned(uint8_t* buf, size_t len, const char* what, n
       c->meta = json_incref(val);
       continue;
     }
-    if (!json_is_object(val)) {
-      st = BAD("checkpoint %s: tensor %s: entry is not an object", what, key);
-      goto fail;
-    }
-    json_t* dt = json_object_get(val, "dtype");
-    json_t* sh = json_object_get(val, "shape");
-    json_t* of = json_object_get(val, "data_offsets");
-    if (!json_is_string(dt) || !json_is_array(sh) || !json_is_array(of)) {
-      st = BAD("checkpoint %s: tensor %s: needs string dtype, array shape, array data_offsets",
-               what, key);
-      goto fail;
-    }
-    if (strcmp(json_string_value(dt), "F32") != 0) {
-      st = BAD("checkpoint %s: tensor %s: unsupported dtype '%s' (only F32)", what, key,
-               json_string_value(dt));
-      goto fail;
-    }
-    nb__entry_t* e = &c->t[c->n];
-    size_t ndim = json_array_size(sh), numel = 1;
-    if (ndim > 4) {
-      st = BAD("checkpoint %s: tensor %s: %zu dimensions (at most 4)", what, key, ndim);
-      goto fail;
-    }
-    for (size_t d = 0; d < ndim; d++) {
-      json_t* x = json_array_get(sh, d);
-      if (!json_is_integer(x) || json_integer_value(x) < 0 ||
-          nb_mul_overflow(numel, (size_t)json_integer_value(x), &numel)) {
-        st =
-            BAD("checkpoint %s: tensor %s: shape[%zu] is not a non-negative integer", what, key, d);
-        goto fail;
-      }
-      e->shape[d] = json_integer_value(x);
-    }
-    e->ndim = (int)ndim;
-    json_t* b0 = json_array_get(of, 0);
-    json_t* b1 = json_array_get(of, 1);
-    if (json_array_size(of) != 2 || !json_is_integer(b0) || !json_is_integer(b1) ||
-        json_integer_value(b0) < 0 || json_integer_value(b1) < json_integer_value(b0)) {
-      st = BAD("checkpoint %s: tensor %s: data_offsets must be [begin, end] with 0 <= begin <= end",
-               what, key);
-      goto fail;
-    }
-    e->begin = (size_t)json_integer_value(b0);
-    e->end = (size_t)json_integer_value(b1);
-    if (e->end > c->data_len) {
-      st =
-          BAD("checkpoint %s: tensor %s: data_offsets [%zu, %zu] out of bounds (data section has "
-              "%zu bytes)",
-              what, key, e->begin, e->end, c->data_len);
-      goto fail;
-    }
-    size_t nbytes;
-    if (nb_mul_overflow(numel, 4, &nbytes) || nbytes != e->end - e->begin) {
-      st =
-          BAD("checkpoint %s: tensor %s: shape holds %zu F32 values but data_offsets span %zu "
-              "bytes",
-              what, key, numel, e->end - e->begin);
-      goto fail;
-    }
-    NB_CHECK_GOTO(nb_alloc((void**)&e->name, strlen(key) + 1, 1, "tensor name"), st, fail);
-    memcpy(e->name, key, strlen(key) + 1);
-    c->n++;
+    NB_CHECK_GOTO(nb__parse_entry(c, what, key, val), st, fail);
   }
-  /* offsets: non-overlapping and covering the data section exactly */
-  NB_CHECK_GOTO(nb_alloc((void**)&sorted, c->n ? c->n : 1, sizeof *sorted, "checkpoint sort"), st,
-                fail);
-  memcpy(sorted, c->t, c->n * sizeof *sorted);
-  qsort(sorted, c->n, sizeof *sorted, nb__cmp_entry);
-  size_t pos = 0;
-  for (size_t i = 0; i < c->n; i++) {
-    if (sorted[i].begin < pos) {
-      st =
-          BAD("checkpoint %s: tensor %s overlaps the previous tensor (begins at %zu, previous "
-              "ends at %zu)",
-              what, sorted[i].name, sorted[i].begin, pos);
-      goto fail;
-    }
-    if (sorted[i].begin > pos) {
-      st = BAD("checkpoint %s: gap in the data section before tensor %s (%zu..%zu)", what,
-               sorted[i].name, pos, sorted[i].begin);
-      goto fail;
-    }
-    pos = sorted[i].end;
-  }
-  if (pos != c->data_len) {
-    st = BAD("checkpoint %s: data section has %zu bytes but tensors cover %zu", what, c->data_len,
-             pos);
-    goto fail;
-  }
-  /* checksum */
-  const char* want = nb_checkpoint_meta(c, "sha256");
-  if (!want) {
-    st = nb_error(NB_ERR_INTEGRITY, "checkpoint %s: no sha256 in __metadata__", what);
-    goto fail;
-  }
-  char hex[65];
-  const void* part = c->data;
-  size_t plen = c->data_len;
-  NB_CHECK_GOTO(nb__sha256_hex(&part, &plen, 1, hex), st, fail);
-  if (strcmp(hex, want) != 0) {
-    st = nb_error(NB_ERR_INTEGRITY,
-                  "checkpoint %s: checksum mismatch: header says sha256 %.64s, data hashes to %s",
-                  what, want, hex);
-    goto fail;
-  }
-  /* Values: a NaN or Inf weight loads fine and then scores as a plausible-looking number (eval
-   * printed 99.66 bpb), so no tensor with one is ever exposed. Only the tensor is named; the
-   * name is shown with anything outside [A-Za-z0-9._-] as '?', and the value never. */
-  for (size_t i = 0; i < c->n; i++) {
-    const uint8_t* p = c->data + c->t[i].begin;
-    size_t nv = (c->t[i].end - c->t[i].begin) / 4;
-    for (size_t k = 0; k < nv; k++) {
-      float v;
-      memcpy(&v, p + 4 * k, sizeof v);
-      if (isfinite(v)) continue;
-      char name[96];
-      size_t j = 0;
-      for (const char* q = c->t[i].name; *q && j + 1 < sizeof name; q++, j++) {
-        unsigned char ch = (unsigned char)*q;
-        name[j] = (ch >= '0' && ch <= '9') || (ch >= 'A' && ch <= 'Z') ||
-                          (ch >= 'a' && ch <= 'z') || ch == '.' || ch == '_' || ch == '-'
-                      ? (char)ch
-                      : '?';
-      }
-      name[j] = '\0';
-      st =
-          BAD("checkpoint %s: tensor %s holds a non-finite value (NaN or infinity) at element %zu "
-              "of %zu: the weights are corrupt or training diverged; use an earlier checkpoint",
-              what, name, k, nv);
-      goto fail;
-    }
-  }
-  nb_free(sorted);
+  NB_CHECK_GOTO(nb__check_layout(c, what), st, fail);
+  NB_CHECK_GOTO(nb__check_sha(c, what), st, fail);
+  NB_CHECK_GOTO(nb__check_finite(c, what), st, fail);
   json_decref(root);
   *out = c;
   return NB_OK;
 fail:
-  nb_free(sorted);
   json_decref(root);
   nb_checkpoint_close(c);
   return st;

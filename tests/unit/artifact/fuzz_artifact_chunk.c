@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "jobs/artifact_internal.h"
+#include "gateway/artifact_internal.h"
 
 #define NB__FZ_SHA "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 #define NB__FZ_SIZE 300u

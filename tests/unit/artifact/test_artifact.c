@@ -1,4 +1,4 @@
-/* jobs/artifact: the store (put, lookup, dedupe, bad names, reopen) and fetches from a real
+/* gateway/artifact: the store (put, lookup, dedupe, bad names, reopen) and fetches from a real
  * mutual-TLS server on 127.0.0.1:0 with certificates from security/pki: byte-identical copies,
  * resume after the server stopped mid-transfer, a wrong job secret, a refused cluster, unknown
  * names and jobs, and a damaged object on the server. */
@@ -21,8 +21,8 @@
 #include <unistd.h>
 
 #include "common/common.h"
-#include "jobs/artifact.h"
-#include "jobs/artifact_internal.h"
+#include "gateway/artifact.h"
+#include "gateway/artifact_internal.h"
 #include "nebula/v1/artifact.pb-c.h"
 #include "security/seal.h"
 #include "tests/unit/link/certs.h"

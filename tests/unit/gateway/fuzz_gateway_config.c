@@ -1,4 +1,4 @@
-/* Fuzz target for the gateway config parser (jobs/gateway.c's option table): any bytes give
+/* Fuzz target for the gateway config parser (gateway/gateway.c's option table): any bytes give
  * either a config that passes its own invariants or NB_ERR_CONFIG with a message starting with
  * "config". Never a crash. Built as a replay driver over config-corpus/ in every build, and as a
  * libFuzzer target with -DNB_FUZZ=ON and clang. */
@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "jobs/gateway.h"
+#include "gateway/gateway.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 

@@ -26,7 +26,7 @@
 
 #include "common/common.h"
 #include "inter/rpc.h"
-#include "jobs/gateway.h"
+#include "gateway/gateway.h"
 #include "nebula/v1/gateway.pb-c.h"
 #include "security/pki.h"
 #include "security/sign.h"

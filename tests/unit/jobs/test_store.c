@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
-#include "jobs/store.h"
+#include "gateway/store.h"
 
 static char tmpdir[256];
 static char dbpath[320];

@@ -1,4 +1,4 @@
-/* jobs/launcher.h without a gateway: names, the session-wide cancel of the local launcher (a
+/* gateway/launcher.h without a gateway: names, the session-wide cancel of the local launcher (a
  * process that moved to a process group of its own is still stopped), launch records and their
  * round trip, per-rank exit codes, and the Slurm launcher against stand-in sbatch / squeue /
  * scontrol / sacct / scancel scripts put first in PATH (the batch script as written, the job id
@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
-#include "jobs/launcher.h"
+#include "gateway/launcher.h"
 
 static char g_dir[256];
 

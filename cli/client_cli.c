@@ -1,7 +1,7 @@
 /* `nebula submit|get|list|watch|cancel|logs`: a thin client of nebula.v1.Gateway over mutual TLS
  * with the user's certificate. It signs descriptors with the user's key (security/sign) and
  * prints; every decision is the gateway's. It does not talk to peers or read the job store. */
-#include "jobs/client_cli.h"
+#include "cli/client_cli.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/opts.h"
 #include "inter/rpc.h"
 #include "cli/cli.h"
 #include "jobs/descriptor.h"
@@ -47,46 +48,33 @@ typedef struct {
   int64_t timeout_ms;
 } nb__copts_t;
 
-static void nb__common_help(FILE* f) {
-  fprintf(f,
-          "\nconnection (flags override the environment):\n"
-          "  --gateway ADDR     gateway address (NB_GATEWAY, default 127.0.0.1:7070)\n"
-          "  --ca FILE          federation CA certificate (NB_CA)\n"
-          "  --cert FILE        your user certificate (NB_CERT)\n"
-          "  --key FILE         your private key (NB_KEY)\n"
-          "  --server-name N    name to check in the gateway's certificate (default: the host)\n"
-          "  --timeout S        give up after S seconds (default 30; watch/logs -f: none)\n"
-          "  --help             show this help\n"
-          "\nexit status: 0 ok, 1 failure, 2 usage, 3 refused by the gateway, 4 no such job,\n"
-          "5 gateway unreachable, 6 invalid request or descriptor; watch: 10 the job failed,\n"
-          "11 the job was cancelled.\n");
-}
-
 static const char* nb__usage_line(const char* cmd) {
   if (!strcmp(cmd, "submit"))
-    return "nebula submit FILE [--json]\n  sign FILE with your key and "
+    return "usage: nebula submit FILE [--json]\n  sign FILE with your key and "
            "submit it; prints the job id";
-  if (!strcmp(cmd, "get")) return "nebula get JOB [--json]\n  show one job";
+  if (!strcmp(cmd, "get")) return "usage: nebula get JOB [--json]\n  show one job";
   if (!strcmp(cmd, "list"))
-    return "nebula list [--owner USER] [--state STATE] [--json]\n  list your jobs (all jobs for "
-           "admins)";
+    return "usage: nebula list [--owner USER] [--state STATE] [--json]\n  list your jobs (all "
+           "jobs for admins)";
   if (!strcmp(cmd, "watch"))
-    return "nebula watch JOB [--json]\n  follow a job's events until it ends: a live progress "
-           "line on a terminal\n  (step, loss, WAN MB/s, density, ETA), plain lines otherwise";
+    return "usage: nebula watch JOB [--json]\n  follow a job's events until it ends: a live "
+           "progress line on a terminal\n  (step, loss, WAN MB/s, density, ETA), plain lines "
+           "otherwise";
   if (!strcmp(cmd, "cancel"))
-    return "nebula cancel JOB [--reason TEXT] [--json]\n  stop every process of the job "
+    return "usage: nebula cancel JOB [--reason TEXT] [--json]\n  stop every process of the job "
            "(SIGTERM, then SIGKILL)";
-  return "nebula logs JOB [-f] [--stderr] [--cluster ID] [--json]\n  print the job's output; -f "
-         "follows it until the job ends; --cluster: another cluster's part of a\n  federated job "
-         "(asked at the gateway where it was submitted)";
+  return "usage: nebula logs JOB [-f] [--stderr] [--cluster ID] [--json]\n  print the job's "
+         "output; -f follows it until the job ends; --cluster: another cluster's part of a\n  "
+         "federated job (asked at the gateway where it was submitted)";
 }
 
-static void nb__usage(const char* cmd, FILE* f) {
-  fprintf(f, "usage: %s\n", nb__usage_line(cmd));
-  nb__common_help(f);
-}
+#define NB__CLIENT_EPILOG                                                               \
+  "\nexit status: 0 ok, 1 failure, 2 usage, 3 refused by the gateway, 4 no such job,\n" \
+  "5 gateway unreachable, 6 invalid request or descriptor; watch: 10 the job failed,\n" \
+  "11 the job was cancelled."
 
-/* Parses the options shared by every command; returns -1 to continue, else an exit code. */
+/* Parses the options of one client command (the connection's, shared by all, and its own);
+ * returns -1 to continue, else an exit code. */
 static int nb__parse(int argc, char** argv, nb__copts_t* o) {
   memset(o, 0, sizeof *o);
   o->cmd = argv[0];
@@ -94,74 +82,74 @@ static int nb__parse(int argc, char** argv, nb__copts_t* o) {
   o->ca = nb_param_ClientCa();
   o->cert = nb_param_ClientCert();
   o->key = nb_param_ClientKey();
-  o->timeout_ms = 30000;
-  for (int i = 1; i < argc; i++) {
-    const char* a = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NB__VAL(field)                                             \
-  do {                                                             \
-    if (!v) {                                                      \
-      fprintf(stderr, "nebula %s: %s needs a value\n", o->cmd, a); \
-      return NB_EXIT_USAGE;                                        \
-    }                                                              \
-    o->field = v;                                                  \
-    i++;                                                           \
-  } while (0)
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      nb__usage(o->cmd, stdout);
-      return NB_EXIT_OK;
-    } else if (!strcmp(a, "--gateway")) {
-      NB__VAL(gateway);
-    } else if (!strcmp(a, "--ca")) {
-      NB__VAL(ca);
-    } else if (!strcmp(a, "--cert")) {
-      NB__VAL(cert);
-    } else if (!strcmp(a, "--key")) {
-      NB__VAL(key);
-    } else if (!strcmp(a, "--server-name")) {
-      NB__VAL(server_name);
-    } else if (!strcmp(a, "--json")) {
-      o->json = 1;
-    } else if (!strcmp(a, "--timeout")) {
-      char* end = NULL;
-      double s = v ? strtod(v, &end) : -1;
-      if (!v || *end || s <= 0) {
-        fprintf(stderr, "nebula %s: --timeout takes seconds > 0\n", o->cmd);
-        return NB_EXIT_USAGE;
-      }
-      o->timeout_ms = (int64_t)(s * 1000);
-      i++;
-    } else if (!strcmp(o->cmd, "logs") && (!strcmp(a, "-f") || !strcmp(a, "--follow"))) {
-      o->follow = 1;
-    } else if (!strcmp(o->cmd, "logs") && !strcmp(a, "--stderr")) {
-      o->stream = "stderr";
-    } else if (!strcmp(o->cmd, "logs") && !strcmp(a, "--cluster")) {
-      NB__VAL(cluster);
-    } else if (!strcmp(o->cmd, "list") && !strcmp(a, "--owner")) {
-      NB__VAL(owner);
-    } else if (!strcmp(o->cmd, "list") && !strcmp(a, "--state")) {
-      NB__VAL(state);
-    } else if (!strcmp(o->cmd, "cancel") && !strcmp(a, "--reason")) {
-      if (v && v[0] == '-' && v[1] == '-') { /* "--reason --json": the option is not a reason */
-        fprintf(stderr, "nebula cancel: --reason needs a text, not the option '%s'\n", nb__safe(v));
-        return NB_EXIT_USAGE;
-      }
-      NB__VAL(reason);
-    } else if (a[0] == '-' && a[1]) {
-      fprintf(stderr, "nebula %s: unknown option '%s'\n", o->cmd, a);
-      nb__usage(o->cmd, stderr);
-      return NB_EXIT_USAGE;
-    } else if (o->arg || !strcmp(o->cmd, "list")) {
-      fprintf(stderr, "nebula %s: unexpected argument '%s'\n", o->cmd, a);
-      return NB_EXIT_USAGE;
-    } else {
-      o->arg = a;
-    }
-#undef NB__VAL
-  }
-  if (!o->arg && strcmp(o->cmd, "list")) {
-    nb__usage(o->cmd, stderr);
+  double timeout_s = 30;
+  int err_stream = 0;
+  nb_opt_t opts[16] = {
+      NB_OPTION("gateway", NB_OPT_STR, &o->gateway, "ADDR",
+                "gateway address (NB_GATEWAY, default 127.0.0.1:7070)"),
+      NB_OPTION("ca", NB_OPT_STR, &o->ca, "FILE", "federation CA certificate (NB_CA)"),
+      NB_OPTION("cert", NB_OPT_STR, &o->cert, "FILE", "your user certificate (NB_CERT)"),
+      NB_OPTION("key", NB_OPT_STR, &o->key, "FILE", "your private key (NB_KEY)"),
+      NB_OPTION("server-name", NB_OPT_STR, &o->server_name, "N",
+                "name to check in the gateway's certificate (default: the host)"),
+      NB_OPTION("timeout", NB_OPT_DOUBLE, &timeout_s, "S",
+                "give up after S seconds (default 30; watch/logs -f: none)"),
+      NB_OPTION("json", NB_OPT_FLAG, &o->json, NULL, "print JSON"),
+  };
+  /* and each command's own */
+  const nb_opt_t logs[] = {
+      NB_OPTION("follow", NB_OPT_FLAG, &o->follow, NULL, "follow the output until the job ends",
+                .letter = 'f'),
+      NB_OPTION("stderr", NB_OPT_FLAG, &err_stream, NULL,
+                "the job's standard error instead of its output"),
+      NB_OPTION("cluster", NB_OPT_STR, &o->cluster, "ID",
+                "another cluster's part of a federated job"),
+      NB_OPTION_END,
+  };
+  const nb_opt_t list[] = {
+      NB_OPTION("owner", NB_OPT_STR, &o->owner, "USER", "only this user's jobs (admins)"),
+      NB_OPTION("state", NB_OPT_STR, &o->state, "STATE", "only jobs in this state"),
+      NB_OPTION_END,
+  };
+  const nb_opt_t cancel[] = {
+      NB_OPTION("reason", NB_OPT_STR, &o->reason, "TEXT", "why, stored with the job"),
+      NB_OPTION_END,
+  };
+  const nb_opt_t* own = !strcmp(o->cmd, "logs")     ? logs
+                        : !strcmp(o->cmd, "list")   ? list
+                        : !strcmp(o->cmd, "cancel") ? cancel
+                                                    : NULL;
+  int n = 7;
+  for (; own && own->name; own++) opts[n++] = *own;
+  opts[n] = (nb_opt_t)NB_OPTION_END;
+  char cmd[32];
+  snprintf(cmd, sizeof cmd, "nebula %s", o->cmd);
+  int is_list = !strcmp(o->cmd, "list");
+  const nb_cmd_spec_t spec = {
+      .cmd = cmd,
+      .synopsis = nb__usage_line(o->cmd),
+      .about = "connection: the flags override the environment",
+      .epilog = NB__CLIENT_EPILOG,
+      .arg_name = is_list                     ? NULL
+                  : !strcmp(o->cmd, "submit") ? "FILE"
+                                              : "JOB",
+      .arg = &o->arg,
+      .opts = opts,
+  };
+  int rc = nb_opts_parse(&spec, argc, argv);
+  if (rc != NB_OPTS_RUN) return rc;
+  if (timeout_s <= 0) return nb_opts_usage_error(&spec, "--timeout takes seconds > 0");
+  o->timeout_ms = (int64_t)(timeout_s * 1000);
+  if (err_stream) o->stream = "stderr";
+  if (o->reason && o->reason[0] == '-' && o->reason[1] == '-') { /* "--reason --json" */
+    fprintf(stderr, "nebula cancel: --reason needs a text, not the option '%s'\n",
+            nb__safe(o->reason));
     return NB_EXIT_USAGE;
+  }
+  if (!o->arg && !is_list) {
+    char what[64];
+    snprintf(what, sizeof what, "%s is required", spec.arg_name);
+    return nb_opts_usage_error(&spec, what);
   }
   if (nb_cli_addr_check(o->gateway, 0, "--gateway (or NB_GATEWAY)") != NB_OK) {
     fprintf(stderr, "nebula %s: %s\n", o->cmd, nb__safe(nb_error_last()));
@@ -232,9 +220,25 @@ static nb_status_t nb__connect(const nb__copts_t* o, nb__conn_t* c) {
   return st;
 }
 
+/* The start of every command but submit: its options, then the connection to the gateway.
+ * Returns -1 to go on, else the exit code (a usage error, or the failure to connect). */
+static int nb__start(int argc, char** argv, nb__copts_t* o, nb__conn_t* c) {
+  int rc = nb__parse(argc, argv, o);
+  if (rc >= 0) return rc;
+  nb_status_t st = nb__connect(o, c);
+  return st == NB_OK ? -1 : nb__fail(o, st);
+}
+
 static void nb__disconnect(nb__conn_t* c) {
   nb_rpc_client_destroy(c->cli);
   nb_tls_destroy(c->tls);
+}
+
+/* The end of a command: the exit code for st (its error printed), then the connection closed. */
+static int nb__end(const nb__copts_t* o, nb__conn_t* c, nb_status_t st) {
+  int rc = st == NB_OK ? NB_EXIT_OK : nb__fail(o, st);
+  nb__disconnect(c);
+  return rc;
 }
 
 static void nb__fmt_time(int64_t ns, char* buf, size_t n) {
@@ -403,11 +407,10 @@ done:
 
 static int nb__unary_job(int argc, char** argv, int cancel) {
   nb__copts_t o;
-  int rc = nb__parse(argc, argv, &o);
-  if (rc >= 0) return rc;
   nb__conn_t c;
-  nb_status_t st = nb__connect(&o, &c);
-  if (st != NB_OK) return nb__fail(&o, st);
+  nb_status_t st = NB_OK;
+  int rc = nb__start(argc, argv, &o, &c);
+  if (rc >= 0) return rc;
   ProtobufCMessage* rep = NULL;
   if (cancel) {
     Nebula__V1__CancelRequest req = NEBULA__V1__CANCEL_REQUEST__INIT;
@@ -435,12 +438,8 @@ static int nb__unary_job(int argc, char** argv, int cancel) {
       nb__print_job(j);
     }
     protobuf_c_message_free_unpacked(rep, NULL);
-    rc = NB_EXIT_OK;
-  } else {
-    rc = nb__fail(&o, st);
   }
-  nb__disconnect(&c);
-  return rc;
+  return nb__end(&o, &c, st);
 }
 
 int nb_get_main(int argc, char** argv) {
@@ -452,11 +451,10 @@ int nb_cancel_main(int argc, char** argv) {
 
 int nb_list_main(int argc, char** argv) {
   nb__copts_t o;
-  int rc = nb__parse(argc, argv, &o);
-  if (rc >= 0) return rc;
   nb__conn_t c;
-  nb_status_t st = nb__connect(&o, &c);
-  if (st != NB_OK) return nb__fail(&o, st);
+  nb_status_t st = NB_OK;
+  int rc = nb__start(argc, argv, &o, &c);
+  if (rc >= 0) return rc;
   Nebula__V1__ListRequest req = NEBULA__V1__LIST_REQUEST__INIT;
   req.owner = (char*)(o.owner ? o.owner : "");
   req.state = (char*)(o.state ? o.state : "");
@@ -480,12 +478,8 @@ int nb_list_main(int argc, char** argv) {
       }
     }
     protobuf_c_message_free_unpacked(rep, NULL);
-    rc = NB_EXIT_OK;
-  } else {
-    rc = nb__fail(&o, st);
   }
-  nb__disconnect(&c);
-  return rc;
+  return nb__end(&o, &c, st);
 }
 
 static void nb__fmt_eta(double s, char* buf, size_t n) {
@@ -516,11 +510,10 @@ static void nb__progress_line(const Nebula__V1__JobEvent* e, char* buf, size_t n
 
 int nb_watch_main(int argc, char** argv) {
   nb__copts_t o;
-  int rc = nb__parse(argc, argv, &o);
-  if (rc >= 0) return rc;
   nb__conn_t c;
-  nb_status_t st = nb__connect(&o, &c);
-  if (st != NB_OK) return nb__fail(&o, st);
+  nb_status_t st = NB_OK;
+  int rc = nb__start(argc, argv, &o, &c);
+  if (rc >= 0) return rc;
   int tty = isatty(STDOUT_FILENO) && !o.json;
   Nebula__V1__WatchRequest req = NEBULA__V1__WATCH_REQUEST__INIT;
   req.job_id = (char*)o.arg;
@@ -589,11 +582,10 @@ done:
 
 int nb_logs_main(int argc, char** argv) {
   nb__copts_t o;
-  int rc = nb__parse(argc, argv, &o);
-  if (rc >= 0) return rc;
   nb__conn_t c;
-  nb_status_t st = nb__connect(&o, &c);
-  if (st != NB_OK) return nb__fail(&o, st);
+  nb_status_t st = NB_OK;
+  int rc = nb__start(argc, argv, &o, &c);
+  if (rc >= 0) return rc;
   Nebula__V1__LogsRequest req = NEBULA__V1__LOGS_REQUEST__INIT;
   req.job_id = (char*)o.arg;
   req.follow = o.follow;

@@ -1,7 +1,7 @@
 /* Job store on SQLite: WAL journal, versioned schema (PRAGMA user_version + ordered migrations),
  * every statement prepared with bound parameters. It is not a queue or a scheduler: callers decide
  * what to run; the store only keeps the record and refuses moves the lifecycle forbids. */
-#include "jobs/store.h"
+#include "gateway/store.h"
 
 #include <jansson.h>
 #include <sqlite3.h>

@@ -1,7 +1,7 @@
 /* The client side of nebula.v1.Gateway on the command line: `nebula submit|get|list|watch|
- * cancel|logs`. Each is a subcommand main (jobs/cli.h); exit codes are in docs/gateway.md. */
-#ifndef NB_JOBS_CLIENT_CLI_H
-#define NB_JOBS_CLIENT_CLI_H
+ * cancel|logs`. Each is a subcommand main (cli/cli.h); exit codes are in docs/gateway.md. */
+#ifndef NB_CLI_CLIENT_CLI_H
+#define NB_CLI_CLIENT_CLI_H
 
 #ifdef __cplusplus
 extern "C" {

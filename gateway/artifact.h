@@ -6,8 +6,8 @@
  * general file server: only what a gateway put in its store can be fetched, only by a cluster
  * the job involves, and only what that job is entitled to (its own outputs, or the base
  * checkpoint it names when the same user owns it). */
-#ifndef NB_JOBS_ARTIFACT_H
-#define NB_JOBS_ARTIFACT_H
+#ifndef NB_GATEWAY_ARTIFACT_H
+#define NB_GATEWAY_ARTIFACT_H
 
 #include <stdint.h>
 
@@ -114,4 +114,4 @@ uint64_t nb_artifact_sent_bytes(void);
 }
 #endif
 
-#endif /* NB_JOBS_ARTIFACT_H */
+#endif /* NB_GATEWAY_ARTIFACT_H */

@@ -3,8 +3,8 @@
  * fresh session), "mpirun" (mpirun -np W of the command, per-rank folders), "slurm" (a batch
  * script submitted with sbatch, followed with squeue/sacct, cancelled with scancel). It does not
  * know the job store or descriptors: the gateway builds the command and records what it reports. */
-#ifndef NB_JOBS_LAUNCHER_H
-#define NB_JOBS_LAUNCHER_H
+#ifndef NB_GATEWAY_LAUNCHER_H
+#define NB_GATEWAY_LAUNCHER_H
 
 #include <jansson.h>
 #include <stddef.h>

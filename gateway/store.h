@@ -1,8 +1,8 @@
 /* The gateway's job store: jobs, their state machine and their event log in one SQLite file in
  * WAL mode, so that they survive a restart and can be read while being written. It stores
  * descriptors as opaque JSON text; it does not parse, sign or schedule them. */
-#ifndef NB_JOBS_STORE_H
-#define NB_JOBS_STORE_H
+#ifndef NB_GATEWAY_STORE_H
+#define NB_GATEWAY_STORE_H
 
 #include <stddef.h>
 #include <stdint.h>

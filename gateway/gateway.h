@@ -1,10 +1,19 @@
 /* The gateway daemon of one cluster: `nebula gateway --config FILE`. It serves the client API
  * nebula.v1.Gateway over mutual TLS (Submit a signed descriptor, Get, List, Watch, Cancel, Logs),
  * decides with the ACL, keeps jobs in the SQLite job store and runs them with a launcher (local,
- * mpirun or Slurm: jobs/launcher.h), and federates with its peer gateways (nebula.v1.Federation)
- * so that a job runs on every cluster it names. It does not schedule beyond a slot count. */
-#ifndef NB_JOBS_GATEWAY_H
-#define NB_JOBS_GATEWAY_H
+ * mpirun or Slurm: gateway/launcher.h), and federates with its peer gateways (nebula.v1.Federation)
+ * so that a job runs on every cluster it names. It does not schedule beyond a slot count.
+ *
+ * Thread safety: the config functions touch only the struct they are given (one thread per
+ * struct). A gateway runs threads of its own (the gRPC handlers, a monitor of the job processes,
+ * a federation thread and a run-report thread) that share its state under separate locks
+ * (gateway/gateway_internal.h says which lock guards what, and their order); nb_gateway_port may
+ * be called from any thread while it lives. nb_gateway_create and nb_gateway_destroy are not
+ * thread-safe with respect to the same gateway: destroy only once, from one thread, and not
+ * while another thread still uses it. Several gateways may live in one process (the tests run
+ * two or three) as long as each has its own work_dir. */
+#ifndef NB_GATEWAY_GATEWAY_H
+#define NB_GATEWAY_GATEWAY_H
 
 #include <stdio.h>
 
@@ -12,7 +21,7 @@
 #include "jobs/acl.h"
 #include "jobs/job_config.h"
 #include "jobs/job_paths.h"
-#include "jobs/launcher.h"
+#include "gateway/launcher.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,7 +44,7 @@ typedef struct {
   char tls_ca[NB_GW_STR], tls_cert[NB_GW_STR], tls_key[NB_GW_STR];
   int n_peers; /* peer gateways: federation partners (nebula.v1.Federation) */
   nb_gateway_peer_t peers[NB_GW_MAX_PEERS];
-  /* "launcher", "mpirun.*", "slurm.*" (jobs/launcher.h) */
+  /* "launcher", "mpirun.*", "slurm.*" (gateway/launcher.h) */
   nb_launcher_conf_t launcher;
   int n_command; /* the job command template; placeholders {descriptor} {jobdir} {job}
                     {cluster} {workers} {nebula}; a first word "nebula" and {nebula} mean this
@@ -89,9 +98,6 @@ int nb_gateway_port(const nb_gateway_t* gw);
 /* Stops serving and monitoring. Running jobs are left running: a restarted gateway re-attaches
  * to them. NULL ok. */
 void nb_gateway_destroy(nb_gateway_t* gw);
-
-/* `nebula gateway --config FILE`: runs until SIGINT/SIGTERM. */
-int nb_gateway_main(int argc, char** argv);
 
 #ifdef __cplusplus
 }

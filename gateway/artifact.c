@@ -2,8 +2,8 @@
  * names), the nebula.v1.Artifacts service that serves it in sealed chunks, and the resumable
  * client fetch. It is not a general file server nor a transport: inter/rpc carries the calls and
  * security/seal the keys; which cluster takes part in which job is the gateway's callback, and
- * what a job is entitled to (its owner's outputs and base, jobs/artifact.h) is decided here. */
-#include "jobs/artifact.h"
+ * what a job is entitled to (its owner's outputs and base, gateway/artifact.h) is decided here. */
+#include "gateway/artifact.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -22,7 +22,7 @@
 
 #include "common/common.h"
 #include "inter/ratelimit.h"
-#include "jobs/artifact_internal.h"
+#include "gateway/artifact_internal.h"
 #include "nebula/v1/artifact.pb-c.h"
 #include "security/seal.h"
 

@@ -1,9 +1,9 @@
-/* The launchers (jobs/launcher.h). local: fork + exec of a wrapper shell that leads a fresh
+/* The launchers (gateway/launcher.h). local: fork + exec of a wrapper shell that leads a fresh
  * session, logs to files, and leaves the command's exit status in a file that survives a gateway
  * restart; mpirun: the same with mpirun -np W in front; slurm: a batch script, sbatch, squeue,
  * sacct, scancel (run as child processes). Sessions are found through /proc. It is not a scheduler
  * and knows no job store. */
-#include "jobs/launcher.h"
+#include "gateway/launcher.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,14 +1,14 @@
-/* Internals of jobs/artifact.c shared with its tests and fuzz target: one chunk of a Fetch call
+/* Internals of gateway/artifact.c shared with its tests and fuzz target: one chunk of a Fetch call
  * as the server seals and packs it, and as the receiver checks and opens it. Not a public API:
- * nothing outside jobs/artifact.c and tests/unit/artifact uses it. */
-#ifndef NB_JOBS_ARTIFACT_INTERNAL_H
-#define NB_JOBS_ARTIFACT_INTERNAL_H
+ * nothing outside gateway/artifact.c and tests/unit/artifact uses it. */
+#ifndef NB_GATEWAY_ARTIFACT_INTERNAL_H
+#define NB_GATEWAY_ARTIFACT_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
-#include "jobs/artifact.h"
+#include "gateway/artifact.h"
 #include "security/seal.h"
 
 #define NB__ARTIFACT_TID_BYTES 16 /* transfer id: 16 random bytes per Fetch call */
