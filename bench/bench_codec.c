@@ -10,6 +10,7 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
+#include "common/opts.h"
 #include "compress/compress.h"
 
 static uint64_t nb__rng(uint64_t* s) {
@@ -57,104 +58,16 @@ typedef struct {
   nb_codec_config_t cfg;
 } nb__bopts_t;
 
-/* The flags, parsed by a table with cli/opts.h's conventions (--opt value and --opt=value, one
- * line naming a bad option or value, --help from the table). Not cli/opts.h itself: bench/ sits
- * below cli/ and may not include it (tests/layering/check_includes.py). */
-typedef enum { NB__F_FLAG, NB__F_STR, NB__F_LONG, NB__F_NUM } nb__fkind_t;
-typedef struct {
-  const char* name; /* without the dashes; NULL ends a table */
-  nb__fkind_t kind;
-  void* dst; /* int (flag), const char* (str), long, double */
-  const char* meta;
-  double min, max;  /* LONG and NUM: the accepted range */
-  const char* help; /* '\n' starts a continuation line */
-} nb__flag_t;
-
 static const char* nb__bench_cmd = "nebula bench codec";
 static const char* nb__bench_synopsis =
     "usage: nebula bench codec [--n N] [--density D]\n"
     "                          [--values int8|4bit|2bit|fp16|bf16|fp32] [--block B]\n"
     "                          [--topk-chunk C] [--zstd-level L] [--threads T] [--runs R]\n"
-    "                          [--input FILE.f32] [--json]\n\n"
+    "                          [--input FILE.f32] [--json]";
+static const char* nb__bench_about =
     "Encodes (error feedback + exact top-k + quantize + index coding + zstd + frame) and\n"
     "decodes a heavy-tailed vector, median of R runs against a memcpy of the same buffer;\n"
-    "prints the wire size, the index section and the speeds. Asserts nothing.\n";
-
-static void nb__flags_help(const nb__flag_t* t) {
-  printf("%s\n", nb__bench_synopsis);
-  for (; t->name; t++) {
-    char head[64];
-    snprintf(head, sizeof head, "--%s%s%s", t->name, t->meta ? " " : "", t->meta ? t->meta : "");
-    printf("  %-18s ", head);
-    for (const char* p = t->help; *p; p++) {
-      putchar(*p);
-      if (*p == '\n') printf("  %-18s ", "");
-    }
-    putchar('\n');
-  }
-}
-
-/* Stores one value; 0, or 2 after the error line. */
-static int nb__flag_set(const nb__flag_t* o, const char* v) {
-  char* end = NULL;
-  if (o->kind == NB__F_STR) {
-    *(const char**)o->dst = v;
-  } else if (o->kind == NB__F_LONG) {
-    long x = strtol(v, &end, 10);
-    if (end == v || *end || !((double)x >= o->min && (double)x <= o->max)) {
-      fprintf(stderr, "%s: --%s needs an integer in %.0f..%.0f, got '%s'\n", nb__bench_cmd, o->name,
-              o->min, o->max, v);
-      return 2;
-    }
-    *(long*)o->dst = x;
-  } else {
-    double x = strtod(v, &end);
-    if (end == v || *end || !(x >= o->min && x <= o->max)) {
-      fprintf(stderr, "%s: --%s needs a number in %g..%g, got '%s'\n", nb__bench_cmd, o->name,
-              o->min, o->max, v);
-      return 2;
-    }
-    *(double*)o->dst = x;
-  }
-  return 0;
-}
-
-/* Parses argv[1..) into the table. Returns -1 to go on, 0 after --help, 2 after one line. */
-static int nb__flags_parse(const nb__flag_t* t, int argc, char** argv) {
-  for (int i = 1; i < argc; i++) {
-    const char* a = argv[i];
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      nb__flags_help(t);
-      return 0;
-    }
-    if (strncmp(a, "--", 2) != 0) {
-      fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", nb__bench_cmd, a);
-      return 2;
-    }
-    const char* eq = strchr(a + 2, '=');
-    size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
-    const nb__flag_t* o = t;
-    while (o->name && !(strlen(o->name) == len && strncmp(o->name, a + 2, len) == 0)) o++;
-    if (!o->name) {
-      fprintf(stderr, "%s: unknown option '%s' (see --help)\n", nb__bench_cmd, a);
-      return 2;
-    }
-    if (o->kind == NB__F_FLAG) {
-      if (eq) {
-        fprintf(stderr, "%s: --%s takes no value (got '%s')\n", nb__bench_cmd, o->name, a);
-        return 2;
-      }
-      *(int*)o->dst = 1;
-      continue;
-    }
-    if (!eq && i + 1 >= argc) {
-      fprintf(stderr, "%s: --%s needs a value (%s)\n", nb__bench_cmd, o->name, o->meta);
-      return 2;
-    }
-    if (nb__flag_set(o, eq ? eq + 1 : argv[++i])) return 2;
-  }
-  return -1;
-}
+    "prints the wire size, the index section and the speeds. Asserts nothing.";
 
 /* Parses the flags into o (defaults first). Returns -1 to go on, else the exit code (0 after
  * --help, 2 after one line naming the bad option or value). */
@@ -166,32 +79,42 @@ static int nb__bench_parse(int argc, char** argv, nb__bopts_t* o) {
   o->input = NULL;
   nb_codec_config_default(&o->cfg);
   double n = (double)o->n;
-  long block = o->cfg.block_size, chunk = o->cfg.topk_chunk, level = o->cfg.zstd_level;
-  long threads = o->cfg.threads, runs = o->runs;
+  int block = (int)o->cfg.block_size, chunk = (int)o->cfg.topk_chunk, level = o->cfg.zstd_level;
+  int threads = o->cfg.threads, runs = o->runs;
   const char* values = NULL;
-  const nb__flag_t flags[] = {
-      {"n", NB__F_NUM, &n, "N", 1, 4294967295.0, "coordinates, 1 .. 2^32-1 (default 64M)"},
-      {"density", NB__F_NUM, &o->density, "D", 0, 1, "fraction sent, 0 .. 1 (default 0.01)"},
-      {"values", NB__F_STR, &values, "TYPE", 0, 0, "int8|4bit|2bit|fp16|bf16|fp32 (default int8)"},
-      {"block", NB__F_LONG, &block, "B", 1, 65536, "values per scale of int8/4bit/2bit"},
-      {"topk-chunk", NB__F_LONG, &chunk, "C", 0, 65536,
-       "chunked top-k (a power of two >= 16; 0 = global top-k),\nas NB_CODEC_TOPK_CHUNK"},
-      {"zstd-level", NB__F_LONG, &level, "L", 0, 19, "0 .. 19 (0 = no zstd)"},
-      {"threads", NB__F_LONG, &threads, "T", 1, 64, "encode threads, 1 .. 64"},
-      {"runs", NB__F_LONG, &runs, "R", 1, 1000, "timed runs (median), 1 .. 1000 (default 7)"},
-      {"input", NB__F_STR, &o->input, "FILE.f32", 0, 0,
-       "a raw little-endian fp32 vector (for example a real\npseudo-gradient) instead of the "
-       "synthetic heavy-tailed one;\nn is then its length"},
-      {"json", NB__F_FLAG, &o->json, NULL, 0, 0, "one JSON object on stdout"},
-      {NULL, NB__F_FLAG, NULL, NULL, 0, 0, NULL},
+  const nb_opt_t flags[] = {
+      NB_OPTION("n", NB_OPT_DOUBLE, &n, "N", "coordinates, 1 .. 2^32-1 (default 64M)", .min = 1),
+      NB_OPTION("density", NB_OPT_DOUBLE, &o->density, "D", "fraction sent, 0 .. 1 (default 0.01)",
+                .min = 0, .max = 1),
+      NB_OPTION("values", NB_OPT_STR, &values, "TYPE",
+                "int8|4bit|2bit|fp16|bf16|fp32 (default int8)"),
+      NB_OPTION("block", NB_OPT_INT, &block, "B", "values per scale of int8/4bit/2bit", .min = 1,
+                .max = 65536),
+      NB_OPTION("topk-chunk", NB_OPT_INT, &chunk, "C",
+                "chunked top-k (a power of two >= 16; 0 = global top-k),\nas NB_CODEC_TOPK_CHUNK",
+                .min = 0, .max = 65536),
+      NB_OPTION("zstd-level", NB_OPT_INT, &level, "L", "0 .. 19 (0 = no zstd)", .min = 0,
+                .max = 19),
+      NB_OPTION("threads", NB_OPT_INT, &threads, "T", "encode threads, 1 .. 64", .min = 1,
+                .max = 64),
+      NB_OPTION("runs", NB_OPT_INT, &runs, "R", "timed runs (median), 1 .. 1000 (default 7)",
+                .min = 1, .max = 1000),
+      NB_OPTION("input", NB_OPT_STR, &o->input, "FILE.f32",
+                "a raw little-endian fp32 vector (for example a real\npseudo-gradient) instead of "
+                "the synthetic heavy-tailed one;\nn is then its length"),
+      NB_OPTION("json", NB_OPT_FLAG, &o->json, NULL, "one JSON object on stdout"),
+      NB_OPTION_END,
   };
-  int rc = nb__flags_parse(flags, argc, argv);
-  if (rc >= 0) return rc;
-  if (values && nb_values_parse(values, &o->cfg.values) != NB_OK) {
-    fprintf(stderr, "%s: --values needs int8, 4bit, 2bit, fp16, bf16 or fp32, got '%s'\n",
-            nb__bench_cmd, values);
-    return 2;
-  }
+  const nb_cmd_spec_t spec = {.cmd = nb__bench_cmd,
+                              .synopsis = nb__bench_synopsis,
+                              .about = nb__bench_about,
+                              .opts = flags};
+  int rc = nb_opts_parse(&spec, argc, argv);
+  if (rc != NB_OPTS_RUN) return rc;
+  if (values && nb_values_parse(values, &o->cfg.values) != NB_OK)
+    return nb_opts_usage_error(&spec, "--values needs int8, 4bit, 2bit, fp16, bf16 or fp32");
+  if (n > 4294967295.0 || n != floor(n))
+    return nb_opts_usage_error(&spec, "--n needs a whole number in 1 .. 2^32-1");
   o->n = (size_t)n;
   o->cfg.block_size = (uint32_t)block;
   o->cfg.topk_chunk = (uint32_t)chunk;

@@ -261,7 +261,8 @@ double nb_sched_point_cost(const nb_sched_point_t* p, double f) {
   if (!p) return INFINITY;
   if (!(p->land_late > p->land) || !(f > p->land)) return p->loss_cost;
   if (f > 1) f = 1;
-  return p->loss_cost + (p->loss_cost_late - p->loss_cost) * (f - p->land) / (p->land_late - p->land);
+  return p->loss_cost +
+         (p->loss_cost_late - p->loss_cost) * (f - p->land) / (p->land_late - p->land);
 }
 
 /* Where decision d's update lands, as a fraction of its round: hide_steps of in.steps, or the
@@ -310,7 +311,8 @@ nb_status_t nb_sched_pick(const nb_sched_config_t* cfg, const nb_sched_input_t* 
   if (fit < n) {
     *index = fit;
     *out = dfit;
-    if (dfit.reason == NB_SCHED_CEILING) out->reason = fit == best ? NB_SCHED_CEILING : NB_SCHED_FIT;
+    if (dfit.reason == NB_SCHED_CEILING)
+      out->reason = fit == best ? NB_SCHED_CEILING : NB_SCHED_FIT;
     /* hold: the previous point still fits and the better one would no longer fit on a link
      * slower by the hysteresis (under tau: it nearly fills its budget; landing later: it would
      * land past the round's end) */

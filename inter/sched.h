@@ -134,10 +134,10 @@ double nb_sched_point_cost(const nb_sched_point_t* p, double f);
 /* Picks the point of `points` (n >= 1) for the next round: among those whose transfer fits
  * the round (as nb_sched_decide: under tau steps with overlap, or landing later in the round,
  * floor_later; else under the round), the least loss cost at the landing each needs
- * (nb_sched_point_cost); if none fits, the point of fewest bytes, with the round lengthened. A point is
- * kept over a better one that would fill more than (1 - hysteresis) of its budget (reason hold),
- * so that a link near a boundary does not flip the codec every round. Without an estimate the
- * point of fewest bytes (no_estimate). *index: the chosen point; out: its decision as
+ * (nb_sched_point_cost); if none fits, the point of fewest bytes, with the round lengthened. A
+ * point is kept over a better one that would fill more than (1 - hysteresis) of its budget (reason
+ * hold), so that a link near a boundary does not flip the codec every round. Without an estimate
+ * the point of fewest bytes (no_estimate). *index: the chosen point; out: its decision as
  * nb_sched_decide makes it for that point's density (reason ceiling when the chosen point is the
  * table's best, fit when the link made it choose a cheaper one). prev: the previous decision
  * and prev_index its point, or NULL. Returns NB_ERR_INVALID for a bad table entry (naming it),
