@@ -272,13 +272,23 @@ void nb_e2e_collect(const char* out, nb_e2e_result_t* r) {
   r->ok = got == n;
 }
 
-int nb_bench_e2e_main(int argc, char** argv) {
-  const char *job = "jobs/examples/pretrain-2dc-small.json", *data_dir = NULL, *steps = NULL;
-  const char* out = "runs/bench-e2e";
-  double rate = 100, delay = 25, thin = 0;
-  int no_dense = 0;
-  int as_json = 0;
-  long seed = -1, eval_batches = -1;
+/* The flags of `nebula bench e2e`. */
+typedef struct {
+  const char *job, *data_dir, *steps, *out;
+  double rate, delay, thin;
+  int no_dense, as_json;
+  long seed, eval_batches;
+} nb__e2e_opts_t;
+
+/* Parses the flags into *o; -1 to go on, else the exit code (0 after --help, 2 on a bad flag,
+ * having said why). */
+static int nb__e2e_parse(int argc, char** argv, nb__e2e_opts_t* o) {
+  *o = (nb__e2e_opts_t){.job = "jobs/examples/pretrain-2dc-small.json",
+                        .out = "runs/bench-e2e",
+                        .rate = 100,
+                        .delay = 25,
+                        .seed = -1,
+                        .eval_batches = -1};
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     int v = i + 1 < argc;
@@ -286,28 +296,28 @@ int nb_bench_e2e_main(int argc, char** argv) {
       nb__e2e_usage(stdout);
       return 0;
     } else if (strcmp(a, "--json") == 0) {
-      as_json = 1;
+      o->as_json = 1;
     } else if (strcmp(a, "--no-dense") == 0) {
-      no_dense = 1;
+      o->no_dense = 1;
     } else if (strcmp(a, "--job") == 0 && v) {
-      job = argv[++i];
+      o->job = argv[++i];
     } else if (strcmp(a, "--rate-mbit") == 0 && v) {
-      rate = atof(argv[++i]);
+      o->rate = atof(argv[++i]);
     } else if (strcmp(a, "--thin") == 0 && v) {
       char* end = NULL;
-      thin = strtod(argv[++i], &end);
-      if (end == argv[i] || *end || !(thin > 0) || thin > 1e6) {
+      o->thin = strtod(argv[++i], &end);
+      if (end == argv[i] || *end || !(o->thin > 0) || o->thin > 1e6) {
         fprintf(stderr, "nebula bench e2e: --thin takes a factor > 0, got '%s'\n", argv[i]);
         return 2;
       }
     } else if (strcmp(a, "--delay-ms") == 0 && v) {
-      delay = atof(argv[++i]);
+      o->delay = atof(argv[++i]);
     } else if (strcmp(a, "--steps") == 0 && v) {
-      steps = argv[++i];
+      o->steps = argv[++i];
     } else if (strcmp(a, "--data-dir") == 0 && v) {
-      data_dir = argv[++i];
+      o->data_dir = argv[++i];
     } else if (strcmp(a, "--out") == 0 && v) {
-      out = argv[++i];
+      o->out = argv[++i];
     } else if ((strcmp(a, "--seed") == 0 || strcmp(a, "--eval-batches") == 0) && v) {
       char* end = NULL;
       long x = strtol(argv[i + 1], &end, 10);
@@ -316,7 +326,7 @@ int nb_bench_e2e_main(int argc, char** argv) {
                 a[2] == 's' ? 0 : 1, argv[i + 1]);
         return 2;
       }
-      *(a[2] == 's' ? &seed : &eval_batches) = x;
+      *(a[2] == 's' ? &o->seed : &o->eval_batches) = x;
       i++;
     } else {
       fprintf(stderr, "nebula bench e2e: unknown option or missing value: '%s'\n", a);
@@ -324,58 +334,70 @@ int nb_bench_e2e_main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!(rate > 0)) {
+  if (!(o->rate > 0)) {
     fprintf(stderr, "nebula bench e2e: --rate-mbit must be > 0\n");
     return 2;
   }
-  /* the same seed and evaluation for all three runs */
-  int rc = 0;
-  json_t* base = nb_e2e_load_job("e2e", job, seed, eval_batches, out, &rc);
-  if (!base) return rc;
-  nb_e2e_result_t res[3] = {{.name = "single"}, {.name = "dense"}, {.name = "nebula"}};
-  int netns = 0;
-  double round_compute = 0;
+  return -1;
+}
+
+/* --thin: sets o->rate to the rate at which one dense int8 frame (a byte per value, a 4-byte
+ * scale per 256, header) takes thin x the single run's round compute (*round_compute); 1 when
+ * the single run left no round compute time. */
+static int nb__e2e_thin_rate(nb__e2e_opts_t* o, double* round_compute) {
   long long n_params = 0;
+  char sd[1100];
+  snprintf(sd, sizeof sd, "%s/single/dc-all", o->out);
+  *round_compute = nb_e2e_round_compute(sd, &n_params);
+  if (!(*round_compute > 0) || n_params <= 0) {
+    fprintf(stderr, "nebula bench e2e: --thin: no round compute time in %s\n", sd);
+    return 1;
+  }
+  double frame = (double)n_params * (1.0 + 4.0 / 256.0) + 4096;
+  o->rate = frame * 8e-6 / (o->thin * *round_compute);
+  if (!o->as_json) {
+    printf("e2e: --thin %g: dense int8 frame %.0f bytes, round compute %.3f s -> %.4f Mbit/s\n",
+           o->thin, frame, *round_compute, o->rate);
+    fflush(stdout);
+  }
+  return 0;
+}
+
+/* 1 when run i (single, dense, nebula) is skipped: dense at a thin link's rate takes hours. */
+static int nb__e2e_skipped(const nb__e2e_opts_t* o, int i) {
+  return (o->thin > 0 || o->no_dense) && i == 1;
+}
+
+/* The three runs in turn, their figures into res[]; *netns: the nebula run went through the
+ * namespaces. The exit code: 0, or 1 when a run failed (the others still run). */
+static int nb__e2e_runs(nb__e2e_opts_t* o, json_t* base, nb_e2e_result_t* res, int* netns,
+                        double* round_compute) {
+  int rc = 0;
   for (int i = 0; i < 3; i++) {
-    if ((thin > 0 || no_dense) && i == 1) continue; /* dense at a thin link's rate: hours */
-    if (thin > 0 && i == 2) {
-      /* the rate at which one dense int8 frame (a byte per value, a 4-byte scale per 256,
-       * header) takes thin x the single run's round compute */
-      char sd[1100];
-      snprintf(sd, sizeof sd, "%s/single/dc-all", out);
-      round_compute = nb_e2e_round_compute(sd, &n_params);
-      if (!(round_compute > 0) || n_params <= 0) {
-        fprintf(stderr, "nebula bench e2e: --thin: no round compute time in %s\n", sd);
-        rc = 1;
-        break;
-      }
-      double frame = (double)n_params * (1.0 + 4.0 / 256.0) + 4096;
-      rate = frame * 8e-6 / (thin * round_compute);
-      if (!as_json) {
-        printf("e2e: --thin %g: dense int8 frame %.0f bytes, round compute %.3f s -> %.4f Mbit/s\n",
-               thin, frame, round_compute, rate);
-        fflush(stdout);
-      }
-    }
-    char jp[1100], op[1100], lp[1100];
-    snprintf(jp, sizeof jp, "%s/%s.json", out, res[i].name);
-    snprintf(op, sizeof op, "%s/%s", out, res[i].name);
-    snprintf(lp, sizeof lp, "%s/%s.log", out, res[i].name);
-    /* --thin: the scheduler picks whole codec points (values "auto"), with SparseLoCo's
-     * decaying error feedback (beta 0.9) beside the job's outer momentum (docs/hybrid.md) */
-    static const nb_e2e_point_t thin_point = {"auto", 0, "auto", 1, 0.9, -1, 0, 0, 0};
-    if (nb_e2e_write_job(base, res[i].name, rate, delay, jp,
-                         thin > 0 && i == 2 ? &thin_point : NULL) != 0) {
-      fprintf(stderr, "nebula bench e2e: %s: cannot derive the %s job\n", job, res[i].name);
+    if (nb__e2e_skipped(o, i)) continue;
+    if (o->thin > 0 && i == 2 && nb__e2e_thin_rate(o, round_compute) != 0) {
       rc = 1;
       break;
     }
-    if (!as_json) {
+    char jp[1100], op[1100], lp[1100];
+    snprintf(jp, sizeof jp, "%s/%s.json", o->out, res[i].name);
+    snprintf(op, sizeof op, "%s/%s", o->out, res[i].name);
+    snprintf(lp, sizeof lp, "%s/%s.log", o->out, res[i].name);
+    /* --thin: the scheduler picks whole codec points (values "auto"), with SparseLoCo's
+     * decaying error feedback (beta 0.9) beside the job's outer momentum (docs/hybrid.md) */
+    static const nb_e2e_point_t thin_point = {"auto", 0, "auto", 1, 0.9, -1, 0, 0, 0};
+    if (nb_e2e_write_job(base, res[i].name, o->rate, o->delay, jp,
+                         o->thin > 0 && i == 2 ? &thin_point : NULL) != 0) {
+      fprintf(stderr, "nebula bench e2e: %s: cannot derive the %s job\n", o->job, res[i].name);
+      rc = 1;
+      break;
+    }
+    if (!o->as_json) {
       printf("e2e: running %s (log %s)\n", res[i].name, lp);
       fflush(stdout);
     }
-    int st = nb_e2e_run(jp, op, lp, data_dir, steps);
-    if (i == 2) netns = nb__e2e_used_netns(lp);
+    int st = nb_e2e_run(jp, op, lp, o->data_dir, o->steps);
+    if (i == 2) *netns = nb__e2e_used_netns(lp);
     nb_e2e_collect(op, &res[i]);
     if (st != 0 || !res[i].ok) {
       fprintf(stderr, "nebula bench e2e: the %s run failed (exit %d); see %s\n", res[i].name, st,
@@ -383,17 +405,23 @@ int nb_bench_e2e_main(int argc, char** argv) {
       rc = 1;
     }
   }
-  json_decref(base);
+  return rc;
+}
+
+/* The ratios against single printed as one JSON object (as_json) or as a table. */
+static void nb__e2e_report(const nb__e2e_opts_t* o, const nb_e2e_result_t* res, int netns,
+                           double round_compute) {
+  double rate = o->rate, delay = o->delay, thin = o->thin;
   double delay_em = netns ? delay : 0;
-  nb_e2e_result_t *s = &res[0], *d = &res[1], *nb = &res[2];
+  const nb_e2e_result_t *s = &res[0], *d = &res[1], *nb = &res[2];
   double t_ratio = nb->wall_s / s->wall_s, l_ratio = nb->eval_bpb / s->eval_bpb;
-  double b_ratio = nb->wan_bytes > 0 && thin <= 0 && !no_dense
+  double b_ratio = nb->wan_bytes > 0 && thin <= 0 && !o->no_dense
                        ? (double)d->wan_bytes / (double)nb->wan_bytes
                        : NAN;
-  if (as_json) {
+  if (o->as_json) {
     printf("{");
     for (int i = 0; i < 3; i++)
-      if (!((thin > 0 || no_dense) && i == 1))
+      if (!nb__e2e_skipped(o, i))
         printf(
             "\"%s\": {\"wall_s\": %.3f, \"final_eval_loss\": %.6f, \"wan_bytes\": %lld, "
             "\"compute_utilization\": %.4f}, ",
@@ -410,14 +438,14 @@ int nb_bench_e2e_main(int argc, char** argv) {
         "\"thin\": %g, \"round_compute_s\": %.4f, \"dense\": \"%s\"}\n",
         nb->bits_per_param, t_ratio, l_ratio, bytes_ratio, rate, delay_em, delay, thin,
         round_compute,
-        thin > 0   ? "skipped at --thin"
-        : no_dense ? "skipped (--no-dense)"
-                   : "run");
+        thin > 0      ? "skipped at --thin"
+        : o->no_dense ? "skipped (--no-dense)"
+                      : "run");
   } else {
     printf("\n%-8s %9s %15s %14s %12s\n", "run", "wall_s", "eval_bpb(loss)", "wan_bytes",
            "compute_util");
     for (int i = 0; i < 3; i++)
-      if (!((thin > 0 || no_dense) && i == 1))
+      if (!nb__e2e_skipped(o, i))
         printf("%-8s %9.1f %15.4f %14lld %12.3f\n", res[i].name, res[i].wall_s, res[i].eval_bpb,
                res[i].wan_bytes, res[i].util);
     printf(
@@ -432,5 +460,21 @@ int nb_bench_e2e_main(int argc, char** argv) {
           "baseline skipped\n",
           thin, thin, round_compute);
   }
+}
+
+int nb_bench_e2e_main(int argc, char** argv) {
+  nb__e2e_opts_t o;
+  int rc = nb__e2e_parse(argc, argv, &o);
+  if (rc >= 0) return rc;
+  /* the same seed and evaluation for all three runs */
+  rc = 0;
+  json_t* base = nb_e2e_load_job("e2e", o.job, o.seed, o.eval_batches, o.out, &rc);
+  if (!base) return rc;
+  nb_e2e_result_t res[3] = {{.name = "single"}, {.name = "dense"}, {.name = "nebula"}};
+  int netns = 0;
+  double round_compute = 0;
+  rc = nb__e2e_runs(&o, base, res, &netns, &round_compute);
+  json_decref(base);
+  nb__e2e_report(&o, res, netns, round_compute);
   return rc;
 }

@@ -106,12 +106,23 @@ static int nb__pareto_long(const char* opt, const char* s, long lo, long hi, lon
   return 0;
 }
 
-int nb_bench_pareto_main(int argc, char** argv) {
-  const char *job = "jobs/examples/pretrain-2dc-small.json", *data_dir = NULL, *steps = NULL;
-  const char *out = "runs/bench-pareto", *points = NULL;
-  double rate = 100;
-  long seeds = 1, eval_batches = -1, x;
-  int as_json = 0, reuse = 0;
+/* The flags of `nebula bench pareto`. */
+typedef struct {
+  const char *job, *data_dir, *steps, *out, *points;
+  double rate;
+  long seeds, eval_batches;
+  int as_json, reuse;
+} nb__pareto_opts_t;
+
+/* Parses the flags into *o; -1 to go on, else the exit code (0 after --help, 2 on a bad flag or
+ * a --points list that names no point, having said why). */
+static int nb__pareto_parse(int argc, char** argv, nb__pareto_opts_t* o) {
+  *o = (nb__pareto_opts_t){.job = "jobs/examples/pretrain-2dc-small.json",
+                           .out = "runs/bench-pareto",
+                           .rate = 100,
+                           .seeds = 1,
+                           .eval_batches = -1};
+  long x;
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     int v = i + 1 < argc;
@@ -119,31 +130,31 @@ int nb_bench_pareto_main(int argc, char** argv) {
       nb__pareto_usage(stdout);
       return 0;
     } else if (strcmp(a, "--json") == 0) {
-      as_json = 1;
+      o->as_json = 1;
     } else if (strcmp(a, "--reuse") == 0) {
-      reuse = 1;
+      o->reuse = 1;
     } else if (strcmp(a, "--job") == 0 && v) {
-      job = argv[++i];
+      o->job = argv[++i];
     } else if (strcmp(a, "--seeds") == 0 && v) {
-      if (nb__pareto_long(a, argv[++i], 1, NB__PARETO_MAX_SEEDS, &seeds) != 0) return 2;
+      if (nb__pareto_long(a, argv[++i], 1, NB__PARETO_MAX_SEEDS, &o->seeds) != 0) return 2;
     } else if (strcmp(a, "--eval-batches") == 0 && v) {
-      if (nb__pareto_long(a, argv[++i], 1, 1000000, &eval_batches) != 0) return 2;
+      if (nb__pareto_long(a, argv[++i], 1, 1000000, &o->eval_batches) != 0) return 2;
     } else if (strcmp(a, "--steps") == 0 && v) {
       if (nb__pareto_long(a, argv[i + 1], 1, 1000000000, &x) != 0) return 2;
-      steps = argv[++i];
+      o->steps = argv[++i];
     } else if (strcmp(a, "--points") == 0 && v) {
-      points = argv[++i];
+      o->points = argv[++i];
     } else if (strcmp(a, "--rate-mbit") == 0 && v) {
       char* end = NULL;
-      rate = strtod(argv[++i], &end);
-      if (end == argv[i] || *end || !(rate > 0) || rate > 1e6) {
+      o->rate = strtod(argv[++i], &end);
+      if (end == argv[i] || *end || !(o->rate > 0) || o->rate > 1e6) {
         fprintf(stderr, "nebula bench pareto: --rate-mbit takes a rate > 0, got '%s'\n", argv[i]);
         return 2;
       }
     } else if (strcmp(a, "--data-dir") == 0 && v) {
-      data_dir = argv[++i];
+      o->data_dir = argv[++i];
     } else if (strcmp(a, "--out") == 0 && v) {
-      out = argv[++i];
+      o->out = argv[++i];
     } else {
       fprintf(stderr, "nebula bench pareto: unknown option or missing value: '%s'\n", a);
       nb__pareto_usage(stderr);
@@ -152,75 +163,96 @@ int nb_bench_pareto_main(int argc, char** argv) {
   }
   size_t chosen = 0;
   for (size_t p = 0; p < NB__N_POINTS; p++)
-    chosen += (size_t)nb__pareto_want(points, nb__points[p].name);
+    chosen += (size_t)nb__pareto_want(o->points, nb__points[p].name);
   if (chosen == 0) {
     fprintf(stderr, "nebula bench pareto: --points names none of the points (see --help)\n");
     return 2;
   }
-  int rc = 0;
-  json_t* base = nb_e2e_load_job("pareto", job, -1, eval_batches, out, &rc);
-  if (!base) return rc;
-  json_t* tr = json_object_get(json_object_get(base, "spec"), "training");
+  return -1;
+}
+
+/* The figures of every run: single[s] of the exact run of seed s + 1, bpb[p][s] and bits[p][s]
+ * of point p. */
+typedef struct {
   double single[NB__PARETO_MAX_SEEDS], bpb[NB__N_POINTS][NB__PARETO_MAX_SEEDS];
   double bits[NB__N_POINTS][NB__PARETO_MAX_SEEDS];
-  for (long s = 0; s < seeds && rc == 0; s++) {
+} nb__pareto_table_t;
+
+/* One run of seed s + 1 (pt NULL: the exact single-cluster run) into *r: derived from base,
+ * read back from --out under --reuse when the same job finished there, else run. 0, or 1 after
+ * saying why the job could not be derived or written or the run failed. */
+static int nb__pareto_run(const nb__pareto_opts_t* o, json_t* base, long s,
+                          const nb_e2e_point_t* pt, nb_e2e_result_t* r) {
+  const char* name = pt ? pt->name : "single";
+  char jp[1200], op[1200], lp[1200];
+  snprintf(jp, sizeof jp, "%s/seed%ld-%s.json", o->out, s + 1, name);
+  snprintf(op, sizeof op, "%s/seed%ld-%s", o->out, s + 1, name);
+  snprintf(lp, sizeof lp, "%s/seed%ld-%s.log", o->out, s + 1, name);
+  char fresh[1300];
+  snprintf(fresh, sizeof fresh, "%s.new", jp);
+  if (nb_e2e_write_job(base, pt ? "nebula" : "single", o->rate, 0, fresh, pt) != 0) {
+    fprintf(stderr, "nebula bench pareto: %s: cannot derive the %s job\n", o->job, name);
+    return 1;
+  }
+  *r = (nb_e2e_result_t){.name = pt ? "nebula" : "single"};
+  int st = 0;
+  /* --reuse: a finished run of exactly this job (and --steps) in --out is read, not rerun */
+  if (o->reuse && !o->steps && nb__pareto_same_file(fresh, jp)) nb_e2e_collect(op, r);
+  if (r->ok && isfinite(r->eval_bpb)) {
+    remove(fresh);
+    if (!o->as_json) printf("pareto: seed %ld: %s: reusing %s\n", s + 1, name, op);
+  } else {
+    if (rename(fresh, jp) != 0) {
+      fprintf(stderr, "nebula bench pareto: cannot write %s: %s\n", jp, strerror(errno));
+      return 1;
+    }
+    if (!o->as_json) {
+      printf("pareto: seed %ld: %s (log %s)\n", s + 1, name, lp);
+      fflush(stdout);
+    }
+    r->ok = 0;
+    st = nb_e2e_run(jp, op, lp, o->data_dir, o->steps);
+    nb_e2e_collect(op, r);
+  }
+  if (st != 0 || !r->ok || !isfinite(r->eval_bpb)) {
+    fprintf(stderr, "nebula bench pareto: the %s run of seed %ld failed (exit %d); see %s\n", name,
+            s + 1, st, lp);
+    return 1;
+  }
+  return 0;
+}
+
+/* Every seed's exact run and chosen points in turn into *t; stops at the first failure. */
+static int nb__pareto_runs(const nb__pareto_opts_t* o, json_t* base, nb__pareto_table_t* t) {
+  int rc = 0;
+  json_t* tr = json_object_get(json_object_get(base, "spec"), "training");
+  for (long s = 0; s < o->seeds && rc == 0; s++) {
     json_object_set_new(tr, "seed", json_integer(s + 1));
     for (size_t p = 0; p <= NB__N_POINTS && rc == 0; p++) {
       /* p == 0: the exact single-cluster run; then the points */
       const nb_e2e_point_t* pt = p ? &nb__points[p - 1] : NULL;
-      if (pt && !nb__pareto_want(points, pt->name)) continue;
-      const char* name = pt ? pt->name : "single";
-      char jp[1200], op[1200], lp[1200];
-      snprintf(jp, sizeof jp, "%s/seed%ld-%s.json", out, s + 1, name);
-      snprintf(op, sizeof op, "%s/seed%ld-%s", out, s + 1, name);
-      snprintf(lp, sizeof lp, "%s/seed%ld-%s.log", out, s + 1, name);
-      char fresh[1300];
-      snprintf(fresh, sizeof fresh, "%s.new", jp);
-      if (nb_e2e_write_job(base, pt ? "nebula" : "single", rate, 0, fresh, pt) != 0) {
-        fprintf(stderr, "nebula bench pareto: %s: cannot derive the %s job\n", job, name);
-        rc = 1;
-        break;
-      }
-      nb_e2e_result_t r = {.name = pt ? "nebula" : "single"};
-      int st = 0;
-      /* --reuse: a finished run of exactly this job (and --steps) in --out is read, not rerun */
-      if (reuse && !steps && nb__pareto_same_file(fresh, jp)) nb_e2e_collect(op, &r);
-      if (r.ok && isfinite(r.eval_bpb)) {
-        remove(fresh);
-        if (!as_json) printf("pareto: seed %ld: %s: reusing %s\n", s + 1, name, op);
-      } else {
-        if (rename(fresh, jp) != 0) {
-          fprintf(stderr, "nebula bench pareto: cannot write %s: %s\n", jp, strerror(errno));
-          rc = 1;
-          break;
-        }
-        if (!as_json) {
-          printf("pareto: seed %ld: %s (log %s)\n", s + 1, name, lp);
-          fflush(stdout);
-        }
-        r.ok = 0;
-        st = nb_e2e_run(jp, op, lp, data_dir, steps);
-        nb_e2e_collect(op, &r);
-      }
-      if (st != 0 || !r.ok || !isfinite(r.eval_bpb)) {
-        fprintf(stderr, "nebula bench pareto: the %s run of seed %ld failed (exit %d); see %s\n",
-                name, s + 1, st, lp);
-        rc = 1;
-        break;
-      }
+      if (pt && !nb__pareto_want(o->points, pt->name)) continue;
+      nb_e2e_result_t r;
+      rc = nb__pareto_run(o, base, s, pt, &r);
+      if (rc != 0) break;
       if (!pt) {
-        single[s] = r.eval_bpb;
+        t->single[s] = r.eval_bpb;
       } else {
-        bpb[p - 1][s] = r.eval_bpb;
-        bits[p - 1][s] = r.bits_per_param;
+        t->bpb[p - 1][s] = r.eval_bpb;
+        t->bits[p - 1][s] = r.bits_per_param;
       }
     }
   }
-  json_decref(base);
-  if (rc != 0) return rc;
-  if (as_json) {
+  return rc;
+}
+
+/* Each chosen point's bits per parameter and loss ratio against single (mean and per seed),
+ * as one JSON object (as_json) or as a table. */
+static void nb__pareto_report(const nb__pareto_opts_t* o, const nb__pareto_table_t* t) {
+  long seeds = o->seeds;
+  if (o->as_json) {
     printf("{\"seeds\": %ld, \"single_eval_bpb\": [", seeds);
-    for (long s = 0; s < seeds; s++) printf("%s%.6f", s ? ", " : "", single[s]);
+    for (long s = 0; s < seeds; s++) printf("%s%.6f", s ? ", " : "", t->single[s]);
     printf("], \"points\": [");
   } else {
     printf("\n%-16s %8s %6s %12s %11s  %s\n", "point", "density", "values", "bits/param",
@@ -229,38 +261,53 @@ int nb_bench_pareto_main(int argc, char** argv) {
   int first = 1;
   for (size_t p = 0; p < NB__N_POINTS; p++) {
     const nb_e2e_point_t* pt = &nb__points[p];
-    if (!nb__pareto_want(points, pt->name)) continue;
+    if (!nb__pareto_want(o->points, pt->name)) continue;
+    const double *bpb = t->bpb[p], *single = t->single;
     double mean_ratio = 0, mean_bits = 0;
     for (long s = 0; s < seeds; s++) {
-      mean_ratio += bpb[p][s] / single[s] / (double)seeds;
-      mean_bits += bits[p][s] / (double)seeds;
+      mean_ratio += bpb[s] / single[s] / (double)seeds;
+      mean_bits += t->bits[p][s] / (double)seeds;
     }
-    if (as_json) {
+    if (o->as_json) {
       printf(
           "%s{\"name\": \"%s\", \"density\": %g, \"values\": \"%s\", \"adaptive\": %s, "
           "\"bits_per_param_per_sync\": %.4f, \"loss_ratio_mean\": %.4f, \"loss_ratio\": [",
           first ? "" : ", ", pt->name, pt->density, pt->values ? pt->values : "job",
           pt->adaptive ? "true" : "false", mean_bits, mean_ratio);
-      for (long s = 0; s < seeds; s++) printf("%s%.4f", s ? ", " : "", bpb[p][s] / single[s]);
+      for (long s = 0; s < seeds; s++) printf("%s%.4f", s ? ", " : "", bpb[s] / single[s]);
       printf("], \"eval_bpb\": [");
-      for (long s = 0; s < seeds; s++) printf("%s%.6f", s ? ", " : "", bpb[p][s]);
+      for (long s = 0; s < seeds; s++) printf("%s%.6f", s ? ", " : "", bpb[s]);
       printf("]}");
     } else {
       char dens[16];
       snprintf(dens, sizeof dens, pt->adaptive ? "sched" : "%g", pt->density);
       printf("%-16s %8s %6s %12.3f %11.4f  ", pt->name, dens, pt->values ? pt->values : "job",
              mean_bits, mean_ratio);
-      for (long s = 0; s < seeds; s++) printf("%s%.4f", s ? " " : "", bpb[p][s] / single[s]);
+      for (long s = 0; s < seeds; s++) printf("%s%.4f", s ? " " : "", bpb[s] / single[s]);
       printf("\n");
     }
     first = 0;
   }
-  if (as_json)
-    printf("], \"rate_mbit\": %g}\n", rate);
+  if (o->as_json)
+    printf("], \"rate_mbit\": %g}\n", o->rate);
   else
     printf(
         "(loss ratio: held-out bits per byte of the two-cluster run over the exact "
         "single-cluster run of the same seed; %g Mbit/s link)\n",
-        rate);
+        o->rate);
+}
+
+int nb_bench_pareto_main(int argc, char** argv) {
+  nb__pareto_opts_t o;
+  int rc = nb__pareto_parse(argc, argv, &o);
+  if (rc >= 0) return rc;
+  rc = 0;
+  json_t* base = nb_e2e_load_job("pareto", o.job, -1, o.eval_batches, o.out, &rc);
+  if (!base) return rc;
+  nb__pareto_table_t t;
+  rc = nb__pareto_runs(&o, base, &t);
+  json_decref(base);
+  if (rc != 0) return rc;
+  nb__pareto_report(&o, &t);
   return 0;
 }

@@ -72,23 +72,37 @@ static nb_status_t nb__decode_bitmap(const uint8_t* p, size_t ib, uint64_t n, ui
   return NB_OK;
 }
 
+/* The head of a chunked index section (what: "chunked" or "chunked Rice"): the chunk size is a
+ * power of two in [NB_FRAME_MIN_CHUNK, NB_FRAME_MAX_CHUNK] and holds 1 to chunk values. */
+static nb_status_t nb__check_chunks(const char* what, uint32_t chunk, uint32_t kc) {
+  if (chunk < NB_FRAME_MIN_CHUNK || chunk > NB_FRAME_MAX_CHUNK || (chunk & (chunk - 1)))
+    return NB__BAD("%s index section: chunk size %u is not a power of two in [%u, %u]", what, chunk,
+                   NB_FRAME_MIN_CHUNK, NB_FRAME_MAX_CHUNK);
+  if (kc < 1 || kc > chunk)
+    return NB__BAD("%s index section: %u values per chunk, outside [1, chunk size %u]", what, kc,
+                   chunk);
+  return NB_OK;
+}
+
+/* kc per chunk of chunk over n makes the header's k. */
+static nb_status_t nb__check_chunked_k(const char* what, uint64_t n, uint64_t k, uint32_t chunk,
+                                       uint32_t kc) {
+  uint64_t want_k = nb__chunked_k(n, chunk, kc);
+  if (want_k != k)
+    return NB__BAD(
+        "%s index section: %u per chunk of %u over n = %llu makes k = %llu, the header says k = "
+        "%llu",
+        what, kc, chunk, (unsigned long long)n, (unsigned long long)want_k, (unsigned long long)k);
+  return NB_OK;
+}
+
 /* Chunked index section: u32 chunk size (a power of two), u32 k per chunk, then the offsets of
  * all k indices within their chunks, log2(chunk) bits each, LSB first, zero padding. */
 static nb_status_t nb__decode_chunked(const uint8_t* p, size_t ib, uint64_t n, uint64_t k,
                                       uint32_t* idx) {
   uint32_t chunk = nb__get32(p), kc = nb__get32(p + 4);
-  if (chunk < NB_FRAME_MIN_CHUNK || chunk > NB_FRAME_MAX_CHUNK || (chunk & (chunk - 1)))
-    return NB__BAD("chunked index section: chunk size %u is not a power of two in [%u, %u]", chunk,
-                   NB_FRAME_MIN_CHUNK, NB_FRAME_MAX_CHUNK);
-  if (kc < 1 || kc > chunk)
-    return NB__BAD("chunked index section: %u values per chunk, outside [1, chunk size %u]", kc,
-                   chunk);
-  uint64_t want_k = nb__chunked_k(n, chunk, kc);
-  if (want_k != k)
-    return NB__BAD(
-        "chunked index section: %u per chunk of %u over n = %llu makes k = %llu, the "
-        "header says k = %llu",
-        kc, chunk, (unsigned long long)n, (unsigned long long)want_k, (unsigned long long)k);
+  NB_CHECK(nb__check_chunks("chunked", chunk, kc));
+  NB_CHECK(nb__check_chunked_k("chunked", n, k, chunk, kc));
   unsigned bits = (unsigned)__builtin_ctz(chunk);
   uint64_t want_ib = nb__chunked_index_bytes(k, bits);
   if (ib != want_ib)
@@ -136,24 +150,14 @@ static nb_status_t nb__decode_rice(const uint8_t* p, size_t ib, uint64_t n, uint
                                    uint32_t* idx) {
   uint32_t chunk = nb__get32(p), kc = nb__get32(p + 4);
   unsigned r = p[8];
-  if (chunk < NB_FRAME_MIN_CHUNK || chunk > NB_FRAME_MAX_CHUNK || (chunk & (chunk - 1)))
-    return NB__BAD("chunked Rice index section: chunk size %u is not a power of two in [%u, %u]",
-                   chunk, NB_FRAME_MIN_CHUNK, NB_FRAME_MAX_CHUNK);
-  if (kc < 1 || kc > chunk)
-    return NB__BAD("chunked Rice index section: %u values per chunk, outside [1, chunk size %u]",
-                   kc, chunk);
+  NB_CHECK(nb__check_chunks("chunked Rice", chunk, kc));
   unsigned bits = (unsigned)__builtin_ctz(chunk);
   if (r >= bits)
     return NB__BAD("chunked Rice index section: Rice parameter %u, outside [0, log2(%u) - 1 = %u]",
                    r, chunk, bits - 1);
   if (p[9] | p[10] | p[11])
     return NB__BAD("chunked Rice index section: padding bytes 9..11 are not 0");
-  uint64_t want_k = nb__chunked_k(n, chunk, kc);
-  if (want_k != k)
-    return NB__BAD(
-        "chunked Rice index section: %u per chunk of %u over n = %llu makes k = %llu, the "
-        "header says k = %llu",
-        kc, chunk, (unsigned long long)n, (unsigned long long)want_k, (unsigned long long)k);
+  NB_CHECK(nb__check_chunked_k("chunked Rice", n, k, chunk, kc));
   const uint8_t* q = p + NB__RICE_HEAD;
   const size_t nb = ib - NB__RICE_HEAD;
   const uint32_t rmask = (1u << r) - 1;

@@ -170,6 +170,11 @@ static nb_status_t nb__pass(nb__pass_t* ps, int threads) {
   return NB_OK;
 }
 
+/* Bytes of d as an LEB128 varint (1 to 5), as nb__put_varints writes it. */
+static inline size_t nb__varint_len(uint32_t d) {
+  return 1 + (d >= (1u << 7)) + (d >= (1u << 14)) + (d >= (1u << 21)) + (d >= (1u << 28));
+}
+
 /* Writes the varint index section; returns its size. */
 static size_t nb__put_varints(uint8_t* o, const uint32_t* idx, size_t k) {
   uint8_t* p = o;
@@ -785,7 +790,7 @@ static nb_status_t nb__encode_chunked(nb_codec_t* c, const float* update, float*
   for (size_t j = 0; need_varint && j < kt; j++) {
     uint32_t d = c->idx[j] - prev;
     prev = c->idx[j];
-    varint += 1 + (d >= (1u << 7)) + (d >= (1u << 14)) + (d >= (1u << 21)) + (d >= (1u << 28));
+    varint += nb__varint_len(d);
   }
   return nb__emit_sparse(c, residual, n, kt, varint, chunk, kc, rice, chunked, round, sender, out,
                          cap, len, threads, t_start, t_pass, nb_now_ns(), kt, 1);
@@ -800,55 +805,38 @@ nb_status_t nb_codec_encode_sparse(nb_codec_t* codec, const float* update, float
                                   round, sender, out, cap, len);
 }
 
-nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* residual, size_t n,
-                                     size_t k, uint64_t round, uint32_t sender, void* out_,
-                                     size_t cap, size_t* len) {
-  uint8_t* out = (uint8_t*)out_;
-  if (!c || (!update && n) || !out || !len)
-    return nb_error(NB_ERR_INVALID, "codec: encode_sparse with a NULL argument");
-  if (n > UINT32_MAX) return nb_error(NB_ERR_INVALID, "codec: n (%zu) > 2^32-1", n);
-  if (k > n) k = n;
-  *len = 0;
-  /* the stored (uncompressed) frame always fits in this; checked before the residual changes */
-  size_t need = NB_FRAME_HEADER_BYTES +
-                4 * (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size) +
-                (size_t)nb__value_bytes(c->cfg.values, k) +
-                (k ? (5 * k < n / 8 + (n % 8 != 0) ? 5 * k : n / 8 + (n % 8 != 0)) : 0);
-  if (cap < need)
-    return nb_error(NB_ERR_INVALID,
-                    "codec: output buffer of %zu bytes is too small; %zu needed (k = %zu of n = "
-                    "%zu, see nb_codec_frame_bound)",
-                    cap, need, k, n);
-  int threads = c->cfg.threads;
-  if (n < (1u << 20)) threads = 1; /* thread start-up would dominate */
-  if (c->cfg.topk_chunk)
-    return nb__encode_chunked(c, update, residual, n, k, threads, round, sender, out, cap, len);
-
-  int64_t t_start = nb_now_ns(), t_pass, t_select;
-  int scans = 1;
-  /* 1. threshold from a sample of residual + update (computed the same way as the pass) */
-  uint32_t t = 0;
-  double fraction = n ? 1.05 * (double)k / (double)n : 1.0;
-  size_t s = 0;
-  if (n >= NB__NO_SAMPLE && k > 0 && k < n) {
-    size_t runs = n / (64 * NB__SAMPLE_RUN); /* about n/64 samples, at most 4096 runs */
-    if (runs > NB__SAMPLE_RUNS) runs = NB__SAMPLE_RUNS;
-    s = runs * NB__SAMPLE_RUN;
-    NB_CHECK(nb__codec_grow((void**)&c->sample, &c->sample_cap, s, 8, "codec sample"));
-    uint64_t seed = 0x6e6562756c61ull ^ n;
-    size_t lines = n / NB__SAMPLE_RUN, j = 0;
-    for (size_t r = 0; r < runs; r++) {
-      size_t b = (size_t)(nb__splitmix(&seed) % lines) * NB__SAMPLE_RUN;
-      for (size_t q = 0; q < NB__SAMPLE_RUN; q++, j++) {
-        float v = residual ? residual[b + q] + update[b + q] : update[b + q];
-        c->sample[j] = nb_topk_pack(nb_topk_key(v), (uint32_t)j);
-      }
+/* Step 1 of the top-k path: a threshold key from a sample of residual + update (computed the
+ * same way as the pass). *s is the sample's size; without a sample (*s = 0) the threshold is 0
+ * and every value is a candidate. */
+static nb_status_t nb__sample_threshold(nb_codec_t* c, const float* update, const float* residual,
+                                        size_t n, size_t k, double fraction, uint32_t* t,
+                                        size_t* s) {
+  *t = 0;
+  *s = 0;
+  if (!(n >= NB__NO_SAMPLE && k > 0 && k < n)) return NB_OK;
+  size_t runs = n / (64 * NB__SAMPLE_RUN); /* about n/64 samples, at most 4096 runs */
+  if (runs > NB__SAMPLE_RUNS) runs = NB__SAMPLE_RUNS;
+  *s = runs * NB__SAMPLE_RUN;
+  NB_CHECK(nb__codec_grow((void**)&c->sample, &c->sample_cap, *s, 8, "codec sample"));
+  uint64_t seed = 0x6e6562756c61ull ^ n;
+  size_t lines = n / NB__SAMPLE_RUN, j = 0;
+  for (size_t r = 0; r < runs; r++) {
+    size_t b = (size_t)(nb__splitmix(&seed) % lines) * NB__SAMPLE_RUN;
+    for (size_t q = 0; q < NB__SAMPLE_RUN; q++, j++) {
+      float v = residual ? residual[b + q] + update[b + q] : update[b + q];
+      c->sample[j] = nb_topk_pack(nb_topk_key(v), (uint32_t)j);
     }
-    t = nb_topk_sample_threshold(c->sample, s, fraction);
   }
+  *t = nb_topk_sample_threshold(c->sample, *s, fraction);
+  return NB_OK;
+}
 
-  /* 2. fused pass: residual += update, collect candidates with key >= t */
-  nb__pass_t ps[NB__CODEC_MAX_THREADS];
+/* Step 2: the fused pass (residual += update, collect candidates with key >= t), scanned again
+ * (without accumulating) until the threads hold at least k candidates and no buffer overflowed.
+ * *scans counts the passes. */
+static nb_status_t nb__pass_until_k(nb_codec_t* c, nb__pass_t* ps, int threads, const float* update,
+                                    float* residual, size_t n, size_t k, uint32_t t,
+                                    double fraction, size_t s, int* scans) {
   size_t chunk = threads > 1 ? ((n / (size_t)threads + 1023) & ~(size_t)1023) : n;
   for (int i = 0; i < threads; i++) {
     size_t b = (size_t)i * chunk, e = i == threads - 1 ? n : b + chunk;
@@ -895,17 +883,17 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
       ps[i].accumulate = 0;
     }
     NB_CHECK(nb__pass(ps, threads));
-    scans++;
+    (*scans)++;
   }
-  t_pass = nb_now_ns();
+  return NB_OK;
+}
 
-  /* 3. exact top-k among the candidates: a histogram of the top 16 key bits finds the bucket
-   * that holds the k-th; only that bucket's few candidates are quickselected */
-  size_t m = 0;
-  for (int i = 0; i < threads; i++) m += ps[i].cnt;
-  NB_CHECK(nb__codec_grow((void**)&c->idx, &c->idx_cap, k ? k : 1, 4, "codec indices"));
-  NB_CHECK(nb__codec_grow((void**)&c->vals, &c->vals_cap, k ? k : 1, 4, "codec values"));
-  uint64_t kth = 0;
+/* Step 3: the k-th largest packed key among the m candidates (0 when all are kept). A histogram
+ * of the top 16 key bits finds the bucket that holds the k-th; only that bucket's few candidates
+ * are quickselected. */
+static nb_status_t nb__select_kth(nb_codec_t* c, const nb__pass_t* ps, int threads, size_t k,
+                                  size_t m, uint64_t* kth) {
+  *kth = 0;
   if (k > 0 && k < m && m < (1u << 18)) { /* few candidates: quickselect them all */
     NB_CHECK(nb__codec_grow((void**)&c->work, &c->work_cap, m, 8, "codec selection"));
     size_t w = 0;
@@ -913,7 +901,7 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
       memcpy(c->work + w, ps[i].buf, ps[i].cnt * 8);
       w += ps[i].cnt;
     }
-    kth = nb_topk_kth_largest(c->work, m, k);
+    *kth = nb_topk_kth_largest(c->work, m, k);
   } else if (k > 0 && k < m) {
     NB_CHECK(nb__codec_grow((void**)&c->hist, &c->hist_cap, 65536, 4, "codec histogram"));
     uint32_t* hist = c->hist;
@@ -931,12 +919,19 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
     for (int i = 0; i < threads; i++)
       for (size_t j = 0; j < ps[i].cnt; j++)
         if ((int)(ps[i].buf[j] >> 47) == bucket) c->work[w++] = ps[i].buf[j];
-    kth = nb_topk_kth_largest(c->work, nbk, k - above);
+    *kth = nb_topk_kth_largest(c->work, nbk, k - above);
   }
-  /* keep the winners in index order; the same loop sizes the varint index section and spots
-   * the first non-finite value (NaN and infinity rank first, so any would be kept) */
-  size_t o = 0, varint = 0, bad = SIZE_MAX;
+  return NB_OK;
+}
+
+/* The winners (keys >= kth) into c->idx / c->vals in index order; the same loop sizes the
+ * varint index section and spots the first non-finite value (NaN and infinity rank first, so
+ * any would be kept). */
+static nb_status_t nb__keep_winners(nb_codec_t* c, const nb__pass_t* ps, int threads, size_t k,
+                                    uint64_t kth, const float* residual, size_t* varint) {
+  size_t o = 0, bad = SIZE_MAX;
   uint32_t prev = 0;
+  *varint = 0;
   if (k > 0) {
     for (int i = 0; i < threads; i++) {
       const uint64_t* cb = ps[i].buf;
@@ -945,8 +940,7 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
         if (cb[j] >= kth) {
           uint32_t ix = nb_topk_unpack_index(cb[j]), d = ix - prev;
           prev = ix;
-          varint +=
-              1 + (d >= (1u << 7)) + (d >= (1u << 14)) + (d >= (1u << 21)) + (d >= (1u << 28));
+          *varint += nb__varint_len(d);
           if (bad == SIZE_MAX && (cb[j] >> 32) >= 0x7f800000u) bad = o;
           c->idx[o] = ix;
           c->vals[o++] = cv[j];
@@ -957,6 +951,51 @@ nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* 
   if (bad != SIZE_MAX)
     return nb_error(NB_ERR_INVALID, "codec: the %s holds a non-finite value at index %u",
                     residual ? "residual (after adding the update)" : "update", c->idx[bad]);
+  return NB_OK;
+}
+
+nb_status_t nb_codec_encode_sparse_k(nb_codec_t* c, const float* update, float* residual, size_t n,
+                                     size_t k, uint64_t round, uint32_t sender, void* out_,
+                                     size_t cap, size_t* len) {
+  uint8_t* out = (uint8_t*)out_;
+  if (!c || (!update && n) || !out || !len)
+    return nb_error(NB_ERR_INVALID, "codec: encode_sparse with a NULL argument");
+  if (n > UINT32_MAX) return nb_error(NB_ERR_INVALID, "codec: n (%zu) > 2^32-1", n);
+  if (k > n) k = n;
+  *len = 0;
+  /* the stored (uncompressed) frame always fits in this; checked before the residual changes */
+  size_t need = NB_FRAME_HEADER_BYTES +
+                4 * (size_t)nb__scale_blocks(c->cfg.values, k, c->cfg.block_size) +
+                (size_t)nb__value_bytes(c->cfg.values, k) +
+                (k ? (5 * k < n / 8 + (n % 8 != 0) ? 5 * k : n / 8 + (n % 8 != 0)) : 0);
+  if (cap < need)
+    return nb_error(NB_ERR_INVALID,
+                    "codec: output buffer of %zu bytes is too small; %zu needed (k = %zu of n = "
+                    "%zu, see nb_codec_frame_bound)",
+                    cap, need, k, n);
+  int threads = c->cfg.threads;
+  if (n < (1u << 20)) threads = 1; /* thread start-up would dominate */
+  if (c->cfg.topk_chunk)
+    return nb__encode_chunked(c, update, residual, n, k, threads, round, sender, out, cap, len);
+
+  int64_t t_start = nb_now_ns(), t_pass, t_select;
+  int scans = 1;
+  uint32_t t;
+  double fraction = n ? 1.05 * (double)k / (double)n : 1.0;
+  size_t s;
+  NB_CHECK(nb__sample_threshold(c, update, residual, n, k, fraction, &t, &s));
+  nb__pass_t ps[NB__CODEC_MAX_THREADS];
+  NB_CHECK(nb__pass_until_k(c, ps, threads, update, residual, n, k, t, fraction, s, &scans));
+  t_pass = nb_now_ns();
+
+  size_t m = 0;
+  for (int i = 0; i < threads; i++) m += ps[i].cnt;
+  NB_CHECK(nb__codec_grow((void**)&c->idx, &c->idx_cap, k ? k : 1, 4, "codec indices"));
+  NB_CHECK(nb__codec_grow((void**)&c->vals, &c->vals_cap, k ? k : 1, 4, "codec values"));
+  uint64_t kth;
+  NB_CHECK(nb__select_kth(c, ps, threads, k, m, &kth));
+  size_t varint;
+  NB_CHECK(nb__keep_winners(c, ps, threads, k, kth, residual, &varint));
   t_select = nb_now_ns();
 
   return nb__emit_sparse(c, residual, n, k, varint, 0, 0, -1, 0, round, sender, out, cap, len,

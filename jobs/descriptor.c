@@ -88,16 +88,7 @@ typedef struct {
 
 static void nb__add_error(nb__dctx_t* c, const char* path, int line, int col, const char* msg) {
   if (c->errors++ == 0) nb_error(NB_ERR_CONFIG, "%s: %s", path, msg);
-  if (!c->diag) return;
-  if (c->diag->count >= NB_DESCRIPTOR_MAX_ERRORS) {
-    c->diag->dropped++;
-    return;
-  }
-  nb_descriptor_error_t* e = &c->diag->errors[c->diag->count++];
-  snprintf(e->path, sizeof e->path, "%s", path);
-  snprintf(e->message, sizeof e->message, "%s", msg);
-  e->line = line;
-  e->column = col;
+  nb_descriptor_diag_add(c->diag, path, line, col, msg);
 }
 
 static size_t nb__push(nb__dctx_t* c, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -1192,6 +1183,20 @@ const char* nb_descriptor_error_format(const nb_descriptor_error_t* e, char* buf
   else
     snprintf(buf, n, "%s: %s", e->path, e->message);
   return buf;
+}
+
+void nb_descriptor_diag_add(nb_descriptor_diag_t* d, const char* path, int line, int column,
+                            const char* msg) {
+  if (!d) return;
+  if (d->count >= NB_DESCRIPTOR_MAX_ERRORS) {
+    d->dropped++;
+    return;
+  }
+  nb_descriptor_error_t* e = &d->errors[d->count++];
+  snprintf(e->path, sizeof e->path, "%s", path);
+  snprintf(e->message, sizeof e->message, "%s", msg);
+  e->line = line;
+  e->column = column;
 }
 
 void nb_descriptor_diag_print(FILE* f, const char* file, const nb_descriptor_diag_t* d) {

@@ -58,6 +58,12 @@ nb_status_t nb_descriptor_to_json(const nb_job_config_t* cfg, char** out);
  * "$.spec.x: ...". Writes at most n bytes into buf (borrowed) and returns buf. */
 const char* nb_descriptor_error_format(const nb_descriptor_error_t* e, char* buf, size_t n);
 
+/* Appends one error to d (path and msg are copied, truncated to fit; line and column 0 when
+ * there is no position); once d holds NB_DESCRIPTOR_MAX_ERRORS it counts the error as dropped.
+ * d: borrowed, NULL ignored. Not thread-safe on one d. */
+void nb_descriptor_diag_add(nb_descriptor_diag_t* d, const char* path, int line, int column,
+                            const char* msg);
+
 /* Writes each error of d to f as "<file>: <error>", one line each (what the commands print for
  * a descriptor that does not load). file and d: borrowed. */
 void nb_descriptor_diag_print(FILE* f, const char* file, const nb_descriptor_diag_t* d);

@@ -38,15 +38,7 @@ static void nb__refuse(nb__pctx_t* c, const char* path, const char* fmt, ...) {
     if (n > 0) c->all_len += (size_t)n;
     if (c->all_len >= sizeof c->all) c->all_len = sizeof c->all - 1;
   }
-  if (!c->diag) return;
-  if (c->diag->count >= NB_DESCRIPTOR_MAX_ERRORS) {
-    c->diag->dropped++;
-    return;
-  }
-  nb_descriptor_error_t* e = &c->diag->errors[c->diag->count++];
-  snprintf(e->path, sizeof e->path, "%s", path);
-  snprintf(e->message, sizeof e->message, "%s", msg);
-  e->line = e->column = 0;
+  nb_descriptor_diag_add(c->diag, path, 0, 0, msg);
 }
 
 static int nb__has_dotdot(const char* p) {

@@ -808,11 +808,77 @@ static uint32_t nb__hy_count_votes(const nb_hybrid_t* h, const nb_hybrid_msg_t* 
   return yes;
 }
 
-/* One fault-tolerant round (docs/hybrid.md, Faults): update exchange, vote exchange, then the
- * round is applied (every cluster has every message and said so), held (we have every message
- * but not every vote: a cluster may have applied it; the next exchange tells), or skipped. */
-static nb_status_t nb__hy_round_ft(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
-  uint32_t nc = h->cfg.n_clusters, np = nc - 1, me = h->cfg.cluster_index;
+/* Sorts the peers' updates of round a into all[] by sender (moved out of got[], which is then
+ * released): which peers sent a usable update of this round on the same theta_global (k rounds
+ * applied, hash)? Malformed, foreign and repeated ones are ignored; *have_all is cleared unless
+ * every peer's update is usable, *ok counts the usable ones and *newest is raised to the highest
+ * rounds-applied count stated. NB_ERR_INTEGRITY when a peer at k holds another theta_global. */
+static nb_status_t nb__hy_ft_take_updates(const nb_hybrid_t* h, nb_hybrid_msg_t* got, uint32_t np,
+                                          uint64_t a, uint64_t k, uint64_t hash,
+                                          nb_hybrid_msg_t* all, int* have_all, uint32_t* ok,
+                                          uint64_t* newest) {
+  uint32_t nc = h->cfg.n_clusters, me = h->cfg.cluster_index;
+  for (uint32_t i = 0; i < np; i++) {
+    if (!got[i].data) {
+      *have_all = 0;
+      continue;
+    }
+    nb__hy_hdr_t hd;
+    if (nb__hy_parse(&got[i], &hd) != NB_OK || !(hd.flags & NB__HY_FLAG_FT) ||
+        (hd.flags & (NB__HY_FLAG_VOTE | NB__HY_FLAG_HASH_ONLY)) || hd.sender >= nc ||
+        hd.sender == me || all[hd.sender].data) {
+      NB_WARN("hybrid: round %llu: a malformed or repeated update ignored: %s",
+              (unsigned long long)a, nb_error_last());
+      *have_all = 0;
+      continue;
+    }
+    if (hd.commits > *newest) *newest = hd.commits;
+    if (hd.commits == k && hd.hash != hash) {
+      nb__hy_release(got, np);
+      return nb_error(NB_ERR_INTEGRITY,
+                      "hybrid: round %llu: theta_global of cluster %u (xxh3 %016llx) differs "
+                      "from ours (cluster %u, %016llx) after %llu applied rounds: the replicas "
+                      "diverged",
+                      (unsigned long long)a, hd.sender, (unsigned long long)hd.hash, me,
+                      (unsigned long long)hash, (unsigned long long)k);
+    }
+    if (hd.commits != k || hd.round != a) *have_all = 0;
+    all[hd.sender] = got[i];
+    got[i].data = NULL;
+    (*ok)++;
+  }
+  nb__hy_release(got, np);
+  return NB_OK;
+}
+
+/* A round that was not applied while a peer states more rounds applied (newest > k): the held
+ * round lands late when it is the one missing (*caught_up), otherwise this cluster needs the
+ * state (*need_state). */
+static nb_status_t nb__hy_ft_catch_up(nb_hybrid_t* h, int commit, uint64_t newest, uint64_t a,
+                                      uint64_t k, int* caught_up, int* need_state) {
+  if (!commit && newest > k) {
+    if (newest == k + 1 && h->pend && h->pend_commits == k && h->pend_round != a) {
+      NB_CHECK(nb__hy_land_pending(h));
+      *caught_up = 1;
+    } else {
+      *need_state = 1;
+    }
+  }
+  return NB_OK;
+}
+
+/* What one fault-tolerant round saw of its peers (nb__hy_round_ft). */
+typedef struct {
+  uint64_t sent, sent2, ahead, newest_commits;
+  uint32_t alive, ok;
+  int have_all, commit, caught_up, need_state;
+  double xs;
+} nb__hy_ft_seen_t;
+
+/* The update of a fault-tolerant round: encoded (the residual before it kept in h->res_pre),
+ * its header stating the samples of every round since the last applied one, and theta_local at
+ * the send kept in h->lsend. */
+static nb_status_t nb__hy_ft_prepare(nb_hybrid_t* h) {
   NB_CHECK(nb__hy_ft_buffers(h));
   memcpy(h->res_pre, h->residual, h->n * sizeof(float));
   const uint8_t* msg;
@@ -824,140 +890,145 @@ static nb_status_t nb__hy_round_ft(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
   nb__hy_write_header(h, NB__HY_FLAG_FT, h->msg_len - NB_HYBRID_MSG_HEADER_BYTES, h->hash);
   h->samples = round_samples;
   memcpy(h->lsend, nb_trainer_sync_params(h->t, NULL), h->n * sizeof(float));
-  uint64_t a = h->round, k = h->commits, hash = h->hash;
-  nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}}, votes[NB_HYBRID_MAX_CLUSTERS] = {{0}};
-  uint64_t sent = 0, sent2 = 0, ahead = 0, ahead2 = 0, newest_commits = k;
-  uint32_t alive = 0, alive2 = 0, ok = 0;
-  int have_all = 1, caught_up = 0, need_state = 0, commit = 0;
-  double t0 = nb_now_s(), xs = 0;
-  nb_status_t st = NB_OK;
-  all[me].data = h->msg;
-  all[me].len = h->msg_len;
+  return NB_OK;
+}
+
+/* The update exchange of round a (none without peers), its usable updates sorted into all[]. */
+static nb_status_t nb__hy_ft_updates(nb_hybrid_t* h, uint64_t a, uint64_t k, uint64_t hash,
+                                     nb_hybrid_msg_t* all, nb__hy_ft_seen_t* s) {
+  uint32_t np = h->cfg.n_clusters - 1;
   nb_hybrid_msg_t got[NB_HYBRID_MAX_CLUSTERS] = {{0}};
   if (np > 0) {
-    st = h->cfg.ft_exchange(h->cfg.exchange_ctx, 2 * a + 2, h->msg, h->msg_len, got, np, &sent,
-                            &ahead, &alive);
+    nb_status_t st = h->cfg.ft_exchange(h->cfg.exchange_ctx, 2 * a + 2, h->msg, h->msg_len, got, np,
+                                        &s->sent, &s->ahead, &s->alive);
     if (st != NB_OK) {
       nb__hy_release(got, np);
       return nb_error_wrap(st, "hybrid: exchange");
     }
   }
-  /* Which peers sent a usable update of this round on the same theta_global? */
-  for (uint32_t i = 0; i < np; i++) {
-    if (!got[i].data) {
-      have_all = 0;
-      continue;
-    }
-    nb__hy_hdr_t hd;
-    if (nb__hy_parse(&got[i], &hd) != NB_OK || !(hd.flags & NB__HY_FLAG_FT) ||
-        (hd.flags & (NB__HY_FLAG_VOTE | NB__HY_FLAG_HASH_ONLY)) || hd.sender >= nc ||
-        hd.sender == me || all[hd.sender].data) {
-      NB_WARN("hybrid: round %llu: a malformed or repeated update ignored: %s",
-              (unsigned long long)a, nb_error_last());
-      have_all = 0;
-      continue;
-    }
-    if (hd.commits > newest_commits) newest_commits = hd.commits;
-    if (hd.commits == k && hd.hash != hash) {
-      nb__hy_release(got, np);
-      return nb_error(NB_ERR_INTEGRITY,
-                      "hybrid: round %llu: theta_global of cluster %u (xxh3 %016llx) differs "
-                      "from ours (cluster %u, %016llx) after %llu applied rounds: the replicas "
-                      "diverged",
-                      (unsigned long long)a, hd.sender, (unsigned long long)hd.hash, me,
-                      (unsigned long long)hash, (unsigned long long)k);
-    }
-    if (hd.commits != k || hd.round != a) have_all = 0;
-    all[hd.sender] = got[i];
-    got[i].data = NULL;
-    ok++;
-  }
-  nb__hy_release(got, np);
-  if (have_all && h->pend) nb__hy_drop_pending(h); /* everyone is at k: nobody applied it */
-  /* The vote: 1 when every update arrived. Sent even when not, so nobody waits for it. */
-  if (np > 0) {
-    uint8_t saved[NB_HYBRID_MSG_HEADER_BYTES];
-    memcpy(saved, h->msg, sizeof saved);
-    uint64_t s_samples = h->samples, s_steps = (uint64_t)h->steps;
-    size_t s_len = h->msg_len;
-    h->samples = (uint64_t)have_all;
-    h->steps = 0;
-    nb__hy_write_header(h, NB__HY_FLAG_FT | NB__HY_FLAG_VOTE, 0, h->hash);
-    uint8_t vote[NB_HYBRID_MSG_HEADER_BYTES];
-    memcpy(vote, h->msg, sizeof vote);
-    memcpy(h->msg, saved, sizeof saved);
-    h->msg_len = s_len;
-    h->samples = s_samples;
-    h->steps = (long)s_steps;
-    st = h->cfg.ft_exchange(h->cfg.exchange_ctx, 2 * a + 3, vote, sizeof vote, votes, np, &sent2,
-                            &ahead2, &alive2);
-    if (st != NB_OK) {
-      nb__hy_release(votes, np);
-      for (uint32_t c = 0; c < nc; c++)
-        if (c != me) nb_free(all[c].data);
-      return nb_error_wrap(st, "hybrid: vote exchange");
-    }
-    uint32_t yes = nb__hy_count_votes(h, votes, np, a, k, hash, &newest_commits);
+  return nb__hy_ft_take_updates(h, got, np, a, k, hash, all, &s->have_all, &s->ok,
+                                &s->newest_commits);
+}
+
+/* The vote of round a (1 when every update arrived; sent even when not, so nobody waits for it)
+ * and the peers' votes: s->commit when every update is here and every peer voted yes. The
+ * header of the update in h->msg is put back after the vote's is written. */
+static nb_status_t nb__hy_ft_vote(nb_hybrid_t* h, uint64_t a, uint64_t k, uint64_t hash,
+                                  nb__hy_ft_seen_t* s) {
+  uint32_t np = h->cfg.n_clusters - 1, alive2 = 0;
+  uint64_t ahead2 = 0;
+  nb_hybrid_msg_t votes[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+  uint8_t saved[NB_HYBRID_MSG_HEADER_BYTES];
+  memcpy(saved, h->msg, sizeof saved);
+  uint64_t s_samples = h->samples, s_steps = (uint64_t)h->steps;
+  size_t s_len = h->msg_len;
+  h->samples = (uint64_t)s->have_all;
+  h->steps = 0;
+  nb__hy_write_header(h, NB__HY_FLAG_FT | NB__HY_FLAG_VOTE, 0, h->hash);
+  uint8_t vote[NB_HYBRID_MSG_HEADER_BYTES];
+  memcpy(vote, h->msg, sizeof vote);
+  memcpy(h->msg, saved, sizeof saved);
+  h->msg_len = s_len;
+  h->samples = s_samples;
+  h->steps = (long)s_steps;
+  nb_status_t st = h->cfg.ft_exchange(h->cfg.exchange_ctx, 2 * a + 3, vote, sizeof vote, votes, np,
+                                      &s->sent2, &ahead2, &alive2);
+  if (st != NB_OK) {
     nb__hy_release(votes, np);
-    commit = have_all && yes == np;
-    if (ahead2 > ahead) ahead = ahead2;
-    alive = alive2;
-  } else {
-    commit = 1;
+    return nb_error_wrap(st, "hybrid: vote exchange");
   }
-  xs = nb_now_s() - t0;
-  nb_hybrid_round_t applied;
-  memset(&applied, 0, sizeof applied);
-  if (commit) {
-    st = nb__hy_apply(h, all, nc, a, hash, &applied);
+  uint32_t yes = nb__hy_count_votes(h, votes, np, a, k, hash, &s->newest_commits);
+  nb__hy_release(votes, np);
+  s->commit = s->have_all && yes == np;
+  if (ahead2 > s->ahead) s->ahead = ahead2;
+  s->alive = alive2;
+  return NB_OK;
+}
+
+/* Frees the peers' updates in all[] (ours, h->msg, is not theirs to free). */
+static void nb__hy_free_peers(const nb_hybrid_t* h, nb_hybrid_msg_t* all) {
+  for (uint32_t c = 0; c < h->cfg.n_clusters; c++)
+    if (c != h->cfg.cluster_index) nb_free(all[c].data);
+}
+
+/* Round a applied (every cluster has every message and said so), held (every update is here but
+ * not every vote: a cluster may have applied it; it keeps the residual this round's encode left
+ * if it lands late) or skipped: then the residual goes back to before this round's encode (the
+ * next Delta carries all of it) and theta_local trains on. */
+static nb_status_t nb__hy_ft_settle(nb_hybrid_t* h, const nb_hybrid_msg_t* all, uint64_t a,
+                                    uint64_t k, uint64_t hash, const nb__hy_ft_seen_t* s,
+                                    nb_hybrid_round_t* applied) {
+  nb_status_t st = NB_OK;
+  if (s->commit) {
+    st = nb__hy_apply(h, all, h->cfg.n_clusters, a, hash, applied);
     h->ft_samples = 0;
     if (h->pend) nb__hy_drop_pending(h);
   } else {
-    if (have_all) {
-      /* every update is here but not every vote: hold the round, a cluster may have applied it;
-       * it keeps the residual this round's encode left if it lands late */
-      st = nb__hy_hold(h, all, a, k, hash, h->ft_samples);
-    }
-    /* skipped here: the residual goes back to before this round's encode (the next Delta
-     * carries all of it), theta_local trains on */
+    if (s->have_all) st = nb__hy_hold(h, all, a, k, hash, h->ft_samples);
     memcpy(h->residual, h->res_pre, h->n * sizeof(float));
   }
-  for (uint32_t c = 0; c < nc; c++)
-    if (c != me) nb_free(all[c].data);
-  NB_CHECK(st);
-  if (!commit && newest_commits > k) {
-    if (newest_commits == k + 1 && h->pend && h->pend_commits == k && h->pend_round != a) {
-      NB_CHECK(nb__hy_land_pending(h));
-      caught_up = 1;
-    } else {
-      need_state = 1;
+  return st;
+}
+
+static void nb__hy_ft_record(const nb_hybrid_t* h, uint64_t a, const nb__hy_ft_seen_t* s,
+                             const nb_hybrid_round_t* applied, nb_hybrid_round_t* rec) {
+  memset(rec, 0, sizeof *rec);
+  rec->round = a;
+  rec->steps = h->steps;
+  rec->samples = h->samples;
+  rec->samples_all = s->commit ? applied->samples_all : 0;
+  rec->loss = h->loss;
+  rec->msg_bytes = h->msg_len;
+  rec->bytes_sent = s->sent + s->sent2;
+  rec->density = h->cfg.density;
+  rec->compute_s = h->compute_s;
+  rec->codec_s = h->codec_s + applied->codec_s;
+  rec->exchange_s = s->xs;
+  rec->global_hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  rec->landed = 1;
+  rec->applied = s->commit;
+  rec->caught_up = s->caught_up;
+  rec->need_state = s->need_state;
+  rec->commits = h->commits;
+  rec->peers_ok = s->ok;
+  rec->peers_alive = s->alive;
+}
+
+/* One fault-tolerant round (docs/hybrid.md, Faults): update exchange, vote exchange, then the
+ * round is applied (every cluster has every message and said so), held (we have every message
+ * but not every vote: a cluster may have applied it; the next exchange tells), or skipped. */
+static nb_status_t nb__hy_round_ft(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
+  uint32_t np = h->cfg.n_clusters - 1, me = h->cfg.cluster_index;
+  NB_CHECK(nb__hy_ft_prepare(h));
+  uint64_t a = h->round, k = h->commits, hash = h->hash;
+  nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}};
+  nb__hy_ft_seen_t s = {.newest_commits = k, .have_all = 1};
+  double t0 = nb_now_s();
+  nb_status_t st = NB_OK;
+  all[me].data = h->msg;
+  all[me].len = h->msg_len;
+  NB_CHECK(nb__hy_ft_updates(h, a, k, hash, all, &s));
+  if (s.have_all && h->pend) nb__hy_drop_pending(h); /* everyone is at k: nobody applied it */
+  if (np > 0) {
+    st = nb__hy_ft_vote(h, a, k, hash, &s);
+    if (st != NB_OK) {
+      nb__hy_free_peers(h, all);
+      return st;
     }
+  } else {
+    s.commit = 1;
   }
-  if (rec) {
-    memset(rec, 0, sizeof *rec);
-    rec->round = a;
-    rec->steps = h->steps;
-    rec->samples = h->samples;
-    rec->samples_all = commit ? applied.samples_all : 0;
-    rec->loss = h->loss;
-    rec->msg_bytes = h->msg_len;
-    rec->bytes_sent = sent + sent2;
-    rec->density = h->cfg.density;
-    rec->compute_s = h->compute_s;
-    rec->codec_s = h->codec_s + applied.codec_s;
-    rec->exchange_s = xs;
-    rec->global_hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
-    rec->landed = 1;
-    rec->applied = commit;
-    rec->caught_up = caught_up;
-    rec->need_state = need_state;
-    rec->commits = h->commits;
-    rec->peers_ok = ok;
-    rec->peers_alive = alive;
-  }
+  s.xs = nb_now_s() - t0;
+  nb_hybrid_round_t applied;
+  memset(&applied, 0, sizeof applied);
+  st = nb__hy_ft_settle(h, all, a, k, hash, &s, &applied);
+  nb__hy_free_peers(h, all);
+  NB_CHECK(st);
+  NB_CHECK(nb__hy_ft_catch_up(h, s.commit, s.newest_commits, a, k, &s.caught_up, &s.need_state));
+  if (rec) nb__hy_ft_record(h, a, &s, &applied, rec);
   uint64_t next = a + 1;
-  if (ahead >= 2) {
-    uint64_t b = (ahead - 2) / 2; /* the round of the newest exchange id seen */
+  if (s.ahead >= 2) {
+    uint64_t b = (s.ahead - 2) / 2; /* the round of the newest exchange id seen */
     if (b > next) next = b;
   }
   if (next > a + 1)
@@ -1000,36 +1071,9 @@ static void* nb__hy_fly_ft_main(void* arg) {
     st = nb_error_wrap(st, "hybrid: exchange");
     goto out;
   }
-  for (uint32_t i = 0; i < np; i++) {
-    if (!got[i].data) {
-      h->fly_have_all = 0;
-      continue;
-    }
-    nb__hy_hdr_t hd;
-    if (nb__hy_parse(&got[i], &hd) != NB_OK || !(hd.flags & NB__HY_FLAG_FT) ||
-        (hd.flags & (NB__HY_FLAG_VOTE | NB__HY_FLAG_HASH_ONLY)) || hd.sender >= nc ||
-        hd.sender == me || h->fly_all[hd.sender].data) {
-      NB_WARN("hybrid: round %llu: a malformed or repeated update ignored: %s",
-              (unsigned long long)a, nb_error_last());
-      h->fly_have_all = 0;
-      continue;
-    }
-    if (hd.commits > h->fly_newest) h->fly_newest = hd.commits;
-    if (hd.commits == k && hd.hash != hash) {
-      nb__hy_release(got, np);
-      st = nb_error(NB_ERR_INTEGRITY,
-                    "hybrid: round %llu: theta_global of cluster %u (xxh3 %016llx) differs from "
-                    "ours (cluster %u, %016llx) after %llu applied rounds: the replicas diverged",
-                    (unsigned long long)a, hd.sender, (unsigned long long)hd.hash, me,
-                    (unsigned long long)hash, (unsigned long long)k);
-      goto out;
-    }
-    if (hd.commits != k || hd.round != a) h->fly_have_all = 0;
-    h->fly_all[hd.sender] = got[i];
-    got[i].data = NULL;
-    h->fly_ok++;
-  }
-  nb__hy_release(got, np);
+  st = nb__hy_ft_take_updates(h, got, np, a, k, hash, h->fly_all, &h->fly_have_all, &h->fly_ok,
+                              &h->fly_newest);
+  if (st != NB_OK) goto out;
   /* the vote: 1 when every update arrived; sent even when not, so nobody waits for it */
   uint8_t vote[NB_HYBRID_MSG_HEADER_BYTES];
   nb__hy_header_to(vote, me, NB__HY_FLAG_FT | NB__HY_FLAG_VOTE, a, (uint64_t)h->fly_have_all, 0,
@@ -1111,14 +1155,7 @@ static nb_status_t nb__hy_land_ft(nb_hybrid_t* h, int how) {
   nb__hy_release(h->fly_all, NB_HYBRID_MAX_CLUSTERS);
   h->own_valid = 0;
   NB_CHECK(st);
-  if (!commit && h->fly_newest > k) {
-    if (h->fly_newest == k + 1 && h->pend && h->pend_commits == k && h->pend_round != a) {
-      NB_CHECK(nb__hy_land_pending(h));
-      caught_up = 1;
-    } else {
-      need_state = 1;
-    }
-  }
+  NB_CHECK(nb__hy_ft_catch_up(h, commit, h->fly_newest, a, k, &caught_up, &need_state));
   if (h->fly_ahead >= 2) {
     uint64_t b = (h->fly_ahead - 2) / 2; /* the round of the newest exchange id seen */
     if (b > h->round) {
