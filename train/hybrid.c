@@ -835,6 +835,11 @@ static nb_status_t nb__hy_ft_take_updates(const nb_hybrid_t* h, nb_hybrid_msg_t*
     if (hd.commits > *newest) *newest = hd.commits;
     if (hd.commits == k && hd.hash != hash) {
       nb__hy_release(got, np);
+      for (uint32_t c = 0; c < nc; c++) /* what was taken so far: the caller gets nothing */
+        if (c != me) {
+          nb_free(all[c].data);
+          all[c].data = NULL;
+        }
       return nb_error(NB_ERR_INTEGRITY,
                       "hybrid: round %llu: theta_global of cluster %u (xxh3 %016llx) differs "
                       "from ours (cluster %u, %016llx) after %llu applied rounds: the replicas "
