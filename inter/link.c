@@ -43,6 +43,7 @@ NB_PARAM_INT(LinkChunkMinKib, "NB_LINK_CHUNK_MIN_KIB", 16, 1, 65536,
 /* smaller sends are timed as probes (bytes / (time - min RTT)); below this their time is
  * mostly the round trip */
 #define NB__LINK_SMALL_SAMPLE_BYTES ((size_t)4 << 10)
+#define NB__LINK_SMALL_SAMPLE_S 0.1
 
 static void nb__copy_id(char* dst, const char* src) {
   snprintf(dst, NB_LINK_ID_MAX, "%s", src ? src : "");
@@ -989,12 +990,18 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
     /* a frame too small for a transfer sample (a sparse frame on a thin link) still measures
      * the rate the way a probe does, net of the round trip: with it the link needs no probes */
     /* not the link's first send, nor one that reconnected: their time has TCP and TLS
-     * handshakes in it */
+     * handshakes in it; and only where the link's configured rate (cap, else hint) says the
+     * frame takes NB__LINK_SMALL_SAMPLE_S or more: on a fast link a small frame's time is
+     * latency and CPU (under load it would report a fat link as a thin one) */
     pthread_mutex_lock(&L->mu);
     int warm = L->sends_ok > 0 && x.reconnects == 0;
     L->sends_ok++;
     pthread_mutex_unlock(&L->mu);
-    int small = len < NB__LINK_RATE_MIN_BYTES && len >= NB__LINK_SMALL_SAMPLE_BYTES && warm;
+    nb_ratelimit_stats_t rs;
+    nb_ratelimit_stats(L->rl, &rs);
+    double nominal = rs.rate_Bps > 0 ? rs.rate_Bps : L->rate_hint_Bps;
+    int slow = nominal > 0 && (double)len / nominal >= NB__LINK_SMALL_SAMPLE_S;
+    int small = len < NB__LINK_RATE_MIN_BYTES && len >= NB__LINK_SMALL_SAMPLE_BYTES && warm && slow;
     if (secs > 0 && small) nb_estimator_add_probe(L->est, len, secs);
     pthread_mutex_lock(&L->mu);
     if (secs > 0 && len >= NB__LINK_RATE_MIN_BYTES) L->send_Bps = (double)len / secs;

@@ -705,16 +705,17 @@ static void test_rate_hint_and_small_sends(void** state) {
                          .seal = seal_a,
                          .streams = 2,
                          .chunk_bytes = 1 << 20,
-                         .rate_hint_Bps = 1e6};
+                         .rate_hint_Bps = 1e5};
   nb_link_t* l = NULL;
   lc.rate_hint_Bps = -1;
   assert_int_equal(nb_link_create(&lc, &l), NB_ERR_INVALID);
-  lc.rate_hint_Bps = 1e6;
+  lc.rate_hint_Bps = 1e5;
   assert_int_equal(nb_link_create(&lc, &l), NB_OK);
-  assert_true(nb_link_rate_Bps(l) == 1e6);
-  assert_int_equal(nb_link_chunk_bytes(l), 488 * kib); /* 1 MB/s x 1 s over 2 streams */
-  /* 20 KiB frames: no transfer sample; the first send (its time has the handshakes in it)
-   * measures nothing, the second is timed like a probe; then the estimate rules */
+  assert_true(nb_link_rate_Bps(l) == 1e5);
+  assert_int_equal(nb_link_chunk_bytes(l), 48 * kib); /* 100 kB/s x 1 s over 2 streams */
+  /* 20 KiB frames (0.2 s at the hinted rate): no transfer sample; the first send (its time has
+   * the handshakes in it) measures nothing, the second is timed like a probe; then the estimate
+   * rules */
   for (int i = 0; i < 3; i++) assert_int_equal(nb_link_ping(l, 2000, 0, NULL), NB_OK);
   size_t len = 20 * kib;
   uint8_t* f = make_frame(len, 5);
@@ -723,7 +724,7 @@ static void test_rate_hint_and_small_sends(void** state) {
   nb_estimate_t e;
   nb_estimator_get(nb_link_estimator(l), &e);
   assert_int_equal(e.probe_samples, 0);
-  assert_true(nb_link_rate_Bps(l) == 1e6);
+  assert_true(nb_link_rate_Bps(l) == 1e5);
   assert_int_equal(nb_link_send(l, 2, f, len, NULL, 0, nb_now_ns() + 60000000000LL, &s), NB_OK);
   nb_estimator_get(nb_link_estimator(l), &e);
   assert_int_equal(e.probe_samples, 1);
@@ -746,6 +747,21 @@ static void test_rate_hint_and_small_sends(void** state) {
     assert_memory_equal(got, f, len);
     nb_free(got);
   }
+  nb_link_destroy(l);
+  /* hinted at 10 MB/s the same frames take 2 ms: their time is latency and CPU, no sample */
+  lc.rate_hint_Bps = 1e7;
+  assert_int_equal(nb_link_create(&lc, &l), NB_OK);
+  for (uint64_t rd = 3; rd <= 4; rd++) {
+    assert_int_equal(nb_link_send(l, rd, f, len, NULL, 0, nb_now_ns() + 60000000000LL, &s), NB_OK);
+    uint8_t* got = NULL;
+    size_t glen = 0;
+    assert_int_equal(nb_link_rx_take(r.rx, "dc-a", rd, nb_now_ns() + 60000000000LL, &got, &glen),
+                     NB_OK);
+    nb_free(got);
+  }
+  nb_estimator_get(nb_link_estimator(l), &e);
+  assert_int_equal(e.probe_samples, 0);
+  assert_int_equal(e.transfer_samples, 0);
   free(f);
   nb_link_destroy(l);
   nb_seal_ctx_destroy(seal_a);
