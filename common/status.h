@@ -10,7 +10,10 @@
 extern "C" {
 #endif
 
-/* Append-only: values are part of logs and exit codes. */
+/* Append-only: values are part of logs and exit codes. The public header include/nebula.h
+ * carries the same enum under the same guard (tests/unit/api checks that the two agree). */
+#ifndef NB_STATUS_T_DEFINED
+#define NB_STATUS_T_DEFINED
 typedef enum {
   NB_OK = 0,
   NB_ERR_INVALID = 1,      /* invalid argument or malformed input from the caller */
@@ -36,6 +39,7 @@ typedef enum {
   NB_ERR_INTERNAL = 21,    /* an invariant of nebula itself was broken: a bug */
   NB_STATUS_COUNT_
 } nb_status_t;
+#endif
 
 /* Short constant name of a status ("NB_ERR_CODEC"); never NULL. Thread-safe. */
 const char* nb_status_name(nb_status_t st);

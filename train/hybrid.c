@@ -14,16 +14,20 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "train/optim.h"
 
 #define NB__HY_VERSION 1u
 #define NB__HY_FLAG_HASH_ONLY 0x1u
-#define NB__HY_FLAG_FT 0x2u   /* fault-tolerant round: offset 56 carries the rounds applied */
-#define NB__HY_FLAG_VOTE 0x4u /* with FT: the vote of a round (samples field: 1 = have all) */
-#define NB__HY_FLAGS_KNOWN (NB__HY_FLAG_HASH_ONLY | NB__HY_FLAG_FT | NB__HY_FLAG_VOTE)
+#define NB__HY_FLAG_FT 0x2u      /* fault-tolerant round: offset 56 carries the rounds applied */
+#define NB__HY_FLAG_VOTE 0x4u    /* with FT: the vote of a round (samples field: 1 = have all) */
+#define NB__HY_FLAG_REFUSED 0x8u /* the sender's Delta was not finite: no frame, round refused */
+#define NB__HY_FLAGS_KNOWN \
+  (NB__HY_FLAG_HASH_ONLY | NB__HY_FLAG_FT | NB__HY_FLAG_VOTE | NB__HY_FLAG_REFUSED)
 
 struct nb_hybrid {
   nb_hybrid_config_t cfg;
-  nb_trainer_t* t;
+  nb_hybrid_local_t local; /* the local model (train/hybrid_trainer.c adapts the trainer) */
+  uint64_t s_mark;         /* local.samples() at the end of the last round's steps */
   nb_codec_t* codec;
   size_t n;
   float* global;   /* (n) theta_global */
@@ -105,6 +109,13 @@ static uint64_t nb__get64(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
   return v;
+}
+
+/* Index of the first NaN or infinity in x[0..n), or n when all are finite. */
+static size_t nb__hy_first_nonfinite(const float* x, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(x[i])) return i;
+  return n;
 }
 
 /* A message header into p (NB_HYBRID_MSG_HEADER_BYTES); no hybrid state touched (the exchange
@@ -207,20 +218,53 @@ static nb_status_t nb__hy_check(const nb_hybrid_config_t* c) {
   return NB_OK;
 }
 
-nb_status_t nb_hybrid_create(const nb_hybrid_config_t* cfg, nb_trainer_t* t, nb_hybrid_t** out) {
-  if (!cfg || !t || !out) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+/* The local model's synced buffer (theta_local), and writes into it. */
+static float* nb__hy_params(nb_hybrid_t* h, size_t* n) {
+  return h->local.params(h->local.ctx, n);
+}
+static nb_status_t nb__hy_set_params(nb_hybrid_t* h, const float* src, size_t n) {
+  size_t have = 0;
+  float* dst = nb__hy_params(h, &have);
+  if (!dst || have != n)
+    return nb_error(NB_ERR_INVALID, "hybrid: the synced buffer has %zu floats, expected %zu", have,
+                    n);
+  memmove(dst, src, n * sizeof(float));
+  return NB_OK;
+}
+
+/* A local model without a steps function runs its own inner loop between rounds: only blocking
+ * outer rounds fit it (overlap, wall-time rounds and the per-step modes drive the steps). */
+static nb_status_t nb__hy_check_local(const nb_hybrid_config_t* c, const nb_hybrid_local_t* l) {
+  if (!l->params || !l->samples)
+    return nb_error(NB_ERR_INVALID, "hybrid: the local model needs params and samples");
+  if (!l->steps && (c->mode != NB_HYBRID_OUTER || c->overlap || c->round_seconds > 0))
+    return nb_error(NB_ERR_CONFIG,
+                    "hybrid: a local model that runs its own inner steps needs blocking outer "
+                    "rounds (no overlap, no round_seconds, mode outer)");
+  if (c->round_seconds > 0 && !l->steps_budget)
+    return nb_error(NB_ERR_CONFIG, "hybrid: round_seconds needs the local model's steps_budget");
+  if (c->mode != NB_HYBRID_OUTER && !l->step_samples)
+    return nb_error(NB_ERR_CONFIG, "hybrid: step and dense modes need the local step_samples");
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_create_local(const nb_hybrid_config_t* cfg, const nb_hybrid_local_t* lm,
+                                   nb_hybrid_t** out) {
+  if (!cfg || !lm || !out) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
   *out = NULL;
   NB_CHECK(nb__hy_check(cfg));
+  NB_CHECK(nb__hy_check_local(cfg, lm));
   nb_status_t st = NB_OK;
   nb_hybrid_t* h = NULL;
   NB_CHECK(nb_calloc((void**)&h, 1, sizeof *h, "hybrid"));
   h->cfg = *cfg;
-  h->t = t;
-  float* local = nb_trainer_sync_params(t, &h->n);
-  if (h->n == 0 || h->n > 0xffffffffu) {
+  h->local = *lm;
+  float* local = nb__hy_params(h, &h->n);
+  if (!local || h->n == 0 || h->n > 0xffffffffu) {
     st = nb_error(NB_ERR_INVALID, "hybrid: synced buffer of %zu floats", h->n);
     goto fail;
   }
+  h->s_mark = h->local.samples(h->local.ctx);
   if (h->cfg.mode == NB_HYBRID_DENSE) {
     h->cfg.density = 1.0;
     h->cfg.values = NB_VALUES_FP32;
@@ -304,9 +348,9 @@ static nb_status_t nb__hy_steps(nb_hybrid_t* h, long k, double seconds, long* do
   double loss = 0;
   if (h->cfg.steps_hook) NB_CHECK(h->cfg.steps_hook(h->cfg.hook_ctx, k));
   if (h->cfg.round_seconds > 0)
-    NB_CHECK(nb_trainer_steps_budget(h->t, k, seconds, &did, &loss));
+    NB_CHECK(h->local.steps_budget(h->local.ctx, k, seconds, &did, &loss));
   else
-    NB_CHECK(nb_trainer_steps(h->t, k, &loss));
+    NB_CHECK(h->local.steps(h->local.ctx, k, &loss));
   *done += did;
   *loss_sum += loss * (double)did;
   return NB_OK;
@@ -319,12 +363,12 @@ static nb_status_t nb__hy_steps(nb_hybrid_t* h, long k, double seconds, long* do
 static nb_status_t nb__hy_land_mid(nb_hybrid_t* h) {
   if (h->cfg.ft_exchange) return nb__hy_land_ft(h, NB__HY_LAND_MID);
   size_t n;
-  float* local = nb_trainer_sync_params(h->t, &n);
+  float* local = nb__hy_params(h, &n);
   for (size_t i = 0; i < n; i++) h->own[i] = local[i] - h->global[i] + h->own[i];
   /* on error nothing changed but own (the run stops) */
   NB_CHECK(nb__hy_land(h, &h->mid_rec, &h->mid_waited));
   h->mid_sent = h->fly_sent;
-  local = nb_trainer_sync_params(h->t, &n);
+  local = nb__hy_params(h, &n);
   for (size_t i = 0; i < n; i++) local[i] = h->global[i] + h->own[i];
   h->own_valid = 0;
   h->mid_landed = 1;
@@ -338,9 +382,10 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
   h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
   h->msg_hash = h->hash;
   h->mid_landed = 0;
-  uint64_t s0 = nb_trainer_samples(h->t);
+  /* a local model that runs its own steps trained on what it counted since the last round */
+  uint64_t s0 = h->local.steps ? h->local.samples(h->local.ctx) : h->s_mark;
   double t0 = nb_now_s(), loss_sum = 0;
-  long kh = h->cfg.inner_steps, done = 0;
+  long kh = h->cfg.inner_steps, done = h->local.steps ? 0 : kh;
   if (h->cfg.overlap && h->inflight && h->own_valid && h->cfg.overlap_steps < kh) {
     long tau = h->cfg.overlap_steps;
     if (tau > 0) NB_CHECK(nb__hy_steps(h, tau, h->cfg.round_seconds, &done, &loss_sum));
@@ -365,7 +410,8 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
   /* the landed update's wait and decode overlap the steps' own timing by a few microseconds:
    * never report (or schedule from) a negative compute time */
   if (h->compute_s < 0) h->compute_s = 0;
-  h->samples = (nb_trainer_samples(h->t) - s0) * (h->cfg.samples_scale ? h->cfg.samples_scale : 1);
+  h->s_mark = h->local.samples(h->local.ctx);
+  h->samples = (h->s_mark - s0) * (h->cfg.samples_scale ? h->cfg.samples_scale : 1);
 
   size_t k = h->cfg.density >= 1 ? h->n : nb_codec_k_for_density(h->n, h->cfg.density);
   size_t need = NB_HYBRID_MSG_HEADER_BYTES +
@@ -375,12 +421,32 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
     h->msg_cap = need;
   }
   size_t n;
-  const float* local = nb_trainer_sync_params(h->t, &n);
+  const float* local = nb__hy_params(h, &n);
   for (size_t i = 0; i < n; i++) h->delta[i] = h->global[i] - local[i];
   /* overlap: the round started at theta_global - own (the previous round's own progress, not
    * landed yet); Delta is this round's progress only */
   if (h->cfg.overlap && h->own_valid)
     for (size_t i = 0; i < n; i++) h->delta[i] -= h->own[i];
+  /* A non-finite Delta (a diverged local model, a NaN in the caller's buffers) never reaches the
+   * codec or the residual: without fault tolerance every cluster must hear of it, so the message
+   * goes out frameless and flagged, and every cluster's apply refuses the round; with it, the
+   * round fails here and the peers skip it as a missing update. */
+  size_t bad = nb__hy_first_nonfinite(h->delta, n);
+  if (bad < n) {
+    if (h->cfg.ft_exchange)
+      return nb_error(NB_ERR_INVALID,
+                      "hybrid: round %llu: our update is not finite (element %zu): refused",
+                      (unsigned long long)h->round, bad);
+    NB_WARN(
+        "hybrid: round %llu: our update is not finite (element %zu): every cluster refuses "
+        "the round",
+        (unsigned long long)h->round, bad);
+    nb__hy_write_header(h, NB__HY_FLAG_REFUSED, 0, h->msg_hash);
+    h->codec_s = nb_now_s() - t1;
+    *msg = h->msg;
+    *len = h->msg_len;
+    return NB_OK;
+  }
   if (h->cfg.ft_exchange && h->cfg.overlap && h->res_pre) /* restored if the round is skipped */
     memcpy(h->res_pre, h->residual, h->n * sizeof(float));
   nb__hy_residual_in(h);
@@ -419,6 +485,11 @@ static nb_status_t nb__hy_collect(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, s
       return nb_error(NB_ERR_INVALID, "hybrid: round %llu: unexpected or repeated sender %u",
                       (unsigned long long)round, hd.sender);
     seen[hd.sender] = 1;
+    if (hd.round == round && (hd.flags & NB__HY_FLAG_REFUSED))
+      return nb_error(NB_ERR_INVALID,
+                      "hybrid: round %llu: the update of cluster %u is not finite: the round is "
+                      "refused, nothing applied",
+                      (unsigned long long)round, hd.sender);
     if (hd.round != round || hd.flags != flags)
       return nb_error(NB_ERR_INVALID,
                       "hybrid: cluster %u sent round %llu (flags %u); expected round %llu "
@@ -469,6 +540,13 @@ static nb_status_t nb__hy_sum(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_
                                                 h->delta, h->n, NULL);
     if (st != NB_OK) return nb_error_wrap(st, "hybrid: decoding a cluster's frame");
   }
+  /* a peer's frame can decode to non-finite values (fp32 values carry NaN): never step on them */
+  size_t bad = nb__hy_first_nonfinite(h->delta, h->n);
+  if (bad < h->n)
+    return nb_error(NB_ERR_INVALID,
+                    "hybrid: round %llu: the weighted sum of the updates is not finite (element "
+                    "%zu): the round is refused, nothing applied",
+                    (unsigned long long)round, bad);
   *total_out = total;
   return NB_OK;
 }
@@ -479,7 +557,7 @@ static nb_status_t nb__hy_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, siz
   uint64_t total = 0;
   NB_CHECK(nb__hy_sum(h, msgs, n_msgs, round, hash, &total));
   nb_outer_step(h->global, h->delta, h->momentum, h->cfg.outer_lr, h->cfg.outer_momentum, h->n);
-  NB_CHECK(nb_trainer_set_sync_params(h->t, h->global, h->n));
+  NB_CHECK(nb__hy_set_params(h, h->global, h->n));
   h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
   h->commits++;
   if (rec) {
@@ -599,7 +677,7 @@ static nb_status_t nb__hy_round_overlap(nb_hybrid_t* h, nb_hybrid_round_t* rec) 
    * updates would then overshoot. */
   {
     size_t n;
-    float* local = nb_trainer_sync_params(h->t, &n);
+    float* local = nb__hy_params(h, &n);
     for (size_t i = 0; i < n; i++) local[i] = h->global[i] - h->own[i];
   }
   if (len > h->fly_cap) {
@@ -645,12 +723,10 @@ nb_status_t nb_hybrid_gradient(nb_hybrid_t* h, float* grads, size_t n) {
   if (n != h->n)
     return nb_error(NB_ERR_INVALID, "hybrid: gradient of %zu floats, synced buffer %zu", n, h->n);
   double t0 = nb_now_s();
-  const nb_train_config_t* tc = nb_trainer_config(h->t);
-  h->samples = (uint64_t)tc->batch_size *
-               (uint64_t)(tc->micro_batches > 0 ? tc->micro_batches : 1) *
-               (h->cfg.samples_scale ? h->cfg.samples_scale : 1);
+  h->samples =
+      h->local.step_samples(h->local.ctx) * (h->cfg.samples_scale ? h->cfg.samples_scale : 1);
   h->steps = 1;
-  h->hash = nb_xxh3_64(nb_trainer_sync_params(h->t, NULL), n * sizeof(float), 0);
+  h->hash = nb_xxh3_64(nb__hy_params(h, NULL), n * sizeof(float), 0);
   uint8_t* frame = h->msg + NB_HYBRID_MSG_HEADER_BYTES;
   size_t cap = h->msg_cap - NB_HYBRID_MSG_HEADER_BYTES, flen = 0;
   uint32_t me = h->cfg.cluster_index;
@@ -693,13 +769,13 @@ nb_status_t nb_hybrid_gradient(nb_hybrid_t* h, float* grads, size_t n) {
 static nb_status_t nb__hy_round_steps(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
   h->step_sent = h->step_msg_bytes = 0;
   h->step_exchange_s = h->step_codec_s = 0;
-  uint64_t s0 = nb_trainer_samples(h->t), x0 = h->xseq;
+  uint64_t s0 = h->local.samples(h->local.ctx), x0 = h->xseq;
   double loss = 0, t0 = nb_now_s();
   long k = h->cfg.inner_steps;
   if (h->cfg.round_seconds > 0)
-    NB_CHECK(nb_trainer_steps_budget(h->t, k, h->cfg.round_seconds, &k, &loss));
+    NB_CHECK(h->local.steps_budget(h->local.ctx, k, h->cfg.round_seconds, &k, &loss));
   else
-    NB_CHECK(nb_trainer_steps(h->t, k, &loss));
+    NB_CHECK(h->local.steps(h->local.ctx, k, &loss));
   double wall = nb_now_s() - t0;
   if (h->cfg.n_clusters > 1 && h->xseq - x0 != (uint64_t)k)
     return nb_error(NB_ERR_CONFIG,
@@ -707,13 +783,13 @@ static nb_status_t nb__hy_round_steps(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
                     "grad hook (%llu exchanges in %ld steps)",
                     h->cfg.mode == NB_HYBRID_DENSE ? "dense" : "step",
                     (unsigned long long)(h->xseq - x0), k);
-  memcpy(h->global, nb_trainer_sync_params(h->t, NULL), h->n * sizeof(float));
+  memcpy(h->global, nb__hy_params(h, NULL), h->n * sizeof(float));
   h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
   if (rec) {
     memset(rec, 0, sizeof *rec);
     rec->round = h->round;
     rec->steps = k;
-    rec->samples = nb_trainer_samples(h->t) - s0;
+    rec->samples = h->local.samples(h->local.ctx) - s0;
     rec->loss = loss;
     rec->msg_bytes = h->step_msg_bytes;
     rec->bytes_sent = h->step_sent;
@@ -747,7 +823,7 @@ static void nb__hy_drop_pending(nb_hybrid_t* h) {
  * local at that send), and the residual is the one that round's encode left. */
 static nb_status_t nb__hy_land_pending(nb_hybrid_t* h) {
   size_t n;
-  float* local = nb_trainer_sync_params(h->t, &n);
+  float* local = nb__hy_params(h, &n);
   memcpy(h->lsend, local, n * sizeof(float)); /* the progress is measured from here */
   NB_CHECK(nb__hy_apply(h, h->pend_msgs, h->cfg.n_clusters, h->pend_round, h->pend_hash, NULL));
   for (size_t i = 0; i < n; i++) local[i] = h->global[i] + (h->lsend[i] - h->pend_local[i]);
@@ -894,7 +970,7 @@ static nb_status_t nb__hy_ft_prepare(nb_hybrid_t* h) {
   h->samples = h->ft_samples; /* our Delta covers every round since the last applied one */
   nb__hy_write_header(h, NB__HY_FLAG_FT, h->msg_len - NB_HYBRID_MSG_HEADER_BYTES, h->hash);
   h->samples = round_samples;
-  memcpy(h->lsend, nb_trainer_sync_params(h->t, NULL), h->n * sizeof(float));
+  memcpy(h->lsend, nb__hy_params(h, NULL), h->n * sizeof(float));
   return NB_OK;
 }
 
@@ -1132,7 +1208,7 @@ static nb_status_t nb__hy_land_ft(nb_hybrid_t* h, int how) {
   }
   NB_CHECK(nb__hy_ft_buffers(h));
   size_t n;
-  float* local = nb_trainer_sync_params(h->t, &n);
+  float* local = nb__hy_params(h, &n);
   nb_hybrid_msg_t all[NB_HYBRID_MAX_CLUSTERS] = {{0}};
   for (uint32_t c = 0; c < nc; c++) all[c] = h->fly_all[c];
   all[me].data = h->fly;
@@ -1145,7 +1221,7 @@ static nb_status_t nb__hy_land_ft(nb_hybrid_t* h, int how) {
     st = nb__hy_apply(h, all, nc, a, hash, o);
     if (st == NB_OK) {
       if (how != NB__HY_LAND_DRAIN) { /* a drain has no progress since: theta_local = global */
-        local = nb_trainer_sync_params(h->t, &n);
+        local = nb__hy_params(h, &n);
         for (size_t i = 0; i < n; i++) local[i] = h->global[i] + h->own[i];
       }
       h->ft_samples = 0;
@@ -1214,7 +1290,7 @@ static nb_status_t nb__hy_round_ft_overlap(nb_hybrid_t* h, nb_hybrid_round_t* re
     memcpy(h->own, h->delta, h->n * sizeof(float));
     h->own_valid = 1;
     size_t n;
-    float* local = nb_trainer_sync_params(h->t, &n);
+    float* local = nb__hy_params(h, &n);
     for (size_t i = 0; i < n; i++) local[i] = h->global[i] - h->own[i];
     memcpy(h->lsend, local, n * sizeof(float));
     if (len > h->fly_cap) {
@@ -1389,7 +1465,7 @@ static nb_status_t nb__hy_finish_ft(nb_hybrid_t* h) {
   }
   h->final_attempts = attempts;
   /* the trainer holds theta_global (progress of rounds skipped at the very end is dropped) */
-  NB_CHECK(nb_trainer_set_sync_params(h->t, h->global, h->n));
+  NB_CHECK(nb__hy_set_params(h, h->global, h->n));
   if (missing)
     return nb_error(NB_ERR_UNAVAILABLE,
                     "hybrid: final check: %u of %u peers did not answer in %u attempts over "
@@ -1566,7 +1642,7 @@ nb_status_t nb_hybrid_load(nb_hybrid_t* h, const char* path) {
     st = nb_error(NB_ERR_INTEGRITY, "hybrid: %s: theta_global hash mismatch", path);
     goto out;
   }
-  st = nb_trainer_set_sync_params(h->t, (const float*)p, h->n);
+  st = nb__hy_set_params(h, (const float*)p, h->n);
   if (st != NB_OK) goto out;
   memcpy(h->global, p, nb);
   memcpy(h->momentum, p + nb, nb);
@@ -1628,7 +1704,7 @@ nb_status_t nb_hybrid_import(nb_hybrid_t* h, const uint8_t* b, size_t len, uint6
   const uint8_t* p = b + NB__HY_STATE_HEADER;
   if (nb_xxh3_64(p, nb, 0) != nb__get64(b + 32))
     return nb_error(NB_ERR_INTEGRITY, "hybrid: global state: theta_global hash mismatch");
-  NB_CHECK(nb_trainer_set_sync_params(h->t, (const float*)p, h->n));
+  NB_CHECK(nb__hy_set_params(h, (const float*)p, h->n));
   memcpy(h->global, p, nb);
   memcpy(h->momentum, p + nb, nb);
   memset(h->residual, 0, nb);

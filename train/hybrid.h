@@ -1,9 +1,11 @@
 /* train/hybrid: the cross-datacenter round of the `outer` (DiLoCo-style) sync mode as a library:
  * theta_global on the host, K inner steps, pseudo-gradient through the codec with error feedback,
  * an exchange through a callback, a sample-weighted sum in cluster order, the outer Nesterov step
- * and a hash check that every cluster holds bit-identical theta_global. It does not own processes,
- * sockets or job descriptors: the worker plugs inter/exchange into the callback, tests plug in
- * an in-process rendezvous. */
+ * and a hash check that every cluster holds bit-identical theta_global. The local model is an
+ * interface (nb_hybrid_local_t): nebula's trainer is one (nb_hybrid_create), a caller's own
+ * inner loop another (the public session API). It does not own processes, sockets or job
+ * descriptors: the worker plugs inter/exchange into the callback, tests plug in an in-process
+ * rendezvous. */
 #ifndef NB_TRAIN_HYBRID_H
 #define NB_TRAIN_HYBRID_H
 
@@ -12,7 +14,6 @@
 
 #include "common/status.h"
 #include "compress/compress.h"
-#include "train/trainer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -146,11 +147,45 @@ typedef struct {
 } nb_hybrid_round_t;
 
 typedef struct nb_hybrid nb_hybrid_t;
-/* Thread safety: one thread at a time per hybrid (it drives its trainer). */
+/* Thread safety: one thread at a time per hybrid (it drives its local model). */
 
-/* Creates the round state for trainer t (borrowed; must outlive h): theta_global = the trainer's
- * synced buffer now, zero momentum and residual, a codec. cfg is copied. NB_ERR_CONFIG naming a
- * bad field, NB_ERR_NOMEM, the codec's errors. */
+/* The local model a round syncs: a context and the functions the hybrid calls on it, always from
+ * the thread that calls the hybrid (never from the overlap thread). */
+typedef struct {
+  void* ctx; /* passed to every function; borrowed, must outlive the hybrid */
+  /* Required. The synced parameters (theta_local) as one contiguous fp32 host vector of *n
+   * floats (n nullable), owned by the local model, the same size for the hybrid's life. The
+   * hybrid reads it between steps and writes into it what the model continues from
+   * (theta_global after an applied round). */
+  float* (*params)(void* ctx, size_t* n);
+  /* Required. Samples (sequences) trained on so far in total, never decreasing: the weight of a
+   * round's Delta is the difference across it. */
+  uint64_t (*samples)(void* ctx);
+  /* Runs k inner steps from the synced buffer; *loss_mean their mean training loss. NULL: the
+   * caller runs its own inner loop between rounds, and a round counts the samples since the
+   * previous one (blocking outer rounds only: no overlap, no round_seconds, mode outer). */
+  nb_status_t (*steps)(void* ctx, long k, double* loss_mean);
+  /* At most k_max inner steps within `seconds` (at least one); *k_done, *loss_mean. Required by
+   * cfg.round_seconds > 0. */
+  nb_status_t (*steps_budget)(void* ctx, long k_max, double seconds, long* k_done,
+                              double* loss_mean);
+  /* Samples of one inner step of this rank (the weight of its gradient). Required by the step
+   * and dense modes. */
+  uint64_t (*step_samples)(void* ctx);
+} nb_hybrid_local_t;
+
+/* Creates the round state for the local model `local` (copied; its ctx must outlive h):
+ * theta_global = the synced buffer now, zero momentum and residual, a codec. cfg is copied.
+ * NB_ERR_CONFIG naming a bad field (or a config the local model cannot run: see
+ * nb_hybrid_local_t.steps), NB_ERR_INVALID (a missing function, an empty buffer), NB_ERR_NOMEM,
+ * the codec's errors. */
+nb_status_t nb_hybrid_create_local(const nb_hybrid_config_t* cfg, const nb_hybrid_local_t* local,
+                                   nb_hybrid_t** out);
+
+/* nebula's trainer as the local model (train/hybrid_trainer.c): its synced buffer
+ * (nb_trainer_sync_params), its sample count, its steps. t is borrowed and must outlive h. Errors
+ * of nb_hybrid_create_local. */
+typedef struct nb_trainer nb_trainer_t;
 nb_status_t nb_hybrid_create(const nb_hybrid_config_t* cfg, nb_trainer_t* t, nb_hybrid_t** out);
 /* Waits for an exchange still in flight (overlap) and frees everything. NULL ok. */
 void nb_hybrid_destroy(nb_hybrid_t* h);
@@ -178,7 +213,10 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len);
  * (exchange_s and bytes_sent left 0). NB_ERR_INTEGRITY when a cluster's theta_global hash
  * differs from ours (names the cluster and both hashes) or a frame fails its checksum;
  * NB_ERR_CODEC / NB_ERR_INVALID for a malformed or unexpected message (theta_global is then
- * unchanged). */
+ * unchanged); NB_ERR_INVALID naming the cluster when an update is not finite: a Delta with a NaN
+ * or infinity is not encoded, its message says so and every cluster refuses the round (so does
+ * a weighted sum that decodes to non-finite values), theta_global unchanged. With fault-tolerant
+ * rounds a non-finite Delta fails our prepare instead (the peers skip the round). */
 nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
                             nb_hybrid_round_t* rec);
 
@@ -217,8 +255,8 @@ nb_status_t nb_hybrid_set_density(nb_hybrid_t* h, double density);
 nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps);
 /* Sets the value type and top-k chunk (0 = global top-k) of the next rounds' frames (the
  * scheduler's codec point; frames are self-describing, so clusters may differ). Between rounds
- * only (the codec is used by the thread that calls nb_hybrid_round). NB_ERR_CONFIG in dense mode (fp32 fixed) or for a
- * chunk the codec refuses, NB_ERR_NOMEM. */
+ * only (the codec is used by the thread that calls nb_hybrid_round). NB_ERR_CONFIG in dense mode
+ * (fp32 fixed) or for a chunk the codec refuses, NB_ERR_NOMEM. */
 nb_status_t nb_hybrid_set_codec(nb_hybrid_t* h, nb_values_t values, uint32_t topk_chunk);
 /* Sets tau, the inner steps of the next rounds after which the previous update lands (overlap;
  * >= 0, see cfg.overlap_steps; the scheduler raises it on a thin link). NB_ERR_CONFIG when < 0. */

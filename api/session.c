@@ -1,0 +1,565 @@
+/* api/session: the public session API (include/nebula.h) over the hybrid round (train/hybrid)
+ * and the exchange (inter/exchange). The caller's tensors are gathered into one contiguous
+ * theta_local vector, the hybrid's local model, before each round and theta_global is scattered
+ * back after it. Not here: the round logic itself (hybrid.c), sockets (inter/), a training loop. */
+#include <nebula.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "compress/compress.h"
+#include "inter/exchange.h"
+#include "security/pki.h"
+#include "security/seal.h"
+#include "security/tls.h"
+#include "train/hybrid.h"
+
+#define NB__SS_NAME_MAX 128
+#define NB__SS_NDIM_MAX 8
+#define NB__SS_MAX_PEERS (NB_HYBRID_MAX_CLUSTERS - 1)
+/* The start message (the tensor table, docs/api.md): little-endian, exchange id 0; hybrid round
+ * r travels as exchange id r + 1, so that no (round, chunk) is sealed twice. */
+#define NB__SS_TABLE_MAGIC 0x5453424eu /* bytes 'N' 'B' 'S' 'T' */
+#define NB__SS_TABLE_VERSION 1u
+#define NB__SS_FLAG_VALUES 0x1u
+
+typedef struct {
+  char name[NB__SS_NAME_MAX];
+  float* data; /* borrowed: (prod shape) */
+  int ndim;
+  int64_t shape[NB__SS_NDIM_MAX];
+  size_t count, offset; /* floats, and where they sit in theta_local */
+} nb__ss_tensor_t;
+
+struct nb_session {
+  char job_id[NB_LINK_ID_MAX], cluster_id[NB_LINK_ID_MAX];
+  uint32_t index, n_clusters;
+  nb_hybrid_config_t hc;
+  nb_tls_t* tls;
+  uint8_t secret[NB_SEAL_SECRET_BYTES];
+  int have_secret;
+  nb_exchange_t* ex; /* NULL for one cluster */
+  size_t n_peers;
+  nb__ss_tensor_t* tensors;
+  size_t n_tensors, cap_tensors, n; /* n: floats in all */
+  float* local;                     /* (n) theta_local: the hybrid's local model */
+  uint64_t samples;                 /* reported so far: the local model's sample count */
+  nb_hybrid_t* h;
+  int started, failed;
+};
+
+void nb_session_options_default(nb_session_options_t* o) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->n_clusters = 1;
+  o->listen = "127.0.0.1:0";
+  o->inner_steps = NB_HYBRID_INNER_STEPS_DEFAULT;
+  o->outer_lr = 0.7f;
+  o->outer_momentum = 0.9f;
+  o->density = 0.01;
+  o->values = "int8";
+  o->error_feedback = 1;
+}
+
+/* ---- the local model: theta_local, and the samples the caller reported -------------------- */
+
+static float* nb__ss_params(void* ctx, size_t* n) {
+  nb_session_t* s = ctx;
+  if (n) *n = s->n;
+  return s->local;
+}
+
+static uint64_t nb__ss_samples(void* ctx) {
+  return ((nb_session_t*)ctx)->samples;
+}
+
+static void nb__ss_gather(nb_session_t* s) {
+  for (size_t i = 0; i < s->n_tensors; i++)
+    memcpy(s->local + s->tensors[i].offset, s->tensors[i].data,
+           s->tensors[i].count * sizeof(float));
+}
+
+static void nb__ss_scatter(nb_session_t* s) {
+  for (size_t i = 0; i < s->n_tensors; i++)
+    memcpy(s->tensors[i].data, s->local + s->tensors[i].offset,
+           s->tensors[i].count * sizeof(float));
+}
+
+/* ---- the exchange callback ------------------------------------------------------------------ */
+
+/* Exchange id `round`: our msg to every peer, theirs into peers[] (peer order; their ids into
+ * names, nullable). */
+static nb_status_t nb__ss_exchange_id(uint64_t round, const void* msg, size_t len, nb_session_t* s,
+                                      nb_hybrid_msg_t* peers, size_t n_peers, uint64_t* sent,
+                                      char (*names)[NB_LINK_ID_MAX]) {
+  if (n_peers != s->n_peers)
+    return nb_error(NB_ERR_INTERNAL, "session: %zu peers expected, the exchange has %zu", n_peers,
+                    s->n_peers);
+  nb_exchange_result_t res[NB__SS_MAX_PEERS];
+  memset(res, 0, sizeof res);
+  nb_status_t st = nb_exchange_round(s->ex, round, msg, len, 0, res);
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n_peers; i++) {
+    bytes += res[i].send.bytes;
+    if (names) {
+      size_t l = strnlen(res[i].peer, NB_LINK_ID_MAX - 1);
+      memcpy(names[i], res[i].peer, l);
+      names[i][l] = '\0';
+    }
+    if (st == NB_OK) {
+      peers[i].data = res[i].frame;
+      peers[i].len = res[i].len;
+      res[i].frame = NULL;
+    }
+  }
+  nb_exchange_results_release(res, n_peers);
+  if (sent) *sent = bytes;
+  return st;
+}
+
+static nb_status_t nb__ss_exchange(void* ctx, uint64_t round, const void* msg, size_t len,
+                                   nb_hybrid_msg_t* peers, size_t n_peers, uint64_t* sent) {
+  return nb__ss_exchange_id(round + 1, msg, len, ctx, peers, n_peers, sent, NULL);
+}
+
+/* ---- open ----------------------------------------------------------------------------------- */
+
+static nb_status_t nb__ss_copy_id(char* dst, const char* src, size_t len, const char* what) {
+  if (!src || len == 0 || len >= NB_LINK_ID_MAX)
+    return nb_error(NB_ERR_INVALID, "session: %s must be 1..%d bytes", what, NB_LINK_ID_MAX - 1);
+  memcpy(dst, src, len);
+  dst[len] = '\0';
+  return NB_OK;
+}
+
+static nb_status_t nb__ss_security(nb_session_t* s, const nb_session_options_t* o) {
+  if (o->pki_dir) {
+    char ca[4096], crt[4096], key[4096];
+    NB_CHECK(nb_pki_path(o->pki_dir, NB_PKI_NONE, NULL, "crt", ca, sizeof ca));
+    NB_CHECK(nb_pki_path(o->pki_dir, NB_PKI_CLUSTER, s->cluster_id, "crt", crt, sizeof crt));
+    NB_CHECK(nb_pki_path(o->pki_dir, NB_PKI_CLUSTER, s->cluster_id, "key", key, sizeof key));
+    nb_tls_files_t files = {ca, crt, key};
+    NB_CHECK(nb_error_wrap(nb_tls_create(&files, &s->tls), "session: pki_dir"));
+  } else if (!o->insecure) {
+    return nb_error(NB_ERR_CONFIG, "session: give pki_dir (mutual TLS) or set insecure (tests)");
+  }
+  if (o->job_secret) {
+    memcpy(s->secret, o->job_secret, sizeof s->secret);
+    s->have_secret = 1;
+  } else if (!o->unsealed) {
+    return nb_error(NB_ERR_CONFIG, "session: give job_secret (sealed frames) or set unsealed");
+  }
+  return NB_OK;
+}
+
+static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o) {
+  nb_hybrid_config_t* hc = &s->hc;
+  nb_hybrid_config_defaults(hc);
+  hc->cluster_index = o->cluster_index;
+  hc->n_clusters = o->n_clusters;
+  hc->inner_steps = o->inner_steps;
+  hc->outer_lr = o->outer_lr;
+  hc->outer_momentum = o->outer_momentum;
+  hc->density = o->density;
+  hc->error_feedback = o->error_feedback ? 1 : 0;
+  if (o->values)
+    NB_CHECK(nb_error_wrap(nb_values_parse(o->values, &hc->values), "session: values"));
+  hc->exchange = nb__ss_exchange;
+  hc->exchange_ctx = s;
+  if (o->n_clusters < 1 || o->n_clusters > NB_HYBRID_MAX_CLUSTERS)
+    return nb_error(NB_ERR_CONFIG, "session: n_clusters %u outside [1, %d]", o->n_clusters,
+                    NB_HYBRID_MAX_CLUSTERS);
+  if (o->cluster_index >= o->n_clusters)
+    return nb_error(NB_ERR_CONFIG, "session: cluster_index %u >= n_clusters %u", o->cluster_index,
+                    o->n_clusters);
+  if (o->inner_steps < 1)
+    return nb_error(NB_ERR_CONFIG, "session: inner_steps %ld < 1", o->inner_steps);
+  if (!(o->outer_lr > 0) || !isfinite(o->outer_lr))
+    return nb_error(NB_ERR_CONFIG, "session: outer_lr must be > 0");
+  if (!(o->outer_momentum >= 0 && o->outer_momentum < 1))
+    return nb_error(NB_ERR_CONFIG, "session: outer_momentum must be in [0, 1)");
+  if (!(o->density > 0 && o->density <= 1))
+    return nb_error(NB_ERR_CONFIG, "session: density %g outside (0, 1]", o->density);
+  if (!(o->peer_timeout_s >= 0) || o->peer_timeout_s > 86400)
+    return nb_error(NB_ERR_CONFIG, "session: peer_timeout_s must be in [0, 86400]");
+  return NB_OK;
+}
+
+nb_status_t nb_session_open(const nb_session_options_t* o, nb_session_t** out) {
+  if (!o || !out) return nb_error(NB_ERR_INVALID, "session: NULL argument");
+  *out = NULL;
+  nb_status_t st = NB_OK;
+  nb_session_t* s = NULL;
+  NB_CHECK(nb_calloc((void**)&s, 1, sizeof *s, "session"));
+  NB_CHECK_GOTO(nb__ss_copy_id(s->job_id, o->job_id, o->job_id ? strlen(o->job_id) : 0, "job_id"),
+                st, fail);
+  NB_CHECK_GOTO(nb__ss_copy_id(s->cluster_id, o->cluster_id,
+                               o->cluster_id ? strlen(o->cluster_id) : 0, "cluster_id"),
+                st, fail);
+  NB_CHECK_GOTO(nb__ss_config(s, o), st, fail);
+  s->index = o->cluster_index;
+  s->n_clusters = o->n_clusters;
+  if (o->n_peers > s->n_clusters - 1) {
+    st = nb_error(NB_ERR_CONFIG, "session: %zu peers for %u clusters", o->n_peers, s->n_clusters);
+    goto fail;
+  }
+  if (o->n_peers && !o->peers) {
+    st = nb_error(NB_ERR_INVALID, "session: n_peers %zu but no peers", o->n_peers);
+    goto fail;
+  }
+  NB_CHECK_GOTO(nb__ss_security(s, o), st, fail);
+  if (s->n_clusters > 1) {
+    nb_exchange_config_t xc;
+    memset(&xc, 0, sizeof xc);
+    xc.job_id = s->job_id;
+    xc.self = s->cluster_id;
+    xc.listen = o->listen ? o->listen : "127.0.0.1:0";
+    xc.tls = s->tls;
+    xc.allow_insecure = s->tls == NULL;
+    xc.job_secret = s->have_secret ? s->secret : NULL;
+    xc.allow_unsealed = !s->have_secret;
+    xc.dead_ms = (int)(o->peer_timeout_s * 1000);
+    NB_CHECK_GOTO(nb_error_wrap(nb_exchange_create(&xc, &s->ex), "session: exchange"), st, fail);
+  }
+  for (size_t i = 0; i < o->n_peers; i++)
+    NB_CHECK_GOTO(nb_session_add_peer(s, o->peers[i]), st, fail);
+  *out = s;
+  return NB_OK;
+fail:
+  nb_session_close(s);
+  return st;
+}
+
+int nb_session_port(const nb_session_t* s) {
+  return s && s->ex ? nb_exchange_port(s->ex) : -1;
+}
+
+nb_status_t nb_session_add_peer(nb_session_t* s, const char* peer) {
+  if (!s || !peer) return nb_error(NB_ERR_INVALID, "session: NULL argument");
+  if (s->started) return nb_error(NB_ERR_INVALID, "session: add_peer after start");
+  const char* eq = strchr(peer, '=');
+  if (!eq || eq == peer || !eq[1] || !strchr(eq + 1, ':'))
+    return nb_error(NB_ERR_INVALID, "session: peer '%s' is not id=host:port", peer);
+  if (s->n_peers + 1 > s->n_clusters - 1)
+    return nb_error(NB_ERR_CONFIG, "session: peer '%s': more peers than n_clusters - 1 (%u)", peer,
+                    s->n_clusters - 1);
+  char id[NB_LINK_ID_MAX];
+  NB_CHECK(nb__ss_copy_id(id, peer, (size_t)(eq - peer), "a peer's id"));
+  if (!strcmp(id, s->cluster_id))
+    return nb_error(NB_ERR_INVALID, "session: peer '%s' has our own cluster id", peer);
+  NB_CHECK(nb_error_wrap(nb_exchange_add_peer(s->ex, id, eq + 1), "session: peer %s", id));
+  s->n_peers++;
+  return NB_OK;
+}
+
+nb_status_t nb_session_register(nb_session_t* s, const char* name, float* data,
+                                const int64_t* shape, int ndim) {
+  if (!s || !name || !data || (ndim > 0 && !shape))
+    return nb_error(NB_ERR_INVALID, "session: NULL argument");
+  if (s->started) return nb_error(NB_ERR_INVALID, "session: register '%s' after start", name);
+  size_t len = strlen(name);
+  if (len == 0 || len >= NB__SS_NAME_MAX)
+    return nb_error(NB_ERR_INVALID, "session: tensor name of %zu bytes (1..%d)", len,
+                    NB__SS_NAME_MAX - 1);
+  if (ndim < 0 || ndim > NB__SS_NDIM_MAX)
+    return nb_error(NB_ERR_INVALID, "session: tensor '%s': ndim %d outside [0, %d]", name, ndim,
+                    NB__SS_NDIM_MAX);
+  size_t count = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 1 || (uint64_t)shape[d] > (uint64_t)0xffffffffu / count)
+      return nb_error(NB_ERR_INVALID, "session: tensor '%s': dimension %d is %lld", name, d,
+                      (long long)shape[d]);
+    count *= (size_t)shape[d];
+  }
+  if (s->n + count > 0xffffffffu)
+    return nb_error(NB_ERR_INVALID, "session: tensor '%s': more than 2^32 synced floats", name);
+  for (size_t i = 0; i < s->n_tensors; i++)
+    if (!strcmp(s->tensors[i].name, name))
+      return nb_error(NB_ERR_EXISTS, "session: tensor '%s' is registered already", name);
+  if (s->n_tensors == s->cap_tensors) {
+    size_t cap = s->cap_tensors ? 2 * s->cap_tensors : 8;
+    NB_CHECK(nb_realloc((void**)&s->tensors, cap, sizeof *s->tensors, "session tensors"));
+    s->cap_tensors = cap;
+  }
+  nb__ss_tensor_t* t = &s->tensors[s->n_tensors++];
+  memset(t, 0, sizeof *t);
+  memcpy(t->name, name, len + 1);
+  t->data = data;
+  t->ndim = ndim;
+  for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
+  t->count = count;
+  t->offset = s->n;
+  s->n += count;
+  return NB_OK;
+}
+
+/* ---- start: the tensor table ---------------------------------------------------------------- */
+
+typedef struct {
+  uint8_t* p;
+  size_t len, cap;
+} nb__ss_buf_t;
+
+static void nb__ss_put(nb__ss_buf_t* b, const void* v, size_t n) {
+  memcpy(b->p + b->len, v, n);
+  b->len += n;
+}
+static void nb__ss_put32(nb__ss_buf_t* b, uint32_t v) {
+  uint8_t x[4];
+  for (int i = 0; i < 4; i++) x[i] = (uint8_t)(v >> (8 * i));
+  nb__ss_put(b, x, 4);
+}
+static void nb__ss_put64(nb__ss_buf_t* b, uint64_t v) {
+  uint8_t x[8];
+  for (int i = 0; i < 8; i++) x[i] = (uint8_t)(v >> (8 * i));
+  nb__ss_put(b, x, 8);
+}
+static uint32_t nb__ss_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+/* magic, version, sender, n_clusters, flags, n_tensors, outer lr and momentum (fp32 bits), n,
+ * then per tensor: name length (4), name, ndim (4), ndim dims (8 each); then, from cluster 0,
+ * its n values (fp32). */
+static nb_status_t nb__ss_table_make(nb_session_t* s, nb__ss_buf_t* b) {
+  int values = s->index == 0;
+  size_t cap = 40 + (values ? s->n * sizeof(float) : 0);
+  for (size_t i = 0; i < s->n_tensors; i++)
+    cap += 8 + strlen(s->tensors[i].name) + 8 * (size_t)s->tensors[i].ndim;
+  NB_CHECK(nb_alloc((void**)&b->p, cap, 1, "session table"));
+  b->cap = cap;
+  b->len = 0;
+  nb__ss_put32(b, NB__SS_TABLE_MAGIC);
+  nb__ss_put32(b, NB__SS_TABLE_VERSION);
+  nb__ss_put32(b, s->index);
+  nb__ss_put32(b, s->n_clusters);
+  nb__ss_put32(b, values ? NB__SS_FLAG_VALUES : 0);
+  nb__ss_put32(b, (uint32_t)s->n_tensors);
+  nb__ss_put32(b, nb__ss_bits(s->hc.outer_lr));
+  nb__ss_put32(b, nb__ss_bits(s->hc.outer_momentum));
+  nb__ss_put64(b, s->n);
+  for (size_t i = 0; i < s->n_tensors; i++) {
+    const nb__ss_tensor_t* t = &s->tensors[i];
+    nb__ss_put32(b, (uint32_t)strlen(t->name));
+    nb__ss_put(b, t->name, strlen(t->name));
+    nb__ss_put32(b, (uint32_t)t->ndim);
+    for (int d = 0; d < t->ndim; d++) nb__ss_put64(b, (uint64_t)t->shape[d]);
+  }
+  if (values) nb__ss_put(b, s->local, s->n * sizeof(float));
+  return NB_OK;
+}
+
+/* A strict reader of a peer's table. */
+typedef struct {
+  const uint8_t* p;
+  size_t len, at;
+  int bad;
+} nb__ss_rd_t;
+
+static uint64_t nb__ss_get(nb__ss_rd_t* r, int bytes) {
+  if (r->bad || r->len - r->at < (size_t)bytes) {
+    r->bad = 1;
+    return 0;
+  }
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; i++) v |= (uint64_t)r->p[r->at + (size_t)i] << (8 * i);
+  r->at += (size_t)bytes;
+  return v;
+}
+
+static void nb__ss_shape_str(const int64_t* shape, int ndim, char* buf, size_t cap) {
+  size_t at = 0;
+  buf[0] = '\0';
+  if (ndim == 0) snprintf(buf, cap, "scalar");
+  for (int d = 0; d < ndim && at < cap; d++)
+    at += (size_t)snprintf(buf + at, cap - at, d ? "x%lld" : "%lld", (long long)shape[d]);
+}
+
+/* Checks peer message m against our table. *values: cluster 0's values inside m (or NULL).
+ * *sender: the peer's index. */
+static nb_status_t nb__ss_table_check(nb_session_t* s, const char* peer, const uint8_t* m,
+                                      size_t len, uint32_t* sender, const float** values) {
+  nb__ss_rd_t r = {m, len, 0, 0};
+  *values = NULL;
+  if (nb__ss_get(&r, 4) != NB__SS_TABLE_MAGIC || nb__ss_get(&r, 4) != NB__SS_TABLE_VERSION)
+    return nb_error(NB_ERR_CODEC, "session: start: cluster %s did not send a tensor table", peer);
+  uint32_t idx = (uint32_t)nb__ss_get(&r, 4), nc = (uint32_t)nb__ss_get(&r, 4);
+  uint32_t flags = (uint32_t)nb__ss_get(&r, 4), nt = (uint32_t)nb__ss_get(&r, 4);
+  uint32_t lr = (uint32_t)nb__ss_get(&r, 4), mu = (uint32_t)nb__ss_get(&r, 4);
+  uint64_t n = nb__ss_get(&r, 8);
+  if (r.bad) return nb_error(NB_ERR_CODEC, "session: start: cluster %s: short table", peer);
+  if (nc != s->n_clusters)
+    return nb_error(NB_ERR_CONFIG, "session: start: n_clusters is %u here, %u at cluster %s",
+                    s->n_clusters, nc, peer);
+  if (idx >= nc || idx == s->index)
+    return nb_error(NB_ERR_INVALID, "session: start: cluster %s has index %u (ours %u of %u)", peer,
+                    idx, s->index, nc);
+  if (lr != nb__ss_bits(s->hc.outer_lr) || mu != nb__ss_bits(s->hc.outer_momentum))
+    return nb_error(NB_ERR_CONFIG,
+                    "session: start: outer_lr/outer_momentum differ between us (%g/%g) and "
+                    "cluster %s",
+                    (double)s->hc.outer_lr, (double)s->hc.outer_momentum, peer);
+  char here[128], there[128];
+  for (size_t i = 0; i < s->n_tensors || i < nt; i++) {
+    const nb__ss_tensor_t* t = i < s->n_tensors ? &s->tensors[i] : NULL;
+    if (i >= nt)
+      return nb_error(NB_ERR_CONFIG,
+                      "session: start: tensor %zu '%s' is registered here but not at cluster %s "
+                      "(%u tensors there, %zu here)",
+                      i, t->name, peer, nt, s->n_tensors);
+    char name[NB__SS_NAME_MAX];
+    uint32_t nl = (uint32_t)nb__ss_get(&r, 4);
+    if (r.bad || nl == 0 || nl >= NB__SS_NAME_MAX || r.len - r.at < nl)
+      return nb_error(NB_ERR_CODEC, "session: start: cluster %s: malformed tensor %zu", peer, i);
+    memcpy(name, r.p + r.at, nl);
+    name[nl] = '\0';
+    r.at += nl;
+    uint32_t nd = (uint32_t)nb__ss_get(&r, 4);
+    if (r.bad || nd > NB__SS_NDIM_MAX)
+      return nb_error(NB_ERR_CODEC, "session: start: cluster %s: malformed tensor %zu", peer, i);
+    int64_t shape[NB__SS_NDIM_MAX];
+    for (uint32_t d = 0; d < nd; d++) shape[d] = (int64_t)nb__ss_get(&r, 8);
+    if (r.bad)
+      return nb_error(NB_ERR_CODEC, "session: start: cluster %s: malformed tensor %zu", peer, i);
+    nb__ss_shape_str(shape, (int)nd, there, sizeof there);
+    if (!t)
+      return nb_error(NB_ERR_CONFIG,
+                      "session: start: tensor %zu '%s' (%s) is registered at cluster %s but not "
+                      "here (%zu tensors here, %u there)",
+                      i, name, there, peer, s->n_tensors, nt);
+    nb__ss_shape_str(t->shape, t->ndim, here, sizeof here);
+    if (strcmp(name, t->name) || strcmp(here, there))
+      return nb_error(NB_ERR_CONFIG,
+                      "session: start: tensor %zu differs: '%s' (%s) here, '%s' (%s) at cluster "
+                      "%s",
+                      i, t->name, here, name, there, peer);
+  }
+  if (n != s->n)
+    return nb_error(NB_ERR_CODEC, "session: start: cluster %s: table of %llu floats, ours %zu",
+                    peer, (unsigned long long)n, s->n);
+  size_t want = (flags & NB__SS_FLAG_VALUES) ? s->n * sizeof(float) : 0;
+  if ((flags & ~NB__SS_FLAG_VALUES) || ((flags & NB__SS_FLAG_VALUES) != 0) != (idx == 0) ||
+      r.len - r.at != want)
+    return nb_error(NB_ERR_CODEC, "session: start: cluster %s: malformed table (flags %u)", peer,
+                    flags);
+  if (want) *values = (const float*)(r.p + r.at);
+  *sender = idx;
+  return NB_OK;
+}
+
+nb_status_t nb_session_start(nb_session_t* s) {
+  if (!s) return nb_error(NB_ERR_INVALID, "session: NULL argument");
+  if (s->started || s->failed)
+    return nb_error(NB_ERR_INVALID, "session: start called twice (or after a failed start)");
+  if (s->n_tensors == 0) return nb_error(NB_ERR_INVALID, "session: start: no tensor registered");
+  if (s->n_peers != s->n_clusters - 1)
+    return nb_error(NB_ERR_CONFIG, "session: start: %zu peers for %u clusters", s->n_peers,
+                    s->n_clusters);
+  s->failed = 1; /* until it succeeds */
+  NB_CHECK(nb_alloc((void**)&s->local, s->n, sizeof(float), "theta_local"));
+  nb__ss_gather(s);
+  if (s->n_clusters > 1) {
+    nb__ss_buf_t b = {0};
+    nb_hybrid_msg_t got[NB__SS_MAX_PEERS];
+    char names[NB__SS_MAX_PEERS][NB_LINK_ID_MAX];
+    memset(got, 0, sizeof got);
+    memset(names, 0, sizeof names);
+    nb_status_t st = nb__ss_table_make(s, &b);
+    if (st == NB_OK) st = nb__ss_exchange_id(0, b.p, b.len, s, got, s->n_peers, NULL, names);
+    if (st != NB_OK) st = nb_error_wrap(st, "session: start");
+    nb_free(b.p);
+    /* every peer's table is checked (in peer order, so that each side names its first
+     * difference); cluster 0's values become theta_global */
+    uint8_t seen[NB_HYBRID_MAX_CLUSTERS] = {0};
+    seen[s->index] = 1;
+    for (size_t i = 0; i < s->n_peers && st == NB_OK; i++) {
+      uint32_t idx = 0;
+      const float* v = NULL;
+      st = nb__ss_table_check(s, names[i], got[i].data, got[i].len, &idx, &v);
+      if (st == NB_OK && seen[idx])
+        st = nb_error(NB_ERR_INVALID, "session: start: two clusters have index %u", idx);
+      if (st == NB_OK) seen[idx] = 1;
+      if (st == NB_OK && v) memcpy(s->local, v, s->n * sizeof(float));
+    }
+    for (size_t i = 0; i < s->n_peers; i++) nb_free(got[i].data);
+    NB_CHECK(st);
+  }
+  nb_hybrid_local_t lm = {.ctx = s, .params = nb__ss_params, .samples = nb__ss_samples};
+  NB_CHECK(nb_error_wrap(nb_hybrid_create_local(&s->hc, &lm, &s->h), "session: start"));
+  nb__ss_scatter(s);
+  s->started = 1;
+  s->failed = 0;
+  return NB_OK;
+}
+
+/* ---- rounds --------------------------------------------------------------------------------- */
+
+static nb_status_t nb__ss_ready(const nb_session_t* s, const char* what) {
+  if (!s) return nb_error(NB_ERR_INVALID, "session: NULL argument");
+  if (!s->started) return nb_error(NB_ERR_INVALID, "session: %s before start", what);
+  if (s->failed)
+    return nb_error(NB_ERR_INVALID,
+                    "session: %s after a failed round: the clusters no longer agree on the "
+                    "round; close the session",
+                    what);
+  return NB_OK;
+}
+
+nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round_t* out) {
+  NB_CHECK(nb__ss_ready(s, "round"));
+  if (samples > UINT64_MAX - s->samples)
+    return nb_error(NB_ERR_INVALID, "session: round: sample count overflows");
+  nb__ss_gather(s);
+  s->samples += samples;
+  nb_hybrid_round_t rec;
+  nb_status_t st = nb_hybrid_round(s->h, &rec);
+  if (st != NB_OK) {
+    s->failed = 1; /* the caller's buffers keep their own values: nothing was applied */
+    return nb_error_wrap(st, "session: round %llu", (unsigned long long)nb_hybrid_rounds(s->h));
+  }
+  nb__ss_scatter(s);
+  if (out) {
+    memset(out, 0, sizeof *out);
+    out->round = rec.round;
+    out->applied = 1; /* a blocking round without fault tolerance that returns NB_OK was
+                         applied on every cluster (rec.applied is set by fault-tolerant ones) */
+    out->samples = samples;
+    out->samples_all = rec.samples_all;
+    out->msg_bytes = rec.msg_bytes;
+    out->bytes_sent = rec.bytes_sent;
+    out->density = rec.density;
+    out->wait_s = rec.exchange_s;
+    out->codec_s = rec.codec_s;
+    out->global_hash = rec.global_hash;
+  }
+  return NB_OK;
+}
+
+nb_status_t nb_session_finish(nb_session_t* s) {
+  NB_CHECK(nb__ss_ready(s, "finish"));
+  nb_status_t st = nb_hybrid_finish(s->h);
+  if (st != NB_OK) {
+    s->failed = 1;
+    return nb_error_wrap(st, "session: finish");
+  }
+  return NB_OK;
+}
+
+uint64_t nb_session_global_hash(const nb_session_t* s) {
+  return s && s->h ? nb_hybrid_global_hash(s->h) : 0;
+}
+
+void nb_session_close(nb_session_t* s) {
+  if (!s) return;
+  nb_hybrid_destroy(s->h); /* first: it may wait for an exchange in flight */
+  nb_exchange_destroy(s->ex);
+  nb_tls_destroy(s->tls);
+  nb_free(s->tensors);
+  nb_free(s->local);
+  memset(s->secret, 0, sizeof s->secret);
+  nb_free(s);
+}

@@ -1,0 +1,196 @@
+/* nebula.h: the public C API of libnebula. A session per cluster leader syncs the caller's own
+ * fp32 tensors with the other clusters of a job, one blocking outer round (DiLoCo-style) after
+ * every H inner steps that the caller runs itself. It is not a training loop, an intra-cluster
+ * communicator or a job launcher: the caller's program owns its model, data and optimizer.
+ *
+ * Usage (docs/api.md has a complete example):
+ *   nb_session_options_t o;
+ *   nb_session_options_default(&o);
+ *   o.job_id = "demo"; o.cluster_id = "a"; o.cluster_index = 0; o.n_clusters = 2; ...
+ *   nb_session_open(&o, &s);
+ *   nb_session_register(s, "w", w, shape, 2);       // borrowed, before start
+ *   nb_session_start(s);                              // agree on the table; theta from cluster 0
+ *   for (;;) { run H inner steps on w; nb_session_round(s, samples, &r); }
+ *   nb_session_close(s);
+ *
+ * Errors: every fallible function returns an nb_status_t; nb_error_last() then holds a one-line
+ * message naming what was wrong (thread-local: read it on the thread that got the error).
+ * Thread safety: one thread at a time per session; distinct sessions are independent.
+ * Only the names declared here are exported by libnebula. */
+#ifndef NEBULA_H
+#define NEBULA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NEBULA_VERSION_MAJOR 0
+#define NEBULA_VERSION_MINOR 1
+#define NEBULA_VERSION_PATCH 0
+
+/* Status codes, shared with nebula's internals (the same values under the same guard). */
+#ifndef NB_STATUS_T_DEFINED
+#define NB_STATUS_T_DEFINED
+typedef enum {
+  NB_OK = 0,
+  NB_ERR_INVALID = 1,      /* invalid argument or malformed input from the caller */
+  NB_ERR_SYSTEM = 2,       /* an OS call failed (errno in the message) */
+  NB_ERR_NOMEM = 3,        /* allocation failed */
+  NB_ERR_CUDA = 4,         /* CUDA runtime or driver error */
+  NB_ERR_NCCL = 5,         /* NCCL error */
+  NB_ERR_MPI = 6,          /* MPI error */
+  NB_ERR_RPC = 7,          /* gRPC transport or call failure */
+  NB_ERR_CRYPTO = 8,       /* OpenSSL failure (not an integrity failure) */
+  NB_ERR_INTEGRITY = 9,    /* bad tag, bad checksum, hash mismatch: never retried silently */
+  NB_ERR_CODEC = 10,       /* a frame or encoded buffer is malformed */
+  NB_ERR_TIMEOUT = 11,     /* a deadline passed */
+  NB_ERR_REMOTE = 12,      /* the peer reported an error */
+  NB_ERR_UNSUPPORTED = 13, /* not built in or not available on this machine */
+  NB_ERR_NOT_FOUND = 14,   /* a named thing does not exist */
+  NB_ERR_EXISTS = 15,      /* a thing that must not exist does */
+  NB_ERR_PERMISSION = 16,  /* authenticated but not allowed */
+  NB_ERR_CONFIG = 17,      /* a configuration or descriptor is invalid */
+  NB_ERR_IO = 18,          /* a file is unreadable, truncated or could not be written */
+  NB_ERR_CANCELLED = 19,   /* the operation was cancelled */
+  NB_ERR_UNAVAILABLE = 20, /* a peer or resource is not reachable now (may be transient) */
+  NB_ERR_INTERNAL = 21,    /* an invariant of nebula itself was broken: a bug */
+  NB_STATUS_COUNT_
+} nb_status_t;
+#endif
+
+/* Short constant name of a status ("NB_ERR_CONFIG"); never NULL. Thread-safe. */
+const char* nb_status_name(nb_status_t st);
+/* One-line description of a status; never NULL. Thread-safe. */
+const char* nb_status_str(nb_status_t st);
+/* The message of the last error on this thread, or "" when none. Valid until this thread's next
+ * call into libnebula. */
+const char* nb_error_last(void);
+
+/* ---- the session ------------------------------------------------------------------------- */
+
+typedef struct nb_session nb_session_t;
+
+/* Where a session is, what it talks to and how it syncs. Fill with nb_session_options_default,
+ * then set at least job_id, cluster_id, the cluster index and count, listen and (with several
+ * clusters) peers, and either pki_dir or insecure, and either job_secret or unsealed. Every
+ * pointer is borrowed during nb_session_open only. Every cluster of a job must give the same
+ * n_clusters, outer_lr and outer_momentum (nb_session_start checks). */
+typedef struct {
+  const char* job_id;       /* names the job: in the sealing keys and the exchange; required */
+  const char* cluster_id;   /* our cluster's id ([A-Za-z0-9._-]); with pki_dir, our certificate's */
+  uint32_t cluster_index;   /* our position in the cluster order, < n_clusters; cluster 0's values
+                               are everyone's starting theta_global */
+  uint32_t n_clusters;      /* 1..64; default 1 */
+  const char* listen;       /* our exchange server, "host:port"; port 0 picks a free one
+                               (nb_session_port); default "127.0.0.1:0" */
+  const char* const* peers; /* n_peers entries "id=host:port", one per other cluster; more can
+                               be added with nb_session_add_peer before start */
+  size_t n_peers;
+  const char* pki_dir;       /* a `nebula certs` folder: ca.crt and clusters/<cluster_id>.{crt,key};
+                                every connection is then mutual TLS */
+  int insecure;              /* 1: plaintext gRPC without pki_dir (tests on loopback only) */
+  const uint8_t* job_secret; /* 32 bytes shared by the job's clusters: frames are sealed
+                                (AES-256-GCM, keys per job and direction) */
+  int unsealed;              /* 1: frames travel unsealed without job_secret (tests only) */
+  long inner_steps;          /* H: the inner steps the caller runs per round (>= 1; default 50);
+                                it only labels the messages: the caller counts its own steps */
+  float outer_lr;            /* outer Nesterov learning rate (> 0; default 0.7) */
+  float outer_momentum;      /* [0, 1); default 0.9 */
+  double density;            /* top-k fraction of the update sent per round, (0, 1]; 1 = a dense
+                                frame; default 0.01 */
+  const char* values;        /* value type on the wire: "fp32", "fp16", "bf16", "int8", "4bit",
+                                "2bit"; default "int8" */
+  int error_feedback;        /* 1 (default): keep what top-k and quantization dropped and send it
+                                in later rounds */
+  double peer_timeout_s;     /* a peer silent for this long is dead (its round fails with
+                                NB_ERR_UNAVAILABLE); 0 = the exchange's default (2 s, longer on a
+                                slow link) */
+} nb_session_options_t;
+
+/* Fills *o with the defaults above (NULL pointers, one cluster, H 50, outer lr 0.7, momentum 0.9,
+ * density 0.01, "int8", error feedback). */
+void nb_session_options_default(nb_session_options_t* o);
+
+/* Opens a session: validates the options, loads the PKI, and starts our exchange server (bound
+ * when this returns). Nothing is sent yet. *out: the session (nb_session_close frees it); NULL on
+ * error. Returns NB_ERR_INVALID (a NULL or malformed field, naming it), NB_ERR_CONFIG (values out
+ * of range, a peer list that does not fit n_clusters, insecure/unsealed missing), NB_ERR_IO or
+ * NB_ERR_CRYPTO (the PKI folder's files), NB_ERR_UNAVAILABLE (cannot bind listen), NB_ERR_RPC,
+ * NB_ERR_NOMEM. */
+nb_status_t nb_session_open(const nb_session_options_t* o, nb_session_t** out);
+
+/* The bound port of our exchange server (for listen "host:0"); -1 for a one-cluster session. */
+int nb_session_port(const nb_session_t* s);
+
+/* Adds a peer cluster "id=host:port" (borrowed during the call), before nb_session_start.
+ * NB_ERR_INVALID (malformed text, after start), NB_ERR_EXISTS (an id given twice), NB_ERR_CONFIG
+ * (more peers than n_clusters - 1), and the link's errors. */
+nb_status_t nb_session_add_peer(nb_session_t* s, const char* peer);
+
+/* Registers a synced tensor before nb_session_start: `data` holds prod(shape) fp32 values on the
+ * host, borrowed: it must stay valid, at this address, until nb_session_close. The session reads
+ * it at each round and writes theta_global into it. `name` (copied; 1..127 bytes, unique) and
+ * `shape` (ndim entries >= 1, copied; ndim 0..8, 0 = a scalar) must match the other clusters'
+ * tensor of the same position. NB_ERR_INVALID (NULL, a bad name or shape, after start),
+ * NB_ERR_EXISTS (the name is taken), NB_ERR_NOMEM. */
+nb_status_t nb_session_register(nb_session_t* s, const char* name, float* data,
+                                const int64_t* shape, int ndim);
+
+/* Connects to every peer and agrees on the tensor table: every cluster sends its table (names,
+ * shapes, in registration order) and the job's settings it was given, cluster 0 also its values;
+ * every cluster checks every peer's. Then theta_global = cluster 0's values, written into our
+ * registered buffers. Blocks until every peer answered (or is dead: see peer_timeout_s).
+ * NB_ERR_CONFIG on every cluster when a table differs (naming the first differing tensor and the
+ * peer) or a setting does (naming it); NB_ERR_INVALID (no tensor registered, called twice, the
+ * peers do not fill every index), NB_ERR_UNAVAILABLE / NB_ERR_TIMEOUT (a peer does not answer),
+ * NB_ERR_INTEGRITY (a sealed frame fails to open), NB_ERR_PERMISSION, NB_ERR_NOMEM. After an
+ * error the session can only be closed. */
+nb_status_t nb_session_start(nb_session_t* s);
+
+/* What one round did. */
+typedef struct {
+  uint64_t round;       /* 0-based */
+  int applied;          /* 1: the outer step was taken on every cluster */
+  uint64_t samples;     /* ours, as given to nb_session_round */
+  uint64_t samples_all; /* every cluster's together: the weights' denominator */
+  uint64_t msg_bytes;   /* our message (header and codec frame) */
+  uint64_t bytes_sent;  /* what we put on the WAN this round (msg_bytes to every peer) */
+  double density;       /* of our frame */
+  double wait_s;        /* inside the exchange: sending ours, waiting for the peers' */
+  double codec_s;       /* encode, decode and the outer step */
+  uint64_t global_hash; /* XXH3-64 of theta_global after the round (equal on every cluster) */
+} nb_session_round_t;
+
+/* One blocking outer round, called by every cluster after its H inner steps: Delta =
+ * theta_global - our buffers, through the codec with error feedback, sealed to every peer; the
+ * peers' updates summed in cluster order weighted by each cluster's `samples` (what it trained on
+ * since the last round; > 0 somewhere); the outer Nesterov step; theta_global (bit-identical on
+ * every cluster, checked by hash in the next round) written back into our buffers. *out
+ * (nullable) receives the round's figures. Returns NB_ERR_INVALID before start, after a failed
+ * round, or when an update is not finite (a NaN or infinity in any cluster's buffers: the round
+ * is refused on every cluster, naming the cluster, and nothing is applied: theta_global and our
+ * buffers are unchanged); NB_ERR_INTEGRITY when the replicas diverged (a hash differs) or a frame
+ * fails to open; NB_ERR_CODEC for a malformed peer frame; NB_ERR_UNAVAILABLE / NB_ERR_TIMEOUT /
+ * NB_ERR_RPC when a peer cannot be reached. After an error (other than before start) the session
+ * can only be closed: the clusters no longer agree on the round. */
+nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round_t* out);
+
+/* A final hash-only exchange after the last round, so that its result is compared too; every
+ * cluster calls it once. NB_ERR_INTEGRITY when the replicas differ, NB_ERR_INVALID (before start
+ * or after a failed round), the exchange's errors. */
+nb_status_t nb_session_finish(nb_session_t* s);
+
+/* XXH3-64 of theta_global now (0 before start). */
+uint64_t nb_session_global_hash(const nb_session_t* s);
+
+/* Stops the exchange (server, links, heartbeats) and frees everything. The registered buffers
+ * stay the caller's. NULL ok. */
+void nb_session_close(nb_session_t* s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
