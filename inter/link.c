@@ -131,8 +131,8 @@ struct nb_link {
   double hb_rtt_last_s;
   double send_Bps; /* goodput of the latest completed send of at least NB__LINK_RATE_MIN_BYTES */
   double rate_hint_Bps; /* cfg->rate_hint_Bps: the rate while nothing is known */
-  /* when the latest send that measured the link (>= 4 KiB) completed (0 = none): probes wait
-   * for an idle link */
+  /* when the latest small send timed like a probe completed (0 = none): probes wait for an
+   * idle link */
   int64_t send_done_ns;
   uint64_t sends_ok; /* sends completed */
   size_t send_chunk;
@@ -483,9 +483,11 @@ static void* nb__probe_main(void* arg) {
       due = now + 100000000LL;
       continue;
     }
-    /* sends of 4 KiB or more measure the link themselves; a probe then only takes link time a
-     * send may need (on a thin link, seconds of it): probe only a link they left idle for
-     * NB_LINK_PROBE_IDLE_MS (smaller frames measure nothing: the probes go on) */
+    /* small sends timed like probes (a thin link's frames) measure the link themselves; a probe
+     * then only takes link time a send may need (seconds of it): probe only a link they left
+     * idle for NB_LINK_PROBE_IDLE_MS. Frames of 64 KiB or more are transfer samples, which
+     * count the round trip in (bytes / time) and read a fat, distant link low: the probes go
+     * on beside them, as beside frames too small to measure */
     int64_t idle_ns = (int64_t)nb_param_LinkProbeIdleMs() * 1000000LL;
     if (L->send_done_ns && now - L->send_done_ns < idle_ns) {
       due = L->send_done_ns + idle_ns;
@@ -986,13 +988,10 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
   pthread_mutex_unlock(&L->mu);
   if (x.complete) {
     st = NB_OK;
-    if (secs > 0) nb_estimator_add_transfer(L->est, len, secs, nstreams);
-    /* a frame too small for a transfer sample (a sparse frame on a thin link) still measures
-     * the rate the way a probe does, net of the round trip: with it the link needs no probes */
-    /* not the link's first send, nor one that reconnected: their time has TCP and TLS
-     * handshakes in it; and only where the link's configured rate (cap, else hint) says the
-     * frame takes NB__LINK_SMALL_SAMPLE_S or more: on a fast link a small frame's time is
-     * latency and CPU (under load it would report a fat link as a thin one) */
+    /* The link's first send and one that reconnected have TCP and TLS handshakes in their
+     * time: with a configured rate (cap, else hint) to cut chunks by they are no sample (the
+     * first one read a 100 Mbit/s link, 25 ms away, as 9 Mbit/s and cost two rounds density);
+     * without one, a low first estimate is better than none. */
     pthread_mutex_lock(&L->mu);
     int warm = L->sends_ok > 0 && x.reconnects == 0;
     L->sends_ok++;
@@ -1000,12 +999,17 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
     nb_ratelimit_stats_t rs;
     nb_ratelimit_stats(L->rl, &rs);
     double nominal = rs.rate_Bps > 0 ? rs.rate_Bps : L->rate_hint_Bps;
+    if (secs > 0 && (warm || nominal <= 0)) nb_estimator_add_transfer(L->est, len, secs, nstreams);
+    /* a frame too small for a transfer sample (a sparse frame on a thin link) still measures
+     * the rate the way a probe does, net of the round trip, where the configured rate says it
+     * takes NB__LINK_SMALL_SAMPLE_S or more (on a fast link a small frame's time is latency and
+     * CPU: under load it reported a fat link as a thin one); the link then needs no probes */
     int slow = nominal > 0 && (double)len / nominal >= NB__LINK_SMALL_SAMPLE_S;
     int small = len < NB__LINK_RATE_MIN_BYTES && len >= NB__LINK_SMALL_SAMPLE_BYTES && warm && slow;
     if (secs > 0 && small) nb_estimator_add_probe(L->est, len, secs);
     pthread_mutex_lock(&L->mu);
     if (secs > 0 && len >= NB__LINK_RATE_MIN_BYTES) L->send_Bps = (double)len / secs;
-    if (secs > 0 && (small || len >= NB__LINK_RATE_MIN_BYTES)) L->send_done_ns = nb_now_ns();
+    if (secs > 0 && small) L->send_done_ns = nb_now_ns();
     pthread_mutex_unlock(&L->mu);
     NB_INFO(WIRE,
             "link %s -> %s: round %llu, %zu bytes in %.3f s (%.1f Mbit/s), %u chunks of %zu "
