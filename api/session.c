@@ -94,28 +94,13 @@ static void nb__ss_scatter(nb_session_t* s) {
 static nb_status_t nb__ss_exchange_id(uint64_t round, const void* msg, size_t len, nb_session_t* s,
                                       nb_hybrid_msg_t* peers, size_t n_peers, uint64_t* sent,
                                       char (*names)[NB_LINK_ID_MAX]) {
-  if (n_peers != s->n_peers)
+  uint8_t* f[NB__SS_MAX_PEERS];
+  size_t l[NB__SS_MAX_PEERS];
+  if (n_peers != s->n_peers || n_peers > NB__SS_MAX_PEERS)
     return nb_error(NB_ERR_INTERNAL, "session: %zu peers expected, the exchange has %zu", n_peers,
                     s->n_peers);
-  nb_exchange_result_t res[NB__SS_MAX_PEERS];
-  memset(res, 0, sizeof res);
-  nb_status_t st = nb_exchange_round(s->ex, round, msg, len, 0, res);
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < n_peers; i++) {
-    bytes += res[i].send.bytes;
-    if (names) {
-      size_t l = strnlen(res[i].peer, NB_LINK_ID_MAX - 1);
-      memcpy(names[i], res[i].peer, l);
-      names[i][l] = '\0';
-    }
-    if (st == NB_OK) {
-      peers[i].data = res[i].frame;
-      peers[i].len = res[i].len;
-      res[i].frame = NULL;
-    }
-  }
-  nb_exchange_results_release(res, n_peers);
-  if (sent) *sent = bytes;
+  nb_status_t st = nb_exchange_round_take(s->ex, round, msg, len, 0, n_peers, f, l, names, sent);
+  for (size_t i = 0; i < n_peers; i++) peers[i] = (nb_hybrid_msg_t){f[i], l[i]};
   return st;
 }
 

@@ -656,6 +656,35 @@ void nb_exchange_results_release(nb_exchange_result_t* r, size_t n) {
   }
 }
 
+nb_status_t nb_exchange_round_take(nb_exchange_t* ex, uint64_t round, const void* frame, size_t len,
+                                   int64_t deadline_ns, size_t n, uint8_t** frames, size_t* lens,
+                                   char (*names)[NB_LINK_ID_MAX], uint64_t* bytes_sent) {
+  if (!ex || n != ex->n || !frames || !lens)
+    return nb_error(NB_ERR_INTERNAL, "exchange round: %zu peers expected, the exchange has %zu", n,
+                    ex ? ex->n : 0);
+  nb_exchange_result_t* res = NULL;
+  if (n) NB_CHECK(NB_CALLOC(res, n, "exchange results"));
+  nb_status_t st = nb_exchange_round(ex, round, frame, len, deadline_ns, res);
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    bytes += res[i].send.bytes;
+    if (names) snprintf(names[i], NB_LINK_ID_MAX, "%s", res[i].peer);
+    frames[i] = NULL;
+    lens[i] = 0;
+    if (st == NB_OK) {
+      frames[i] = res[i].frame;
+      lens[i] = res[i].len;
+      res[i].frame = NULL;
+    } else if (res[i].status != NB_OK) {
+      NB_WARN("round %llu: peer %s: %s", (unsigned long long)round, res[i].peer, res[i].detail);
+    }
+  }
+  nb_exchange_results_release(res, n);
+  nb_free(res);
+  if (bytes_sent) *bytes_sent = bytes;
+  return st;
+}
+
 nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* frame, size_t len,
                               int64_t deadline_ns, nb_exchange_result_t* results) {
   if (!ex || !frame || len == 0 || !results)

@@ -156,25 +156,13 @@ static nb_status_t nb__wk_pull_state(nb_exchange_t* ex, nb_hybrid_t* h, double t
 static nb_status_t nb__wk_exchange(void* ctx, uint64_t round, const void* msg, size_t len,
                                    nb_hybrid_msg_t* peers, size_t n_peers, uint64_t* sent) {
   nb__wk_exchange_t* x = ctx;
-  if (n_peers != x->n_peers)
+  uint8_t* f[NB_WORKER_MAX_PEERS];
+  size_t l[NB_WORKER_MAX_PEERS];
+  if (n_peers != x->n_peers || n_peers > NB_WORKER_MAX_PEERS)
     return nb_error(NB_ERR_INTERNAL, "worker: %zu peers expected, exchange has %zu", n_peers,
                     x->n_peers);
-  nb_exchange_result_t res[NB_WORKER_MAX_PEERS];
-  memset(res, 0, sizeof res);
-  nb_status_t st = nb_exchange_round(x->ex, round, msg, len, 0, res);
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < n_peers; i++) {
-    bytes += res[i].send.bytes;
-    if (st == NB_OK) {
-      peers[i].data = res[i].frame;
-      peers[i].len = res[i].len;
-      res[i].frame = NULL;
-    } else if (res[i].status != NB_OK) {
-      NB_WARN("round %llu: peer %s: %s", (unsigned long long)round, res[i].peer, res[i].detail);
-    }
-  }
-  nb_exchange_results_release(res, n_peers);
-  if (sent) *sent = bytes;
+  nb_status_t st = nb_exchange_round_take(x->ex, round, msg, len, 0, n_peers, f, l, NULL, sent);
+  for (size_t i = 0; i < n_peers; i++) peers[i] = (nb_hybrid_msg_t){f[i], l[i]};
   return st;
 }
 
