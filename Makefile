@@ -19,7 +19,8 @@ help:
 setup:
 	@bash scripts/setup.sh
 
-$(BUILD)/CMakeCache.txt:
+# after setup (also under make -j: the configure step needs the packages setup installs)
+$(BUILD)/CMakeCache.txt: | setup
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
 
 configure: setup $(BUILD)/CMakeCache.txt

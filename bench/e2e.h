@@ -31,6 +31,7 @@ typedef struct {
   int topk_chunk;    /* > 0: compression.topkChunk (chunked top-k) */
   int overlap_steps; /* > 0: sync.overlapSteps (where the update lands), else the job's */
   double outer_lr;   /* > 0: sync.outer.lr, else the job's */
+  int inner_steps;   /* > 0: sync.innerSteps (H), else the job's */
 } nb_e2e_point_t;
 
 /* Writes variant v ("single": one cluster with every language and worker, exact dense fp32

@@ -44,6 +44,11 @@ NB_PARAM_INT(LinkChunkMinKib, "NB_LINK_CHUNK_MIN_KIB", 16, 1, 65536,
  * mostly the round trip */
 #define NB__LINK_SMALL_SAMPLE_BYTES ((size_t)4 << 10)
 #define NB__LINK_SMALL_SAMPLE_S 0.1
+/* A frame measures the link's rate only when it is this many bandwidth-delay products long:
+ * a shorter one spends its time in TCP's slow start (a connection idle since the last round
+ * starts again from its initial window), so its bytes / time reads the round trip, not the rate
+ * (a 430 kB frame on a 100 Mbit/s link 25 ms away: 9-14 Mbit/s) */
+#define NB__LINK_RAMP_BDPS 8.0
 
 static void nb__copy_id(char* dst, const char* src) {
   snprintf(dst, NB_LINK_ID_MAX, "%s", src ? src : "");
@@ -999,7 +1004,12 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
     nb_ratelimit_stats_t rs;
     nb_ratelimit_stats(L->rl, &rs);
     double nominal = rs.rate_Bps > 0 ? rs.rate_Bps : L->rate_hint_Bps;
-    if (secs > 0 && (warm || nominal <= 0)) nb_estimator_add_transfer(L->est, len, secs, nstreams);
+    nb_estimate_t e;
+    nb_estimator_get(L->est, &e);
+    double fastest = nominal > e.goodput_Bps ? nominal : e.goodput_Bps;
+    int ramped = (double)len >= NB__LINK_RAMP_BDPS * fastest * e.rtt_min_s;
+    if (secs > 0 && (warm || nominal <= 0) && ramped)
+      nb_estimator_add_transfer(L->est, len, secs, nstreams);
     /* a frame too small for a transfer sample (a sparse frame on a thin link) still measures
      * the rate the way a probe does, net of the round trip, where the configured rate says it
      * takes NB__LINK_SMALL_SAMPLE_S or more (on a fast link a small frame's time is latency and
