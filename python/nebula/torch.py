@@ -1,0 +1,181 @@
+"""nebula.torch: DiLoCo across clusters for a user's own PyTorch model and training loop.
+
+    diloco = nebula.torch.DiLoCo(session, model, sync_every=H)   # registers, starts
+    for x, y in data:
+        loss = loss_fn(model(x), y); opt.zero_grad(); loss.backward(); opt.step()
+        info = diloco.step(samples=len(x))   # a RoundInfo every H steps, else None
+    diloco.finish()
+
+The inner optimizer stays the user's (and torch.distributed inside the cluster, on the leader's
+copy); nebula's round is the outer step. It is not a trainer, a data loader or a launcher.
+What crosses: every trainable parameter (requires_grad), named as model.named_parameters()
+names it. Buffers (BatchNorm's running statistics) and frozen parameters are not synced: load
+them the same way on every cluster.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import RoundInfo, Session
+
+__all__ = ["DiLoCo"]
+
+
+class _Param:
+    """One registered parameter: either its own memory (a CPU fp32 contiguous tensor: the round
+    reads and writes it in place) or a host fp32 staging buffer copied to before each round and
+    from after it (GPU or non-fp32 parameters)."""
+
+    def __init__(self, name: str, p: torch.nn.Parameter):
+        self.name = name
+        self.param = p
+        t = p.data
+        self.shared = t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+        if self.shared:
+            self.host = t.numpy()  # the same memory as p.data
+            self.ptr = t.data_ptr()
+        else:
+            self.host = np.empty(tuple(t.shape), dtype=np.float32)
+            self.ptr = None
+        self.host_t = torch.from_numpy(self.host)
+
+    def to_host(self) -> None:
+        t = self.param.data
+        if self.shared:
+            # the round works on the memory registered at start: a parameter whose .data was
+            # replaced (p.data = ..., a .to() of the model) would silently sync a dead buffer
+            if t.data_ptr() != self.ptr:
+                raise RuntimeError(
+                    f"nebula.torch: parameter '{self.name}' was given new memory after the "
+                    "DiLoCo wrapper registered it (p.data = ... or model.to()): keep the "
+                    "parameters in place, or build the wrapper after moving the model"
+                )
+        else:
+            self.host_t.copy_(t)  # device -> host and dtype -> fp32; synchronous
+
+    def from_host(self) -> None:
+        if not self.shared:
+            self.param.data.copy_(self.host_t)  # host -> device, fp32 -> the parameter's dtype
+
+
+class DiLoCo:
+    """The outer loop of DiLoCo over a nebula session, for any nn.Module.
+
+    session_or_options: a nebula.Session that is open and not started (no tensor registered),
+    or a dict of Session keyword options (the wrapper then owns the session and closes it;
+    inner_steps defaults to sync_every). The constructor registers every trainable parameter in
+    named_parameters() order and starts the session: it blocks until every cluster has done the
+    same, and then the model holds cluster 0's parameters on every cluster.
+
+    step(samples=None) after every inner optimizer step counts it; every `sync_every` steps it
+    runs the blocking round (Delta, codec, exchange, outer Nesterov step) and writes theta_global
+    back into the parameters, then returns the round's RoundInfo (else None). `samples` is what
+    the step trained on (its batch size); the sum since the last round weights this cluster's
+    Delta (default 1 per step: every cluster weighs the same with the same H).
+    With optimizer=opt, step() runs from the optimizer's post-step hook instead (one sample per
+    step unless samples_per_step says otherwise).
+    """
+
+    def __init__(
+        self,
+        session_or_options,
+        model: torch.nn.Module,
+        sync_every: int,
+        *,
+        optimizer: torch.optim.Optimizer | None = None,
+        samples_per_step: int = 1,
+    ):
+        if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+            raise ValueError(f"nebula.torch: sync_every must be an int >= 1, not {sync_every!r}")
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"nebula.torch: model must be an nn.Module, not {type(model).__name__}")
+        if isinstance(session_or_options, Session):
+            self.session = session_or_options
+            self._owns = False
+        elif isinstance(session_or_options, dict):
+            opts = dict(session_or_options)
+            opts.setdefault("inner_steps", sync_every)
+            self.session = Session(**opts)
+            self._owns = True
+        else:
+            raise TypeError("nebula.torch: give a nebula.Session or a dict of its options")
+        self.model = model
+        self.sync_every = sync_every
+        self.samples_per_step = samples_per_step
+        self.params = [_Param(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("nebula.torch: the model has no trainable parameter to sync")
+        self.steps = 0  # inner steps since the last round
+        self.samples = 0  # samples since the last round
+        self.rounds = 0
+        self.last_round: RoundInfo | None = None
+        self._hook = None
+        self._finished = False
+        try:
+            for prm in self.params:
+                prm.to_host()
+                self.session.register(prm.name, prm.host)
+            self.session.start()  # theta_global = cluster 0's values, in the host buffers
+            with torch.no_grad():
+                for prm in self.params:
+                    prm.from_host()
+        except BaseException:
+            if self._owns:
+                self.session.close()
+            raise
+        if optimizer is not None:
+            self._hook = optimizer.register_step_post_hook(
+                lambda *_: self.step(self.samples_per_step)
+            )
+
+    @torch.no_grad()
+    def step(self, samples: int | None = None) -> RoundInfo | None:
+        """Counts one inner step; runs the round after every `sync_every` of them."""
+        self.steps += 1
+        self.samples += 1 if samples is None else int(samples)
+        if self.steps < self.sync_every:
+            return None
+        return self.sync()
+
+    @torch.no_grad()
+    def sync(self) -> RoundInfo:
+        """The blocking round now, whatever the step count (every cluster must call it: a round
+        is collective)."""
+        for prm in self.params:
+            prm.to_host()
+        info = self.session.round(self.samples)
+        for prm in self.params:
+            prm.from_host()
+        self.steps = 0
+        self.samples = 0
+        self.rounds += 1
+        self.last_round = info
+        return info
+
+    def finish(self) -> None:
+        """The final hash-only exchange (every cluster calls it once, after its last round)."""
+        self.session.finish()
+        self._finished = True
+
+    def global_hash(self) -> int:
+        return self.session.global_hash()
+
+    def close(self) -> None:
+        """Removes the optimizer hook; closes the session when the wrapper opened it."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self._owns:
+            self.session.close()
+
+    def __enter__(self) -> "DiLoCo":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        try:
+            if exc_type is None and not self._finished and not self.session.closed:
+                self.finish()
+        finally:
+            self.close()
