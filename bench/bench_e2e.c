@@ -23,7 +23,7 @@ static void nb__e2e_usage(FILE* f) {
       f,
       "usage: nebula bench e2e [--job FILE] [--rate-mbit R | --thin F] [--delay-ms D]\n"
       "                        [--steps N] [--seed S] [--eval-batches B] [--data-dir DIR]\n"
-      "                        [--out DIR] [--no-dense] [--json]\n"
+      "                        [--out DIR] [--no-dense] [--thin-inner-steps H] [--json]\n"
       "Trains the job's model three ways with 'nebula run' (single cluster, dense sync,\n"
       "nebula outer sync with adaptive density and overlap) and prints wall time, final\n"
       "held-out bits per byte (mean over the job's languages), WAN bytes and compute\n"
@@ -37,7 +37,10 @@ static void nb__e2e_usage(FILE* f) {
       "(F = 10 is a 10-70B model on a few hundred Mbit/s); the dense baseline is skipped\n"
       "there (it would take hours) and the rate chosen is reported; nebula then runs with\n"
       "compression.values \"auto\" (the scheduler picks the codec point each round) and\n"
-      "errorFeedbackDecay 0.9. --no-dense skips the dense baseline (minutes at 100 Mbit/s).\n");
+      "errorFeedbackDecay 0.9, and H = --thin-inner-steps (default 8) inner steps per round\n"
+      "(the link's bits per second buy more at short rounds with sparse frames than at long\n"
+      "ones with denser frames: docs/hybrid.md). --no-dense skips the dense baseline\n"
+      "(minutes at 100 Mbit/s).\n");
 }
 
 int nb_e2e_write_job(json_t* base, const char* v, double rate, double delay, const char* path,
@@ -274,10 +277,16 @@ void nb_e2e_collect(const char* out, nb_e2e_result_t* r) {
   r->ok = got == n;
 }
 
+/* --thin's inner steps per round: for the same bits per second on the link, top-1.5 % 2-bit
+ * frames every 8 steps lost as little as top-5 % every 16 and less than top-3 % every 32
+ * (docs/hybrid.md) */
+#define NB__E2E_THIN_H 8
+
 /* The flags of `nebula bench e2e`. */
 typedef struct {
   const char *job, *data_dir, *steps, *out;
   double rate, delay, thin;
+  long thin_h; /* the nebula run's inner steps per round at --thin */
   int no_dense, as_json;
   long seed, eval_batches;
 } nb__e2e_opts_t;
@@ -290,7 +299,8 @@ static int nb__e2e_parse(int argc, char** argv, nb__e2e_opts_t* o) {
                         .rate = 100,
                         .delay = 25,
                         .seed = -1,
-                        .eval_batches = -1};
+                        .eval_batches = -1,
+                        .thin_h = NB__E2E_THIN_H};
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     int v = i + 1 < argc;
@@ -320,6 +330,14 @@ static int nb__e2e_parse(int argc, char** argv, nb__e2e_opts_t* o) {
       o->data_dir = argv[++i];
     } else if (strcmp(a, "--out") == 0 && v) {
       o->out = argv[++i];
+    } else if (strcmp(a, "--thin-inner-steps") == 0 && v) {
+      char* end = NULL;
+      o->thin_h = strtol(argv[++i], &end, 10);
+      if (end == argv[i] || *end || o->thin_h < 1 || o->thin_h > 100000) {
+        fprintf(stderr, "nebula bench e2e: --thin-inner-steps takes an integer >= 1, got '%s'\n",
+                argv[i]);
+        return 2;
+      }
     } else if ((strcmp(a, "--seed") == 0 || strcmp(a, "--eval-batches") == 0) && v) {
       char* end = NULL;
       long x = strtol(argv[i + 1], &end, 10);
@@ -386,8 +404,9 @@ static int nb__e2e_runs(nb__e2e_opts_t* o, json_t* base, nb_e2e_result_t* res, i
     snprintf(op, sizeof op, "%s/%s", o->out, res[i].name);
     snprintf(lp, sizeof lp, "%s/%s.log", o->out, res[i].name);
     /* --thin: the scheduler picks whole codec points (values "auto"), with SparseLoCo's
-     * decaying error feedback (beta 0.9) beside the job's outer momentum (docs/hybrid.md) */
-    static const nb_e2e_point_t thin_point = {"auto", 0, "auto", 1, 0.9, -1, 0, 0, 0, 0};
+     * decaying error feedback (beta 0.9) beside the job's outer momentum, in rounds of thin_h
+     * steps (docs/hybrid.md); the rate stays the one set by the job's own round */
+    const nb_e2e_point_t thin_point = {"auto", 0, "auto", 1, 0.9, -1, 0, 0, 0, (int)o->thin_h};
     if (nb_e2e_write_job(base, res[i].name, o->rate, o->delay, jp,
                          o->thin > 0 && i == 2 ? &thin_point : NULL) != 0) {
       fprintf(stderr, "nebula bench e2e: %s: cannot derive the %s job\n", o->job, res[i].name);
