@@ -50,6 +50,9 @@ static const nb_e2e_point_t nb__points[] = {
     {"top3-2bit-efm-h16", 0.03, "2bit", 0, 0.9, -1, 4096, 0, 0, 16},
     {"top5-2bit-efm-h16", 0.05, "2bit", 0, 0.9, -1, 4096, 0, 0, 16},
     {"top1.5-2bit-efm-h8", 0.015, "2bit", 0, 0.9, -1, 4096, 0, 0, 8},
+    {"top1.5-2bit-efm-h8-t6", 0.015, "2bit", 0, 0.9, -1, 4096, 6, 0, 8},
+    {"top0.75-2bit-efm-h8", 0.0075, "2bit", 0, 0.9, -1, 4096, 0, 0, 8},
+    {"top3-2bit-efm-h16-t12", 0.03, "2bit", 0, 0.9, -1, 4096, 12, 0, 16},
     {"sched", 0, NULL, 1, 0, -1, 0, 0, 0, 0},
 };
 #define NB__N_POINTS (sizeof nb__points / sizeof nb__points[0])

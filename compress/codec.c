@@ -198,9 +198,10 @@ const nb_codec_config_t* nb_codec_config(const nb_codec_t* codec) {
 }
 
 size_t nb_codec_k_for_density(size_t n, double density) {
-  if (!(density > 0)) return 0;
+  if (!(density > 0) || n == 0) return 0;
   if (density >= 1) return n;
   double k = floor(density * (double)n + 0.5);
+  if (k < 1) k = 1;
   return k >= (double)n ? n : (size_t)k;
 }
 

@@ -129,7 +129,8 @@ void nb_codec_destroy(nb_codec_t* codec);
 /* The codec's settings after defaults were applied. */
 const nb_codec_config_t* nb_codec_config(const nb_codec_t* codec);
 
-/* k for a density: round(density * n), clamped to [0, n]. */
+/* k for a density: round(density * n), clamped to [1, n] for density > 0 and n > 0 (a small
+ * model at a low density still sends its largest value each round; 0 would never send it). */
 size_t nb_codec_k_for_density(size_t n, double density);
 /* An upper bound of the frame size for n values of which k are sent (k = n for dense frames),
  * for every value type, with global or chunked top-k (a chunked frame carries at most k values

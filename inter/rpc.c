@@ -30,6 +30,8 @@ NB_PARAM_INT(RpcKeepaliveTimeoutMs, "NB_RPC_KEEPALIVE_TIMEOUT_MS", 5000, 500, 60
              "a keepalive ping unanswered this long drops the connection")
 NB_PARAM_INT(RpcMaxBackoffMs, "NB_RPC_MAX_BACKOFF_MS", 1000, 100, 120000,
              "longest wait between reconnection attempts of a client channel")
+NB_PARAM_INT(RpcShutdownGraceMs, "NB_RPC_SHUTDOWN_GRACE_MS", 500, 0, 60000,
+             "rpc: how long a closing server lets calls under way finish before cancelling them")
 NB_PARAM_INT(RpcMaxCalls, "NB_RPC_MAX_CALLS", 64, 1, 4096,
              "concurrent calls (handler threads) per server; more get RESOURCE_EXHAUSTED")
 
@@ -764,7 +766,11 @@ nb_status_t nb_rpc_server_create(const nb_rpc_server_opts_t* opts, nb_rpc_server
   }
   nb__rpc_grpc_init();
   pthread_mutex_init(&srv->mu, NULL);
-  pthread_cond_init(&srv->cv, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the shutdown's grace is a timed wait */
+  pthread_cond_init(&srv->cv, &ca);
+  pthread_condattr_destroy(&ca);
   srv->op_shutdown.kind = NB__OP_SHUTDOWN;
   srv->authorize = opts->authorize;
   srv->authorize_user = opts->authorize_user;
@@ -877,6 +883,22 @@ static void nb__rpc_drain_inline(nb_rpc_server_t* srv) {
   }
 }
 
+/* Waits up to grace_ms for the server's live calls to end. */
+static void nb__rpc_grace(nb_rpc_server_t* srv, int64_t grace_ms) {
+  struct timespec dl;
+  clock_gettime(CLOCK_MONOTONIC, &dl);
+  dl.tv_sec += grace_ms / 1000;
+  dl.tv_nsec += (grace_ms % 1000) * 1000000L;
+  if (dl.tv_nsec >= 1000000000L) {
+    dl.tv_sec++;
+    dl.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&srv->mu);
+  while (srv->live_calls > 0)
+    if (pthread_cond_timedwait(&srv->cv, &srv->mu, &dl) != 0) break;
+  pthread_mutex_unlock(&srv->mu);
+}
+
 void nb_rpc_server_destroy(nb_rpc_server_t* srv) {
   if (srv == NULL) return;
   if (srv->started) {
@@ -884,6 +906,10 @@ void nb_rpc_server_destroy(nb_rpc_server_t* srv) {
     srv->shutting_down = 1;
     pthread_mutex_unlock(&srv->mu);
     grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->op_shutdown);
+    /* calls under way get a grace to finish before they are cancelled: the last answer of a
+     * job (the ack of a peer's final frame) must still reach the peer when we close right
+     * after it was handled */
+    if (srv->started == 2) nb__rpc_grace(srv, nb_param_RpcShutdownGraceMs());
     grpc_server_cancel_all_calls(srv->server);
     if (srv->started == 2) {
       pthread_mutex_lock(&srv->mu);

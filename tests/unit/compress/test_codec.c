@@ -899,6 +899,8 @@ static void test_arguments(void** state) {
   assert_int_equal(nb_codec_k_for_density(1000, 0.01), 10);
   assert_int_equal(nb_codec_k_for_density(1000, 2.0), 1000);
   assert_int_equal(nb_codec_k_for_density(1000, -1.0), 0);
+  assert_int_equal(nb_codec_k_for_density(4, 0.01), 1); /* a small model still sends */
+  assert_int_equal(nb_codec_k_for_density(0, 0.5), 0);
 
   c = make_codec(NB_VALUES_INT8, 1, 256, 2);
   float x[100], res[100] = {0};
