@@ -216,6 +216,11 @@ int nb_e2e_run(const char* job, const char* out, const char* log, const char* da
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+static int nb__e2e_cmp_double(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
+
 double nb_e2e_round_compute(const char* dir, long long* n_params) {
   char p[1200];
   snprintf(p, sizeof p, "%s/summary.json", dir);
@@ -227,18 +232,21 @@ double nb_e2e_round_compute(const char* dir, long long* n_params) {
   if (!f) return 0;
   char line[4096];
   int col = -1;
-  double sum = 0;
-  long rows = 0;
+  double v[4096];
+  size_t rows = 0, nv = 0;
   while (fgets(line, sizeof line, f)) {
     int c = 0;
     for (char* tok = strtok(line, "\t\n"); tok; tok = strtok(NULL, "\t\n"), c++) {
       if (col < 0 && strcmp(tok, "compute_s") == 0) col = c;
-      if (rows >= 0 && col >= 0 && c == col && rows > 0) sum += atof(tok);
+      if (col >= 0 && c == col && rows > 0 && nv < sizeof v / sizeof v[0]) v[nv++] = atof(tok);
     }
     rows++;
   }
   fclose(f);
-  return rows > 1 && col >= 0 ? sum / (double)(rows - 1) : 0;
+  if (nv == 0) return 0;
+  /* the median: a burst of other work on the machine during a few rounds does not move it */
+  qsort(v, nv, sizeof v[0], nb__e2e_cmp_double);
+  return nv % 2 ? v[nv / 2] : 0.5 * (v[nv / 2 - 1] + v[nv / 2]);
 }
 
 void nb_e2e_collect(const char* out, nb_e2e_result_t* r) {

@@ -55,7 +55,7 @@ int nb_e2e_run(const char* job, const char* out, const char* log, const char* da
 /* Reads the summaries of a finished run under out into r (r->name picks the clusters). */
 void nb_e2e_collect(const char* out, nb_e2e_result_t* r);
 
-/* Mean compute seconds per round of one cluster's finished run (dir/rounds.tsv) and its synced
+/* Median compute seconds per round of one cluster's finished run (dir/rounds.tsv) and its synced
  * parameter count (dir/summary.json) into *n_params; 0 when unreadable. */
 double nb_e2e_round_compute(const char* dir, long long* n_params);
 
