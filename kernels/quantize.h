@@ -12,15 +12,10 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "kernels/host_device.h"
 
 #ifdef __cplusplus
 extern "C" {
-#endif
-
-#ifdef __CUDACC__
-#define NB_HD __host__ __device__ __forceinline__
-#else
-#define NB_HD static inline
 #endif
 
 /* fp32 -> fp16, round to nearest even. Finite values beyond the fp16 range saturate to
