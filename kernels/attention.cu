@@ -3,36 +3,18 @@
 #include <math.h>
 
 #include "kernels/attention.h"
+#include "kernels/attention_rows.h"
 #include "kernels/cublas_check.h"
 
 // One thread per row of every (head, query) in a sequence: causal softmax in place.
 __global__ static void nb__causal_softmax(float* att, int rows, int T) {
   int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  int i = r % T;
-  float* row = att + (size_t)r * T;
-  float mx = row[0];
-  for (int j = 1; j <= i; j++) mx = fmaxf(mx, row[j]);
-  float sum = 0.0f;
-  for (int j = 0; j <= i; j++) {
-    row[j] = expf(row[j] - mx);
-    sum += row[j];
-  }
-  float inv = 1.0f / sum;
-  for (int j = 0; j <= i; j++) row[j] *= inv;
-  for (int j = i + 1; j < T; j++) row[j] = 0.0f;
+  if (r < rows) nb_att_softmax_row(att + (size_t)r * T, r % T, T);
 }
 
 __global__ static void nb__softmax_bwd(float* d, const float* att, int rows, int T) {
   int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  int i = r % T;
-  float* dr = d + (size_t)r * T;
-  const float* p = att + (size_t)r * T;
-  float dot = 0.0f;
-  for (int j = 0; j <= i; j++) dot += p[j] * dr[j];
-  for (int j = 0; j <= i; j++) dr[j] = p[j] * (dr[j] - dot);
-  for (int j = i + 1; j < T; j++) dr[j] = 0.0f;
+  if (r < rows) nb_att_softmax_bwd_row(d + (size_t)r * T, att + (size_t)r * T, r % T, T);
 }
 
 extern "C" nb_status_t nb_attention_forward_cuda(float* d_out, float* d_att, const float* d_qkv,
