@@ -21,9 +21,7 @@ extern "C" {
 
 /* |x| as an integer with the same order as the magnitude (NaN largest). */
 NB_HD uint32_t nb_topk_key(float x) {
-  uint32_t b;
-  memcpy(&b, &x, 4);
-  return b & 0x7fffffffu;
+  return nb_f32_bits(x) & 0x7fffffffu;
 }
 
 /* Key and index packed so that a larger packed value ranks first: key high, ~index low. */
