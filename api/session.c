@@ -94,14 +94,7 @@ static void nb__ss_scatter(nb_session_t* s) {
 static nb_status_t nb__ss_exchange_id(uint64_t round, const void* msg, size_t len, nb_session_t* s,
                                       nb_hybrid_msg_t* peers, size_t n_peers, uint64_t* sent,
                                       char (*names)[NB_LINK_ID_MAX]) {
-  uint8_t* f[NB__SS_MAX_PEERS];
-  size_t l[NB__SS_MAX_PEERS];
-  if (n_peers != s->n_peers || n_peers > NB__SS_MAX_PEERS)
-    return nb_error(NB_ERR_INTERNAL, "session: %zu peers expected, the exchange has %zu", n_peers,
-                    s->n_peers);
-  nb_status_t st = nb_exchange_round_take(s->ex, round, msg, len, 0, n_peers, f, l, names, sent);
-  for (size_t i = 0; i < n_peers; i++) peers[i] = (nb_hybrid_msg_t){f[i], l[i]};
-  return st;
+  return nb_exchange_round_take(s->ex, round, msg, len, 0, n_peers, peers, names, sent);
 }
 
 static nb_status_t nb__ss_exchange(void* ctx, uint64_t round, const void* msg, size_t len,

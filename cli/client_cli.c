@@ -234,11 +234,49 @@ static void nb__disconnect(nb__conn_t* c) {
   nb_tls_destroy(c->tls);
 }
 
-/* The end of a command: the exit code for st (its error printed), then the connection closed. */
-static int nb__end(const nb__copts_t* o, nb__conn_t* c, nb_status_t st) {
-  int rc = st == NB_OK ? NB_EXIT_OK : nb__fail(o, st);
-  nb__disconnect(c);
+/* A command but submit: nb__start, then `run` on the connection, then the exit code (*ok, which
+ * run may set, when it succeeds; else its error printed), then the connection closed. */
+typedef nb_status_t (*nb__run_fn)(const nb__copts_t* o, nb__conn_t* c, int* ok);
+
+static int nb__run(int argc, char** argv, nb__run_fn run) {
+  nb__copts_t o;
+  nb__conn_t c;
+  int rc = nb__start(argc, argv, &o, &c);
+  if (rc >= 0) return rc;
+  int ok = NB_EXIT_OK;
+  nb_status_t st = run(&o, &c, &ok);
+  rc = st == NB_OK ? ok : nb__fail(&o, st);
+  nb__disconnect(&c);
   return rc;
+}
+
+/* A server-streaming call: sends req (at most 512 bytes packed), then hands every message of
+ * type desc to each(), until the stream ends; returns the call's status. */
+static nb_status_t nb__stream(nb__conn_t* c, const char* method, int64_t timeout_ms,
+                              const ProtobufCMessage* req, const ProtobufCMessageDescriptor* desc,
+                              void (*each)(const ProtobufCMessage* m, void* ctx), void* ctx) {
+  uint8_t buf[512];
+  size_t len = protobuf_c_message_get_packed_size(req);
+  if (len > sizeof buf) return nb_error(NB_ERR_INVALID, "job id too long");
+  protobuf_c_message_pack(req, buf);
+  nb_rpc_stream_t* s = NULL;
+  nb_status_t st;
+  NB_CHECK_GOTO(nb_rpc_stream_open(c->cli, method, timeout_ms, 0, &s), st, done);
+  NB_CHECK_GOTO(nb_rpc_stream_send(s, buf, len), st, done);
+  NB_CHECK_GOTO(nb_rpc_stream_close_send(s), st, done);
+  for (;;) {
+    ProtobufCMessage* m = NULL;
+    int end = 0;
+    st = nb_rpc_stream_recv_pb(s, desc, &m, &end, NB_RPC_INFINITE);
+    if (st != NB_OK || end) break;
+    each(m, ctx);
+    fflush(stdout);
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  if (st == NB_OK) st = nb_rpc_stream_finish(s);
+done:
+  nb_rpc_stream_destroy(s);
+  return st;
 }
 
 static void nb__fmt_time(int64_t ns, char* buf, size_t n) {
@@ -405,28 +443,24 @@ done:
   return rc;
 }
 
-static int nb__unary_job(int argc, char** argv, int cancel) {
-  nb__copts_t o;
-  nb__conn_t c;
+static nb_status_t nb__unary_job(const nb__copts_t* o, nb__conn_t* c, int cancel) {
   nb_status_t st = NB_OK;
-  int rc = nb__start(argc, argv, &o, &c);
-  if (rc >= 0) return rc;
   ProtobufCMessage* rep = NULL;
   if (cancel) {
     Nebula__V1__CancelRequest req = NEBULA__V1__CANCEL_REQUEST__INIT;
-    req.job_id = (char*)o.arg;
-    req.reason = (char*)(o.reason ? o.reason : "");
-    st = nb_rpc_unary_pb(c.cli, "/nebula.v1.Gateway/Cancel", &req.base,
-                         &nebula__v1__job__descriptor, &rep, o.timeout_ms, 0);
+    req.job_id = (char*)o->arg;
+    req.reason = (char*)(o->reason ? o->reason : "");
+    st = nb_rpc_unary_pb(c->cli, "/nebula.v1.Gateway/Cancel", &req.base,
+                         &nebula__v1__job__descriptor, &rep, o->timeout_ms, 0);
   } else {
     Nebula__V1__GetRequest req = NEBULA__V1__GET_REQUEST__INIT;
-    req.job_id = (char*)o.arg;
-    st = nb_rpc_unary_pb(c.cli, "/nebula.v1.Gateway/Get", &req.base, &nebula__v1__job__descriptor,
-                         &rep, o.timeout_ms, 0);
+    req.job_id = (char*)o->arg;
+    st = nb_rpc_unary_pb(c->cli, "/nebula.v1.Gateway/Get", &req.base, &nebula__v1__job__descriptor,
+                         &rep, o->timeout_ms, 0);
   }
   if (st == NB_OK) {
     Nebula__V1__Job* j = (Nebula__V1__Job*)rep;
-    if (o.json) {
+    if (o->json) {
       json_t* jj = nb__job_json(j);
       json_t* d = *j->descriptor ? json_loads(j->descriptor, 0, NULL) : NULL;
       if (d) json_object_set_new(jj, "descriptor", d);
@@ -439,31 +473,32 @@ static int nb__unary_job(int argc, char** argv, int cancel) {
     }
     protobuf_c_message_free_unpacked(rep, NULL);
   }
-  return nb__end(&o, &c, st);
+  return st;
 }
 
+static nb_status_t nb__get(const nb__copts_t* o, nb__conn_t* c, int* ok) {
+  return nb__unary_job(o, c, 0);
+}
+static nb_status_t nb__cancel(const nb__copts_t* o, nb__conn_t* c, int* ok) {
+  return nb__unary_job(o, c, 1);
+}
 int nb_get_main(int argc, char** argv) {
-  return nb__unary_job(argc, argv, 0);
+  return nb__run(argc, argv, nb__get);
 }
 int nb_cancel_main(int argc, char** argv) {
-  return nb__unary_job(argc, argv, 1);
+  return nb__run(argc, argv, nb__cancel);
 }
 
-int nb_list_main(int argc, char** argv) {
-  nb__copts_t o;
-  nb__conn_t c;
-  nb_status_t st = NB_OK;
-  int rc = nb__start(argc, argv, &o, &c);
-  if (rc >= 0) return rc;
+static nb_status_t nb__list(const nb__copts_t* o, nb__conn_t* c, int* ok) {
   Nebula__V1__ListRequest req = NEBULA__V1__LIST_REQUEST__INIT;
-  req.owner = (char*)(o.owner ? o.owner : "");
-  req.state = (char*)(o.state ? o.state : "");
+  req.owner = (char*)(o->owner ? o->owner : "");
+  req.state = (char*)(o->state ? o->state : "");
   ProtobufCMessage* rep = NULL;
-  st = nb_rpc_unary_pb(c.cli, "/nebula.v1.Gateway/List", &req.base,
-                       &nebula__v1__list_reply__descriptor, &rep, o.timeout_ms, 0);
+  nb_status_t st = nb_rpc_unary_pb(c->cli, "/nebula.v1.Gateway/List", &req.base,
+                                   &nebula__v1__list_reply__descriptor, &rep, o->timeout_ms, 0);
   if (st == NB_OK) {
     Nebula__V1__ListReply* r = (Nebula__V1__ListReply*)rep;
-    if (o.json) {
+    if (o->json) {
       json_t* a = json_array();
       for (size_t i = 0; i < r->n_jobs; i++) json_array_append_new(a, nb__job_json(r->jobs[i]));
       nb__print_json(a);
@@ -479,7 +514,10 @@ int nb_list_main(int argc, char** argv) {
     }
     protobuf_c_message_free_unpacked(rep, NULL);
   }
-  return nb__end(&o, &c, st);
+  return st;
+}
+int nb_list_main(int argc, char** argv) {
+  return nb__run(argc, argv, nb__list);
 }
 
 static void nb__fmt_eta(double s, char* buf, size_t n) {
@@ -508,131 +546,94 @@ static void nb__progress_line(const Nebula__V1__JobEvent* e, char* buf, size_t n
            *e->source ? "  " : "", nb__safe(e->source));
 }
 
-int nb_watch_main(int argc, char** argv) {
-  nb__copts_t o;
-  nb__conn_t c;
-  nb_status_t st = NB_OK;
-  int rc = nb__start(argc, argv, &o, &c);
-  if (rc >= 0) return rc;
-  int tty = isatty(STDOUT_FILENO) && !o.json;
-  Nebula__V1__WatchRequest req = NEBULA__V1__WATCH_REQUEST__INIT;
-  req.job_id = (char*)o.arg;
-  uint8_t buf[512];
-  size_t len = nebula__v1__watch_request__get_packed_size(&req);
-  nb_rpc_stream_t* s = NULL;
-  char final_state[32] = "";
-  if (len > sizeof buf) {
-    st = nb_error(NB_ERR_INVALID, "job id too long");
-    goto done;
-  }
-  nebula__v1__watch_request__pack(&req, buf);
-  NB_CHECK_GOTO(nb_rpc_stream_open(c.cli, "/nebula.v1.Gateway/Watch", NB_RPC_INFINITE, 0, &s), st,
-                done);
-  NB_CHECK_GOTO(nb_rpc_stream_send(s, buf, len), st, done);
-  NB_CHECK_GOTO(nb_rpc_stream_close_send(s), st, done);
-  int live = 0; /* a progress line is on screen without its newline */
-  for (;;) {
-    ProtobufCMessage* m = NULL;
-    int end = 0;
-    st = nb_rpc_stream_recv_pb(s, &nebula__v1__job_event__descriptor, &m, &end, NB_RPC_INFINITE);
-    if (st != NB_OK || end) break;
-    Nebula__V1__JobEvent* e = (Nebula__V1__JobEvent*)m;
-    if (!strcmp(e->kind, "state")) snprintf(final_state, sizeof final_state, "%s", e->state);
-    char line[512], t[32];
-    nb__fmt_time(e->time_unix_ns, t, sizeof t);
-    if (o.json) {
-      json_t* p = json_loads(e->payload_json, 0, NULL);
-      json_t* j = json_pack("{s:s, s:I, s:I, s:s, s:o}", "job_id", e->job_id, "seq",
-                            (json_int_t)e->seq, "time_unix_ns", (json_int_t)e->time_unix_ns, "kind",
-                            e->kind, "payload", p ? p : json_null());
-      char* txt = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(15));
-      if (txt) printf("%s\n", txt);
-      free(txt);
-      json_decref(j);
-    } else if (!strcmp(e->kind, "progress")) {
-      nb__progress_line(e, line, sizeof line);
-      if (tty) {
-        printf("\r\033[K%s", line);
-        live = 1;
-      } else {
-        printf("%s %s\n", t, line);
-      }
+/* What watch prints with: its options, whether stdout is a terminal, whether a progress line is
+ * on screen without its newline, and the job's last state. */
+typedef struct {
+  const nb__copts_t* o;
+  int tty, live;
+  char final_state[32];
+} nb__watch_t;
+
+static void nb__watch_event(const ProtobufCMessage* m, void* ctx) {
+  nb__watch_t* w = ctx;
+  const Nebula__V1__JobEvent* e = (const Nebula__V1__JobEvent*)m;
+  if (!strcmp(e->kind, "state")) snprintf(w->final_state, sizeof w->final_state, "%s", e->state);
+  char line[512], t[32];
+  nb__fmt_time(e->time_unix_ns, t, sizeof t);
+  if (w->o->json) {
+    json_t* p = json_loads(e->payload_json, 0, NULL);
+    json_t* j = json_pack("{s:s, s:I, s:I, s:s, s:o}", "job_id", e->job_id, "seq",
+                          (json_int_t)e->seq, "time_unix_ns", (json_int_t)e->time_unix_ns, "kind",
+                          e->kind, "payload", p ? p : json_null());
+    char* txt = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(15));
+    if (txt) printf("%s\n", txt);
+    free(txt);
+    json_decref(j);
+  } else if (!strcmp(e->kind, "progress")) {
+    nb__progress_line(e, line, sizeof line);
+    if (w->tty) {
+      printf("\r\033[K%s", line);
+      w->live = 1;
     } else {
-      if (live) printf("\n");
-      live = 0;
-      if (!strcmp(e->kind, "state"))
-        printf("%s state %s%s%s\n", t, nb__safe(e->state), *e->reason ? ": " : "",
-               nb__safe(e->reason));
-      else
-        printf("%s %s %s\n", t, nb__safe(e->kind), nb__safe(e->payload_json));
+      printf("%s %s\n", t, line);
     }
-    fflush(stdout);
-    protobuf_c_message_free_unpacked(m, NULL);
+  } else {
+    if (w->live) printf("\n");
+    w->live = 0;
+    if (!strcmp(e->kind, "state"))
+      printf("%s state %s%s%s\n", t, nb__safe(e->state), *e->reason ? ": " : "",
+             nb__safe(e->reason));
+    else
+      printf("%s %s %s\n", t, nb__safe(e->kind), nb__safe(e->payload_json));
   }
-  if (live) printf("\n");
-  if (st == NB_OK) st = nb_rpc_stream_finish(s);
-done:
-  nb_rpc_stream_destroy(s);
-  nb__disconnect(&c);
-  if (st != NB_OK) return nb__fail(&o, st);
-  if (!strcmp(final_state, "failed")) return NB_EXIT_JOB_FAILED;
-  if (!strcmp(final_state, "cancelled")) return NB_EXIT_JOB_CANCELLED;
-  return NB_EXIT_OK;
 }
 
-int nb_logs_main(int argc, char** argv) {
-  nb__copts_t o;
-  nb__conn_t c;
-  nb_status_t st = NB_OK;
-  int rc = nb__start(argc, argv, &o, &c);
-  if (rc >= 0) return rc;
-  Nebula__V1__LogsRequest req = NEBULA__V1__LOGS_REQUEST__INIT;
-  req.job_id = (char*)o.arg;
-  req.follow = o.follow;
-  req.stream = (char*)(o.stream ? o.stream : "stdout");
-  req.cluster = (char*)(o.cluster ? o.cluster : "");
-  uint8_t buf[512];
-  size_t len = nebula__v1__logs_request__get_packed_size(&req);
-  nb_rpc_stream_t* s = NULL;
-  if (len > sizeof buf) {
-    st = nb_error(NB_ERR_INVALID, "job id too long");
-    goto done;
-  }
-  nebula__v1__logs_request__pack(&req, buf);
-  NB_CHECK_GOTO(nb_rpc_stream_open(c.cli, "/nebula.v1.Gateway/Logs",
-                                   o.follow ? NB_RPC_INFINITE : o.timeout_ms, 0, &s),
-                st, done);
-  NB_CHECK_GOTO(nb_rpc_stream_send(s, buf, len), st, done);
-  NB_CHECK_GOTO(nb_rpc_stream_close_send(s), st, done);
-  for (;;) {
-    ProtobufCMessage* m = NULL;
-    int end = 0;
-    st = nb_rpc_stream_recv_pb(s, &nebula__v1__log_chunk__descriptor, &m, &end, NB_RPC_INFINITE);
-    if (st != NB_OK || end) break;
-    Nebula__V1__LogChunk* ch = (Nebula__V1__LogChunk*)m;
-    if (o.json) {
-      /* text as a JSON string when it is UTF-8, else base64 under "data_b64" */
-      json_t* j = json_pack("{s:I, s:s%}", "offset", (json_int_t)ch->offset, "data",
-                            (const char*)ch->data.data, ch->data.len);
-      if (!j) {
-        char* b64 = NULL;
-        if (nb_b64_encode(ch->data.data, ch->data.len, &b64) == NB_OK)
-          j = json_pack("{s:I, s:s}", "offset", (json_int_t)ch->offset, "data_b64", b64);
-        nb_free(b64);
-      }
-      char* txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
-      if (txt) printf("%s\n", txt);
-      free(txt);
-      json_decref(j);
-    } else {
-      fwrite(ch->data.data, 1, ch->data.len, stdout);
+static nb_status_t nb__watch(const nb__copts_t* o, nb__conn_t* c, int* ok) {
+  nb__watch_t w = {.o = o, .tty = isatty(STDOUT_FILENO) && !o->json};
+  Nebula__V1__WatchRequest req = NEBULA__V1__WATCH_REQUEST__INIT;
+  req.job_id = (char*)o->arg;
+  nb_status_t st = nb__stream(c, "/nebula.v1.Gateway/Watch", NB_RPC_INFINITE, &req.base,
+                              &nebula__v1__job_event__descriptor, nb__watch_event, &w);
+  if (w.live) printf("\n");
+  if (!strcmp(w.final_state, "failed")) *ok = NB_EXIT_JOB_FAILED;
+  if (!strcmp(w.final_state, "cancelled")) *ok = NB_EXIT_JOB_CANCELLED;
+  return st;
+}
+int nb_watch_main(int argc, char** argv) {
+  return nb__run(argc, argv, nb__watch);
+}
+
+static void nb__logs_chunk(const ProtobufCMessage* m, void* ctx) {
+  const nb__copts_t* o = ctx;
+  const Nebula__V1__LogChunk* ch = (const Nebula__V1__LogChunk*)m;
+  if (o->json) {
+    /* text as a JSON string when it is UTF-8, else base64 under "data_b64" */
+    json_t* j = json_pack("{s:I, s:s%}", "offset", (json_int_t)ch->offset, "data",
+                          (const char*)ch->data.data, ch->data.len);
+    if (!j) {
+      char* b64 = NULL;
+      if (nb_b64_encode(ch->data.data, ch->data.len, &b64) == NB_OK)
+        j = json_pack("{s:I, s:s}", "offset", (json_int_t)ch->offset, "data_b64", b64);
+      nb_free(b64);
     }
-    fflush(stdout);
-    protobuf_c_message_free_unpacked(m, NULL);
+    char* txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (txt) printf("%s\n", txt);
+    free(txt);
+    json_decref(j);
+  } else {
+    fwrite(ch->data.data, 1, ch->data.len, stdout);
   }
-  if (st == NB_OK) st = nb_rpc_stream_finish(s);
-done:
-  nb_rpc_stream_destroy(s);
-  nb__disconnect(&c);
-  return st == NB_OK ? NB_EXIT_OK : nb__fail(&o, st);
+}
+
+static nb_status_t nb__logs(const nb__copts_t* o, nb__conn_t* c, int* ok) {
+  Nebula__V1__LogsRequest req = NEBULA__V1__LOGS_REQUEST__INIT;
+  req.job_id = (char*)o->arg;
+  req.follow = o->follow;
+  req.stream = (char*)(o->stream ? o->stream : "stdout");
+  req.cluster = (char*)(o->cluster ? o->cluster : "");
+  return nb__stream(c, "/nebula.v1.Gateway/Logs", o->follow ? NB_RPC_INFINITE : o->timeout_ms,
+                    &req.base, &nebula__v1__log_chunk__descriptor, nb__logs_chunk, (void*)o);
+}
+int nb_logs_main(int argc, char** argv) {
+  return nb__run(argc, argv, nb__logs);
 }

@@ -33,6 +33,12 @@ static inline int nb_add_overflow(size_t a, size_t b, size_t* out) {
   return __builtin_add_overflow(a, b, out);
 }
 
+/* An allocation handed from one owner to the next with its length (released with nb_free). */
+typedef struct {
+  uint8_t* data;
+  size_t len;
+} nb_bytes_t;
+
 #define NB_ALLOC(ptr, n, what) nb_alloc((void**)&(ptr), (n), sizeof(*(ptr)), (what))
 #define NB_CALLOC(ptr, n, what) nb_calloc((void**)&(ptr), (n), sizeof(*(ptr)), (what))
 

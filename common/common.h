@@ -1,5 +1,6 @@
 /* common: the layer every module stands on — status codes, logging, environment parameters,
- * allocation, clocks and checksums. It depends on nothing else in nebula. */
+ * allocation, clocks and checksums. It depends on nothing else in nebula but the public header
+ * include/nebula.h, the one definition of the status codes (itself self-contained). */
 #ifndef NB_COMMON_COMMON_H
 #define NB_COMMON_COMMON_H
 

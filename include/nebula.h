@@ -31,9 +31,7 @@ extern "C" {
 #define NEBULA_VERSION_MINOR 1
 #define NEBULA_VERSION_PATCH 0
 
-/* Status codes, shared with nebula's internals (the same values under the same guard). */
-#ifndef NB_STATUS_T_DEFINED
-#define NB_STATUS_T_DEFINED
+/* Status codes. nebula's internals take them from here too (common/status.h): append-only. */
 typedef enum {
   NB_OK = 0,
   NB_ERR_INVALID = 1,      /* invalid argument or malformed input from the caller */
@@ -59,7 +57,6 @@ typedef enum {
   NB_ERR_INTERNAL = 21,    /* an invariant of nebula itself was broken: a bug */
   NB_STATUS_COUNT_
 } nb_status_t;
-#endif
 
 /* Short constant name of a status ("NB_ERR_CONFIG"); never NULL. Thread-safe. */
 const char* nb_status_name(nb_status_t st);

@@ -657,9 +657,9 @@ void nb_exchange_results_release(nb_exchange_result_t* r, size_t n) {
 }
 
 nb_status_t nb_exchange_round_take(nb_exchange_t* ex, uint64_t round, const void* frame, size_t len,
-                                   int64_t deadline_ns, size_t n, uint8_t** frames, size_t* lens,
+                                   int64_t deadline_ns, size_t n, nb_bytes_t* frames,
                                    char (*names)[NB_LINK_ID_MAX], uint64_t* bytes_sent) {
-  if (!ex || n != ex->n || !frames || !lens)
+  if (!ex || n != ex->n || !frames)
     return nb_error(NB_ERR_INTERNAL, "exchange round: %zu peers expected, the exchange has %zu", n,
                     ex ? ex->n : 0);
   nb_exchange_result_t* res = NULL;
@@ -669,11 +669,9 @@ nb_status_t nb_exchange_round_take(nb_exchange_t* ex, uint64_t round, const void
   for (size_t i = 0; i < n; i++) {
     bytes += res[i].send.bytes;
     if (names) snprintf(names[i], NB_LINK_ID_MAX, "%s", res[i].peer);
-    frames[i] = NULL;
-    lens[i] = 0;
+    frames[i] = (nb_bytes_t){NULL, 0};
     if (st == NB_OK) {
-      frames[i] = res[i].frame;
-      lens[i] = res[i].len;
+      frames[i] = (nb_bytes_t){res[i].frame, res[i].len};
       res[i].frame = NULL;
     } else if (res[i].status != NB_OK) {
       NB_WARN("round %llu: peer %s: %s", (unsigned long long)round, res[i].peer, res[i].detail);

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/alloc.h"
 #include "common/status.h"
 #include "inter/link.h"
 #include "security/seal.h"
@@ -143,12 +144,12 @@ nb_status_t nb_exchange_pull(nb_exchange_t* ex, size_t i, int64_t timeout_ms, ui
                              size_t* len, uint64_t* round);
 
 /* nb_exchange_round for a caller that only wants the frames (the hybrid's exchange callbacks):
- * n must be the peer count; frames[i] / lens[i] receive peer i's frame, handed over (nb_free),
- * when the round is NB_OK, else NULL / 0; names[i] (nullable) its id; *bytes_sent (nullable)
- * the bytes we delivered. A peer that failed in a failed round is logged (WARN). Returns what
+ * n must be the peer count; frames[i] receives peer i's frame, handed over (nb_free), when the
+ * round is NB_OK, else {NULL, 0}; names[i] (nullable) its id; *bytes_sent (nullable) the bytes
+ * we delivered. A peer that failed in a failed round is logged (WARN). Returns what
  * nb_exchange_round returns, NB_ERR_INTERNAL for a wrong n. */
 nb_status_t nb_exchange_round_take(nb_exchange_t* ex, uint64_t round, const void* frame, size_t len,
-                                   int64_t deadline_ns, size_t n, uint8_t** frames, size_t* lens,
+                                   int64_t deadline_ns, size_t n, nb_bytes_t* frames,
                                    char (*names)[NB_LINK_ID_MAX], uint64_t* bytes_sent);
 
 /* Frees the frames held by results (n entries) and zeroes them. */

@@ -341,6 +341,24 @@ typedef struct {
   int extra_bad;    /* a reason found by the caller (NB__BAD_*) */
 } nb__args_t;
 
+/* The arguments in the common case: `count` elements read from send and written to recv on
+ * every rank, no root, in place when send is recv. Each collective then sets what differs. */
+static nb__args_t nb__args(nb__coll_t coll, const void* send, void* recv, size_t count,
+                           nb_comm_dtype_t dt, int op) {
+  return (nb__args_t){.coll = coll,
+                      .send = send,
+                      .recv = recv,
+                      .count = count,
+                      .send_elems = count,
+                      .recv_elems = count,
+                      .need_send = 1,
+                      .need_recv = 1,
+                      .dt = (int)dt,
+                      .op = op,
+                      .root = -1,
+                      .in_place = send == recv};
+}
+
 static int nb__overlap(const void* a, size_t an, const void* b, size_t bn) {
   uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
   return an && bn && x < y + bn && y < x + an;
@@ -461,18 +479,7 @@ static nb_comm_request_t* nb__new_req(nb_comm_t* c, nb_comm_request_t** out) {
 
 static nb_status_t nb__allreduce(nb_comm_t* c, const void* send, void* recv, size_t count,
                                  nb_comm_dtype_t dt, nb_comm_op_t op, nb_comm_request_t* req) {
-  nb__args_t a = {.coll = NB__COLL_ALLREDUCE,
-                  .send = send,
-                  .recv = recv,
-                  .count = count,
-                  .send_elems = count,
-                  .recv_elems = count,
-                  .need_send = 1,
-                  .need_recv = 1,
-                  .dt = (int)dt,
-                  .op = (int)op,
-                  .root = -1,
-                  .in_place = send == recv};
+  nb__args_t a = nb__args(NB__COLL_ALLREDUCE, send, recv, count, dt, (int)op);
   NB_CHECK(nb__validate(c, &a));
   if (!count) return NB_OK;
   return c->be->allreduce(c, send, recv, count, dt, op, req);
@@ -483,19 +490,10 @@ static nb_status_t nb__reduce_scatter(nb_comm_t* c, const void* send, void* recv
   size_t es = nb_comm_dtype_size(dt), total = 0;
   int bad = nb_mul_overflow(rc, (size_t)c->size, &total) ? NB__BAD_TOO_BIG : 0;
   int in_place = send && recv && es && (const char*)recv == (const char*)send + es * rc * c->rank;
-  nb__args_t a = {.coll = NB__COLL_REDUCE_SCATTER,
-                  .send = send,
-                  .recv = recv,
-                  .count = rc,
-                  .send_elems = total,
-                  .recv_elems = rc,
-                  .need_send = 1,
-                  .need_recv = 1,
-                  .dt = (int)dt,
-                  .op = (int)op,
-                  .root = -1,
-                  .in_place = in_place,
-                  .extra_bad = bad};
+  nb__args_t a = nb__args(NB__COLL_REDUCE_SCATTER, send, recv, rc, dt, (int)op);
+  a.send_elems = total; /* every rank's block */
+  a.in_place = in_place;
+  a.extra_bad = bad;
   NB_CHECK(nb__validate(c, &a));
   if (!rc) return NB_OK;
   return c->be->reduce_scatter(c, send, recv, rc, dt, op, req);
@@ -506,19 +504,10 @@ static nb_status_t nb__allgather(nb_comm_t* c, const void* send, void* recv, siz
   size_t es = nb_comm_dtype_size(dt), total = 0;
   int bad = nb_mul_overflow(sc, (size_t)c->size, &total) ? NB__BAD_TOO_BIG : 0;
   int in_place = send && recv && es && (const char*)send == (const char*)recv + es * sc * c->rank;
-  nb__args_t a = {.coll = NB__COLL_ALLGATHER,
-                  .send = send,
-                  .recv = recv,
-                  .count = sc,
-                  .send_elems = sc,
-                  .recv_elems = total,
-                  .need_send = 1,
-                  .need_recv = 1,
-                  .dt = (int)dt,
-                  .op = -1,
-                  .root = -1,
-                  .in_place = in_place,
-                  .extra_bad = bad};
+  nb__args_t a = nb__args(NB__COLL_ALLGATHER, send, recv, sc, dt, -1);
+  a.recv_elems = total; /* every rank's block */
+  a.in_place = in_place;
+  a.extra_bad = bad;
   NB_CHECK(nb__validate(c, &a));
   if (!sc) return NB_OK;
   return c->be->allgather(c, send, recv, sc, dt, req);
@@ -529,18 +518,10 @@ static nb_status_t nb__broadcast(nb_comm_t* c, const void* send, void* recv, siz
   int is_root = root == c->rank;
   size_t es = nb_comm_dtype_size(dt);
   /* in-place use may differ between the root and the others: not agreed on. */
-  nb__args_t b = {.coll = NB__COLL_BROADCAST,
-                  .send = send,
-                  .recv = recv,
-                  .count = count,
-                  .send_elems = count,
-                  .recv_elems = count,
-                  .need_send = is_root,
-                  .need_recv = 1,
-                  .dt = (int)dt,
-                  .op = -1,
-                  .root = root,
-                  .in_place = -1};
+  nb__args_t b = nb__args(NB__COLL_BROADCAST, send, recv, count, dt, -1);
+  b.need_send = is_root;
+  b.root = root;
+  b.in_place = -1;
   if (is_root && send != recv && es && nb__overlap(send, count * es, recv, count * es))
     b.extra_bad = NB__BAD_OVERLAP;
   NB_CHECK(nb__validate(c, &b));
@@ -576,18 +557,10 @@ nb_status_t nb_comm_reduce(nb_comm_t* c, const void* send, void* recv, size_t co
                            nb_comm_dtype_t dt, nb_comm_op_t op, int root) {
   if (!c) return nb_error(NB_ERR_INVALID, "reduce: communicator is NULL");
   int is_root = root == c->rank;
-  nb__args_t a = {.coll = NB__COLL_REDUCE,
-                  .send = send,
-                  .recv = recv,
-                  .count = count,
-                  .send_elems = count,
-                  .recv_elems = count,
-                  .need_send = 1,
-                  .need_recv = is_root,
-                  .dt = (int)dt,
-                  .op = (int)op,
-                  .root = root,
-                  .in_place = -1};
+  nb__args_t a = nb__args(NB__COLL_REDUCE, send, recv, count, dt, (int)op);
+  a.need_recv = is_root;
+  a.root = root;
+  a.in_place = -1;
   if (is_root && send != recv) a.in_place = 0; /* overlap check on the root */
   nb__args_t b = a;
   if (b.in_place == 0) {
@@ -657,19 +630,9 @@ nb_status_t nb_hier_allreduce(nb_comm_t* c, void* buf, size_t count, nb_comm_dty
   int bad = !fn                                                   ? NB__BAD_NULL_FN
             : (mode != NB_HIER_SHARDED && mode != NB_HIER_LEADER) ? NB__BAD_MODE
                                                                   : 0;
-  nb__args_t a = {.coll = NB__COLL_HIER,
-                  .send = buf,
-                  .recv = buf,
-                  .count = count,
-                  .send_elems = count,
-                  .recv_elems = count,
-                  .need_send = 1,
-                  .need_recv = 1,
-                  .dt = (int)dt,
-                  .op = (int)op,
-                  .root = (int)mode,
-                  .in_place = 1,
-                  .extra_bad = bad};
+  nb__args_t a = nb__args(NB__COLL_HIER, buf, buf, count, dt, (int)op); /* in place */
+  a.root = (int)mode;
+  a.extra_bad = bad;
   /* root carries the mode so that ranks disagreeing on it fail; it is in range by then. */
   if (!bad && (int)mode >= c->size) a.root = -1;
   {

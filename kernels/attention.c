@@ -6,6 +6,8 @@
 #include <cblas.h>
 #include <math.h>
 
+#include "kernels/attention_rows.h"
+
 /* Query rows are processed in blocks of NB__ATT_BLOCK: block [r0, r1) only needs keys [0, r1),
  * which skips most of the masked upper triangle (62% of the full products computed at T = 256)
  * while keeping each sgemm large enough to run at BLAS speed. */
@@ -27,20 +29,7 @@ void nb_attention_forward(float* out, float* att, const float* qkv, int B, int T
         /* scores of queries [r0, r1) against keys [0, r1) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, r1, hs, scale, q + (size_t)r0 * C3,
                     C3, k, C3, 0.0f, a + (size_t)r0 * T, T);
-        for (int i = r0; i < r1; i++) {
-          float* row = a + (size_t)i * T;
-          float mx = row[0];
-          for (int j = 1; j <= i; j++)
-            if (row[j] > mx) mx = row[j];
-          float sum = 0.0f;
-          for (int j = 0; j <= i; j++) {
-            row[j] = expf(row[j] - mx);
-            sum += row[j];
-          }
-          float inv = 1.0f / sum;
-          for (int j = 0; j <= i; j++) row[j] *= inv;
-          for (int j = i + 1; j < T; j++) row[j] = 0.0f;
-        }
+        for (int i = r0; i < r1; i++) nb_att_softmax_row(a + (size_t)i * T, i, T);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, hs, r1, 1.0f, a + (size_t)r0 * T,
                     T, v, C3, 0.0f, o + (size_t)r0 * C, C);
       }
@@ -75,14 +64,8 @@ void nb_attention_backward(float* dqkv, float* scratch, const float* dout, const
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hs, nr, 1.0f, ab, T, dyb, C, 1.0f,
                     dv, C3);
         /* softmax backward in place: dpre = P * (datt - sum(P * datt)); zero above the diagonal */
-        for (int i = r0; i < r1; i++) {
-          float* dr = scratch + (size_t)i * T;
-          const float* p = a + (size_t)i * T;
-          float dot = 0.0f;
-          for (int j = 0; j <= i; j++) dot += p[j] * dr[j];
-          for (int j = 0; j <= i; j++) dr[j] = p[j] * (dr[j] - dot);
-          for (int j = i + 1; j < r1; j++) dr[j] = 0.0f;
-        }
+        for (int i = r0; i < r1; i++)
+          nb_att_softmax_bwd_row(scratch + (size_t)i * T, a + (size_t)i * T, i, r1);
         /* dQ[r0, r1) += s dpre K; dK[0, r1) += s dpre^T Q[r0, r1) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, hs, r1, scale, d, T, k, C3, 1.0f,
                     dq + (size_t)r0 * C3, C3);

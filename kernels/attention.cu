@@ -1,49 +1,20 @@
 // CUDA causal attention: cuBLAS strided-batched products over the heads of each sequence, and
 // row kernels for the masked softmax and its backward. Materialises (T, T) scores, like the CPU.
-#include <cublas_v2.h>
 #include <math.h>
 
 #include "kernels/attention.h"
-#include "kernels/cuda_check.h"
-
-extern "C" nb_status_t nb__cublas_get(void* stream, cublasHandle_t* out);
-
-#define NB__CUBLAS_CHECK(call)                                                                  \
-  do {                                                                                          \
-    cublasStatus_t nb__s = (call);                                                              \
-    if (nb__s != CUBLAS_STATUS_SUCCESS)                                                         \
-      return nb_error(NB_ERR_CUDA, "%s: cuBLAS status %d (%s:%d)", #call, (int)nb__s, __FILE__, \
-                      __LINE__);                                                                \
-  } while (0)
+#include "kernels/attention_rows.h"
+#include "kernels/cublas_check.h"
 
 // One thread per row of every (head, query) in a sequence: causal softmax in place.
 __global__ static void nb__causal_softmax(float* att, int rows, int T) {
   int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  int i = r % T;
-  float* row = att + (size_t)r * T;
-  float mx = row[0];
-  for (int j = 1; j <= i; j++) mx = fmaxf(mx, row[j]);
-  float sum = 0.0f;
-  for (int j = 0; j <= i; j++) {
-    row[j] = expf(row[j] - mx);
-    sum += row[j];
-  }
-  float inv = 1.0f / sum;
-  for (int j = 0; j <= i; j++) row[j] *= inv;
-  for (int j = i + 1; j < T; j++) row[j] = 0.0f;
+  if (r < rows) nb_att_softmax_row(att + (size_t)r * T, r % T, T);
 }
 
 __global__ static void nb__softmax_bwd(float* d, const float* att, int rows, int T) {
   int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  int i = r % T;
-  float* dr = d + (size_t)r * T;
-  const float* p = att + (size_t)r * T;
-  float dot = 0.0f;
-  for (int j = 0; j <= i; j++) dot += p[j] * dr[j];
-  for (int j = 0; j <= i; j++) dr[j] = p[j] * (dr[j] - dot);
-  for (int j = i + 1; j < T; j++) dr[j] = 0.0f;
+  if (r < rows) nb_att_softmax_bwd_row(d + (size_t)r * T, att + (size_t)r * T, r % T, T);
 }
 
 extern "C" nb_status_t nb_attention_forward_cuda(float* d_out, float* d_att, const float* d_qkv,
@@ -57,15 +28,15 @@ extern "C" nb_status_t nb_attention_forward_cuda(float* d_out, float* d_att, con
     const float* q = d_qkv + (size_t)b * T * C3;
     float* a = d_att + (size_t)b * NH * TT;
     // S^T (col-major) = K . Q^T per head
-    NB__CUBLAS_CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &scale, q + C,
-                                               C3, hs, q, C3, hs, &zero, a, T, TT, NH));
+    NB_CUBLAS_CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &scale, q + C,
+                                              C3, hs, q, C3, hs, &zero, a, T, TT, NH));
     int rows = NH * T;
     nb__causal_softmax<<<(rows + 127) / 128, 128, 0, (cudaStream_t)stream>>>(a, rows, T);
     NB_CUDA_LAUNCH_CHECK();
     // out^T = V^T . P^T per head
-    NB__CUBLAS_CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one,
-                                               q + 2 * C, C3, hs, a, T, TT, &zero,
-                                               d_out + (size_t)b * T * C, C, hs, NH));
+    NB_CUBLAS_CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one,
+                                              q + 2 * C, C3, hs, a, T, TT, &zero,
+                                              d_out + (size_t)b * T * C, C, hs, NH));
   }
   return NB_OK;
 }
@@ -86,19 +57,19 @@ extern "C" nb_status_t nb_attention_backward_cuda(float* d_dqkv, float* d_scratc
     float* s = d_scratch + (size_t)b * NH * TT;
     const float* dy = d_dout + (size_t)b * T * C;
     // datt = dy . V^T
-    NB__CUBLAS_CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one,
-                                               q + 2 * C, C3, hs, dy, C, hs, &zero, s, T, TT, NH));
+    NB_CUBLAS_CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one,
+                                              q + 2 * C, C3, hs, dy, C, hs, &zero, s, T, TT, NH));
     // dV += P^T . dy
-    NB__CUBLAS_CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, dy, C,
-                                               hs, a, T, TT, &one, dq + 2 * C, C3, hs, NH));
+    NB_CUBLAS_CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, dy, C,
+                                              hs, a, T, TT, &one, dq + 2 * C, C3, hs, NH));
     int rows = NH * T;
     nb__softmax_bwd<<<(rows + 127) / 128, 128, 0, (cudaStream_t)stream>>>(s, a, rows, T);
     NB_CUDA_LAUNCH_CHECK();
     // dQ += scale dpre . K ; dK += scale dpre^T . Q
-    NB__CUBLAS_CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &scale, q + C,
-                                               C3, hs, s, T, TT, &one, dq, C3, hs, NH));
-    NB__CUBLAS_CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &scale, q, C3,
-                                               hs, s, T, TT, &one, dq + C, C3, hs, NH));
+    NB_CUBLAS_CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &scale, q + C,
+                                              C3, hs, s, T, TT, &one, dq, C3, hs, NH));
+    NB_CUBLAS_CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &scale, q, C3,
+                                              hs, s, T, TT, &one, dq + C, C3, hs, NH));
   }
   return NB_OK;
 }

@@ -3,25 +3,36 @@
 #include "kernels/cuda_check.h"
 #include "kernels/embedding.h"
 
+// An element of a (B, T, C) tensor: flat index i, its token bt (of the B * T), the token's
+// position t and the channel c.
+typedef struct {
+  size_t i, bt;
+  int t, c;
+} nb__emb_at_t;
+
+// The element of this thread (one per element, both directions); false past the end.
+__device__ static bool nb__emb_at(int B, int T, int C, nb__emb_at_t* e) {
+  e->i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (e->i >= (size_t)B * T * C) return false;
+  e->c = (int)(e->i % C);
+  e->bt = e->i / C;
+  e->t = (int)(e->bt % T);
+  return true;
+}
+
 __global__ static void nb__emb_fwd(float* out, const int* tok, const float* wte, const float* wpe,
                                    int B, int T, int C) {
-  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= (size_t)B * T * C) return;
-  int c = (int)(i % C);
-  size_t bt = i / C;
-  int t = (int)(bt % T);
-  out[i] = wte[(size_t)tok[bt] * C + c] + wpe[(size_t)t * C + c];
+  nb__emb_at_t e;
+  if (!nb__emb_at(B, T, C, &e)) return;
+  out[e.i] = wte[(size_t)tok[e.bt] * C + e.c] + wpe[(size_t)e.t * C + e.c];
 }
 
 __global__ static void nb__emb_bwd(float* dwte, float* dwpe, const float* dout, const int* tok,
                                    int B, int T, int C) {
-  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= (size_t)B * T * C) return;
-  int c = (int)(i % C);
-  size_t bt = i / C;
-  int t = (int)(bt % T);
-  if (dwte) atomicAdd(&dwte[(size_t)tok[bt] * C + c], dout[i]);
-  if (dwpe) atomicAdd(&dwpe[(size_t)t * C + c], dout[i]);
+  nb__emb_at_t e;
+  if (!nb__emb_at(B, T, C, &e)) return;
+  if (dwte) atomicAdd(&dwte[(size_t)tok[e.bt] * C + e.c], dout[e.i]);
+  if (dwpe) atomicAdd(&dwpe[(size_t)e.t * C + e.c], dout[e.i]);
 }
 
 extern "C" nb_status_t nb_embedding_forward_cuda(float* d_out, const int* d_tokens,

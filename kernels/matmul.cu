@@ -1,24 +1,13 @@
 // CUDA dense layer through cuBLAS (row-major data seen as column-major transposes) plus small
 // bias kernels. Holds the one process-wide cuBLAS handle the other .cu ops borrow.
-#include <cublas_v2.h>
-
-#include "kernels/cuda_check.h"
+#include "kernels/cublas_check.h"
 #include "kernels/matmul.h"
-
-#define NB__CUBLAS_CHECK(call)                                                                  \
-  do {                                                                                          \
-    cublasStatus_t nb__s = (call);                                                              \
-    if (nb__s != CUBLAS_STATUS_SUCCESS)                                                         \
-      return nb_error(NB_ERR_CUDA, "%s: cuBLAS status %d (%s:%d)", #call, (int)nb__s, __FILE__, \
-                      __LINE__);                                                                \
-  } while (0)
 
 static cublasHandle_t nb__handle = NULL;
 
-// Borrow the shared handle bound to `stream`. Not thread-safe.
 extern "C" nb_status_t nb__cublas_get(void* stream, cublasHandle_t* out) {
-  if (!nb__handle) NB__CUBLAS_CHECK(cublasCreate(&nb__handle));
-  NB__CUBLAS_CHECK(cublasSetStream(nb__handle, (cudaStream_t)stream));
+  if (!nb__handle) NB_CUBLAS_CHECK(cublasCreate(&nb__handle));
+  NB_CUBLAS_CHECK(cublasSetStream(nb__handle, (cudaStream_t)stream));
   *out = nb__handle;
   return NB_OK;
 }
@@ -50,8 +39,8 @@ extern "C" nb_status_t nb_matmul_forward_cuda(float* d_out, const float* d_inp,
     beta = 1.0f;
   }
   // column-major: out^T (OC, N) = W (OC, C) . inp^T (C, N)
-  NB__CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, d_weight, C, d_inp, C,
-                               &beta, d_out, OC));
+  NB_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, d_weight, C, d_inp, C,
+                              &beta, d_out, OC));
   return NB_OK;
 }
 
@@ -63,11 +52,11 @@ extern "C" nb_status_t nb_matmul_backward_cuda(float* d_dinp, float* d_dweight, 
   NB_CHECK(nb__cublas_get(stream, &h));
   float one = 1.0f;
   if (d_dinp)  // dinp^T (C, N) += W^T (C, OC) . dout^T (OC, N)
-    NB__CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, d_weight, C, d_dout,
-                                 OC, &one, d_dinp, C));
+    NB_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, d_weight, C, d_dout,
+                                OC, &one, d_dinp, C));
   if (d_dweight)  // dW^T (C, OC) += inp^T (C, N) . dout (N, OC)
-    NB__CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, d_inp, C, d_dout, OC,
-                                 &one, d_dweight, C));
+    NB_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, d_inp, C, d_dout, OC,
+                                &one, d_dweight, C));
   if (d_dbias) {
     nb__bias_backward<<<(OC + 255) / 256, 256, 0, (cudaStream_t)stream>>>(d_dbias, d_dout, N, OC);
     NB_CUDA_LAUNCH_CHECK();

@@ -4,24 +4,6 @@
 
 #include <math.h>
 
-nb_status_t nb_quantize_int8_block(const float* x, size_t n, uint32_t block, int8_t* q,
-                                   float* scales) {
-  if (block == 0) return nb_error(NB_ERR_INVALID, "int8 quantization: block size is 0");
-  const float smax = nb_quant_scale_max(NB_QUANT_INT8_MAX);
-  for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
-    size_t b1 = n - b0 < block ? n : b0 + block;
-    float amax = 0.0f;
-    for (size_t i = b0; i < b1; i++) amax = nb_absmax_merge(amax, fabsf(x[i]));
-    if (!isfinite(amax))
-      return nb_error(NB_ERR_INVALID, "int8 quantization: non-finite value in block %zu", bi);
-    float scale = amax / 127.0f;
-    if (scale > smax) scale = smax;
-    scales[bi] = scale;
-    for (size_t i = b0; i < b1; i++) q[i] = nb_quant_int8(x[i], scale);
-  }
-  return NB_OK;
-}
-
 /* The scales of x[0..n) per block of a code range (capped, see nb_quant_scale_max). */
 static nb_status_t nb__block_scales(const float* x, size_t n, uint32_t block, float max_code,
                                     float* scales, const char* what) {
@@ -39,47 +21,66 @@ static nb_status_t nb__block_scales(const float* x, size_t n, uint32_t block, fl
   return NB_OK;
 }
 
-nb_status_t nb_quantize_int4_block(const float* x, size_t n, uint32_t block, uint8_t* q,
+nb_status_t nb_quantize_int8_block(const float* x, size_t n, uint32_t block, int8_t* q,
                                    float* scales) {
-  NB_CHECK(nb__block_scales(x, n, block, NB_QUANT_INT4_MAX, scales, "4-bit"));
-  memset(q, 0, n / 2 + (n & 1));
+  NB_CHECK(nb__block_scales(x, n, block, NB_QUANT_INT8_MAX, scales, "int8"));
+  for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
+    size_t b1 = n - b0 < block ? n : b0 + block;
+    for (size_t i = b0; i < b1; i++) q[i] = nb_quant_int8(x[i], scales[bi]);
+  }
+  return NB_OK;
+}
+
+/* 4-bit and 2-bit differ only by the width: `bits` per code, 8 / bits codes a byte, value i in
+ * bits bits * (i % per) of byte i / per (low bits first). Called with a constant width. */
+static inline nb_status_t nb__quantize_packed(const float* x, size_t n, uint32_t block,
+                                              unsigned bits, uint8_t* q, float* scales) {
+  const int four = bits == 4;
+  NB_CHECK(nb__block_scales(x, n, block, four ? NB_QUANT_INT4_MAX : NB_QUANT_INT2_MAX, scales,
+                            four ? "4-bit" : "2-bit"));
+  const size_t per = 8 / bits;
+  memset(q, 0, n / per + (n % per != 0));
   for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
     size_t b1 = n - b0 < block ? n : b0 + block;
     float s = scales[bi];
-    for (size_t i = b0; i < b1; i++)
-      q[i >> 1] |= (uint8_t)(nb_quant_int4(x[i], s) << (4 * (i & 1)));
+    for (size_t i = b0; i < b1; i++) {
+      uint8_t c = four ? nb_quant_int4(x[i], s) : nb_quant_int2(x[i], s);
+      q[i / per] |= (uint8_t)(c << (bits * (i % per)));
+    }
   }
   return NB_OK;
+}
+
+static inline void nb__dequantize_packed(const uint8_t* q, const float* scales, size_t n,
+                                         uint32_t block, unsigned bits, float* x) {
+  const size_t per = 8 / bits;
+  for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
+    size_t b1 = n - b0 < block ? n : b0 + block;
+    for (size_t i = b0; i < b1; i++) {
+      unsigned c = q[i / per] >> (bits * (i % per));
+      x[i] = (bits == 4 ? (float)nb_int4_code(c) : nb_int2_level(c)) * scales[bi];
+    }
+  }
+}
+
+nb_status_t nb_quantize_int4_block(const float* x, size_t n, uint32_t block, uint8_t* q,
+                                   float* scales) {
+  return nb__quantize_packed(x, n, block, 4, q, scales);
 }
 
 void nb_dequantize_int4_block(const uint8_t* q, const float* scales, size_t n, uint32_t block,
                               float* x) {
-  for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
-    size_t b1 = n - b0 < block ? n : b0 + block;
-    for (size_t i = b0; i < b1; i++)
-      x[i] = (float)nb_int4_code(q[i >> 1] >> (4 * (i & 1))) * scales[bi];
-  }
+  nb__dequantize_packed(q, scales, n, block, 4, x);
 }
 
 nb_status_t nb_quantize_int2_block(const float* x, size_t n, uint32_t block, uint8_t* q,
                                    float* scales) {
-  NB_CHECK(nb__block_scales(x, n, block, NB_QUANT_INT2_MAX, scales, "2-bit"));
-  memset(q, 0, n / 4 + ((n & 3) != 0));
-  for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
-    size_t b1 = n - b0 < block ? n : b0 + block;
-    float s = scales[bi];
-    for (size_t i = b0; i < b1; i++)
-      q[i >> 2] |= (uint8_t)(nb_quant_int2(x[i], s) << (2 * (i & 3)));
-  }
-  return NB_OK;
+  return nb__quantize_packed(x, n, block, 2, q, scales);
 }
 
 void nb_dequantize_int2_block(const uint8_t* q, const float* scales, size_t n, uint32_t block,
                               float* x) {
-  for (size_t b0 = 0, bi = 0; b0 < n; b0 += block, bi++) {
-    size_t b1 = n - b0 < block ? n : b0 + block;
-    for (size_t i = b0; i < b1; i++) x[i] = nb_int2_level(q[i >> 2] >> (2 * (i & 3))) * scales[bi];
-  }
+  nb__dequantize_packed(q, scales, n, block, 2, x);
 }
 
 void nb_dequantize_int8_block(const int8_t* q, const float* scales, size_t n, uint32_t block,

@@ -12,22 +12,16 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "kernels/host_device.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#ifdef __CUDACC__
-#define NB_HD __host__ __device__ __forceinline__
-#else
-#define NB_HD static inline
-#endif
-
 /* fp32 -> fp16, round to nearest even. Finite values beyond the fp16 range saturate to
  * +-65504; infinities stay infinite and NaN stays NaN. */
 NB_HD uint16_t nb_f32_to_f16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
+  uint32_t x = nb_f32_bits(f);
   uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
   if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
   if (ax == 0x7f800000u) return (uint16_t)(sign | 0x7c00u); /* inf */
@@ -49,23 +43,20 @@ NB_HD uint16_t nb_f32_to_f16(float f) {
 NB_HD float nb_f16_to_f32(uint16_t h) {
   uint32_t sign = ((uint32_t)h & 0x8000u) << 16, e = ((uint32_t)h >> 10) & 0x1fu,
            m = (uint32_t)h & 0x3ffu, bits;
-  float f;
   if (e == 0) {
-    f = (float)m * (1.0f / 16777216.0f); /* m * 2^-24, exact */
+    float f = (float)m * (1.0f / 16777216.0f); /* m * 2^-24, exact */
     return sign ? -f : f;
   }
   if (e == 31)
     bits = sign | 0x7f800000u | (m << 13);
   else
     bits = sign | ((e + 112u) << 23) | (m << 13);
-  memcpy(&f, &bits, 4);
-  return f;
+  return nb_bits_f32(bits);
 }
 
 /* fp32 -> bf16, round to nearest even; finite overflow saturates to +-max finite bf16. */
 NB_HD uint16_t nb_f32_to_bf16(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
+  uint32_t x = nb_f32_bits(f);
   uint32_t ax = x & 0x7fffffffu;
   if (ax > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
   if (ax == 0x7f800000u) return (uint16_t)(x >> 16);
@@ -77,10 +68,7 @@ NB_HD uint16_t nb_f32_to_bf16(float f) {
 
 /* bf16 -> fp32 (exact). */
 NB_HD float nb_bf16_to_f32(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
+  return nb_bits_f32((uint32_t)h << 16);
 }
 
 /* Running absmax that keeps a NaN once one is seen (so non-finite blocks are detected). */

@@ -13,29 +13,22 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "kernels/host_device.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#ifdef __CUDACC__
-#define NB_TOPK_HD __host__ __device__ __forceinline__
-#else
-#define NB_TOPK_HD static inline
-#endif
-
 /* |x| as an integer with the same order as the magnitude (NaN largest). */
-NB_TOPK_HD uint32_t nb_topk_key(float x) {
-  uint32_t b;
-  memcpy(&b, &x, 4);
-  return b & 0x7fffffffu;
+NB_HD uint32_t nb_topk_key(float x) {
+  return nb_f32_bits(x) & 0x7fffffffu;
 }
 
 /* Key and index packed so that a larger packed value ranks first: key high, ~index low. */
-NB_TOPK_HD uint64_t nb_topk_pack(uint32_t key, uint32_t idx) {
+NB_HD uint64_t nb_topk_pack(uint32_t key, uint32_t idx) {
   return ((uint64_t)key << 32) | (uint64_t)(uint32_t)~idx;
 }
-NB_TOPK_HD uint32_t nb_topk_unpack_index(uint64_t packed) {
+NB_HD uint32_t nb_topk_unpack_index(uint64_t packed) {
   return ~(uint32_t)packed;
 }
 

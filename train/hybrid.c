@@ -1507,9 +1507,15 @@ nb_status_t nb_hybrid_set_density(nb_hybrid_t* h, double density) {
   return NB_OK;
 }
 
-nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps) {
+/* The checks of a step count set between rounds: a round to set it on, at least `min` steps. */
+static nb_status_t nb__hy_steps_ok(const nb_hybrid_t* h, const char* name, long steps, long min) {
   if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
-  if (steps < 1) return nb_error(NB_ERR_CONFIG, "hybrid: inner_steps %ld < 1", steps);
+  if (steps < min) return nb_error(NB_ERR_CONFIG, "hybrid: %s %ld < %ld", name, steps, min);
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_set_inner_steps(nb_hybrid_t* h, long steps) {
+  NB_CHECK(nb__hy_steps_ok(h, "inner_steps", steps, 1));
   h->cfg.inner_steps = steps;
   return NB_OK;
 }
@@ -1535,8 +1541,7 @@ nb_status_t nb_hybrid_set_codec(nb_hybrid_t* h, nb_values_t values, uint32_t top
 }
 
 nb_status_t nb_hybrid_set_overlap_steps(nb_hybrid_t* h, long steps) {
-  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
-  if (steps < 0) return nb_error(NB_ERR_CONFIG, "hybrid: overlap_steps %ld < 0", steps);
+  NB_CHECK(nb__hy_steps_ok(h, "overlap_steps", steps, 0));
   h->cfg.overlap_steps = steps;
   return NB_OK;
 }

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/alloc.h"
 #include "common/status.h"
 #include "compress/compress.h"
 
@@ -30,11 +31,9 @@ extern "C" {
 #define NB_HYBRID_INNER_STEPS_DEFAULT 50
 
 /* One received message (a peer's, or our own). data is owned by the hybrid after the exchange
- * callback returns (allocated with nb_alloc; freed with nb_free). */
-typedef struct {
-  uint8_t* data;
-  size_t len;
-} nb_hybrid_msg_t;
+ * callback returns (allocated with nb_alloc; freed with nb_free). The common nb_bytes_t, so that
+ * an exchange (inter/exchange.h) hands its frames over into the callback's array directly. */
+typedef nb_bytes_t nb_hybrid_msg_t;
 
 /* The exchange: send `msg` (len bytes, borrowed) of `round` to every other cluster and fill
  * peers[0..n_peers) with their messages of that round (any order; each entry's data allocated

@@ -252,6 +252,39 @@ static int is_punct13a(unsigned char c) {
          (c >= 0x28 && c <= 0x2B) || (c >= 0x3A && c <= 0x40) || c == 0x2F;
 }
 
+/* re.sub(r"(X)(Y)", repl) where X and Y each match one byte: pairs in in[0..n) that `match`,
+ * left to right and non-overlapping, become the 4 bytes of `repl` with '1' and '2' standing for
+ * the two bytes ("1 2 " is r"\1 \2 "). */
+static nb_status_t replace_pairs(const char* in, size_t n, int (*match)(char x, char y),
+                                 const char repl[4], buf_t* out) {
+  out->n = 0;
+  NB_CHECK(buf_put(out, "", 0));
+  for (size_t k = 0; k < n;) {
+    if (k + 1 < n && match(in[k], in[k + 1])) {
+      char t[4];
+      for (int j = 0; j < 4; j++)
+        t[j] = repl[j] == '1' ? in[k] : repl[j] == '2' ? in[k + 1] : repl[j];
+      NB_CHECK(buf_put(out, t, 4));
+      k += 2;
+    } else {
+      NB_CHECK(buf_c(out, in[k]));
+      k++;
+    }
+  }
+  return NB_OK;
+}
+
+/* The pairs of 13a's last three substitutions: ([^0-9])([\.,]), ([\.,])([^0-9]), ([0-9])(-). */
+static int nondigit_sep(char x, char y) {
+  return !is_digit(x) && (y == '.' || y == ',');
+}
+static int sep_nondigit(char x, char y) {
+  return (x == '.' || x == ',') && !is_digit(y);
+}
+static int digit_dash(char x, char y) {
+  return is_digit(x) && y == '-';
+}
+
 /* The regexes are applied to UTF-8 bytes; each pattern only tests ASCII bytes and [^0-9] never
  * splits a multi-byte character differently from a code-point match, so the result equals
  * Python's re.sub on the decoded string. */
@@ -288,45 +321,10 @@ nb_status_t nb_metrics_tokenize_13a(const char* text, char** out) {
     }
   }
   NB_CHECK_GOTO(buf_c(&b, ' '), st, fail);
-  /* ([^0-9])([\.,]) -> '\1 \2 ' (left to right, non-overlapping) */
-  a.n = 0;
-  NB_CHECK_GOTO(buf_put(&a, "", 0), st, fail);
-  for (size_t k = 0; k < b.n;) {
-    if (k + 1 < b.n && !is_digit(b.p[k]) && (b.p[k + 1] == '.' || b.p[k + 1] == ',')) {
-      char t[4] = {b.p[k], ' ', b.p[k + 1], ' '};
-      NB_CHECK_GOTO(buf_put(&a, t, 4), st, fail);
-      k += 2;
-    } else {
-      NB_CHECK_GOTO(buf_c(&a, b.p[k]), st, fail);
-      k++;
-    }
-  }
-  /* ([\.,])([^0-9]) -> ' \1 \2' */
-  b.n = 0;
-  NB_CHECK_GOTO(buf_put(&b, "", 0), st, fail);
-  for (size_t k = 0; k < a.n;) {
-    if (k + 1 < a.n && (a.p[k] == '.' || a.p[k] == ',') && !is_digit(a.p[k + 1])) {
-      char t[4] = {' ', a.p[k], ' ', a.p[k + 1]};
-      NB_CHECK_GOTO(buf_put(&b, t, 4), st, fail);
-      k += 2;
-    } else {
-      NB_CHECK_GOTO(buf_c(&b, a.p[k]), st, fail);
-      k++;
-    }
-  }
-  /* ([0-9])(-) -> '\1 \2 ' */
-  a.n = 0;
-  NB_CHECK_GOTO(buf_put(&a, "", 0), st, fail);
-  for (size_t k = 0; k < b.n;) {
-    if (k + 1 < b.n && is_digit(b.p[k]) && b.p[k + 1] == '-') {
-      char t[4] = {b.p[k], ' ', '-', ' '};
-      NB_CHECK_GOTO(buf_put(&a, t, 4), st, fail);
-      k += 2;
-    } else {
-      NB_CHECK_GOTO(buf_c(&a, b.p[k]), st, fail);
-      k++;
-    }
-  }
+  /* ([^0-9])([\.,]) -> '\1 \2 ', then ([\.,])([^0-9]) -> ' \1 \2', then ([0-9])(-) -> '\1 \2 ' */
+  NB_CHECK_GOTO(replace_pairs(b.p, b.n, nondigit_sep, "1 2 ", &a), st, fail);
+  NB_CHECK_GOTO(replace_pairs(a.p, a.n, sep_nondigit, " 1 2", &b), st, fail);
+  NB_CHECK_GOTO(replace_pairs(b.p, b.n, digit_dash, "1 2 ", &a), st, fail);
   /* ' '.join(line.split()) with Python's Unicode whitespace */
   b.n = 0;
   NB_CHECK_GOTO(buf_put(&b, "", 0), st, fail);

@@ -156,14 +156,7 @@ static nb_status_t nb__wk_pull_state(nb_exchange_t* ex, nb_hybrid_t* h, double t
 static nb_status_t nb__wk_exchange(void* ctx, uint64_t round, const void* msg, size_t len,
                                    nb_hybrid_msg_t* peers, size_t n_peers, uint64_t* sent) {
   nb__wk_exchange_t* x = ctx;
-  uint8_t* f[NB_WORKER_MAX_PEERS];
-  size_t l[NB_WORKER_MAX_PEERS];
-  if (n_peers != x->n_peers || n_peers > NB_WORKER_MAX_PEERS)
-    return nb_error(NB_ERR_INTERNAL, "worker: %zu peers expected, exchange has %zu", n_peers,
-                    x->n_peers);
-  nb_status_t st = nb_exchange_round_take(x->ex, round, msg, len, 0, n_peers, f, l, NULL, sent);
-  for (size_t i = 0; i < n_peers; i++) peers[i] = (nb_hybrid_msg_t){f[i], l[i]};
-  return st;
+  return nb_exchange_round_take(x->ex, round, msg, len, 0, n_peers, peers, NULL, sent);
 }
 
 /* Codec bits per kept value and per index, for the scheduler's prediction: int8 carries one

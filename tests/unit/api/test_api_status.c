@@ -1,5 +1,6 @@
-/* include/nebula.h repeats common/status.h's enum under one guard: every value must agree, and
- * the count too (a status appended to one header only fails here). */
+/* The status values a user's program sees (api_status_public.c: nebula.h alone) against those of
+ * nebula's internals (common/status.h, which takes them from nebula.h): every value must agree,
+ * and the count too (a second definition of the enum that drifted would fail here). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
