@@ -327,11 +327,9 @@ double nb_link_rate_Bps(nb_link_t* L) {
   return r > 0 ? r : L->rate_hint_Bps;
 }
 
-int nb__link_send_measures_rate(size_t len, double nominal_Bps, double goodput_Bps,
-                                double rtt_min_s) {
-  double fastest = nominal_Bps > goodput_Bps ? nominal_Bps : goodput_Bps;
-  if (!(fastest > 0) || !(rtt_min_s > 0)) return 1;
-  return (double)len >= NB__LINK_RAMP_BDPS * fastest * rtt_min_s;
+int nb__link_send_measures_rate(size_t len, double nominal_Bps, double rtt_min_s) {
+  if (!(nominal_Bps > 0) || !(rtt_min_s > 0)) return 1;
+  return (double)len >= NB__LINK_RAMP_BDPS * nominal_Bps * rtt_min_s;
 }
 
 size_t nb__link_chunk_for_rate(double rate_Bps, uint32_t streams, int64_t chunk_ms, size_t min,
@@ -1013,7 +1011,7 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
     double nominal = rs.rate_Bps > 0 ? rs.rate_Bps : L->rate_hint_Bps;
     nb_estimate_t e;
     nb_estimator_get(L->est, &e);
-    int ramped = nb__link_send_measures_rate(len, nominal, e.goodput_Bps, e.rtt_min_s);
+    int ramped = nb__link_send_measures_rate(len, nominal, e.rtt_min_s);
     if (secs > 0 && (warm || nominal <= 0) && ramped)
       nb_estimator_add_transfer(L->est, len, secs, nstreams);
     /* a frame too small for a transfer sample (a sparse frame on a thin link) still measures

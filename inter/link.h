@@ -183,11 +183,12 @@ size_t nb__link_chunk_for_rate(double rate_Bps, uint32_t streams, int64_t chunk_
                                size_t max);
 
 /* Internal (tests): 1 when a completed send of len bytes measures the link's rate (is a transfer
- * sample): it must be at least 8 bandwidth-delay products long at the fastest rate believed
- * (the configured nominal rate or the estimate, bytes/s) and the minimum RTT (s), or its time is
- * TCP's slow start after the idle gap between rounds. 1 while neither rate nor RTT is known. */
-int nb__link_send_measures_rate(size_t len, double nominal_Bps, double goodput_Bps,
-                                double rtt_min_s);
+ * sample): it must be at least 8 bandwidth-delay products long at the configured rate (the cap,
+ * else the hint, bytes/s) and the minimum RTT (s), or its time is TCP's slow start after the
+ * idle gap between rounds. Without a configured rate or an RTT, 1: the measured goodput cannot
+ * judge its own samples (on loopback its bandwidth-delay product is megabytes, and no frame
+ * would measure anything after the first). */
+int nb__link_send_measures_rate(size_t len, double nominal_Bps, double rtt_min_s);
 
 /* The peer cluster id and target of the link (borrowed). */
 const char* nb_link_peer(const nb_link_t* link);
