@@ -7,10 +7,16 @@
  * the 2-bit points with decaying error feedback (errorFeedbackDecay 0.9) beside the demo job's
  * outer Nesterov momentum 0.5, the best recipe of the sweep there. The scheduler only compares
  * them, so it is their order that matters. Top-10 % int8 (1.33 bits, 1.0261) is left out: top-8 %
- * 2-bit costs less loss for less than half its bits. */
+ * 2-bit costs less loss for less than half its bits. The same measurement at H 16 and H 8 (the
+ * demo job with those inner steps, the `-h16` / `-h8` points; landing 4 steps in and later)
+ * gives the tables for jobs with shorter rounds: a point costs far less at short H, and a late
+ * landing costs by the steps it is late, so a job takes the table of the H nearest its own. */
 #include "worker/codec_points.h"
 
-static const nb_codec_point_t nb__points[] = {
+#include <math.h>
+
+/* H 32 (the demo job) */
+static const nb_codec_point_t nb__points_h32[] = {
     /* 7.66 bits/param; 1.0169 (3 seeds); no late measurement */
     {{"dense-int8", 1.0, 7.66, 0, 0.0169, 0, 0, 0}, NB_VALUES_INT8, 0},
     /* 0.576 bits/param; 1.0249 landing at 4/32, 1.0290 at 24/32 */
@@ -23,7 +29,42 @@ static const nb_codec_point_t nb__points[] = {
     {{"top1.5-2bit", 0.015, 9.58, 0, 0.0484, 0.125, 0.75, 0.0695}, NB_VALUES_INT2, 4096},
 };
 
-const nb_codec_point_t* nb_codec_points(size_t* n) {
-  *n = sizeof nb__points / sizeof nb__points[0];
-  return nb__points;
+/* H 16 (the demo job with innerSteps 16: the `-h16` points) */
+static const nb_codec_point_t nb__points_h16[] = {
+    /* 7.66 bits/param; 1.0126 */
+    {{"dense-int8", 1.0, 7.66, 0, 0.0126, 0, 0, 0}, NB_VALUES_INT8, 0},
+    /* 0.391 bits/param; 1.0201 landing at 4/16; no late measurement */
+    {{"top5-2bit", 0.05, 7.82, 0, 0.0201, 0, 0, 0}, NB_VALUES_INT2, 4096},
+    /* 0.254 bits/param; 1.0225 at 4/16, 1.0313 at 12/16 */
+    {{"top3-2bit", 0.03, 8.47, 0, 0.0225, 0.25, 0.75, 0.0313}, NB_VALUES_INT2, 4096},
+};
+
+/* H 8 (the `-h8` points: `nebula bench e2e --thin`'s rounds) */
+static const nb_codec_point_t nb__points_h8[] = {
+    /* 7.66 bits/param; not measured at H 8: H 16's 1.0126 (shorter rounds cost less) */
+    {{"dense-int8", 1.0, 7.66, 0, 0.0126, 0, 0, 0}, NB_VALUES_INT8, 0},
+    /* 0.143 bits/param; 1.0203 landing at 4/8, 1.0273 at 6/8 */
+    {{"top1.5-2bit", 0.015, 9.55, 0, 0.0203, 0.5, 0.75, 0.0273}, NB_VALUES_INT2, 4096},
+    /* 0.080 bits/param; 1.0340 at 4/8; no late measurement */
+    {{"top0.75-2bit", 0.0075, 10.67, 0, 0.0340, 0, 0, 0}, NB_VALUES_INT2, 4096},
+};
+
+#define NB__TABLE(h, t) {h, t, sizeof t / sizeof t[0]}
+static const struct {
+  long h;
+  const nb_codec_point_t* points;
+  size_t n;
+} nb__tables[] = {NB__TABLE(32, nb__points_h32), NB__TABLE(16, nb__points_h16),
+                  NB__TABLE(8, nb__points_h8)};
+
+const nb_codec_point_t* nb_codec_points(long inner_steps, size_t* n, long* measured_h) {
+  size_t best = 0;
+  double h = inner_steps > 0 ? (double)inner_steps : 32, d_best = -1;
+  for (size_t i = 0; i < sizeof nb__tables / sizeof nb__tables[0]; i++) {
+    double d = fabs(log2(h / (double)nb__tables[i].h));
+    if (d_best < 0 || d < d_best) best = i, d_best = d;
+  }
+  *n = nb__tables[best].n;
+  if (measured_h) *measured_h = nb__tables[best].h;
+  return nb__tables[best].points;
 }

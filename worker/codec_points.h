@@ -17,7 +17,9 @@ typedef struct {
   uint32_t topk_chunk;    /* 0 = global top-k */
 } nb_codec_point_t;
 
-/* The table, best quality first; *n receives its length. Static, never NULL. */
-const nb_codec_point_t* nb_codec_points(size_t* n);
+/* The table measured at the H (inner steps per round) nearest inner_steps (by ratio; <= 0: 32),
+ * best quality first; *n receives its length, *measured_h (nullable) that H. Static, never
+ * NULL. */
+const nb_codec_point_t* nb_codec_points(long inner_steps, size_t* n, long* measured_h);
 
 #endif

@@ -585,7 +585,8 @@ static nb_worker_outcome_t nb__wk_hybrid(nb__wk_t* w) {
   nb_hybrid_config_from_job(w->job, w->index, hc);
   /* values "auto": the scheduler picks a codec point each round (worker/codec_points.h); until
    * it has measured the link, the point of fewest bytes */
-  w->points = nb_codec_points(&w->n_points);
+  long table_h = 0;
+  w->points = nb_codec_points(hc->inner_steps, &w->n_points, &table_h);
   w->auto_codec = w->job->compression.values == NB_JOB_VALUES_AUTO && w->n_points <= 16;
   for (size_t i = 0; w->auto_codec && i < w->n_points; i++) w->spoints[i] = w->points[i].sched;
   if (w->auto_codec) {
@@ -593,6 +594,8 @@ static nb_worker_outcome_t nb__wk_hybrid(nb__wk_t* w) {
     hc->values = w->points[w->point].values;
     hc->density = w->points[w->point].sched.density;
     hc->topk_chunk = w->points[w->point].topk_chunk;
+    printf("values auto: %zu codec points, their loss measured at H %ld (this job: H %ld)\n",
+           w->n_points, table_h, hc->inner_steps);
   }
   w->ranks = (nb__wk_ranks_t){w->comm, w->t};
   if (w->comm) {
