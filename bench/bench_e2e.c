@@ -17,31 +17,7 @@
 #include "bench/bench.h"
 #include "bench/e2e.h"
 #include "common/common.h"
-
-static void nb__e2e_usage(FILE* f) {
-  fprintf(
-      f,
-      "usage: nebula bench e2e [--job FILE] [--rate-mbit R | --thin F] [--delay-ms D]\n"
-      "                        [--steps N] [--seed S] [--eval-batches B] [--data-dir DIR]\n"
-      "                        [--out DIR] [--no-dense] [--thin-inner-steps H] [--json]\n"
-      "Trains the job's model three ways with 'nebula run' (single cluster, dense sync,\n"
-      "nebula outer sync with adaptive density and overlap) and prints wall time, final\n"
-      "held-out bits per byte (mean over the job's languages), WAN bytes and compute\n"
-      "utilization, with ratios against single. Defaults: jobs/examples/pretrain-2dc-small.json,\n"
-      "100 Mbit/s, 25 ms one way. As root the two-cluster runs go through namespaces behind\n"
-      "the emulated WAN link (rate and delay); otherwise over loopback with the rate cap only\n"
-      "(the delay is then recorded, not emulated: delay_ms_emulated 0). --seed and\n"
-      "--eval-batches set training.seed and training.eval.batches for all three runs.\n"
-      "--thin F: a thin link that scales with the machine: the rate is set so that one dense\n"
-      "int8 frame of the job takes F x the round's compute time measured by the single run\n"
-      "(F = 10 is a 10-70B model on a few hundred Mbit/s); the dense baseline is skipped\n"
-      "there (it would take hours) and the rate chosen is reported; nebula then runs with\n"
-      "compression.values \"auto\" (the scheduler picks the codec point each round) and\n"
-      "errorFeedbackDecay 0.9, and H = --thin-inner-steps (default 8) inner steps per round\n"
-      "(the link's bits per second buy more at short rounds with sparse frames than at long\n"
-      "ones with denser frames: docs/hybrid.md). --no-dense skips the dense baseline\n"
-      "(minutes at 100 Mbit/s).\n");
-}
+#include "common/opts.h"
 
 int nb_e2e_write_job(json_t* base, const char* v, double rate, double delay, const char* path,
                      const nb_e2e_point_t* point) {
@@ -296,11 +272,29 @@ typedef struct {
   double rate, delay, thin;
   long thin_h; /* the nebula run's inner steps per round at --thin */
   int no_dense, as_json;
-  long seed, eval_batches;
+  long seed, eval_batches, steps_n;
+  char steps_buf[24]; /* steps_n as the text nebula run takes */
 } nb__e2e_opts_t;
 
+static const char nb__e2e_about[] =
+    "Trains the job's model three ways with 'nebula run' (single cluster, dense sync, nebula\n"
+    "outer sync with adaptive density and overlap) and prints wall time, final held-out bits\n"
+    "per byte (mean over the job's languages), WAN bytes and compute utilization, with ratios\n"
+    "against single. As root the two-cluster runs go through namespaces behind the emulated\n"
+    "WAN link (rate and delay); otherwise over loopback with the rate cap only (the delay is\n"
+    "then recorded, not emulated: delay_ms_emulated 0).";
+static const char nb__e2e_epilog[] =
+    "--thin F: a thin link that scales with the machine: the rate is set so that one dense\n"
+    "int8 frame of the job takes F x the round's compute time measured by the single run\n"
+    "(F = 10 is a 10-70B model on a few hundred Mbit/s); the dense baseline is skipped there\n"
+    "(it would take hours) and the rate chosen is reported; nebula then runs with\n"
+    "compression.values \"auto\" (the scheduler picks the codec point each round),\n"
+    "errorFeedbackDecay 0.9 and rounds of --thin-inner-steps steps (the link's bits per second\n"
+    "buy more at short rounds with sparse frames than at long ones with denser frames:\n"
+    "docs/hybrid.md).";
+
 /* Parses the flags into *o; -1 to go on, else the exit code (0 after --help, 2 on a bad flag,
- * having said why). */
+ * having said why in one line). */
 static int nb__e2e_parse(int argc, char** argv, nb__e2e_opts_t* o) {
   *o = (nb__e2e_opts_t){.job = "jobs/examples/pretrain-2dc-small.json",
                         .out = "runs/bench-e2e",
@@ -309,62 +303,47 @@ static int nb__e2e_parse(int argc, char** argv, nb__e2e_opts_t* o) {
                         .seed = -1,
                         .eval_batches = -1,
                         .thin_h = NB__E2E_THIN_H};
-  for (int i = 1; i < argc; i++) {
-    const char* a = argv[i];
-    int v = i + 1 < argc;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      nb__e2e_usage(stdout);
-      return 0;
-    } else if (strcmp(a, "--json") == 0) {
-      o->as_json = 1;
-    } else if (strcmp(a, "--no-dense") == 0) {
-      o->no_dense = 1;
-    } else if (strcmp(a, "--job") == 0 && v) {
-      o->job = argv[++i];
-    } else if (strcmp(a, "--rate-mbit") == 0 && v) {
-      o->rate = atof(argv[++i]);
-    } else if (strcmp(a, "--thin") == 0 && v) {
-      char* end = NULL;
-      o->thin = strtod(argv[++i], &end);
-      if (end == argv[i] || *end || !(o->thin > 0) || o->thin > 1e6) {
-        fprintf(stderr, "nebula bench e2e: --thin takes a factor > 0, got '%s'\n", argv[i]);
-        return 2;
-      }
-    } else if (strcmp(a, "--delay-ms") == 0 && v) {
-      o->delay = atof(argv[++i]);
-    } else if (strcmp(a, "--steps") == 0 && v) {
-      o->steps = argv[++i];
-    } else if (strcmp(a, "--data-dir") == 0 && v) {
-      o->data_dir = argv[++i];
-    } else if (strcmp(a, "--out") == 0 && v) {
-      o->out = argv[++i];
-    } else if (strcmp(a, "--thin-inner-steps") == 0 && v) {
-      char* end = NULL;
-      o->thin_h = strtol(argv[++i], &end, 10);
-      if (end == argv[i] || *end || o->thin_h < 1 || o->thin_h > 100000) {
-        fprintf(stderr, "nebula bench e2e: --thin-inner-steps takes an integer >= 1, got '%s'\n",
-                argv[i]);
-        return 2;
-      }
-    } else if ((strcmp(a, "--seed") == 0 || strcmp(a, "--eval-batches") == 0) && v) {
-      char* end = NULL;
-      long x = strtol(argv[i + 1], &end, 10);
-      if (end == argv[i + 1] || *end || x < (a[2] == 's' ? 0 : 1) || x > 1000000000) {
-        fprintf(stderr, "nebula bench e2e: %s takes an integer >= %d, got '%s'\n", a,
-                a[2] == 's' ? 0 : 1, argv[i + 1]);
-        return 2;
-      }
-      *(a[2] == 's' ? &o->seed : &o->eval_batches) = x;
-      i++;
-    } else {
-      fprintf(stderr, "nebula bench e2e: unknown option or missing value: '%s'\n", a);
-      nb__e2e_usage(stderr);
-      return 2;
-    }
-  }
-  if (!(o->rate > 0)) {
-    fprintf(stderr, "nebula bench e2e: --rate-mbit must be > 0\n");
-    return 2;
+  const nb_opt_t opts[] = {
+      NB_OPTION("job", NB_OPT_STR, &o->job, "FILE",
+                "the job (default jobs/examples/pretrain-2dc-small.json)"),
+      NB_OPTION("rate-mbit", NB_OPT_DOUBLE, &o->rate, "R", "the link's rate (default 100)",
+                .min = 1e-6, .max = 1000000),
+      NB_OPTION("thin", NB_OPT_DOUBLE, &o->thin, "F",
+                "a thin link: a dense int8 frame takes F x a round's compute (below)", .min = 1e-6,
+                .max = 1000000),
+      NB_OPTION("thin-inner-steps", NB_OPT_LONG, &o->thin_h, "H",
+                "the nebula run's inner steps per round at --thin (default 8)", .min = 1,
+                .max = 100000),
+      NB_OPTION("delay-ms", NB_OPT_DOUBLE, &o->delay, "D", "one-way delay (default 25)", .min = 0,
+                .max = 100000),
+      NB_OPTION("steps", NB_OPT_LONG, &o->steps_n, "N", "training steps (default: the job's)",
+                .min = 1),
+      NB_OPTION("seed", NB_OPT_LONG, &o->seed, "S", "training.seed of all three runs", .min = 0),
+      NB_OPTION("eval-batches", NB_OPT_LONG, &o->eval_batches, "B",
+                "training.eval.batches of all three runs", .min = 1),
+      NB_OPTION("data-dir", NB_OPT_STR, &o->data_dir, "DIR", "the corpus (default: the job's)"),
+      NB_OPTION("out", NB_OPT_STR, &o->out, "DIR", "logs and results (default runs/bench-e2e)"),
+      NB_OPTION("no-dense", NB_OPT_FLAG, &o->no_dense, NULL,
+                "skip the dense baseline (minutes at 100 Mbit/s)"),
+      NB_OPTION("json", NB_OPT_FLAG, &o->as_json, NULL, "print one JSON object"),
+      NB_OPTION_END,
+  };
+  const nb_cmd_spec_t spec = {
+      .cmd = "nebula bench e2e",
+      .synopsis =
+          "usage: nebula bench e2e [--job FILE] [--rate-mbit R | --thin F] [--delay-ms D]\n"
+          "                        [--steps N] [--seed S] [--eval-batches B]\n"
+          "                        [--data-dir DIR] [--out DIR] [--no-dense]\n"
+          "                        [--thin-inner-steps H] [--json]",
+      .about = nb__e2e_about,
+      .epilog = nb__e2e_epilog,
+      .opts = opts,
+  };
+  int rc = nb_opts_parse(&spec, argc, argv);
+  if (rc != NB_OPTS_RUN) return rc;
+  if (o->steps_n > 0) {
+    snprintf(o->steps_buf, sizeof o->steps_buf, "%ld", o->steps_n);
+    o->steps = o->steps_buf;
   }
   return -1;
 }

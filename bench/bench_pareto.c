@@ -15,6 +15,7 @@
 
 #include "bench/bench.h"
 #include "bench/e2e.h"
+#include "common/opts.h"
 
 #define NB__PARETO_MAX_SEEDS 10
 
@@ -57,22 +58,11 @@ static const nb_e2e_point_t nb__points[] = {
 };
 #define NB__N_POINTS (sizeof nb__points / sizeof nb__points[0])
 
-static void nb__pareto_usage(FILE* f) {
-  fprintf(f,
-          "usage: nebula bench pareto [--job FILE] [--seeds N] [--points A,B,...] [--steps N]\n"
-          "                           [--eval-batches B] [--rate-mbit R] [--data-dir DIR]\n"
-          "                           [--out DIR] [--reuse] [--json]\n"
-          "Trains the job (default jobs/examples/pretrain-2dc-small.json) once on one cluster\n"
-          "(exact) and once per codec point on two clusters with outer sync, for seeds 1..N\n"
-          "(default 1), and prints each point's held-out loss ratio against the single run\n"
-          "(mean and per seed) and bits per parameter per sync. Points:\n ");
+/* --help's list of the points, after the options. */
+static void nb__pareto_points_help(FILE* f) {
+  fprintf(f, "Points:\n ");
   for (size_t i = 0; i < NB__N_POINTS; i++) fprintf(f, " %s", nb__points[i].name);
-  fprintf(f,
-          "\n(sched: the adaptive scheduler on the job's own compression). The link is the\n"
-          "job's, at --rate-mbit (default 100); the runs take about a minute or two each on\n"
-          "two cores, so 3 seeds of every point take about half an hour. --reuse reads a\n"
-          "finished run of exactly the same job in --out instead of running it again (an\n"
-          "interrupted study resumes; another --points list reuses the single runs).\n");
+  fprintf(f, "\n(sched: the adaptive scheduler on the job's own compression).\n");
 }
 
 /* 1 when files a and b exist and hold the same bytes. */
@@ -89,6 +79,7 @@ static int nb__pareto_same_file(const char* a, const char* b) {
   return same;
 }
 
+/* 1 when the comma-separated list names name (a NULL list: every point). */
 static int nb__pareto_want(const char* list, const char* name) {
   if (!list) return 1;
   size_t n = strlen(name);
@@ -101,73 +92,64 @@ static int nb__pareto_want(const char* list, const char* name) {
   return 0;
 }
 
-static int nb__pareto_long(const char* opt, const char* s, long lo, long hi, long* out) {
-  char* end = NULL;
-  errno = 0;
-  long x = strtol(s, &end, 10);
-  if (end == s || *end || errno || x < lo || x > hi) {
-    fprintf(stderr, "nebula bench pareto: %s takes an integer in [%ld, %ld], got '%s'\n", opt, lo,
-            hi, s);
-    return -1;
-  }
-  *out = x;
-  return 0;
-}
-
 /* The flags of `nebula bench pareto`. */
 typedef struct {
   const char *job, *data_dir, *steps, *out, *points;
   double rate;
-  long seeds, eval_batches;
+  long seeds, eval_batches, steps_n;
   int as_json, reuse;
+  char steps_buf[24]; /* steps_n as the text nebula run takes */
 } nb__pareto_opts_t;
 
 /* Parses the flags into *o; -1 to go on, else the exit code (0 after --help, 2 on a bad flag or
- * a --points list that names no point, having said why). */
+ * a --points list that names no point, having said why in one line). */
 static int nb__pareto_parse(int argc, char** argv, nb__pareto_opts_t* o) {
   *o = (nb__pareto_opts_t){.job = "jobs/examples/pretrain-2dc-small.json",
                            .out = "runs/bench-pareto",
                            .rate = 100,
                            .seeds = 1,
                            .eval_batches = -1};
-  long x;
-  for (int i = 1; i < argc; i++) {
-    const char* a = argv[i];
-    int v = i + 1 < argc;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      nb__pareto_usage(stdout);
-      return 0;
-    } else if (strcmp(a, "--json") == 0) {
-      o->as_json = 1;
-    } else if (strcmp(a, "--reuse") == 0) {
-      o->reuse = 1;
-    } else if (strcmp(a, "--job") == 0 && v) {
-      o->job = argv[++i];
-    } else if (strcmp(a, "--seeds") == 0 && v) {
-      if (nb__pareto_long(a, argv[++i], 1, NB__PARETO_MAX_SEEDS, &o->seeds) != 0) return 2;
-    } else if (strcmp(a, "--eval-batches") == 0 && v) {
-      if (nb__pareto_long(a, argv[++i], 1, 1000000, &o->eval_batches) != 0) return 2;
-    } else if (strcmp(a, "--steps") == 0 && v) {
-      if (nb__pareto_long(a, argv[i + 1], 1, 1000000000, &x) != 0) return 2;
-      o->steps = argv[++i];
-    } else if (strcmp(a, "--points") == 0 && v) {
-      o->points = argv[++i];
-    } else if (strcmp(a, "--rate-mbit") == 0 && v) {
-      char* end = NULL;
-      o->rate = strtod(argv[++i], &end);
-      if (end == argv[i] || *end || !(o->rate > 0) || o->rate > 1e6) {
-        fprintf(stderr, "nebula bench pareto: --rate-mbit takes a rate > 0, got '%s'\n", argv[i]);
-        return 2;
-      }
-    } else if (strcmp(a, "--data-dir") == 0 && v) {
-      o->data_dir = argv[++i];
-    } else if (strcmp(a, "--out") == 0 && v) {
-      o->out = argv[++i];
-    } else {
-      fprintf(stderr, "nebula bench pareto: unknown option or missing value: '%s'\n", a);
-      nb__pareto_usage(stderr);
-      return 2;
-    }
+  const nb_opt_t opts[] = {
+      NB_OPTION("job", NB_OPT_STR, &o->job, "FILE",
+                "the job (default jobs/examples/pretrain-2dc-small.json)"),
+      NB_OPTION("seeds", NB_OPT_LONG, &o->seeds, "N", "seeds 1..N (default 1)", .min = 1,
+                .max = NB__PARETO_MAX_SEEDS),
+      NB_OPTION("points", NB_OPT_STR, &o->points, "A,B,...", "the points to run (default all)"),
+      NB_OPTION("steps", NB_OPT_LONG, &o->steps_n, "N", "training steps (default: the job's)",
+                .min = 1),
+      NB_OPTION("eval-batches", NB_OPT_LONG, &o->eval_batches, "B", "training.eval.batches",
+                .min = 1, .max = 1000000),
+      NB_OPTION("rate-mbit", NB_OPT_DOUBLE, &o->rate, "R", "the link's rate (default 100)",
+                .min = 1e-6, .max = 1000000),
+      NB_OPTION("data-dir", NB_OPT_STR, &o->data_dir, "DIR", "the corpus (default: the job's)"),
+      NB_OPTION("out", NB_OPT_STR, &o->out, "DIR", "logs and results (default runs/bench-pareto)"),
+      NB_OPTION("reuse", NB_OPT_FLAG, &o->reuse, NULL,
+                "read a finished run of exactly the same job in --out instead of running it\n"
+                "again (an interrupted study resumes; another --points list reuses the single\n"
+                "runs)"),
+      NB_OPTION("json", NB_OPT_FLAG, &o->as_json, NULL, "print one JSON object"),
+      NB_OPTION_END,
+  };
+  const nb_cmd_spec_t spec = {
+      .cmd = "nebula bench pareto",
+      .synopsis =
+          "usage: nebula bench pareto [--job FILE] [--seeds N] [--points A,B,...] [--steps N]\n"
+          "                           [--eval-batches B] [--rate-mbit R] [--data-dir DIR]\n"
+          "                           [--out DIR] [--reuse] [--json]",
+      .about =
+          "Trains the job once on one cluster (exact) and once per codec point on two\n"
+          "clusters with outer sync, for seeds 1..N, and prints each point's held-out loss\n"
+          "ratio against the single run (mean and per seed) and bits per parameter per sync.\n"
+          "The link is the job's, at --rate-mbit; the runs take a minute or two each on two\n"
+          "cores, so 3 seeds of every point take hours.",
+      .opts = opts,
+      .more_help = nb__pareto_points_help,
+  };
+  int rc = nb_opts_parse(&spec, argc, argv);
+  if (rc != NB_OPTS_RUN) return rc;
+  if (o->steps_n > 0) {
+    snprintf(o->steps_buf, sizeof o->steps_buf, "%ld", o->steps_n);
+    o->steps = o->steps_buf;
   }
   size_t chosen = 0;
   for (size_t p = 0; p < NB__N_POINTS; p++)

@@ -7,49 +7,34 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
+#include "common/opts.h"
 #include "security/seal.h"
 
 #define NB__SEAL_REPS_MAX 64
 
-static void nb__seal_usage(FILE* f) {
-  fprintf(f,
-          "usage: nebula bench seal [--mib M] [--chunk-kib K] [--reps R] [--json]\n"
-          "  Seals and opens M MiB (default 128) in chunks of K KiB (default 1024) with\n"
-          "  AES-256-GCM, R times (default 5), and compares the median GB/s with memcpy.\n");
-}
-
-static int nb__parse_pos(const char* opt, const char* s, long lo, long hi, long* out) {
-  char* end = NULL;
-  long v = strtol(s ? s : "", &end, 10);
-  if (!s || !*s || *end || v < lo || v > hi) {
-    fprintf(stderr, "nebula bench seal: %s takes an integer in %ld..%ld\n", opt, lo, hi);
-    return 0;
-  }
-  *out = v;
-  return 1;
-}
-
 int nb_bench_seal_main(int argc, char** argv) {
   long mib = 128, chunk_kib = 1024, reps = 5;
   int json = 0;
-  for (int i = 1; i < argc; i++) {
-    const char* a = argv[i];
-    if (!strcmp(a, "--json"))
-      json = 1;
-    else if (!strcmp(a, "--mib") && nb__parse_pos(a, argv[i + 1], 1, 16384, &mib))
-      i++;
-    else if (!strcmp(a, "--chunk-kib") && nb__parse_pos(a, argv[i + 1], 1, 1 << 20, &chunk_kib))
-      i++;
-    else if (!strcmp(a, "--reps") && nb__parse_pos(a, argv[i + 1], 1, NB__SEAL_REPS_MAX, &reps))
-      i++;
-    else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      nb__seal_usage(stdout);
-      return 0;
-    } else {
-      nb__seal_usage(stderr);
-      return 2;
-    }
-  }
+  const nb_opt_t opts[] = {
+      NB_OPTION("mib", NB_OPT_LONG, &mib, "M", "MiB sealed and opened (default 128)", .min = 1,
+                .max = 16384),
+      NB_OPTION("chunk-kib", NB_OPT_LONG, &chunk_kib, "K", "chunk size in KiB (default 1024)",
+                .min = 1, .max = 1 << 20),
+      NB_OPTION("reps", NB_OPT_LONG, &reps, "R", "repetitions, the median is shown (default 5)",
+                .min = 1, .max = NB__SEAL_REPS_MAX),
+      NB_OPTION("json", NB_OPT_FLAG, &json, NULL, "print one JSON object"),
+      NB_OPTION_END,
+  };
+  const nb_cmd_spec_t spec = {
+      .cmd = "nebula bench seal",
+      .synopsis = "usage: nebula bench seal [--mib M] [--chunk-kib K] [--reps R] [--json]",
+      .about =
+          "Seals and opens M MiB in chunks of K KiB with AES-256-GCM, R times, and compares\n"
+          "the median GB/s with memcpy of the same bytes.",
+      .opts = opts,
+  };
+  int prc = nb_opts_parse(&spec, argc, argv);
+  if (prc != NB_OPTS_RUN) return prc;
   size_t bytes = (size_t)mib << 20, chunk = (size_t)chunk_kib << 10;
   if (chunk > bytes) chunk = bytes;
   size_t nchunks = (bytes + chunk - 1) / chunk;

@@ -49,7 +49,8 @@ static const nb_codec_point_t nb__points_h8[] = {
     {{"top0.75-2bit", 0.0075, 10.67, 0, 0.0340, 0, 0, 0}, NB_VALUES_INT2, 4096},
 };
 
-#define NB__TABLE(h, t) {h, t, sizeof t / sizeof t[0]}
+#define NB__TABLE(h, t) \
+  { h, t, sizeof t / sizeof t[0] }
 static const struct {
   long h;
   const nb_codec_point_t* points;
