@@ -32,7 +32,7 @@ typedef struct {
                              default NB_SCHED_FRACTION */
   double rtts_per_round;  /* fixed round trips each exchange costs (open, acks, hash check),
                              >= 0; default 2 */
-  double header_bytes;    /* fixed bytes per frame (headers, seal tags), >= 0; default 4096 */
+  double header_bytes;    /* fixed bytes per frame (headers, seal tags), >= 0; default 1024 */
   uint32_t max_steps_factor; /* a lengthened round has at most factor x base steps, >= 1;
                                 default NB_SCHED_MAX_STEPS_FACTOR */
   double hysteresis;         /* keep the previous density while the new fit is above it by less
