@@ -166,8 +166,10 @@ json_t* nb_e2e_load_job(const char* bench, const char* job, long seed, long eval
 }
 
 int nb_e2e_run(const char* job, const char* out, const char* log, const char* data_dir,
-               const char* steps) {
+               long steps) {
   const char* av[16];
+  char steps_text[24];
+  snprintf(steps_text, sizeof steps_text, "%ld", steps);
   int k = 0;
   av[k++] = "nebula";
   av[k++] = "run";
@@ -175,7 +177,7 @@ int nb_e2e_run(const char* job, const char* out, const char* log, const char* da
   av[k++] = "--out";
   av[k++] = out;
   if (data_dir) av[k++] = "--data-dir", av[k++] = data_dir;
-  if (steps) av[k++] = "--steps", av[k++] = steps;
+  if (steps > 0) av[k++] = "--steps", av[k++] = steps_text;
   av[k] = NULL;
   fflush(stdout);
   pid_t pid = fork();
@@ -268,12 +270,11 @@ void nb_e2e_collect(const char* out, nb_e2e_result_t* r) {
 
 /* The flags of `nebula bench e2e`. */
 typedef struct {
-  const char *job, *data_dir, *steps, *out;
+  const char *job, *data_dir, *out;
   double rate, delay, thin;
   long thin_h; /* the nebula run's inner steps per round at --thin */
   int no_dense, as_json;
-  long seed, eval_batches, steps_n;
-  char steps_buf[24]; /* steps_n as the text nebula run takes */
+  long seed, eval_batches, steps; /* steps 0: the job's */
 } nb__e2e_opts_t;
 
 static const char nb__e2e_about[] =
@@ -304,28 +305,20 @@ static int nb__e2e_parse(int argc, char** argv, nb__e2e_opts_t* o) {
                         .eval_batches = -1,
                         .thin_h = NB__E2E_THIN_H};
   const nb_opt_t opts[] = {
-      NB_OPTION("job", NB_OPT_STR, &o->job, "FILE",
-                "the job (default jobs/examples/pretrain-2dc-small.json)"),
+      NB_E2E_RUN_OPTIONS(o, "runs/bench-e2e"),
       NB_OPTION("rate-mbit", NB_OPT_DOUBLE, &o->rate, "R", "the link's rate (default 100)",
                 .min = 1e-6, .max = 1000000),
       NB_OPTION("thin", NB_OPT_DOUBLE, &o->thin, "F",
-                "a thin link: a dense int8 frame takes F x a round's compute (below)", .min = 1e-6,
-                .max = 1000000),
+                "a thin link: a dense int8 frame takes F x a round's compute (below)",
+                .min = 1e-6, .max = 1000000),
       NB_OPTION("thin-inner-steps", NB_OPT_LONG, &o->thin_h, "H",
                 "the nebula run's inner steps per round at --thin (default 8)", .min = 1,
                 .max = 100000),
-      NB_OPTION("delay-ms", NB_OPT_DOUBLE, &o->delay, "D", "one-way delay (default 25)", .min = 0,
-                .max = 100000),
-      NB_OPTION("steps", NB_OPT_LONG, &o->steps_n, "N", "training steps (default: the job's)",
-                .min = 1),
+      NB_OPTION("delay-ms", NB_OPT_DOUBLE, &o->delay, "D", "one-way delay (default 25)",
+                .min = 0, .max = 100000),
       NB_OPTION("seed", NB_OPT_LONG, &o->seed, "S", "training.seed of all three runs", .min = 0),
-      NB_OPTION("eval-batches", NB_OPT_LONG, &o->eval_batches, "B",
-                "training.eval.batches of all three runs", .min = 1),
-      NB_OPTION("data-dir", NB_OPT_STR, &o->data_dir, "DIR", "the corpus (default: the job's)"),
-      NB_OPTION("out", NB_OPT_STR, &o->out, "DIR", "logs and results (default runs/bench-e2e)"),
       NB_OPTION("no-dense", NB_OPT_FLAG, &o->no_dense, NULL,
                 "skip the dense baseline (minutes at 100 Mbit/s)"),
-      NB_OPTION("json", NB_OPT_FLAG, &o->as_json, NULL, "print one JSON object"),
       NB_OPTION_END,
   };
   const nb_cmd_spec_t spec = {
@@ -340,12 +333,7 @@ static int nb__e2e_parse(int argc, char** argv, nb__e2e_opts_t* o) {
       .opts = opts,
   };
   int rc = nb_opts_parse(&spec, argc, argv);
-  if (rc != NB_OPTS_RUN) return rc;
-  if (o->steps_n > 0) {
-    snprintf(o->steps_buf, sizeof o->steps_buf, "%ld", o->steps_n);
-    o->steps = o->steps_buf;
-  }
-  return -1;
+  return rc != NB_OPTS_RUN ? rc : -1;
 }
 
 /* --thin: sets o->rate to the rate at which one dense int8 frame (a byte per value, a 4-byte

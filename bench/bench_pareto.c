@@ -94,11 +94,10 @@ static int nb__pareto_want(const char* list, const char* name) {
 
 /* The flags of `nebula bench pareto`. */
 typedef struct {
-  const char *job, *data_dir, *steps, *out, *points;
+  const char *job, *data_dir, *out, *points;
   double rate;
-  long seeds, eval_batches, steps_n;
+  long seeds, eval_batches, steps; /* steps 0: the job's */
   int as_json, reuse;
-  char steps_buf[24]; /* steps_n as the text nebula run takes */
 } nb__pareto_opts_t;
 
 /* Parses the flags into *o; -1 to go on, else the exit code (0 after --help, 2 on a bad flag or
@@ -110,24 +109,16 @@ static int nb__pareto_parse(int argc, char** argv, nb__pareto_opts_t* o) {
                            .seeds = 1,
                            .eval_batches = -1};
   const nb_opt_t opts[] = {
-      NB_OPTION("job", NB_OPT_STR, &o->job, "FILE",
-                "the job (default jobs/examples/pretrain-2dc-small.json)"),
+      NB_E2E_RUN_OPTIONS(o, "runs/bench-pareto"),
       NB_OPTION("seeds", NB_OPT_LONG, &o->seeds, "N", "seeds 1..N (default 1)", .min = 1,
                 .max = NB__PARETO_MAX_SEEDS),
       NB_OPTION("points", NB_OPT_STR, &o->points, "A,B,...", "the points to run (default all)"),
-      NB_OPTION("steps", NB_OPT_LONG, &o->steps_n, "N", "training steps (default: the job's)",
-                .min = 1),
-      NB_OPTION("eval-batches", NB_OPT_LONG, &o->eval_batches, "B", "training.eval.batches",
-                .min = 1, .max = 1000000),
       NB_OPTION("rate-mbit", NB_OPT_DOUBLE, &o->rate, "R", "the link's rate (default 100)",
                 .min = 1e-6, .max = 1000000),
-      NB_OPTION("data-dir", NB_OPT_STR, &o->data_dir, "DIR", "the corpus (default: the job's)"),
-      NB_OPTION("out", NB_OPT_STR, &o->out, "DIR", "logs and results (default runs/bench-pareto)"),
       NB_OPTION("reuse", NB_OPT_FLAG, &o->reuse, NULL,
                 "read a finished run of exactly the same job in --out instead of running it\n"
                 "again (an interrupted study resumes; another --points list reuses the single\n"
                 "runs)"),
-      NB_OPTION("json", NB_OPT_FLAG, &o->as_json, NULL, "print one JSON object"),
       NB_OPTION_END,
   };
   const nb_cmd_spec_t spec = {
@@ -147,10 +138,6 @@ static int nb__pareto_parse(int argc, char** argv, nb__pareto_opts_t* o) {
   };
   int rc = nb_opts_parse(&spec, argc, argv);
   if (rc != NB_OPTS_RUN) return rc;
-  if (o->steps_n > 0) {
-    snprintf(o->steps_buf, sizeof o->steps_buf, "%ld", o->steps_n);
-    o->steps = o->steps_buf;
-  }
   size_t chosen = 0;
   for (size_t p = 0; p < NB__N_POINTS; p++)
     chosen += (size_t)nb__pareto_want(o->points, nb__points[p].name);

@@ -1051,6 +1051,18 @@ static nb_status_t nb__hy_ft_settle(nb_hybrid_t* h, const nb_hybrid_msg_t* all, 
   return st;
 }
 
+/* The fault-tolerant outcome of a round into its record: applied or not, caught up, in need of
+ * the state, the commits so far, the peers that answered and those alive. */
+static void nb__hy_outcome(nb_hybrid_round_t* r, const nb_hybrid_t* h, int applied, int caught_up,
+                           int need_state, uint32_t ok, uint32_t alive) {
+  r->applied = applied;
+  r->caught_up = caught_up;
+  r->need_state = need_state;
+  r->commits = h->commits;
+  r->peers_ok = ok;
+  r->peers_alive = alive;
+}
+
 static void nb__hy_ft_record(const nb_hybrid_t* h, uint64_t a, const nb__hy_ft_seen_t* s,
                              const nb_hybrid_round_t* applied, nb_hybrid_round_t* rec) {
   memset(rec, 0, sizeof *rec);
@@ -1067,12 +1079,7 @@ static void nb__hy_ft_record(const nb_hybrid_t* h, uint64_t a, const nb__hy_ft_s
   rec->exchange_s = s->xs;
   rec->global_hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
   rec->landed = 1;
-  rec->applied = s->commit;
-  rec->caught_up = s->caught_up;
-  rec->need_state = s->need_state;
-  rec->commits = h->commits;
-  rec->peers_ok = s->ok;
-  rec->peers_alive = s->alive;
+  nb__hy_outcome(rec, h, s->commit, s->caught_up, s->need_state, s->ok, s->alive);
 }
 
 /* One fault-tolerant round (docs/hybrid.md, Faults): update exchange, vote exchange, then the
@@ -1246,12 +1253,7 @@ static nb_status_t nb__hy_land_ft(nb_hybrid_t* h, int how) {
     }
   }
   if (!commit) o->round = a;
-  o->applied = commit;
-  o->caught_up = caught_up;
-  o->need_state = need_state;
-  o->commits = h->commits;
-  o->peers_ok = h->fly_ok;
-  o->peers_alive = h->fly_alive;
+  nb__hy_outcome(o, h, commit, caught_up, need_state, h->fly_ok, h->fly_alive);
   o->bytes_sent = h->fly_sent;
   o->exchange_s = h->fly_secs;
   o->global_hash = h->hash;
@@ -1323,12 +1325,8 @@ static nb_status_t nb__hy_round_ft_overlap(nb_hybrid_t* h, nb_hybrid_round_t* re
     rec->exchange_s = landing ? h->mid_waited : 0;
     rec->global_hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
     rec->landed = landing;
-    rec->applied = landed.applied;
-    rec->caught_up = landed.caught_up;
-    rec->need_state = landed.need_state;
-    rec->commits = h->commits;
-    rec->peers_ok = landed.peers_ok;
-    rec->peers_alive = landed.peers_alive;
+    nb__hy_outcome(rec, h, landed.applied, landed.caught_up, landed.need_state, landed.peers_ok,
+                   landed.peers_alive);
   }
   h->round++;
   if (rec) rec->next_round = h->round;
