@@ -263,10 +263,10 @@ void nb_e2e_collect(const char* out, nb_e2e_result_t* r) {
   r->ok = got == n;
 }
 
-/* --thin's inner steps per round: for the same bits per second on the link, top-1.5 % 2-bit
- * frames every 8 steps lost as little as top-5 % every 16 and less than top-3 % every 32
- * (docs/hybrid.md) */
-#define NB__E2E_THIN_H 8
+/* --thin's inner steps per round: at F = 10 on the demo job, rounds of 16 steps (top-3 % 2-bit
+ * frames landing about 12 steps in) lost less than rounds of 32 (top-5 %, landing late) and of
+ * 8 (where only top-0.75 % fits a round) for the same link (docs/hybrid.md) */
+#define NB__E2E_THIN_H 16
 
 /* The flags of `nebula bench e2e`. */
 typedef struct {
@@ -312,7 +312,7 @@ static int nb__e2e_parse(int argc, char** argv, nb__e2e_opts_t* o) {
                 "a thin link: a dense int8 frame takes F x a round's compute (below)",
                 .min = 1e-6, .max = 1000000),
       NB_OPTION("thin-inner-steps", NB_OPT_LONG, &o->thin_h, "H",
-                "the nebula run's inner steps per round at --thin (default 8)", .min = 1,
+                "the nebula run's inner steps per round at --thin (default 16)", .min = 1,
                 .max = 100000),
       NB_OPTION("delay-ms", NB_OPT_DOUBLE, &o->delay, "D", "one-way delay (default 25)",
                 .min = 0, .max = 100000),
