@@ -1,11 +1,12 @@
 /* nebula.h: the public C API of libnebula. A session per cluster leader syncs the caller's own
- * fp32 tensors with the other clusters of a job, one blocking outer round (DiLoCo-style) after
- * every H inner steps that the caller runs itself. It is not a training loop, an intra-cluster
- * communicator or a job launcher: the caller's program owns its model, data and optimizer.
+ * fp32 tensors with the other clusters of a job, one blocking outer round (DiLoCo-style)
+ * after every H inner steps that the caller runs itself. It is not a training loop, an
+ * intra-cluster communicator or a job launcher: the caller's program owns its model, data and
+ * optimizer.
  *
  * Usage (docs/api.md has a complete example):
  *   nb_session_options_t o;
- *   nb_session_options_default(&o);
+ *   nb_session_options_default(&o);   // or nb_session_options_from_env(&o) under a launcher
  *   o.job_id = "demo"; o.cluster_id = "a"; o.cluster_index = 0; o.n_clusters = 2; ...
  *   nb_session_open(&o, &s);
  *   nb_session_register(s, "w", w, shape, 2);       // borrowed, before start
@@ -70,11 +71,11 @@ const char* nb_error_last(void);
 
 typedef struct nb_session nb_session_t;
 
-/* Where a session is, what it talks to and how it syncs. Fill with nb_session_options_default,
- * then set at least job_id, cluster_id, the cluster index and count, listen and (with several
- * clusters) peers, and either pki_dir or insecure, and either job_secret or unsealed. Every
- * pointer is borrowed during nb_session_open only. Every cluster of a job must give the same
- * n_clusters, outer_lr and outer_momentum (nb_session_start checks). */
+/* Where a session is, what it talks to and how it syncs. Fill with nb_session_options_default
+ * (or nb_session_options_from_env), then set at least job_id, cluster_id, the cluster index and
+ * count, listen and (with several clusters) peers, and either pki_dir or insecure, and either
+ * job_secret or unsealed. Every pointer is borrowed during nb_session_open only. Every cluster of a
+ * job must give the same n_clusters, outer_lr and outer_momentum (nb_session_start checks). */
 typedef struct {
   const char* job_id;       /* names the job: in the sealing keys and the exchange; required */
   const char* cluster_id;   /* our cluster's id ([A-Za-z0-9._-]); with pki_dir, our certificate's */
@@ -105,11 +106,41 @@ typedef struct {
   double peer_timeout_s;     /* a peer silent for this long is dead (its round fails with
                                 NB_ERR_UNAVAILABLE); 0 = the exchange's default (2 s, longer on a
                                 slow link) */
+  void* env_storage;         /* owned by the options when nb_session_options_from_env filled
+                                them (the strings, peers and secret it read; freed by
+                                nb_session_options_free); NULL otherwise: leave it alone */
 } nb_session_options_t;
 
 /* Fills *o with the defaults above (NULL pointers, one cluster, H 50, outer lr 0.7, momentum 0.9,
  * density 0.01, "int8", error feedback). */
 void nb_session_options_default(nb_session_options_t* o);
+
+/* Fills *o from the environment a launcher sets: the defaults (nb_session_options_default), then
+ * every variable that is set (docs/api.md, "The environment"):
+ *   NEBULA_JOB_ID, NEBULA_CLUSTER_ID, NEBULA_LISTEN, NEBULA_PKI_DIR, NEBULA_VALUES   text
+ *   NEBULA_CLUSTER_INDEX, NEBULA_N_CLUSTERS (1..64), NEBULA_INNER_STEPS (>= 1)     integers
+ *   NEBULA_OUTER_LR (> 0), NEBULA_OUTER_MOMENTUM ([0, 1)), NEBULA_DENSITY ((0, 1]) numbers
+ *   NEBULA_PEERS              "id=host:port,id=host:port" (one per other cluster; "" = none)
+ *   NEBULA_JOB_SECRET_FILE    a file of exactly 32 bytes, or 64 hex digits (one trailing
+ *                             newline allowed); a regular file that neither group nor others
+ *                             may access (chmod 600)
+ *   NEBULA_INSECURE, NEBULA_UNSEALED   "0" or "1" (tests only)
+ * A variable that is not set keeps its default, so the caller may set fields afterwards
+ * (nb_session_open checks that the required ones are there). The strings, the peer list and the
+ * secret are copied into storage that *o owns (o->env_storage): they stay valid until
+ * nb_session_options_free(o), which the caller calls once the session is open (or not needed);
+ * fields the caller sets itself stay the caller's. An owned block rather than static storage, so
+ * that the call is thread-safe, two option sets can coexist, and the secret's bytes are wiped
+ * when freed. Returns NB_ERR_CONFIG naming the variable that is malformed or out of range, or
+ * the secret file that is unreadable, of the wrong size or too open; NB_ERR_INVALID (o NULL),
+ * NB_ERR_NOMEM. On error *o holds the defaults and owns nothing. Thread-safe (it only reads the
+ * environment: do not setenv concurrently). */
+nb_status_t nb_session_options_from_env(nb_session_options_t* o);
+
+/* Frees what nb_session_options_from_env stored in *o (wiping the secret) and clears the fields
+ * that pointed into it; the other fields are left as they are. NULL, or options that own
+ * nothing, ok. */
+void nb_session_options_free(nb_session_options_t* o);
 
 /* Opens a session: validates the options, loads the PKI, and starts our exchange server (bound
  * when this returns). Nothing is sent yet. *out: the session (nb_session_close frees it); NULL on
@@ -135,6 +166,7 @@ nb_status_t nb_session_add_peer(nb_session_t* s, const char* peer);
  * NB_ERR_EXISTS (the name is taken), NB_ERR_NOMEM. */
 nb_status_t nb_session_register(nb_session_t* s, const char* name, float* data,
                                 const int64_t* shape, int ndim);
+
 
 /* Connects to every peer and agrees on the tensor table: every cluster sends its table (names,
  * shapes, in registration order) and the job's settings it was given, cluster 0 also its values;
