@@ -1,5 +1,5 @@
 /* nebula.h: the public C API of libnebula. A session per cluster leader syncs the caller's own
- * fp32 tensors with the other clusters of a job, one blocking outer round (DiLoCo-style)
+ * fp32 or bf16 tensors with the other clusters of a job, one blocking outer round (DiLoCo-style)
  * after every H inner steps that the caller runs itself. It is not a training loop, an
  * intra-cluster communicator or a job launcher: the caller's program owns its model, data and
  * optimizer.
@@ -12,6 +12,7 @@
  *   nb_session_register(s, "w", w, shape, 2);       // borrowed, before start
  *   nb_session_start(s);                              // agree on the table; theta from cluster 0
  *   for (;;) { run H inner steps on w; nb_session_round(s, samples, &r); }
+ *   nb_session_save(s, path);                         // a checkpoint, between rounds
  *   nb_session_close(s);
  *
  * Errors: every fallible function returns an nb_status_t; nb_error_last() then holds a one-line
@@ -158,6 +159,12 @@ int nb_session_port(const nb_session_t* s);
  * (more peers than n_clusters - 1), and the link's errors. */
 nb_status_t nb_session_add_peer(nb_session_t* s, const char* peer);
 
+/* Element types of a registered tensor (nb_session_register_dtype). */
+typedef enum {
+  NB_DTYPE_FP32 = 0, /* IEEE binary32 */
+  NB_DTYPE_BF16 = 1  /* bfloat16: the upper 16 bits of a binary32, as uint16_t */
+} nb_dtype_t;
+
 /* Registers a synced tensor before nb_session_start: `data` holds prod(shape) fp32 values on the
  * host, borrowed: it must stay valid, at this address, until nb_session_close. The session reads
  * it at each round and writes theta_global into it. `name` (copied; 1..127 bytes, unique) and
@@ -167,6 +174,17 @@ nb_status_t nb_session_add_peer(nb_session_t* s, const char* peer);
 nb_status_t nb_session_register(nb_session_t* s, const char* name, float* data,
                                 const int64_t* shape, int ndim);
 
+/* nb_session_register for a tensor of element type `dtype`: `data` holds prod(shape) elements of
+ * that type (for NB_DTYPE_BF16, uint16_t bf16 bits), borrowed as above. The session keeps
+ * theta_global in fp32 for every tensor; a bf16 buffer is a view of it: each round the caller's
+ * progress (its bf16 values minus the bf16 values the session wrote) is added to the fp32
+ * master, so the rounding of theta_global to bf16 is never sent as an update, and theta_global
+ * is written back rounded to nearest even (a finite overflow saturates at the largest bf16).
+ * The dtype is part of the tensor table: every cluster must register the same one
+ * (nb_session_start names the tensor otherwise). NB_ERR_INVALID (as nb_session_register, or an
+ * unknown dtype), NB_ERR_EXISTS, NB_ERR_NOMEM. */
+nb_status_t nb_session_register_dtype(nb_session_t* s, const char* name, void* data,
+                                      nb_dtype_t dtype, const int64_t* shape, int ndim);
 
 /* Connects to every peer and agrees on the tensor table: every cluster sends its table (names,
  * shapes, in registration order) and the job's settings it was given, cluster 0 also its values;
@@ -214,6 +232,31 @@ nb_status_t nb_session_finish(nb_session_t* s);
 
 /* XXH3-64 of theta_global now (0 before start). */
 uint64_t nb_session_global_hash(const nb_session_t* s);
+
+/* Copies tensor `name`'s part of theta_global, in fp32, into out (count floats: the tensor's
+ * element count; caller's buffer): for a bf16 tensor the master its buffer is rounded from.
+ * After start. NB_ERR_INVALID (NULL, before start, count differs), NB_ERR_NOT_FOUND (no such
+ * tensor). */
+nb_status_t nb_session_read_global(const nb_session_t* s, const char* name, float* out,
+                                   size_t count);
+
+/* Writes the session's round state to `path` for a checkpoint: theta_global, the outer momentum,
+ * our error-feedback residual, the round counter and the tensor table (names, shapes, dtypes),
+ * atomically (a temporary file beside it, fsync, rename: a crash leaves the old file or the new
+ * one) and ending in a checksum. Every cluster saves its own file after the same round (the
+ * residual is its own). Between rounds, after start. NB_ERR_INVALID (NULL, before start, after a
+ * failed round), NB_ERR_IO naming the path. */
+nb_status_t nb_session_save(nb_session_t* s, const char* path);
+
+/* Restores a state written by nb_session_save, after nb_session_start and before the next round:
+ * theta_global (also written into the registered buffers), momentum, residual and the round
+ * counter. Every cluster loads its own file of the same round, so the next round continues the
+ * saved run (a cluster that loads another round's state fails that round's hash check with
+ * NB_ERR_INTEGRITY). Strict: NB_ERR_NOT_FOUND (no file), NB_ERR_IO (unreadable), NB_ERR_INVALID
+ * (not a session state, truncated, or NULL / before start / after a failed round),
+ * NB_ERR_INTEGRITY (a checksum fails), NB_ERR_CONFIG (a state for another tensor table, naming
+ * the first differing tensor); on every error the session is unchanged. */
+nb_status_t nb_session_load(nb_session_t* s, const char* path);
 
 /* Stops the exchange (server, links, heartbeats) and frees everything. The registered buffers
  * stay the caller's. NULL ok. */
