@@ -612,7 +612,10 @@ nb_status_t nb_session_read_global(const nb_session_t* s, const char* name, floa
   if (count != t->count)
     return nb_error(NB_ERR_INVALID, "session: tensor '%s' has %zu elements, not %zu", name,
                     t->count, count);
-  memcpy(out, s->local + t->offset, count * sizeof(float)); /* local is theta_global here */
+  /* from the hybrid, not from local: after a refused round local holds that round's theta_local
+   * while theta_global is unchanged */
+  const float* g = nb_hybrid_global((nb_hybrid_t*)s->h, NULL);
+  memcpy(out, g + t->offset, count * sizeof(float));
   return NB_OK;
 }
 
