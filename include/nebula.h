@@ -134,8 +134,9 @@ void nb_session_options_default(nb_session_options_t* o);
  * that the call is thread-safe, two option sets can coexist, and the secret's bytes are wiped
  * when freed. Returns NB_ERR_CONFIG naming the variable that is malformed or out of range, or
  * the secret file that is unreadable, of the wrong size or too open; NB_ERR_INVALID (o NULL),
- * NB_ERR_NOMEM. On error *o holds the defaults and owns nothing. Thread-safe (it only reads the
- * environment: do not setenv concurrently). */
+ * NB_ERR_NOMEM. On error *o holds the defaults and owns nothing. *o is overwritten: free options
+ * that own storage before filling them again, and free a struct copied from them only once.
+ * Thread-safe (it only reads the environment: do not setenv concurrently). */
 nb_status_t nb_session_options_from_env(nb_session_options_t* o);
 
 /* Frees what nb_session_options_from_env stored in *o (wiping the secret) and clears the fields
