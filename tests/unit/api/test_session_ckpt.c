@@ -5,7 +5,9 @@
  * the buffers, and the codec is lossy (top-k, int8) with momentum, so the hashes agree only if
  * theta_global, the momentum, the residuals and the round counter all came back. Then a
  * corrupted, a truncated, a missing, another cluster's and another table's file are refused
- * naming what is wrong, and the session is unchanged (it still runs a round in agreement). */
+ * naming what is wrong, and the session is unchanged (it still runs a round in agreement).
+ * Last, files whose checksum is right but whose table is malformed (what a forged or buggy file
+ * looks like: XXH3 is a checksum, not a MAC) reach the table's parser and are refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #define NW 200
 #define NB 8
@@ -291,10 +294,106 @@ static void test_other_table(void** state) {
   assert_int_equal(system(cmd), 0);
 }
 
+static uint64_t get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+static void put32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* The state file's layout (docs/hybrid.md): a 64-byte header (the extension's length at 56),
+ * theta_global, momentum, residual (n floats each), the extension (our table), an XXH3-64. */
+static void test_forged_tables(void** state) {
+  (void)state;
+  snprintf(dir, sizeof dir, "/tmp/nb_test_forge_XXXXXX");
+  assert_non_null(mkdtemp(dir));
+  nb_session_options_t o;
+  nb_session_options_default(&o);
+  o.job_id = "api-ckpt-forge";
+  o.cluster_id = "solo";
+  o.insecure = o.unsealed = 1;
+  static float v[12];
+  int64_t s12[1] = {12};
+  nb_session_t* s = NULL;
+  char path[600], bad[600];
+  snprintf(path, sizeof path, "%s/state.bin", dir);
+  snprintf(bad, sizeof bad, "%s/forged.bin", dir);
+  assert_int_equal(nb_session_open(&o, &s), NB_OK);
+  assert_int_equal(nb_session_register(s, "v", v, s12, 1), NB_OK);
+  assert_int_equal(nb_session_start(s), NB_OK);
+  v[3] = 2;
+  assert_int_equal(nb_session_round(s, 1, NULL), NB_OK);
+  assert_int_equal(nb_session_save(s, path), NB_OK);
+  static uint8_t file[4096], f2[4096];
+  FILE* f = fopen(path, "rb");
+  assert_non_null(f);
+  size_t len = fread(file, 1, sizeof file, f);
+  fclose(f);
+  const size_t body = 64 + 3 * 12 * 4, ext = body; /* the table starts after the residual */
+  /* the table: 40 bytes of header, then "v": its name's length, name, dtype, ndim, one dim */
+  assert_int_equal(get64(file + 56), 40 + 4 + 1 + 4 + 4 + 8);
+  assert_int_equal(len, body + 61 + 8);
+  assert_int_equal(XXH3_64bits(file, len - 8), get64(file + len - 8)); /* the layout holds */
+  struct {
+    size_t at;      /* where in the extension to write */
+    int width;      /* 4 or 8 bytes; 0: the extension is `value` bytes long instead */
+    uint64_t value; /* what to write */
+    const char* says;
+  } cases[] = {
+      {0, 4, 0x12345678u, "no tensor table"},
+      {4, 4, 1, "version 1, ours 2"},
+      {0, 0, 20, "short tensor table"},             /* the table cut after 20 bytes */
+      {40, 4, 0xffffffffu, "malformed tensor 0"},   /* the name's length */
+      {40, 4, 2, "malformed tensor 0"},             /* a name a byte longer: what follows shifts */
+      {20, 4, 1000, "malformed tensor 1"},          /* more tensors than there are */
+      {49, 4, 9, "malformed tensor 0"},             /* ndim 9 (after the name "v" and the dtype) */
+      {45, 4, 7, "is fp32 here, an unknown dtype"}, /* dtype 7 (after the name "v") */
+      {32, 8, 13, "malformed tensor table"},        /* another float count */
+      {16, 4, 1, "malformed tensor table"},         /* the values flag in a saved table */
+      {0, 0, 65, "malformed tensor table"},         /* 4 trailing bytes */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    memcpy(f2, file, len);
+    size_t n = len;
+    if (cases[i].width == 0) { /* the extension's new length; the checksum moves */
+      size_t ext_len = (size_t)cases[i].value;
+      memset(f2 + body + (len - body - 8), 0, 8);
+      put64(f2 + 56, ext_len);
+      n = body + ext_len + 8;
+    } else if (cases[i].width == 4) {
+      put32(f2 + ext + cases[i].at, (uint32_t)cases[i].value);
+    } else {
+      put64(f2 + ext + cases[i].at, cases[i].value);
+    }
+    put64(f2 + n - 8, XXH3_64bits(f2, n - 8));
+    f = fopen(bad, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(f2, 1, n, f), n);
+    fclose(f);
+    uint64_t h = nb_session_global_hash(s);
+    nb_status_t st = nb_session_load(s, bad);
+    print_message("case %zu: %s: %s\n", i, nb_status_name(st), nb_error_last());
+    assert_true(st == NB_ERR_INVALID || st == NB_ERR_CONFIG);
+    assert_non_null(strstr(nb_error_last(), cases[i].says));
+    assert_int_equal(nb_session_global_hash(s), h);
+  }
+  assert_int_equal(nb_session_load(s, path), NB_OK); /* the real one still loads */
+  nb_session_close(s);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_save_load_resume),
       cmocka_unit_test(test_other_table),
+      cmocka_unit_test(test_forged_tables),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
