@@ -243,10 +243,10 @@ nb_status_t nb_session_read_global(const nb_session_t* s, const char* name, floa
 
 /* Writes the session's round state to `path` for a checkpoint: theta_global, the outer momentum,
  * our error-feedback residual, the round counter and the tensor table (names, shapes, dtypes),
- * atomically (a temporary file beside it, fsync, rename: a crash leaves the old file or the new
- * one) and ending in a checksum. Every cluster saves its own file after the same round (the
- * residual is its own). Between rounds, after start. NB_ERR_INVALID (NULL, before start, after a
- * failed round), NB_ERR_IO naming the path. */
+ * atomically (`path`.tmp beside it, fsync, rename, the folder synced: a crash leaves the old file
+ * or the new one) and ending in a checksum. Every cluster saves its own file after the same round
+ * (the residual is its own); one save at a time per path. Between rounds, after start.
+ * NB_ERR_INVALID (NULL, before start, after a failed round), NB_ERR_IO naming the path. */
 nb_status_t nb_session_save(nb_session_t* s, const char* path);
 
 /* Restores a state written by nb_session_save, after nb_session_start and before the next round:

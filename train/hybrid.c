@@ -1561,6 +1561,23 @@ uint64_t nb_hybrid_rounds(const nb_hybrid_t* h) {
 #define NB__HY_STATE_MAGIC 0x5348424eu /* bytes 'N' 'B' 'H' 'S' */
 #define NB__HY_STATE_HEADER 64
 
+/* After the rename: the folder's entry, so that a crash after we returned keeps the new file
+ * (not only its bytes). Best effort: the file is complete either way, only its durability is at
+ * stake, and some filesystems refuse fsync on a folder. */
+static void nb__hy_sync_dir(const char* path) {
+  char dir[4096];
+  const char* slash = strrchr(path, '/');
+  size_t len = slash ? (size_t)(slash - path) : 1;
+  if (len >= sizeof dir) return;
+  if (slash && len == 0) len = 1; /* "/state.bin" */
+  memcpy(dir, slash ? path : ".", len);
+  dir[len] = '\0';
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)fsync(fd);
+  close(fd);
+}
+
 nb_status_t nb_hybrid_save(const nb_hybrid_t* h, const char* path) {
   return nb_hybrid_save_ext(h, path, NULL, 0);
 }
@@ -1619,6 +1636,7 @@ nb_status_t nb_hybrid_save_ext(const nb_hybrid_t* h, const char* path, const voi
     unlink(tmp);
     return nb_error(NB_ERR_IO, "hybrid: cannot write %s: %s", path, strerror(e));
   }
+  nb__hy_sync_dir(path);
   return NB_OK;
 }
 

@@ -262,10 +262,10 @@ nb_status_t nb_hybrid_set_codec(nb_hybrid_t* h, nb_values_t values, uint32_t top
 nb_status_t nb_hybrid_set_overlap_steps(nb_hybrid_t* h, long steps);
 
 /* Writes the round state (theta_global, outer momentum, error-feedback residual, round
- * counters) to `path` atomically (a temp file, fsync, rename), ending in an XXH3 checksum;
- * layout in docs/hybrid.md. With an exchange in flight (overlap) NB_ERR_INVALID: save between
- * rounds of a run without overlap, after nb_hybrid_drain, or after nb_hybrid_finish. NB_ERR_IO
- * naming the path. */
+ * counters) to `path` atomically (a temp file, fsync, rename, the folder synced), ending in an XXH3
+ * checksum; layout in docs/hybrid.md. With an exchange in flight (overlap) NB_ERR_INVALID: save
+ * between rounds of a run without overlap, after nb_hybrid_drain, or after nb_hybrid_finish.
+ * NB_ERR_IO naming the path. */
 nb_status_t nb_hybrid_save(const nb_hybrid_t* h, const char* path);
 /* Restores a state written by nb_hybrid_save for the same synced buffer size and copies
  * theta_global into the trainer. NB_ERR_NOT_FOUND (no file), NB_ERR_IO, NB_ERR_INTEGRITY (bad
