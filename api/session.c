@@ -11,6 +11,7 @@
 #include "common/common.h"
 #include "compress/compress.h"
 #include "inter/exchange.h"
+#include "kernels/quantize.h"
 #include "security/pki.h"
 #include "security/seal.h"
 #include "security/tls.h"
@@ -22,12 +23,13 @@
 /* The start message (the tensor table, docs/api.md): little-endian, exchange id 0; hybrid round
  * r travels as exchange id r + 1, so that no (round, chunk) is sealed twice. */
 #define NB__SS_TABLE_MAGIC 0x5453424eu /* bytes 'N' 'B' 'S' 'T' */
-#define NB__SS_TABLE_VERSION 1u
+#define NB__SS_TABLE_VERSION 2u        /* 2: each tensor's dtype */
 #define NB__SS_FLAG_VALUES 0x1u
 
 typedef struct {
   char name[NB__SS_NAME_MAX];
-  float* data; /* borrowed: (prod shape) */
+  void* data; /* borrowed: (prod shape) elements of dtype */
+  nb_dtype_t dtype;
   int ndim;
   int64_t shape[NB__SS_NDIM_MAX];
   size_t count, offset; /* floats, and where they sit in theta_local */
@@ -44,8 +46,10 @@ struct nb_session {
   size_t n_peers;
   nb__ss_tensor_t* tensors;
   size_t n_tensors, cap_tensors, n; /* n: floats in all */
-  float* local;                     /* (n) theta_local: the hybrid's local model */
-  uint64_t samples;                 /* reported so far: the local model's sample count */
+  /* (n) theta_local: the hybrid's local model. Between rounds (after start, a round, a load) it
+   * holds theta_global: the fp32 master that a bf16 tensor's buffer is rounded from. */
+  float* local;
+  uint64_t samples; /* reported so far: the local model's sample count */
   nb_hybrid_t* h;
   int started, failed;
 };
@@ -75,16 +79,41 @@ static uint64_t nb__ss_samples(void* ctx) {
   return ((nb_session_t*)ctx)->samples;
 }
 
-static void nb__ss_gather(nb_session_t* s) {
-  for (size_t i = 0; i < s->n_tensors; i++)
-    memcpy(s->local + s->tensors[i].offset, s->tensors[i].data,
-           s->tensors[i].count * sizeof(float));
+/* The caller's buffers into theta_local. A bf16 tensor adds the caller's progress since the
+ * last scatter (its bf16 now minus the bf16 we wrote, which is the rounding of the master that
+ * local still holds) to the master, so Delta is what the caller trained and not also the bf16
+ * rounding of theta_global; an untouched buffer gives Delta 0 exactly. master_valid 0 (start):
+ * there is no master yet, the buffer's values are the local model (exact in fp32). */
+static void nb__ss_gather(nb_session_t* s, int master_valid) {
+  for (size_t i = 0; i < s->n_tensors; i++) {
+    const nb__ss_tensor_t* t = &s->tensors[i];
+    float* dst = s->local + t->offset;
+    if (t->dtype == NB_DTYPE_FP32) {
+      memcpy(dst, t->data, t->count * sizeof(float));
+      continue;
+    }
+    const uint16_t* src = t->data;
+    for (size_t j = 0; j < t->count; j++) {
+      float now = nb_bf16_to_f32(src[j]);
+      dst[j] = master_valid ? dst[j] + (now - nb_bf16_to_f32(nb_f32_to_bf16(dst[j]))) : now;
+    }
+  }
 }
 
+/* theta_local (theta_global after a round) into the caller's buffers; bf16 rounded to nearest
+ * even. */
 static void nb__ss_scatter(nb_session_t* s) {
-  for (size_t i = 0; i < s->n_tensors; i++)
-    memcpy(s->tensors[i].data, s->local + s->tensors[i].offset,
-           s->tensors[i].count * sizeof(float));
+  for (size_t i = 0; i < s->n_tensors; i++) {
+    const nb__ss_tensor_t* t = &s->tensors[i];
+    if (t->dtype == NB_DTYPE_FP32)
+      memcpy(t->data, s->local + t->offset, t->count * sizeof(float));
+    else
+      nb_quantize_bf16(s->local + t->offset, t->count, t->data);
+  }
+}
+
+static const char* nb__ss_dtype_name(uint32_t d) {
+  return d == NB_DTYPE_FP32 ? "fp32" : d == NB_DTYPE_BF16 ? "bf16" : "an unknown dtype";
 }
 
 /* ---- the exchange callback ------------------------------------------------------------------ */
@@ -234,8 +263,15 @@ nb_status_t nb_session_add_peer(nb_session_t* s, const char* peer) {
 
 nb_status_t nb_session_register(nb_session_t* s, const char* name, float* data,
                                 const int64_t* shape, int ndim) {
+  return nb_session_register_dtype(s, name, data, NB_DTYPE_FP32, shape, ndim);
+}
+
+nb_status_t nb_session_register_dtype(nb_session_t* s, const char* name, void* data,
+                                      nb_dtype_t dtype, const int64_t* shape, int ndim) {
   if (!s || !name || !data || (ndim > 0 && !shape))
     return nb_error(NB_ERR_INVALID, "session: NULL argument");
+  if (dtype != NB_DTYPE_FP32 && dtype != NB_DTYPE_BF16)
+    return nb_error(NB_ERR_INVALID, "session: tensor '%s': unknown dtype %d", name, (int)dtype);
   if (s->started) return nb_error(NB_ERR_INVALID, "session: register '%s' after start", name);
   size_t len = strlen(name);
   if (len == 0 || len >= NB__SS_NAME_MAX)
@@ -265,6 +301,7 @@ nb_status_t nb_session_register(nb_session_t* s, const char* name, float* data,
   memset(t, 0, sizeof *t);
   memcpy(t->name, name, len + 1);
   t->data = data;
+  t->dtype = dtype;
   t->ndim = ndim;
   for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
   t->count = count;
@@ -301,13 +338,13 @@ static uint32_t nb__ss_bits(float f) {
 }
 
 /* magic, version, sender, n_clusters, flags, n_tensors, outer lr and momentum (fp32 bits), n,
- * then per tensor: name length (4), name, ndim (4), ndim dims (8 each); then, from cluster 0,
- * its n values (fp32). */
-static nb_status_t nb__ss_table_make(nb_session_t* s, nb__ss_buf_t* b) {
-  int values = s->index == 0;
+ * then per tensor: name length (4), name, dtype (4), ndim (4), ndim dims (8 each); then, with
+ * `values` (cluster 0's start message), the n values of theta_local (fp32). The same bytes
+ * without values are a saved state's table (nb_session_save). */
+static nb_status_t nb__ss_table_make(nb_session_t* s, nb__ss_buf_t* b, int values) {
   size_t cap = 40 + (values ? s->n * sizeof(float) : 0);
   for (size_t i = 0; i < s->n_tensors; i++)
-    cap += 8 + strlen(s->tensors[i].name) + 8 * (size_t)s->tensors[i].ndim;
+    cap += 12 + strlen(s->tensors[i].name) + 8 * (size_t)s->tensors[i].ndim;
   NB_CHECK(nb_alloc((void**)&b->p, cap, 1, "session table"));
   b->cap = cap;
   b->len = 0;
@@ -324,6 +361,7 @@ static nb_status_t nb__ss_table_make(nb_session_t* s, nb__ss_buf_t* b) {
     const nb__ss_tensor_t* t = &s->tensors[i];
     nb__ss_put32(b, (uint32_t)strlen(t->name));
     nb__ss_put(b, t->name, strlen(t->name));
+    nb__ss_put32(b, (uint32_t)t->dtype);
     nb__ss_put32(b, (uint32_t)t->ndim);
     for (int d = 0; d < t->ndim; d++) nb__ss_put64(b, (uint64_t)t->shape[d]);
   }
@@ -357,75 +395,102 @@ static void nb__ss_shape_str(const int64_t* shape, int ndim, char* buf, size_t c
     at += (size_t)snprintf(buf + at, cap - at, d ? "x%lld" : "%lld", (long long)shape[d]);
 }
 
-/* Checks peer message m against our table. *values: cluster 0's values inside m (or NULL).
- * *sender: the peer's index. */
-static nb_status_t nb__ss_table_check(nb_session_t* s, const char* peer, const uint8_t* m,
-                                      size_t len, uint32_t* sender, const float** values) {
-  nb__ss_rd_t r = {m, len, 0, 0};
-  *values = NULL;
-  if (nb__ss_get(&r, 4) != NB__SS_TABLE_MAGIC || nb__ss_get(&r, 4) != NB__SS_TABLE_VERSION)
-    return nb_error(NB_ERR_CODEC, "session: start: cluster %s did not send a tensor table", peer);
-  uint32_t idx = (uint32_t)nb__ss_get(&r, 4), nc = (uint32_t)nb__ss_get(&r, 4);
-  uint32_t flags = (uint32_t)nb__ss_get(&r, 4), nt = (uint32_t)nb__ss_get(&r, 4);
-  uint32_t lr = (uint32_t)nb__ss_get(&r, 4), mu = (uint32_t)nb__ss_get(&r, 4);
-  uint64_t n = nb__ss_get(&r, 8);
-  if (r.bad) return nb_error(NB_ERR_CODEC, "session: start: cluster %s: short table", peer);
-  if (nc != s->n_clusters)
-    return nb_error(NB_ERR_CONFIG, "session: start: n_clusters is %u here, %u at cluster %s",
-                    s->n_clusters, nc, peer);
-  if (idx >= nc || idx == s->index)
-    return nb_error(NB_ERR_INVALID, "session: start: cluster %s has index %u (ours %u of %u)", peer,
-                    idx, s->index, nc);
-  if (lr != nb__ss_bits(s->hc.outer_lr) || mu != nb__ss_bits(s->hc.outer_momentum))
-    return nb_error(NB_ERR_CONFIG,
-                    "session: start: outer_lr/outer_momentum differ between us (%g/%g) and "
-                    "cluster %s",
-                    (double)s->hc.outer_lr, (double)s->hc.outer_momentum, peer);
+/* The header of a table (a peer's start message, or a saved state's). */
+typedef struct {
+  uint32_t idx, nc, flags, nt, lr, mu;
+  uint64_t n;
+} nb__ss_head_t;
+
+/* Reads the header; `where` names the table's origin in errors ("at cluster east", "in
+ * state.bin"). NB_ERR_CODEC when it is not a table of ours. */
+static nb_status_t nb__ss_head_read(nb__ss_rd_t* r, const char* where, nb__ss_head_t* hd) {
+  uint32_t magic = (uint32_t)nb__ss_get(r, 4), version = (uint32_t)nb__ss_get(r, 4);
+  if (magic != NB__SS_TABLE_MAGIC) return nb_error(NB_ERR_CODEC, "no tensor table %s", where);
+  if (version != NB__SS_TABLE_VERSION)
+    return nb_error(NB_ERR_CODEC, "the tensor table %s is version %u, ours %u", where, version,
+                    NB__SS_TABLE_VERSION);
+  hd->idx = (uint32_t)nb__ss_get(r, 4);
+  hd->nc = (uint32_t)nb__ss_get(r, 4);
+  hd->flags = (uint32_t)nb__ss_get(r, 4);
+  hd->nt = (uint32_t)nb__ss_get(r, 4);
+  hd->lr = (uint32_t)nb__ss_get(r, 4);
+  hd->mu = (uint32_t)nb__ss_get(r, 4);
+  hd->n = nb__ss_get(r, 8);
+  if (r->bad) return nb_error(NB_ERR_CODEC, "short tensor table %s", where);
+  return NB_OK;
+}
+
+/* Compares the table's nt tensors with ours, in order: NB_ERR_CONFIG naming the first that
+ * differs (name, shape or dtype), NB_ERR_CODEC when malformed. */
+static nb_status_t nb__ss_tensors_check(nb_session_t* s, nb__ss_rd_t* r, uint32_t nt,
+                                        const char* where) {
   char here[128], there[128];
   for (size_t i = 0; i < s->n_tensors || i < nt; i++) {
     const nb__ss_tensor_t* t = i < s->n_tensors ? &s->tensors[i] : NULL;
     if (i >= nt)
       return nb_error(NB_ERR_CONFIG,
-                      "session: start: tensor %zu '%s' is registered here but not at cluster %s "
-                      "(%u tensors there, %zu here)",
-                      i, t->name, peer, nt, s->n_tensors);
+                      "tensor %zu '%s' is registered here but not %s (%u tensors there, "
+                      "%zu here)",
+                      i, t->name, where, nt, s->n_tensors);
     char name[NB__SS_NAME_MAX];
-    uint32_t nl = (uint32_t)nb__ss_get(&r, 4);
-    if (r.bad || nl == 0 || nl >= NB__SS_NAME_MAX || r.len - r.at < nl)
-      return nb_error(NB_ERR_CODEC, "session: start: cluster %s: malformed tensor %zu", peer, i);
-    memcpy(name, r.p + r.at, nl);
+    uint32_t nl = (uint32_t)nb__ss_get(r, 4);
+    if (r->bad || nl == 0 || nl >= NB__SS_NAME_MAX || r->len - r->at < nl)
+      return nb_error(NB_ERR_CODEC, "malformed tensor %zu %s", i, where);
+    memcpy(name, r->p + r->at, nl);
     name[nl] = '\0';
-    r.at += nl;
-    uint32_t nd = (uint32_t)nb__ss_get(&r, 4);
-    if (r.bad || nd > NB__SS_NDIM_MAX)
-      return nb_error(NB_ERR_CODEC, "session: start: cluster %s: malformed tensor %zu", peer, i);
+    r->at += nl;
+    uint32_t dt = (uint32_t)nb__ss_get(r, 4), nd = (uint32_t)nb__ss_get(r, 4);
+    if (r->bad || nd > NB__SS_NDIM_MAX)
+      return nb_error(NB_ERR_CODEC, "malformed tensor %zu %s", i, where);
     int64_t shape[NB__SS_NDIM_MAX];
-    for (uint32_t d = 0; d < nd; d++) shape[d] = (int64_t)nb__ss_get(&r, 8);
-    if (r.bad)
-      return nb_error(NB_ERR_CODEC, "session: start: cluster %s: malformed tensor %zu", peer, i);
+    for (uint32_t d = 0; d < nd; d++) shape[d] = (int64_t)nb__ss_get(r, 8);
+    if (r->bad) return nb_error(NB_ERR_CODEC, "malformed tensor %zu %s", i, where);
     nb__ss_shape_str(shape, (int)nd, there, sizeof there);
     if (!t)
       return nb_error(NB_ERR_CONFIG,
-                      "session: start: tensor %zu '%s' (%s) is registered at cluster %s but not "
-                      "here (%zu tensors here, %u there)",
-                      i, name, there, peer, s->n_tensors, nt);
+                      "tensor %zu '%s' (%s) is registered %s but not here (%zu tensors "
+                      "here, %u there)",
+                      i, name, there, where, s->n_tensors, nt);
     nb__ss_shape_str(t->shape, t->ndim, here, sizeof here);
     if (strcmp(name, t->name) || strcmp(here, there))
-      return nb_error(NB_ERR_CONFIG,
-                      "session: start: tensor %zu differs: '%s' (%s) here, '%s' (%s) at cluster "
-                      "%s",
-                      i, t->name, here, name, there, peer);
+      return nb_error(NB_ERR_CONFIG, "tensor %zu differs: '%s' (%s) here, '%s' (%s) %s", i, t->name,
+                      here, name, there, where);
+    if (dt != (uint32_t)t->dtype)
+      return nb_error(NB_ERR_CONFIG, "tensor %zu '%s' is %s here, %s %s", i, t->name,
+                      nb__ss_dtype_name(t->dtype), nb__ss_dtype_name(dt), where);
   }
-  if (n != s->n)
-    return nb_error(NB_ERR_CODEC, "session: start: cluster %s: table of %llu floats, ours %zu",
-                    peer, (unsigned long long)n, s->n);
-  size_t want = (flags & NB__SS_FLAG_VALUES) ? s->n * sizeof(float) : 0;
-  if ((flags & ~NB__SS_FLAG_VALUES) || ((flags & NB__SS_FLAG_VALUES) != 0) != (idx == 0) ||
+  return NB_OK;
+}
+
+/* Checks peer message m against our table. *values: cluster 0's values inside m (or NULL).
+ * *sender: the peer's index. */
+static nb_status_t nb__ss_table_check(nb_session_t* s, const char* peer, const uint8_t* m,
+                                      size_t len, uint32_t* sender, const float** values) {
+  nb__ss_rd_t r = {m, len, 0, 0};
+  char where[NB_LINK_ID_MAX + 16];
+  snprintf(where, sizeof where, "at cluster %s", peer);
+  *values = NULL;
+  nb__ss_head_t hd;
+  NB_CHECK(nb__ss_head_read(&r, where, &hd));
+  if (hd.nc != s->n_clusters)
+    return nb_error(NB_ERR_CONFIG, "n_clusters is %u here, %u %s", s->n_clusters, hd.nc, where);
+  if (hd.idx >= hd.nc || hd.idx == s->index)
+    return nb_error(NB_ERR_INVALID, "cluster %s has index %u (ours %u of %u)", peer, hd.idx,
+                    s->index, hd.nc);
+  if (hd.lr != nb__ss_bits(s->hc.outer_lr) || hd.mu != nb__ss_bits(s->hc.outer_momentum))
+    return nb_error(NB_ERR_CONFIG,
+                    "outer_lr/outer_momentum differ between us (%g/%g) and cluster %s",
+                    (double)s->hc.outer_lr, (double)s->hc.outer_momentum, peer);
+  NB_CHECK(nb__ss_tensors_check(s, &r, hd.nt, where));
+  if (hd.n != s->n)
+    return nb_error(NB_ERR_CODEC, "cluster %s: table of %llu floats, ours %zu", peer,
+                    (unsigned long long)hd.n, s->n);
+  size_t want = (hd.flags & NB__SS_FLAG_VALUES) ? s->n * sizeof(float) : 0;
+  if ((hd.flags & ~NB__SS_FLAG_VALUES) || ((hd.flags & NB__SS_FLAG_VALUES) != 0) != (hd.idx == 0) ||
       r.len - r.at != want)
-    return nb_error(NB_ERR_CODEC, "session: start: cluster %s: malformed table (flags %u)", peer,
-                    flags);
+    return nb_error(NB_ERR_CODEC, "cluster %s: malformed table (flags %u)", peer, hd.flags);
   if (want) *values = (const float*)(r.p + r.at);
-  *sender = idx;
+  *sender = hd.idx;
   return NB_OK;
 }
 
@@ -439,14 +504,14 @@ nb_status_t nb_session_start(nb_session_t* s) {
                     s->n_clusters);
   s->failed = 1; /* until it succeeds */
   NB_CHECK(nb_alloc((void**)&s->local, s->n, sizeof(float), "theta_local"));
-  nb__ss_gather(s);
+  nb__ss_gather(s, 0);
   if (s->n_clusters > 1) {
     nb__ss_buf_t b = {0};
     nb_hybrid_msg_t got[NB__SS_MAX_PEERS];
     char names[NB__SS_MAX_PEERS][NB_LINK_ID_MAX];
     memset(got, 0, sizeof got);
     memset(names, 0, sizeof names);
-    nb_status_t st = nb__ss_table_make(s, &b);
+    nb_status_t st = nb__ss_table_make(s, &b, s->index == 0);
     if (st == NB_OK) st = nb__ss_exchange_id(0, b.p, b.len, s, got, s->n_peers, NULL, names);
     if (st != NB_OK) st = nb_error_wrap(st, "session: start");
     nb_free(b.p);
@@ -458,6 +523,7 @@ nb_status_t nb_session_start(nb_session_t* s) {
       uint32_t idx = 0;
       const float* v = NULL;
       st = nb__ss_table_check(s, names[i], got[i].data, got[i].len, &idx, &v);
+      if (st != NB_OK) st = nb_error_wrap(st, "session: start");
       if (st == NB_OK && seen[idx])
         st = nb_error(NB_ERR_INVALID, "session: start: two clusters have index %u", idx);
       if (st == NB_OK) seen[idx] = 1;
@@ -491,7 +557,7 @@ nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round
   NB_CHECK(nb__ss_ready(s, "round"));
   if (samples > UINT64_MAX - s->samples)
     return nb_error(NB_ERR_INVALID, "session: round: sample count overflows");
-  nb__ss_gather(s);
+  nb__ss_gather(s, 1);
   s->samples += samples;
   nb_hybrid_round_t rec;
   nb_status_t st = nb_hybrid_round(s->h, &rec);
@@ -529,6 +595,78 @@ nb_status_t nb_session_finish(nb_session_t* s) {
 
 uint64_t nb_session_global_hash(const nb_session_t* s) {
   return s && s->h ? nb_hybrid_global_hash(s->h) : 0;
+}
+
+static const nb__ss_tensor_t* nb__ss_find(const nb_session_t* s, const char* name) {
+  for (size_t i = 0; i < s->n_tensors; i++)
+    if (!strcmp(s->tensors[i].name, name)) return &s->tensors[i];
+  return NULL;
+}
+
+nb_status_t nb_session_read_global(const nb_session_t* s, const char* name, float* out,
+                                   size_t count) {
+  if (!s || !name || !out) return nb_error(NB_ERR_INVALID, "session: NULL argument");
+  if (!s->started) return nb_error(NB_ERR_INVALID, "session: read_global before start");
+  const nb__ss_tensor_t* t = nb__ss_find(s, name);
+  if (!t) return nb_error(NB_ERR_NOT_FOUND, "session: no tensor '%s'", name);
+  if (count != t->count)
+    return nb_error(NB_ERR_INVALID, "session: tensor '%s' has %zu elements, not %zu", name,
+                    t->count, count);
+  /* from the hybrid, not from local: after a refused round local holds that round's theta_local
+   * while theta_global is unchanged */
+  const float* g = nb_hybrid_global((nb_hybrid_t*)s->h, NULL);
+  memcpy(out, g + t->offset, count * sizeof(float));
+  return NB_OK;
+}
+
+/* ---- checkpoints: the hybrid's round state with our tensor table as its extension ----------- */
+
+nb_status_t nb_session_save(nb_session_t* s, const char* path) {
+  NB_CHECK(nb__ss_ready(s, "save"));
+  if (!path) return nb_error(NB_ERR_INVALID, "session: NULL argument");
+  nb__ss_buf_t b = {0};
+  NB_CHECK(nb__ss_table_make(s, &b, 0));
+  nb_status_t st = nb_hybrid_save_ext(s->h, path, b.p, b.len);
+  nb_free(b.p);
+  return st == NB_OK ? NB_OK : nb_error_wrap(st, "session: save");
+}
+
+typedef struct {
+  nb_session_t* s;
+  const char* where;
+} nb__ss_load_t;
+
+/* The saved table must be ours exactly: our cluster (the residual is its own), the job's
+ * settings and every tensor (name, shape, dtype, in order). */
+static nb_status_t nb__ss_state_check(void* ctx, const uint8_t* ext, size_t len) {
+  const nb__ss_load_t* l = ctx;
+  nb_session_t* s = l->s;
+  nb__ss_rd_t r = {ext, len, 0, 0};
+  nb__ss_head_t hd;
+  NB_CHECK(nb__ss_head_read(&r, l->where, &hd));
+  if (hd.idx != s->index || hd.nc != s->n_clusters)
+    return nb_error(NB_ERR_CONFIG, "the state %s is cluster %u of %u's, we are %u of %u", l->where,
+                    hd.idx, hd.nc, s->index, s->n_clusters);
+  if (hd.lr != nb__ss_bits(s->hc.outer_lr) || hd.mu != nb__ss_bits(s->hc.outer_momentum))
+    return nb_error(NB_ERR_CONFIG, "outer_lr/outer_momentum differ between us and the state %s",
+                    l->where);
+  NB_CHECK(nb__ss_tensors_check(s, &r, hd.nt, l->where));
+  if (hd.n != s->n || hd.flags != 0 || r.at != r.len)
+    return nb_error(NB_ERR_CODEC, "malformed tensor table %s", l->where);
+  return NB_OK;
+}
+
+nb_status_t nb_session_load(nb_session_t* s, const char* path) {
+  NB_CHECK(nb__ss_ready(s, "load"));
+  if (!path) return nb_error(NB_ERR_INVALID, "session: NULL argument");
+  char where[4200];
+  snprintf(where, sizeof where, "in %s", path);
+  nb__ss_load_t l = {s, where};
+  nb_status_t st = nb_hybrid_load_ext(s->h, path, nb__ss_state_check, &l);
+  if (st == NB_ERR_CODEC) st = NB_ERR_INVALID; /* a file that holds no table of ours */
+  if (st != NB_OK) return nb_error_wrap(st, "session: load");
+  nb__ss_scatter(s); /* the hybrid wrote theta_global into local */
+  return NB_OK;
 }
 
 void nb_session_close(nb_session_t* s) {

@@ -1,16 +1,18 @@
 /* nebula.h: the public C API of libnebula. A session per cluster leader syncs the caller's own
- * fp32 tensors with the other clusters of a job, one blocking outer round (DiLoCo-style) after
- * every H inner steps that the caller runs itself. It is not a training loop, an intra-cluster
- * communicator or a job launcher: the caller's program owns its model, data and optimizer.
+ * fp32 or bf16 tensors with the other clusters of a job, one blocking outer round (DiLoCo-style)
+ * after every H inner steps that the caller runs itself. It is not a training loop, an
+ * intra-cluster communicator or a job launcher: the caller's program owns its model, data and
+ * optimizer.
  *
  * Usage (docs/api.md has a complete example):
  *   nb_session_options_t o;
- *   nb_session_options_default(&o);
+ *   nb_session_options_default(&o);   // or nb_session_options_from_env(&o) under a launcher
  *   o.job_id = "demo"; o.cluster_id = "a"; o.cluster_index = 0; o.n_clusters = 2; ...
  *   nb_session_open(&o, &s);
  *   nb_session_register(s, "w", w, shape, 2);       // borrowed, before start
  *   nb_session_start(s);                              // agree on the table; theta from cluster 0
  *   for (;;) { run H inner steps on w; nb_session_round(s, samples, &r); }
+ *   nb_session_save(s, path);                         // a checkpoint, between rounds
  *   nb_session_close(s);
  *
  * Errors: every fallible function returns an nb_status_t; nb_error_last() then holds a one-line
@@ -70,11 +72,11 @@ const char* nb_error_last(void);
 
 typedef struct nb_session nb_session_t;
 
-/* Where a session is, what it talks to and how it syncs. Fill with nb_session_options_default,
- * then set at least job_id, cluster_id, the cluster index and count, listen and (with several
- * clusters) peers, and either pki_dir or insecure, and either job_secret or unsealed. Every
- * pointer is borrowed during nb_session_open only. Every cluster of a job must give the same
- * n_clusters, outer_lr and outer_momentum (nb_session_start checks). */
+/* Where a session is, what it talks to and how it syncs. Fill with nb_session_options_default
+ * (or nb_session_options_from_env), then set at least job_id, cluster_id, the cluster index and
+ * count, listen and (with several clusters) peers, and either pki_dir or insecure, and either
+ * job_secret or unsealed. Every pointer is borrowed during nb_session_open only. Every cluster of a
+ * job must give the same n_clusters, outer_lr and outer_momentum (nb_session_start checks). */
 typedef struct {
   const char* job_id;       /* names the job: in the sealing keys and the exchange; required */
   const char* cluster_id;   /* our cluster's id ([A-Za-z0-9._-]); with pki_dir, our certificate's */
@@ -105,11 +107,42 @@ typedef struct {
   double peer_timeout_s;     /* a peer silent for this long is dead (its round fails with
                                 NB_ERR_UNAVAILABLE); 0 = the exchange's default (2 s, longer on a
                                 slow link) */
+  void* env_storage;         /* owned by the options when nb_session_options_from_env filled
+                                them (the strings, peers and secret it read; freed by
+                                nb_session_options_free); NULL otherwise: leave it alone */
 } nb_session_options_t;
 
 /* Fills *o with the defaults above (NULL pointers, one cluster, H 50, outer lr 0.7, momentum 0.9,
  * density 0.01, "int8", error feedback). */
 void nb_session_options_default(nb_session_options_t* o);
+
+/* Fills *o from the environment a launcher sets: the defaults (nb_session_options_default), then
+ * every variable that is set (docs/api.md, "The environment"):
+ *   NEBULA_JOB_ID, NEBULA_CLUSTER_ID, NEBULA_LISTEN, NEBULA_PKI_DIR, NEBULA_VALUES   text
+ *   NEBULA_CLUSTER_INDEX, NEBULA_N_CLUSTERS (1..64), NEBULA_INNER_STEPS (>= 1)     integers
+ *   NEBULA_OUTER_LR (> 0), NEBULA_OUTER_MOMENTUM ([0, 1)), NEBULA_DENSITY ((0, 1]) numbers
+ *   NEBULA_PEERS              "id=host:port,id=host:port" (one per other cluster; "" = none)
+ *   NEBULA_JOB_SECRET_FILE    a file of exactly 32 bytes, or 64 hex digits (one trailing
+ *                             newline allowed); a regular file that neither group nor others
+ *                             may access (chmod 600)
+ *   NEBULA_INSECURE, NEBULA_UNSEALED   "0" or "1" (tests only)
+ * A variable that is not set keeps its default, so the caller may set fields afterwards
+ * (nb_session_open checks that the required ones are there). The strings, the peer list and the
+ * secret are copied into storage that *o owns (o->env_storage): they stay valid until
+ * nb_session_options_free(o), which the caller calls once the session is open (or not needed);
+ * fields the caller sets itself stay the caller's. An owned block rather than static storage, so
+ * that the call is thread-safe, two option sets can coexist, and the secret's bytes are wiped
+ * when freed. Returns NB_ERR_CONFIG naming the variable that is malformed or out of range, or
+ * the secret file that is unreadable, of the wrong size or too open; NB_ERR_INVALID (o NULL),
+ * NB_ERR_NOMEM. On error *o holds the defaults and owns nothing. *o is overwritten: free options
+ * that own storage before filling them again, and free a struct copied from them only once.
+ * Thread-safe (it only reads the environment: do not setenv concurrently). */
+nb_status_t nb_session_options_from_env(nb_session_options_t* o);
+
+/* Frees what nb_session_options_from_env stored in *o (wiping the secret) and clears the fields
+ * that pointed into it; the other fields are left as they are. NULL, or options that own
+ * nothing, ok. */
+void nb_session_options_free(nb_session_options_t* o);
 
 /* Opens a session: validates the options, loads the PKI, and starts our exchange server (bound
  * when this returns). Nothing is sent yet. *out: the session (nb_session_close frees it); NULL on
@@ -127,6 +160,12 @@ int nb_session_port(const nb_session_t* s);
  * (more peers than n_clusters - 1), and the link's errors. */
 nb_status_t nb_session_add_peer(nb_session_t* s, const char* peer);
 
+/* Element types of a registered tensor (nb_session_register_dtype). */
+typedef enum {
+  NB_DTYPE_FP32 = 0, /* IEEE binary32 */
+  NB_DTYPE_BF16 = 1  /* bfloat16: the upper 16 bits of a binary32, as uint16_t */
+} nb_dtype_t;
+
 /* Registers a synced tensor before nb_session_start: `data` holds prod(shape) fp32 values on the
  * host, borrowed: it must stay valid, at this address, until nb_session_close. The session reads
  * it at each round and writes theta_global into it. `name` (copied; 1..127 bytes, unique) and
@@ -135,6 +174,18 @@ nb_status_t nb_session_add_peer(nb_session_t* s, const char* peer);
  * NB_ERR_EXISTS (the name is taken), NB_ERR_NOMEM. */
 nb_status_t nb_session_register(nb_session_t* s, const char* name, float* data,
                                 const int64_t* shape, int ndim);
+
+/* nb_session_register for a tensor of element type `dtype`: `data` holds prod(shape) elements of
+ * that type (for NB_DTYPE_BF16, uint16_t bf16 bits), borrowed as above. The session keeps
+ * theta_global in fp32 for every tensor; a bf16 buffer is a view of it: each round the caller's
+ * progress (its bf16 values minus the bf16 values the session wrote) is added to the fp32
+ * master, so the rounding of theta_global to bf16 is never sent as an update, and theta_global
+ * is written back rounded to nearest even (a finite overflow saturates at the largest bf16).
+ * The dtype is part of the tensor table: every cluster must register the same one
+ * (nb_session_start names the tensor otherwise). NB_ERR_INVALID (as nb_session_register, or an
+ * unknown dtype), NB_ERR_EXISTS, NB_ERR_NOMEM. */
+nb_status_t nb_session_register_dtype(nb_session_t* s, const char* name, void* data,
+                                      nb_dtype_t dtype, const int64_t* shape, int ndim);
 
 /* Connects to every peer and agrees on the tensor table: every cluster sends its table (names,
  * shapes, in registration order) and the job's settings it was given, cluster 0 also its values;
@@ -182,6 +233,31 @@ nb_status_t nb_session_finish(nb_session_t* s);
 
 /* XXH3-64 of theta_global now (0 before start). */
 uint64_t nb_session_global_hash(const nb_session_t* s);
+
+/* Copies tensor `name`'s part of theta_global, in fp32, into out (count floats: the tensor's
+ * element count; caller's buffer): for a bf16 tensor the master its buffer is rounded from.
+ * After start. NB_ERR_INVALID (NULL, before start, count differs), NB_ERR_NOT_FOUND (no such
+ * tensor). */
+nb_status_t nb_session_read_global(const nb_session_t* s, const char* name, float* out,
+                                   size_t count);
+
+/* Writes the session's round state to `path` for a checkpoint: theta_global, the outer momentum,
+ * our error-feedback residual, the round counter and the tensor table (names, shapes, dtypes),
+ * atomically (`path`.tmp beside it, fsync, rename, the folder synced: a crash leaves the old file
+ * or the new one) and ending in a checksum. Every cluster saves its own file after the same round
+ * (the residual is its own); one save at a time per path. Between rounds, after start.
+ * NB_ERR_INVALID (NULL, before start, after a failed round), NB_ERR_IO naming the path. */
+nb_status_t nb_session_save(nb_session_t* s, const char* path);
+
+/* Restores a state written by nb_session_save, after nb_session_start and before the next round:
+ * theta_global (also written into the registered buffers), momentum, residual and the round
+ * counter. Every cluster loads its own file of the same round, so the next round continues the
+ * saved run (a cluster that loads another round's state fails that round's hash check with
+ * NB_ERR_INTEGRITY). Strict: NB_ERR_NOT_FOUND (no file), NB_ERR_IO (unreadable), NB_ERR_INVALID
+ * (not a session state, truncated, or NULL / before start / after a failed round),
+ * NB_ERR_INTEGRITY (a checksum fails), NB_ERR_CONFIG (a state for another tensor table, naming
+ * the first differing tensor); on every error the session is unchanged. */
+nb_status_t nb_session_load(nb_session_t* s, const char* path);
 
 /* Stops the exchange (server, links, heartbeats) and frees everything. The registered buffers
  * stay the caller's. NULL ok. */

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/common.h"
@@ -1560,8 +1561,30 @@ uint64_t nb_hybrid_rounds(const nb_hybrid_t* h) {
 #define NB__HY_STATE_MAGIC 0x5348424eu /* bytes 'N' 'B' 'H' 'S' */
 #define NB__HY_STATE_HEADER 64
 
+/* After the rename: the folder's entry, so that a crash after we returned keeps the new file
+ * (not only its bytes). Best effort: the file is complete either way, only its durability is at
+ * stake, and some filesystems refuse fsync on a folder. */
+static void nb__hy_sync_dir(const char* path) {
+  char dir[4096];
+  const char* slash = strrchr(path, '/');
+  size_t len = slash ? (size_t)(slash - path) : 1;
+  if (len >= sizeof dir) return;
+  if (slash && len == 0) len = 1; /* "/state.bin" */
+  memcpy(dir, slash ? path : ".", len);
+  dir[len] = '\0';
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)fsync(fd);
+  close(fd);
+}
+
 nb_status_t nb_hybrid_save(const nb_hybrid_t* h, const char* path) {
-  if (!h || !path) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  return nb_hybrid_save_ext(h, path, NULL, 0);
+}
+
+nb_status_t nb_hybrid_save_ext(const nb_hybrid_t* h, const char* path, const void* ext,
+                               size_t ext_len) {
+  if (!h || !path || (ext_len && !ext)) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
   if (h->inflight)
     return nb_error(NB_ERR_INVALID, "hybrid: cannot save with an exchange in flight");
   uint8_t hdr[NB__HY_STATE_HEADER] = {0};
@@ -1573,6 +1596,7 @@ nb_status_t nb_hybrid_save(const nb_hybrid_t* h, const char* path) {
   nb__put64(hdr + 32, nb_xxh3_64(h->global, h->n * sizeof(float), 0));
   nb__put32(hdr + 40, (uint32_t)h->cfg.mode);
   nb__put64(hdr + 48, h->commits);
+  nb__put64(hdr + 56, ext_len); /* 0 in files from before the extension: the same layout */
   char tmp[4096];
   if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
     return nb_error(NB_ERR_INVALID, "hybrid: path too long: %s", path);
@@ -1583,10 +1607,12 @@ nb_status_t nb_hybrid_save(const nb_hybrid_t* h, const char* path) {
     nb_xxh3_destroy(xs);
     return nb_error(NB_ERR_IO, "hybrid: cannot write %s: %s", tmp, strerror(errno));
   }
-  const void* parts[4] = {hdr, h->global, h->momentum, h->residual};
-  size_t lens[4] = {sizeof hdr, h->n * sizeof(float), h->n * sizeof(float), h->n * sizeof(float)};
+  const void* parts[5] = {hdr, h->global, h->momentum, h->residual, ext};
+  size_t lens[5] = {sizeof hdr, h->n * sizeof(float), h->n * sizeof(float), h->n * sizeof(float),
+                    ext_len};
   int ok = 1;
-  for (int i = 0; i < 4 && ok; i++) {
+  for (int i = 0; i < 5 && ok; i++) {
+    if (lens[i] == 0) continue;
     nb_xxh3_update(xs, parts[i], lens[i]);
     const uint8_t* p = parts[i];
     size_t left = lens[i];
@@ -1610,39 +1636,75 @@ nb_status_t nb_hybrid_save(const nb_hybrid_t* h, const char* path) {
     unlink(tmp);
     return nb_error(NB_ERR_IO, "hybrid: cannot write %s: %s", path, strerror(e));
   }
+  nb__hy_sync_dir(path);
   return NB_OK;
 }
 
-nb_status_t nb_hybrid_load(nb_hybrid_t* h, const char* path) {
-  if (!h || !path) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+/* The whole of a state file (its size bounds the buffer). */
+static nb_status_t nb__hy_read_file(const char* path, uint8_t** out, size_t* len) {
   FILE* f = fopen(path, "rb");
   if (!f)
     return nb_error(errno == ENOENT ? NB_ERR_NOT_FOUND : NB_ERR_IO, "hybrid: cannot open %s: %s",
                     path, strerror(errno));
-  size_t want = NB__HY_STATE_HEADER + 3 * h->n * sizeof(float) + 8;
-  uint8_t* buf = NULL;
-  nb_status_t st = nb_alloc((void**)&buf, want + 1, 1, "hybrid state");
-  if (st != NB_OK) {
+  struct stat sb;
+  if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
     fclose(f);
-    return st;
+    return nb_error(NB_ERR_IO, "hybrid: %s is not a readable regular file", path);
   }
-  size_t got = fread(buf, 1, want + 1, f);
+  size_t cap = (size_t)sb.st_size;
+  uint8_t* buf = NULL;
+  nb_status_t st = nb_alloc((void**)&buf, cap + 1, 1, "hybrid state");
+  if (st == NB_OK) {
+    *len = fread(buf, 1, cap + 1, f);
+    if (ferror(f)) st = nb_error(NB_ERR_IO, "hybrid: cannot read %s", path);
+  }
   fclose(f);
-  if (got != want || nb__get32(buf) != NB__HY_STATE_MAGIC || nb__get32(buf + 4) != 1 ||
-      nb__get64(buf + 8) != h->n) {
-    st = nb_error(NB_ERR_INVALID,
-                  "hybrid: %s is not a round state for %zu synced parameters (%zu bytes)", path,
-                  h->n, got);
+  if (st != NB_OK) nb_free(buf);
+  *out = st == NB_OK ? buf : NULL;
+  return st;
+}
+
+nb_status_t nb_hybrid_load(nb_hybrid_t* h, const char* path) {
+  return nb_hybrid_load_ext(h, path, NULL, NULL);
+}
+
+nb_status_t nb_hybrid_load_ext(nb_hybrid_t* h, const char* path,
+                               nb_status_t (*check)(void* ctx, const uint8_t* ext, size_t len),
+                               void* ctx) {
+  if (!h || !path) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  size_t got = 0;
+  uint8_t* buf = NULL;
+  NB_CHECK(nb__hy_read_file(path, &buf, &got));
+  nb_status_t st = NB_OK;
+  /* the size first (a truncated file says so), then the checksum over all of it (a flipped bit
+   * anywhere), and only then what the bytes mean: the extension's check (which names what
+   * differs, so the file's own n is used until then), then our fields */
+  int ours =
+      got >= NB__HY_STATE_HEADER && nb__get32(buf) == NB__HY_STATE_MAGIC && nb__get32(buf + 4) == 1;
+  uint64_t fn = ours ? nb__get64(buf + 8) : 0, ext_len = ours ? nb__get64(buf + 56) : 0;
+  if (!ours || fn > got / 12 || ext_len > NB_HYBRID_STATE_EXT_MAX ||
+      got != NB__HY_STATE_HEADER + 12 * fn + ext_len + 8) {
+    st = nb_error(NB_ERR_INVALID, "hybrid: %s is not a round state (%zu bytes%s)", path, got,
+                  ours ? ": truncated or extended" : "");
     goto out;
   }
-  if (nb_xxh3_64(buf, want - 8, 0) != nb__get64(buf + want - 8)) {
+  if (nb_xxh3_64(buf, got - 8, 0) != nb__get64(buf + got - 8)) {
     st = nb_error(NB_ERR_INTEGRITY, "hybrid: %s: checksum mismatch", path);
     goto out;
   }
+  size_t nb = (size_t)fn * sizeof(float), body = NB__HY_STATE_HEADER + 3 * nb;
   const uint8_t* p = buf + NB__HY_STATE_HEADER;
-  size_t nb = h->n * sizeof(float);
   if (nb_xxh3_64(p, nb, 0) != nb__get64(buf + 32)) {
     st = nb_error(NB_ERR_INTEGRITY, "hybrid: %s: theta_global hash mismatch", path);
+    goto out;
+  }
+  if (check) {
+    st = check(ctx, buf + body, (size_t)ext_len);
+    if (st != NB_OK) goto out;
+  }
+  if (fn != h->n) {
+    st = nb_error(NB_ERR_INVALID, "hybrid: %s is a round state of %llu synced parameters, not %zu",
+                  path, (unsigned long long)fn, h->n);
     goto out;
   }
   st = nb__hy_set_params(h, (const float*)p, h->n);

@@ -262,15 +262,29 @@ nb_status_t nb_hybrid_set_codec(nb_hybrid_t* h, nb_values_t values, uint32_t top
 nb_status_t nb_hybrid_set_overlap_steps(nb_hybrid_t* h, long steps);
 
 /* Writes the round state (theta_global, outer momentum, error-feedback residual, round
- * counters) to `path` atomically (a temp file, fsync, rename), ending in an XXH3 checksum;
- * layout in docs/hybrid.md. With an exchange in flight (overlap) NB_ERR_INVALID: save between
- * rounds of a run without overlap, after nb_hybrid_drain, or after nb_hybrid_finish. NB_ERR_IO
- * naming the path. */
+ * counters) to `path` atomically (a temp file, fsync, rename, the folder synced), ending in an XXH3
+ * checksum; layout in docs/hybrid.md. With an exchange in flight (overlap) NB_ERR_INVALID: save
+ * between rounds of a run without overlap, after nb_hybrid_drain, or after nb_hybrid_finish.
+ * NB_ERR_IO naming the path. */
 nb_status_t nb_hybrid_save(const nb_hybrid_t* h, const char* path);
 /* Restores a state written by nb_hybrid_save for the same synced buffer size and copies
  * theta_global into the trainer. NB_ERR_NOT_FOUND (no file), NB_ERR_IO, NB_ERR_INTEGRITY (bad
  * checksum), NB_ERR_INVALID (not a state file, or another size); h is unchanged on error. */
 nb_status_t nb_hybrid_load(nb_hybrid_t* h, const char* path);
+
+/* The most bytes of a caller's extension section in a state file. */
+#define NB_HYBRID_STATE_EXT_MAX (1u << 24)
+/* nb_hybrid_save with a caller's extension section (ext_len bytes, borrowed; <=
+ * NB_HYBRID_STATE_EXT_MAX) after the residual, inside the checksum: the public session stores
+ * its tensor table there, so that one file, written once, holds all of a checkpoint. */
+nb_status_t nb_hybrid_save_ext(const nb_hybrid_t* h, const char* path, const void* ext,
+                               size_t ext_len);
+/* nb_hybrid_load that hands the file's extension section (borrowed during the call) to
+ * check(ctx, ext, len) once the size and checksums hold and before anything changes: a non-OK
+ * status from it is returned with h unchanged. check NULL: any extension is accepted. */
+nb_status_t nb_hybrid_load_ext(nb_hybrid_t* h, const char* path,
+                               nb_status_t (*check)(void* ctx, const uint8_t* ext, size_t len),
+                               void* ctx);
 
 /* Fault-tolerant rounds: the global state another cluster needs to rejoin (theta_global, outer
  * momentum, next round, rounds applied; not the residual, which is per cluster). *out: nb_alloc'd

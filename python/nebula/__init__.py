@@ -1,5 +1,6 @@
-"""nebula for Python: a session per cluster leader that syncs the caller's own fp32 tensors with
-the other clusters of a job, one blocking outer round (DiLoCo-style) after every H inner steps.
+"""nebula for Python: a session per cluster leader that syncs the caller's own fp32 or bf16
+tensors with the other clusters of a job, one blocking outer round (DiLoCo-style) after every H
+inner steps.
 
 A thin layer over libnebula's public C API (include/nebula.h, docs/api.md; the binding is
 nebula/_cffi.py): every call is the C call, every C error is a NebulaError with the status name and
@@ -14,6 +15,9 @@ libnebula's message. It is not a training loop: nebula.torch wraps a user's own 
             train(w, steps=H)
             info = s.round(samples=H * batch)
         s.finish()
+
+Under a launcher that sets the NEBULA_* variables, nebula.Session.from_env(**overrides) opens
+the same session from them. s.save(path) / s.load(path) checkpoint the round state.
 """
 
 from __future__ import annotations
@@ -94,8 +98,9 @@ def _cstr(keep: list, what: str, value):
     return p
 
 
-def _float32_buffer(name: str, array):
-    """(memoryview, shape) of a writable C-contiguous native float32 buffer, or a clear error.
+def _tensor_buffer(name: str, array):
+    """(memoryview, shape, dtype) of a writable C-contiguous native buffer of float32 (fp32) or
+    uint16 (bf16 bits), or a clear error.
 
     libnebula reads and writes the buffer in place at every round, so a copy (what a dtype or
     layout conversion would make) would silently sync nothing: refuse instead."""
@@ -109,10 +114,15 @@ def _float32_buffer(name: str, array):
     fmt = mv.format
     if fmt[:1] in ("@", "=") or fmt[:1] == {"little": "<", "big": ">"}[sys.byteorder]:
         fmt = fmt[1:]  # native byte order, spelled out
-    if fmt != "f" or mv.itemsize != 4:
+    if fmt == "f" and mv.itemsize == 4:
+        dtype = _lib.NB_DTYPE_FP32
+    elif fmt == "H" and mv.itemsize == 2:
+        dtype = _lib.NB_DTYPE_BF16  # the upper halves of float32s: bfloat16 bits
+    else:
         dtype = getattr(array, "dtype", mv.format)
         raise TypeError(
-            f"nebula: tensor '{name}' must be float32 (native byte order), not {dtype}"
+            f"nebula: tensor '{name}' must be float32, or uint16 holding bfloat16 bits (native "
+            f"byte order), not {dtype}"
         )
     if not mv.c_contiguous:
         raise ValueError(
@@ -123,7 +133,59 @@ def _float32_buffer(name: str, array):
         raise ValueError(
             f"nebula: tensor '{name}' is read-only: the round writes theta_global into it"
         )
-    return mv, tuple(mv.shape)
+    return mv, tuple(mv.shape), dtype
+
+
+_OPTION_KINDS = {
+    "job_id": "str", "cluster_id": "str", "cluster_index": "u32", "n_clusters": "u32",
+    "listen": "str", "peers": "peers", "pki_dir": "path", "insecure": "bool",
+    "job_secret": "secret", "unsealed": "bool", "inner_steps": "int", "outer_lr": "real",
+    "outer_momentum": "real", "density": "real", "values": "str", "error_feedback": "bool",
+    "peer_timeout_s": "real",
+}
+
+
+def _set_options(o, keep: list, opts: dict) -> None:
+    """Sets the nb_session_options_t fields named in opts (a value of None keeps what o holds:
+    libnebula's default, or the environment's with from_env); every pointer is kept in `keep`
+    until nb_session_open returns."""
+    for key, v in opts.items():
+        kind = _OPTION_KINDS.get(key)
+        if kind is None:
+            raise TypeError(f"nebula: unknown session option '{key}'")
+        if v is None:
+            continue
+        if kind == "str":
+            setattr(o, key, _cstr(keep, key, v))
+        elif kind == "path":
+            setattr(o, key, _cstr(keep, key, str(v)))
+        elif kind == "u32":
+            setattr(o, key, _uint(v, key, (1 << 32) - 1))
+        elif kind == "int":
+            setattr(o, key, _int(v, key))
+        elif kind == "real":
+            setattr(o, key, _real(v, key))
+        elif kind == "bool":
+            setattr(o, key, 1 if v else 0)
+        elif kind == "peers":
+            if isinstance(v, str):
+                raise TypeError("nebula: peers must be a list of 'id=host:port', not one str")
+            peers = list(v)
+            o.peers, o.n_peers = _cffi.NULL, 0
+            if peers:
+                arr = _cffi.new("const char*[]", [_cstr(keep, "a peer", p) for p in peers])
+                keep.append(arr)
+                o.peers, o.n_peers = arr, len(peers)
+        elif kind == "secret":
+            try:
+                secret = bytes(memoryview(v))
+            except TypeError:
+                raise TypeError("nebula: job_secret must be 32 bytes (bytes-like)") from None
+            if len(secret) != 32:
+                raise ValueError(f"nebula: job_secret must be 32 bytes, not {len(secret)}")
+            p = _cffi.new("uint8_t[32]", secret)
+            keep.append(p)
+            o.job_secret = p
 
 
 class Session:
@@ -158,53 +220,35 @@ class Session:
         error_feedback: bool | None = None,
         peer_timeout_s: float | None = None,
     ):
+        o = _cffi.new("nb_session_options_t*")
+        _lib.nb_session_options_default(o)
+        self._open(o, dict(
+            job_id=job_id, cluster_id=cluster_id, cluster_index=cluster_index,
+            n_clusters=n_clusters, listen=listen, peers=peers, pki_dir=pki_dir,
+            insecure=bool(insecure), job_secret=job_secret, unsealed=bool(unsealed),
+            inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
+            density=density, values=values, error_feedback=error_feedback,
+            peer_timeout_s=peer_timeout_s))
+
+    @classmethod
+    def from_env(cls, **overrides) -> "Session":
+        """A session from the NEBULA_* variables a launcher sets (nb_session_options_from_env:
+        docs/api.md, "The environment"), then `overrides` (the constructor's keywords; None keeps
+        the environment's value). A malformed variable is NebulaError NB_ERR_CONFIG naming it."""
+        o = _cffi.new("nb_session_options_t*")
+        _check("nb_session_options_from_env", _lib.nb_session_options_from_env(o))
+        self = cls.__new__(cls)
+        try:
+            self._open(o, overrides)
+        finally:
+            _lib.nb_session_options_free(o)  # the session copied what it keeps
+        return self
+
+    def _open(self, o, opts: dict) -> None:
         self._s = None
         self._tensors = {}  # name -> (the caller's object, its memoryview, the cdata): kept alive
         keep = []
-        o = _cffi.new("nb_session_options_t*")
-        _lib.nb_session_options_default(o)
-        o.job_id = _cstr(keep, "job_id", job_id)
-        o.cluster_id = _cstr(keep, "cluster_id", cluster_id)
-        o.cluster_index = _uint(cluster_index, "cluster_index", (1 << 32) - 1)
-        o.n_clusters = _uint(n_clusters, "n_clusters", (1 << 32) - 1)
-        if listen is not None:
-            o.listen = _cstr(keep, "listen", listen)
-        if isinstance(peers, str):
-            raise TypeError("nebula: peers must be a list of 'id=host:port', not one str")
-        peers = list(peers)
-        if peers:
-            arr = _cffi.new("const char*[]", [_cstr(keep, "a peer", p) for p in peers])
-            keep.append(arr)
-            o.peers = arr
-            o.n_peers = len(peers)
-        if pki_dir is not None:
-            o.pki_dir = _cstr(keep, "pki_dir", str(pki_dir))
-        o.insecure = 1 if insecure else 0
-        if job_secret is not None:
-            try:
-                secret = bytes(memoryview(job_secret))
-            except TypeError:
-                raise TypeError("nebula: job_secret must be 32 bytes (bytes-like)") from None
-            if len(secret) != 32:
-                raise ValueError(f"nebula: job_secret must be 32 bytes, not {len(secret)}")
-            p = _cffi.new("uint8_t[32]", secret)
-            keep.append(p)
-            o.job_secret = p
-        o.unsealed = 1 if unsealed else 0
-        if inner_steps is not None:
-            o.inner_steps = _int(inner_steps, "inner_steps")
-        if outer_lr is not None:
-            o.outer_lr = _real(outer_lr, "outer_lr")
-        if outer_momentum is not None:
-            o.outer_momentum = _real(outer_momentum, "outer_momentum")
-        if density is not None:
-            o.density = _real(density, "density")
-        if values is not None:
-            o.values = _cstr(keep, "values", values)
-        if error_feedback is not None:
-            o.error_feedback = 1 if error_feedback else 0
-        if peer_timeout_s is not None:
-            o.peer_timeout_s = _real(peer_timeout_s, "peer_timeout_s")
+        _set_options(o, keep, opts)
         out = _cffi.new("nb_session_t**")
         _check("nb_session_open", _lib.nb_session_open(o, out))
         self._s = out[0]
@@ -229,18 +273,22 @@ class Session:
         _check("nb_session_add_peer", _lib.nb_session_add_peer(self._handle(), cpeer))
 
     def register(self, name: str, array) -> None:
-        """Registers a synced tensor before start: a writable C-contiguous float32 buffer (a numpy
-        array, or anything with the buffer protocol). The session keeps a reference to it and
-        reads and writes it in place at every round, so it must not be replaced: train on this
-        very array. Its shape must match the other clusters' tensor at the same position."""
+        """Registers a synced tensor before start: a writable C-contiguous buffer (a numpy array,
+        or anything with the buffer protocol) of float32, or of uint16 holding bfloat16 bits (a
+        bf16 tensor: the session keeps theta_global in fp32 and writes it back rounded to nearest
+        even). The session keeps a reference to it and reads and writes it in place at every
+        round, so it must not be replaced: train on this very array. Its shape and dtype must
+        match the other clusters' tensor at the same position."""
         s = self._handle()
         keep = []
         cname = _cstr(keep, "a tensor name", name)
-        mv, shape = _float32_buffer(name, array)
+        mv, shape, dtype = _tensor_buffer(name, array)
         # from_buffer keeps `array` alive (and a bytearray unresizable) as long as `data` lives
-        data = _cffi.from_buffer("float[]", mv, require_writable=True)
+        ctype = "float[]" if dtype == _lib.NB_DTYPE_FP32 else "uint16_t[]"
+        data = _cffi.from_buffer(ctype, mv, require_writable=True)
         cshape = _cffi.new("int64_t[]", list(shape) or [1])
-        _check("nb_session_register", _lib.nb_session_register(s, cname, data, cshape, len(shape)))
+        _check("nb_session_register_dtype",
+               _lib.nb_session_register_dtype(s, cname, data, dtype, cshape, len(shape)))
         self._tensors[name] = (array, mv, data)
 
     @property
@@ -272,6 +320,40 @@ class Session:
     def global_hash(self) -> int:
         """XXH3-64 of theta_global now (0 before start)."""
         return int(_lib.nb_session_global_hash(self._handle()))
+
+    def read_global(self, name: str):
+        """Tensor `name`'s part of theta_global as a new float32 numpy array of its shape (for a
+        bf16 tensor, the fp32 master its buffer is rounded from). After start."""
+        import numpy as np  # only here: the binding itself does not need numpy
+
+        s = self._handle()
+        if name not in self._tensors:
+            raise KeyError(f"nebula: no tensor '{name}'")
+        shape = tuple(self._tensors[name][1].shape)
+        out = np.empty(shape, dtype=np.float32)
+        keep = []
+        cname = _cstr(keep, "a tensor name", name)
+        buf = _cffi.from_buffer("float[]", out, require_writable=True)
+        _check("nb_session_read_global", _lib.nb_session_read_global(s, cname, buf, out.size))
+        return out
+
+    def save(self, path) -> None:
+        """Writes the round state (theta_global, outer momentum, our error-feedback residual, the
+        round counter, the tensor table) to `path` atomically: a checkpoint, between rounds.
+        Every cluster saves its own file after the same round."""
+        keep = []
+        _check("nb_session_save", _lib.nb_session_save(self._handle(), _cstr(keep, "path",
+                                                                             str(path))))
+
+    def load(self, path) -> None:
+        """Restores a state written by save, after start and before the next round; the
+        registered buffers then hold the saved theta_global. Every cluster loads its own file of
+        the same round. A file of another table, cluster or job setting, truncated or corrupted
+        is NebulaError (NB_ERR_CONFIG, NB_ERR_INVALID, NB_ERR_INTEGRITY, NB_ERR_NOT_FOUND) and
+        changes nothing."""
+        keep = []
+        _check("nb_session_load", _lib.nb_session_load(self._handle(), _cstr(keep, "path",
+                                                                             str(path))))
 
     def close(self) -> None:
         """Stops the exchange and frees the session; the buffers stay the caller's. Idempotent."""

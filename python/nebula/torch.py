@@ -9,7 +9,8 @@
 The inner optimizer stays the user's (and torch.distributed inside the cluster, on the leader's
 copy); nebula's round is the outer step. It is not a trainer, a data loader or a launcher.
 What crosses: every trainable parameter (requires_grad), named as model.named_parameters()
-names it. Buffers (BatchNorm's running statistics) and frozen parameters are not synced: load
+names it; CPU fp32 and bf16 parameters in place, others through host staging buffers.
+diloco.save(path) / diloco.load(path) checkpoint the round state (right after a round). Buffers (BatchNorm's running statistics) and frozen parameters are not synced: load
 them the same way on every cluster.
 """
 
@@ -23,23 +24,33 @@ from . import RoundInfo, Session
 __all__ = ["DiLoCo"]
 
 
+def _bf16_bits(t: torch.Tensor) -> np.ndarray:
+    """The uint16 numpy view of a CPU bfloat16 tensor's memory (numpy has no bfloat16: the bits
+    are what libnebula's bf16 tensors take)."""
+    return t.view(torch.int16).numpy().view(np.uint16)
+
+
 class _Param:
-    """One registered parameter: either its own memory (a CPU fp32 contiguous tensor: the round
-    reads and writes it in place) or a host fp32 staging buffer copied to before each round and
-    from after it (GPU or non-fp32 parameters)."""
+    """One registered parameter: either its own memory (a CPU contiguous fp32 or bf16 tensor: the
+    round reads and writes it in place, a bf16 one through the session's fp32 master) or a host
+    staging buffer copied to before each round and from after it (GPU parameters, other dtypes):
+    bf16 for a bf16 parameter (half the copy; the session converts), else fp32."""
 
     def __init__(self, name: str, p: torch.nn.Parameter):
         self.name = name
         self.param = p
         t = p.data
-        self.shared = t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+        bf16 = t.dtype == torch.bfloat16
+        self.shared = t.device.type == "cpu" and t.is_contiguous() and (
+            t.dtype == torch.float32 or bf16)
         if self.shared:
-            self.host = t.numpy()  # the same memory as p.data
+            self.host_t = t  # the same memory as p.data
             self.ptr = t.data_ptr()
         else:
-            self.host = np.empty(tuple(t.shape), dtype=np.float32)
+            self.host_t = torch.empty(tuple(t.shape), dtype=torch.bfloat16 if bf16 else
+                                      torch.float32)
             self.ptr = None
-        self.host_t = torch.from_numpy(self.host)
+        self.host = _bf16_bits(self.host_t) if bf16 else self.host_t.numpy()
 
     def to_host(self) -> None:
         t = self.param.data
@@ -153,6 +164,31 @@ class DiLoCo:
         self.rounds += 1
         self.last_round = info
         return info
+
+    def save(self, path) -> None:
+        """Writes the session's round state to `path` (Session.save: atomic, every cluster its
+        own file). Right after a round, when the parameters hold theta_global: save the model's
+        other state (buffers, frozen parameters) and the inner optimizer's beside it yourself."""
+        if self.steps:
+            raise RuntimeError(
+                f"nebula.torch: save right after a round ({self.steps} inner steps since the "
+                "last one would not be in the checkpoint)"
+            )
+        self.session.save(path)
+
+    @torch.no_grad()
+    def load(self, path) -> None:
+        """Restores a state written by save (every cluster its own, of the same round): the
+        parameters then hold its theta_global and the next round continues the saved run.
+        NebulaError for a file of another model, cluster or job setting, or a damaged one (the
+        parameters are then unchanged)."""
+        for prm in self.params:
+            prm.to_host()  # the memory check of shared parameters
+        self.session.load(path)
+        for prm in self.params:
+            prm.from_host()
+        self.steps = 0
+        self.samples = 0
 
     def finish(self) -> None:
         """The final hash-only exchange (every cluster calls it once, after its last round)."""

@@ -321,6 +321,192 @@ class BadInputs(unittest.TestCase):
             self.assertEqual(info.global_hash, s.global_hash())
 
 
+def bf16_round(f):
+    """float32 -> bfloat16 bits, round to nearest even (the reference: numpy, not libnebula)."""
+    u = np.asarray(f, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_float(h):
+    return (np.asarray(h, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def run_threads(fns):
+    """Runs each fn in a thread of its own (the C calls release the GIL); their results, or the
+    exception one raised."""
+    out = [None] * len(fns)
+
+    def run(i):
+        try:
+            out[i] = fns[i]()
+        except BaseException as e:  # noqa: B902 - the test reports it
+            out[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(TIMEOUT_S)
+        assert not th.is_alive(), "a cluster's thread did not return"
+    return out
+
+
+def pair(job, registers, **kw):
+    """Two connected sessions in this process; registers(i, session) registers cluster i's."""
+    opts = dict(OPTS, job_id=job, **kw)
+    sessions = [nebula.Session(cluster_id=NAMES[i], cluster_index=i, **opts) for i in range(2)]
+    for i in range(2):
+        registers(i, sessions[i])
+    sessions[0].add_peer(f"west=127.0.0.1:{sessions[1].port}")
+    sessions[1].add_peer(f"east=127.0.0.1:{sessions[0].port}")
+    return sessions
+
+
+class FromEnv(unittest.TestCase):
+    VARS = ("NEBULA_JOB_ID", "NEBULA_CLUSTER_ID", "NEBULA_INSECURE", "NEBULA_UNSEALED",
+            "NEBULA_VALUES", "NEBULA_DENSITY", "NEBULA_N_CLUSTERS", "NEBULA_JOB_SECRET_FILE")
+
+    def setUp(self):
+        self.saved = {k: os.environ.pop(k, None) for k in self.VARS}
+
+    def tearDown(self):
+        for k, v in self.saved.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
+
+    def test_from_env_and_overrides(self):
+        os.environ.update(NEBULA_JOB_ID="py-env", NEBULA_CLUSTER_ID="solo", NEBULA_INSECURE="1",
+                          NEBULA_UNSEALED="1", NEBULA_VALUES="fp32", NEBULA_DENSITY="1")
+        with nebula.Session.from_env(inner_steps=4) as s:
+            v = np.arange(8, dtype=np.float32)
+            s.register("v", v)
+            s.start()
+            v += 1
+            self.assertEqual(s.round(3).samples_all, 3)
+        with self.assertRaises(TypeError):
+            nebula.Session.from_env(no_such_option=1)
+
+    def test_bad_variable_names_it(self):
+        for var, value in (("NEBULA_DENSITY", "1.5"), ("NEBULA_N_CLUSTERS", "0"),
+                           ("NEBULA_INSECURE", "yes"), ("NEBULA_JOB_SECRET_FILE", "/nonexistent")):
+            with self.subTest(var=var):
+                os.environ[var] = value
+                with self.assertRaises(nebula.NebulaError) as cm:
+                    nebula.Session.from_env(job_id="x", cluster_id="y")
+                del os.environ[var]
+                self.assertEqual(cm.exception.status, "NB_ERR_CONFIG")
+                self.assertEqual(cm.exception.call, "nb_session_options_from_env")
+                self.assertIn(var, cm.exception.message)
+
+
+class Bf16(unittest.TestCase):
+    def test_bf16_and_fp32_tensors(self):
+        """Cluster-local updates of a bf16 'w' and an fp32 'b', three rounds: both clusters hold
+        the same buffers, and w is the fp32 master rounded to nearest even."""
+        arrays = []
+
+        def registers(i, s):
+            w = bf16_round(np.linspace(-2, 2, 48, dtype=np.float32).reshape(6, 8) * (1 + i))
+            b = np.full(5, 0.5 * i, np.float32)
+            arrays.append((w, b))
+            s.register("w", w)
+            s.register("b", b)
+
+        sessions = pair("py-bf16", registers, values="fp32", density=1.0)
+        try:
+            def cluster(i):
+                s, (w, b) = sessions[i], arrays[i]
+                s.start()
+                out = []
+                for r in range(3):
+                    w[:] = bf16_round(bf16_float(w) + np.float32(0.01 * (i + 1) * (r + 1)))
+                    b -= np.float32(0.1 * (i + 1))
+                    info = s.round(8)
+                    out.append((w.copy(), b.copy(), s.read_global("w"), info.global_hash))
+                return out
+
+            res = run_threads([lambda: cluster(0), lambda: cluster(1)])
+            for r in res:
+                if isinstance(r, BaseException):
+                    raise r
+            for k in range(3):
+                (w0, b0, m0, h0), (w1, b1, m1, h1) = res[0][k], res[1][k]
+                self.assertEqual(h0, h1)
+                np.testing.assert_array_equal(w0, w1)
+                np.testing.assert_array_equal(b0, b1)
+                np.testing.assert_array_equal(m0, m1)
+                self.assertEqual(m0.shape, (6, 8))
+                np.testing.assert_array_equal(w0, bf16_round(m0))
+            self.assertFalse(np.array_equal(bf16_float(bf16_round(m0)), m0))  # rounding worked
+            np.testing.assert_array_equal(sessions[0].read_global("b"), arrays[0][1])
+        finally:
+            for s in sessions:
+                s.close()
+
+    def test_dtype_mismatch_names_the_tensor(self):
+        def registers(i, s):
+            s.register("w", np.zeros(4, np.uint16 if i == 0 else np.float32))
+
+        sessions = pair("py-bf16-mismatch", registers)
+        try:
+            res = run_threads([sessions[0].start, sessions[1].start])
+            for i, e in enumerate(res):
+                self.assertIsInstance(e, nebula.NebulaError)
+                self.assertEqual(e.status, "NB_ERR_CONFIG")
+                self.assertIn("tensor 0 'w' is " + ("bf16" if i == 0 else "fp32"), e.message)
+        finally:
+            for s in sessions:
+                s.close()
+
+
+class Checkpoint(unittest.TestCase):
+    def test_save_load_same_rounds(self):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "state.bin")
+            v = np.linspace(0, 1, 32, dtype=np.float32)
+            hashes = []
+            with solo(density=0.25, outer_momentum=0.5) as s:
+                s.register("v", v)
+                s.start()
+                for r in range(4):
+                    if r == 2:
+                        s.save(path)
+                        saved = v.copy()
+                    v += np.float32(0.01) * np.arange(32, dtype=np.float32) * (r + 1)
+                    hashes.append(s.round(1).global_hash)
+            u = np.zeros(32, np.float32)
+            with solo(density=0.25, outer_momentum=0.5) as s:
+                s.register("v", u)
+                s.start()
+                s.load(path)
+                np.testing.assert_array_equal(u, saved)
+                for r in range(2, 4):
+                    u += np.float32(0.01) * np.arange(32, dtype=np.float32) * (r + 1)
+                    self.assertEqual(s.round(1).global_hash, hashes[r])
+                # a corrupted and a truncated file are refused, nothing changes
+                data = open(path, "rb").read()
+                bad = os.path.join(d, "bad.bin")
+                for content, status in ((data[:100] + bytes([data[100] ^ 1]) + data[101:],
+                                         "NB_ERR_INTEGRITY"), (data[:-9], "NB_ERR_INVALID")):
+                    with open(bad, "wb") as f:
+                        f.write(content)
+                    h = s.global_hash()
+                    with self.assertRaises(nebula.NebulaError) as cm:
+                        s.load(bad)
+                    self.assertEqual(cm.exception.status, status)
+                    self.assertEqual(s.global_hash(), h)
+            with solo(outer_momentum=0.5) as s:  # another table
+                s.register("x", np.zeros(32, np.float32))
+                s.start()
+                with self.assertRaises(nebula.NebulaError) as cm:
+                    s.load(path)
+                self.assertEqual(cm.exception.status, "NB_ERR_CONFIG")
+                self.assertIn("'x'", cm.exception.message)
+
+
 class Header(unittest.TestCase):
     def test_cdef_from_header(self):
         text = ('/* c */\n#ifndef G\n#define G\n#include <x.h>\n#ifdef __cplusplus\nextern "C" {\n'
@@ -331,7 +517,8 @@ class Header(unittest.TestCase):
     def test_every_declared_function_is_exported(self):
         names = [n for n in dir(_ffi.lib) if n.startswith("nb_")]
         for n in ("nb_session_open", "nb_session_round", "nb_session_global_hash",
-                  "nb_status_name", "nb_error_last"):
+                  "nb_session_options_from_env", "nb_session_register_dtype", "nb_session_save",
+                  "nb_session_load", "nb_status_name", "nb_error_last"):
             self.assertIn(n, names)
         for n in names:
             getattr(_ffi.lib, n)  # raises when libnebula does not export a declared name
