@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "session_pair.h"
+
 #define DIM 16
 #define N_DATA 256
 #define BATCH 32
@@ -113,20 +115,12 @@ static const uint8_t secret[32] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 1
 
 static void side_open(side_t* sd, const char* job) {
   nb_session_options_t o;
-  nb_session_options_default(&o);
-  o.job_id = job;
-  o.cluster_id = sd->index == 0 ? "east" : "west";
-  o.cluster_index = (uint32_t)sd->index;
-  o.n_clusters = 2;
-  o.listen = "127.0.0.1:0";
-  o.insecure = 1; /* loopback; the frames are still sealed with the job secret */
-  o.job_secret = secret;
+  pair_options(&o, job, sd->index, secret);
   o.inner_steps = H;
   o.outer_lr = 0.8f;
   o.outer_momentum = 0.5f;
   o.density = 0.25;
   o.values = "int8";
-  o.peer_timeout_s = 10;
   assert_int_equal(nb_session_open(&o, &sd->s), NB_OK);
   assert_true(nb_session_port(sd->s) > 0);
   int64_t wshape[2] = {DIM, DIM};
@@ -134,13 +128,8 @@ static void side_open(side_t* sd, const char* job) {
   assert_int_equal(nb_session_register(sd->s, "b", sd->b, &sd->b_len, 1), NB_OK);
 }
 
-/* Each side learns where the other listens (the test's own rendezvous). */
 static void sides_connect(side_t* a, side_t* b) {
-  char peer[64];
-  snprintf(peer, sizeof peer, "west=127.0.0.1:%d", nb_session_port(b->s));
-  assert_int_equal(nb_session_add_peer(a->s, peer), NB_OK);
-  snprintf(peer, sizeof peer, "east=127.0.0.1:%d", nb_session_port(a->s));
-  assert_int_equal(nb_session_add_peer(b->s, peer), NB_OK);
+  assert_int_equal(pair_connect(a->s, b->s), NB_OK);
 }
 
 static void side_fail(side_t* sd, nb_status_t st) {

@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "session_pair.h"
+
 #define NW 96 /* w: (8, 12) bf16 */
 #define NB 10 /* b: (10) fp32 */
 #define ROUNDS 6
@@ -73,18 +75,11 @@ static void side_open(side_t* sd, const char* job) {
   }
   for (int i = 0; i < NB; i++) sd->b[i] = (float)(0.1 * i - 0.3 * sd->index);
   nb_session_options_t o;
-  nb_session_options_default(&o);
-  o.job_id = job;
-  o.cluster_id = sd->index == 0 ? "east" : "west";
-  o.cluster_index = (uint32_t)sd->index;
-  o.n_clusters = 2;
-  o.insecure = 1;
-  o.job_secret = secret;
+  pair_options(&o, job, sd->index, secret);
   o.outer_lr = 0.8f;
   o.outer_momentum = 0.0f; /* so that an idle round is a zero step */
   o.density = 1;           /* dense fp32 frames: lossless, no residual to carry */
   o.values = "fp32";
-  o.peer_timeout_s = 10;
   assert_int_equal(nb_session_open(&o, &sd->s), NB_OK);
   int64_t ws[2] = {8, 12}, bs[1] = {NB};
   void* w = sd->w_dtype == NB_DTYPE_BF16 ? (void*)sd->w : (void*)sd->w32;
@@ -93,11 +88,7 @@ static void side_open(side_t* sd, const char* job) {
 }
 
 static void sides_connect(side_t* a, side_t* b) {
-  char peer[64];
-  snprintf(peer, sizeof peer, "west=127.0.0.1:%d", nb_session_port(b->s));
-  assert_int_equal(nb_session_add_peer(a->s, peer), NB_OK);
-  snprintf(peer, sizeof peer, "east=127.0.0.1:%d", nb_session_port(a->s));
-  assert_int_equal(nb_session_add_peer(b->s, peer), NB_OK);
+  assert_int_equal(pair_connect(a->s, b->s), NB_OK);
 }
 
 static nb_status_t side_fail(side_t* sd, nb_status_t st) {

@@ -23,6 +23,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "session_pair.h"
+
 #define NW 200
 #define NB 8
 #define SAVE_AT 3
@@ -54,18 +56,12 @@ static void side_open(side_t* sd, int index, const char* job, float seed) {
   for (int i = 0; i < NW; i++) sd->w[i] = seed * (float)sin(0.1 * i + index);
   for (int i = 0; i < NB; i++) sd->b[i] = seed * (float)i;
   nb_session_options_t o;
-  nb_session_options_default(&o);
-  o.job_id = job; /* a resumed run is another job: its frames are sealed under new keys */
-  o.cluster_id = index == 0 ? "east" : "west";
-  o.cluster_index = (uint32_t)index;
-  o.n_clusters = 2;
-  o.insecure = 1;
-  o.job_secret = secret;
+  /* a resumed run is another job: its frames are sealed under new keys */
+  pair_options(&o, job, index, secret);
   o.outer_lr = 0.7f;
   o.outer_momentum = 0.6f;
   o.density = 0.2;
   o.values = "int8";
-  o.peer_timeout_s = 10;
   assert_int_equal(nb_session_open(&o, &sd->s), NB_OK);
   int64_t ws[2] = {10, 20};
   assert_int_equal(nb_session_register(sd->s, "w", sd->w, ws, 2), NB_OK);
@@ -73,11 +69,7 @@ static void side_open(side_t* sd, int index, const char* job, float seed) {
 }
 
 static void sides_connect(side_t* a, side_t* b) {
-  char peer[64];
-  snprintf(peer, sizeof peer, "west=127.0.0.1:%d", nb_session_port(b->s));
-  assert_int_equal(nb_session_add_peer(a->s, peer), NB_OK);
-  snprintf(peer, sizeof peer, "east=127.0.0.1:%d", nb_session_port(a->s));
-  assert_int_equal(nb_session_add_peer(b->s, peer), NB_OK);
+  assert_int_equal(pair_connect(a->s, b->s), NB_OK);
 }
 
 /* The cluster's inner steps of round r: deterministic in its buffers, its index and r. */

@@ -7,9 +7,7 @@ before C; the header-derived declarations against the library. No mocks: the rea
 Exits 77 (CTest: skipped) when numpy or cffi is missing."""
 
 import gc
-import multiprocessing as mp
 import os
-import queue
 import sys
 import threading
 import unittest
@@ -23,6 +21,7 @@ except ImportError as e:
 
 import nebula  # noqa: E402
 from nebula import _ffi  # noqa: E402
+import two_clusters  # noqa: E402  (beside this file)
 
 DIM, N_DATA, BATCH, H, ROUNDS = 16, 256, 32, 10, 8
 TIMEOUT_S = 90  # the processes' own bound; CTest's TIMEOUT is above it
@@ -97,47 +96,7 @@ def cluster_main(index, to_parent, from_parent):
 
 class TwoProcesses(unittest.TestCase):
     def test_train_two_clusters(self):
-        ctx = mp.get_context("spawn")  # a fresh interpreter per cluster, as two programs are
-        up = ctx.Queue()
-        downs = [ctx.Queue() for _ in range(2)]
-        procs = [ctx.Process(target=cluster_main, args=(i, up, downs[i])) for i in range(2)]
-        results = {}
-        try:
-            for p in procs:
-                p.start()
-            ports, ready, finished = {}, set(), set()
-            while len(results) < 2:
-                try:
-                    kind, i, val = up.get(timeout=TIMEOUT_S)
-                except queue.Empty:
-                    self.fail(f"no word from the clusters in {TIMEOUT_S} s; got {results}")
-                if kind == "port":
-                    ports[i] = val
-                    if len(ports) == 2:
-                        for j in range(2):
-                            downs[j].put(ports[1 - j])
-                elif kind == "ready":
-                    ready.add(i)
-                    if len(ready) == 2:
-                        for j in range(2):
-                            downs[j].put("go")
-                elif kind == "finished":
-                    finished.add(i)
-                    if len(finished) == 2:
-                        for j in range(2):
-                            downs[j].put("close")
-                elif kind == "error":
-                    self.fail(f"cluster {i}: {val}")
-                else:
-                    results[i] = val
-            for p in procs:
-                p.join(TIMEOUT_S)
-                self.assertEqual(p.exitcode, 0)
-        finally:
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-                    p.join()
+        results = two_clusters.run(self, cluster_main, (), TIMEOUT_S)
 
         w0_initial = make_side(0)[0]
         for i in range(2):

@@ -9,8 +9,6 @@ checkpoint of a bf16 model: save, load into a new model, the same rounds give th
 
 Exits 77 (CTest: skipped) when torch, numpy or cffi is missing."""
 
-import multiprocessing as mp
-import queue
 import sys
 import unittest
 
@@ -24,6 +22,7 @@ except ImportError as e:
 
 import nebula  # noqa: E402
 import nebula.torch  # noqa: E402
+import two_clusters  # noqa: E402  (beside this file)
 
 H, ROUNDS, N_DATA, BATCH = 4, 8, 256, 32
 TIMEOUT_S = 120
@@ -113,48 +112,7 @@ def cluster_main(index, dtype, hook, to_parent, from_parent):
 
 
 def run_pair(test, dtype, hook):
-    ctx = mp.get_context("spawn")
-    up = ctx.Queue()
-    downs = [ctx.Queue() for _ in range(2)]
-    procs = [ctx.Process(target=cluster_main, args=(i, dtype, hook, up, downs[i]))
-             for i in range(2)]
-    results, ports, ready, finished = {}, {}, set(), set()
-    try:
-        for p in procs:
-            p.start()
-        while len(results) < 2:
-            try:
-                kind, i, val = up.get(timeout=TIMEOUT_S)
-            except queue.Empty:
-                test.fail(f"no word from the clusters in {TIMEOUT_S} s")
-            if kind == "port":
-                ports[i] = val
-                if len(ports) == 2:
-                    for j in range(2):
-                        downs[j].put(ports[1 - j])
-            elif kind == "ready":
-                ready.add(i)
-                if len(ready) == 2:
-                    for j in range(2):
-                        downs[j].put("go")
-            elif kind == "finished":
-                finished.add(i)
-                if len(finished) == 2:
-                    for j in range(2):
-                        downs[j].put("close")
-            elif kind == "error":
-                test.fail(f"cluster {i}: {val}")
-            else:
-                results[i] = val
-        for p in procs:
-            p.join(TIMEOUT_S)
-            test.assertEqual(p.exitcode, 0)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return results
+    return two_clusters.run(test, cluster_main, (dtype, hook), TIMEOUT_S)
 
 
 class DiLoCoTwoClusters(unittest.TestCase):
