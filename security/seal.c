@@ -109,6 +109,9 @@ static nb_status_t nb__key_dir(nb_seal_ctx_t* c, int sending, uint32_t epoch) {
   if (st != NB_OK) return st;
   EVP_CIPHER* aes = EVP_CIPHER_fetch(NULL, "AES-256-GCM", NULL);
   int ok = aes != NULL;
+  /* a new epoch re-keys a context in use: reset it first, or OpenSSL keeps the previous key's
+   * cipher state (LeakSanitizer saw it when a receiver adopted a restarted sender's epoch) */
+  if (ok) ok = EVP_CIPHER_CTX_reset(sending ? c->send : c->recv);
   if (ok)
     ok = sending ? EVP_EncryptInit_ex2(c->send, aes, okm, NULL, NULL)
                  : EVP_DecryptInit_ex2(c->recv, aes, okm, NULL, NULL);
