@@ -51,22 +51,21 @@ json_t* nb_e2e_load_job(const char* bench, const char* job, long seed, long eval
 
 /* Runs `nebula run JOB --out OUT [--data-dir D] [--steps N]` (steps 0: the job's) with its output
  * in LOG; returns the exit code (-1 when it could not run). */
-int nb_e2e_run(const char* job, const char* out, const char* log, const char* data_dir,
-               long steps);
+int nb_e2e_run(const char* job, const char* out, const char* log, const char* data_dir, long steps);
 
 /* The option-table rows `bench e2e` and `bench pareto` share (common/opts.h): the job, the run
  * length, the evaluation, the corpus, the output folder and JSON output, into the fields job,
  * steps (long), eval_batches (long), data_dir, out and as_json of *o. */
-#define NB_E2E_RUN_OPTIONS(o, out_default)                                                     \
-  NB_OPTION("job", NB_OPT_STR, &(o)->job, "FILE",                                              \
-            "the job (default jobs/examples/pretrain-2dc-small.json)"),                        \
-      NB_OPTION("steps", NB_OPT_LONG, &(o)->steps, "N", "training steps (default: the job's)", \
-                .min = 1),                                                                     \
-      NB_OPTION("eval-batches", NB_OPT_LONG, &(o)->eval_batches, "B",                          \
-                "training.eval.batches of every run", .min = 1, .max = 1000000),               \
-      NB_OPTION("data-dir", NB_OPT_STR, &(o)->data_dir, "DIR",                                 \
-                "the corpus (default: the job's)"),                                            \
-      NB_OPTION("out", NB_OPT_STR, &(o)->out, "DIR", "logs and results (default " out_default ")"), \
+#define NB_E2E_RUN_OPTIONS(o, out_default)                                                         \
+  NB_OPTION("job", NB_OPT_STR, &(o)->job, "FILE",                                                  \
+            "the job (default jobs/examples/pretrain-2dc-small.json)"),                            \
+      NB_OPTION("steps", NB_OPT_LONG, &(o)->steps, "N", "training steps (default: the job's)",     \
+                .min = 1),                                                                         \
+      NB_OPTION("eval-batches", NB_OPT_LONG, &(o)->eval_batches, "B",                              \
+                "training.eval.batches of every run", .min = 1, .max = 1000000),                   \
+      NB_OPTION("data-dir", NB_OPT_STR, &(o)->data_dir, "DIR", "the corpus (default: the job's)"), \
+      NB_OPTION("out", NB_OPT_STR, &(o)->out, "DIR",                                               \
+                "logs and results (default " out_default ")"),                                     \
       NB_OPTION("json", NB_OPT_FLAG, &(o)->as_json, NULL, "print one JSON object")
 
 /* Reads the summaries of a finished run under out into r (r->name picks the clusters). */
