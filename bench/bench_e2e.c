@@ -194,11 +194,6 @@ int nb_e2e_run(const char* job, const char* out, const char* log, const char* da
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-static int nb__e2e_cmp_double(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return (x > y) - (x < y);
-}
-
 double nb_e2e_round_compute(const char* dir, long long* n_params) {
   char p[1200];
   snprintf(p, sizeof p, "%s/summary.json", dir);
@@ -223,8 +218,7 @@ double nb_e2e_round_compute(const char* dir, long long* n_params) {
   fclose(f);
   if (nv == 0) return 0;
   /* the median: a burst of other work on the machine during a few rounds does not move it */
-  qsort(v, nv, sizeof v[0], nb__e2e_cmp_double);
-  return nv % 2 ? v[nv / 2] : 0.5 * (v[nv / 2 - 1] + v[nv / 2]);
+  return nb_bench_median(v, nv);
 }
 
 void nb_e2e_collect(const char* out, nb_e2e_result_t* r) {

@@ -16,6 +16,19 @@ int64_t nb_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+void nb_cond_init_mono(pthread_cond_t* c) {
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_cond_init(c, &a);
+  pthread_condattr_destroy(&a);
+}
+
+int nb_cond_wait_until(pthread_cond_t* c, pthread_mutex_t* m, int64_t abs_ns) {
+  struct timespec ts = {.tv_sec = abs_ns / 1000000000LL, .tv_nsec = abs_ns % 1000000000LL};
+  return pthread_cond_timedwait(c, m, &ts);
+}
+
 double nb_now_s(void) {
   return (double)nb_now_ns() * 1e-9;
 }

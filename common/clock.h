@@ -15,6 +15,12 @@ extern "C" {
 
 /* Nanoseconds from CLOCK_MONOTONIC. Never goes back. Thread-safe. */
 int64_t nb_now_ns(void);
+
+/* A condition variable whose timed waits run on nb_now_ns's clock (CLOCK_MONOTONIC), and a wait
+ * on one until abs_ns of that clock; the wait returns pthread_cond_timedwait's result (0 when
+ * woken, ETIMEDOUT at the deadline). */
+void nb_cond_init_mono(pthread_cond_t* c);
+int nb_cond_wait_until(pthread_cond_t* c, pthread_mutex_t* m, int64_t abs_ns);
 /* Seconds (double) from CLOCK_MONOTONIC. */
 double nb_now_s(void);
 /* Nanoseconds since the Unix epoch (CLOCK_REALTIME). */

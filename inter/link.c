@@ -85,20 +85,6 @@ uint64_t nb_link_transfer_id(uint64_t round) {
   return (round << 1) | 1u;
 }
 
-static void nb__cond_init_mono(pthread_cond_t* c) {
-  pthread_condattr_t a;
-  pthread_condattr_init(&a);
-  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-  pthread_cond_init(c, &a);
-  pthread_condattr_destroy(&a);
-}
-
-/* Waits on c until abs_ns (nb_now_ns clock, assumed CLOCK_MONOTONIC). */
-static void nb__cond_wait_until(pthread_cond_t* c, pthread_mutex_t* m, int64_t abs_ns) {
-  struct timespec ts = {.tv_sec = abs_ns / 1000000000LL, .tv_nsec = abs_ns % 1000000000LL};
-  pthread_cond_timedwait(c, m, &ts);
-}
-
 /* ==================================================================== sender */
 
 enum { NB__CH_PENDING = 0, NB__CH_INFLIGHT = 1, NB__CH_ACKED = 2 };
@@ -214,7 +200,7 @@ nb_status_t nb_link_create(const nb_link_config_t* cfg, nb_link_t** out) {
   L->stall_ms = cfg->stall_ms > 0 ? cfg->stall_ms : nb_param_LinkStallMs();
   L->rate_hint_Bps = cfg->rate_hint_Bps;
   pthread_mutex_init(&L->mu, NULL);
-  nb__cond_init_mono(&L->probe_cv);
+  nb_cond_init_mono(&L->probe_cv);
   if (L->chunk_bytes > ((size_t)48 << 20)) {
     st = nb_error(NB_ERR_INVALID, "link: chunk of %zu bytes > 48 MiB", L->chunk_bytes);
     goto fail;
@@ -486,7 +472,7 @@ static void* nb__probe_main(void* arg) {
   while (!L->probe_stop) {
     int64_t now = nb_now_ns();
     if (now < due) {
-      nb__cond_wait_until(&L->probe_cv, &L->mu, due);
+      nb_cond_wait_until(&L->probe_cv, &L->mu, due);
       continue;
     }
     if (L->sending || L->cancelled) { /* data has the link: look again shortly */
@@ -822,7 +808,7 @@ static void* nb__worker(void* arg) {
       if (x->deadline_ns && until > x->deadline_ns) until = x->deadline_ns;
       pthread_mutex_lock(&x->mu);
       x->reconnects++;
-      while (!nb__xfer_over(x) && nb_now_ns() < until) nb__cond_wait_until(&x->cv, &x->mu, until);
+      while (!nb__xfer_over(x) && nb_now_ns() < until) nb_cond_wait_until(&x->cv, &x->mu, until);
       over = nb__xfer_over(x);
       pthread_mutex_unlock(&x->mu);
       backoff = backoff * 2 > NB__LINK_BACKOFF_MAX_NS ? NB__LINK_BACKOFF_MAX_NS : backoff * 2;
@@ -903,7 +889,7 @@ static void* nb__worker(void* arg) {
         rc = NB_ERR_TIMEOUT;
         break;
       }
-      nb__cond_wait_until(&x->cv, &x->mu, nb_now_ns() + (int64_t)NB__LINK_TICK_MS * 1000000);
+      nb_cond_wait_until(&x->cv, &x->mu, nb_now_ns() + (int64_t)NB__LINK_TICK_MS * 1000000);
     }
     if (rc == NB_OK) rc = st.err;
     int finished = nb__xfer_over(x);
@@ -975,7 +961,7 @@ nb_status_t nb_link_send(nb_link_t* L, uint64_t round, const void* frame, size_t
   NB_CHECK_GOTO(NB_CALLOC(ws, L->streams, "link workers"), st, out);
   x.hash = nb_xxh3_64(frame, len, 0);
   pthread_mutex_init(&x.mu, NULL);
-  nb__cond_init_mono(&x.cv);
+  nb_cond_init_mono(&x.cv);
   uint32_t nstreams = L->streams < x.count ? L->streams : x.count;
   pthread_mutex_lock(&L->mu);
   L->sending++;
@@ -1142,7 +1128,7 @@ nb_status_t nb_link_rx_create(const nb_link_rx_config_t* cfg, nb_link_rx_t** out
   rx->max_frame =
       cfg->max_frame_bytes ? cfg->max_frame_bytes : (uint64_t)nb_param_LinkMaxFrameMb() << 20;
   pthread_mutex_init(&rx->mu, NULL);
-  nb__cond_init_mono(&rx->cv);
+  nb_cond_init_mono(&rx->cv);
   *out = rx;
   return NB_OK;
 }
@@ -1298,7 +1284,7 @@ nb_status_t nb_link_rx_take(nb_link_rx_t* rx, const char* sender, uint64_t round
                     x ? "incomplete" : "not started");
       break;
     }
-    nb__cond_wait_until(&rx->cv, &rx->mu, deadline_ns);
+    nb_cond_wait_until(&rx->cv, &rx->mu, deadline_ns);
   }
   pthread_mutex_unlock(&rx->mu);
   return st;

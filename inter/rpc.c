@@ -361,11 +361,7 @@ static void nb__rpc_request_call(nb_rpc_server_t* srv) {
   }
   c->srv = srv;
   pthread_mutex_init(&c->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&c->cv, &ca);
-  pthread_condattr_destroy(&ca);
+  nb_cond_init_mono(&c->cv);
   grpc_call_details_init(&c->details);
   grpc_metadata_array_init(&c->req_md);
   nb__rpc_op_t* ops[] = {&c->op_accept, &c->op_recv,  &c->op_send,
@@ -766,11 +762,7 @@ nb_status_t nb_rpc_server_create(const nb_rpc_server_opts_t* opts, nb_rpc_server
   }
   nb__rpc_grpc_init();
   pthread_mutex_init(&srv->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the shutdown's grace is a timed wait */
-  pthread_cond_init(&srv->cv, &ca);
-  pthread_condattr_destroy(&ca);
+  nb_cond_init_mono(&srv->cv); /* the shutdown's grace is a timed wait */
   srv->op_shutdown.kind = NB__OP_SHUTDOWN;
   srv->authorize = opts->authorize;
   srv->authorize_user = opts->authorize_user;
@@ -885,17 +877,10 @@ static void nb__rpc_drain_inline(nb_rpc_server_t* srv) {
 
 /* Waits up to grace_ms for the server's live calls to end. */
 static void nb__rpc_grace(nb_rpc_server_t* srv, int64_t grace_ms) {
-  struct timespec dl;
-  clock_gettime(CLOCK_MONOTONIC, &dl);
-  dl.tv_sec += grace_ms / 1000;
-  dl.tv_nsec += (grace_ms % 1000) * 1000000L;
-  if (dl.tv_nsec >= 1000000000L) {
-    dl.tv_sec++;
-    dl.tv_nsec -= 1000000000L;
-  }
+  int64_t dl = nb_now_ns() + grace_ms * 1000000LL;
   pthread_mutex_lock(&srv->mu);
   while (srv->live_calls > 0)
-    if (pthread_cond_timedwait(&srv->cv, &srv->mu, &dl) != 0) break;
+    if (nb_cond_wait_until(&srv->cv, &srv->mu, dl) != 0) break;
   pthread_mutex_unlock(&srv->mu);
 }
 
