@@ -240,6 +240,40 @@ typedef struct {
   nb_status_t code; /* what Submit answers when why is set */
 } nb__fsub_t;
 
+/* Our record (x->fed: role, origin, active, the secret once made) and our view of the clusters
+ * (x->info) into the store, as one read-modify-write under record_mu. A member's Report is
+ * handled meanwhile (federation_api.c) and reads and writes the same record under that lock; a
+ * plain save between its read and its write was lost when it wrote back what it had read (a
+ * commit's secret reverted, so the member's fetch of the base checkpoint found the job "not
+ * committed here"; an endpoint or the acked seq of a report gone). Stored per-cluster fields we
+ * do not hold (seq, reason) stay; a stored state other than "proposed" is newer than ours. */
+static nb_status_t nb__fsub_save(nb__fsub_t* x) {
+  pthread_mutex_lock(&x->gw->record_mu);
+  nb_job_fed_t cur;
+  json_t* now = NULL;
+  nb_status_t s;
+  if (nb__gw_fed_load(x->st, x->id, &cur, &now) == NB_OK) {
+    const char *k, *f;
+    json_t *c, *v;
+    json_object_foreach(x->info, k, v) if (strcmp(k, "clusters")) json_object_set(now, k, v);
+    json_object_foreach(json_object_get(x->info, "clusters"), k, c) {
+      json_t* stored = nb__gw_fed_cluster(now, k);
+      char was[32];
+      snprintf(was, sizeof was, "%s", nb__gw_jstr(stored, "state"));
+      json_object_foreach(c, f, v) {
+        if (!strcmp(f, "state") && was[0] && strcmp(was, "proposed")) continue;
+        json_object_set(stored, f, v);
+      }
+    }
+    s = nb__gw_fed_save(x->st, &x->fed, now);
+    nb__gw_fed_release(&cur, now);
+  } else {
+    s = nb__gw_fed_save(x->st, &x->fed, x->info);
+  }
+  pthread_mutex_unlock(&x->gw->record_mu);
+  return s;
+}
+
 /* The job folder here, our slots and Exchange endpoint, the first record. */
 static void nb__fsub_prepare(nb__fsub_t* x) {
   nb_status_t s = NB_OK;
@@ -259,7 +293,7 @@ static void nb__fsub_prepare(nb__fsub_t* x) {
       json_object_set_new(x->endpoints, x->gw->cfg.cluster_id, json_string(ep));
     }
   }
-  if (s == NB_OK) s = nb__gw_fed_save(x->st, &x->fed, x->info);
+  if (s == NB_OK) s = nb__fsub_save(x);
   if (s != NB_OK) {
     x->code = s;
     snprintf(x->why, sizeof x->why, "cluster '%s' (this gateway) cannot run the job: %.900s",
@@ -309,7 +343,7 @@ static void nb__fsub_commit(nb__fsub_t* x) {
     s = nb_seal_secret_generate(x->fed.secret);
     x->fed.has_secret = s == NB_OK;
     json_object_set(x->info, "endpoints", x->endpoints);
-    if (s == NB_OK) s = nb__gw_fed_save(x->st, &x->fed, x->info);
+    if (s == NB_OK) s = nb__fsub_save(x);
     if (s != NB_OK) {
       x->code = s;
       snprintf(x->why, sizeof x->why, "cannot keep the job's secret: %.900s", nb_error_last());
@@ -394,7 +428,7 @@ static nb_status_t nb__fsub_abort(nb__fsub_t* x) {
   if (x->reserved) nb__gw_unreserve(x->gw, x->id);
   nb_job_store_transition(x->st, x->id, NB_JOB_FAILED, x->why);
   x->fed.active = 0;
-  nb__gw_fed_save(x->st, &x->fed, x->info);
+  nb__fsub_save(x);
   NB_WARN("job %s: %s", x->id, x->why);
   s = nb_error(x->code == NB_OK ? NB_ERR_INTERNAL : x->code, "%s", x->why);
   return s;
@@ -402,22 +436,7 @@ static nb_status_t nb__fsub_abort(nb__fsub_t* x) {
 
 /* The submit succeeded: our view of the clusters merged into the stored record. */
 static void nb__fsub_merge(nb__fsub_t* x) {
-  pthread_mutex_lock(&x->gw->record_mu);
-  /* reports may already have come in: merge our view into the stored one */
-  nb_job_fed_t cur;
-  json_t* now = NULL;
-  if (nb__gw_fed_load(x->st, x->id, &cur, &now) == NB_OK) {
-    const char* k;
-    json_t* c;
-    json_object_foreach(json_object_get(x->info, "clusters"), k, c) {
-      json_t* stored = nb__gw_fed_cluster(now, k);
-      if (!strcmp(nb__gw_jstr(stored, "state"), "proposed"))
-        json_object_set(stored, "state", json_object_get(c, "state"));
-    }
-    nb__gw_fed_save(x->st, &x->fed, now);
-    nb__gw_fed_release(&cur, now);
-  }
-  pthread_mutex_unlock(&x->gw->record_mu);
+  nb__fsub_save(x);
   NB_INFO(JOB, "job %s: committed on %d clusters", x->id, x->np);
 }
 
