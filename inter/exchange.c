@@ -57,6 +57,7 @@ struct nb_exchange {
   int allow_insecure;
   uint8_t secret[NB_SEAL_SECRET_BYTES];
   int sealed;
+  uint32_t epoch; /* our sealing epoch as a sender of frames (nb__ex_data_epoch) */
   uint32_t streams, window;
   size_t chunk_bytes;
   double rate_cap, rate_hint;
@@ -149,7 +150,7 @@ static nb_status_t nb__ex_pull(nb_rpc_call_t* call, void* user) {
   uint8_t* sealed = NULL;
   if (ex->sealed) {
     if (RAND_bytes((uint8_t*)&epoch, sizeof epoch) != 1) epoch = (uint32_t)nb_wall_ns();
-    epoch |= 1u; /* never the data epoch 0 */
+    epoch |= 1u; /* odd: never a data epoch (nb__ex_data_epoch) */
     nb_seal_opts_t so = {.local_epoch = epoch};
     st = nb_seal_ctx_create(ex->secret, ex->job, ex->self, who, &so, &seal);
     if (st == NB_OK)
@@ -322,6 +323,18 @@ out:
   return st;
 }
 
+/* Our sealing epoch as a sender of frames: even (a Pull's are odd, so the two never share a key),
+ * and later for a later start of the process: quarter seconds since 2026 (17 years of room).
+ * A cluster that restarts and redoes a round (a resumed checkpoint, a rejoin) so seals it
+ * under a new key instead of reusing the (round, chunk) nonces of its earlier incarnation, and
+ * its peers adopt the newer epoch from the transfer's PushOpen (inter/link.c). */
+static uint32_t nb__ex_data_epoch(void) {
+  const uint64_t base_s = 1767225600; /* 2026-01-01T00:00:00Z */
+  uint64_t q = (uint64_t)nb_wall_ns() / 250000000ull, b = base_s * 4;
+  uint64_t e = q > b ? q - b : 0;
+  return (uint32_t)(((e & 0x7fffffffull) << 1) + 2);
+}
+
 nb_status_t nb_exchange_create(const nb_exchange_config_t* cfg, nb_exchange_t** out) {
   if (!cfg || !out) return nb_error(NB_ERR_INVALID, "exchange: NULL config or out");
   *out = NULL;
@@ -349,6 +362,7 @@ nb_status_t nb_exchange_create(const nb_exchange_config_t* cfg, nb_exchange_t** 
   if (cfg->job_secret) {
     memcpy(ex->secret, cfg->job_secret, NB_SEAL_SECRET_BYTES);
     ex->sealed = 1;
+    ex->epoch = nb__ex_data_epoch();
   }
   ex->streams = cfg->streams;
   ex->window = cfg->window;
@@ -596,8 +610,9 @@ nb_status_t nb_exchange_add_peer(nb_exchange_t* ex, const char* peer, const char
   snprintf(p->id, sizeof p->id, "%s", peer);
   snprintf(p->target, sizeof p->target, "%s", target);
   if (ex->sealed)
-    NB_CHECK_GOTO(nb_seal_ctx_create(ex->secret, ex->job, ex->self, peer, NULL, &p->seal), st,
-                  fail);
+    NB_CHECK_GOTO(nb_seal_ctx_create(ex->secret, ex->job, ex->self, peer,
+                                     &(nb_seal_opts_t){.local_epoch = ex->epoch}, &p->seal),
+                  st, fail);
   nb_link_config_t lc = {.job_id = ex->job,
                          .local_cluster = ex->self,
                          .peer_cluster = peer,

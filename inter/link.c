@@ -624,6 +624,7 @@ static nb_status_t nb__send_open(nb__xfer_t* x, nb_rpc_stream_t* s) {
   o.frame_hash = x->hash;
   o.frame_header.data = x->aad + 28;
   o.frame_header.len = x->aad_len - 28;
+  o.sender_epoch = nb_seal_local_epoch(x->L->seal);
   Nebula__V1__PushRequest req = NEBULA__V1__PUSH_REQUEST__INIT;
   req.kind_case = NEBULA__V1__PUSH_REQUEST__KIND_OPEN;
   req.open = &o;
@@ -1338,6 +1339,25 @@ static nb_status_t nb__rx_refuse(nb__rx_call_t* c, uint64_t tid, nb_status_t st,
   return nb_error(st, "%s", msg);
 }
 
+/* The sender's sealing epoch of a PushOpen: a newer one than we hold is a restarted sender
+ * (a resumed or rejoined cluster), whose key we derive now (nb_seal_set_peer_epoch; two streams
+ * may announce it at once, the second finds it set); an older one is a stale incarnation or a
+ * replay, refused. */
+static nb_status_t nb__rx_epoch(nb__rx_call_t* c, nb__rx_peer_t* peer, uint32_t epoch,
+                                uint64_t tid) {
+  if (!peer->seal) return NB_OK;
+  uint32_t cur = nb_seal_peer_epoch(peer->seal);
+  if (epoch > cur && nb_seal_set_peer_epoch(peer->seal, epoch) != NB_OK)
+    cur = nb_seal_peer_epoch(peer->seal);
+  else if (epoch > cur)
+    cur = epoch;
+  if (epoch != cur)
+    return nb__rx_refuse(c, tid, NB_ERR_PERMISSION, NB__ST_REJECTED,
+                         "sender '%s' seals with epoch %u, older than its current %u", peer->id,
+                         epoch, cur);
+  return NB_OK;
+}
+
 static nb_status_t nb__rx_open(nb__rx_call_t* c, const Nebula__V1__PushOpen* o) {
   nb_link_rx_t* rx = c->rx;
   const Nebula__V1__TransferKey* k = o->key;
@@ -1373,6 +1393,7 @@ static nb_status_t nb__rx_open(nb__rx_call_t* c, const Nebula__V1__PushOpen* o) 
                          "bad transfer shape: %llu bytes in %u chunks of %u (limit %llu bytes)",
                          (unsigned long long)o->frame_size, o->chunk_count, o->chunk_size,
                          (unsigned long long)rx->max_frame);
+  NB_CHECK(nb__rx_epoch(c, peer, o->sender_epoch, k->transfer_id));
   nb_status_t st = NB_OK;
   int status = NB__ST_OK;
   uint32_t next = 0;

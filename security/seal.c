@@ -352,6 +352,18 @@ nb_status_t nb_open_chunk(nb_seal_ctx_t* c, uint64_t round, uint64_t chunk, cons
   return st;
 }
 
+uint32_t nb_seal_local_epoch(const nb_seal_ctx_t* c) {
+  return c ? c->local_epoch : 0;
+}
+
+uint32_t nb_seal_peer_epoch(nb_seal_ctx_t* c) {
+  if (!c) return 0;
+  pthread_mutex_lock(&c->recv_mu);
+  uint32_t e = c->peer_epoch;
+  pthread_mutex_unlock(&c->recv_mu);
+  return e;
+}
+
 nb_status_t nb_seal_set_peer_epoch(nb_seal_ctx_t* c, uint32_t epoch) {
   if (!c) return nb_error(NB_ERR_INVALID, "NULL context");
   pthread_mutex_lock(&c->recv_mu);

@@ -105,6 +105,11 @@ nb_status_t nb_open_chunk(nb_seal_ctx_t* ctx, uint64_t round, uint64_t chunk, co
  * gives NB_ERR_INVALID (so an attacker cannot roll a receiver back to an old key). Thread-safe. */
 nb_status_t nb_seal_set_peer_epoch(nb_seal_ctx_t* ctx, uint32_t epoch);
 
+/* Our sending epoch (fixed at create) and the peer's current one (0 for ctx NULL). The peer's is
+ * read under the context's lock. */
+uint32_t nb_seal_local_epoch(const nb_seal_ctx_t* ctx);
+uint32_t nb_seal_peer_epoch(nb_seal_ctx_t* ctx);
+
 /* The nonce that nb_seal_chunk (sending != 0) or nb_open_chunk (sending == 0) uses for
  * (round, chunk), for tests and documentation. Same range checks as nb_seal_chunk. */
 nb_status_t nb_seal_nonce(const nb_seal_ctx_t* ctx, int sending, uint64_t round, uint64_t chunk,

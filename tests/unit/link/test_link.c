@@ -446,6 +446,49 @@ static void test_replay_rejected(void** state) {
   rx_side_down(&r);
 }
 
+/* A restarted sender (a resumed or rejoined cluster) seals under a newer epoch, so its redone
+ * rounds never reuse its earlier incarnation's key and nonces; the receiver adopts the newer
+ * epoch from the PushOpen and refuses the older one from then on. */
+static void test_sender_epoch(void** state) {
+  (void)state;
+  rx_side_t r;
+  rx_side_up(&r);
+  nb_seal_ctx_t *old = NULL, *now = NULL;
+  assert_int_equal(
+      nb_seal_ctx_create(g_secret, JOB, "dc-a", "dc-b", &(nb_seal_opts_t){.local_epoch = 2}, &old),
+      NB_OK);
+  assert_int_equal(
+      nb_seal_ctx_create(g_secret, JOB, "dc-a", "dc-b", &(nb_seal_opts_t){.local_epoch = 4}, &now),
+      NB_OK);
+  size_t size = 3 * RAW_CHUNK;
+  uint8_t* f = make_frame(size, 11);
+  int64_t dl = nb_now_ns() + 10000000000LL;
+  uint8_t* got = NULL;
+  size_t glen = 0;
+  nb_link_t* l = link_to(&r, old, 2, RAW_CHUNK, 0);
+  assert_int_equal(nb_link_send(l, 1, f, size, NULL, 0, dl, NULL), NB_OK);
+  assert_int_equal(nb_link_rx_take(r.rx, "dc-a", 1, dl, &got, &glen), NB_OK);
+  assert_memory_equal(got, f, size);
+  nb_free(got);
+  assert_int_equal(nb_seal_peer_epoch(r.seal_b), 2);
+  nb_link_t* l2 = link_to(&r, now, 2, RAW_CHUNK, 0); /* the same cluster, restarted */
+  assert_int_equal(nb_link_send(l2, 2, f, size, NULL, 0, dl, NULL), NB_OK);
+  assert_int_equal(nb_link_rx_take(r.rx, "dc-a", 2, dl, &got, &glen), NB_OK);
+  assert_memory_equal(got, f, size);
+  nb_free(got);
+  assert_int_equal(nb_seal_peer_epoch(r.seal_b), 4);
+  /* the earlier incarnation (or a replay of it) is refused now */
+  assert_int_equal(nb_link_send(l, 3, f, size, NULL, 0, nb_now_ns() + 5000000000LL, NULL),
+                   NB_ERR_PERMISSION);
+  assert_int_equal(nb_link_rx_take(r.rx, "dc-a", 3, 0, &got, &glen), NB_ERR_TIMEOUT); /* none */
+  nb_link_destroy(l);
+  nb_link_destroy(l2);
+  free(f);
+  nb_seal_ctx_destroy(old);
+  nb_seal_ctx_destroy(now);
+  rx_side_down(&r);
+}
+
 /* A sender whose certificate is another cluster than the `sender` it claims is refused. */
 static void test_identity_mismatch(void** state) {
   rx_side_t r;
@@ -838,17 +881,12 @@ static void test_chunk_encoding(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_chunk_encoding),
-      cmocka_unit_test(test_transfer_4_streams),
-      cmocka_unit_test(test_resume_after_drop),
-      cmocka_unit_test(test_tampered_chunk),
-      cmocka_unit_test(test_replay_rejected),
-      cmocka_unit_test(test_identity_mismatch),
-      cmocka_unit_test(test_rate_cap),
-      cmocka_unit_test(test_deadline_and_cancel),
-      cmocka_unit_test(test_probe),
-      cmocka_unit_test(test_adaptive_chunks),
-      cmocka_unit_test(test_rate_hint_and_small_sends),
+      cmocka_unit_test(test_chunk_encoding),      cmocka_unit_test(test_transfer_4_streams),
+      cmocka_unit_test(test_resume_after_drop),   cmocka_unit_test(test_tampered_chunk),
+      cmocka_unit_test(test_replay_rejected),     cmocka_unit_test(test_sender_epoch),
+      cmocka_unit_test(test_identity_mismatch),   cmocka_unit_test(test_rate_cap),
+      cmocka_unit_test(test_deadline_and_cancel), cmocka_unit_test(test_probe),
+      cmocka_unit_test(test_adaptive_chunks),     cmocka_unit_test(test_rate_hint_and_small_sends),
   };
   return cmocka_run_group_tests_name("link", tests, setup, teardown);
 }
