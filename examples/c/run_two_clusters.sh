@@ -56,6 +56,7 @@ rm -f "$secret"
 (umask 077 && head -c 32 /dev/urandom >"$secret")
 
 pids=()
+# shellcheck disable=SC2317 # called by the trap
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
 }
