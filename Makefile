@@ -3,8 +3,11 @@ BUILD      ?= build
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
+PREFIX     ?= /usr/local
+DESTDIR    ?=
 
-.PHONY: all setup configure build test test-all quality demo bench sanitize format clean help
+.PHONY: all setup configure build install test test-all quality demo bench sanitize format clean \
+        help
 
 all: build
 
@@ -14,6 +17,8 @@ help:
 	@echo "make sanitize  the unit suite under address+undefined sanitizers (build-asan/)"
 	@echo "make quality   checks of what tiny trained models write (BLAS-kernel dependent)"
 	@echo "make bench     run the benchmarks (after build)"
+	@echo "make install   build, then install libnebula, nebula.h, nebula.pc and nebula into PREFIX"
+	@echo "               (default /usr/local; DESTDIR=D stages it under D; docs/api.md)"
 	@echo "make format    apply .clang-format to every C/CUDA source"
 
 setup:
@@ -30,6 +35,11 @@ build: configure
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE "gpu|quality" $(CTEST_ARGS)
+
+# PREFIX/include/nebula.h, PREFIX/lib/libnebula.{so,a}, PREFIX/lib/pkgconfig/nebula.pc (relocatable)
+# and PREFIX/bin/nebula; DESTDIR (staging for a package) is prepended to every path by cmake
+install: build
+	DESTDIR='$(DESTDIR)' cmake --install $(BUILD) --prefix '$(PREFIX)'
 
 # gpu tests too (they skip cleanly without a device)
 test-all: build

@@ -5,7 +5,9 @@ Reads every `#include "X/..."` line of the C sources and headers under the modul
 fails when X sits on a higher floor than the including file, or on the same floor but in another
 folder (siblings do not know each other: compress and security, report and worker). Also fails on
 `#include <mpi.h>` outside intra/ (MPI stays behind intra/intra.h), except the raw-MPI baseline
-of bench/bench_allreduce.c. tests/, deploy/ and docs/ are not checked.
+of bench/bench_allreduce.c. Programs under examples/ are a user's: of nebula they include only
+<nebula.h> (no module header, quoted or angled, and no quoted path out of their folder).
+tests/, deploy/ and docs/ are not checked.
 
   check_includes.py ROOT          check the tree; prints each violation, exits 1 on any
   check_includes.py --self-test   plants upward includes in a temp tree and checks they fail
@@ -42,6 +44,7 @@ FLOOR = {m: i for i, ms in enumerate(FLOORS) for m in ms}
 # takes the status codes from it (their one definition).
 FLOOR["include"] = -1
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+ANY_INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^">]+)[">]')
 MPI = re.compile(r"^\s*#\s*include\s+<mpi\.h>")
 
 
@@ -76,6 +79,29 @@ def check(root):
                             how = "a sibling on its floor" if FLOOR[them] == FLOOR[me] else "up"
                             bad.append(f"{rel}:{n}: includes \"{m.group(1)}\" ({them}, floor "
                                        f"{FLOOR[them]}) from {me} (floor {FLOOR[me]}): {how}")
+    return bad + check_examples(root)
+
+
+def check_examples(root):
+    """examples/ builds against the installed header and library only: <nebula.h>, the system's
+    headers, and files of the example's own folder."""
+    bad = []
+    for dirpath, _, files in os.walk(os.path.join(root, "examples")):
+        for name in sorted(files):
+            if not name.endswith((".c", ".h", ".cc", ".cpp", ".cu")):
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
+            with open(os.path.join(dirpath, name), errors="replace") as f:
+                for n, line in enumerate(f, 1):
+                    m = ANY_INCLUDE.match(line)
+                    if not m:
+                        continue
+                    kind, path = m.groups()
+                    top = path.split("/", 1)[0]
+                    tree = "/" in path and ALIAS.get(top, top) in FLOOR
+                    if tree or (kind == '"' and (path.startswith("/") or ".." in path.split("/"))):
+                        bad.append(f"{rel}:{n}: includes {kind}{path}{'>' if kind == '<' else kind}"
+                                   ": an example includes only <nebula.h> of nebula")
     return bad
 
 
@@ -120,6 +146,12 @@ def self_test():
         ("train/g.c", '#include "compress/compress.h"', False),
         ("inter/h.c", '#include "nebula/v1/exchange.pb-c.h"', False),
         ("intra/i.c", "#include <mpi.h>", False),
+        ("examples/c/a.c", '#include "train/hybrid.h"', True),
+        ("examples/c/a.c", "#include <common/status.h>", True),
+        ("examples/c/a.c", '#include "../../api/session.h"', True),
+        ("examples/c/a.c", "#include <nebula.h>", False),
+        ("examples/c/a.c", '#include "model.h"', False),
+        ("examples/c/a.c", "#include <stdio.h>", False),
     ]
     ok = True
     for path, line, must_fail in cases:
