@@ -4,6 +4,7 @@
  * back after it. Not here: the round logic itself (hybrid.c), sockets (inter/), a training loop. */
 #include <nebula.h>
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -52,6 +53,8 @@ struct nb_session {
   uint64_t samples; /* reported so far: the local model's sample count */
   nb_hybrid_t* h;
   int started, failed;
+  long inner_steps;
+  char* progress_file; /* NULL: no progress lines */
 };
 
 void nb_session_options_default(nb_session_options_t* o) {
@@ -217,6 +220,13 @@ nb_status_t nb_session_open(const nb_session_options_t* o, nb_session_t** out) {
     goto fail;
   }
   NB_CHECK_GOTO(nb__ss_security(s, o), st, fail);
+  s->inner_steps = o->inner_steps;
+  if (o->progress_file && o->progress_file[0]) {
+    size_t len = strlen(o->progress_file);
+    NB_CHECK_GOTO(nb_alloc((void**)&s->progress_file, len + 1, 1, "session progress file"), st,
+                  fail);
+    memcpy(s->progress_file, o->progress_file, len + 1);
+  }
   if (s->n_clusters > 1) {
     nb_exchange_config_t xc;
     memset(&xc, 0, sizeof xc);
@@ -553,6 +563,42 @@ static nb_status_t nb__ss_ready(const nb_session_t* s, const char* what) {
   return NB_OK;
 }
 
+/* One JSON line per round in the progress file, the fields of the built-in worker's that the
+ * session knows (a gateway turns each into a "progress" event). A file that cannot be written
+ * costs the line, never the round. */
+static void nb__ss_progress(const nb_session_t* s, uint64_t samples, const nb_hybrid_round_t* rec) {
+  if (!s->progress_file) return;
+  FILE* f = fopen(s->progress_file, "ae");
+  if (!f) {
+    NB_WARN("session: progress file %s: %s (no progress line for round %llu)", s->progress_file,
+            strerror(errno), (unsigned long long)rec->round + 1);
+    return;
+  }
+  double mbps = rec->exchange_s > 0 ? (double)rec->bytes_sent * 8 / 1e6 / rec->exchange_s : 0;
+  char src[NB_LINK_ID_MAX]; /* the id as JSON text: anything but [A-Za-z0-9._-] shown as '?' */
+  size_t k = 0;
+  for (; s->cluster_id[k] && k + 1 < sizeof src; k++) {
+    char ch = s->cluster_id[k];
+    int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+             ch == '.' || ch == '_' || ch == '-';
+    src[k] = ok ? ch : '?';
+  }
+  src[k] = 0;
+  /* one write of the whole line, so that a reader never sees half of it */
+  char line[512];
+  int n =
+      snprintf(line, sizeof line,
+               "{\"round\": %llu, \"step\": %llu, \"density\": %g, \"wan_mbps\": %.3f, "
+               "\"bytes_sent\": %llu, \"samples\": %llu, \"samples_all\": %llu, "
+               "\"source\": \"%s\", \"global_xxh3\": \"%016llx\"}\n",
+               (unsigned long long)rec->round + 1,
+               (unsigned long long)(rec->round + 1) * (unsigned long long)s->inner_steps,
+               rec->density, mbps, (unsigned long long)rec->bytes_sent, (unsigned long long)samples,
+               (unsigned long long)rec->samples_all, src, (unsigned long long)rec->global_hash);
+  if (n > 0 && (size_t)n < sizeof line) fwrite(line, 1, (size_t)n, f);
+  fclose(f);
+}
+
 nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round_t* out) {
   NB_CHECK(nb__ss_ready(s, "round"));
   if (samples > UINT64_MAX - s->samples)
@@ -566,6 +612,7 @@ nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round
     return nb_error_wrap(st, "session: round %llu", (unsigned long long)nb_hybrid_rounds(s->h));
   }
   nb__ss_scatter(s);
+  nb__ss_progress(s, samples, &rec);
   if (out) {
     memset(out, 0, sizeof *out);
     out->round = rec.round;
@@ -677,5 +724,6 @@ void nb_session_close(nb_session_t* s) {
   nb_free(s->tensors);
   nb_free(s->local);
   memset(s->secret, 0, sizeof s->secret);
+  nb_free(s->progress_file);
   nb_free(s);
 }

@@ -518,6 +518,14 @@ static int nb__run_load(nb__run_t* r) {
     fprintf(stderr, "nebula run: %s: invalid descriptor\n", r->file);
     return NB_EXIT_USAGE;
   }
+  if (r->job->program.argc > 0) {
+    fprintf(stderr,
+            "nebula run: %s: $.spec.program: this job runs the user's own program, not the "
+            "built-in model: submit it to a gateway (nebula submit), which starts it with the "
+            "NEBULA_* environment (docs/gateway.md)\n",
+            r->file);
+    return NB_EXIT_USAGE;
+  }
   if (nb_job_paths_confine_env(r->job) != NB_OK) { /* run by a gateway: paths stay in the job */
     fprintf(stderr, "nebula run: %s: %s\n", r->file, nb_error_last());
     return NB_EXIT_FAIL;

@@ -202,6 +202,14 @@ static int nb__train_load(nb__train_run_t* r) {
     return NB_EXIT_FAIL;
   }
   nb_job_config_t* job = r->job;
+  if (r->job->program.argc > 0) {
+    fprintf(stderr,
+            "nebula train: %s: $.spec.program: this job runs the user's own program, not the "
+            "built-in model: submit it to a gateway (nebula submit), which starts it with the "
+            "NEBULA_* environment (docs/gateway.md)\n",
+            r->file);
+    return NB_EXIT_FAIL;
+  }
   if (nb_job_paths_confine_env(job) != NB_OK) /* run by a gateway: paths stay in the job */
     return nb__fail("train", r->file);
   int ci = 0;

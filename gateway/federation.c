@@ -130,7 +130,9 @@ void nb__gw_fed_aggregate(nb_gateway_t* gw, nb_job_store_t* st, const char* id, 
     if (launched && nb_launcher_cancel(&launch, gw->cfg.cancel_grace_ms, NULL) != NB_OK)
       NB_WARN("job %s: cannot stop this cluster's workers: %s", id, nb_error_last());
   } else if (n > 0 && ok == n) {
-    if (nb_job_store_transition(st, id, NB_JOB_SUCCEEDED, NULL) == NB_OK)
+    /* the run report is the built-in worker's (rounds.tsv, summary.json): none for a program */
+    if (nb_job_store_transition(st, id, NB_JOB_SUCCEEDED, NULL) == NB_OK &&
+        !nb__gw_job_runs_program(st, id))
       nb__gw_report_queue(gw, id);
   }
 }

@@ -151,6 +151,16 @@ typedef struct {
   char peers[NB_JOB_MAX_CLUSTERS][NB_GW_STR]; /* "ID=HOST:PORT" of every other cluster */
 } nb__wk_args_t;
 
+#define NB__PROGRAM_MAX_ENV 24
+
+/* What a job running the user's program (spec.program) adds to its launch: the folder it runs
+ * in and its NEBULA_* environment (nb__gw_program_prepare; released by nb__gw_program_clear). */
+typedef struct {
+  char workdir[NB_GW_STR * 2]; /* absolute: fits a command word */
+  int n_env;
+  char* env[NB__PROGRAM_MAX_ENV]; /* "K=V", NULL-terminated; owned */
+} nb__gw_program_t;
+
 /* A signed descriptor as Submit and Propose read it (nb__gw_read_signed). */
 typedef struct {
   X509* cert;                 /* the signer's certificate */
@@ -192,6 +202,13 @@ nb_status_t nb__gw_cancel_local(nb_gateway_t* gw, nb_job_store_t* st, const char
 nb_status_t nb__gw_launch(nb_gateway_t* gw, nb_job_store_t* st, const char* id, int workers,
                           const nb__wk_args_t* wk);
 int nb__gw_open_job_file(const nb_gateway_t* gw, const char* path);
+
+/* program.c: jobs that run the user's program instead of the built-in worker */
+int nb__gw_job_runs_program(nb_job_store_t* st, const char* id);
+nb_status_t nb__gw_program_prepare(nb_gateway_t* gw, const char* id, const char* dir,
+                                   const nb_job_config_t* cfg, const nb__wk_args_t* wk,
+                                   nb__gw_program_t* p);
+void nb__gw_program_clear(nb__gw_program_t* p);
 
 /* federation.c: federation records, the origin's two-phase submit, the federation thread */
 nb_status_t nb__gw_fed_save(nb_job_store_t* st, const nb_job_fed_t* f, json_t* info);

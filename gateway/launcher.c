@@ -350,6 +350,23 @@ static int nb__run(char* const* argv, char* const* env, char* out, size_t cap, i
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+#define NB__ENV_NAME 64
+
+/* The NAME of a "NAME=value" entry into name (NB__ENV_NAME bytes): 1 when it is a plain
+ * variable name (letters, digits, '_'), which is all mpirun's -x and a script may hold. */
+static int nb__env_name(const char* kv, char* name) {
+  size_t n = 0;
+  for (; kv[n] && kv[n] != '='; n++) {
+    char ch = kv[n];
+    int ok = ch == '_' || (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
+             (n > 0 && ch >= '0' && ch <= '9');
+    if (!ok || n + 1 >= NB__ENV_NAME) return 0;
+    name[n] = ch;
+  }
+  name[n] = 0;
+  return n > 0 && kv[n] == '=';
+}
+
 /* The per-rank wrapper: $1 is the job folder, then the command. Each rank's stdout and stderr go
  * both to the job's logs and to ranks/<r>/; its exit status to ranks/<r>/exit_code. No single
  * quotes inside (it is quoted with them in the batch script). */
@@ -364,14 +381,22 @@ static const char nb__rank_sh[] =
 static nb_status_t nb__launch_mpirun(const nb_launcher_conf_t* conf, const char* jobdir,
                                      char* const* argv, char* const* env, int workers,
                                      nb_launch_t* out) {
-  size_t na = 0;
+  size_t na = 0, ne = 0;
   while (argv[na]) na++;
+  while (env && env[ne]) ne++;
   char np[16], dir[1024];
   snprintf(np, sizeof np, "%d", workers);
   if (!realpath(jobdir, dir))
     return nb_error(NB_ERR_IO, "job folder %s: %s", jobdir, strerror(errno));
   char** a = NULL;
-  NB_CHECK(nb_calloc((void**)&a, na + 32 + NB_LAUNCH_MAX_ARGS, sizeof *a, "mpirun argv"));
+  char(*names)[NB__ENV_NAME] = NULL;
+  NB_CHECK(nb_calloc((void**)&names, ne + 1, sizeof *names, "mpirun -x names"));
+  nb_status_t cs =
+      nb_calloc((void**)&a, na + 2 * ne + 32 + NB_LAUNCH_MAX_ARGS, sizeof *a, "mpirun argv");
+  if (cs != NB_OK) {
+    nb_free(names);
+    return cs;
+  }
   size_t k = 0;
   a[k++] = (char*)"mpirun";
   if (geteuid() == 0) a[k++] = (char*)"--allow-run-as-root";
@@ -380,11 +405,12 @@ static nb_status_t nb__launch_mpirun(const nb_launcher_conf_t* conf, const char*
   a[k++] = (char*)"none";
   a[k++] = (char*)"-np";
   a[k++] = np;
-  static const char* const xs[] = {"NB_JOB_ID", "NB_JOB_DIR", "NB_JOB_PROGRESS", "NB_CLUSTER_ID",
-                                   "NB_JOB_ALLOW"};
-  for (size_t i = 0; i < 5; i++) {
+  /* every variable the gateway adds reaches every rank (-x NAME takes it from mpirun's
+   * environment, which the wrapper shell inherits) */
+  for (size_t i = 0; i < ne; i++) {
+    if (!nb__env_name(env[i], names[i])) continue;
     a[k++] = (char*)"-x";
-    a[k++] = (char*)xs[i];
+    a[k++] = names[i];
   }
   for (int i = 0; i < conf->mpirun_args.n; i++) a[k++] = (char*)conf->mpirun_args.v[i];
   a[k++] = (char*)"/bin/sh";
@@ -397,6 +423,7 @@ static nb_status_t nb__launch_mpirun(const nb_launcher_conf_t* conf, const char*
   /* -x NAME needs NAME in mpirun's environment: the wrapper shell inherits env */
   nb_status_t st = nb_launcher_start(jobdir, a, env, out);
   nb_free(a);
+  nb_free(names);
   if (st == NB_OK) out->kind = NB_LAUNCHER_MPIRUN;
   return st;
 }
@@ -459,7 +486,10 @@ static nb_status_t nb__launch_slurm(const nb_launcher_conf_t* conf, const char* 
     /* OpenMPI finds the allocation itself (ranks here, orted through srun elsewhere) */
     fprintf(f, "mpirun%s --bind-to none -np %d", geteuid() == 0 ? " --allow-run-as-root" : "",
             workers > 0 ? workers : 1);
-    fprintf(f, " -x NB_JOB_ID -x NB_JOB_DIR -x NB_JOB_PROGRESS -x NB_CLUSTER_ID");
+    for (size_t i = 0; env && env[i]; i++) {
+      char name[NB__ENV_NAME];
+      if (nb__env_name(env[i], name)) fprintf(f, " -x %s", name);
+    }
     for (int i = 0; i < conf->mpirun_args.n; i++) {
       fputc(' ', f);
       nb__sh_quote(f, conf->mpirun_args.v[i]);

@@ -82,12 +82,12 @@ const char* nb_launcher_name(nb_launcher_kind_t kind);
  * `jobdir` (must exist) with the launcher `conf` says, and fills *out:
  * - local: nb_launcher_start of argv (workers is only recorded);
  * - mpirun: nb_launcher_start of `mpirun -np W [--allow-run-as-root when root] --oversubscribe
- *   --bind-to none -x NB_JOB_* [mpirun.args] /bin/sh -c RANK argv...`, where RANK keeps each
- *   rank's stdout/stderr in jobdir/ranks/<r>/ (and in the job's logs) and its exit status in
- *   jobdir/ranks/<r>/exit_code;
+ *   --bind-to none -x NAME for every entry of env [mpirun.args] /bin/sh -c RANK argv...`, where
+ * RANK keeps each rank's stdout/stderr in jobdir/ranks/<r>/ (and in the job's logs) and its exit
+ * status in jobdir/ranks/<r>/exit_code;
  * - slurm: writes jobdir/job.sbatch (job name, --ntasks W, --output/--error the job's logs,
  *   --chdir jobdir, partition, account, extra lines; srun of RANK argv, or with slurm_step
- *   "mpirun" `mpirun -np W -x NB_JOB_* [mpirun.args]` of it; exit_code at the end)
+ *   "mpirun" `mpirun -np W -x NAME... [mpirun.args]` of it; exit_code at the end)
  *   and submits it with `sbatch --parsable`; pid is 0, slurm_id is set. The caller must not reap.
  * env: extra "K=V" entries for the workers (NULL-terminated, may be NULL). For local and mpirun
  * the caller is the parent and reaps the pid (waitpid). Returns NB_OK; NB_ERR_INVALID;

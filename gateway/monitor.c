@@ -112,8 +112,9 @@ void nb__gw_job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t* a, 
         NB_WARN("job %s: cannot record its federation state: %s", a->id, nb_error_last());
     } else if (nb_job_store_transition(store, a->id, to, reason) != NB_OK) {
       NB_WARN("job %s: cannot record its end: %s", a->id, nb_error_last());
-    } else if (to == NB_JOB_SUCCEEDED && !federated && !a->cancel_reason[0]) {
-      nb__gw_report_queue(gw, a->id); /* a job of this cluster only */
+    } else if (to == NB_JOB_SUCCEEDED && !federated && !a->cancel_reason[0] &&
+               !nb__gw_job_runs_program(store, a->id)) {
+      nb__gw_report_queue(gw, a->id); /* a job of this cluster only, of the built-in model */
     }
   }
   pthread_mutex_unlock(&gw->record_mu);

@@ -239,8 +239,24 @@ nb_status_t nb__gw_launch(nb_gateway_t* gw, nb_job_store_t* st, const char* id, 
     nb_free(words);
     return es;
   }
-  char* env[] = {env0, env1, env2, env3, env4, NULL};
-  int n_tmpl = wk ? gw->cfg.n_worker_command : gw->cfg.n_command;
+  /* the user's program (spec.program) instead of the templates: its words as given, the
+   * NEBULA_* environment of this cluster's session */
+  nb_job_config_t* jc = NULL;
+  nb__gw_program_t* pg = NULL;
+  if (nb__gw_job_config(st, id, &jc) == NB_OK && jc->program.argc > 0) {
+    es = nb_calloc((void**)&pg, 1, sizeof *pg, "program");
+    if (es == NB_OK) es = nb__gw_program_prepare(gw, id, a.dir, jc, wk, pg);
+    if (es != NB_OK) {
+      nb_free(pg);
+      nb_free(jc);
+      nb_free(words);
+      nb_free(env4);
+      return es;
+    }
+  }
+  char* env[5 + NB__PROGRAM_MAX_ENV + 1] = {env0, env1, env2, env3, env4, NULL};
+  for (int i = 0; pg && i < pg->n_env; i++) env[5 + i] = pg->env[i];
+  int n_tmpl = pg ? 0 : wk ? gw->cfg.n_worker_command : gw->cfg.n_command;
   pthread_mutex_lock(&gw->active_mu);
   int n = 0;
   if (gw->run_as) { /* setpriv drops to the run_as user before the job's command */
@@ -253,6 +269,16 @@ nb_status_t nb__gw_launch(nb_gateway_t* gw, nb_job_store_t* st, const char* id, 
     for (int w = 0; w < n; w++) argv[w] = words[w];
   }
   int first = n;
+  if (pg && strcmp(pg->workdir, a.dir)) {
+    /* into its workDir without a shell reading the words: they stay positional */
+    static const char* const cd[] = {"/bin/sh", "-c", "cd \"$1\" || exit 126; shift; exec \"$@\"",
+                                     "nebula-program"};
+    for (int w = 0; w < 4; w++) snprintf(words[n++], sizeof words[0], "%s", cd[w]);
+    snprintf(words[n++], sizeof words[0], "%s", pg->workdir);
+  }
+  for (int i = 0; pg && i < jc->program.argc && n < NB__MAX_WORDS; i++)
+    snprintf(words[n++], sizeof words[0], "%s", jc->program.argv[i]);
+  for (int w = 0; w < n; w++) argv[w] = words[w];
   for (int i = 0; i < n_tmpl; i++) {
     const char* w = wk ? gw->cfg.worker_command[i] : gw->cfg.command[i];
     if (wk && !strcmp(w, "{peers}")) {
@@ -306,6 +332,9 @@ nb_status_t nb__gw_launch(nb_gateway_t* gw, nb_job_store_t* st, const char* id, 
       gw->active[gw->n_active++] = a;
   }
   pthread_mutex_unlock(&gw->active_mu);
+  if (pg) nb__gw_program_clear(pg);
+  nb_free(pg);
+  nb_free(jc);
   nb_free(words);
   nb_free(env4);
   return s;

@@ -107,6 +107,9 @@ typedef struct {
   double peer_timeout_s;     /* a peer silent for this long is dead (its round fails with
                                 NB_ERR_UNAVAILABLE); 0 = the exchange's default (2 s, longer on a
                                 slow link) */
+  const char* progress_file; /* NULL (default): none; else a file that gets one JSON line per
+                                round (round, step, density, wan_mbps, bytes_sent, samples, source,
+                                global_xxh3), appended: how a gateway shows a program's rounds */
   void* env_storage;         /* owned by the options when nb_session_options_from_env filled
                                 them (the strings, peers and secret it read; freed by
                                 nb_session_options_free); NULL otherwise: leave it alone */
@@ -126,6 +129,7 @@ void nb_session_options_default(nb_session_options_t* o);
  *                             newline allowed); a regular file that neither group nor others
  *                             may access (chmod 600)
  *   NEBULA_INSECURE, NEBULA_UNSEALED   "0" or "1" (tests only)
+ *   NEBULA_PROGRESS_FILE      a path: progress_file
  * A variable that is not set keeps its default, so the caller may set fields afterwards
  * (nb_session_open checks that the required ones are there). The strings, the peer list and the
  * secret are copied into storage that *o owns (o->env_storage): they stay valid until

@@ -49,7 +49,7 @@ static const char* const nb__top_keys[] = {"apiVersion", "kind", "metadata", "sp
 static const char* const nb__meta_keys[] = {"name", "description", NULL};
 static const char* const nb__spec_keys[] = {"task",       "clusters",    "model", "training",
                                             "sync",       "compression", "link",  "security",
-                                            "checkpoint", NULL};
+                                            "checkpoint", "program",     NULL};
 static const char* const nb__cluster_keys[] = {"id",       "workers", "device", "threadsPerWorker",
                                                "slowdown", "data",    NULL};
 static const char* const nb__data_keys[] = {"tier", "dir", "languages", "pairs", NULL};
@@ -75,6 +75,7 @@ static const char* const nb__density_keys[] = {"initial", "min", "max", NULL};
 static const char* const nb__link_keys[] = {"rateMbit", "delayMs", "streams", "chunkKib", NULL};
 static const char* const nb__sec_keys[] = {"ca", "cert", "key", "seal", NULL};
 static const char* const nb__ckpt_keys[] = {"everyRounds", "keep", "dir", NULL};
+static const char* const nb__program_keys[] = {"command", "workDir", NULL};
 
 /* ---------------------------------------------------------------------------------------------
  * Walking context: the current JSON path and where errors go. */
@@ -351,7 +352,15 @@ static bool nb__get_bool(nb__dctx_t* c, json_t* obj, const char* key, bool* out)
   return true;
 }
 
-typedef enum { NB__STR_TEXT, NB__STR_PATH, NB__STR_NAME, NB__STR_SHA256 } nb__str_kind_t;
+/* TEXT: free text (line breaks allowed); PATH: non-empty, no control characters; ARG: a word of
+ * a command line, possibly empty, no control characters. */
+typedef enum {
+  NB__STR_TEXT,
+  NB__STR_PATH,
+  NB__STR_NAME,
+  NB__STR_SHA256,
+  NB__STR_ARG
+} nb__str_kind_t;
 
 static bool nb__valid_name(const char* s, size_t len) {
   if (len == 0 || !isalnum((unsigned char)s[0]) || !isalnum((unsigned char)s[len - 1]))
@@ -404,6 +413,7 @@ static bool nb__take_str(nb__dctx_t* c, json_t* v, nb__str_kind_t kind, char* ds
         return false;
       }
       /* fallthrough */
+    case NB__STR_ARG:
     case NB__STR_TEXT:
       for (size_t i = 0; i < len; i++)
         if ((unsigned char)s[i] < 0x20 && !(kind == NB__STR_TEXT && s[i] == '\n')) {
@@ -480,17 +490,18 @@ static json_t* nb__enter_array(nb__dctx_t* c, json_t* obj, const char* key, size
  * The sections of a descriptor. */
 
 typedef struct { /* which optional fields were written, for the cross-field checks */
+  bool program;  /* spec.program is there: the built-in model's sections do not apply */
   bool inner_steps, round_seconds, overlap, overlap_steps;
   bool lora_obj, distill_obj, warmup;
   bool has_languages[NB_JOB_MAX_CLUSTERS], has_pairs[NB_JOB_MAX_CLUSTERS];
 } nb__seen_t;
 
 static void nb__parse_data(nb__dctx_t* c, json_t* clobj, nb_job_cluster_t* cl, bool* has_langs,
-                           bool* has_pairs) {
+                           bool* has_pairs, bool seen_program) {
   size_t mark;
   json_t* d = nb__enter(c, clobj, "data", nb__data_keys, &mark);
   if (!d) {
-    if (clobj && !json_object_get(clobj, "data")) {
+    if (clobj && !json_object_get(clobj, "data") && !seen_program) {
       nb__pop(c, mark);
       nb__missing(c, "data", "an object with \"languages\" or \"pairs\"");
       return;
@@ -596,7 +607,17 @@ static void nb__parse_clusters(nb__dctx_t* c, json_t* spec, nb_job_config_t* cfg
       cl->device = (nb_job_device_t)dev;
       nb__get_i32(c, o, "threadsPerWorker", 0, 1024, &cl->threads_per_worker);
       nb__get_num(c, o, "slowdown", 1, 1000, NB__CLOSED, &cl->slowdown);
-      nb__parse_data(c, o, cl, &seen->has_languages[i], &seen->has_pairs[i]);
+      nb__parse_data(c, o, cl, &seen->has_languages[i], &seen->has_pairs[i], seen->program);
+      /* the built-in model's settings of a cluster, with a program of the user's */
+      static const char* const builtin[] = {"data", "threadsPerWorker", "slowdown", NULL};
+      for (int k = 0; seen->program && builtin[k]; k++) {
+        if (!json_object_get(o, builtin[k])) continue;
+        size_t bm = nb__push_key(c, builtin[k]);
+        nb__err(c, NULL,
+                "applies to the built-in model; a job with $.spec.program runs the user's own "
+                "program (remove it)");
+        nb__pop(c, bm);
+      }
     }
     nb__pop(c, em);
   }
@@ -755,6 +776,33 @@ static void nb__parse_compression(nb__dctx_t* c, json_t* spec, nb_job_compressio
   nb__pop(c, mark);
 }
 
+/* spec.program: the user's command as an argv array (no shell) and the folder it runs in. */
+static void nb__parse_program(nb__dctx_t* c, json_t* spec, nb_job_program_t* p) {
+  size_t mark, am;
+  json_t* o = nb__enter(c, spec, "program", nb__program_keys, &mark);
+  if (o) {
+    json_t* arr = nb__enter_array(c, o, "command", NB_JOB_PROGRAM_MAX_ARGS, &am);
+    if (!json_object_get(o, "command")) {
+      nb__pop(c, am);
+      nb__missing(c, "command",
+                  "the program and its arguments as an array of strings, such as "
+                  "[\"python3\", \"train.py\"]");
+    } else {
+      bool ok = arr != NULL;
+      for (size_t i = 0; arr && i < json_array_size(arr); i++) {
+        size_t em = nb__push(c, "[%zu]", i);
+        ok &= nb__take_str(c, json_array_get(arr, i), i == 0 ? NB__STR_PATH : NB__STR_ARG,
+                           p->argv[i], sizeof p->argv[i]);
+        nb__pop(c, em);
+      }
+      if (ok) p->argc = (int)json_array_size(arr);
+      nb__pop(c, am);
+    }
+    nb__get_str(c, o, "workDir", NB__STR_PATH, p->workdir, sizeof p->workdir);
+  }
+  nb__pop(c, mark);
+}
+
 static void nb__parse_rest(nb__dctx_t* c, json_t* spec, nb_job_config_t* cfg) {
   size_t mark;
   json_t* o = nb__enter(c, spec, "link", nb__link_keys, &mark);
@@ -798,6 +846,7 @@ static void nb__cross_checks(nb__dctx_t* c, const nb_job_config_t* cfg, const nb
                    cfg->clusters[i].id, j);
         break;
       }
+    if (seen->program) continue; /* the program's data is its own business */
     snprintf(p, sizeof p, "$.spec.clusters[%d].data", i);
     bool translation = cfg->task == NB_JOB_TASK_TRANSLATION;
     if (translation && !seen->has_pairs[i])
@@ -881,6 +930,24 @@ static void nb__cross_checks(nb__dctx_t* c, const nb_job_config_t* cfg, const nb
   }
   if (se->cert[0] && !se->ca[0])
     nb__err_at(c, "$.spec.security.ca", "required when \"cert\" is given (the CA that signed it)");
+
+  /* A program syncs through the public session: outer rounds of H steps it counts itself, one
+   * fixed value type, no overlapped round (include/nebula.h). */
+  if (seen->program) {
+    const char* why = "a job with $.spec.program syncs through the session of include/nebula.h";
+    if (s->mode != NB_JOB_SYNC_OUTER)
+      nb__err_at(c, "$.spec.sync.mode", "expected \"outer\": %s, which has outer rounds only", why);
+    if (seen->round_seconds)
+      nb__err_at(c, "$.spec.sync.roundSeconds",
+                 "%s: a round is the program's innerSteps steps, not a time budget", why);
+    if (s->overlap)
+      nb__err_at(c, "$.spec.sync.overlap", "%s, which has no overlapped round (yet)", why);
+    if (k->values == NB_JOB_VALUES_AUTO)
+      nb__err_at(c, "$.spec.compression.values",
+                 "\"auto\" is for the built-in worker's scheduler; %s, which takes one of "
+                 "\"fp32\", \"fp16\", \"bf16\", \"int8\", \"4bit\", \"2bit\"",
+                 why);
+  }
 }
 
 static void nb__parse_doc(nb__dctx_t* c, json_t* root, nb_job_config_t* cfg) {
@@ -916,6 +983,16 @@ static void nb__parse_doc(nb__dctx_t* c, json_t* root, nb_job_config_t* cfg) {
 
   json_t* spec = nb__enter(c, root, "spec", nb__spec_keys, &m);
   if (spec) {
+    seen.program = json_object_get(spec, "program") != NULL;
+    static const char* const builtin[] = {"task", "model", "training", "checkpoint", NULL};
+    for (int k = 0; seen.program && builtin[k]; k++) {
+      if (!json_object_get(spec, builtin[k])) continue;
+      size_t bm = nb__push_key(c, builtin[k]);
+      nb__err(c, NULL,
+              "applies to the built-in model; a job with $.spec.program runs the user's own "
+              "program (remove it)");
+      nb__pop(c, bm);
+    }
     int task = (int)cfg->task;
     nb__get_enum(c, spec, "task", nb__task_names, &task);
     cfg->task = (nb_job_task_t)task;
@@ -925,6 +1002,7 @@ static void nb__parse_doc(nb__dctx_t* c, json_t* root, nb_job_config_t* cfg) {
     nb__parse_sync(c, spec, &cfg->sync, &seen);
     nb__parse_compression(c, spec, &cfg->compression);
     nb__parse_rest(c, spec, cfg);
+    nb__parse_program(c, spec, &cfg->program);
   }
   nb__pop(c, m);
   if (!json_object_get(root, "spec")) nb__missing(c, "spec", "an object with \"clusters\"");
@@ -1041,7 +1119,8 @@ nb_status_t nb_descriptor_to_json(const nb_job_config_t* cfg, char** out) {
   nb__set_str(&b, meta, "name", cfg->name);
   if (cfg->description[0]) nb__set_str(&b, meta, "description", cfg->description);
   json_t* spec = nb__set_obj(&b, root, "spec");
-  nb__set_str(&b, spec, "task", nb_job_task_name(cfg->task));
+  bool prog = cfg->program.argc > 0; /* no sections of the built-in model (the parser refuses) */
+  if (!prog) nb__set_str(&b, spec, "task", nb_job_task_name(cfg->task));
 
   json_t* cls = nb__set(&b, spec, "clusters", json_array());
   for (int i = 0; i < cfg->n_clusters && b.ok; i++) {
@@ -1054,6 +1133,7 @@ nb_status_t nb_descriptor_to_json(const nb_job_config_t* cfg, char** out) {
     nb__set_str(&b, o, "id", cl->id);
     nb__set_int(&b, o, "workers", cl->workers);
     nb__set_str(&b, o, "device", nb_job_device_name(cl->device));
+    if (prog) continue;
     nb__set_int(&b, o, "threadsPerWorker", cl->threads_per_worker);
     nb__set_num(&b, o, "slowdown", cl->slowdown);
     json_t* d = nb__set_obj(&b, o, "data");
@@ -1073,52 +1153,54 @@ nb_status_t nb_descriptor_to_json(const nb_job_config_t* cfg, char** out) {
   }
 
   const nb_job_model_t* m = &cfg->model;
-  json_t* mo = nb__set_obj(&b, spec, "model");
-  nb__set_int(&b, mo, "layers", m->layers);
-  nb__set_int(&b, mo, "width", m->width);
-  nb__set_int(&b, mo, "heads", m->heads);
-  nb__set_int(&b, mo, "context", m->context);
-  if (m->base_checkpoint[0]) {
-    json_t* base = nb__set_obj(&b, mo, "base");
-    nb__set_str(&b, base, "checkpoint", m->base_checkpoint);
-    if (m->base_cluster[0]) nb__set_str(&b, base, "cluster", m->base_cluster);
-    if (m->base_sha256[0]) nb__set_str(&b, base, "sha256", m->base_sha256);
-  }
+  json_t* mo = prog ? NULL : nb__set_obj(&b, spec, "model");
+  if (!prog) {
+    nb__set_int(&b, mo, "layers", m->layers);
+    nb__set_int(&b, mo, "width", m->width);
+    nb__set_int(&b, mo, "heads", m->heads);
+    nb__set_int(&b, mo, "context", m->context);
+    if (m->base_checkpoint[0]) {
+      json_t* base = nb__set_obj(&b, mo, "base");
+      nb__set_str(&b, base, "checkpoint", m->base_checkpoint);
+      if (m->base_cluster[0]) nb__set_str(&b, base, "cluster", m->base_cluster);
+      if (m->base_sha256[0]) nb__set_str(&b, base, "sha256", m->base_sha256);
+    }
 
-  const nb_job_training_t* t = &cfg->training;
-  json_t* tr = nb__set_obj(&b, spec, "training");
-  nb__set_int(&b, tr, "seed", (long long)t->seed);
-  nb__set_int(&b, tr, "batchSize", t->batch_size);
-  nb__set_int(&b, tr, "maxSteps", (long long)t->max_steps);
-  nb__set_num(&b, tr, "maxSeconds", t->max_seconds);
-  json_t* ev = nb__set_obj(&b, tr, "eval");
-  nb__set_int(&b, ev, "everyRounds", t->eval_every_rounds);
-  nb__set_int(&b, ev, "batches", t->eval_batches);
-  nb__set_int(&b, ev, "sentences", t->eval_sentences);
-  const nb_job_optimizer_t* op = &t->optimizer;
-  json_t* oo = nb__set_obj(&b, tr, "optimizer");
-  nb__set_str(&b, oo, "name", "adamw");
-  nb__set_num(&b, oo, "lr", op->lr);
-  nb__set_num(&b, oo, "beta1", op->beta1);
-  nb__set_num(&b, oo, "beta2", op->beta2);
-  nb__set_num(&b, oo, "eps", op->eps);
-  nb__set_num(&b, oo, "weightDecay", op->weight_decay);
-  nb__set_num(&b, oo, "gradClip", op->grad_clip);
-  nb__set_int(&b, oo, "warmupSteps", op->warmup_steps);
-  nb__set_str(&b, oo, "schedule", nb__schedule_names[op->schedule]);
-  nb__set_num(&b, oo, "minLrRatio", op->min_lr_ratio);
-  json_t* lo = nb__set_obj(&b, tr, "lora");
-  nb__set_bool(&b, lo, "enabled", t->lora.enabled);
-  nb__set_int(&b, lo, "rank", t->lora.rank);
-  nb__set_num(&b, lo, "alpha", t->lora.alpha);
-  json_t* tg = nb__set(&b, lo, "targets", json_array());
-  for (int k = 0; nb__lora_target_names[k]; k++)
-    if (t->lora.targets & (1u << k)) nb__append_str(&b, tg, nb__lora_target_names[k]);
-  json_t* di = nb__set_obj(&b, tr, "distillation");
-  nb__set_bool(&b, di, "enabled", t->distill.enabled);
-  if (t->distill.teacher[0]) nb__set_str(&b, di, "teacher", t->distill.teacher);
-  nb__set_num(&b, di, "alpha", t->distill.alpha);
-  nb__set_num(&b, di, "temperature", t->distill.temperature);
+    const nb_job_training_t* t = &cfg->training;
+    json_t* tr = nb__set_obj(&b, spec, "training");
+    nb__set_int(&b, tr, "seed", (long long)t->seed);
+    nb__set_int(&b, tr, "batchSize", t->batch_size);
+    nb__set_int(&b, tr, "maxSteps", (long long)t->max_steps);
+    nb__set_num(&b, tr, "maxSeconds", t->max_seconds);
+    json_t* ev = nb__set_obj(&b, tr, "eval");
+    nb__set_int(&b, ev, "everyRounds", t->eval_every_rounds);
+    nb__set_int(&b, ev, "batches", t->eval_batches);
+    nb__set_int(&b, ev, "sentences", t->eval_sentences);
+    const nb_job_optimizer_t* op = &t->optimizer;
+    json_t* oo = nb__set_obj(&b, tr, "optimizer");
+    nb__set_str(&b, oo, "name", "adamw");
+    nb__set_num(&b, oo, "lr", op->lr);
+    nb__set_num(&b, oo, "beta1", op->beta1);
+    nb__set_num(&b, oo, "beta2", op->beta2);
+    nb__set_num(&b, oo, "eps", op->eps);
+    nb__set_num(&b, oo, "weightDecay", op->weight_decay);
+    nb__set_num(&b, oo, "gradClip", op->grad_clip);
+    nb__set_int(&b, oo, "warmupSteps", op->warmup_steps);
+    nb__set_str(&b, oo, "schedule", nb__schedule_names[op->schedule]);
+    nb__set_num(&b, oo, "minLrRatio", op->min_lr_ratio);
+    json_t* lo = nb__set_obj(&b, tr, "lora");
+    nb__set_bool(&b, lo, "enabled", t->lora.enabled);
+    nb__set_int(&b, lo, "rank", t->lora.rank);
+    nb__set_num(&b, lo, "alpha", t->lora.alpha);
+    json_t* tg = nb__set(&b, lo, "targets", json_array());
+    for (int k = 0; nb__lora_target_names[k]; k++)
+      if (t->lora.targets & (1u << k)) nb__append_str(&b, tg, nb__lora_target_names[k]);
+    json_t* di = nb__set_obj(&b, tr, "distillation");
+    nb__set_bool(&b, di, "enabled", t->distill.enabled);
+    if (t->distill.teacher[0]) nb__set_str(&b, di, "teacher", t->distill.teacher);
+    nb__set_num(&b, di, "alpha", t->distill.alpha);
+    nb__set_num(&b, di, "temperature", t->distill.temperature);
+  }
 
   const nb_job_sync_cfg_t* s = &cfg->sync;
   json_t* sy = nb__set_obj(&b, spec, "sync");
@@ -1164,10 +1246,17 @@ nb_status_t nb_descriptor_to_json(const nb_job_config_t* cfg, char** out) {
   if (se->key[0]) nb__set_str(&b, sc, "key", se->key);
   nb__set_bool(&b, sc, "seal", se->seal);
 
-  json_t* ck = nb__set_obj(&b, spec, "checkpoint");
-  nb__set_int(&b, ck, "everyRounds", cfg->checkpoint.every_rounds);
-  nb__set_int(&b, ck, "keep", cfg->checkpoint.keep);
-  if (cfg->checkpoint.dir[0]) nb__set_str(&b, ck, "dir", cfg->checkpoint.dir);
+  if (!prog) {
+    json_t* ck = nb__set_obj(&b, spec, "checkpoint");
+    nb__set_int(&b, ck, "everyRounds", cfg->checkpoint.every_rounds);
+    nb__set_int(&b, ck, "keep", cfg->checkpoint.keep);
+    if (cfg->checkpoint.dir[0]) nb__set_str(&b, ck, "dir", cfg->checkpoint.dir);
+  } else {
+    json_t* po = nb__set_obj(&b, spec, "program");
+    json_t* cmd = nb__set(&b, po, "command", json_array());
+    for (int k2 = 0; k2 < cfg->program.argc; k2++) nb__append_str(&b, cmd, cfg->program.argv[k2]);
+    if (cfg->program.workdir[0]) nb__set_str(&b, po, "workDir", cfg->program.workdir);
+  }
 
   char* text = b.ok ? json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(15)) : NULL;
   json_decref(root);

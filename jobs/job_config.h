@@ -22,6 +22,7 @@ extern "C" {
 #define NB_JOB_PATH_MAX 512  /* file and folder paths, with NUL */
 #define NB_JOB_TEXT_MAX 256  /* free-form description, with NUL */
 #define NB_JOB_SHA256_HEX 65 /* 64 lower-case hex digits and NUL */
+#define NB_JOB_PROGRAM_MAX_ARGS 32 /* words of spec.program.command */
 
 typedef enum { NB_JOB_TASK_PRETRAIN = 0, NB_JOB_TASK_TRANSLATION = 1 } nb_job_task_t;
 typedef enum { NB_JOB_DEVICE_CPU = 0, NB_JOB_DEVICE_CUDA = 1 } nb_job_device_t;
@@ -151,6 +152,16 @@ typedef struct {
   char dir[NB_JOB_PATH_MAX]; /* "" = the job's work folder */
 } nb_job_checkpoint_t;
 
+/* The user's own program, run instead of the built-in model (spec.program): argv as given, no
+ * shell; it reaches the other clusters through the public API (include/nebula.h) and the
+ * NEBULA_* environment the gateway sets. argc 0 = the built-in model. */
+typedef struct {
+  int argc;
+  char argv[NB_JOB_PROGRAM_MAX_ARGS][NB_JOB_PATH_MAX]; /* argv[0]: a name looked up in PATH, or a
+                                                          path (confined: jobs/job_paths.h) */
+  char workdir[NB_JOB_PATH_MAX]; /* "" = the job's folder; relative, inside it */
+} nb_job_program_t;
+
 typedef struct {
   char name[NB_JOB_NAME_MAX];
   char description[NB_JOB_TEXT_MAX];
@@ -164,6 +175,7 @@ typedef struct {
   nb_job_link_t link;
   nb_job_security_t security;
   nb_job_checkpoint_t checkpoint;
+  nb_job_program_t program;
 } nb_job_config_t;
 
 /* Defaults of one cluster entry (id, data left empty: the descriptor requires them). */

@@ -137,7 +137,7 @@ static void nb__one(nb__pctx_t* c, const nb__where_t* w, const char* jpath, cons
   if (p[0] == '/' && writable) {
     nb__refuse(c, jpath,
                "\"%s\": an absolute path is not allowed: a job run by a gateway writes "
-               "checkpoints only inside its own folder (use a relative path)",
+               "only inside its own folder (use a relative path)",
                p);
     return;
   }
@@ -152,7 +152,7 @@ static void nb__one(nb__pctx_t* c, const nb__where_t* w, const char* jpath, cons
   if (writable)
     nb__refuse(c, jpath,
                "\"%s\" resolves outside the job's folder (through a symbolic link): a job run by "
-               "a gateway writes checkpoints only inside its own folder",
+               "a gateway writes only inside its own folder",
                p);
   else if (p[0] == '/')
     nb__refuse(c, jpath,
@@ -183,6 +183,19 @@ static nb_status_t nb__check(const nb_job_config_t* cfg, const nb__where_t* w,
   nb__one(&c, w, "$.spec.security.cert", cfg->security.cert, 0);
   nb__one(&c, w, "$.spec.security.key", cfg->security.key, 0);
   nb__one(&c, w, "$.spec.checkpoint.dir", cfg->checkpoint.dir, 1);
+  /* the program runs in its workDir (it writes there: the job's folder only) and is either a
+   * name looked up in PATH or a file inside the job's folder or the allowed roots; a relative
+   * one is opened from the workDir */
+  const nb_job_program_t* pg = &cfg->program;
+  nb__one(&c, w, "$.spec.program.workDir", pg->workdir, 1);
+  if (pg->argc > 0 && strchr(pg->argv[0], '/')) {
+    char joined[2 * NB_JOB_PATH_MAX + 2];
+    if (pg->argv[0][0] != '/' && pg->workdir[0])
+      snprintf(joined, sizeof joined, "%s/%s", pg->workdir, pg->argv[0]);
+    else
+      snprintf(joined, sizeof joined, "%s", pg->argv[0]);
+    nb__one(&c, w, "$.spec.program.command[0]", joined, 0);
+  }
   if (!c.errors) return NB_OK;
   return nb_error(NB_ERR_PERMISSION, "%s", all_in_message ? c.all : c.first);
 }

@@ -373,6 +373,14 @@ static nb_worker_outcome_t nb__wk_load_job(nb__wk_t* w) {
     fprintf(stderr, "nebula worker: %s: invalid descriptor\n", job_file);
     return NB_WORKER_FAILED;
   }
+  if (w->job->program.argc > 0) {
+    fprintf(stderr,
+            "nebula worker: %s: $.spec.program: this job runs the user's own program, not the "
+            "built-in model: submit it to a gateway (nebula submit), which starts it with the "
+            "NEBULA_* environment (docs/gateway.md)\n",
+            job_file);
+    return NB_WORKER_FAILED;
+  }
   if (nb_job_paths_confine_env(w->job) != NB_OK) /* run by a gateway: paths stay in the job */
     return nb__wk_fail(w->cluster, job_file);
   const nb_job_config_t* job = w->job;

@@ -232,7 +232,7 @@ static void test_slurm_fake(void** st) {
   snprintf(jd, sizeof jd, "%s/sj", g_dir);
   mkdir(jd, 0755);
   char* argv[] = {(char*)"/bin/echo", (char*)"it's", NULL};
-  char* env[] = {(char*)"NB_JOB_ID=sj-1", NULL};
+  char* env[] = {(char*)"NB_JOB_ID=sj-1", (char*)"NEBULA_JOB_ID=sj-1", NULL};
   nb_launch_t l;
   put("state", "PENDING\n", 0);
   assert_int_equal(nb_launcher_launch(&conf, jd, argv, env, 3, &l), NB_OK);
@@ -314,10 +314,11 @@ static void test_slurm_fake(void** st) {
   assert_int_equal(nb_launcher_launch(&conf, jd, argv, env, 2, &l), NB_OK);
   s = slurp("sjm/job.sbatch");
   assert_null(strstr(s, "\nsrun "));
-  snprintf(line, sizeof line, "\nmpirun%s --bind-to none -np 2 -x NB_JOB_ID -x NB_JOB_DIR",
+  /* every variable of env is passed on to the ranks, the gateway's NB_JOB_* and NEBULA_* */
+  snprintf(line, sizeof line,
+           "\nmpirun%s --bind-to none -np 2 -x NB_JOB_ID -x NEBULA_JOB_ID '--mca' /bin/sh -c '",
            geteuid() == 0 ? " --allow-run-as-root" : "");
   assert_non_null(strstr(s, line));
-  assert_non_null(strstr(s, "-x NB_CLUSTER_ID '--mca' /bin/sh -c '"));
   snprintf(conf.slurm_step, sizeof conf.slurm_step, "mpiexec");
   assert_int_equal(nb_launcher_conf_check(&conf), NB_ERR_CONFIG);
   assert_non_null(strstr(nb_error_last(), "slurm.step"));
