@@ -24,7 +24,8 @@
 /* The start message (the tensor table, docs/api.md): little-endian, exchange id 0; hybrid round
  * r travels as exchange id r + 1, so that no (round, chunk) is sealed twice. */
 #define NB__SS_TABLE_MAGIC 0x5453424eu /* bytes 'N' 'B' 'S' 'T' */
-#define NB__SS_TABLE_VERSION 2u        /* 2: each tensor's dtype */
+#define NB__SS_TABLE_VERSION 3u        /* 2: each tensor's dtype; 3: the update norm bound */
+#define NB__SS_STATE_VERSION 2u        /* a saved state's table: version 2 (no bound: not state) */
 #define NB__SS_FLAG_VALUES 0x1u
 
 typedef struct {
@@ -68,6 +69,7 @@ void nb_session_options_default(nb_session_options_t* o) {
   o->density = 0.01;
   o->values = "int8";
   o->error_feedback = 1;
+  o->update_norm_bound = NB_SESSION_NORM_BOUND_DEFAULT;
 }
 
 /* ---- the local model: theta_local, and the samples the caller reported -------------------- */
@@ -174,6 +176,7 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
   hc->outer_momentum = o->outer_momentum;
   hc->density = o->density;
   hc->error_feedback = o->error_feedback ? 1 : 0;
+  hc->norm_bound = o->update_norm_bound;
   if (o->values)
     NB_CHECK(nb_error_wrap(nb_values_parse(o->values, &hc->values), "session: values"));
   hc->exchange = nb__ss_exchange;
@@ -192,6 +195,9 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
     return nb_error(NB_ERR_CONFIG, "session: outer_momentum must be in [0, 1)");
   if (!(o->density > 0 && o->density <= 1))
     return nb_error(NB_ERR_CONFIG, "session: density %g outside (0, 1]", o->density);
+  if (!(o->update_norm_bound == 0 || (o->update_norm_bound >= 1 && isfinite(o->update_norm_bound))))
+    return nb_error(NB_ERR_CONFIG, "session: update_norm_bound %g is neither 0 (off) nor >= 1",
+                    o->update_norm_bound);
   if (!(o->peer_timeout_s >= 0) || o->peer_timeout_s > 86400)
     return nb_error(NB_ERR_CONFIG, "session: peer_timeout_s must be in [0, 86400]");
   return NB_OK;
@@ -347,25 +353,31 @@ static uint32_t nb__ss_bits(float f) {
   return u;
 }
 
-/* magic, version, sender, n_clusters, flags, n_tensors, outer lr and momentum (fp32 bits), n,
+/* magic, version, sender, n_clusters, flags, n_tensors, outer lr and momentum (fp32 bits), the
+ * update norm bound (fp64 bits; version 3, the start message only), n,
  * then per tensor: name length (4), name, dtype (4), ndim (4), ndim dims (8 each); then, with
  * `values` (cluster 0's start message), the n values of theta_local (fp32). The same bytes
  * without values are a saved state's table (nb_session_save). */
-static nb_status_t nb__ss_table_make(nb_session_t* s, nb__ss_buf_t* b, int values) {
-  size_t cap = 40 + (values ? s->n * sizeof(float) : 0);
+static nb_status_t nb__ss_table_make(nb_session_t* s, nb__ss_buf_t* b, int values, int state) {
+  size_t cap = 48 + (values ? s->n * sizeof(float) : 0);
   for (size_t i = 0; i < s->n_tensors; i++)
     cap += 12 + strlen(s->tensors[i].name) + 8 * (size_t)s->tensors[i].ndim;
   NB_CHECK(nb_alloc((void**)&b->p, cap, 1, "session table"));
   b->cap = cap;
   b->len = 0;
   nb__ss_put32(b, NB__SS_TABLE_MAGIC);
-  nb__ss_put32(b, NB__SS_TABLE_VERSION);
+  nb__ss_put32(b, state ? NB__SS_STATE_VERSION : NB__SS_TABLE_VERSION);
   nb__ss_put32(b, s->index);
   nb__ss_put32(b, s->n_clusters);
   nb__ss_put32(b, values ? NB__SS_FLAG_VALUES : 0);
   nb__ss_put32(b, (uint32_t)s->n_tensors);
   nb__ss_put32(b, nb__ss_bits(s->hc.outer_lr));
   nb__ss_put32(b, nb__ss_bits(s->hc.outer_momentum));
+  if (!state) {
+    uint64_t nb_bits;
+    memcpy(&nb_bits, &s->hc.norm_bound, 8);
+    nb__ss_put64(b, nb_bits);
+  }
   nb__ss_put64(b, s->n);
   for (size_t i = 0; i < s->n_tensors; i++) {
     const nb__ss_tensor_t* t = &s->tensors[i];
@@ -407,24 +419,28 @@ static void nb__ss_shape_str(const int64_t* shape, int ndim, char* buf, size_t c
 
 /* The header of a table (a peer's start message, or a saved state's). */
 typedef struct {
-  uint32_t idx, nc, flags, nt, lr, mu;
-  uint64_t n;
+  uint32_t version, idx, nc, flags, nt, lr, mu;
+  uint64_t bound, n; /* bound: the norm bound's fp64 bits (version 3 on) */
 } nb__ss_head_t;
 
-/* Reads the header; `where` names the table's origin in errors ("at cluster east", "in
- * state.bin"). NB_ERR_CODEC when it is not a table of ours. */
-static nb_status_t nb__ss_head_read(nb__ss_rd_t* r, const char* where, nb__ss_head_t* hd) {
+/* Reads the header of a table of version `ours` (a peer's start message: NB__SS_TABLE_VERSION; a
+ * saved state's: NB__SS_STATE_VERSION); `where` names its origin in errors ("at cluster east",
+ * "in state.bin"). NB_ERR_CODEC when it is not a table of ours. */
+static nb_status_t nb__ss_head_read(nb__ss_rd_t* r, const char* where, uint32_t ours,
+                                    nb__ss_head_t* hd) {
   uint32_t magic = (uint32_t)nb__ss_get(r, 4), version = (uint32_t)nb__ss_get(r, 4);
   if (magic != NB__SS_TABLE_MAGIC) return nb_error(NB_ERR_CODEC, "no tensor table %s", where);
-  if (version != NB__SS_TABLE_VERSION)
+  if (version != ours)
     return nb_error(NB_ERR_CODEC, "the tensor table %s is version %u, ours %u", where, version,
-                    NB__SS_TABLE_VERSION);
+                    ours);
+  hd->version = version;
   hd->idx = (uint32_t)nb__ss_get(r, 4);
   hd->nc = (uint32_t)nb__ss_get(r, 4);
   hd->flags = (uint32_t)nb__ss_get(r, 4);
   hd->nt = (uint32_t)nb__ss_get(r, 4);
   hd->lr = (uint32_t)nb__ss_get(r, 4);
   hd->mu = (uint32_t)nb__ss_get(r, 4);
+  hd->bound = version >= 3 ? nb__ss_get(r, 8) : 0;
   hd->n = nb__ss_get(r, 8);
   if (r->bad) return nb_error(NB_ERR_CODEC, "short tensor table %s", where);
   return NB_OK;
@@ -481,7 +497,7 @@ static nb_status_t nb__ss_table_check(nb_session_t* s, const char* peer, const u
   snprintf(where, sizeof where, "at cluster %s", peer);
   *values = NULL;
   nb__ss_head_t hd;
-  NB_CHECK(nb__ss_head_read(&r, where, &hd));
+  NB_CHECK(nb__ss_head_read(&r, where, NB__SS_TABLE_VERSION, &hd));
   if (hd.nc != s->n_clusters)
     return nb_error(NB_ERR_CONFIG, "n_clusters is %u here, %u %s", s->n_clusters, hd.nc, where);
   if (hd.idx >= hd.nc || hd.idx == s->index)
@@ -491,6 +507,11 @@ static nb_status_t nb__ss_table_check(nb_session_t* s, const char* peer, const u
     return nb_error(NB_ERR_CONFIG,
                     "outer_lr/outer_momentum differ between us (%g/%g) and cluster %s",
                     (double)s->hc.outer_lr, (double)s->hc.outer_momentum, peer);
+  double bound;
+  memcpy(&bound, &hd.bound, 8);
+  if (memcmp(&bound, &s->hc.norm_bound, 8)) /* every cluster must refuse the same rounds */
+    return nb_error(NB_ERR_CONFIG, "update_norm_bound differs between us (%g) and cluster %s (%g)",
+                    s->hc.norm_bound, peer, bound);
   NB_CHECK(nb__ss_tensors_check(s, &r, hd.nt, where));
   if (hd.n != s->n)
     return nb_error(NB_ERR_CODEC, "cluster %s: table of %llu floats, ours %zu", peer,
@@ -521,7 +542,7 @@ nb_status_t nb_session_start(nb_session_t* s) {
     char names[NB__SS_MAX_PEERS][NB_LINK_ID_MAX];
     memset(got, 0, sizeof got);
     memset(names, 0, sizeof names);
-    nb_status_t st = nb__ss_table_make(s, &b, s->index == 0);
+    nb_status_t st = nb__ss_table_make(s, &b, s->index == 0, 0);
     if (st == NB_OK) st = nb__ss_exchange_id(0, b.p, b.len, s, got, s->n_peers, NULL, names);
     if (st != NB_OK) st = nb_error_wrap(st, "session: start");
     nb_free(b.p);
@@ -599,6 +620,20 @@ static void nb__ss_progress(const nb_session_t* s, uint64_t samples, const nb_hy
   fclose(f);
 }
 
+/* The links after a round: the slowest peer's measured rate and the longest round trip (what
+ * the exchange's liveness uses; 0 where nothing was measured yet). */
+static void nb__ss_link_figures(nb_session_t* s, nb_session_round_t* out) {
+  double rate = 0, rtt = 0;
+  for (size_t i = 0; s->ex && i < s->n_peers; i++) {
+    nb_exchange_liveness_t lv;
+    if (nb_exchange_peer_liveness(s->ex, i, &lv) != NB_OK) continue;
+    if (lv.rate_Bps > 0 && (rate == 0 || lv.rate_Bps < rate)) rate = lv.rate_Bps;
+    if (lv.rtt_s > rtt) rtt = lv.rtt_s;
+  }
+  out->goodput_Bps = rate;
+  out->rtt_s = rtt;
+}
+
 nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round_t* out) {
   NB_CHECK(nb__ss_ready(s, "round"));
   if (samples > UINT64_MAX - s->samples)
@@ -626,6 +661,8 @@ nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round
     out->wait_s = rec.exchange_s;
     out->codec_s = rec.codec_s;
     out->global_hash = rec.global_hash;
+    out->update_norm = rec.update_norm;
+    nb__ss_link_figures(s, out);
   }
   return NB_OK;
 }
@@ -672,7 +709,7 @@ nb_status_t nb_session_save(nb_session_t* s, const char* path) {
   NB_CHECK(nb__ss_ready(s, "save"));
   if (!path) return nb_error(NB_ERR_INVALID, "session: NULL argument");
   nb__ss_buf_t b = {0};
-  NB_CHECK(nb__ss_table_make(s, &b, 0));
+  NB_CHECK(nb__ss_table_make(s, &b, 0, 1));
   nb_status_t st = nb_hybrid_save_ext(s->h, path, b.p, b.len);
   nb_free(b.p);
   return st == NB_OK ? NB_OK : nb_error_wrap(st, "session: save");
@@ -690,7 +727,7 @@ static nb_status_t nb__ss_state_check(void* ctx, const uint8_t* ext, size_t len)
   nb_session_t* s = l->s;
   nb__ss_rd_t r = {ext, len, 0, 0};
   nb__ss_head_t hd;
-  NB_CHECK(nb__ss_head_read(&r, l->where, &hd));
+  NB_CHECK(nb__ss_head_read(&r, l->where, NB__SS_STATE_VERSION, &hd));
   if (hd.idx != s->index || hd.nc != s->n_clusters)
     return nb_error(NB_ERR_CONFIG, "the state %s is cluster %u of %u's, we are %u of %u", l->where,
                     hd.idx, hd.nc, s->index, s->n_clusters);

@@ -77,6 +77,8 @@ typedef struct nb_session nb_session_t;
  * count, listen and (with several clusters) peers, and either pki_dir or insecure, and either
  * job_secret or unsealed. Every pointer is borrowed during nb_session_open only. Every cluster of a
  * job must give the same n_clusters, outer_lr and outer_momentum (nb_session_start checks). */
+#define NB_SESSION_NORM_BOUND_DEFAULT 100.0
+
 typedef struct {
   const char* job_id;       /* names the job: in the sealing keys and the exchange; required */
   const char* cluster_id;   /* our cluster's id ([A-Za-z0-9._-]); with pki_dir, our certificate's */
@@ -107,6 +109,11 @@ typedef struct {
   double peer_timeout_s;     /* a peer silent for this long is dead (its round fails with
                                 NB_ERR_UNAVAILABLE); 0 = the exchange's default (2 s, longer on a
                                 slow link) */
+  double update_norm_bound;  /* refuse a round whose summed update has an L2 norm above this many
+                                times the median of the last 8 applied rounds' (once 3 were
+                                applied): on every cluster, naming the cluster that sent the
+                                largest part, nothing applied. Every cluster must give the same.
+                                0 = off; default NB_SESSION_NORM_BOUND_DEFAULT (100) */
   const char* progress_file; /* NULL (default): none; else a file that gets one JSON line per
                                 round (round, step, density, wan_mbps, bytes_sent, samples, source,
                                 global_xxh3), appended: how a gateway shows a program's rounds */
@@ -124,6 +131,7 @@ void nb_session_options_default(nb_session_options_t* o);
  *   NEBULA_JOB_ID, NEBULA_CLUSTER_ID, NEBULA_LISTEN, NEBULA_PKI_DIR, NEBULA_VALUES   text
  *   NEBULA_CLUSTER_INDEX, NEBULA_N_CLUSTERS (1..64), NEBULA_INNER_STEPS (>= 1)     integers
  *   NEBULA_OUTER_LR (> 0), NEBULA_OUTER_MOMENTUM ([0, 1)), NEBULA_DENSITY ((0, 1]) numbers
+ *   NEBULA_UPDATE_NORM_BOUND (0 = off, or >= 1)                                    number
  *   NEBULA_PEERS              "id=host:port,id=host:port" (one per other cluster; "" = none)
  *   NEBULA_JOB_SECRET_FILE    a file of exactly 32 bytes, or 64 hex digits (one trailing
  *                             newline allowed); a regular file that neither group nor others
@@ -214,6 +222,9 @@ typedef struct {
   double wait_s;        /* inside the exchange: sending ours, waiting for the peers' */
   double codec_s;       /* encode, decode and the outer step */
   uint64_t global_hash; /* XXH3-64 of theta_global after the round (equal on every cluster) */
+  double update_norm;   /* L2 norm of the summed update the outer step took */
+  double goodput_Bps;   /* the slowest peer link's measured rate, bytes/s (0: not measured yet) */
+  double rtt_s;         /* the longest round trip to a peer, seconds (0: not measured yet) */
 } nb_session_round_t;
 
 /* One blocking outer round, called by every cluster after its H inner steps: Delta =
@@ -224,7 +235,9 @@ typedef struct {
  * (nullable) receives the round's figures. Returns NB_ERR_INVALID before start, after a failed
  * round, or when an update is not finite (a NaN or infinity in any cluster's buffers: the round
  * is refused on every cluster, naming the cluster, and nothing is applied: theta_global and our
- * buffers are unchanged); NB_ERR_INTEGRITY when the replicas diverged (a hash differs) or a frame
+ * buffers are unchanged) or when the summed update's norm is beyond update_norm_bound times the
+ * recent rounds' (refused the same way, naming the cluster that sent the largest part);
+ * NB_ERR_INTEGRITY when the replicas diverged (a hash differs) or a frame
  * fails to open; NB_ERR_CODEC for a malformed peer frame; NB_ERR_UNAVAILABLE / NB_ERR_TIMEOUT /
  * NB_ERR_RPC when a peer cannot be reached. After an error (other than before start) the session
  * can only be closed: the clusters no longer agree on the round. */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -62,14 +63,18 @@ struct nb_hybrid {
   double mid_waited;
   uint64_t mid_sent;
   /* fault-tolerant rounds (docs/hybrid.md, Faults) */
-  uint64_t commits;        /* rounds applied */
-  uint32_t final_attempts; /* exchanges the final check of fault-tolerant rounds took */
-  uint64_t ft_samples;     /* samples trained on since the last applied round: the weight of our
-                              Delta, which carries all of that progress */
-  uint64_t pend_samples;   /* what the held round's message of ours claimed */
-  float* res_pre; /* (n) residual before this round's encode: restored when it is skipped */
-  float* lsend;   /* (n) theta_local when this round's message was made */
-  int pend;       /* every message of round pend_round arrived, the vote did not confirm it */
+  uint64_t commits;                    /* rounds applied */
+  double norms[NB_HYBRID_NORM_WINDOW]; /* the last applied rounds' update norms (a ring) */
+  uint32_t n_norms;                    /* applied rounds in it (up to the window) */
+  uint64_t norm_at;                    /* next slot: the count of norms ever recorded */
+  double norm;                         /* of the sum nb__hy_sum wrote last */
+  uint32_t final_attempts;             /* exchanges the final check of fault-tolerant rounds took */
+  uint64_t ft_samples;   /* samples trained on since the last applied round: the weight of our
+                            Delta, which carries all of that progress */
+  uint64_t pend_samples; /* what the held round's message of ours claimed */
+  float* res_pre;        /* (n) residual before this round's encode: restored when it is skipped */
+  float* lsend;          /* (n) theta_local when this round's message was made */
+  int pend; /* every message of round pend_round arrived, the vote did not confirm it */
   uint64_t pend_round, pend_commits, pend_hash;
   nb_hybrid_msg_t pend_msgs[NB_HYBRID_MAX_CLUSTERS]; /* owned copies, cluster order */
   float* pend_local;                                 /* (n) theta_local at that round's send */
@@ -197,6 +202,14 @@ static nb_status_t nb__hy_check(const nb_hybrid_config_t* c) {
                     c->n_clusters);
   if (c->inner_steps < 1)
     return nb_error(NB_ERR_CONFIG, "hybrid: inner_steps %ld < 1", c->inner_steps);
+  if (!(c->norm_bound >= 0) || !isfinite(c->norm_bound) || (c->norm_bound > 0 && c->norm_bound < 1))
+    return nb_error(NB_ERR_CONFIG, "hybrid: norm_bound %g is neither 0 (off) nor >= 1",
+                    c->norm_bound);
+  if (c->norm_bound > 0 && c->ft_exchange)
+    return nb_error(
+        NB_ERR_CONFIG,
+        "hybrid: norm_bound with fault-tolerant rounds (a rejoining cluster would judge "
+        "by another history than its peers)");
   if (!(c->round_seconds >= 0) || !isfinite(c->round_seconds))
     return nb_error(NB_ERR_CONFIG, "hybrid: round_seconds must be >= 0");
   if (!(c->outer_lr > 0) || !isfinite(c->outer_lr))
@@ -508,6 +521,59 @@ static nb_status_t nb__hy_collect(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, s
   return NB_OK;
 }
 
+/* L2 norm of x[0..n), summed in double in index order (the same bits on every cluster). */
+static double nb__hy_norm(const float* x, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+  return sqrt(s);
+}
+
+static int nb__hy_cmp_double(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
+
+/* cfg.norm_bound: the sum in h->delta (norm h->norm) against the median of the last applied
+ * rounds'. Refused: which cluster sent the largest part (each frame decoded alone into h->delta,
+ * which the refused round does not use; only on this path). */
+static nb_status_t nb__hy_norm_check(nb_hybrid_t* h, const nb__hy_hdr_t* byc, uint64_t total,
+                                     uint64_t round) {
+  if (!(h->cfg.norm_bound > 0) || h->n_norms < NB_HYBRID_NORM_WARMUP) return NB_OK;
+  double sorted[NB_HYBRID_NORM_WINDOW];
+  memcpy(sorted, h->norms, h->n_norms * sizeof *sorted);
+  qsort(sorted, h->n_norms, sizeof *sorted, nb__hy_cmp_double);
+  uint32_t m = h->n_norms;
+  double med = m % 2 ? sorted[m / 2] : 0.5 * (sorted[m / 2 - 1] + sorted[m / 2]);
+  if (!(h->norm > h->cfg.norm_bound * med)) return NB_OK;
+  uint32_t worst = 0;
+  double worst_norm = -1;
+  for (uint32_t c = 0; c < h->cfg.n_clusters; c++) {
+    memset(h->delta, 0, h->n * sizeof(float));
+    float w = (float)((double)byc[c].samples / (double)total);
+    if (nb_codec_decode_accumulate(h->codec, byc[c].frame, byc[c].frame_len, w, h->delta, h->n,
+                                   NULL) != NB_OK)
+      continue; /* decoded a moment ago: cannot fail now */
+    double v = nb__hy_norm(h->delta, h->n);
+    if (v > worst_norm) {
+      worst_norm = v;
+      worst = c;
+    }
+  }
+  return nb_error(NB_ERR_INVALID,
+                  "hybrid: round %llu: the summed update's norm %.4g is %.3g times the median "
+                  "%.4g of the last %u applied rounds (bound %g): the round is refused, nothing "
+                  "applied; cluster %u sent the largest part (norm %.4g)",
+                  (unsigned long long)round, h->norm, med > 0 ? h->norm / med : INFINITY, med, m,
+                  h->cfg.norm_bound, worst, worst_norm);
+}
+
+/* An applied round's update norm joins the history. */
+static void nb__hy_norm_push(nb_hybrid_t* h) {
+  h->norms[h->norm_at % NB_HYBRID_NORM_WINDOW] = h->norm;
+  h->norm_at++;
+  if (h->n_norms < NB_HYBRID_NORM_WINDOW) h->n_norms++;
+}
+
 /* Checks and applies the messages of `round`, whose senders held theta_global with `hash`. */
 /* Checks the messages of `round` (senders holding `hash`) and writes the sample-weighted sum of
  * their decoded frames, in cluster order, into h->delta. *total: all clusters' samples. */
@@ -548,6 +614,8 @@ static nb_status_t nb__hy_sum(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_
                     "hybrid: round %llu: the weighted sum of the updates is not finite (element "
                     "%zu): the round is refused, nothing applied",
                     (unsigned long long)round, bad);
+  h->norm = nb__hy_norm(h->delta, h->n);
+  NB_CHECK(nb__hy_norm_check(h, byc, total, round));
   *total_out = total;
   return NB_OK;
 }
@@ -561,8 +629,10 @@ static nb_status_t nb__hy_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, siz
   NB_CHECK(nb__hy_set_params(h, h->global, h->n));
   h->hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
   h->commits++;
+  nb__hy_norm_push(h);
   if (rec) {
     memset(rec, 0, sizeof *rec);
+    rec->update_norm = h->norm;
     rec->round = round;
     rec->steps = h->steps;
     rec->samples = h->samples;
@@ -1716,6 +1786,8 @@ nb_status_t nb_hybrid_load_ext(nb_hybrid_t* h, const char* path,
   h->xseq = nb__get64(buf + 24);
   h->commits = nb__get64(buf + 48);
   h->hash = nb_xxh3_64(h->global, nb, 0);
+  h->n_norms = 0; /* every cluster loads at once: the history restarts everywhere */
+  h->norm_at = 0;
 out:
   nb_free(buf);
   return st;

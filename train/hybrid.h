@@ -112,7 +112,17 @@ typedef struct {
    * the final check (each attempt on a fresh exchange id, following a peer that is further), so
    * that a link back near the end of a run still ends in agreement; 0 = one attempt. */
   double final_wait_s;
+  /* > 0: a round whose summed update has an L2 norm above norm_bound times the median of the
+   * last NB_HYBRID_NORM_WINDOW applied rounds' (once NB_HYBRID_NORM_WARMUP were applied) is
+   * refused on every cluster (NB_ERR_INVALID naming the cluster that sent the largest part),
+   * nothing applied: the sum is the same bits everywhere, so every cluster decides the same.
+   * The history starts empty at create and at load; fault-tolerant rounds, whose clusters can
+   * rejoin with another history, refuse the bound (NB_ERR_CONFIG). 0 = off (default). */
+  double norm_bound;
 } nb_hybrid_config_t;
+
+#define NB_HYBRID_NORM_WINDOW 8
+#define NB_HYBRID_NORM_WARMUP 3
 
 /* Defaults: one cluster, H 50, outer lr 0.7 momentum 0.9, density 0.01, error feedback, int8,
  * zstd 3, no exchange. */
@@ -143,6 +153,7 @@ typedef struct {
   uint32_t peers_ok;    /* peers whose update of this round arrived */
   uint32_t peers_alive; /* peers answering their heartbeat after the exchange */
   uint64_t next_round;  /* the round this cluster runs next (> round + 1 after a jump) */
+  double update_norm;   /* L2 norm of the summed update the outer step took (applied rounds) */
 } nb_hybrid_round_t;
 
 typedef struct nb_hybrid nb_hybrid_t;

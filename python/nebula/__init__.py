@@ -70,6 +70,9 @@ class RoundInfo:
     wait_s: float  # inside the exchange
     codec_s: float  # encode, decode and the outer step
     global_hash: int  # XXH3-64 of theta_global after the round, equal on every cluster
+    update_norm: float  # L2 norm of the summed update the outer step took
+    goodput_Bps: float  # the slowest peer link's measured rate, bytes/s (0: not yet measured)
+    rtt_s: float  # the longest round trip to a peer, seconds (0: not yet measured)
 
     @classmethod
     def _from_c(cls, r) -> "RoundInfo":
@@ -84,6 +87,9 @@ class RoundInfo:
             wait_s=float(r.wait_s),
             codec_s=float(r.codec_s),
             global_hash=int(r.global_hash),
+            update_norm=float(r.update_norm),
+            goodput_Bps=float(r.goodput_Bps),
+            rtt_s=float(r.rtt_s),
         )
 
 
@@ -141,7 +147,7 @@ _OPTION_KINDS = {
     "listen": "str", "peers": "peers", "pki_dir": "path", "insecure": "bool",
     "job_secret": "secret", "unsealed": "bool", "inner_steps": "int", "outer_lr": "real",
     "outer_momentum": "real", "density": "real", "values": "str", "error_feedback": "bool",
-    "peer_timeout_s": "real",
+    "peer_timeout_s": "real", "update_norm_bound": "real",
 }
 
 
@@ -219,6 +225,7 @@ class Session:
         values: str | None = None,
         error_feedback: bool | None = None,
         peer_timeout_s: float | None = None,
+        update_norm_bound: float | None = None,
     ):
         o = _cffi.new("nb_session_options_t*")
         _lib.nb_session_options_default(o)
@@ -228,7 +235,7 @@ class Session:
             insecure=bool(insecure), job_secret=job_secret, unsealed=bool(unsealed),
             inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
             density=density, values=values, error_feedback=error_feedback,
-            peer_timeout_s=peer_timeout_s))
+            peer_timeout_s=peer_timeout_s, update_norm_bound=update_norm_bound))
 
     @classmethod
     def from_env(cls, **overrides) -> "Session":

@@ -33,6 +33,8 @@ typedef struct {
   nb_session_t* s;
   int64_t b_len; /* the shape b is registered with (the mismatch test changes it) */
   int poison;    /* the round (1-based) before which this cluster puts a NaN into w */
+  int blowup;    /* the round (1-based) before which this cluster adds 1e4 to every w */
+  double bound;  /* update_norm_bound; 0: the default */
   /* results */
   nb_status_t st;
   char msg[512];
@@ -121,6 +123,7 @@ static void side_open(side_t* sd, const char* job) {
   o.outer_momentum = 0.5f;
   o.density = 0.25;
   o.values = "int8";
+  if (sd->bound > 0) o.update_norm_bound = sd->bound;
   assert_int_equal(nb_session_open(&o, &sd->s), NB_OK);
   assert_true(nb_session_port(sd->s) > 0);
   int64_t wshape[2] = {DIM, DIM};
@@ -149,6 +152,8 @@ static void* side_main(void* arg) {
   for (int r = 1; r <= ROUNDS; r++) {
     side_steps(sd, &at);
     if (sd->poison == r) sd->w[3] = NAN;
+    if (sd->blowup == r)
+      for (int i = 0; i < DIM * DIM; i++) sd->w[i] += 1e4f; /* finite, far beyond the others */
     if (sd->poison) { /* what "nothing applied" compares with */
       sd->hash_before_bad = nb_session_global_hash(sd->s);
       memcpy(sd->w_before_bad, sd->w, sizeof sd->w);
@@ -202,6 +207,8 @@ static void test_two_clusters_train(void** state) {
     assert_int_equal(sd[c].last.samples_all, 2 * H * BATCH);
     assert_true(sd[c].last.bytes_sent > 0);
     assert_true(sd[c].last.msg_bytes < (DIM * DIM + DIM) * sizeof(float)); /* compressed */
+    assert_true(sd[c].last.update_norm > 0 && isfinite(sd[c].last.update_norm));
+    assert_true(sd[c].last.rtt_s >= 0 && sd[c].last.goodput_Bps >= 0);
   }
   /* bit-identical parameters and the same hash on both clusters */
   assert_memory_equal(sd[0].w, sd[1].w, sizeof sd[0].w);
@@ -276,6 +283,84 @@ static void test_nan_refused(void** state) {
   for (int c = 0; c < 2; c++) nb_session_close(sd[c].s);
 }
 
+/* A finite update far larger than the recent rounds' (a diverged or corrupted model): refused on
+ * both clusters by the default bound, naming the cluster, nothing applied. */
+static void test_norm_refused(void** state) {
+  (void)state;
+  side_t* sd = sides;
+  for (int c = 0; c < 2; c++) side_init(&sd[c], c);
+  sd[1].blowup = 6; /* after 5 applied rounds: past the bound's warm-up */
+  sd[1].poison = -1;
+  sd[0].poison = -1;
+  for (int c = 0; c < 2; c++) side_open(&sd[c], "api-norm");
+  sides_connect(&sd[0], &sd[1]);
+  run_pair(sd);
+  for (int c = 0; c < 2; c++) {
+    print_message("cluster %d: %s\n", c, sd[c].msg);
+    assert_int_equal(sd[c].st, NB_ERR_INVALID);
+    assert_int_equal(sd[c].rounds_done, 5);
+    assert_true(sd[c].last.update_norm > 0);
+    assert_non_null(strstr(sd[c].msg, "times the median"));
+    assert_non_null(strstr(sd[c].msg, "cluster 1 sent the largest part"));
+    assert_non_null(strstr(sd[c].msg, "nothing applied"));
+    assert_int_equal(nb_session_global_hash(sd[c].s), sd[c].hash_before_bad);
+    assert_int_equal(nb_session_round(sd[c].s, 1, NULL), NB_ERR_INVALID);
+  }
+  assert_memory_equal(sd[0].w, sd[0].w_before_bad, sizeof sd[0].w);
+  assert_int_equal(nb_session_global_hash(sd[0].s), nb_session_global_hash(sd[1].s));
+  for (int c = 0; c < 2; c++) nb_session_close(sd[c].s);
+
+  /* the same blow-up with the bound off is applied (the session does as told) */
+  for (int c = 0; c < 2; c++) side_init(&sd[c], c);
+  sd[1].blowup = 6;
+  for (int c = 0; c < 2; c++) {
+    nb_session_options_t o;
+    pair_options(&o, "api-norm-off", c, secret);
+    o.inner_steps = H;
+    o.outer_lr = 0.8f;
+    o.outer_momentum = 0.5f;
+    o.density = 0.25;
+    o.update_norm_bound = 0;
+    assert_int_equal(nb_session_open(&o, &sd[c].s), NB_OK);
+    int64_t wshape[2] = {DIM, DIM};
+    assert_int_equal(nb_session_register(sd[c].s, "w", sd[c].w, wshape, 2), NB_OK);
+    assert_int_equal(nb_session_register(sd[c].s, "b", sd[c].b, &sd[c].b_len, 1), NB_OK);
+  }
+  sides_connect(&sd[0], &sd[1]);
+  run_pair(sd);
+  for (int c = 0; c < 2; c++) {
+    assert_int_equal(sd[c].st, NB_OK);
+    assert_int_equal(sd[c].rounds_done, ROUNDS);
+    nb_session_close(sd[c].s);
+  }
+}
+
+/* Clusters with different bounds would refuse different rounds: start fails on both. */
+static void test_norm_bound_differs(void** state) {
+  (void)state;
+  side_t* sd = sides;
+  for (int c = 0; c < 2; c++) side_init(&sd[c], c);
+  sd[1].bound = 50;
+  for (int c = 0; c < 2; c++) side_open(&sd[c], "api-norm-differs");
+  sides_connect(&sd[0], &sd[1]);
+  pthread_t th[2];
+  for (int c = 0; c < 2; c++) assert_int_equal(pthread_create(&th[c], NULL, start_main, &sd[c]), 0);
+  for (int c = 0; c < 2; c++) pthread_join(th[c], NULL);
+  for (int c = 0; c < 2; c++) {
+    assert_int_equal(sd[c].st, NB_ERR_CONFIG);
+    nb_session_close(sd[c].s);
+  }
+  nb_session_options_t o;
+  pair_options(&o, "api-norm-bad", 0, secret);
+  nb_session_t* s = NULL;
+  o.update_norm_bound = 0.5; /* below 1 would refuse every ordinary round */
+  assert_int_equal(nb_session_open(&o, &s), NB_ERR_CONFIG);
+  assert_non_null(strstr(nb_error_last(), "update_norm_bound"));
+  o.update_norm_bound = NAN;
+  assert_int_equal(nb_session_open(&o, &s), NB_ERR_CONFIG);
+  assert_null(s);
+}
+
 static void test_round_before_start(void** state) {
   (void)state;
   nb_session_options_t o;
@@ -342,6 +427,8 @@ int main(void) {
       cmocka_unit_test(test_two_clusters_train),
       cmocka_unit_test(test_table_mismatch),
       cmocka_unit_test(test_nan_refused),
+      cmocka_unit_test(test_norm_refused),
+      cmocka_unit_test(test_norm_bound_differs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

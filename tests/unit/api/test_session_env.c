@@ -19,7 +19,7 @@ static const char* const vars[] = {
     "NEBULA_JOB_ID",      "NEBULA_CLUSTER_ID", "NEBULA_CLUSTER_INDEX",  "NEBULA_N_CLUSTERS",
     "NEBULA_LISTEN",      "NEBULA_PEERS",      "NEBULA_PKI_DIR",        "NEBULA_JOB_SECRET_FILE",
     "NEBULA_INNER_STEPS", "NEBULA_OUTER_LR",   "NEBULA_OUTER_MOMENTUM", "NEBULA_DENSITY",
-    "NEBULA_VALUES",      "NEBULA_INSECURE",   "NEBULA_UNSEALED"};
+    "NEBULA_VALUES",      "NEBULA_INSECURE",   "NEBULA_UNSEALED",       "NEBULA_UPDATE_NORM_BOUND"};
 
 static char dir[256];
 
@@ -77,6 +77,7 @@ static void test_reads_every_variable(void** state) {
   setenv("NEBULA_VALUES", "bf16", 1);
   setenv("NEBULA_INSECURE", "1", 1);
   setenv("NEBULA_UNSEALED", "0", 1);
+  setenv("NEBULA_UPDATE_NORM_BOUND", "0", 1);
   nb_session_options_t o;
   assert_int_equal(nb_session_options_from_env(&o), NB_OK);
   assert_string_equal(o.job_id, "env-job");
@@ -98,6 +99,7 @@ static void test_reads_every_variable(void** state) {
   assert_int_equal(o.insecure, 1);
   assert_int_equal(o.unsealed, 0);
   assert_int_equal(o.error_feedback, 1); /* no variable: the default */
+  assert_true(o.update_norm_bound == 0); /* off */
   assert_non_null(o.env_storage);
   /* the copies are the options' own: the environment may change under them */
   setenv("NEBULA_JOB_ID", "changed", 1);
@@ -191,6 +193,9 @@ static void test_each_bad_variable(void** state) {
       {"NEBULA_DENSITY", "0"},
       {"NEBULA_DENSITY", "1.5"},
       {"NEBULA_DENSITY", ""},
+      {"NEBULA_UPDATE_NORM_BOUND", "-1"},
+      {"NEBULA_UPDATE_NORM_BOUND", "inf"},
+      {"NEBULA_UPDATE_NORM_BOUND", "big"},
       {"NEBULA_VALUES", "int7"},
       {"NEBULA_INSECURE", "yes"},
       {"NEBULA_INSECURE", "2"},
