@@ -306,6 +306,14 @@ static void test_dense_round_flushes_residual(void** state) {
  * without error feedback (top-k of Delta alone), while beta 1 (the default) carries what the
  * previous round did not send and so changes the second round's frame. fp32 values: the frames
  * hold the selected values exactly. */
+static nb_status_t ft_never_called(void* ctx, uint64_t xround, const void* msg, size_t len,
+                                   nb_hybrid_msg_t* peers, size_t n_peers, uint64_t* bytes_sent,
+                                   uint64_t* ahead, uint32_t* alive) {
+  (void)ctx, (void)xround, (void)msg, (void)len, (void)peers, (void)n_peers, (void)bytes_sent;
+  (void)ahead, (void)alive;
+  return NB_ERR_INTERNAL;
+}
+
 static void test_error_feedback_decay(void** state) {
   (void)state;
   nb_hybrid_config_t hc;
@@ -347,6 +355,16 @@ static void test_error_feedback_decay(void** state) {
   bad.n_clusters = 2;
   assert_int_equal(nb_hybrid_create(&bad, t, &h), NB_ERR_CONFIG);
   assert_non_null(strstr(nb_error_last(), "ef_decay"));
+  /* the update norm bound: >= 1 or off, and never with fault-tolerant rounds */
+  bad = hc;
+  bad.norm_bound = 0.5;
+  assert_int_equal(nb_hybrid_create(&bad, t, &h), NB_ERR_CONFIG);
+  assert_non_null(strstr(nb_error_last(), "norm_bound"));
+  bad.norm_bound = 100;
+  bad.ft_exchange = ft_never_called;
+  assert_int_equal(nb_hybrid_create(&bad, t, &h), NB_ERR_CONFIG);
+  assert_non_null(strstr(nb_error_last(), "fault-tolerant"));
+  assert_null(h);
   nb_trainer_destroy(t);
 }
 
