@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -55,6 +56,18 @@ struct nb_session {
   nb_hybrid_t* h;
   int started, failed;
   long inner_steps;
+  /* the overlapped round (nb_session_round_begin / _end): its exchange on `fly`; at_begin (n)
+   * the caller's values when it began (bf16 as fp32), to carry the progress made since */
+  int in_flight;
+  pthread_t fly;
+  float* at_begin;
+  const uint8_t* fly_msg;
+  size_t fly_len;
+  uint64_t fly_round, fly_sent, fly_samples;
+  double fly_secs;
+  nb_status_t fly_status;
+  char fly_error[512];
+  nb_hybrid_msg_t fly_peers[NB_HYBRID_MAX_CLUSTERS];
   char* progress_file; /* NULL: no progress lines */
 };
 
@@ -576,6 +589,10 @@ nb_status_t nb_session_start(nb_session_t* s) {
 static nb_status_t nb__ss_ready(const nb_session_t* s, const char* what) {
   if (!s) return nb_error(NB_ERR_INVALID, "session: NULL argument");
   if (!s->started) return nb_error(NB_ERR_INVALID, "session: %s before start", what);
+  if (s->in_flight && strcmp(what, "round_end"))
+    return nb_error(NB_ERR_INVALID,
+                    "session: %s while round %llu is in flight: call nb_session_round_end first",
+                    what, (unsigned long long)s->fly_round);
   if (s->failed)
     return nb_error(NB_ERR_INVALID,
                     "session: %s after a failed round: the clusters no longer agree on the "
@@ -634,6 +651,29 @@ static void nb__ss_link_figures(nb_session_t* s, nb_session_round_t* out) {
   out->rtt_s = rtt;
 }
 
+/* The progress line and *out (nullable) of a round applied on every cluster; wait_s: what the
+ * caller waited for the exchange. */
+static void nb__ss_figures(nb_session_t* s, uint64_t samples, const nb_hybrid_round_t* rec,
+                           double wait_s, nb_session_round_t* out) {
+  nb__ss_progress(s, samples, rec);
+  if (!out) return;
+  memset(out, 0, sizeof *out);
+  out->round = rec->round;
+  out->applied = 1; /* a round without fault tolerance that returns NB_OK was applied on every
+                       cluster (rec->applied is set by fault-tolerant ones) */
+  out->samples = samples;
+  out->samples_all = rec->samples_all;
+  out->msg_bytes = rec->msg_bytes;
+  out->bytes_sent = rec->bytes_sent;
+  out->density = rec->density;
+  out->wait_s = wait_s;
+  out->exchange_s = rec->exchange_s;
+  out->codec_s = rec->codec_s;
+  out->global_hash = rec->global_hash;
+  out->update_norm = rec->update_norm;
+  nb__ss_link_figures(s, out);
+}
+
 nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round_t* out) {
   NB_CHECK(nb__ss_ready(s, "round"));
   if (samples > UINT64_MAX - s->samples)
@@ -647,23 +687,112 @@ nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round
     return nb_error_wrap(st, "session: round %llu", (unsigned long long)nb_hybrid_rounds(s->h));
   }
   nb__ss_scatter(s);
-  nb__ss_progress(s, samples, &rec);
-  if (out) {
-    memset(out, 0, sizeof *out);
-    out->round = rec.round;
-    out->applied = 1; /* a blocking round without fault tolerance that returns NB_OK was
-                         applied on every cluster (rec.applied is set by fault-tolerant ones) */
-    out->samples = samples;
-    out->samples_all = rec.samples_all;
-    out->msg_bytes = rec.msg_bytes;
-    out->bytes_sent = rec.bytes_sent;
-    out->density = rec.density;
-    out->wait_s = rec.exchange_s;
-    out->codec_s = rec.codec_s;
-    out->global_hash = rec.global_hash;
-    out->update_norm = rec.update_norm;
-    nb__ss_link_figures(s, out);
+  nb__ss_figures(s, samples, &rec, rec.exchange_s, out);
+  return NB_OK;
+}
+
+/* ---- the overlapped round ------------------------------------------------------------------- */
+
+static void* nb__ss_fly_main(void* arg) {
+  nb_session_t* s = arg;
+  double t0 = nb_now_s();
+  s->fly_sent = 0;
+  s->fly_status = NB_OK;
+  if (s->n_clusters > 1)
+    s->fly_status = nb__ss_exchange(s, s->fly_round, s->fly_msg, s->fly_len, s->fly_peers + 1,
+                                    s->n_clusters - 1, &s->fly_sent);
+  s->fly_secs = nb_now_s() - t0;
+  if (s->fly_status != NB_OK) snprintf(s->fly_error, sizeof s->fly_error, "%s", nb_error_last());
+  return NULL;
+}
+
+/* The caller's buffers as fp32 (bf16 widened) into dst. */
+static void nb__ss_read_buffers(const nb_session_t* s, float* dst) {
+  for (size_t i = 0; i < s->n_tensors; i++) {
+    const nb__ss_tensor_t* t = &s->tensors[i];
+    if (t->dtype == NB_DTYPE_FP32) {
+      memcpy(dst + t->offset, t->data, t->count * sizeof(float));
+      continue;
+    }
+    const uint16_t* src = t->data;
+    for (size_t j = 0; j < t->count; j++) dst[t->offset + j] = nb_bf16_to_f32(src[j]);
   }
+}
+
+nb_status_t nb_session_round_begin(nb_session_t* s, uint64_t samples) {
+  NB_CHECK(nb__ss_ready(s, "round_begin"));
+  if (samples > UINT64_MAX - s->samples)
+    return nb_error(NB_ERR_INVALID, "session: round_begin: sample count overflows");
+  if (!s->at_begin)
+    NB_CHECK(nb_alloc((void**)&s->at_begin, s->n, sizeof(float), "session: overlapped round"));
+  nb__ss_gather(s, 1);
+  s->samples += samples;
+  nb__ss_read_buffers(s, s->at_begin);
+  s->fly_round = nb_hybrid_rounds(s->h);
+  nb_status_t st = nb_hybrid_prepare(s->h, &s->fly_msg, &s->fly_len);
+  if (st != NB_OK) {
+    s->failed = 1;
+    return nb_error_wrap(st, "session: round %llu", (unsigned long long)s->fly_round);
+  }
+  s->fly_samples = samples;
+  memset(s->fly_peers, 0, sizeof s->fly_peers);
+  if (pthread_create(&s->fly, NULL, nb__ss_fly_main, s) != 0) {
+    s->failed = 1;
+    return nb_error(NB_ERR_INTERNAL, "session: round %llu: cannot start the exchange thread",
+                    (unsigned long long)s->fly_round);
+  }
+  s->in_flight = 1;
+  return NB_OK;
+}
+
+/* Waits for the exchange in flight; NB_OK or its error (then the peers' frames are freed). */
+static nb_status_t nb__ss_fly_join(nb_session_t* s) {
+  pthread_join(s->fly, NULL);
+  s->in_flight = 0;
+  if (s->fly_status == NB_OK) return NB_OK;
+  for (uint32_t i = 1; i < s->n_clusters; i++) nb_free(s->fly_peers[i].data);
+  memset(s->fly_peers, 0, sizeof s->fly_peers);
+  return nb_error(s->fly_status, "hybrid: exchange: %s", s->fly_error);
+}
+
+nb_status_t nb_session_round_end(nb_session_t* s, nb_session_round_t* out) {
+  NB_CHECK(nb__ss_ready(s, "round_end"));
+  if (!s->in_flight)
+    return nb_error(NB_ERR_INVALID, "session: round_end without nb_session_round_begin");
+  double t0 = nb_now_s();
+  nb_status_t st = nb__ss_fly_join(s);
+  double waited = nb_now_s() - t0;
+  nb_hybrid_round_t rec;
+  if (st == NB_OK) {
+    s->fly_peers[0].data = (uint8_t*)s->fly_msg;
+    s->fly_peers[0].len = s->fly_len;
+    st = nb_hybrid_apply(s->h, s->fly_peers, s->n_clusters, &rec);
+    for (uint32_t i = 1; i < s->n_clusters; i++) nb_free(s->fly_peers[i].data);
+    memset(s->fly_peers, 0, sizeof s->fly_peers);
+  }
+  if (st != NB_OK) {
+    s->failed = 1; /* the caller's buffers keep their own values: nothing was applied */
+    return nb_error_wrap(st, "session: round %llu", (unsigned long long)s->fly_round);
+  }
+  /* theta_global (in local now) plus what the caller trained since the round began: its
+   * buffers now minus then (a bf16 buffer's progress in its own precision, as in gather) */
+  float* now = s->at_begin;
+  for (size_t i = 0; i < s->n_tensors; i++) {
+    const nb__ss_tensor_t* t = &s->tensors[i];
+    float* l = s->local + t->offset;
+    const float* b0 = now + t->offset;
+    if (t->dtype == NB_DTYPE_FP32) {
+      const float* b1 = t->data;
+      for (size_t j = 0; j < t->count; j++) l[j] += b1[j] - b0[j];
+    } else {
+      const uint16_t* b1 = t->data;
+      for (size_t j = 0; j < t->count; j++) l[j] += nb_bf16_to_f32(b1[j]) - b0[j];
+    }
+  }
+  nb__ss_scatter(s);
+  rec.bytes_sent = s->fly_sent;
+  rec.exchange_s = s->fly_secs;
+  nb__ss_figures(s, s->fly_samples, &rec, waited, out);
   return NB_OK;
 }
 
@@ -755,11 +884,13 @@ nb_status_t nb_session_load(nb_session_t* s, const char* path) {
 
 void nb_session_close(nb_session_t* s) {
   if (!s) return;
-  nb_hybrid_destroy(s->h); /* first: it may wait for an exchange in flight */
+  if (s->in_flight) nb__ss_fly_join(s); /* an overlapped round never ended: wait for it */
+  nb_hybrid_destroy(s->h);              /* first: it may wait for an exchange in flight */
   nb_exchange_destroy(s->ex);
   nb_tls_destroy(s->tls);
   nb_free(s->tensors);
   nb_free(s->local);
+  nb_free(s->at_begin);
   memset(s->secret, 0, sizeof s->secret);
   nb_free(s->progress_file);
   nb_free(s);

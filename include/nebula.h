@@ -219,7 +219,9 @@ typedef struct {
   uint64_t msg_bytes;   /* our message (header and codec frame) */
   uint64_t bytes_sent;  /* what we put on the WAN this round (msg_bytes to every peer) */
   double density;       /* of our frame */
-  double wait_s;        /* inside the exchange: sending ours, waiting for the peers' */
+  double wait_s;        /* what the caller waited for the exchange (blocking round: all of it;
+                           overlapped: inside nb_session_round_end) */
+  double exchange_s;    /* the exchange itself: sending ours, receiving the peers' */
   double codec_s;       /* encode, decode and the outer step */
   uint64_t global_hash; /* XXH3-64 of theta_global after the round (equal on every cluster) */
   double update_norm;   /* L2 norm of the summed update the outer step took */
@@ -242,6 +244,22 @@ typedef struct {
  * NB_ERR_RPC when a peer cannot be reached. After an error (other than before start) the session
  * can only be closed: the clusters no longer agree on the round. */
 nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round_t* out);
+
+/* The round in two halves, so that the exchange overlaps the caller's next inner steps
+ * (Streaming DiLoCo's overlap: the update lands tau steps into the next round).
+ * nb_session_round_begin: Delta from the caller's buffers now (as nb_session_round), encoded and
+ * sent on a background thread; returns at once. The caller keeps training on its buffers.
+ * nb_session_round_end: waits for the peers' updates, takes the outer step, and writes into the
+ * caller's buffers theta_global plus what the caller trained since begin (its buffers now minus
+ * at begin), so no step is lost; that progress goes into the next round's Delta. With no step
+ * between the two it is exactly nb_session_round. Between begin and end the session refuses
+ * every other call but end (NB_ERR_INVALID naming the call) and the registered buffers may be
+ * trained on but not freed; nb_session_close waits for a round in flight. Errors as
+ * nb_session_round (begin: the codec's and the refusal of a non-finite update are found by end
+ * on every cluster, the thread's start failure NB_ERR_INTERNAL); end without begin is
+ * NB_ERR_INVALID. The session keeps one more copy of the tensors (fp32) for it. */
+nb_status_t nb_session_round_begin(nb_session_t* s, uint64_t samples);
+nb_status_t nb_session_round_end(nb_session_t* s, nb_session_round_t* out);
 
 /* A final hash-only exchange after the last round, so that its result is compared too; every
  * cluster calls it once. NB_ERR_INTEGRITY when the replicas differ, NB_ERR_INVALID (before start

@@ -67,7 +67,8 @@ class RoundInfo:
     msg_bytes: int  # our message (header and codec frame)
     bytes_sent: int  # what we put on the WAN this round
     density: float  # of our frame
-    wait_s: float  # inside the exchange
+    wait_s: float  # what the caller waited for the exchange (overlapped: inside round_end)
+    exchange_s: float  # the exchange itself
     codec_s: float  # encode, decode and the outer step
     global_hash: int  # XXH3-64 of theta_global after the round, equal on every cluster
     update_norm: float  # L2 norm of the summed update the outer step took
@@ -85,6 +86,7 @@ class RoundInfo:
             bytes_sent=int(r.bytes_sent),
             density=float(r.density),
             wait_s=float(r.wait_s),
+            exchange_s=float(r.exchange_s),
             codec_s=float(r.codec_s),
             global_hash=int(r.global_hash),
             update_norm=float(r.update_norm),
@@ -318,6 +320,20 @@ class Session:
         n = _uint(samples, "samples", _U64_MAX)
         r = _cffi.new("nb_session_round_t*")
         _check("nb_session_round", _lib.nb_session_round(s, n, r))
+        return RoundInfo._from_c(r)
+
+    def round_begin(self, samples: int) -> None:
+        """The first half of an overlapped round: Delta from the buffers now, sent on a
+        background thread; returns at once, and the caller keeps training on its buffers.
+        round_end() lands it (docs/api.md, "The overlapped round")."""
+        n = _uint(samples, "samples", _U64_MAX)
+        _check("nb_session_round_begin", _lib.nb_session_round_begin(self._handle(), n))
+
+    def round_end(self) -> RoundInfo:
+        """Waits for the peers' updates of the round begun last, takes the outer step, and leaves
+        in the buffers theta_global plus what was trained on them since round_begin."""
+        r = _cffi.new("nb_session_round_t*")
+        _check("nb_session_round_end", _lib.nb_session_round_end(self._handle(), r))
         return RoundInfo._from_c(r)
 
     def finish(self) -> None:

@@ -87,6 +87,12 @@ class DiLoCo:
     Delta (default 1 per step: every cluster weighs the same with the same H).
     With optimizer=opt, step() runs from the optimizer's post-step hook instead (one sample per
     step unless samples_per_step says otherwise).
+
+    overlap_steps=tau (1 <= tau < sync_every) overlaps the exchange with the next inner steps
+    (Streaming DiLoCo): at the round's step the update goes out in the background and training
+    goes on; tau steps later it lands (theta_global plus the steps trained since), and that
+    step() returns the round's RoundInfo. finish() lands a round still in flight first.
+    0 (default): the blocking round.
     """
 
     def __init__(
@@ -97,9 +103,14 @@ class DiLoCo:
         *,
         optimizer: torch.optim.Optimizer | None = None,
         samples_per_step: int = 1,
+        overlap_steps: int = 0,
     ):
         if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
             raise ValueError(f"nebula.torch: sync_every must be an int >= 1, not {sync_every!r}")
+        if (isinstance(overlap_steps, bool) or not isinstance(overlap_steps, int)
+                or not 0 <= overlap_steps < sync_every):
+            raise ValueError("nebula.torch: overlap_steps must be an int in [0, sync_every), "
+                             f"not {overlap_steps!r}")
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"nebula.torch: model must be an nn.Module, not {type(model).__name__}")
         if isinstance(session_or_options, Session):
@@ -115,6 +126,9 @@ class DiLoCo:
         self.model = model
         self.sync_every = sync_every
         self.samples_per_step = samples_per_step
+        self.overlap_steps = overlap_steps
+        self._in_flight = False
+        self._since_begin = 0
         self.params = [_Param(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("nebula.torch: the model has no trainable parameter to sync")
@@ -146,14 +160,44 @@ class DiLoCo:
         """Counts one inner step; runs the round after every `sync_every` of them."""
         self.steps += 1
         self.samples += 1 if samples is None else int(samples)
+        landed = None
+        if self._in_flight:
+            self._since_begin += 1
+            if self._since_begin >= self.overlap_steps:
+                landed = self._land()
         if self.steps < self.sync_every:
-            return None
-        return self.sync()
+            return landed
+        if self.overlap_steps == 0:
+            return self.sync()
+        self._begin()
+        return landed
+
+    def _begin(self) -> None:
+        for prm in self.params:
+            prm.to_host()
+        self.session.round_begin(self.samples)
+        self.steps = 0
+        self.samples = 0
+        self._in_flight = True
+        self._since_begin = 0
+
+    def _land(self) -> RoundInfo:
+        for prm in self.params:
+            prm.to_host()  # what was trained since the round began: the session keeps it
+        self._in_flight = False
+        info = self.session.round_end()
+        for prm in self.params:
+            prm.from_host()
+        self.rounds += 1
+        self.last_round = info
+        return info
 
     @torch.no_grad()
     def sync(self) -> RoundInfo:
         """The blocking round now, whatever the step count (every cluster must call it: a round
-        is collective)."""
+        is collective); an overlapped round in flight lands first."""
+        if self._in_flight:
+            self._land()
         for prm in self.params:
             prm.to_host()
         info = self.session.round(self.samples)
@@ -169,7 +213,7 @@ class DiLoCo:
         """Writes the session's round state to `path` (Session.save: atomic, every cluster its
         own file). Right after a round, when the parameters hold theta_global: save the model's
         other state (buffers, frozen parameters) and the inner optimizer's beside it yourself."""
-        if self.steps:
+        if self.steps or self._in_flight:
             raise RuntimeError(
                 f"nebula.torch: save right after a round ({self.steps} inner steps since the "
                 "last one would not be in the checkpoint)"
@@ -191,7 +235,10 @@ class DiLoCo:
         self.samples = 0
 
     def finish(self) -> None:
-        """The final hash-only exchange (every cluster calls it once, after its last round)."""
+        """The final hash-only exchange (every cluster calls it once, after its last round); an
+        overlapped round in flight lands first."""
+        if self._in_flight:
+            self._land()
         self.session.finish()
         self._finished = True
 

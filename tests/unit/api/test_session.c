@@ -35,6 +35,8 @@ typedef struct {
   int poison;    /* the round (1-based) before which this cluster puts a NaN into w */
   int blowup;    /* the round (1-based) before which this cluster adds 1e4 to every w */
   double bound;  /* update_norm_bound; 0: the default */
+  int tau;       /* >= 0: overlapped rounds (begin, tau steps, end); -1: blocking */
+  uint64_t hashes[ROUNDS];
   /* results */
   nb_status_t st;
   char msg[512];
@@ -60,6 +62,7 @@ static double rng_unit(uint64_t* s) { /* [-1, 1) */
 static void side_init(side_t* sd, int index) {
   memset(sd, 0, sizeof *sd);
   sd->index = index;
+  sd->tau = -1;
   sd->b_len = DIM;
   uint64_t truth = 0x9e3779b97f4a7c15ull, own = 1234567ull + 7919ull * (uint64_t)index;
   double wt[DIM][DIM], bt[DIM];
@@ -92,10 +95,10 @@ static double side_loss(const side_t* sd) {
   return sum / (N_DATA * DIM);
 }
 
-/* H steps of minibatch SGD (batch BATCH, in data order from `at`). */
-static void side_steps(side_t* sd, int* at) {
+/* k steps of minibatch SGD (batch BATCH, in data order from `at`). */
+static void side_steps_k(side_t* sd, int* at, int steps) {
   const float lr = 0.05f;
-  for (int k = 0; k < H; k++) {
+  for (int k = 0; k < steps; k++) {
     float gw[DIM * DIM] = {0}, gb[DIM] = {0};
     for (int m = 0; m < BATCH; m++) {
       int n = (*at)++ % N_DATA;
@@ -150,7 +153,7 @@ static void* side_main(void* arg) {
   sd->loss0 = side_loss(sd);
   int at = 0;
   for (int r = 1; r <= ROUNDS; r++) {
-    side_steps(sd, &at);
+    side_steps_k(sd, &at, sd->tau > 0 && r > 1 ? H - sd->tau : H);
     if (sd->poison == r) sd->w[3] = NAN;
     if (sd->blowup == r)
       for (int i = 0; i < DIM * DIM; i++) sd->w[i] += 1e4f; /* finite, far beyond the others */
@@ -158,11 +161,18 @@ static void* side_main(void* arg) {
       sd->hash_before_bad = nb_session_global_hash(sd->s);
       memcpy(sd->w_before_bad, sd->w, sizeof sd->w);
     }
-    st = nb_session_round(sd->s, H * BATCH, &sd->last);
+    if (sd->tau < 0) {
+      st = nb_session_round(sd->s, H * BATCH, &sd->last);
+    } else { /* the update lands tau steps into the next round, which then runs H - tau more */
+      st = nb_session_round_begin(sd->s, H * BATCH);
+      if (st == NB_OK) side_steps_k(sd, &at, sd->tau);
+      if (st == NB_OK) st = nb_session_round_end(sd->s, &sd->last);
+    }
     if (st != NB_OK) {
       side_fail(sd, st);
       return NULL;
     }
+    sd->hashes[r - 1] = sd->last.global_hash;
     sd->rounds_done = r;
   }
   st = nb_session_finish(sd->s);
@@ -361,6 +371,82 @@ static void test_norm_bound_differs(void** state) {
   assert_null(s);
 }
 
+/* The overlapped round: with no step between begin and end it is the blocking round, bit for
+ * bit; with tau steps between, the clusters still agree on every round and the model learns. */
+static void test_overlap(void** state) {
+  (void)state;
+  static side_t ref[2];
+  side_t* sd = sides;
+  for (int c = 0; c < 2; c++) side_init(&ref[c], c), side_open(&ref[c], "api-ovl-ref");
+  sides_connect(&ref[0], &ref[1]);
+  run_pair(ref);
+  for (int c = 0; c < 2; c++) side_init(&sd[c], c), sd[c].tau = 0, side_open(&sd[c], "api-ovl-0");
+  sides_connect(&sd[0], &sd[1]);
+  run_pair(sd);
+  for (int c = 0; c < 2; c++) {
+    assert_int_equal(ref[c].st, NB_OK);
+    assert_int_equal(sd[c].st, NB_OK);
+    assert_memory_equal(sd[c].hashes, ref[c].hashes, sizeof ref[c].hashes);
+    assert_memory_equal(sd[c].w, ref[c].w, sizeof ref[c].w);
+    assert_true(sd[c].last.exchange_s >= 0 && sd[c].last.wait_s >= 0);
+    nb_session_close(ref[c].s);
+    nb_session_close(sd[c].s);
+  }
+  for (int c = 0; c < 2; c++) side_init(&sd[c], c), sd[c].tau = 3, side_open(&sd[c], "api-ovl-3");
+  sides_connect(&sd[0], &sd[1]);
+  run_pair(sd);
+  for (int c = 0; c < 2; c++) {
+    print_message("cluster %d, tau 3: loss %.5f -> %.5f\n", c, sd[c].loss0, sd[c].loss1);
+    assert_int_equal(sd[c].st, NB_OK);
+    assert_int_equal(sd[c].rounds_done, ROUNDS);
+    assert_true(sd[c].loss1 < 0.5 * sd[c].loss0);
+    assert_int_equal(sd[c].last.applied, 1);
+  }
+  assert_memory_equal(sd[0].hashes, sd[1].hashes, sizeof sd[0].hashes);
+  /* the steps since the last begin are each cluster's own: theta_global is one, the buffers two */
+  float g0[DIM * DIM], g1[DIM * DIM];
+  assert_int_equal(nb_session_read_global(sd[0].s, "w", g0, DIM * DIM), NB_OK);
+  assert_int_equal(nb_session_read_global(sd[1].s, "w", g1, DIM * DIM), NB_OK);
+  assert_memory_equal(g0, g1, sizeof g0);
+  assert_memory_not_equal(sd[0].w, sd[1].w, sizeof g0);
+  for (int c = 0; c < 2; c++) nb_session_close(sd[c].s);
+}
+
+/* Calls out of order around an overlapped round are refused by name; close waits for one. */
+static void test_overlap_misuse(void** state) {
+  (void)state;
+  nb_session_options_t o;
+  nb_session_options_default(&o);
+  o.job_id = "api-ovl-misuse";
+  o.cluster_id = "solo";
+  o.insecure = o.unsealed = 1;
+  nb_session_t* s = NULL;
+  float v[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  assert_int_equal(nb_session_open(&o, &s), NB_OK);
+  assert_int_equal(nb_session_register(s, "v", v, shape, 1), NB_OK);
+  assert_int_equal(nb_session_round_begin(s, 1), NB_ERR_INVALID); /* before start */
+  assert_int_equal(nb_session_start(s), NB_OK);
+  assert_int_equal(nb_session_round_end(s, NULL), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "without nb_session_round_begin"));
+  v[0] = 0;
+  assert_int_equal(nb_session_round_begin(s, 4), NB_OK);
+  v[1] = 5; /* trained on meanwhile: kept on top of theta_global */
+  assert_int_equal(nb_session_round_begin(s, 4), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "in flight"));
+  assert_int_equal(nb_session_round(s, 4, NULL), NB_ERR_INVALID);
+  assert_int_equal(nb_session_finish(s), NB_ERR_INVALID);
+  nb_session_round_t r;
+  assert_int_equal(nb_session_round_end(s, &r), NB_OK);
+  assert_int_equal(r.round, 0);
+  assert_int_equal(r.samples_all, 4);
+  float g[4];
+  assert_int_equal(nb_session_read_global(s, "v", g, 4), NB_OK);
+  assert_true(v[1] == g[1] + 3); /* the 3 trained after begin, on top of theta_global */
+  assert_int_equal(nb_session_round_begin(s, 4), NB_OK);
+  nb_session_close(s); /* with a round in flight */
+}
+
 static void test_round_before_start(void** state) {
   (void)state;
   nb_session_options_t o;
@@ -429,6 +515,8 @@ int main(void) {
       cmocka_unit_test(test_nan_refused),
       cmocka_unit_test(test_norm_refused),
       cmocka_unit_test(test_norm_bound_differs),
+      cmocka_unit_test(test_overlap),
+      cmocka_unit_test(test_overlap_misuse),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

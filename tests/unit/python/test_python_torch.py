@@ -61,7 +61,7 @@ def host(model):
     return {k: bits(v) for k, v in model.state_dict().items()}
 
 
-def cluster_main(index, dtype, hook, to_parent, from_parent):
+def cluster_main(index, dtype, hook, overlap, to_parent, from_parent):
     try:
         torch.set_num_threads(1)
         torch.manual_seed(1000 + index)  # different initial weights: start takes cluster 0's
@@ -79,6 +79,8 @@ def cluster_main(index, dtype, hook, to_parent, from_parent):
             to_parent.put(("ready", index, None))  # a cluster refuses senders it does not know
             from_parent.get(timeout=TIMEOUT_S)
             kw = dict(optimizer=opt, samples_per_step=BATCH) if hook else {}
+            if overlap:
+                kw["overlap_steps"] = overlap
             with nebula.torch.DiLoCo(session, model, sync_every=H, **kw) as diloco:
                 staged = [p.name for p in diloco.params if not p.shared]
                 start = host(model)
@@ -95,6 +97,9 @@ def cluster_main(index, dtype, hook, to_parent, from_parent):
                     info = diloco.last_round if hook else diloco.step(samples=BATCH)
                     if info is not None and (not infos or info is not infos[-1]):
                         infos.append(info)
+                if overlap:  # the last round lands in finish (the with block's end)
+                    diloco.finish()
+                    infos.append(diloco.last_round)
                 with torch.no_grad():
                     loss1 = float(torch.mean((model(x) - y) ** 2))
             final = host(model)
@@ -111,13 +116,13 @@ def cluster_main(index, dtype, hook, to_parent, from_parent):
         to_parent.put(("error", index, f"{type(e).__name__}: {e}"))
 
 
-def run_pair(test, dtype, hook):
-    return two_clusters.run(test, cluster_main, (dtype, hook), TIMEOUT_S)
+def run_pair(test, dtype, hook, overlap=0):
+    return two_clusters.run(test, cluster_main, (dtype, hook, overlap), TIMEOUT_S)
 
 
 class DiLoCoTwoClusters(unittest.TestCase):
-    def check(self, dtype, hook):
-        r = run_pair(self, dtype, hook)
+    def check(self, dtype, hook, overlap=0):
+        r = run_pair(self, dtype, hook, overlap)
         synced = ["body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias",
                   "head.weight", "head.bias"]
         for i in range(2):
@@ -149,6 +154,14 @@ class DiLoCoTwoClusters(unittest.TestCase):
     def test_bf16_shared_memory(self):
         """CPU bf16 parameters are registered in place (no fp32 staging): the session converts."""
         self.check(torch.bfloat16, hook=False)
+
+    def test_fp32_overlap(self):
+        """overlap_steps 2 of H 4: each round lands 2 steps into the next; the last lands in
+        finish, so the models still end bit-identical."""
+        self.check(torch.float32, hook=False, overlap=2)
+
+    def test_fp64_staged_overlap_hook(self):
+        self.check(torch.float64, hook=True, overlap=1)
 
 
 class Checkpoint(unittest.TestCase):
@@ -205,6 +218,8 @@ class Refusals(unittest.TestCase):
         opts = dict(job_id="py-torch-bad", cluster_id="solo", insecure=True, unsealed=True)
         with self.assertRaisesRegex(ValueError, "sync_every"):
             nebula.torch.DiLoCo(opts, MLP(), sync_every=0)
+        with self.assertRaises(ValueError):
+            nebula.torch.DiLoCo(opts, MLP(), sync_every=2, overlap_steps=2)
         with self.assertRaisesRegex(TypeError, "nn.Module"):
             nebula.torch.DiLoCo(opts, object(), sync_every=2)
         with self.assertRaisesRegex(TypeError, "Session or a dict"):
