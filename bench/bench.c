@@ -107,6 +107,6 @@ int nb_bench_main(int argc, char** argv) {
   }
   for (size_t i = 0; i < count; i++)
     if (strcmp(argv[1], nb__benches[i].name) == 0) return nb__benches[i].main(argc - 1, argv + 1);
-  fprintf(stderr, "nebula bench: no benchmark named '%s'; see 'nebula bench --help'\n", argv[1]);
+  fprintf(stderr, "nebula bench: no benchmark named '%s' (see nebula bench --help)\n", argv[1]);
   return 2;
 }

@@ -142,7 +142,9 @@ static int nb__pareto_parse(int argc, char** argv, nb__pareto_opts_t* o) {
   for (size_t p = 0; p < NB__N_POINTS; p++)
     chosen += (size_t)nb__pareto_want(o->points, nb__points[p].name);
   if (chosen == 0) {
-    fprintf(stderr, "nebula bench pareto: --points names none of the points (see --help)\n");
+    fprintf(stderr,
+            "nebula bench pareto: --points names none of the points (see nebula bench pareto "
+            "--help)\n");
     return 2;
   }
   return -1;
