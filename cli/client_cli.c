@@ -151,6 +151,14 @@ static int nb__parse(int argc, char** argv, nb__copts_t* o) {
     snprintf(what, sizeof what, "%s is required", spec.arg_name);
     return nb_opts_usage_error(&spec, what);
   }
+  /* the file first: a missing descriptor is named as such, whatever else is missing */
+  if (!strcmp(o->cmd, "submit")) {
+    nb_status_t pst = nb_cli_descriptor_precheck(o->arg);
+    if (pst != NB_OK) {
+      fprintf(stderr, "nebula submit: %s\n", nb__safe(nb_error_last()));
+      return pst == NB_ERR_IO ? NB_EXIT_FAIL : NB_EXIT_INVALID;
+    }
+  }
   if (nb_cli_addr_check(o->gateway, 0, "--gateway (or NB_GATEWAY)") != NB_OK) {
     fprintf(stderr, "nebula %s: %s\n", o->cmd, nb__safe(nb_error_last()));
     return NB_EXIT_USAGE;

@@ -19,6 +19,7 @@
 #include "inter/exchange.h"
 #include "inter/sched.h"
 #include "intra/intra.h"
+#include "jobs/cli_checks.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
 #include "worker/codec_points.h"
@@ -368,6 +369,10 @@ static nb_worker_outcome_t nb__wk_load_job(nb__wk_t* w) {
       nb_calloc((void**)&w->diag, 1, sizeof *w->diag, "diag") != NB_OK ||
       nb_calloc((void**)&w->tc, 1, sizeof *w->tc, "train config") != NB_OK)
     return nb__wk_fail(w->cluster, "setup");
+  if (nb_cli_descriptor_precheck(job_file) != NB_OK) { /* missing, unreadable, a folder, large */
+    fprintf(stderr, "nebula worker: %s\n", nb_error_last());
+    return NB_WORKER_FAILED;
+  }
   if (nb_descriptor_load(job_file, w->job, w->diag) != NB_OK) {
     nb_descriptor_diag_print(stderr, job_file, w->diag);
     fprintf(stderr, "nebula worker: %s: invalid descriptor\n", job_file);
