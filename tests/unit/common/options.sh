@@ -6,7 +6,7 @@
 set -u
 nebula=${1:?usage: options.sh NEBULA}
 fail=0
-cmds=(train worker run gateway eval report validate certs submit get list watch cancel logs
+cmds=(train worker run gateway eval report validate certs submit get list watch cancel logs env
       "bench codec" "bench rpc" "bench allreduce" "bench wan" "bench train" "bench decode"
       "bench e2e" "bench pareto" "bench seal")
 for c in "${cmds[@]}"; do
