@@ -353,6 +353,9 @@ static json_t* nb__train_summary(nb__train_run_t* r, const nb_train_eval_t* ev, 
   json_object_set_new(o, "final_mean_bpb", json_real(ev->mean_bpb));
   json_object_set_new(o, "final_model", json_string(r->path));
   json_object_set_new(o, "checkpoint_dir", json_string(r->tc->checkpoint_dir));
+  char data_dir[NB_TRAIN_PATH_MAX];
+  if (nb_train_config_data_dir(r->tc, data_dir, sizeof data_dir) == NB_OK)
+    json_object_set_new(o, "data_dir", json_string(data_dir));
   if (tr_scores) json_object_set_new(o, "translation", tr_scores);
   return o;
 }
@@ -601,10 +604,12 @@ static int nb__eval_translate(nb_trainer_t* t, const nb_train_config_t* c, long 
 }
 
 /* --json: one object (ts NULL without --translate). */
-static void nb__eval_print_json(const char* ckpt, long step, const nb_train_eval_t* ev,
-                                const nb_train_config_t* c, const nb_translate_score_t* ts) {
+static void nb__eval_print_json(const char* ckpt, const char* dir, long step,
+                                const nb_train_eval_t* ev, const nb_train_config_t* c,
+                                const nb_translate_score_t* ts) {
   json_t* o = json_object();
   json_object_set_new(o, "checkpoint", json_string(ckpt));
+  json_object_set_new(o, "data_dir", json_string(dir));
   json_object_set_new(o, "step", json_integer(step));
   json_object_set_new(o, "bits_per_byte", nb__eval_json(ev));
   if (ts) {
@@ -631,9 +636,10 @@ static void nb__eval_print_json(const char* ckpt, long step, const nb_train_eval
 }
 
 /* The text report (ts NULL without --translate). */
-static void nb__eval_print_text(const char* ckpt, long step, const nb_train_eval_t* ev,
-                                const nb_train_config_t* c, const nb_translate_score_t* ts) {
-  printf("%s (step %ld): held-out bits per byte\n", ckpt, step);
+static void nb__eval_print_text(const char* ckpt, const char* dir, long step,
+                                const nb_train_eval_t* ev, const nb_train_config_t* c,
+                                const nb_translate_score_t* ts) {
+  printf("%s (step %ld): held-out bits per byte on %s\n", ckpt, step, dir);
   for (int i = 0; i < ev->n; i++)
     if (ev->scored[i] > 0)
       printf("  %-6s %.4f  (%zu bytes)\n", ev->label[i], ev->bpb[i], ev->scored[i]);
@@ -651,12 +657,41 @@ static void nb__eval_print_text(const char* ckpt, long step, const nb_train_eval
   }
 }
 
+/* eval's data folder without --data-dir: the one the run that wrote the checkpoint trained on,
+ * as its summary.json records it ("data_dir", absolute) beside final.safetensors, or three
+ * folders up from checkpoints/step-N/model.safetensors; else data/quick, like train's default
+ * (data/<tier> of the current folder). Returns dir or buf. */
+static const char* nb__eval_default_dir(const char* ckpt, char* buf, size_t cap) {
+  char d[NB_TRAIN_PATH_MAX];
+  snprintf(d, sizeof d, "%s", ckpt);
+  for (int up = 0; up < 3; up++) {
+    char* slash = strrchr(d, '/');
+    if (slash)
+      *slash = 0;
+    else
+      snprintf(d, sizeof d, ".");
+    if (up == 1) continue; /* checkpoints/step-N holds no summary */
+    char sp[NB_TRAIN_PATH_MAX + 16];
+    snprintf(sp, sizeof sp, "%s/summary.json", d);
+    json_t* s = json_load_file(sp, 0, NULL);
+    const char* dd = s ? json_string_value(json_object_get(s, "data_dir")) : NULL;
+    struct stat sb;
+    int ok = dd && stat(dd, &sb) == 0 && S_ISDIR(sb.st_mode) &&
+             (size_t)snprintf(buf, cap, "%s", dd) < cap;
+    json_decref(s);
+    if (ok) return buf;
+    if (!slash) break;
+  }
+  return "data/quick";
+}
+
 /* eval's sizes: a batch is B sequences held at once, int-sized in the trainer */
 #define NB__EVAL_MAX_BATCH 4096
 #define NB__EVAL_MAX_BATCHES 1000000
 
 int nb_eval_main(int argc, char** argv) {
-  const char *ckpt = NULL, *dir = "data/quick", *langs = NULL, *pairs = NULL;
+  const char *ckpt = NULL, *dir = NULL, *langs = NULL, *pairs = NULL;
+  char run_data[NB_TRAIN_PATH_MAX];
   long batches = 8, batch = 8, translate = 0;
   int as_json = 0;
   const nb_opt_t opts[] = {
@@ -664,7 +699,8 @@ int nb_eval_main(int argc, char** argv) {
        .kind = NB_OPT_STR,
        .dst = &dir,
        .meta = "D",
-       .help = "data folder (default data/quick)"},
+       .help = "data folder (default: the one the run trained on, as its summary.json\n"
+               "beside the checkpoint records it; else data/quick)"},
       {.name = "langs",
        .kind = NB_OPT_STR,
        .dst = &langs,
@@ -721,6 +757,7 @@ int nb_eval_main(int argc, char** argv) {
   if (!ckpt) return nb_opts_usage_error(&spec, "missing CHECKPOINT");
   if (langs && pairs) return nb_opts_usage_error(&spec, "--langs and --pairs exclude each other");
   if (translate && !pairs) return nb_opts_usage_error(&spec, "--translate needs --pairs");
+  if (!dir) dir = nb__eval_default_dir(ckpt, run_data, sizeof run_data);
   nb_model_t* m = NULL;
   long step = 0;
   if (nb_checkpoint_load(ckpt, &m, &step) != NB_OK) return nb__fail("eval", NULL);
@@ -749,9 +786,9 @@ int nb_eval_main(int argc, char** argv) {
   if (nb__eval_unscored(&ev, c, pairs != NULL) && !translate) goto done;
   if (translate && (rc = nb__eval_translate(t, c, translate, ts)) != NB_EXIT_OK) goto done;
   if (as_json)
-    nb__eval_print_json(ckpt, step, &ev, c, translate ? ts : NULL);
+    nb__eval_print_json(ckpt, dir, step, &ev, c, translate ? ts : NULL);
   else
-    nb__eval_print_text(ckpt, step, &ev, c, translate ? ts : NULL);
+    nb__eval_print_text(ckpt, dir, step, &ev, c, translate ? ts : NULL);
   rc = NB_EXIT_OK;
 done:
   nb_trainer_destroy(t);

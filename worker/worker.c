@@ -1006,6 +1006,9 @@ static nb_worker_outcome_t nb__wk_summary(nb__wk_t* w, const nb_train_eval_t* ev
   json_object_set(sum, "evals", w->evals);
   json_object_set_new(sum, "tls", json_boolean(w->tls != NULL));
   json_object_set_new(sum, "sealed", json_boolean(w->have_secret));
+  char data_dir[NB_TRAIN_PATH_MAX];
+  if (nb_train_config_data_dir(w->tc, data_dir, sizeof data_dir) == NB_OK)
+    json_object_set_new(sum, "data_dir", json_string(data_dir));
   if (tr_scores) json_object_set_new(sum, "translation", tr_scores);
   char tmp[NB_JOB_PATH_MAX + 64];
   snprintf(w->path, sizeof w->path, "%s/summary.json", w->odir);

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -623,6 +624,9 @@ static void test_cli_train_and_eval(void** state) {
   double en = json_real_value(json_object_get(ev, "en"));
   assert_true(en > 0.5 && en < 8.0);
   assert_true(json_real_value(json_object_get(s, "tokens_per_s")) > 0);
+  char real_data[PATH_MAX];
+  assert_non_null(realpath(g_data, real_data));
+  assert_string_equal(json_string_value(json_object_get(s, "data_dir")), real_data);
   json_decref(s);
   snprintf(p, sizeof p, "%s/stdout", dir);
   s = json_load_file(p, 0, &je); /* --json: the same summary on stdout */
@@ -675,6 +679,34 @@ static void test_cli_train_and_eval(void** state) {
   json_t* b = json_object_get(s, "bits_per_byte");
   assert_true(json_real_value(json_object_get(b, "de")) > 0.5);
   json_decref(s);
+
+  /* without --data-dir, from a folder with no data/ of its own: the data the run trained on,
+   * as its summary.json records it, not data/quick of the current folder */
+  snprintf(cmd, sizeof cmd,
+           "cd '%s/out' && '%s' eval final.safetensors --langs en --batches 1 --batch 4 --json "
+           "> '%s/eval.json' 2> '%s/stderr'",
+           dir, g_nebula, dir, dir);
+  rc = system(cmd);
+  if (rc != 0) {
+    snprintf(p, sizeof p, "%s/stderr", dir);
+    fail_msg("nebula eval without --data-dir failed (%d): %s", rc, slurp(p));
+  }
+  snprintf(p, sizeof p, "%s/eval.json", dir);
+  s = json_load_file(p, 0, &je);
+  assert_non_null(s);
+  assert_string_equal(json_string_value(json_object_get(s, "data_dir")), real_data);
+  assert_true(json_real_value(json_object_get(json_object_get(s, "bits_per_byte"), "en")) > 0.5);
+  json_decref(s);
+  /* a checkpoint of the run's checkpoints/ folder finds it too */
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && '%s' eval out/checkpoints/step-20/model.safetensors --langs en --batches 1 "
+           "--batch 4 > /dev/null 2> '%s/stderr'",
+           dir, g_nebula, dir);
+  rc = system(cmd);
+  if (rc != 0) {
+    snprintf(p, sizeof p, "%s/stderr", dir);
+    fail_msg("nebula eval of a step checkpoint without --data-dir failed (%d): %s", rc, slurp(p));
+  }
 
   /* translation of the test split: greedy decoding scored with chrF and BLEU */
   snprintf(cmd, sizeof cmd,
