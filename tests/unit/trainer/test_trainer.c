@@ -680,6 +680,30 @@ static void test_cli_train_and_eval(void** state) {
   assert_true(json_real_value(json_object_get(b, "de")) > 0.5);
   json_decref(s);
 
+  /* `nebula report` of a train --out folder: its report in out/report/, the run's own
+   * summary.json left as it is */
+  snprintf(cmd, sizeof cmd, "'%s' report '%s/out' > '%s/stdout' 2> '%s/stderr'", g_nebula, dir, dir,
+           dir);
+  rc = system(cmd);
+  if (rc != 0) {
+    snprintf(p, sizeof p, "%s/stderr", dir);
+    fail_msg("nebula report of a train folder failed (%d): %s", rc, slurp(p));
+  }
+  snprintf(p, sizeof p, "%s/out/report/report.html", dir);
+  char* html = slurp(p);
+  assert_non_null(html);
+  assert_non_null(strstr(html, "<svg"));
+  assert_non_null(strstr(html, "dc-a"));
+  snprintf(p, sizeof p, "%s/out/report/summary.json", dir);
+  s = json_load_file(p, 0, &je);
+  assert_non_null(s);
+  json_decref(s);
+  snprintf(p, sizeof p, "%s/out/summary.json", dir);
+  s = json_load_file(p, 0, &je);
+  assert_non_null(s);
+  assert_int_equal(json_integer_value(json_object_get(s, "steps")), 20); /* still train's */
+  json_decref(s);
+
   /* without --data-dir, from a folder with no data/ of its own: the data the run trained on,
    * as its summary.json records it, not data/quick of the current folder */
   snprintf(cmd, sizeof cmd,
