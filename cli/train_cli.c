@@ -122,15 +122,58 @@ static int nb__ckpt_held(const char* dir, int* has_latest, char* names, size_t c
   return n;
 }
 
+/* Removes the step-N folders and LATEST of an earlier run from dir (--force: a fresh run's
+ * checkpoints must not sit beside a stale later one, which pruning would keep over the new ones
+ * and a later look would take for this run's). Returns how many step-N folders went. */
+static int nb__ckpt_clear(const char* dir) {
+  int n = 0;
+  char p[NB_TRAIN_PATH_MAX + 320];
+  DIR* d = opendir(dir);
+  struct dirent* e;
+  while (d && (e = readdir(d))) {
+    if (strncmp(e->d_name, "step-", 5) != 0) continue;
+    char sdir[NB_TRAIN_PATH_MAX + 64];
+    if (snprintf(sdir, sizeof sdir, "%s/%s", dir, e->d_name) >= (int)sizeof sdir) continue;
+    DIR* sd = opendir(sdir);
+    struct dirent* f;
+    while (sd && (f = readdir(sd))) {
+      if (f->d_name[0] == '.' && (!f->d_name[1] || (f->d_name[1] == '.' && !f->d_name[2])))
+        continue;
+      snprintf(p, sizeof p, "%s/%s", sdir, f->d_name);
+      (void)unlink(p);
+    }
+    if (sd) closedir(sd);
+    if (rmdir(sdir) == 0)
+      n++;
+    else
+      NB_WARN("--force: cannot remove %s: %s", sdir, strerror(errno));
+  }
+  if (d) closedir(d);
+  snprintf(p, sizeof p, "%s/LATEST", dir);
+  (void)unlink(p);
+  return n;
+}
+
 /* Nothing is overwritten by accident: --resume needs the checkpoint that LATEST names (a
  * missing LATEST is an error, not a fresh start over the folder's checkpoints), and a fresh
- * run refuses a folder that already holds checkpoints. --force starts afresh regardless.
- * Returns 0, or the exit status after saying why. */
-static int nb__ckpt_guard(const char* dir, int resume, int force) {
-  if (force) return 0;
+ * run refuses an output folder that holds an earlier run's results (summary.json,
+ * final.safetensors) or a checkpoint folder that holds checkpoints. --force starts afresh
+ * regardless, and removes the earlier run's checkpoints first, saying so. Returns 0, or the
+ * exit status after saying why. */
+static int nb__ckpt_guard(const char* odir, const char* dir, int resume, int force) {
   int latest = 0;
   char names[256];
   int n = nb__ckpt_held(dir, &latest, names, sizeof names);
+  if (force) {
+    if (latest || n) {
+      int gone = nb__ckpt_clear(dir);
+      fprintf(stderr,
+              "nebula train: --force: removed %d checkpoint%s of an earlier run (%s%s) and "
+              "LATEST from %s\n",
+              gone, gone == 1 ? "" : "s", names, n > 4 ? ", ..." : "", dir);
+    }
+    return 0;
+  }
   if (resume && !latest) {
     if (n)
       fprintf(stderr,
@@ -148,9 +191,23 @@ static int nb__ckpt_guard(const char* dir, int resume, int force) {
   if (!resume && (latest || n)) {
     fprintf(stderr,
             "nebula train: %s already holds checkpoints (%s%s%s): nothing was changed. Continue "
-            "with --resume, or start afresh and overwrite them with --force\n",
+            "with --resume, or start afresh with --force (which removes them)\n",
             dir, latest ? "LATEST" : "", latest && n ? ", " : "", names);
     return NB_EXIT_FAIL;
+  }
+  static const char* const results[] = {"summary.json", "final.safetensors"};
+  for (size_t i = 0; !resume && i < sizeof results / sizeof results[0]; i++) {
+    char p[NB_TRAIN_PATH_MAX + 32];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s", odir, results[i]);
+    if (stat(p, &sb) == 0) {
+      fprintf(stderr,
+              "nebula train: %s already holds an earlier run's results (%s): nothing was "
+              "changed. Continue it with --resume, start afresh over it with --force, or choose "
+              "another --out\n",
+              odir, results[i]);
+      return NB_EXIT_FAIL;
+    }
   }
   return 0;
 }
@@ -263,7 +320,7 @@ static int nb__train_outputs(nb__train_run_t* r) {
     snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s", job->checkpoint.dir);
   else
     snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s/checkpoints", r->odir);
-  int rc = nb__ckpt_guard(tc->checkpoint_dir, r->resume, r->force);
+  int rc = nb__ckpt_guard(r->odir, tc->checkpoint_dir, r->resume, r->force);
   if (rc != 0) return rc;
   tc->resume = r->resume && !r->force;
   if (!(r->curve = nb__train_open_tsv(r, "curve.tsv", r->made_curve, sizeof r->made_curve)))
@@ -443,7 +500,8 @@ int nb_train_main(int argc, char** argv) {
       {.name = "force",
        .kind = NB_OPT_FLAG,
        .dst = &r.force,
-       .help = "start afresh even where checkpoints exist (they are overwritten)"},
+       .help = "start afresh even where an earlier run's results and checkpoints are\n"
+               "(its checkpoints are removed first)"},
       {.name = "json",
        .kind = NB_OPT_FLAG,
        .dst = &r.as_json,
