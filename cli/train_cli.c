@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,32 @@
 
 /* ---- nebula train ------------------------------------------------------------------------- */
 
+/* SIGTERM / SIGINT during training: the signal's number. The step under way finishes, the
+ * trainer writes a checkpoint, and summary.json says "interrupted" (nb__train_finish). */
+static volatile sig_atomic_t nb__train_signal;
+
+static void nb__train_on_signal(int sig) {
+  nb__train_signal = sig;
+}
+
+/* Handlers for the training loop only (SA_RESETHAND: a second signal stops at once); old holds
+ * what to restore. */
+static void nb__train_signals(int on, struct sigaction old[2]) {
+  static const int sigs[2] = {SIGTERM, SIGINT};
+  for (int i = 0; i < 2; i++) {
+    if (!on) {
+      sigaction(sigs[i], &old[i], NULL);
+      continue;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = nb__train_on_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sigs[i], &sa, &old[i]);
+  }
+}
+
 typedef struct {
   FILE* curve;
   FILE* log; /* progress lines (stdout, or stderr with --json) */
@@ -39,13 +66,16 @@ typedef struct {
   long round_len, round, round_steps;
   double loss_sum, last_loss, round_t0;
   uint64_t round_s0;
+  long eval_step; /* of the last evaluation; -1 none */
 } nb__train_ctx_t;
 
 static void nb__round_row(nb__train_ctx_t* x, const nb_train_progress_t* p) {
   x->loss_sum += p->loss;
   x->last_loss = p->loss;
   x->round_steps++;
-  if (!x->rounds || (p->step % x->round_len != 0 && p->step != x->max_steps)) return;
+  /* a round's row at its end, at the last step, and at the step a signal stopped */
+  if (!x->rounds || (p->step % x->round_len != 0 && p->step != x->max_steps && !nb__train_signal))
+    return;
   double mean = x->loss_sum / (double)x->round_steps;
   uint64_t samples = p->samples - x->round_s0;
   fprintf(x->rounds, "%ld\t%ld\t%llu\t%llu\t%.6f\t0\t0\t0\t%.3f\t0\t0\t-\t1\t%ld\t0\t0\t-\n",
@@ -85,9 +115,10 @@ static int nb__on_progress(void* vctx, const nb_train_progress_t* p) {
     if (x->print_every > 0 && p->step % x->print_every == 0)
       fprintf(x->log, "step %6ld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  %.1f s\n", p->step,
               p->loss, p->lr, p->grad_norm, p->tokens_per_s, p->elapsed_s);
-    return 0;
+    return nb__train_signal != 0;
   }
   const nb_train_eval_t* e = p->eval;
+  x->eval_step = p->step;
   fprintf(x->log, "eval %6ld ", p->step);
   for (int i = 0; i < e->n; i++) fprintf(x->log, " %s %.3f", e->label[i], e->bpb[i]);
   fprintf(x->log, "  mean %.3f bits/byte\n", e->mean_bpb);
@@ -98,7 +129,7 @@ static int nb__on_progress(void* vctx, const nb_train_progress_t* p) {
     fprintf(x->curve, "\t%.4f\n", e->mean_bpb);
     fflush(x->curve);
   }
-  return 0;
+  return nb__train_signal != 0;
 }
 
 static int nb__ckpt_held(const char* dir, int* has_latest, char* names, size_t cap) {
@@ -245,7 +276,11 @@ typedef struct {
   char made_curve[NB_TRAIN_PATH_MAX + 64], made_rounds[NB_TRAIN_PATH_MAX + 64];
   char made_odir[NB_TRAIN_PATH_MAX];
   int trained;
+  int signal; /* the SIGTERM or SIGINT that stopped training; 0: none */
 } nb__train_run_t;
+
+static int nb__train_write_summary(nb__train_run_t* r, const nb_train_eval_t* ev, double wall,
+                                   json_t* tr_scores);
 
 /* The descriptor, our cluster, the overrides and the trainer's config. */
 static int nb__train_load(nb__train_run_t* r) {
@@ -405,11 +440,21 @@ static json_t* nb__train_summary(nb__train_run_t* r, const nb_train_eval_t* ev, 
   json_object_set_new(o, "rounds", json_integer(r->px.round));
   json_object_set_new(o, "final_train_loss", json_real(r->px.last_loss));
   json_object_set_new(o, "compute_utilization", json_real(wall > 0 ? comp / wall : 0));
+  json_t* mean = ev->n > 0 && isfinite(ev->mean_bpb) ? json_real(ev->mean_bpb) : json_null();
   json_object_set_new(o, "final_eval_bpb", nb__eval_json(ev));
-  json_object_set_new(o, "final_eval_mean_bpb", json_real(ev->mean_bpb));
-  json_object_set_new(o, "final_mean_bpb", json_real(ev->mean_bpb));
-  json_object_set_new(o, "final_model", json_string(r->path));
+  json_object_set_new(o, "final_eval_mean_bpb", mean);
+  json_object_set_new(o, "final_mean_bpb", json_copy(mean));
+  json_object_set_new(o, "final_model", r->path[0] ? json_string(r->path) : json_null());
   json_object_set_new(o, "checkpoint_dir", json_string(r->tc->checkpoint_dir));
+  json_object_set_new(o, "interrupted", json_boolean(r->signal != 0));
+  if (r->signal) { /* stopped by a signal after the step under way: no final model */
+    char ck[NB_TRAIN_PATH_MAX + 32];
+    snprintf(ck, sizeof ck, "%s/step-%ld", r->tc->checkpoint_dir, nb_trainer_step(t));
+    json_object_set_new(o, "signal", json_string(r->signal == SIGINT ? "SIGINT" : "SIGTERM"));
+    json_object_set_new(o, "checkpoint", json_string(ck));
+    json_object_set_new(o, "eval_step",
+                        r->px.eval_step >= 0 ? json_integer(r->px.eval_step) : json_null());
+  }
   char data_dir[NB_TRAIN_PATH_MAX];
   if (nb_train_config_data_dir(r->tc, data_dir, sizeof data_dir) == NB_OK)
     json_object_set_new(o, "data_dir", json_string(data_dir));
@@ -422,9 +467,21 @@ static int nb__train_finish(nb__train_run_t* r) {
   nb_trainer_t* t = r->t;
   nb_train_eval_t ev;
   double t1 = nb_now_s();
+  struct sigaction old[2];
+  nb__train_signal = 0;
+  r->px.eval_step = -1;
+  nb__train_signals(1, old);
   nb_status_t st = nb_trainer_run(t, &ev);
+  nb__train_signals(0, old);
   double wall = nb_now_s() - t1;
   r->trained = nb_trainer_step(t) > r->step0;
+  if (st == NB_ERR_CANCELLED && nb__train_signal) {
+    /* the trainer wrote the step's checkpoint; the summary says where, and that it stopped */
+    r->signal = nb__train_signal;
+    r->trained = 1;
+    r->path[0] = 0;
+    return nb__train_write_summary(r, &ev, wall, NULL);
+  }
   if (st != NB_OK) return nb__fail("train", NULL);
   snprintf(r->path, sizeof r->path, "%s/final.safetensors", r->odir);
   if (nb_trainer_lora(t) && nb_lora_merge(nb_trainer_lora(t)) != NB_OK)
@@ -438,6 +495,16 @@ static int nb__train_finish(nb__train_run_t* r) {
       nb_translation_eval(r->tc, nb_trainer_model(t), (size_t)job->training.eval_sentences,
                           &tr_scores) != NB_OK)
     NB_WARN("no translation scores in the summary: %s", nb_error_last());
+  return nb__train_write_summary(r, &ev, wall, tr_scores);
+}
+
+/* summary.json, and the closing line (or the summary with --json); tr_scores is stolen. Returns
+ * the exit status: 0, or 128 + the signal's number when one stopped the run (SIGINT 130,
+ * SIGTERM 143). */
+static int nb__train_write_summary(nb__train_run_t* r, const nb_train_eval_t* evp, double wall,
+                                   json_t* tr_scores) {
+  nb_trainer_t* t = r->t;
+  nb_train_eval_t ev = *evp;
   json_t* o = nb__train_summary(r, &ev, wall, tr_scores);
   char* text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
   json_decref(o);
@@ -453,11 +520,16 @@ static int nb__train_finish(nb__train_run_t* r) {
   uint64_t toks = nb_trainer_tokens(t) - r->tok0;
   if (r->as_json)
     printf("%s\n", text);
+  else if (r->signal)
+    printf("interrupted by %s after step %ld: checkpoint %s/step-%ld, %s (no final model)\n",
+           r->signal == SIGINT ? "SIGINT" : "SIGTERM", nb_trainer_step(t), r->tc->checkpoint_dir,
+           nb_trainer_step(t), spath);
   else
     printf("done: %ld steps in %.1f s (%.0f tokens/s), mean held-out %.3f bits/byte; %s\n",
            nb_trainer_step(t) - r->step0, wall, comp > 0 ? toks / comp : 0, ev.mean_bpb, spath);
+  fflush(stdout);
   free(text);
-  return NB_EXIT_OK;
+  return r->signal ? 128 + r->signal : NB_EXIT_OK;
 }
 
 int nb_train_main(int argc, char** argv) {
@@ -521,7 +593,11 @@ int nb_train_main(int argc, char** argv) {
           "sync.innerSteps steps, no WAN columns), DIR/final.safetensors (LoRA merged into "
           "the base) and\ncheckpoints under the descriptor's checkpoint.dir or "
           "DIR/checkpoints.",
-      .epilog = "\nExit status: 0 done, 1 failure, 2 usage error.",
+      .epilog =
+          "\nSIGTERM or SIGINT: the step under way finishes, a checkpoint and summary.json\n"
+          "(\"interrupted\": true) are written, and the exit status is 128 + the signal's\n"
+          "number (143, 130); a second signal stops at once.\n"
+          "\nExit status: 0 done, 1 failure, 2 usage error, 130/143 interrupted.",
       .arg_name = "CONFIG",
       .arg = &r.file,
       .opts = opts,
