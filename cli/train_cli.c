@@ -67,6 +67,8 @@ typedef struct {
   double loss_sum, last_loss, round_t0;
   uint64_t round_s0;
   long eval_step; /* of the last evaluation; -1 none */
+  long step0;     /* the step this run started at (a resume's) */
+  double max_seconds;
 } nb__train_ctx_t;
 
 static void nb__round_row(nb__train_ctx_t* x, const nb_train_progress_t* p) {
@@ -92,7 +94,8 @@ static void nb__round_row(nb__train_ctx_t* x, const nb_train_progress_t* p) {
 /* The gateway's progress contract (docs/gateway.md): append-only JSON lines. */
 static void nb__report_progress(nb__train_ctx_t* x, const nb_train_progress_t* p) {
   if (!x->progress) return;
-  double eta = p->step > 0 ? p->elapsed_s / (double)p->step * (double)(x->max_steps - p->step) : 0;
+  long done = p->step - x->step0;
+  double eta = done > 0 ? p->elapsed_s / (double)done * (double)(x->max_steps - p->step) : 0;
   if (p->event == NB_TRAIN_EVENT_STEP)
     fprintf(x->progress,
             "{\"step\": %ld, \"max_steps\": %ld, \"loss\": %.6g, \"eta_s\": %.1f, "
@@ -112,9 +115,17 @@ static int nb__on_progress(void* vctx, const nb_train_progress_t* p) {
     nb__report_progress(x, p);
   if (p->event == NB_TRAIN_EVENT_STEP) {
     nb__round_row(x, p);
-    if (x->print_every > 0 && p->step % x->print_every == 0)
-      fprintf(x->log, "step %6ld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  %.1f s\n", p->step,
-              p->loss, p->lr, p->grad_norm, p->tokens_per_s, p->elapsed_s);
+    if (x->print_every > 0 && p->step % x->print_every == 0) {
+      /* the time left at this run's pace so far, capped by training.maxSeconds */
+      long done = p->step - x->step0;
+      double eta = done > 0 ? p->elapsed_s / (double)done * (double)(x->max_steps - p->step) : -1;
+      if (x->max_seconds > 0 && (eta < 0 || eta > x->max_seconds - p->elapsed_s))
+        eta = x->max_seconds - p->elapsed_s > 0 ? x->max_seconds - p->elapsed_s : 0;
+      char es[24];
+      fprintf(x->log, "step %6ld/%ld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  %.1f s  eta %s\n",
+              p->step, x->max_steps, p->loss, p->lr, p->grad_norm, p->tokens_per_s, p->elapsed_s,
+              nb_duration_format(eta, es, sizeof es));
+    }
     return nb__train_signal != 0;
   }
   const nb_train_eval_t* e = p->eval;
@@ -401,6 +412,8 @@ static int nb__train_start(nb__train_run_t* r) {
   }
   r->setup_s = nb_now_s() - t0;
   r->step0 = nb_trainer_step(r->t);
+  r->px.step0 = r->step0;
+  r->px.max_seconds = r->tc->max_seconds;
   r->px.round = r->step0 / r->px.round_len;
   r->px.round_s0 = nb_trainer_samples(r->t);
   r->tok0 = nb_trainer_tokens(r->t);

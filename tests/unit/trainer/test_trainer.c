@@ -613,6 +613,17 @@ static void test_cli_train_and_eval(void** state) {
     snprintf(p, sizeof p, "%s/stderr", dir);
     fail_msg("nebula train failed (%d): %s", rc, slurp(p));
   }
+  { /* --json: the progress lines on stderr, each with the step of the total and an ETA */
+    snprintf(p, sizeof p, "%s/stderr", dir);
+    char* err = slurp(p);
+    assert_non_null(err);
+    assert_non_null(strstr(err, "step      5/20  loss "));
+    const char* last = strstr(err, "step     20/20  loss ");
+    assert_non_null(last);
+    const char* eta = strstr(last, "  eta ");
+    assert_non_null(eta);
+    assert_true(strncmp(eta, "  eta 0 s\n", 10) == 0); /* nothing left at the last step */
+  }
   snprintf(p, sizeof p, "%s/out/summary.json", dir);
   json_error_t je;
   json_t* s = json_load_file(p, 0, &je);
