@@ -85,6 +85,14 @@ fi
 "$NB" logs "$ID" --json | grep -q "\"data\":\"hello from $ID\\\\n\"" || fail "logs --json: $("$NB" logs "$ID" --json)"
 "$NB" list | grep -q "$ID" || fail "list"
 "$NB" list --json --state succeeded | grep -q "\"id\": \"$ID\"" || fail "list --json"
+# list and get say the same exit code of an ended job (list used to say -1 where get said 0)
+"$NB" get "$ID" --json > "$T/get.json" && "$NB" list --json > "$T/list.json" || fail "get/list --json"
+python3 -c '
+import json, sys
+g = json.load(open(sys.argv[1]))
+l = [j for j in json.load(open(sys.argv[2])) if j["id"] == sys.argv[3]]
+assert g["exit_code"] == 0 and len(l) == 1 and l[0]["exit_code"] == g["exit_code"], (g, l)
+' "$T/get.json" "$T/list.json" "$ID" || fail "list --json and get --json disagree on exit_code: $(cat "$T/list.json")"
 "$NB" watch "$ID" --json > "$T/watch.jsonl" || fail "watch --json: exit status"
 grep -q '"to":"succeeded"' "$T/watch.jsonl" || fail "watch --json"
 # this job leaves no rounds.tsv: its run report fails, an event after the final state
