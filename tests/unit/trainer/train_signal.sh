@@ -48,6 +48,16 @@ assert latest == "step-%d" % s["steps"], (latest, s["steps"])
 assert s["checkpoint"].endswith("/" + latest), s["checkpoint"]
 for f in ("model.safetensors", "optim.safetensors"):
     assert os.path.getsize(os.path.join(out, "checkpoints", latest, f)) > 0, f
+# the optimizer state as docs/model.md describes it: flat adam.m and adam.v over the trainable
+# buffer (shape [trainable_params]), and the metadata a resume reads
+import struct
+with open(os.path.join(out, "checkpoints", latest, "optim.safetensors"), "rb") as f:
+    hdr = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+meta = hdr.pop("__metadata__")
+assert set(hdr) == {"adam.m", "adam.v"}, sorted(hdr)
+assert hdr["adam.m"]["shape"] == [s["trainable_params"]] == hdr["adam.v"]["shape"], hdr
+assert {"step", "adam_steps", "samples", "tokens", "seed", "data_rank", "lora"} <= set(meta), meta
+assert int(meta["step"]) == s["steps"], meta
 rows = [l.split("\t") for l in open(os.path.join(out, "rounds.tsv")).read().splitlines()[1:]]
 assert sum(int(r[1]) for r in rows) == s["steps"], (len(rows), s["steps"])  # partial round too
 print(s["steps"])
