@@ -55,45 +55,37 @@ int nb_bench_parse_int_flags(const char* cmd, const char* synopsis, int argc, ch
   return nb_opts_parse(&spec, argc, argv);
 }
 
-void nb_json_begin(nb_json_obj_t* j, FILE* f) {
-  j->f = f;
-  j->n = 0;
-  fputc('{', f);
+json_t* nb_bench_json_real(double v) {
+  return isfinite(v) ? json_real(v) : json_null();
 }
 
-static void nb__json_key(nb_json_obj_t* j, const char* key) {
-  fprintf(j->f, "%s\"%s\": ", j->n++ ? ", " : "", key);
+void nb_bench_json_print(FILE* f, json_t* o) {
+  char* text = o ? json_dumps(o, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) : NULL;
+  json_decref(o);
+  fprintf(f, "%s\n", text ? text : "null");
+  free(text);
+}
+
+void nb_json_begin(nb_json_obj_t* j, FILE* f) {
+  j->f = f;
+  j->o = json_object();
 }
 
 void nb_json_num(nb_json_obj_t* j, const char* key, double v) {
-  nb__json_key(j, key);
-  if (isfinite(v))
-    fprintf(j->f, "%.6g", v);
-  else
-    fputs("null", j->f);
+  json_object_set_new(j->o, key, nb_bench_json_real(v));
 }
 
 void nb_json_int(nb_json_obj_t* j, const char* key, long long v) {
-  nb__json_key(j, key);
-  fprintf(j->f, "%lld", v);
+  json_object_set_new(j->o, key, json_integer((json_int_t)v));
 }
 
 void nb_json_str(nb_json_obj_t* j, const char* key, const char* v) {
-  nb__json_key(j, key);
-  fputc('"', j->f);
-  for (const char* p = v; *p; p++) {
-    if (*p == '"' || *p == '\\')
-      fprintf(j->f, "\\%c", *p);
-    else if ((unsigned char)*p < 0x20)
-      fprintf(j->f, "\\u%04x", *p);
-    else
-      fputc(*p, j->f);
-  }
-  fputc('"', j->f);
+  json_object_set_new(j->o, key, json_string(v ? v : ""));
 }
 
 void nb_json_end(nb_json_obj_t* j) {
-  fputs("}\n", j->f);
+  nb_bench_json_print(j->f, j->o);
+  j->o = NULL;
 }
 
 int nb_bench_main(int argc, char** argv) {
@@ -107,6 +99,6 @@ int nb_bench_main(int argc, char** argv) {
   }
   for (size_t i = 0; i < count; i++)
     if (strcmp(argv[1], nb__benches[i].name) == 0) return nb__benches[i].main(argc - 1, argv + 1);
-  fprintf(stderr, "nebula bench: no benchmark named '%s'; see 'nebula bench --help'\n", argv[1]);
+  fprintf(stderr, "nebula bench: no benchmark named '%s' (see nebula bench --help)\n", argv[1]);
   return 2;
 }

@@ -3,6 +3,7 @@
 #ifndef NB_BENCH_BENCH_H
 #define NB_BENCH_BENCH_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -48,16 +49,23 @@ typedef struct {
 int nb_bench_parse_int_flags(const char* cmd, const char* synopsis, int argc, char** argv,
                              const nb_bench_int_flag_t* flags, int n, int* json);
 
-/* Minimal JSON object writer for the --json outputs (flat objects only). */
+/* The --json output of a benchmark: one object built with jansson and printed by nb_json_end,
+ * so that it always parses; a number that is not finite (a ratio over a zero, a NaN of a run
+ * that did not happen) is null, as JSON has no NaN. */
 typedef struct {
   FILE* f;
-  int n;
+  json_t* o;
 } nb_json_obj_t;
 void nb_json_begin(nb_json_obj_t* j, FILE* f);
 void nb_json_num(nb_json_obj_t* j, const char* key, double v);
 void nb_json_int(nb_json_obj_t* j, const char* key, long long v);
 void nb_json_str(nb_json_obj_t* j, const char* key, const char* v);
 void nb_json_end(nb_json_obj_t* j);
+
+/* A number for a benchmark's JSON: null when not finite. New reference. */
+json_t* nb_bench_json_real(double v);
+/* Prints o (stolen) on f as one line of JSON, 6 significant digits for reals. */
+void nb_bench_json_print(FILE* f, json_t* o);
 
 #ifdef __cplusplus
 }

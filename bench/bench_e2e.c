@@ -408,29 +408,31 @@ static void nb__e2e_report(const nb__e2e_opts_t* o, const nb_e2e_result_t* res, 
   double b_ratio = nb->wan_bytes > 0 && thin <= 0 && !o->no_dense
                        ? (double)d->wan_bytes / (double)nb->wan_bytes
                        : NAN;
-  if (o->as_json) {
-    printf("{");
+  if (o->as_json) { /* jansson: a ratio that is not a number is null, never "nan" */
+    json_t* j = json_object();
     for (int i = 0; i < 3; i++)
       if (!nb__e2e_skipped(o, i))
-        printf(
-            "\"%s\": {\"wall_s\": %.3f, \"final_eval_loss\": %.6f, \"wan_bytes\": %lld, "
-            "\"compute_utilization\": %.4f}, ",
-            res[i].name, res[i].wall_s, res[i].eval_bpb, res[i].wan_bytes, res[i].util);
-    char bytes_ratio[32]; /* JSON has no NaN: null when there is no dense run */
-    if (isfinite(b_ratio))
-      snprintf(bytes_ratio, sizeof bytes_ratio, "%.2f", b_ratio);
-    else
-      snprintf(bytes_ratio, sizeof bytes_ratio, "null");
-    printf(
-        "\"nebula_bits_per_param_per_sync\": %.4f, \"nebula_vs_single_time\": %.4f, "
-        "\"nebula_vs_single_loss\": %.4f, \"dense_over_nebula_bytes\": %s, "
-        "\"rate_mbit\": %g, \"delay_ms_emulated\": %g, \"delay_ms_requested\": %g, "
-        "\"thin\": %g, \"round_compute_s\": %.4f, \"dense\": \"%s\"}\n",
-        nb->bits_per_param, t_ratio, l_ratio, bytes_ratio, rate, delay_em, delay, thin,
-        round_compute,
-        thin > 0      ? "skipped at --thin"
-        : o->no_dense ? "skipped (--no-dense)"
-                      : "run");
+        json_object_set_new(
+            j, res[i].name,
+            json_pack("{s:o, s:o, s:I, s:o}", "wall_s", nb_bench_json_real(res[i].wall_s),
+                      "final_eval_loss", nb_bench_json_real(res[i].eval_bpb), "wan_bytes",
+                      (json_int_t)res[i].wan_bytes, "compute_utilization",
+                      nb_bench_json_real(res[i].util)));
+    json_object_set_new(j, "nebula_bits_per_param_per_sync",
+                        nb_bench_json_real(nb->bits_per_param));
+    json_object_set_new(j, "nebula_vs_single_time", nb_bench_json_real(t_ratio));
+    json_object_set_new(j, "nebula_vs_single_loss", nb_bench_json_real(l_ratio));
+    json_object_set_new(j, "dense_over_nebula_bytes", nb_bench_json_real(b_ratio));
+    json_object_set_new(j, "rate_mbit", nb_bench_json_real(rate));
+    json_object_set_new(j, "delay_ms_emulated", nb_bench_json_real(delay_em));
+    json_object_set_new(j, "delay_ms_requested", nb_bench_json_real(delay));
+    json_object_set_new(j, "thin", nb_bench_json_real(thin));
+    json_object_set_new(j, "round_compute_s", nb_bench_json_real(round_compute));
+    json_object_set_new(j, "dense",
+                        json_string(thin > 0      ? "skipped at --thin"
+                                    : o->no_dense ? "skipped (--no-dense)"
+                                                  : "run"));
+    nb_bench_json_print(stdout, j);
   } else {
     printf("\n%-8s %9s %15s %14s %12s\n", "run", "wall_s", "eval_bpb(loss)", "wan_bytes",
            "compute_util");

@@ -142,7 +142,9 @@ static int nb__pareto_parse(int argc, char** argv, nb__pareto_opts_t* o) {
   for (size_t p = 0; p < NB__N_POINTS; p++)
     chosen += (size_t)nb__pareto_want(o->points, nb__points[p].name);
   if (chosen == 0) {
-    fprintf(stderr, "nebula bench pareto: --points names none of the points (see --help)\n");
+    fprintf(stderr,
+            "nebula bench pareto: --points names none of the points (see nebula bench pareto "
+            "--help)\n");
     return 2;
   }
   return -1;
@@ -227,15 +229,20 @@ static int nb__pareto_runs(const nb__pareto_opts_t* o, json_t* base, nb__pareto_
  * as one JSON object (as_json) or as a table. */
 static void nb__pareto_report(const nb__pareto_opts_t* o, const nb__pareto_table_t* t) {
   long seeds = o->seeds;
+  json_t *j = NULL, *jpoints = NULL; /* --json: built with jansson, non-finite numbers null */
   if (o->as_json) {
-    printf("{\"seeds\": %ld, \"single_eval_bpb\": [", seeds);
-    for (long s = 0; s < seeds; s++) printf("%s%.6f", s ? ", " : "", t->single[s]);
-    printf("], \"points\": [");
+    j = json_object();
+    json_object_set_new(j, "seeds", json_integer(seeds));
+    json_t* single = json_array();
+    for (long s = 0; s < seeds; s++)
+      json_array_append_new(single, nb_bench_json_real(t->single[s]));
+    json_object_set_new(j, "single_eval_bpb", single);
+    jpoints = json_array();
+    json_object_set_new(j, "points", jpoints);
   } else {
     printf("\n%-16s %8s %6s %12s %11s  %s\n", "point", "density", "values", "bits/param",
            "loss_ratio", "per seed");
   }
-  int first = 1;
   for (size_t p = 0; p < NB__N_POINTS; p++) {
     const nb_e2e_point_t* pt = &nb__points[p];
     if (!nb__pareto_want(o->points, pt->name)) continue;
@@ -246,15 +253,18 @@ static void nb__pareto_report(const nb__pareto_opts_t* o, const nb__pareto_table
       mean_bits += t->bits[p][s] / (double)seeds;
     }
     if (o->as_json) {
-      printf(
-          "%s{\"name\": \"%s\", \"density\": %g, \"values\": \"%s\", \"adaptive\": %s, "
-          "\"bits_per_param_per_sync\": %.4f, \"loss_ratio_mean\": %.4f, \"loss_ratio\": [",
-          first ? "" : ", ", pt->name, pt->density, pt->values ? pt->values : "job",
-          pt->adaptive ? "true" : "false", mean_bits, mean_ratio);
-      for (long s = 0; s < seeds; s++) printf("%s%.4f", s ? ", " : "", bpb[s] / single[s]);
-      printf("], \"eval_bpb\": [");
-      for (long s = 0; s < seeds; s++) printf("%s%.6f", s ? ", " : "", bpb[s]);
-      printf("]}");
+      json_t *ratio = json_array(), *ev = json_array();
+      for (long s = 0; s < seeds; s++) {
+        json_array_append_new(ratio, nb_bench_json_real(bpb[s] / single[s]));
+        json_array_append_new(ev, nb_bench_json_real(bpb[s]));
+      }
+      json_array_append_new(
+          jpoints,
+          json_pack("{s:s, s:o, s:s, s:b, s:o, s:o, s:o, s:o}", "name", pt->name, "density",
+                    nb_bench_json_real(pt->density), "values", pt->values ? pt->values : "job",
+                    "adaptive", pt->adaptive ? 1 : 0, "bits_per_param_per_sync",
+                    nb_bench_json_real(mean_bits), "loss_ratio_mean",
+                    nb_bench_json_real(mean_ratio), "loss_ratio", ratio, "eval_bpb", ev));
     } else {
       char dens[16];
       snprintf(dens, sizeof dens, pt->adaptive ? "sched" : "%g", pt->density);
@@ -263,11 +273,11 @@ static void nb__pareto_report(const nb__pareto_opts_t* o, const nb__pareto_table
       for (long s = 0; s < seeds; s++) printf("%s%.4f", s ? " " : "", bpb[s] / single[s]);
       printf("\n");
     }
-    first = 0;
   }
-  if (o->as_json)
-    printf("], \"rate_mbit\": %g}\n", o->rate);
-  else
+  if (o->as_json) {
+    json_object_set_new(j, "rate_mbit", nb_bench_json_real(o->rate));
+    nb_bench_json_print(stdout, j);
+  } else
     printf(
         "(loss ratio: held-out bits per byte of the two-cluster run over the exact "
         "single-cluster run of the same seed; %g Mbit/s link)\n",

@@ -220,7 +220,11 @@ int nb_certs_main(int argc, char** argv) {
     return argc < 2 ? NB_EXIT_USAGE : NB_EXIT_OK;
   }
   if (strcmp(cmd, "init") && strcmp(cmd, "issue") && strcmp(cmd, "show") && strcmp(cmd, "verify")) {
-    fprintf(stderr, "nebula certs: '%s' is not a certs command; see 'nebula certs --help'\n", cmd);
+    if (cmd[0] == '-') /* an option before the command: named without its value */
+      fprintf(stderr, "nebula certs: unknown option '%.*s' (see nebula certs --help)\n",
+              (int)strcspn(cmd, "="), cmd);
+    else
+      fprintf(stderr, "nebula certs: '%s' is not a certs command (see nebula certs --help)\n", cmd);
     return NB_EXIT_USAGE;
   }
   int prc = nb_opts_parse(&spec, argc - 1, argv + 1);

@@ -21,22 +21,11 @@ static int nb__cmd_version(int argc, char** argv) {
   return NB_EXIT_OK;
 }
 
-static void nb__print_param(const nb_param_t* p, void* ctx) {
-  (void)ctx;
-  printf("%-28s %-12s %-11s %s (default %s)\n", p->env, p->sval, p->source, p->desc, p->defval);
-}
-
-static int nb__cmd_env(int argc, char** argv) {
-  printf("%-28s %-12s %-11s %s\n", "PARAMETER", "VALUE", "SOURCE", "DESCRIPTION");
-  nb_param_foreach(nb__print_param, NULL);
-  return NB_EXIT_OK;
-}
-
 static const nb_cli_cmd_t nb__cmds[] = {
     {"bench", "run a benchmark (nebula bench --help)", nb_bench_main},
     {"certs", "manage the federation PKI: CA, cluster and user certificates", nb_certs_main},
     {"gateway", "run this cluster's gateway daemon (--config FILE)", nb_gateway_main},
-    {"env", "list the environment parameters and their values", nb__cmd_env},
+    {"env", "list the environment parameters and their values", nb_env_main},
     {"eval", "held-out bits per byte per language of a checkpoint", nb_eval_main},
     {"report", "write report.html and summary.json for a run folder", nb_report_main},
     {"run", "run every cluster of a job on this machine over loopback", nb_run_main},

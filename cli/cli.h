@@ -32,6 +32,7 @@ int nb_run_main(int argc, char** argv);      /* nebula run */
 int nb_report_main(int argc, char** argv);   /* nebula report */
 int nb_certs_main(int argc, char** argv);    /* nebula certs */
 int nb_gateway_main(int argc, char** argv);  /* nebula gateway: the daemon until a signal */
+int nb_env_main(int argc, char** argv);      /* nebula env */
 
 #ifdef __cplusplus
 }

@@ -151,6 +151,14 @@ static int nb__parse(int argc, char** argv, nb__copts_t* o) {
     snprintf(what, sizeof what, "%s is required", spec.arg_name);
     return nb_opts_usage_error(&spec, what);
   }
+  /* the file first: a missing descriptor is named as such, whatever else is missing */
+  if (!strcmp(o->cmd, "submit")) {
+    nb_status_t pst = nb_cli_descriptor_precheck(o->arg);
+    if (pst != NB_OK) {
+      fprintf(stderr, "nebula submit: %s\n", nb__safe(nb_error_last()));
+      return pst == NB_ERR_IO ? NB_EXIT_FAIL : NB_EXIT_INVALID;
+    }
+  }
   if (nb_cli_addr_check(o->gateway, 0, "--gateway (or NB_GATEWAY)") != NB_OK) {
     fprintf(stderr, "nebula %s: %s\n", o->cmd, nb__safe(nb_error_last()));
     return NB_EXIT_USAGE;
@@ -532,18 +540,36 @@ static void nb__fmt_eta(double s, char* buf, size_t n) {
     snprintf(buf, n, "%ldm%02lds", v / 60, v % 60);
 }
 
-/* One progress line: step, loss, WAN MB/s, density, ETA. */
+/* One progress line: round, step, loss, WAN MB/s, density, ETA, each only where the event's
+ * payload has it: a one-cluster `nebula train` job reports steps and held-out evaluations, no
+ * sync rounds, and a row of "round 0 ... loss 0.0000 ... density 0" would say nothing true. */
 static void nb__progress_line(const Nebula__V1__JobEvent* e, char* buf, size_t n) {
-  char eta[32], steps[64];
-  nb__fmt_eta(e->eta_seconds, eta, sizeof eta);
+  json_t* p = json_loads(e->payload_json, 0, NULL);
+  size_t o = 0;
+#define NB__PL(...)                                                \
+  do {                                                             \
+    if (o < n) o += (size_t)snprintf(buf + o, n - o, __VA_ARGS__); \
+  } while (0)
+  buf[0] = 0;
+  if (json_object_get(p, "round")) NB__PL("round %lld  ", (long long)e->round);
   if (e->max_steps > 0)
-    snprintf(steps, sizeof steps, "step %lld/%lld (%3.0f%%)", (long long)e->step,
-             (long long)e->max_steps, 100.0 * (double)e->step / (double)e->max_steps);
+    NB__PL("step %lld/%lld (%3.0f%%)", (long long)e->step, (long long)e->max_steps,
+           100.0 * (double)e->step / (double)e->max_steps);
   else
-    snprintf(steps, sizeof steps, "step %lld", (long long)e->step);
-  snprintf(buf, n, "round %lld  %s  loss %.4f  WAN %.2f MB/s  density %.4g  ETA %s%s%s",
-           (long long)e->round, steps, e->loss, e->wan_mbps / 8.0, e->density, eta,
-           *e->source ? "  " : "", nb__safe(e->source));
+    NB__PL("step %lld", (long long)e->step);
+  json_t* bpb = json_object_get(p, "eval_bpb");
+  if (json_is_number(bpb)) NB__PL("  held-out %.4f bits/byte", json_number_value(bpb));
+  if (json_object_get(p, "loss")) NB__PL("  loss %.4f", e->loss);
+  if (json_object_get(p, "wan_mbps")) NB__PL("  WAN %.2f MB/s", e->wan_mbps / 8.0);
+  if (json_object_get(p, "density")) NB__PL("  density %.4g", e->density);
+  if (json_object_get(p, "eta_s") || json_object_get(p, "eta_seconds") || e->eta_seconds >= 0) {
+    char eta[32];
+    nb__fmt_eta(e->eta_seconds, eta, sizeof eta);
+    NB__PL("  ETA %s", eta);
+  }
+  if (*e->source) NB__PL("  %s", nb__safe(e->source));
+#undef NB__PL
+  json_decref(p);
 }
 
 /* What watch prints with: its options, whether stdout is a terminal, whether a progress line is

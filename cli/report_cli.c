@@ -7,10 +7,86 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <jansson.h>
+
 #include "cli/cli.h"
 #include "common/opts.h"
 #include "common/common.h"
 #include "report/report.h"
+
+/* Copies the file src to dst (replaced). Returns 0, or -1 with errno set. */
+static int nb__rp_copy(const char* src, const char* dst) {
+  FILE* in = fopen(src, "rb");
+  if (!in) return -1;
+  FILE* out = fopen(dst, "wb");
+  if (!out) {
+    int e = errno;
+    fclose(in);
+    errno = e;
+    return -1;
+  }
+  char buf[65536];
+  size_t n;
+  int rc = 0;
+  while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+    if (fwrite(buf, 1, n, out) != n) rc = -1;
+  if (ferror(in)) rc = -1;
+  fclose(in);
+  if (fclose(out) != 0) rc = -1;
+  return rc;
+}
+
+/* A `nebula train --out DIR` folder holds one cluster's rounds.tsv and summary.json itself,
+ * not in a cluster subfolder, and its summary.json is the run's own. Its report is laid out as
+ * a gateway lays out a job's: DIR/report/<cluster>/ holds copies of the two files, and the
+ * report (report.html, the job-level summary.json) goes to DIR/report/. Writes the report's
+ * folder into rdir; returns 0, 1 when DIR is no such folder, or NB_EXIT_FAIL after saying why. */
+static int nb__rp_single(const char* dir, const char* title, char* rdir, size_t cap) {
+  char rounds[4096], sum[4096], cdir[4096], p[4200];
+  struct stat sb;
+  if (snprintf(rounds, sizeof rounds, "%s/rounds.tsv", dir) >= (int)sizeof rounds ||
+      snprintf(sum, sizeof sum, "%s/summary.json", dir) >= (int)sizeof sum ||
+      stat(rounds, &sb) != 0 || !S_ISREG(sb.st_mode))
+    return 1;
+  json_error_t je;
+  json_t* s = json_load_file(sum, 0, &je);
+  const char* id = s ? json_string_value(json_object_get(s, "cluster")) : NULL;
+  if (!id || !*id || strchr(id, '/') || id[0] == '.') {
+    fprintf(
+        stderr, "nebula report: %s holds rounds.tsv but %s %s\n", dir, sum,
+        !s ? "cannot be read (a `nebula train` run writes it when it ends)" : "names no cluster");
+    json_decref(s);
+    return NB_EXIT_FAIL;
+  }
+  if ((size_t)snprintf(rdir, cap, "%s/report", dir) >= cap ||
+      snprintf(cdir, sizeof cdir, "%s/%s", rdir, id) >= (int)sizeof cdir) {
+    json_decref(s);
+    fprintf(stderr, "nebula report: path too long: %s\n", dir);
+    return NB_EXIT_FAIL;
+  }
+  int rc = 0;
+  if ((mkdir(rdir, 0755) != 0 && errno != EEXIST) || (mkdir(cdir, 0755) != 0 && errno != EEXIST)) {
+    fprintf(stderr, "nebula report: cannot create %s: %s\n", cdir, strerror(errno));
+    rc = NB_EXIT_FAIL;
+  }
+  snprintf(p, sizeof p, "%s/rounds.tsv", cdir);
+  if (!rc && nb__rp_copy(rounds, p) != 0) {
+    fprintf(stderr, "nebula report: cannot copy %s to %s: %s\n", rounds, p, strerror(errno));
+    rc = NB_EXIT_FAIL;
+  }
+  snprintf(p, sizeof p, "%s/summary.json", cdir);
+  if (!rc && nb__rp_copy(sum, p) != 0) {
+    fprintf(stderr, "nebula report: cannot copy %s to %s: %s\n", sum, p, strerror(errno));
+    rc = NB_EXIT_FAIL;
+  }
+  const char* ids[1] = {id};
+  if (!rc && nb_report_write(rdir, ids, 1, title) != NB_OK) {
+    fprintf(stderr, "nebula report: %s\n", nb_error_last());
+    rc = NB_EXIT_FAIL;
+  }
+  json_decref(s);
+  return rc;
+}
 
 static int nb__rp_cmp(const void* a, const void* b) {
   return strcmp(*(char* const*)a, *(char* const*)b);
@@ -34,7 +110,8 @@ int nb_report_main(int argc, char** argv) {
       .about =
           "Writes DIR/report.html (tables and SVG charts, self-contained) and DIR/summary.json\n"
           "from every subfolder of DIR that holds a rounds.tsv and summary.json (one per\n"
-          "cluster of a `nebula run`).",
+          "cluster of a `nebula run`). A `nebula train --out DIR` folder, which holds them\n"
+          "itself, gets its report in DIR/report/ (its own summary.json stays as it is).",
       .arg_name = "DIR",
       .arg = &dir,
       .opts = opts,
@@ -66,7 +143,17 @@ int nb_report_main(int argc, char** argv) {
     n++;
   }
   if (n == 0) {
-    fprintf(stderr, "nebula report: no cluster folder (with rounds.tsv) under %s\n", dir);
+    char rdir[4096];
+    int src = nb__rp_single(dir, title, rdir, sizeof rdir);
+    if (src == 0) {
+      printf("report: %s/report.html\n", rdir);
+      rc = NB_EXIT_OK;
+    } else if (src == 1) {
+      fprintf(stderr,
+              "nebula report: %s holds no rounds.tsv, nor a cluster folder with one (the output "
+              "folder of `nebula run` or `nebula train`)\n",
+              dir);
+    }
     goto out;
   }
   qsort(ids, (size_t)n, sizeof *ids, nb__rp_cmp);

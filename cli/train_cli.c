@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,32 @@
 
 /* ---- nebula train ------------------------------------------------------------------------- */
 
+/* SIGTERM / SIGINT during training: the signal's number. The step under way finishes, the
+ * trainer writes a checkpoint, and summary.json says "interrupted" (nb__train_finish). */
+static volatile sig_atomic_t nb__train_signal;
+
+static void nb__train_on_signal(int sig) {
+  nb__train_signal = sig;
+}
+
+/* Handlers for the training loop only (SA_RESETHAND: a second signal stops at once); old holds
+ * what to restore. */
+static void nb__train_signals(int on, struct sigaction old[2]) {
+  static const int sigs[2] = {SIGTERM, SIGINT};
+  for (int i = 0; i < 2; i++) {
+    if (!on) {
+      sigaction(sigs[i], &old[i], NULL);
+      continue;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = nb__train_on_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sigs[i], &sa, &old[i]);
+  }
+}
+
 typedef struct {
   FILE* curve;
   FILE* log; /* progress lines (stdout, or stderr with --json) */
@@ -39,13 +66,18 @@ typedef struct {
   long round_len, round, round_steps;
   double loss_sum, last_loss, round_t0;
   uint64_t round_s0;
+  long eval_step; /* of the last evaluation; -1 none */
+  long step0;     /* the step this run started at (a resume's) */
+  double max_seconds;
 } nb__train_ctx_t;
 
 static void nb__round_row(nb__train_ctx_t* x, const nb_train_progress_t* p) {
   x->loss_sum += p->loss;
   x->last_loss = p->loss;
   x->round_steps++;
-  if (!x->rounds || (p->step % x->round_len != 0 && p->step != x->max_steps)) return;
+  /* a round's row at its end, at the last step, and at the step a signal stopped */
+  if (!x->rounds || (p->step % x->round_len != 0 && p->step != x->max_steps && !nb__train_signal))
+    return;
   double mean = x->loss_sum / (double)x->round_steps;
   uint64_t samples = p->samples - x->round_s0;
   fprintf(x->rounds, "%ld\t%ld\t%llu\t%llu\t%.6f\t0\t0\t0\t%.3f\t0\t0\t-\t1\t%ld\t0\t0\t-\n",
@@ -62,7 +94,8 @@ static void nb__round_row(nb__train_ctx_t* x, const nb_train_progress_t* p) {
 /* The gateway's progress contract (docs/gateway.md): append-only JSON lines. */
 static void nb__report_progress(nb__train_ctx_t* x, const nb_train_progress_t* p) {
   if (!x->progress) return;
-  double eta = p->step > 0 ? p->elapsed_s / (double)p->step * (double)(x->max_steps - p->step) : 0;
+  long done = p->step - x->step0;
+  double eta = done > 0 ? p->elapsed_s / (double)done * (double)(x->max_steps - p->step) : 0;
   if (p->event == NB_TRAIN_EVENT_STEP)
     fprintf(x->progress,
             "{\"step\": %ld, \"max_steps\": %ld, \"loss\": %.6g, \"eta_s\": %.1f, "
@@ -82,12 +115,21 @@ static int nb__on_progress(void* vctx, const nb_train_progress_t* p) {
     nb__report_progress(x, p);
   if (p->event == NB_TRAIN_EVENT_STEP) {
     nb__round_row(x, p);
-    if (x->print_every > 0 && p->step % x->print_every == 0)
-      fprintf(x->log, "step %6ld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  %.1f s\n", p->step,
-              p->loss, p->lr, p->grad_norm, p->tokens_per_s, p->elapsed_s);
-    return 0;
+    if (x->print_every > 0 && p->step % x->print_every == 0) {
+      /* the time left at this run's pace so far, capped by training.maxSeconds */
+      long done = p->step - x->step0;
+      double eta = done > 0 ? p->elapsed_s / (double)done * (double)(x->max_steps - p->step) : -1;
+      if (x->max_seconds > 0 && (eta < 0 || eta > x->max_seconds - p->elapsed_s))
+        eta = x->max_seconds - p->elapsed_s > 0 ? x->max_seconds - p->elapsed_s : 0;
+      char es[24];
+      fprintf(x->log, "step %6ld/%ld  loss %.4f  lr %.2e  |g| %.3f  %.0f tok/s  %.1f s  eta %s\n",
+              p->step, x->max_steps, p->loss, p->lr, p->grad_norm, p->tokens_per_s, p->elapsed_s,
+              nb_duration_format(eta, es, sizeof es));
+    }
+    return nb__train_signal != 0;
   }
   const nb_train_eval_t* e = p->eval;
+  x->eval_step = p->step;
   fprintf(x->log, "eval %6ld ", p->step);
   for (int i = 0; i < e->n; i++) fprintf(x->log, " %s %.3f", e->label[i], e->bpb[i]);
   fprintf(x->log, "  mean %.3f bits/byte\n", e->mean_bpb);
@@ -98,7 +140,7 @@ static int nb__on_progress(void* vctx, const nb_train_progress_t* p) {
     fprintf(x->curve, "\t%.4f\n", e->mean_bpb);
     fflush(x->curve);
   }
-  return 0;
+  return nb__train_signal != 0;
 }
 
 static int nb__ckpt_held(const char* dir, int* has_latest, char* names, size_t cap) {
@@ -122,15 +164,58 @@ static int nb__ckpt_held(const char* dir, int* has_latest, char* names, size_t c
   return n;
 }
 
+/* Removes the step-N folders and LATEST of an earlier run from dir (--force: a fresh run's
+ * checkpoints must not sit beside a stale later one, which pruning would keep over the new ones
+ * and a later look would take for this run's). Returns how many step-N folders went. */
+static int nb__ckpt_clear(const char* dir) {
+  int n = 0;
+  char p[NB_TRAIN_PATH_MAX + 320];
+  DIR* d = opendir(dir);
+  struct dirent* e;
+  while (d && (e = readdir(d))) {
+    if (strncmp(e->d_name, "step-", 5) != 0) continue;
+    char sdir[NB_TRAIN_PATH_MAX + 64];
+    if (snprintf(sdir, sizeof sdir, "%s/%s", dir, e->d_name) >= (int)sizeof sdir) continue;
+    DIR* sd = opendir(sdir);
+    struct dirent* f;
+    while (sd && (f = readdir(sd))) {
+      if (f->d_name[0] == '.' && (!f->d_name[1] || (f->d_name[1] == '.' && !f->d_name[2])))
+        continue;
+      snprintf(p, sizeof p, "%s/%s", sdir, f->d_name);
+      (void)unlink(p);
+    }
+    if (sd) closedir(sd);
+    if (rmdir(sdir) == 0)
+      n++;
+    else
+      NB_WARN("--force: cannot remove %s: %s", sdir, strerror(errno));
+  }
+  if (d) closedir(d);
+  snprintf(p, sizeof p, "%s/LATEST", dir);
+  (void)unlink(p);
+  return n;
+}
+
 /* Nothing is overwritten by accident: --resume needs the checkpoint that LATEST names (a
  * missing LATEST is an error, not a fresh start over the folder's checkpoints), and a fresh
- * run refuses a folder that already holds checkpoints. --force starts afresh regardless.
- * Returns 0, or the exit status after saying why. */
-static int nb__ckpt_guard(const char* dir, int resume, int force) {
-  if (force) return 0;
+ * run refuses an output folder that holds an earlier run's results (summary.json,
+ * final.safetensors) or a checkpoint folder that holds checkpoints. --force starts afresh
+ * regardless, and removes the earlier run's checkpoints first, saying so. Returns 0, or the
+ * exit status after saying why. */
+static int nb__ckpt_guard(const char* odir, const char* dir, int resume, int force) {
   int latest = 0;
   char names[256];
   int n = nb__ckpt_held(dir, &latest, names, sizeof names);
+  if (force) {
+    if (latest || n) {
+      int gone = nb__ckpt_clear(dir);
+      fprintf(stderr,
+              "nebula train: --force: removed %d checkpoint%s of an earlier run (%s%s) and "
+              "LATEST from %s\n",
+              gone, gone == 1 ? "" : "s", names, n > 4 ? ", ..." : "", dir);
+    }
+    return 0;
+  }
   if (resume && !latest) {
     if (n)
       fprintf(stderr,
@@ -148,9 +233,23 @@ static int nb__ckpt_guard(const char* dir, int resume, int force) {
   if (!resume && (latest || n)) {
     fprintf(stderr,
             "nebula train: %s already holds checkpoints (%s%s%s): nothing was changed. Continue "
-            "with --resume, or start afresh and overwrite them with --force\n",
+            "with --resume, or start afresh with --force (which removes them)\n",
             dir, latest ? "LATEST" : "", latest && n ? ", " : "", names);
     return NB_EXIT_FAIL;
+  }
+  static const char* const results[] = {"summary.json", "final.safetensors"};
+  for (size_t i = 0; !resume && i < sizeof results / sizeof results[0]; i++) {
+    char p[NB_TRAIN_PATH_MAX + 32];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s", odir, results[i]);
+    if (stat(p, &sb) == 0) {
+      fprintf(stderr,
+              "nebula train: %s already holds an earlier run's results (%s): nothing was "
+              "changed. Continue it with --resume, start afresh over it with --force, or choose "
+              "another --out\n",
+              odir, results[i]);
+      return NB_EXIT_FAIL;
+    }
   }
   return 0;
 }
@@ -188,7 +287,11 @@ typedef struct {
   char made_curve[NB_TRAIN_PATH_MAX + 64], made_rounds[NB_TRAIN_PATH_MAX + 64];
   char made_odir[NB_TRAIN_PATH_MAX];
   int trained;
+  int signal; /* the SIGTERM or SIGINT that stopped training; 0: none */
 } nb__train_run_t;
+
+static int nb__train_write_summary(nb__train_run_t* r, const nb_train_eval_t* ev, double wall,
+                                   json_t* tr_scores);
 
 /* The descriptor, our cluster, the overrides and the trainer's config. */
 static int nb__train_load(nb__train_run_t* r) {
@@ -271,7 +374,7 @@ static int nb__train_outputs(nb__train_run_t* r) {
     snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s", job->checkpoint.dir);
   else
     snprintf(tc->checkpoint_dir, sizeof tc->checkpoint_dir, "%s/checkpoints", r->odir);
-  int rc = nb__ckpt_guard(tc->checkpoint_dir, r->resume, r->force);
+  int rc = nb__ckpt_guard(r->odir, tc->checkpoint_dir, r->resume, r->force);
   if (rc != 0) return rc;
   tc->resume = r->resume && !r->force;
   if (!(r->curve = nb__train_open_tsv(r, "curve.tsv", r->made_curve, sizeof r->made_curve)))
@@ -317,6 +420,8 @@ static int nb__train_start(nb__train_run_t* r) {
   }
   r->setup_s = nb_now_s() - t0;
   r->step0 = nb_trainer_step(r->t);
+  r->px.step0 = r->step0;
+  r->px.max_seconds = r->tc->max_seconds;
   r->px.round = r->step0 / r->px.round_len;
   r->px.round_s0 = nb_trainer_samples(r->t);
   r->tok0 = nb_trainer_tokens(r->t);
@@ -356,11 +461,24 @@ static json_t* nb__train_summary(nb__train_run_t* r, const nb_train_eval_t* ev, 
   json_object_set_new(o, "rounds", json_integer(r->px.round));
   json_object_set_new(o, "final_train_loss", json_real(r->px.last_loss));
   json_object_set_new(o, "compute_utilization", json_real(wall > 0 ? comp / wall : 0));
+  json_t* mean = ev->n > 0 && isfinite(ev->mean_bpb) ? json_real(ev->mean_bpb) : json_null();
   json_object_set_new(o, "final_eval_bpb", nb__eval_json(ev));
-  json_object_set_new(o, "final_eval_mean_bpb", json_real(ev->mean_bpb));
-  json_object_set_new(o, "final_mean_bpb", json_real(ev->mean_bpb));
-  json_object_set_new(o, "final_model", json_string(r->path));
+  json_object_set_new(o, "final_eval_mean_bpb", mean);
+  json_object_set_new(o, "final_mean_bpb", json_copy(mean));
+  json_object_set_new(o, "final_model", r->path[0] ? json_string(r->path) : json_null());
   json_object_set_new(o, "checkpoint_dir", json_string(r->tc->checkpoint_dir));
+  json_object_set_new(o, "interrupted", json_boolean(r->signal != 0));
+  if (r->signal) { /* stopped by a signal after the step under way: no final model */
+    char ck[NB_TRAIN_PATH_MAX + 32];
+    snprintf(ck, sizeof ck, "%s/step-%ld", r->tc->checkpoint_dir, nb_trainer_step(t));
+    json_object_set_new(o, "signal", json_string(r->signal == SIGINT ? "SIGINT" : "SIGTERM"));
+    json_object_set_new(o, "checkpoint", json_string(ck));
+    json_object_set_new(o, "eval_step",
+                        r->px.eval_step >= 0 ? json_integer(r->px.eval_step) : json_null());
+  }
+  char data_dir[NB_TRAIN_PATH_MAX];
+  if (nb_train_config_data_dir(r->tc, data_dir, sizeof data_dir) == NB_OK)
+    json_object_set_new(o, "data_dir", json_string(data_dir));
   if (tr_scores) json_object_set_new(o, "translation", tr_scores);
   return o;
 }
@@ -370,9 +488,21 @@ static int nb__train_finish(nb__train_run_t* r) {
   nb_trainer_t* t = r->t;
   nb_train_eval_t ev;
   double t1 = nb_now_s();
+  struct sigaction old[2];
+  nb__train_signal = 0;
+  r->px.eval_step = -1;
+  nb__train_signals(1, old);
   nb_status_t st = nb_trainer_run(t, &ev);
+  nb__train_signals(0, old);
   double wall = nb_now_s() - t1;
   r->trained = nb_trainer_step(t) > r->step0;
+  if (st == NB_ERR_CANCELLED && nb__train_signal) {
+    /* the trainer wrote the step's checkpoint; the summary says where, and that it stopped */
+    r->signal = nb__train_signal;
+    r->trained = 1;
+    r->path[0] = 0;
+    return nb__train_write_summary(r, &ev, wall, NULL);
+  }
   if (st != NB_OK) return nb__fail("train", NULL);
   snprintf(r->path, sizeof r->path, "%s/final.safetensors", r->odir);
   if (nb_trainer_lora(t) && nb_lora_merge(nb_trainer_lora(t)) != NB_OK)
@@ -386,6 +516,16 @@ static int nb__train_finish(nb__train_run_t* r) {
       nb_translation_eval(r->tc, nb_trainer_model(t), (size_t)job->training.eval_sentences,
                           &tr_scores) != NB_OK)
     NB_WARN("no translation scores in the summary: %s", nb_error_last());
+  return nb__train_write_summary(r, &ev, wall, tr_scores);
+}
+
+/* summary.json, and the closing line (or the summary with --json); tr_scores is stolen. Returns
+ * the exit status: 0, or 128 + the signal's number when one stopped the run (SIGINT 130,
+ * SIGTERM 143). */
+static int nb__train_write_summary(nb__train_run_t* r, const nb_train_eval_t* evp, double wall,
+                                   json_t* tr_scores) {
+  nb_trainer_t* t = r->t;
+  nb_train_eval_t ev = *evp;
   json_t* o = nb__train_summary(r, &ev, wall, tr_scores);
   char* text = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
   json_decref(o);
@@ -401,11 +541,16 @@ static int nb__train_finish(nb__train_run_t* r) {
   uint64_t toks = nb_trainer_tokens(t) - r->tok0;
   if (r->as_json)
     printf("%s\n", text);
+  else if (r->signal)
+    printf("interrupted by %s after step %ld: checkpoint %s/step-%ld, %s (no final model)\n",
+           r->signal == SIGINT ? "SIGINT" : "SIGTERM", nb_trainer_step(t), r->tc->checkpoint_dir,
+           nb_trainer_step(t), spath);
   else
     printf("done: %ld steps in %.1f s (%.0f tokens/s), mean held-out %.3f bits/byte; %s\n",
            nb_trainer_step(t) - r->step0, wall, comp > 0 ? toks / comp : 0, ev.mean_bpb, spath);
+  fflush(stdout);
   free(text);
-  return NB_EXIT_OK;
+  return r->signal ? 128 + r->signal : NB_EXIT_OK;
 }
 
 int nb_train_main(int argc, char** argv) {
@@ -448,7 +593,8 @@ int nb_train_main(int argc, char** argv) {
       {.name = "force",
        .kind = NB_OPT_FLAG,
        .dst = &r.force,
-       .help = "start afresh even where checkpoints exist (they are overwritten)"},
+       .help = "start afresh even where an earlier run's results and checkpoints are\n"
+               "(its checkpoints are removed first)"},
       {.name = "json",
        .kind = NB_OPT_FLAG,
        .dst = &r.as_json,
@@ -468,7 +614,11 @@ int nb_train_main(int argc, char** argv) {
           "sync.innerSteps steps, no WAN columns), DIR/final.safetensors (LoRA merged into "
           "the base) and\ncheckpoints under the descriptor's checkpoint.dir or "
           "DIR/checkpoints.",
-      .epilog = "\nExit status: 0 done, 1 failure, 2 usage error.",
+      .epilog =
+          "\nSIGTERM or SIGINT: the step under way finishes, a checkpoint and summary.json\n"
+          "(\"interrupted\": true) are written, and the exit status is 128 + the signal's\n"
+          "number (143, 130); a second signal stops at once.\n"
+          "\nExit status: 0 done, 1 failure, 2 usage error, 130/143 interrupted.",
       .arg_name = "CONFIG",
       .arg = &r.file,
       .opts = opts,
@@ -609,10 +759,12 @@ static int nb__eval_translate(nb_trainer_t* t, const nb_train_config_t* c, long 
 }
 
 /* --json: one object (ts NULL without --translate). */
-static void nb__eval_print_json(const char* ckpt, long step, const nb_train_eval_t* ev,
-                                const nb_train_config_t* c, const nb_translate_score_t* ts) {
+static void nb__eval_print_json(const char* ckpt, const char* dir, long step,
+                                const nb_train_eval_t* ev, const nb_train_config_t* c,
+                                const nb_translate_score_t* ts) {
   json_t* o = json_object();
   json_object_set_new(o, "checkpoint", json_string(ckpt));
+  json_object_set_new(o, "data_dir", json_string(dir));
   json_object_set_new(o, "step", json_integer(step));
   json_object_set_new(o, "bits_per_byte", nb__eval_json(ev));
   if (ts) {
@@ -639,9 +791,10 @@ static void nb__eval_print_json(const char* ckpt, long step, const nb_train_eval
 }
 
 /* The text report (ts NULL without --translate). */
-static void nb__eval_print_text(const char* ckpt, long step, const nb_train_eval_t* ev,
-                                const nb_train_config_t* c, const nb_translate_score_t* ts) {
-  printf("%s (step %ld): held-out bits per byte\n", ckpt, step);
+static void nb__eval_print_text(const char* ckpt, const char* dir, long step,
+                                const nb_train_eval_t* ev, const nb_train_config_t* c,
+                                const nb_translate_score_t* ts) {
+  printf("%s (step %ld): held-out bits per byte on %s\n", ckpt, step, dir);
   for (int i = 0; i < ev->n; i++)
     if (ev->scored[i] > 0)
       printf("  %-6s %.4f  (%zu bytes)\n", ev->label[i], ev->bpb[i], ev->scored[i]);
@@ -659,12 +812,41 @@ static void nb__eval_print_text(const char* ckpt, long step, const nb_train_eval
   }
 }
 
+/* eval's data folder without --data-dir: the one the run that wrote the checkpoint trained on,
+ * as its summary.json records it ("data_dir", absolute) beside final.safetensors, or three
+ * folders up from checkpoints/step-N/model.safetensors; else data/quick, like train's default
+ * (data/<tier> of the current folder). Returns dir or buf. */
+static const char* nb__eval_default_dir(const char* ckpt, char* buf, size_t cap) {
+  char d[NB_TRAIN_PATH_MAX];
+  snprintf(d, sizeof d, "%s", ckpt);
+  for (int up = 0; up < 3; up++) {
+    char* slash = strrchr(d, '/');
+    if (slash)
+      *slash = 0;
+    else
+      snprintf(d, sizeof d, ".");
+    if (up == 1) continue; /* checkpoints/step-N holds no summary */
+    char sp[NB_TRAIN_PATH_MAX + 16];
+    snprintf(sp, sizeof sp, "%s/summary.json", d);
+    json_t* s = json_load_file(sp, 0, NULL);
+    const char* dd = s ? json_string_value(json_object_get(s, "data_dir")) : NULL;
+    struct stat sb;
+    int ok = dd && stat(dd, &sb) == 0 && S_ISDIR(sb.st_mode) &&
+             (size_t)snprintf(buf, cap, "%s", dd) < cap;
+    json_decref(s);
+    if (ok) return buf;
+    if (!slash) break;
+  }
+  return "data/quick";
+}
+
 /* eval's sizes: a batch is B sequences held at once, int-sized in the trainer */
 #define NB__EVAL_MAX_BATCH 4096
 #define NB__EVAL_MAX_BATCHES 1000000
 
 int nb_eval_main(int argc, char** argv) {
-  const char *ckpt = NULL, *dir = "data/quick", *langs = NULL, *pairs = NULL;
+  const char *ckpt = NULL, *dir = NULL, *langs = NULL, *pairs = NULL;
+  char run_data[NB_TRAIN_PATH_MAX];
   long batches = 8, batch = 8, translate = 0;
   int as_json = 0;
   const nb_opt_t opts[] = {
@@ -672,7 +854,8 @@ int nb_eval_main(int argc, char** argv) {
        .kind = NB_OPT_STR,
        .dst = &dir,
        .meta = "D",
-       .help = "data folder (default data/quick)"},
+       .help = "data folder (default: the one the run trained on, as its summary.json\n"
+               "beside the checkpoint records it; else data/quick)"},
       {.name = "langs",
        .kind = NB_OPT_STR,
        .dst = &langs,
@@ -729,6 +912,7 @@ int nb_eval_main(int argc, char** argv) {
   if (!ckpt) return nb_opts_usage_error(&spec, "missing CHECKPOINT");
   if (langs && pairs) return nb_opts_usage_error(&spec, "--langs and --pairs exclude each other");
   if (translate && !pairs) return nb_opts_usage_error(&spec, "--translate needs --pairs");
+  if (!dir) dir = nb__eval_default_dir(ckpt, run_data, sizeof run_data);
   nb_model_t* m = NULL;
   long step = 0;
   if (nb_checkpoint_load(ckpt, &m, &step) != NB_OK) return nb__fail("eval", NULL);
@@ -757,9 +941,9 @@ int nb_eval_main(int argc, char** argv) {
   if (nb__eval_unscored(&ev, c, pairs != NULL) && !translate) goto done;
   if (translate && (rc = nb__eval_translate(t, c, translate, ts)) != NB_EXIT_OK) goto done;
   if (as_json)
-    nb__eval_print_json(ckpt, step, &ev, c, translate ? ts : NULL);
+    nb__eval_print_json(ckpt, dir, step, &ev, c, translate ? ts : NULL);
   else
-    nb__eval_print_text(ckpt, step, &ev, c, translate ? ts : NULL);
+    nb__eval_print_text(ckpt, dir, step, &ev, c, translate ? ts : NULL);
   rc = NB_EXIT_OK;
 done:
   nb_trainer_destroy(t);

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "common/common.h"
 #include "jobs/descriptor.h"
@@ -103,6 +102,7 @@ int nb_validate_main(int argc, char** argv) {
     return NB_EXIT_FAIL;
   }
   nb_status_t st;
+  int file_error = 0;
   if (strcmp(file, "-") == 0) {
     char* buf = NULL;
     size_t len = 0;
@@ -124,29 +124,13 @@ int nb_validate_main(int argc, char** argv) {
       snprintf(diag->errors[0].message, sizeof diag->errors[0].message, "%s", nb_error_last());
       diag->count = 1;
     }
+  } else if ((st = nb_cli_descriptor_precheck(file)) != NB_OK) {
+    /* missing, unreadable, a folder, too large: the file's error, at no JSON path */
+    file_error = 1;
+    snprintf(diag->errors[0].message, sizeof diag->errors[0].message, "%s", nb_error_last());
+    diag->count = 1;
   } else {
-    struct stat sb;
-    const char* bad = NULL;
-    char what[160];
-    if (stat(file, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-      bad = "is a folder, not a descriptor file";
-    } else if (stat(file, &sb) == 0 && S_ISREG(sb.st_mode) &&
-               sb.st_size > (off_t)NB_DESCRIPTOR_MAX_BYTES) {
-      /* the reader stops one byte past the limit: the real size is the file's */
-      snprintf(what, sizeof what,
-               "is %lld bytes, larger than the descriptor limit of %u bytes "
-               "(1 MiB)",
-               (long long)sb.st_size, NB_DESCRIPTOR_MAX_BYTES);
-      bad = what;
-    }
-    if (bad) {
-      snprintf(diag->errors[0].path, sizeof diag->errors[0].path, "$");
-      snprintf(diag->errors[0].message, sizeof diag->errors[0].message, "%s %s", file, bad);
-      diag->count = 1;
-      st = S_ISDIR(sb.st_mode) ? NB_ERR_IO : NB_ERR_CONFIG;
-    } else {
-      st = nb_descriptor_load(file, cfg, diag);
-    }
+    st = nb_descriptor_load(file, cfg, diag);
   }
 
   char* normalized = NULL;
@@ -162,6 +146,8 @@ int nb_validate_main(int argc, char** argv) {
   } else if (st == NB_OK) {
     printf("%s\n", normalized);
     rc = NB_EXIT_OK;
+  } else if (file_error) {
+    fprintf(stderr, "nebula validate: %s\n", diag->errors[0].message);
   } else {
     nb_descriptor_diag_print(stderr, file, diag);
     if (diag->dropped) fprintf(stderr, "%s: ... and %d more errors\n", file, diag->dropped);

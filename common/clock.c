@@ -5,6 +5,8 @@
 #include "common/clock.h"
 
 #include <errno.h>
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -31,6 +33,23 @@ int nb_cond_wait_until(pthread_cond_t* c, pthread_mutex_t* m, int64_t abs_ns) {
 
 double nb_now_s(void) {
   return (double)nb_now_ns() * 1e-9;
+}
+
+char* nb_duration_format(double s, char* buf, size_t cap) {
+  if (!(s >= 0) || !isfinite(s) || s > 1e9) {
+    snprintf(buf, cap, "?");
+    return buf;
+  }
+  long t = lround(s);
+  if (t < 60)
+    snprintf(buf, cap, "%ld s", t);
+  else if (t < 3600)
+    snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+  else if (t < 86400)
+    snprintf(buf, cap, "%ldh%02ldm", t / 3600, t % 3600 / 60);
+  else
+    snprintf(buf, cap, "%ldd%02ldh", t / 86400, t % 86400 / 3600);
+  return buf;
 }
 
 int64_t nb_wall_ns(void) {

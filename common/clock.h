@@ -5,6 +5,7 @@
 #define NB_COMMON_CLOCK_H
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -27,6 +28,9 @@ double nb_now_s(void);
 int64_t nb_wall_ns(void);
 /* Sleeps at least ns nanoseconds (restarts on EINTR). */
 void nb_sleep_ns(int64_t ns);
+/* A duration for people, into buf (cap bytes, at least 16): "42 s", "3m05s", "2h07m", "3d04h";
+ * "?" when s is negative or not finite (an ETA not known yet). Returns buf. */
+char* nb_duration_format(double s, char* buf, size_t cap);
 
 /* A time source for code that reads the time and waits for it: components that take one
  * (nb_ratelimit_create_clock, nb_estimator_create_clock) use it for every reading and every timed

@@ -11,6 +11,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/param.h"
+
+/* The logger's own variables, declared in the registry so that `nebula env` lists them. They are
+ * read here with getenv, not through nb_param_*: a parameter's first read logs its value, and
+ * the logger reading its level through the registry would take the registry's lock twice. */
+NB_PARAM_STRING(LogLevel, "NB_DEBUG", "WARN", "log level: NONE, WARN, INFO or TRACE")
+NB_PARAM_STRING(LogSubsys, "NB_DEBUG_SUBSYS", "ALL",
+                "subsystems logged at INFO/TRACE: comma list of INIT ENV CODEC WIRE RPC SEC INTRA "
+                "TRAIN SCHED JOB DATA BENCH; a leading ^ excludes")
+NB_PARAM_STRING(LogFile, "NB_DEBUG_FILE", "", "append log lines to this file (empty: stderr)")
+
 static pthread_mutex_t nb__log_mu = PTHREAD_MUTEX_INITIALIZER;
 static int nb__log_loaded;
 static nb_log_level_t nb__log_level = NB_LOG_WARN;

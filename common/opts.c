@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,11 +21,60 @@ static const nb_opt_t* nb__opt_letter(const nb_opt_t* t, char c) {
   return NULL;
 }
 
-static int nb__opt_error(const nb_cmd_spec_t* s, const char* fmt, const char* a, const char* b) {
-  fprintf(stderr, "%s: ", s->cmd);
-  fprintf(stderr, fmt, a, b);
-  fputc('\n', stderr);
+/* One line on stderr, "<cmd>: <what> (see <cmd> --help)": a usage error names what is wrong and
+ * where the help is, never the whole help. */
+static int nb__opt_fail(const nb_cmd_spec_t* s, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int nb__opt_fail(const nb_cmd_spec_t* s, const char* fmt, ...) {
+  char what[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "%s: %s (see %s --help)\n", s->cmd, what, s->cmd);
   return NB_OPTS_EXIT_USAGE;
+}
+
+static size_t nb__edit_distance(const char* a, const char* b) {
+  size_t la = strlen(a), lb = strlen(b);
+  if (la > 63 || lb > 63) return (size_t)-1;
+  size_t row[64];
+  for (size_t j = 0; j <= lb; j++) row[j] = j;
+  for (size_t i = 1; i <= la; i++) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= lb; j++) {
+      size_t up = row[j];
+      size_t sub = diag + (a[i - 1] != b[j - 1]);
+      size_t del = row[j] + 1, ins = row[j - 1] + 1;
+      row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+      diag = up;
+    }
+  }
+  return row[lb];
+}
+
+const char* nb_opts_closest(const char* s, const char* const* names, size_t n) {
+  const char* best = NULL;
+  size_t bestd = (size_t)-1;
+  for (size_t i = 0; i < n; i++) {
+    size_t d = nb__edit_distance(s, names[i]), len = strlen(names[i]);
+    size_t limit = len / 3 > 2 ? len / 3 : 2;
+    if (d < bestd && d <= limit && d < len) best = names[i], bestd = d;
+  }
+  return best;
+}
+
+/* The table's option closest to the unknown `name` (len bytes), or NULL. */
+static const char* nb__opt_hint(const nb_opt_t* t, const char* name, size_t len) {
+  char want[64];
+  const char* names[128];
+  size_t n = 0;
+  if (len >= sizeof want) return NULL;
+  memcpy(want, name, len);
+  want[len] = 0;
+  for (; t->name && n < sizeof names / sizeof names[0]; t++) names[n++] = t->name;
+  return nb_opts_closest(want, names, n);
 }
 
 /* Stores value v of option o; returns NB_OPTS_RUN or NB_OPTS_EXIT_USAGE. */
@@ -40,22 +90,18 @@ static int nb__opt_set(const nb_cmd_spec_t* s, const nb_opt_t* o, const char* v)
       return NB_OPTS_RUN;
     case NB_OPT_LIST:
       if (*o->count >= o->max) {
-        fprintf(stderr, "%s: at most %d --%s\n", s->cmd, o->max, o->name);
-        return NB_OPTS_EXIT_USAGE;
+        return nb__opt_fail(s, "at most %d --%s", o->max, o->name);
       }
       ((const char**)o->dst)[(*o->count)++] = v;
       return NB_OPTS_RUN;
     case NB_OPT_LONG: {
       long n = strtol(v, &end, 10);
       if (o->max > 0 && (*end || end == v || errno || (double)n < o->min || n > o->max)) {
-        fprintf(stderr, "%s: --%s needs an integer in %.0f..%d, got '%s'\n", s->cmd, o->name,
-                o->min, o->max, v);
-        return NB_OPTS_EXIT_USAGE;
+        return nb__opt_fail(s, "--%s needs an integer in %.0f..%d, got '%s'", o->name, o->min,
+                            o->max, v);
       }
       if (*end || end == v || errno || (double)n < o->min) {
-        fprintf(stderr, "%s: --%s needs an integer >= %.0f, got '%s'\n", s->cmd, o->name, o->min,
-                v);
-        return NB_OPTS_EXIT_USAGE;
+        return nb__opt_fail(s, "--%s needs an integer >= %.0f, got '%s'", o->name, o->min, v);
       }
       *(long*)o->dst = n;
       return NB_OPTS_RUN;
@@ -63,9 +109,8 @@ static int nb__opt_set(const nb_cmd_spec_t* s, const nb_opt_t* o, const char* v)
     case NB_OPT_INT: {
       long n = strtol(v, &end, 10), hi = o->max > 0 ? o->max : INT_MAX;
       if (*end || end == v || errno || (double)n < o->min || n > hi) {
-        fprintf(stderr, "%s: --%s needs an integer in %.0f..%ld, got '%s'\n", s->cmd, o->name,
-                o->min, hi, v);
-        return NB_OPTS_EXIT_USAGE;
+        return nb__opt_fail(s, "--%s needs an integer in %.0f..%ld, got '%s'", o->name, o->min, hi,
+                            v);
       }
       *(int*)o->dst = (int)n;
       return NB_OPTS_RUN;
@@ -73,13 +118,11 @@ static int nb__opt_set(const nb_cmd_spec_t* s, const nb_opt_t* o, const char* v)
     case NB_OPT_DOUBLE: {
       double x = strtod(v, &end);
       if (o->max > 0 && !(*end || end == v || !(x >= o->min) || !isfinite(x)) && x > o->max) {
-        fprintf(stderr, "%s: --%s needs a number in [%g, %d], got '%s'\n", s->cmd, o->name, o->min,
-                o->max, v);
-        return NB_OPTS_EXIT_USAGE;
+        return nb__opt_fail(s, "--%s needs a number in [%g, %d], got '%s'", o->name, o->min, o->max,
+                            v);
       }
       if (*end || end == v || !(x >= o->min) || !isfinite(x)) {
-        fprintf(stderr, "%s: --%s needs a number >= %g, got '%s'\n", s->cmd, o->name, o->min, v);
-        return NB_OPTS_EXIT_USAGE;
+        return nb__opt_fail(s, "--%s needs a number >= %g, got '%s'", o->name, o->min, v);
       }
       *(double*)o->dst = x;
       return NB_OPTS_RUN;
@@ -101,25 +144,29 @@ int nb_opts_parse(const nb_cmd_spec_t* s, int argc, char** argv) {
       continue;
     }
     if (!options || a[0] != '-' || a[1] == 0) {
-      if (!s->arg_name) return nb__opt_error(s, "unexpected argument '%s' (see --help)", a, "");
-      if (*s->arg) {
-        fprintf(stderr, "%s: one %s only (got '%s' and '%s')\n", s->cmd, s->arg_name, *s->arg, a);
-        return NB_OPTS_EXIT_USAGE;
-      }
+      if (!s->arg_name) return nb__opt_fail(s, "unexpected argument '%s'", a);
+      if (*s->arg)
+        return nb__opt_fail(s, "one %s only (got '%s' and '%s')", s->arg_name, *s->arg, a);
       *s->arg = a;
       continue;
     }
     const char* name = a[1] == '-' ? a + 2 : a + 1;
     const char* eq = a[1] == '-' ? strchr(name, '=') : NULL;
-    const nb_opt_t* o = a[1] == '-'
-                            ? nb__opt_find(s->opts, name, eq ? (size_t)(eq - name) : strlen(name))
-                            : (a[2] == 0 ? nb__opt_letter(s->opts, a[1]) : NULL);
-    if (!o) return nb__opt_error(s, "unknown option '%s' (see --help)", a, "");
+    size_t len = eq ? (size_t)(eq - name) : strlen(name);
+    const nb_opt_t* o = a[1] == '-' ? nb__opt_find(s->opts, name, len)
+                                    : (a[2] == 0 ? nb__opt_letter(s->opts, a[1]) : NULL);
+    if (!o) {
+      const char* hint = a[1] == '-' ? nb__opt_hint(s->opts, name, len) : NULL;
+      if (hint)
+        return nb__opt_fail(s, "unknown option '%.*s'; did you mean '--%s'?", (int)(name - a + len),
+                            a, hint);
+      return nb__opt_fail(s, "unknown option '%.*s'", (int)(name - a + len), a);
+    }
     const char* v = eq ? eq + 1 : NULL;
     if (o->kind == NB_OPT_FLAG) {
-      if (v) return nb__opt_error(s, "--%s takes no value (got '%s')", o->name, a);
+      if (v) return nb__opt_fail(s, "--%s takes no value (got '%s')", o->name, a);
     } else if (!v) {
-      if (i + 1 >= argc) return nb__opt_error(s, "--%s needs a value (%s)", o->name, o->meta);
+      if (i + 1 >= argc) return nb__opt_fail(s, "--%s needs a value (%s)", o->name, o->meta);
       v = argv[++i];
     }
     int rc = nb__opt_set(s, o, v);
@@ -150,6 +197,5 @@ void nb_opts_help(const nb_cmd_spec_t* s, FILE* f) {
 }
 
 int nb_opts_usage_error(const nb_cmd_spec_t* s, const char* what) {
-  fprintf(stderr, "%s: %s (see --help)\n", s->cmd, what);
-  return NB_OPTS_EXIT_USAGE;
+  return nb__opt_fail(s, "%s", what);
 }

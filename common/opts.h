@@ -57,17 +57,23 @@ typedef struct {
 enum { NB_OPTS_RUN = -1, NB_OPTS_EXIT_OK = 0, NB_OPTS_EXIT_USAGE = 2 };
 
 /* Parses argv[1..argc) (argv[0] is the command's name) into the table's destinations;
- * `--` ends the options, "-" alone is a positional argument. Returns NB_OPTS_RUN to go on,
- * NB_OPTS_EXIT_OK after printing --help (or -h) on stdout, NB_OPTS_EXIT_USAGE after one line on
- * stderr
- * that names the bad option or argument. Not thread-safe (it writes the destinations). */
+ * `--opt=value` and `--opt value` are the same, `--` ends the options, "-" alone is a positional
+ * argument. Returns NB_OPTS_RUN to go on, NB_OPTS_EXIT_OK after printing --help (or -h) on
+ * stdout, NB_OPTS_EXIT_USAGE after one line on stderr, "<cmd>: <what> (see <cmd> --help)", that
+ * names the bad option or argument (an unknown option with the closest known one, if any). Not
+ * thread-safe (it writes the destinations). */
 int nb_opts_parse(const nb_cmd_spec_t* spec, int argc, char** argv);
 
 /* Prints the help: synopsis, about, one line per option from the table, epilog, more_help. */
 void nb_opts_help(const nb_cmd_spec_t* spec, FILE* f);
 
-/* One line "<cmd>: <what> (see --help)" on stderr; returns NB_OPTS_EXIT_USAGE. */
+/* One line "<cmd>: <what> (see <cmd> --help)" on stderr; returns NB_OPTS_EXIT_USAGE. */
 int nb_opts_usage_error(const nb_cmd_spec_t* spec, const char* what);
+
+/* The one of names[0..n) closest to s by edit distance, close enough to be a likely typo
+ * (at most a third of its length, at least 2 edits allowed), or NULL: the "did you mean" of
+ * unknown options and names. Returns a pointer into names (borrowed). */
+const char* nb_opts_closest(const char* s, const char* const* names, size_t n);
 
 #ifdef __cplusplus
 }

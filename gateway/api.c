@@ -60,6 +60,28 @@ static void nb__job_msg(nb_gateway_t* gw, const nb_job_record_t* rec, int with_d
   pthread_mutex_unlock(&gw->active_mu);
 }
 
+/* An ended job's exit code (from its last exit event; stays as it is without one) and run
+ * report path (report NULL: not wanted). Get and List both take them from here, so that they
+ * agree. Returns 1 when rec is final and its events were read, 0 otherwise. */
+static int nb__job_ended(nb_job_store_t* st, const nb_job_record_t* rec, int32_t* exit_code,
+                         char* report, size_t cap) {
+  nb_job_event_t* ev = NULL;
+  size_t n = 0;
+  if (!nb_job_state_is_final(rec->state) ||
+      nb_job_store_events(st, rec->id, 0, 0, &ev, &n) != NB_OK)
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    int is_exit = !strcmp(ev[i].kind, "exit"), is_report = report && !strcmp(ev[i].kind, "report");
+    if (!is_exit && !is_report) continue;
+    json_t* j = json_loads(ev[i].payload, 0, NULL);
+    if (j && is_exit) *exit_code = (int32_t)json_integer_value(json_object_get(j, "exit_code"));
+    if (j && is_report) snprintf(report, cap, "%s", nb__gw_jstr(j, "path"));
+    json_decref(j);
+  }
+  nb_job_events_free(ev, n);
+  return 1;
+}
+
 static nb_status_t nb__send_job(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_store_t* st,
                                 const char* id, int with_descriptor) {
   nb_job_record_t rec = {0};
@@ -67,22 +89,8 @@ static nb_status_t nb__send_job(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_st
   Nebula__V1__Job m;
   char name[NB_JOB_NAME_MAX];
   nb__job_msg(gw, &rec, with_descriptor, &m, name, sizeof name);
-  /* exit code from the last exit event */
-  nb_job_event_t* ev = NULL;
-  size_t n = 0;
   char report[NB_GW_STR * 2] = "";
-  if (nb_job_state_is_final(rec.state) && nb_job_store_events(st, id, 0, 0, &ev, &n) == NB_OK) {
-    for (size_t i = 0; i < n; i++) {
-      int is_exit = !strcmp(ev[i].kind, "exit"), is_report = !strcmp(ev[i].kind, "report");
-      if (!is_exit && !is_report) continue;
-      json_t* j = json_loads(ev[i].payload, 0, NULL);
-      if (j && is_exit) m.exit_code = (int32_t)json_integer_value(json_object_get(j, "exit_code"));
-      if (j && is_report) snprintf(report, sizeof report, "%s", nb__gw_jstr(j, "path"));
-      json_decref(j);
-    }
-    m.report = report;
-    nb_job_events_free(ev, n);
-  }
+  if (nb__job_ended(st, &rec, &m.exit_code, report, sizeof report)) m.report = report;
   /* the origin of a federated job: every cluster's part */
   Nebula__V1__ClusterPart parts[NB__MAX_PARTS];
   Nebula__V1__ClusterPart* pp[NB__MAX_PARTS];
@@ -338,6 +346,7 @@ static nb_status_t nb__list_serve(nb_rpc_call_t* call, nb__api_call_t* c,
   }
   for (size_t i = 0; i < n; i++) {
     nb__job_msg(c->gw, &recs[i], 0, &jobs[i], names[i], sizeof names[i]);
+    nb__job_ended(c->st, &recs[i], &jobs[i].exit_code, NULL, 0); /* as Get says it */
     ptrs[i] = &jobs[i];
   }
   Nebula__V1__ListReply rep = NEBULA__V1__LIST_REPLY__INIT;

@@ -3,6 +3,8 @@
  * call them; they print nothing. */
 #include "jobs/cli_checks.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -11,13 +13,19 @@
 
 nb_status_t nb_cli_descriptor_precheck(const char* path) {
   struct stat sb;
-  if (!path || stat(path, &sb) != 0) return NB_OK;
+  if (!path) return NB_OK;
+  /* a file error is the file's, in the words of the system ("cannot open F: No such file or
+   * directory"), not a descriptor error at the JSON path "$" */
+  if (stat(path, &sb) != 0) return nb_error(NB_ERR_IO, "cannot open %s: %s", path, strerror(errno));
   if (S_ISDIR(sb.st_mode))
     return nb_error(NB_ERR_CONFIG, "%s is a folder, not a descriptor file", path);
   if (S_ISREG(sb.st_mode) && sb.st_size > (off_t)NB_DESCRIPTOR_MAX_BYTES)
     return nb_error(NB_ERR_CONFIG,
                     "%s is %lld bytes, larger than the descriptor limit of %u bytes (1 MiB)", path,
                     (long long)sb.st_size, NB_DESCRIPTOR_MAX_BYTES);
+  FILE* f = fopen(path, "rb");
+  if (!f) return nb_error(NB_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+  fclose(f);
   return NB_OK;
 }
 

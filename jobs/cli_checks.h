@@ -17,10 +17,11 @@ extern "C" {
  * what names the setting in the message (borrowed). Returns NB_OK or NB_ERR_CONFIG. */
 nb_status_t nb_cli_addr_check(const char* addr, int allow_zero, const char* what);
 
-/* Before a descriptor file is read: a folder, or a regular file over the 1 MiB descriptor limit
- * (whose reader stops one byte past it), is named with what is wrong and its real size.
- * Returns NB_OK or NB_ERR_CONFIG with that message; a file that cannot be stat'ed passes (the
- * reader names the error). path: borrowed. */
+/* Before a descriptor file is read: a file that is missing or cannot be opened for reading is
+ * NB_ERR_IO "cannot open PATH: <strerror>"; a folder, or a regular file over the 1 MiB
+ * descriptor limit (whose reader stops one byte past it), is NB_ERR_CONFIG naming what is wrong
+ * and its real size. Returns NB_OK, or one of those with that message. path: borrowed (NULL
+ * passes). */
 nb_status_t nb_cli_descriptor_precheck(const char* path);
 
 #ifdef __cplusplus

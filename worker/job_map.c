@@ -1,7 +1,9 @@
 /* The one mapping from a job descriptor's settings to the configs of the layers below it: the
  * trainer's (train/trainer.h), the round's (train/hybrid.h) and the scheduler's (inter/sched.h).
  * Used by `nebula worker` and `nebula train`. Not here: validation (jobs/descriptor.c). */
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -157,4 +159,24 @@ void nb_sched_config_from_job(const nb_job_config_t* job, nb_sched_config_t* sc)
   sc->overlap = job->sync.overlap;
   if (job->compression.budget_fraction > 0 && job->compression.budget_fraction <= 1)
     sc->fraction = job->compression.budget_fraction;
+}
+
+nb_status_t nb_train_config_data_dir(const nb_train_config_t* c, char* out, size_t cap) {
+  if (c->n_sources < 1) return nb_error(NB_ERR_CONFIG, "no data source");
+  char dir[NB_TRAIN_PATH_MAX];
+  if (NB__CP(dir, "%s", c->sources[0].path)) return nb_error(NB_ERR_CONFIG, "data path too long");
+  for (int up = 0; up < 2; up++) { /* DIR/mono/en.txt, DIR/pairs/en-de.train.tsv */
+    char* slash = strrchr(dir, '/');
+    if (!slash) {
+      snprintf(dir, sizeof dir, ".");
+      break;
+    }
+    *slash = 0;
+    if (!dir[0]) snprintf(dir, sizeof dir, "/");
+  }
+  char real[PATH_MAX];
+  const char* d = realpath(dir, real) ? real : dir;
+  if ((size_t)snprintf(out, cap, "%s", d) >= cap)
+    return nb_error(NB_ERR_CONFIG, "data path too long");
+  return NB_OK;
 }

@@ -19,6 +19,7 @@
 #include "inter/exchange.h"
 #include "inter/sched.h"
 #include "intra/intra.h"
+#include "jobs/cli_checks.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
 #include "worker/codec_points.h"
@@ -335,6 +336,7 @@ typedef struct {
   double compute_s, exchange_s, codec_s, last_loss, density_sum;
   uint64_t wan_bytes, msg_bytes;
   long steps_done, step0, skipped, late, jumps, pulls, prev_r;
+  double t_rounds; /* when this run's first round began: the ETA's pace */
 } nb__wk_t;
 
 #define NB__WK_TRY(call)                         \
@@ -368,6 +370,10 @@ static nb_worker_outcome_t nb__wk_load_job(nb__wk_t* w) {
       nb_calloc((void**)&w->diag, 1, sizeof *w->diag, "diag") != NB_OK ||
       nb_calloc((void**)&w->tc, 1, sizeof *w->tc, "train config") != NB_OK)
     return nb__wk_fail(w->cluster, "setup");
+  if (nb_cli_descriptor_precheck(job_file) != NB_OK) { /* missing, unreadable, a folder, large */
+    fprintf(stderr, "nebula worker: %s\n", nb_error_last());
+    return NB_WORKER_FAILED;
+  }
   if (nb_descriptor_load(job_file, w->job, w->diag) != NB_OK) {
     nb_descriptor_diag_print(stderr, job_file, w->diag);
     fprintf(stderr, "nebula worker: %s: invalid descriptor\n", job_file);
@@ -698,6 +704,7 @@ static nb_worker_outcome_t nb__wk_open_log(nb__wk_t* w) {
   if (ftell(w->tsv) == 0) fprintf(w->tsv, "%s", NB_WORKER_ROUNDS_TSV_HEADER);
   w->steps_done = w->step0 = nb_trainer_step(w->t);
   w->prev_r = w->round0 - 1;
+  w->t_rounds = nb_now_s();
   return NB_WORKER_DONE;
 }
 
@@ -794,12 +801,18 @@ static void nb__wk_log(nb__wk_t* w, long r, const nb_hybrid_round_t* rec, const 
           (unsigned long long)rec->commits, rec->peers_ok, rec->peers_alive, event);
   fflush(w->tsv);
   int evt = strcmp(event, "-") != 0;
+  /* the time left at this run's pace of rounds so far */
+  long done = r + 1 - w->round0;
+  double eta =
+      done > 0 ? (nb_now_s() - w->t_rounds) / (double)done * (double)(w->rounds - r - 1) : -1;
+  char es[24];
   printf(
-      "round %ld/%ld: %ld steps, loss %.4f, sent %.1f KiB (density %g), compute %.2f s, "
-      "exchange %.2f s, theta %016llx%s%s\n",
-      r + 1, w->rounds, rec->steps, rec->loss, rec->msg_bytes / 1024.0, rec->density,
-      rec->compute_s, rec->exchange_s, (unsigned long long)rec->global_hash, evt ? ", " : "",
-      evt ? event : "");
+      "round %ld/%ld: step %ld/%ld, eta %s: %ld steps, loss %.4f, sent %.1f KiB (density %g), "
+      "compute %.2f s, exchange %.2f s, theta %016llx%s%s\n",
+      r + 1, w->rounds, w->steps_done, (long)w->job->training.max_steps,
+      nb_duration_format(eta, es, sizeof es), rec->steps, rec->loss, rec->msg_bytes / 1024.0,
+      rec->density, rec->compute_s, rec->exchange_s, (unsigned long long)rec->global_hash,
+      evt ? ", " : "", evt ? event : "");
   int overlap = w->hc.overlap;
   if (w->ft && rec->landed && !rec->applied)
     printf("round %ld%s: not applied (updates from %u of %d peers, %u alive) at unix %.3f\n",
@@ -1009,6 +1022,9 @@ static nb_worker_outcome_t nb__wk_summary(nb__wk_t* w, const nb_train_eval_t* ev
   json_object_set(sum, "evals", w->evals);
   json_object_set_new(sum, "tls", json_boolean(w->tls != NULL));
   json_object_set_new(sum, "sealed", json_boolean(w->have_secret));
+  char data_dir[NB_TRAIN_PATH_MAX];
+  if (nb_train_config_data_dir(w->tc, data_dir, sizeof data_dir) == NB_OK)
+    json_object_set_new(sum, "data_dir", json_string(data_dir));
   if (tr_scores) json_object_set_new(sum, "translation", tr_scores);
   char tmp[NB_JOB_PATH_MAX + 64];
   snprintf(w->path, sizeof w->path, "%s/summary.json", w->odir);

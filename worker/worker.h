@@ -58,6 +58,12 @@ nb_worker_outcome_t nb_worker_run(const nb_worker_opts_t* opts);
 nb_status_t nb_train_config_from_job(const nb_job_config_t* job, int cluster, const char* data_dir,
                                      nb_train_config_t* out);
 
+/* The data folder a trainer's config reads (the folder above mono/ or pairs/ of its first
+ * source), absolute when it exists, into out (cap bytes): what summary.json records as
+ * "data_dir", so that `nebula eval` of the run's model finds the same data from anywhere.
+ * Returns NB_OK, or NB_ERR_CONFIG when c has no source or the path does not fit. */
+nb_status_t nb_train_config_data_dir(const nb_train_config_t* c, char* out, size_t cap);
+
 /* The round's config for the cluster that is index-th of the job's clusters by id: the job's
  * sync and compression settings over nb_hybrid_config_defaults. The caller adds the hooks and
  * the exchange callbacks. */

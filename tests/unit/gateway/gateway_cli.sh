@@ -32,6 +32,9 @@ slow-*) for i in 1 2 3; do echo "line $i"; sleep 0.1; done;;
 report-*) printf 'round\tloss\tbytes_sent\tdensity\tcompute_s\texchange_s\tglobal_xxh3\n0\t2.5\t0\t0\t0.1\t0\t-\n' > rounds.tsv
   echo '{"job": "report", "cluster": "dc-a", "global_xxh3": "00ff"}' > summary.json;;
 sleepy-*) sleep 300 & echo $! > pids; sleep 300 & echo $! >> pids; echo $$ >> pids; wait;;
+single-*) for i in 5 10; do
+  echo "{\"step\": $i, \"max_steps\": 10, \"loss\": 3.25, \"eta_s\": $((10-i)), \"source\": \"dc-a\"}" >> "$NB_JOB_PROGRESS"; done
+  echo '{"step": 10, "max_steps": 10, "eval_bpb": 5.125, "source": "dc-a"}' >> "$NB_JOB_PROGRESS";;
 evil-*) printf '%s\n' '{"step":1,"max_steps":2,"source":"\u001b]0;pwned\u0007\u001b[2J\ninjected"}' >> "$NB_JOB_PROGRESS";;
 esac
 SCRIPT
@@ -85,6 +88,14 @@ fi
 "$NB" logs "$ID" --json | grep -q "\"data\":\"hello from $ID\\\\n\"" || fail "logs --json: $("$NB" logs "$ID" --json)"
 "$NB" list | grep -q "$ID" || fail "list"
 "$NB" list --json --state succeeded | grep -q "\"id\": \"$ID\"" || fail "list --json"
+# list and get say the same exit code of an ended job (list used to say -1 where get said 0)
+"$NB" get "$ID" --json > "$T/get.json" && "$NB" list --json > "$T/list.json" || fail "get/list --json"
+python3 -c '
+import json, sys
+g = json.load(open(sys.argv[1]))
+l = [j for j in json.load(open(sys.argv[2])) if j["id"] == sys.argv[3]]
+assert g["exit_code"] == 0 and len(l) == 1 and l[0]["exit_code"] == g["exit_code"], (g, l)
+' "$T/get.json" "$T/list.json" "$ID" || fail "list --json and get --json disagree on exit_code: $(cat "$T/list.json")"
 "$NB" watch "$ID" --json > "$T/watch.jsonl" || fail "watch --json: exit status"
 grep -q '"to":"succeeded"' "$T/watch.jsonl" || fail "watch --json"
 # this job leaves no rounds.tsv: its run report fails, an event after the final state
@@ -116,6 +127,14 @@ ESC=$(printf '\033'); BEL=$(printf '\007')
 "$NB" cancel "$SID" --reason "$(printf 'x\033]0;pwned\007\ny')" 2> "$T/esc.err"; rc=$?
 [ $rc -eq 6 ] || fail "cancel with an escape in the reason: exit $rc"
 grep -q "control character (0x1b) at byte 1" "$T/esc.err" || fail "cancel reason: $(cat "$T/esc.err")"
+# a one-cluster `nebula train` job's progress: steps and evaluations, no sync rounds; watch
+# prints what each line has, not "round 0 ... loss 0.0000 ... density 0" rows
+desc single > "$T/single.json"
+SID=$("$NB" submit "$T/single.json") || fail "submit single"
+"$NB" watch "$SID" > "$T/single.out" 2>&1 || fail "watch single: $(cat "$T/single.out")"
+grep -q "step 5/10 ( 50%)  loss 3.2500  ETA 0m05s  dc-a" "$T/single.out" || fail "watch single: step row: $(cat "$T/single.out")"
+grep -q "step 10/10 (100%)  held-out 5.1250 bits/byte  dc-a" "$T/single.out" || fail "watch single: eval row: $(cat "$T/single.out")"
+grep -Eq "round |density|WAN|loss 0\.0000" "$T/single.out" && fail "watch single: empty sync fields: $(cat "$T/single.out")"
 desc evil > "$T/evil.json"
 EID=$("$NB" submit "$T/evil.json") || fail "submit evil"
 "$NB" watch "$EID" > "$T/evil.out" 2>&1

@@ -129,6 +129,29 @@ static void run_two_clusters(int overlap) {
     (void)system(cmd);
   }
   assert_int_equal(rc, 0);
+  { /* each round's progress line, relayed by the run, says the step of the total and an ETA */
+    char p[256], line[1024];
+    snprintf(p, sizeof p, "%s.log", out);
+    FILE* f = fopen(p, "r");
+    assert_non_null(f);
+    int rounds = 0, last = 0;
+    while (fgets(line, sizeof line, f)) {
+      const char* r = strstr(line, "] round ");
+      if (!r || !strstr(r, "steps, loss")) continue;
+      long a, b, st, tot;
+      char eta[16];
+      assert_int_equal(
+          sscanf(r, "] round %ld/%ld: step %ld/%ld, eta %15[^:]", &a, &b, &st, &tot, eta), 5);
+      assert_int_equal(b, 3);
+      assert_int_equal(tot, 12);
+      assert_int_equal(st, 4 * a); /* innerSteps 4 */
+      rounds++;
+      if (a == b) last += strcmp(eta, "0 s") == 0; /* nothing left after the last round */
+    }
+    fclose(f);
+    assert_int_equal(rounds, 6); /* 3 rounds on each of 2 clusters */
+    assert_int_equal(last, 2);
+  }
   { /* the run report: job-level summary.json naming both clusters, and report.html */
     char p[256];
     snprintf(p, sizeof p, "%s/summary.json", out);

@@ -1,7 +1,8 @@
 /* `nebula train` never overwrites checkpoints by accident (the real binary on a tiny model and
  * the trainer's committed corpus): --resume with LATEST gone is an error that changes nothing
  * (it used to start a fresh model over the old checkpoints, exit 0); a fresh run into a folder
- * with checkpoints is refused; --force starts afresh on purpose; a good LATEST resumes.
+ * with checkpoints, or with an earlier run's summary.json, is refused; --force starts afresh on
+ * purpose and removes the earlier checkpoints first; a good LATEST resumes.
  * And what train and eval say when given bad input: a checkpoint with NaN weights, nothing to
  * score, out-of-range --batch/--batches, a teacher checkpoint that is not there (no `make data`
  * advice, no half-written output folder left behind).
@@ -117,6 +118,28 @@ static void test_resume_guard(void** state) {
   /* --force: afresh, on purpose */
   assert_int_equal(train("--force", err, sizeof err), 0);
   assert_true(mtime_ns("step-4/model.safetensors") != m4);
+
+  /* a shorter rerun with --force leaves no stale later checkpoint beside its own: step-4 of the
+   * run before is removed (and said so), not kept by pruning over the new step-2 */
+  assert_int_equal(train("--force --steps 2", err, sizeof err), 0);
+  assert_non_null(strstr(err, "--force: removed 2 checkpoints of an earlier run"));
+  assert_int_equal(mtime_ns("step-4"), -1);
+  assert_true(mtime_ns("step-2/model.safetensors") > 0);
+  snprintf(p, sizeof p, "%s/out/checkpoints/LATEST", g_dir);
+  f = fopen(p, "r");
+  assert_non_null(f);
+  char latest[32] = "";
+  assert_non_null(fgets(latest, sizeof latest, f));
+  fclose(f);
+  assert_string_equal(latest, "step-2\n");
+
+  /* an output folder with an earlier run's results (its checkpoints kept elsewhere or gone) is
+   * refused without --force or --resume too: summary.json would be overwritten without a word */
+  snprintf(p, sizeof p, "rm -rf '%s/out/checkpoints'", g_dir);
+  assert_int_equal(system(p), 0);
+  assert_int_equal(train("", err, sizeof err), 1);
+  assert_non_null(strstr(err, "already holds an earlier run's results (summary.json)"));
+  assert_non_null(strstr(err, "--force"));
 
   /* --resume with no checkpoint at all */
   snprintf(p, sizeof p, "rm -rf '%s/out'", g_dir);

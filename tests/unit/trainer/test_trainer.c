@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -612,6 +613,17 @@ static void test_cli_train_and_eval(void** state) {
     snprintf(p, sizeof p, "%s/stderr", dir);
     fail_msg("nebula train failed (%d): %s", rc, slurp(p));
   }
+  { /* --json: the progress lines on stderr, each with the step of the total and an ETA */
+    snprintf(p, sizeof p, "%s/stderr", dir);
+    char* err = slurp(p);
+    assert_non_null(err);
+    assert_non_null(strstr(err, "step      5/20  loss "));
+    const char* last = strstr(err, "step     20/20  loss ");
+    assert_non_null(last);
+    const char* eta = strstr(last, "  eta ");
+    assert_non_null(eta);
+    assert_true(strncmp(eta, "  eta 0 s\n", 10) == 0); /* nothing left at the last step */
+  }
   snprintf(p, sizeof p, "%s/out/summary.json", dir);
   json_error_t je;
   json_t* s = json_load_file(p, 0, &je);
@@ -623,6 +635,9 @@ static void test_cli_train_and_eval(void** state) {
   double en = json_real_value(json_object_get(ev, "en"));
   assert_true(en > 0.5 && en < 8.0);
   assert_true(json_real_value(json_object_get(s, "tokens_per_s")) > 0);
+  char real_data[PATH_MAX];
+  assert_non_null(realpath(g_data, real_data));
+  assert_string_equal(json_string_value(json_object_get(s, "data_dir")), real_data);
   json_decref(s);
   snprintf(p, sizeof p, "%s/stdout", dir);
   s = json_load_file(p, 0, &je); /* --json: the same summary on stdout */
@@ -675,6 +690,58 @@ static void test_cli_train_and_eval(void** state) {
   json_t* b = json_object_get(s, "bits_per_byte");
   assert_true(json_real_value(json_object_get(b, "de")) > 0.5);
   json_decref(s);
+
+  /* `nebula report` of a train --out folder: its report in out/report/, the run's own
+   * summary.json left as it is */
+  snprintf(cmd, sizeof cmd, "'%s' report '%s/out' > '%s/stdout' 2> '%s/stderr'", g_nebula, dir, dir,
+           dir);
+  rc = system(cmd);
+  if (rc != 0) {
+    snprintf(p, sizeof p, "%s/stderr", dir);
+    fail_msg("nebula report of a train folder failed (%d): %s", rc, slurp(p));
+  }
+  snprintf(p, sizeof p, "%s/out/report/report.html", dir);
+  char* html = slurp(p);
+  assert_non_null(html);
+  assert_non_null(strstr(html, "<svg"));
+  assert_non_null(strstr(html, "dc-a"));
+  snprintf(p, sizeof p, "%s/out/report/summary.json", dir);
+  s = json_load_file(p, 0, &je);
+  assert_non_null(s);
+  json_decref(s);
+  snprintf(p, sizeof p, "%s/out/summary.json", dir);
+  s = json_load_file(p, 0, &je);
+  assert_non_null(s);
+  assert_int_equal(json_integer_value(json_object_get(s, "steps")), 20); /* still train's */
+  json_decref(s);
+
+  /* without --data-dir, from a folder with no data/ of its own: the data the run trained on,
+   * as its summary.json records it, not data/quick of the current folder */
+  snprintf(cmd, sizeof cmd,
+           "cd '%s/out' && '%s' eval final.safetensors --langs en --batches 1 --batch 4 --json "
+           "> '%s/eval.json' 2> '%s/stderr'",
+           dir, g_nebula, dir, dir);
+  rc = system(cmd);
+  if (rc != 0) {
+    snprintf(p, sizeof p, "%s/stderr", dir);
+    fail_msg("nebula eval without --data-dir failed (%d): %s", rc, slurp(p));
+  }
+  snprintf(p, sizeof p, "%s/eval.json", dir);
+  s = json_load_file(p, 0, &je);
+  assert_non_null(s);
+  assert_string_equal(json_string_value(json_object_get(s, "data_dir")), real_data);
+  assert_true(json_real_value(json_object_get(json_object_get(s, "bits_per_byte"), "en")) > 0.5);
+  json_decref(s);
+  /* a checkpoint of the run's checkpoints/ folder finds it too */
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && '%s' eval out/checkpoints/step-20/model.safetensors --langs en --batches 1 "
+           "--batch 4 > /dev/null 2> '%s/stderr'",
+           dir, g_nebula, dir);
+  rc = system(cmd);
+  if (rc != 0) {
+    snprintf(p, sizeof p, "%s/stderr", dir);
+    fail_msg("nebula eval of a step checkpoint without --data-dir failed (%d): %s", rc, slurp(p));
+  }
 
   /* translation of the test split: greedy decoding scored with chrF and BLEU */
   snprintf(cmd, sizeof cmd,
