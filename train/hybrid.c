@@ -1768,6 +1768,17 @@ nb_status_t nb_hybrid_load_ext(nb_hybrid_t* h, const char* path,
     st = nb_error(NB_ERR_INTEGRITY, "hybrid: %s: theta_global hash mismatch", path);
     goto out;
   }
+  /* a forged or damaged file whose checksums hold can still carry a NaN or an infinity, which
+   * would poison every round after it: refused before anything changes */
+  static const char* const what[3] = {"theta_global", "the outer momentum", "the residual"};
+  for (int a = 0; a < 3; a++) {
+    size_t bad = nb__hy_first_nonfinite((const float*)(p + (size_t)a * nb), (size_t)fn);
+    if (bad < fn) {
+      st = nb_error(NB_ERR_INVALID, "hybrid: %s: %s holds a non-finite value (element %zu)", path,
+                    what[a], bad);
+      goto out;
+    }
+  }
   if (check) {
     st = check(ctx, buf + body, (size_t)ext_len);
     if (st != NB_OK) goto out;
@@ -1841,6 +1852,14 @@ nb_status_t nb_hybrid_import(nb_hybrid_t* h, const uint8_t* b, size_t len, uint6
   const uint8_t* p = b + NB__HY_STATE_HEADER;
   if (nb_xxh3_64(p, nb, 0) != nb__get64(b + 32))
     return nb_error(NB_ERR_INTEGRITY, "hybrid: global state: theta_global hash mismatch");
+  for (int a = 0; a < 2; a++) { /* theta_global and the momentum: finite, as in a state file */
+    size_t bad = nb__hy_first_nonfinite((const float*)(p + (size_t)a * nb), h->n);
+    if (bad < h->n)
+      return nb_error(NB_ERR_INVALID,
+                      "hybrid: global state: %s holds a non-finite value "
+                      "(element %zu)",
+                      a ? "the outer momentum" : "theta_global", bad);
+  }
   NB_CHECK(nb__hy_set_params(h, (const float*)p, h->n));
   memcpy(h->global, p, nb);
   memcpy(h->momentum, p + nb, nb);
