@@ -2,6 +2,7 @@
  * nothing of any one command; a command's table, synopsis and help live beside its main(). */
 #include "common/opts.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -45,7 +46,7 @@ static size_t nb__edit_distance(const char* a, const char* b) {
     row[0] = i;
     for (size_t j = 1; j <= lb; j++) {
       size_t up = row[j];
-      size_t sub = diag + (a[i - 1] != b[j - 1]);
+      size_t sub = diag + (tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]));
       size_t del = row[j] + 1, ins = row[j - 1] + 1;
       row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
       diag = up;

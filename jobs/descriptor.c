@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/opts.h"
 #include "common/common.h"
 
 /* ---------------------------------------------------------------------------------------------
@@ -198,39 +199,12 @@ static void nb__err_at(nb__dctx_t* c, const char* path, const char* fmt, ...) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * "Did you mean": case-insensitive Levenshtein distance to the allowed names. */
-
-static size_t nb__edit_distance(const char* a, const char* b) {
-  size_t la = strlen(a), lb = strlen(b);
-  if (la > 64 || lb > 64) return 1000;
-  size_t row[65];
-  for (size_t j = 0; j <= lb; j++) row[j] = j;
-  for (size_t i = 1; i <= la; i++) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= lb; j++) {
-      size_t up = row[j];
-      size_t cost = tolower((unsigned char)a[i - 1]) == tolower((unsigned char)b[j - 1]) ? 0 : 1;
-      size_t best = diag + cost;
-      if (row[j] + 1 < best) best = row[j] + 1;
-      if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
-      row[j] = best;
-      diag = up;
-    }
-  }
-  return row[lb];
-}
+ * "Did you mean": the allowed name closest by case-insensitive edit distance (common/opts.h). */
 
 static const char* nb__closest(const char* s, const char* const* names) {
-  const char* best = NULL;
-  size_t bestd = 1000;
-  for (size_t i = 0; names[i]; i++) {
-    size_t d = nb__edit_distance(s, names[i]);
-    size_t len = strlen(names[i]);
-    size_t limit = len / 3 > 2 ? len / 3 : 2;
-    if (d < bestd && d <= limit && d < len) best = names[i], bestd = d;
-  }
-  return best;
+  size_t n = 0;
+  while (names[n]) n++;
+  return nb_opts_closest(s, names, n); /* case-insensitive, as the options' hints */
 }
 
 static void nb__join_names(const char* const* names, bool quoted, char* buf, size_t n) {
