@@ -14,6 +14,7 @@
 #include "gateway/store.h"
 #include "inter/rpc.h"
 #include "jobs/descriptor.h"
+#include "jobs/job_program.h"
 #include "nebula/v1/federation.pb-c.h"
 #include "nebula/v1/gateway.pb-c.h"
 #include "security/pki.h"
@@ -151,7 +152,7 @@ typedef struct {
   char peers[NB_JOB_MAX_CLUSTERS][NB_GW_STR]; /* "ID=HOST:PORT" of every other cluster */
 } nb__wk_args_t;
 
-#define NB__PROGRAM_MAX_ENV 24
+#define NB__PROGRAM_MAX_ENV (NB_JOB_PROGRAM_MAX_ENV + 1)
 
 /* What a job running the user's program (spec.program) adds to its launch: the folder it runs
  * in and its NEBULA_* environment (nb__gw_program_prepare; released by nb__gw_program_clear). */
