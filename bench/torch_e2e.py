@@ -48,7 +48,7 @@ def read(path: str) -> dict:
 def model_args(a, seed: int) -> list[str]:
     return ["--steps", str(a.steps), "--sync-every", str(a.sync_every), "--layers",
             str(a.layers), "--width", str(a.width), "--context", str(a.context), "--batch",
-            str(a.batch), "--seed", str(seed), "--data-dir", a.data_dir]
+            str(a.batch), "--seed", str(seed), "--data-dir", a.data_dir, "--langs", a.langs]
 
 
 def run_checked(cmd, log_path, env=None, timeout=None) -> None:
@@ -165,6 +165,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", default="", help="runs to leave out, e.g. ddp")
     ap.add_argument("--loopback", action="store_true", help="loopback even as root")
     ap.add_argument("--data-dir", default=os.path.join(ROOT, "data", "quick"))
+    ap.add_argument("--langs", default="en,de,fr,es;en,ru,zh,fa",
+                    help="languages of dc-a;dc-b (single trains on both)")
     ap.add_argument("--out", default=os.path.join("bench-out", "torch"))
     ap.add_argument("--nebula", default=os.environ.get("NEBULA_EXE", "nebula"))
     ap.add_argument("--json", action="store_true")
