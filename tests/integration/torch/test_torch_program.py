@@ -101,6 +101,48 @@ class ProgramJob(unittest.TestCase):
         self.assertIn("NEBULA_* environment", p.stderr)
 
 
+def have_hf():
+    try:
+        import peft  # noqa: F401
+        import transformers  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+@unittest.skipUnless(have_hf(), "transformers or peft not installed (scripts/setup.sh pins them)")
+class LoraJob(ProgramJob):
+    """examples/torch/t5_lora.py: only the LoRA adapters are registered and cross the WAN."""
+
+    test_two_clusters_one_theta = test_program_failure_stops_the_job = None
+    test_missing_command = test_worker_options_refused = test_program_outside_nebula = None
+
+    def test_only_adapters_cross(self):
+        t5 = os.path.join(ROOT, "examples", "torch", "t5_lora.py")
+        p = self.run_job(job([sys.executable, t5, "--steps", "4", "--sync-every", "2",
+                              "--d-model", "32", "--layers", "1", "--lora-rank", "2",
+                              "--batch", "2", "--max-bytes", "24", "--eval-sentences", "2",
+                              "--data-dir", DATA], name="t5-lora-tiny"))
+        self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
+        self.assertIn("theta_global identical on every cluster", p.stdout)
+        sums = []
+        for c in ("dc-a", "dc-b"):
+            with open(os.path.join(self.tmp, "run", c, f"t5-summary-{c}.json")) as f:
+                sums.append(json.load(f))
+        s0 = sums[0]
+        self.assertEqual(s0["global_xxh3"], sums[1]["global_xxh3"])
+        self.assertEqual(s0["rounds"], 2)
+        self.assertTrue(s0["synced"])
+        self.assertTrue(all("lora_" in nm for nm in s0["synced"]), s0["synced"])
+        self.assertLess(s0["adapter_params"], s0["model_params"] / 10)
+        # int8 frames of the adapters: about a byte per adapter parameter per round, never the
+        # base model's (a byte each of its parameters would be ten times more)
+        per_round = s0["wan_bytes_counted"] / s0["rounds"]
+        self.assertGreater(per_round, s0["adapter_params"] / 2)
+        self.assertLess(per_round, 2 * s0["adapter_params"] + 8192)
+        self.assertTrue(math.isfinite(s0["chrf"]))
+
+
 class BenchTorch(unittest.TestCase):
     def test_json(self):
         with tempfile.TemporaryDirectory(prefix="nb-bt-") as out:
