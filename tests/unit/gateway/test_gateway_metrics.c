@@ -1,8 +1,9 @@
 /* The gateway's Prometheus metrics (metrics.listen): the config checks, the figures a scrape of
  * GET /metrics shows after real submits over mutual TLS (accepted, refused by the ACL, by a bad
  * signature, by an unreachable peer), and Debian's own prometheus server scraping the gateway on
- * loopback every second, read back through its HTTP query API. The last test skips when no
- * `prometheus` binary is installed (scripts/setup.sh installs it). */
+ * loopback every second, together with a cluster leader's endpoint (worker/leader_metrics.c, built
+ * in here: it stands on common/ only), read back through its HTTP query API. The last test skips
+ * when no `prometheus` binary is installed (scripts/setup.sh installs it). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -29,6 +30,7 @@
 #include "security/pki.h"
 #include "security/sign.h"
 #include "security/tls.h"
+#include "worker/leader_metrics.h"
 
 static char g_dir[256];
 static nb_gateway_config_t g_cfg;
@@ -417,6 +419,24 @@ static void test_prometheus(void** state) {
   nb_gateway_t* gw = NULL;
   nb_gateway_config_t c = cfg_in("work-prometheus");
   assert_int_equal(nb_gateway_create(&c, &gw), NB_OK);
+  /* a leader after two rounds and an evaluation; its job name needs escaping */
+  nb_prom_t* leader = NULL;
+  assert_int_equal(nb_leader_metrics_start("127.0.0.1:0", "tiny \"job\"\\x", "dc-a", &leader),
+                   NB_OK);
+  nb_leader_figures_t fig = {.round = 2,
+                             .rounds = 8,
+                             .step = 8,
+                             .max_steps = 32,
+                             .loss = 3.25,
+                             .density = 0.02,
+                             .wan_sent = 2500,
+                             .wan_received = 2000,
+                             .peers = 2,
+                             .peers_alive = 1,
+                             .applied = 1,
+                             .skipped = 1};
+  nb_leader_metrics_round(leader, &fig);
+  nb_leader_metrics_eval(leader, 2, 2.75);
   char dir[512], yml[600], tsdb[600], log[600];
   snprintf(dir, sizeof dir, "%s/prometheus", g_dir);
   assert_int_equal(mkdir(dir, 0700), 0);
@@ -428,8 +448,10 @@ static void test_prometheus(void** state) {
   fprintf(f,
           "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
           "scrape_configs:\n  - job_name: nebula-gateway\n    static_configs:\n"
+          "      - targets: ['127.0.0.1:%d']\n"
+          "  - job_name: nebula-leader\n    static_configs:\n"
           "      - targets: ['127.0.0.1:%d']\n",
-          nb_gateway_metrics_port(gw));
+          nb_gateway_metrics_port(gw), nb_prom_port(leader));
   fclose(f);
   int pport = free_port();
   char listen_arg[64], cfg_arg[700], tsdb_arg[700];
@@ -460,6 +482,14 @@ static void test_prometheus(void** state) {
       {"nebula_gateway_jobs{state=\"succeeded\"}", 1, -1},
       {"nebula_gateway_info{cluster=\"dc-a\"}", 1, -1},
       {"sum(nebula_gateway_federation_calls_total{method=\"Propose\"}) > 0", -2, -1},
+      {"up{job=\"nebula-leader\"}", 1, -1},
+      {"nebula_leader_info{job_name=\"tiny \\\"job\\\"\\\\x\",cluster=\"dc-a\"}", 1, -1},
+      {"nebula_leader_round", 2, -1},
+      {"nebula_leader_wan_sent_bytes_total", 2500, -1},
+      {"nebula_leader_wan_received_bytes_total", 2000, -1},
+      {"nebula_leader_eval_bpb", 2.75, -1},
+      {"nebula_leader_peers - nebula_leader_peers_alive", 1, -1},
+      {"nebula_leader_rounds_skipped_total", 1, -1},
   };
   size_t nw = sizeof want / sizeof *want, ok = 0;
   double deadline = nb_now_s() + 90;
@@ -490,6 +520,7 @@ static void test_prometheus(void** state) {
     }
   }
   nb_gateway_destroy(gw);
+  nb_prom_destroy(leader);
   if (ok < nw) {
     for (size_t i = 0; i < nw; i++)
       fprintf(stderr, "  %s = %g (want %g)\n", want[i].q, want[i].got, want[i].want);
