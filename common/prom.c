@@ -346,6 +346,31 @@ static ssize_t nb__prom_read_head(int fd, char* buf, size_t cap) {
   return -1;
 }
 
+int nb__prom_request_status(const char* head, size_t n) {
+  /* request line: METHOD SP TARGET SP HTTP/1.D CRLF (or LF), strictly: one space each, no
+   * control byte or NUL anywhere in the head */
+  if (!head || n == 0 || n > NB_PROM_MAX_REQUEST || memchr(head, 0, n)) return 400;
+  size_t i = 0, m = 0;
+  while (i < n && head[i] >= 'A' && head[i] <= 'Z' && m < 16) i++, m++;
+  if (m == 0 || m == 16 || i >= n || head[i] != ' ') return 400;
+  size_t method_len = m, t0 = ++i;
+  while (i < n && head[i] != ' ' && (unsigned char)head[i] > 0x20 && head[i] != 0x7f) i++;
+  size_t target_len = i - t0;
+  if (target_len == 0 || target_len > 1024 || head[t0] != '/' || i >= n || head[i] != ' ')
+    return 400;
+  i++;
+  if (n - i < 8 || memcmp(head + i, "HTTP/1.", 7) || head[i + 7] < '0' || head[i + 7] > '9')
+    return 400;
+  i += 8;
+  if (!(i < n && head[i] == '\n') && !(i + 1 < n && head[i] == '\r' && head[i + 1] == '\n'))
+    return 400;
+  if (method_len != 3 || memcmp(head, "GET", 3)) return 405;
+  size_t path_len = 0;
+  while (path_len < target_len && head[t0 + path_len] != '?') path_len++;
+  if (path_len != 8 || memcmp(head + t0, "/metrics", 8)) return 404;
+  return 200;
+}
+
 static void nb__prom_serve_one(nb_prom_t* p, int fd) {
   struct timeval tv = {.tv_sec = 2, .tv_usec = 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -354,21 +379,18 @@ static void nb__prom_serve_one(nb_prom_t* p, int fd) {
   char req[NB_PROM_MAX_REQUEST + 1];
   ssize_t n = nb__prom_read_head(fd, req, sizeof req);
   if (n == 0) return;
-  char method[16], target[1024], version[16];
-  /* request line: METHOD SP TARGET SP HTTP/1.x CRLF */
-  if (n < 0 || sscanf(req, "%15[A-Z] %1023[^ \r\n] %15[^ \r\n]", method, target, version) != 3 ||
-      strncmp(version, "HTTP/1.", 7) || target[0] != '/') {
+  int code = n < 0 ? 400 : nb__prom_request_status(req, (size_t)n);
+  if (code == 400) {
     static const char bad[] = "bad request: expected GET /metrics HTTP/1.1\n";
     nb__prom_reply(fd, "400 Bad Request", plain, bad, sizeof bad - 1);
     return;
   }
-  size_t path_len = strcspn(target, "?");
-  if (strcmp(method, "GET") != 0) {
+  if (code == 405) {
     static const char body[] = "method not allowed: only GET\n";
     nb__prom_reply(fd, "405 Method Not Allowed", plain, body, sizeof body - 1);
     return;
   }
-  if (path_len != 8 || strncmp(target, "/metrics", 8) != 0) {
+  if (code == 404) {
     static const char body[] = "not found: the metrics are at /metrics\n";
     nb__prom_reply(fd, "404 Not Found", plain, body, sizeof body - 1);
     return;

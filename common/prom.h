@@ -80,6 +80,10 @@ nb_status_t nb_prom_listen(nb_prom_t* p, const char* addr);
 /* The bound port, 0 when not listening. */
 int nb_prom_port(const nb_prom_t* p);
 
+/* Internal, for tests and the fuzz target: the status the listener answers to a request head
+ * of n bytes (any bytes): 200 (GET /metrics), 404, 405 or 400. Thread-safe. */
+int nb__prom_request_status(const char* head, size_t n);
+
 /* Stops the listener (waits for its thread) and frees the registry. NULL ok. */
 void nb_prom_destroy(nb_prom_t* p);
 

@@ -320,7 +320,10 @@ static void test_http(void** state) {
                        "GET /metrics\r\n\r\n",
                        "GET /metrics FTP/1.0\r\n\r\n",
                        "GET metrics HTTP/1.1\r\n\r\n",
-                       "get /metrics HTTP/1.1\r\n\r\n"};
+                       "get /metrics HTTP/1.1\r\n\r\n",
+                       "GET/metrics HTTP/1.1\r\n\r\n",
+                       "GET  /metrics HTTP/1.1\r\n\r\n",
+                       "GET /metrics HTTP/1.1 x\r\n\r\n"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     r = get(port, bad[i]);
     assert_non_null(strstr(r, "HTTP/1.1 400 Bad Request\r\n"));
