@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 typedef struct {
@@ -330,11 +331,27 @@ static void nb__prom_reply(int fd, const char* status, const char* type, const c
   nb__prom_send_all(fd, body, n);
 }
 
-/* Reads a request head (up to the blank line). Returns its length, 0 when the peer sent
- * nothing complete in time (closed unanswered), -1 when it is longer than the limit. */
-static ssize_t nb__prom_read_head(int fd, char* buf, size_t cap) {
+#define NB__PROM_CLIENT_MS 2000 /* what one connection may take to send its head, in all */
+
+/* Waits until fd is readable before deadline (nb_now_ns). 1: readable, 0: not in time. */
+static int nb__prom_readable(int fd, int64_t deadline) {
+  for (;;) {
+    int64_t left = (deadline - nb_now_ns()) / 1000000;
+    if (left <= 0) return 0;
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    int r = poll(&pf, 1, (int)left);
+    if (r < 0 && errno == EINTR) continue;
+    return r > 0;
+  }
+}
+
+/* Reads a request head (up to the blank line) before deadline: a client that drips bytes is cut
+ * off as one that sends none. Returns its length, 0 when the peer sent nothing complete in time
+ * (closed unanswered), -1 when it is longer than the limit or holds a NUL. */
+static ssize_t nb__prom_read_head(int fd, char* buf, size_t cap, int64_t deadline) {
   size_t n = 0;
   while (n < cap - 1) {
+    if (!nb__prom_readable(fd, deadline)) return 0;
     ssize_t r = recv(fd, buf + n, cap - 1 - n, 0);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return 0;
@@ -377,7 +394,7 @@ static void nb__prom_serve_one(nb_prom_t* p, int fd) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   static const char plain[] = "text/plain; charset=utf-8";
   char req[NB_PROM_MAX_REQUEST + 1];
-  ssize_t n = nb__prom_read_head(fd, req, sizeof req);
+  ssize_t n = nb__prom_read_head(fd, req, sizeof req, nb_now_ns() + NB__PROM_CLIENT_MS * 1000000ll);
   if (n == 0) return;
   int code = n < 0 ? 400 : nb__prom_request_status(req, (size_t)n);
   if (code == 400) {
@@ -423,8 +440,12 @@ static void* nb__prom_main(void* arg) {
     shutdown(fd, SHUT_WR);
     char junk[4096];
     size_t drained = 0;
-    ssize_t got;
-    while (drained < 65536 && (got = recv(fd, junk, sizeof junk, 0)) > 0) drained += (size_t)got;
+    ssize_t got = 1;
+    int64_t deadline = nb_now_ns() + NB__PROM_CLIENT_MS * 1000000ll;
+    while (drained < 65536 && got > 0 && nb__prom_readable(fd, deadline)) {
+      got = recv(fd, junk, sizeof junk, 0);
+      if (got > 0) drained += (size_t)got;
+    }
     close(fd);
   }
   return NULL;

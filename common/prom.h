@@ -72,7 +72,7 @@ nb_status_t nb_prom_render(nb_prom_t* p, char** out, size_t* len);
  * interface; port 0 picks a free one). GET /metrics (any query string) answers 200 with
  * Content-Type text/plain; version=0.0.4; another path 404; another method 405; a malformed or
  * oversized request (NB_PROM_MAX_REQUEST) 400; each connection is closed after one answer, and
- * one that sends no complete request within 2 s is closed unanswered. At most once per
+ * one that has not sent its whole request head within 2 s is closed unanswered. At most once per
  * registry. Returns NB_OK; NB_ERR_INVALID (a malformed address, already listening);
  * NB_ERR_UNAVAILABLE (address in use, or not one of this host's); NB_ERR_SYSTEM. */
 nb_status_t nb_prom_listen(nb_prom_t* p, const char* addr);

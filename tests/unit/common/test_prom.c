@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -355,6 +356,23 @@ static void test_http(void** state) {
   char c;
   assert_true(recv(idle, &c, 1, 0) <= 0); /* closed unanswered */
   close(idle);
+  /* a client that drips a byte at a time is cut off as well (the limit is on the whole head,
+   * not on each read): it is closed unanswered long before its 40 bytes are out */
+  int drip = connect_to(port);
+  const char slow[] = "GET /metrics HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaa";
+  size_t sent = 0;
+  int closed = 0;
+  for (; sent < sizeof slow - 1 && !closed; sent++) {
+    if (send(drip, slow + sent, 1, MSG_NOSIGNAL) != 1) break;
+    nb_sleep_ns(250000000); /* 40 x 0.25 s = 10 s, five times the server's 2 s */
+    ssize_t got = recv(drip, &c, 1, MSG_DONTWAIT);
+    closed = got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+  }
+  assert_true(closed || sent < sizeof slow - 1);
+  close(drip);
+  r = get(port, "GET /metrics HTTP/1.1\r\n\r\n"); /* and the endpoint serves again */
+  assert_non_null(strstr(r, "HTTP/1.1 200 OK\r\n"));
+  free(r);
   nb_prom_destroy(p);
 }
 
