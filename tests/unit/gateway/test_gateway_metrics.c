@@ -308,7 +308,7 @@ static void test_config(void** state) {
 }
 
 /* The submits of the scrape tests: one accepted (runs and succeeds), one refused by the ACL,
- * one with a bad signature, one naming a peer that is down. */
+ * one with a bad signature, one naming a peer that is down, one whose descriptor is invalid. */
 static void submit_mix(nb_gateway_t* gw) {
   int port = nb_gateway_port(gw);
   char doc[1024], id[128];
@@ -318,6 +318,8 @@ static void submit_mix(nb_gateway_t* gw) {
   assert_int_equal(submit(port, "alice", doc, 1, NULL, 0), NB_ERR_PERMISSION);
   snprintf(doc, sizeof doc, doc_two, "fed");
   assert_int_not_equal(submit(port, "alice", doc, 0, NULL, 0), NB_OK);
+  snprintf(doc, sizeof doc, doc_one, "Not A Name!");
+  assert_int_equal(submit(port, "alice", doc, 0, NULL, 0), NB_ERR_INVALID);
 }
 
 static void test_scrape(void** state) {
@@ -345,7 +347,8 @@ static void test_scrape(void** state) {
   submit_mix(gw);
   wait_jobs(gw, "nebula_gateway_jobs{state=\"succeeded\"}", 1);
   t = scrape(gw);
-  assert_true(sample(t, "nebula_gateway_submissions_total") == 4);
+  assert_true(sample(t, "nebula_gateway_submissions_total") == 5);
+  assert_true(sample(t, "nebula_gateway_refusals_total{reason=\"descriptor\"}") == 1);
   assert_true(sample(t, "nebula_gateway_refusals_total{reason=\"acl\"}") == 1);
   assert_true(sample(t, "nebula_gateway_refusals_total{reason=\"signature\"}") == 1);
   assert_true(sample(t, "nebula_gateway_refusals_total{reason=\"federation\"}") == 1);
@@ -476,7 +479,7 @@ static void test_prometheus(void** state) {
     double got;
   } want[] = {
       {"up{job=\"nebula-gateway\"}", 1, -1},
-      {"nebula_gateway_submissions_total{job=\"nebula-gateway\"}", 4, -1},
+      {"nebula_gateway_submissions_total{job=\"nebula-gateway\"}", 5, -1},
       {"nebula_gateway_refusals_total{reason=\"acl\"}", 1, -1},
       {"nebula_gateway_refusals_total{reason=\"signature\"}", 1, -1},
       {"nebula_gateway_jobs{state=\"succeeded\"}", 1, -1},
