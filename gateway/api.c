@@ -233,8 +233,10 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
     want[i].workers = cfg->clusters[i].workers;
   }
   s = nb_acl_check(&gw->cfg.acl, user, want, (size_t)cfg->n_clusters);
-  refused = "acl";
-  if (s != NB_OK) goto done;
+  if (s != NB_OK) {
+    refused = "acl";
+    goto done;
+  }
   for (int i = 0; i < np; i++) {
     if (!strcmp(parts[i].id, gw->cfg.cluster_id)) {
       mine = i;
@@ -270,7 +272,7 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
     refused = "slots";
     goto done;
   }
-  refused = NULL; /* from here a failure is the gateway's, not a refusal */
+  /* from here a failure is the gateway's, not a refusal (but the federation's answer) */
   NB_CHECK_GOTO(nb__gw_open_store(gw, &st), s, done);
   {
     /* the store wants JSON text: the signed bytes, NUL-terminated */
