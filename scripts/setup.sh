@@ -27,6 +27,7 @@ DEB_PKGS=(
   openmpi-bin
   openssl
   pkg-config
+  prometheus
   protobuf-c-compiler
   python3-grpcio
   slurm-wlm
