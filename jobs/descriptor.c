@@ -28,7 +28,19 @@ static const char* const nb__values_names[] = {"fp32", "fp16", "bf16", "int8",
 static const char* const nb__optimizer_names[] = {"adamw", NULL};
 static const char* const nb__lora_target_names[] = {"qkv", "attnOut", "mlpUp", "mlpDown", NULL};
 /* Languages the data pipeline produces (docs/data.md). */
-static const char* const nb__lang_names[] = {"en", "de", "fr", "ru", "es", "zh", "fa", NULL};
+/* A data label names a text source: mono/<label>.txt, pairs/<src>-<tgt>.*.tsv, the per-source
+ * results. The corpus's language codes, or a name of the user's own corpus: 1..7 of [a-z0-9_]
+ * starting with a letter (a file name's part that cannot leave its folder, and a pair's two
+ * labels with their '-' fit the trainer's label). */
+#define NB__LABEL_CHARS "1 to 7 of a-z, 0-9 and _, starting with a letter"
+static bool nb__is_label(const char* s) {
+  size_t n = s ? strlen(s) : 0;
+  if (n < 1 || n >= NB_JOB_LANG_MAX || !(s[0] >= 'a' && s[0] <= 'z')) return false;
+  for (size_t i = 1; i < n; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+      return false;
+  return true;
+}
 
 const char* nb_job_sync_name(nb_job_sync_t m) {
   return (unsigned)m < 3 ? nb__sync_names[m] : "?";
@@ -494,17 +506,20 @@ static void nb__parse_data(nb__dctx_t* c, json_t* clobj, nb_job_cluster_t* cl, b
   if (arr) {
     for (size_t i = 0; i < json_array_size(arr); i++) {
       size_t em = nb__push(c, "[%zu]", i);
-      int li = nb__take_enum(c, json_array_get(arr, i), nb__lang_names);
-      if (li >= 0) {
-        for (int k = 0; k < cl->n_languages; k++)
-          if (strcmp(cl->languages[k], nb__lang_names[li]) == 0) {
-            nb__err(c, NULL, "duplicate language \"%s\"", nb__lang_names[li]);
-            li = -1;
-            break;
-          }
-      }
-      if (li >= 0)
-        snprintf(cl->languages[cl->n_languages++], NB_JOB_LANG_MAX, "%s", nb__lang_names[li]);
+      json_t* v = json_array_get(arr, i);
+      const char* lab = json_string_value(v);
+      bool ok = nb__is_label(lab);
+      if (!ok)
+        nb__err(c, v,
+                "expected a data label (" NB__LABEL_CHARS
+                ": a language code of the corpus such "
+                "as en, or a name of your own corpus, read from <data.dir>/mono/<label>.txt)");
+      for (int k = 0; ok && k < cl->n_languages; k++)
+        if (strcmp(cl->languages[k], lab) == 0) {
+          nb__err(c, NULL, "duplicate language \"%s\"", lab);
+          ok = false;
+        }
+      if (ok) snprintf(cl->languages[cl->n_languages++], NB_JOB_LANG_MAX, "%s", lab);
       nb__pop(c, em);
     }
   }
@@ -518,22 +533,16 @@ static void nb__parse_data(nb__dctx_t* c, json_t* clobj, nb_job_cluster_t* cl, b
       json_t* v = json_array_get(arr, i);
       const char* s = json_string_value(v);
       const char* dash = s ? strchr(s, '-') : NULL;
-      char src[8] = {0}, tgt[8] = {0};
-      bool ok = dash && dash - s < 8 && strlen(dash + 1) < 8;
+      char src[NB_JOB_LANG_MAX] = {0}, tgt[NB_JOB_LANG_MAX] = {0};
+      bool ok = dash && dash - s < NB_JOB_LANG_MAX && strlen(dash + 1) < NB_JOB_LANG_MAX;
       if (ok) {
         memcpy(src, s, (size_t)(dash - s));
         snprintf(tgt, sizeof tgt, "%s", dash + 1);
+        ok = nb__is_label(src) && nb__is_label(tgt);
       }
-      int si = -1, ti = -1;
-      for (int k = 0; ok && nb__lang_names[k]; k++) {
-        if (strcmp(src, nb__lang_names[k]) == 0) si = k;
-        if (strcmp(tgt, nb__lang_names[k]) == 0) ti = k;
-      }
-      if (!ok || si < 0 || ti < 0) {
-        char list[80];
-        nb__join_names(nb__lang_names, false, list, sizeof list);
-        nb__err(c, v, "expected a pair \"SRC-TGT\" of languages among %s", list);
-      } else if (si == ti) {
+      if (!ok) {
+        nb__err(c, v, "expected a pair \"SRC-TGT\" of two data labels (each " NB__LABEL_CHARS ")");
+      } else if (strcmp(src, tgt) == 0) {
         nb__err(c, v, "expected two different languages");
       } else {
         bool dup = false;
@@ -542,8 +551,8 @@ static void nb__parse_data(nb__dctx_t* c, json_t* clobj, nb_job_cluster_t* cl, b
         if (dup) {
           nb__err(c, NULL, "duplicate pair \"%s\"", s);
         } else {
-          snprintf(cl->pair_src[cl->n_pairs], NB_JOB_LANG_MAX, "%s", nb__lang_names[si]);
-          snprintf(cl->pair_tgt[cl->n_pairs++], NB_JOB_LANG_MAX, "%s", nb__lang_names[ti]);
+          snprintf(cl->pair_src[cl->n_pairs], NB_JOB_LANG_MAX, "%s", src);
+          snprintf(cl->pair_tgt[cl->n_pairs++], NB_JOB_LANG_MAX, "%s", tgt);
         }
       }
       nb__pop(c, em);

@@ -18,7 +18,7 @@ extern "C" {
 #define NB_JOB_MAX_CLUSTERS 16
 #define NB_JOB_MAX_LANGS 8   /* per cluster: languages (pretraining) or pairs (translation) */
 #define NB_JOB_NAME_MAX 64   /* job name, cluster id: lower-case letters, digits, '-'; with NUL */
-#define NB_JOB_LANG_MAX 4    /* "en", "zh", with NUL */
+#define NB_JOB_LANG_MAX 8    /* a data label ("en", "legal"), with NUL */
 #define NB_JOB_PATH_MAX 512  /* file and folder paths, with NUL */
 #define NB_JOB_TEXT_MAX 256  /* free-form description, with NUL */
 #define NB_JOB_SHA256_HEX 65 /* 64 lower-case hex digits and NUL */

@@ -157,6 +157,45 @@ static void test_default_warmup_shrinks_for_short_runs(void** state) {
   assert_int_equal(cfg.training.optimizer.warmup_steps, 2);
 }
 
+/* A user's own corpus: any data label of 1..7 of [a-z0-9_] starting with a letter, for
+ * languages and for pairs; anything that could leave mono/ or name no file refused. */
+static void test_own_data_labels(void** state) {
+  (void)state;
+  nb_job_config_t* cfg = calloc(1, sizeof *cfg);
+  nb_descriptor_diag_t* diag = calloc(1, sizeof *diag);
+  assert_non_null(cfg);
+  assert_non_null(diag);
+  static const char* ok =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+      "\"m\"}, \"spec\": {\"clusters\": [{\"id\": \"a\", \"data\": {\"languages\": [\"legal\", "
+      "\"med_de\", \"x1\", \"en\"]}}]}}";
+  assert_int_equal(nb_descriptor_parse(ok, strlen(ok), cfg, diag), NB_OK);
+  assert_int_equal(cfg->clusters[0].n_languages, 4);
+  assert_string_equal(cfg->clusters[0].languages[0], "legal");
+  assert_string_equal(cfg->clusters[0].languages[1], "med_de");
+  static const char* pairs =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+      "\"m\"}, \"spec\": {\"task\": \"translation\", \"clusters\": [{\"id\": \"a\", \"data\": "
+      "{\"pairs\": [\"en-legal\"]}}]}}";
+  assert_int_equal(nb_descriptor_parse(pairs, strlen(pairs), cfg, diag), NB_OK);
+  assert_string_equal(cfg->clusters[0].pair_src[0], "en");
+  assert_string_equal(cfg->clusters[0].pair_tgt[0], "legal");
+  static const char* const bad[] = {"../etc", "a/b", "Legal", "1x", "toolong1", "", "a.b", "-x"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char doc[512];
+    snprintf(doc, sizeof doc,
+             "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": "
+             "{\"name\": \"m\"}, \"spec\": {\"clusters\": [{\"id\": \"a\", \"data\": "
+             "{\"languages\": [\"%s\"]}}]}}",
+             bad[i]);
+    assert_int_not_equal(nb_descriptor_parse(doc, strlen(doc), cfg, diag), NB_OK);
+    assert_true(diag->count >= 1);
+    assert_non_null(strstr(diag->errors[0].message, "expected a data label"));
+  }
+  free(cfg);
+  free(diag);
+}
+
 /* parse → print → parse gives the same config and the same text. */
 static void roundtrip(const char* text, size_t len) {
   nb_job_config_t* a = calloc(1, sizeof *a);
@@ -223,7 +262,7 @@ static void test_many_errors_reported(void** state) {
       "\"x\"},\n"
       " \"spec\": {\"clusters\": [{\"id\": \"a\", \"workrs\": 2, \"data\": {\"languages\": "
       "[\"en\"]}},\n"
-      "  {\"id\": \"b\", \"workers\": -3, \"data\": {\"languages\": [\"jp\"]}}],\n"
+      "  {\"id\": \"b\", \"workers\": -3, \"data\": {\"languages\": [\"J P\"]}}],\n"
       "  \"sync\": {\"mode\": \"outr\"}}}";
   nb_job_config_t cfg;
   nb_descriptor_diag_t diag;
@@ -398,6 +437,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_pretrain_example),
       cmocka_unit_test(test_finetune_example),
       cmocka_unit_test(test_defaults_filled),
+      cmocka_unit_test(test_own_data_labels),
       cmocka_unit_test(test_default_warmup_shrinks_for_short_runs),
       cmocka_unit_test(test_normalized_roundtrip),
       cmocka_unit_test(test_reals_canonical),
