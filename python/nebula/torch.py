@@ -196,23 +196,12 @@ class _Group:
         return st, payload
 
     def broadcast_params(self, tensors: list) -> None:
-        """The leader's tensors into every rank's, in place: one of >= 1 MiB alone, smaller ones
-        flattened as bytes into ~4 MiB buckets (one per device). The order is the table's, the
-        same on every rank (check_table)."""
-        open_buckets = {}  # device -> ([tensors], bytes)
-        for t in tensors:
-            nbytes = t.numel() * t.element_size()
-            if nbytes >= _BIG_BYTES:
-                self._one(t)
-                continue
-            ts, size = open_buckets.get(t.device, ([], 0))
-            if ts and size + nbytes > _BUCKET_BYTES:
-                self._bucket(ts)
-                ts, size = [], 0
-            ts.append(t)
-            open_buckets[t.device] = (ts, size + nbytes)
-        for ts, _ in open_buckets.values():
-            if ts:
+        """The leader's tensors into every rank's, in place, as _bucket_plan groups them. The
+        order is the table's, the same on every rank (check_table)."""
+        for alone, ts in _bucket_plan(tensors):
+            if alone:
+                self._one(ts[0])
+            else:
                 self._bucket(ts)
 
     def _one(self, t: torch.Tensor) -> None:
@@ -238,6 +227,26 @@ class _Group:
         for t, n in zip(ts, sizes):
             t.copy_(flat[at:at + n].view(t.dtype).view(t.shape))
             at += n
+
+
+def _bucket_plan(tensors: list) -> list:
+    """[(alone, [tensors])] in broadcast order: a tensor of >= 1 MiB alone (broadcast in place),
+    smaller ones flattened as bytes (any dtype together) into buckets of at most ~4 MiB, one open
+    bucket per device, each sent when the next tensor would overflow it, the rest at the end."""
+    plan, open_buckets = [], {}  # device -> ([tensors], bytes)
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if nbytes >= _BIG_BYTES:
+            plan.append((True, [t]))
+            continue
+        ts, size = open_buckets.get(t.device, ([], 0))
+        if ts and size + nbytes > _BUCKET_BYTES:
+            plan.append((False, ts))
+            ts, size = [], 0
+        ts.append(t)
+        open_buckets[t.device] = (ts, size + nbytes)
+    plan += [(False, ts) for ts, _ in open_buckets.values() if ts]
+    return plan
 
 
 def _table_difference(a, b, rank: int) -> str:

@@ -7,7 +7,9 @@ goes down; once with blocking rounds and once with overlap_steps 2 (there the ra
 agree each round, all four at the end). An error on the leader is raised on every rank with the
 leader's status and text, no hang: another model on one cluster (start refused), a NaN (a round
 refused). The ranks' tables compared (another model on rank 1 named); a Session on rank 1, FSDP
-and fully_shard refused.
+and fully_shard refused. The broadcast's buckets (a plan checked alone, and a model with a 1 MiB
+parameter, two buckets' worth of smaller ones and bf16 and fp64 ones, whose rank 1 ends with the
+leader's values).
 
 Exits 77 (CTest: skipped) when torch (with torch.distributed), numpy or cffi is missing."""
 
@@ -49,6 +51,19 @@ class MLP(torch.nn.Module):
         return self.head(self.body(x)).squeeze(-1)
 
 
+class Wide(torch.nn.Module):
+    """Every path of the broadcast: a 1 MiB parameter (alone, in place), six of 0.8 MB (two
+    buckets of bytes), a bf16 and an fp64 one (the last bucket, beside fp32 bytes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.big = torch.nn.Parameter(torch.randn(512, 512))
+        self.small = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.randn(200, 1000)) for _ in range(6)])
+        self.bf16 = torch.nn.Parameter(torch.randn(64, 8).to(torch.bfloat16))
+        self.fp64 = torch.nn.Parameter(torch.randn(10, dtype=torch.float64))
+
+
 def data(cluster):
     """y = b.x + 0.3 sin(a.x), the same a, b everywhere; each cluster's inputs its own."""
     g = torch.Generator().manual_seed(7)
@@ -61,7 +76,8 @@ def data(cluster):
 def params_hash(model):
     h = hashlib.sha256()
     for _, p in sorted(model.named_parameters()):
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+        v = p.detach().cpu().contiguous()
+        h.update((v.view(torch.int16) if v.dtype == torch.bfloat16 else v).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -189,6 +205,17 @@ def solo_main(cluster, rank, store_dir, to_parent, from_parent):
             nebula.torch.DiLoCo(dict(opts), MLP(), sync_every=2 + rank)
         except ValueError as e:
             out["settings_differ"] = str(e)
+        torch.manual_seed(11 + rank)  # each rank its own values: the leader's must win
+        wide = Wide()
+        dl = nebula.torch.DiLoCo(dict(opts), wide, sync_every=1)
+        started = params_hash(wide)
+        with torch.no_grad():
+            for p in wide.parameters():
+                p.add_(0.5 * (rank + 1))  # the ranks differ before the round
+        info = dl.step(samples=1)
+        out["wide"] = (started, params_hash(wide), info.samples, info.global_hash)
+        dl.finish()
+        dl.close()
         torch.manual_seed(5 + rank)
         ddp = torch.nn.parallel.DistributedDataParallel(MLP())
         diloco = nebula.torch.DiLoCo(dict(opts), ddp, sync_every=2)
@@ -289,6 +316,10 @@ class OneClusterOfTwoRanks(unittest.TestCase):
             self.assertEqual(r["nan"]["status"], "NB_ERR_INVALID")
             self.assertIn("not finite", r["nan"]["text"])
         self.assertEqual(a["nan"], b["nan"])
+        # the wide model: rank 1 holds the leader's values after start and after the round
+        self.assertEqual(a["wide"], b["wide"])
+        self.assertNotEqual(a["wide"][0], a["wide"][1])
+        self.assertEqual(a["wide"][2], 2)  # one sample on each rank
         self.assertEqual((a["leader"], a["session"], b["leader"], b["session"]),
                          (True, True, False, False))
         for (ia, ha), (ib, hb) in zip(a["infos"], b["infos"]):
@@ -296,6 +327,25 @@ class OneClusterOfTwoRanks(unittest.TestCase):
             self.assertEqual(ha, hb)
             self.assertEqual(ia.samples, 2 * 2 * 3)  # 2 steps x 3 samples x 2 ranks
             self.assertTrue(ia.applied)
+
+
+class Buckets(unittest.TestCase):
+    def test_plan(self):
+        """>= 1 MiB alone; smaller ones as bytes into buckets of at most 4 MiB, dtypes mixed."""
+        from nebula.torch import _bucket_plan
+
+        m = Wide()
+        big, small, half, double = m.big, list(m.small), m.bf16, m.fp64
+        edge = [torch.zeros((1 << 18) - 1) for _ in range(4)]  # 4 bytes under 1 MiB: bucketed
+        plan = _bucket_plan([small[0], big, *small[1:], half, double, *edge])
+        got = [(alone, [id(t) for t in ts]) for alone, ts in plan]
+        want = [(True, [id(big)]), (False, [id(t) for t in small[:5]]),  # 4.0 MB, a 6th: 4.8
+                (False, [id(t) for t in (small[5], half, double, *edge[:3])]),  # 3.9 MB
+                (False, [id(edge[3])])]
+        self.assertEqual(got, want)
+        for alone, ts in plan:
+            if not alone:
+                self.assertLessEqual(sum(t.numel() * t.element_size() for t in ts), 4 << 20)
 
 
 class Sharded(unittest.TestCase):
