@@ -225,7 +225,11 @@ class _Group:
             return
         at = 0
         for t, n in zip(ts, sizes):
-            t.copy_(flat[at:at + n].view(t.dtype).view(t.shape))
+            part = flat[at:at + n]  # at may not be a multiple of t's element size (bf16 then fp32)
+            if t.is_contiguous() and t.device == self.device:
+                t.view(-1).view(torch.uint8).copy_(part)
+            else:
+                t.copy_(part.clone().view(t.dtype).view(t.shape))  # a fresh, aligned copy
             at += n
 
 
