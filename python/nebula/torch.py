@@ -146,6 +146,9 @@ class _Group:
         self.dist = dist
         self.pg = pg
         self.rank = dist.get_rank(pg)
+        if self.rank < 0:
+            raise ValueError(f"nebula.torch: this process (global rank {dist.get_rank()}) is not "
+                             "in process_group: give the group of this cluster's ranks")
         self.size = dist.get_world_size(pg)
         self.src = dist.get_global_rank(pg, 0) if pg is not None else 0
         backend = str(dist.get_backend(pg)).lower()

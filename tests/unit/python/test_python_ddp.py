@@ -6,8 +6,8 @@ Checked: after start and after every round every rank of both clusters holds the
 goes down; once with blocking rounds and once with overlap_steps 2 (there the ranks of a cluster
 agree each round, all four at the end). An error on the leader is raised on every rank with the
 leader's status and text, no hang: another model on one cluster (start refused), a NaN (a round
-refused). The ranks' tables compared (another model on rank 1 named); a Session on rank 1, FSDP
-and fully_shard refused. The broadcast's buckets (a plan checked alone, and a model with a 1 MiB
+refused). The ranks' tables compared (another model on rank 1 named); a Session on rank 1, a
+group without this rank, FSDP and fully_shard refused. The broadcast's buckets (a plan checked alone, and a model with a 1 MiB
 parameter, two buckets' worth of smaller ones and bf16 and fp64 ones, whose rank 1 ends with the
 leader's values).
 
@@ -197,6 +197,12 @@ def solo_main(cluster, rank, store_dir, to_parent, from_parent):
                     nebula.torch.DiLoCo(s, MLP(), sync_every=2)
                 except ValueError as e:
                     out["session_on_rank1"] = str(e)
+        only0 = dist.new_group(ranks=[0])  # every rank creates it; rank 1 is not in it
+        if rank == 1:
+            try:
+                nebula.torch.DiLoCo(None, MLP(), sync_every=2, process_group=only0)
+            except ValueError as e:
+                out["not_in_group"] = str(e)
         try:  # another model on rank 1: the table check names it on both
             nebula.torch.DiLoCo(dict(opts), MLP(hidden=32 if rank == 0 else 16), sync_every=2)
         except ValueError as e:
@@ -207,7 +213,8 @@ def solo_main(cluster, rank, store_dir, to_parent, from_parent):
             out["settings_differ"] = str(e)
         torch.manual_seed(11 + rank)  # each rank its own values: the leader's must win
         wide = Wide()
-        dl = nebula.torch.DiLoCo(dict(opts), wide, sync_every=1)
+        group = dist.new_group(ranks=[0, 1])  # given explicitly (the world's ranks here)
+        dl = nebula.torch.DiLoCo(dict(opts), wide, sync_every=1, process_group=group)
         started = params_hash(wide)
         with torch.no_grad():
             for p in wide.parameters():
@@ -309,6 +316,7 @@ class OneClusterOfTwoRanks(unittest.TestCase):
         res = two_clusters.run_ranks(self, solo_main, (), 1, RANKS, TIMEOUT_S)
         a, b = res[(0, 0)], res[(0, 1)]
         self.assertIn("only rank 0 (the leader) holds one", b["session_on_rank1"])
+        self.assertIn("(global rank 1) is not in process_group", b["not_in_group"])
         for r in (a, b):
             self.assertIn("tensor 0 differs: 'body.0.weight' (32, 8) float32 at rank 0, "
                           "'body.0.weight' (16, 8) float32 at rank 1", r["ranks_differ"])
