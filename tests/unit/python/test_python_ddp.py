@@ -6,10 +6,11 @@ Checked: after start and after every round every rank of both clusters holds the
 goes down; once with blocking rounds and once with overlap_steps 2 (there the ranks of a cluster
 agree each round, all four at the end). An error on the leader is raised on every rank with the
 leader's status and text, no hang: another model on one cluster (start refused), a NaN (a round
-refused). The ranks' tables compared (another model on rank 1 named); a Session on rank 1, a
-group without this rank, FSDP and fully_shard refused. The broadcast's buckets (a plan checked alone, and a model with a 1 MiB
-parameter, two buckets' worth of smaller ones and bf16 and fp64 ones, whose rank 1 ends with the
-leader's values).
+refused), a missing checkpoint; save and load through the leader. The ranks' tables compared
+(another model on rank 1 named); a Session on rank 1, a group without this rank, FSDP and
+fully_shard refused. The broadcast's buckets: a plan checked alone, and a model with a 1 MiB
+parameter, two buckets' worth of smaller ones and an odd-sized bf16 and an fp64 one, whose rank 1
+ends with the leader's values.
 
 Exits 77 (CTest: skipped) when torch (with torch.distributed), numpy or cffi is missing."""
 
@@ -236,6 +237,18 @@ def solo_main(cluster, rank, store_dir, to_parent, from_parent):
             diloco.step(samples=3)
             infos.append((diloco.step(samples=3), params_hash(ddp.module)))
         out["infos"] = infos
+        path = f"{store_dir}/solo.state"  # the leader's file; the path matters there only
+        diloco.save(path)
+        saved = params_hash(ddp.module)
+        with torch.no_grad():
+            for p in ddp.parameters():
+                p.add_(1.0 + rank)
+        diloco.load(path)  # theta_global into every rank's parameters
+        out["loaded"] = (saved, params_hash(ddp.module))
+        try:
+            diloco.load(f"{store_dir}/missing.state")
+        except nebula.NebulaError as e:
+            out["missing"] = error_of(e)
         with torch.no_grad():
             ddp.module.head.bias.fill_(float("nan"))
         diloco.step()
@@ -324,6 +337,13 @@ class OneClusterOfTwoRanks(unittest.TestCase):
             self.assertEqual(r["nan"]["status"], "NB_ERR_INVALID")
             self.assertIn("not finite", r["nan"]["text"])
         self.assertEqual(a["nan"], b["nan"])
+        # save and load through the leader: every rank back at the saved theta_global; a
+        # missing file is the leader's NB_ERR_NOT_FOUND on both
+        self.assertEqual(a["loaded"], b["loaded"])
+        self.assertEqual(a["loaded"][0], a["loaded"][1])
+        self.assertEqual(a["loaded"][0], a["infos"][-1][1])
+        self.assertEqual(a["missing"], b["missing"])
+        self.assertEqual(a["missing"]["status"], "NB_ERR_NOT_FOUND")
         # the wide model: rank 1 holds the leader's values after start and after the round
         self.assertEqual(a["wide"], b["wide"])
         self.assertNotEqual(a["wide"][0], a["wide"][1])
