@@ -82,9 +82,10 @@ class _Param:
 
 # ---- inside a cluster: the leader and the other ranks of a torch.distributed group ------------
 
-# What the leader broadcasts after each call of the session, before any tensor moves (int64s).
+# What the leader broadcasts after each call of the session, before any tensor moves, as int64s:
+# [magic, call, outcome, error kind (0 none, 1 NebulaError, 2 another), status code, the error
+# payload's length, global hash, round, then every RoundInfo field (floats as their bits)].
 _ST_MAGIC = 0x4E42_5354  # "NBST"
-_ST_LEN = 24
 _OP_START, _OP_ROUND, _OP_BEGIN, _OP_END, _OP_FINISH, _OP_SAVE, _OP_LOAD = range(1, 8)
 _OP_NAMES = {_OP_START: "start", _OP_ROUND: "round", _OP_BEGIN: "round_begin",
              _OP_END: "round_end", _OP_FINISH: "finish", _OP_SAVE: "save", _OP_LOAD: "load"}
@@ -92,6 +93,7 @@ _OP_NAMES = {_OP_START: "start", _OP_ROUND: "round", _OP_BEGIN: "round_begin",
 # took no outer step), a round begun (in flight, lands later), another call done, or an error
 APPLIED, SKIPPED, IN_FLIGHT, DONE, ERROR = range(5)
 _ROUND_FIELDS = [f.name for f in dataclasses.fields(RoundInfo)]
+_ST_LEN = 8 + len(_ROUND_FIELDS)
 _FLOAT_FIELDS = {f.name for f in dataclasses.fields(RoundInfo) if f.type in ("float", float)}
 _RELAYED = {"RuntimeError": RuntimeError, "ValueError": ValueError, "TypeError": TypeError,
             "OSError": OSError, "FileNotFoundError": FileNotFoundError}
@@ -132,8 +134,9 @@ def _refuse_sharded(model: torch.nn.Module) -> None:
     for name, p in model.named_parameters():
         if DTensor and isinstance(p, DTensor):
             raise TypeError(
-                f"nebula.torch: parameter '{name}' is a DTensor (FSDP2 or tensor parallel): sharded "
-                "parameters are not supported yet; use DistributedDataParallel (or none) instead")
+                f"nebula.torch: parameter '{name}' is a DTensor (FSDP2 or tensor parallel): "
+                "sharded parameters are not supported yet; use DistributedDataParallel (or none) "
+                "instead")
 
 
 class _Group:
