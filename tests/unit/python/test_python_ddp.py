@@ -6,9 +6,9 @@ Checked: after start and after every round every rank of both clusters holds the
 goes down; once with blocking rounds and once with overlap_steps 2 (there the ranks of a cluster
 agree each round, all four at the end). An error on the leader is raised on every rank with the
 leader's status and text, no hang: another model on one cluster (start refused), a NaN (a round
-refused), a missing checkpoint; save and load through the leader. The ranks' tables compared
-(another model on rank 1 named); a Session on rank 1, a group without this rank, FSDP and
-fully_shard refused. The broadcast's buckets: a plan checked alone, and a model with a 1 MiB
+refused, blocking and overlapped), a missing checkpoint; save and load through the leader. The
+ranks' tables compared (another model on rank 1 named); a Session on rank 1, a group without
+this rank, FSDP and fully_shard refused. The broadcast's buckets: a plan checked alone, and a model with a 1 MiB
 parameter, two buckets' worth of smaller ones and an odd-sized bf16 and an fp64 one, whose rank 1
 ends with the leader's values.
 
@@ -257,6 +257,17 @@ def solo_main(cluster, rank, store_dir, to_parent, from_parent):
         except nebula.NebulaError as e:
             out["nan"] = error_of(e)
         diloco.close()
+        # overlapped: a NaN in the buffers at round_begin is found by the leader's round_end
+        over = nebula.torch.DiLoCo(dict(opts), ddp, sync_every=2, overlap_steps=1)
+        with torch.no_grad():
+            ddp.module.head.bias.fill_(float("nan"))
+        over.step()
+        over.step()  # begins the round on the leader: every rank told IN_FLIGHT, no tensor
+        try:
+            over.step()  # lands it: refused
+        except nebula.NebulaError as e:
+            out["nan_overlap"] = error_of(e)
+        over.close()
         dist.barrier()
         dist.destroy_process_group()
         to_parent.put(("done", me, out))
@@ -337,6 +348,9 @@ class OneClusterOfTwoRanks(unittest.TestCase):
             self.assertEqual(r["nan"]["status"], "NB_ERR_INVALID")
             self.assertIn("not finite", r["nan"]["text"])
         self.assertEqual(a["nan"], b["nan"])
+        self.assertEqual(a["nan_overlap"], b["nan_overlap"])
+        self.assertEqual(a["nan_overlap"]["call"], "nb_session_round_end")
+        self.assertIn("not finite", a["nan_overlap"]["text"])
         # save and load through the leader: every rank back at the saved theta_global; a
         # missing file is the leader's NB_ERR_NOT_FOUND on both
         self.assertEqual(a["loaded"], b["loaded"])
