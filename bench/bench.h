@@ -32,6 +32,8 @@ int nb_bench_e2e_main(int argc, char** argv);
 int nb_bench_pareto_main(int argc, char** argv);
 /* `nebula bench decode` (bench_decode.c): greedy decoding, K/V cache vs full recompute. */
 int nb_bench_decode_main(int argc, char** argv);
+/* `nebula bench torch` (bench_torch.c: runs bench/torch_e2e.py) */
+int nb_bench_torch_main(int argc, char** argv);
 
 /* Median of n samples (the array is reordered). n must be > 0. */
 double nb_bench_median(double* v, size_t n);
