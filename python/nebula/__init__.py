@@ -38,14 +38,20 @@ _U64_MAX = (1 << 64) - 1
 
 class NebulaError(Exception):
     """A libnebula call failed. `status` is the status name ("NB_ERR_CONFIG"), `code` its value,
-    `message` libnebula's one-line message (nb_error_last), `call` the C function."""
+    `message` libnebula's one-line message (nb_error_last), `call` the C function.
 
-    def __init__(self, call: str, code: int):
+    `message` given: an error raised elsewhere and relayed (nebula.torch raises its cluster
+    leader's error on the group's other ranks), not read from this thread's nb_error_last."""
+
+    def __init__(self, call: str, code: int, message: str | None = None):
         self.call = call
         self.code = int(code)
         self.status = _cffi.string(_lib.nb_status_name(code)).decode()
         # thread-local in C and read right after the call on the same thread: it is this call's
-        self.message = _cffi.string(_lib.nb_error_last()).decode(errors="replace")
+        if message is not None:
+            self.message = message
+        else:
+            self.message = _cffi.string(_lib.nb_error_last()).decode(errors="replace")
         if not self.message:
             self.message = _cffi.string(_lib.nb_status_str(code)).decode(errors="replace")
         super().__init__(f"{self.status}: {self.message}")

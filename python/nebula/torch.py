@@ -6,8 +6,10 @@
         info = diloco.step(samples=len(x))   # a RoundInfo every H steps, else None
     diloco.finish()
 
-The inner optimizer stays the user's (and torch.distributed inside the cluster, on the leader's
-copy); nebula's round is the outer step. It is not a trainer, a data loader or a launcher.
+The inner optimizer stays the user's; nebula's round is the outer step. Inside a cluster trained
+with DDP (torch.distributed initialised: the world group, or process_group=), rank 0 of the group
+alone holds the session and the other ranks get each round's outcome and theta_global by
+broadcast (_Group below). It is not a trainer, a data loader or a launcher, and not FSDP.
 What crosses: every trainable parameter (requires_grad), named as model.named_parameters()
 names it; CPU fp32 and bf16 parameters in place, others through host staging buffers.
 diloco.save(path) / diloco.load(path) checkpoint the round state (right after a round). Buffers (BatchNorm's running statistics) and frozen parameters are not synced: load
@@ -16,10 +18,14 @@ them the same way on every cluster.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+
 import numpy as np
 import torch
 
-from . import RoundInfo, Session
+from . import NebulaError, RoundInfo, Session
 
 __all__ = ["DiLoCo"]
 
@@ -36,10 +42,13 @@ class _Param:
     staging buffer copied to before each round and from after it (GPU parameters, other dtypes):
     bf16 for a bf16 parameter (half the copy; the session converts), else fp32."""
 
-    def __init__(self, name: str, p: torch.nn.Parameter):
+    def __init__(self, name: str, p: torch.nn.Parameter, leader: bool = True):
         self.name = name
         self.param = p
         t = p.data
+        if not leader:  # a DDP rank other than the leader: receives theta_global in place
+            self.shared, self.host_t, self.ptr, self.host = False, None, None, None
+            return
         bf16 = t.dtype == torch.bfloat16
         self.shared = t.device.type == "cpu" and t.is_contiguous() and (
             t.dtype == torch.float32 or bf16)
@@ -71,6 +80,255 @@ class _Param:
             self.param.data.copy_(self.host_t)  # host -> device, fp32 -> the parameter's dtype
 
 
+# ---- inside a cluster: the leader and the other ranks of a torch.distributed group ------------
+
+# What the leader broadcasts after each call of the session, before any tensor moves, as int64s:
+# [magic, call, outcome, error kind (0 none, 1 NebulaError, 2 another), status code, the error
+# payload's length, global hash, round, then every RoundInfo field (floats as their bits)].
+_ST_MAGIC = 0x4E42_5354  # "NBST"
+_OP_START, _OP_ROUND, _OP_BEGIN, _OP_END, _OP_FINISH, _OP_SAVE, _OP_LOAD = range(1, 8)
+_OP_NAMES = {_OP_START: "start", _OP_ROUND: "round", _OP_BEGIN: "round_begin",
+             _OP_END: "round_end", _OP_FINISH: "finish", _OP_SAVE: "save", _OP_LOAD: "load"}
+# the outcome: a round applied on every cluster, one that returned without applying (the session
+# took no outer step), a round begun (in flight, lands later), another call done, or an error
+APPLIED, SKIPPED, IN_FLIGHT, DONE, ERROR = range(5)
+_ROUND_FIELDS = [f.name for f in dataclasses.fields(RoundInfo)]
+_ST_LEN = 8 + len(_ROUND_FIELDS)
+_FLOAT_FIELDS = {f.name for f in dataclasses.fields(RoundInfo) if f.type in ("float", float)}
+_RELAYED = {"RuntimeError": RuntimeError, "ValueError": ValueError, "TypeError": TypeError,
+            "OSError": OSError, "FileNotFoundError": FileNotFoundError}
+_BIG_BYTES = 1 << 20  # a parameter this large is broadcast alone, in place
+_BUCKET_BYTES = 4 << 20  # smaller ones go flattened (as bytes) into buckets of about this size
+
+
+def _i64(v: int) -> int:
+    """A uint64 (a hash) as the int64 of the same bits."""
+    return v - (1 << 64) if v >= (1 << 63) else v
+
+
+def _u64(v: int) -> int:
+    return v + (1 << 64) if v < 0 else v
+
+
+def _refuse_sharded(model: torch.nn.Module) -> None:
+    """FSDP (FullyShardedDataParallel, fully_shard) and DTensor parameters hold a shard per rank:
+    the leader's copy is not the cluster's model, so broadcasting it would be wrong. Refused."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    except ImportError:  # torch without distributed
+        return
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        FSDPModule = ()
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        DTensor = ()
+    for name, m in model.named_modules():
+        if isinstance(m, FSDP) or (FSDPModule and isinstance(m, FSDPModule)):
+            where = f"module '{name}' is" if name else "the model is"
+            raise TypeError(
+                f"nebula.torch: {where} FSDP-wrapped ({type(m).__name__}): sharded parameters are "
+                "not supported yet; wrap the model with DistributedDataParallel (or none) instead")
+    for name, p in model.named_parameters():
+        if DTensor and isinstance(p, DTensor):
+            raise TypeError(
+                f"nebula.torch: parameter '{name}' is a DTensor (FSDP2 or tensor parallel): "
+                "sharded parameters are not supported yet; use DistributedDataParallel (or none) "
+                "instead")
+
+
+class _Group:
+    """The cluster's ranks (a torch.distributed process group): rank 0 of the group is the
+    leader. All collectives run on `device` (CUDA for an NCCL group, else the CPU)."""
+
+    def __init__(self, pg):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.pg = pg
+        self.rank = dist.get_rank(pg)
+        if self.rank < 0:
+            raise ValueError(f"nebula.torch: this process (global rank {dist.get_rank()}) is not "
+                             "in process_group: give the group of this cluster's ranks")
+        self.size = dist.get_world_size(pg)
+        self.src = dist.get_global_rank(pg, 0) if pg is not None else 0
+        backend = str(dist.get_backend(pg)).lower()
+        if "nccl" in backend and torch.cuda.is_available():
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def sum(self, n: int) -> int:
+        t = torch.tensor([n], dtype=torch.int64, device=self.device)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM, group=self.pg)
+        return int(t.item())
+
+    def check_table(self, table: list, settings: dict) -> None:
+        """Every rank must hold the same table (names, shapes, dtypes in order) and settings:
+        a hash over the group first, and where one differs the descriptions, to name the first
+        difference; the same ValueError on every rank."""
+        desc = json.dumps([table, settings])
+        h = int.from_bytes(hashlib.sha256(desc.encode()).digest()[:8], "little", signed=True)
+        mine = torch.tensor([h], dtype=torch.int64, device=self.device)
+        every = [torch.empty_like(mine) for _ in range(self.size)]
+        self.dist.all_gather(every, mine, group=self.pg)
+        hashes = [int(t.item()) for t in every]
+        if all(x == hashes[0] for x in hashes):
+            return
+        descs = [None] * self.size
+        self.dist.all_gather_object(descs, (table, settings), group=self.pg)
+        r = next(i for i, x in enumerate(hashes) if x != hashes[0])
+        raise ValueError("nebula.torch: the ranks of the cluster do not agree: "
+                         + _table_difference(descs[0], descs[r], r))
+
+    def broadcast_status(self, st: np.ndarray | None, payload: bytes = b"") -> tuple:
+        """The leader's status (st, its error payload) to every rank; returns both."""
+        t = (torch.from_numpy(st).to(self.device) if self.leader
+             else torch.empty(_ST_LEN, dtype=torch.int64, device=self.device))
+        self.dist.broadcast(t, self.src, group=self.pg)
+        st = t.cpu().numpy()
+        n = int(st[5])
+        if n:
+            b = (torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
+                 if self.leader else torch.empty(n, dtype=torch.uint8, device=self.device))
+            self.dist.broadcast(b, self.src, group=self.pg)
+            payload = bytes(b.cpu().numpy())
+        return st, payload
+
+    def broadcast_params(self, tensors: list) -> None:
+        """The leader's tensors into every rank's, in place, as _bucket_plan groups them. The
+        order is the table's, the same on every rank (check_table)."""
+        for alone, ts in _bucket_plan(tensors):
+            if alone:
+                self._one(ts[0])
+            else:
+                self._bucket(ts)
+
+    def _one(self, t: torch.Tensor) -> None:
+        if t.device == self.device and t.is_contiguous():
+            self.dist.broadcast(t.view(-1).view(torch.uint8), self.src, group=self.pg)
+            return
+        tmp = t.detach().to(self.device, copy=True).contiguous()  # e.g. CUDA params, gloo group
+        self.dist.broadcast(tmp.view(-1).view(torch.uint8), self.src, group=self.pg)
+        if not self.leader:
+            t.copy_(tmp)
+
+    def _bucket(self, ts: list) -> None:
+        sizes = [t.numel() * t.element_size() for t in ts]
+        if self.leader:
+            flat = torch.cat([t.detach().contiguous().view(-1).view(torch.uint8) for t in ts])
+            flat = flat.to(self.device)
+        else:
+            flat = torch.empty(sum(sizes), dtype=torch.uint8, device=self.device)
+        self.dist.broadcast(flat, self.src, group=self.pg)
+        if self.leader:
+            return
+        at = 0
+        for t, n in zip(ts, sizes):
+            part = flat[at:at + n]  # at may not be a multiple of t's element size (bf16 then fp32)
+            if t.is_contiguous() and t.device == self.device:
+                t.view(-1).view(torch.uint8).copy_(part)
+            else:
+                t.copy_(part.clone().view(t.dtype).view(t.shape))  # a fresh, aligned copy
+            at += n
+
+
+def _bucket_plan(tensors: list) -> list:
+    """[(alone, [tensors])] in broadcast order: a tensor of >= 1 MiB alone (broadcast in place),
+    smaller ones flattened as bytes (any dtype together) into buckets of at most ~4 MiB, one open
+    bucket per device, each sent when the next tensor would overflow it, the rest at the end."""
+    plan, open_buckets = [], {}  # device -> ([tensors], bytes)
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if nbytes >= _BIG_BYTES:
+            plan.append((True, [t]))
+            continue
+        ts, size = open_buckets.get(t.device, ([], 0))
+        if ts and size + nbytes > _BUCKET_BYTES:
+            plan.append((False, ts))
+            ts, size = [], 0
+        ts.append(t)
+        open_buckets[t.device] = (ts, size + nbytes)
+    plan += [(False, ts) for ts, _ in open_buckets.values() if ts]
+    return plan
+
+
+def _table_difference(a, b, rank: int) -> str:
+    """The first difference between rank 0's (table, settings) and `rank`'s."""
+    (ta, sa), (tb, sb) = a, b
+    for k in sorted(set(sa) | set(sb)):
+        if sa.get(k) != sb.get(k):
+            return f"{k} {sa.get(k)!r} at rank 0, {sb.get(k)!r} at rank {rank}"
+    for i in range(max(len(ta), len(tb))):
+        x = ta[i] if i < len(ta) else None
+        y = tb[i] if i < len(tb) else None
+        if x != y:
+            def show(e):
+                return "no tensor" if e is None else f"'{e[0]}' {tuple(e[1])} {e[2]}"
+            return (f"tensor {i} differs: {show(x)} at rank 0, {show(y)} at rank {rank} "
+                    "(every rank must wrap the same model)")
+    return f"the tables differ at rank {rank}"  # the hashes did; not reached for equal JSON
+
+
+def _status(op: int, outcome: int, session, info: RoundInfo | None = None,
+            error: BaseException | None = None) -> tuple:
+    """(the int64 status, the error payload) the leader broadcasts after a call."""
+    st = np.zeros(_ST_LEN, dtype=np.int64)
+    st[0], st[1], st[2] = _ST_MAGIC, op, outcome
+    payload = b""
+    if error is not None:
+        e = {"type": type(error).__name__, "text": str(error)}
+        if isinstance(error, NebulaError):
+            e.update(call=error.call, code=error.code, message=error.message)
+            st[4] = error.code
+        payload = json.dumps(e).encode()
+        st[3] = 1 if isinstance(error, NebulaError) else 2
+        st[5] = len(payload)
+    try:
+        st[6] = _i64(session.global_hash()) if session is not None and not session.closed else 0
+    except Exception:
+        st[6] = 0
+    if info is not None:
+        st[7] = info.round
+        for k, name in enumerate(_ROUND_FIELDS):
+            v = getattr(info, name)
+            st[8 + k] = (np.float64(v).view(np.int64) if name in _FLOAT_FIELDS
+                         else _i64(int(v)))
+    return st, payload
+
+
+def _round_info(st: np.ndarray) -> RoundInfo:
+    kw = {}
+    for k, name in enumerate(_ROUND_FIELDS):
+        v = st[8 + k]
+        if name in _FLOAT_FIELDS:
+            kw[name] = float(np.int64(v).view(np.float64))
+        elif name == "applied":
+            kw[name] = bool(v)
+        elif name == "global_hash":
+            kw[name] = _u64(int(v))
+        else:
+            kw[name] = int(v)
+    return RoundInfo(**kw)
+
+
+def _relayed_error(payload: bytes) -> BaseException:
+    """The leader's error as raised on another rank: the same type and text."""
+    e = json.loads(payload.decode())
+    if e["type"] == "NebulaError" and "code" in e:
+        return NebulaError(e["call"], e["code"], message=e["message"])
+    cls = _RELAYED.get(e["type"])
+    if cls is not None:
+        return cls(e["text"])
+    return RuntimeError(f"{e['type']}: {e['text']}")
+
+
 class DiLoCo:
     """The outer loop of DiLoCo over a nebula session, for any nn.Module.
 
@@ -93,6 +351,16 @@ class DiLoCo:
     goes on; tau steps later it lands (theta_global plus the steps trained since), and that
     step() returns the round's RoundInfo. finish() lands a round still in flight first.
     0 (default): the blocking round.
+
+    Inside a cluster of several ranks (torch.distributed initialised; process_group=None means
+    the world group): every rank of the group builds the wrapper and calls every method, rank 0
+    of the group (the leader) alone holds the session: give it the Session (or the dict), and
+    None on the other ranks (a dict there is ignored). `samples` is then summed over the group
+    before each round; after each call of the session the leader broadcasts its outcome (an error
+    is raised on every rank) and then theta_global, so every rank returns the same RoundInfo and
+    holds the same parameters. The ranks must train the same parameters (DDP keeps them so): the
+    leader's are what crosses. A DistributedDataParallel model is unwrapped (the names are the
+    module's); FSDP is refused.
     """
 
     def __init__(
@@ -104,6 +372,7 @@ class DiLoCo:
         optimizer: torch.optim.Optimizer | None = None,
         samples_per_step: int = 1,
         overlap_steps: int = 0,
+        process_group=None,
     ):
         if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
             raise ValueError(f"nebula.torch: sync_every must be an int >= 1, not {sync_every!r}")
@@ -113,7 +382,20 @@ class DiLoCo:
                              f"not {overlap_steps!r}")
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"nebula.torch: model must be an nn.Module, not {type(model).__name__}")
-        if isinstance(session_or_options, Session):
+        _refuse_sharded(model)
+        self._group = self._make_group(process_group)
+        self.leader = self._group is None or self._group.leader
+        if not self.leader:
+            if isinstance(session_or_options, Session):
+                raise ValueError(
+                    f"nebula.torch: rank {self._group.rank} of the cluster's group was given a "
+                    "Session: only rank 0 (the leader) holds one; pass None on the other ranks")
+            if session_or_options is not None and not isinstance(session_or_options, dict):
+                raise TypeError("nebula.torch: give a nebula.Session or a dict of its options "
+                                "(or None on a rank other than the leader)")
+            self.session = None
+            self._owns = False
+        elif isinstance(session_or_options, Session):
             self.session = session_or_options
             self._owns = False
         elif isinstance(session_or_options, dict):
@@ -123,13 +405,41 @@ class DiLoCo:
             self._owns = True
         else:
             raise TypeError("nebula.torch: give a nebula.Session or a dict of its options")
+        try:
+            self._setup(model, sync_every, optimizer, samples_per_step, overlap_steps)
+        except BaseException:
+            if self._owns:
+                self.session.close()
+            raise
+
+    @staticmethod
+    def _make_group(process_group):
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            if process_group is not None:
+                raise ValueError("nebula.torch: process_group given but torch.distributed is not "
+                                 "initialised (init_process_group first)")
+            return None
+        g = _Group(process_group)
+        return g if g.size > 1 else None  # a group of one is the single-process case
+
+    def _setup(self, model, sync_every, optimizer, samples_per_step, overlap_steps) -> None:
+        try:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+        except ImportError:
+            DDP = ()
         self.model = model
+        named = model.module if DDP and isinstance(model, DDP) else model
         self.sync_every = sync_every
         self.samples_per_step = samples_per_step
         self.overlap_steps = overlap_steps
         self._in_flight = False
         self._since_begin = 0
-        self.params = [_Param(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self._closed = False
+        self._hash = 0  # on a non-leader rank: the leader's global hash after its last call
+        self.params = [_Param(n, p, self.leader) for n, p in named.named_parameters()
+                       if p.requires_grad]
         if not self.params:
             raise ValueError("nebula.torch: the model has no trainable parameter to sync")
         self.steps = 0  # inner steps since the last round
@@ -138,22 +448,72 @@ class DiLoCo:
         self.last_round: RoundInfo | None = None
         self._hook = None
         self._finished = False
-        try:
+        if self._group is not None:
+            table = [[prm.name, list(prm.param.shape), str(prm.param.dtype).replace("torch.", "")]
+                     for prm in self.params]
+            self._group.check_table(table, dict(sync_every=sync_every,
+                                                overlap_steps=overlap_steps))
+
+        def start():
             for prm in self.params:
                 prm.to_host()
                 self.session.register(prm.name, prm.host)
             self.session.start()  # theta_global = cluster 0's values, in the host buffers
-            with torch.no_grad():
-                for prm in self.params:
-                    prm.from_host()
-        except BaseException:
-            if self._owns:
-                self.session.close()
-            raise
+            for prm in self.params:
+                prm.from_host()
+
+        self._call(_OP_START, start)
         if optimizer is not None:
             self._hook = optimizer.register_step_post_hook(
                 lambda *_: self.step(self.samples_per_step)
             )
+
+    # ---- one call of the session, and what the other ranks learn of it -----------------------
+
+    @torch.no_grad()
+    def _call(self, op: int, fn, *, params: bool = True):
+        """fn() on the leader (the session's call with the host copies around it); with a group,
+        then its status to every rank (an error raised on every rank before any tensor moves),
+        then, when `params`, the leader's parameters to every rank. Returns fn's result on the
+        leader, the RoundInfo (a round) or None elsewhere."""
+        result, error = None, None
+        if self.leader:
+            try:
+                result = fn()
+            except BaseException as e:  # noqa: B902 (relayed, then raised again)
+                if self._group is None:
+                    raise
+                error = e
+        if self._group is None:
+            return result
+        if self.leader:
+            info = result if isinstance(result, RoundInfo) else None
+            outcome = (ERROR if error is not None else IN_FLIGHT if op == _OP_BEGIN
+                       else DONE if info is None else APPLIED if info.applied else SKIPPED)
+            st, payload = _status(op, outcome, self.session, info, error)
+        else:
+            st, payload = None, b""
+        st, payload = self._group.broadcast_status(st, payload)
+        if int(st[0]) != _ST_MAGIC or int(st[1]) != op:
+            raise RuntimeError(
+                f"nebula.torch: rank {self._group.rank} is at {_OP_NAMES[op]} but the leader "
+                f"sent the status of {_OP_NAMES.get(int(st[1]), int(st[1]))}: the ranks "
+                "called the wrapper differently (every rank must call every method)")
+        self._hash = _u64(int(st[6]))
+        if int(st[2]) == ERROR:
+            if error is not None:
+                raise error
+            raise _relayed_error(payload)
+        if params:
+            self._group.broadcast_params([prm.param.data for prm in self.params])
+        if self.leader:
+            return result
+        return _round_info(st) if int(st[2]) in (APPLIED, SKIPPED) else None
+
+    def _cluster_samples(self) -> int:
+        return self.samples if self._group is None else self._group.sum(self.samples)
+
+    # ---- the loop -----------------------------------------------------------------------------
 
     @torch.no_grad()
     def step(self, samples: int | None = None) -> RoundInfo | None:
@@ -173,21 +533,30 @@ class DiLoCo:
         return landed
 
     def _begin(self) -> None:
-        for prm in self.params:
-            prm.to_host()
-        self.session.round_begin(self.samples)
+        n = self._cluster_samples()
+
+        def begin():
+            for prm in self.params:
+                prm.to_host()
+            self.session.round_begin(n)
+
+        self._call(_OP_BEGIN, begin, params=False)
         self.steps = 0
         self.samples = 0
         self._in_flight = True
         self._since_begin = 0
 
     def _land(self) -> RoundInfo:
-        for prm in self.params:
-            prm.to_host()  # what was trained since the round began: the session keeps it
+        def end():
+            for prm in self.params:
+                prm.to_host()  # what was trained since the round began: the session keeps it
+            info = self.session.round_end()
+            for prm in self.params:
+                prm.from_host()
+            return info
+
         self._in_flight = False
-        info = self.session.round_end()
-        for prm in self.params:
-            prm.from_host()
+        info = self._call(_OP_END, end)
         self.rounds += 1
         self.last_round = info
         return info
@@ -195,14 +564,21 @@ class DiLoCo:
     @torch.no_grad()
     def sync(self) -> RoundInfo:
         """The blocking round now, whatever the step count (every cluster must call it: a round
-        is collective); an overlapped round in flight lands first."""
+        is collective, and so is it over the cluster's group); an overlapped round in flight
+        lands first."""
         if self._in_flight:
             self._land()
-        for prm in self.params:
-            prm.to_host()
-        info = self.session.round(self.samples)
-        for prm in self.params:
-            prm.from_host()
+        n = self._cluster_samples()
+
+        def round_():
+            for prm in self.params:
+                prm.to_host()
+            info = self.session.round(n)
+            for prm in self.params:
+                prm.from_host()
+            return info
+
+        info = self._call(_OP_ROUND, round_)
         self.steps = 0
         self.samples = 0
         self.rounds += 1
@@ -211,26 +587,32 @@ class DiLoCo:
 
     def save(self, path) -> None:
         """Writes the session's round state to `path` (Session.save: atomic, every cluster its
-        own file). Right after a round, when the parameters hold theta_global: save the model's
-        other state (buffers, frozen parameters) and the inner optimizer's beside it yourself."""
+        own file; in a group the leader writes it, and its error is raised on every rank). Right
+        after a round, when the parameters hold theta_global: save the model's other state
+        (buffers, frozen parameters) and the inner optimizer's beside it yourself."""
         if self.steps or self._in_flight:
             raise RuntimeError(
                 f"nebula.torch: save right after a round ({self.steps} inner steps since the "
                 "last one would not be in the checkpoint)"
             )
-        self.session.save(path)
+        self._call(_OP_SAVE, lambda: self.session.save(path), params=False)
 
     @torch.no_grad()
     def load(self, path) -> None:
         """Restores a state written by save (every cluster its own, of the same round): the
         parameters then hold its theta_global and the next round continues the saved run.
         NebulaError for a file of another model, cluster or job setting, or a damaged one (the
-        parameters are then unchanged)."""
-        for prm in self.params:
-            prm.to_host()  # the memory check of shared parameters
-        self.session.load(path)
-        for prm in self.params:
-            prm.from_host()
+        parameters are then unchanged). In a group the leader reads the file (the path matters
+        there only) and every rank gets theta_global."""
+
+        def load():
+            for prm in self.params:
+                prm.to_host()  # the memory check of shared parameters
+            self.session.load(path)
+            for prm in self.params:
+                prm.from_host()
+
+        self._call(_OP_LOAD, load)
         self.steps = 0
         self.samples = 0
 
@@ -239,11 +621,13 @@ class DiLoCo:
         overlapped round in flight lands first."""
         if self._in_flight:
             self._land()
-        self.session.finish()
+        self._call(_OP_FINISH, lambda: self.session.finish(), params=False)
         self._finished = True
 
     def global_hash(self) -> int:
-        return self.session.global_hash()
+        """XXH3-64 of theta_global; on a rank other than the leader, the hash the leader sent
+        after its last call (start, a round, load)."""
+        return self.session.global_hash() if self.leader else self._hash
 
     def close(self) -> None:
         """Removes the optimizer hook; closes the session when the wrapper opened it."""
@@ -252,13 +636,15 @@ class DiLoCo:
             self._hook = None
         if self._owns:
             self.session.close()
+        self._closed = True
 
     def __enter__(self) -> "DiLoCo":
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
         try:
-            if exc_type is None and not self._finished and not self.session.closed:
+            open_ = not self._closed and (self.session is None or not self.session.closed)
+            if exc_type is None and not self._finished and open_:
                 self.finish()
         finally:
             self.close()
