@@ -57,6 +57,8 @@ static const nb__ev_t nb__ev_table[] = {
     {"NEBULA_VALUES", NB__EV_TEXT, NB__EV_OFF(values), 0, 0, 0, 0},
     {"NEBULA_INSECURE", NB__EV_FLAG, NB__EV_OFF(insecure), 0, 1, 0, 0},
     {"NEBULA_UNSEALED", NB__EV_FLAG, NB__EV_OFF(unsealed), 0, 1, 0, 0},
+    {"NEBULA_ERROR_FEEDBACK", NB__EV_FLAG, NB__EV_OFF(error_feedback), 0, 1, 0, 0},
+    {"NEBULA_PEER_TIMEOUT_S", NB__EV_DOUBLE, NB__EV_OFF(peer_timeout_s), 0, 86400, 0, 0},
     {"NEBULA_UPDATE_NORM_BOUND", NB__EV_DOUBLE, NB__EV_OFF(update_norm_bound), 0, INFINITY, 0, 1},
     {"NEBULA_PROGRESS_FILE", NB__EV_TEXT, NB__EV_OFF(progress_file), 0, 0, 0, 0},
 };

@@ -131,7 +131,8 @@ void nb_session_options_default(nb_session_options_t* o);
  *   NEBULA_JOB_ID, NEBULA_CLUSTER_ID, NEBULA_LISTEN, NEBULA_PKI_DIR, NEBULA_VALUES   text
  *   NEBULA_CLUSTER_INDEX, NEBULA_N_CLUSTERS (1..64), NEBULA_INNER_STEPS (>= 1)     integers
  *   NEBULA_OUTER_LR (> 0), NEBULA_OUTER_MOMENTUM ([0, 1)), NEBULA_DENSITY ((0, 1]) numbers
- *   NEBULA_UPDATE_NORM_BOUND (0 = off, or >= 1)                                    number
+ *   NEBULA_UPDATE_NORM_BOUND (0 = off, or >= 1), NEBULA_PEER_TIMEOUT_S ([0, 86400]) numbers
+ *   NEBULA_ERROR_FEEDBACK     "0" or "1"
  *   NEBULA_PEERS              "id=host:port,id=host:port" (one per other cluster; "" = none)
  *   NEBULA_JOB_SECRET_FILE    a file of exactly 32 bytes, or 64 hex digits (one trailing
  *                             newline allowed); a regular file that neither group nor others

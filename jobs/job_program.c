@@ -63,6 +63,8 @@ nb_status_t nb_job_program_env(const nb_job_config_t* cfg, const nb_job_program_
   NB__PE("NEBULA_OUTER_MOMENTUM=%.9g", cfg->sync.outer_momentum);
   NB__PE("NEBULA_DENSITY=%.15g", cfg->compression.density_initial);
   NB__PE("NEBULA_VALUES=%s", nb_job_values_name(cfg->compression.values));
+  NB__PE("NEBULA_ERROR_FEEDBACK=%d", cfg->compression.error_feedback ? 1 : 0);
+  NB__PE("NEBULA_PEER_TIMEOUT_S=%.9g", cfg->sync.peer_timeout_seconds);
   if (site->progress_file) NB__PE("NEBULA_PROGRESS_FILE=%s", site->progress_file);
 #undef NB__PE
   if (s != NB_OK) {

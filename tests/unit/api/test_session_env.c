@@ -15,11 +15,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char* const vars[] = {
-    "NEBULA_JOB_ID",      "NEBULA_CLUSTER_ID", "NEBULA_CLUSTER_INDEX",  "NEBULA_N_CLUSTERS",
-    "NEBULA_LISTEN",      "NEBULA_PEERS",      "NEBULA_PKI_DIR",        "NEBULA_JOB_SECRET_FILE",
-    "NEBULA_INNER_STEPS", "NEBULA_OUTER_LR",   "NEBULA_OUTER_MOMENTUM", "NEBULA_DENSITY",
-    "NEBULA_VALUES",      "NEBULA_INSECURE",   "NEBULA_UNSEALED",       "NEBULA_UPDATE_NORM_BOUND"};
+static const char* const vars[] = {"NEBULA_JOB_ID",         "NEBULA_CLUSTER_ID",
+                                   "NEBULA_CLUSTER_INDEX",  "NEBULA_N_CLUSTERS",
+                                   "NEBULA_LISTEN",         "NEBULA_PEERS",
+                                   "NEBULA_PKI_DIR",        "NEBULA_JOB_SECRET_FILE",
+                                   "NEBULA_INNER_STEPS",    "NEBULA_OUTER_LR",
+                                   "NEBULA_OUTER_MOMENTUM", "NEBULA_DENSITY",
+                                   "NEBULA_VALUES",         "NEBULA_INSECURE",
+                                   "NEBULA_UNSEALED",       "NEBULA_UPDATE_NORM_BOUND",
+                                   "NEBULA_ERROR_FEEDBACK", "NEBULA_PEER_TIMEOUT_S"};
 
 static char dir[256];
 
@@ -78,6 +82,7 @@ static void test_reads_every_variable(void** state) {
   setenv("NEBULA_INSECURE", "1", 1);
   setenv("NEBULA_UNSEALED", "0", 1);
   setenv("NEBULA_UPDATE_NORM_BOUND", "0", 1);
+  setenv("NEBULA_PEER_TIMEOUT_S", "7.5", 1);
   nb_session_options_t o;
   assert_int_equal(nb_session_options_from_env(&o), NB_OK);
   assert_string_equal(o.job_id, "env-job");
@@ -99,6 +104,7 @@ static void test_reads_every_variable(void** state) {
   assert_int_equal(o.insecure, 1);
   assert_int_equal(o.unsealed, 0);
   assert_int_equal(o.error_feedback, 1); /* no variable: the default */
+  assert_true(o.peer_timeout_s == 7.5);
   assert_true(o.update_norm_bound == 0); /* off */
   assert_non_null(o.env_storage);
   /* the copies are the options' own: the environment may change under them */
@@ -125,6 +131,12 @@ static void test_reads_every_variable(void** state) {
   setenv("NEBULA_JOB_SECRET_FILE", path, 1);
   assert_int_equal(nb_session_options_from_env(&o), NB_OK);
   assert_memory_equal(o.job_secret, secret, 32);
+  nb_session_options_free(&o);
+
+  /* a job whose descriptor turns error feedback off (compression.errorFeedback: false) */
+  setenv("NEBULA_ERROR_FEEDBACK", "0", 1);
+  assert_int_equal(nb_session_options_from_env(&o), NB_OK);
+  assert_int_equal(o.error_feedback, 0);
   nb_session_options_free(&o);
 }
 
@@ -197,6 +209,10 @@ static void test_each_bad_variable(void** state) {
       {"NEBULA_UPDATE_NORM_BOUND", "inf"},
       {"NEBULA_UPDATE_NORM_BOUND", "big"},
       {"NEBULA_VALUES", "int7"},
+      {"NEBULA_ERROR_FEEDBACK", "off"},
+      {"NEBULA_ERROR_FEEDBACK", "2"},
+      {"NEBULA_PEER_TIMEOUT_S", "-1"},
+      {"NEBULA_PEER_TIMEOUT_S", "1e9"},
       {"NEBULA_INSECURE", "yes"},
       {"NEBULA_INSECURE", "2"},
       {"NEBULA_UNSEALED", "true"},
