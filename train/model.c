@@ -44,7 +44,7 @@ typedef struct {
   float* ln1_rstd; /* (N) */
   float* qkv;      /* (N, 3C) */
   float* atty;     /* (N, C) */
-  float* att;      /* (B, NH, T, T) */
+  float* lse;      /* (B, NH, T) logsumexp of each attention score row */
   float* attproj;  /* (N, C) */
   float* res2;     /* (N, C) */
   float* ln2;      /* (N, C) */
@@ -71,7 +71,10 @@ struct nb_model {
   float* acts;
   nb__layer_acts_t* la;
   float *encoded, *lnf, *lnf_mean, *lnf_rstd, *logits, *probs, *losses;
-  float *dres, *dln, *dqkv, *datty, *dfch, *dfch_gelu, *dlogits, *att_scratch;
+  float *dres, *dln, *dqkv, *datty, *dfch, *dfch_gelu, *dlogits;
+  float* att_ws;   /* (att_chunks, att_ws_n) blocked-attention scratch, one per chunk */
+  size_t att_ws_n; /* floats per chunk */
+  int att_chunks;
   float *ps, *pt, *kl; /* distillation */
   float* ln_partial;   /* (NB__CHUNKS, 2C) LayerNorm weight/bias gradient partials */
   int* tokens;
@@ -416,12 +419,19 @@ static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
   if (m->acts && B <= m->cap_B && T <= m->cap_T) return NB_OK;
   nb__free_acts(m);
   int L = m->cfg.n_layer, C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab;
-  size_t N = (size_t)B * T, NC = N * C, NV = N * V, att = (size_t)B * NH * T * T;
+  size_t N = (size_t)B * T, NC = N * C, NV = N * V, att = (size_t)B * NH * T;
+  /* attention runs (batch, head) ranges on the pool, one scratch per range; the ranges are
+   * whole heads, so the results do not depend on how many there are */
+  int chunks = nb_parallel_threads();
+  if (chunks > NB__CHUNKS) chunks = NB__CHUNKS;
+  if (chunks > B * NH) chunks = B * NH;
+  size_t ws = (nb_attention_blocked_scratch(T, C, NH) + 15) / 16 * 16;
   /* per layer: ln1 atty attproj res2 ln2 fcproj res3 (7 NC), qkv (3 NC), fch and fch_gelu
-   * (8 NC), four row statistics (4 N) and the attention probabilities */
+   * (8 NC), four row statistics (4 N) and the attention row statistics (no (T, T) matrix: the
+   * backward recomputes the probabilities) */
   size_t per_layer = NC * 18 + N * 4 + att;
   size_t total = per_layer * L + NC * 2 + N * 3 + NV * 2 /* encoded lnf, stats, logits probs */
-                 + NC * 14 + NV + (size_t)T * T          /* backward scratch */
+                 + NC * 14 + NV + ws * (size_t)chunks    /* backward and attention scratch */
                  + NV * 2 + N                            /* distillation */
                  + (size_t)NB__CHUNKS * 2 * C;           /* LayerNorm partials */
   nb_status_t st = NB_OK;
@@ -442,7 +452,7 @@ static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
     TAKE(a->ln1_rstd, N);
     TAKE(a->qkv, 3 * NC);
     TAKE(a->atty, NC);
-    TAKE(a->att, att);
+    TAKE(a->lse, att);
     TAKE(a->attproj, NC);
     TAKE(a->res2, NC);
     TAKE(a->ln2, NC);
@@ -467,19 +477,54 @@ static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
   TAKE(m->dfch, 4 * NC);
   TAKE(m->dfch_gelu, 4 * NC);
   TAKE(m->dlogits, NV);
-  TAKE(m->att_scratch, (size_t)T * T);
+  TAKE(m->att_ws, ws * (size_t)chunks);
   TAKE(m->ps, NV);
   TAKE(m->pt, NV);
   TAKE(m->kl, N);
   TAKE(m->ln_partial, (size_t)NB__CHUNKS * 2 * C);
 #undef TAKE
   if ((size_t)(p - m->acts) > total) return nb_error(NB_ERR_INTERNAL, "activation arena overrun");
+  m->att_ws_n = ws;
+  m->att_chunks = chunks;
   m->cap_B = B;
   m->cap_T = T;
   return NB_OK;
 fail:
   nb__free_acts(m);
   return st;
+}
+
+/* Blocked attention over the pool: chunk i takes the i-th range of the B * NH (batch, head)
+ * pairs with its own scratch. */
+typedef struct {
+  nb_model_t* m;
+  float *out, *lse, *dqkv;
+  const float *qkv, *dout;
+  int B, T, chunks, backward;
+} nb__att_par_t;
+
+static void nb__att_chunk(void* ctx, size_t i) {
+  nb__att_par_t* p = ctx;
+  nb_model_t* m = p->m;
+  int C = m->cfg.n_embd, NH = m->cfg.n_head;
+  size_t b, e;
+  nb_parallel_range((size_t)p->B * NH, (size_t)p->chunks, i, &b, &e);
+  float* ws = m->att_ws + i * m->att_ws_n;
+  if (p->backward)
+    nb_attention_blocked_backward(p->dqkv, p->dout, p->out, p->lse, p->qkv, p->B, p->T, C, NH,
+                                  (int)b, (int)e, ws, NB_ATT_PATH_AUTO);
+  else
+    nb_attention_blocked_forward(p->out, p->lse, p->qkv, p->B, p->T, C, NH, (int)b, (int)e, ws,
+                                 NB_ATT_PATH_AUTO);
+}
+
+static void nb__par_attention(nb_model_t* m, nb__att_par_t* p) {
+  p->m = m;
+  p->chunks = m->att_chunks < p->B * m->cfg.n_head ? m->att_chunks : p->B * m->cfg.n_head;
+  if (p->chunks == 1)
+    nb__att_chunk(p, 0);
+  else
+    nb_parallel_for((size_t)p->chunks, nb__att_chunk, p);
 }
 
 static int nb__par_crossentropy(nb_model_t* m, int N) {
@@ -519,7 +564,7 @@ static nb_status_t nb__forward_layers(nb_model_t* m, const int* tokens, const in
   m->B = B;
   m->T = T;
   m->have_targets = 0;
-  int L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab, n = (int)N;
+  int L = c->n_layer, C = c->n_embd, V = c->vocab, n = (int)N;
 
   nb_embedding_forward(m->encoded, m->tokens, GP(m, V_WTE), GP(m, V_WPE), B, T, C);
   const float* residual = m->encoded;
@@ -529,7 +574,8 @@ static nb_status_t nb__forward_layers(nb_model_t* m, const int* tokens, const in
                        LP(m, l, P_LN1B), n, C);
     nb_matmul_forward(a->qkv, a->ln1, LP(m, l, P_QKVW), LP(m, l, P_QKVB), n, C, 3 * C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_QKV, a->ln1, a->qkv, n));
-    nb_attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+    nb__att_par_t ap = {.out = a->atty, .lse = a->lse, .qkv = a->qkv, .B = B, .T = T};
+    nb__par_attention(m, &ap);
     nb_matmul_forward(a->attproj, a->atty, LP(m, l, P_PROJW), LP(m, l, P_PROJB), n, C, C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_ATTN_PROJ, a->atty, a->attproj, n));
     nb__par_elementwise(nb__add_chunk, a->res2, (float*)residual, a->attproj, N * C);
@@ -606,7 +652,7 @@ nb_status_t nb_model_backward(nb_model_t* m) {
   if (!m->have_targets)
     return nb_error(NB_ERR_INVALID, "model backward: no forward with targets before it");
   const nb_model_config_t* c = &m->cfg;
-  int B = m->B, T = m->T, L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab;
+  int B = m->B, T = m->T, L = c->n_layer, C = c->n_embd, V = c->vocab;
   int n = B * T;
   size_t N = (size_t)n, NC = N * C;
   int fz = m->frozen;
@@ -658,7 +704,15 @@ nb_status_t nb_model_backward(nb_model_t* m) {
                        LP(m, l, P_PROJW), n, C, C);
     if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_ATTN_PROJ, a->atty, m->dres, m->datty, n);
     memset(m->dqkv, 0, 3 * NC * sizeof(float));
-    nb_attention_backward(m->dqkv, m->att_scratch, m->datty, a->qkv, a->att, B, T, C, NH);
+    nb__att_par_t ap = {.out = a->atty,
+                        .lse = a->lse,
+                        .dqkv = m->dqkv,
+                        .qkv = a->qkv,
+                        .dout = m->datty,
+                        .B = B,
+                        .T = T,
+                        .backward = 1};
+    nb__par_attention(m, &ap);
     memset(m->dln, 0, NC * sizeof(float));
     nb_matmul_backward(m->dln, G(LG(m, l, P_QKVW)), G(LG(m, l, P_QKVB)), m->dqkv, a->ln1,
                        LP(m, l, P_QKVW), n, C, 3 * C);

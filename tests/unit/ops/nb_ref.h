@@ -71,8 +71,8 @@ static void ref_attention(double* out, const double* qkv, int B, int T, int C, i
 /* The analytic gradient of ref_attention in double, overwriting dqkv (B, T, 3C), and the logsumexp
  * of each row's scaled scores into lse (B, NH, T) when not NULL. Checked against finite
  * differences of ref_attention in test_ops, then used for shapes too large for them. */
-static void ref_attention_backward(double* dqkv, double* lse, const double* dout, const double* qkv,
-                                   int B, int T, int C, int NH) {
+static inline void ref_attention_backward(double* dqkv, double* lse, const double* dout,
+                                          const double* qkv, int B, int T, int C, int NH) {
   int hs = C / NH, C3 = 3 * C;
   double scale = 1.0 / sqrt((double)hs), p[1024], dp[1024];
   memset(dqkv, 0, sizeof(double) * (size_t)B * T * C3);
