@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "common/status.h"
+#include "kernels/cpu_path.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,20 +29,7 @@ void nb_attention_backward(float* dqkv, float* scratch, const float* dout, const
  * keeps only the logsumexp of each score row; the backward recomputes the probabilities block by
  * block from q, k and those statistics, with D = rowsum(dout * out). */
 
-/* Which vector code runs. AUTO takes the widest the CPU has; a path the CPU (or the build) lacks
- * runs the portable one. Every path gives the same results within fp32 rounding. */
-typedef enum {
-  NB_ATT_PATH_AUTO = 0,
-  NB_ATT_PATH_PORTABLE = 1,
-  NB_ATT_PATH_AVX2 = 2,   /* AVX2 + FMA */
-  NB_ATT_PATH_AVX512 = 3, /* AVX-512F */
-} nb_att_path_t;
-
-/* 1 when path would run as asked on this CPU (AUTO and PORTABLE always). Thread-safe. */
-int nb_attention_path_supported(nb_att_path_t path);
-
-/* The path AUTO resolves to here ("avx512", "avx2" or "portable"; static string). */
-const char* nb_attention_path_name(nb_att_path_t path);
+/* path: which vector code runs (kernels/cpu_path.h); NB_CPU_PATH_AUTO in production. */
 
 /* Floats of scratch one caller of the blocked kernels needs for sequences of up to T positions
  * (both directions; the buffer is overwritten, alignment is handled inside). */
@@ -51,13 +39,13 @@ size_t nb_attention_blocked_scratch(int T, int C, int NH);
  * columns of out (B, T, C) and lse (B, NH, T), the logsumexp of each row's scaled scores. Calls
  * on disjoint ranges may run concurrently, each with its own scratch. All borrowed. */
 void nb_attention_blocked_forward(float* out, float* lse, const float* qkv, int B, int T, int C,
-                                  int NH, int bh0, int bh1, float* scratch, nb_att_path_t path);
+                                  int NH, int bh0, int bh1, float* scratch, nb_cpu_path_t path);
 
 /* Accumulating backward over the same ranges: dqkv (B, T, 3C) += gradient, from dout (B, T, C),
  * the forward's out and lse, and qkv. Disjoint ranges touch disjoint columns of dqkv. */
 void nb_attention_blocked_backward(float* dqkv, const float* dout, const float* out,
                                    const float* lse, const float* qkv, int B, int T, int C, int NH,
-                                   int bh0, int bh1, float* scratch, nb_att_path_t path);
+                                   int bh0, int bh1, float* scratch, nb_cpu_path_t path);
 
 /* CUDA versions (cuBLAS strided-batched products + softmax kernels); d_scratch holds
  * B*NH*T*T floats. NB_ERR_UNSUPPORTED without CUDA, NB_ERR_CUDA on failure. */

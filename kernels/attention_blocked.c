@@ -7,11 +7,8 @@
 #include <string.h>
 
 #include "kernels/attention.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define NB__ATT_X86 1
-#endif
+#include "kernels/cpu_path.h"
+#include "kernels/vec_exp.h"
 
 /* Query rows and keys per block. Equal and aligned, so the only partly masked block of a query
  * block is its diagonal one and every block above it is skipped. */
@@ -72,31 +69,8 @@ typedef float nb__vf1_t;
 #undef NB__RB
 #undef NB__SV
 
-#ifdef NB__ATT_X86
-/* exp through 2^n * e^r, r in [-ln2/2, ln2/2], Cephes' degree-6 polynomial (relative error about
- * 2 ulp); inputs below -87 give exactly 0 (so exp(-inf) = 0), above 88 they saturate. */
-#define NB__EXP_C1 0.693359375f
-#define NB__EXP_C2 -2.12194440e-4f
-
+#ifdef NB__VEC_X86
 /* ---- AVX2 + FMA: 8 floats a vector */
-__attribute__((target("avx2,fma"))) static inline __m256 nb__exp_avx2(__m256 x) {
-  __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(NB__EXP_C1), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(NB__EXP_C2), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
-}
 __attribute__((target("avx2,fma"))) static inline float nb__hmax_avx2(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -148,24 +122,6 @@ __attribute__((target("avx2,fma"))) static inline float nb__hsum_avx2(__m256 v) 
 #undef NB__SV
 
 /* ---- AVX-512F: 16 floats a vector */
-__attribute__((target("avx512f"))) static inline __m512 nb__exp_avx512(__m512 x) {
-  __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(NB__EXP_C1), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(NB__EXP_C2), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  __m512i e =
-      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(e));
-}
 #define NB__TGT __attribute__((target("avx512f")))
 #define NB__FN(name) NB__CAT(nb__att_##name, avx512)
 #define vf __m512
@@ -203,44 +159,18 @@ __attribute__((target("avx512f"))) static inline __m512 nb__exp_avx512(__m512 x)
 #undef V_EXP
 #undef NB__RB
 #undef NB__SV
-#endif /* NB__ATT_X86 */
+#endif /* NB__VEC_X86 */
 
-static nb_att_path_t nb__att_resolve(nb_att_path_t path) {
-#ifdef NB__ATT_X86
-  int avx512 = __builtin_cpu_supports("avx512f");
-  int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (path == NB_ATT_PATH_AUTO) path = avx512 ? NB_ATT_PATH_AVX512 : NB_ATT_PATH_AVX2;
-  if (path == NB_ATT_PATH_AVX512 && avx512) return NB_ATT_PATH_AVX512;
-  if (path == NB_ATT_PATH_AVX2 && avx2) return NB_ATT_PATH_AVX2;
-#endif
-  return NB_ATT_PATH_PORTABLE;
-}
-
-static const nb__att_ops_t* nb__att_ops(nb_att_path_t path) {
-  switch (nb__att_resolve(path)) {
-#ifdef NB__ATT_X86
-    case NB_ATT_PATH_AVX512:
+static const nb__att_ops_t* nb__att_ops(nb_cpu_path_t path) {
+  switch (nb_cpu_path_resolve(path)) {
+#ifdef NB__VEC_X86
+    case NB_CPU_PATH_AVX512:
       return &nb__att_ops_avx512;
-    case NB_ATT_PATH_AVX2:
+    case NB_CPU_PATH_AVX2:
       return &nb__att_ops_avx2;
 #endif
     default:
       return &nb__att_ops_portable;
-  }
-}
-
-int nb_attention_path_supported(nb_att_path_t path) {
-  return path == NB_ATT_PATH_AUTO || nb__att_resolve(path) == path;
-}
-
-const char* nb_attention_path_name(nb_att_path_t path) {
-  switch (nb__att_resolve(path)) {
-    case NB_ATT_PATH_AVX512:
-      return "avx512";
-    case NB_ATT_PATH_AVX2:
-      return "avx2";
-    default:
-      return "portable";
   }
 }
 
@@ -302,7 +232,7 @@ size_t nb_attention_blocked_scratch(int T, int C, int NH) {
 }
 
 void nb_attention_blocked_forward(float* out, float* lse, const float* qkv, int B, int T, int C,
-                                  int NH, int bh0, int bh1, float* scratch, nb_att_path_t path) {
+                                  int NH, int bh0, int bh1, float* scratch, nb_cpu_path_t path) {
   const nb__att_ops_t* ops = nb__att_ops(path);
   int hs = C / NH, hp = nb__round_up(hs, NB__HPAD), tp = nb__round_up(T, NB__BC), C3 = 3 * C;
   float scale = 1.0f / sqrtf((float)hs);
@@ -370,7 +300,7 @@ void nb_attention_blocked_forward(float* out, float* lse, const float* qkv, int 
 
 void nb_attention_blocked_backward(float* dqkv, const float* dout, const float* out,
                                    const float* lse, const float* qkv, int B, int T, int C, int NH,
-                                   int bh0, int bh1, float* scratch, nb_att_path_t path) {
+                                   int bh0, int bh1, float* scratch, nb_cpu_path_t path) {
   const nb__att_ops_t* ops = nb__att_ops(path);
   int hs = C / NH, hp = nb__round_up(hs, NB__HPAD), tp = nb__round_up(T, NB__BC), C3 = 3 * C;
   float scale = 1.0f / sqrtf((float)hs);

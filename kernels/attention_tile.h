@@ -53,9 +53,10 @@ static inline __attribute__((always_inline)) NB__TGT void NB__FN(rows)(float* c,
 static NB__TGT void NB__FN(gemm)(float* c, int ldc, const float* a, int sar, int sak,
                                  const float* b, int ldb, int M, int K, int N, int acc) {
   int r = 0;
-  for (; r + NB__RB <= M; r += NB__RB)
-    NB__FN(rows)
-    (c + (size_t)r * ldc, ldc, a + (size_t)r * sar, sar, sak, b, ldb, K, N, acc, NB__RB);
+  for (; r + NB__RB <= M; r += NB__RB) {
+    float* cr = c + (size_t)r * ldc;
+    NB__FN(rows)(cr, ldc, a + (size_t)r * sar, sar, sak, b, ldb, K, N, acc, NB__RB);
+  }
   for (; r < M; r++)
     NB__FN(rows)(c + (size_t)r * ldc, ldc, a + (size_t)r * sar, sar, sak, b, ldb, K, N, acc, 1);
 }

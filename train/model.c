@@ -76,7 +76,7 @@ struct nb_model {
   size_t att_ws_n; /* floats per chunk */
   int att_chunks;
   float *ps, *pt, *kl; /* distillation */
-  float* ln_partial;   /* (NB__CHUNKS, 2C) LayerNorm weight/bias gradient partials */
+  float* partial;      /* (NB__CHUNKS, 4C) per-chunk gradient partials (LayerNorm 2C, fc bias 4C) */
   int* tokens;
   int* targets;
 
@@ -309,17 +309,21 @@ static void nb__par_run(void (*fn)(void*, size_t), nb__par_t* p) {
     nb_parallel_for(NB__CHUNKS, fn, p);
 }
 
-static void nb__gelu_fwd_chunk(void* ctx, size_t i) {
+/* fc bias + GELU in one pass over row chunks: a = pre-activation (bias added in place),
+ * out = GELU, d = bias. */
+static void nb__bias_gelu_fwd_chunk(void* ctx, size_t i) {
   nb__par_t* p = ctx;
-  size_t b, e;
-  nb_parallel_range(p->n, NB__CHUNKS, i, &b, &e);
-  nb_gelu_forward(p->out + b, p->a + b, e - b);
+  size_t b, e, C = (size_t)p->cols;
+  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  nb_gelu_bias_forward(p->out + b * C, p->a + b * C, p->d, (int)(e - b), p->cols, NB_CPU_PATH_AUTO);
 }
-static void nb__gelu_bwd_chunk(void* ctx, size_t i) {
+/* Its backward: out = dpre (written), b = dout, a = pre, f = per-chunk bias partials or NULL. */
+static void nb__bias_gelu_bwd_chunk(void* ctx, size_t i) {
   nb__par_t* p = ctx;
-  size_t b, e;
-  nb_parallel_range(p->n, NB__CHUNKS, i, &b, &e);
-  nb_gelu_backward(p->out + b, p->a + b, p->b + b, e - b);
+  size_t b, e, C = (size_t)p->cols;
+  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  nb_gelu_bias_backward(p->out + b * C, p->f ? p->f + i * C : NULL, p->a + b * C, p->b + b * C,
+                        (int)(e - b), p->cols, NB_CPU_PATH_AUTO);
 }
 static void nb__add_chunk(void* ctx, size_t i) {
   nb__par_t* p = ctx;
@@ -332,6 +336,23 @@ static void nb__par_elementwise(void (*fn)(void*, size_t), float* out, float* a,
   nb__par_t p = {
       .out = out, .a = a, .b = b, .n = n, .rows = (int)(n > 1u << 30 ? 1u << 30 : n), .cols = 1};
   nb__par_run(fn, &p);
+}
+
+/* dpre = gelu'(pre) * dout over (N, OC), and dbias += its column sums (fixed-order partials). */
+static void nb__par_bias_gelu_backward(nb_model_t* m, float* dpre, float* dbias, const float* pre,
+                                       const float* dout, int N, int OC) {
+  nb__par_t p = {.out = dpre,
+                 .a = (float*)pre,
+                 .b = (float*)dout,
+                 .f = dbias ? m->partial : NULL,
+                 .rows = N,
+                 .cols = OC};
+  nb__par_run(nb__bias_gelu_bwd_chunk, &p);
+  if (!dbias) return;
+  for (size_t i = 0; i < NB__CHUNKS; i++) {
+    const float* part = m->partial + i * (size_t)OC;
+    for (int c = 0; c < OC; c++) dbias[c] += part[c];
+  }
 }
 
 static void nb__ln_fwd_chunk(void* ctx, size_t i) {
@@ -375,13 +396,13 @@ static void nb__par_ln_backward(nb_model_t* m, float* dinp, float* dw, float* db
                  .d = (float*)w,
                  .e = (float*)mean,
                  .out = (float*)rstd,
-                 .f = dw ? m->ln_partial : NULL,
+                 .f = dw ? m->partial : NULL,
                  .rows = N,
                  .cols = C};
   nb__par_run(nb__ln_bwd_chunk, &p);
   if (!dw) return;
   for (size_t i = 0; i < NB__CHUNKS; i++) {
-    const float* part = m->ln_partial + i * 2 * (size_t)C;
+    const float* part = m->partial + i * 2 * (size_t)C;
     for (int c = 0; c < C; c++) {
       dw[c] += part[c];
       db[c] += part[C + c];
@@ -433,7 +454,7 @@ static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
   size_t total = per_layer * L + NC * 2 + N * 3 + NV * 2 /* encoded lnf, stats, logits probs */
                  + NC * 14 + NV + ws * (size_t)chunks    /* backward and attention scratch */
                  + NV * 2 + N                            /* distillation */
-                 + (size_t)NB__CHUNKS * 2 * C;           /* LayerNorm partials */
+                 + (size_t)NB__CHUNKS * 4 * C;           /* gradient partials */
   nb_status_t st = NB_OK;
   NB_CHECK_GOTO(nb_aligned_alloc((void**)&m->acts, total, sizeof(float), "activations"), st, fail);
   NB_CHECK_GOTO(nb_calloc((void**)&m->la, (size_t)L, sizeof *m->la, "activation table"), st, fail);
@@ -481,7 +502,7 @@ static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
   TAKE(m->ps, NV);
   TAKE(m->pt, NV);
   TAKE(m->kl, N);
-  TAKE(m->ln_partial, (size_t)NB__CHUNKS * 2 * C);
+  TAKE(m->partial, (size_t)NB__CHUNKS * 4 * C);
 #undef TAKE
   if ((size_t)(p - m->acts) > total) return nb_error(NB_ERR_INTERNAL, "activation arena overrun");
   m->att_ws_n = ws;
@@ -512,10 +533,10 @@ static void nb__att_chunk(void* ctx, size_t i) {
   float* ws = m->att_ws + i * m->att_ws_n;
   if (p->backward)
     nb_attention_blocked_backward(p->dqkv, p->dout, p->out, p->lse, p->qkv, p->B, p->T, C, NH,
-                                  (int)b, (int)e, ws, NB_ATT_PATH_AUTO);
+                                  (int)b, (int)e, ws, NB_CPU_PATH_AUTO);
   else
     nb_attention_blocked_forward(p->out, p->lse, p->qkv, p->B, p->T, C, NH, (int)b, (int)e, ws,
-                                 NB_ATT_PATH_AUTO);
+                                 NB_CPU_PATH_AUTO);
 }
 
 static void nb__par_attention(nb_model_t* m, nb__att_par_t* p) {
@@ -581,9 +602,12 @@ static nb_status_t nb__forward_layers(nb_model_t* m, const int* tokens, const in
     nb__par_elementwise(nb__add_chunk, a->res2, (float*)residual, a->attproj, N * C);
     nb__par_ln_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, LP(m, l, P_LN2W),
                        LP(m, l, P_LN2B), n, C);
-    nb_matmul_forward(a->fch, a->ln2, LP(m, l, P_FCW), LP(m, l, P_FCB), n, C, 4 * C);
+    /* the fc bias joins the GELU pass instead of being broadcast before the product */
+    nb_matmul_forward(a->fch, a->ln2, LP(m, l, P_FCW), NULL, n, C, 4 * C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC, a->ln2, a->fch, n));
-    nb__par_elementwise(nb__gelu_fwd_chunk, a->fch_gelu, a->fch, NULL, N * 4 * C);
+    nb__par_t gp = {
+        .out = a->fch_gelu, .a = a->fch, .d = LP(m, l, P_FCB), .rows = n, .cols = 4 * C};
+    nb__par_run(nb__bias_gelu_fwd_chunk, &gp);
     nb_matmul_forward(a->fcproj, a->fch_gelu, LP(m, l, P_FCPROJW), LP(m, l, P_FCPROJB), n, 4 * C,
                       C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC_PROJ, a->fch_gelu, a->fcproj, n));
@@ -690,11 +714,11 @@ nb_status_t nb_model_backward(nb_model_t* m) {
                        a->fch_gelu, LP(m, l, P_FCPROJW), n, 4 * C, C);
     if (m->lora)
       nb__lora_backward(m->lora, l, NB_SITE_FC_PROJ, a->fch_gelu, m->dres, m->dfch_gelu, n);
-    memset(m->dfch, 0, 4 * NC * sizeof(float));
-    nb__par_elementwise(nb__gelu_bwd_chunk, m->dfch, a->fch, m->dfch_gelu, 4 * NC);
+    /* dfch written (not accumulated) by the GELU pass, which also sums the fc bias gradient */
+    nb__par_bias_gelu_backward(m, m->dfch, G(LG(m, l, P_FCB)), a->fch, m->dfch_gelu, n, 4 * C);
     memset(m->dln, 0, NC * sizeof(float));
-    nb_matmul_backward(m->dln, G(LG(m, l, P_FCW)), G(LG(m, l, P_FCB)), m->dfch, a->ln2,
-                       LP(m, l, P_FCW), n, C, 4 * C);
+    nb_matmul_backward(m->dln, G(LG(m, l, P_FCW)), NULL, m->dfch, a->ln2, LP(m, l, P_FCW), n, C,
+                       4 * C);
     if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_FC, a->ln2, m->dfch, m->dln, n);
     nb__par_ln_backward(m, m->dres, G(LG(m, l, P_LN2W)), G(LG(m, l, P_LN2B)), m->dln, a->res2,
                         LP(m, l, P_LN2W), a->ln2_mean, a->ln2_rstd, n, C);

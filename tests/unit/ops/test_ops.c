@@ -41,6 +41,12 @@ static double* to_d(const float* p, size_t n) {
 static float* zeros(size_t n) {
   return calloc(n, sizeof(float));
 }
+/* Every vector path of the CPU kernels (kernels/cpu_path.h); a test skips, by name, the ones
+ * this CPU lacks. */
+static const nb_cpu_path_t cpu_paths[] = {NB_CPU_PATH_PORTABLE, NB_CPU_PATH_AVX2,
+                                          NB_CPU_PATH_AVX512};
+static const char* const cpu_path_names[] = {"portable", "avx2", "avx512"};
+
 static double dot_d(const double* a, const double* b, size_t n) {
   double s = 0;
   for (size_t i = 0; i < n; i++) s += a[i] * b[i];
@@ -154,6 +160,67 @@ static void test_gelu(void** state) {
   free(inp), free(lw), free(out), free(dinp), free(g), free(c.inp), free(c.lw), free(c.out);
 }
 
+/* gelu'(x) of the tanh form, in double. */
+static double ref_gelu_grad(double x) {
+  double k = 0.7978845608028654, u = k * (x + 0.044715 * x * x * x), t = tanh(u);
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+}
+
+/* Every vector path, including the tails past the last whole vector and inputs where exp
+ * saturates (|x| up to 60), alone and fused with the bias: forward against ref_gelu, backward
+ * against the analytic derivative, the bias gradient against column sums in double. */
+static void test_gelu_paths(void** state) {
+  int rows = 7, cols = 45;
+  size_t n = (size_t)rows * cols;
+  float *inp = rand_f(n, 3), *dy = rand_f(n, 1), *bias = rand_f((size_t)cols, 0.5);
+  inp[0] = 60.0f, inp[1] = -60.0f, inp[2] = 12.0f, inp[3] = -12.0f, inp[4] = 0.0f;
+  double *ref = malloc(sizeof(double) * n), *gref = malloc(sizeof(double) * n);
+  double *pd = malloc(sizeof(double) * n), *dbref = calloc((size_t)cols, sizeof(double));
+  float *out = zeros(n), *din = malloc(sizeof(float) * n), *pre = malloc(sizeof(float) * n);
+  float *dbias = malloc(sizeof(float) * cols), *gpre = malloc(sizeof(float) * n);
+  for (size_t p = 0; p < sizeof cpu_paths / sizeof cpu_paths[0]; p++) {
+    if (!nb_cpu_path_supported(cpu_paths[p])) {
+      printf("  %s: not on this CPU, skipped\n", cpu_path_names[p]);
+      continue;
+    }
+    char what[64];
+    double* x = to_d(inp, n);
+    ref_gelu(ref, x, n);
+    nb_gelu_forward_path(out, inp, n, cpu_paths[p]);
+    snprintf(what, sizeof what, "%s gelu forward", cpu_path_names[p]);
+    assert_true(ref_compare(what, out, ref, n, 1e-6, 1e-5));
+    /* accumulating: start from 1 */
+    for (size_t i = 0; i < n; i++) din[i] = 1.0f, gref[i] = 1.0 + ref_gelu_grad(x[i]) * dy[i];
+    nb_gelu_backward_path(din, inp, dy, n, cpu_paths[p]);
+    snprintf(what, sizeof what, "%s gelu dinp", cpu_path_names[p]);
+    assert_true(ref_compare(what, din, gref, n, 1e-6, 1e-5));
+    free(x);
+
+    memcpy(pre, inp, sizeof(float) * n);
+    nb_gelu_bias_forward(out, pre, bias, rows, cols, cpu_paths[p]);
+    for (size_t i = 0; i < n; i++) {
+      assert_true(pre[i] == inp[i] + bias[i % cols]);
+      pd[i] = pre[i];
+    }
+    ref_gelu(ref, pd, n);
+    snprintf(what, sizeof what, "%s bias+gelu forward", cpu_path_names[p]);
+    assert_true(ref_compare(what, out, ref, n, 1e-6, 1e-5));
+    for (int c = 0; c < cols; c++) dbref[c] = 0;
+    for (size_t i = 0; i < n; i++) {
+      gpre[i] = -7.0f; /* written, not accumulated */
+      gref[i] = ref_gelu_grad(pd[i]) * dy[i];
+      dbref[i % cols] += gref[i];
+    }
+    nb_gelu_bias_backward(gpre, dbias, pre, dy, rows, cols, cpu_paths[p]);
+    snprintf(what, sizeof what, "%s bias+gelu dpre", cpu_path_names[p]);
+    assert_true(ref_compare(what, gpre, gref, n, 1e-6, 1e-5));
+    snprintf(what, sizeof what, "%s bias+gelu dbias", cpu_path_names[p]);
+    assert_true(ref_compare(what, dbias, dbref, (size_t)cols, 1e-6, 1e-5));
+  }
+  free(inp), free(dy), free(bias), free(ref), free(gref), free(pd), free(dbref);
+  free(out), free(din), free(pre), free(dbias), free(gpre);
+}
+
 /* ---- attention ---- */
 typedef struct {
   double *qkv, *lw, *out;
@@ -224,9 +291,6 @@ static void test_attention_blocks(void** state) {
 }
 
 /* ---- blocked attention ---- */
-static const nb_att_path_t att_paths[] = {NB_ATT_PATH_PORTABLE, NB_ATT_PATH_AVX2,
-                                          NB_ATT_PATH_AVX512};
-static const char* const att_path_names[] = {"portable", "avx2", "avx512"};
 
 /* The double reference's analytic backward against finite differences of its forward, so that
  * the blocked kernel can be checked against it at shapes finite differences cannot reach. */
@@ -246,7 +310,7 @@ static void test_attention_ref_backward(void** state) {
 
 /* One shape on one path: out and lse against the double forward, the accumulated dqkv against
  * the double backward. The (batch, head) range is split in two calls, as the model's threads do. */
-static int check_blocked(int B, int T, int C, int NH, nb_att_path_t path, const char* pname) {
+static int check_blocked(int B, int T, int C, int NH, nb_cpu_path_t path, const char* pname) {
   size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
   float *qkv = rand_f(nq, 1.5), *dy = rand_f(no, 1), *base = rand_f(nq, 1);
   float *out = zeros(no), *lse = zeros(nl), *dqkv = malloc(sizeof(float) * nq);
@@ -280,22 +344,22 @@ static int check_blocked(int B, int T, int C, int NH, nb_att_path_t path, const 
 static void test_attention_blocked(void** state) {
   static const int shapes[][4] = {{1, 1, 8, 2},    {2, 7, 12, 3},   {1, 64, 128, 2},
                                   {2, 150, 48, 3}, {1, 129, 40, 1}, {1, 200, 192, 3}};
-  for (size_t p = 0; p < sizeof att_paths / sizeof att_paths[0]; p++) {
-    if (!nb_attention_path_supported(att_paths[p])) {
-      printf("  %s: not on this CPU, skipped\n", att_path_names[p]);
+  for (size_t p = 0; p < sizeof cpu_paths / sizeof cpu_paths[0]; p++) {
+    if (!nb_cpu_path_supported(cpu_paths[p])) {
+      printf("  %s: not on this CPU, skipped\n", cpu_path_names[p]);
       continue;
     }
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
       assert_true(check_blocked(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3],
-                                att_paths[p], att_path_names[p]));
+                                cpu_paths[p], cpu_path_names[p]));
   }
-  printf("  auto resolves to %s\n", nb_attention_path_name(NB_ATT_PATH_AUTO));
+  printf("  auto resolves to %s\n", nb_cpu_path_name(NB_CPU_PATH_AUTO));
 }
 
 /* Large scores: the online softmax's running max keeps exp in range where a naive one overflows. */
 static void test_attention_blocked_large_scores(void** state) {
-  for (size_t p = 0; p < sizeof att_paths / sizeof att_paths[0]; p++)
-    if (nb_attention_path_supported(att_paths[p])) {
+  for (size_t p = 0; p < sizeof cpu_paths / sizeof cpu_paths[0]; p++)
+    if (nb_cpu_path_supported(cpu_paths[p])) {
       int B = 1, T = 100, C = 16, NH = 1;
       size_t nq = (size_t)B * T * 3 * C;
       float* qkv = rand_f(nq, 12.0); /* scores of order 12^2 * 4 = 576 */
@@ -303,8 +367,8 @@ static void test_attention_blocked_large_scores(void** state) {
       float* scratch = malloc(sizeof(float) * nb_attention_blocked_scratch(T, C, NH));
       double *qd = to_d(qkv, nq), *outd = malloc(sizeof(double) * T * C);
       ref_attention(outd, qd, B, T, C, NH);
-      nb_attention_blocked_forward(out, lse, qkv, B, T, C, NH, 0, 1, scratch, att_paths[p]);
-      assert_true(ref_compare(att_path_names[p], out, outd, (size_t)T * C, 1e-4, 1e-3));
+      nb_attention_blocked_forward(out, lse, qkv, B, T, C, NH, 0, 1, scratch, cpu_paths[p]);
+      assert_true(ref_compare(cpu_path_names[p], out, outd, (size_t)T * C, 1e-4, 1e-3));
       free(qkv), free(out), free(lse), free(scratch), free(qd), free(outd);
     }
 }
@@ -425,6 +489,7 @@ int main(void) {
       cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_layernorm),
       cmocka_unit_test(test_gelu),
+      cmocka_unit_test(test_gelu_paths),
       cmocka_unit_test(test_attention),
       cmocka_unit_test(test_attention_blocks),
       cmocka_unit_test(test_attention_ref_backward),
