@@ -239,6 +239,7 @@ void nb_attention_blocked_forward(float* out, float* lse, const float* qkv, int 
   nb__att_ws_t w;
   nb__att_carve(scratch, tp, hp, &w);
   size_t th = (size_t)tp * hp;
+  int padded = tp != T || hp != hs;
   for (int bh = bh0; bh < bh1; bh++) {
     int b = bh / NH, h = bh % NH;
     const float* q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
@@ -246,9 +247,11 @@ void nb_attention_blocked_forward(float* out, float* lse, const float* qkv, int 
     const float* v = q + 2 * C;
     float* o = out + (size_t)b * T * C + (size_t)h * hs;
     /* zero padding: rows past T and columns past hs contribute nothing to any product */
-    memset(w.qs, 0, th * sizeof(float));
-    memset(w.kt, 0, th * sizeof(float));
-    memset(w.v, 0, th * sizeof(float));
+    if (padded) {
+      memset(w.qs, 0, th * sizeof(float));
+      memset(w.kt, 0, th * sizeof(float));
+      memset(w.v, 0, th * sizeof(float));
+    }
     for (int t = 0; t < T; t++) {
       const float *qr = q + (size_t)t * C3, *kr = k + (size_t)t * C3, *vr = v + (size_t)t * C3;
       for (int d = 0; d < hs; d++) {
@@ -307,6 +310,7 @@ void nb_attention_blocked_backward(float* dqkv, const float* dout, const float* 
   nb__att_ws_t w;
   nb__att_carve(scratch, tp, hp, &w);
   size_t th = (size_t)tp * hp;
+  int padded = tp != T || hp != hs;
   float* dO = w.v;
   for (int bh = bh0; bh < bh1; bh++) {
     int b = bh / NH, h = bh % NH;
@@ -319,8 +323,9 @@ void nb_attention_blocked_backward(float* dqkv, const float* dout, const float* 
     float* dv = dq + 2 * C;
     const float* dy = dout + oo;
     const float* y = out + oo;
-    float* pieces[8] = {w.qs, w.kt, w.v, w.vt, w.k, w.dq, w.dk, w.dv};
-    for (int i = 0; i < 8; i++) memset(pieces[i], 0, th * sizeof(float));
+    /* the packed inputs need zeros only where they are padded; the accumulators always */
+    float* pieces[8] = {w.dq, w.dk, w.dv, w.qs, w.kt, w.v, w.vt, w.k};
+    for (int i = 0; i < (padded ? 8 : 3); i++) memset(pieces[i], 0, th * sizeof(float));
     for (int t = 0; t < T; t++) {
       const float *qr = q + (size_t)t * C3, *kr = k + (size_t)t * C3, *vr = v + (size_t)t * C3;
       const float *dyr = dy + (size_t)t * C, *yr = y + (size_t)t * C;

@@ -315,7 +315,10 @@ static int check_blocked(int B, int T, int C, int NH, nb_cpu_path_t path, const 
   float *qkv = rand_f(nq, 1.5), *dy = rand_f(no, 1), *base = rand_f(nq, 1);
   float *out = zeros(no), *lse = zeros(nl), *dqkv = malloc(sizeof(float) * nq);
   memcpy(dqkv, base, sizeof(float) * nq);
-  float* scratch = malloc(sizeof(float) * nb_attention_blocked_scratch(T, C, NH));
+  /* NaN-filled scratch: nothing may depend on what the buffer held before */
+  size_t ns = nb_attention_blocked_scratch(T, C, NH);
+  float* scratch = malloc(sizeof(float) * ns);
+  for (size_t i = 0; i < ns; i++) scratch[i] = NAN;
   double *qd = to_d(qkv, nq), *dyd = to_d(dy, no), *outd = malloc(sizeof(double) * no);
   double *gd = malloc(sizeof(double) * nq), *lsed = malloc(sizeof(double) * nl);
   ref_attention(outd, qd, B, T, C, NH);
