@@ -5,6 +5,7 @@
 
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "kernels/cpu_path.h"
 #include "kernels/crossentropy.h"
 #include "kernels/device.h"
 #include "kernels/embedding.h"

@@ -44,7 +44,7 @@ typedef struct {
   float* ln1_rstd; /* (N) */
   float* qkv;      /* (N, 3C) */
   float* atty;     /* (N, C) */
-  float* att;      /* (B, NH, T, T) */
+  float* lse;      /* (B, NH, T) logsumexp of each attention score row */
   float* attproj;  /* (N, C) */
   float* res2;     /* (N, C) */
   float* ln2;      /* (N, C) */
@@ -71,9 +71,12 @@ struct nb_model {
   float* acts;
   nb__layer_acts_t* la;
   float *encoded, *lnf, *lnf_mean, *lnf_rstd, *logits, *probs, *losses;
-  float *dres, *dln, *dqkv, *datty, *dfch, *dfch_gelu, *dlogits, *att_scratch;
+  float *dres, *dln, *dqkv, *datty, *dfch, *dfch_gelu, *dlogits;
+  float* att_ws;   /* (att_chunks, att_ws_n) blocked-attention scratch, one per chunk */
+  size_t att_ws_n; /* floats per chunk */
+  int att_chunks;
   float *ps, *pt, *kl; /* distillation */
-  float* ln_partial;   /* (NB__CHUNKS, 2C) LayerNorm weight/bias gradient partials */
+  float* partial;      /* (NB__CHUNKS, 4C) per-chunk gradient partials (LayerNorm 2C, fc bias 4C) */
   int* tokens;
   int* targets;
 
@@ -306,17 +309,21 @@ static void nb__par_run(void (*fn)(void*, size_t), nb__par_t* p) {
     nb_parallel_for(NB__CHUNKS, fn, p);
 }
 
-static void nb__gelu_fwd_chunk(void* ctx, size_t i) {
+/* fc bias + GELU in one pass over row chunks: a = pre-activation (bias added in place),
+ * out = GELU, d = bias. */
+static void nb__bias_gelu_fwd_chunk(void* ctx, size_t i) {
   nb__par_t* p = ctx;
-  size_t b, e;
-  nb_parallel_range(p->n, NB__CHUNKS, i, &b, &e);
-  nb_gelu_forward(p->out + b, p->a + b, e - b);
+  size_t b, e, C = (size_t)p->cols;
+  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  nb_gelu_bias_forward(p->out + b * C, p->a + b * C, p->d, (int)(e - b), p->cols, NB_CPU_PATH_AUTO);
 }
-static void nb__gelu_bwd_chunk(void* ctx, size_t i) {
+/* Its backward: out = dpre (written), b = dout, a = pre, f = per-chunk bias partials or NULL. */
+static void nb__bias_gelu_bwd_chunk(void* ctx, size_t i) {
   nb__par_t* p = ctx;
-  size_t b, e;
-  nb_parallel_range(p->n, NB__CHUNKS, i, &b, &e);
-  nb_gelu_backward(p->out + b, p->a + b, p->b + b, e - b);
+  size_t b, e, C = (size_t)p->cols;
+  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  nb_gelu_bias_backward(p->out + b * C, p->f ? p->f + i * C : NULL, p->a + b * C, p->b + b * C,
+                        (int)(e - b), p->cols, NB_CPU_PATH_AUTO);
 }
 static void nb__add_chunk(void* ctx, size_t i) {
   nb__par_t* p = ctx;
@@ -329,6 +336,23 @@ static void nb__par_elementwise(void (*fn)(void*, size_t), float* out, float* a,
   nb__par_t p = {
       .out = out, .a = a, .b = b, .n = n, .rows = (int)(n > 1u << 30 ? 1u << 30 : n), .cols = 1};
   nb__par_run(fn, &p);
+}
+
+/* dpre = gelu'(pre) * dout over (N, OC), and dbias += its column sums (fixed-order partials). */
+static void nb__par_bias_gelu_backward(nb_model_t* m, float* dpre, float* dbias, const float* pre,
+                                       const float* dout, int N, int OC) {
+  nb__par_t p = {.out = dpre,
+                 .a = (float*)pre,
+                 .b = (float*)dout,
+                 .f = dbias ? m->partial : NULL,
+                 .rows = N,
+                 .cols = OC};
+  nb__par_run(nb__bias_gelu_bwd_chunk, &p);
+  if (!dbias) return;
+  for (size_t i = 0; i < NB__CHUNKS; i++) {
+    const float* part = m->partial + i * (size_t)OC;
+    for (int c = 0; c < OC; c++) dbias[c] += part[c];
+  }
 }
 
 static void nb__ln_fwd_chunk(void* ctx, size_t i) {
@@ -372,13 +396,13 @@ static void nb__par_ln_backward(nb_model_t* m, float* dinp, float* dw, float* db
                  .d = (float*)w,
                  .e = (float*)mean,
                  .out = (float*)rstd,
-                 .f = dw ? m->ln_partial : NULL,
+                 .f = dw ? m->partial : NULL,
                  .rows = N,
                  .cols = C};
   nb__par_run(nb__ln_bwd_chunk, &p);
   if (!dw) return;
   for (size_t i = 0; i < NB__CHUNKS; i++) {
-    const float* part = m->ln_partial + i * 2 * (size_t)C;
+    const float* part = m->partial + i * 2 * (size_t)C;
     for (int c = 0; c < C; c++) {
       dw[c] += part[c];
       db[c] += part[C + c];
@@ -416,14 +440,21 @@ static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
   if (m->acts && B <= m->cap_B && T <= m->cap_T) return NB_OK;
   nb__free_acts(m);
   int L = m->cfg.n_layer, C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab;
-  size_t N = (size_t)B * T, NC = N * C, NV = N * V, att = (size_t)B * NH * T * T;
+  size_t N = (size_t)B * T, NC = N * C, NV = N * V, att = (size_t)B * NH * T;
+  /* attention runs (batch, head) ranges on the pool, one scratch per range; the ranges are
+   * whole heads, so the results do not depend on how many there are */
+  int chunks = nb_parallel_threads();
+  if (chunks > NB__CHUNKS) chunks = NB__CHUNKS;
+  if (chunks > B * NH) chunks = B * NH;
+  size_t ws = (nb_attention_blocked_scratch(T, C, NH) + 15) / 16 * 16;
   /* per layer: ln1 atty attproj res2 ln2 fcproj res3 (7 NC), qkv (3 NC), fch and fch_gelu
-   * (8 NC), four row statistics (4 N) and the attention probabilities */
+   * (8 NC), four row statistics (4 N) and the attention row statistics (no (T, T) matrix: the
+   * backward recomputes the probabilities) */
   size_t per_layer = NC * 18 + N * 4 + att;
   size_t total = per_layer * L + NC * 2 + N * 3 + NV * 2 /* encoded lnf, stats, logits probs */
-                 + NC * 14 + NV + (size_t)T * T          /* backward scratch */
+                 + NC * 14 + NV + ws * (size_t)chunks    /* backward and attention scratch */
                  + NV * 2 + N                            /* distillation */
-                 + (size_t)NB__CHUNKS * 2 * C;           /* LayerNorm partials */
+                 + (size_t)NB__CHUNKS * 4 * C;           /* gradient partials */
   nb_status_t st = NB_OK;
   NB_CHECK_GOTO(nb_aligned_alloc((void**)&m->acts, total, sizeof(float), "activations"), st, fail);
   NB_CHECK_GOTO(nb_calloc((void**)&m->la, (size_t)L, sizeof *m->la, "activation table"), st, fail);
@@ -442,7 +473,7 @@ static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
     TAKE(a->ln1_rstd, N);
     TAKE(a->qkv, 3 * NC);
     TAKE(a->atty, NC);
-    TAKE(a->att, att);
+    TAKE(a->lse, att);
     TAKE(a->attproj, NC);
     TAKE(a->res2, NC);
     TAKE(a->ln2, NC);
@@ -467,19 +498,54 @@ static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
   TAKE(m->dfch, 4 * NC);
   TAKE(m->dfch_gelu, 4 * NC);
   TAKE(m->dlogits, NV);
-  TAKE(m->att_scratch, (size_t)T * T);
+  TAKE(m->att_ws, ws * (size_t)chunks);
   TAKE(m->ps, NV);
   TAKE(m->pt, NV);
   TAKE(m->kl, N);
-  TAKE(m->ln_partial, (size_t)NB__CHUNKS * 2 * C);
+  TAKE(m->partial, (size_t)NB__CHUNKS * 4 * C);
 #undef TAKE
   if ((size_t)(p - m->acts) > total) return nb_error(NB_ERR_INTERNAL, "activation arena overrun");
+  m->att_ws_n = ws;
+  m->att_chunks = chunks;
   m->cap_B = B;
   m->cap_T = T;
   return NB_OK;
 fail:
   nb__free_acts(m);
   return st;
+}
+
+/* Blocked attention over the pool: chunk i takes the i-th range of the B * NH (batch, head)
+ * pairs with its own scratch. */
+typedef struct {
+  nb_model_t* m;
+  float *out, *lse, *dqkv;
+  const float *qkv, *dout;
+  int B, T, chunks, backward;
+} nb__att_par_t;
+
+static void nb__att_chunk(void* ctx, size_t i) {
+  nb__att_par_t* p = ctx;
+  nb_model_t* m = p->m;
+  int C = m->cfg.n_embd, NH = m->cfg.n_head;
+  size_t b, e;
+  nb_parallel_range((size_t)p->B * NH, (size_t)p->chunks, i, &b, &e);
+  float* ws = m->att_ws + i * m->att_ws_n;
+  if (p->backward)
+    nb_attention_blocked_backward(p->dqkv, p->dout, p->out, p->lse, p->qkv, p->B, p->T, C, NH,
+                                  (int)b, (int)e, ws, NB_CPU_PATH_AUTO);
+  else
+    nb_attention_blocked_forward(p->out, p->lse, p->qkv, p->B, p->T, C, NH, (int)b, (int)e, ws,
+                                 NB_CPU_PATH_AUTO);
+}
+
+static void nb__par_attention(nb_model_t* m, nb__att_par_t* p) {
+  p->m = m;
+  p->chunks = m->att_chunks < p->B * m->cfg.n_head ? m->att_chunks : p->B * m->cfg.n_head;
+  if (p->chunks == 1)
+    nb__att_chunk(p, 0);
+  else
+    nb_parallel_for((size_t)p->chunks, nb__att_chunk, p);
 }
 
 static int nb__par_crossentropy(nb_model_t* m, int N) {
@@ -519,7 +585,7 @@ static nb_status_t nb__forward_layers(nb_model_t* m, const int* tokens, const in
   m->B = B;
   m->T = T;
   m->have_targets = 0;
-  int L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab, n = (int)N;
+  int L = c->n_layer, C = c->n_embd, V = c->vocab, n = (int)N;
 
   nb_embedding_forward(m->encoded, m->tokens, GP(m, V_WTE), GP(m, V_WPE), B, T, C);
   const float* residual = m->encoded;
@@ -529,15 +595,19 @@ static nb_status_t nb__forward_layers(nb_model_t* m, const int* tokens, const in
                        LP(m, l, P_LN1B), n, C);
     nb_matmul_forward(a->qkv, a->ln1, LP(m, l, P_QKVW), LP(m, l, P_QKVB), n, C, 3 * C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_QKV, a->ln1, a->qkv, n));
-    nb_attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+    nb__att_par_t ap = {.out = a->atty, .lse = a->lse, .qkv = a->qkv, .B = B, .T = T};
+    nb__par_attention(m, &ap);
     nb_matmul_forward(a->attproj, a->atty, LP(m, l, P_PROJW), LP(m, l, P_PROJB), n, C, C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_ATTN_PROJ, a->atty, a->attproj, n));
     nb__par_elementwise(nb__add_chunk, a->res2, (float*)residual, a->attproj, N * C);
     nb__par_ln_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, LP(m, l, P_LN2W),
                        LP(m, l, P_LN2B), n, C);
-    nb_matmul_forward(a->fch, a->ln2, LP(m, l, P_FCW), LP(m, l, P_FCB), n, C, 4 * C);
+    /* the fc bias joins the GELU pass instead of being broadcast before the product */
+    nb_matmul_forward(a->fch, a->ln2, LP(m, l, P_FCW), NULL, n, C, 4 * C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC, a->ln2, a->fch, n));
-    nb__par_elementwise(nb__gelu_fwd_chunk, a->fch_gelu, a->fch, NULL, N * 4 * C);
+    nb__par_t gp = {
+        .out = a->fch_gelu, .a = a->fch, .d = LP(m, l, P_FCB), .rows = n, .cols = 4 * C};
+    nb__par_run(nb__bias_gelu_fwd_chunk, &gp);
     nb_matmul_forward(a->fcproj, a->fch_gelu, LP(m, l, P_FCPROJW), LP(m, l, P_FCPROJB), n, 4 * C,
                       C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC_PROJ, a->fch_gelu, a->fcproj, n));
@@ -606,7 +676,7 @@ nb_status_t nb_model_backward(nb_model_t* m) {
   if (!m->have_targets)
     return nb_error(NB_ERR_INVALID, "model backward: no forward with targets before it");
   const nb_model_config_t* c = &m->cfg;
-  int B = m->B, T = m->T, L = c->n_layer, C = c->n_embd, NH = c->n_head, V = c->vocab;
+  int B = m->B, T = m->T, L = c->n_layer, C = c->n_embd, V = c->vocab;
   int n = B * T;
   size_t N = (size_t)n, NC = N * C;
   int fz = m->frozen;
@@ -644,11 +714,11 @@ nb_status_t nb_model_backward(nb_model_t* m) {
                        a->fch_gelu, LP(m, l, P_FCPROJW), n, 4 * C, C);
     if (m->lora)
       nb__lora_backward(m->lora, l, NB_SITE_FC_PROJ, a->fch_gelu, m->dres, m->dfch_gelu, n);
-    memset(m->dfch, 0, 4 * NC * sizeof(float));
-    nb__par_elementwise(nb__gelu_bwd_chunk, m->dfch, a->fch, m->dfch_gelu, 4 * NC);
+    /* dfch written (not accumulated) by the GELU pass, which also sums the fc bias gradient */
+    nb__par_bias_gelu_backward(m, m->dfch, G(LG(m, l, P_FCB)), a->fch, m->dfch_gelu, n, 4 * C);
     memset(m->dln, 0, NC * sizeof(float));
-    nb_matmul_backward(m->dln, G(LG(m, l, P_FCW)), G(LG(m, l, P_FCB)), m->dfch, a->ln2,
-                       LP(m, l, P_FCW), n, C, 4 * C);
+    nb_matmul_backward(m->dln, G(LG(m, l, P_FCW)), NULL, m->dfch, a->ln2, LP(m, l, P_FCW), n, C,
+                       4 * C);
     if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_FC, a->ln2, m->dfch, m->dln, n);
     nb__par_ln_backward(m, m->dres, G(LG(m, l, P_LN2W)), G(LG(m, l, P_LN2B)), m->dln, a->res2,
                         LP(m, l, P_LN2W), a->ln2_mean, a->ln2_rstd, n, C);
@@ -658,7 +728,15 @@ nb_status_t nb_model_backward(nb_model_t* m) {
                        LP(m, l, P_PROJW), n, C, C);
     if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_ATTN_PROJ, a->atty, m->dres, m->datty, n);
     memset(m->dqkv, 0, 3 * NC * sizeof(float));
-    nb_attention_backward(m->dqkv, m->att_scratch, m->datty, a->qkv, a->att, B, T, C, NH);
+    nb__att_par_t ap = {.out = a->atty,
+                        .lse = a->lse,
+                        .dqkv = m->dqkv,
+                        .qkv = a->qkv,
+                        .dout = m->datty,
+                        .B = B,
+                        .T = T,
+                        .backward = 1};
+    nb__par_attention(m, &ap);
     memset(m->dln, 0, NC * sizeof(float));
     nb_matmul_backward(m->dln, G(LG(m, l, P_QKVW)), G(LG(m, l, P_QKVB)), m->dqkv, a->ln1,
                        LP(m, l, P_QKVW), n, C, 3 * C);

@@ -68,6 +68,53 @@ static void ref_attention(double* out, const double* qkv, int B, int T, int C, i
       }
 }
 
+/* The analytic gradient of ref_attention in double, overwriting dqkv (B, T, 3C), and the logsumexp
+ * of each row's scaled scores into lse (B, NH, T) when not NULL. Checked against finite
+ * differences of ref_attention in test_ops, then used for shapes too large for them. */
+static inline void ref_attention_backward(double* dqkv, double* lse, const double* dout,
+                                          const double* qkv, int B, int T, int C, int NH) {
+  int hs = C / NH, C3 = 3 * C;
+  double scale = 1.0 / sqrt((double)hs), p[1024], dp[1024];
+  memset(dqkv, 0, sizeof(double) * (size_t)B * T * C3);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int i = 0; i < T; i++) {
+        const double* row = qkv + (size_t)b * T * C3 + h * hs;
+        const double* q = row + (size_t)i * C3;
+        const double* dy = dout + ((size_t)b * T + i) * C + h * hs;
+        double mx = -1e300, sum = 0, pdp = 0;
+        for (int j = 0; j <= i; j++) {
+          double s = 0;
+          for (int d = 0; d < hs; d++) s += q[d] * row[(size_t)j * C3 + C + d];
+          p[j] = s * scale;
+          if (p[j] > mx) mx = p[j];
+        }
+        for (int j = 0; j <= i; j++) {
+          p[j] = exp(p[j] - mx);
+          sum += p[j];
+        }
+        if (lse) lse[((size_t)b * NH + h) * T + i] = mx + log(sum);
+        for (int j = 0; j <= i; j++) {
+          p[j] /= sum;
+          double s = 0;
+          for (int d = 0; d < hs; d++) s += dy[d] * row[(size_t)j * C3 + 2 * C + d];
+          dp[j] = s;
+          pdp += p[j] * s;
+        }
+        double* dq = dqkv + (size_t)b * T * C3 + (size_t)i * C3 + h * hs;
+        for (int j = 0; j <= i; j++) {
+          double ds = p[j] * (dp[j] - pdp) * scale;
+          double* dk = dqkv + (size_t)b * T * C3 + (size_t)j * C3 + C + h * hs;
+          const double* k = row + (size_t)j * C3 + C;
+          for (int d = 0; d < hs; d++) {
+            dq[d] += ds * k[d];
+            dk[d] += ds * q[d];
+            dk[C + d] += p[j] * dy[d]; /* dv */
+          }
+        }
+      }
+}
+
 static void ref_softmax(double* p, const double* x, int V, double temp) {
   double mx = x[0], sum = 0;
   for (int j = 1; j < V; j++)

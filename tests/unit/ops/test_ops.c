@@ -6,6 +6,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 #include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
 
 #include "kernels/kernels.h"
 #include "tests/unit/ops/nb_ref.h"
@@ -39,6 +41,12 @@ static double* to_d(const float* p, size_t n) {
 static float* zeros(size_t n) {
   return calloc(n, sizeof(float));
 }
+/* Every vector path of the CPU kernels (kernels/cpu_path.h); a test skips, by name, the ones
+ * this CPU lacks. */
+static const nb_cpu_path_t cpu_paths[] = {NB_CPU_PATH_PORTABLE, NB_CPU_PATH_AVX2,
+                                          NB_CPU_PATH_AVX512};
+static const char* const cpu_path_names[] = {"portable", "avx2", "avx512"};
+
 static double dot_d(const double* a, const double* b, size_t n) {
   double s = 0;
   for (size_t i = 0; i < n; i++) s += a[i] * b[i];
@@ -152,6 +160,67 @@ static void test_gelu(void** state) {
   free(inp), free(lw), free(out), free(dinp), free(g), free(c.inp), free(c.lw), free(c.out);
 }
 
+/* gelu'(x) of the tanh form, in double. */
+static double ref_gelu_grad(double x) {
+  double k = 0.7978845608028654, u = k * (x + 0.044715 * x * x * x), t = tanh(u);
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+}
+
+/* Every vector path, including the tails past the last whole vector and inputs where exp
+ * saturates (|x| up to 60), alone and fused with the bias: forward against ref_gelu, backward
+ * against the analytic derivative, the bias gradient against column sums in double. */
+static void test_gelu_paths(void** state) {
+  int rows = 7, cols = 45;
+  size_t n = (size_t)rows * cols;
+  float *inp = rand_f(n, 3), *dy = rand_f(n, 1), *bias = rand_f((size_t)cols, 0.5);
+  inp[0] = 60.0f, inp[1] = -60.0f, inp[2] = 12.0f, inp[3] = -12.0f, inp[4] = 0.0f;
+  double *ref = malloc(sizeof(double) * n), *gref = malloc(sizeof(double) * n);
+  double *pd = malloc(sizeof(double) * n), *dbref = calloc((size_t)cols, sizeof(double));
+  float *out = zeros(n), *din = malloc(sizeof(float) * n), *pre = malloc(sizeof(float) * n);
+  float *dbias = malloc(sizeof(float) * cols), *gpre = malloc(sizeof(float) * n);
+  for (size_t p = 0; p < sizeof cpu_paths / sizeof cpu_paths[0]; p++) {
+    if (!nb_cpu_path_supported(cpu_paths[p])) {
+      printf("  %s: not on this CPU, skipped\n", cpu_path_names[p]);
+      continue;
+    }
+    char what[64];
+    double* x = to_d(inp, n);
+    ref_gelu(ref, x, n);
+    nb_gelu_forward_path(out, inp, n, cpu_paths[p]);
+    snprintf(what, sizeof what, "%s gelu forward", cpu_path_names[p]);
+    assert_true(ref_compare(what, out, ref, n, 1e-6, 1e-5));
+    /* accumulating: start from 1 */
+    for (size_t i = 0; i < n; i++) din[i] = 1.0f, gref[i] = 1.0 + ref_gelu_grad(x[i]) * dy[i];
+    nb_gelu_backward_path(din, inp, dy, n, cpu_paths[p]);
+    snprintf(what, sizeof what, "%s gelu dinp", cpu_path_names[p]);
+    assert_true(ref_compare(what, din, gref, n, 1e-6, 1e-5));
+    free(x);
+
+    memcpy(pre, inp, sizeof(float) * n);
+    nb_gelu_bias_forward(out, pre, bias, rows, cols, cpu_paths[p]);
+    for (size_t i = 0; i < n; i++) {
+      assert_true(pre[i] == inp[i] + bias[i % cols]);
+      pd[i] = pre[i];
+    }
+    ref_gelu(ref, pd, n);
+    snprintf(what, sizeof what, "%s bias+gelu forward", cpu_path_names[p]);
+    assert_true(ref_compare(what, out, ref, n, 1e-6, 1e-5));
+    for (int c = 0; c < cols; c++) dbref[c] = 0;
+    for (size_t i = 0; i < n; i++) {
+      gpre[i] = -7.0f; /* written, not accumulated */
+      gref[i] = ref_gelu_grad(pd[i]) * dy[i];
+      dbref[i % cols] += gref[i];
+    }
+    nb_gelu_bias_backward(gpre, dbias, pre, dy, rows, cols, cpu_paths[p]);
+    snprintf(what, sizeof what, "%s bias+gelu dpre", cpu_path_names[p]);
+    assert_true(ref_compare(what, gpre, gref, n, 1e-6, 1e-5));
+    snprintf(what, sizeof what, "%s bias+gelu dbias", cpu_path_names[p]);
+    assert_true(ref_compare(what, dbias, dbref, (size_t)cols, 1e-6, 1e-5));
+  }
+  free(inp), free(dy), free(bias), free(ref), free(gref), free(pd), free(dbref);
+  free(out), free(din), free(pre), free(dbias), free(gpre);
+}
+
 /* ---- attention ---- */
 typedef struct {
   double *qkv, *lw, *out;
@@ -219,6 +288,92 @@ static void test_attention_blocks(void** state) {
   assert_true(ref_compare("attention T=150 dqkv (sample)", got, ref, S, 1e-4, 1e-3));
   free(qkv), free(lw), free(out), free(att), free(dqkv), free(scratch);
   free(c.qkv), free(c.lw), free(c.out);
+}
+
+/* ---- blocked attention ---- */
+
+/* The double reference's analytic backward against finite differences of its forward, so that
+ * the blocked kernel can be checked against it at shapes finite differences cannot reach. */
+static void test_attention_ref_backward(void** state) {
+  int B = 2, T = 6, C = 8, NH = 2;
+  size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+  float *qkv = rand_f(nq, 1), *lw = rand_f(no, 1);
+  at_ctx c = {to_d(qkv, nq), to_d(lw, no), malloc(sizeof(double) * no), B, T, C, NH};
+  double *g = malloc(sizeof(double) * nq), *ga = malloc(sizeof(double) * nq);
+  float* gaf = malloc(sizeof(float) * nq);
+  fd_grad(at_loss, &c, c.qkv, nq, g);
+  ref_attention_backward(ga, NULL, c.lw, c.qkv, B, T, C, NH);
+  for (size_t i = 0; i < nq; i++) gaf[i] = (float)ga[i];
+  assert_true(ref_compare("ref attention backward vs fd", gaf, g, nq, 1e-6, 1e-5));
+  free(qkv), free(lw), free(g), free(ga), free(gaf), free(c.qkv), free(c.lw), free(c.out);
+}
+
+/* One shape on one path: out and lse against the double forward, the accumulated dqkv against
+ * the double backward. The (batch, head) range is split in two calls, as the model's threads do. */
+static int check_blocked(int B, int T, int C, int NH, nb_cpu_path_t path, const char* pname) {
+  size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+  float *qkv = rand_f(nq, 1.5), *dy = rand_f(no, 1), *base = rand_f(nq, 1);
+  float *out = zeros(no), *lse = zeros(nl), *dqkv = malloc(sizeof(float) * nq);
+  memcpy(dqkv, base, sizeof(float) * nq);
+  /* NaN-filled scratch: nothing may depend on what the buffer held before */
+  size_t ns = nb_attention_blocked_scratch(T, C, NH);
+  float* scratch = malloc(sizeof(float) * ns);
+  for (size_t i = 0; i < ns; i++) scratch[i] = NAN;
+  double *qd = to_d(qkv, nq), *dyd = to_d(dy, no), *outd = malloc(sizeof(double) * no);
+  double *gd = malloc(sizeof(double) * nq), *lsed = malloc(sizeof(double) * nl);
+  ref_attention(outd, qd, B, T, C, NH);
+  ref_attention_backward(gd, lsed, dyd, qd, B, T, C, NH);
+  for (size_t i = 0; i < nq; i++) gd[i] += base[i];
+  int BH = B * NH, mid = BH / 2;
+  nb_attention_blocked_forward(out, lse, qkv, B, T, C, NH, 0, mid, scratch, path);
+  nb_attention_blocked_forward(out, lse, qkv, B, T, C, NH, mid, BH, scratch, path);
+  nb_attention_blocked_backward(dqkv, dy, out, lse, qkv, B, T, C, NH, mid, BH, scratch, path);
+  nb_attention_blocked_backward(dqkv, dy, out, lse, qkv, B, T, C, NH, 0, mid, scratch, path);
+  char what[3][64];
+  snprintf(what[0], sizeof what[0], "%s B%d T%d C%d NH%d out", pname, B, T, C, NH);
+  snprintf(what[1], sizeof what[1], "%s lse", pname);
+  snprintf(what[2], sizeof what[2], "%s dqkv", pname);
+  int ok = ref_compare(what[0], out, outd, no, 2e-6, 2e-5);
+  ok &= ref_compare(what[1], lse, lsed, nl, 2e-6, 2e-5);
+  ok &= ref_compare(what[2], dqkv, gd, nq, 2e-5, 2e-4);
+  free(qkv), free(dy), free(base), free(out), free(lse), free(dqkv), free(scratch);
+  free(qd), free(dyd), free(outd), free(gd), free(lsed);
+  return ok;
+}
+
+/* Shapes: T = 1, T inside one block, on a block edge and past it (the query block meets a
+ * partial diagonal block), head sizes under, at and off the vector widths. Every vector path the
+ * CPU has; the ones it lacks are named and skipped. */
+static void test_attention_blocked(void** state) {
+  static const int shapes[][4] = {{1, 1, 8, 2},    {2, 7, 12, 3},   {1, 64, 128, 2},
+                                  {2, 150, 48, 3}, {1, 129, 40, 1}, {1, 200, 192, 3}};
+  for (size_t p = 0; p < sizeof cpu_paths / sizeof cpu_paths[0]; p++) {
+    if (!nb_cpu_path_supported(cpu_paths[p])) {
+      printf("  %s: not on this CPU, skipped\n", cpu_path_names[p]);
+      continue;
+    }
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+      assert_true(check_blocked(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3],
+                                cpu_paths[p], cpu_path_names[p]));
+  }
+  printf("  auto resolves to %s\n", nb_cpu_path_name(NB_CPU_PATH_AUTO));
+}
+
+/* Large scores: the online softmax's running max keeps exp in range where a naive one overflows. */
+static void test_attention_blocked_large_scores(void** state) {
+  for (size_t p = 0; p < sizeof cpu_paths / sizeof cpu_paths[0]; p++)
+    if (nb_cpu_path_supported(cpu_paths[p])) {
+      int B = 1, T = 100, C = 16, NH = 1;
+      size_t nq = (size_t)B * T * 3 * C;
+      float* qkv = rand_f(nq, 12.0); /* scores of order 12^2 * 4 = 576 */
+      float *out = zeros((size_t)T * C), *lse = zeros(T);
+      float* scratch = malloc(sizeof(float) * nb_attention_blocked_scratch(T, C, NH));
+      double *qd = to_d(qkv, nq), *outd = malloc(sizeof(double) * T * C);
+      ref_attention(outd, qd, B, T, C, NH);
+      nb_attention_blocked_forward(out, lse, qkv, B, T, C, NH, 0, 1, scratch, cpu_paths[p]);
+      assert_true(ref_compare(cpu_path_names[p], out, outd, (size_t)T * C, 1e-4, 1e-3));
+      free(qkv), free(out), free(lse), free(scratch), free(qd), free(outd);
+    }
 }
 
 /* ---- cross-entropy and KL ---- */
@@ -337,8 +492,12 @@ int main(void) {
       cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_layernorm),
       cmocka_unit_test(test_gelu),
+      cmocka_unit_test(test_gelu_paths),
       cmocka_unit_test(test_attention),
       cmocka_unit_test(test_attention_blocks),
+      cmocka_unit_test(test_attention_ref_backward),
+      cmocka_unit_test(test_attention_blocked),
+      cmocka_unit_test(test_attention_blocked_large_scores),
       cmocka_unit_test(test_crossentropy),
       cmocka_unit_test(test_embedding),
       cmocka_unit_test(test_adamw),

@@ -114,6 +114,54 @@ static void test_model_gradcheck(void** state) {
   nb_model_destroy(m);
 }
 
+/* A context past two attention blocks (64 rows each) and not a multiple of them: the loss against
+ * the double reference, and the gradients of the tensors the attention feeds (qkv weight and
+ * bias) against its finite differences. */
+static void test_model_long_context(void** state) {
+  enum { B = 1, T = 130 };
+  nb_model_config_t cfg = nb_model_config_make(1, 8, 2, T);
+  nb_model_t* m;
+  assert_int_equal(nb_model_create(&cfg, 3, &m), NB_OK);
+  size_t n;
+  float* p = nb_model_params(m, &n);
+  nb_rng_t rng;
+  nb_rng_seed(&rng, 8);
+  for (size_t i = 0; i < n; i++) p[i] += (float)(0.3 * nb_rng_normal(&rng));
+  int tok[B * T], tgt[B * T];
+  tiny_batch(B, T, tok, tgt);
+  float loss;
+  assert_int_equal(nb_model_forward(m, tok, tgt, B, T, &loss), NB_OK);
+  nb_model_zero_grad(m);
+  assert_int_equal(nb_model_backward(m), NB_OK);
+  ref_model_t r = {m, arena_to_d(p, n), tok, tgt, B, T, 0, 1, NULL, NULL, NULL, 0};
+  double ref = ref_model_loss(&r);
+  printf("  T=%d loss %.7f ref %.7f\n", T, loss, ref);
+  assert_true(fabs(loss - ref) < 1e-5 * fabs(ref));
+  const float* g = nb_model_grads(m, NULL);
+  int checked = 0;
+  for (size_t vi = 0; vi < nb_model_num_tensors(m); vi++) {
+    const nb_tensor_view_t* v = nb_model_tensor(m, vi);
+    if (!strstr(v->name, "c_attn")) continue;
+    double* fd = malloc(sizeof(double) * v->numel);
+    for (size_t j = 0; j < v->numel; j++) {
+      double* x = &r.p[v->offset + j];
+      double save = *x, h = 1e-5;
+      *x = save + h;
+      double lp = ref_model_loss(&r);
+      *x = save - h;
+      double lm = ref_model_loss(&r);
+      *x = save;
+      fd[j] = (lp - lm) / (2 * h);
+    }
+    assert_true(ref_compare(v->name, g + v->offset, fd, v->numel, 2e-4, 2e-3));
+    free(fd);
+    checked++;
+  }
+  assert_int_equal(checked, 2);
+  free(r.p);
+  nb_model_destroy(m);
+}
+
 static void test_lora(void** state) {
   nb_model_config_t cfg = nb_model_config_make(2, 8, 2, 8);
   nb_model_t* m;
@@ -412,6 +460,7 @@ int main(int argc, char** argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_threads_same_bits), /* first: before this process starts its pool */
       cmocka_unit_test(test_model_gradcheck),
+      cmocka_unit_test(test_model_long_context),
       cmocka_unit_test(test_lora),
       cmocka_unit_test(test_invalid_and_causal),
       cmocka_unit_test(test_generate),
