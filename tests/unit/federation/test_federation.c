@@ -11,15 +11,12 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <limits.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,9 +29,8 @@
 #include "gateway/store.h"
 #include "nebula/v1/federation.pb-c.h"
 #include "nebula/v1/gateway.pb-c.h"
-#include "security/pki.h"
-#include "security/sign.h"
 #include "security/tls.h"
+#include "tests/lib/gw_testlib.h"
 
 static char g_dir[256];
 static const char* g_nebula;
@@ -44,31 +40,6 @@ static int g_port[2];
 static nb_gateway_config_t g_cfg[2];
 static nb_gateway_t* g_gw[2];
 static const char* g_ids[2] = {"dc-a", "dc-b"};
-
-static int rm_one(const char* p, const struct stat* sb, int f, struct FTW* ftw) {
-  (void)sb, (void)f, (void)ftw;
-  return remove(p);
-}
-
-static void write_pair(EVP_PKEY* k, X509* c, const char* name) {
-  char p[512];
-  snprintf(p, sizeof p, "%s/%s.key", g_dir, name);
-  assert_int_equal(nb_pki_key_write(p, k, 1), NB_OK);
-  snprintf(p, sizeof p, "%s/%s.crt", g_dir, name);
-  assert_int_equal(nb_pki_cert_write(p, c, 1), NB_OK);
-  EVP_PKEY_free(k);
-  X509_free(c);
-}
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  assert_int_equal(bind(fd, (struct sockaddr*)&a, sizeof a), 0);
-  socklen_t l = sizeof a;
-  assert_int_equal(getsockname(fd, (struct sockaddr*)&a, &l), 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 /* dc-a lets alice and bob run anywhere; dc-b only alice. */
 static void make_config(int i) {
@@ -95,33 +66,12 @@ static void make_config(int i) {
 
 static int setup(void** state) {
   (void)state;
-  const char* t = getenv("TMPDIR");
-  snprintf(g_dir, sizeof g_dir, "%s/nb_fed.XXXXXX", t && *t ? t : "/tmp");
-  assert_non_null(mkdtemp(g_dir));
-  EVP_PKEY *ca_key, *k;
-  X509 *ca, *c;
-  assert_int_equal(nb_pki_ca_create(NULL, 0, &ca_key, &ca), NB_OK);
-  const char* sans[] = {"IP:127.0.0.1"};
+  gwt_make_dir(g_dir, sizeof g_dir, "nb_fed");
   const char* clusters[] = {"dc-a", "dc-b", "dc-c"}; /* dc-c: from the CA, but nobody's peer */
-  for (int i = 0; i < 3; i++) {
-    nb_pki_issue_opts_t o = {
-        .kind = NB_PKI_CLUSTER, .name = clusters[i], .sans = sans, .n_sans = 1};
-    assert_int_equal(nb_pki_cert_issue(ca_key, ca, &o, &k, &c), NB_OK);
-    write_pair(k, c, clusters[i]);
-  }
   const char* users[] = {"alice", "bob"};
-  for (int i = 0; i < 2; i++) {
-    nb_pki_issue_opts_t u = {.kind = NB_PKI_USER, .name = users[i]};
-    assert_int_equal(nb_pki_cert_issue(ca_key, ca, &u, &k, &c), NB_OK);
-    write_pair(k, c, users[i]);
-  }
-  char p[512];
-  snprintf(p, sizeof p, "%s/ca.crt", g_dir);
-  assert_int_equal(nb_pki_cert_write(p, ca, 1), NB_OK);
-  EVP_PKEY_free(ca_key);
-  X509_free(ca);
-  g_port[0] = free_port();
-  g_port[1] = free_port();
+  gwt_make_pki(g_dir, clusters, 3, users, 2, NULL, NULL);
+  g_port[0] = gwt_free_port();
+  g_port[1] = gwt_free_port();
   for (int i = 0; i < 2; i++) {
     make_config(i);
     assert_int_equal(nb_gateway_create(&g_cfg[i], &g_gw[i]), NB_OK);
@@ -135,25 +85,13 @@ static int teardown(void** state) {
     nb_gateway_destroy(g_gw[i]);
     g_gw[i] = NULL;
   }
-  while (waitpid(-1, NULL, WNOHANG) > 0) {
-  }
-  if (!getenv("NB_TEST_KEEP")) nftw(g_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  gwt_reap();
+  if (!getenv("NB_TEST_KEEP")) gwt_remove_dir(g_dir);
   return 0;
 }
 
 static nb_rpc_client_t* client_as(const char* user, nb_tls_t** tls_out, int gw) {
-  char ca[512], crt[512], key[512], target[64];
-  snprintf(ca, sizeof ca, "%s/ca.crt", g_dir);
-  snprintf(crt, sizeof crt, "%s/%s.crt", g_dir, user);
-  snprintf(key, sizeof key, "%s/%s.key", g_dir, user);
-  nb_tls_files_t f = {ca, crt, key};
-  assert_int_equal(nb_tls_create(&f, tls_out), NB_OK);
-  nb_rpc_client_opts_t o = {0};
-  o.tls = *tls_out;
-  snprintf(target, sizeof target, "127.0.0.1:%d", g_port[gw]);
-  nb_rpc_client_t* cli = NULL;
-  assert_int_equal(nb_rpc_client_create(target, &o, &cli), NB_OK);
-  return cli;
+  return gwt_client(g_dir, user, g_port[gw], tls_out);
 }
 
 /* A tiny pretraining job on the named clusters (one worker each). */
@@ -182,32 +120,7 @@ static void job_doc(char* buf, size_t cap, const char* name, int with_a, int wit
 
 static nb_status_t submit(nb_rpc_client_t* cli, const char* signer, const char* doc, char* id_out,
                           size_t id_cap) {
-  char p[512];
-  snprintf(p, sizeof p, "%s/%s.key", g_dir, signer);
-  EVP_PKEY* key = NULL;
-  assert_int_equal(nb_pki_key_load(p, &key), NB_OK);
-  uint8_t* sig = NULL;
-  size_t sig_len = 0;
-  assert_int_equal(nb_sign_data(key, doc, strlen(doc), &sig, &sig_len), NB_OK);
-  EVP_PKEY_free(key);
-  snprintf(p, sizeof p, "%s/%s.crt", g_dir, signer);
-  FILE* f = fopen(p, "r");
-  char pem[8192] = {0};
-  assert_true(fread(pem, 1, sizeof pem - 1, f) > 0);
-  fclose(f);
-  Nebula__V1__SubmitRequest req = NEBULA__V1__SUBMIT_REQUEST__INIT;
-  req.descriptor.data = (uint8_t*)doc;
-  req.descriptor.len = strlen(doc);
-  req.signature.data = sig;
-  req.signature.len = sig_len;
-  req.cert_pem = pem;
-  ProtobufCMessage* rep = NULL;
-  nb_status_t st = nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Submit", &req.base,
-                                   &nebula__v1__job__descriptor, &rep, 30000, 0);
-  nb_free(sig);
-  if (rep && id_out) snprintf(id_out, id_cap, "%s", ((Nebula__V1__Job*)rep)->id);
-  if (rep) protobuf_c_message_free_unpacked(rep, NULL);
-  return st;
+  return gwt_submit_id(cli, g_dir, signer, doc, 0, 30000, id_out, id_cap);
 }
 
 static void store_path(int i, char* buf, size_t cap) {

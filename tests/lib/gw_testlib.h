@@ -1,0 +1,55 @@
+/* Set-up shared by the tests that run in-process gateways over mutual TLS on loopback
+ * (tests/unit/gateway, tests/unit/federation): a temporary folder holding a PKI made by
+ * security/pki, free loopback ports, clients with a user's certificate and signed submits.
+ * Every helper fails the running cmocka test when a step goes wrong. Built into each test that
+ * uses it (SOURCES ${PROJECT_SOURCE_DIR}/tests/lib/gw_testlib.c). */
+#ifndef NB_TESTS_LIB_GW_TESTLIB_H
+#define NB_TESTS_LIB_GW_TESTLIB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <openssl/evp.h>
+#include <openssl/x509.h>
+
+#include "common/common.h"
+#include "inter/rpc.h"
+#include "nebula/v1/gateway.pb-c.h"
+#include "security/tls.h"
+
+/* Makes $TMPDIR/<prefix>.XXXXXX (/tmp without TMPDIR) and writes its path into dir. */
+void gwt_make_dir(char* dir, size_t cap, const char* prefix);
+
+/* Removes dir and everything below it (links not followed). */
+void gwt_remove_dir(const char* dir);
+
+/* Reaps every child that has already exited, without waiting for the others. */
+void gwt_reap(void);
+
+/* A loopback port nothing listens on now (bound, then closed). */
+int gwt_free_port(void);
+
+/* Writes dir/<name>.key and dir/<name>.crt, then frees k and c. */
+void gwt_write_pair(const char* dir, EVP_PKEY* k, X509* c, const char* name);
+
+/* A new CA written to dir/ca.crt, a cluster certificate (SAN IP:127.0.0.1) for each of
+ * clusters and a user certificate for each of users, each as dir/<name>.{key,crt}. The CA's key
+ * and certificate go to *ca_key and *ca (the caller frees them) when both are given, else are
+ * freed. */
+void gwt_make_pki(const char* dir, const char* const* clusters, int n_clusters,
+                  const char* const* users, int n_users, EVP_PKEY** ca_key, X509** ca);
+
+/* A client of 127.0.0.1:port with user's certificate from dir; its TLS material in *tls_out
+ * (the caller destroys both). */
+nb_rpc_client_t* gwt_client(const char* dir, const char* user, int port, nb_tls_t** tls_out);
+
+/* Submits doc signed with dir/<signer>.key, dir/<signer>.crt sent along (tamper: flip a byte
+ * after signing). The reply into *out (the caller frees it) when out is given, else freed. */
+nb_status_t gwt_submit(nb_rpc_client_t* cli, const char* dir, const char* signer, const char* doc,
+                       int tamper, int64_t timeout_ms, Nebula__V1__Job** out);
+
+/* gwt_submit, keeping only the job id (into id when given and the gateway answered). */
+nb_status_t gwt_submit_id(nb_rpc_client_t* cli, const char* dir, const char* signer,
+                          const char* doc, int tamper, int64_t timeout_ms, char* id, size_t cap);
+
+#endif
