@@ -50,6 +50,28 @@ int gwt_free_port(void) {
   return ntohs(a.sin_port);
 }
 
+void gwt_parse_config(const char* dir, const char* json, nb_gateway_config_t* cfg) {
+  nb_gateway_config_defaults(cfg);
+  assert_int_equal(nb_gateway_config_parse(json, strlen(json), dir, cfg), NB_OK);
+}
+
+void gwt_start_pair(int port[2], nb_gateway_config_t cfg[2], nb_gateway_t* gw[2],
+                    void (*make_config)(int i)) {
+  port[0] = gwt_free_port();
+  port[1] = gwt_free_port();
+  for (int i = 0; i < 2; i++) {
+    make_config(i);
+    assert_int_equal(nb_gateway_create(&cfg[i], &gw[i]), NB_OK);
+  }
+}
+
+void gwt_stop_pair(nb_gateway_t* gw[2]) {
+  for (int i = 0; i < 2; i++) {
+    nb_gateway_destroy(gw[i]);
+    gw[i] = NULL;
+  }
+}
+
 void gwt_write_pair(const char* dir, EVP_PKEY* k, X509* c, const char* name) {
   char p[512];
   snprintf(p, sizeof p, "%s/%s.key", dir, name);

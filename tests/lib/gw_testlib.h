@@ -13,6 +13,7 @@
 #include <openssl/x509.h>
 
 #include "common/common.h"
+#include "gateway/gateway.h"
 #include "inter/rpc.h"
 #include "nebula/v1/gateway.pb-c.h"
 #include "security/tls.h"
@@ -28,6 +29,17 @@ void gwt_reap(void);
 
 /* A loopback port nothing listens on now (bound, then closed). */
 int gwt_free_port(void);
+
+/* Fills *cfg with the defaults, then parses json (paths relative to dir) into it. */
+void gwt_parse_config(const char* dir, const char* json, nb_gateway_config_t* cfg);
+
+/* Two gateways peered on loopback: free ports into port[0] and port[1], then for i = 0, 1
+ * make_config(i) fills cfg[i] (from port[]) and gateway i starts into gw[i]. */
+void gwt_start_pair(int port[2], nb_gateway_config_t cfg[2], nb_gateway_t* gw[2],
+                    void (*make_config)(int i));
+
+/* Destroys both gateways of a pair (NULL ok) and sets them NULL. */
+void gwt_stop_pair(nb_gateway_t* gw[2]);
 
 /* Writes dir/<name>.key and dir/<name>.crt, then frees k and c. */
 void gwt_write_pair(const char* dir, EVP_PKEY* k, X509* c, const char* name);

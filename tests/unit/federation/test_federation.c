@@ -60,8 +60,7 @@ static void make_config(int i) {
       " \"federation_timeout_ms\": 5000, \"cancel_grace_ms\": 2000, \"poll_ms\": 20}",
       g_ids[i], g_port[i], g_ids[i], g_ids[i], g_ids[1 - i], g_port[1 - i], g_nebula, g_nebula,
       g_ids[i], acl, g_data);
-  nb_gateway_config_defaults(&g_cfg[i]);
-  assert_int_equal(nb_gateway_config_parse(cfg, strlen(cfg), g_dir, &g_cfg[i]), NB_OK);
+  gwt_parse_config(g_dir, cfg, &g_cfg[i]);
 }
 
 static int setup(void** state) {
@@ -70,21 +69,13 @@ static int setup(void** state) {
   const char* clusters[] = {"dc-a", "dc-b", "dc-c"}; /* dc-c: from the CA, but nobody's peer */
   const char* users[] = {"alice", "bob"};
   gwt_make_pki(g_dir, clusters, 3, users, 2, NULL, NULL);
-  g_port[0] = gwt_free_port();
-  g_port[1] = gwt_free_port();
-  for (int i = 0; i < 2; i++) {
-    make_config(i);
-    assert_int_equal(nb_gateway_create(&g_cfg[i], &g_gw[i]), NB_OK);
-  }
+  gwt_start_pair(g_port, g_cfg, g_gw, make_config);
   return 0;
 }
 
 static int teardown(void** state) {
   (void)state;
-  for (int i = 0; i < 2; i++) {
-    nb_gateway_destroy(g_gw[i]);
-    g_gw[i] = NULL;
-  }
+  gwt_stop_pair(g_gw);
   gwt_reap();
   if (!getenv("NB_TEST_KEEP")) gwt_remove_dir(g_dir);
   return 0;

@@ -84,7 +84,6 @@ static int setup(void** state) {
   EVP_PKEY_free(ca_key);
   X509_free(ca);
 
-  nb_gateway_config_defaults(&g_cfg);
   char cfg[4096], p[512];
   snprintf(
       cfg, sizeof cfg,
@@ -100,7 +99,7 @@ static int setup(void** state) {
       " \"cancel_grace_ms\": 500, \"poll_ms\": 20}");
   snprintf(p, sizeof p, "%s/data", g_dir);
   assert_int_equal(mkdir(p, 0755), 0);
-  assert_int_equal(nb_gateway_config_parse(cfg, strlen(cfg), g_dir, &g_cfg), NB_OK);
+  gwt_parse_config(g_dir, cfg, &g_cfg);
   setenv("NB_TEST_SCRIPT", g_script, 1);
   assert_string_equal(g_cfg.command[2], "eval \"$NB_TEST_SCRIPT\"");
   return 0;

@@ -51,8 +51,7 @@ static int setup(void** state) {
   char cfg[4096];
   snprintf(cfg, sizeof cfg, g_base_cfg, "127.0.0.1:0", gwt_free_port(),
            ", \"metrics\": {\"listen\": \"127.0.0.1:0\"}");
-  nb_gateway_config_defaults(&g_cfg);
-  assert_int_equal(nb_gateway_config_parse(cfg, strlen(cfg), g_dir, &g_cfg), NB_OK);
+  gwt_parse_config(g_dir, cfg, &g_cfg);
   assert_string_equal(g_cfg.metrics_listen, "127.0.0.1:0");
   return 0;
 }
