@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <ftw.h>
+#include <jansson.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,4 +171,90 @@ nb_status_t gwt_submit_id(nb_rpc_client_t* cli, const char* dir, const char* sig
   if (job && id) snprintf(id, cap, "%s", job->id);
   if (job) protobuf_c_message_free_unpacked(&job->base, NULL);
   return st;
+}
+
+nb_job_store_t* gwt_open_store(const nb_gateway_config_t* cfg) {
+  char p[1200];
+  snprintf(p, sizeof p, "%s/jobs.db", cfg->work_dir);
+  nb_job_store_t* st = NULL;
+  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
+  return st;
+}
+
+nb_job_state_t gwt_job_state(const nb_gateway_config_t* cfg, const char* id, char* why,
+                             size_t cap) {
+  nb_job_store_t* st = gwt_open_store(cfg);
+  nb_job_record_t rec = {0};
+  nb_status_t s = nb_job_store_get(st, id, &rec);
+  nb_job_store_close(st);
+  nb_job_state_t r = s == NB_OK ? rec.state : (nb_job_state_t)-1;
+  if (why) snprintf(why, cap, "%s", s == NB_OK && rec.reason ? rec.reason : "");
+  nb_job_record_clear(&rec);
+  return r;
+}
+
+void gwt_wait_state(const nb_gateway_config_t* cfg, const char* id, nb_job_state_t want,
+                    int seconds) {
+  nb_job_state_t s = (nb_job_state_t)-1;
+  char why[1024] = "";
+  for (int k = 0; k < seconds * 20; k++) {
+    s = gwt_job_state(cfg, id, why, sizeof why);
+    if (s == want) return;
+    if ((int)s >= 0 && nb_job_state_is_final(s)) break;
+    nb_sleep_ns(50000000);
+  }
+  fail_msg("job %s at %s never reached %s (is %s: %s)", id, cfg->cluster_id,
+           nb_job_state_name(want), nb_job_state_name(s), why);
+}
+
+int gwt_count_events(const nb_gateway_config_t* cfg, const char* id, const char* kind,
+                     const char* needle) {
+  nb_job_store_t* st = gwt_open_store(cfg);
+  nb_job_event_t* ev = NULL;
+  size_t n = 0;
+  int c = 0;
+  if (nb_job_store_events(st, id, 0, 0, &ev, &n) == NB_OK)
+    for (size_t k = 0; k < n; k++)
+      if ((!kind || !strcmp(ev[k].kind, kind)) && (!needle || strstr(ev[k].payload, needle))) c++;
+  nb_job_events_free(ev, n);
+  nb_job_store_close(st);
+  return c;
+}
+
+pid_t gwt_event_pid(const nb_gateway_config_t* cfg, const char* id, const char* kind) {
+  nb_job_store_t* st = gwt_open_store(cfg);
+  nb_job_event_t* ev = NULL;
+  size_t n = 0;
+  pid_t pid = 0;
+  if (nb_job_store_events(st, id, 0, 0, &ev, &n) == NB_OK)
+    for (size_t k = 0; k < n; k++) {
+      if (strcmp(ev[k].kind, kind)) continue;
+      json_t* j = json_loads(ev[k].payload, 0, NULL);
+      pid = (pid_t)json_integer_value(json_object_get(j, "pid"));
+      json_decref(j);
+    }
+  nb_job_events_free(ev, n);
+  nb_job_store_close(st);
+  return pid;
+}
+
+Nebula__V1__Job* gwt_cancel(nb_rpc_client_t* cli, const char* id, int64_t timeout_ms) {
+  Nebula__V1__CancelRequest cr = NEBULA__V1__CANCEL_REQUEST__INIT;
+  cr.job_id = (char*)id;
+  cr.reason = (char*)"test";
+  ProtobufCMessage* rep = NULL;
+  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Cancel", &cr.base,
+                                   &nebula__v1__job__descriptor, &rep, timeout_ms, 0),
+                   NB_OK);
+  return (Nebula__V1__Job*)rep;
+}
+
+void gwt_wait_launched(const nb_gateway_config_t cfg[2], const char* id, pid_t* pa, pid_t* pb) {
+  *pa = *pb = 0;
+  for (int k = 0; k < 400 && (!*pa || !*pb); k++) {
+    *pa = gwt_event_pid(&cfg[0], id, "launch");
+    *pb = gwt_event_pid(&cfg[1], id, "launch");
+    nb_sleep_ns(25000000);
+  }
+  assert_true(*pa > 0 && *pb > 0);
 }

@@ -8,12 +8,14 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <openssl/evp.h>
 #include <openssl/x509.h>
 
 #include "common/common.h"
 #include "gateway/gateway.h"
+#include "gateway/store.h"
 #include "inter/rpc.h"
 #include "nebula/v1/gateway.pb-c.h"
 #include "security/tls.h"
@@ -63,5 +65,31 @@ nb_status_t gwt_submit(nb_rpc_client_t* cli, const char* dir, const char* signer
 /* gwt_submit, keeping only the job id (into id when given and the gateway answered). */
 nb_status_t gwt_submit_id(nb_rpc_client_t* cli, const char* dir, const char* signer,
                           const char* doc, int tamper, int64_t timeout_ms, char* id, size_t cap);
+
+/* The job store of the gateway configured by cfg (<work_dir>/jobs.db), opened. */
+nb_job_store_t* gwt_open_store(const nb_gateway_config_t* cfg);
+
+/* The job's state in cfg's store, -1 when unknown; its reason into why when given. */
+nb_job_state_t gwt_job_state(const nb_gateway_config_t* cfg, const char* id, char* why, size_t cap);
+
+/* Polls cfg's store every 50 ms for up to seconds until the job is in state want; fails the test
+ * (naming the state it is in and why) when the time runs out or it ends in another state. */
+void gwt_wait_state(const nb_gateway_config_t* cfg, const char* id, nb_job_state_t want,
+                    int seconds);
+
+/* The job's events in cfg's store of kind (NULL: any) whose payload holds needle (NULL: any). */
+int gwt_count_events(const nb_gateway_config_t* cfg, const char* id, const char* kind,
+                     const char* needle);
+
+/* The "pid" of the job's last event of kind in cfg's store (0 if none). */
+pid_t gwt_event_pid(const nb_gateway_config_t* cfg, const char* id, const char* kind);
+
+/* Cancels the job through cli (reason "test"), asserting the call succeeds; the job as it
+ * answers (the caller frees it). */
+Nebula__V1__Job* gwt_cancel(nb_rpc_client_t* cli, const char* id, int64_t timeout_ms);
+
+/* Polls (up to 10 s) until both gateways of a pair have launched the job; the pids of the two
+ * launch events into *pa and *pb, asserted found. */
+void gwt_wait_launched(const nb_gateway_config_t cfg[2], const char* id, pid_t* pa, pid_t* pb);
 
 #endif

@@ -754,18 +754,11 @@ static int pid_alive(pid_t pid) {
 }
 
 static void cancel(nb_rpc_client_t* cli, const char* id, const char* expect_state) {
-  Nebula__V1__CancelRequest cr = NEBULA__V1__CANCEL_REQUEST__INIT;
-  cr.job_id = (char*)id;
-  cr.reason = (char*)"test";
-  ProtobufCMessage* rep = NULL;
-  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Cancel", &cr.base,
-                                   &nebula__v1__job__descriptor, &rep, 20000, 0),
-                   NB_OK);
-  Nebula__V1__Job* j = (Nebula__V1__Job*)rep;
+  Nebula__V1__Job* j = gwt_cancel(cli, id, 20000);
   assert_string_equal(j->state, expect_state);
   if (!strcmp(expect_state, "cancelled"))
     assert_string_equal(j->reason, "cancelled by alice: test");
-  protobuf_c_message_free_unpacked(rep, NULL);
+  protobuf_c_message_free_unpacked(&j->base, NULL);
 }
 
 static void test_cancel_and_fail(void** state) {

@@ -90,71 +90,6 @@ static nb_status_t submit(nb_rpc_client_t* cli, const char* doc, char* id_out, s
   return gwt_submit_id(cli, g_dir, "alice", doc, 0, 30000, id_out, id_cap);
 }
 
-static nb_job_store_t* open_store(int i) {
-  char p[1200];
-  snprintf(p, sizeof p, "%s/jobs.db", g_cfg[i].work_dir);
-  nb_job_store_t* st = NULL;
-  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
-  return st;
-}
-
-/* The job's record at gateway i (state -1 when unknown); reason copied into why. */
-static nb_job_state_t state_of(int i, const char* id, char* why, size_t cap) {
-  nb_job_store_t* st = open_store(i);
-  nb_job_record_t rec = {0};
-  nb_status_t s = nb_job_store_get(st, id, &rec);
-  nb_job_store_close(st);
-  nb_job_state_t r = s == NB_OK ? rec.state : (nb_job_state_t)-1;
-  if (why) snprintf(why, cap, "%s", s == NB_OK && rec.reason ? rec.reason : "");
-  nb_job_record_clear(&rec);
-  return r;
-}
-
-static void wait_state(int i, const char* id, nb_job_state_t want, int seconds) {
-  nb_job_state_t s = (nb_job_state_t)-1;
-  char why[1024] = "";
-  for (int k = 0; k < seconds * 20; k++) {
-    s = state_of(i, id, why, sizeof why);
-    if (s == want) return;
-    if ((int)s >= 0 && nb_job_state_is_final(s)) break;
-    nb_sleep_ns(50000000);
-  }
-  fail_msg("job %s at %s never reached %s (is %s: %s)", id, g_ids[i], nb_job_state_name(want),
-           nb_job_state_name(s), why);
-}
-
-/* Events of kind whose payload holds needle (NULL: any). */
-static int count_events(int i, const char* id, const char* kind, const char* needle) {
-  nb_job_store_t* st = open_store(i);
-  nb_job_event_t* ev = NULL;
-  size_t n = 0;
-  int c = 0;
-  if (nb_job_store_events(st, id, 0, 0, &ev, &n) == NB_OK)
-    for (size_t k = 0; k < n; k++)
-      if (!strcmp(ev[k].kind, kind) && (!needle || strstr(ev[k].payload, needle))) c++;
-  nb_job_events_free(ev, n);
-  nb_job_store_close(st);
-  return c;
-}
-
-/* The pid of the job's launch event at gateway i (0 if none yet). */
-static pid_t launch_pid(int i, const char* id) {
-  nb_job_store_t* st = open_store(i);
-  nb_job_event_t* ev = NULL;
-  size_t n = 0;
-  pid_t pid = 0;
-  if (nb_job_store_events(st, id, 0, 0, &ev, &n) == NB_OK)
-    for (size_t k = 0; k < n; k++) {
-      if (strcmp(ev[k].kind, "launch")) continue;
-      json_t* j = json_loads(ev[k].payload, 0, NULL);
-      pid = (pid_t)json_integer_value(json_object_get(j, "pid"));
-      json_decref(j);
-    }
-  nb_job_events_free(ev, n);
-  nb_job_store_close(st);
-  return pid;
-}
-
 /* A file of the job's folder at gateway i, read whole (static buffer). */
 static const char* job_file(int i, const char* id, const char* name) {
   static char buf[1 << 17];
@@ -189,7 +124,7 @@ static void test_one_cluster(void** state) {
   snprintf(g_cmd, sizeof g_cmd, "\"%s\", \"--rounds\", \"3\"", g_prog);
   job_doc(doc, sizeof doc, "prog-one", 0, g_cmd);
   assert_int_equal(submit(cli, doc, id, sizeof id), NB_OK);
-  wait_state(0, id, NB_JOB_SUCCEEDED, 30);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_SUCCEEDED, 30);
   char want[PATH_MAX + 200];
   const char* log = job_file(0, id, "stdout.log");
   snprintf(want, sizeof want, "env NEBULA_JOB_ID=%s\n", id);
@@ -215,11 +150,11 @@ static void test_one_cluster(void** state) {
   /* the secret's bytes are nowhere in what the program was given */
   assert_null(strstr(log, "NEBULA_JOB_SECRET="));
   /* each round is a progress event through the session; no run report of the built-in model */
-  assert_int_equal(count_events(0, id, "progress", "\"source\":\"dc-a\""), 3);
-  assert_int_equal(count_events(0, id, "progress", "\"round\":3"), 1);
-  assert_int_equal(count_events(0, id, "report", NULL), 0);
-  assert_int_equal(count_events(0, id, "report_failed", NULL), 0);
-  assert_int_equal(count_events(0, id, "exit", "\"exit_code\":0"), 1);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "progress", "\"source\":\"dc-a\""), 3);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "progress", "\"round\":3"), 1);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "report", NULL), 0);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "report_failed", NULL), 0);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "exit", "\"exit_code\":0"), 1);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
 }
@@ -235,8 +170,8 @@ static void test_two_clusters(void** state) {
   snprintf(g_cmd, sizeof g_cmd, "\"%s\", \"--rounds\", \"4\"", g_prog);
   job_doc(doc, sizeof doc, "prog-two", 1, g_cmd);
   assert_int_equal(submit(cli, doc, id, sizeof id), NB_OK);
-  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
-  wait_state(1, id, NB_JOB_SUCCEEDED, 10);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_SUCCEEDED, 60);
+  gwt_wait_state(&g_cfg[1], id, NB_JOB_SUCCEEDED, 10);
   char ha[32], hb[32];
   global_hash(0, id, ha, sizeof ha);
   global_hash(1, id, hb, sizeof hb);
@@ -252,11 +187,11 @@ static void test_two_clusters(void** state) {
   assert_non_null(strstr(lb, "rank 1 env NEBULA_PEERS=dc-a=127.0.0.1:"));
   assert_non_null(strstr(lb, "rank 1 secret file mode 600 size 32\n"));
   assert_non_null(strstr(lb, "done 4 rounds"));
-  assert_int_equal(count_events(0, id, "progress", "\"cluster\":\"dc-b\""), 4);
-  assert_int_equal(count_events(0, id, "progress", "\"source\":\"dc-a\""), 4);
-  assert_int_equal(count_events(0, id, "cluster_state", "\"to\":\"succeeded\""), 2);
-  assert_int_equal(count_events(1, id, "exit", "\"ranks\":[0,0]"), 1);
-  assert_int_equal(count_events(0, id, "report", NULL), 0);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "progress", "\"cluster\":\"dc-b\""), 4);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "progress", "\"source\":\"dc-a\""), 4);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "cluster_state", "\"to\":\"succeeded\""), 2);
+  assert_int_equal(gwt_count_events(&g_cfg[1], id, "exit", "\"ranks\":[0,0]"), 1);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "report", NULL), 0);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
 }
@@ -271,10 +206,10 @@ static void test_exit_code(void** state) {
   snprintf(g_cmd, sizeof g_cmd, "\"%s\", \"--exit\", \"3\"", g_prog);
   job_doc(doc, sizeof doc, "prog-fails", 0, g_cmd);
   assert_int_equal(submit(cli, doc, id, sizeof id), NB_OK);
-  wait_state(0, id, NB_JOB_FAILED, 30);
-  state_of(0, id, why, sizeof why);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_FAILED, 30);
+  gwt_job_state(&g_cfg[0], id, why, sizeof why);
   assert_non_null(strstr(why, "exited with code 3"));
-  assert_int_equal(count_events(0, id, "exit", "\"exit_code\":3"), 1);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "exit", "\"exit_code\":3"), 1);
   assert_non_null(strstr(job_file(0, id, "stderr.log"), "exiting with 3 as asked"));
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
@@ -290,25 +225,14 @@ static void test_cancel(void** state) {
   snprintf(g_cmd, sizeof g_cmd, "\"%s\", \"--sleep\", \"600\"", g_prog);
   job_doc(doc, sizeof doc, "prog-cancel", 1, g_cmd);
   assert_int_equal(submit(cli, doc, id, sizeof id), NB_OK);
-  pid_t pa = 0, pb = 0;
-  for (int k = 0; k < 400 && (!pa || !pb); k++) {
-    pa = launch_pid(0, id);
-    pb = launch_pid(1, id);
-    nb_sleep_ns(25000000);
-  }
-  assert_true(pa > 0 && pb > 0);
-  Nebula__V1__CancelRequest cr = NEBULA__V1__CANCEL_REQUEST__INIT;
-  cr.job_id = id;
-  cr.reason = (char*)"test";
-  ProtobufCMessage* rep = NULL;
-  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Cancel", &cr.base,
-                                   &nebula__v1__job__descriptor, &rep, 30000, 0),
-                   NB_OK);
-  assert_string_equal(((Nebula__V1__Job*)rep)->state, "cancelled");
-  protobuf_c_message_free_unpacked(rep, NULL);
+  pid_t pa, pb;
+  gwt_wait_launched(g_cfg, id, &pa, &pb);
+  Nebula__V1__Job* j = gwt_cancel(cli, id, 30000);
+  assert_string_equal(j->state, "cancelled");
+  protobuf_c_message_free_unpacked(&j->base, NULL);
   assert_false(nb_launcher_group_alive(pa));
   assert_false(nb_launcher_group_alive(pb));
-  assert_int_equal(state_of(1, id, NULL, 0), NB_JOB_CANCELLED);
+  assert_int_equal(gwt_job_state(&g_cfg[1], id, NULL, 0), NB_JOB_CANCELLED);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
 }
