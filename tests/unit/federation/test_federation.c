@@ -11,15 +11,12 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <limits.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,9 +29,8 @@
 #include "gateway/store.h"
 #include "nebula/v1/federation.pb-c.h"
 #include "nebula/v1/gateway.pb-c.h"
-#include "security/pki.h"
-#include "security/sign.h"
 #include "security/tls.h"
+#include "tests/lib/gw_testlib.h"
 
 static char g_dir[256];
 static const char* g_nebula;
@@ -44,31 +40,6 @@ static int g_port[2];
 static nb_gateway_config_t g_cfg[2];
 static nb_gateway_t* g_gw[2];
 static const char* g_ids[2] = {"dc-a", "dc-b"};
-
-static int rm_one(const char* p, const struct stat* sb, int f, struct FTW* ftw) {
-  (void)sb, (void)f, (void)ftw;
-  return remove(p);
-}
-
-static void write_pair(EVP_PKEY* k, X509* c, const char* name) {
-  char p[512];
-  snprintf(p, sizeof p, "%s/%s.key", g_dir, name);
-  assert_int_equal(nb_pki_key_write(p, k, 1), NB_OK);
-  snprintf(p, sizeof p, "%s/%s.crt", g_dir, name);
-  assert_int_equal(nb_pki_cert_write(p, c, 1), NB_OK);
-  EVP_PKEY_free(k);
-  X509_free(c);
-}
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  assert_int_equal(bind(fd, (struct sockaddr*)&a, sizeof a), 0);
-  socklen_t l = sizeof a;
-  assert_int_equal(getsockname(fd, (struct sockaddr*)&a, &l), 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 /* dc-a lets alice and bob run anywhere; dc-b only alice. */
 static void make_config(int i) {
@@ -89,71 +60,29 @@ static void make_config(int i) {
       " \"federation_timeout_ms\": 5000, \"cancel_grace_ms\": 2000, \"poll_ms\": 20}",
       g_ids[i], g_port[i], g_ids[i], g_ids[i], g_ids[1 - i], g_port[1 - i], g_nebula, g_nebula,
       g_ids[i], acl, g_data);
-  nb_gateway_config_defaults(&g_cfg[i]);
-  assert_int_equal(nb_gateway_config_parse(cfg, strlen(cfg), g_dir, &g_cfg[i]), NB_OK);
+  gwt_parse_config(g_dir, cfg, &g_cfg[i]);
 }
 
 static int setup(void** state) {
   (void)state;
-  const char* t = getenv("TMPDIR");
-  snprintf(g_dir, sizeof g_dir, "%s/nb_fed.XXXXXX", t && *t ? t : "/tmp");
-  assert_non_null(mkdtemp(g_dir));
-  EVP_PKEY *ca_key, *k;
-  X509 *ca, *c;
-  assert_int_equal(nb_pki_ca_create(NULL, 0, &ca_key, &ca), NB_OK);
-  const char* sans[] = {"IP:127.0.0.1"};
+  gwt_make_dir(g_dir, sizeof g_dir, "nb_fed");
   const char* clusters[] = {"dc-a", "dc-b", "dc-c"}; /* dc-c: from the CA, but nobody's peer */
-  for (int i = 0; i < 3; i++) {
-    nb_pki_issue_opts_t o = {
-        .kind = NB_PKI_CLUSTER, .name = clusters[i], .sans = sans, .n_sans = 1};
-    assert_int_equal(nb_pki_cert_issue(ca_key, ca, &o, &k, &c), NB_OK);
-    write_pair(k, c, clusters[i]);
-  }
   const char* users[] = {"alice", "bob"};
-  for (int i = 0; i < 2; i++) {
-    nb_pki_issue_opts_t u = {.kind = NB_PKI_USER, .name = users[i]};
-    assert_int_equal(nb_pki_cert_issue(ca_key, ca, &u, &k, &c), NB_OK);
-    write_pair(k, c, users[i]);
-  }
-  char p[512];
-  snprintf(p, sizeof p, "%s/ca.crt", g_dir);
-  assert_int_equal(nb_pki_cert_write(p, ca, 1), NB_OK);
-  EVP_PKEY_free(ca_key);
-  X509_free(ca);
-  g_port[0] = free_port();
-  g_port[1] = free_port();
-  for (int i = 0; i < 2; i++) {
-    make_config(i);
-    assert_int_equal(nb_gateway_create(&g_cfg[i], &g_gw[i]), NB_OK);
-  }
+  gwt_make_pki(g_dir, clusters, 3, users, 2, NULL, NULL);
+  gwt_start_pair(g_port, g_cfg, g_gw, make_config);
   return 0;
 }
 
 static int teardown(void** state) {
   (void)state;
-  for (int i = 0; i < 2; i++) {
-    nb_gateway_destroy(g_gw[i]);
-    g_gw[i] = NULL;
-  }
-  while (waitpid(-1, NULL, WNOHANG) > 0) {
-  }
-  if (!getenv("NB_TEST_KEEP")) nftw(g_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  gwt_stop_pair(g_gw);
+  gwt_reap();
+  if (!getenv("NB_TEST_KEEP")) gwt_remove_dir(g_dir);
   return 0;
 }
 
 static nb_rpc_client_t* client_as(const char* user, nb_tls_t** tls_out, int gw) {
-  char ca[512], crt[512], key[512], target[64];
-  snprintf(ca, sizeof ca, "%s/ca.crt", g_dir);
-  snprintf(crt, sizeof crt, "%s/%s.crt", g_dir, user);
-  snprintf(key, sizeof key, "%s/%s.key", g_dir, user);
-  nb_tls_files_t f = {ca, crt, key};
-  assert_int_equal(nb_tls_create(&f, tls_out), NB_OK);
-  nb_rpc_client_opts_t o = {0};
-  o.tls = *tls_out;
-  snprintf(target, sizeof target, "127.0.0.1:%d", g_port[gw]);
-  nb_rpc_client_t* cli = NULL;
-  assert_int_equal(nb_rpc_client_create(target, &o, &cli), NB_OK);
-  return cli;
+  return gwt_client(g_dir, user, g_port[gw], tls_out);
 }
 
 /* A tiny pretraining job on the named clusters (one worker each). */
@@ -182,110 +111,7 @@ static void job_doc(char* buf, size_t cap, const char* name, int with_a, int wit
 
 static nb_status_t submit(nb_rpc_client_t* cli, const char* signer, const char* doc, char* id_out,
                           size_t id_cap) {
-  char p[512];
-  snprintf(p, sizeof p, "%s/%s.key", g_dir, signer);
-  EVP_PKEY* key = NULL;
-  assert_int_equal(nb_pki_key_load(p, &key), NB_OK);
-  uint8_t* sig = NULL;
-  size_t sig_len = 0;
-  assert_int_equal(nb_sign_data(key, doc, strlen(doc), &sig, &sig_len), NB_OK);
-  EVP_PKEY_free(key);
-  snprintf(p, sizeof p, "%s/%s.crt", g_dir, signer);
-  FILE* f = fopen(p, "r");
-  char pem[8192] = {0};
-  assert_true(fread(pem, 1, sizeof pem - 1, f) > 0);
-  fclose(f);
-  Nebula__V1__SubmitRequest req = NEBULA__V1__SUBMIT_REQUEST__INIT;
-  req.descriptor.data = (uint8_t*)doc;
-  req.descriptor.len = strlen(doc);
-  req.signature.data = sig;
-  req.signature.len = sig_len;
-  req.cert_pem = pem;
-  ProtobufCMessage* rep = NULL;
-  nb_status_t st = nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Submit", &req.base,
-                                   &nebula__v1__job__descriptor, &rep, 30000, 0);
-  nb_free(sig);
-  if (rep && id_out) snprintf(id_out, id_cap, "%s", ((Nebula__V1__Job*)rep)->id);
-  if (rep) protobuf_c_message_free_unpacked(rep, NULL);
-  return st;
-}
-
-static void store_path(int i, char* buf, size_t cap) {
-  snprintf(buf, cap, "%s/jobs.db", g_cfg[i].work_dir);
-}
-
-static nb_job_state_t state_of(int i, const char* id) {
-  char p[1200];
-  store_path(i, p, sizeof p);
-  nb_job_store_t* st = NULL;
-  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
-  nb_job_record_t rec = {0};
-  nb_status_t s = nb_job_store_get(st, id, &rec);
-  nb_job_store_close(st);
-  nb_job_state_t r = s == NB_OK ? rec.state : (nb_job_state_t)-1;
-  nb_job_record_clear(&rec);
-  return r;
-}
-
-static void wait_state(int i, const char* id, nb_job_state_t want, int seconds) {
-  nb_job_state_t s = (nb_job_state_t)-1;
-  for (int k = 0; k < seconds * 20; k++) {
-    s = state_of(i, id);
-    if (s == want) return;
-    if ((int)s >= 0 && nb_job_state_is_final(s)) break;
-    nb_sleep_ns(50000000);
-  }
-  char p[1200];
-  store_path(i, p, sizeof p);
-  nb_job_store_t* st = NULL;
-  nb_job_record_t rec = {0};
-  if (nb_job_store_open(p, &st) == NB_OK && nb_job_store_get(st, id, &rec) == NB_OK)
-    fprintf(stderr, "job %s at %s: %s (%s)\n", id, g_ids[i], nb_job_state_name(rec.state),
-            rec.reason);
-  nb_job_record_clear(&rec);
-  nb_job_store_close(st);
-  fail_msg("job %s at %s never reached %s (is %s)", id, g_ids[i], nb_job_state_name(want),
-           nb_job_state_name(s));
-}
-
-/* Counts events of kind (NULL any) whose payload contains needle (NULL any). */
-static int count_events(int i, const char* id, const char* kind, const char* needle) {
-  char p[1200];
-  store_path(i, p, sizeof p);
-  nb_job_store_t* st = NULL;
-  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
-  nb_job_event_t* ev = NULL;
-  size_t n = 0;
-  int c = 0;
-  if (nb_job_store_events(st, id, 0, 0, &ev, &n) == NB_OK) {
-    for (size_t k = 0; k < n; k++)
-      if ((!kind || !strcmp(ev[k].kind, kind)) && (!needle || strstr(ev[k].payload, needle))) c++;
-  }
-  nb_job_events_free(ev, n);
-  nb_job_store_close(st);
-  return c;
-}
-
-/* The pid in the last event of `kind` at gateway i (0 if none). */
-static pid_t event_pid(int i, const char* id, const char* kind) {
-  char p[1200];
-  store_path(i, p, sizeof p);
-  nb_job_store_t* st = NULL;
-  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
-  nb_job_event_t* ev = NULL;
-  size_t n = 0;
-  pid_t pid = 0;
-  if (nb_job_store_events(st, id, 0, 0, &ev, &n) == NB_OK) {
-    for (size_t k = 0; k < n; k++) {
-      if (strcmp(ev[k].kind, kind)) continue;
-      json_t* j = json_loads(ev[k].payload, 0, NULL);
-      pid = (pid_t)json_integer_value(json_object_get(j, "pid"));
-      json_decref(j);
-    }
-  }
-  nb_job_events_free(ev, n);
-  nb_job_store_close(st);
-  return pid;
+  return gwt_submit_id(cli, g_dir, signer, doc, 0, 30000, id_out, id_cap);
 }
 
 static void read_hash(int i, const char* id, char* out, size_t cap) {
@@ -347,14 +173,14 @@ static void test_two_clusters(void** state) {
   char doc[4096], id[128];
   job_doc(doc, sizeof doc, "fed-two", 1, 1, 8);
   assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
-  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
-  wait_state(1, id, NB_JOB_SUCCEEDED, 10);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_SUCCEEDED, 60);
+  gwt_wait_state(&g_cfg[1], id, NB_JOB_SUCCEEDED, 10);
   /* dc-b's progress and states are at the origin, tagged with the cluster */
-  assert_true(count_events(0, id, "progress", "\"cluster\":\"dc-b\"") >= 2);
-  assert_true(count_events(0, id, "progress", "\"source\":\"dc-a\"") >= 2);
-  assert_int_equal(count_events(0, id, "cluster_state", "\"to\":\"succeeded\""), 2);
-  assert_int_equal(count_events(0, id, "cluster_launch", "\"cluster\":\"dc-b\""), 1);
-  assert_int_equal(count_events(0, id, "launch", NULL), 1);
+  assert_true(gwt_count_events(&g_cfg[0], id, "progress", "\"cluster\":\"dc-b\"") >= 2);
+  assert_true(gwt_count_events(&g_cfg[0], id, "progress", "\"source\":\"dc-a\"") >= 2);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "cluster_state", "\"to\":\"succeeded\""), 2);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "cluster_launch", "\"cluster\":\"dc-b\""), 1);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "launch", NULL), 1);
   char ha[64], hb[64];
   read_hash(0, id, ha, sizeof ha);
   read_hash(1, id, hb, sizeof hb);
@@ -425,10 +251,7 @@ static void test_peer_refuses(void** state) {
   assert_int_equal(submit(cli, "bob", doc, NULL, 0), NB_ERR_PERMISSION);
   assert_non_null(strstr(nb_error_last(), "cluster 'dc-b' refused the job"));
   assert_non_null(strstr(nb_error_last(), "user 'bob' is not in this gateway's ACL"));
-  char p[1200];
-  store_path(0, p, sizeof p);
-  nb_job_store_t* st = NULL;
-  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
+  nb_job_store_t* st = gwt_open_store(&g_cfg[0]);
   nb_job_record_t* recs = NULL;
   size_t n = 0;
   assert_int_equal(nb_job_store_list(st, "bob", -1, &recs, &n), NB_OK);
@@ -439,8 +262,8 @@ static void test_peer_refuses(void** state) {
   snprintf(id, sizeof id, "%s", recs[0].id);
   nb_job_records_free(recs, n);
   nb_job_store_close(st);
-  assert_int_equal(count_events(0, id, "launch", NULL), 0);
-  assert_int_equal(state_of(1, id), (nb_job_state_t)-1);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "launch", NULL), 0);
+  assert_int_equal(gwt_job_state(&g_cfg[1], id, NULL, 0), (nb_job_state_t)-1);
   /* a cluster that is not a peer of dc-a */
   char alien[4096];
   job_doc(alien, sizeof alien, "fed-alien", 1, 1, 8);
@@ -448,6 +271,7 @@ static void test_peer_refuses(void** state) {
   memcpy(b, "\"dc-c\"", 6);
   assert_int_equal(submit(cli, "bob", alien, NULL, 0), NB_ERR_INVALID);
   assert_non_null(strstr(nb_error_last(), "cluster 'dc-c', which is not a peer of gateway 'dc-a'"));
+  char p[1200];
   snprintf(p, sizeof p, "%s/%s/out", g_cfg[0].work_dir, id);
   assert_int_equal(access(p, F_OK), -1);
   nb_rpc_client_destroy(cli);
@@ -462,27 +286,16 @@ static void test_cancel(void** state) {
   char doc[4096], id[128];
   job_doc(doc, sizeof doc, "fed-cancel", 1, 1, 200000);
   assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
-  pid_t pa = 0, pb = 0;
-  for (int k = 0; k < 400 && (!pa || !pb); k++) {
-    pa = event_pid(0, id, "launch");
-    pb = event_pid(1, id, "launch");
-    nb_sleep_ns(25000000);
-  }
-  assert_true(pa > 0 && pb > 0);
+  pid_t pa, pb;
+  gwt_wait_launched(g_cfg, id, &pa, &pb);
   assert_true(group_alive(pa));
   assert_true(group_alive(pb));
-  Nebula__V1__CancelRequest cr = NEBULA__V1__CANCEL_REQUEST__INIT;
-  cr.job_id = id;
-  cr.reason = (char*)"test";
-  ProtobufCMessage* rep = NULL;
-  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Cancel", &cr.base,
-                                   &nebula__v1__job__descriptor, &rep, 30000, 0),
-                   NB_OK);
-  assert_string_equal(((Nebula__V1__Job*)rep)->state, "cancelled");
-  protobuf_c_message_free_unpacked(rep, NULL);
+  Nebula__V1__Job* j = gwt_cancel(cli, id, 30000);
+  assert_string_equal(j->state, "cancelled");
+  protobuf_c_message_free_unpacked(&j->base, NULL);
   assert_false(group_alive(pa));
   assert_false(group_alive(pb));
-  assert_int_equal(state_of(1, id), NB_JOB_CANCELLED);
+  assert_int_equal(gwt_job_state(&g_cfg[1], id, NULL, 0), NB_JOB_CANCELLED);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
 }
@@ -497,13 +310,8 @@ static void test_cancel_peer_down(void** state) {
   char doc[4096], id[128];
   job_doc(doc, sizeof doc, "fed-cancel-down", 1, 1, 200000);
   assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
-  pid_t pa = 0, pb = 0;
-  for (int k = 0; k < 400 && (!pa || !pb); k++) {
-    pa = event_pid(0, id, "launch");
-    pb = event_pid(1, id, "launch");
-    nb_sleep_ns(25000000);
-  }
-  assert_true(pa > 0 && pb > 0);
+  pid_t pa, pb;
+  gwt_wait_launched(g_cfg, id, &pa, &pb);
   nb_gateway_destroy(g_gw[1]);
   g_gw[1] = NULL;
   Nebula__V1__CancelRequest cr = NEBULA__V1__CANCEL_REQUEST__INIT;
@@ -513,11 +321,11 @@ static void test_cancel_peer_down(void** state) {
                                    &nebula__v1__job__descriptor, &rep, 30000, 0),
                    NB_ERR_UNAVAILABLE);
   assert_non_null(strstr(nb_error_last(), "not yet on every cluster"));
-  assert_int_equal(state_of(0, id), NB_JOB_CANCELLED);
+  assert_int_equal(gwt_job_state(&g_cfg[0], id, NULL, 0), NB_JOB_CANCELLED);
   assert_false(group_alive(pa));
   assert_true(group_alive(pb));
   assert_int_equal(nb_gateway_create(&g_cfg[1], &g_gw[1]), NB_OK);
-  wait_state(1, id, NB_JOB_CANCELLED, 30);
+  gwt_wait_state(&g_cfg[1], id, NB_JOB_CANCELLED, 30);
   for (int k = 0; k < 200 && group_alive(pb); k++) nb_sleep_ns(25000000);
   assert_false(group_alive(pb));
   nb_rpc_client_destroy(cli);
@@ -535,24 +343,22 @@ static void test_peer_fails(void** state) {
   job_doc(doc, sizeof doc, "fed-fails", 1, 1, 200000);
   g_data_b = NULL;
   assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
-  wait_state(1, id, NB_JOB_FAILED, 30);
-  wait_state(0, id, NB_JOB_FAILED, 30);
-  char p[1200];
-  store_path(0, p, sizeof p);
-  nb_job_store_t* st = NULL;
+  gwt_wait_state(&g_cfg[1], id, NB_JOB_FAILED, 30);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_FAILED, 30);
+  nb_job_store_t* st = gwt_open_store(&g_cfg[0]);
   nb_job_record_t rec = {0};
-  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
   assert_int_equal(nb_job_store_get(st, id, &rec), NB_OK);
   assert_non_null(strstr(rec.reason, "cluster 'dc-b' failed: process"));
   nb_job_record_clear(&rec);
   nb_job_store_close(st);
-  pid_t pa = event_pid(0, id, "launch");
+  pid_t pa = gwt_event_pid(&g_cfg[0], id, "launch");
   assert_true(pa > 0);
   for (int k = 0; k < 200 && group_alive(pa); k++) nb_sleep_ns(25000000);
   assert_false(group_alive(pa));
-  for (int k = 0; k < 200 && !count_events(0, id, "cluster_state", "\"cluster\":\"dc-a\""); k++)
+  for (int k = 0;
+       k < 200 && !gwt_count_events(&g_cfg[0], id, "cluster_state", "\"cluster\":\"dc-a\""); k++)
     nb_sleep_ns(25000000);
-  assert_int_equal(count_events(0, id, "cluster_state", "\"cluster\":\"dc-a\""), 1);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "cluster_state", "\"cluster\":\"dc-a\""), 1);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
 }
@@ -620,7 +426,7 @@ static void test_federation_auth(void** state) {
                                 .name = "fed-auth/final.safetensors",
                                 .dest = dest,
                                 .timeout_ms = 10000};
-  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_SUCCEEDED, 60);
   assert_int_equal(nb_artifact_fetch(&o, NULL), NB_ERR_NOT_FOUND);
   assert_int_equal(access(dest, F_OK), -1);
   nb_tls_destroy(tls);
@@ -671,9 +477,9 @@ static void test_report_seq(void** state) {
   nb_tls_destroy(tls);
 
   /* the member's real events still arrive: the job ends at the origin, nothing forged stored */
-  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
-  assert_int_equal(count_events(0, id, "cluster_state", "\"to\":\"succeeded\""), 2);
-  assert_int_equal(count_events(0, id, "progress", "forged"), 0);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_SUCCEEDED, 60);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "cluster_state", "\"to\":\"succeeded\""), 2);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "progress", "forged"), 0);
 }
 
 /* A member gateway stops mid-job and starts again: it re-attaches to its worker, reports the rest
@@ -687,14 +493,14 @@ static void test_member_restart(void** state) {
   assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
-  for (int k = 0; k < 400 && !event_pid(1, id, "launch"); k++) nb_sleep_ns(25000000);
+  for (int k = 0; k < 400 && !gwt_event_pid(&g_cfg[1], id, "launch"); k++) nb_sleep_ns(25000000);
   nb_gateway_destroy(g_gw[1]);
   g_gw[1] = NULL;
   nb_sleep_ns(1000000000LL);
   assert_int_equal(nb_gateway_create(&g_cfg[1], &g_gw[1]), NB_OK);
-  wait_state(1, id, NB_JOB_SUCCEEDED, 60);
-  wait_state(0, id, NB_JOB_SUCCEEDED, 30);
-  assert_int_equal(count_events(0, id, "cluster_state", "\"to\":\"succeeded\""), 2);
+  gwt_wait_state(&g_cfg[1], id, NB_JOB_SUCCEEDED, 60);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_SUCCEEDED, 30);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "cluster_state", "\"to\":\"succeeded\""), 2);
 }
 
 /* The origin gateway stops mid-job and starts again: the job is still followed, dc-b's reports
@@ -707,18 +513,19 @@ static void test_origin_restart(void** state) {
   job_doc(doc, sizeof doc, "fed-restart", 1, 1, 160);
   assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
   nb_rpc_client_destroy(cli);
-  for (int k = 0; k < 400 && !event_pid(1, id, "launch"); k++) nb_sleep_ns(25000000);
+  for (int k = 0; k < 400 && !gwt_event_pid(&g_cfg[1], id, "launch"); k++) nb_sleep_ns(25000000);
   nb_gateway_destroy(g_gw[0]);
   g_gw[0] = NULL;
   nb_sleep_ns(1500000000LL);
-  assert_int_equal(state_of(0, id), NB_JOB_RUNNING);
+  assert_int_equal(gwt_job_state(&g_cfg[0], id, NULL, 0), NB_JOB_RUNNING);
   assert_int_equal(nb_gateway_create(&g_cfg[0], &g_gw[0]), NB_OK);
-  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
-  wait_state(1, id, NB_JOB_SUCCEEDED, 10);
-  for (int k = 0; k < 100 && count_events(0, id, "cluster_state", "\"to\":\"succeeded\"") < 2; k++)
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_SUCCEEDED, 60);
+  gwt_wait_state(&g_cfg[1], id, NB_JOB_SUCCEEDED, 10);
+  for (int k = 0;
+       k < 100 && gwt_count_events(&g_cfg[0], id, "cluster_state", "\"to\":\"succeeded\"") < 2; k++)
     nb_sleep_ns(20000000);
-  assert_int_equal(count_events(0, id, "cluster_state", "\"to\":\"succeeded\""), 2);
-  assert_true(count_events(0, id, "progress", "\"cluster\":\"dc-b\"") >= 6);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "cluster_state", "\"to\":\"succeeded\""), 2);
+  assert_true(gwt_count_events(&g_cfg[0], id, "progress", "\"cluster\":\"dc-b\"") >= 6);
   char ha[64], hb[64];
   read_hash(0, id, ha, sizeof ha);
   read_hash(1, id, hb, sizeof hb);
@@ -740,11 +547,11 @@ static void test_forward(void** state) {
   char doc[4096], id[128];
   job_doc(doc, sizeof doc, "fed-forward", 0, 1, 8);
   assert_int_equal(submit(cli, "alice", doc, id, sizeof id), NB_OK);
-  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
-  assert_int_equal(state_of(1, id), NB_JOB_SUCCEEDED);
-  assert_int_equal(count_events(0, id, "launch", NULL), 0);
-  assert_int_equal(count_events(1, id, "launch", NULL), 1);
-  assert_true(count_events(0, id, "progress", "\"cluster\":\"dc-b\"") >= 1);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_SUCCEEDED, 60);
+  assert_int_equal(gwt_job_state(&g_cfg[1], id, NULL, 0), NB_JOB_SUCCEEDED);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "launch", NULL), 0);
+  assert_int_equal(gwt_count_events(&g_cfg[1], id, "launch", NULL), 1);
+  assert_true(gwt_count_events(&g_cfg[0], id, "progress", "\"cluster\":\"dc-b\"") >= 1);
   char p[800];
   snprintf(p, sizeof p, "%s/%s/out", g_cfg[0].work_dir, id);
   assert_int_equal(access(p, F_OK), -1);
@@ -761,10 +568,7 @@ static void test_forward(void** state) {
 
 /* The last payload of an event of `kind` at gateway i containing needle, parsed (NULL if none). */
 static json_t* last_event(int i, const char* id, const char* kind, const char* needle) {
-  char p[1200];
-  store_path(i, p, sizeof p);
-  nb_job_store_t* st = NULL;
-  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
+  nb_job_store_t* st = gwt_open_store(&g_cfg[i]);
   nb_job_event_t* ev = NULL;
   size_t n = 0;
   json_t* j = NULL;
@@ -851,7 +655,7 @@ static void test_remote_finetune(void** state) {
   char doc[8192], pre[128], tune[128];
   job_doc(doc, sizeof doc, "fed-pre", 1, 0, 8);
   assert_int_equal(submit(cli, "alice", doc, pre, sizeof pre), NB_OK);
-  wait_state(0, pre, NB_JOB_SUCCEEDED, 60);
+  gwt_wait_state(&g_cfg[0], pre, NB_JOB_SUCCEEDED, 60);
   json_t* art = NULL;
   for (int k = 0; k < 200 && !art; k++) {
     art = last_event(0, pre, "artifact", "\"alice/fed-pre/final.safetensors\"");
@@ -875,26 +679,28 @@ static void test_remote_finetune(void** state) {
            "  \"lora\": {\"rank\": 4, \"alpha\": 8}}}}",
            g_data, hash);
   assert_int_equal(submit(cli, "alice", doc, tune, sizeof tune), NB_OK);
-  wait_state(0, tune, NB_JOB_SUCCEEDED, 60);
-  assert_int_equal(state_of(1, tune), NB_JOB_SUCCEEDED);
+  gwt_wait_state(&g_cfg[0], tune, NB_JOB_SUCCEEDED, 60);
+  assert_int_equal(gwt_job_state(&g_cfg[1], tune, NULL, 0), NB_JOB_SUCCEEDED);
   /* fetched by hash at dc-b, before its launch; reported to the origin */
   json_t* f = last_event(1, tune, "fetch", NULL);
   assert_non_null(f);
   assert_string_equal(json_string_value(json_object_get(f, "sha256")), hash);
   assert_string_equal(json_string_value(json_object_get(f, "from")), "dc-a");
   json_decref(f);
-  assert_int_equal(count_events(0, tune, "cluster_fetch", hash), 1);
+  assert_int_equal(gwt_count_events(&g_cfg[0], tune, "cluster_fetch", hash), 1);
   char p[1200];
   struct stat sb;
   snprintf(p, sizeof p, "%s/%s/fed-pre/final.safetensors", g_cfg[1].work_dir, tune);
   assert_int_equal(stat(p, &sb), 0);
   assert_true(sb.st_size > 1000);
   /* nothing ran at dc-a for it; dc-b's outputs are artifacts there, announced to the origin */
-  assert_int_equal(count_events(0, tune, "launch", NULL), 0);
-  for (int k = 0; k < 200 && !count_events(0, tune, "cluster_artifact", "fed-tune/final"); k++)
+  assert_int_equal(gwt_count_events(&g_cfg[0], tune, "launch", NULL), 0);
+  for (int k = 0;
+       k < 200 && !gwt_count_events(&g_cfg[0], tune, "cluster_artifact", "fed-tune/final"); k++)
     nb_sleep_ns(25000000);
   assert_int_equal(
-      count_events(0, tune, "cluster_artifact", "\"alice/fed-tune/final.safetensors\""), 1);
+      gwt_count_events(&g_cfg[0], tune, "cluster_artifact", "\"alice/fed-tune/final.safetensors\""),
+      1);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
 }
@@ -924,7 +730,7 @@ static void pretrain_hash(nb_rpc_client_t* cli, const char* user, long steps, ch
   char doc[8192], id[128], needle[128];
   job_doc(doc, sizeof doc, "dup-pre", 1, 0, steps);
   assert_int_equal(submit(cli, user, doc, id, sizeof id), NB_OK);
-  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_SUCCEEDED, 60);
   snprintf(needle, sizeof needle, "\"%s/dup-pre/final.safetensors\"", user);
   json_t* art = NULL;
   for (int k = 0; k < 200 && !art; k++) {
@@ -949,7 +755,7 @@ static void test_artifact_owners(void** state) {
   /* the same name, two owners: alice's unpinned fine-tune gets her own model */
   finetune_doc(doc, sizeof doc, "own-tune", "dup-pre/final.safetensors", NULL);
   assert_int_equal(submit(alice, "alice", doc, id, sizeof id), NB_OK);
-  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_SUCCEEDED, 60);
   json_t* f = last_event(1, id, "fetch", NULL);
   assert_non_null(f);
   assert_string_equal(json_string_value(json_object_get(f, "sha256")), h_alice);

@@ -8,7 +8,6 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <ftw.h>
 #include <pwd.h>
 #include <sys/stat.h>
 #include <jansson.h>
@@ -29,8 +28,8 @@
 #include "gateway/gateway.h"
 #include "nebula/v1/gateway.pb-c.h"
 #include "security/pki.h"
-#include "security/sign.h"
 #include "security/tls.h"
+#include "tests/lib/gw_testlib.h"
 
 static char g_dir[256];
 static nb_gateway_config_t g_cfg;
@@ -60,43 +59,18 @@ static const char* g_script =
     "2.0, \"global_xxh3\": \"00ff\"}' > summary.json;;\n"
     "esac\n";
 
-static int rm_one(const char* p, const struct stat* sb, int f, struct FTW* ftw) {
-  (void)sb, (void)f, (void)ftw;
-  return remove(p);
-}
-
 static void path_of(char* buf, size_t n, const char* rel) {
   snprintf(buf, n, "%s/%s", g_dir, rel);
 }
 
-static void write_pair(EVP_PKEY* k, X509* c, const char* name) {
-  char p[512];
-  snprintf(p, sizeof p, "%s/%s.key", g_dir, name);
-  assert_int_equal(nb_pki_key_write(p, k, 1), NB_OK);
-  snprintf(p, sizeof p, "%s/%s.crt", g_dir, name);
-  assert_int_equal(nb_pki_cert_write(p, c, 1), NB_OK);
-  EVP_PKEY_free(k);
-  X509_free(c);
-}
-
 static int setup(void** state) {
   (void)state;
-  const char* t = getenv("TMPDIR");
-  snprintf(g_dir, sizeof g_dir, "%s/nb_gw.XXXXXX", t && *t ? t : "/tmp");
-  assert_non_null(mkdtemp(g_dir));
+  gwt_make_dir(g_dir, sizeof g_dir, "nb_gw");
+  const char* clusters[] = {"dc-a"};
+  const char* users[] = {"alice", "bob", "mallory"};
   EVP_PKEY *ca_key, *k;
   X509 *ca, *c;
-  assert_int_equal(nb_pki_ca_create(NULL, 0, &ca_key, &ca), NB_OK);
-  const char* sans[] = {"IP:127.0.0.1"};
-  nb_pki_issue_opts_t o = {.kind = NB_PKI_CLUSTER, .name = "dc-a", .sans = sans, .n_sans = 1};
-  assert_int_equal(nb_pki_cert_issue(ca_key, ca, &o, &k, &c), NB_OK);
-  write_pair(k, c, "dc-a");
-  const char* users[] = {"alice", "bob", "mallory"};
-  for (int i = 0; i < 3; i++) {
-    nb_pki_issue_opts_t u = {.kind = NB_PKI_USER, .name = users[i]};
-    assert_int_equal(nb_pki_cert_issue(ca_key, ca, &u, &k, &c), NB_OK);
-    write_pair(k, c, users[i]);
-  }
+  gwt_make_pki(g_dir, clusters, 1, users, 3, &ca_key, &ca);
   /* "cn-alice": the CA signs a certificate with CN=alice and no subjectAltName at all (a user
    * certificate with its identity URI taken out, then signed again) */
   nb_pki_issue_opts_t cu = {.kind = NB_PKI_USER, .name = "alice"};
@@ -106,15 +80,11 @@ static int setup(void** state) {
   X509_EXTENSION_free(X509_delete_ext(c, san));
   assert_true(X509_get_ext_by_NID(c, NID_subject_alt_name, -1) < 0);
   assert_true(X509_sign(c, ca_key, EVP_sha256()) > 0);
-  write_pair(k, c, "cn-alice");
-  char p[512];
-  snprintf(p, sizeof p, "%s/ca.crt", g_dir);
-  assert_int_equal(nb_pki_cert_write(p, ca, 1), NB_OK);
+  gwt_write_pair(g_dir, k, c, "cn-alice");
   EVP_PKEY_free(ca_key);
   X509_free(ca);
 
-  nb_gateway_config_defaults(&g_cfg);
-  char cfg[4096];
+  char cfg[4096], p[512];
   snprintf(
       cfg, sizeof cfg,
       "{\"cluster_id\": \"dc-a\", \"listen\": \"127.0.0.1:0\",\n"
@@ -129,7 +99,7 @@ static int setup(void** state) {
       " \"cancel_grace_ms\": 500, \"poll_ms\": 20}");
   snprintf(p, sizeof p, "%s/data", g_dir);
   assert_int_equal(mkdir(p, 0755), 0);
-  assert_int_equal(nb_gateway_config_parse(cfg, strlen(cfg), g_dir, &g_cfg), NB_OK);
+  gwt_parse_config(g_dir, cfg, &g_cfg);
   setenv("NB_TEST_SCRIPT", g_script, 1);
   assert_string_equal(g_cfg.command[2], "eval \"$NB_TEST_SCRIPT\"");
   return 0;
@@ -137,25 +107,13 @@ static int setup(void** state) {
 
 static int teardown(void** state) {
   (void)state;
-  while (waitpid(-1, NULL, WNOHANG) > 0) {
-  }
-  nftw(g_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  gwt_reap();
+  gwt_remove_dir(g_dir);
   return 0;
 }
 
 static nb_rpc_client_t* client_as(const char* user, nb_tls_t** tls_out, int port) {
-  char ca[512], crt[512], key[512], target[64];
-  path_of(ca, sizeof ca, "ca.crt");
-  snprintf(crt, sizeof crt, "%s/%s.crt", g_dir, user);
-  snprintf(key, sizeof key, "%s/%s.key", g_dir, user);
-  nb_tls_files_t f = {ca, crt, key};
-  assert_int_equal(nb_tls_create(&f, tls_out), NB_OK);
-  nb_rpc_client_opts_t o = {0};
-  o.tls = *tls_out;
-  snprintf(target, sizeof target, "127.0.0.1:%d", port);
-  nb_rpc_client_t* cli = NULL;
-  assert_int_equal(nb_rpc_client_create(target, &o, &cli), NB_OK);
-  return cli;
+  return gwt_client(g_dir, user, port, tls_out);
 }
 
 static const char* doc_fmt =
@@ -166,37 +124,7 @@ static const char* doc_fmt =
 /* Submits `doc` signed by `signer` (tamper: flip a byte after signing). */
 static nb_status_t submit(nb_rpc_client_t* cli, const char* signer, const char* doc, int tamper,
                           Nebula__V1__Job** out) {
-  char p[512];
-  snprintf(p, sizeof p, "%s/%s.key", g_dir, signer);
-  EVP_PKEY* key = NULL;
-  assert_int_equal(nb_pki_key_load(p, &key), NB_OK);
-  uint8_t* sig = NULL;
-  size_t sig_len = 0;
-  assert_int_equal(nb_sign_data(key, doc, strlen(doc), &sig, &sig_len), NB_OK);
-  EVP_PKEY_free(key);
-  snprintf(p, sizeof p, "%s/%s.crt", g_dir, signer);
-  FILE* f = fopen(p, "r");
-  char pem[8192] = {0};
-  assert_true(fread(pem, 1, sizeof pem - 1, f) > 0);
-  fclose(f);
-  char* body = strdup(doc);
-  if (tamper) body[strlen(body) - 20] ^= 1;
-  Nebula__V1__SubmitRequest req = NEBULA__V1__SUBMIT_REQUEST__INIT;
-  req.descriptor.data = (uint8_t*)body;
-  req.descriptor.len = strlen(body);
-  req.signature.data = sig;
-  req.signature.len = sig_len;
-  req.cert_pem = pem;
-  ProtobufCMessage* rep = NULL;
-  nb_status_t st = nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Submit", &req.base,
-                                   &nebula__v1__job__descriptor, &rep, 10000, 0);
-  free(body);
-  nb_free(sig);
-  if (out)
-    *out = (Nebula__V1__Job*)rep;
-  else if (rep)
-    protobuf_c_message_free_unpacked(rep, NULL);
-  return st;
+  return gwt_submit(cli, g_dir, signer, doc, tamper, 10000, out);
 }
 
 static Nebula__V1__Job* get_job(nb_rpc_client_t* cli, const char* id) {
@@ -826,18 +754,11 @@ static int pid_alive(pid_t pid) {
 }
 
 static void cancel(nb_rpc_client_t* cli, const char* id, const char* expect_state) {
-  Nebula__V1__CancelRequest cr = NEBULA__V1__CANCEL_REQUEST__INIT;
-  cr.job_id = (char*)id;
-  cr.reason = (char*)"test";
-  ProtobufCMessage* rep = NULL;
-  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Cancel", &cr.base,
-                                   &nebula__v1__job__descriptor, &rep, 20000, 0),
-                   NB_OK);
-  Nebula__V1__Job* j = (Nebula__V1__Job*)rep;
+  Nebula__V1__Job* j = gwt_cancel(cli, id, 20000);
   assert_string_equal(j->state, expect_state);
   if (!strcmp(expect_state, "cancelled"))
     assert_string_equal(j->reason, "cancelled by alice: test");
-  protobuf_c_message_free_unpacked(rep, NULL);
+  protobuf_c_message_free_unpacked(&j->base, NULL);
 }
 
 static void test_cancel_and_fail(void** state) {

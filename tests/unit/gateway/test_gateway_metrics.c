@@ -11,7 +11,6 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -27,28 +26,12 @@
 #include "gateway/gateway.h"
 #include "inter/rpc.h"
 #include "nebula/v1/gateway.pb-c.h"
-#include "security/pki.h"
-#include "security/sign.h"
 #include "security/tls.h"
+#include "tests/lib/gw_testlib.h"
 #include "worker/leader_metrics.h"
 
 static char g_dir[256];
 static nb_gateway_config_t g_cfg;
-
-static int rm_one(const char* p, const struct stat* sb, int f, struct FTW* ftw) {
-  (void)sb, (void)f, (void)ftw;
-  return remove(p);
-}
-
-static void write_pair(EVP_PKEY* k, X509* c, const char* name) {
-  char p[512];
-  snprintf(p, sizeof p, "%s/%s.key", g_dir, name);
-  assert_int_equal(nb_pki_key_write(p, k, 1), NB_OK);
-  snprintf(p, sizeof p, "%s/%s.crt", g_dir, name);
-  assert_int_equal(nb_pki_cert_write(p, c, 1), NB_OK);
-  EVP_PKEY_free(k);
-  X509_free(c);
-}
 
 static const char* g_base_cfg =
     "{\"cluster_id\": \"dc-a\", \"listen\": \"%s\",\n"
@@ -59,71 +42,25 @@ static const char* g_base_cfg =
     " \"acl\": [{\"user\": \"alice\", \"clusters\": [\"dc-a\", \"dc-b\"], \"max_workers\": 1}],\n"
     " \"poll_ms\": 20%s}";
 
-/* A port nothing listens on now (bound, then closed). */
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t sl = sizeof sa;
-  assert_int_equal(bind(fd, (struct sockaddr*)&sa, sizeof sa), 0);
-  assert_int_equal(getsockname(fd, (struct sockaddr*)&sa, &sl), 0);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
 static int setup(void** state) {
   (void)state;
-  const char* t = getenv("TMPDIR");
-  snprintf(g_dir, sizeof g_dir, "%s/nb_gwm.XXXXXX", t && *t ? t : "/tmp");
-  assert_non_null(mkdtemp(g_dir));
-  EVP_PKEY *ca_key, *k;
-  X509 *ca, *c;
-  assert_int_equal(nb_pki_ca_create(NULL, 0, &ca_key, &ca), NB_OK);
-  const char* sans[] = {"IP:127.0.0.1"};
-  nb_pki_issue_opts_t o = {.kind = NB_PKI_CLUSTER, .name = "dc-a", .sans = sans, .n_sans = 1};
-  assert_int_equal(nb_pki_cert_issue(ca_key, ca, &o, &k, &c), NB_OK);
-  write_pair(k, c, "dc-a");
+  gwt_make_dir(g_dir, sizeof g_dir, "nb_gwm");
+  const char* clusters[] = {"dc-a"};
   const char* users[] = {"alice", "mallory"};
-  for (int i = 0; i < 2; i++) {
-    nb_pki_issue_opts_t u = {.kind = NB_PKI_USER, .name = users[i]};
-    assert_int_equal(nb_pki_cert_issue(ca_key, ca, &u, &k, &c), NB_OK);
-    write_pair(k, c, users[i]);
-  }
-  char p[512];
-  snprintf(p, sizeof p, "%s/ca.crt", g_dir);
-  assert_int_equal(nb_pki_cert_write(p, ca, 1), NB_OK);
-  EVP_PKEY_free(ca_key);
-  X509_free(ca);
+  gwt_make_pki(g_dir, clusters, 1, users, 2, NULL, NULL);
   char cfg[4096];
-  snprintf(cfg, sizeof cfg, g_base_cfg, "127.0.0.1:0", free_port(),
+  snprintf(cfg, sizeof cfg, g_base_cfg, "127.0.0.1:0", gwt_free_port(),
            ", \"metrics\": {\"listen\": \"127.0.0.1:0\"}");
-  nb_gateway_config_defaults(&g_cfg);
-  assert_int_equal(nb_gateway_config_parse(cfg, strlen(cfg), g_dir, &g_cfg), NB_OK);
+  gwt_parse_config(g_dir, cfg, &g_cfg);
   assert_string_equal(g_cfg.metrics_listen, "127.0.0.1:0");
   return 0;
 }
 
 static int teardown(void** state) {
   (void)state;
-  while (waitpid(-1, NULL, WNOHANG) > 0) {
-  }
-  nftw(g_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  gwt_reap();
+  gwt_remove_dir(g_dir);
   return 0;
-}
-
-static nb_rpc_client_t* client_as(const char* user, nb_tls_t** tls_out, int port) {
-  char ca[512], crt[512], key[512], target[64];
-  snprintf(ca, sizeof ca, "%s/ca.crt", g_dir);
-  snprintf(crt, sizeof crt, "%s/%s.crt", g_dir, user);
-  snprintf(key, sizeof key, "%s/%s.key", g_dir, user);
-  nb_tls_files_t f = {ca, crt, key};
-  assert_int_equal(nb_tls_create(&f, tls_out), NB_OK);
-  nb_rpc_client_opts_t o = {0};
-  o.tls = *tls_out;
-  snprintf(target, sizeof target, "127.0.0.1:%d", port);
-  nb_rpc_client_t* cli = NULL;
-  assert_int_equal(nb_rpc_client_create(target, &o, &cli), NB_OK);
-  return cli;
 }
 
 static const char* doc_one =
@@ -139,35 +76,8 @@ static const char* doc_two =
 static nb_status_t submit(int port, const char* signer, const char* doc, int tamper, char* id,
                           size_t cap) {
   nb_tls_t* tls = NULL;
-  nb_rpc_client_t* cli = client_as(signer, &tls, port);
-  char p[512];
-  snprintf(p, sizeof p, "%s/%s.key", g_dir, signer);
-  EVP_PKEY* key = NULL;
-  assert_int_equal(nb_pki_key_load(p, &key), NB_OK);
-  uint8_t* sig = NULL;
-  size_t sig_len = 0;
-  assert_int_equal(nb_sign_data(key, doc, strlen(doc), &sig, &sig_len), NB_OK);
-  EVP_PKEY_free(key);
-  snprintf(p, sizeof p, "%s/%s.crt", g_dir, signer);
-  FILE* f = fopen(p, "r");
-  char pem[8192] = {0};
-  assert_true(fread(pem, 1, sizeof pem - 1, f) > 0);
-  fclose(f);
-  char* body = strdup(doc);
-  if (tamper) body[strlen(body) - 20] ^= 1;
-  Nebula__V1__SubmitRequest req = NEBULA__V1__SUBMIT_REQUEST__INIT;
-  req.descriptor.data = (uint8_t*)body;
-  req.descriptor.len = strlen(body);
-  req.signature.data = sig;
-  req.signature.len = sig_len;
-  req.cert_pem = pem;
-  ProtobufCMessage* rep = NULL;
-  nb_status_t st = nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Submit", &req.base,
-                                   &nebula__v1__job__descriptor, &rep, 20000, 0);
-  if (rep && id) snprintf(id, cap, "%s", ((Nebula__V1__Job*)rep)->id);
-  if (rep) protobuf_c_message_free_unpacked(rep, NULL);
-  free(body);
-  nb_free(sig);
+  nb_rpc_client_t* cli = gwt_client(g_dir, signer, port, &tls);
+  nb_status_t st = gwt_submit_id(cli, g_dir, signer, doc, tamper, 20000, id, cap);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
   return st;
@@ -456,7 +366,7 @@ static void test_prometheus(void** state) {
           "      - targets: ['127.0.0.1:%d']\n",
           nb_gateway_metrics_port(gw), nb_prom_port(leader));
   fclose(f);
-  int pport = free_port();
+  int pport = gwt_free_port();
   char listen_arg[64], cfg_arg[700], tsdb_arg[700];
   snprintf(listen_arg, sizeof listen_arg, "--web.listen-address=127.0.0.1:%d", pport);
   snprintf(cfg_arg, sizeof cfg_arg, "--config.file=%s", yml);

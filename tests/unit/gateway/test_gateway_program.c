@@ -11,16 +11,13 @@
 #include <cmocka.h>
 
 #include <errno.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <limits.h>
 #include <libgen.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,9 +28,8 @@
 #include "gateway/store.h"
 #include "inter/rpc.h"
 #include "nebula/v1/gateway.pb-c.h"
-#include "security/pki.h"
-#include "security/sign.h"
 #include "security/tls.h"
+#include "tests/lib/gw_testlib.h"
 
 static char g_dir[256];
 static char g_prog[1024];     /* the user program, absolute */
@@ -42,31 +38,6 @@ static int g_port[2];
 static nb_gateway_config_t g_cfg[2];
 static nb_gateway_t* g_gw[2];
 static const char* g_ids[2] = {"dc-a", "dc-b"};
-
-static int rm_one(const char* p, const struct stat* sb, int f, struct FTW* ftw) {
-  (void)sb, (void)f, (void)ftw;
-  return remove(p);
-}
-
-static void write_pair(EVP_PKEY* k, X509* c, const char* name) {
-  char p[512];
-  snprintf(p, sizeof p, "%s/%s.key", g_dir, name);
-  assert_int_equal(nb_pki_key_write(p, k, 1), NB_OK);
-  snprintf(p, sizeof p, "%s/%s.crt", g_dir, name);
-  assert_int_equal(nb_pki_cert_write(p, c, 1), NB_OK);
-  EVP_PKEY_free(k);
-  X509_free(c);
-}
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  assert_int_equal(bind(fd, (struct sockaddr*)&a, sizeof a), 0);
-  socklen_t l = sizeof a;
-  assert_int_equal(getsockname(fd, (struct sockaddr*)&a, &l), 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 /* dc-a runs jobs with the local launcher, dc-b with mpirun; both allow the program's folder. */
 static void make_config(int i) {
@@ -80,66 +51,28 @@ static void make_config(int i) {
            " \"federation_timeout_ms\": 5000, \"cancel_grace_ms\": 2000, \"poll_ms\": 20}",
            g_ids[i], g_port[i], g_ids[i], g_ids[i], g_ids[1 - i], g_port[1 - i],
            i == 0 ? "local" : "mpirun", g_ids[i], g_prog_dir);
-  nb_gateway_config_defaults(&g_cfg[i]);
-  assert_int_equal(nb_gateway_config_parse(cfg, strlen(cfg), g_dir, &g_cfg[i]), NB_OK);
+  gwt_parse_config(g_dir, cfg, &g_cfg[i]);
 }
 
 static int setup(void** state) {
   (void)state;
-  const char* t = getenv("TMPDIR");
-  snprintf(g_dir, sizeof g_dir, "%s/nb_prog.XXXXXX", t && *t ? t : "/tmp");
-  assert_non_null(mkdtemp(g_dir));
-  EVP_PKEY *ca_key, *k;
-  X509 *ca, *c;
-  assert_int_equal(nb_pki_ca_create(NULL, 0, &ca_key, &ca), NB_OK);
-  const char* sans[] = {"IP:127.0.0.1"};
-  for (int i = 0; i < 2; i++) {
-    nb_pki_issue_opts_t o = {.kind = NB_PKI_CLUSTER, .name = g_ids[i], .sans = sans, .n_sans = 1};
-    assert_int_equal(nb_pki_cert_issue(ca_key, ca, &o, &k, &c), NB_OK);
-    write_pair(k, c, g_ids[i]);
-  }
-  nb_pki_issue_opts_t u = {.kind = NB_PKI_USER, .name = "alice"};
-  assert_int_equal(nb_pki_cert_issue(ca_key, ca, &u, &k, &c), NB_OK);
-  write_pair(k, c, "alice");
-  char p[512];
-  snprintf(p, sizeof p, "%s/ca.crt", g_dir);
-  assert_int_equal(nb_pki_cert_write(p, ca, 1), NB_OK);
-  EVP_PKEY_free(ca_key);
-  X509_free(ca);
-  g_port[0] = free_port();
-  g_port[1] = free_port();
-  for (int i = 0; i < 2; i++) {
-    make_config(i);
-    assert_int_equal(nb_gateway_create(&g_cfg[i], &g_gw[i]), NB_OK);
-  }
+  gwt_make_dir(g_dir, sizeof g_dir, "nb_prog");
+  const char* users[] = {"alice"};
+  gwt_make_pki(g_dir, g_ids, 2, users, 1, NULL, NULL);
+  gwt_start_pair(g_port, g_cfg, g_gw, make_config);
   return 0;
 }
 
 static int teardown(void** state) {
   (void)state;
-  for (int i = 0; i < 2; i++) {
-    nb_gateway_destroy(g_gw[i]);
-    g_gw[i] = NULL;
-  }
-  while (waitpid(-1, NULL, WNOHANG) > 0) {
-  }
-  if (!getenv("NB_TEST_KEEP")) nftw(g_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  gwt_stop_pair(g_gw);
+  gwt_reap();
+  if (!getenv("NB_TEST_KEEP")) gwt_remove_dir(g_dir);
   return 0;
 }
 
 static nb_rpc_client_t* client(nb_tls_t** tls_out) {
-  char ca[512], crt[512], key[512], target[64];
-  snprintf(ca, sizeof ca, "%s/ca.crt", g_dir);
-  snprintf(crt, sizeof crt, "%s/alice.crt", g_dir);
-  snprintf(key, sizeof key, "%s/alice.key", g_dir);
-  nb_tls_files_t f = {ca, crt, key};
-  assert_int_equal(nb_tls_create(&f, tls_out), NB_OK);
-  nb_rpc_client_opts_t o = {0};
-  o.tls = *tls_out;
-  snprintf(target, sizeof target, "127.0.0.1:%d", g_port[0]);
-  nb_rpc_client_t* cli = NULL;
-  assert_int_equal(nb_rpc_client_create(target, &o, &cli), NB_OK);
-  return cli;
+  return gwt_client(g_dir, "alice", g_port[0], tls_out);
 }
 
 /* A job running the user program on dc-a (and dc-b when both), with extra words after it. */
@@ -154,97 +87,7 @@ static void job_doc(char* buf, size_t cap, const char* name, int both, const cha
 }
 
 static nb_status_t submit(nb_rpc_client_t* cli, const char* doc, char* id_out, size_t id_cap) {
-  char p[512];
-  snprintf(p, sizeof p, "%s/alice.key", g_dir);
-  EVP_PKEY* key = NULL;
-  assert_int_equal(nb_pki_key_load(p, &key), NB_OK);
-  uint8_t* sig = NULL;
-  size_t sig_len = 0;
-  assert_int_equal(nb_sign_data(key, doc, strlen(doc), &sig, &sig_len), NB_OK);
-  EVP_PKEY_free(key);
-  snprintf(p, sizeof p, "%s/alice.crt", g_dir);
-  FILE* f = fopen(p, "r");
-  char pem[8192] = {0};
-  assert_true(fread(pem, 1, sizeof pem - 1, f) > 0);
-  fclose(f);
-  Nebula__V1__SubmitRequest req = NEBULA__V1__SUBMIT_REQUEST__INIT;
-  req.descriptor.data = (uint8_t*)doc;
-  req.descriptor.len = strlen(doc);
-  req.signature.data = sig;
-  req.signature.len = sig_len;
-  req.cert_pem = pem;
-  ProtobufCMessage* rep = NULL;
-  nb_status_t st = nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Submit", &req.base,
-                                   &nebula__v1__job__descriptor, &rep, 30000, 0);
-  nb_free(sig);
-  if (rep && id_out) snprintf(id_out, id_cap, "%s", ((Nebula__V1__Job*)rep)->id);
-  if (rep) protobuf_c_message_free_unpacked(rep, NULL);
-  return st;
-}
-
-static nb_job_store_t* open_store(int i) {
-  char p[1200];
-  snprintf(p, sizeof p, "%s/jobs.db", g_cfg[i].work_dir);
-  nb_job_store_t* st = NULL;
-  assert_int_equal(nb_job_store_open(p, &st), NB_OK);
-  return st;
-}
-
-/* The job's record at gateway i (state -1 when unknown); reason copied into why. */
-static nb_job_state_t state_of(int i, const char* id, char* why, size_t cap) {
-  nb_job_store_t* st = open_store(i);
-  nb_job_record_t rec = {0};
-  nb_status_t s = nb_job_store_get(st, id, &rec);
-  nb_job_store_close(st);
-  nb_job_state_t r = s == NB_OK ? rec.state : (nb_job_state_t)-1;
-  if (why) snprintf(why, cap, "%s", s == NB_OK && rec.reason ? rec.reason : "");
-  nb_job_record_clear(&rec);
-  return r;
-}
-
-static void wait_state(int i, const char* id, nb_job_state_t want, int seconds) {
-  nb_job_state_t s = (nb_job_state_t)-1;
-  char why[1024] = "";
-  for (int k = 0; k < seconds * 20; k++) {
-    s = state_of(i, id, why, sizeof why);
-    if (s == want) return;
-    if ((int)s >= 0 && nb_job_state_is_final(s)) break;
-    nb_sleep_ns(50000000);
-  }
-  fail_msg("job %s at %s never reached %s (is %s: %s)", id, g_ids[i], nb_job_state_name(want),
-           nb_job_state_name(s), why);
-}
-
-/* Events of kind whose payload holds needle (NULL: any). */
-static int count_events(int i, const char* id, const char* kind, const char* needle) {
-  nb_job_store_t* st = open_store(i);
-  nb_job_event_t* ev = NULL;
-  size_t n = 0;
-  int c = 0;
-  if (nb_job_store_events(st, id, 0, 0, &ev, &n) == NB_OK)
-    for (size_t k = 0; k < n; k++)
-      if (!strcmp(ev[k].kind, kind) && (!needle || strstr(ev[k].payload, needle))) c++;
-  nb_job_events_free(ev, n);
-  nb_job_store_close(st);
-  return c;
-}
-
-/* The pid of the job's launch event at gateway i (0 if none yet). */
-static pid_t launch_pid(int i, const char* id) {
-  nb_job_store_t* st = open_store(i);
-  nb_job_event_t* ev = NULL;
-  size_t n = 0;
-  pid_t pid = 0;
-  if (nb_job_store_events(st, id, 0, 0, &ev, &n) == NB_OK)
-    for (size_t k = 0; k < n; k++) {
-      if (strcmp(ev[k].kind, "launch")) continue;
-      json_t* j = json_loads(ev[k].payload, 0, NULL);
-      pid = (pid_t)json_integer_value(json_object_get(j, "pid"));
-      json_decref(j);
-    }
-  nb_job_events_free(ev, n);
-  nb_job_store_close(st);
-  return pid;
+  return gwt_submit_id(cli, g_dir, "alice", doc, 0, 30000, id_out, id_cap);
 }
 
 /* A file of the job's folder at gateway i, read whole (static buffer). */
@@ -281,7 +124,7 @@ static void test_one_cluster(void** state) {
   snprintf(g_cmd, sizeof g_cmd, "\"%s\", \"--rounds\", \"3\"", g_prog);
   job_doc(doc, sizeof doc, "prog-one", 0, g_cmd);
   assert_int_equal(submit(cli, doc, id, sizeof id), NB_OK);
-  wait_state(0, id, NB_JOB_SUCCEEDED, 30);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_SUCCEEDED, 30);
   char want[PATH_MAX + 200];
   const char* log = job_file(0, id, "stdout.log");
   snprintf(want, sizeof want, "env NEBULA_JOB_ID=%s\n", id);
@@ -307,11 +150,11 @@ static void test_one_cluster(void** state) {
   /* the secret's bytes are nowhere in what the program was given */
   assert_null(strstr(log, "NEBULA_JOB_SECRET="));
   /* each round is a progress event through the session; no run report of the built-in model */
-  assert_int_equal(count_events(0, id, "progress", "\"source\":\"dc-a\""), 3);
-  assert_int_equal(count_events(0, id, "progress", "\"round\":3"), 1);
-  assert_int_equal(count_events(0, id, "report", NULL), 0);
-  assert_int_equal(count_events(0, id, "report_failed", NULL), 0);
-  assert_int_equal(count_events(0, id, "exit", "\"exit_code\":0"), 1);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "progress", "\"source\":\"dc-a\""), 3);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "progress", "\"round\":3"), 1);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "report", NULL), 0);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "report_failed", NULL), 0);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "exit", "\"exit_code\":0"), 1);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
 }
@@ -327,8 +170,8 @@ static void test_two_clusters(void** state) {
   snprintf(g_cmd, sizeof g_cmd, "\"%s\", \"--rounds\", \"4\"", g_prog);
   job_doc(doc, sizeof doc, "prog-two", 1, g_cmd);
   assert_int_equal(submit(cli, doc, id, sizeof id), NB_OK);
-  wait_state(0, id, NB_JOB_SUCCEEDED, 60);
-  wait_state(1, id, NB_JOB_SUCCEEDED, 10);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_SUCCEEDED, 60);
+  gwt_wait_state(&g_cfg[1], id, NB_JOB_SUCCEEDED, 10);
   char ha[32], hb[32];
   global_hash(0, id, ha, sizeof ha);
   global_hash(1, id, hb, sizeof hb);
@@ -344,11 +187,11 @@ static void test_two_clusters(void** state) {
   assert_non_null(strstr(lb, "rank 1 env NEBULA_PEERS=dc-a=127.0.0.1:"));
   assert_non_null(strstr(lb, "rank 1 secret file mode 600 size 32\n"));
   assert_non_null(strstr(lb, "done 4 rounds"));
-  assert_int_equal(count_events(0, id, "progress", "\"cluster\":\"dc-b\""), 4);
-  assert_int_equal(count_events(0, id, "progress", "\"source\":\"dc-a\""), 4);
-  assert_int_equal(count_events(0, id, "cluster_state", "\"to\":\"succeeded\""), 2);
-  assert_int_equal(count_events(1, id, "exit", "\"ranks\":[0,0]"), 1);
-  assert_int_equal(count_events(0, id, "report", NULL), 0);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "progress", "\"cluster\":\"dc-b\""), 4);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "progress", "\"source\":\"dc-a\""), 4);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "cluster_state", "\"to\":\"succeeded\""), 2);
+  assert_int_equal(gwt_count_events(&g_cfg[1], id, "exit", "\"ranks\":[0,0]"), 1);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "report", NULL), 0);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
 }
@@ -363,10 +206,10 @@ static void test_exit_code(void** state) {
   snprintf(g_cmd, sizeof g_cmd, "\"%s\", \"--exit\", \"3\"", g_prog);
   job_doc(doc, sizeof doc, "prog-fails", 0, g_cmd);
   assert_int_equal(submit(cli, doc, id, sizeof id), NB_OK);
-  wait_state(0, id, NB_JOB_FAILED, 30);
-  state_of(0, id, why, sizeof why);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_FAILED, 30);
+  gwt_job_state(&g_cfg[0], id, why, sizeof why);
   assert_non_null(strstr(why, "exited with code 3"));
-  assert_int_equal(count_events(0, id, "exit", "\"exit_code\":3"), 1);
+  assert_int_equal(gwt_count_events(&g_cfg[0], id, "exit", "\"exit_code\":3"), 1);
   assert_non_null(strstr(job_file(0, id, "stderr.log"), "exiting with 3 as asked"));
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
@@ -382,25 +225,14 @@ static void test_cancel(void** state) {
   snprintf(g_cmd, sizeof g_cmd, "\"%s\", \"--sleep\", \"600\"", g_prog);
   job_doc(doc, sizeof doc, "prog-cancel", 1, g_cmd);
   assert_int_equal(submit(cli, doc, id, sizeof id), NB_OK);
-  pid_t pa = 0, pb = 0;
-  for (int k = 0; k < 400 && (!pa || !pb); k++) {
-    pa = launch_pid(0, id);
-    pb = launch_pid(1, id);
-    nb_sleep_ns(25000000);
-  }
-  assert_true(pa > 0 && pb > 0);
-  Nebula__V1__CancelRequest cr = NEBULA__V1__CANCEL_REQUEST__INIT;
-  cr.job_id = id;
-  cr.reason = (char*)"test";
-  ProtobufCMessage* rep = NULL;
-  assert_int_equal(nb_rpc_unary_pb(cli, "/nebula.v1.Gateway/Cancel", &cr.base,
-                                   &nebula__v1__job__descriptor, &rep, 30000, 0),
-                   NB_OK);
-  assert_string_equal(((Nebula__V1__Job*)rep)->state, "cancelled");
-  protobuf_c_message_free_unpacked(rep, NULL);
+  pid_t pa, pb;
+  gwt_wait_launched(g_cfg, id, &pa, &pb);
+  Nebula__V1__Job* j = gwt_cancel(cli, id, 30000);
+  assert_string_equal(j->state, "cancelled");
+  protobuf_c_message_free_unpacked(&j->base, NULL);
   assert_false(nb_launcher_group_alive(pa));
   assert_false(nb_launcher_group_alive(pb));
-  assert_int_equal(state_of(1, id, NULL, 0), NB_JOB_CANCELLED);
+  assert_int_equal(gwt_job_state(&g_cfg[1], id, NULL, 0), NB_JOB_CANCELLED);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
 }
