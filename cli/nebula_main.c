@@ -24,11 +24,13 @@ static void nb__blas_reexec(char** argv) {
   char line[512];
   nb_blas_detect(&b);
   if (getenv(NB__BLAS_GUARD)) { /* the re-executed copy, or a process that a copy started */
-    if (b.generic)
+    if (b.generic && b.user_coretype[0])
       NB_WARN(
-          "%s (nebula re-executed itself with OPENBLAS_CORETYPE=%s; this OpenBLAS did not take "
-          "it)",
+          "%s (nebula re-executed itself with OPENBLAS_CORETYPE=%s; this OpenBLAS did not "
+          "take it)",
           nb_blas_describe(&b, line, sizeof line), b.user_coretype);
+    else if (b.generic) /* the guard without a type: inherited from elsewhere */
+      NB_WARN("%s", nb_blas_describe(&b, line, sizeof line));
     else
       NB_INFO(INIT, "blas: OpenBLAS kernel %s (OPENBLAS_CORETYPE=%s)", b.core, b.user_coretype);
     return;
