@@ -133,7 +133,7 @@ void nb_blas_detect(nb_blas_info_t* out) {
   /* the stand-in is for what OpenBLAS's own detection chose; with OPENBLAS_CORETYPE set OpenBLAS
    * did not detect, it loaded the type asked for, and the real name says whether that took */
   const char* debug = nb_param_DebugBlasCorename();
-  if (debug && debug[0] && !out->user_coretype[0]) {
+  if (debug && debug[0] && !out->user_coretype[0] && openblas_get_corename) {
     nb__blas_copy(out->core, sizeof out->core, debug);
   } else if (openblas_get_corename) {
     nb__blas_copy(out->core, sizeof out->core, openblas_get_corename());

@@ -30,7 +30,8 @@ typedef struct {
 typedef struct {
   char core[32];          /* the kernel OpenBLAS runs (openblas_get_corename: "Haswell"), or
                              NB_DEBUG_BLAS_CORENAME when set and OPENBLAS_CORETYPE is not (the
-                             stand-in for OpenBLAS's own detection); "" when not OpenBLAS */
+                             stand-in for OpenBLAS's own detection); "" when no OpenBLAS is
+                             loaded in this process */
   char config[160];       /* openblas_get_config ("OpenBLAS 0.3.21 ... DYNAMIC_ARCH ..."); "" */
   int dynamic;            /* 1: a DYNAMIC_ARCH build, where OPENBLAS_CORETYPE picks the kernel */
   char user_coretype[32]; /* OPENBLAS_CORETYPE as the environment had it; "" when unset */
