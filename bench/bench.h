@@ -37,11 +37,12 @@ int nb_bench_sgemm_main(int argc, char** argv);
 
 /* Best GFLOP/s of reps n x n x n cblas_sgemm calls after one warm-up; 0 when out of memory. */
 double nb_bench_sgemm_gflops(int n, int reps);
-/* Runs `nebula bench sgemm --n n` once per OpenBLAS core type this CPU can run
- * (nb_blas_candidates), each in a child process with OPENBLAS_CORETYPE set and `threads`
- * OpenBLAS threads. Returns a new JSON array of {coretype, core, gflops} (gflops null when that
- * type did not run: OpenBLAS without that kernel, a failed child); *best receives the highest
- * rate (0 when none ran) and *best_core its type (static; "" when none). */
+/* Runs `nebula bench sgemm --n n` twice per OpenBLAS core type this CPU can run
+ * (nb_blas_candidates; the types in turn, best of the two), each in a child process with
+ * OPENBLAS_CORETYPE set and `threads` OpenBLAS threads. Returns a new JSON array of {coretype,
+ * core, gflops} (gflops null when that type did not run: OpenBLAS without that kernel, a failed
+ * child); *best receives the highest rate (0 when none ran) and *best_core its type (static; ""
+ * when none). */
 json_t* nb_bench_sgemm_candidates(int n, int threads, double* best, const char** best_core);
 
 /* Median of n samples (the array is reordered). n must be > 0. */

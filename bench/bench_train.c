@@ -1,22 +1,100 @@
 /* `nebula bench train`: training-step throughput of the CPU transformer (forward, backward,
- * AdamW) against a square cblas_sgemm measured in the same run, so the ratio says how close the
- * whole step gets to the machine's matrix-multiply rate. Not a convergence benchmark. */
+ * AdamW) against the best square cblas_sgemm rate of this machine (each OpenBLAS core type it can
+ * run, measured in a child process in the same run) and against PyTorch training the same model
+ * with the same threads (bench/torch_train.py, when torch is importable). Not a convergence
+ * benchmark. */
 #include <cblas.h>
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "bench/bench.h"
 #include "common/common.h"
 #include "common/opts.h"
+#include "kernels/blas.h"
 #include "train/model.h"
 #include "train/optim.h"
+#include "train/parallel.h"
 #include "train/rng.h"
+
+#ifndef NB_BENCH_TORCH_SCRIPT
+#define NB_BENCH_TORCH_SCRIPT "bench/torch_train.py"
+#endif
+#define NB__BEST_SGEMM_N 1024
 
 #define NB__TRAIN_USAGE                                                                  \
   "usage: nebula bench train [--layers L] [--dim D] [--heads H] [--ctx T] [--batch B]\n" \
-  "                          [--steps N] [--json]\n"                                     \
-  "  defaults: 4 layers, width 256, heads D/64, context 256, batch 4, 5 timed steps"
+  "                          [--steps N] [--torch SCRIPT|none] [--json]\n"               \
+  "  defaults: 4 layers, width 256, heads D/64, context 256, batch 4, 5 timed steps;\n"  \
+  "  threads: OPENBLAS_NUM_THREADS (and NB_TRAIN_THREADS for the elementwise pool)"
+
+/* PyTorch's tokens/s for the same model: `python3 SCRIPT ... --json` with its stdout read back.
+ * Returns the rate, or 0 with *why saying what went wrong. */
+static double nb__torch_tokens_per_s(const char* script, int L, int D, int H, int T, int B,
+                                     int steps, int threads, size_t params, const char** why) {
+  if (access(script, R_OK) != 0) {
+    *why = "bench/torch_train.py not found (--torch SCRIPT)";
+    return 0.0;
+  }
+  char a[7][24];
+  snprintf(a[0], sizeof a[0], "%d", L);
+  snprintf(a[1], sizeof a[1], "%d", D);
+  snprintf(a[2], sizeof a[2], "%d", H);
+  snprintf(a[3], sizeof a[3], "%d", T);
+  snprintf(a[4], sizeof a[4], "%d", B);
+  snprintf(a[5], sizeof a[5], "%d", threads);
+  snprintf(a[6], sizeof a[6], "%zu", params);
+  char st[24];
+  snprintf(st, sizeof st, "%d", steps);
+  int fd[2];
+  if (pipe(fd) != 0) {
+    *why = "pipe failed";
+    return 0.0;
+  }
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(fd[0]);
+    close(fd[1]);
+    *why = "fork failed";
+    return 0.0;
+  }
+  if (pid == 0) {
+    dup2(fd[1], 1);
+    close(fd[0]);
+    close(fd[1]);
+    setenv("OMP_NUM_THREADS", a[5], 1);
+    const char* av[] = {"python3",   script, "--layers", a[0], "--width",   a[1], "--heads",  a[2],
+                        "--context", a[3],   "--batch",  a[4], "--threads", a[5], "--params", a[6],
+                        "--steps",   st,     "--json",   NULL};
+    execvp("python3", (char* const*)av);
+    _exit(127);
+  }
+  close(fd[1]);
+  FILE* f = fdopen(fd[0], "r");
+  /* to the end of the stream: closing it earlier would break the script's last write */
+  json_t* o = f ? json_loadf(f, 0, NULL) : NULL;
+  if (f)
+    fclose(f);
+  else
+    close(fd[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  double tps = o ? json_number_value(json_object_get(o, "tokens_per_s")) : 0.0;
+  json_decref(o);
+  if (rc == 0 && tps > 0) return tps;
+  *why = rc == 4     ? "PyTorch is not importable"
+         : rc == 3   ? "the PyTorch model's parameter count differs from nebula's"
+         : rc == 127 ? "python3 not found"
+                     : "bench/torch_train.py failed";
+  return 0.0;
+}
 
 /* Seconds for one n x n x n sgemm on a, b -> c. */
 static double nb__sgemm_once(int n, const float* a, const float* b, float* c) {
@@ -27,10 +105,22 @@ static double nb__sgemm_once(int n, const float* a, const float* b, float* c) {
 
 int nb_bench_train_main(int argc, char** argv) {
   int L = 4, D = 256, H = 0, T = 256, B = 4, steps = 5, json = 0;
-  const nb_bench_int_flag_t flags[] = {{"--layers", &L}, {"--dim", &D},   {"--heads", &H},
-                                       {"--ctx", &T},    {"--batch", &B}, {"--steps", &steps}};
-  int parsed =
-      nb_bench_parse_int_flags("nebula bench train", NB__TRAIN_USAGE, argc, argv, flags, 6, &json);
+  const char* torch = NB_BENCH_TORCH_SCRIPT;
+  const nb_opt_t opts[] = {
+      NB_OPTION("layers", NB_OPT_INT, &L, "L", "transformer blocks", .min = 1),
+      NB_OPTION("dim", NB_OPT_INT, &D, "D", "width", .min = 1),
+      NB_OPTION("heads", NB_OPT_INT, &H, "H", "attention heads (default D/64)", .min = 1),
+      NB_OPTION("ctx", NB_OPT_INT, &T, "T", "context (sequence length)", .min = 1),
+      NB_OPTION("batch", NB_OPT_INT, &B, "B", "sequences per step", .min = 1),
+      NB_OPTION("steps", NB_OPT_INT, &steps, "N", "timed steps (at most 15)", .min = 1),
+      NB_OPTION("torch", NB_OPT_STR, &torch, "SCRIPT",
+                "bench/torch_train.py for vs_torch, or none (default: this source tree's)"),
+      NB_OPTION("json", NB_OPT_FLAG, &json, NULL, "print one JSON object"),
+      NB_OPTION_END,
+  };
+  const nb_cmd_spec_t spec = {
+      .cmd = "nebula bench train", .synopsis = NB__TRAIN_USAGE, .opts = opts};
+  int parsed = nb_opts_parse(&spec, argc, argv);
   if (parsed != NB_OPTS_RUN) return parsed;
   if (H == 0) H = D >= 64 ? D / 64 : 1;
   if (steps > 15) steps = 15;
@@ -39,6 +129,7 @@ int nb_bench_train_main(int argc, char** argv) {
   nb_adamw_t* opt = NULL;
   int *tok = NULL, *tgt = NULL;
   float *sa = NULL, *sb = NULL, *sc = NULL;
+  json_t* cands = NULL; /* the sgemm rate of each core type */
   int sn = 4 * D < 256 ? 256 : (4 * D > 2048 ? 2048 : 4 * D);
   size_t snn = (size_t)sn * sn;
   int rc = 1;
@@ -57,6 +148,13 @@ int nb_bench_train_main(int argc, char** argv) {
     fprintf(stderr, "nebula bench train: %s\n", nb_error_last());
     goto done;
   }
+  /* the best rate first, each core type in its own process, before the model's buffers exist */
+  int threads = openblas_get_num_threads();
+  nb_blas_info_t bi;
+  nb_blas_detect(&bi);
+  double best_sgemm = 0.0;
+  const char* best_core = "";
+  cands = nb_bench_sgemm_candidates(NB__BEST_SGEMM_N, threads, &best_sgemm, &best_core);
   nb_rng_t r;
   nb_rng_seed(&r, 7);
   for (int i = 0; i < B * T; i++) {
@@ -91,6 +189,12 @@ int nb_bench_train_main(int argc, char** argv) {
   double model_gflops = nb_model_flops_per_token(m, T) * tokens_per_s / 1e9;
   double sgemm = 2.0 * sn * (double)sn * sn / nb_bench_median(ts, (size_t)steps) / 1e9;
   double ratio = sgemm > 0 ? model_gflops / sgemm : 0.0;
+  double mfu = best_sgemm > 0 ? model_gflops / best_sgemm : NAN;
+  const char* why = "--torch none";
+  double torch_tps = 0.0;
+  if (strcmp(torch, "none") != 0)
+    torch_tps = nb__torch_tokens_per_s(torch, L, D, H, T, B, steps, threads, n, &why);
+  double vs_torch = torch_tps > 0 ? tokens_per_s / torch_tps : NAN;
   if (json) {
     nb_json_obj_t j;
     nb_json_begin(&j, stdout);
@@ -108,6 +212,20 @@ int nb_bench_train_main(int argc, char** argv) {
     nb_json_int(&j, "sgemm_n", sn);
     nb_json_num(&j, "sgemm_gflops", sgemm);
     nb_json_num(&j, "vs_sgemm", ratio);
+    nb_json_int(&j, "threads", threads);
+    nb_json_int(&j, "pool_threads", nb_parallel_threads());
+    nb_json_str(&j, "blas_core", bi.core);
+    nb_json_int(&j, "blas_generic", bi.generic);
+    nb_json_str(&j, "flops_per_token", "6*params + 12*layers*dim*ctx");
+    nb_json_int(&j, "best_sgemm_n", NB__BEST_SGEMM_N);
+    nb_json_num(&j, "best_sgemm_gflops", best_sgemm > 0 ? best_sgemm : NAN);
+    nb_json_str(&j, "best_sgemm_core", best_core);
+    json_object_set_new(j.o, "sgemm_candidates", cands ? cands : json_array());
+    cands = NULL;
+    nb_json_num(&j, "mfu_vs_best_sgemm", mfu);
+    nb_json_num(&j, "torch_tokens_per_s", torch_tps > 0 ? torch_tps : NAN);
+    nb_json_num(&j, "vs_torch", vs_torch);
+    if (!(torch_tps > 0)) nb_json_str(&j, "vs_torch_reason", why);
     nb_json_end(&j);
   } else {
     printf("train step: %d layers, width %d, %d heads, context %d, batch %d, %zu parameters\n", L,
@@ -117,6 +235,14 @@ int nb_bench_train_main(int argc, char** argv) {
     printf("  model %.2f GFLOP/s (6*params + attention per token)\n", model_gflops);
     printf("  sgemm %dx%dx%d %.2f GFLOP/s (same run)\n", sn, sn, sn, sgemm);
     printf("  vs_sgemm %.2f\n", ratio);
+    printf("  OpenBLAS kernel %s, %d threads; best sgemm %d: %.1f GFLOP/s (%s)\n",
+           bi.core[0] ? bi.core : "?", threads, NB__BEST_SGEMM_N, best_sgemm,
+           best_core[0] ? best_core : "none ran");
+    printf("  mfu_vs_best_sgemm %.2f\n", mfu);
+    if (torch_tps > 0)
+      printf("  torch %.0f tokens/s, vs_torch %.2f\n", torch_tps, vs_torch);
+    else
+      printf("  vs_torch: none (%s)\n", why);
   }
   rc = 0;
   goto done;
@@ -128,6 +254,7 @@ done:
   nb_free(sa);
   nb_free(sb);
   nb_free(sc);
+  json_decref(cands);
   nb_adamw_destroy(opt);
   nb_model_destroy(m);
   return rc;

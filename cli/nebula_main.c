@@ -10,7 +10,8 @@
 #include "kernels/blas.h"
 
 /* Set in the environment of the copy that nebula re-executes (and so of everything it starts):
- * the check has been done, never re-execute again. Internal: not a knob. */
+ * the check has been done, never re-execute again. "measure": a benchmark's child that runs a
+ * core type on purpose (bench/bench_sgemm.c), not even checked. Internal: not a knob. */
 #define NB__BLAS_GUARD "NB__BLAS_CHECKED"
 
 /* OpenBLAS picks its kernel once, when it loads: OPENBLAS_CORETYPE, else its own detection,
@@ -22,8 +23,10 @@
 static void nb__blas_reexec(char** argv) {
   nb_blas_info_t b;
   char line[512];
+  const char* guard = getenv(NB__BLAS_GUARD);
+  if (guard && !strcmp(guard, "measure")) return; /* a benchmark's child, on a type on purpose */
   nb_blas_detect(&b);
-  if (getenv(NB__BLAS_GUARD)) { /* the re-executed copy, or a process that a copy started */
+  if (guard) { /* the re-executed copy, or a process that a copy started */
     if (b.generic && b.user_coretype[0])
       NB_WARN(
           "%s (nebula re-executed itself with OPENBLAS_CORETYPE=%s; this OpenBLAS did not "
