@@ -6,6 +6,7 @@
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,13 +33,59 @@
   "  defaults: 4 layers, width 256, heads D/64, context 256, batch 4, 5 timed steps;\n"  \
   "  threads: OPENBLAS_NUM_THREADS (and NB_TRAIN_THREADS for the elementwise pool)"
 
-/* PyTorch's tokens/s for the same model: `python3 SCRIPT ... --json` with its stdout read back.
- * Returns the rate, or 0 with *why saying what went wrong. */
-static double nb__torch_tokens_per_s(const char* script, int L, int D, int H, int T, int B,
-                                     int steps, int threads, size_t params, const char** why) {
+/* PyTorch training the same model in a child (bench/torch_train.py --serve), one step on
+ * request, so that its steps alternate with ours and both see the same machine load. */
+typedef struct {
+  pid_t pid;       /* 0: none */
+  FILE *in, *out;  /* its stdin and stdout */
+  const char* why; /* why there is no figure (set when pid is 0 or a step failed) */
+  char* line;      /* getline's buffer */
+  size_t line_cap;
+} nb__torch_t;
+
+/* Waits for the child and says why it failed from its exit status. */
+static void nb__torch_stop(nb__torch_t* t) {
+  if (t->in) fclose(t->in); /* the script's stdin ends: it exits */
+  t->in = NULL;
+  if (t->out) {
+    while (getline(&t->line, &t->line_cap, t->out) > 0) {
+    }
+    fclose(t->out);
+  }
+  t->out = NULL;
+  if (t->pid > 0) {
+    int status = 0;
+    while (waitpid(t->pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (!t->why && rc != 0)
+      t->why = rc == 4     ? "PyTorch is not importable"
+               : rc == 3   ? "the PyTorch model's parameter count differs from nebula's"
+               : rc == 127 ? "python3 not found"
+                           : "bench/torch_train.py failed";
+  }
+  t->pid = 0;
+  free(t->line);
+  t->line = NULL;
+}
+
+/* One line of the child's JSON; NULL (and the child stopped) at its end or on junk. */
+static json_t* nb__torch_read(nb__torch_t* t) {
+  json_t* o = NULL;
+  if (getline(&t->line, &t->line_cap, t->out) > 0) o = json_loads(t->line, 0, NULL);
+  if (!o) {
+    nb__torch_stop(t);
+    if (!t->why) t->why = "bench/torch_train.py stopped answering";
+  }
+  return o;
+}
+
+static void nb__torch_start(nb__torch_t* t, const char* script, int L, int D, int H, int T, int B,
+                            int threads, size_t params) {
+  memset(t, 0, sizeof *t);
   if (access(script, R_OK) != 0) {
-    *why = "bench/torch_train.py not found (--torch SCRIPT)";
-    return 0.0;
+    t->why = "bench/torch_train.py not found (--torch SCRIPT)";
+    return;
   }
   char a[7][24];
   snprintf(a[0], sizeof a[0], "%d", L);
@@ -48,52 +95,72 @@ static double nb__torch_tokens_per_s(const char* script, int L, int D, int H, in
   snprintf(a[4], sizeof a[4], "%d", B);
   snprintf(a[5], sizeof a[5], "%d", threads);
   snprintf(a[6], sizeof a[6], "%zu", params);
-  char st[24];
-  snprintf(st, sizeof st, "%d", steps);
-  int fd[2];
-  if (pipe(fd) != 0) {
-    *why = "pipe failed";
-    return 0.0;
+  int in[2], out[2];
+  if (pipe(in) != 0) {
+    t->why = "pipe failed";
+    return;
   }
+  if (pipe(out) != 0) {
+    close(in[0]);
+    close(in[1]);
+    t->why = "pipe failed";
+    return;
+  }
+  signal(SIGPIPE, SIG_IGN); /* a child that died makes our write fail, not kill us */
   fflush(stdout);
   pid_t pid = fork();
-  if (pid < 0) {
-    close(fd[0]);
-    close(fd[1]);
-    *why = "fork failed";
-    return 0.0;
-  }
   if (pid == 0) {
-    dup2(fd[1], 1);
-    close(fd[0]);
-    close(fd[1]);
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    close(in[0]);
+    close(in[1]);
+    close(out[0]);
+    close(out[1]);
     setenv("OMP_NUM_THREADS", a[5], 1);
-    const char* av[] = {"python3",   script, "--layers", a[0], "--width",   a[1], "--heads",  a[2],
-                        "--context", a[3],   "--batch",  a[4], "--threads", a[5], "--params", a[6],
-                        "--steps",   st,     "--json",   NULL};
+    const char* av[] = {"python3",   script, "--layers",  a[0], "--width", a[1],
+                        "--heads",   a[2],   "--context", a[3], "--batch", a[4],
+                        "--threads", a[5],   "--params",  a[6], "--serve", NULL};
     execvp("python3", (char* const*)av);
     _exit(127);
   }
-  close(fd[1]);
-  FILE* f = fdopen(fd[0], "r");
-  /* to the end of the stream: closing it earlier would break the script's last write */
-  json_t* o = f ? json_loadf(f, 0, NULL) : NULL;
-  if (f)
-    fclose(f);
-  else
-    close(fd[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  close(in[0]);
+  close(out[1]);
+  if (pid < 0) {
+    close(in[1]);
+    close(out[0]);
+    t->why = "fork failed";
+    return;
   }
-  int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  double tps = o ? json_number_value(json_object_get(o, "tokens_per_s")) : 0.0;
+  t->pid = pid;
+  t->in = fdopen(in[1], "w");
+  t->out = fdopen(out[0], "r");
+  if (!t->in || !t->out) {
+    if (!t->in) close(in[1]);
+    if (!t->out) close(out[0]);
+    t->why = "fdopen failed";
+    nb__torch_stop(t);
+    return;
+  }
+  json_t* ready = nb__torch_read(t); /* after its import and warm-up steps */
+  if (ready && !json_is_true(json_object_get(ready, "ready"))) {
+    t->why = "bench/torch_train.py did not say ready";
+    nb__torch_stop(t);
+  }
+  json_decref(ready);
+}
+
+/* Seconds of one PyTorch step; 0 when there is no child (any more). */
+static double nb__torch_step(nb__torch_t* t) {
+  if (!t->pid) return 0.0;
+  if (fputs("1\n", t->in) < 0 || fflush(t->in) != 0) {
+    t->why = "bench/torch_train.py stopped answering";
+    nb__torch_stop(t);
+    return 0.0;
+  }
+  json_t* o = nb__torch_read(t);
+  double s = o ? json_number_value(json_array_get(json_object_get(o, "step_s"), 0)) : 0.0;
   json_decref(o);
-  if (rc == 0 && tps > 0) return tps;
-  *why = rc == 4     ? "PyTorch is not importable"
-         : rc == 3   ? "the PyTorch model's parameter count differs from nebula's"
-         : rc == 127 ? "python3 not found"
-                     : "bench/torch_train.py failed";
-  return 0.0;
+  return s;
 }
 
 /* Seconds for one n x n x n sgemm on a, b -> c. */
@@ -130,6 +197,7 @@ int nb_bench_train_main(int argc, char** argv) {
   int *tok = NULL, *tgt = NULL;
   float *sa = NULL, *sb = NULL, *sc = NULL;
   json_t* cands = NULL; /* the sgemm rate of each core type */
+  nb__torch_t tq = {.why = "--torch none"};
   int sn = 4 * D < 256 ? 256 : (4 * D > 2048 ? 2048 : 4 * D);
   size_t snn = (size_t)sn * sn;
   int rc = 1;
@@ -155,6 +223,7 @@ int nb_bench_train_main(int argc, char** argv) {
   double best_sgemm = 0.0;
   const char* best_core = "";
   cands = nb_bench_sgemm_candidates(NB__BEST_SGEMM_N, threads, &best_sgemm, &best_core);
+  if (strcmp(torch, "none") != 0) nb__torch_start(&tq, torch, L, D, H, T, B, threads, n);
   nb_rng_t r;
   nb_rng_seed(&r, 7);
   for (int i = 0; i < B * T; i++) {
@@ -166,8 +235,9 @@ int nb_bench_train_main(int argc, char** argv) {
     sb[i] = (float)nb_rng_uniform(&r) - 0.5f;
     sc[i] = 0.0f;
   }
-  /* training steps and sgemm calls alternate, so both see the same machine load */
-  double t[16], fwd[16], ts[16];
+  /* training steps, sgemm calls and PyTorch's steps alternate, so all see the same load */
+  double t[16], fwd[16], ts[16], tt[16];
+  int torch_steps = 0;
   for (int k = -1; k < steps; k++) { /* round -1 warms up (first touch of every buffer) */
     double tsg = nb__sgemm_once(sn, sa, sb, sc);
     double t0 = nb_now_s();
@@ -178,10 +248,13 @@ int nb_bench_train_main(int argc, char** argv) {
     if (nb_model_backward(m) != NB_OK ||
         nb_adamw_step(opt, p, nb_model_grads(m, NULL), nb_model_decay_mask(m), NULL) != NB_OK)
       goto fail;
+    double t2 = nb_now_s();
+    double tts = nb__torch_step(&tq);
     if (k >= 0) {
-      t[k] = nb_now_s() - t0;
+      t[k] = t2 - t0;
       fwd[k] = t1 - t0;
       ts[k] = tsg;
+      if (tts > 0) tt[torch_steps++] = tts;
     }
   }
   double step_s = nb_bench_median(t, (size_t)steps), fwd_s = nb_bench_median(fwd, (size_t)steps);
@@ -190,10 +263,10 @@ int nb_bench_train_main(int argc, char** argv) {
   double sgemm = 2.0 * sn * (double)sn * sn / nb_bench_median(ts, (size_t)steps) / 1e9;
   double ratio = sgemm > 0 ? model_gflops / sgemm : 0.0;
   double mfu = best_sgemm > 0 ? model_gflops / best_sgemm : NAN;
-  const char* why = "--torch none";
-  double torch_tps = 0.0;
-  if (strcmp(torch, "none") != 0)
-    torch_tps = nb__torch_tokens_per_s(torch, L, D, H, T, B, steps, threads, n, &why);
+  nb__torch_stop(&tq);
+  const char* why = tq.why ? tq.why : "";
+  double torch_tps = torch_steps == steps ? (double)B * T / nb_bench_median(tt, (size_t)steps) : 0;
+  if (torch_steps != steps && !tq.why) why = "a PyTorch step failed";
   double vs_torch = torch_tps > 0 ? tokens_per_s / torch_tps : NAN;
   if (json) {
     nb_json_obj_t j;
@@ -255,6 +328,7 @@ done:
   nb_free(sb);
   nb_free(sc);
   json_decref(cands);
+  nb__torch_stop(&tq);
   nb_adamw_destroy(opt);
   nb_model_destroy(m);
   return rc;

@@ -10,7 +10,11 @@ norm clipping at 1.0, as nb_adamw_config_default. Attention is F.scaled_dot_prod
 differs from this model's. A speed measurement on the CPU, not a correctness reference.
 
 usage: torch_train.py --layers L --width C --context T --batch B --threads N
-                      [--heads H] [--steps S] [--warmup W] [--params N] [--json]
+                      [--heads H] [--steps S] [--warmup W] [--params N] [--json | --serve]
+
+--serve is how `nebula bench train` drives it, so that its steps and PyTorch's alternate and
+see the same machine load: after the warm-up one JSON line {"ready": ...}; then for each line
+"K" on stdin, K steps and one line {"step_s": [...]}; stdin's end ends it.
 """
 import argparse
 import json
@@ -33,6 +37,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     ap.add_argument("--params", type=int, default=0, help="nebula's count: refuse if different")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--serve", action="store_true", help="steps on request (see above)")
     a = ap.parse_args()
     for k in ("layers", "width", "context", "batch", "threads", "steps"):
         if getattr(a, k) < 1:
@@ -118,6 +123,17 @@ def main() -> int:
 
     for _ in range(a.warmup):
         step()
+    if a.serve:
+        print(json.dumps({"ready": True, "torch": torch.__version__, "params": n,
+                          "threads": torch.get_num_threads()}), flush=True)
+        for line in sys.stdin:
+            times = []
+            for _ in range(max(0, int(line))):
+                t0 = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - t0)
+            print(json.dumps({"step_s": times}), flush=True)
+        return 0
     times = []
     for _ in range(a.steps):
         t0 = time.perf_counter()
