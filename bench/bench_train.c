@@ -170,6 +170,69 @@ static double nb__sgemm_once(int n, const float* a, const float* b, float* c) {
   return nb_now_s() - t0;
 }
 
+/* What one run measured, for nb__train_report. */
+typedef struct {
+  int L, D, H, T, B, sn, threads;
+  size_t params;
+  double step_s, fwd_s, tokens_per_s, model_gflops, sgemm, ratio, best_sgemm, mfu, torch_tps,
+      vs_torch;
+  const char *best_core, *why; /* why: of a missing vs_torch */
+  const nb_blas_info_t* bi;
+} nb__train_result_t;
+
+/* Prints the run as one JSON object (cands, the sgemm candidates, stolen) or as text. */
+static void nb__train_report(const nb__train_result_t* r, json_t* cands, int json) {
+  if (!json) {
+    json_decref(cands);
+    printf("train step: %d layers, width %d, %d heads, context %d, batch %d, %zu parameters\n",
+           r->L, r->D, r->H, r->T, r->B, r->params);
+    printf("  step %.1f ms (forward %.1f ms), %.0f tokens/s\n", r->step_s * 1e3, r->fwd_s * 1e3,
+           r->tokens_per_s);
+    printf("  model %.2f GFLOP/s (6*params + attention per token)\n", r->model_gflops);
+    printf("  sgemm %dx%dx%d %.2f GFLOP/s (same run)\n", r->sn, r->sn, r->sn, r->sgemm);
+    printf("  vs_sgemm %.2f\n", r->ratio);
+    printf("  OpenBLAS kernel %s, %d threads; best sgemm %d: %.1f GFLOP/s (%s)\n",
+           r->bi->core[0] ? r->bi->core : "?", r->threads, NB__BEST_SGEMM_N, r->best_sgemm,
+           r->best_core[0] ? r->best_core : "none ran");
+    printf("  mfu_vs_best_sgemm %.2f\n", r->mfu);
+    if (r->torch_tps > 0)
+      printf("  torch %.0f tokens/s, vs_torch %.2f\n", r->torch_tps, r->vs_torch);
+    else
+      printf("  vs_torch: none (%s)\n", r->why);
+    return;
+  }
+  nb_json_obj_t j;
+  nb_json_begin(&j, stdout);
+  nb_json_str(&j, "bench", "train");
+  nb_json_int(&j, "layers", r->L);
+  nb_json_int(&j, "dim", r->D);
+  nb_json_int(&j, "heads", r->H);
+  nb_json_int(&j, "ctx", r->T);
+  nb_json_int(&j, "batch", r->B);
+  nb_json_int(&j, "params", (long long)r->params);
+  nb_json_num(&j, "step_s", r->step_s);
+  nb_json_num(&j, "forward_s", r->fwd_s);
+  nb_json_num(&j, "tokens_per_s", r->tokens_per_s);
+  nb_json_num(&j, "model_gflops", r->model_gflops);
+  nb_json_int(&j, "sgemm_n", r->sn);
+  nb_json_num(&j, "sgemm_gflops", r->sgemm);
+  nb_json_num(&j, "vs_sgemm", r->ratio);
+  nb_json_int(&j, "threads", r->threads);
+  nb_json_int(&j, "pool_threads", nb_parallel_threads());
+  nb_json_str(&j, "blas_core", r->bi->core);
+  nb_json_int(&j, "blas_generic", r->bi->generic);
+  nb_json_str(&j, "flops_per_token", "6*params + 12*layers*dim*ctx");
+  nb_json_int(&j, "best_sgemm_n", NB__BEST_SGEMM_N);
+  nb_json_num(&j, "best_sgemm_gflops", r->best_sgemm > 0 ? r->best_sgemm : NAN);
+  nb_json_str(&j, "best_sgemm_core", r->best_core);
+  json_object_set_new(j.o, "sgemm_candidates", cands ? cands : json_array());
+  nb_json_num(&j, "mfu_vs_best_sgemm", r->mfu);
+  nb_json_num(&j, "torch_tokens_per_s", r->torch_tps > 0 ? r->torch_tps : NAN);
+  nb_json_num(&j, "vs_torch", r->vs_torch);
+  if (!(r->torch_tps > 0)) nb_json_str(&j, "vs_torch_reason", r->why);
+  nb_json_end(&j);
+}
+
 int nb_bench_train_main(int argc, char** argv) {
   int L = 4, D = 256, H = 0, T = 256, B = 4, steps = 5, json = 0;
   const char* torch = NB_BENCH_TORCH_SCRIPT;
@@ -268,55 +331,29 @@ int nb_bench_train_main(int argc, char** argv) {
   double torch_tps = torch_steps == steps ? (double)B * T / nb_bench_median(tt, (size_t)steps) : 0;
   if (torch_steps != steps && !tq.why) why = "a PyTorch step failed";
   double vs_torch = torch_tps > 0 ? tokens_per_s / torch_tps : NAN;
-  if (json) {
-    nb_json_obj_t j;
-    nb_json_begin(&j, stdout);
-    nb_json_str(&j, "bench", "train");
-    nb_json_int(&j, "layers", L);
-    nb_json_int(&j, "dim", D);
-    nb_json_int(&j, "heads", H);
-    nb_json_int(&j, "ctx", T);
-    nb_json_int(&j, "batch", B);
-    nb_json_int(&j, "params", (long long)n);
-    nb_json_num(&j, "step_s", step_s);
-    nb_json_num(&j, "forward_s", fwd_s);
-    nb_json_num(&j, "tokens_per_s", tokens_per_s);
-    nb_json_num(&j, "model_gflops", model_gflops);
-    nb_json_int(&j, "sgemm_n", sn);
-    nb_json_num(&j, "sgemm_gflops", sgemm);
-    nb_json_num(&j, "vs_sgemm", ratio);
-    nb_json_int(&j, "threads", threads);
-    nb_json_int(&j, "pool_threads", nb_parallel_threads());
-    nb_json_str(&j, "blas_core", bi.core);
-    nb_json_int(&j, "blas_generic", bi.generic);
-    nb_json_str(&j, "flops_per_token", "6*params + 12*layers*dim*ctx");
-    nb_json_int(&j, "best_sgemm_n", NB__BEST_SGEMM_N);
-    nb_json_num(&j, "best_sgemm_gflops", best_sgemm > 0 ? best_sgemm : NAN);
-    nb_json_str(&j, "best_sgemm_core", best_core);
-    json_object_set_new(j.o, "sgemm_candidates", cands ? cands : json_array());
-    cands = NULL;
-    nb_json_num(&j, "mfu_vs_best_sgemm", mfu);
-    nb_json_num(&j, "torch_tokens_per_s", torch_tps > 0 ? torch_tps : NAN);
-    nb_json_num(&j, "vs_torch", vs_torch);
-    if (!(torch_tps > 0)) nb_json_str(&j, "vs_torch_reason", why);
-    nb_json_end(&j);
-  } else {
-    printf("train step: %d layers, width %d, %d heads, context %d, batch %d, %zu parameters\n", L,
-           D, H, T, B, n);
-    printf("  step %.1f ms (forward %.1f ms), %.0f tokens/s\n", step_s * 1e3, fwd_s * 1e3,
-           tokens_per_s);
-    printf("  model %.2f GFLOP/s (6*params + attention per token)\n", model_gflops);
-    printf("  sgemm %dx%dx%d %.2f GFLOP/s (same run)\n", sn, sn, sn, sgemm);
-    printf("  vs_sgemm %.2f\n", ratio);
-    printf("  OpenBLAS kernel %s, %d threads; best sgemm %d: %.1f GFLOP/s (%s)\n",
-           bi.core[0] ? bi.core : "?", threads, NB__BEST_SGEMM_N, best_sgemm,
-           best_core[0] ? best_core : "none ran");
-    printf("  mfu_vs_best_sgemm %.2f\n", mfu);
-    if (torch_tps > 0)
-      printf("  torch %.0f tokens/s, vs_torch %.2f\n", torch_tps, vs_torch);
-    else
-      printf("  vs_torch: none (%s)\n", why);
-  }
+  nb__train_result_t res = {.L = L,
+                            .D = D,
+                            .H = H,
+                            .T = T,
+                            .B = B,
+                            .sn = sn,
+                            .threads = threads,
+                            .params = n,
+                            .step_s = step_s,
+                            .fwd_s = fwd_s,
+                            .tokens_per_s = tokens_per_s,
+                            .model_gflops = model_gflops,
+                            .sgemm = sgemm,
+                            .ratio = ratio,
+                            .best_sgemm = best_sgemm,
+                            .mfu = mfu,
+                            .torch_tps = torch_tps,
+                            .vs_torch = vs_torch,
+                            .best_core = best_core,
+                            .why = why,
+                            .bi = &bi};
+  nb__train_report(&res, cands, json);
+  cands = NULL;
   rc = 0;
   goto done;
 fail:
