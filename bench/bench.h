@@ -44,6 +44,8 @@ double nb_bench_sgemm_gflops(int n, int reps);
  * child); *best receives the highest rate (0 when none ran) and *best_core its type (static; ""
  * when none). */
 json_t* nb_bench_sgemm_candidates(int n, int threads, double* best, const char** best_core);
+/* `nebula bench torch` (bench_torch.c: runs bench/torch_e2e.py) */
+int nb_bench_torch_main(int argc, char** argv);
 
 /* Median of n samples (the array is reordered). n must be > 0. */
 double nb_bench_median(double* v, size_t n);

@@ -4,10 +4,13 @@
  * and one-way delay from the job's link) or on a free loopback port (the link's rate cap only),
  * their logs streamed with a [cluster] prefix, every child stopped on the first failure or on
  * SIGINT/SIGTERM, the link torn down, and a summary table. Not here: more than two clusters in
- * namespaces (deploy/wan builds one pair), gateways. */
+ * namespaces (deploy/wan builds one pair), gateways. A job whose descriptor names the user's
+ * program (spec.program) runs that command per cluster instead of the worker, with the NEBULA_*
+ * environment of jobs/job_program.h (the gateway's), and its table comes from progress.jsonl. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <jansson.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -26,6 +29,7 @@
 #include "common/common.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
+#include "jobs/job_program.h"
 #include "report/report.h"
 #include "security/pki.h"
 #include "security/seal.h"
@@ -47,6 +51,9 @@ typedef struct {
   size_t partial_len;
   int restarts; /* times restarted with --rejoin after being killed */
 } nb__run_child_t;
+
+/* a program job's per-round lines, in its cluster's folder (the gateway's name for them) */
+#define NB__RUN_PROGRESS "progress.jsonl"
 
 NB_PARAM_INT(RunRestarts, "NB_RUN_RESTARTS", 2, 0, 100,
              "nebula run: times a cluster killed by a signal is restarted with --rejoin")
@@ -322,6 +329,7 @@ typedef struct {
   int resume;
   const int* use_mpi;
   int total_ranks;
+  const char* job_dir; /* absolute: the descriptor's folder (a program job's paths are in it) */
 } nb__run_spawn_t;
 
 /* Starts cluster i's worker (mpirun with its ranks, or one process) in its own process group,
@@ -386,10 +394,45 @@ static int nb__run_spawn(const nb__run_spawn_t* s, int i, int rejoin) {
     av[k++] = peer_args[j];
   }
   av[k] = NULL;
+  /* a job that runs the user's program: its command with the NEBULA_* environment instead */
+  char* penv[NB_JOB_PROGRAM_MAX_ENV + 1];
+  int n_penv = 0;
+  char pcmd[NB_JOB_PATH_MAX * 2 + 2], pdir[NB_JOB_PATH_MAX * 2 + 2];
+  const char* pav[NB_JOB_PROGRAM_MAX_ARGS + 1];
+  const nb_job_program_t* pg = &job->program;
+  if (pg->argc > 0) {
+    char progress[sizeof ch[i].dir + 32];
+    snprintf(progress, sizeof progress, "%s/%s", ch[i].dir, NB__RUN_PROGRESS);
+    const char* peers[NB_JOB_MAX_CLUSTERS];
+    int np_ = 0;
+    for (int j = 0; j < n; j++)
+      if (j != i) peers[np_++] = peer_args[j];
+    nb_job_program_site_t site = {.job_id = job->name,
+                                  .cluster_id = ch[i].id,
+                                  .cluster_index = i,
+                                  .listen = listen,
+                                  .peers = peers,
+                                  .n_peers = np_,
+                                  .pki_dir = s->pki,
+                                  .secret_file = s->secret,
+                                  .progress_file = progress};
+    if (nb_job_program_env(job, &site, penv, NB_JOB_PROGRAM_MAX_ENV + 1, &n_penv) != NB_OK) {
+      fprintf(stderr, "nebula run: %s: %s\n", ch[i].id, nb_error_last());
+      return -1;
+    }
+    /* a command word that is a path, and workDir, are the job folder's (as for a gateway) */
+    int rel = strchr(pg->argv[0], '/') && pg->argv[0][0] != '/';
+    snprintf(pcmd, sizeof pcmd, "%s%s%s", rel ? s->job_dir : "", rel ? "/" : "", pg->argv[0]);
+    snprintf(pdir, sizeof pdir, "%s%s%s", s->job_dir, pg->workdir[0] ? "/" : "", pg->workdir);
+    pav[0] = pcmd;
+    for (int a = 1; a < pg->argc; a++) pav[a] = pg->argv[a];
+    pav[pg->argc] = NULL;
+  }
   fflush(stdout);
   fflush(stderr);
   pid_t pid = fork();
   if (pid < 0) {
+    nb_job_program_env_free(penv, n_penv);
     fprintf(stderr, "nebula run: fork: %s\n", strerror(errno));
     return -1;
   }
@@ -417,6 +460,18 @@ static int nb__run_spawn(const nb__run_spawn_t* s, int i, int rejoin) {
       snprintf(th, sizeof th, "%d", job->clusters[i].threads_per_worker);
     setenv("NB_TRAIN_THREADS", th, 0);
     setenv("OPENBLAS_NUM_THREADS", th, 0);
+    if (pg->argc > 0) {
+      setenv("OMP_NUM_THREADS", th, 0); /* PyTorch's intra-op threads */
+      for (int e = 0; e < n_penv; e++) putenv(penv[e]);
+      if (chdir(pdir) != 0) {
+        fprintf(stderr, "nebula run: %s: cannot enter the program's folder %s: %s\n", ch[i].id,
+                pdir, strerror(errno));
+        _exit(127);
+      }
+      execvp(pav[0], (char* const*)pav);
+      fprintf(stderr, "nebula run: %s: cannot run %s: %s\n", ch[i].id, pav[0], strerror(errno));
+      _exit(127);
+    }
     if (use_mpi[i])
       execvp("mpirun", (char* const*)av);
     else
@@ -424,6 +479,7 @@ static int nb__run_spawn(const nb__run_spawn_t* s, int i, int rejoin) {
     fprintf(stderr, "nebula run: exec: %s\n", strerror(errno));
     _exit(127);
   }
+  nb_job_program_env_free(penv, n_penv);
   ch[i].pid = pid;
   ch[i].done = 0;
   return 0;
@@ -435,8 +491,8 @@ static int nb__run_spawn(const nb__run_spawn_t* s, int i, int rejoin) {
  * fault-tolerant; the run then fails as for any other exit. */
 static int nb__run_restartable(const nb__run_spawn_t* s, int i) {
   const nb__run_child_t* c = &s->ch[i];
-  if (!WIFSIGNALED(c->status) || WTERMSIG(c->status) == SIGTERM || WTERMSIG(c->status) == SIGINT ||
-      s->use_mpi[i] || c->restarts >= nb_param_RunRestarts())
+  if (s->job->program.argc > 0 || !WIFSIGNALED(c->status) || WTERMSIG(c->status) == SIGTERM ||
+      WTERMSIG(c->status) == SIGINT || s->use_mpi[i] || c->restarts >= nb_param_RunRestarts())
     return 0; /* SIGTERM / SIGINT: somebody meant it to stop */
   for (int j = 0; j < s->n; j++)
     if (j != i && !s->ch[j].done) return 1;
@@ -482,6 +538,39 @@ static int nb__run_table(nb__run_child_t* ch, int n, double wall) {
   return same;
 }
 
+/* A program job's table: each cluster's rounds, WAN bytes and last theta_global hash, from the
+ * lines libnebula appended to its progress file. 1 when every cluster ended on one hash. */
+static int nb__run_program_table(nb__run_child_t* ch, int n, double wall) {
+  printf("\n%-10s %6s %10s  %s\n", "cluster", "rounds", "wan_MB", "theta_global");
+  char first[24] = "";
+  int same = 1;
+  for (int i = 0; i < n; i++) {
+    char p[NB_JOB_PATH_MAX + 128], line[1024], hx[24] = "";
+    snprintf(p, sizeof p, "%s/%s", ch[i].dir, NB__RUN_PROGRESS);
+    FILE* f = fopen(p, "re");
+    long rounds = 0;
+    double bytes = 0;
+    while (f && fgets(line, sizeof line, f)) {
+      json_t* o = json_loads(line, 0, NULL);
+      if (!o) continue;
+      rounds++;
+      bytes += (double)json_integer_value(json_object_get(o, "bytes_sent"));
+      const char* h = json_string_value(json_object_get(o, "global_xxh3"));
+      snprintf(hx, sizeof hx, "%s", h ? h : "");
+      json_decref(o);
+    }
+    if (f) fclose(f);
+    printf("%-10s %6ld %10.3f  %s\n", ch[i].id, rounds, bytes / 1e6, hx[0] ? hx : "-");
+    if (!hx[0] || (first[0] && strcmp(first, hx) != 0)) same = 0;
+    if (hx[0] && !first[0]) snprintf(first, sizeof first, "%s", hx);
+  }
+  printf("%s; total wall %.1f s\n",
+         same ? "theta_global identical on every cluster"
+              : "theta_global NOT identical (or a cluster reported no round)",
+         wall);
+  return same;
+}
+
 /* One `nebula run`: its options, the job, the children and what the phases below set up. */
 typedef struct {
   const char *file, *out, *data_dir;
@@ -496,6 +585,7 @@ typedef struct {
   int n;
   char dir[NB_JOB_PATH_MAX];
   char exe[4096];
+  char job_dir[4096]; /* the descriptor's folder, absolute */
   char pki[NB_JOB_PATH_MAX + 16], secret[NB_JOB_PATH_MAX + 16];
   int use_mpi[NB_JOB_MAX_CLUSTERS], total_ranks;
   nb__run_spawn_t sp;
@@ -518,11 +608,11 @@ static int nb__run_load(nb__run_t* r) {
     fprintf(stderr, "nebula run: %s: invalid descriptor\n", r->file);
     return NB_EXIT_USAGE;
   }
-  if (r->job->program.argc > 0) {
+  if (r->job->program.argc > 0 && (r->steps > 0 || r->data_dir || r->resume || r->no_mpi)) {
     fprintf(stderr,
-            "nebula run: %s: $.spec.program: this job runs the user's own program, not the "
-            "built-in model: submit it to a gateway (nebula submit), which starts it with the "
-            "NEBULA_* environment (docs/gateway.md)\n",
+            "nebula run: %s: $.spec.program: --steps, --data-dir, --resume and --no-mpi are the "
+            "built-in worker's; this job runs the user's own program (give it its options in "
+            "spec.program.command)\n",
             r->file);
     return NB_EXIT_USAGE;
   }
@@ -582,6 +672,14 @@ static int nb__run_prepare(nb__run_t* r) {
     return NB_EXIT_FAIL;
   }
   r->exe[el] = 0;
+  char fcopy[4096];
+  snprintf(fcopy, sizeof fcopy, "%s", r->file);
+  char* sl = strrchr(fcopy, '/');
+  if (sl) *sl = 0;
+  if (!realpath(sl ? (fcopy[0] ? fcopy : "/") : ".", r->job_dir)) {
+    fprintf(stderr, "nebula run: %s: cannot resolve its folder: %s\n", r->file, strerror(errno));
+    return NB_EXIT_FAIL;
+  }
   int rc = nb__run_choose_net(r);
   if (rc != NB_EXIT_OK) return rc;
   if (nb__run_setup_security(r->dir, job, &r->wan, r->pki, sizeof r->pki, r->secret,
@@ -635,7 +733,13 @@ static int nb__run_launch(nb__run_t* r) {
   int have_mpirun = system("command -v mpirun >/dev/null 2>&1") == 0;
   for (int i = 0; i < r->n; i++) {
     int w = job->clusters[i].workers;
-    r->use_mpi[i] = w > 1 && !r->no_mpi && have_mpirun;
+    r->use_mpi[i] = w > 1 && !r->no_mpi && have_mpirun && job->program.argc == 0;
+    if (job->program.argc > 0) {
+      printf("nebula run: %s: the job's program %s%s\n", job->clusters[i].id, job->program.argv[0],
+             w > 1 ? " (one process: it starts its own ranks, e.g. torchrun)" : "");
+      r->total_ranks++;
+      continue;
+    }
     r->total_ranks += r->use_mpi[i] ? w : 1;
     if (w > 1 && !r->use_mpi[i])
       printf("nebula run: %s: %d workers as accumulated micro-batches in one process%s\n",
@@ -643,11 +747,11 @@ static int nb__run_launch(nb__run_t* r) {
     else if (r->use_mpi[i])
       printf("nebula run: %s: %d ranks under mpirun\n", job->clusters[i].id, w);
   }
-  r->sp = (nb__run_spawn_t){r->exe,        r->file,   job,
-                            r->ch,         r->n,      &r->wan,
-                            r->pki,        r->secret, r->steps_text[0] ? r->steps_text : NULL,
-                            r->data_dir,   r->resume, r->use_mpi,
-                            r->total_ranks};
+  r->sp = (nb__run_spawn_t){r->exe,         r->file,   job,
+                            r->ch,          r->n,      &r->wan,
+                            r->pki,         r->secret, r->steps_text[0] ? r->steps_text : NULL,
+                            r->data_dir,    r->resume, r->use_mpi,
+                            r->total_ranks, r->job_dir};
   r->t0 = nb_now_s();
   for (int i = 0; i < r->n; i++) {
     if (nb__run_spawn(&r->sp, i, 0) != 0) {
@@ -710,6 +814,8 @@ static int nb__run_conclude(nb__run_t* r, int failed) {
               ch[failed].id, WTERMSIG(ch[failed].status), ch[failed].log);
     return NB_EXIT_FAIL;
   }
+  if (r->job->program.argc > 0) /* the program's own outputs are its; no run report */
+    return nb__run_program_table(ch, r->n, nb_now_s() - r->t0) ? NB_EXIT_OK : NB_EXIT_FAIL;
   int rc = nb__run_table(ch, r->n, nb_now_s() - r->t0) ? NB_EXIT_OK : NB_EXIT_FAIL;
   const char** ids = NULL;
   if (nb_calloc((void**)&ids, (size_t)r->n, sizeof *ids, "report ids") == NB_OK) {
@@ -779,7 +885,10 @@ int nb_run_main(int argc, char** argv) {
           "network namespace behind the emulated WAN link of deploy/wan (link.rateMbit each "
           "way,\nlink.delayMs one way), torn down at the end; otherwise over loopback with "
           "the\nlink's rate cap. DIR (default runs/<job>) receives pki/, job.secret and one "
-          "folder\nper cluster with worker.log, rounds.tsv, summary.json.",
+          "folder\nper cluster with worker.log, rounds.tsv, summary.json.\n"
+          "A job with spec.program runs that command per cluster instead (in the descriptor's\n"
+          "folder, with the NEBULA_* environment a gateway sets; its output in worker.log, one\n"
+          "line per round in progress.jsonl).",
       .epilog =
           "A one-process cluster whose worker is killed by a signal (other than TERM/INT) "
           "while\nanother cluster trains is restarted with --rejoin, up to NB_RUN_RESTARTS "

@@ -188,16 +188,23 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
   int admin = 0;
   NB_CHECK(nb__caller(call, &user, &admin));
   const nb_tls_peer_t* peer = nb_rpc_call_peer(call);
-  if (peer->kind != NB_TLS_PEER_USER)
+  nb__gw_metric_submission(gw);
+  if (peer->kind != NB_TLS_PEER_USER) {
+    nb__gw_metric_refusal(gw, "not_a_user");
     return nb_error(NB_ERR_PERMISSION, "only user certificates may submit jobs (caller is %s '%s')",
                     "cluster", peer->name);
+  }
   ProtobufCMessage* m = NULL;
   int end = 0;
   NB_CHECK(nb_rpc_call_recv_pb(call, &nebula__v1__submit_request__descriptor, &m, &end,
                                NB_RPC_INFINITE));
-  if (!m) return nb_error(NB_ERR_INVALID, "Submit: no request");
+  if (!m) {
+    nb__gw_metric_refusal(gw, "submit_incomplete");
+    return nb_error(NB_ERR_INVALID, "Submit: no request");
+  }
   Nebula__V1__SubmitRequest* req = (Nebula__V1__SubmitRequest*)m;
   nb_status_t s = NB_OK;
+  const char* refused = NULL; /* the reason counted when s is not NB_OK at done */
   nb__gw_signed_t sd = {0};
   nb_job_config_t* cfg = NULL; /* sd.cfg once read */
   nb_job_store_t* st = NULL;
@@ -207,10 +214,15 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
     s = nb_error(NB_ERR_INVALID,
                  "Submit needs the descriptor, its signature and the signer's "
                  "certificate");
+    refused = "submit_incomplete";
     goto done;
   }
   s = nb__gw_read_signed(gw, &req->descriptor, &req->signature, req->cert_pem, user, NULL, 1, &sd);
-  if (s != NB_OK) goto done;
+  if (s != NB_OK) {
+    /* the signature and signer are checked before the descriptor is parsed, then its paths */
+    refused = !sd.cfg ? "signature" : s == NB_ERR_INVALID ? "descriptor" : "paths";
+    goto done;
+  }
   cfg = sd.cfg;
   /* Which clusters: each one named, and the one holding the base checkpoint */
   nb__part_t parts[NB__MAX_PARTS];
@@ -221,7 +233,10 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
     want[i].workers = cfg->clusters[i].workers;
   }
   s = nb_acl_check(&gw->cfg.acl, user, want, (size_t)cfg->n_clusters);
-  if (s != NB_OK) goto done;
+  if (s != NB_OK) {
+    refused = "acl";
+    goto done;
+  }
   for (int i = 0; i < np; i++) {
     if (!strcmp(parts[i].id, gw->cfg.cluster_id)) {
       mine = i;
@@ -233,6 +248,7 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
                    "the job names cluster '%s', which is not a peer of gateway '%s' (add it to "
                    "\"peers\" in the gateway's config)",
                    parts[i].id, gw->cfg.cluster_id);
+      refused = "unknown_cluster";
       goto done;
     }
   }
@@ -242,6 +258,7 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
         cfg->clusters[i].device == NB_JOB_DEVICE_CUDA && gw->cfg.device != NB_JOB_DEVICE_CUDA) {
       s = nb_error(NB_ERR_INVALID, "$.spec.clusters[%d].device: cluster '%s' has no cuda devices",
                    i, gw->cfg.cluster_id);
+      refused = "device";
       goto done;
     }
   }
@@ -252,8 +269,10 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
     s = nb_error(NB_ERR_UNAVAILABLE,
                  "cluster '%s' has %d free worker slots of %d, the job needs %d",
                  gw->cfg.cluster_id, gw->cfg.slots - used, gw->cfg.slots, my_workers);
+    refused = "slots";
     goto done;
   }
+  /* from here a failure is the gateway's, not a refusal (but the federation's answer) */
   NB_CHECK_GOTO(nb__gw_open_store(gw, &st), s, done);
   {
     /* the store wants JSON text: the signed bytes, NUL-terminated */
@@ -275,7 +294,10 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
   if (fed) {
     /* two-phase with every other cluster; on failure the job is failed here and Submit fails */
     s = nb__gw_fed_submit(gw, st, id, req, parts, np, mine, cfg->model.base_cluster);
-    if (s != NB_OK) goto done;
+    if (s != NB_OK) {
+      refused = "federation"; /* a peer refused or could not be reached: Submit fails */
+      goto done;
+    }
   } else {
     s = nb__gw_jobdir_write(gw, id, req->descriptor.data, req->descriptor.len, req->signature.data,
                             req->signature.len, req->cert_pem);
@@ -290,6 +312,7 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
   NB_INFO(JOB, "job %s submitted by %s", id, user);
   s = nb__send_job(call, gw, st, id, 1);
 done:
+  if (s != NB_OK && refused) nb__gw_metric_refusal(gw, refused);
   nb__gw_signed_clear(&sd);
   nb_job_store_close(st);
   protobuf_c_message_free_unpacked(m, NULL);

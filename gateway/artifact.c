@@ -55,14 +55,20 @@ typedef struct nb__svc {
 struct nb_artifact_store {
   char dir[NB__DIR_MAX];
   sqlite3* db;
-  pthread_mutex_t mu; /* guards db and svcs */
-  nb__svc_t* svcs;    /* services added to servers: freed with the store */
+  pthread_mutex_t mu;              /* guards db and svcs */
+  nb__svc_t* svcs;                 /* services added to servers: freed with the store */
+  _Atomic uint64_t sent, received; /* plaintext bytes its services sent, fetches counted here */
 };
 
 static _Atomic uint64_t nb__sent_bytes;
 
 uint64_t nb_artifact_sent_bytes(void) {
   return atomic_load(&nb__sent_bytes);
+}
+
+void nb_artifact_store_bytes(nb_artifact_store_t* store, uint64_t* received, uint64_t* sent) {
+  if (received) *received = store ? atomic_load(&store->received) : 0;
+  if (sent) *sent = store ? atomic_load(&store->sent) : 0;
 }
 
 /* ------------------------------------------------------------------ names and hashes */
@@ -799,6 +805,7 @@ static nb_status_t nb__h_fetch(nb_rpc_call_t* call, void* user) {
     }
     NB_CHECK_GOTO(nb_rpc_call_send(call, msg, ml), st, out);
     atomic_fetch_add(&nb__sent_bytes, (uint64_t)len);
+    atomic_fetch_add(&svc->store->sent, (uint64_t)len);
     off += len;
     index++;
   } while (off < info.size);
@@ -963,6 +970,7 @@ static nb_status_t nb__fetch_once(const nb__fetch_t* f, nb_rpc_client_t* cli,
     if (st == NB_OK) st = nb__write_all(fd, plain, pl, at, f->part);
     if (st != NB_OK) goto out;
     *moved += pl;
+    if (f->o->account) atomic_fetch_add(&f->o->account->received, (uint64_t)pl);
   }
   if (rx.off != info->size)
     st = nb_error(NB_ERR_UNAVAILABLE, "artifact stream from %s ended at %llu of %llu bytes",

@@ -91,6 +91,8 @@ typedef struct {
   const char* name;             /* artifact name at the peer, or "sha256:<hex>" */
   const char* dest;             /* final path; a partial "<dest>.part" is resumed */
   int64_t timeout_ms;           /* whole transfer; 0 = no limit */
+  nb_artifact_store_t* account; /* NULL, or the bytes received are added to its totals
+                                   (nb_artifact_store_bytes); must outlive the fetch */
 } nb_artifact_fetch_opts_t;
 
 /* Fetches an artifact from a peer gateway into opts->dest: resolves it, receives sealed
@@ -105,6 +107,11 @@ nb_status_t nb_artifact_fetch(const nb_artifact_fetch_opts_t* opts, nb_artifact_
  * "." or ".." component, no control character or backslash, not starting with "sha256:"), else
  * NB_ERR_INVALID naming the problem. Thread-safe. */
 nb_status_t nb_artifact_name_check(const char* name);
+
+/* The plaintext bytes this store's services have sent to peer gateways (*sent) and the fetches
+ * naming it as their account have received (*received), since it was opened. Either pointer may
+ * be NULL; a NULL store gives 0. Thread-safe. */
+void nb_artifact_store_bytes(nb_artifact_store_t* store, uint64_t* received, uint64_t* sent);
 
 /* Plaintext bytes that the Artifacts services of this process have sent so far (all servers,
  * all calls): lets tests and benchmarks see how much a resumed transfer re-sent. Thread-safe. */

@@ -101,6 +101,10 @@ static const nb__opt_t nb__opts[] = {
      "SIGTERM to the job's process group, SIGKILL after this"},
     {"poll_ms", NB__OPT_INT, NB__F(poll_ms), 10, 10000, "",
      "how often job processes and progress files are checked"},
+    {"metrics.listen", NB__OPT_STR, NB__F(metrics_listen), 0, 0, "(off)",
+     "Prometheus metrics at http://HOST:PORT/metrics (docs/operations.md), e.g. "
+     "\"127.0.0.1:9464\"; port 0 picks a free one; plain HTTP, so keep it on loopback or a "
+     "trusted network"},
 };
 #define NB__N_OPTS (sizeof nb__opts / sizeof nb__opts[0])
 
@@ -446,6 +450,18 @@ nb_status_t nb_gateway_config_parse(const char* text, size_t len, const char* ba
   if (!cfg->tls_ca[0] || !cfg->tls_cert[0] || !cfg->tls_key[0])
     return nb_error(NB_ERR_CONFIG, "config: tls.ca, tls.cert and tls.key are required");
   NB_CHECK(nb_launcher_conf_check(&cfg->launcher));
+  if (cfg->metrics_listen[0]) {
+    if (!strncmp(cfg->metrics_listen, "unix:", 5))
+      return nb_error(NB_ERR_CONFIG,
+                      "config: metrics.listen: expected HOST:PORT, not a unix: "
+                      "socket (Prometheus scrapes over TCP)");
+    NB_CHECK(nb_cli_addr_check(cfg->metrics_listen, 1, "config: metrics.listen"));
+    if (!strcmp(cfg->metrics_listen, cfg->listen) && !strstr(cfg->listen, ":0"))
+      return nb_error(NB_ERR_CONFIG,
+                      "config: metrics.listen: %s is the Gateway service's own "
+                      "address (listen); give the metrics a port of their own",
+                      cfg->metrics_listen);
+  }
   if (base_dir && cfg->work_dir[0] != '/' && !strcmp(cfg->work_dir, "work")) {
     char tmp[NB_GW_STR];
     snprintf(tmp, sizeof tmp, "%s/work", base_dir);

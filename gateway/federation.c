@@ -159,11 +159,13 @@ static nb_status_t nb__fed_call(nb_gateway_t* gw, const char* cluster, const cha
   *resp = NULL;
   int64_t deadline = (int64_t)gw->cfg.federation_timeout_ms * (wait == 2 ? 30 : 1);
   nb_status_t s = nb_rpc_unary_pb(c, m, req, rd, resp, deadline, 0);
+  nb__gw_metric_fed_call(gw, method, s);
   if (s == NB_ERR_UNAVAILABLE && wait && nb_rpc_client_wait_ready(c, 1000) == NB_OK) {
     /* the channel was idle or backing off from an earlier failure: once more, connected */
     if (*resp) protobuf_c_message_free_unpacked(*resp, NULL);
     *resp = NULL;
     s = nb_rpc_unary_pb(c, m, req, rd, resp, deadline, 0);
+    nb__gw_metric_fed_call(gw, method, s);
   }
   return s;
 }

@@ -40,6 +40,7 @@ static nb_status_t nb__limited(nb_rpc_call_t* call, void* user_data) {
     return nb_error(NB_ERR_NOMEM, "gateway '%s' serves calls of at most %d identities at once",
                     gw->cfg.cluster_id, NB__MAX_IDENTITIES);
   if (n >= limit) {
+    nb__gw_metric_refusal(gw, "call_limit");
     NB_WARN("%s '%s' has %d calls in flight, refusing another (limits.calls_per_identity)",
             p->kind == NB_TLS_PEER_CLUSTER ? "cluster" : "user", p->name, n);
     /* NB_ERR_NOMEM is what the RPC layer answers as RESOURCE_EXHAUSTED */
@@ -193,6 +194,7 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     goto fail;
   }
   gw->rep_started = 1;
+  NB_CHECK_GOTO(nb__gw_metrics_start(gw), s, fail);
   NB_CHECK_GOTO(nb_rpc_server_start(gw->srv), s, fail);
   *out = gw;
   return NB_OK;
@@ -207,6 +209,7 @@ int nb_gateway_port(const nb_gateway_t* gw) {
 
 void nb_gateway_destroy(nb_gateway_t* gw) {
   if (!gw) return;
+  nb__gw_metrics_stop(gw); /* before what its scrapes read: the store, active[], the artifacts */
   nb_rpc_server_destroy(gw->srv);
   gw->stopping = 1;
   if (gw->mon_started) pthread_join(gw->mon, NULL);

@@ -69,6 +69,7 @@ typedef struct {
   char run_as[NB_ACL_NAME_MAX]; /* run_as: the user jobs run as ("" = the gateway's own) */
   int n_allow; /* paths.allow: folders besides the job's own that descriptor paths may name */
   char allow[NB_JOB_PATHS_MAX_ROOTS][NB_GW_STR];
+  char metrics_listen[NB_GW_STR]; /* metrics.listen: Prometheus /metrics "host:port"; "" = off */
 } nb_gateway_config_t;
 
 typedef struct nb_gateway nb_gateway_t;
@@ -94,6 +95,10 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
 
 /* The bound port (useful with listen ":0"). */
 int nb_gateway_port(const nb_gateway_t* gw);
+
+/* The bound port of the metrics listener (metrics.listen, useful with port 0); 0 when metrics
+ * are off. */
+int nb_gateway_metrics_port(const nb_gateway_t* gw);
 
 /* Stops serving and monitoring. Running jobs are left running: a restarted gateway re-attaches
  * to them. NULL ok. */

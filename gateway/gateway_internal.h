@@ -12,8 +12,10 @@
 #include "gateway/artifact.h"
 #include "gateway/gateway.h"
 #include "gateway/store.h"
+#include "common/prom.h"
 #include "inter/rpc.h"
 #include "jobs/descriptor.h"
+#include "jobs/job_program.h"
 #include "nebula/v1/federation.pb-c.h"
 #include "nebula/v1/gateway.pb-c.h"
 #include "security/pki.h"
@@ -138,6 +140,8 @@ struct nb_gateway {
   nb_job_store_t* rep_store; /* the report thread's own handle */
   pthread_t rep;
   int rep_started;
+  nb_prom_t* prom;           /* metrics.listen: the registry and its listener; NULL = off */
+  nb_job_store_t* met_store; /* the metrics listener thread's own handle (opened at a scrape) */
 };
 
 #define NB__MAX_PARTS (NB_JOB_MAX_CLUSTERS + 1) /* the clusters named + the base's holder */
@@ -151,7 +155,7 @@ typedef struct {
   char peers[NB_JOB_MAX_CLUSTERS][NB_GW_STR]; /* "ID=HOST:PORT" of every other cluster */
 } nb__wk_args_t;
 
-#define NB__PROGRAM_MAX_ENV 24
+#define NB__PROGRAM_MAX_ENV (NB_JOB_PROGRAM_MAX_ENV + 1)
 
 /* What a job running the user's program (spec.program) adds to its launch: the folder it runs
  * in and its NEBULA_* environment (nb__gw_program_prepare; released by nb__gw_program_clear). */
@@ -254,6 +258,13 @@ void nb__gw_report_recover(nb_gateway_t* gw, nb_job_store_t* st);
 nb_status_t nb__gw_recover(nb_gateway_t* gw);
 void nb__gw_store_orphans(nb_gateway_t* gw);
 nb_status_t nb__gw_store_present(nb_gateway_t* gw);
+
+/* metrics.c: the Prometheus metrics (no-ops while gw->prom is NULL) */
+nb_status_t nb__gw_metrics_start(nb_gateway_t* gw);
+void nb__gw_metrics_stop(nb_gateway_t* gw);
+void nb__gw_metric_submission(nb_gateway_t* gw);
+void nb__gw_metric_refusal(nb_gateway_t* gw, const char* reason);
+void nb__gw_metric_fed_call(nb_gateway_t* gw, const char* method, nb_status_t st);
 
 /* api.c: the nebula.v1.Gateway service */
 nb_status_t nb__gw_open_store(nb_gateway_t* gw, nb_job_store_t** st);

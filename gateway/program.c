@@ -6,7 +6,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -14,6 +13,7 @@
 
 #include "common/common.h"
 #include "jobs/job_paths.h"
+#include "jobs/job_program.h"
 #include "security/seal.h"
 
 int nb__gw_job_runs_program(nb_job_store_t* st, const char* id) {
@@ -36,27 +36,6 @@ static nb_status_t nb__program_secret(nb_gateway_t* gw, const char* path) {
   explicit_bzero(secret, sizeof secret);
   if (!ok) return nb_error(NB_ERR_IO, "cannot write %s: %s", path, strerror(errno));
   nb__gw_give(gw, path);
-  return NB_OK;
-}
-
-/* Appends "K=V" to p->env (formatted), keeping it NULL-terminated. */
-static nb_status_t nb__penv(nb__gw_program_t* p, const char* fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static nb_status_t nb__penv(nb__gw_program_t* p, const char* fmt, ...) {
-  if (p->n_env + 1 >= NB__PROGRAM_MAX_ENV)
-    return nb_error(NB_ERR_INVALID, "program environment: too many variables");
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  if (n < 0) return nb_error(NB_ERR_INVALID, "program environment: bad entry");
-  char* e = NULL;
-  NB_CHECK(nb_alloc((void**)&e, (size_t)n + 1, 1, "program environment"));
-  va_start(ap, fmt);
-  vsnprintf(e, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  p->env[p->n_env++] = e;
-  p->env[p->n_env] = NULL;
   return NB_OK;
 }
 
@@ -106,42 +85,27 @@ nb_status_t nb__gw_program_prepare(nb_gateway_t* gw, const char* id, const char*
     NB_CHECK(nb__gw_free_endpoint(gw->cfg.exchange_host, listen, sizeof listen));
   }
 
-  s = NB_OK;
-#define NB__PENV(...)                             \
-  do {                                            \
-    if (s == NB_OK) s = nb__penv(p, __VA_ARGS__); \
-  } while (0)
-  NB__PENV("NEBULA_JOB_ID=%s", id);
-  NB__PENV("NEBULA_CLUSTER_ID=%s", gw->cfg.cluster_id);
-  NB__PENV("NEBULA_N_CLUSTERS=%d", cfg->n_clusters);
-  NB__PENV("NEBULA_CLUSTER_INDEX=%d", index);
-  NB__PENV("NEBULA_LISTEN=%s", listen);
-  if (s == NB_OK) {
-    char peers[NB_JOB_MAX_CLUSTERS * (NB_GW_STR + 1) + 1];
-    size_t o = 0;
-    peers[0] = 0;
-    for (int i = 0; wk && i < wk->n_peers; i++)
-      o += (size_t)snprintf(peers + o, sizeof peers - o, "%s%s", i ? "," : "", wk->peers[i]);
-    NB__PENV("NEBULA_PEERS=%s", peers);
-  }
-  NB__PENV("NEBULA_PKI_DIR=%s", pki);
-  /* the secret by its file only: never in the environment or on the command line */
-  if (cfg->security.seal)
-    NB__PENV("NEBULA_JOB_SECRET_FILE=%s", wk ? wk->secret_file : secret_file);
-  else
-    NB__PENV("NEBULA_UNSEALED=1");
-  NB__PENV("NEBULA_INNER_STEPS=%d", cfg->sync.inner_steps);
-  NB__PENV("NEBULA_OUTER_LR=%.9g", cfg->sync.outer_lr);
-  NB__PENV("NEBULA_OUTER_MOMENTUM=%.9g", cfg->sync.outer_momentum);
-  NB__PENV("NEBULA_DENSITY=%.15g", cfg->compression.density_initial);
-  NB__PENV("NEBULA_VALUES=%s", nb_job_values_name(cfg->compression.values));
-  NB__PENV("NEBULA_PROGRESS_FILE=%s/%s", dir, NB_LAUNCH_PROGRESS);
-#undef NB__PENV
+  const char* peers[NB_JOB_MAX_CLUSTERS];
+  int n_peers = 0;
+  for (int i = 0; wk && i < wk->n_peers && i < NB_JOB_MAX_CLUSTERS; i++)
+    peers[n_peers++] = wk->peers[i];
+  char progress[sizeof p->workdir + 32];
+  snprintf(progress, sizeof progress, "%s/%s", dir, NB_LAUNCH_PROGRESS);
+  nb_job_program_site_t site = {.job_id = id,
+                                .cluster_id = gw->cfg.cluster_id,
+                                .cluster_index = index,
+                                .listen = listen,
+                                .peers = peers,
+                                .n_peers = n_peers,
+                                .pki_dir = pki,
+                                .secret_file = wk ? wk->secret_file : secret_file,
+                                .progress_file = progress};
+  s = nb_job_program_env(cfg, &site, p->env, NB__PROGRAM_MAX_ENV, &p->n_env);
   if (s != NB_OK) nb__gw_program_clear(p);
   return s;
 }
 
 void nb__gw_program_clear(nb__gw_program_t* p) {
-  for (int i = 0; i < p->n_env; i++) nb_free(p->env[i]);
+  nb_job_program_env_free(p->env, p->n_env);
   memset(p, 0, sizeof *p);
 }

@@ -183,6 +183,7 @@ nb_status_t nb__gw_fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   memset(&o, 0, sizeof o);
   o.target = target;
   o.tls = gw->tls;
+  o.account = gw->art;
   o.expected_cluster = mo->base_cluster;
   o.job_id = id;
   o.secret = secret;

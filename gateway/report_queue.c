@@ -206,6 +206,7 @@ static int nb__report_try(nb_gateway_t* gw, nb_job_store_t* st, const nb__report
       memset(&o, 0, sizeof o);
       o.target = target;
       o.tls = gw->tls;
+      o.account = gw->art;
       o.expected_cluster = c;
       o.job_id = id;
       o.secret = fed.secret;

@@ -463,6 +463,22 @@ nb_status_t nb_job_store_list(nb_job_store_t* s, const char* owner, int state,
   return NB_OK;
 }
 
+nb_status_t nb_job_store_count(nb_job_store_t* s, int state, int64_t* out) {
+  if (!s || !out) return nb_error(NB_ERR_INVALID, "job store: NULL argument");
+  *out = 0;
+  sqlite3_stmt* st = NULL;
+  NB_CHECK(nb__prepare(s->db, "SELECT COUNT(*) FROM jobs WHERE state = ?1", &st));
+  sqlite3_bind_int(st, 1, state);
+  int rc = sqlite3_step(st);
+  nb_status_t r = NB_OK;
+  if (rc == SQLITE_ROW)
+    *out = sqlite3_column_int64(st, 0);
+  else
+    r = nb__sql_error(s->db, rc, "count jobs");
+  sqlite3_finalize(st);
+  return r;
+}
+
 /* Inside an open transaction: appends one event and returns its seq. */
 static nb_status_t nb__append_event_locked(sqlite3* db, const char* id, const char* kind,
                                            const char* payload, int64_t* seq_out) {

@@ -103,6 +103,9 @@ nb_status_t nb_job_store_transition(nb_job_store_t* s, const char* id, nb_job_st
 nb_status_t nb_job_store_list(nb_job_store_t* s, const char* owner, int state,
                               nb_job_record_t** out, size_t* n);
 
+/* How many jobs are in state `state` (*out). Returns NB_OK, NB_ERR_INVALID, NB_ERR_IO. */
+nb_status_t nb_job_store_count(nb_job_store_t* s, int state, int64_t* out);
+
 /* Appends an event to a job's log. kind: 1..31 bytes; payload: valid JSON text (borrowed).
  * seq_out: optional, receives the event's sequence number (1 for the first). Returns NB_OK;
  * NB_ERR_NOT_FOUND (no such job); NB_ERR_INVALID (bad kind or JSON); NB_ERR_IO. */

@@ -27,6 +27,7 @@ DEB_PKGS=(
   openmpi-bin
   openssl
   pkg-config
+  prometheus
   protobuf-c-compiler
   python3-grpcio
   slurm-wlm
@@ -46,6 +47,12 @@ PIP_PKGS=(
 # carries the CUDA libraries; about 2.5 min here) whose failure must not cost the set above.
 PIP_TORCH=(
   torch==2.15.0
+)
+# examples/torch/t5_lora.py (a transformers T5 from a config, peft LoRA): its own call after
+# torch's, so that its failure costs only the LoRA example's test
+PIP_HF=(
+  transformers==4.57.6
+  peft==0.17.1
 )
 
 stamp_dir="${NB_SETUP_STAMP_DIR:-.cache}"
@@ -102,3 +109,4 @@ PYEOF
 }
 pip_install_set interop "${PIP_PKGS[@]}"
 pip_install_set torch "${PIP_TORCH[@]}"
+pip_install_set hf "${PIP_HF[@]}"

@@ -23,6 +23,7 @@
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
 #include "worker/codec_points.h"
+#include "worker/leader_metrics.h"
 #include "worker/worker.h"
 #include "security/pki.h"
 #include "security/seal.h"
@@ -45,6 +46,10 @@ NB_PARAM_INT(
     "failure stops the worker")
 NB_PARAM_DOUBLE(RejoinTimeoutS, "NB_REJOIN_TIMEOUT_S", 60, 1, 3600,
                 "nebula worker --rejoin: how long to keep trying to pull the global state")
+NB_PARAM_STRING(MetricsListen, "NEBULA_METRICS_LISTEN", "",
+                "nebula worker, cluster leader (rank 0): serve Prometheus metrics (round, loss, "
+                "WAN bytes, link, rounds applied) at http://HOST:PORT/metrics; port 0 picks a "
+                "free one, printed at the start; empty: off (docs/operations.md)")
 
 static nb_worker_outcome_t nb__wk_fail(const char* cluster, const char* what) {
   fprintf(stderr, "nebula worker: %s: %s: %s\n", cluster ? cluster : "?", what, nb_error_last());
@@ -56,6 +61,7 @@ typedef struct {
   size_t n_peers;
   double peer_timeout_s;
   double deadline_s; /* fault-tolerant rounds: per exchange */
+  uint64_t received; /* bytes of peers' frames received, total (the leader's metrics) */
 } nb__wk_exchange_t;
 
 /* The fault-tolerant exchange (train/hybrid's ft_exchange): a peer that does not deliver by the
@@ -87,6 +93,7 @@ static nb_status_t nb__wk_ft_exchange(void* ctx, uint64_t xround, const void* ms
     if (res[i].status == NB_OK) {
       peers[i].data = res[i].frame;
       peers[i].len = res[i].len;
+      x->received += res[i].len;
       res[i].frame = NULL;
     } else {
       peers[i].data = NULL;
@@ -157,7 +164,9 @@ static nb_status_t nb__wk_pull_state(nb_exchange_t* ex, nb_hybrid_t* h, double t
 static nb_status_t nb__wk_exchange(void* ctx, uint64_t round, const void* msg, size_t len,
                                    nb_hybrid_msg_t* peers, size_t n_peers, uint64_t* sent) {
   nb__wk_exchange_t* x = ctx;
-  return nb_exchange_round_take(x->ex, round, msg, len, 0, n_peers, peers, NULL, sent);
+  nb_status_t st = nb_exchange_round_take(x->ex, round, msg, len, 0, n_peers, peers, NULL, sent);
+  for (size_t i = 0; st == NB_OK && i < n_peers; i++) x->received += peers[i].len;
+  return st;
 }
 
 /* Codec bits per kept value and per index, for the scheduler's prediction: int8 carries one
@@ -337,6 +346,7 @@ typedef struct {
   uint64_t wan_bytes, msg_bytes;
   long steps_done, step0, skipped, late, jumps, pulls, prev_r;
   double t_rounds; /* when this run's first round began: the ETA's pace */
+  nb_prom_t* prom; /* NEBULA_METRICS_LISTEN: the leader's metrics; NULL = off */
 } nb__wk_t;
 
 #define NB__WK_TRY(call)                         \
@@ -588,8 +598,10 @@ static nb_worker_outcome_t nb__wk_exchange_start(nb__wk_t* w) {
       if (nb_exchange_add_peer(w->ex, w->peer_id[i], w->peer_addr[i]) != NB_OK)
         return nb__wk_fail(w->cluster, w->peer_id[i]);
   }
-  w->xctx = (nb__wk_exchange_t){w->ex, (size_t)w->n_peers, job->sync.peer_timeout_seconds,
-                                nb_param_RoundDeadlineS()};
+  w->xctx = (nb__wk_exchange_t){.ex = w->ex,
+                                .n_peers = (size_t)w->n_peers,
+                                .peer_timeout_s = job->sync.peer_timeout_seconds,
+                                .deadline_s = nb_param_RoundDeadlineS()};
   return NB_WORKER_DONE;
 }
 
@@ -680,6 +692,24 @@ static nb_worker_outcome_t nb__wk_scheduler(nb__wk_t* w) {
   return NB_WORKER_DONE;
 }
 
+/* NEBULA_METRICS_LISTEN: the leader's Prometheus endpoint. A value that does not serve (a bad
+ * address, a port in use) stops the worker: metrics asked for and missing would go unnoticed. */
+static nb_worker_outcome_t nb__wk_metrics_start(nb__wk_t* w) {
+  const char* listen = nb_param_MetricsListen();
+  if (!listen[0]) return NB_WORKER_DONE;
+  if (nb_leader_metrics_start(listen, w->job->name, w->cluster, &w->prom) != NB_OK) {
+    fprintf(stderr, "nebula worker: %s: NEBULA_METRICS_LISTEN=%s: %s\n", w->cluster, listen,
+            nb_error_last());
+    return NB_WORKER_FAILED;
+  }
+  const char* colon = strrchr(listen, ':');
+  int host_len = colon ? (int)(colon - listen) : 0;
+  printf("nebula worker: %s metrics at http://%.*s:%d/metrics\n", w->cluster,
+         host_len ? host_len : 9, host_len ? listen : "127.0.0.1", nb_prom_port(w->prom));
+  fflush(stdout);
+  return NB_WORKER_DONE;
+}
+
 /* The banner and rounds.tsv (appended to on --resume and --rejoin). */
 static nb_worker_outcome_t nb__wk_open_log(nb__wk_t* w) {
   const nb_job_config_t* job = w->job;
@@ -705,7 +735,7 @@ static nb_worker_outcome_t nb__wk_open_log(nb__wk_t* w) {
   w->steps_done = w->step0 = nb_trainer_step(w->t);
   w->prev_r = w->round0 - 1;
   w->t_rounds = nb_now_s();
-  return NB_WORKER_DONE;
+  return nb__wk_metrics_start(w);
 }
 
 static nb_worker_outcome_t nb__wk_connect(nb__wk_t* w) {
@@ -820,6 +850,30 @@ static void nb__wk_log(nb__wk_t* w, long r, const nb_hybrid_round_t* rec, const 
            rec->peers_ok, w->n_peers, rec->peers_alive, (double)nb_wall_ns() / 1e9);
   w->prev_r = r;
   fflush(stdout);
+  if (w->prom) {
+    nb_estimate_t est;
+    nb__wk_estimate(w->ex, &est);
+    nb_leader_figures_t f = {
+        .round = r + 1,
+        .rounds = w->rounds,
+        .step = w->steps_done,
+        .max_steps = (long)w->job->training.max_steps,
+        .loss = rec->loss,
+        .density = rec->density,
+        .wan_sent = w->wan_bytes,
+        .wan_received = w->xctx.received,
+        .goodput_Bps = est.goodput_Bps,
+        .rtt_s = est.rtt_s,
+        .peers = w->n_peers,
+        .peers_alive = (int)rec->peers_alive,
+        .applied = rec->commits,
+        .skipped = w->skipped,
+        .late = w->late,
+        .compute_s = w->compute_s,
+        .exchange_s = w->exchange_s,
+    };
+    nb_leader_metrics_round(w->prom, &f);
+  }
   nb__wk_progress(w->cluster, r + 1, w->rounds, w->steps_done, (long)w->job->training.max_steps,
                   rec);
 }
@@ -829,6 +883,7 @@ static nb_worker_outcome_t nb__wk_eval_round(nb__wk_t* w, long r) {
   nb_train_eval_t mid;
   if (nb_trainer_eval(w->t, &mid) != NB_OK) return nb__wk_fail(w->cluster, "evaluation");
   printf("eval after round %ld: mean %.4f bpb\n", r + 1, mid.mean_bpb);
+  nb_leader_metrics_eval(w->prom, r + 1, mid.mean_bpb);
   json_t* e = json_object();
   json_object_set_new(e, "round", json_integer(r + 1));
   json_object_set_new(e, "step", json_integer(nb_trainer_step(w->t)));
@@ -1080,6 +1135,7 @@ static nb_worker_outcome_t nb__wk_finish(nb__wk_t* w) {
 /* Frees what the run holds; on failure under mpirun the other ranks wait in a collective, so
  * the whole cluster goes down. */
 static void nb__wk_release(nb__wk_t* w, nb_worker_outcome_t rc) {
+  nb_prom_destroy(w->prom);
   json_decref(w->evals);
   json_decref(w->decisions);
   if (w->tsv) fclose(w->tsv);
