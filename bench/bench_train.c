@@ -40,6 +40,7 @@ typedef struct {
   FILE *in, *out;  /* its stdin and stdout */
   const char* why; /* why there is no figure (set when pid is 0 or a step failed) */
   char* line;      /* getline's buffer */
+  double sgemm;    /* PyTorch's own n = 1024 sgemm GFLOP/s, from its ready line */
   size_t line_cap;
 } nb__torch_t;
 
@@ -142,6 +143,7 @@ static void nb__torch_start(nb__torch_t* t, const char* script, int L, int D, in
     return;
   }
   json_t* ready = nb__torch_read(t); /* after its import and warm-up steps */
+  t->sgemm = ready ? json_number_value(json_object_get(ready, "sgemm_gflops")) : 0.0;
   if (ready && !json_is_true(json_object_get(ready, "ready"))) {
     t->why = "bench/torch_train.py did not say ready";
     nb__torch_stop(t);
@@ -175,7 +177,7 @@ typedef struct {
   int L, D, H, T, B, sn, threads;
   size_t params;
   double step_s, fwd_s, tokens_per_s, model_gflops, sgemm, ratio, best_sgemm, mfu, torch_tps,
-      vs_torch;
+      vs_torch, torch_sgemm;
   const char *best_core, *why; /* why: of a missing vs_torch */
   const nb_blas_info_t* bi;
 } nb__train_result_t;
@@ -196,7 +198,8 @@ static void nb__train_report(const nb__train_result_t* r, json_t* cands, int jso
            r->best_core[0] ? r->best_core : "none ran");
     printf("  mfu_vs_best_sgemm %.2f\n", r->mfu);
     if (r->torch_tps > 0)
-      printf("  torch %.0f tokens/s, vs_torch %.2f\n", r->torch_tps, r->vs_torch);
+      printf("  torch %.0f tokens/s, vs_torch %.2f (torch's own sgemm %d: %.1f GFLOP/s)\n",
+             r->torch_tps, r->vs_torch, NB__BEST_SGEMM_N, r->torch_sgemm);
     else
       printf("  vs_torch: none (%s)\n", r->why);
     return;
@@ -229,6 +232,7 @@ static void nb__train_report(const nb__train_result_t* r, json_t* cands, int jso
   nb_json_num(&j, "mfu_vs_best_sgemm", r->mfu);
   nb_json_num(&j, "torch_tokens_per_s", r->torch_tps > 0 ? r->torch_tps : NAN);
   nb_json_num(&j, "vs_torch", r->vs_torch);
+  nb_json_num(&j, "torch_sgemm_gflops", r->torch_sgemm > 0 ? r->torch_sgemm : NAN);
   if (!(r->torch_tps > 0)) nb_json_str(&j, "vs_torch_reason", r->why);
   nb_json_end(&j);
 }
@@ -351,7 +355,8 @@ int nb_bench_train_main(int argc, char** argv) {
                             .vs_torch = vs_torch,
                             .best_core = best_core,
                             .why = why,
-                            .bi = &bi};
+                            .bi = &bi,
+                            .torch_sgemm = tq.sgemm};
   nb__train_report(&res, cands, json);
   cands = NULL;
   rc = 0;

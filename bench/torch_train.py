@@ -25,6 +25,12 @@ import time
 VOCAB = 259  # the 256 bytes, SEP, EOS, PAD (train/model.h)
 
 
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, required=True)
@@ -123,9 +129,15 @@ def main() -> int:
 
     for _ in range(a.warmup):
         step()
+    # PyTorch's own square sgemm rate at nebula's n = 1024: says when its BLAS is the slow side
+    x, y = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    x @ y
+    best = min(timed(lambda: x @ y) for _ in range(3))
+    sgemm_gflops = 2 * 1024**3 / best / 1e9
     if a.serve:
         print(json.dumps({"ready": True, "torch": torch.__version__, "params": n,
-                          "threads": torch.get_num_threads()}), flush=True)
+                          "threads": torch.get_num_threads(), "sgemm_gflops": sgemm_gflops}),
+              flush=True)
         for line in sys.stdin:
             times = []
             for _ in range(max(0, int(line))):
@@ -141,6 +153,7 @@ def main() -> int:
         times.append(time.perf_counter() - t0)
     step_s = statistics.median(times)
     out = {"torch": torch.__version__, "params": n, "threads": torch.get_num_threads(),
+           "sgemm_gflops": sgemm_gflops,
            "layers": L, "width": C, "heads": heads, "context": T, "batch": B,
            "step_s": step_s, "tokens_per_s": B * T / step_s}
     if a.json:
