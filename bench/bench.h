@@ -44,6 +44,7 @@ double nb_bench_sgemm_gflops(int n, int reps);
  * child); *best receives the highest rate (0 when none ran) and *best_core its type (static; ""
  * when none). */
 json_t* nb_bench_sgemm_candidates(int n, int threads, double* best, const char** best_core);
+/* (Off x86 there are no types to choose from: one row of the loaded kernel, in this process.) */
 /* `nebula bench torch` (bench_torch.c: runs bench/torch_e2e.py) */
 int nb_bench_torch_main(int argc, char** argv);
 

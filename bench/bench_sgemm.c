@@ -155,6 +155,15 @@ json_t* nb_bench_sgemm_candidates(int n, int threads, double* best, const char**
   json_t* arr = json_array();
   *best = 0.0;
   *best_core = "";
+  if (nt == 0) { /* not x86: no core types to choose from, the loaded kernel is the best */
+    *best = nb_bench_sgemm_gflops(n, 3);
+    json_t* row = json_object();
+    json_object_set_new(row, "coretype", json_string(""));
+    json_object_set_new(row, "core", json_string(bi.core));
+    json_object_set_new(row, "gflops", *best > 0 ? nb_bench_json_real(*best) : json_null());
+    json_array_append_new(arr, row);
+    return arr;
+  }
   for (int i = 0; i < nt; i++) {
     json_t* row = json_object();
     json_object_set_new(row, "coretype", json_string(types[i]));

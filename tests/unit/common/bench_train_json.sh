@@ -14,7 +14,7 @@ if ! "$nebula" bench train --layers 1 --dim 32 --heads 1 --ctx 16 --batch 1 --st
   exit 1
 fi
 python3 - "$tmp/out" <<'PY' || { echo "FAIL: $(head -c 3000 "$tmp/out") $(tail -3 "$tmp/err")"; exit 1; }
-import importlib.util, json, math, sys
+import importlib.util, json, math, platform, sys
 o = json.load(open(sys.argv[1]))
 def finite(k):
     v = o.get(k)
@@ -25,7 +25,8 @@ for k in ("tokens_per_s", "model_gflops", "best_sgemm_gflops", "mfu_vs_best_sgem
 assert o["best_sgemm_n"] == 1024 and o["blas_core"], o
 assert o["flops_per_token"] == "6*params + 12*layers*dim*ctx", o
 cands = o["sgemm_candidates"]
-assert cands and cands[0]["coretype"] == "Prescott", cands
+if platform.machine() in ("x86_64", "i686"):  # elsewhere one row: the loaded kernel
+    assert cands and cands[0]["coretype"] == "Prescott", cands
 assert o["best_sgemm_core"] in [c["coretype"] for c in cands if c["gflops"] is not None], o
 assert max(c["gflops"] or 0 for c in cands) == o["best_sgemm_gflops"], o
 if importlib.util.find_spec("torch") is not None:
