@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "api/blas_check.h"
 #include "common/common.h"
 #include "compress/compress.h"
 #include "inter/exchange.h"
@@ -219,6 +220,8 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
 nb_status_t nb_session_open(const nb_session_options_t* o, nb_session_t** out) {
   if (!o || !out) return nb_error(NB_ERR_INVALID, "session: NULL argument");
   *out = NULL;
+  /* the caller's model runs on OpenBLAS too: a generic kernel there must not go unnoticed */
+  nb__api_blas_warn_once();
   nb_status_t st = NB_OK;
   nb_session_t* s = NULL;
   NB_CHECK(nb_calloc((void**)&s, 1, sizeof *s, "session"));

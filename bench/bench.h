@@ -32,6 +32,19 @@ int nb_bench_e2e_main(int argc, char** argv);
 int nb_bench_pareto_main(int argc, char** argv);
 /* `nebula bench decode` (bench_decode.c): greedy decoding, K/V cache vs full recompute. */
 int nb_bench_decode_main(int argc, char** argv);
+/* `nebula bench sgemm` (bench_sgemm.c): square cblas_sgemm GFLOP/s of the loaded kernel. */
+int nb_bench_sgemm_main(int argc, char** argv);
+
+/* Best GFLOP/s of reps n x n x n cblas_sgemm calls after one warm-up; 0 when out of memory. */
+double nb_bench_sgemm_gflops(int n, int reps);
+/* Runs `nebula bench sgemm --n n` twice per OpenBLAS core type this CPU can run
+ * (nb_blas_candidates; the types in turn, best of the two), each in a child process with
+ * OPENBLAS_CORETYPE set and `threads` OpenBLAS threads. Returns a new JSON array of {coretype,
+ * core, gflops} (gflops null when that type did not run: OpenBLAS without that kernel, a failed
+ * child); *best receives the highest rate (0 when none ran) and *best_core its type (static; ""
+ * when none). */
+json_t* nb_bench_sgemm_candidates(int n, int threads, double* best, const char** best_core);
+/* (Off x86 there are no types to choose from: one row of the loaded kernel, in this process.) */
 /* `nebula bench torch` (bench_torch.c: runs bench/torch_e2e.py) */
 int nb_bench_torch_main(int argc, char** argv);
 

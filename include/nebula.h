@@ -299,6 +299,30 @@ nb_status_t nb_session_load(nb_session_t* s, const char* path);
  * stay the caller's. NULL ok. */
 void nb_session_close(nb_session_t* s);
 
+/* ---- the BLAS under the model ------------------------------------------------------------ */
+
+/* What nb_blas_check found. */
+typedef struct {
+  int generic;        /* 1: OpenBLAS runs a generic (pre-AVX2) kernel on a CPU that has AVX2 or
+                         AVX-512, so matrix products run at a fraction of the CPU's rate */
+  char core[32];      /* the kernel OpenBLAS runs ("Prescott", "Haswell", "Cooperlake"); "" when
+                         no OpenBLAS is loaded in this process (then generic is 0: not checked) */
+  char suggested[32]; /* the OPENBLAS_CORETYPE for this CPU ("Cooperlake", "SkylakeX", "Zen",
+                         "Haswell"); "" on a CPU without AVX2 */
+  char text[512];     /* one line for a log: the kernel, the CPU and, when generic, what to set */
+} nb_blas_report_t;
+
+/* Checks the kernel of the OpenBLAS loaded in this process (the one the caller's model runs on;
+ * the session itself multiplies no matrices) against this CPU's instruction sets. OpenBLAS reads
+ * OPENBLAS_CORETYPE only when it loads, so a program that gets generic = 1 must be started again
+ * with OPENBLAS_CORETYPE=<suggested> in its environment (the `nebula` command re-executes itself
+ * so; a library cannot). nb_session_open prints text as a warning, once per process, when generic
+ * is 1. An OPENBLAS_CORETYPE the user set is reported, never changed. NB_DEBUG_BLAS_CORENAME, when
+ * set and OPENBLAS_CORETYPE is not, stands in for the core name OpenBLAS chose (tests simulate
+ * "Prescott" with it). *out is the caller's. Returns NB_OK, or NB_ERR_INVALID (out NULL).
+ * Thread-safe. */
+nb_status_t nb_blas_check(nb_blas_report_t* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -26,7 +26,8 @@ run seal --mib 1 --reps 1; check seal
 run rpc --mib 1 --reps 1; check rpc
 run allreduce --mib 1 --iters 1 --device cpu; check allreduce
 run wan --loopback-only --mib 1 --reps 1; check wan
-run train --layers 1 --dim 32 --heads 1 --ctx 16 --batch 1 --steps 1; check train
+run train --layers 1 --dim 32 --heads 1 --ctx 16 --batch 1 --steps 1 --torch none; check train
+run sgemm --n 64 --reps 1; check sgemm 'assert o["gflops"] > 0 and o["core"], o'
 run decode --layers 1 --dim 32 --heads 1 --ctx 16 --prompt 4 --new 2 --batch 1 --reps 1; check decode
 cat >"$tmp/job.json" <<JSON
 {"apiVersion": "nebula/v1", "kind": "TrainingJob", "metadata": {"name": "bench-tiny"},
