@@ -50,24 +50,6 @@ typedef float nb__vf1_t;
 #define NB__RB 2
 #define NB__SV 4
 #include "kernels/attention_tile.h"
-#undef NB__TGT
-#undef NB__FN
-#undef vf
-#undef VW
-#undef V_LOAD
-#undef V_STORE
-#undef V_SET1
-#undef V_ZERO
-#undef V_ADD
-#undef V_SUB
-#undef V_MUL
-#undef V_FMA
-#undef V_MAX
-#undef V_HMAX
-#undef V_HSUM
-#undef V_EXP
-#undef NB__RB
-#undef NB__SV
 
 #ifdef NB__VEC_X86
 /* ---- AVX2 + FMA: 8 floats a vector */
@@ -102,24 +84,6 @@ __attribute__((target("avx2,fma"))) static inline float nb__hsum_avx2(__m256 v) 
 #define NB__RB 2
 #define NB__SV 4
 #include "kernels/attention_tile.h"
-#undef NB__TGT
-#undef NB__FN
-#undef vf
-#undef VW
-#undef V_LOAD
-#undef V_STORE
-#undef V_SET1
-#undef V_ZERO
-#undef V_ADD
-#undef V_SUB
-#undef V_MUL
-#undef V_FMA
-#undef V_MAX
-#undef V_HMAX
-#undef V_HSUM
-#undef V_EXP
-#undef NB__RB
-#undef NB__SV
 
 /* ---- AVX-512F: 16 floats a vector */
 #define NB__TGT __attribute__((target("avx512f")))
@@ -141,24 +105,6 @@ __attribute__((target("avx2,fma"))) static inline float nb__hsum_avx2(__m256 v) 
 #define NB__RB 4
 #define NB__SV 4
 #include "kernels/attention_tile.h"
-#undef NB__TGT
-#undef NB__FN
-#undef vf
-#undef VW
-#undef V_LOAD
-#undef V_STORE
-#undef V_SET1
-#undef V_ZERO
-#undef V_ADD
-#undef V_SUB
-#undef V_MUL
-#undef V_FMA
-#undef V_MAX
-#undef V_HMAX
-#undef V_HSUM
-#undef V_EXP
-#undef NB__RB
-#undef NB__SV
 #endif /* NB__VEC_X86 */
 
 static const nb__att_ops_t* nb__att_ops(nb_cpu_path_t path) {

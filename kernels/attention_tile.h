@@ -4,7 +4,8 @@
  *
  * The includer defines: NB__TGT (function attribute), NB__FN(name) (suffixed name), vf, VW,
  * V_LOAD, V_STORE, V_SET1, V_ZERO, V_ADD, V_SUB, V_MUL, V_FMA(a, b, c) = a * b + c, V_MAX,
- * V_HMAX, V_HSUM, V_EXP, and the register blocking NB__RB (rows) x NB__SV (vectors). */
+ * V_HMAX, V_HSUM, V_EXP, and the register blocking NB__RB (rows) x NB__SV (vectors); this file
+ * undefines them all at its end, ready for the next path. */
 
 /* One block of rb rows x sv vectors of c (+)= a * b, over the whole depth K. With constant rb and
  * sv (it is always inlined) the accumulators live in registers. */
@@ -97,3 +98,22 @@ static NB__TGT void NB__FN(softmax_bwd)(float* s, float* dp, int n, float lse, f
 
 static const nb__att_ops_t NB__FN(ops) = {NB__FN(gemm), NB__FN(row_max), NB__FN(exp_sum),
                                           NB__FN(scale), NB__FN(softmax_bwd)};
+
+#undef NB__TGT
+#undef NB__FN
+#undef vf
+#undef VW
+#undef V_LOAD
+#undef V_STORE
+#undef V_SET1
+#undef V_ZERO
+#undef V_ADD
+#undef V_SUB
+#undef V_MUL
+#undef V_FMA
+#undef V_MAX
+#undef V_HMAX
+#undef V_HSUM
+#undef V_EXP
+#undef NB__RB
+#undef NB__SV
