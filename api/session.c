@@ -70,6 +70,8 @@ struct nb_session {
   char fly_error[512];
   nb_hybrid_msg_t fly_peers[NB_HYBRID_MAX_CLUSTERS];
   char* progress_file; /* NULL: no progress lines */
+  double loss;         /* the caller's training loss for the next progress line */
+  int have_loss;       /* 0: none given since the last line */
 };
 
 void nb_session_options_default(nb_session_options_t* o) {
@@ -625,15 +627,18 @@ static void nb__ss_progress(const nb_session_t* s, uint64_t samples, const nb_hy
     src[k] = ok ? ch : '?';
   }
   src[k] = 0;
+  /* the loss the caller reported for this round (nb_session_set_loss), when it did */
+  char loss[48] = "";
+  if (s->have_loss) snprintf(loss, sizeof loss, "\"loss\": %.9g, ", s->loss);
   /* one write of the whole line, so that a reader never sees half of it */
-  char line[512];
+  char line[560];
   int n =
       snprintf(line, sizeof line,
-               "{\"round\": %llu, \"step\": %llu, \"density\": %g, \"wan_mbps\": %.3f, "
+               "{\"round\": %llu, \"step\": %llu, %s\"density\": %g, \"wan_mbps\": %.3f, "
                "\"bytes_sent\": %llu, \"samples\": %llu, \"samples_all\": %llu, "
                "\"source\": \"%s\", \"global_xxh3\": \"%016llx\"}\n",
                (unsigned long long)rec->round + 1,
-               (unsigned long long)(rec->round + 1) * (unsigned long long)s->inner_steps,
+               (unsigned long long)(rec->round + 1) * (unsigned long long)s->inner_steps, loss,
                rec->density, mbps, (unsigned long long)rec->bytes_sent, (unsigned long long)samples,
                (unsigned long long)rec->samples_all, src, (unsigned long long)rec->global_hash);
   if (n > 0 && (size_t)n < sizeof line) fwrite(line, 1, (size_t)n, f);
@@ -659,6 +664,7 @@ static void nb__ss_link_figures(nb_session_t* s, nb_session_round_t* out) {
 static void nb__ss_figures(nb_session_t* s, uint64_t samples, const nb_hybrid_round_t* rec,
                            double wait_s, nb_session_round_t* out) {
   nb__ss_progress(s, samples, rec);
+  s->have_loss = 0; /* a loss is of one round */
   if (!out) return;
   memset(out, 0, sizeof *out);
   out->round = rec->round;
@@ -806,6 +812,15 @@ nb_status_t nb_session_finish(nb_session_t* s) {
     s->failed = 1;
     return nb_error_wrap(st, "session: finish");
   }
+  return NB_OK;
+}
+
+nb_status_t nb_session_set_loss(nb_session_t* s, double loss) {
+  if (!s) return nb_error(NB_ERR_INVALID, "session: NULL argument");
+  if (!isfinite(loss))
+    return nb_error(NB_ERR_INVALID, "session: set_loss: the loss must be a finite number");
+  s->loss = loss;
+  s->have_loss = 1;
   return NB_OK;
 }
 

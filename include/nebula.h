@@ -267,6 +267,13 @@ nb_status_t nb_session_round_end(nb_session_t* s, nb_session_round_t* out);
  * or after a failed round), the exchange's errors. */
 nb_status_t nb_session_finish(nb_session_t* s);
 
+/* The caller's training loss of the round it is about to run (for example the mean of its inner
+ * steps' losses): written as "loss" into that round's progress line (progress_file), so that a
+ * gateway's progress events and `nebula watch` show the user's program's loss; a round without
+ * one has none. Kept until the next round's figures are written. NB_ERR_INVALID for NULL or a
+ * loss that is not finite (nothing kept). */
+nb_status_t nb_session_set_loss(nb_session_t* s, double loss);
+
 /* XXH3-64 of theta_global now (0 before start). */
 uint64_t nb_session_global_hash(const nb_session_t* s);
 

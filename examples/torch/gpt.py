@@ -240,7 +240,7 @@ def main(argv=None) -> int:
             compute_s += time.perf_counter() - c0
         if diloco is not None:
             s0 = time.perf_counter()
-            info = diloco.step(samples=batch)
+            info = diloco.step(samples=batch, loss=loss.item())
             sync_s += time.perf_counter() - s0
             if info is not None:
                 rounds += 1

@@ -141,7 +141,7 @@ def main(argv=None) -> int:
         first = loss.item() if first is None else first
         last = loss.item()
         if diloco is not None:
-            info = diloco.step(samples=a.batch)
+            info = diloco.step(samples=a.batch, loss=last)
             if info is not None:
                 rounds += 1
                 sent += info.bytes_sent

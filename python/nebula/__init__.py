@@ -346,6 +346,12 @@ class Session:
         """A final hash-only exchange after the last round, so its result is compared too."""
         _check("nb_session_finish", _lib.nb_session_finish(self._handle()))
 
+    def set_loss(self, loss: float) -> None:
+        """The training loss of the round about to run: "loss" in that round's progress line
+        (nb_session_set_loss), so that a gateway's progress events show it."""
+        _check("nb_session_set_loss", _lib.nb_session_set_loss(self._handle(),
+                                                               _real(loss, "loss")))
+
     def global_hash(self) -> int:
         """XXH3-64 of theta_global now (0 before start)."""
         return int(_lib.nb_session_global_hash(self._handle()))

@@ -444,6 +444,7 @@ class DiLoCo:
             raise ValueError("nebula.torch: the model has no trainable parameter to sync")
         self.steps = 0  # inner steps since the last round
         self.samples = 0  # samples since the last round
+        self._loss_sum, self._loss_n = 0.0, 0  # step losses given since the last round
         self.rounds = 0
         self.last_round: RoundInfo | None = None
         self._hook = None
@@ -516,10 +517,15 @@ class DiLoCo:
     # ---- the loop -----------------------------------------------------------------------------
 
     @torch.no_grad()
-    def step(self, samples: int | None = None) -> RoundInfo | None:
-        """Counts one inner step; runs the round after every `sync_every` of them."""
+    def step(self, samples: int | None = None, loss: float | None = None) -> RoundInfo | None:
+        """Counts one inner step; runs the round after every `sync_every` of them. `loss` (a
+        float or a one-element tensor; optional): the step's training loss; the mean of the
+        round's goes into its progress line (the leader's, in a group)."""
         self.steps += 1
         self.samples += 1 if samples is None else int(samples)
+        if loss is not None:
+            self._loss_sum += float(loss)
+            self._loss_n += 1
         landed = None
         if self._in_flight:
             self._since_begin += 1
@@ -532,12 +538,21 @@ class DiLoCo:
         self._begin()
         return landed
 
+    def _take_loss(self):
+        """The mean step loss given since the last round (None: none given), and a reset."""
+        mean = self._loss_sum / self._loss_n if self._loss_n else None
+        self._loss_sum, self._loss_n = 0.0, 0
+        return mean
+
     def _begin(self) -> None:
         n = self._cluster_samples()
+        loss = self._take_loss()
 
         def begin():
             for prm in self.params:
                 prm.to_host()
+            if loss is not None:
+                self.session.set_loss(loss)
             self.session.round_begin(n)
 
         self._call(_OP_BEGIN, begin, params=False)
@@ -569,10 +584,13 @@ class DiLoCo:
         if self._in_flight:
             self._land()
         n = self._cluster_samples()
+        loss = self._take_loss()
 
         def round_():
             for prm in self.params:
                 prm.to_host()
+            if loss is not None:
+                self.session.set_loss(loss)
             info = self.session.round(n)
             for prm in self.params:
                 prm.from_host()

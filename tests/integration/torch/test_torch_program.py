@@ -72,6 +72,10 @@ class ProgramJob(unittest.TestCase):
         # one progress line per round, the last one's hash the summary's
         self.assertEqual([len(x) for x in lines], [2, 2])
         self.assertEqual(lines[0][-1]["global_xxh3"], sums[0]["global_xxh3"])
+        # gpt.py gives DiLoCo.step its loss: each round's mean is in its progress line
+        for x in lines:
+            for ln in x:
+                self.assertTrue(math.isfinite(ln["loss"]) and ln["loss"] > 0, ln)
         self.assertGreater(sums[0]["wan_bytes_counted"], 0)
 
     def test_program_failure_stops_the_job(self):

@@ -13,7 +13,9 @@
 #include <nebula.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "session_pair.h"
 
@@ -447,6 +449,47 @@ static void test_overlap_misuse(void** state) {
   nb_session_close(s); /* with a round in flight */
 }
 
+/* The caller's loss of a round goes into that round's progress line, once; a loss that is not
+ * finite is refused and nothing kept. */
+static void test_loss_in_progress(void** state) {
+  (void)state;
+  char path[] = "/tmp/nb-api-progress-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  nb_session_options_t o;
+  nb_session_options_default(&o);
+  o.job_id = "api-loss";
+  o.cluster_id = "solo";
+  o.insecure = o.unsealed = 1;
+  o.progress_file = path;
+  nb_session_t* s = NULL;
+  float v[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  assert_int_equal(nb_session_open(&o, &s), NB_OK);
+  assert_int_equal(nb_session_register(s, "v", v, shape, 1), NB_OK);
+  assert_int_equal(nb_session_start(s), NB_OK);
+  assert_int_equal(nb_session_set_loss(NULL, 1.0), NB_ERR_INVALID);
+  assert_int_equal(nb_session_set_loss(s, NAN), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "finite"));
+  assert_int_equal(nb_session_set_loss(s, INFINITY), NB_ERR_INVALID);
+  assert_int_equal(nb_session_round(s, 4, NULL), NB_OK); /* no loss given: none in its line */
+  assert_int_equal(nb_session_set_loss(s, 2.5), NB_OK);
+  v[0] = 0;
+  assert_int_equal(nb_session_round(s, 4, NULL), NB_OK);
+  assert_int_equal(nb_session_round(s, 4, NULL), NB_OK); /* kept for one round only */
+  nb_session_close(s);
+  FILE* f = fopen(path, "r");
+  assert_non_null(f);
+  char line[3][1024];
+  for (int i = 0; i < 3; i++) assert_non_null(fgets(line[i], sizeof line[i], f));
+  fclose(f);
+  unlink(path);
+  assert_null(strstr(line[0], "\"loss\""));
+  assert_non_null(strstr(line[1], "\"loss\": 2.5,"));
+  assert_null(strstr(line[2], "\"loss\""));
+}
+
 static void test_round_before_start(void** state) {
   (void)state;
   nb_session_options_t o;
@@ -517,6 +560,7 @@ int main(void) {
       cmocka_unit_test(test_norm_bound_differs),
       cmocka_unit_test(test_overlap),
       cmocka_unit_test(test_overlap_misuse),
+      cmocka_unit_test(test_loss_in_progress),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
