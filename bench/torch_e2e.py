@@ -23,7 +23,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -51,9 +50,9 @@ def model_args(a, seed: int) -> list[str]:
             str(a.batch), "--seed", str(seed), "--data-dir", a.data_dir, "--langs", a.langs]
 
 
-def run_checked(cmd, log_path, env=None, timeout=None) -> None:
+def run_checked(cmd, log_path, env=None) -> None:
     with open(log_path, "w") as lf:
-        p = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+        p = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env)
     if p.returncode != 0:
         with open(log_path) as lf:
             tail = lf.read()[-2000:]
@@ -215,8 +214,7 @@ def main(argv=None) -> int:
                             "final_eval_loss": d[0]["final_eval_loss"],
                             "wan_bytes": sum(s["wan_bytes"] for s in d),
                             "compute_utilization": min(s["compute_utilization"] for s in d)}
-        except (RuntimeError, OSError, KeyError, json.JSONDecodeError,
-                subprocess.TimeoutExpired) as e:
+        except (RuntimeError, OSError, KeyError, json.JSONDecodeError) as e:
             log(f"seed {seed}: {e}")
             r["error"] = str(e)
             ok = False

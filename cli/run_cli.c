@@ -52,9 +52,6 @@ typedef struct {
   int restarts; /* times restarted with --rejoin after being killed */
 } nb__run_child_t;
 
-/* a program job's per-round lines, in its cluster's folder (the gateway's name for them) */
-#define NB__RUN_PROGRESS "progress.jsonl"
-
 NB_PARAM_INT(RunRestarts, "NB_RUN_RESTARTS", 2, 0, 100,
              "nebula run: times a cluster killed by a signal is restarted with --rejoin")
 
@@ -402,7 +399,7 @@ static int nb__run_spawn(const nb__run_spawn_t* s, int i, int rejoin) {
   const nb_job_program_t* pg = &job->program;
   if (pg->argc > 0) {
     char progress[sizeof ch[i].dir + 32];
-    snprintf(progress, sizeof progress, "%s/%s", ch[i].dir, NB__RUN_PROGRESS);
+    snprintf(progress, sizeof progress, "%s/%s", ch[i].dir, NB_JOB_PROGRESS_FILE);
     const char* peers[NB_JOB_MAX_CLUSTERS];
     int np_ = 0;
     for (int j = 0; j < n; j++)
@@ -546,7 +543,7 @@ static int nb__run_program_table(nb__run_child_t* ch, int n, double wall) {
   int same = 1;
   for (int i = 0; i < n; i++) {
     char p[NB_JOB_PATH_MAX + 128], line[1024], hx[24] = "";
-    snprintf(p, sizeof p, "%s/%s", ch[i].dir, NB__RUN_PROGRESS);
+    snprintf(p, sizeof p, "%s/%s", ch[i].dir, NB_JOB_PROGRESS_FILE);
     FILE* f = fopen(p, "re");
     long rounds = 0;
     double bytes = 0;

@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include "common/status.h"
+#include "jobs/job_program.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,8 +49,8 @@ typedef struct {
 /* Names of the files inside a job folder. */
 #define NB_LAUNCH_STDOUT "stdout.log"
 #define NB_LAUNCH_STDERR "stderr.log"
-#define NB_LAUNCH_EXIT "exit_code"          /* written by the wrapper when the command ends */
-#define NB_LAUNCH_PROGRESS "progress.jsonl" /* one JSON object per line, appended by the job */
+#define NB_LAUNCH_EXIT "exit_code"              /* written by the wrapper when the command ends */
+#define NB_LAUNCH_PROGRESS NB_JOB_PROGRESS_FILE /* jobs/job_program.h */
 #define NB_LAUNCH_RANKS "ranks" /* mpirun, slurm: ranks/<r>/{stdout.log,stderr.log,exit_code} */
 #define NB_LAUNCH_SBATCH "job.sbatch" /* slurm: the generated batch script */
 

@@ -10,6 +10,9 @@
 #include "jobs/job_config.h"
 
 #define NB_JOB_PROGRAM_MAX_ENV 24
+/* The per-round progress lines' file in a job's (or a `nebula run` cluster's) folder: the
+ * NEBULA_PROGRESS_FILE launchers set; one JSON object per line, appended by the job. */
+#define NB_JOB_PROGRESS_FILE "progress.jsonl"
 
 /* Where this cluster's program stands in the job (every string borrowed for the call). */
 typedef struct {

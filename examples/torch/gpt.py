@@ -187,8 +187,9 @@ def main(argv=None) -> int:
         sys.exit(f"gpt.py: cluster index {me} has no languages in --langs {a.langs!r}")
     every = sorted({lang for g in groups for lang in g})
     mine = every if me < 0 else groups[me]
-    corpus = Corpus(a.data_dir, mine, a.context)
-    held = Corpus(a.data_dir, every, a.context).held  # the same held-out text everywhere
+    corpus = Corpus(a.data_dir, every, a.context)  # every language's held-out tail: the same
+    held = corpus.held                               # evaluation text on every cluster
+    corpus.train = [corpus.train[every.index(lang)] for lang in mine]  # trains on its own
 
     torch.manual_seed(a.seed)  # the same initial model on every cluster (nebula takes cluster 0's)
     model = GPT(a.layers, a.width, a.heads, a.context)
@@ -225,7 +226,7 @@ def main(argv=None) -> int:
 
     tx0 = net_tx_bytes()
     t0 = time.perf_counter()
-    compute_s, sync_s, counted, rounds, last = 0.0, 0.0, 0, 0, None
+    compute_s, sync_s, counted, rounds = 0.0, 0.0, 0, 0
     first_loss = None
     for step in range(a.steps):
         c0 = time.perf_counter()
@@ -245,7 +246,6 @@ def main(argv=None) -> int:
             if info is not None:
                 rounds += 1
                 counted += info.bytes_sent
-                last = info
                 print(f"{tag}round {info.round + 1} step {step + 1} loss {loss.item():.4f} "
                       f"sent {info.bytes_sent} B wait {info.wait_s:.3f} s "
                       f"hash {info.global_hash:016x}", flush=True)
