@@ -105,6 +105,7 @@ int nb_e2e_write_job(json_t* base, const char* v, double rate, double delay, con
       json_object_set_new(sync, "overlapSteps", json_integer(point->overlap_steps));
     if (point && point->inner_steps > 0)
       json_object_set_new(sync, "innerSteps", json_integer(point->inner_steps));
+    if (point && point->no_eager) json_object_set_new(sync, "eager", json_false());
     if (point && (point->outer_momentum >= 0 || point->outer_lr > 0)) {
       json_t* outer = json_object_get(sync, "outer");
       if (!json_is_object(outer)) json_object_set_new(sync, "outer", outer = json_object());
@@ -375,7 +376,7 @@ static int nb__e2e_runs(nb__e2e_opts_t* o, json_t* base, nb_e2e_result_t* res, i
     /* --thin: the scheduler picks whole codec points (values "auto"), with SparseLoCo's
      * decaying error feedback (beta 0.9) beside the job's outer momentum, in rounds of thin_h
      * steps (docs/hybrid.md); the rate stays the one set by the job's own round */
-    const nb_e2e_point_t thin_point = {"auto", 0, "auto", 1, 0.9, -1, 0, 0, 0, (int)o->thin_h};
+    const nb_e2e_point_t thin_point = {"auto", 0, "auto", 1, 0.9, -1, 0, 0, 0, (int)o->thin_h, 0};
     if (nb_e2e_write_job(base, res[i].name, o->rate, o->delay, jp,
                          o->thin > 0 && i == 2 ? &thin_point : NULL) != 0) {
       fprintf(stderr, "nebula bench e2e: %s: cannot derive the %s job\n", o->job, res[i].name);

@@ -20,41 +20,46 @@
 #define NB__PARETO_MAX_SEEDS 10
 
 /* name, density, values, adaptive, ef_decay, outer momentum (-1: the job's), topk chunk,
- * overlap steps (0: the job's, 4 of 32), outer lr (0: the job's, 1), H (0: the job's, 32) */
+ * overlap steps (0: the job's, 4 of 32), outer lr (0: the job's, 1), H (0: the job's, 32),
+ * no_eager (1: sync.eager false) */
 static const nb_e2e_point_t nb__points[] = {
-    {"dense-fp32", 1.0, "fp32", 0, 0, -1, 0, 0, 0, 0},
-    {"dense-int8", 1.0, "int8", 0, 0, -1, 0, 0, 0, 0},
-    {"top10-int8", 0.10, "int8", 0, 0, -1, 0, 0, 0, 0},
-    {"top3-4bit", 0.03, "4bit", 0, 0, -1, 4096, 0, 0, 0},
-    {"top1.5-2bit", 0.015, "2bit", 0, 0, -1, 4096, 0, 0, 0},
+    {"dense-fp32", 1.0, "fp32", 0, 0, -1, 0, 0, 0, 0, 0},
+    {"dense-int8", 1.0, "int8", 0, 0, -1, 0, 0, 0, 0, 0},
+    {"top10-int8", 0.10, "int8", 0, 0, -1, 0, 0, 0, 0, 0},
+    {"top3-4bit", 0.03, "4bit", 0, 0, -1, 4096, 0, 0, 0, 0},
+    {"top1.5-2bit", 0.015, "2bit", 0, 0, -1, 4096, 0, 0, 0, 0},
     /* SparseLoCo: e <- beta e + Delta replaces the outer momentum */
-    {"top1.5-2bit-ef", 0.015, "2bit", 0, 0.95, 0, 4096, 0, 0, 0},
-    {"top3-2bit-ef", 0.03, "2bit", 0, 0.95, 0, 4096, 0, 0, 0},
-    {"top3-4bit-ef", 0.03, "4bit", 0, 0.95, 0, 4096, 0, 0, 0},
-    {"top10-int8-ef", 0.10, "int8", 0, 0.95, 0, 0, 0, 0, 0},
+    {"top1.5-2bit-ef", 0.015, "2bit", 0, 0.95, 0, 4096, 0, 0, 0, 0},
+    {"top3-2bit-ef", 0.03, "2bit", 0, 0.95, 0, 4096, 0, 0, 0, 0},
+    {"top3-4bit-ef", 0.03, "4bit", 0, 0.95, 0, 4096, 0, 0, 0, 0},
+    {"top10-int8-ef", 0.10, "int8", 0, 0.95, 0, 0, 0, 0, 0, 0},
     /* decaying error feedback with the job's outer Nesterov momentum: the best of a sweep */
-    {"top3-2bit-efm", 0.03, "2bit", 0, 0.9, -1, 4096, 0, 0, 0},
-    {"top1.5-2bit-efm", 0.015, "2bit", 0, 0.9, -1, 4096, 0, 0, 0},
+    {"top3-2bit-efm", 0.03, "2bit", 0, 0.9, -1, 4096, 0, 0, 0, 0},
+    {"top1.5-2bit-efm", 0.015, "2bit", 0, 0.9, -1, 4096, 0, 0, 0, 0},
     /* denser points that the Rice-coded chunked index brings under 0.5 bits */
-    {"top5-2bit-efm", 0.05, "2bit", 0, 0.9, -1, 4096, 0, 0, 0},
-    {"top8-2bit-efm", 0.08, "2bit", 0, 0.9, -1, 4096, 0, 0, 0},
+    {"top5-2bit-efm", 0.05, "2bit", 0, 0.9, -1, 4096, 0, 0, 0, 0},
+    {"top8-2bit-efm", 0.08, "2bit", 0, 0.9, -1, 4096, 0, 0, 0, 0},
     /* the same with the update landing 24 of 32 steps into the next round (a thin link) */
-    {"top1.5-2bit-efm-t24", 0.015, "2bit", 0, 0.9, -1, 4096, 24, 0, 0},
-    {"top3-2bit-efm-t24", 0.03, "2bit", 0, 0.9, -1, 4096, 24, 0, 0},
-    {"top5-2bit-efm-t24", 0.05, "2bit", 0, 0.9, -1, 4096, 24, 0, 0},
-    {"top8-2bit-efm-t24", 0.08, "2bit", 0, 0.9, -1, 4096, 24, 0, 0},
+    {"top1.5-2bit-efm-t24", 0.015, "2bit", 0, 0.9, -1, 4096, 24, 0, 0, 0},
+    {"top3-2bit-efm-t24", 0.03, "2bit", 0, 0.9, -1, 4096, 24, 0, 0, 0},
+    {"top5-2bit-efm-t24", 0.05, "2bit", 0, 0.9, -1, 4096, 24, 0, 0, 0},
+    {"top8-2bit-efm-t24", 0.08, "2bit", 0, 0.9, -1, 4096, 24, 0, 0, 0},
     /* a larger outer step for a sparse point */
-    {"top5-2bit-efm-lr1.25", 0.05, "2bit", 0, 0.9, -1, 4096, 0, 1.25, 0},
-    {"top5-2bit-efm-lr1.5", 0.05, "2bit", 0, 0.9, -1, 4096, 0, 1.5, 0},
+    {"top5-2bit-efm-lr1.25", 0.05, "2bit", 0, 0.9, -1, 4096, 0, 1.25, 0, 0},
+    {"top5-2bit-efm-lr1.5", 0.05, "2bit", 0, 0.9, -1, 4096, 0, 1.5, 0, 0},
     /* shorter rounds at the same bits per second on the link: H 16 at half the bits per sync */
-    {"dense-int8-h16", 1.0, "int8", 0, 0, -1, 0, 0, 0, 16},
-    {"top3-2bit-efm-h16", 0.03, "2bit", 0, 0.9, -1, 4096, 0, 0, 16},
-    {"top5-2bit-efm-h16", 0.05, "2bit", 0, 0.9, -1, 4096, 0, 0, 16},
-    {"top1.5-2bit-efm-h8", 0.015, "2bit", 0, 0.9, -1, 4096, 0, 0, 8},
-    {"top1.5-2bit-efm-h8-t6", 0.015, "2bit", 0, 0.9, -1, 4096, 6, 0, 8},
-    {"top0.75-2bit-efm-h8", 0.0075, "2bit", 0, 0.9, -1, 4096, 0, 0, 8},
-    {"top3-2bit-efm-h16-t12", 0.03, "2bit", 0, 0.9, -1, 4096, 12, 0, 16},
-    {"sched", 0, NULL, 1, 0, -1, 0, 0, 0, 0},
+    {"dense-int8-h16", 1.0, "int8", 0, 0, -1, 0, 0, 0, 16, 0},
+    {"top3-2bit-efm-h16", 0.03, "2bit", 0, 0.9, -1, 4096, 0, 0, 16, 0},
+    {"top5-2bit-efm-h16", 0.05, "2bit", 0, 0.9, -1, 4096, 0, 0, 16, 0},
+    {"top1.5-2bit-efm-h8", 0.015, "2bit", 0, 0.9, -1, 4096, 0, 0, 8, 0},
+    {"top1.5-2bit-efm-h8-t6", 0.015, "2bit", 0, 0.9, -1, 4096, 6, 0, 8, 0},
+    {"top0.75-2bit-efm-h8", 0.0075, "2bit", 0, 0.9, -1, 4096, 0, 0, 8, 0},
+    {"top3-2bit-efm-h16-t12", 0.03, "2bit", 0, 0.9, -1, 4096, 12, 0, 16, 0},
+    {"top5-2bit-efm-h16-t12", 0.05, "2bit", 0, 0.9, -1, 4096, 12, 0, 16, 0},
+    /* a sparse round starting from theta_global - own Delta, as before sync.eager */
+    {"top3-2bit-efm-h16-noeager", 0.03, "2bit", 0, 0.9, -1, 4096, 0, 0, 16, 1},
+    {"top3-2bit-efm-h16-t12-noeager", 0.03, "2bit", 0, 0.9, -1, 4096, 12, 0, 16, 1},
+    {"sched", 0, NULL, 1, 0, -1, 0, 0, 0, 0, 0},
 };
 #define NB__N_POINTS (sizeof nb__points / sizeof nb__points[0])
 

@@ -34,6 +34,7 @@ typedef struct {
   int overlap_steps; /* > 0: sync.overlapSteps (where the update lands), else the job's */
   double outer_lr;   /* > 0: sync.outer.lr, else the job's */
   int inner_steps;   /* > 0: sync.innerSteps (H), else the job's */
+  int no_eager;      /* 1: sync.eager false (a sparse round starts from theta_global - own) */
 } nb_e2e_point_t;
 
 /* Writes variant v ("single": one cluster with every language and worker, exact dense fp32

@@ -79,7 +79,7 @@ static const char* const nb__lora_keys[] = {"enabled", "rank", "alpha", "targets
 static const char* const nb__distill_keys[] = {"enabled", "teacher", "alpha", "temperature", NULL};
 static const char* const nb__sync_keys[] = {
     "mode",         "innerSteps", "roundSeconds",       "overlap",
-    "overlapSteps", "outer",      "peerTimeoutSeconds", NULL};
+    "overlapSteps", "eager",      "outer",              "peerTimeoutSeconds", NULL};
 static const char* const nb__outer_keys[] = {"lr", "momentum", "nesterov", NULL};
 static const char* const nb__comp_keys[] = {"density",       "adaptive",           "budgetFraction",
                                             "errorFeedback", "errorFeedbackDecay", "topkChunk",
@@ -477,7 +477,7 @@ static json_t* nb__enter_array(nb__dctx_t* c, json_t* obj, const char* key, size
 
 typedef struct { /* which optional fields were written, for the cross-field checks */
   bool program;  /* spec.program is there: the built-in model's sections do not apply */
-  bool inner_steps, round_seconds, overlap, overlap_steps;
+  bool inner_steps, round_seconds, overlap, overlap_steps, eager;
   bool lora_obj, distill_obj, warmup;
   bool has_languages[NB_JOB_MAX_CLUSTERS], has_pairs[NB_JOB_MAX_CLUSTERS];
 } nb__seen_t;
@@ -722,6 +722,7 @@ static void nb__parse_sync(nb__dctx_t* c, json_t* spec, nb_job_sync_cfg_t* s, nb
         nb__get_num(c, o, "roundSeconds", 0, 86400, NB__LO_OPEN, &s->round_seconds);
     seen->overlap = nb__get_bool(c, o, "overlap", &s->overlap);
     seen->overlap_steps = nb__get_i32(c, o, "overlapSteps", 0, 1000000, &s->overlap_steps);
+    seen->eager = nb__get_bool(c, o, "eager", &s->eager);
     json_t* ou = nb__enter(c, o, "outer", nb__outer_keys, &om);
     if (ou) {
       nb__get_num(c, ou, "lr", 0, 10, NB__LO_OPEN, &s->outer_lr);
@@ -876,6 +877,9 @@ static void nb__cross_checks(nb__dctx_t* c, const nb_job_config_t* cfg, const nb
     if (seen->overlap_steps)
       nb__err_at(c, "$.spec.sync.overlapSteps",
                  "overlapSteps applies to mode \"outer\" with overlap, found mode \"%s\"", mode);
+    if (seen->eager)
+      nb__err_at(c, "$.spec.sync.eager",
+                 "eager applies to mode \"outer\" with overlap, found mode \"%s\"", mode);
     if (seen->inner_steps)
       nb__err_at(c, "$.spec.sync.innerSteps",
                  "innerSteps applies to mode \"outer\", found mode \"%s\" (it syncs every step)",
@@ -1195,6 +1199,7 @@ nb_status_t nb_descriptor_to_json(const nb_job_config_t* cfg, char** out) {
       nb__set_int(&b, sy, "innerSteps", s->inner_steps);
     nb__set_bool(&b, sy, "overlap", s->overlap);
     if (s->overlap) nb__set_int(&b, sy, "overlapSteps", s->overlap_steps);
+    if (s->overlap) nb__set_bool(&b, sy, "eager", s->eager);
   }
   json_t* ou = nb__set_obj(&b, sy, "outer");
   nb__set_num(&b, ou, "lr", s->outer_lr);

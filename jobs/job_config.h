@@ -117,6 +117,8 @@ typedef struct {
   bool overlap;         /* exchange round r during round r+1 */
   int overlap_steps;    /* with overlap: round r's update lands after this many inner steps of
                            round r+1 (>= its steps: at its end, one round late) */
+  bool eager;          /* with overlap: a sparse round starts from the predicted landing
+                          (nb_hybrid_config_t.eager) */
   double outer_lr;
   double outer_momentum;
   bool outer_nesterov;
@@ -228,6 +230,7 @@ static inline void nb_job_config_defaults(nb_job_config_t* c) {
   c->sync.round_seconds = 0;
   c->sync.overlap = false;
   c->sync.overlap_steps = NB_HYBRID_OVERLAP_STEPS_DEFAULT;
+  c->sync.eager = true;
   c->sync.outer_lr = 0.7;
   c->sync.outer_momentum = 0.9;
   c->sync.outer_nesterov = true;

@@ -51,6 +51,10 @@ struct nb_hybrid {
   uint8_t* fly; /* our message of that round */
   float* own;   /* (n) this round's own Delta, kept on top of theta_global until it lands */
   int own_valid;
+  /* eager overlap: eshift = (theta_global - theta_local at the send) - own Delta, what the
+   * prediction moved, undone when the round is skipped */
+  float* eshift;
+  int eshift_valid;
   size_t fly_cap, fly_len;
   nb_hybrid_msg_t fly_peers[NB_HYBRID_MAX_CLUSTERS];
   nb_status_t fly_status;
@@ -188,6 +192,7 @@ void nb_hybrid_config_defaults(nb_hybrid_config_t* c) {
   c->values = NB_VALUES_INT8;
   c->zstd_level = NB_CODEC_ZSTD_LEVEL_DEFAULT;
   c->overlap_steps = NB_HYBRID_OVERLAP_STEPS_DEFAULT;
+  c->eager = 1;
 }
 
 static nb_status_t nb__hy_check(const nb_hybrid_config_t* c) {
@@ -322,6 +327,7 @@ void nb_hybrid_destroy(nb_hybrid_t* h) {
   nb__hy_release(h->pend_msgs, NB_HYBRID_MAX_CLUSTERS);
   nb_free(h->res_pre);
   nb_free(h->lsend);
+  nb_free(h->eshift);
   nb_free(h->pend_local);
   nb_free(h->pend_res);
   nb_codec_destroy(h->codec);
@@ -620,6 +626,32 @@ static nb_status_t nb__hy_sum(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_
   return NB_OK;
 }
 
+/* Eager overlap: keeps the other clusters' part of the sum nb__hy_sum wrote (the sum less our
+ * own decoded frame at its weight) for the next rounds' predictions. Local only. */
+
+/* Eager overlap (a sparse round): theta_local for the round that starts now, whose own Delta
+ * h->own is in flight, is the outer step (Nesterov as nb_outer_step, momentum untouched) on
+ * this cluster's share of it, own / n_clusters, instead of theta_global - own: what the landing
+ * will move theta_global by as far as this cluster knows it (the other clusters' part is
+ * unknown yet; their last round's is no guide, measured). The share is the equal one, not the
+ * samples' (those of the round in flight are not known here), so that a resumed run starts
+ * every round where the uninterrupted one did. h->own becomes theta_global - theta_local, so
+ * that the landing keeps the progress since on top, as without; eshift records the move. */
+static nb_status_t nb__hy_eager_start(nb_hybrid_t* h, float* local) {
+  if (!h->eshift) NB_CHECK(nb_alloc((void**)&h->eshift, h->n, sizeof(float), "eager shift"));
+  float w = 1.0f / (float)h->cfg.n_clusters;
+  float lr = h->cfg.outer_lr, mu = h->cfg.outer_momentum;
+  for (size_t i = 0; i < h->n; i++) {
+    float d = w * h->own[i];
+    float step = lr * (d + mu * (mu * h->momentum[i] + d)); /* theta_global - prediction */
+    h->eshift[i] = step - h->own[i];
+    h->own[i] = step;
+    local[i] = h->global[i] - step;
+  }
+  h->eshift_valid = 1;
+  return NB_OK;
+}
+
 static nb_status_t nb__hy_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
                                 uint64_t round, uint64_t hash, nb_hybrid_round_t* rec) {
   double t0 = nb_now_s();
@@ -749,7 +781,10 @@ static nb_status_t nb__hy_round_overlap(nb_hybrid_t* h, nb_hybrid_round_t* rec) 
   {
     size_t n;
     float* local = nb__hy_params(h, &n);
-    for (size_t i = 0; i < n; i++) local[i] = h->global[i] - h->own[i];
+    if (h->cfg.eager && h->cfg.density < 1)
+      NB_CHECK(nb__hy_eager_start(h, local));
+    else
+      for (size_t i = 0; i < n; i++) local[i] = h->global[i] - h->own[i];
   }
   if (len > h->fly_cap) {
     NB_CHECK(nb_realloc((void**)&h->fly, len, 1, "hybrid message in flight"));
@@ -1310,9 +1345,17 @@ static nb_status_t nb__hy_land_ft(nb_hybrid_t* h, int how) {
       st = nb__hy_hold(h, all, a, k, hash, h->fly_samples);
     }
     if (!h->fly_folded) memcpy(h->residual, h->res_pre, h->n * sizeof(float));
+    /* eager: the prediction did not happen; back to theta_global - own Delta + progress (and
+     * the held round's late landing measures the progress from the shifted send as well) */
+    if (h->eshift_valid) {
+      for (size_t i = 0; i < n; i++) local[i] += h->eshift[i];
+      if (h->pend)
+        for (size_t i = 0; i < n; i++) h->pend_local[i] += h->eshift[i];
+    }
   }
   nb__hy_release(h->fly_all, NB_HYBRID_MAX_CLUSTERS);
   h->own_valid = 0;
+  h->eshift_valid = 0;
   NB_CHECK(st);
   NB_CHECK(nb__hy_ft_catch_up(h, commit, h->fly_newest, a, k, &caught_up, &need_state));
   if (h->fly_ahead >= 2) {
@@ -1364,7 +1407,10 @@ static nb_status_t nb__hy_round_ft_overlap(nb_hybrid_t* h, nb_hybrid_round_t* re
     h->own_valid = 1;
     size_t n;
     float* local = nb__hy_params(h, &n);
-    for (size_t i = 0; i < n; i++) local[i] = h->global[i] - h->own[i];
+    if (h->cfg.eager && h->cfg.density < 1)
+      NB_CHECK(nb__hy_eager_start(h, local));
+    else
+      for (size_t i = 0; i < n; i++) local[i] = h->global[i] - h->own[i];
     memcpy(h->lsend, local, n * sizeof(float));
     if (len > h->fly_cap) {
       NB_CHECK(nb_realloc((void**)&h->fly, len, 1, "hybrid message in flight"));

@@ -93,6 +93,12 @@ typedef struct {
    * round's steps (or a wall-time round whose budget ends first) = at the round's end, one
    * whole round late. */
   long overlap_steps;
+  /* With overlap: 1 = a round whose frame is sparse starts from a prediction of the theta_global
+   * its update lands on (the outer step on this cluster's equal share of its own Delta) instead
+   * of theta_global minus the own Delta; where it lands, the progress made since stays on top as
+   * without. A dense round never does (it costs a dense frame loss, docs/hybrid.md). Changes
+   * only theta_local: theta_global is the same bits on every cluster either way. */
+  int eager;
   /* Intra-cluster ranks (nullable): steps_hook(ctx, k) runs before each run of k inner steps,
    * when the trainer's synced buffer holds the theta_local they start from (also after an update
    * landed inside the round), so that the cluster's other ranks can take it and follow. */

@@ -29,14 +29,14 @@ static const nb_codec_point_t nb__points_h32[] = {
     {{"top1.5-2bit", 0.015, 9.58, 0, 0.0484, 0.125, 0.75, 0.0695}, NB_VALUES_INT2, 4096},
 };
 
-/* H 16 (the demo job with innerSteps 16: the `-h16` points) */
+/* H 16 (the demo job with innerSteps 16: the `-h16` points), sparse rounds eager (sync.eager) */
 static const nb_codec_point_t nb__points_h16[] = {
     /* 7.66 bits/param; 1.0126 */
     {{"dense-int8", 1.0, 7.66, 0, 0.0126, 0, 0, 0}, NB_VALUES_INT8, 0},
-    /* 0.391 bits/param; 1.0201 landing at 4/16; at 12/16 not measured: top-3 %'s +0.0088 */
-    {{"top5-2bit", 0.05, 7.82, 0, 0.0201, 0.25, 0.75, 0.0289}, NB_VALUES_INT2, 4096},
-    /* 0.254 bits/param; 1.0225 at 4/16, 1.0313 at 12/16 */
-    {{"top3-2bit", 0.03, 8.47, 0, 0.0225, 0.25, 0.75, 0.0313}, NB_VALUES_INT2, 4096},
+    /* 0.391 bits/param; 1.0179 landing at 12/16; at 4/16 top-3 %'s -0.0038 */
+    {{"top5-2bit", 0.05, 7.82, 0, 0.0141, 0.25, 0.75, 0.0179}, NB_VALUES_INT2, 4096},
+    /* 0.254 bits/param; 1.0174 at 4/16, 1.0212 at 12/16 */
+    {{"top3-2bit", 0.03, 8.47, 0, 0.0174, 0.25, 0.75, 0.0212}, NB_VALUES_INT2, 4096},
 };
 
 /* H 8 (the `-h8` points: `nebula bench e2e --thin`'s rounds) */

@@ -149,6 +149,7 @@ void nb_hybrid_config_from_job(const nb_job_config_t* job, uint32_t index, nb_hy
                                                    : NB_HYBRID_OUTER;
   hc->overlap = job->sync.overlap && hc->mode == NB_HYBRID_OUTER;
   hc->overlap_steps = job->sync.overlap_steps;
+  hc->eager = job->sync.eager;
 }
 
 void nb_sched_config_from_job(const nb_job_config_t* job, nb_sched_config_t* sc) {

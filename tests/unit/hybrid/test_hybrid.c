@@ -714,6 +714,48 @@ static void test_overlap_steps(void** state) {
   free(late);
 }
 
+/* Eager overlap (sync.eager): a sparse round starts from the predicted landing instead of
+ * theta_global - own. Landing before any step (tau 0) leaves nothing of the prediction (the
+ * round's progress since is 0), so eager and plain give the same bits; landing after 2 of 4
+ * steps they differ, and both clusters agree on every round's theta_global either way. */
+static size_t run_eager(int eager, long tau, float** out) {
+  nb_hybrid_config_t hc;
+  base_config(&hc);
+  hc.inner_steps = 4;
+  hc.density = 0.1;
+  hc.outer_lr = 1.0f;
+  hc.outer_momentum = 0.5f;
+  hc.overlap = 1;
+  hc.overlap_steps = tau;
+  hc.eager = eager;
+  tpair_t p;
+  tpair_make(&p, &hc, 0, 2, 0);
+  tpair_run(&p, tside_main); /* both sides: the same hashes after every round */
+  size_t n;
+  const float* g = nb_hybrid_global(p.side[0].h, &n);
+  *out = malloc(n * sizeof(float));
+  memcpy(*out, g, n * sizeof(float));
+  tpair_free(&p);
+  return n;
+}
+
+static void test_overlap_eager(void** state) {
+  (void)state;
+  float *e0, *p0, *e2, *p2;
+  size_t n = run_eager(1, 0, &e0);
+  assert_int_equal(run_eager(0, 0, &p0), n);
+  assert_int_equal(run_eager(1, 2, &e2), n);
+  assert_int_equal(run_eager(0, 2, &p2), n);
+  double d0 = max_abs_diff(e0, p0, n), d2 = max_abs_diff(e2, p2, n);
+  fprintf(stderr, "max |eager - plain|: tau 0 %.3g, tau 2 %.3g\n", d0, d2);
+  assert_true(d0 < 1e-5);
+  assert_true(d2 > 100 * d0 + 1e-4);
+  free(e0);
+  free(p0);
+  free(e2);
+  free(p2);
+}
+
 /* Wall-time rounds with overlap: the update lands after tau steps while the budget lasts (or at
  * the round's end when it does not); the replicas stay identical either way. */
 static void test_overlap_steps_timed_rounds(void** state) {
@@ -844,6 +886,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_round_through_callback),
       cmocka_unit_test(test_overlap_lands_one_round_late),
       cmocka_unit_test(test_overlap_steps),
+      cmocka_unit_test(test_overlap_eager),
       cmocka_unit_test(test_overlap_steps_timed_rounds),
       cmocka_unit_test(test_overlap_steps_refused),
       cmocka_unit_test(test_save_load),
