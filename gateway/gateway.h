@@ -15,6 +15,8 @@
 #ifndef NB_GATEWAY_GATEWAY_H
 #define NB_GATEWAY_GATEWAY_H
 
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "common/status.h"
@@ -100,8 +102,33 @@ int nb_gateway_port(const nb_gateway_t* gw);
  * are off. */
 int nb_gateway_metrics_port(const nb_gateway_t* gw);
 
-/* Stops serving and monitoring. Running jobs are left running: a restarted gateway re-attaches
- * to them. NULL ok. */
+/* The service name the health service (grpc.health.v1.Health) answers for besides "" (the
+ * gateway as a whole); nebula.v1.Federation and nebula.v1.Artifacts are known too. */
+#define NB_GATEWAY_HEALTH_SERVICE "nebula.v1.Gateway"
+
+/* Marks the gateway NOT_SERVING on its health service (Check and Watch) while it goes on
+ * serving every call: a probe or load balancer stops sending it work before it stops.
+ * nb_gateway_destroy does it first. Thread-safe; NULL ok. */
+void nb_gateway_drain(nb_gateway_t* gw);
+
+/* The probe of `nebula gateway --check`: calls grpc.health.v1.Health/Check for service ("" or
+ * NULL: the gateway as a whole) over mutual TLS with cfg's own PKI (tls.ca, tls.cert, tls.key),
+ * at address, or (NULL or "") at cfg->listen with a wildcard or empty host as loopback. The
+ * server must present cfg->cluster_id's certificate. cfg: borrowed. On NB_OK *status is the
+ * answer (1 SERVING, 2 NOT_SERVING: nb_gateway_health_name); target (target_cap bytes) gets the
+ * address dialled in every case. Returns NB_ERR_CONFIG (listen with port 0 and no address, a
+ * bad address), NB_ERR_IO / NB_ERR_CRYPTO (the TLS files), NB_ERR_UNAVAILABLE (nothing answers
+ * there), NB_ERR_TIMEOUT (timeout_ms passed), NB_ERR_PERMISSION (TLS refused either way),
+ * NB_ERR_NOT_FOUND (a service the gateway does not serve). Thread-safe. */
+nb_status_t nb_gateway_health_check(const nb_gateway_config_t* cfg, const char* address,
+                                    const char* service, int64_t timeout_ms, int* status,
+                                    char* target, size_t target_cap);
+
+/* "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN" or "UNKNOWN" for a health status. */
+const char* nb_gateway_health_name(int status);
+
+/* Stops serving and monitoring (NOT_SERVING first: an open health Watch is told). Running jobs
+ * are left running: a restarted gateway re-attaches to them. NULL ok. */
 void nb_gateway_destroy(nb_gateway_t* gw);
 
 #ifdef __cplusplus

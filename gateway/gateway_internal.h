@@ -1,5 +1,6 @@
 /* Internals of the gateway daemon shared by its files in gateway/ (gateway.c, api.c,
- * federation.c, federation_api.c, start.c, monitor.c, publish.c, report_queue.c, recovery.c):
+ * federation.c, federation_api.c, start.c, monitor.c, publish.c, report_queue.c, recovery.c,
+ * health.c):
  * the daemon's state (struct nb_gateway) and the functions one part calls in another. Nothing
  * outside gateway/ includes it. Each function is documented where it is defined. */
 #ifndef NB_GATEWAY_GATEWAY_INTERNAL_H
@@ -110,6 +111,9 @@ struct nb_gateway {
   nb_rpc_client_t* peer_cli[NB_GW_MAX_PEERS]; /* Federation clients, one per configured peer */
   nb_artifact_store_t* art;                   /* <work_dir>/artifacts: what jobs produced */
   _Atomic int stopping;
+  _Atomic int draining;      /* nb_gateway_drain: the health service answers NOT_SERVING */
+  _Atomic int watch_serving; /* health Watch calls last told SERVING */
+  nb__hand_t hand_watch;     /* the health Watch, behind the per-identity limit */
 
   pthread_mutex_t record_mu; /* federation records' read-modify-write; a job's end */
 
@@ -265,6 +269,12 @@ void nb__gw_metrics_stop(nb_gateway_t* gw);
 void nb__gw_metric_submission(nb_gateway_t* gw);
 void nb__gw_metric_refusal(nb_gateway_t* gw, const char* reason);
 void nb__gw_metric_fed_call(nb_gateway_t* gw, const char* method, nb_status_t st);
+
+/* gateway.c: the per-identity call limit every handler but the health Check passes */
+nb_status_t nb__gw_limited(nb_rpc_call_t* call, void* user_data);
+
+/* health.c: grpc.health.v1.Health */
+nb_status_t nb__gw_health_add(nb_gateway_t* gw);
 
 /* api.c: the nebula.v1.Gateway service */
 nb_status_t nb__gw_open_store(nb_gateway_t* gw, nb_job_store_t** st);
