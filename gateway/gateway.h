@@ -64,9 +64,13 @@ typedef struct {
                           "--peer ID=ADDR" for every other cluster */
   char worker_command[NB_GW_MAX_ARGS][NB_GW_STR];
   char exchange_host[NB_GW_STR]; /* host this cluster's workers listen on for Exchange */
-  int federation_timeout_ms;     /* one Federation call; also how long a proposal waits */
-  int cancel_grace_ms;           /* SIGTERM → SIGKILL */
-  int poll_ms;                   /* how often processes and progress files are looked at */
+  char exchange_port_range[32];  /* exchange.port_range: "LO-HI" as written ("" = any port) */
+  int exchange_port_lo, exchange_port_hi; /* parsed from it; 0, 0: a free port from the system */
+  char exchange_advertise[NB_GW_STR];     /* exchange.advertise: host peers are told to dial for
+                                             this cluster's Exchange ("" = exchange_host) */
+  int federation_timeout_ms;              /* one Federation call; also how long a proposal waits */
+  int cancel_grace_ms;                    /* SIGTERM → SIGKILL */
+  int poll_ms;                            /* how often processes and progress files are looked at */
   int calls_per_identity;       /* limits.calls_per_identity: concurrent calls of one certificate */
   char run_as[NB_ACL_NAME_MAX]; /* run_as: the user jobs run as ("" = the gateway's own) */
   int n_allow; /* paths.allow: folders besides the job's own that descriptor paths may name */

@@ -92,7 +92,7 @@ typedef struct {
  *              recording of a job's end (its final state and the run report it queues), so
  *              that a reader who takes it after seeing a job final also sees its report queued
  *   active_mu  active[] and n_active: the jobs running or reserved here (slots), each entry's
- *              fields included (the monitor also reads progress files under it)
+ *              fields included (the monitor also reads progress files under it); xport[]
  *   queue_mu   publish[] / n_publish and report[] / n_report
  *   lim_mu     ident[] / n_ident: calls in flight per identity
  * Order: record_mu, then active_mu, then queue_mu; lim_mu is taken alone. Everything else is
@@ -120,6 +120,12 @@ struct nb_gateway {
   pthread_mutex_t active_mu;
   nb__active_t active[NB__MAX_ACTIVE];
   int n_active;
+  struct { /* exchange.port_range: ports handed to jobs (nb__gw_free_endpoint) */
+    char id[NB_JOB_ID_MAX];
+    int port, seen; /* seen: its job was in active[] */
+    double at;      /* nb_now_s() when handed out */
+  } xport[NB__MAX_ACTIVE];
+  int n_xport, xport_next;
 
   pthread_mutex_t queue_mu;
   char publish[16][NB_JOB_ID_MAX]; /* jobs that succeeded here, outputs to put in `art` */
@@ -197,7 +203,9 @@ void nb__gw_unreserve(nb_gateway_t* gw, const char* id);
 int nb__gw_parts(const nb_job_config_t* cfg, nb__part_t* p);
 int nb__gw_mkdirs(const char* path);
 void nb__gw_give(const nb_gateway_t* gw, const char* path);
-nb_status_t nb__gw_free_endpoint(const char* host, char* out, size_t cap);
+nb_status_t nb__gw_free_endpoint(nb_gateway_t* gw, const char* id, char* out, size_t cap);
+nb_status_t nb__gw_exchange_listen(const nb_gateway_t* gw, const char* endpoint, char* out,
+                                   size_t cap);
 nb_status_t nb__gw_job_config(nb_job_store_t* st, const char* id, nb_job_config_t** cfg);
 nb_status_t nb__gw_jobdir_write(nb_gateway_t* gw, const char* id, const uint8_t* desc, size_t len,
                                 const uint8_t* sig, size_t sig_len, const char* cert_pem);
