@@ -226,6 +226,14 @@ grep -q "^dc-a at 127.0.0.1:$PORT: SERVING$" "$T/h" || fail "--check printed $(c
 [ $rc -eq 1 ] && grep -q "port 0.*--address" "$T/h" || fail "--check of listen port 0: $rc $(cat "$T/h")"
 "$NB" gateway --config "$T/gw.json" --check-config --address 127.0.0.1:1 2>/dev/null; [ $? -eq 2 ] ||
   fail "--address without --check"
+# the store backed up while the gateway runs (docs/operations.md: sqlite3's .backup, the online
+# backup API): a consistent copy with every job
+if command -v sqlite3 >/dev/null 2>&1; then
+  sqlite3 "$T/work/jobs.db" ".backup '$T/backup.db'" || fail "sqlite3 .backup of the live store"
+  [ "$(sqlite3 "$T/backup.db" 'PRAGMA integrity_check')" = ok ] || fail "the backup is not intact"
+  [ "$(sqlite3 "$T/backup.db" 'SELECT COUNT(*) FROM jobs')" = "$(sqlite3 "$T/work/jobs.db" 'SELECT COUNT(*) FROM jobs')" ] ||
+    fail "the backup lacks jobs"
+fi
 kill -TERM "$GW_PID"; wait "$GW_PID"; rc=$?; GW_PID=
 [ $rc -eq 0 ] || fail "gateway exit $rc on SIGTERM"
 # nothing listening: a clear message and a non-zero exit
