@@ -94,8 +94,7 @@ nb_status_t nb_install_delayline(const char* wan_dir, char* out, size_t cap, cha
   snprintf(buf, sizeof buf, "%s", path ? path : "");
   for (char *save = NULL, *d = strtok_r(buf, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
     const char* one[] = {d};
-    if (*d && nb__first(one, 1, "nb-delayline", X_OK, 1, out, cap, NULL, 0) == NB_OK)
-      return NB_OK;
+    if (*d && nb__first(one, 1, "nb-delayline", X_OK, 1, out, cap, NULL, 0) == NB_OK) return NB_OK;
   }
   nb__tried(tried, tried_cap, "nb-delayline on PATH");
   return nb_error(NB_ERR_NOT_FOUND, "nb-delayline not found");
