@@ -57,10 +57,12 @@ else
   echo "systemd-analyze not found: the unit is not verified"
 fi
 
-if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null; then
-  echo "install_deploy: files ok; WAN part skipped (needs root and ip)"
+probe=nbprobe-$$
+if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null || ! ip netns add "$probe" 2>/dev/null; then
+  echo "install_deploy: files ok; WAN part skipped (needs root, ip and network namespaces)"
   exit 0
 fi
+ip netns del "$probe"
 
 cat >"$tmp/job.json" <<'JOB'
 {"apiVersion": "nebula/v1", "kind": "TrainingJob", "metadata": {"name": "inst-wan"},
