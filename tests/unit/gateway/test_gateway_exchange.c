@@ -32,11 +32,12 @@ static nb_gateway_t* g_gw[2];
 static const char* g_ids[2] = {"dc-a", "dc-b"};
 static const char* g_adv[2] = {"gw-a.example.test", "gw-b.example.test"};
 
-/* RANGE consecutive loopback ports free now, not overlapping `avoid` (0: none). */
-static int free_range(int avoid) {
+/* RANGE consecutive loopback ports free now, holding none of avoid[0..n) (0s ignored). */
+static int free_range(const int* avoid, int n) {
   for (int tries = 0; tries < 200; tries++) {
-    int lo = gwt_free_port();
-    if (lo + RANGE > 65535 || (avoid && lo + RANGE > avoid && lo < avoid + RANGE)) continue;
+    int lo = gwt_free_port(), clash = 0;
+    for (int i = 0; i < n; i++) clash |= avoid[i] >= lo && avoid[i] < lo + RANGE;
+    if (lo + RANGE > 65535 || clash) continue;
     int ok = 1;
     for (int p = lo; p < lo + RANGE && ok; p++) {
       int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -53,6 +54,12 @@ static int free_range(int avoid) {
 }
 
 static void make_config(int i) {
+  if (i == 0) { /* the ranges avoid the gateways' own ports, known now, and each other */
+    int avoid[2 + RANGE] = {g_port[0], g_port[1]};
+    g_lo[0] = free_range(avoid, 2);
+    for (int k = 0; k < RANGE; k++) avoid[2 + k] = g_lo[0] + k;
+    g_lo[1] = free_range(avoid, 2 + RANGE);
+  }
   char cfg[4096];
   snprintf(cfg, sizeof cfg,
            "{\"cluster_id\": \"%s\", \"listen\": \"127.0.0.1:%d\",\n"
@@ -77,8 +84,6 @@ static int setup(void** state) {
   const char* clusters[] = {"dc-a", "dc-b"};
   const char* users[] = {"alice"};
   gwt_make_pki(g_dir, clusters, 2, users, 1, NULL, NULL);
-  g_lo[0] = free_range(0);
-  g_lo[1] = free_range(g_lo[0]);
   gwt_start_pair(g_port, g_cfg, g_gw, make_config);
   return 0;
 }
