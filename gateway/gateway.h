@@ -2,7 +2,9 @@
  * nebula.v1.Gateway over mutual TLS (Submit a signed descriptor, Get, List, Watch, Cancel, Logs),
  * decides with the ACL, keeps jobs in the SQLite job store and runs them with a launcher (local,
  * mpirun or Slurm: gateway/launcher.h), and federates with its peer gateways (nebula.v1.Federation)
- * so that a job runs on every cluster it names. It does not schedule beyond a slot count.
+ * so that a job runs on every cluster it names. It also serves the standard gRPC health service
+ * (grpc.health.v1.Health) and holds its probe (nb_gateway_health_check). It does not schedule
+ * beyond a slot count.
  *
  * Thread safety: the config functions touch only the struct they are given (one thread per
  * struct). A gateway runs threads of its own (the gRPC handlers, a monitor of the job processes,
