@@ -6,8 +6,8 @@ CTEST_ARGS ?=
 PREFIX     ?= /usr/local
 DESTDIR    ?=
 
-.PHONY: all setup configure build install test test-all quality demo bench sanitize format clean \
-        help
+.PHONY: all setup configure build install deb test test-all quality demo bench sanitize format \
+        clean help
 
 all: build
 
@@ -18,7 +18,9 @@ help:
 	@echo "make quality   checks of what tiny trained models write (BLAS-kernel dependent)"
 	@echo "make bench     run the benchmarks (after build)"
 	@echo "make install   build, then install libnebula, nebula.h, nebula.pc and nebula into PREFIX"
-	@echo "               (default /usr/local; DESTDIR=D stages it under D; docs/api.md)"
+	@echo "               (default /usr/local; DESTDIR=D stages it under D; docs/api.md), with the"
+	@echo "               WAN scripts, the delay line and the gateway's systemd unit"
+	@echo "make deb       build, then the Debian package $(BUILD)/nebula_VERSION_ARCH.deb (cpack -G DEB)"
 	@echo "make format    apply .clang-format to every C/CUDA source"
 
 setup:
@@ -40,6 +42,10 @@ test: build
 # and PREFIX/bin/nebula; DESTDIR (staging for a package) is prepended to every path by cmake
 install: build
 	DESTDIR='$(DESTDIR)' cmake --install $(BUILD) --prefix '$(PREFIX)'
+
+# the Debian package (docs/operations.md, The package): into $(BUILD)/
+deb: build
+	cd $(BUILD) && cpack -G DEB
 
 # gpu tests too (they skip cleanly without a device)
 test-all: build

@@ -10,6 +10,7 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
+#include "common/install.h"
 
 /* dir/rel/name when it exists: 1 (in out), else 0 */
 static int nb__bt_find(const char* dir, const char* rel, const char* name, char* out, size_t cap) {
@@ -44,7 +45,7 @@ int nb_bench_torch_main(int argc, char** argv) {
   if (nb__bt_find(dir, "lib", "libnebula.so", lib, sizeof lib) ||
       nb__bt_find(dir, "../lib", "libnebula.so", lib, sizeof lib))
     setenv("NEBULA_LIB", lib, 0);
-  if (nb__bt_find(dir, "deploy/wan", "nb-delayline", dl, sizeof dl)) setenv("NB_DELAYLINE", dl, 0);
+  if (nb_install_delayline(NULL, dl, sizeof dl, NULL, 0) == NB_OK) setenv("NB_DELAYLINE", dl, 0);
   const char* py = getenv("PYTHON");
   if (!py || !*py) py = "python3";
   const char** av = NULL;

@@ -20,6 +20,7 @@
 
 #include "bench/bench.h"
 #include "common/common.h"
+#include "common/install.h"
 #include "common/opts.h"
 #include "inter/link.h"
 #include "security/pki.h"
@@ -310,30 +311,33 @@ static pid_t nb__bw_spawn(const char* ns, char* const* args, FILE** out) {
   return pid;
 }
 
+/* --wan-dir, else common/install.h's places (NB_WAN_DIR, the build and the install tree); the
+ * delay line likewise (NB_DELAYLINE, beside this executable's build or install tree), handed to
+ * the scripts as NB_DELAYLINE. 0, or -1 with the reason printed. */
 static int nb__bw_find_wan_dir(const char* given) {
-  char exe[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  exe[n > 0 ? n : 0] = 0;
-  char* slash = strrchr(exe, '/');
-  if (slash) *slash = 0;
-  char cands[4][PATH_MAX];
-  int nc = 0;
-  if (given) snprintf(cands[nc++], PATH_MAX, "%s", given);
-  if (getenv("NB_WAN_DIR")) snprintf(cands[nc++], PATH_MAX, "%s", getenv("NB_WAN_DIR"));
-  snprintf(cands[nc++], PATH_MAX, "%.3000s/../deploy/wan", exe);
-  snprintf(cands[nc++], PATH_MAX, "deploy/wan");
-  for (int i = 0; i < nc; i++) {
+  char tried[2048], dl[PATH_MAX];
+  if (given) {
     char p[PATH_MAX + 16];
-    snprintf(p, sizeof p, "%.3000s/wan-up.sh", cands[i]);
-    if (access(p, R_OK) == 0 && realpath(cands[i], nb__bw_wan_dir)) {
-      /* the delay line built next to this program */
-      char dl[PATH_MAX + 64];
-      snprintf(dl, sizeof dl, "%.3000s/deploy/wan/nb-delayline", exe);
-      if (!getenv("NB_DELAYLINE") && access(dl, X_OK) == 0) setenv("NB_DELAYLINE", dl, 1);
-      return 0;
+    snprintf(p, sizeof p, "%.3000s/wan-up.sh", given);
+    if (access(p, R_OK) != 0 || !realpath(given, nb__bw_wan_dir)) {
+      fprintf(stderr, "nebula bench wan: --wan-dir %s holds no wan-up.sh\n", given);
+      return -1;
     }
+  } else if (nb_install_wan_dir(nb__bw_wan_dir, sizeof nb__bw_wan_dir, tried, sizeof tried) !=
+             NB_OK) {
+    fprintf(stderr,
+            "nebula bench wan: the WAN scripts (wan-up.sh) are not in %s: %s; pass --wan-dir "
+            "DIR or set NB_WAN_DIR\n",
+            tried, nb_error_last());
+    return -1;
   }
-  return -1;
+  if (nb_install_delayline(nb__bw_wan_dir, dl, sizeof dl, tried, sizeof tried) != NB_OK) {
+    fprintf(stderr, "nebula bench wan: the delay line nb-delayline is not in %s: %s\n", tried,
+            nb_error_last());
+    return -1;
+  }
+  setenv("NB_DELAYLINE", dl, 1);
+  return 0;
 }
 
 /* Reads the 4-stream (or S-stream) iperf3 figure from measure.sh --json. */
@@ -619,10 +623,7 @@ int nb_bench_wan_main(int argc, char** argv) {
             "deploy/wan/wan-up.sh); run it with sudo\n");
     return 2;
   }
-  if (nb__bw_find_wan_dir(wan_dir) != 0) {
-    fprintf(stderr, "nebula bench wan: deploy/wan/wan-up.sh not found; pass --wan-dir DIR\n");
-    return 2;
-  }
+  if (nb__bw_find_wan_dir(wan_dir) != 0) return 2;
   int S = (int)streams, M = (int)mib;
   if (nb__bw_setup() != 0) return 1;
   /* 1. the link */

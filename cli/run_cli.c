@@ -27,6 +27,7 @@
 #include "cli/cli.h"
 #include "common/opts.h"
 #include "common/common.h"
+#include "common/install.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
 #include "jobs/job_program.h"
@@ -161,36 +162,23 @@ typedef struct {
   char ns[2][48];
 } nb__run_wan_t;
 
-static int nb__run_is_file(const char* p, int mode) {
-  return access(p, mode) == 0;
-}
-
-/* Finds deploy/wan: $NB_WAN_DIR, then next to the build tree of this executable. */
-static int nb__run_wan_find(const char* exe, nb__run_wan_t* w) {
-  const char* env = getenv("NB_WAN_DIR");
-  char base[3072], cand[4200];
-  if (env && *env) {
-    if (snprintf(cand, sizeof cand, "%s/wan-up.sh", env) >= (int)sizeof cand ||
-        !nb__run_is_file(cand, R_OK) ||
-        snprintf(w->dir, sizeof w->dir, "%s", env) >= (int)sizeof w->dir)
-      return -1;
-    return 0;
+/* Finds the WAN scripts and, for a link with a delay, the delay line (common/install.h: the
+ * build tree's layout and the install tree's, relative to this executable, or $NB_WAN_DIR and
+ * $NB_DELAYLINE); the delay line goes to the scripts as NB_DELAYLINE. 0, or -1 with why (what
+ * is missing and where it was looked for). */
+static int nb__run_wan_find(int need_delayline, nb__run_wan_t* w, char* why, size_t cap) {
+  char tried[2048], dl[4096];
+  if (nb_install_wan_dir(w->dir, sizeof w->dir, tried, sizeof tried) != NB_OK) {
+    snprintf(why, cap, "the WAN scripts (wan-up.sh) are not in %s: %s", tried, nb_error_last());
+    return -1;
   }
-  if (snprintf(base, sizeof base, "%s", exe) >= (int)sizeof base) return -1;
-  char* slash = strrchr(base, '/');
-  if (slash) *slash = 0;
-  static const char* const rel[] = {"../deploy/wan", "../../deploy/wan", "../share/nebula/wan"};
-  for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
-    snprintf(cand, sizeof cand, "%s/%s/wan-up.sh", base, rel[i]);
-    if (nb__run_is_file(cand, R_OK)) {
-      snprintf(w->dir, sizeof w->dir, "%s/%s", base, rel[i]);
-      /* the delay line built next to this executable, unless the caller chose one */
-      snprintf(cand, sizeof cand, "%s/deploy/wan/nb-delayline", base);
-      if (!getenv("NB_DELAYLINE") && nb__run_is_file(cand, X_OK)) setenv("NB_DELAYLINE", cand, 1);
-      return 0;
-    }
+  if (!need_delayline) return 0;
+  if (nb_install_delayline(w->dir, dl, sizeof dl, tried, sizeof tried) != NB_OK) {
+    snprintf(why, cap, "the delay line nb-delayline is not in %s: %s", tried, nb_error_last());
+    return -1;
   }
-  return -1;
+  setenv("NB_DELAYLINE", dl, 1);
+  return 0;
 }
 
 /* Runs deploy/wan/<script> with args in its own process group (a Ctrl-C meant for us must not
@@ -627,15 +615,29 @@ static int nb__run_choose_net(nb__run_t* r) {
   if (!(r->force_netns || (!r->force_loop && geteuid() == 0 && r->job->link.delay_ms > 0)))
     return NB_EXIT_OK;
   const char* why = NULL;
+  char missing[4096];
+  int not_found = 0;
   if (geteuid() != 0)
     why = "needs root";
   else if (r->n != 2)
     why = "the emulated WAN link of deploy/wan joins exactly two clusters";
-  else if (nb__run_wan_find(r->exe, wan) != 0)
-    why = "deploy/wan not found next to this executable (set NB_WAN_DIR)";
+  else if (nb__run_wan_find(r->job->link.delay_ms > 0, wan, missing, sizeof missing) != 0)
+    why = missing, not_found = 1;
   if (why && r->force_netns) {
     fprintf(stderr, "nebula run: --netns: %s\n", why);
     return NB_EXIT_USAGE;
+  }
+  if (not_found) {
+    /* the job asks for a delay that loopback would not have: running it anyway would measure
+     * another link than the one asked for */
+    fprintf(stderr,
+            "nebula run: %s asks for a link with link.delayMs %g, but the WAN emulator is "
+            "missing: %s.\nInstall it (make install puts the scripts in "
+            "PREFIX/share/nebula/wan and nb-delayline in PREFIX/libexec/nebula), set "
+            "NB_WAN_DIR (and NB_DELAYLINE), or pass --loopback to run over loopback without "
+            "the delay.\n",
+            r->file, r->job->link.delay_ms, why);
+    return NB_EXIT_FAIL;
   }
   if (why) {
     printf("nebula run: namespaces not used (%s); running over loopback\n", why);
@@ -846,7 +848,8 @@ int nb_run_main(int argc, char** argv) {
       {.name = "loopback",
        .kind = NB_OPT_FLAG,
        .dst = &r->force_loop,
-       .help = "loopback even as root with a delay"},
+       .help = "loopback even as root with a delay (without it, a delay whose emulator\n"
+               "is missing is an error)"},
       {.name = "steps",
        .kind = NB_OPT_LONG,
        .dst = &r->steps,
@@ -880,7 +883,8 @@ int nb_run_main(int argc, char** argv) {
           "mutual TLS and sealed frames), streams their logs, waits, and prints a summary.\n"
           "As root, a two-cluster job whose link has a delay runs each cluster in its own\n"
           "network namespace behind the emulated WAN link of deploy/wan (link.rateMbit each "
-          "way,\nlink.delayMs one way), torn down at the end; otherwise over loopback with "
+          "way,\nlink.delayMs one way; an error when the emulator is not found beside this "
+          "binary,\nunless --loopback), torn down at the end; otherwise over loopback with "
           "the\nlink's rate cap. DIR (default runs/<job>) receives pki/, job.secret and one "
           "folder\nper cluster with worker.log, rounds.tsv, summary.json.\n"
           "A job with spec.program runs that command per cluster instead (in the descriptor's\n"

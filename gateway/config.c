@@ -75,7 +75,14 @@ static const nb__opt_t nb__opts[] = {
     {"worker_command", NB__OPT_WARGV, NB__F(worker_command), 0, 0, "",
      "one cluster of a multi-cluster job; also {listen} {pki} {secret_file} {peers}"},
     {"exchange_host", NB__OPT_STR, NB__F(exchange_host), 0, 0, "",
-     "host this cluster's workers listen on for Exchange (the port is chosen per job)"},
+     "host this cluster's workers listen on for Exchange (the port is chosen per job); "
+     "0.0.0.0 or :: needs exchange.advertise"},
+    {"exchange.port_range", NB__OPT_STR, NB__F(exchange_port_range), 0, 0, "(any free port)",
+     "\"LO-HI\": each job's Exchange port is one of LO..HI (1024..65535) not in use, so that a "
+     "firewall opens only these; a submit when all are taken is refused"},
+    {"exchange.advertise", NB__OPT_STR, NB__F(exchange_advertise), 0, 0, "(exchange_host)",
+     "host (name or address) the peer clusters are told to dial for this cluster's Exchange: "
+     "its public name behind NAT, a load balancer or a Kubernetes Service"},
     {"federation_timeout_ms", NB__OPT_INT, NB__F(federation_timeout_ms), 100, 600000, "",
      "deadline of one call to a peer gateway"},
     {"resources.slots", NB__OPT_INT, NB__F(slots), 1, 1 << 20, "",
@@ -429,6 +436,68 @@ static nb_status_t nb__cfg_walk(json_t* obj, const char* prefix, const char* bas
   return NB_OK;
 }
 
+/* A host as exchange_host and exchange.advertise take it: a name or an address, "[v6]" or a
+ * bare v6 address, no port and no space. */
+static nb_status_t nb__cfg_host(const char* key, const char* h) {
+  size_t n = strlen(h);
+  if (!n) return nb_error(NB_ERR_CONFIG, "config: %s: empty host", key);
+  const char* c1 = strchr(h, ':');
+  int v6 = h[0] == '[' || (c1 && strchr(c1 + 1, ':')); /* a v6 address has two colons or more */
+  if (h[0] == '[' && (n < 3 || h[n - 1] != ']'))
+    return nb_error(NB_ERR_CONFIG, "config: %s: '%s' is not a host ([v6] unclosed)", key, h);
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)h[i];
+    int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+             ch == '.' || ch == '-' || ch == '_' || (v6 && (ch == ':' || ch == '[' || ch == ']'));
+    if (!ok)
+      return nb_error(NB_ERR_CONFIG,
+                      "config: %s: '%s' is not a host name or address (a port goes in "
+                      "exchange.port_range, not here)",
+                      key, h);
+  }
+  return NB_OK;
+}
+
+/* exchange_host, exchange.port_range and exchange.advertise together. */
+static nb_status_t nb__cfg_exchange(nb_gateway_config_t* c) {
+  NB_CHECK(nb__cfg_host("exchange_host", c->exchange_host));
+  c->exchange_port_lo = c->exchange_port_hi = 0;
+  const char* r = c->exchange_port_range;
+  if (r[0]) {
+    char* e = NULL;
+    long lo = -1, hi = -1;
+    if (r[0] >= '0' && r[0] <= '9') lo = strtol(r, &e, 10);
+    if (e && *e == '-' && e[1] >= '0' && e[1] <= '9') hi = strtol(e + 1, &e, 10);
+    if (lo < 0 || hi < 0 || !e || *e)
+      return nb_error(NB_ERR_CONFIG,
+                      "config: exchange.port_range: '%s' is not \"LO-HI\" (e.g. \"41000-41099\")",
+                      r);
+    if (lo < 1024 || hi > 65535 || lo > hi)
+      return nb_error(NB_ERR_CONFIG,
+                      "config: exchange.port_range: '%s' must have 1024 <= LO <= HI <= 65535", r);
+    c->exchange_port_lo = (int)lo;
+    c->exchange_port_hi = (int)hi;
+  }
+  if (c->exchange_advertise[0]) {
+    NB_CHECK(nb__cfg_host("exchange.advertise", c->exchange_advertise));
+    const char* a = c->exchange_advertise;
+    if (!strcmp(a, "0.0.0.0") || !strcmp(a, "::") || !strcmp(a, "[::]"))
+      return nb_error(NB_ERR_CONFIG,
+                      "config: exchange.advertise: '%s' is a wildcard; give the name or address "
+                      "the peer clusters reach this one at",
+                      a);
+  } else {
+    const char* h = c->exchange_host;
+    if (!strcmp(h, "0.0.0.0") || !strcmp(h, "::") || !strcmp(h, "[::]"))
+      return nb_error(NB_ERR_CONFIG,
+                      "config: exchange.advertise: required when exchange_host is the wildcard "
+                      "'%s' (peers cannot dial it): give the name or address they reach this "
+                      "cluster at",
+                      h);
+  }
+  return NB_OK;
+}
+
 nb_status_t nb_gateway_config_parse(const char* text, size_t len, const char* base_dir,
                                     nb_gateway_config_t* cfg) {
   if (!text || !cfg) return nb_error(NB_ERR_INVALID, "config: NULL argument");
@@ -462,6 +531,7 @@ nb_status_t nb_gateway_config_parse(const char* text, size_t len, const char* ba
                       "address (listen); give the metrics a port of their own",
                       cfg->metrics_listen);
   }
+  NB_CHECK(nb__cfg_exchange(cfg));
   if (base_dir && cfg->work_dir[0] != '/' && !strcmp(cfg->work_dir, "work")) {
     char tmp[NB_GW_STR];
     snprintf(tmp, sizeof tmp, "%s/work", base_dir);

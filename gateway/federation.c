@@ -194,7 +194,11 @@ nb_status_t nb__gw_fed_start(nb_gateway_t* gw, nb_job_store_t* st, const char* i
   memset(&wk, 0, sizeof wk);
   wk.pki = pki;
   wk.secret_file = secret_file;
-  wk.listen = json_string_value(json_object_get(endpoints, gw->cfg.cluster_id));
+  /* peers were told exchange.advertise:PORT; our workers bind exchange_host:PORT */
+  const char* ep = json_string_value(json_object_get(endpoints, gw->cfg.cluster_id));
+  char listen[NB_GW_STR + 16];
+  if (ep) NB_CHECK(nb__gw_exchange_listen(gw, ep, listen, sizeof listen));
+  wk.listen = ep ? listen : NULL;
   const char* k;
   json_t* v;
   int clusters = 0;
@@ -290,7 +294,7 @@ static void nb__fsub_prepare(nb__fsub_t* x) {
     s = nb__gw_reserve(x->gw, x->id, x->my_workers);
     x->reserved = s == NB_OK;
     char ep[NB_GW_STR + 16];
-    if (s == NB_OK) s = nb__gw_free_endpoint(x->gw->cfg.exchange_host, ep, sizeof ep);
+    if (s == NB_OK) s = nb__gw_free_endpoint(x->gw, x->id, ep, sizeof ep);
     if (s == NB_OK) {
       json_object_set_new(nb__gw_fed_cluster(x->info, x->gw->cfg.cluster_id), "endpoint",
                           json_string(ep));

@@ -156,7 +156,7 @@ static nb_status_t nb__fed_propose(nb_rpc_call_t* call, nb_gateway_t* gw, const 
   if (workers > 0) {
     NB_CHECK_GOTO(nb__gw_reserve(gw, req->job_id, workers), s, done);
     reserved = 1;
-    NB_CHECK_GOTO(nb__gw_free_endpoint(gw->cfg.exchange_host, ep, sizeof ep), s, done);
+    NB_CHECK_GOTO(nb__gw_free_endpoint(gw, req->job_id, ep, sizeof ep), s, done);
   }
   NB_CHECK_GOTO(nb__gw_open_store(gw, &st), s, done);
   {

@@ -1,7 +1,7 @@
 /* The gateway daemon's life (gateway/gateway.h): create (TLS, store, recovery, peers, the
  * services and the three threads), the per-identity call limit every handler passes, destroy.
  * The parts: config.c, api.c, federation.c, federation_api.c, start.c, monitor.c, publish.c,
- * report_queue.c, recovery.c; their shared state is gateway_internal.h. */
+ * report_queue.c, recovery.c, health.c; their shared state is gateway_internal.h. */
 #include "gateway/gateway_internal.h"
 
 #include <errno.h>
@@ -17,7 +17,7 @@
 /* Every Gateway and Federation call passes here: one certificate may have at most
  * limits.calls_per_identity calls in flight, so that one user's streams (Watch, Logs -f) cannot
  * take every handler of the server (NB_RPC_MAX_CALLS) from the others. */
-static nb_status_t nb__limited(nb_rpc_call_t* call, void* user_data) {
+nb_status_t nb__gw_limited(nb_rpc_call_t* call, void* user_data) {
   nb__hand_t* h = user_data;
   nb_gateway_t* gw = h->gw;
   const nb_tls_peer_t* p = nb_rpc_call_peer(call);
@@ -176,9 +176,10 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
                                                       : &nb__gw_fed_methods[i - NB__GW_API_METHODS];
     gw->hand[i].gw = gw;
     gw->hand[i].m = m;
-    NB_CHECK_GOTO(nb_rpc_server_add_method(gw->srv, m->path, m->kind, nb__limited, &gw->hand[i]), s,
-                  fail);
+    NB_CHECK_GOTO(nb_rpc_server_add_method(gw->srv, m->path, m->kind, nb__gw_limited, &gw->hand[i]),
+                  s, fail);
   }
+  NB_CHECK_GOTO(nb__gw_health_add(gw), s, fail);
   if (pthread_create(&gw->mon, NULL, nb__gw_monitor, gw) != 0) {
     s = nb_error(NB_ERR_SYSTEM, "gateway: cannot start the monitor thread");
     goto fail;
@@ -209,6 +210,10 @@ int nb_gateway_port(const nb_gateway_t* gw) {
 
 void nb_gateway_destroy(nb_gateway_t* gw) {
   if (!gw) return;
+  /* NOT_SERVING first: a health Watch still open is told before its call is cancelled (it
+   * looks every 50 ms; a second at most) */
+  nb_gateway_drain(gw);
+  for (int i = 0; i < 40 && gw->watch_serving > 0; i++) nb_sleep_ns(25000000);
   nb__gw_metrics_stop(gw); /* before what its scrapes read: the store, active[], the artifacts */
   nb_rpc_server_destroy(gw->srv);
   gw->stopping = 1;

@@ -2,7 +2,9 @@
  * nebula.v1.Gateway over mutual TLS (Submit a signed descriptor, Get, List, Watch, Cancel, Logs),
  * decides with the ACL, keeps jobs in the SQLite job store and runs them with a launcher (local,
  * mpirun or Slurm: gateway/launcher.h), and federates with its peer gateways (nebula.v1.Federation)
- * so that a job runs on every cluster it names. It does not schedule beyond a slot count.
+ * so that a job runs on every cluster it names. It also serves the standard gRPC health service
+ * (grpc.health.v1.Health) and holds its probe (nb_gateway_health_check). It does not schedule
+ * beyond a slot count.
  *
  * Thread safety: the config functions touch only the struct they are given (one thread per
  * struct). A gateway runs threads of its own (the gRPC handlers, a monitor of the job processes,
@@ -15,6 +17,8 @@
 #ifndef NB_GATEWAY_GATEWAY_H
 #define NB_GATEWAY_GATEWAY_H
 
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "common/status.h"
@@ -62,9 +66,13 @@ typedef struct {
                           "--peer ID=ADDR" for every other cluster */
   char worker_command[NB_GW_MAX_ARGS][NB_GW_STR];
   char exchange_host[NB_GW_STR]; /* host this cluster's workers listen on for Exchange */
-  int federation_timeout_ms;     /* one Federation call; also how long a proposal waits */
-  int cancel_grace_ms;           /* SIGTERM → SIGKILL */
-  int poll_ms;                   /* how often processes and progress files are looked at */
+  char exchange_port_range[32];  /* exchange.port_range: "LO-HI" as written ("" = any port) */
+  int exchange_port_lo, exchange_port_hi; /* parsed from it; 0, 0: a free port from the system */
+  char exchange_advertise[NB_GW_STR];     /* exchange.advertise: host peers are told to dial for
+                                             this cluster's Exchange ("" = exchange_host) */
+  int federation_timeout_ms;              /* one Federation call; also how long a proposal waits */
+  int cancel_grace_ms;                    /* SIGTERM → SIGKILL */
+  int poll_ms;                            /* how often processes and progress files are looked at */
   int calls_per_identity;       /* limits.calls_per_identity: concurrent calls of one certificate */
   char run_as[NB_ACL_NAME_MAX]; /* run_as: the user jobs run as ("" = the gateway's own) */
   int n_allow; /* paths.allow: folders besides the job's own that descriptor paths may name */
@@ -100,8 +108,33 @@ int nb_gateway_port(const nb_gateway_t* gw);
  * are off. */
 int nb_gateway_metrics_port(const nb_gateway_t* gw);
 
-/* Stops serving and monitoring. Running jobs are left running: a restarted gateway re-attaches
- * to them. NULL ok. */
+/* The service name the health service (grpc.health.v1.Health) answers for besides "" (the
+ * gateway as a whole); nebula.v1.Federation and nebula.v1.Artifacts are known too. */
+#define NB_GATEWAY_HEALTH_SERVICE "nebula.v1.Gateway"
+
+/* Marks the gateway NOT_SERVING on its health service (Check and Watch) while it goes on
+ * serving every call: a probe or load balancer stops sending it work before it stops.
+ * nb_gateway_destroy does it first. Thread-safe; NULL ok. */
+void nb_gateway_drain(nb_gateway_t* gw);
+
+/* The probe of `nebula gateway --check`: calls grpc.health.v1.Health/Check for service ("" or
+ * NULL: the gateway as a whole) over mutual TLS with cfg's own PKI (tls.ca, tls.cert, tls.key),
+ * at address, or (NULL or "") at cfg->listen with a wildcard or empty host as loopback. The
+ * server must present cfg->cluster_id's certificate. cfg: borrowed. On NB_OK *status is the
+ * answer (1 SERVING, 2 NOT_SERVING: nb_gateway_health_name); target (target_cap bytes) gets the
+ * address dialled in every case. Returns NB_ERR_CONFIG (listen with port 0 and no address, a
+ * bad address), NB_ERR_IO / NB_ERR_CRYPTO (the TLS files), NB_ERR_UNAVAILABLE (nothing answers
+ * there), NB_ERR_TIMEOUT (timeout_ms passed), NB_ERR_PERMISSION (TLS refused either way),
+ * NB_ERR_NOT_FOUND (a service the gateway does not serve). Thread-safe. */
+nb_status_t nb_gateway_health_check(const nb_gateway_config_t* cfg, const char* address,
+                                    const char* service, int64_t timeout_ms, int* status,
+                                    char* target, size_t target_cap);
+
+/* "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN" or "UNKNOWN" for a health status. */
+const char* nb_gateway_health_name(int status);
+
+/* Stops serving and monitoring (NOT_SERVING first: an open health Watch is told). Running jobs
+ * are left running: a restarted gateway re-attaches to them. NULL ok. */
 void nb_gateway_destroy(nb_gateway_t* gw);
 
 #ifdef __cplusplus

@@ -1,5 +1,6 @@
 /* Internals of the gateway daemon shared by its files in gateway/ (gateway.c, api.c,
- * federation.c, federation_api.c, start.c, monitor.c, publish.c, report_queue.c, recovery.c):
+ * federation.c, federation_api.c, start.c, monitor.c, publish.c, report_queue.c, recovery.c,
+ * health.c):
  * the daemon's state (struct nb_gateway) and the functions one part calls in another. Nothing
  * outside gateway/ includes it. Each function is documented where it is defined. */
 #ifndef NB_GATEWAY_GATEWAY_INTERNAL_H
@@ -91,7 +92,7 @@ typedef struct {
  *              recording of a job's end (its final state and the run report it queues), so
  *              that a reader who takes it after seeing a job final also sees its report queued
  *   active_mu  active[] and n_active: the jobs running or reserved here (slots), each entry's
- *              fields included (the monitor also reads progress files under it)
+ *              fields included (the monitor also reads progress files under it); xport[]
  *   queue_mu   publish[] / n_publish and report[] / n_report
  *   lim_mu     ident[] / n_ident: calls in flight per identity
  * Order: record_mu, then active_mu, then queue_mu; lim_mu is taken alone. Everything else is
@@ -110,12 +111,21 @@ struct nb_gateway {
   nb_rpc_client_t* peer_cli[NB_GW_MAX_PEERS]; /* Federation clients, one per configured peer */
   nb_artifact_store_t* art;                   /* <work_dir>/artifacts: what jobs produced */
   _Atomic int stopping;
+  _Atomic int draining;      /* nb_gateway_drain: the health service answers NOT_SERVING */
+  _Atomic int watch_serving; /* health Watch calls last told SERVING */
+  nb__hand_t hand_watch;     /* the health Watch, behind the per-identity limit */
 
   pthread_mutex_t record_mu; /* federation records' read-modify-write; a job's end */
 
   pthread_mutex_t active_mu;
   nb__active_t active[NB__MAX_ACTIVE];
   int n_active;
+  struct { /* exchange.port_range: ports handed to jobs (nb__gw_free_endpoint) */
+    char id[NB_JOB_ID_MAX];
+    int port, seen; /* seen: its job was in active[] */
+    double at;      /* nb_now_s() when handed out */
+  } xport[NB__MAX_ACTIVE];
+  int n_xport, xport_next;
 
   pthread_mutex_t queue_mu;
   char publish[16][NB_JOB_ID_MAX]; /* jobs that succeeded here, outputs to put in `art` */
@@ -193,7 +203,9 @@ void nb__gw_unreserve(nb_gateway_t* gw, const char* id);
 int nb__gw_parts(const nb_job_config_t* cfg, nb__part_t* p);
 int nb__gw_mkdirs(const char* path);
 void nb__gw_give(const nb_gateway_t* gw, const char* path);
-nb_status_t nb__gw_free_endpoint(const char* host, char* out, size_t cap);
+nb_status_t nb__gw_free_endpoint(nb_gateway_t* gw, const char* id, char* out, size_t cap);
+nb_status_t nb__gw_exchange_listen(const nb_gateway_t* gw, const char* endpoint, char* out,
+                                   size_t cap);
 nb_status_t nb__gw_job_config(nb_job_store_t* st, const char* id, nb_job_config_t** cfg);
 nb_status_t nb__gw_jobdir_write(nb_gateway_t* gw, const char* id, const uint8_t* desc, size_t len,
                                 const uint8_t* sig, size_t sig_len, const char* cert_pem);
@@ -265,6 +277,12 @@ void nb__gw_metrics_stop(nb_gateway_t* gw);
 void nb__gw_metric_submission(nb_gateway_t* gw);
 void nb__gw_metric_refusal(nb_gateway_t* gw, const char* reason);
 void nb__gw_metric_fed_call(nb_gateway_t* gw, const char* method, nb_status_t st);
+
+/* gateway.c: the per-identity call limit every handler but the health Check passes */
+nb_status_t nb__gw_limited(nb_rpc_call_t* call, void* user_data);
+
+/* health.c: grpc.health.v1.Health */
+nb_status_t nb__gw_health_add(nb_gateway_t* gw);
 
 /* api.c: the nebula.v1.Gateway service */
 nb_status_t nb__gw_open_store(nb_gateway_t* gw, nb_job_store_t** st);

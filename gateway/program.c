@@ -82,7 +82,9 @@ nb_status_t nb__gw_program_prepare(nb_gateway_t* gw, const char* id, const char*
   } else {
     if (cfg->security.seal) NB_CHECK(nb__program_secret(gw, secret_file));
     NB_CHECK(nb__gw_job_pki(gw, dir, pki, sizeof pki));
-    NB_CHECK(nb__gw_free_endpoint(gw->cfg.exchange_host, listen, sizeof listen));
+    char ep[NB_GW_STR + 16];
+    NB_CHECK(nb__gw_free_endpoint(gw, id, ep, sizeof ep));
+    NB_CHECK(nb__gw_exchange_listen(gw, ep, listen, sizeof listen));
   }
 
   const char* peers[NB_JOB_MAX_CLUSTERS];

@@ -386,31 +386,115 @@ int nb__gw_parts(const nb_job_config_t* cfg, nb__part_t* p) {
   return n;
 }
 
-/* A free port on exchange_host, as "host:port" ("[host]:port" for IPv6). */
-nb_status_t nb__gw_free_endpoint(const char* host, char* out, size_t cap) {
+/* Whether host:port can be bound now (SO_REUSEADDR, as gRPC's listener: a port held only by
+ * connections in TIME_WAIT counts as free, one with a listener does not). *port 0: any port,
+ * the one bound written back. Returns 0 free, -1 taken (errno), -2 the host does not resolve. */
+static int nb__bindable(const char* host, int* port, int* v6) {
   struct addrinfo hints, *ai = NULL;
   memset(&hints, 0, sizeof hints);
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
-  int rc = getaddrinfo(host, "0", &hints, &ai);
-  if (rc != 0 || !ai)
-    return nb_error(NB_ERR_CONFIG, "exchange_host '%s': %s", host, gai_strerror(rc));
-  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int port = -1;
-  if (fd >= 0 && bind(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+  char ps[16];
+  snprintf(ps, sizeof ps, "%d", *port);
+  int rc = getaddrinfo(host, ps, &hints, &ai);
+  if (rc != 0 || !ai) {
+    errno = rc;
+    return -2;
+  }
+  *v6 = ai->ai_family == AF_INET6;
+  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, ok = 0, err = 0;
+  if (fd >= 0) {
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    ok = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+    err = errno;
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
-    if (getsockname(fd, (struct sockaddr*)&ss, &sl) == 0)
-      port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6*)&ss)->sin6_port)
-                                      : ntohs(((struct sockaddr_in*)&ss)->sin_port);
+    if (ok && *port == 0 && getsockname(fd, (struct sockaddr*)&ss, &sl) == 0)
+      *port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6*)&ss)->sin6_port)
+                                       : ntohs(((struct sockaddr_in*)&ss)->sin_port);
+    close(fd);
+  } else {
+    err = errno;
   }
-  int v6 = ai->ai_family == AF_INET6;
-  if (fd >= 0) close(fd);
   freeaddrinfo(ai);
-  if (port <= 0)
-    return nb_error(NB_ERR_UNAVAILABLE, "no free port on exchange_host '%s': %s", host,
+  errno = err;
+  return ok ? 0 : -1;
+}
+
+/* A port for job id's Exchange listener: a free one from the system, or with
+ * exchange.port_range the next one of the range (round robin) that can be bound and that this
+ * gateway has not handed to another job whose workers may not have bound it yet. Written as
+ * the endpoint the peers are told, "advertise:port" (exchange.advertise, else exchange_host;
+ * "[host]:port" for IPv6). Caller does not hold active_mu. NB_ERR_CONFIG (exchange_host does
+ * not resolve), NB_ERR_UNAVAILABLE (no port free). */
+nb_status_t nb__gw_free_endpoint(nb_gateway_t* gw, const char* id, char* out, size_t cap) {
+  const nb_gateway_config_t* c = &gw->cfg;
+  int port = 0, v6 = 0, rc = -1, lo = c->exchange_port_lo, hi = c->exchange_port_hi;
+  if (!lo) {
+    rc = nb__bindable(c->exchange_host, &port, &v6);
+  } else {
+    pthread_mutex_lock(&gw->active_mu);
+    double now = nb_now_s();
+    /* an entry is dropped once its job is gone from active[] after having been seen there,
+     * or 30 s after it was handed out (a submit that failed before launching) */
+    for (int i = 0; i < gw->n_xport;) {
+      int live = nb__gw_active_find(gw, gw->xport[i].id) >= 0;
+      if (live) gw->xport[i].seen = 1;
+      if (!live && (gw->xport[i].seen || now - gw->xport[i].at > 30))
+        gw->xport[i] = gw->xport[--gw->n_xport];
+      else
+        i++;
+    }
+    int n = hi - lo + 1;
+    if (gw->xport_next < lo || gw->xport_next > hi) gw->xport_next = lo;
+    for (int k = 0; k < n && rc != 0 && gw->n_xport < NB__MAX_ACTIVE; k++) {
+      int p = gw->xport_next + k > hi ? gw->xport_next + k - n : gw->xport_next + k, held = 0;
+      for (int i = 0; i < gw->n_xport && !held; i++) held = gw->xport[i].port == p;
+      if (held) continue;
+      port = p;
+      rc = nb__bindable(c->exchange_host, &port, &v6);
+      if (rc == -2) break;
+    }
+    if (rc == 0) {
+      snprintf(gw->xport[gw->n_xport].id, sizeof gw->xport[0].id, "%s", id);
+      gw->xport[gw->n_xport].port = port;
+      gw->xport[gw->n_xport].at = now;
+      gw->xport[gw->n_xport].seen = 0;
+      gw->n_xport++;
+      gw->xport_next = port == hi ? lo : port + 1;
+    }
+    pthread_mutex_unlock(&gw->active_mu);
+  }
+  if (rc == -2)
+    return nb_error(NB_ERR_CONFIG, "config: exchange_host '%s': %s", c->exchange_host,
+                    gai_strerror(errno));
+  if (rc != 0 && lo)
+    return nb_error(NB_ERR_UNAVAILABLE,
+                    "exchange.port_range %s: all %d ports are taken on exchange_host '%s' (by "
+                    "jobs of this gateway or other processes): widen the range or wait for a "
+                    "job to end",
+                    c->exchange_port_range, hi - lo + 1, c->exchange_host);
+  if (rc != 0)
+    return nb_error(NB_ERR_UNAVAILABLE, "no free port on exchange_host '%s': %s", c->exchange_host,
                     strerror(errno));
-  snprintf(out, cap, v6 ? "[%s]:%d" : "%s:%d", host, port);
+  const char* adv = c->exchange_advertise[0] ? c->exchange_advertise : c->exchange_host;
+  int bracket = adv[0] != '[' && strchr(adv, ':') != NULL;
+  (void)v6;
+  snprintf(out, cap, bracket ? "[%s]:%d" : "%s:%d", adv, port);
+  return NB_OK;
+}
+
+/* The address this cluster's workers bind for the Exchange endpoint that peers are told
+ * (nb__gw_free_endpoint): exchange_host with the endpoint's port. */
+nb_status_t nb__gw_exchange_listen(const nb_gateway_t* gw, const char* endpoint, char* out,
+                                   size_t cap) {
+  const char* colon = endpoint ? strrchr(endpoint, ':') : NULL;
+  if (!colon || !colon[1])
+    return nb_error(NB_ERR_INVALID, "Exchange endpoint '%s' has no port", endpoint ? endpoint : "");
+  const char* h = gw->cfg.exchange_host;
+  int bracket = h[0] != '[' && strchr(h, ':') != NULL;
+  int n = snprintf(out, cap, bracket ? "[%s]:%s" : "%s:%s", h, colon + 1);
+  if (n < 0 || (size_t)n >= cap) return nb_error(NB_ERR_INVALID, "Exchange endpoint too long");
   return NB_OK;
 }
 

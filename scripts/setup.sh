@@ -36,12 +36,14 @@ DEB_PKGS=(
 )
 
 # Python packages for interop and reference checks and the Python binding (python/: cffi, numpy),
+# and the offline check of deploy/k8s against the Kubernetes schema (kubernetes-validate),
 # pinned; installed into the python3 on PATH.
 PIP_PKGS=(
   cffi==2.0.0
   numpy==1.26.4
   safetensors==0.4.5
   sacrebleu==2.4.3
+  kubernetes-validate==1.37.0
 )
 # The PyTorch adapter's test (nebula.torch). Its own pip call: a 4 GB download (PyPI's wheel
 # carries the CUDA libraries; about 2.5 min here) whose failure must not cost the set above.

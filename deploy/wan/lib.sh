@@ -63,7 +63,10 @@ wan_find_delayline() {
     return
   fi
   local c
-  for c in "$NB_WAN_DIR/../../build/deploy/wan/nb-delayline" "$(command -v nb-delayline || true)"; do
+  # beside the scripts (a build tree), an install tree's libexec (share/nebula/wan ->
+  # libexec/nebula), the source tree's build/, then PATH
+  for c in "$NB_WAN_DIR/nb-delayline" "$NB_WAN_DIR/../../../libexec/nebula/nb-delayline" \
+    "$NB_WAN_DIR/../../build/deploy/wan/nb-delayline" "$(command -v nb-delayline || true)"; do
     if [ -n "$c" ] && [ -x "$c" ]; then
       printf '%s\n' "$c"
       return

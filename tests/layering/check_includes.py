@@ -34,8 +34,9 @@ FLOORS = [
     ("gateway",),
     ("cli",),
 ]
-# Generated protobuf-c headers are included as "nebula/v1/x.pb-c.h": they are proto's.
-ALIAS = {"nebula": "proto"}
+# Generated protobuf-c headers are included as "nebula/v1/x.pb-c.h" (and the standard health
+# service's as "grpc/health/v1/health.pb-c.h"): they are proto's.
+ALIAS = {"nebula": "proto", "grpc": "proto"}
 MPI_ALLOWED = ("bench/bench_allreduce.c",)
 
 FLOOR = {m: i for i, ms in enumerate(FLOORS) for m in ms}

@@ -28,6 +28,12 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!cfg.cluster_id[0] || !cfg.tls_ca[0] || !cfg.tls_cert[0] || !cfg.tls_key[0]) abort();
   if (cfg.slots < 1 || cfg.n_command < 1 || cfg.n_command > NB_GW_MAX_ARGS) abort();
   if (cfg.acl.n_rules < 0 || cfg.acl.n_rules > NB_ACL_MAX_RULES) abort();
+  if (cfg.exchange_port_lo != 0 && (cfg.exchange_port_lo < 1024 || cfg.exchange_port_hi > 65535 ||
+                                    cfg.exchange_port_lo > cfg.exchange_port_hi))
+    abort();
+  if (!cfg.exchange_host[0] ||
+      (!strcmp(cfg.exchange_host, "0.0.0.0") && !cfg.exchange_advertise[0]))
+    abort();
   nb_acl_want_t w = {cfg.cluster_id, 1};
   nb_status_t a = nb_acl_check(&cfg.acl, "alice", &w, 1);
   if (a != NB_OK && a != NB_ERR_PERMISSION) abort();

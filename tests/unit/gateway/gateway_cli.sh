@@ -46,7 +46,7 @@ cat > "$T/gw.json" <<CFG
  "cancel_grace_ms": 500, "poll_ms": 20}
 CFG
 "$NB" gateway --help | grep -q "cancel_grace_ms" || fail "gateway --help lacks the option table"
-"$NB" gateway --config "$T/gw.json" --check >/dev/null || fail "config check"
+"$NB" gateway --config "$T/gw.json" --check-config >/dev/null || fail "config check"
 
 start_gw() {
   : > "$T/gw.out"
@@ -184,7 +184,7 @@ NB_GATEWAY=127.0.0.1:99999 "$NB" list 2> "$T/e"; rc=$?
 [ $rc -eq 5 ] && grep -q "TLS handshake with" "$T/e" || fail "server certificate refused: $rc $(cat "$T/e")"
 for bad in '"listen": "127.0.0.1:99999"' '"listen": "127.0.0.1:70000"' '"peers": {"dc-b": "127.0.0.1:99999"}' '"peers": {"dc-b": "127.0.0.1"}'; do
   sed "s|\"listen\": \"127.0.0.1:0\"|$bad|" "$T/gw.json" > "$T/badport.json"
-  "$NB" gateway --config "$T/badport.json" --check > /dev/null 2> "$T/e" && fail "config with $bad accepted"
+  "$NB" gateway --config "$T/badport.json" --check-config > /dev/null 2> "$T/e" && fail "config with $bad accepted"
   grep -Eq "not a port number in|has no port" "$T/e" || fail "config with $bad: $(cat "$T/e")"
 done
 
@@ -213,6 +213,31 @@ for p in $(cat "$T/work/$J2/pids"); do
   if [ -d /proc/$p ] && ! grep -q '^[^)]*) Z' /proc/$p/stat 2>/dev/null; then fail "pid $p survived cancel"; fi
 done
 "$NB" watch "$J2" >/dev/null; [ $? -eq 11 ] || fail "watch of a cancelled job: not 11"
+# the health probe (grpc.health.v1 Check over mTLS with the config's own PKI)
+"$NB" gateway --config "$T/gw.json" --check --address "127.0.0.1:$PORT" > "$T/h" 2>&1 ||
+  fail "--check of a running gateway: $(cat "$T/h")"
+grep -q "^dc-a at 127.0.0.1:$PORT: SERVING$" "$T/h" || fail "--check printed $(cat "$T/h")"
+"$NB" gateway --config "$T/gw.json" --check --address "127.0.0.1:$PORT" --service nebula.v1.Gateway \
+  > /dev/null 2>&1 || fail "--check --service nebula.v1.Gateway"
+"$NB" gateway --config "$T/gw.json" --check --address "127.0.0.1:$PORT" --service no.such.Service \
+  > /dev/null 2> "$T/h"; rc=$?
+[ $rc -eq 1 ] && grep -q "unknown service 'no.such.Service'" "$T/h" || fail "--check of an unknown service: $rc $(cat "$T/h")"
+"$NB" gateway --config "$T/gw.json" --check 2> "$T/h"; rc=$?
+[ $rc -eq 1 ] && grep -q "port 0.*--address" "$T/h" || fail "--check of listen port 0: $rc $(cat "$T/h")"
+"$NB" gateway --config "$T/gw.json" --check-config --address 127.0.0.1:1 2>/dev/null; [ $? -eq 2 ] ||
+  fail "--address without --check"
+# the store backed up while the gateway runs (docs/operations.md: sqlite3's .backup, the online
+# backup API): a consistent copy with every job
+if command -v sqlite3 >/dev/null 2>&1; then
+  sqlite3 "$T/work/jobs.db" ".backup '$T/backup.db'" || fail "sqlite3 .backup of the live store"
+  [ "$(sqlite3 "$T/backup.db" 'PRAGMA integrity_check')" = ok ] || fail "the backup is not intact"
+  [ "$(sqlite3 "$T/backup.db" 'SELECT COUNT(*) FROM jobs')" = "$(sqlite3 "$T/work/jobs.db" 'SELECT COUNT(*) FROM jobs')" ] ||
+    fail "the backup lacks jobs"
+fi
 kill -TERM "$GW_PID"; wait "$GW_PID"; rc=$?; GW_PID=
 [ $rc -eq 0 ] || fail "gateway exit $rc on SIGTERM"
+# nothing listening: a clear message and a non-zero exit
+"$NB" gateway --config "$T/gw.json" --check --address "127.0.0.1:$PORT" --timeout 2 > /dev/null 2> "$T/h"; rc=$?
+[ $rc -eq 1 ] && grep -q "^nebula gateway --check: dc-a at 127.0.0.1:$PORT: " "$T/h" ||
+  fail "--check with nothing listening: $rc $(cat "$T/h")"
 echo "gateway CLI: ok"

@@ -2,7 +2,8 @@
 """Interop: a foreign gRPC client (Debian's python3-grpcio) submits a job to a real
 `nebula gateway` and reads it back over mutual TLS, with protobuf messages encoded by hand from
 proto/nebula/v1/gateway.proto and the descriptor signed by the openssl CLI (ECDSA P-256/SHA-256,
-DER). Also: a TLS client without a certificate is refused, and an unknown job is NOT_FOUND.
+DER). Also: a TLS client without a certificate is refused, an unknown job is NOT_FOUND, and
+the standard health service answers SERVING (NOT_FOUND for an unknown service).
 Exits 77 (skip) when grpc cannot be imported. Usage: interop_gateway.py NEBULA_BINARY"""
 import os
 import shutil
@@ -110,6 +111,21 @@ def main():
                 raise AssertionError("unknown job was served")
             except grpc.RpcError as e:
                 assert e.code() == grpc.StatusCode.NOT_FOUND, e
+            # the standard health service (grpc.health.v1), messages by hand:
+            # HealthCheckRequest{service = 1}, HealthCheckResponse{status = 1}, SERVING = 1
+            check = ch.unary_unary("/grpc.health.v1.Health/Check")
+            for svc in ("", "nebula.v1.Gateway"):
+                rep = parse(check(field(1, svc) if svc else b"", timeout=10))
+                assert rep.get(1) == [1], (svc, rep)
+            try:
+                check(field(1, "no.such.Service"), timeout=10)
+                raise AssertionError("an unknown service was answered")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.NOT_FOUND, e
+            watch = ch.unary_stream("/grpc.health.v1.Health/Watch")(b"", timeout=10)
+            assert parse(next(watch)).get(1) == [1]
+            watch.cancel()
+            print("Health Check and Watch: ok")
         # TLS without a client certificate: refused at the handshake
         creds = grpc.ssl_channel_credentials(rd("ca.crt"))
         with grpc.secure_channel(target, creds) as ch:
