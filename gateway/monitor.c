@@ -55,16 +55,18 @@ void nb__gw_tail_progress(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t*
 
 void nb__gw_log_launched(nb_gateway_t* gw, const char* id) {
   char what[64] = "?";
-  int pid = 0, workers = 0;
+  const char* launcher = "?";
+  int workers = 0;
   pthread_mutex_lock(&gw->active_mu);
   int k = nb__gw_active_find(gw, id);
   if (k >= 0) {
     nb_launcher_describe(&gw->active[k].launch, what, sizeof what);
-    pid = (int)gw->active[k].launch.pid;
+    launcher = nb_launcher_name(gw->active[k].launch.kind);
     workers = gw->active[k].workers;
   }
   pthread_mutex_unlock(&gw->active_mu);
-  NB_INFO(JOB, "job %s launched: %s, pid %d, %d workers", id, what, pid, workers);
+  NB_INFO(JOB, "job %s launched: %s (%s launcher), %d worker%s", id, what, launcher, workers,
+          workers == 1 ? "" : "s");
 }
 
 /* Records the end of a job's process: exit event, final state unless already final. */
