@@ -1,6 +1,7 @@
 /* main() of the `nebula` binary: the OpenBLAS kernel check (below), then nb_cli_main, where
  * everything else lives. A program that links libnebula itself gets nb_blas_check instead. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -61,6 +62,11 @@ static void nb__blas_reexec(char** argv) {
 }
 
 int main(int argc, char** argv) {
+  /* a log format that is not known stops every command before its first line */
+  if (nb_log_check_env() != NB_OK) {
+    fprintf(stderr, "nebula: %s\n", nb_error_last());
+    return NB_EXIT_USAGE;
+  }
   nb__blas_reexec(argv);
   return nb_cli_main(argc, argv);
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/tfevents.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
 #include "train/checkpoint.h"
@@ -69,7 +70,25 @@ typedef struct {
   long eval_step; /* of the last evaluation; -1 none */
   long step0;     /* the step this run started at (a resume's) */
   double max_seconds;
+  /* TensorBoard scalars in OUT/tb, opened at the first figure (a run that fails before its
+   * first step leaves no folder behind); NULL: off, not yet, or not writable */
+  nb_tfevents_t* tb;
+  const char* odir;
+  int tb_tried;
 } nb__train_ctx_t;
+
+/* The event file, at the first figure written (a failure warns once; training goes on). */
+static nb_tfevents_t* nb__train_tb(nb__train_ctx_t* x) {
+  if (x->tb_tried) return x->tb;
+  x->tb_tried = 1;
+  if (!nb_tfevents_enabled() || !x->odir) return NULL;
+  char dir[NB_TRAIN_PATH_MAX + 8];
+  snprintf(dir, sizeof dir, "%s/tb", x->odir);
+  if (nb_tfevents_open(dir, &x->tb) != NB_OK)
+    NB_WARN("%s; training goes on without TensorBoard events (NB_TENSORBOARD=0 turns them off)",
+            nb_error_last());
+  return x->tb;
+}
 
 static void nb__round_row(nb__train_ctx_t* x, const nb_train_progress_t* p) {
   x->loss_sum += p->loss;
@@ -84,6 +103,11 @@ static void nb__round_row(nb__train_ctx_t* x, const nb_train_progress_t* p) {
           x->round, x->round_steps, (unsigned long long)samples, (unsigned long long)samples, mean,
           p->elapsed_s - x->round_t0, x->round + 1);
   fflush(x->rounds);
+  nb_tfevents_t* tb = nb__train_tb(x);
+  nb_tfevents_scalar(tb, p->step, "loss", mean);
+  nb_tfevents_scalar(tb, p->step, "time/compute_s", p->elapsed_s - x->round_t0);
+  nb_tfevents_scalar(tb, p->step, "tokens_per_s", p->tokens_per_s);
+  nb_tfevents_flush(tb);
   x->round++;
   x->round_steps = 0;
   x->loss_sum = 0;
@@ -140,6 +164,14 @@ static int nb__on_progress(void* vctx, const nb_train_progress_t* p) {
     fprintf(x->curve, "\t%.4f\n", e->mean_bpb);
     fflush(x->curve);
   }
+  nb_tfevents_t* tb = nb__train_tb(x);
+  char tag[NB_TFEVENTS_TAG_MAX + 1];
+  for (int i = 0; i < e->n && tb; i++) {
+    snprintf(tag, sizeof tag, "eval/bpb/%s", e->label[i]);
+    nb_tfevents_scalar(tb, p->step, tag, e->bpb[i]);
+  }
+  nb_tfevents_scalar(tb, p->step, "eval/bpb_mean", e->mean_bpb);
+  nb_tfevents_flush(tb);
   return nb__train_signal != 0;
 }
 
@@ -395,6 +427,7 @@ static int nb__train_outputs(nb__train_run_t* r) {
   px->print_every = tc->max_steps >= 200 ? 25 : 5;
   px->max_steps = tc->max_steps;
   px->source = r->cl->id;
+  px->odir = r->odir;
   const char* progress_path = getenv("NB_JOB_PROGRESS");
   if (progress_path && *progress_path) {
     r->progress = fopen(progress_path, "a");
@@ -639,6 +672,7 @@ int nb_train_main(int argc, char** argv) {
   if (r.curve) fclose(r.curve);
   if (r.rounds) fclose(r.rounds);
   if (r.progress) fclose(r.progress);
+  nb_tfevents_close(r.px.tb);
   /* A run that failed before its first step leaves nothing behind of its own: no header-only
    * tsv files, no empty output folder. Once it trained, its files describe the checkpoints it
    * kept and stay. */

@@ -1,7 +1,8 @@
-/* Checksum wrappers over libxxhash and zlib. */
+/* Checksum wrappers over libxxhash and zlib, and CRC-32C, which neither has. */
 #include "common/checksum.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <xxhash.h>
 #include <zlib.h>
 
@@ -42,4 +43,24 @@ uint32_t nb_crc32(uint32_t crc, const void* data, size_t len) {
     len -= piece;
   }
   return (uint32_t)c;
+}
+
+/* CRC-32C's byte table, built once (256 entries of the reflected polynomial). */
+static uint32_t nb__crc32c_table[256];
+static pthread_once_t nb__crc32c_once = PTHREAD_ONCE_INIT;
+
+static void nb__crc32c_init(void) {
+  for (uint32_t i = 0; i < 256; i++) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    nb__crc32c_table[i] = c;
+  }
+}
+
+uint32_t nb_crc32c(uint32_t crc, const void* data, size_t len) {
+  pthread_once(&nb__crc32c_once, nb__crc32c_init);
+  const unsigned char* p = data;
+  uint32_t c = ~crc;
+  for (size_t i = 0; i < len; i++) c = nb__crc32c_table[(c ^ p[i]) & 0xff] ^ (c >> 8);
+  return ~c;
 }

@@ -1,6 +1,7 @@
-/* Checksums through libraries, not hand-written: XXH3-64 (libxxhash) for frames and fast
- * content hashes, CRC-32 (zlib) where a format mandates it. Not cryptographic: integrity
- * against an attacker is the job of security/ (AES-GCM tags, SHA-256). */
+/* Checksums through libraries where one has them: XXH3-64 (libxxhash) for frames and fast
+ * content hashes, CRC-32 (zlib) where a format mandates it. CRC-32C is the one written here: no
+ * library linked has it (zlib's is IEEE; Debian's abseil predates absl::crc32c). Not
+ * cryptographic: integrity against an attacker is the job of security/ (AES-GCM tags, SHA-256). */
 #ifndef NB_COMMON_CHECKSUM_H
 #define NB_COMMON_CHECKSUM_H
 
@@ -23,6 +24,11 @@ void nb_xxh3_destroy(nb_xxh3_state_t* s);
 
 /* CRC-32 (IEEE, zlib's crc32), continuing from crc (start with 0). */
 uint32_t nb_crc32(uint32_t crc, const void* data, size_t len);
+
+/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78, as in iSCSI, ext4 and TFRecord),
+ * continuing from crc (start with 0): nb_crc32c(0, "123456789", 9) = 0xE3069283. Table-driven,
+ * one byte at a time: for file formats, not for bulk data. Thread-safe. */
+uint32_t nb_crc32c(uint32_t crc, const void* data, size_t len);
 
 #ifdef __cplusplus
 }

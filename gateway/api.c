@@ -189,18 +189,24 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
   NB_CHECK(nb__caller(call, &user, &admin));
   const nb_tls_peer_t* peer = nb_rpc_call_peer(call);
   nb__gw_metric_submission(gw);
+  char who[NB_GW_STR];
+  snprintf(who, sizeof who, "%s '%.200s'", peer->kind == NB_TLS_PEER_USER ? "user" : "cluster",
+           user);
   if (peer->kind != NB_TLS_PEER_USER) {
-    nb__gw_metric_refusal(gw, "not_a_user");
-    return nb_error(NB_ERR_PERMISSION, "only user certificates may submit jobs (caller is %s '%s')",
-                    "cluster", peer->name);
+    nb_status_t r =
+        nb_error(NB_ERR_PERMISSION, "only user certificates may submit jobs (caller is %s '%s')",
+                 "cluster", peer->name);
+    nb__gw_metric_refusal(gw, "Submit", who, "not_a_user", nb_error_last());
+    return r;
   }
   ProtobufCMessage* m = NULL;
   int end = 0;
   NB_CHECK(nb_rpc_call_recv_pb(call, &nebula__v1__submit_request__descriptor, &m, &end,
                                NB_RPC_INFINITE));
   if (!m) {
-    nb__gw_metric_refusal(gw, "submit_incomplete");
-    return nb_error(NB_ERR_INVALID, "Submit: no request");
+    nb_status_t r = nb_error(NB_ERR_INVALID, "Submit: no request");
+    nb__gw_metric_refusal(gw, "Submit", who, "submit_incomplete", nb_error_last());
+    return r;
   }
   Nebula__V1__SubmitRequest* req = (Nebula__V1__SubmitRequest*)m;
   nb_status_t s = NB_OK;
@@ -290,6 +296,8 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
     nb_free(text);
     if (s != NB_OK) goto done;
   }
+  NB_INFO(JOB, "job %s accepted from %s: %d cluster%s, %d workers here", id, who, np,
+          np == 1 ? "" : "s", my_workers);
   NB_CHECK_GOTO(nb_job_store_transition(st, id, NB_JOB_PROPOSED, NULL), s, done);
   if (fed) {
     /* two-phase with every other cluster; on failure the job is failed here and Submit fails */
@@ -302,6 +310,7 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
     s = nb__gw_jobdir_write(gw, id, req->descriptor.data, req->descriptor.len, req->signature.data,
                             req->signature.len, req->cert_pem);
     if (s == NB_OK) s = nb__gw_launch(gw, st, id, my_workers, NULL);
+    if (s == NB_OK) nb__gw_log_launched(gw, id);
     if (s != NB_OK) {
       char reason[512];
       snprintf(reason, sizeof reason, "launch failed: %s", nb_error_last());
@@ -309,10 +318,9 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
       NB_WARN("job %s: %s", id, reason);
     }
   }
-  NB_INFO(JOB, "job %s submitted by %s", id, user);
   s = nb__send_job(call, gw, st, id, 1);
 done:
-  if (s != NB_OK && refused) nb__gw_metric_refusal(gw, refused);
+  if (s != NB_OK && refused) nb__gw_metric_refusal(gw, "Submit", who, refused, nb_error_last());
   nb__gw_signed_clear(&sd);
   nb_job_store_close(st);
   protobuf_c_message_free_unpacked(m, NULL);

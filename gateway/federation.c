@@ -167,6 +167,13 @@ static nb_status_t nb__fed_call(nb_gateway_t* gw, const char* cluster, const cha
     s = nb_rpc_unary_pb(c, m, req, rd, resp, deadline, 0);
     nb__gw_metric_fed_call(gw, method, s);
   }
+  /* the lifecycle line of every call but a Report that went through (one per few seconds) */
+  if (s != NB_OK || strcmp(method, "Report")) {
+    const char* job = nb__gw_req_job_id(req);
+    NB_INFO(JOB, "federation %s to cluster '%s' for job %s: %s%s%s", method, cluster,
+            job && *job ? job : "-", s == NB_OK ? "ok" : nb_status_name(s), s == NB_OK ? "" : ": ",
+            s == NB_OK ? "" : nb_error_last());
+  }
   return s;
 }
 
@@ -212,7 +219,9 @@ nb_status_t nb__gw_fed_start(nb_gateway_t* gw, nb_job_store_t* st, const char* i
   if (!wk.listen)
     return nb_error(NB_ERR_INVALID, "no Exchange endpoint for cluster '%s'", gw->cfg.cluster_id);
   NB_CHECK(nb__gw_fetch_base(gw, st, id, secret));
-  return nb__gw_launch(gw, st, id, workers, clusters > 1 ? &wk : NULL);
+  NB_CHECK(nb__gw_launch(gw, st, id, workers, clusters > 1 ? &wk : NULL));
+  nb__gw_log_launched(gw, id);
+  return NB_OK;
 }
 
 /* Maps a failed peer call to what Submit answers: refusals keep their code; a peer that cannot

@@ -97,6 +97,16 @@ static nb_status_t nb__fed_serve(nb_rpc_call_t* call, nb_gateway_t* gw, const vo
     loaded = s == NB_OK;
   }
   if (s == NB_OK) s = m->serve(call, &c, req);
+  /* the lifecycle line of a peer's call (a Report or Logs that went through: none) */
+  if (s != NB_OK || (strcmp(m->method, "Report") && strcmp(m->method, "Logs"))) {
+    const char* job = nb__gw_req_job_id(req);
+    if (s == NB_OK)
+      NB_INFO(JOB, "federation %s from cluster '%s' for job %s: ok", m->method, c.caller,
+              job && *job ? job : "-");
+    else
+      NB_INFO(JOB, "federation %s from cluster '%s' for job %s: refused (%s): %s", m->method,
+              c.caller, job && *job ? job : "-", nb_status_name(s), nb_error_last());
+  }
   if (loaded) nb__gw_fed_release(&c.fed, c.info);
   nb_job_store_close(c.st);
   protobuf_c_message_free_unpacked(req, NULL);

@@ -40,16 +40,21 @@ nb_status_t nb__gw_limited(nb_rpc_call_t* call, void* user_data) {
     return nb_error(NB_ERR_NOMEM, "gateway '%s' serves calls of at most %d identities at once",
                     gw->cfg.cluster_id, NB__MAX_IDENTITIES);
   if (n >= limit) {
-    nb__gw_metric_refusal(gw, "call_limit");
     NB_WARN("%s '%s' has %d calls in flight, refusing another (limits.calls_per_identity)",
             p->kind == NB_TLS_PEER_CLUSTER ? "cluster" : "user", p->name, n);
     /* NB_ERR_NOMEM is what the RPC layer answers as RESOURCE_EXHAUSTED */
-    return nb_error(NB_ERR_NOMEM,
-                    "%s '%s' already has %d calls in flight at gateway '%s', the limit per "
-                    "identity (limits.calls_per_identity = %d): end one (a watch or logs -f) "
-                    "and try again",
-                    p->kind == NB_TLS_PEER_CLUSTER ? "cluster" : "user", p->name, n,
-                    gw->cfg.cluster_id, limit);
+    nb_status_t r = nb_error(NB_ERR_NOMEM,
+                             "%s '%s' already has %d calls in flight at gateway '%s', the limit "
+                             "per identity (limits.calls_per_identity = %d): end one (a watch or "
+                             "logs -f) and try again",
+                             p->kind == NB_TLS_PEER_CLUSTER ? "cluster" : "user", p->name, n,
+                             gw->cfg.cluster_id, limit);
+    char who[sizeof key + 8];
+    snprintf(who, sizeof who, "%s '%s'", p->kind == NB_TLS_PEER_CLUSTER ? "cluster" : "user",
+             p->name);
+    const char* method = strrchr(h->m->path, '/');
+    nb__gw_metric_refusal(gw, method ? method + 1 : h->m->path, who, "call_limit", nb_error_last());
+    return r;
   }
   nb_status_t st = h->m->fn(call, gw, h->m->spec);
   pthread_mutex_lock(&gw->lim_mu);

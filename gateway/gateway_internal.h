@@ -252,6 +252,8 @@ void* nb__gw_monitor(void* arg);
 void nb__gw_tail_progress(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t* a);
 void nb__gw_job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t* a, int code, int sig,
                       const char* how);
+/* The lifecycle line of a job just launched (its pid and launcher, from active[]). */
+void nb__gw_log_launched(nb_gateway_t* gw, const char* id);
 
 /* publish.c: artifacts of jobs */
 nb_status_t nb__gw_artifact_job(void* user, const char* job_id, const char* peer,
@@ -275,7 +277,11 @@ nb_status_t nb__gw_store_present(nb_gateway_t* gw);
 nb_status_t nb__gw_metrics_start(nb_gateway_t* gw);
 void nb__gw_metrics_stop(nb_gateway_t* gw);
 void nb__gw_metric_submission(nb_gateway_t* gw);
-void nb__gw_metric_refusal(nb_gateway_t* gw, const char* reason);
+/* A refused call: counted under reason (the label of nebula_gateway_refusals_total) and logged
+ * at INFO (JOB) naming the method, the caller ("user 'alice'", "cluster 'dc-b'"), the reason and
+ * detail (the error answered; never a secret). */
+void nb__gw_metric_refusal(nb_gateway_t* gw, const char* method, const char* caller,
+                           const char* reason, const char* detail);
 void nb__gw_metric_fed_call(nb_gateway_t* gw, const char* method, nb_status_t st);
 
 /* gateway.c: the per-identity call limit every handler but the health Check passes */

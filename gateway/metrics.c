@@ -110,7 +110,10 @@ void nb__gw_metric_submission(nb_gateway_t* gw) {
   nb_prom_add(gw->prom, "nebula_gateway_submissions_total", NULL, 1);
 }
 
-void nb__gw_metric_refusal(nb_gateway_t* gw, const char* reason) {
+void nb__gw_metric_refusal(nb_gateway_t* gw, const char* method, const char* caller,
+                           const char* reason, const char* detail) {
+  NB_INFO(JOB, "%s refused: %s: reason %s: %s", method, caller, reason,
+          detail && *detail ? detail : "-");
   nb_prom_add(gw->prom, "nebula_gateway_refusals_total", (const char*[]){reason}, 1);
 }
 

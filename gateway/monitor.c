@@ -53,6 +53,22 @@ void nb__gw_tail_progress(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t*
   (void)gw;
 }
 
+void nb__gw_log_launched(nb_gateway_t* gw, const char* id) {
+  char what[64] = "?";
+  const char* launcher = "?";
+  int workers = 0;
+  pthread_mutex_lock(&gw->active_mu);
+  int k = nb__gw_active_find(gw, id);
+  if (k >= 0) {
+    nb_launcher_describe(&gw->active[k].launch, what, sizeof what);
+    launcher = nb_launcher_name(gw->active[k].launch.kind);
+    workers = gw->active[k].workers;
+  }
+  pthread_mutex_unlock(&gw->active_mu);
+  NB_INFO(JOB, "job %s launched: %s (%s launcher), %d worker%s", id, what, launcher, workers,
+          workers == 1 ? "" : "s");
+}
+
 /* Records the end of a job's process: exit event, final state unless already final. */
 void nb__gw_job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t* a, int code, int sig,
                       const char* how) {
@@ -103,6 +119,9 @@ void nb__gw_job_ended(nb_gateway_t* gw, nb_job_store_t* store, nb__active_t* a, 
       if (gw->n_publish < 16) snprintf(gw->publish[gw->n_publish++], NB_JOB_ID_MAX, "%s", a->id);
       pthread_mutex_unlock(&gw->queue_mu);
     }
+    NB_INFO(JOB, "job %s finished: %s, exit code %d%s%s, %s%s%s", a->id, what, code,
+            sig ? ", signal " : "", sig ? strsignal(sig) : "", nb_job_state_name(to),
+            reason[0] ? ": " : "", reason);
     if (origin) {
       /* this cluster's part of a federated job ended: the job's state is the aggregate */
       nb__gw_fed_cluster_state(store, a->id, info, gw->cfg.cluster_id, nb_job_state_name(to),

@@ -57,6 +57,12 @@ PIP_HF=(
   peft==0.17.1
 )
 
+# tests/unit/worker/worker_tensorboard.sh reads nebula's event files back with TensorBoard's
+# EventAccumulator: its own call, so that its failure costs only that test (it skips)
+PIP_TB=(
+  tensorboard==2.21.0
+)
+
 stamp_dir="${NB_SETUP_STAMP_DIR:-.cache}"
 mkdir -p "$stamp_dir"
 
@@ -112,3 +118,4 @@ PYEOF
 pip_install_set interop "${PIP_PKGS[@]}"
 pip_install_set torch "${PIP_TORCH[@]}"
 pip_install_set hf "${PIP_HF[@]}"
+pip_install_set tensorboard "${PIP_TB[@]}"

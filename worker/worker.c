@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/tfevents.h"
 #include "compress/compress.h"
 #include "inter/estimator.h"
 #include "inter/exchange.h"
@@ -345,8 +346,9 @@ typedef struct {
   double compute_s, exchange_s, codec_s, last_loss, density_sum;
   uint64_t wan_bytes, msg_bytes;
   long steps_done, step0, skipped, late, jumps, pulls, prev_r;
-  double t_rounds; /* when this run's first round began: the ETA's pace */
-  nb_prom_t* prom; /* NEBULA_METRICS_LISTEN: the leader's metrics; NULL = off */
+  double t_rounds;   /* when this run's first round began: the ETA's pace */
+  nb_prom_t* prom;   /* NEBULA_METRICS_LISTEN: the leader's metrics; NULL = off */
+  nb_tfevents_t* tb; /* OUT/tb: TensorBoard scalars each round; NULL = off or not writable */
 } nb__wk_t;
 
 #define NB__WK_TRY(call)                         \
@@ -710,6 +712,28 @@ static nb_worker_outcome_t nb__wk_metrics_start(nb__wk_t* w) {
   return NB_WORKER_DONE;
 }
 
+/* OUT/tb/events.out.tfevents.*: a new file per run (TensorBoard reads them all, resumed runs
+ * too). One that cannot be made is a warning: training goes on without it. */
+static void nb__wk_tensorboard_open(nb__wk_t* w) {
+  if (!nb_tfevents_enabled()) return;
+  char dir[sizeof w->odir + 8];
+  snprintf(dir, sizeof dir, "%s/tb", w->odir);
+  if (nb_tfevents_open(dir, &w->tb) != NB_OK)
+    NB_WARN("%s; training goes on without TensorBoard events (NB_TENSORBOARD=0 turns them off)",
+            nb_error_last());
+}
+
+/* The held-out figures as TensorBoard scalars at `step`: each language's and the mean. */
+static void nb__wk_tensorboard_eval(nb__wk_t* w, long step, const nb_train_eval_t* ev) {
+  char tag[NB_TFEVENTS_TAG_MAX + 1];
+  for (int i = 0; i < ev->n; i++) {
+    snprintf(tag, sizeof tag, "eval/bpb/%s", ev->label[i]);
+    nb_tfevents_scalar(w->tb, step, tag, ev->bpb[i]);
+  }
+  nb_tfevents_scalar(w->tb, step, "eval/bpb_mean", ev->mean_bpb);
+  nb_tfevents_flush(w->tb);
+}
+
 /* The banner and rounds.tsv (appended to on --resume and --rejoin). */
 static nb_worker_outcome_t nb__wk_open_log(nb__wk_t* w) {
   const nb_job_config_t* job = w->job;
@@ -735,6 +759,7 @@ static nb_worker_outcome_t nb__wk_open_log(nb__wk_t* w) {
   w->steps_done = w->step0 = nb_trainer_step(w->t);
   w->prev_r = w->round0 - 1;
   w->t_rounds = nb_now_s();
+  nb__wk_tensorboard_open(w);
   return nb__wk_metrics_start(w);
 }
 
@@ -850,9 +875,22 @@ static void nb__wk_log(nb__wk_t* w, long r, const nb_hybrid_round_t* rec, const 
            rec->peers_ok, w->n_peers, rec->peers_alive, (double)nb_wall_ns() / 1e9);
   w->prev_r = r;
   fflush(stdout);
+  nb_estimate_t est;
+  nb__wk_estimate(w->ex, &est);
+  if (w->tb) { /* the step axis: inner steps done; statuses ignored (a failure warns once) */
+    long st = w->steps_done;
+    nb_tfevents_scalar(w->tb, st, "loss", rec->loss);
+    nb_tfevents_scalar(w->tb, st, "density", rec->density);
+    nb_tfevents_scalar(w->tb, st, "wan/bytes_sent", (double)rec->bytes_sent);
+    nb_tfevents_scalar(w->tb, st, "wan/msg_bytes", (double)rec->msg_bytes);
+    nb_tfevents_scalar(w->tb, st, "wan/goodput_bytes_per_s", est.goodput_Bps);
+    nb_tfevents_scalar(w->tb, st, "wan/rtt_s", est.rtt_s);
+    nb_tfevents_scalar(w->tb, st, "time/compute_s", rec->compute_s);
+    nb_tfevents_scalar(w->tb, st, "time/exchange_s", rec->exchange_s);
+    nb_tfevents_scalar(w->tb, st, "peers_alive", (double)rec->peers_alive);
+    nb_tfevents_flush(w->tb);
+  }
   if (w->prom) {
-    nb_estimate_t est;
-    nb__wk_estimate(w->ex, &est);
     nb_leader_figures_t f = {
         .round = r + 1,
         .rounds = w->rounds,
@@ -884,6 +922,7 @@ static nb_worker_outcome_t nb__wk_eval_round(nb__wk_t* w, long r) {
   if (nb_trainer_eval(w->t, &mid) != NB_OK) return nb__wk_fail(w->cluster, "evaluation");
   printf("eval after round %ld: mean %.4f bpb\n", r + 1, mid.mean_bpb);
   nb_leader_metrics_eval(w->prom, r + 1, mid.mean_bpb);
+  nb__wk_tensorboard_eval(w, nb_trainer_step(w->t), &mid);
   json_t* e = json_object();
   json_object_set_new(e, "round", json_integer(r + 1));
   json_object_set_new(e, "step", json_integer(nb_trainer_step(w->t)));
@@ -1114,6 +1153,7 @@ static nb_worker_outcome_t nb__wk_finish(nb__wk_t* w) {
                           &tr_scores) != NB_OK)
     NB_WARN("no translation scores in the summary: %s", nb_error_last());
   double eval_s = nb_now_s() - te;
+  nb__wk_tensorboard_eval(w, nb_trainer_step(w->t), &ev);
   snprintf(w->path, sizeof w->path, "%s/final.safetensors", w->odir);
   nb_lora_t* lora = nb_trainer_lora(w->t);
   if ((lora && nb_lora_merge(lora) != NB_OK) ||
@@ -1136,6 +1176,7 @@ static nb_worker_outcome_t nb__wk_finish(nb__wk_t* w) {
  * the whole cluster goes down. */
 static void nb__wk_release(nb__wk_t* w, nb_worker_outcome_t rc) {
   nb_prom_destroy(w->prom);
+  nb_tfevents_close(w->tb);
   json_decref(w->evals);
   json_decref(w->decisions);
   if (w->tsv) fclose(w->tsv);

@@ -21,6 +21,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+
 #include "common/common.h"
 #include "inter/rpc.h"
 #include "gateway/artifact.h"
@@ -79,6 +81,124 @@ static int teardown(void** state) {
   gwt_reap();
   if (!getenv("NB_TEST_KEEP")) gwt_remove_dir(g_dir);
   return 0;
+}
+
+/* The gateways' lifecycle lines (NB_DEBUG=INFO, subsystem JOB) as JSON lines into
+ * g_dir/gateways.log, set before the gateways start; the workers they launch inherit it and
+ * append their own. */
+static int setup_logged(void** state) {
+  (void)state;
+  gwt_make_dir(g_dir, sizeof g_dir, "nb_fed");
+  char p[512];
+  snprintf(p, sizeof p, "%s/gateways.log", g_dir);
+  setenv("NB_DEBUG", "INFO", 1);
+  setenv("NB_DEBUG_SUBSYS", "JOB", 1);
+  setenv("NB_LOG_FORMAT", "json", 1);
+  setenv("NB_DEBUG_FILE", p, 1);
+  nb_log_reload();
+  const char* clusters[] = {"dc-a", "dc-b", "dc-c"};
+  const char* users[] = {"alice", "bob"};
+  gwt_make_pki(g_dir, clusters, 3, users, 2, NULL, NULL);
+  gwt_start_pair(g_port, g_cfg, g_gw, make_config);
+  return 0;
+}
+
+static int teardown_logged(void** state) {
+  gwt_stop_pair(g_gw); /* before the logger goes back to stderr: no thread logs any more */
+  unsetenv("NB_DEBUG");
+  unsetenv("NB_DEBUG_SUBSYS");
+  unsetenv("NB_LOG_FORMAT");
+  unsetenv("NB_DEBUG_FILE");
+  nb_log_reload();
+  return teardown(state);
+}
+
+/* g_dir/gateways.log: every line must be one JSON object; their "msg" fields joined by newlines
+ * into *msgs, the raw bytes into *raw (*raw_len bytes). The caller frees both. */
+static void read_gateway_log(char** msgs, char** raw, size_t* raw_len) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/gateways.log", g_dir);
+  FILE* f = fopen(p, "rb");
+  assert_non_null(f);
+  size_t cap = 1 << 16, n = 0, mn = 0;
+  char* buf = malloc(cap);
+  size_t k;
+  while ((k = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+    n += k;
+    if (n + 1 == cap) buf = realloc(buf, cap *= 2);
+  }
+  fclose(f);
+  buf[n] = 0;
+  char* out = malloc(n + 1);
+  out[0] = 0;
+  int lines = 0;
+  for (char *line = buf, *nl; line < buf + n; line = nl + 1) {
+    nl = memchr(line, '\n', (size_t)(buf + n - line));
+    assert_non_null(nl); /* every line ends with a newline */
+    json_error_t err;
+    json_t* j = json_loadb(line, (size_t)(nl - line), 0, &err);
+    if (!j)
+      fail_msg("gateway log line %d is not JSON: %s: %.*s", lines + 1, err.text, (int)(nl - line),
+               line);
+    const char* m = json_string_value(json_object_get(j, "msg"));
+    assert_non_null(m);
+    mn += (size_t)sprintf(out + mn, "%s\n", m);
+    json_decref(j);
+    lines++;
+  }
+  assert_true(lines > 0);
+  *msgs = out;
+  *raw = buf;
+  *raw_len = n;
+}
+
+/* The 32 bytes of job id's secret (cluster i's job.secret) appear in raw neither as bytes nor
+ * in hex (either case) nor in base64. */
+static void assert_secret_not_logged(int i, const char* id, const char* raw, size_t raw_len) {
+  char p[800];
+  snprintf(p, sizeof p, "%s/%s/job.secret", g_cfg[i].work_dir, id);
+  uint8_t secret[32];
+  FILE* f = fopen(p, "rb");
+  assert_non_null(f);
+  assert_int_equal(fread(secret, 1, sizeof secret, f), sizeof secret);
+  fclose(f);
+  char hex[65], HEX[65], b64[64];
+  for (int b = 0; b < 32; b++) {
+    snprintf(hex + 2 * b, 3, "%02x", secret[b]);
+    snprintf(HEX + 2 * b, 3, "%02X", secret[b]);
+  }
+  EVP_EncodeBlock((unsigned char*)b64, secret, sizeof secret);
+  assert_null(memmem(raw, raw_len, secret, sizeof secret));
+  assert_null(memmem(raw, raw_len, hex, 64));
+  assert_null(memmem(raw, raw_len, HEX, 64));
+  assert_null(memmem(raw, raw_len, b64, strlen(b64)));
+  assert_null(memmem(raw, raw_len, hex, 16)); /* not even a prefix */
+}
+
+/* Fails unless msgs holds a line containing every one of the NULL-terminated parts, in order. */
+static void assert_line(const char* msgs, ...) {
+  va_list ap;
+  for (const char* line = msgs; *line;) {
+    const char* end = strchr(line, '\n');
+    size_t len = end ? (size_t)(end - line) : strlen(line);
+    char one[2048];
+    snprintf(one, sizeof one, "%.*s", (int)len, line);
+    const char* at = one;
+    va_start(ap, msgs);
+    for (const char* part; at && (part = va_arg(ap, const char*));) {
+      at = strstr(at, part);
+      if (at) at += strlen(part);
+    }
+    va_end(ap);
+    if (at) return;
+    line += len + (end ? 1 : 0);
+  }
+  va_start(ap, msgs);
+  char want[1024] = "";
+  for (const char* part; (part = va_arg(ap, const char*));)
+    snprintf(want + strlen(want), sizeof want - strlen(want), "%s ... ", part);
+  va_end(ap);
+  fail_msg("no gateway log line with: %s\nlog:\n%s", want, msgs);
 }
 
 static nb_rpc_client_t* client_as(const char* user, nb_tls_t** tls_out, int gw) {
@@ -236,6 +356,28 @@ static void test_two_clusters(void** state) {
     snprintf(p, sizeof p, "%s/jobs.db%s", g_cfg[1].work_dir, sfx[i]);
     if (stat(p, &sb) == 0) assert_int_equal(sb.st_mode & 0777, 0600);
   }
+  /* the lifecycle in the gateways' log (both write to one file here), never the secret */
+  char *msgs, *raw;
+  size_t raw_len;
+  read_gateway_log(&msgs, &raw, &raw_len);
+  assert_line(msgs, "job ", id, " accepted from user 'alice': 2 clusters, 1 workers here", NULL);
+  assert_line(msgs, "federation Propose to cluster 'dc-b' for job ", id, ": ok", NULL);
+  assert_line(msgs, "job ", id, " proposed by dc-a for user alice", NULL);
+  assert_line(msgs, "federation Commit to cluster 'dc-b' for job ", id, ": ok", NULL);
+  assert_line(msgs, "federation Commit from cluster 'dc-a' for job ", id, ": ok", NULL);
+  int launched = 0, finished = 0;
+  char want[256];
+  snprintf(want, sizeof want, "job %s launched: process ", id);
+  for (const char* q = msgs; (q = strstr(q, want)); q++) launched++;
+  snprintf(want, sizeof want, "job %s finished: ", id);
+  for (const char* q = msgs; (q = strstr(q, want)); q++) finished++;
+  assert_int_equal(launched, 2); /* one per cluster */
+  assert_int_equal(finished, 2);
+  assert_line(msgs, "job ", id, " finished: ", ", exit code 0, succeeded", NULL);
+  assert_secret_not_logged(0, id, raw, raw_len);
+  assert_secret_not_logged(1, id, raw, raw_len);
+  free(msgs);
+  free(raw);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
 }
@@ -274,6 +416,20 @@ static void test_peer_refuses(void** state) {
   char p[1200];
   snprintf(p, sizeof p, "%s/%s/out", g_cfg[0].work_dir, id);
   assert_int_equal(access(p, F_OK), -1);
+  /* each refusal in the log with the caller's identity and the reason of
+   * nebula_gateway_refusals_total, and the peer's side of it */
+  char *msgs, *raw;
+  size_t raw_len;
+  read_gateway_log(&msgs, &raw, &raw_len);
+  assert_line(msgs,
+              "Submit refused: user 'bob': reason federation: ", "cluster 'dc-b' refused the job",
+              NULL);
+  assert_line(msgs, "Submit refused: user 'bob': reason unknown_cluster: ",
+              "cluster 'dc-c', which is not a peer", NULL);
+  assert_line(msgs, "federation Propose to cluster 'dc-b' for job ", id,
+              ": NB_ERR_PERMISSION: ", NULL);
+  free(msgs);
+  free(raw);
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
 }
@@ -809,8 +965,8 @@ int main(int argc, char** argv) {
   memcpy(g_data, data, strlen(data) + 1); /* length checked above */
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_two_clusters, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_peer_refuses, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_two_clusters, setup_logged, teardown_logged),
+      cmocka_unit_test_setup_teardown(test_peer_refuses, setup_logged, teardown_logged),
       cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cancel_peer_down, setup, teardown),
       cmocka_unit_test_setup_teardown(test_peer_fails, setup, teardown),

@@ -445,9 +445,48 @@ static void test_report(void** state) {
   nb_gateway_destroy(gw);
 }
 
+/* The gateway's lifecycle lines (NB_DEBUG=INFO, subsystem JOB, text) into g_dir/<name>: set
+ * before the gateway starts, read back after it is destroyed (log_end; the caller frees). */
+static void log_begin(const char* name) {
+  char p[512];
+  path_of(p, sizeof p, name);
+  setenv("NB_DEBUG", "INFO", 1);
+  setenv("NB_DEBUG_SUBSYS", "JOB", 1);
+  setenv("NB_DEBUG_FILE", p, 1);
+  nb_log_reload();
+}
+
+static char* log_end(const char* name) {
+  unsetenv("NB_DEBUG");
+  unsetenv("NB_DEBUG_SUBSYS");
+  unsetenv("NB_DEBUG_FILE");
+  nb_log_reload();
+  char p[512];
+  path_of(p, sizeof p, name);
+  FILE* f = fopen(p, "rb");
+  assert_non_null(f);
+  char* b = calloc(1, 1 << 20);
+  assert_non_null(b);
+  size_t n = fread(b, 1, (1 << 20) - 1, f);
+  fclose(f);
+  b[n] = 0;
+  return b;
+}
+
+/* Fails unless one line of log holds a, then b (NULL: only a) after it. */
+static void assert_log_line(const char* log, const char* a, const char* b) {
+  for (const char* at = log; (at = strstr(at, a)); at++) {
+    const char* eol = strchr(at, '\n');
+    const char* hit = b ? strstr(at + strlen(a), b) : at;
+    if (hit && (!eol || hit < eol)) return;
+  }
+  fail_msg("no log line with '%s' ... '%s' in:\n%s", a, b ? b : "", log);
+}
+
 static void test_refusals(void** state) {
   (void)state;
   nb_gateway_t* gw = NULL;
+  log_begin("refusals.log");
   assert_int_equal(nb_gateway_create(&g_cfg, &gw), NB_OK);
   int port = nb_gateway_port(gw);
   char doc[1024];
@@ -521,6 +560,21 @@ static void test_refusals(void** state) {
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
   nb_gateway_destroy(gw);
+  /* each refusal logged with the caller and the reason nebula_gateway_refusals_total counts */
+  char* log = log_end("refusals.log");
+  assert_log_line(log, "Submit refused: user 'mallory': reason acl: ", "not in this gateway's ACL");
+  assert_log_line(log, "Submit refused: user 'bob': reason acl: ", "may not run jobs on cluster");
+  assert_log_line(log,
+                  "Submit refused: user 'alice': reason signature: ", "signature does not verify");
+  assert_log_line(log,
+                  "Submit refused: user 'alice': reason signature: ", "signer certificate refused");
+  assert_log_line(log, "Submit refused: user 'alice': reason acl: ", "at most 2 workers");
+  assert_log_line(
+      log, "Submit refused: user 'alice': reason federation: ", "cluster 'dc-b' refused the job");
+  assert_log_line(log, "federation Propose to cluster 'dc-b' for job two-", ": NB_ERR_UNAVAILABLE");
+  assert_log_line(log, "Submit refused: user 'alice': reason descriptor: ", "$.metadata.name");
+  assert_log_line(log, "NB INFO JOB ", "(metrics.c:");
+  free(log);
 }
 
 /* One call with hand-made credentials from g_dir/<who>.{crt,key} (the wrapper refuses to load a
@@ -764,6 +818,7 @@ static void cancel(nb_rpc_client_t* cli, const char* id, const char* expect_stat
 static void test_cancel_and_fail(void** state) {
   (void)state;
   nb_gateway_t* gw = NULL;
+  log_begin("cancel.log");
   assert_int_equal(nb_gateway_create(&g_cfg, &gw), NB_OK);
   nb_tls_t* tls = NULL;
   nb_rpc_client_t* cli = client_as("alice", &tls, nb_gateway_port(gw));
@@ -808,6 +863,19 @@ static void test_cancel_and_fail(void** state) {
   nb_rpc_client_destroy(cli);
   nb_tls_destroy(tls);
   nb_gateway_destroy(gw);
+  /* each job's lifecycle: accepted, launched, finished with its code and state */
+  char* log = log_end("cancel.log");
+  char want[128];
+  snprintf(want, sizeof want, "job %s accepted from user 'alice': ", id);
+  assert_log_line(log, want, "1 cluster, 1 workers here");
+  snprintf(want, sizeof want, "job %s launched: process ", id);
+  assert_log_line(log, want, "(local launcher), 1 worker");
+  snprintf(want, sizeof want, "job %s finished: process ", id);
+  assert_log_line(log, want, ", exit code 3, failed: process ");
+  assert_log_line(log, "job sleepy-", "finished: process ");
+  assert_log_line(log, "job sleepy-", ", cancelled: cancelled by alice");
+  assert_log_line(log, "job stray-", ", exit code 0, succeeded");
+  free(log);
 }
 
 static void test_slots(void** state) {
