@@ -381,7 +381,7 @@ static void nb__rp_chart(FILE* f, const nb__rp_chart_t* ch, const nb__rp_series_
     fprintf(f,
             "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
             "<text class=\"tick x\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
-            px, T, px, T + ph, px, T + ph + 14, ax.label[k]);
+            px, T, px, T + ph, px, T + ph + 18, ax.label[k]);
   }
   for (int k = 0; k < ay.n; k++) {
     double py = NB__PY(ay.v[k]);
