@@ -452,6 +452,14 @@ static const char* nb__rp_str(json_t* o, const char* k) {
   return s ? s : "";
 }
 
+/* Escaped text, or a dash for an empty one. */
+static void nb__rp_text(FILE* f, const char* s) {
+  if (s && *s)
+    nb__rp_esc(f, s);
+  else
+    fputs("&ndash;", f);
+}
+
 /* ---- translation quality (chrF/BLEU of the base and the final model per pair) ---- */
 
 /* A score in [0, 100], else NaN (missing, not a number, out of range). */
@@ -768,7 +776,8 @@ static void nb__rp_config(FILE* f, const nb__rp_cluster_t* c, int n, const nb_jo
           NB_VERSION_STRING, when);
 }
 
-/* Whether every round of every cluster has one density; *v gets it. Per cluster into per[]. */
+/* Whether every round of every cluster has one density; *per_cluster: whether each cluster has
+ * one of its own. */
 static int nb__rp_density_const(const nb__rp_cluster_t* c, int n, int* per_cluster) {
   int all = 1;
   *per_cluster = 1;
@@ -790,12 +799,17 @@ static void nb__rp_eval_html(FILE* f, nb__rp_cluster_t* c, int n, nb__rp_series_
   int langs = n + nlang <= 12;
   fputs("<h2>Held-out evaluation</h2>\n", f);
   if (any) {
+    /* a colour per cluster when only means are drawn; with languages a colour per line (the
+     * mean solid, languages dashed) so that two languages of one cluster stay apart */
+    int per_line = langs && nlang > 0;
     for (int i = 0; i < n; i++) {
       if (c[i].ne == 0) continue;
-      s[ns++] = (nb__rp_series_t){c[i].id, "mean", c[i].ev_step, c[i].ev_mean, c[i].ne, i, 0};
-      for (int k = 0; langs && k < c[i].nl; k++)
-        s[ns++] =
-            (nb__rp_series_t){c[i].id, c[i].lang[k], c[i].ev_step, c[i].ev_lang[k], c[i].ne, i, 1};
+      s[ns] = (nb__rp_series_t){c[i].id,           "mean", c[i].ev_step, c[i].ev_mean, c[i].ne,
+                                per_line ? ns : i, 0};
+      ns++;
+      for (int k = 0; langs && k < c[i].nl; k++, ns++)
+        s[ns] =
+            (nb__rp_series_t){c[i].id, c[i].lang[k], c[i].ev_step, c[i].ev_lang[k], c[i].ne, ns, 1};
     }
     const nb__rp_chart_t ch = {"chart-eval",
                                "Held-out bits per byte vs inner step",
@@ -863,9 +877,9 @@ static void nb__rp_html(FILE* f, const char* title, nb__rp_cluster_t* c, int n, 
     fputs("<tr><td>", f);
     nb__rp_esc(f, c[i].id);
     fputs("</td><td>", f);
-    nb__rp_esc(f, nb__rp_str(j, "mode"));
+    nb__rp_text(f, nb__rp_str(j, "mode"));
     fputs("</td><td>", f);
-    nb__rp_esc(f, nb__rp_str(j, "values"));
+    nb__rp_text(f, nb__rp_str(j, "values"));
     fprintf(f, "</td><td>%d</td>", c[i].n);
     nb__rp_cell(f, nb__rp_num(j, "final_train_loss"), "%.4f");
     nb__rp_cell(f, nb__rp_num(j, "final_eval_mean_bpb"), "%.4f");
@@ -882,7 +896,11 @@ static void nb__rp_html(FILE* f, const char* title, nb__rp_cluster_t* c, int n, 
       "log) per byte, the model's token; divided by ln 2 it is bits per byte. eval: the final "
       "held-out bits per byte (log base 2), mean over the cluster's languages.</p>\n",
       f);
-  if (same) {
+  int hashes = 0;
+  for (int i = 0; i < n; i++) hashes += *nb__rp_str(c[i].sum, "global_xxh3") != 0;
+  if (hashes == 0) {
+    fputs("<p>&theta;<sub>global</sub>: no cluster's summary records one (no exchange).</p>\n", f);
+  } else if (same) {
     fputs("<p>&theta;<sub>global</sub> <code>", f);
     nb__rp_esc(f, nb__rp_str(c[0].sum, "global_xxh3"));
     fputs("</code> (xxh3) identical on every cluster.</p>\n", f);
@@ -932,10 +950,13 @@ static void nb__rp_html(FILE* f, const char* title, nb__rp_cluster_t* c, int n, 
                                  1};
     nb__rp_chart(f, &good, s, n);
   } else {
-    fputs("<p id=\"no-wan\">No bytes were sent over the WAN in any round.</p>\n", f);
+    fputs(
+        "<p id=\"no-wan\">No bytes were sent over the WAN in any round (no exchange): bytes, "
+        "goodput and density are not charted.</p>\n",
+        f);
   }
-  int per = 0;
-  if (nb__rp_density_const(c, n, &per)) {
+  int per = 0, all = wan && nb__rp_density_const(c, n, &per); /* without exchange: nothing */
+  if (all) {
     json_t* ad = json_object_get(c[0].sum, "adaptive");
     fprintf(f,
             "<p id=\"density-constant\">Density was %g on every round of every cluster%s, so it "
@@ -944,7 +965,7 @@ static void nb__rp_html(FILE* f, const char* title, nb__rp_cluster_t* c, int n, 
             json_is_false(ad)  ? " (adaptive density off)"
             : json_is_true(ad) ? " (the adaptive scheduler kept it there)"
                                : "");
-  } else if (per) {
+  } else if (wan && per) {
     fputs("<p id=\"density-constant\">Density was constant on each cluster:", f);
     for (int i = 0; i < n; i++) {
       fputs(i ? ", " : " ", f);
@@ -952,7 +973,7 @@ static void nb__rp_html(FILE* f, const char* title, nb__rp_cluster_t* c, int n, 
       fprintf(f, " %g", c[i].v[3][0]);
     }
     fputs(" on every round, so it is not charted.</p>\n", f);
-  } else {
+  } else if (wan) {
     for (int i = 0; i < n; i++)
       s[i] = (nb__rp_series_t){c[i].id, "", c[i].x1, c[i].v[3], c[i].n, i, 0};
     const nb__rp_chart_t dens = {"chart-density",
