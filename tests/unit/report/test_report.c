@@ -470,11 +470,91 @@ static void test_report_job_config(void** state) {
   rm_rf(dir);
 }
 
+/* Deterministic damage to the three files a report reads (a byte changed to a tab, newline,
+ * digit, letter or NUL, a cut, a doubled line): every report either is written or fails with
+ * NB_ERR_INVALID naming a file; a damaged curve.tsv never fails it (a warning). Under the
+ * sanitizers this is the parsers' memory check. */
+static void test_report_damaged(void** state) {
+  (void)state;
+  char dir[] = "/tmp/nb_report_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  cluster(dir, "dc-a", "outer", 4.0);
+  add_fields(dir, "dc-a", "\"inner_steps\":20,\"evals\":[{\"step\":10,\"mean_bpb\":7.5}]");
+  static const char curve[] =
+      "step\tsamples\tseconds\ten\tde\tmean\n0\t0\t0.0\t8.0\t8.1\t8.05\n"
+      "10\t40\t0.1\t7.5\t7.1\t7.3\n20\t80\t0.2\t7.0\t6.9\t6.95\n";
+  char p[512];
+  const char* names[3] = {"rounds.tsv", "summary.json", "curve.tsv"};
+  char* orig[3];
+  for (int k = 0; k < 3; k++) {
+    if (k == 2) put(dir, "dc-a", "curve.tsv", curve);
+    snprintf(p, sizeof p, "%s/dc-a/%s", dir, names[k]);
+    orig[k] = slurp(p);
+    assert_non_null(orig[k]);
+  }
+  const char* ids[] = {"dc-a"};
+  static const char subst[] = "\t\n7x.-e\0";
+  uint32_t x = 12345;
+  int ok = 0, bad = 0;
+  for (int it = 0; it < 600; it++) {
+    int k = it % 3;
+    size_t n = strlen(orig[k]);
+    char* m = calloc(1, 2 * n + 2);
+    assert_non_null(m);
+    memcpy(m, orig[k], n);
+    size_t len = n;
+    for (int e = 0; e < 1 + it % 4; e++) {
+      x = x * 1103515245u + 12345u;
+      size_t at = (x >> 8) % (len ? len : 1);
+      switch ((x >> 4) % 4) {
+        case 0:
+          m[at] = subst[(x >> 20) % (sizeof subst - 1)];
+          break;
+        case 1:
+          len = at;
+          break; /* cut */
+        case 2:  /* the rest of the line doubled */
+        {
+          const char* nl = memchr(m + at, '\n', len - at);
+          size_t l = nl ? (size_t)(nl - (m + at)) + 1 : len - at;
+          if (len + l <= 2 * n) memmove(m + at + l, m + at, len - at), len += l;
+          break;
+        }
+        default:
+          m[at] = (char)('0' + (x >> 24) % 10);
+      }
+    }
+    snprintf(p, sizeof p, "%s/dc-a/%s", dir, names[k]);
+    FILE* f = fopen(p, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(m, 1, len, f), len);
+    fclose(f);
+    free(m);
+    nb_status_t st = nb_report_write(dir, ids, 1, NULL);
+    if (st == NB_OK) {
+      ok++;
+    } else {
+      bad++;
+      if (st != NB_ERR_INVALID)
+        fail_msg("damaged %s: status %d: %s", names[k], st, nb_error_last());
+      if (k == 2) fail_msg("a damaged curve.tsv failed the report: %s", nb_error_last());
+      assert_non_null(strstr(nb_error_last(), names[k]));
+    }
+    put(dir, "dc-a", names[k], orig[k]); /* undo */
+  }
+  print_message("damaged inputs: %d reports written, %d refused\n", ok, bad);
+  assert_true(ok > 0 && bad > 0);
+  for (int k = 0; k < 3; k++) free(orig[k]);
+  assert_true(no_temp_left(dir));
+  rm_rf(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_report_ok),          cmocka_unit_test(test_report_bad),
       cmocka_unit_test(test_report_translation), cmocka_unit_test(test_report_overflow),
       cmocka_unit_test(test_report_curves),      cmocka_unit_test(test_report_job_config),
+      cmocka_unit_test(test_report_damaged),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
