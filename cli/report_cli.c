@@ -116,8 +116,8 @@ int nb_report_main(int argc, char** argv) {
        .kind = NB_OPT_STR,
        .dst = &job_file,
        .meta = "FILE",
-       .help = "the run's job descriptor: its settings (model shape, steps, compression, link) "
-               "go into the configuration block"},
+       .help = "the run's job descriptor (its model, steps, compression, link: the report's "
+               "configuration)"},
       {.name = NULL},
   };
   // clang-format on
