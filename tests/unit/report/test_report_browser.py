@@ -65,15 +65,19 @@ CHECK_JS = r"""
     var ticks = Array.prototype.slice.call(svgs[s].querySelectorAll('text.tick'));
     var others = svgs[s].querySelectorAll('text.axis, text.title, text.legend');
     r.axes[id] = {x: [], y: []};
-    ticks.forEach(function (t) { r.axes[id][t.classList.contains('x') ? 'x' : 'y'].push(t.textContent); });
+    ticks.forEach(function (t) {
+      r.axes[id][t.classList.contains('x') ? 'x' : 'y'].push(t.textContent);
+    });
     for (var a = 0; a < others.length; a++)
       for (var t = 0; t < ticks.length; t++)
         if (hit(others[a].getBoundingClientRect(), ticks[t].getBoundingClientRect()))
-          r.overlaps.push(id + ': "' + others[a].textContent + '" over tick "' + ticks[t].textContent + '"');
+          r.overlaps.push(id + ': "' + others[a].textContent + '" over tick "' +
+                          ticks[t].textContent + '"');
     for (var p = 0; p < ticks.length; p++)
       for (var q = p + 1; q < ticks.length; q++)
         if (hit(ticks[p].getBoundingClientRect(), ticks[q].getBoundingClientRect()))
-          r.overlaps.push(id + ': tick "' + ticks[p].textContent + '" over tick "' + ticks[q].textContent + '"');
+          r.overlaps.push(id + ': tick "' + ticks[p].textContent + '" over tick "' +
+                          ticks[q].textContent + '"');
   }
   var ev = document.getElementById('chart-eval');
   r.evalSeries = ev ? ev.querySelectorAll('polyline.series').length : 0;
