@@ -1,10 +1,12 @@
-/* The run report: from each cluster's rounds.tsv and summary.json under a run folder, a job-level
- * summary.json and a self-contained report.html (tables and inline SVG charts, no scripts, no
- * external assets). Not here: live progress (nebula watch) or reading checkpoints. */
+/* The run report: from each cluster's rounds.tsv, summary.json and (when present) curve.tsv under
+ * a run folder, a job-level summary.json and a self-contained report.html (tables and inline SVG
+ * charts, no scripts, no external assets). Not here: live progress (nebula watch) or reading
+ * checkpoints. */
 #ifndef NB_REPORT_REPORT_H
 #define NB_REPORT_REPORT_H
 
 #include "common/status.h"
+#include "jobs/job_config.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,7 +26,28 @@ extern "C" {
 nb_status_t nb_report_write(const char* run_dir, const char* const* cluster_ids, int n,
                             const char* title);
 
-/* `nebula report DIR [--title T]`: every subfolder of DIR holding a rounds.tsv is a cluster. */
+/* What nb_report_write_opts takes beyond the run folder; zero-initialised = nb_report_write. */
+typedef struct {
+  const char* title; /* NULL or "" = the job name from the first summary; borrowed */
+  /* The job's settings (borrowed; NULL = none): the configuration block then shows the model's
+   * shape, the training, sync, compression and link settings as the descriptor gave them.
+   * Without it the block shows what the summaries say (job, clusters, mode, values, steps). */
+  const nb_job_config_t* job;
+} nb_report_options_t;
+
+/* nb_report_write with options (opts NULL = all defaults). The report also holds a configuration
+ * block (job, clusters, model, steps, compression, link, the nebula version and the generation
+ * time in UTC: the one part of report.html that differs between two reports of the same files)
+ * and the held-out evaluation curve: bits per byte by inner step, from a cluster's curve.tsv
+ * (step, samples, seconds, one column per language, mean; as `nebula train` writes it) when it
+ * has one, else from its summary's "evals" list and final evaluation. A curve.tsv that does not
+ * parse is skipped with a warning (the summary's points are drawn instead). Returns as
+ * nb_report_write. Thread-safe for distinct run_dir. */
+nb_status_t nb_report_write_opts(const char* run_dir, const char* const* cluster_ids, int n,
+                                 const nb_report_options_t* opts);
+
+/* `nebula report DIR [--title T] [--job FILE]`: every subfolder of DIR holding a rounds.tsv is a
+ * cluster. */
 #ifdef __cplusplus
 }
 #endif

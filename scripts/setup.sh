@@ -7,6 +7,7 @@ set -euo pipefail
 # Debian packages (build, test and run time). Keep sorted; docs/building.md explains each.
 DEB_PKGS=(
   build-essential
+  chromium
   clang
   cmake
   iperf3

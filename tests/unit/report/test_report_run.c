@@ -1,7 +1,8 @@
 /* A real, tiny translation run: `nebula train` and `nebula run` (one cluster, loopback, no MPI)
  * on the trainer's committed corpus with training.eval.sentences = 3 write the chrF/BLEU of the
  * base and the final model into summary.json, the run report renders them, and sentences = 0
- * turns them off. argv[1] = data folder, argv[2] = the nebula binary. */
+ * turns them off; `nebula report --job` puts the descriptor's settings into the report and a bad
+ * descriptor fails it. argv[1] = data folder, argv[2] = the nebula binary. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -116,6 +117,36 @@ static void test_translation_run(void** state) {
   assert_non_null(strstr(h, "Translation quality"));
   assert_non_null(strstr(h, "<td>en-de</td><td>3</td>"));
   assert_non_null(strstr(h, "base vs final model"));
+  assert_non_null(strstr(h, "<h2>Held-out evaluation</h2>"));
+  free(h);
+
+  /* nebula report --job: the descriptor's settings in the configuration block; a descriptor
+   * that does not load fails with its problem named, and leaves the report as it was */
+  snprintf(cmd, sizeof cmd, "'%s' report '%s/run' --job '%s' > '%s/stdout' 2> '%s/stderr'",
+           g_nebula, dir, job, dir, dir);
+  run(cmd, dir);
+  h = slurp(p);
+  assert_non_null(h);
+  assert_non_null(strstr(h, "1 layer, width 32, 2 heads, context 64"));
+  assert_non_null(strstr(h, "10 steps per cluster, batch 4"));
+  free(h);
+  snprintf(cmd, sizeof cmd, "%s/bad.json", dir);
+  FILE* bf = fopen(cmd, "w");
+  assert_non_null(bf);
+  fputs("{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\"}\n", bf);
+  assert_int_equal(fclose(bf), 0);
+  snprintf(cmd, sizeof cmd, "'%s' report '%s/run' --job '%s/bad.json' > '%s/stdout' 2> '%s/stderr'",
+           g_nebula, dir, dir, dir, dir);
+  int rc = system(cmd);
+  assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+  snprintf(cmd, sizeof cmd, "%s/stderr", dir);
+  char* err = slurp(cmd);
+  assert_non_null(err);
+  print_message("bad --job: %s", err);
+  assert_non_null(strstr(err, "bad.json"));
+  free(err);
+  h = slurp(p);
+  assert_non_null(strstr(h, "1 layer, width 32, 2 heads, context 64")); /* untouched */
   free(h);
 
   /* eval.sentences = 0: no decoding, no translation field */
