@@ -3,6 +3,7 @@
  * command line is here: flags, signals and exit codes. */
 #include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <stdio.h>
 
 #include "cli/cli.h"
@@ -91,6 +92,16 @@ int nb_gateway_main(int argc, char** argv) {
     printf("cluster_id %s\nlisten %s\nwork_dir %s\nacl rules %d\npeers %d\n", cfg.cluster_id,
            cfg.listen, cfg.work_dir, cfg.acl.n_rules, cfg.n_peers);
     return NB_EXIT_OK;
+  }
+  /* A gateway logs its jobs' lifecycle (accepted, federation calls, launched, finished,
+   * refusals) unless NB_DEBUG says otherwise; its jobs' processes keep their own default. */
+  if (!getenv("NB_DEBUG")) {
+    setenv("NB_DEBUG", "INFO", 1);
+    int subs = getenv("NB_DEBUG_SUBSYS") != NULL;
+    if (!subs) setenv("NB_DEBUG_SUBSYS", "JOB", 1);
+    nb_log_reload();
+    unsetenv("NB_DEBUG");
+    if (!subs) unsetenv("NB_DEBUG_SUBSYS");
   }
   nb_log_set_identity(cfg.cluster_id, -1);
   sigset_t set;

@@ -819,7 +819,8 @@ static int nb__run_conclude(nb__run_t* r, int failed) {
   const char** ids = NULL;
   if (nb_calloc((void**)&ids, (size_t)r->n, sizeof *ids, "report ids") == NB_OK) {
     for (int i = 0; i < r->n; i++) ids[i] = ch[i].id;
-    if (nb_report_write(r->dir, ids, r->n, r->job->name) == NB_OK)
+    nb_report_options_t ro = {.title = r->job->name, .job = r->job};
+    if (nb_report_write_opts(r->dir, ids, r->n, &ro) == NB_OK)
       printf("report: %s/report.html\n", r->dir);
     else
       NB_WARN("nebula run: no report: %s", nb_error_last());

@@ -221,7 +221,8 @@ static int nb__report_try(nb_gateway_t* gw, nb_job_store_t* st, const nb__report
     }
   }
   if (err[0] || !done) goto out;
-  nb_status_t s = nb_report_write(rdir, ids, n, cfg->name);
+  nb_report_options_t ro = {.title = cfg->name, .job = cfg};
+  nb_status_t s = nb_report_write_opts(rdir, ids, n, &ro);
   if (s != NB_OK) {
     snprintf(err, sizeof err, "%s", nb_error_last());
     last = 1;
