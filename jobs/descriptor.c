@@ -77,9 +77,9 @@ static const char* const nb__opt_keys[] = {"name",     "lr",          "beta1",  
                                            "schedule", "minLrRatio",  NULL};
 static const char* const nb__lora_keys[] = {"enabled", "rank", "alpha", "targets", NULL};
 static const char* const nb__distill_keys[] = {"enabled", "teacher", "alpha", "temperature", NULL};
-static const char* const nb__sync_keys[] = {
-    "mode",         "innerSteps", "roundSeconds",       "overlap",
-    "overlapSteps", "eager",      "outer",              "peerTimeoutSeconds", NULL};
+static const char* const nb__sync_keys[] = {"mode",    "innerSteps",         "roundSeconds",
+                                            "overlap", "overlapSteps",       "eager",
+                                            "outer",   "peerTimeoutSeconds", NULL};
 static const char* const nb__outer_keys[] = {"lr", "momentum", "nesterov", NULL};
 static const char* const nb__comp_keys[] = {"density",       "adaptive",           "budgetFraction",
                                             "errorFeedback", "errorFeedbackDecay", "topkChunk",

@@ -117,8 +117,8 @@ typedef struct {
   bool overlap;         /* exchange round r during round r+1 */
   int overlap_steps;    /* with overlap: round r's update lands after this many inner steps of
                            round r+1 (>= its steps: at its end, one round late) */
-  bool eager;          /* with overlap: a sparse round starts from the predicted landing
-                          (nb_hybrid_config_t.eager) */
+  bool eager;           /* with overlap: a sparse round starts from the predicted landing
+                           (nb_hybrid_config_t.eager) */
   double outer_lr;
   double outer_momentum;
   bool outer_nesterov;
