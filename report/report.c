@@ -55,6 +55,15 @@ static void nb__rp_free(nb__rp_cluster_t* c) {
   memset(c, 0, sizeof *c);
 }
 
+/* Splits a line of a .tsv at its tabs, in place: at most max fields into f; their count. */
+static int nb__rp_split(char* line, char** f, int max) {
+  int n = 0;
+  for (char *save = NULL, *t = strtok_r(line, "\t", &save); t && n < max;
+       t = strtok_r(NULL, "\t", &save))
+    f[n++] = t;
+  return n;
+}
+
 static nb_status_t nb__rp_read_rounds(const char* path, nb__rp_cluster_t* c) {
   FILE* f = fopen(path, "r");
   if (!f) return nb_error(NB_ERR_IO, "cannot open %s: %s", path, strerror(errno));
@@ -68,10 +77,7 @@ static nb_status_t nb__rp_read_rounds(const char* path, nb__rp_cluster_t* c) {
     if (len > 0 && line[len - 1] == '\n') line[--len] = 0;
     if (len == 0) continue;
     char* fields[64];
-    int nf = 0;
-    for (char *save = NULL, *t = strtok_r(line, "\t", &save); t && nf < 64;
-         t = strtok_r(NULL, "\t", &save))
-      fields[nf++] = t;
+    int nf = nb__rp_split(line, fields, 64);
     if (lineno == 1) {
       ncols = nf;
       for (int k = 0; k < NB__RP_COLS; k++) {
@@ -184,10 +190,7 @@ static nb_status_t nb__rp_read_curve(const char* path, nb__rp_cluster_t* c) {
     if (len > 0 && line[len - 1] == '\n') line[--len] = 0;
     if (len == 0) continue;
     char* fields[64];
-    int nf = 0;
-    for (char *save = NULL, *t = strtok_r(line, "\t", &save); t && nf < 64;
-         t = strtok_r(NULL, "\t", &save))
-      fields[nf++] = t;
+    int nf = nb__rp_split(line, fields, 64);
     if (lineno == 1) {
       ncols = nf;
       for (int j = 0; j < nf; j++) {
