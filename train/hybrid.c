@@ -626,27 +626,37 @@ static nb_status_t nb__hy_sum(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_
   return NB_OK;
 }
 
-/* Eager overlap: keeps the other clusters' part of the sum nb__hy_sum wrote (the sum less our
- * own decoded frame at its weight) for the next rounds' predictions. Local only. */
-
-/* Eager overlap (a sparse round): theta_local for the round that starts now, whose own Delta
- * h->own is in flight, is the outer step (Nesterov as nb_outer_step, momentum untouched) on
- * this cluster's share of it, own / n_clusters, instead of theta_global - own: what the landing
- * will move theta_global by as far as this cluster knows it (the other clusters' part is
- * unknown yet; their last round's is no guide, measured). The share is the equal one, not the
- * samples' (those of the round in flight are not known here), so that a resumed run starts
- * every round where the uninterrupted one did. h->own becomes theta_global - theta_local, so
- * that the landing keeps the progress since on top, as without; eshift records the move. */
+/* Eager overlap (a sparse round): theta_local for the round that starts now, whose own frame is
+ * in flight, is the outer step (Nesterov as nb_outer_step, momentum untouched) on this cluster's
+ * share of what that frame carries, sent / n_clusters, instead of theta_global - own: what the
+ * landing will move theta_global by as far as this cluster knows it. The frame, not the whole
+ * Delta: what it leaves in the error-feedback residual lands in later rounds, and the other
+ * clusters' part is unknown yet (their last round's is no guide, measured). The share is the
+ * equal one, not the samples' (those of the round in flight are not known here), so that a
+ * resumed run starts every round where the uninterrupted one did. The step is linear in the
+ * frame: lr mu^2 m on every coordinate plus lr (1 + mu) / n_clusters times the decoded frame.
+ * h->own becomes theta_global - theta_local, so that the landing keeps the progress since on
+ * top, as without; eshift records the move (a skipped round moves back by it). A message
+ * without a frame (a refused round) starts plainly. */
 static nb_status_t nb__hy_eager_start(nb_hybrid_t* h, float* local) {
+  size_t flen = h->msg_len - NB_HYBRID_MSG_HEADER_BYTES;
+  if (flen == 0) {
+    for (size_t i = 0; i < h->n; i++) local[i] = h->global[i] - h->own[i];
+    h->eshift_valid = 0;
+    return NB_OK;
+  }
   if (!h->eshift) NB_CHECK(nb_alloc((void**)&h->eshift, h->n, sizeof(float), "eager shift"));
-  float w = 1.0f / (float)h->cfg.n_clusters;
   float lr = h->cfg.outer_lr, mu = h->cfg.outer_momentum;
+  float base = lr * mu * mu, w = lr * (1.0f + mu) / (float)h->cfg.n_clusters;
   for (size_t i = 0; i < h->n; i++) {
-    float d = w * h->own[i];
-    float step = lr * (d + mu * (mu * h->momentum[i] + d)); /* theta_global - prediction */
-    h->eshift[i] = step - h->own[i];
-    h->own[i] = step;
-    local[i] = h->global[i] - step;
+    h->eshift[i] = -h->own[i];
+    h->own[i] = base * h->momentum[i];
+  }
+  NB_CHECK(nb_codec_decode_accumulate(h->codec, h->msg + NB_HYBRID_MSG_HEADER_BYTES, flen, w,
+                                      h->own, h->n, NULL));
+  for (size_t i = 0; i < h->n; i++) {
+    h->eshift[i] += h->own[i];
+    local[i] = h->global[i] - h->own[i];
   }
   h->eshift_valid = 1;
   return NB_OK;
