@@ -33,8 +33,8 @@ static void nb__ax_put(char* buf, size_t cap, const char* num, int e, nb_report_
   const char* suf = nb__ax_suffix(u);
   if (strcmp(num, "0") == 0 || (!*suf && e == 0))
     snprintf(buf, cap, "%s", num);
-  else
-    snprintf(buf, cap, "%s%s%s%s", num, *suf ? " " : "", nb__ax_prefix[e], suf);
+  else if (snprintf(buf, cap, "%s%s%s%s", num, *suf ? " " : "", nb__ax_prefix[e], suf) >= (int)cap)
+    snprintf(buf, cap, "%s", num); /* no room for the unit: the bare number, never a cut one */
 }
 
 /* printf of v at d decimals, with "-0" (a tiny negative rounded away) written as "0". */
