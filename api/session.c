@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "api/blas_check.h"
+#include "api/ft.h"
 #include "common/common.h"
 #include "compress/compress.h"
 #include "inter/exchange.h"
@@ -29,6 +30,7 @@
 #define NB__SS_TABLE_VERSION 3u        /* 2: each tensor's dtype; 3: the update norm bound */
 #define NB__SS_STATE_VERSION 2u        /* a saved state's table: version 2 (no bound: not state) */
 #define NB__SS_FLAG_VALUES 0x1u
+#define NB__SS_FLAG_FT 0x2u /* fault-tolerant rounds: every cluster must say the same */
 
 typedef struct {
   char name[NB__SS_NAME_MAX];
@@ -69,6 +71,10 @@ struct nb_session {
   nb_status_t fly_status;
   char fly_error[512];
   nb_hybrid_msg_t fly_peers[NB_HYBRID_MAX_CLUSTERS];
+  /* fault-tolerant rounds (docs/api.md "Faults"): the exchange's context, and rejoin */
+  int ft, rejoin;
+  double rejoin_timeout_s;
+  nb_ft_link_t ftx;
   char* progress_file; /* NULL: no progress lines */
   double loss;         /* the caller's training loss for the next progress line */
   int have_loss;       /* 0: none given since the last line */
@@ -86,6 +92,9 @@ void nb_session_options_default(nb_session_options_t* o) {
   o->values = "int8";
   o->error_feedback = 1;
   o->update_norm_bound = NB_SESSION_NORM_BOUND_DEFAULT;
+  o->round_deadline_s = 30;
+  o->final_wait_s = 30;
+  o->rejoin_timeout_s = 60;
 }
 
 /* ---- the local model: theta_local, and the samples the caller reported -------------------- */
@@ -216,6 +225,24 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
                     o->update_norm_bound);
   if (!(o->peer_timeout_s >= 0) || o->peer_timeout_s > 86400)
     return nb_error(NB_ERR_CONFIG, "session: peer_timeout_s must be in [0, 86400]");
+  if (o->fault_tolerant != 0 && o->fault_tolerant != 1)
+    return nb_error(NB_ERR_CONFIG, "session: fault_tolerant must be 0 or 1");
+  if (o->rejoin != 0 && o->rejoin != 1)
+    return nb_error(NB_ERR_CONFIG, "session: rejoin must be 0 or 1");
+  if (o->rejoin && !o->fault_tolerant)
+    return nb_error(NB_ERR_CONFIG,
+                    "session: rejoin needs fault_tolerant rounds (a running job's state is "
+                    "pulled from a live peer)");
+  if (o->fault_tolerant && o->update_norm_bound != 0)
+    return nb_error(NB_ERR_CONFIG,
+                    "session: fault_tolerant rounds need update_norm_bound 0 (a cluster that "
+                    "rejoins would judge updates by another history than its peers)");
+  if (o->fault_tolerant && (!(o->round_deadline_s > 0) || o->round_deadline_s > 86400))
+    return nb_error(NB_ERR_CONFIG, "session: round_deadline_s must be in (0, 86400]");
+  if (o->fault_tolerant && (!(o->final_wait_s >= 0) || o->final_wait_s > 86400))
+    return nb_error(NB_ERR_CONFIG, "session: final_wait_s must be in [0, 86400]");
+  if (o->rejoin && (!(o->rejoin_timeout_s > 0) || o->rejoin_timeout_s > 86400))
+    return nb_error(NB_ERR_CONFIG, "session: rejoin_timeout_s must be in (0, 86400]");
   return NB_OK;
 }
 
@@ -263,6 +290,17 @@ nb_status_t nb_session_open(const nb_session_options_t* o, nb_session_t** out) {
     xc.allow_unsealed = !s->have_secret;
     xc.dead_ms = (int)(o->peer_timeout_s * 1000);
     NB_CHECK_GOTO(nb_error_wrap(nb_exchange_create(&xc, &s->ex), "session: exchange"), st, fail);
+    /* fault-tolerant rounds: with several clusters only (one alone has nobody to miss) */
+    if (o->fault_tolerant) {
+      s->ft = 1;
+      s->rejoin = o->rejoin;
+      s->rejoin_timeout_s = o->rejoin_timeout_s;
+      s->ftx.ex = s->ex;
+      s->ftx.deadline_s = o->round_deadline_s;
+      s->hc.ft_exchange = nb_ft_exchange;
+      s->hc.exchange_ctx = &s->ftx;
+      s->hc.final_wait_s = o->final_wait_s;
+    }
   }
   for (size_t i = 0; i < o->n_peers; i++)
     NB_CHECK_GOTO(nb_session_add_peer(s, o->peers[i]), st, fail);
@@ -292,6 +330,7 @@ nb_status_t nb_session_add_peer(nb_session_t* s, const char* peer) {
     return nb_error(NB_ERR_INVALID, "session: peer '%s' has our own cluster id", peer);
   NB_CHECK(nb_error_wrap(nb_exchange_add_peer(s->ex, id, eq + 1), "session: peer %s", id));
   s->n_peers++;
+  s->ftx.n_peers = s->n_peers;
   return NB_OK;
 }
 
@@ -387,7 +426,7 @@ static nb_status_t nb__ss_table_make(nb_session_t* s, nb__ss_buf_t* b, int value
   nb__ss_put32(b, state ? NB__SS_STATE_VERSION : NB__SS_TABLE_VERSION);
   nb__ss_put32(b, s->index);
   nb__ss_put32(b, s->n_clusters);
-  nb__ss_put32(b, values ? NB__SS_FLAG_VALUES : 0);
+  nb__ss_put32(b, (values ? NB__SS_FLAG_VALUES : 0) | (!state && s->ft ? NB__SS_FLAG_FT : 0));
   nb__ss_put32(b, (uint32_t)s->n_tensors);
   nb__ss_put32(b, nb__ss_bits(s->hc.outer_lr));
   nb__ss_put32(b, nb__ss_bits(s->hc.outer_momentum));
@@ -534,12 +573,102 @@ static nb_status_t nb__ss_table_check(nb_session_t* s, const char* peer, const u
   if (hd.n != s->n)
     return nb_error(NB_ERR_CODEC, "cluster %s: table of %llu floats, ours %zu", peer,
                     (unsigned long long)hd.n, s->n);
+  if (((hd.flags & NB__SS_FLAG_FT) != 0) != (s->ft != 0))
+    return nb_error(NB_ERR_CONFIG, "fault_tolerant is %d here, %d at cluster %s", s->ft,
+                    (hd.flags & NB__SS_FLAG_FT) != 0, peer);
   size_t want = (hd.flags & NB__SS_FLAG_VALUES) ? s->n * sizeof(float) : 0;
-  if ((hd.flags & ~NB__SS_FLAG_VALUES) || ((hd.flags & NB__SS_FLAG_VALUES) != 0) != (hd.idx == 0) ||
-      r.len - r.at != want)
+  if ((hd.flags & ~(NB__SS_FLAG_VALUES | NB__SS_FLAG_FT)) ||
+      ((hd.flags & NB__SS_FLAG_VALUES) != 0) != (hd.idx == 0) || r.len - r.at != want)
     return nb_error(NB_ERR_CODEC, "cluster %s: malformed table (flags %u)", peer, hd.flags);
   if (want) *values = (const float*)(r.p + r.at);
   *sender = hd.idx;
+  return NB_OK;
+}
+
+/* ---- fault-tolerant rounds: the state a rejoining cluster pulls ---------------------------- */
+
+/* What we serve to a cluster that rejoins (Exchange.Pull): [u32 LE table length][our tensor
+ * table, without values][the hybrid's exported state]; published after start and after every
+ * round. */
+static nb_status_t nb__ss_publish(nb_session_t* s) {
+  nb__ss_buf_t t = {0};
+  uint8_t *st8 = NULL, *all = NULL;
+  size_t st_len = 0;
+  nb_status_t st = nb__ss_table_make(s, &t, 0, 0);
+  if (st == NB_OK) st = nb_hybrid_export(s->h, &st8, &st_len);
+  if (st == NB_OK) st = nb_alloc((void**)&all, 4 + t.len + st_len, 1, "session: published state");
+  if (st == NB_OK) {
+    for (int i = 0; i < 4; i++) all[i] = (uint8_t)(t.len >> (8 * i));
+    memcpy(all + 4, t.p, t.len);
+    memcpy(all + 4 + t.len, st8, st_len);
+    st = nb_exchange_publish_state(s->ex, nb_hybrid_rounds(s->h) & 0xffffffffu, all,
+                                   4 + t.len + st_len);
+  }
+  nb_free(t.p);
+  nb_free(st8);
+  nb_free(all);
+  return st == NB_OK ? NB_OK : nb_error_wrap(st, "session: publishing the global state");
+}
+
+/* A peer's published table must describe our job exactly (its cluster is another one). */
+static nb_status_t nb__ss_published_check(nb_session_t* s, const uint8_t* m, size_t len) {
+  nb__ss_rd_t r = {m, len, 0, 0};
+  const char* where = "in the state a peer published";
+  nb__ss_head_t hd;
+  NB_CHECK(nb__ss_head_read(&r, where, NB__SS_TABLE_VERSION, &hd));
+  if (hd.nc != s->n_clusters)
+    return nb_error(NB_ERR_CONFIG, "n_clusters is %u here, %u %s", s->n_clusters, hd.nc, where);
+  if (hd.idx >= hd.nc || hd.idx == s->index)
+    return nb_error(NB_ERR_CONFIG, "the state's cluster has index %u (ours %u of %u)", hd.idx,
+                    s->index, hd.nc);
+  if (hd.lr != nb__ss_bits(s->hc.outer_lr) || hd.mu != nb__ss_bits(s->hc.outer_momentum))
+    return nb_error(NB_ERR_CONFIG, "outer_lr/outer_momentum differ between us and the state");
+  if (hd.flags != NB__SS_FLAG_FT)
+    return nb_error(NB_ERR_CONFIG, "the state %s is not of fault-tolerant rounds", where);
+  NB_CHECK(nb__ss_tensors_check(s, &r, hd.nt, where));
+  if (hd.n != s->n || r.at != r.len)
+    return nb_error(NB_ERR_CODEC, "malformed tensor table %s", where);
+  return NB_OK;
+}
+
+typedef struct {
+  nb_session_t* s;
+  uint64_t skip;
+} nb__ss_adopt_t;
+
+/* nb_ft_adopt_fn: checks the table, then imports the hybrid's state (theta_global into local). */
+static nb_status_t nb__ss_adopt(void* ctx, const uint8_t* b, size_t len) {
+  nb__ss_adopt_t* a = ctx;
+  if (len < 4) return nb_error(NB_ERR_CODEC, "session: a published state of %zu bytes", len);
+  size_t tl = (size_t)b[0] | (size_t)b[1] << 8 | (size_t)b[2] << 16 | (size_t)b[3] << 24;
+  if (tl > len - 4) return nb_error(NB_ERR_CODEC, "session: a published state's table is cut");
+  NB_CHECK(nb__ss_published_check(a->s, b + 4, tl));
+  return nb_hybrid_import(a->s->h, b + 4 + tl, len - 4 - tl, a->skip);
+}
+
+/* Adopts a live peer's global state; skip: rounds added to its round (2 when this process
+ * restarted: it must not reuse the exchange ids of its previous life). */
+static nb_status_t nb__ss_pull(nb_session_t* s, double timeout_s, uint64_t skip,
+                               const char** from) {
+  nb__ss_adopt_t a = {s, skip};
+  return nb_ft_pull(s->ex, timeout_s, nb__ss_adopt, &a, from);
+}
+
+/* start with `rejoin`: no table agreement (the others are past it); the hybrid on our buffers,
+ * then a live peer's state, checked against our table. */
+static nb_status_t nb__ss_start_rejoin(nb_session_t* s) {
+  nb_hybrid_local_t lm = {.ctx = s, .params = nb__ss_params, .samples = nb__ss_samples};
+  NB_CHECK(nb_error_wrap(nb_hybrid_create_local(&s->hc, &lm, &s->h), "session: start"));
+  const char* from = "?";
+  NB_CHECK(nb_error_wrap(nb__ss_pull(s, s->rejoin_timeout_s, 2, &from),
+                         "session: start (rejoin: pulling the global state)"));
+  NB_INFO(TRAIN, "session: %s rejoined from %s at round %llu (%llu rounds applied)", s->cluster_id,
+          from, (unsigned long long)nb_hybrid_rounds(s->h),
+          (unsigned long long)nb_hybrid_commits(s->h));
+  nb__ss_scatter(s);
+  NB_CHECK(nb__ss_publish(s));
+  s->started = 1;
+  s->failed = 0;
   return NB_OK;
 }
 
@@ -554,6 +683,7 @@ nb_status_t nb_session_start(nb_session_t* s) {
   s->failed = 1; /* until it succeeds */
   NB_CHECK(nb_alloc((void**)&s->local, s->n, sizeof(float), "theta_local"));
   nb__ss_gather(s, 0);
+  if (s->rejoin) return nb__ss_start_rejoin(s);
   if (s->n_clusters > 1) {
     nb__ss_buf_t b = {0};
     nb_hybrid_msg_t got[NB__SS_MAX_PEERS];
@@ -584,6 +714,7 @@ nb_status_t nb_session_start(nb_session_t* s) {
   nb_hybrid_local_t lm = {.ctx = s, .params = nb__ss_params, .samples = nb__ss_samples};
   NB_CHECK(nb_error_wrap(nb_hybrid_create_local(&s->hc, &lm, &s->h), "session: start"));
   nb__ss_scatter(s);
+  if (s->ft) NB_CHECK(nb__ss_publish(s));
   s->started = 1;
   s->failed = 0;
   return NB_OK;
@@ -668,8 +799,14 @@ static void nb__ss_figures(nb_session_t* s, uint64_t samples, const nb_hybrid_ro
   if (!out) return;
   memset(out, 0, sizeof *out);
   out->round = rec->round;
-  out->applied = 1; /* a round without fault tolerance that returns NB_OK was applied on every
-                       cluster (rec->applied is set by fault-tolerant ones) */
+  /* a round without fault tolerance that returns NB_OK was applied on every cluster */
+  out->applied = s->ft ? rec->applied : 1;
+  out->commits = s->ft ? rec->commits : rec->round + 1;
+  out->peers_ok = s->ft ? rec->peers_ok : (uint32_t)s->n_peers;
+  out->peers_alive = s->ft ? rec->peers_alive : (uint32_t)s->n_peers;
+  out->late = s->ft ? rec->caught_up : 0;
+  out->pulled = s->ft ? rec->need_state : 0;
+  out->next_round = s->ft ? rec->next_round : rec->round + 1;
   out->samples = samples;
   out->samples_all = rec->samples_all;
   out->msg_bytes = rec->msg_bytes;
@@ -683,6 +820,23 @@ static void nb__ss_figures(nb_session_t* s, uint64_t samples, const nb_hybrid_ro
   nb__ss_link_figures(s, out);
 }
 
+/* After a fault-tolerant round: a cluster found behind (the others applied rounds it cannot
+ * replay) adopts a peer's state; then ours is published for the next one that rejoins. */
+static nb_status_t nb__ss_after_ft(nb_session_t* s, nb_hybrid_round_t* rec) {
+  if (rec->need_state) {
+    const char* from = "?";
+    NB_CHECK(nb_error_wrap(nb__ss_pull(s, s->ftx.deadline_s, 0, &from),
+                           "catching up (pulling the global state)"));
+    NB_INFO(TRAIN,
+            "session: round %llu: behind the other clusters: pulled the global state from %s",
+            (unsigned long long)rec->round, from);
+    rec->commits = nb_hybrid_commits(s->h);
+    rec->global_hash = nb_hybrid_global_hash(s->h);
+    rec->next_round = nb_hybrid_rounds(s->h);
+  }
+  return nb__ss_publish(s);
+}
+
 nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round_t* out) {
   NB_CHECK(nb__ss_ready(s, "round"));
   if (samples > UINT64_MAX - s->samples)
@@ -691,6 +845,7 @@ nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round
   s->samples += samples;
   nb_hybrid_round_t rec;
   nb_status_t st = nb_hybrid_round(s->h, &rec);
+  if (st == NB_OK && s->ft) st = nb__ss_after_ft(s, &rec);
   if (st != NB_OK) {
     s->failed = 1; /* the caller's buffers keep their own values: nothing was applied */
     return nb_error_wrap(st, "session: round %llu", (unsigned long long)nb_hybrid_rounds(s->h));
@@ -730,6 +885,10 @@ static void nb__ss_read_buffers(const nb_session_t* s, float* dst) {
 
 nb_status_t nb_session_round_begin(nb_session_t* s, uint64_t samples) {
   NB_CHECK(nb__ss_ready(s, "round_begin"));
+  if (s->ft)
+    return nb_error(NB_ERR_UNSUPPORTED,
+                    "session: round_begin: overlapped rounds are not built for fault_tolerant "
+                    "sessions yet; use nb_session_round");
   if (samples > UINT64_MAX - s->samples)
     return nb_error(NB_ERR_INVALID, "session: round_begin: sample count overflows");
   if (!s->at_begin)
@@ -812,6 +971,8 @@ nb_status_t nb_session_finish(nb_session_t* s) {
     s->failed = 1;
     return nb_error_wrap(st, "session: finish");
   }
+  /* fault-tolerant rounds end on theta_global (a held round may have landed in the check) */
+  if (s->ft) nb__ss_scatter(s);
   return NB_OK;
 }
 

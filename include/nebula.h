@@ -114,6 +114,22 @@ typedef struct {
                                 applied): on every cluster, naming the cluster that sent the
                                 largest part, nothing applied. Every cluster must give the same.
                                 0 = off; default NB_SESSION_NORM_BOUND_DEFAULT (100) */
+  int fault_tolerant;        /* 1: fault-tolerant rounds (docs/api.md "Faults"): a round counts
+                                on every cluster or on none (an update, then a vote); a peer that
+                                is dead, unreachable or late costs the round (nb_session_round
+                                returns NB_OK with applied 0: the progress stays in our buffers
+                                and goes into the next round), not the session; a cluster that
+                                restarts rejoins with `rejoin`. Every cluster must give the
+                                same; needs update_norm_bound 0 and blocking rounds. Default 0 */
+  double round_deadline_s;   /* fault-tolerant rounds: how long one exchange waits for a peer
+                                before the round goes on without it (> 0; default 30) */
+  double final_wait_s;       /* fault-tolerant rounds: how long nb_session_finish keeps asking a
+                                peer that has not answered the final check (>= 0; default 30) */
+  int rejoin;                /* 1 (fault-tolerant rounds): nb_session_start pulls the global
+                                state (theta_global, momentum, round) from a live peer instead of
+                                agreeing at the job's start: a restarted cluster joins the running
+                                job. Its tensor table must equal the peer's. Default 0 */
+  double rejoin_timeout_s;   /* how long start keeps trying to pull (> 0; default 60) */
   const char* progress_file; /* NULL (default): none; else a file that gets one JSON line per
                                 round (round, step, density, wan_mbps, bytes_sent, samples, source,
                                 global_xxh3), appended: how a gateway shows a program's rounds */
@@ -228,6 +244,17 @@ typedef struct {
   double update_norm;   /* L2 norm of the summed update the outer step took */
   double goodput_Bps;   /* the slowest peer link's measured rate, bytes/s (0: not measured yet) */
   double rtt_s;         /* the longest round trip to a peer, seconds (0: not measured yet) */
+  /* fault-tolerant rounds (otherwise commits = round + 1, peers_ok = peers_alive = the peers,
+   * the rest 0): */
+  uint64_t commits;     /* rounds applied so far: theta_global's version, equal on every
+                           cluster once they agree */
+  uint32_t peers_ok;    /* peers whose update of this round arrived */
+  uint32_t peers_alive; /* peers answering their heartbeat after the round */
+  int late;             /* 1: a round held from before (its vote was lost) was applied now */
+  int pulled;           /* 1: we were behind the others and adopted a peer's global state
+                           (our buffers now hold it; the progress since the last applied round
+                           is dropped) */
+  uint64_t next_round;  /* the round we run next (> round + 1 when a peer was further) */
 } nb_session_round_t;
 
 /* One blocking outer round, called by every cluster after its H inner steps: Delta =

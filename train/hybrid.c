@@ -1016,11 +1016,19 @@ static nb_status_t nb__hy_ft_take_updates(const nb_hybrid_t* h, nb_hybrid_msg_t*
       continue;
     }
     nb__hy_hdr_t hd;
-    if (nb__hy_parse(&got[i], &hd) != NB_OK || !(hd.flags & NB__HY_FLAG_FT) ||
-        (hd.flags & (NB__HY_FLAG_VOTE | NB__HY_FLAG_HASH_ONLY)) || hd.sender >= nc ||
-        hd.sender == me || all[hd.sender].data) {
-      NB_WARN("hybrid: round %llu: a malformed or repeated update ignored: %s",
-              (unsigned long long)a, nb_error_last());
+    if (nb__hy_parse(&got[i], &hd) != NB_OK) {
+      NB_WARN("hybrid: round %llu: a malformed update ignored: %s", (unsigned long long)a,
+              nb_error_last());
+      *have_all = 0;
+      continue;
+    }
+    if (!(hd.flags & NB__HY_FLAG_FT) || (hd.flags & (NB__HY_FLAG_VOTE | NB__HY_FLAG_HASH_ONLY)) ||
+        hd.sender >= nc || hd.sender == me || all[hd.sender].data) {
+      NB_WARN(
+          "hybrid: round %llu: an update ignored (flags 0x%x, from cluster %u of %u, we are "
+          "%u%s): not a fault-tolerant round's update of another cluster",
+          (unsigned long long)a, (unsigned)hd.flags, hd.sender, nc, me,
+          hd.sender < nc && all[hd.sender].data ? ", a repeat" : "");
       *have_all = 0;
       continue;
     }
