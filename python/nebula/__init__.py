@@ -80,6 +80,13 @@ class RoundInfo:
     update_norm: float  # L2 norm of the summed update the outer step took
     goodput_Bps: float  # the slowest peer link's measured rate, bytes/s (0: not yet measured)
     rtt_s: float  # the longest round trip to a peer, seconds (0: not yet measured)
+    # fault-tolerant rounds (otherwise commits = round + 1 and every peer ok and alive)
+    commits: int = 0  # rounds applied so far: theta_global's version
+    peers_ok: int = 0  # peers whose update of this round arrived
+    peers_alive: int = 0  # peers answering their heartbeat after the round
+    late: bool = False  # a round held from before (its vote lost) was applied now
+    pulled: bool = False  # we were behind and adopted a peer's global state
+    next_round: int = 0  # the round we run next
 
     @classmethod
     def _from_c(cls, r) -> "RoundInfo":
@@ -98,6 +105,12 @@ class RoundInfo:
             update_norm=float(r.update_norm),
             goodput_Bps=float(r.goodput_Bps),
             rtt_s=float(r.rtt_s),
+            commits=int(r.commits),
+            peers_ok=int(r.peers_ok),
+            peers_alive=int(r.peers_alive),
+            late=bool(r.late),
+            pulled=bool(r.pulled),
+            next_round=int(r.next_round),
         )
 
 
@@ -155,7 +168,9 @@ _OPTION_KINDS = {
     "listen": "str", "peers": "peers", "pki_dir": "path", "insecure": "bool",
     "job_secret": "secret", "unsealed": "bool", "inner_steps": "int", "outer_lr": "real",
     "outer_momentum": "real", "density": "real", "values": "str", "error_feedback": "bool",
-    "peer_timeout_s": "real", "update_norm_bound": "real",
+    "peer_timeout_s": "real", "update_norm_bound": "real", "fault_tolerant": "bool",
+    "round_deadline_s": "real", "final_wait_s": "real", "rejoin": "bool",
+    "rejoin_timeout_s": "real",
 }
 
 
@@ -234,6 +249,11 @@ class Session:
         error_feedback: bool | None = None,
         peer_timeout_s: float | None = None,
         update_norm_bound: float | None = None,
+        fault_tolerant: bool | None = None,
+        round_deadline_s: float | None = None,
+        final_wait_s: float | None = None,
+        rejoin: bool | None = None,
+        rejoin_timeout_s: float | None = None,
     ):
         o = _cffi.new("nb_session_options_t*")
         _lib.nb_session_options_default(o)
@@ -243,7 +263,9 @@ class Session:
             insecure=bool(insecure), job_secret=job_secret, unsealed=bool(unsealed),
             inner_steps=inner_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
             density=density, values=values, error_feedback=error_feedback,
-            peer_timeout_s=peer_timeout_s, update_norm_bound=update_norm_bound))
+            peer_timeout_s=peer_timeout_s, update_norm_bound=update_norm_bound,
+            fault_tolerant=fault_tolerant, round_deadline_s=round_deadline_s,
+            final_wait_s=final_wait_s, rejoin=rejoin, rejoin_timeout_s=rejoin_timeout_s))
 
     @classmethod
     def from_env(cls, **overrides) -> "Session":

@@ -10,6 +10,7 @@ import gc
 import os
 import sys
 import threading
+import time
 import unittest
 
 try:
@@ -163,6 +164,81 @@ class TableMismatch(unittest.TestCase):
                 with self.assertRaises(nebula.NebulaError) as cm:
                     sessions[i].round(1)  # after a failed start the session only closes
                 self.assertEqual(cm.exception.status, "NB_ERR_INVALID")
+        finally:
+            for s in sessions:
+                s.close()
+
+
+class FaultTolerant(unittest.TestCase):
+    def test_dead_peer_skips_and_rejoin(self):
+        """fault_tolerant: west's death costs east rounds (applied False, no exception); a new
+        west on the same address rejoins with rejoin=True and both end on one theta_global."""
+        opts = dict(OPTS, job_id="py-ft", fault_tolerant=True, update_norm_bound=0,
+                    peer_timeout_s=1, round_deadline_s=2, final_wait_s=20)
+        arrays = [np.full(DIM, float(i + 1), np.float32) for i in range(3)]
+        sessions = []
+
+        def both(fn):
+            out, errors = [None, None], [None, None]
+
+            def run(i):
+                try:
+                    out[i] = fn(i)
+                except BaseException as e:  # reported below
+                    errors[i] = e
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(TIMEOUT_S)
+                self.assertFalse(t.is_alive(), "a session call did not return")
+            self.assertEqual(errors, [None, None])
+            return out
+
+        def until(s, a, commits):
+            """Rounds (one step towards a's own target each) until `commits` were applied."""
+            infos = []
+            for _ in range(400):
+                a -= 0.2 * (a - (3.0 if s is sessions[0] else -3.0))
+                time.sleep(0.005)  # a real step takes time: a lone survivor would race
+                infos.append(s.round(1))
+                if infos[-1].commits >= commits:
+                    break
+            return infos
+
+        try:
+            for i in range(2):
+                sessions.append(nebula.Session(cluster_id=NAMES[i], cluster_index=i, **opts))
+                sessions[i].register("x", arrays[i])
+            west_port = sessions[1].port
+            sessions[0].add_peer(f"west=127.0.0.1:{west_port}")
+            sessions[1].add_peer(f"east=127.0.0.1:{sessions[0].port}")
+            both(lambda i: sessions[i].start())
+            first = both(lambda i: until(sessions[i], arrays[i], 2))
+            self.assertTrue(all(inf.applied and inf.peers_ok == 1 for inf in first[0] + first[1]))
+            with self.assertRaises(nebula.NebulaError) as cm:  # not built with fault tolerance
+                sessions[0].round_begin(1)
+            self.assertEqual(cm.exception.status, "NB_ERR_UNSUPPORTED")
+            sessions[1].close()  # west dies
+            alone = [sessions[0].round(1) for _ in range(3)]
+            print("east alone:", [(inf.round, inf.applied, inf.peers_alive) for inf in alone])
+            self.assertFalse(any(inf.applied for inf in alone))
+            self.assertEqual(alone[-1].commits, 2)
+            again = nebula.Session(cluster_id="west", cluster_index=1, rejoin=True,
+                                   rejoin_timeout_s=30,
+                                   **dict(opts, listen=f"127.0.0.1:{west_port}"))
+            sessions.append(again)
+            again.register("x", arrays[2])
+            again.add_peer(f"east=127.0.0.1:{sessions[0].port}")
+            again.start()
+            np.testing.assert_array_equal(arrays[2], again.read_global("x"))
+            pair = [sessions[0], again]
+            last = both(lambda i: until(pair[i], arrays[2 * i], 4))
+            both(lambda i: pair[i].finish())
+            self.assertGreaterEqual(last[0][-1].commits, 4)
+            self.assertEqual(sessions[0].global_hash(), again.global_hash())
+            self.assertEqual(arrays[0].tobytes(), arrays[2].tobytes())
         finally:
             for s in sessions:
                 s.close()
