@@ -114,6 +114,14 @@ static uint64_t nb__ss_samples(void* ctx) {
  * local still holds) to the master, so Delta is what the caller trained and not also the bf16
  * rounding of theta_global; an untouched buffer gives Delta 0 exactly. master_valid 0 (start):
  * there is no master yet, the buffer's values are the local model (exact in fp32). */
+/* A 16-bit tensor element (bf16 or fp16 bits) as fp32, and the rounding to it (nearest even). */
+static float nb__ss_h2f(nb_dtype_t d, uint16_t v) {
+  return d == NB_DTYPE_BF16 ? nb_bf16_to_f32(v) : nb_f16_to_f32(v);
+}
+static uint16_t nb__ss_f2h(nb_dtype_t d, float f) {
+  return d == NB_DTYPE_BF16 ? nb_f32_to_bf16(f) : nb_f32_to_f16(f);
+}
+
 static void nb__ss_gather(nb_session_t* s, int master_valid) {
   for (size_t i = 0; i < s->n_tensors; i++) {
     const nb__ss_tensor_t* t = &s->tensors[i];
@@ -124,26 +132,32 @@ static void nb__ss_gather(nb_session_t* s, int master_valid) {
     }
     const uint16_t* src = t->data;
     for (size_t j = 0; j < t->count; j++) {
-      float now = nb_bf16_to_f32(src[j]);
-      dst[j] = master_valid ? dst[j] + (now - nb_bf16_to_f32(nb_f32_to_bf16(dst[j]))) : now;
+      float now = nb__ss_h2f(t->dtype, src[j]);
+      dst[j] =
+          master_valid ? dst[j] + (now - nb__ss_h2f(t->dtype, nb__ss_f2h(t->dtype, dst[j]))) : now;
     }
   }
 }
 
-/* theta_local (theta_global after a round) into the caller's buffers; bf16 rounded to nearest
- * even. */
+/* theta_local (theta_global after a round) into the caller's buffers; bf16 and fp16 rounded to
+ * nearest even (fp16 saturating at its largest finite value). */
 static void nb__ss_scatter(nb_session_t* s) {
   for (size_t i = 0; i < s->n_tensors; i++) {
     const nb__ss_tensor_t* t = &s->tensors[i];
     if (t->dtype == NB_DTYPE_FP32)
       memcpy(t->data, s->local + t->offset, t->count * sizeof(float));
-    else
+    else if (t->dtype == NB_DTYPE_BF16)
       nb_quantize_bf16(s->local + t->offset, t->count, t->data);
+    else
+      nb_quantize_fp16(s->local + t->offset, t->count, t->data);
   }
 }
 
 static const char* nb__ss_dtype_name(uint32_t d) {
-  return d == NB_DTYPE_FP32 ? "fp32" : d == NB_DTYPE_BF16 ? "bf16" : "an unknown dtype";
+  return d == NB_DTYPE_FP32   ? "fp32"
+         : d == NB_DTYPE_BF16 ? "bf16"
+         : d == NB_DTYPE_FP16 ? "fp16"
+                              : "an unknown dtype";
 }
 
 /* ---- the exchange callback ------------------------------------------------------------------ */
@@ -343,7 +357,7 @@ nb_status_t nb_session_register_dtype(nb_session_t* s, const char* name, void* d
                                       nb_dtype_t dtype, const int64_t* shape, int ndim) {
   if (!s || !name || !data || (ndim > 0 && !shape))
     return nb_error(NB_ERR_INVALID, "session: NULL argument");
-  if (dtype != NB_DTYPE_FP32 && dtype != NB_DTYPE_BF16)
+  if (dtype != NB_DTYPE_FP32 && dtype != NB_DTYPE_BF16 && dtype != NB_DTYPE_FP16)
     return nb_error(NB_ERR_INVALID, "session: tensor '%s': unknown dtype %d", name, (int)dtype);
   if (s->started) return nb_error(NB_ERR_INVALID, "session: register '%s' after start", name);
   size_t len = strlen(name);
@@ -879,7 +893,7 @@ static void nb__ss_read_buffers(const nb_session_t* s, float* dst) {
       continue;
     }
     const uint16_t* src = t->data;
-    for (size_t j = 0; j < t->count; j++) dst[t->offset + j] = nb_bf16_to_f32(src[j]);
+    for (size_t j = 0; j < t->count; j++) dst[t->offset + j] = nb__ss_h2f(t->dtype, src[j]);
   }
 }
 
@@ -954,7 +968,7 @@ nb_status_t nb_session_round_end(nb_session_t* s, nb_session_round_t* out) {
       for (size_t j = 0; j < t->count; j++) l[j] += b1[j] - b0[j];
     } else {
       const uint16_t* b1 = t->data;
-      for (size_t j = 0; j < t->count; j++) l[j] += nb_bf16_to_f32(b1[j]) - b0[j];
+      for (size_t j = 0; j < t->count; j++) l[j] += nb__ss_h2f(t->dtype, b1[j]) - b0[j];
     }
   }
   nb__ss_scatter(s);

@@ -192,7 +192,8 @@ nb_status_t nb_session_add_peer(nb_session_t* s, const char* peer);
 /* Element types of a registered tensor (nb_session_register_dtype). */
 typedef enum {
   NB_DTYPE_FP32 = 0, /* IEEE binary32 */
-  NB_DTYPE_BF16 = 1  /* bfloat16: the upper 16 bits of a binary32, as uint16_t */
+  NB_DTYPE_BF16 = 1, /* bfloat16: the upper 16 bits of a binary32, as uint16_t */
+  NB_DTYPE_FP16 = 2  /* IEEE binary16 bits, as uint16_t */
 } nb_dtype_t;
 
 /* Registers a synced tensor before nb_session_start: `data` holds prod(shape) fp32 values on the
@@ -205,11 +206,12 @@ nb_status_t nb_session_register(nb_session_t* s, const char* name, float* data,
                                 const int64_t* shape, int ndim);
 
 /* nb_session_register for a tensor of element type `dtype`: `data` holds prod(shape) elements of
- * that type (for NB_DTYPE_BF16, uint16_t bf16 bits), borrowed as above. The session keeps
- * theta_global in fp32 for every tensor; a bf16 buffer is a view of it: each round the caller's
- * progress (its bf16 values minus the bf16 values the session wrote) is added to the fp32
- * master, so the rounding of theta_global to bf16 is never sent as an update, and theta_global
- * is written back rounded to nearest even (a finite overflow saturates at the largest bf16).
+ * that type (for NB_DTYPE_BF16 and NB_DTYPE_FP16, uint16_t bits), borrowed as above. The
+ * session keeps theta_global in fp32 for every tensor; a 16-bit buffer is a view of it: each
+ * round the caller's progress (its values minus the values the session wrote) is added to the
+ * fp32 master, so the rounding of theta_global to 16 bits is never sent as an update, and
+ * theta_global is written back rounded to nearest even (a finite overflow saturates at the
+ * type's largest finite value; fp16's is 65504).
  * The dtype is part of the tensor table: every cluster must register the same one
  * (nb_session_start names the tensor otherwise). NB_ERR_INVALID (as nb_session_register, or an
  * unknown dtype), NB_ERR_EXISTS, NB_ERR_NOMEM. */

@@ -126,8 +126,8 @@ def _cstr(keep: list, what: str, value):
 
 
 def _tensor_buffer(name: str, array):
-    """(memoryview, shape, dtype) of a writable C-contiguous native buffer of float32 (fp32) or
-    uint16 (bf16 bits), or a clear error.
+    """(memoryview, shape, dtype) of a writable C-contiguous native buffer of float32 (fp32),
+    float16 (fp16) or uint16 (bf16 bits), or a clear error.
 
     libnebula reads and writes the buffer in place at every round, so a copy (what a dtype or
     layout conversion would make) would silently sync nothing: refuse instead."""
@@ -145,11 +145,13 @@ def _tensor_buffer(name: str, array):
         dtype = _lib.NB_DTYPE_FP32
     elif fmt == "H" and mv.itemsize == 2:
         dtype = _lib.NB_DTYPE_BF16  # the upper halves of float32s: bfloat16 bits
+    elif fmt == "e" and mv.itemsize == 2:
+        dtype = _lib.NB_DTYPE_FP16  # IEEE binary16
     else:
         dtype = getattr(array, "dtype", mv.format)
         raise TypeError(
-            f"nebula: tensor '{name}' must be float32, or uint16 holding bfloat16 bits (native "
-            f"byte order), not {dtype}"
+            f"nebula: tensor '{name}' must be float32, float16, or uint16 holding bfloat16 bits "
+            f"(native byte order), not {dtype}"
         )
     if not mv.c_contiguous:
         raise ValueError(

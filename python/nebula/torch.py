@@ -11,7 +11,7 @@ with DDP (torch.distributed initialised: the world group, or process_group=), ra
 alone holds the session and the other ranks get each round's outcome and theta_global by
 broadcast (_Group below). It is not a trainer, a data loader or a launcher, and not FSDP.
 What crosses: every trainable parameter (requires_grad), named as model.named_parameters()
-names it; CPU fp32 and bf16 parameters in place, others through host staging buffers.
+names it; CPU fp32, bf16 and fp16 parameters in place, others through host staging buffers.
 diloco.save(path) / diloco.load(path) checkpoint the round state (right after a round). Buffers (BatchNorm's running statistics) and frozen parameters are not synced: load
 them the same way on every cluster.
 """
@@ -37,10 +37,11 @@ def _bf16_bits(t: torch.Tensor) -> np.ndarray:
 
 
 class _Param:
-    """One registered parameter: either its own memory (a CPU contiguous fp32 or bf16 tensor: the
-    round reads and writes it in place, a bf16 one through the session's fp32 master) or a host
-    staging buffer copied to before each round and from after it (GPU parameters, other dtypes):
-    bf16 for a bf16 parameter (half the copy; the session converts), else fp32."""
+    """One registered parameter: either its own memory (a CPU contiguous fp32, bf16 or fp16
+    tensor: the round reads and writes it in place, a 16-bit one through the session's fp32
+    master) or a host staging buffer copied to before each round and from after it (GPU
+    parameters, other dtypes): bf16 or fp16 for such a parameter (half the copy; the session
+    converts), else fp32."""
 
     def __init__(self, name: str, p: torch.nn.Parameter, leader: bool = True):
         self.name = name
@@ -49,15 +50,15 @@ class _Param:
         if not leader:  # a DDP rank other than the leader: receives theta_global in place
             self.shared, self.host_t, self.ptr, self.host = False, None, None, None
             return
-        bf16 = t.dtype == torch.bfloat16
+        bf16, fp16 = t.dtype == torch.bfloat16, t.dtype == torch.float16
         self.shared = t.device.type == "cpu" and t.is_contiguous() and (
-            t.dtype == torch.float32 or bf16)
+            t.dtype == torch.float32 or bf16 or fp16)
         if self.shared:
             self.host_t = t  # the same memory as p.data
             self.ptr = t.data_ptr()
         else:
             self.host_t = torch.empty(tuple(t.shape), dtype=torch.bfloat16 if bf16 else
-                                      torch.float32)
+                                      torch.float16 if fp16 else torch.float32)
             self.ptr = None
         self.host = _bf16_bits(self.host_t) if bf16 else self.host_t.numpy()
 

@@ -1,10 +1,10 @@
-/* bf16 tensors through libnebula.so and <nebula.h> only: two clusters (threads, loopback), each
- * with a bf16 tensor "w" and an fp32 tensor "b", several rounds of a deterministic update of
- * their own. After every round both clusters hold the same buffers and the same fp32 master
- * (nb_session_read_global), and every bf16 element is the master rounded to nearest even,
- * checked against this file's own reference conversion (by distances in double, not by bit
- * tricks). An idle round moves nothing (the bf16 rounding of theta_global is not an update), and
- * a dtype that differs between the clusters is refused at start naming the tensor. */
+/* bf16 and fp16 tensors through libnebula.so and <nebula.h> only: two clusters (threads,
+ * loopback), each with a 16-bit tensor "w" (bf16, then fp16) and an fp32 tensor "b", several rounds
+ * of a deterministic update of their own. After every round both clusters hold the same buffers and
+ * the same fp32 master (nb_session_read_global), and every bf16 element is the master rounded to
+ * nearest even, checked against this file's own reference conversion (by distances in double, not
+ * by bit tricks). An idle round moves nothing (the bf16 rounding of theta_global is not an update),
+ * and a dtype that differs between the clusters is refused at start naming the tensor. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -36,6 +36,30 @@ static uint32_t f32_bits(float f) {
 static float bf16_f32(uint16_t h) {
   return bits_f32((uint32_t)h << 16);
 }
+/* fp16 bits as a value, by the format's definition (finite values only) */
+static float fp16_f32(uint16_t h) {
+  int e = (h >> 10) & 31, m = h & 1023;
+  double v = e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+  return (float)((h & 0x8000) ? -v : v);
+}
+/* The reference fp16 rounding of a finite x within the range: the largest positive fp16 not
+ * above |x| (a binary search over the ordered positive encodings) and the next one, the nearer
+ * in double, the even one on a tie. */
+static uint16_t ref_fp16(float x) {
+  double a = fabs((double)x);
+  uint16_t lo = 0, hi = 0x7bff;
+  while (lo < hi) {
+    uint16_t mid = (uint16_t)((lo + hi + 1) / 2);
+    if ((double)fp16_f32(mid) <= a)
+      lo = mid;
+    else
+      hi = (uint16_t)(mid - 1);
+  }
+  uint16_t up = (uint16_t)(lo + 1);
+  double dl = a - (double)fp16_f32(lo), dh = (double)fp16_f32(up) - a;
+  uint16_t r = dl < dh ? lo : dh < dl ? up : (lo & 1) ? up : lo;
+  return (uint16_t)(r | (x < 0 ? 0x8000 : 0));
+}
 
 /* The reference: the two bf16 neighbours of a finite x (truncation toward zero, and one step
  * away from zero), the nearer one in double, the even one on a tie. */
@@ -47,9 +71,18 @@ static uint16_t ref_bf16(float x) {
   return (lo & 1) ? hi : lo;
 }
 
+/* The 16-bit type under test (bf16, then fp16): its value of bits h and its rounding of x. */
+static nb_dtype_t g_half = NB_DTYPE_BF16;
+static float half_f32(uint16_t h) {
+  return g_half == NB_DTYPE_FP16 ? fp16_f32(h) : bf16_f32(h);
+}
+static uint16_t ref_half(float x) {
+  return g_half == NB_DTYPE_FP16 ? ref_fp16(x) : ref_bf16(x);
+}
+
 typedef struct {
   int index;
-  uint16_t w[NW]; /* (8, 12) bf16 bits */
+  uint16_t w[NW]; /* (8, 12) bf16 or fp16 bits */
   float b[NB];
   nb_session_t* s;
   nb_dtype_t w_dtype; /* the mismatch test registers fp32 at one cluster */
@@ -70,8 +103,8 @@ static const uint8_t secret[32] = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4, 5, 
 
 static void side_open(side_t* sd, const char* job) {
   for (int i = 0; i < NW; i++) {
-    sd->w[i] = ref_bf16((float)(sin(0.37 * i + sd->index) * (1 + i % 7)));
-    sd->w32[i] = bf16_f32(sd->w[i]);
+    sd->w[i] = ref_half((float)(sin(0.37 * i + sd->index) * (1 + i % 7)));
+    sd->w32[i] = half_f32(sd->w[i]);
   }
   for (int i = 0; i < NB; i++) sd->b[i] = (float)(0.1 * i - 0.3 * sd->index);
   nb_session_options_t o;
@@ -82,7 +115,7 @@ static void side_open(side_t* sd, const char* job) {
   o.values = "fp32";
   assert_int_equal(nb_session_open(&o, &sd->s), NB_OK);
   int64_t ws[2] = {8, 12}, bs[1] = {NB};
-  void* w = sd->w_dtype == NB_DTYPE_BF16 ? (void*)sd->w : (void*)sd->w32;
+  void* w = sd->w_dtype != NB_DTYPE_FP32 ? (void*)sd->w : (void*)sd->w32;
   assert_int_equal(nb_session_register_dtype(sd->s, "w", w, sd->w_dtype, ws, 2), NB_OK);
   assert_int_equal(nb_session_register(sd->s, "b", sd->b, bs, 1), NB_OK);
 }
@@ -101,9 +134,9 @@ static nb_status_t side_fail(side_t* sd, nb_status_t st) {
  * bf16 optimizer step leaves in the buffer). */
 static void side_train(side_t* sd, int r) {
   for (int i = 0; i < NW; i++) {
-    float v = bf16_f32(sd->w[i]);
+    float v = half_f32(sd->w[i]);
     v += (float)(0.013 * cos(0.11 * i * (r + 1) + sd->index) * (1 + sd->index));
-    sd->w[i] = ref_bf16(v);
+    sd->w[i] = ref_half(v);
   }
   for (int i = 0; i < NB; i++) sd->b[i] -= (float)(0.01 * (i + 1) * (sd->index + 1));
 }
@@ -123,8 +156,8 @@ static void* side_main(void* arg) {
     memcpy(sd->wbuf[r], sd->w, sizeof sd->w);
     memcpy(sd->bbuf[r], sd->b, sizeof sd->b);
     for (int i = 0; i < NW; i++) {
-      if (bf16_f32(ref_bf16(sd->master[r][i])) != sd->master[r][i]) sd->not_bf16++;
-      if (sd->w[i] != ref_bf16(sd->master[r][i])) sd->rounding_bad++;
+      if (half_f32(ref_half(sd->master[r][i])) != sd->master[r][i]) sd->not_bf16++;
+      if (sd->w[i] != ref_half(sd->master[r][i])) sd->rounding_bad++;
     }
     sd->rounds_done = r + 1;
   }
@@ -149,14 +182,14 @@ static void run_pair(side_t* sd, void* (*fn)(void*)) {
 
 static side_t sides[2];
 
-static void test_bf16_and_fp32_rounds(void** state) {
-  (void)state;
+static void half_and_fp32_rounds(nb_dtype_t half, const char* job) {
+  g_half = half;
   side_t* sd = sides;
   memset(sd, 0, sizeof sides);
   for (int c = 0; c < 2; c++) {
     sd[c].index = c;
-    sd[c].w_dtype = NB_DTYPE_BF16;
-    side_open(&sd[c], "api-bf16");
+    sd[c].w_dtype = half;
+    side_open(&sd[c], job);
   }
   uint16_t w0[NW];
   memcpy(w0, sd[0].w, sizeof w0);
@@ -190,6 +223,16 @@ static void test_bf16_and_fp32_rounds(void** state) {
   for (int c = 0; c < 2; c++) nb_session_close(sd[c].s);
 }
 
+static void test_bf16_and_fp32_rounds(void** state) {
+  (void)state;
+  half_and_fp32_rounds(NB_DTYPE_BF16, "api-bf16");
+}
+
+static void test_fp16_and_fp32_rounds(void** state) {
+  (void)state;
+  half_and_fp32_rounds(NB_DTYPE_FP16, "api-fp16");
+}
+
 /* The reference itself, on the cases that decide rounding, whose answers are known: exact,
  * halfway of both parities, just above and below half, a negative, a subnormal. */
 static void test_reference_conversion(void** state) {
@@ -202,6 +245,16 @@ static void test_reference_conversion(void** state) {
   assert_int_equal(ref_bf16(bits_f32(0x3f807fffu)), 0x3f80);
   assert_int_equal(ref_bf16(bits_f32(0xbf818000u)), 0xbf82);
   assert_int_equal(ref_bf16(bits_f32(0x00018000u)), 0x0002); /* a subnormal halfway, to even */
+  /* fp16: 1 + 2^-11 is halfway between 1 and 1 + 2^-10: to even (1); 1 + 3 * 2^-11 up */
+  assert_int_equal(ref_fp16(1.0f), 0x3c00);
+  assert_int_equal(ref_fp16(1.0f + 0x1p-11f), 0x3c00);
+  assert_int_equal(ref_fp16(1.0f + 0x3p-11f), 0x3c02);
+  assert_int_equal(ref_fp16(1.0f + 0x1p-11f + 0x1p-20f), 0x3c01);
+  assert_int_equal(ref_fp16(-2.0f), 0xc000);
+  assert_int_equal(ref_fp16(65504.0f), 0x7bff);
+  assert_int_equal(ref_fp16(0x1p-24f), 0x0001); /* the smallest subnormal */
+  assert_int_equal(ref_fp16(0x3p-25f), 0x0002); /* halfway between subnormals 1 and 2: even */
+  assert_true(fp16_f32(0x3555) > 0.333f && fp16_f32(0x3555) < 0.3334f);
 }
 
 static void* start_only(void* arg) {
@@ -218,6 +271,7 @@ static void test_dtype_mismatch(void** state) {
   for (int c = 0; c < 2; c++) {
     sd[c].index = c;
     sd[c].w_dtype = c == 0 ? NB_DTYPE_BF16 : NB_DTYPE_FP32;
+    g_half = NB_DTYPE_BF16;
     side_open(&sd[c], "api-bf16-mismatch");
   }
   sides_connect(&sd[0], &sd[1]);
@@ -250,6 +304,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reference_conversion),
       cmocka_unit_test(test_bf16_and_fp32_rounds),
+      cmocka_unit_test(test_fp16_and_fp32_rounds),
       cmocka_unit_test(test_dtype_mismatch),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -290,7 +290,7 @@ class BadInputs(unittest.TestCase):
             ro = np.zeros(4, np.float32)
             ro.flags.writeable = False
             cases = [(np.zeros(4), TypeError, "must be float32.*not float64"),
-                     (np.zeros(4, np.float16), TypeError, "must be float32"),
+                     (np.zeros(4, np.int16), TypeError, "must be float32, float16"),
                      (np.zeros(4, ">f4"), TypeError, "native byte order"),
                      (np.zeros((4, 4), np.float32)[:, ::2], ValueError, "C-contiguous"),
                      (np.zeros((4, 4), np.float32).T, ValueError, "C-contiguous"),

@@ -67,7 +67,9 @@ def cluster_main(index, dtype, hook, overlap, to_parent, from_parent):
         torch.manual_seed(1000 + index)  # different initial weights: start takes cluster 0's
         model = MLP().to(dtype)
         x, y = (t.to(dtype) for t in data(index))
-        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        # fp16 Adam needs an eps that fp16 holds (1e-8 is 0 there: a division by zero)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2,
+                               eps=1e-4 if dtype == torch.float16 else 1e-8)
         session = nebula.Session(job_id=f"py-torch-{dtype}", cluster_id=NAMES[index],
                                  cluster_index=index, n_clusters=2, listen="127.0.0.1:0",
                                  insecure=True, unsealed=True, inner_steps=H, outer_lr=0.7,
@@ -154,6 +156,10 @@ class DiLoCoTwoClusters(unittest.TestCase):
     def test_bf16_shared_memory(self):
         """CPU bf16 parameters are registered in place (no fp32 staging): the session converts."""
         self.check(torch.bfloat16, hook=False)
+
+    def test_fp16_shared_memory(self):
+        """CPU fp16 parameters are registered in place too (the session's fp16 tensors)."""
+        self.check(torch.float16, hook=False)
 
     def test_fp32_overlap(self):
         """overlap_steps 2 of H 4: each round lands 2 steps into the next; the last lands in
