@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "api/ft.h"
 #include "common/common.h"
 #include "common/tfevents.h"
 #include "compress/compress.h"
@@ -57,66 +58,8 @@ static nb_worker_outcome_t nb__wk_fail(const char* cluster, const char* what) {
   return NB_WORKER_FAILED;
 }
 
-typedef struct {
-  nb_exchange_t* ex;
-  size_t n_peers;
-  double peer_timeout_s;
-  double deadline_s; /* fault-tolerant rounds: per exchange */
-  uint64_t received; /* bytes of peers' frames received, total (the leader's metrics) */
-} nb__wk_exchange_t;
-
-/* The fault-tolerant exchange (train/hybrid's ft_exchange): a peer that does not deliver by the
- * deadline, is dead or already past this round is left out (NULL) and named in a warning; the
- * round goes on with what arrived. */
-static nb_status_t nb__wk_ft_exchange(void* ctx, uint64_t xround, const void* msg, size_t len,
-                                      nb_hybrid_msg_t* peers, size_t n_peers, uint64_t* sent,
-                                      uint64_t* ahead, uint32_t* alive) {
-  nb__wk_exchange_t* x = ctx;
-  if (n_peers != x->n_peers)
-    return nb_error(NB_ERR_INTERNAL, "worker: %zu peers expected, exchange has %zu", n_peers,
-                    x->n_peers);
-  nb_exchange_result_t res[NB_WORKER_MAX_PEERS];
-  memset(res, 0, sizeof res);
-  int64_t deadline = nb_now_ns() + (int64_t)(x->deadline_s * 1e9);
-  nb_status_t st = nb_exchange_round(x->ex, xround, msg, len, deadline, res);
-  if (st == NB_ERR_INVALID || st == NB_ERR_NOMEM) return st;
-  uint64_t bytes = 0, newest = 0;
-  uint32_t up = 0;
-  nb_status_t fatal = NB_OK;
-  for (size_t i = 0; i < n_peers; i++) {
-    bytes += res[i].send.bytes;
-    /* an unavailable or slow peer costs a round; a frame that fails its checks or a refused
-     * transfer is never tolerated silently */
-    if (fatal == NB_OK && (res[i].status == NB_ERR_INTEGRITY || res[i].status == NB_ERR_PERMISSION))
-      fatal = nb_error(res[i].status, "exchange %llu: peer %s: %s", (unsigned long long)xround,
-                       res[i].peer, res[i].detail);
-    if (res[i].newest > xround && res[i].newest > newest) newest = res[i].newest;
-    if (res[i].status == NB_OK) {
-      peers[i].data = res[i].frame;
-      peers[i].len = res[i].len;
-      x->received += res[i].len;
-      res[i].frame = NULL;
-    } else {
-      peers[i].data = NULL;
-      peers[i].len = 0;
-      NB_WARN("exchange %llu (round %llu): peer %s left out: %s (%s)", (unsigned long long)xround,
-              (unsigned long long)(xround >= 2 ? (xround - 2) / 2 : 0), res[i].peer, res[i].detail,
-              nb_status_name(res[i].status));
-    }
-    if (nb_exchange_peer_alive(x->ex, i)) up++;
-  }
-  if (fatal != NB_OK) {
-    for (size_t i = 0; i < n_peers; i++) {
-      nb_free(peers[i].data);
-      peers[i].data = NULL;
-    }
-  }
-  nb_exchange_results_release(res, n_peers);
-  if (sent) *sent = bytes;
-  if (ahead) *ahead = newest;
-  if (alive) *alive = up;
-  return fatal;
-}
+/* The exchange's context: the one fault-tolerant rounds use (api/ft.h), for both callbacks. */
+typedef nb_ft_link_t nb__wk_exchange_t;
 
 /* Publishes our global state for peers that rejoin (Exchange.Pull). */
 static nb_status_t nb__wk_publish(nb_exchange_t* ex, nb_hybrid_t* h) {
@@ -129,35 +72,23 @@ static nb_status_t nb__wk_publish(nb_exchange_t* ex, nb_hybrid_t* h) {
   return st;
 }
 
+typedef struct {
+  nb_hybrid_t* h;
+  uint64_t skip;
+} nb__wk_adopt_t;
+
+static nb_status_t nb__wk_adopt(void* ctx, const uint8_t* state, size_t len) {
+  const nb__wk_adopt_t* a = ctx;
+  return nb_hybrid_import(a->h, state, len, a->skip);
+}
+
 /* Pulls the global state from the first peer that serves one (alive, and published), trying
  * every peer until timeout_s, and adopts it; skip: rounds added to the pulled round (a restarted
  * process must not reuse the exchange ids of its previous life). */
 static nb_status_t nb__wk_pull_state(nb_exchange_t* ex, nb_hybrid_t* h, double timeout_s,
                                      uint64_t skip, const char** from) {
-  double until = nb_now_s() + timeout_s;
-  size_t np = nb_exchange_peer_count(ex);
-  nb_status_t st = nb_error(NB_ERR_UNAVAILABLE, "no peer to pull the global state from");
-  while (nb_now_s() < until) {
-    for (size_t i = 0; i < np; i++) {
-      if (!nb_exchange_peer_alive(ex, i)) continue;
-      uint8_t* b = NULL;
-      size_t len = 0;
-      st = nb_exchange_pull(ex, i, 10000, &b, &len, NULL);
-      if (st == NB_OK) {
-        st = nb_hybrid_import(h, b, len, skip);
-        nb_free(b);
-        if (st == NB_OK) {
-          *from = nb_link_peer(nb_exchange_link(ex, i));
-          return NB_OK;
-        }
-      }
-      NB_WARN("pulling the global state from %s: %s", nb_link_peer(nb_exchange_link(ex, i)),
-              nb_error_last());
-      if (st == NB_ERR_INTEGRITY) return st;
-    }
-    nb_sleep_ns(250000000LL);
-  }
-  return st;
+  nb__wk_adopt_t a = {h, skip};
+  return nb_ft_pull(ex, timeout_s, nb__wk_adopt, &a, from);
 }
 
 /* The hybrid's exchange callback over inter/exchange. Peer order does not matter to the hybrid
@@ -600,10 +531,8 @@ static nb_worker_outcome_t nb__wk_exchange_start(nb__wk_t* w) {
       if (nb_exchange_add_peer(w->ex, w->peer_id[i], w->peer_addr[i]) != NB_OK)
         return nb__wk_fail(w->cluster, w->peer_id[i]);
   }
-  w->xctx = (nb__wk_exchange_t){.ex = w->ex,
-                                .n_peers = (size_t)w->n_peers,
-                                .peer_timeout_s = job->sync.peer_timeout_seconds,
-                                .deadline_s = nb_param_RoundDeadlineS()};
+  w->xctx = (nb__wk_exchange_t){
+      .ex = w->ex, .n_peers = (size_t)w->n_peers, .deadline_s = nb_param_RoundDeadlineS()};
   return NB_WORKER_DONE;
 }
 
@@ -637,7 +566,7 @@ static nb_worker_outcome_t nb__wk_hybrid(nb__wk_t* w) {
   hc->exchange_ctx = &w->xctx;
   /* fault-tolerant rounds: outer mode (with or without overlap), several clusters */
   w->ft = w->ex != NULL && hc->mode == NB_HYBRID_OUTER && nb_param_FaultTolerant();
-  if (w->ft) hc->ft_exchange = nb__wk_ft_exchange;
+  if (w->ft) hc->ft_exchange = nb_ft_exchange;
   hc->final_wait_s = nb_param_FinalWaitS();
   if (w->o->rejoin && !w->ft) {
     fprintf(stderr,
