@@ -12,7 +12,8 @@ alone holds the session and the other ranks get each round's outcome and theta_g
 broadcast (_Group below). It is not a trainer, a data loader or a launcher, and not FSDP.
 What crosses: every trainable parameter (requires_grad), named as model.named_parameters()
 names it; CPU fp32, bf16 and fp16 parameters in place, others through host staging buffers.
-diloco.save(path) / diloco.load(path) checkpoint the round state (right after a round). Buffers (BatchNorm's running statistics) and frozen parameters are not synced: load
+diloco.save(path) / diloco.load(path) (or state_dict() / load_state_dict() for torch.save)
+checkpoint the round state (right after a round). Buffers (BatchNorm's running statistics) and frozen parameters are not synced: load
 them the same way on every cluster.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 
 import numpy as np
 import torch
@@ -634,6 +636,48 @@ class DiLoCo:
         self._call(_OP_LOAD, load)
         self.steps = 0
         self.samples = 0
+
+    _STATE_FORMAT = 1
+
+    def state_dict(self) -> dict:
+        """The session's round state as a dict for torch.save beside the model's and optimizer's
+        (the bytes Session.save writes: theta_global, momentum, residual, round, the tensor
+        table, checksummed). Right after a round, as save. In a group only the leader holds the
+        bytes (the other ranks get None there: save the leader's)."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="nebula-state-") as d:
+            path = os.path.join(d, "state.bin")
+            self.save(path)
+            data = None
+            if self.leader:
+                with open(path, "rb") as f:
+                    data = f.read()
+        return {"format": self._STATE_FORMAT, "sync_every": self.sync_every,
+                "nebula_session_state": data}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores a dict made by state_dict (as load: strict, the parameters then hold its
+        theta_global; a damaged or foreign state is NebulaError and nothing changes). In a group
+        the leader's dict is the one that counts; every rank must call it."""
+        import tempfile
+
+        if not isinstance(state, dict) or state.get("format") != self._STATE_FORMAT:
+            raise ValueError("nebula.torch: load_state_dict takes a dict made by "
+                             f"DiLoCo.state_dict() (format {self._STATE_FORMAT})")
+        if state.get("sync_every") != self.sync_every:
+            raise ValueError(f"nebula.torch: the state was saved with sync_every "
+                             f"{state.get('sync_every')!r}, this wrapper has {self.sync_every}")
+        data = state.get("nebula_session_state")
+        if self.leader and not isinstance(data, (bytes, bytearray)):
+            raise ValueError("nebula.torch: the state holds no session bytes (a dict saved on a "
+                             "rank other than the leader?)")
+        with tempfile.TemporaryDirectory(prefix="nebula-state-") as d:
+            path = os.path.join(d, "state.bin")
+            if self.leader:
+                with open(path, "wb") as f:
+                    f.write(data)
+            self.load(path)
 
     def finish(self) -> None:
         """The final hash-only exchange (every cluster calls it once, after its last round); an

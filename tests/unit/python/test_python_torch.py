@@ -208,6 +208,37 @@ class Checkpoint(unittest.TestCase):
                     self.assertEqual(dl.step().global_hash, hashes[r])
                 for k, v in host(other).items():
                     self.assertEqual(v.tobytes(), final[k].tobytes(), k)
+            # the same through state_dict / load_state_dict and torch.save / torch.load
+            torch.manual_seed(1)
+            model = torch.nn.Linear(6, 3).to(torch.bfloat16)
+            with nebula.torch.DiLoCo(dict(opts), model, sync_every=1) as dl:
+                for r in range(2):
+                    steps(model, r)
+                    dl.step()
+                torch.save({"diloco": dl.state_dict(), "model": model.state_dict()},
+                           f"{d}/ckpt.pt")
+            torch.manual_seed(3)
+            other = torch.nn.Linear(6, 3).to(torch.bfloat16)
+            with nebula.torch.DiLoCo(dict(opts), other, sync_every=1) as dl:
+                ck = torch.load(f"{d}/ckpt.pt")
+                dl.load_state_dict(ck["diloco"])
+                for r in range(2, 4):
+                    steps(other, r)
+                    self.assertEqual(dl.step().global_hash, hashes[r])
+                for k, v in host(other).items():
+                    self.assertEqual(v.tobytes(), final[k].tobytes(), k)
+                bad = dict(ck["diloco"])
+                bad["nebula_session_state"] = bad["nebula_session_state"][:-9] + b"x" * 9
+                with self.assertRaises(nebula.NebulaError) as cm:
+                    dl.load_state_dict(bad)  # a damaged state: refused, nothing changed
+                self.assertIn(cm.exception.status, ("NB_ERR_INTEGRITY", "NB_ERR_INVALID"))
+                with self.assertRaisesRegex(ValueError, "made by DiLoCo.state_dict"):
+                    dl.load_state_dict({"weights": 1})
+                with self.assertRaisesRegex(ValueError, "sync_every 1, this wrapper has"):
+                    with nebula.torch.DiLoCo(dict(opts, job_id="py-torch-ckpt2"),
+                                             torch.nn.Linear(6, 3).to(torch.bfloat16),
+                                             sync_every=2) as dl2:
+                        dl2.load_state_dict(ck["diloco"])
             with nebula.torch.DiLoCo(dict(opts), torch.nn.Linear(6, 3), sync_every=2) as dl:
                 dl.step()  # one inner step of two: not a round's end
                 with self.assertRaisesRegex(RuntimeError, "right after a round"):
