@@ -1,7 +1,7 @@
 /* A user's own program as a gateway job runs it (spec.program): only <nebula.h> and libnebula.
  * It prints the NEBULA_* environment it was given (the secret file by its path and mode, never
  * its bytes), then, on the leader rank, opens the session from the environment, syncs one small
- * tensor for a few rounds and prints θ_global's hash. Options: --rounds N (default 3), --exit N
+ * tensor for a few rounds and prints θ_global's hash (the rank from mpirun or srun). Options: --rounds N (default 3), --exit N
  * (print, then exit N at once), --sleep S (print, then sleep S seconds: a job to cancel). */
 #include <nebula.h>
 
@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[i], "--sleep")) sleep_s = atoi(argv[i + 1]);
   }
   const char* rank_s = getenv("OMPI_COMM_WORLD_RANK");
+  if (!rank_s) rank_s = getenv("SLURM_PROCID"); /* under srun */
   int rank = rank_s ? atoi(rank_s) : 0;
   for (char** e = environ; *e; e++)
     if (!strncmp(*e, "NEBULA_", 7)) printf("rank %d env %s\n", rank, *e);

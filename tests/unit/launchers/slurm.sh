@@ -3,11 +3,14 @@
 # slurm.conf in a temp folder (auth/none, free ports on 127.0.0.1, state and spool inside), then a
 # 2-task job succeeds (job.sbatch as generated, logs, per-task folders, exit status), a job whose
 # task exits 3 fails with code 3, and a long job survives a SIGKILLed gateway, is re-attached by
-# its Slurm job id, and is cancelled (scancel) with no task left. Every daemon started here is
+# its Slurm job id, and is cancelled (scancel) with no task left; a spec.program job runs the
+# user's own program (on libnebula) as 2 tasks under srun. Every daemon started here is
 # stopped. Skips (77) when not root, without Slurm, or when its daemons do not come up.
-# Usage: slurm.sh NEBULA
+# Usage: slurm.sh NEBULA [USER_PROGRAM]  (USER_PROGRAM: tests/unit/gateway/user_program.c, built:
+# a spec.program job then runs it as 2 Slurm tasks)
 set -u
 NB=$1
+PROG=${2:-}
 [ "$(id -u)" = 0 ] || { echo "SKIP: a private Slurm needs root (slurmd runs jobs as any user)"; exit 77; }
 for t in slurmctld slurmd sbatch squeue scancel sinfo; do
   command -v $t >/dev/null 2>&1 || PATH=$PATH:/usr/sbin
@@ -188,4 +191,34 @@ else
   echo "note: no data/quick in the source tree: the nebula worker part is left out"
 fi
 stop_gw
+
+# spec.program under Slurm's srun: the user's own program (a C one on libnebula) as 2 tasks,
+# its session from the NEBULA_* variables the gateway set; the leader task syncs its rounds
+if [ -n "$PROG" ]; then
+  PDIR=$(dirname "$PROG")
+  sed -i 's/, "step": "mpirun"}/}/' "$T/gw.json"
+  sed -i "s|\"acl\":|\"paths\": {\"allow\": [\"$PDIR\"]}, \"acl\":|" "$T/gw.json"
+  start_gw
+  cat > "$T/prog.json" <<JOB
+{"apiVersion": "nebula/v1", "kind": "TrainingJob", "metadata": {"name": "prog"},
+ "spec": {"clusters": [{"id": "dc-a", "workers": 2}],
+  "program": {"command": ["$PROG", "--rounds", "2"], "workDir": "run"},
+  "sync": {"innerSteps": 8}}}
+JOB
+  ID=$("$NB" submit "$T/prog.json") || fail "submit the program job"
+  "$NB" watch "$ID" > "$T/prog.out"; rc=$?
+  [ $rc -eq 0 ] || fail "program under Slurm: watch exit $rc: $("$NB" logs "$ID" --stderr)"
+  grep -q "^srun " "$T/work/$ID/job.sbatch" || fail "program job.sbatch has no srun"
+  "$NB" logs "$ID" > "$T/prog.log"
+  for r in 0 1; do
+    grep -q "rank $r env NEBULA_JOB_ID=$ID" "$T/prog.log" || fail "task $r lacks its session's environment: $(cat "$T/prog.log")"
+  done
+  grep -q "rank 0 cwd $T/work/$ID/run" "$T/prog.log" || fail "program not in its workDir"
+  grep -q "^done 2 rounds, global " "$T/prog.log" || fail "the leader task did not sync: $(cat "$T/prog.log")"
+  grep -q '"kind":"progress"' "$T/work/$ID/events.jsonl" 2>/dev/null ||
+    "$NB" watch "$ID" --json | grep -q '"kind":"progress"' || fail "no progress event of the program"
+  stop_gw
+else
+  echo "note: no user program given: the spec.program part is left out"
+fi
 echo "launcher slurm: ok"
