@@ -105,8 +105,8 @@ struct nb_gateway {
   gid_t run_gid;
   nb__hand_t hand[NB__N_METHODS];
   char self_exe[NB_GW_STR];
-  nb_tls_t* tls;
-  X509* ca;
+  nb_tls_source_t* tls_src; /* tls.* as last loaded (start, SIGHUP: nb_gateway_reload_tls) */
+  X509* ca;                 /* tls.ca as read at start: descriptor signatures */
   nb_rpc_server_t* srv;
   nb_rpc_client_t* peer_cli[NB_GW_MAX_PEERS]; /* Federation clients, one per configured peer */
   nb_artifact_store_t* art;                   /* <work_dir>/artifacts: what jobs produced */
