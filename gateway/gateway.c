@@ -108,8 +108,13 @@ nb_status_t nb_gateway_reload_tls(nb_gateway_t* gw) {
           "CA %s); new TLS connections present it",
           gw->cfg.cluster_id, ci->subject, ci->not_after, ci->serial, gw->cfg.tls_cert,
           gw->cfg.tls_key, gw->cfg.tls_ca);
+  /* new channels to the peers with it; calls under way finish on the old ones */
+  s = nb__gw_peers_connect(gw, tls);
+  if (s != NB_OK)
+    NB_WARN("gateway %s: the Federation channels keep the previous certificate: %s",
+            gw->cfg.cluster_id, nb_error_last());
   nb_tls_source_set(gw->tls_src, tls);
-  return NB_OK;
+  return s;
 }
 
 nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out) {
@@ -122,6 +127,7 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
   pthread_mutex_init(&gw->active_mu, NULL);
   pthread_mutex_init(&gw->queue_mu, NULL);
   pthread_mutex_init(&gw->lim_mu, NULL);
+  pthread_mutex_init(&gw->peer_mu, NULL);
   if (!gw->cfg.cluster_id[0]) {
     s = nb_error(NB_ERR_CONFIG, "gateway: cluster_id is required");
     goto fail;
@@ -204,14 +210,9 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->fed_store), s, fail);
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->rep_store), s, fail);
   NB_CHECK_GOTO(nb__gw_recover(gw), s, fail);
-  /* the peer channels keep the pair they start with, reconnects included (docs/operations.md,
-   * Rotating certificates) */
-  for (int i = 0; i < gw->cfg.n_peers; i++) {
-    nb_rpc_client_opts_t co = {0};
+  {
     nb_tls_t* tls = nb_tls_source_get(gw->tls_src);
-    co.tls = tls;
-    co.expected_cluster = gw->cfg.peers[i].id;
-    s = nb_rpc_client_create(gw->cfg.peers[i].address, &co, &gw->peer_cli[i]);
+    s = nb__gw_peers_connect(gw, tls);
     nb_tls_destroy(tls);
     if (s != NB_OK) goto fail;
   }
@@ -275,7 +276,7 @@ void nb_gateway_destroy(nb_gateway_t* gw) {
   if (gw->mon_started) pthread_join(gw->mon, NULL);
   if (gw->fed_started) pthread_join(gw->fed, NULL);
   if (gw->rep_started) pthread_join(gw->rep, NULL);
-  for (int i = 0; i < gw->cfg.n_peers; i++) nb_rpc_client_destroy(gw->peer_cli[i]);
+  nb__gw_peers_close(gw);
   nb_job_store_close(gw->fed_store);
   nb_job_store_close(gw->rep_store);
   nb_job_store_close(gw->mon_store);
@@ -286,5 +287,6 @@ void nb_gateway_destroy(nb_gateway_t* gw) {
   pthread_mutex_destroy(&gw->active_mu);
   pthread_mutex_destroy(&gw->queue_mu);
   pthread_mutex_destroy(&gw->lim_mu);
+  pthread_mutex_destroy(&gw->peer_mu);
   nb_free(gw);
 }

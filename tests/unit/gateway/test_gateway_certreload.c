@@ -1,9 +1,11 @@
 /* Certificate rotation without a restart: a real `nebula gateway` process on 127.0.0.1 is sent
  * SIGHUP after its tls.cert / tls.key were replaced. A good pair from the same CA is served to
  * the next TLS connection (its serial read off the handshake), a connection opened before goes
- * on working; a broken pair, a missing key and an expired certificate are refused with a
- * logged error naming the file, and the previous pair goes on serving. Not here: the checks of
- * nb_tls_create itself (tests/unit/tls). Usage: test_gateway_certreload NEBULA_BINARY */
+ * on working, and the gateway's next Federation connection to its peer presents it (the peer
+ * is a TLS listener of the test's that records the client certificate); a broken pair, a
+ * missing key and an expired certificate are refused with a logged error naming the file, and
+ * the previous pair goes on serving. Not here: the checks of nb_tls_create itself
+ * (tests/unit/tls). Usage: test_gateway_certreload NEBULA_BINARY */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -17,6 +19,8 @@
 #include <openssl/bn.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +42,18 @@ static EVP_PKEY* g_ca_key;
 static X509* g_ca;
 static pid_t g_pid; /* the gateway process; 0 once stopped */
 static int g_port;
+
+/* The stand-in for peer dc-b: a TLS listener with dc-b's certificate that completes each
+ * handshake, records the serial of the client certificate and hangs up. */
+static struct {
+  int fd, port;
+  pthread_t thr;
+  int started;
+  _Atomic int stop;
+  pthread_mutex_t mu;
+  int n;               /* handshakes recorded */
+  char serial[64][64]; /* the client certificate of each (the first 64) */
+} g_peer = {.fd = -1, .mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* The whole of a (small) file as a string, "" when it cannot be read; the caller frees it. */
 static char* slurp(const char* path) {
@@ -215,6 +231,124 @@ static void copy_file(const char* src, const char* dst) {
   free(s);
 }
 
+static int peer_alpn(SSL* ssl, const unsigned char** out, unsigned char* outlen,
+                     const unsigned char* in, unsigned int inlen, void* arg) {
+  (void)ssl;
+  (void)arg;
+  static const unsigned char h2[] = {2, 'h', '2'};
+  return SSL_select_next_proto((unsigned char**)out, outlen, h2, sizeof h2, in, inlen) ==
+                 OPENSSL_NPN_NEGOTIATED
+             ? SSL_TLSEXT_ERR_OK
+             : SSL_TLSEXT_ERR_NOACK;
+}
+
+static void* peer_main(void* arg) {
+  SSL_CTX* ctx = arg;
+  while (!g_peer.stop) {
+    struct pollfd pf = {.fd = g_peer.fd, .events = POLLIN};
+    if (poll(&pf, 1, 50) <= 0) continue;
+    int c = accept4(g_peer.fd, NULL, NULL, SOCK_CLOEXEC);
+    if (c < 0) continue;
+    struct timeval tv = {.tv_sec = 2}; /* a stalled handshake does not hold the listener */
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    SSL* ssl = SSL_new(ctx);
+    SSL_set_fd(ssl, c);
+    if (SSL_accept(ssl) == 1) {
+      X509* x = SSL_get1_peer_certificate(ssl);
+      if (x) {
+        char hex[64];
+        BIGNUM* bn = ASN1_INTEGER_to_BN(X509_get0_serialNumber(x), NULL);
+        char* h = bn ? BN_bn2hex(bn) : NULL;
+        snprintf(hex, sizeof hex, "%s", h ? h : "?");
+        OPENSSL_free(h);
+        BN_free(bn);
+        X509_free(x);
+        pthread_mutex_lock(&g_peer.mu);
+        if (g_peer.n < 64) snprintf(g_peer.serial[g_peer.n], sizeof g_peer.serial[0], "%s", hex);
+        g_peer.n++;
+        pthread_mutex_unlock(&g_peer.mu);
+      }
+    }
+    ERR_clear_error();
+    SSL_free(ssl);
+    close(c);
+  }
+  SSL_CTX_free(ctx);
+  return NULL;
+}
+
+static void start_peer(void) {
+  char ca[512], crt[512], key[512];
+  snprintf(ca, sizeof ca, "%s/ca.crt", g_dir);
+  snprintf(crt, sizeof crt, "%s/dc-b.crt", g_dir);
+  snprintf(key, sizeof key, "%s/dc-b.key", g_dir);
+  SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+  assert_non_null(ctx);
+  assert_int_equal(SSL_CTX_use_certificate_chain_file(ctx, crt), 1);
+  assert_int_equal(SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM), 1);
+  assert_int_equal(SSL_CTX_load_verify_locations(ctx, ca, NULL), 1);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+  SSL_CTX_set_alpn_select_cb(ctx, peer_alpn, NULL);
+  g_peer.fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true(g_peer.fd >= 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t sl = sizeof sa;
+  assert_int_equal(bind(g_peer.fd, (struct sockaddr*)&sa, sizeof sa), 0);
+  assert_int_equal(listen(g_peer.fd, 16), 0);
+  assert_int_equal(getsockname(g_peer.fd, (struct sockaddr*)&sa, &sl), 0);
+  g_peer.port = ntohs(sa.sin_port);
+  g_peer.stop = 0;
+  g_peer.n = 0;
+  assert_int_equal(pthread_create(&g_peer.thr, NULL, peer_main, ctx), 0);
+  g_peer.started = 1;
+}
+
+static void stop_peer(void) {
+  if (g_peer.started) {
+    g_peer.stop = 1;
+    pthread_join(g_peer.thr, NULL);
+    g_peer.started = 0;
+  }
+  if (g_peer.fd >= 0) close(g_peer.fd);
+  g_peer.fd = -1;
+}
+
+static int peer_handshakes(void) {
+  pthread_mutex_lock(&g_peer.mu);
+  int n = g_peer.n;
+  pthread_mutex_unlock(&g_peer.mu);
+  return n;
+}
+
+/* Submits a job naming dc-a and dc-b as alice: the gateway proposes it to dc-b (the stand-in
+ * answers no gRPC, so the submit fails), which opens a Federation connection. Waits until the
+ * stand-in has recorded more than `before` handshakes and returns the serial the last one
+ * presented. */
+static void federation_serial(int before, char* out, size_t cap) {
+  static int k;
+  char doc[1024];
+  snprintf(doc, sizeof doc,
+           "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": "
+           "{\"name\": \"fed%d\"}, \"spec\": {\"clusters\": [{\"id\": \"dc-a\", \"workers\": 1, "
+           "\"data\": {\"languages\": [\"en\"]}}, {\"id\": \"dc-b\", \"workers\": 1, "
+           "\"data\": {\"languages\": [\"en\"]}}]}}",
+           k++);
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = gwt_client(g_dir, "alice", g_port, &tls);
+  nb_status_t st = gwt_submit(cli, g_dir, "alice", doc, 0, 20000, NULL);
+  assert_int_not_equal(st, NB_OK); /* dc-b speaks no gRPC */
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  for (int i = 0; i < 500 && peer_handshakes() <= before; i++) nb_sleep_ns(20000000);
+  pthread_mutex_lock(&g_peer.mu);
+  int n = g_peer.n;
+  if (n > before) snprintf(out, cap, "%s", g_peer.serial[(n < 64 ? n : 64) - 1]);
+  pthread_mutex_unlock(&g_peer.mu);
+  if (n <= before) fail_msg("the gateway made no Federation connection to dc-b");
+}
+
 static void stop_gateway(int expect_clean) {
   if (g_pid <= 0) return;
   kill(g_pid, SIGTERM);
@@ -239,6 +373,7 @@ static int setup(void** state) {
   const char* clusters[] = {"dc-a", "dc-b"};
   const char* users[] = {"alice"};
   gwt_make_pki(g_dir, clusters, 2, users, 1, &g_ca_key, &g_ca);
+  start_peer();
   char p[512];
   snprintf(p, sizeof p, "%s/gw.json", g_dir);
   FILE* f = fopen(p, "w");
@@ -246,7 +381,10 @@ static int setup(void** state) {
   fprintf(f,
           "{\"cluster_id\": \"dc-a\", \"listen\": \"127.0.0.1:0\",\n"
           " \"tls\": {\"ca\": \"ca.crt\", \"cert\": \"dc-a.crt\", \"key\": \"dc-a.key\"},\n"
-          " \"command\": [\"/bin/true\"], \"work_dir\": \"work\"}\n");
+          " \"peers\": {\"dc-b\": \"127.0.0.1:%d\"}, \"acl\": [{\"user\": \"alice\"}],\n"
+          " \"federation_timeout_ms\": 2000,\n"
+          " \"command\": [\"/bin/true\"], \"work_dir\": \"work\"}\n",
+          g_peer.port);
   assert_int_equal(fclose(f), 0);
 
   char out[512], err[512];
@@ -267,6 +405,7 @@ static int setup(void** state) {
     _exit(127);
   }
   /* "listening on 127.0.0.1:0 port N" once it serves */
+  g_port = 0;
   for (int i = 0; i < 1500 && g_port == 0; i++) {
     char* s = slurp(out);
     const char* q = strstr(s, " port ");
@@ -289,6 +428,7 @@ static int setup(void** state) {
 static int teardown(void** state) {
   (void)state;
   stop_gateway(0);
+  stop_peer();
   EVP_PKEY_free(g_ca_key);
   X509_free(g_ca);
   g_ca_key = NULL;
@@ -375,6 +515,35 @@ static void test_rotate(void** state) {
   stop_gateway(1); /* SIGTERM: exit status 0 */
 }
 
+/* The Federation channel to the peer presents the pair loaded last: the connection made after
+ * a reload carries the new certificate, and after a refused reload still the good one. */
+static void test_rotate_federation(void** state) {
+  (void)state;
+  char first[128], second[128], got[128];
+  file_serial("dc-a", first, sizeof first);
+  federation_serial(0, got, sizeof got);
+  assert_string_equal(got, first);
+
+  issue_dca("next", 0, 0);
+  file_serial("next", second, sizeof second);
+  install("next.key", "dc-a.key");
+  install("next.crt", "dc-a.crt");
+  assert_int_equal(kill(g_pid, SIGHUP), 0);
+  wait_log("certificates reloaded", 1);
+  int n = peer_handshakes();
+  federation_serial(n, got, sizeof got);
+  assert_string_equal(got, second);
+
+  copy_file("dc-b.key", "broken.key"); /* refused: the channels stay as they are */
+  install("broken.key", "dc-a.key");
+  assert_int_equal(kill(g_pid, SIGHUP), 0);
+  wait_log("certificate reload failed", 1);
+  n = peer_handshakes();
+  federation_serial(n, got, sizeof got);
+  assert_string_equal(got, second);
+  stop_gateway(1);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s NEBULA_BINARY\n", argv[0]);
@@ -384,6 +553,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_rotate, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rotate_federation, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
