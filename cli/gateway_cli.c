@@ -1,6 +1,6 @@
 /* `nebula gateway --config FILE [--check | --check-config]`: runs this cluster's gateway daemon
- * (gateway/gateway.h) until SIGINT/SIGTERM, or probes a running one's health service. Only the
- * command line is here: flags, signals and exit codes. */
+ * (gateway/gateway.h) until SIGINT/SIGTERM, reloading its certificates on SIGHUP, or probes a
+ * running one's health service. Only the command line is here: flags, signals and exit codes. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -67,8 +67,9 @@ int nb_gateway_main(int argc, char** argv) {
       .about =
           "Runs this cluster's gateway: the nebula.v1.Gateway API over mutual TLS, the job "
           "store\nand the launcher. Stops on SIGINT/SIGTERM; running jobs keep running and "
-          "are\nre-attached at the next start. Prints 'listening on ADDR port PORT' once "
-          "serving.",
+          "are\nre-attached at the next start. SIGHUP re-reads tls.ca, tls.cert and tls.key: "
+          "new TLS\nconnections get the new pair if it checks out, else the old one stays "
+          "(logged).\nPrints 'listening on ADDR port PORT' once serving.",
       .opts = opts,
       .more_help = nb__gateway_more_help,
   };
@@ -108,7 +109,10 @@ int nb_gateway_main(int argc, char** argv) {
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, NULL); /* every thread inherits it; sigwait below */
+  sigaddset(&set, SIGHUP);
+  /* every thread inherits it: no handler runs anywhere; sigwait below receives the signals
+   * on this thread, where reloading the certificates may take locks and read files */
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
   nb_gateway_t* gw = NULL;
   if (nb_gateway_create(&cfg, &gw) != NB_OK) {
     fprintf(stderr, "nebula gateway: %s\n", nb_error_last());
@@ -122,7 +126,11 @@ int nb_gateway_main(int argc, char** argv) {
   printf("listening on %s port %d\n", cfg.listen, nb_gateway_port(gw));
   fflush(stdout);
   int sig = 0;
-  sigwait(&set, &sig);
+  for (;;) {
+    if (sigwait(&set, &sig) != 0) continue;
+    if (sig != SIGHUP) break;
+    nb_gateway_reload_tls(gw); /* logs the outcome; a failure keeps the previous pair */
+  }
   NB_WARN("gateway %s: stopping on signal %d; running jobs keep running", cfg.cluster_id, sig);
   nb_gateway_drain(gw); /* health: NOT_SERVING until the server is gone */
   nb_gateway_destroy(gw);

@@ -249,7 +249,7 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
       continue;
     }
     fed = 1;
-    if (!nb__gw_peer_client(gw, parts[i].id)) {
+    if (!nb__gw_is_peer(gw, parts[i].id)) {
       s = nb_error(NB_ERR_INVALID,
                    "the job names cluster '%s', which is not a peer of gateway '%s' (add it to "
                    "\"peers\" in the gateway's config)",
@@ -619,15 +619,20 @@ static nb_status_t nb__logs_relay(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_
                     req->job_id, at);
   if (!member)
     return nb_error(NB_ERR_NOT_FOUND, "job '%s' has no cluster '%s'", req->job_id, req->cluster);
-  nb_rpc_client_t* c = nb__gw_peer_client(gw, req->cluster);
-  if (!c)
+  nb__peer_t* peer = nb__gw_peer_acquire(gw, req->cluster);
+  if (!peer)
     return nb_error(NB_ERR_INVALID, "cluster '%s' is not a peer of gateway '%s'", req->cluster,
                     gw->cfg.cluster_id);
+  nb_rpc_client_t* c = peer->cli;
   Nebula__V1__LogsRequest fwd = *req;
   fwd.cluster = (char*)"";
   nb_rpc_stream_t* rs = NULL;
   int64_t deadline = req->follow ? NB_RPC_INFINITE : (int64_t)gw->cfg.federation_timeout_ms * 30;
-  NB_CHECK(nb_rpc_stream_open(c, "/nebula.v1.Federation/Logs", deadline, 0, &rs));
+  s = nb_rpc_stream_open(c, "/nebula.v1.Federation/Logs", deadline, 0, &rs);
+  if (s != NB_OK) {
+    nb__gw_peer_release(gw, peer);
+    return s;
+  }
   s = nb_rpc_stream_send_pb(rs, &fwd.base);
   if (s == NB_OK) s = nb_rpc_stream_close_send(rs);
   while (s == NB_OK) {
@@ -645,6 +650,7 @@ static nb_status_t nb__logs_relay(nb_rpc_call_t* call, nb_gateway_t* gw, nb_job_
   }
   if (s == NB_OK) s = nb_rpc_stream_finish(rs);
   nb_rpc_stream_destroy(rs);
+  nb__gw_peer_release(gw, peer); /* after its stream: the last holder of a replaced one frees it */
   if (s != NB_OK) return nb_error_wrap(s, "cluster's log");
   return NB_OK;
 }

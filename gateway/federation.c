@@ -137,10 +137,75 @@ void nb__gw_fed_aggregate(nb_gateway_t* gw, nb_job_store_t* st, const char* id, 
   }
 }
 
-nb_rpc_client_t* nb__gw_peer_client(nb_gateway_t* gw, const char* cluster) {
+/* Whether cluster is one of the configured peers. */
+int nb__gw_is_peer(const nb_gateway_t* gw, const char* cluster) {
   for (int i = 0; i < gw->cfg.n_peers; i++)
-    if (!strcmp(gw->cfg.peers[i].id, cluster)) return gw->peer_cli[i];
-  return NULL;
+    if (!strcmp(gw->cfg.peers[i].id, cluster)) return 1;
+  return 0;
+}
+
+/* The Federation client of peer cluster, held until nb__gw_peer_release (a reload meanwhile
+ * does not destroy it); NULL when cluster is no peer. */
+nb__peer_t* nb__gw_peer_acquire(nb_gateway_t* gw, const char* cluster) {
+  nb__peer_t* p = NULL;
+  pthread_mutex_lock(&gw->peer_mu);
+  for (int i = 0; i < gw->cfg.n_peers && !p; i++)
+    if (!strcmp(gw->cfg.peers[i].id, cluster) && gw->peer[i]) p = gw->peer[i];
+  if (p) p->uses++;
+  pthread_mutex_unlock(&gw->peer_mu);
+  return p;
+}
+
+static void nb__peer_free(nb__peer_t* p) {
+  nb_rpc_client_destroy(p->cli);
+  nb_free(p);
+}
+
+void nb__gw_peer_release(nb_gateway_t* gw, nb__peer_t* p) {
+  if (!p) return;
+  pthread_mutex_lock(&gw->peer_mu);
+  int last = --p->uses == 0 && p->retired;
+  pthread_mutex_unlock(&gw->peer_mu);
+  if (last) nb__peer_free(p); /* its streams are gone: every holder destroyed its own */
+}
+
+/* A Federation client of every peer presenting tls (borrowed; the channels copy it), each
+ * replacing the one before, which its holders finish with. Nothing is replaced on failure. */
+nb_status_t nb__gw_peers_connect(nb_gateway_t* gw, const nb_tls_t* tls) {
+  nb__peer_t* fresh[NB_GW_MAX_PEERS] = {0};
+  nb_status_t s = NB_OK;
+  for (int i = 0; i < gw->cfg.n_peers && s == NB_OK; i++) {
+    nb_rpc_client_opts_t co = {0};
+    co.tls = tls;
+    co.expected_cluster = gw->cfg.peers[i].id;
+    s = nb_calloc((void**)&fresh[i], 1, sizeof *fresh[i], "peer client");
+    if (s == NB_OK) s = nb_rpc_client_create(gw->cfg.peers[i].address, &co, &fresh[i]->cli);
+  }
+  if (s != NB_OK) {
+    for (int i = 0; i < gw->cfg.n_peers; i++)
+      if (fresh[i]) nb__peer_free(fresh[i]);
+    return s;
+  }
+  nb__peer_t* gone[NB_GW_MAX_PEERS] = {0};
+  pthread_mutex_lock(&gw->peer_mu);
+  for (int i = 0; i < gw->cfg.n_peers; i++) {
+    nb__peer_t* old = gw->peer[i];
+    gw->peer[i] = fresh[i];
+    if (old) old->retired = 1;
+    if (old && old->uses == 0) gone[i] = old;
+  }
+  pthread_mutex_unlock(&gw->peer_mu);
+  for (int i = 0; i < gw->cfg.n_peers; i++)
+    if (gone[i]) nb__peer_free(gone[i]);
+  return NB_OK;
+}
+
+/* At destroy, once no thread or handler holds a client any more. */
+void nb__gw_peers_close(nb_gateway_t* gw) {
+  for (int i = 0; i < gw->cfg.n_peers; i++) {
+    if (gw->peer[i]) nb__peer_free(gw->peer[i]);
+    gw->peer[i] = NULL;
+  }
 }
 
 /* One Federation call to peer `cluster`; a peer that cannot be reached fails fast
@@ -150,10 +215,11 @@ nb_rpc_client_t* nb__gw_peer_client(nb_gateway_t* gw, const char* cluster) {
 static nb_status_t nb__fed_call(nb_gateway_t* gw, const char* cluster, const char* method,
                                 const ProtobufCMessage* req, const ProtobufCMessageDescriptor* rd,
                                 ProtobufCMessage** resp, int wait) {
-  nb_rpc_client_t* c = nb__gw_peer_client(gw, cluster);
-  if (!c)
+  nb__peer_t* p = nb__gw_peer_acquire(gw, cluster);
+  if (!p)
     return nb_error(NB_ERR_INVALID, "cluster '%s' is not a peer of gateway '%s'", cluster,
                     gw->cfg.cluster_id);
+  nb_rpc_client_t* c = p->cli;
   char m[96];
   snprintf(m, sizeof m, "/nebula.v1.Federation/%s", method);
   *resp = NULL;
@@ -174,6 +240,7 @@ static nb_status_t nb__fed_call(nb_gateway_t* gw, const char* cluster, const cha
             job && *job ? job : "-", s == NB_OK ? "ok" : nb_status_name(s), s == NB_OK ? "" : ": ",
             s == NB_OK ? "" : nb_error_last());
   }
+  nb__gw_peer_release(gw, p);
   return s;
 }
 

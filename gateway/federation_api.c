@@ -19,7 +19,7 @@ static nb_status_t nb__fed_caller(nb_rpc_call_t* call, nb_gateway_t* gw, const c
     return nb_error(NB_ERR_PERMISSION,
                     "the Federation API is for peer gateways (a cluster certificate), not '%s'",
                     p ? p->name : "?");
-  if (!nb__gw_peer_client(gw, p->name))
+  if (!nb__gw_is_peer(gw, p->name))
     return nb_error(NB_ERR_PERMISSION, "cluster '%s' is not a peer of gateway '%s'", p->name,
                     gw->cfg.cluster_id);
   *cluster = p->name;

@@ -67,6 +67,56 @@ nb_status_t nb__gw_limited(nb_rpc_call_t* call, void* user_data) {
   return st;
 }
 
+/* Reads and checks tls.ca, tls.cert and tls.key (nb_tls_create: they parse, the key matches the
+ * certificate, which chains to the CA and is valid now) and that the certificate is this
+ * cluster's. */
+static nb_status_t nb__gw_tls_load(const nb_gateway_t* gw, nb_tls_t** out) {
+  nb_tls_files_t files = {gw->cfg.tls_ca, gw->cfg.tls_cert, gw->cfg.tls_key};
+  NB_CHECK(nb_tls_create(&files, out));
+  const nb_tls_peer_t* self = nb_tls_self(*out);
+  if (self->kind != NB_TLS_PEER_CLUSTER || strcmp(self->name, gw->cfg.cluster_id)) {
+    nb_status_t s = nb_error(NB_ERR_CONFIG, "gateway: tls.cert %s is %s '%s', not cluster '%s'",
+                             gw->cfg.tls_cert, self->kind == NB_TLS_PEER_USER ? "user" : "cluster",
+                             self->name, gw->cfg.cluster_id);
+    nb_tls_destroy(*out);
+    *out = NULL;
+    return s;
+  }
+  return NB_OK;
+}
+
+nb_status_t nb_gateway_reload_tls(nb_gateway_t* gw) {
+  if (!gw || !gw->tls_src) return nb_error(NB_ERR_INVALID, "gateway: NULL argument");
+  nb_tls_t* tls = NULL;
+  nb_status_t s = nb__gw_tls_load(gw, &tls);
+  if (s != NB_OK) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", nb_error_last()); /* nb_error writes where it reads */
+    nb_tls_t* cur = nb_tls_source_get(gw->tls_src);
+    const nb_tls_cert_info_t* ci = nb_tls_cert_info(cur);
+    NB_WARN(
+        "gateway %s: certificate reload failed, still serving the previous certificate "
+        "(serial %s, notAfter %s): %s; fix the file and send SIGHUP again",
+        gw->cfg.cluster_id, ci->serial, ci->not_after, why);
+    s = nb_error(s, "certificate reload failed: %s", why);
+    nb_tls_destroy(cur);
+    return s;
+  }
+  const nb_tls_cert_info_t* ci = nb_tls_cert_info(tls);
+  NB_INFO(JOB,
+          "gateway %s: certificates reloaded: subject %s, notAfter %s, serial %s (from %s, %s, "
+          "CA %s); new TLS connections present it",
+          gw->cfg.cluster_id, ci->subject, ci->not_after, ci->serial, gw->cfg.tls_cert,
+          gw->cfg.tls_key, gw->cfg.tls_ca);
+  /* new channels to the peers with it; calls under way finish on the old ones */
+  s = nb__gw_peers_connect(gw, tls);
+  if (s != NB_OK)
+    NB_WARN("gateway %s: the Federation channels keep the previous certificate: %s",
+            gw->cfg.cluster_id, nb_error_last());
+  nb_tls_source_set(gw->tls_src, tls);
+  return s;
+}
+
 nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out) {
   if (!cfg || !out) return nb_error(NB_ERR_INVALID, "gateway: NULL argument");
   nb_gateway_t* gw = NULL;
@@ -77,6 +127,7 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
   pthread_mutex_init(&gw->active_mu, NULL);
   pthread_mutex_init(&gw->queue_mu, NULL);
   pthread_mutex_init(&gw->lim_mu, NULL);
+  pthread_mutex_init(&gw->peer_mu, NULL);
   if (!gw->cfg.cluster_id[0]) {
     s = nb_error(NB_ERR_CONFIG, "gateway: cluster_id is required");
     goto fail;
@@ -122,13 +173,13 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
   if (!gw->cfg.store_path[0])
     snprintf(gw->cfg.store_path, sizeof gw->cfg.store_path, "%.*s/jobs.db", NB_GW_STR - 16,
              gw->cfg.work_dir);
-  nb_tls_files_t files = {gw->cfg.tls_ca, gw->cfg.tls_cert, gw->cfg.tls_key};
-  NB_CHECK_GOTO(nb_tls_create(&files, &gw->tls), s, fail);
-  const nb_tls_peer_t* self = nb_tls_self(gw->tls);
-  if (self->kind != NB_TLS_PEER_CLUSTER || strcmp(self->name, gw->cfg.cluster_id)) {
-    s = nb_error(NB_ERR_CONFIG, "gateway: tls.cert %s is '%s', not cluster '%s'", gw->cfg.tls_cert,
-                 self->name, gw->cfg.cluster_id);
-    goto fail;
+  {
+    nb_tls_t* tls = NULL;
+    NB_CHECK_GOTO(nb__gw_tls_load(gw, &tls), s, fail);
+    if ((s = nb_tls_source_create(tls, &gw->tls_src)) != NB_OK) {
+      nb_tls_destroy(tls);
+      goto fail;
+    }
   }
   NB_CHECK_GOTO(nb_pki_cert_load(gw->cfg.tls_ca, &gw->ca), s, fail);
   NB_CHECK_GOTO(nb__gw_store_present(gw), s, fail);
@@ -159,16 +210,16 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->fed_store), s, fail);
   NB_CHECK_GOTO(nb_job_store_open(gw->cfg.store_path, &gw->rep_store), s, fail);
   NB_CHECK_GOTO(nb__gw_recover(gw), s, fail);
-  for (int i = 0; i < gw->cfg.n_peers; i++) {
-    nb_rpc_client_opts_t co = {0};
-    co.tls = gw->tls;
-    co.expected_cluster = gw->cfg.peers[i].id;
-    NB_CHECK_GOTO(nb_rpc_client_create(gw->cfg.peers[i].address, &co, &gw->peer_cli[i]), s, fail);
+  {
+    nb_tls_t* tls = nb_tls_source_get(gw->tls_src);
+    s = nb__gw_peers_connect(gw, tls);
+    nb_tls_destroy(tls);
+    if (s != NB_OK) goto fail;
   }
 
   nb_rpc_server_opts_t so = {0};
   so.listen = gw->cfg.listen;
-  so.tls = gw->tls;
+  so.tls_source = gw->tls_src; /* each new handshake presents the pair loaded last */
   NB_CHECK_GOTO(nb_rpc_server_create(&so, &gw->srv), s, fail);
   {
     char adir[NB_GW_STR + 16];
@@ -225,16 +276,17 @@ void nb_gateway_destroy(nb_gateway_t* gw) {
   if (gw->mon_started) pthread_join(gw->mon, NULL);
   if (gw->fed_started) pthread_join(gw->fed, NULL);
   if (gw->rep_started) pthread_join(gw->rep, NULL);
-  for (int i = 0; i < gw->cfg.n_peers; i++) nb_rpc_client_destroy(gw->peer_cli[i]);
+  nb__gw_peers_close(gw);
   nb_job_store_close(gw->fed_store);
   nb_job_store_close(gw->rep_store);
   nb_job_store_close(gw->mon_store);
   nb_artifact_store_close(gw->art);
   if (gw->ca) X509_free(gw->ca);
-  nb_tls_destroy(gw->tls);
+  nb_tls_source_destroy(gw->tls_src);
   pthread_mutex_destroy(&gw->record_mu);
   pthread_mutex_destroy(&gw->active_mu);
   pthread_mutex_destroy(&gw->queue_mu);
   pthread_mutex_destroy(&gw->lim_mu);
+  pthread_mutex_destroy(&gw->peer_mu);
   nb_free(gw);
 }

@@ -133,6 +133,20 @@ nb_status_t nb_gateway_health_check(const nb_gateway_config_t* cfg, const char* 
 /* "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN" or "UNKNOWN" for a health status. */
 const char* nb_gateway_health_name(int status);
 
+/* Certificate rotation without a restart (what `nebula gateway` does on SIGHUP): reads tls.ca,
+ * tls.cert and tls.key again and checks them as at start (they parse, the key matches the
+ * certificate, the certificate chains to the CA, is valid now and is this cluster's). When
+ * they pass, new TLS handshakes of the server present the new pair and verify clients against
+ * the new CA file (connections already open keep theirs), the Federation channels to the peers
+ * are replaced by new ones presenting it (calls under way finish on the old), artifact fetches
+ * from peers use it, and "certificates reloaded" is logged (INFO, JOB) with its subject,
+ * notAfter and serial. When they do not, the previous pair goes on serving and a WARN
+ * ("certificate reload failed") names the file and the problem. Descriptor signatures are
+ * still checked against the CA certificate read at start. Call it from one thread at a time
+ * (the daemon's main thread). Returns NB_OK; NB_ERR_IO, NB_ERR_CRYPTO, NB_ERR_CONFIG (not this
+ * cluster's certificate), NB_ERR_INVALID, NB_ERR_NOMEM. */
+nb_status_t nb_gateway_reload_tls(nb_gateway_t* gw);
+
 /* Stops serving and monitoring (NOT_SERVING first: an open health Watch is told). Running jobs
  * are left running: a restarted gateway re-attaches to them. NULL ok. */
 void nb_gateway_destroy(nb_gateway_t* gw);

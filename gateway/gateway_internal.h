@@ -83,6 +83,15 @@ typedef struct {
 #define NB__MAX_IDENTITIES 256
 #define NB__N_METHODS (NB__GW_API_METHODS + NB__GW_FED_METHODS)
 
+/* The Federation client of one peer. Replaced by a new one when the certificates are reloaded
+ * (nb__gw_peers_connect); the calls holding the old one (nb__gw_peer_acquire) finish on it,
+ * and the last to let go destroys it. */
+typedef struct {
+  nb_rpc_client_t* cli;
+  int uses;    /* holders now */
+  int retired; /* replaced: destroyed when uses drops to 0 */
+} nb__peer_t;
+
 /* The daemon. Threads: the gRPC server's handler threads, the monitor (monitor.c), the
  * federation thread (federation.c) and the report thread (report_queue.c); each thread has its
  * own store handle, and each handler opens one per call.
@@ -95,9 +104,10 @@ typedef struct {
  *              fields included (the monitor also reads progress files under it); xport[]
  *   queue_mu   publish[] / n_publish and report[] / n_report
  *   lim_mu     ident[] / n_ident: calls in flight per identity
- * Order: record_mu, then active_mu, then queue_mu; lim_mu is taken alone. Everything else is
- * set by nb_gateway_create before the threads start and only read afterwards, but `stopping`
- * (atomic), the ended[] scratch of the monitor, and the thread-owned store handles. */
+ *   peer_mu    peer[] and each entry's uses and retired
+ * Order: record_mu, then active_mu, then queue_mu; lim_mu and peer_mu are taken alone. Everything
+ * else is set by nb_gateway_create before the threads start and only read afterwards, but
+ * `stopping` (atomic), the ended[] scratch of the monitor, and the thread-owned store handles. */
 struct nb_gateway {
   nb_gateway_config_t cfg;
   int run_as; /* jobs run as run_uid:run_gid (cfg.run_as) */
@@ -105,11 +115,12 @@ struct nb_gateway {
   gid_t run_gid;
   nb__hand_t hand[NB__N_METHODS];
   char self_exe[NB_GW_STR];
-  nb_tls_t* tls;
-  X509* ca;
+  nb_tls_source_t* tls_src; /* tls.* as last loaded (start, SIGHUP: nb_gateway_reload_tls) */
+  X509* ca;                 /* tls.ca as read at start: descriptor signatures */
   nb_rpc_server_t* srv;
-  nb_rpc_client_t* peer_cli[NB_GW_MAX_PEERS]; /* Federation clients, one per configured peer */
-  nb_artifact_store_t* art;                   /* <work_dir>/artifacts: what jobs produced */
+  pthread_mutex_t peer_mu;
+  nb__peer_t* peer[NB_GW_MAX_PEERS]; /* Federation clients, one per configured peer */
+  nb_artifact_store_t* art;          /* <work_dir>/artifacts: what jobs produced */
   _Atomic int stopping;
   _Atomic int draining;      /* nb_gateway_drain: the health service answers NOT_SERVING */
   _Atomic int watch_serving; /* health Watch calls last told SERVING */
@@ -232,7 +243,11 @@ void nb__gw_fed_release(nb_job_fed_t* f, json_t* info);
 void nb__gw_fed_update(nb_gateway_t* gw, nb_job_store_t* st, const char* id, const char* key,
                        json_t* value, const char* drop, int active);
 const char* nb__gw_jstr(json_t* o, const char* k);
-nb_rpc_client_t* nb__gw_peer_client(nb_gateway_t* gw, const char* cluster);
+int nb__gw_is_peer(const nb_gateway_t* gw, const char* cluster);
+nb__peer_t* nb__gw_peer_acquire(nb_gateway_t* gw, const char* cluster);
+void nb__gw_peer_release(nb_gateway_t* gw, nb__peer_t* p);
+nb_status_t nb__gw_peers_connect(nb_gateway_t* gw, const nb_tls_t* tls);
+void nb__gw_peers_close(nb_gateway_t* gw);
 void* nb__gw_fed_loop(void* arg);
 json_t* nb__gw_fed_cluster(json_t* info, const char* cluster);
 void nb__gw_fed_cluster_state(nb_job_store_t* st, const char* id, json_t* info, const char* cluster,

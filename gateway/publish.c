@@ -182,7 +182,8 @@ nb_status_t nb__gw_fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   nb_artifact_fetch_opts_t o;
   memset(&o, 0, sizeof o);
   o.target = target;
-  o.tls = gw->tls;
+  nb_tls_t* tls = nb_tls_source_get(gw->tls_src); /* the pair in use now (SIGHUP reloads) */
+  o.tls = tls;
   o.account = gw->art;
   o.expected_cluster = mo->base_cluster;
   o.job_id = id;
@@ -193,6 +194,7 @@ nb_status_t nb__gw_fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   nb_artifact_info_t info;
   double t0 = nb_now_s();
   s = nb_artifact_fetch(&o, &info);
+  nb_tls_destroy(tls);
   if (s != NB_OK) {
     s = nb_error_wrap(s, "fetching the base checkpoint %s from cluster '%s'", o.name,
                       mo->base_cluster);

@@ -205,7 +205,8 @@ static int nb__report_try(nb_gateway_t* gw, nb_job_store_t* st, const nb__report
       nb_artifact_fetch_opts_t o;
       memset(&o, 0, sizeof o);
       o.target = target;
-      o.tls = gw->tls;
+      nb_tls_t* tls = nb_tls_source_get(gw->tls_src); /* the pair in use now (SIGHUP reloads) */
+      o.tls = tls;
       o.account = gw->art;
       o.expected_cluster = c;
       o.job_id = id;
@@ -213,7 +214,9 @@ static int nb__report_try(nb_gateway_t* gw, nb_job_store_t* st, const nb__report
       o.name = have ? by_hash : name;
       o.dest = dst;
       o.timeout_ms = gw->cfg.federation_timeout_ms < 5000 ? gw->cfg.federation_timeout_ms : 5000;
-      if (nb_artifact_fetch(&o, NULL) == NB_OK) continue;
+      nb_status_t fs = nb_artifact_fetch(&o, NULL);
+      nb_tls_destroy(tls);
+      if (fs == NB_OK) continue;
       if (last)
         snprintf(err, sizeof err, "fetching %s from cluster '%s': %s", name, c, nb_error_last());
       else

@@ -750,8 +750,11 @@ nb_status_t nb_rpc_server_create(const nb_rpc_server_opts_t* opts, nb_rpc_server
   if (opts == NULL || out == NULL || opts->listen == NULL || opts->listen[0] == '\0')
     return nb_error(NB_ERR_INVALID, "nb_rpc_server_create: no listen address");
   *out = NULL;
-  if (opts->tls == NULL && !opts->allow_insecure)
+  if (opts->tls == NULL && opts->tls_source == NULL && !opts->allow_insecure)
     return nb_error(NB_ERR_INVALID, "server on %s: no TLS material and plaintext not allowed",
+                    opts->listen);
+  if (opts->tls != NULL && opts->tls_source != NULL)
+    return nb_error(NB_ERR_INVALID, "server on %s: tls and tls_source exclude each other",
                     opts->listen);
   nb_rpc_server_t* srv = calloc(1, sizeof *srv);
   if (srv == NULL) return nb_error(NB_ERR_NOMEM, "rpc server");
@@ -791,7 +794,10 @@ nb_status_t nb_rpc_server_create(const nb_rpc_server_opts_t* opts, nb_rpc_server
 
   grpc_server_credentials* creds = NULL;
   nb_status_t st = NB_OK;
-  if (opts->tls != NULL) {
+  if (opts->tls_source != NULL) {
+    st = nb_tls_source_server_credentials(opts->tls_source, &creds);
+    srv->tls = 1;
+  } else if (opts->tls != NULL) {
     st = nb_tls_server_credentials(opts->tls, &creds);
     srv->tls = 1;
   } else {

@@ -71,10 +71,12 @@ typedef nb_status_t (*nb_rpc_authorize_fn)(const nb_tls_peer_t* peer, const char
                                            void* user);
 
 typedef struct {
-  const char* listen;  /* "127.0.0.1:0", "[::1]:7000", "169.254.1.1:7000"; :0 = any port */
-  const nb_tls_t* tls; /* mTLS material (borrowed, only read during create); NULL means
-                          plaintext, which needs allow_insecure */
-  int allow_insecure;  /* 1 = accept plaintext when tls is NULL (tests, benchmarks) */
+  const char* listen;          /* "127.0.0.1:0", "[::1]:7000", "169.254.1.1:7000"; :0 = any port */
+  const nb_tls_t* tls;         /* mTLS material (borrowed, only read during create); NULL means
+                                  plaintext, which needs allow_insecure */
+  nb_tls_source_t* tls_source; /* instead of tls: reloadable mTLS material, taken up at each
+                                  new handshake (borrowed; must outlive the server) */
+  int allow_insecure;          /* 1 = accept plaintext when tls and tls_source are NULL (tests) */
   nb_rpc_authorize_fn authorize; /* NULL: any certificate from the CA may call */
   void* authorize_user;
   size_t max_message_bytes; /* 0: NB_RPC_MAX_MESSAGE_MB */

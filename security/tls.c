@@ -14,8 +14,10 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/common.h"
 
@@ -28,13 +30,16 @@ NB_PARAM_STRING(TlsCiphersuites, "NB_TLS13_CIPHERSUITES",
                 "TLS 1.3 cipher suites of gRPC's TLS, in preference order ('default': OpenSSL's)")
 
 struct nb_tls {
+  _Atomic int refs; /* nb_tls_create's reference + one per holder (nb_tls_source_get) */
   char* ca_pem;
   char* cert_pem;
   char* key_pem;
   nb_tls_peer_t self;
+  nb_tls_cert_info_t info;
 };
 
 #define NB_TLS_MAX_PEM (1u << 20) /* a PEM file larger than 1 MiB is not a certificate */
+#define NB_TLS_PATH_SHOWN 400     /* longest part of a path an error message quotes */
 
 /* OpenSSL error queue → NB_ERR_CRYPTO with the first queued reason. */
 static nb_status_t nb__tls_ossl_error(const char* what) {
@@ -178,6 +183,26 @@ nb_status_t nb_tls_peer_from_pem(const char* pem, size_t len, nb_tls_peer_t* out
   return st;
 }
 
+/* Subject (RFC 2253), notAfter (UTC, ISO 8601) and serial (hex) of a certificate, for logs. */
+static void nb__tls_describe(X509* x, nb_tls_cert_info_t* info) {
+  memset(info, 0, sizeof *info);
+  BIO* bio = BIO_new(BIO_s_mem());
+  if (bio != NULL && X509_NAME_print_ex(bio, X509_get_subject_name(x), 0, XN_FLAG_RFC2253) >= 0) {
+    int n = BIO_read(bio, info->subject, (int)sizeof info->subject - 1);
+    info->subject[n > 0 ? n : 0] = '\0';
+  }
+  BIO_free(bio);
+  struct tm tm;
+  if (ASN1_TIME_to_tm(X509_get0_notAfter(x), &tm) == 1)
+    strftime(info->not_after, sizeof info->not_after, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  BIGNUM* bn = ASN1_INTEGER_to_BN(X509_get0_serialNumber(x), NULL);
+  char* hex = bn ? BN_bn2hex(bn) : NULL;
+  if (hex) snprintf(info->serial, sizeof info->serial, "%s", hex);
+  OPENSSL_free(hex);
+  BN_free(bn);
+  ERR_clear_error();
+}
+
 /* Checks key ↔ certificate and certificate ← CA, so that a misconfigured endpoint fails at start
  * with a clear message instead of with an opaque handshake error later. */
 static nb_status_t nb__tls_check_material(nb_tls_t* t, const nb_tls_files_t* files) {
@@ -189,9 +214,12 @@ static nb_status_t nb__tls_check_material(nb_tls_t* t, const nb_tls_files_t* fil
   STACK_OF(X509)* chain = NULL;
   BIO* bio = NULL;
 
+  char what[2 * NB_TLS_PATH_SHOWN + 64];
   leaf = nb__tls_pem_x509(t->cert_pem, strlen(t->cert_pem));
   if (leaf == NULL) {
-    st = nb__tls_ossl_error("certificate does not parse");
+    snprintf(what, sizeof what, "certificate '%.*s' does not parse as PEM", NB_TLS_PATH_SHOWN,
+             files->cert_path);
+    st = nb__tls_ossl_error(what);
     goto fail;
   }
   bio = BIO_new_mem_buf(t->key_pem, -1);
@@ -199,11 +227,15 @@ static nb_status_t nb__tls_check_material(nb_tls_t* t, const nb_tls_files_t* fil
   BIO_free(bio);
   bio = NULL;
   if (key == NULL) {
-    st = nb__tls_ossl_error("private key does not parse");
+    snprintf(what, sizeof what, "private key '%.*s' does not parse as PEM", NB_TLS_PATH_SHOWN,
+             files->key_path);
+    st = nb__tls_ossl_error(what);
     goto fail;
   }
   if (X509_check_private_key(leaf, key) != 1) {
-    st = nb__tls_ossl_error("private key does not match the certificate");
+    snprintf(what, sizeof what, "private key '%.*s' does not match certificate '%.*s'",
+             NB_TLS_PATH_SHOWN, files->key_path, NB_TLS_PATH_SHOWN, files->cert_path);
+    st = nb__tls_ossl_error(what);
     goto fail;
   }
 
@@ -244,6 +276,7 @@ static nb_status_t nb__tls_check_material(nb_tls_t* t, const nb_tls_files_t* fil
     goto fail;
   }
   NB_CHECK_GOTO(nb__tls_peer_from_x509(leaf, &t->self), st, fail);
+  nb__tls_describe(leaf, &t->info);
 fail:
   BIO_free(bio);
   X509_STORE_CTX_free(ctx);
@@ -260,6 +293,7 @@ nb_status_t nb_tls_create(const nb_tls_files_t* files, nb_tls_t** out) {
   nb_status_t st = NB_OK;
   nb_tls_t* t = NULL;
   NB_CHECK(nb_calloc((void**)&t, 1, sizeof *t, "tls"));
+  atomic_init(&t->refs, 1);
   NB_CHECK_GOTO(nb__tls_read_file(files->ca_path, "CA certificate", &t->ca_pem), st, fail);
   NB_CHECK_GOTO(nb__tls_read_file(files->cert_path, "certificate", &t->cert_pem), st, fail);
   NB_CHECK_GOTO(nb__tls_read_file(files->key_path, "private key", &t->key_pem), st, fail);
@@ -274,7 +308,7 @@ fail:
 }
 
 void nb_tls_destroy(nb_tls_t* tls) {
-  if (tls == NULL) return;
+  if (tls == NULL || atomic_fetch_sub(&tls->refs, 1) != 1) return;
   if (tls->key_pem) OPENSSL_cleanse(tls->key_pem, strlen(tls->key_pem));
   nb_free(tls->key_pem);
   nb_free(tls->cert_pem);
@@ -284,6 +318,10 @@ void nb_tls_destroy(nb_tls_t* tls) {
 
 const nb_tls_peer_t* nb_tls_self(const nb_tls_t* tls) {
   return tls ? &tls->self : NULL;
+}
+
+const nb_tls_cert_info_t* nb_tls_cert_info(const nb_tls_t* tls) {
+  return tls ? &tls->info : NULL;
 }
 
 /* ------------------------------------------------------- TLS 1.3 cipher suites */
@@ -386,6 +424,113 @@ nb_status_t nb_tls_server_credentials(const nb_tls_t* tls, grpc_server_credentia
   *out = grpc_ssl_server_credentials_create_ex(
       tls->ca_pem, &pair, 1, GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY, NULL);
   if (*out == NULL) return nb_error(NB_ERR_RPC, "gRPC refused the server TLS credentials");
+  return NB_OK;
+}
+
+/* ------------------------------------------------------ reloadable material */
+
+/* What one server's credentials have been handed: gRPC gives its fetcher no destructor, so
+ * these live on the source's list until the source goes. */
+typedef struct nb__tls_fetch {
+  nb_tls_source_t* src;
+  unsigned long served; /* the source generation gRPC has; 0: none yet */
+  struct nb__tls_fetch* next;
+} nb__tls_fetch_t;
+
+struct nb_tls_source {
+  pthread_mutex_t mu; /* cur, gen, fetch */
+  nb_tls_t* cur;
+  unsigned long gen; /* bumped by every nb_tls_source_set; starts at 1 */
+  nb__tls_fetch_t* fetch;
+};
+
+nb_status_t nb_tls_source_create(nb_tls_t* tls, nb_tls_source_t** out) {
+  if (tls == NULL || out == NULL)
+    return nb_error(NB_ERR_INVALID, "nb_tls_source_create: NULL argument");
+  *out = NULL;
+  nb_tls_source_t* s = NULL;
+  NB_CHECK(nb_calloc((void**)&s, 1, sizeof *s, "tls source"));
+  pthread_mutex_init(&s->mu, NULL);
+  s->cur = tls;
+  s->gen = 1;
+  *out = s;
+  return NB_OK;
+}
+
+void nb_tls_source_destroy(nb_tls_source_t* src) {
+  if (src == NULL) return;
+  for (nb__tls_fetch_t *f = src->fetch, *n; f != NULL; f = n) {
+    n = f->next;
+    nb_free(f);
+  }
+  nb_tls_destroy(src->cur);
+  pthread_mutex_destroy(&src->mu);
+  nb_free(src);
+}
+
+nb_tls_t* nb_tls_source_get(nb_tls_source_t* src) {
+  if (src == NULL) return NULL;
+  pthread_mutex_lock(&src->mu);
+  nb_tls_t* t = src->cur;
+  atomic_fetch_add(&t->refs, 1);
+  pthread_mutex_unlock(&src->mu);
+  return t;
+}
+
+void nb_tls_source_set(nb_tls_source_t* src, nb_tls_t* tls) {
+  if (src == NULL || tls == NULL) return;
+  pthread_mutex_lock(&src->mu);
+  nb_tls_t* old = src->cur;
+  src->cur = tls;
+  src->gen++;
+  pthread_mutex_unlock(&src->mu);
+  nb_tls_destroy(old); /* freed once the last holder lets go */
+}
+
+/* gRPC calls this as each TLS handshake of the server begins (and once when the port is
+ * added): new material since the last call becomes a new certificate config, which gRPC
+ * copies and destroys; connections already established keep theirs. */
+static grpc_ssl_certificate_config_reload_status nb__tls_fetch_cb(
+    void* user, grpc_ssl_server_certificate_config** config) {
+  nb__tls_fetch_t* f = user;
+  nb_tls_source_t* src = f->src;
+  grpc_ssl_certificate_config_reload_status rs = GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
+  pthread_mutex_lock(&src->mu);
+  if (f->served != src->gen) {
+    nb_tls_t* t = src->cur;
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = t->key_pem, .cert_chain = t->cert_pem};
+    *config = grpc_ssl_server_certificate_config_create(t->ca_pem, &pair, 1);
+    if (*config != NULL) {
+      f->served = src->gen;
+      rs = GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;
+    } else {
+      rs = GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_FAIL; /* gRPC goes on with what it has */
+    }
+  }
+  pthread_mutex_unlock(&src->mu);
+  return rs;
+}
+
+nb_status_t nb_tls_source_server_credentials(nb_tls_source_t* src, grpc_server_credentials** out) {
+  if (src == NULL || out == NULL)
+    return nb_error(NB_ERR_INVALID, "nb_tls_source_server_credentials: NULL argument");
+  *out = NULL;
+  NB_CHECK(nb_tls_apply_cipher_policy());
+  nb__tls_fetch_t* f = NULL;
+  NB_CHECK(nb_calloc((void**)&f, 1, sizeof *f, "tls fetcher"));
+  f->src = src;
+  grpc_ssl_server_credentials_options* o =
+      grpc_ssl_server_credentials_create_options_using_config_fetcher(
+          GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY, nb__tls_fetch_cb, f);
+  if (o != NULL) *out = grpc_ssl_server_credentials_create_with_options(o); /* takes o */
+  if (*out == NULL) {
+    nb_free(f);
+    return nb_error(NB_ERR_RPC, "gRPC refused the reloadable server TLS credentials");
+  }
+  pthread_mutex_lock(&src->mu);
+  f->next = src->fetch;
+  src->fetch = f;
+  pthread_mutex_unlock(&src->mu);
   return NB_OK;
 }
 

@@ -25,7 +25,7 @@ struct grpc_channel_credentials;
 
 #define NB_TLS_ID_MAX 128 /* longest cluster id or user name, including the NUL */
 
-/* PEM file paths of one endpoint. All borrowed; read once by nb_tls_create. */
+/* PEM file paths of one endpoint. All borrowed; read by each nb_tls_create. */
 typedef struct {
   const char* ca_path;   /* the federation CA certificate(s); required */
   const char* cert_path; /* this endpoint's certificate (chain), leaf first; required */
@@ -34,6 +34,17 @@ typedef struct {
 
 /* Loaded PEM material of one endpoint. Immutable after creation: thread-safe to share. */
 typedef struct nb_tls nb_tls_t;
+
+/* The endpoint's own certificate as logs show it (no key material). */
+typedef struct {
+  char subject[256];  /* RFC 2253 ("CN=dc-a,O=nebula"); "" if it cannot be printed */
+  char not_after[32]; /* "2027-12-03T10:00:00Z" (UTC) */
+  char serial[80];    /* upper-case hex */
+} nb_tls_cert_info_t;
+
+/* Reloadable material: the nb_tls_t an endpoint uses now, replaced as a whole (certificate
+ * rotation without a restart). Thread-safe. */
+typedef struct nb_tls_source nb_tls_source_t;
 
 typedef enum {
   NB_TLS_PEER_NONE = 0,    /* no verified certificate (plaintext or not TLS) */
@@ -49,18 +60,42 @@ typedef struct {
 } nb_tls_peer_t;
 
 /* Reads and checks the three PEM files: the CA and the certificate parse, the key parses and
- * matches the certificate, the certificate is signed by the CA and currently valid.
+ * matches the certificate, the certificate is signed by the CA and currently valid (not
+ * expired, not before its notBefore). Each message names the file (or files) at fault.
  * files: borrowed. out: set on NB_OK; release with nb_tls_destroy.
  * Returns NB_ERR_INVALID (NULL or missing path), NB_ERR_IO (unreadable file), NB_ERR_CRYPTO
  * (a file does not parse, key/certificate mismatch, certificate not from that CA or expired),
  * NB_ERR_NOMEM. */
 nb_status_t nb_tls_create(const nb_tls_files_t* files, nb_tls_t** out);
 
-/* Frees tls (NULL ok). Credentials made from it stay valid (gRPC copies the PEM). */
+/* Releases tls (NULL ok): nb_tls_create's reference or one from nb_tls_source_get; the
+ * material is freed with the last. Credentials made from it stay valid (gRPC copies the PEM). */
 void nb_tls_destroy(nb_tls_t* tls);
 
 /* The identity in this endpoint's own certificate. */
 const nb_tls_peer_t* nb_tls_self(const nb_tls_t* tls);
+
+/* Subject, notAfter and serial of this endpoint's own certificate (the leaf). */
+const nb_tls_cert_info_t* nb_tls_cert_info(const nb_tls_t* tls);
+
+/* A source serving tls until nb_tls_source_set replaces it. tls: taken over on NB_OK (on
+ * failure it stays the caller's). out: release with nb_tls_source_destroy.
+ * Returns NB_ERR_INVALID, NB_ERR_NOMEM. */
+nb_status_t nb_tls_source_create(nb_tls_t* tls, nb_tls_source_t** out);
+
+/* Releases the source's material and its credentials' bookkeeping (NULL ok). Every server made
+ * with nb_tls_source_server_credentials must be destroyed first. */
+void nb_tls_source_destroy(nb_tls_source_t* src);
+
+/* The material in use now, with a reference of the caller's own (release it with
+ * nb_tls_destroy): a replacement meanwhile does not free it. Thread-safe. */
+nb_tls_t* nb_tls_source_get(nb_tls_source_t* src);
+
+/* Makes tls (taken over; checked already, by nb_tls_create) the material in use: servers with
+ * nb_tls_source_server_credentials present it from their next TLS handshake on, connections
+ * already open keep theirs; nb_tls_source_get returns it. The previous material is released
+ * once no holder uses it. Thread-safe. */
+void nb_tls_source_set(nb_tls_source_t* src, nb_tls_t* tls);
 
 /* Makes TLS 1.3 connections of this process negotiate the suites of NB_TLS13_CIPHERSUITES
  * (default TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256), in that
@@ -84,6 +119,14 @@ const char* nb_tls_ciphersuites(void);
  * grpc_server_credentials_release. Returns NB_ERR_INVALID, NB_ERR_RPC, NB_ERR_CONFIG (see
  * nb_tls_apply_cipher_policy). Thread-safe. */
 nb_status_t nb_tls_server_credentials(const nb_tls_t* tls, struct grpc_server_credentials** out);
+
+/* nb_tls_server_credentials that follow src: gRPC asks src at the start of each TLS handshake
+ * (grpc_ssl_server_credentials_create_options_using_config_fetcher) and takes up material
+ * set since. src must outlive every server using these credentials. out: caller releases
+ * with grpc_server_credentials_release. Returns NB_ERR_INVALID, NB_ERR_NOMEM, NB_ERR_RPC,
+ * NB_ERR_CONFIG. Thread-safe. */
+nb_status_t nb_tls_source_server_credentials(nb_tls_source_t* src,
+                                             struct grpc_server_credentials** out);
 
 /* Channel credentials that present this endpoint's certificate, verify the server against the
  * CA (and its host name or IP against the target), and, when expected_cluster is not NULL,

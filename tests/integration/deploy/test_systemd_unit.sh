@@ -2,7 +2,8 @@
 # deploy/systemd/nebula-gateway.service checked by systemd-analyze verify (skipped, 77, without
 # it), with ExecStart pointed at the build's nebula as an install does; any complaint about the
 # unit fails, and so does a copy with an unknown key (the check bites). Also: stopping the unit
-# must leave jobs running (KillMode=process) and the hardening options are set.
+# must leave jobs running (KillMode=process), reload must send SIGHUP (certificate rotation) and
+# the hardening options are set.
 # usage: test_systemd_unit.sh NEBULA UNIT
 set -euo pipefail
 nebula=$1
@@ -22,6 +23,7 @@ mkdir "$tmp/bad"
 sed 's/^UMask=/NoSuchOption=1\nUMask=/' "$tmp/nebula-gateway.service" >"$tmp/bad/nebula-gateway.service"
 bad=$(systemd-analyze verify "$tmp/bad/nebula-gateway.service" 2>&1 || true)
 grep -q "NoSuchOption" <<<"$bad" || fail "an unknown key was not reported: $bad"
+grep -qx 'ExecReload=/bin/kill -HUP $MAINPID' "$unit" || fail "the unit lacks ExecReload (SIGHUP)"
 for opt in KillMode=process NoNewPrivileges=yes ProtectSystem=strict ProtectHome=yes PrivateTmp=yes \
   CapabilityBoundingSet= StateDirectory=nebula RestrictAddressFamilies=; do
   grep -q "^$opt" "$unit" || fail "the unit lacks $opt"
