@@ -168,9 +168,22 @@ void nb_session_options_default(nb_session_options_t* o);
  * Thread-safe (it only reads the environment: do not setenv concurrently). */
 nb_status_t nb_session_options_from_env(nb_session_options_t* o);
 
-/* Frees what nb_session_options_from_env stored in *o (wiping the secret) and clears the fields
- * that pointed into it; the other fields are left as they are. NULL, or options that own
- * nothing, ok. */
+/* Fills *o from a job descriptor (a `nebula validate` file, docs/descriptor.md) for cluster
+ * `cluster_id` of it: job_id = metadata.name, n_clusters and cluster_index from spec.clusters,
+ * inner_steps, outer_lr, outer_momentum (sync), density (compression.density.initial), values,
+ * error_feedback, peer_timeout_s, and unsealed when security.seal is false: the same mapping
+ * a gateway's launcher uses for NEBULA_* (one implementation). What belongs to the deployment is
+ * left to the caller: listen, peers, pki_dir (or insecure), job_secret. Storage as
+ * nb_session_options_from_env (free it with nb_session_options_free). NB_ERR_CONFIG naming the
+ * first problem of the descriptor (`$.spec...`), or a cluster_id that is not in it (the ids it
+ * has are listed); NB_ERR_IO (unreadable file), NB_ERR_INVALID (NULL), NB_ERR_NOMEM. On error
+ * *o holds the defaults and owns nothing. */
+nb_status_t nb_session_options_from_descriptor(nb_session_options_t* o, const char* path,
+                                               const char* cluster_id);
+
+/* Frees what nb_session_options_from_env (or _from_descriptor) stored in *o (wiping the secret) and
+ * clears the fields that pointed into it; the other fields are left as they are. NULL, or options
+ * that own nothing, ok. */
 void nb_session_options_free(nb_session_options_t* o);
 
 /* Opens a session: validates the options, loads the PKI, and starts our exchange server (bound

@@ -283,6 +283,23 @@ class Session:
             _lib.nb_session_options_free(o)  # the session copied what it keeps
         return self
 
+    @classmethod
+    def from_descriptor(cls, path, cluster_id: str, **overrides) -> "Session":
+        """A session for cluster `cluster_id` of a job descriptor (nb_session_options_from_descriptor:
+        the job's settings from the file, the same mapping a gateway uses), then `overrides`: the
+        deployment's (listen, peers, pki_dir or insecure, job_secret) and any other keyword. A bad
+        descriptor or an unknown cluster is NebulaError NB_ERR_CONFIG naming it."""
+        o = _cffi.new("nb_session_options_t*")
+        keep = []
+        _check("nb_session_options_from_descriptor", _lib.nb_session_options_from_descriptor(
+            o, _cstr(keep, "path", str(path)), _cstr(keep, "cluster_id", cluster_id)))
+        self = cls.__new__(cls)
+        try:
+            self._open(o, overrides)
+        finally:
+            _lib.nb_session_options_free(o)
+        return self
+
     def _open(self, o, opts: dict) -> None:
         self._s = None
         self._tensors = {}  # name -> (the caller's object, its memoryview, the cdata): kept alive

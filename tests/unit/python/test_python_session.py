@@ -422,6 +422,25 @@ class FromEnv(unittest.TestCase):
         with self.assertRaises(TypeError):
             nebula.Session.from_env(no_such_option=1)
 
+    def test_from_descriptor(self):
+        import tempfile
+        doc = ('{"apiVersion": "nebula/v1", "kind": "TrainingJob", "metadata": {"name": "py-d"},'
+               ' "spec": {"clusters": [{"id": "solo"}], "program": {"command": ["/bin/true"]},'
+               ' "sync": {"innerSteps": 6}}}')
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "job.json")
+            with open(path, "w") as f:
+                f.write(doc)
+            with nebula.Session.from_descriptor(path, "solo", insecure=True, unsealed=True) as s:
+                x = np.zeros(4, np.float32)
+                s.register("x", x)
+                s.start()
+                self.assertTrue(s.round(1).applied)
+            with self.assertRaises(nebula.NebulaError) as cm:
+                nebula.Session.from_descriptor(path, "elsewhere", insecure=True, unsealed=True)
+            self.assertEqual(cm.exception.status, "NB_ERR_CONFIG")
+            self.assertIn("'elsewhere' is not in $.spec.clusters (solo)", cm.exception.message)
+
     def test_bad_variable_names_it(self):
         for var, value in (("NEBULA_DENSITY", "1.5"), ("NEBULA_N_CLUSTERS", "0"),
                            ("NEBULA_INSECURE", "yes"), ("NEBULA_JOB_SECRET_FILE", "/nonexistent")):
