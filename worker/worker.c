@@ -934,6 +934,12 @@ static nb_worker_outcome_t nb__wk_eval_round(nb__wk_t* w, long r) {
   json_object_set_new(e, "round", json_integer(r + 1));
   json_object_set_new(e, "step", json_integer(nb_trainer_step(w->t)));
   json_object_set_new(e, "mean_bpb", json_real(mid.mean_bpb));
+  /* each language's point too (the report draws one curve per language); one that scored
+   * nothing (NaN, which JSON cannot hold) is left out */
+  json_t* langs = json_object();
+  for (int i = 0; i < mid.n; i++)
+    if (isfinite(mid.bpb[i])) json_object_set_new(langs, mid.label[i], json_real(mid.bpb[i]));
+  json_object_set_new(e, "bpb", langs);
   json_array_append_new(w->evals, e);
   return NB_WORKER_DONE;
 }
