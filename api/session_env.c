@@ -63,6 +63,7 @@ static const nb__ev_t nb__ev_table[] = {
     {"NEBULA_PEER_TIMEOUT_S", NB__EV_DOUBLE, NB__EV_OFF(peer_timeout_s), 0, 86400, 0, 0},
     {"NEBULA_UPDATE_NORM_BOUND", NB__EV_DOUBLE, NB__EV_OFF(update_norm_bound), 0, INFINITY, 0, 1},
     {"NEBULA_PROGRESS_FILE", NB__EV_TEXT, NB__EV_OFF(progress_file), 0, 0, 0, 0},
+    {"NEBULA_METRICS_LISTEN", NB__EV_TEXT, NB__EV_OFF(metrics_listen), 0, 0, 0, 0},
     {"NEBULA_FAULT_TOLERANT", NB__EV_FLAG, NB__EV_OFF(fault_tolerant), 0, 1, 0, 0},
     {"NEBULA_ROUND_DEADLINE_S", NB__EV_DOUBLE, NB__EV_OFF(round_deadline_s), 0, 86400, 1, 0},
     {"NEBULA_REJOIN", NB__EV_FLAG, NB__EV_OFF(rejoin), 0, 1, 0, 0},

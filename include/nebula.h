@@ -133,9 +133,14 @@ typedef struct {
   const char* progress_file; /* NULL (default): none; else a file that gets one JSON line per
                                 round (round, step, density, wan_mbps, bytes_sent, samples, source,
                                 global_xxh3), appended: how a gateway shows a program's rounds */
-  void* env_storage;         /* owned by the options when nb_session_options_from_env filled
-                                them (the strings, peers and secret it read; freed by
-                                nb_session_options_free); NULL otherwise: leave it alone */
+  const char* metrics_listen; /* NULL or "" (default): none; else "HOST:PORT" (port 0 picks a
+                                 free one: nb_session_metrics_port) where the session serves the
+                                 cluster leader's Prometheus metrics at GET /metrics, updated
+                                 after each round (docs/operations.md); an empty host is
+                                 loopback. nb_session_open fails when it cannot serve there */
+  void* env_storage;          /* owned by the options when nb_session_options_from_env filled
+                                 them (the strings, peers and secret it read; freed by
+                                 nb_session_options_free); NULL otherwise: leave it alone */
 } nb_session_options_t;
 
 /* Fills *o with the defaults above (NULL pointers, one cluster, H 50, outer lr 0.7, momentum 0.9,
@@ -155,6 +160,7 @@ void nb_session_options_default(nb_session_options_t* o);
  *                             may access (chmod 600)
  *   NEBULA_INSECURE, NEBULA_UNSEALED   "0" or "1" (tests only)
  *   NEBULA_PROGRESS_FILE      a path: progress_file
+ *   NEBULA_METRICS_LISTEN     "HOST:PORT": metrics_listen
  * A variable that is not set keeps its default, so the caller may set fields afterwards
  * (nb_session_open checks that the required ones are there). The strings, the peer list and the
  * secret are copied into storage that *o owns (o->env_storage): they stay valid until
@@ -196,6 +202,10 @@ nb_status_t nb_session_open(const nb_session_options_t* o, nb_session_t** out);
 
 /* The bound port of our exchange server (for listen "host:0"); -1 for a one-cluster session. */
 int nb_session_port(const nb_session_t* s);
+
+/* The bound port of the metrics endpoint (for metrics_listen "host:0"); -1 without one.
+ * Thread-safe. */
+int nb_session_metrics_port(const nb_session_t* s);
 
 /* Adds a peer cluster "id=host:port" (borrowed during the call), before nb_session_start.
  * NB_ERR_INVALID (malformed text, after start), NB_ERR_EXISTS (an id given twice), NB_ERR_CONFIG
