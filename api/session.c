@@ -675,7 +675,14 @@ static nb_status_t nb__ss_adopt(void* ctx, const uint8_t* b, size_t len) {
   size_t tl = (size_t)b[0] | (size_t)b[1] << 8 | (size_t)b[2] << 16 | (size_t)b[3] << 24;
   if (tl > len - 4) return nb_error(NB_ERR_CODEC, "session: a published state's table is cut");
   NB_CHECK(nb__ss_published_check(a->s, b + 4, tl));
-  return nb_hybrid_import(a->s->h, b + 4 + tl, len - 4 - tl, a->skip);
+  /* the state after a table of any length: copied to an aligned buffer (it holds floats) */
+  uint8_t* state = NULL;
+  size_t sl = len - 4 - tl;
+  NB_CHECK(nb_alloc((void**)&state, sl ? sl : 1, 1, "session: pulled state"));
+  memcpy(state, b + 4 + tl, sl);
+  nb_status_t st = nb_hybrid_import(a->s->h, state, sl, a->skip);
+  nb_free(state);
+  return st;
 }
 
 /* Adopts a live peer's global state; skip: rounds added to its round (2 when this process
