@@ -15,6 +15,7 @@
 #include "common/common.h"
 #include "compress/compress.h"
 #include "inter/exchange.h"
+#include "inter/link.h"
 #include "kernels/quantize.h"
 #include "security/pki.h"
 #include "security/seal.h"
@@ -74,7 +75,7 @@ struct nb_session {
   nb_hybrid_msg_t fly_peers[NB_HYBRID_MAX_CLUSTERS];
   /* fault-tolerant rounds (docs/api.md "Faults"): the exchange's context, and rejoin */
   int ft, rejoin;
-  double rejoin_timeout_s;
+  double rejoin_timeout_s, start_timeout_s;
   nb_ft_link_t ftx;
   char* progress_file; /* NULL: no progress lines */
   double loss;         /* the caller's training loss for the next progress line */
@@ -101,6 +102,7 @@ void nb_session_options_default(nb_session_options_t* o) {
   o->round_deadline_s = 30;
   o->final_wait_s = 30;
   o->rejoin_timeout_s = 60;
+  o->start_timeout_s = 120;
 }
 
 /* ---- the local model: theta_local, and the samples the caller reported -------------------- */
@@ -264,6 +266,8 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
     return nb_error(NB_ERR_CONFIG, "session: round_deadline_s must be in (0, 86400]");
   if (o->fault_tolerant && (!(o->final_wait_s >= 0) || o->final_wait_s > 86400))
     return nb_error(NB_ERR_CONFIG, "session: final_wait_s must be in [0, 86400]");
+  if (!(o->start_timeout_s > 0) || o->start_timeout_s > 86400)
+    return nb_error(NB_ERR_CONFIG, "session: start_timeout_s must be in (0, 86400]");
   if (o->rejoin && (!(o->rejoin_timeout_s > 0) || o->rejoin_timeout_s > 86400))
     return nb_error(NB_ERR_CONFIG, "session: rejoin_timeout_s must be in (0, 86400]");
   return NB_OK;
@@ -295,6 +299,7 @@ nb_status_t nb_session_open(const nb_session_options_t* o, nb_session_t** out) {
   }
   NB_CHECK_GOTO(nb__ss_security(s, o), st, fail);
   s->inner_steps = o->inner_steps;
+  s->start_timeout_s = o->start_timeout_s;
   if (o->progress_file && o->progress_file[0]) {
     size_t len = strlen(o->progress_file);
     NB_CHECK_GOTO(nb_alloc((void**)&s->progress_file, len + 1, 1, "session progress file"), st,
@@ -711,6 +716,31 @@ static nb_status_t nb__ss_start_rejoin(nb_session_t* s) {
   return NB_OK;
 }
 
+/* Until every peer has answered once (its program may still be starting: importing a framework
+ * under load takes seconds, longer than the dead timeout) and is alive, at most timeout_s. The
+ * table exchange then runs with peers that are up, so a late starter is not taken for dead. */
+static nb_status_t nb__ss_wait_peers(nb_session_t* s, double timeout_s) {
+  double until = nb_now_s() + timeout_s;
+  for (;;) {
+    size_t up = 0, first_down = 0;
+    int have_down = 0;
+    for (size_t i = 0; i < s->n_peers; i++) {
+      nb_exchange_liveness_t lv;
+      if (nb_exchange_peer_liveness(s->ex, i, &lv) == NB_OK && lv.pings_ok > 0 && !lv.dead)
+        up++;
+      else if (!have_down)
+        first_down = i, have_down = 1;
+    }
+    if (up == s->n_peers) return NB_OK;
+    if (nb_now_s() >= until)
+      return nb_error(NB_ERR_UNAVAILABLE,
+                      "session: start: peer %s has not answered in %.0f s (start_timeout_s): "
+                      "is its program running, and does it listen where we were told?",
+                      nb_link_peer(nb_exchange_link(s->ex, first_down)), timeout_s);
+    nb_sleep_ns(50000000LL);
+  }
+}
+
 nb_status_t nb_session_start(nb_session_t* s) {
   if (!s) return nb_error(NB_ERR_INVALID, "session: NULL argument");
   if (s->started || s->failed)
@@ -724,6 +754,7 @@ nb_status_t nb_session_start(nb_session_t* s) {
   nb__ss_gather(s, 0);
   if (s->rejoin) return nb__ss_start_rejoin(s);
   if (s->n_clusters > 1) {
+    NB_CHECK(nb__ss_wait_peers(s, s->start_timeout_s));
     nb__ss_buf_t b = {0};
     nb_hybrid_msg_t got[NB__SS_MAX_PEERS];
     char names[NB__SS_MAX_PEERS][NB_LINK_ID_MAX];

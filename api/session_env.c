@@ -67,6 +67,7 @@ static const nb__ev_t nb__ev_table[] = {
     {"NEBULA_FAULT_TOLERANT", NB__EV_FLAG, NB__EV_OFF(fault_tolerant), 0, 1, 0, 0},
     {"NEBULA_ROUND_DEADLINE_S", NB__EV_DOUBLE, NB__EV_OFF(round_deadline_s), 0, 86400, 1, 0},
     {"NEBULA_REJOIN", NB__EV_FLAG, NB__EV_OFF(rejoin), 0, 1, 0, 0},
+    {"NEBULA_START_TIMEOUT_S", NB__EV_DOUBLE, NB__EV_OFF(start_timeout_s), 0, 86400, 1, 0},
 };
 #define NB__EV_N (sizeof nb__ev_table / sizeof nb__ev_table[0])
 

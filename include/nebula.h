@@ -130,6 +130,9 @@ typedef struct {
                                 agreeing at the job's start: a restarted cluster joins the running
                                 job. Its tensor table must equal the peer's. Default 0 */
   double rejoin_timeout_s;   /* how long start keeps trying to pull (> 0; default 60) */
+  double start_timeout_s;    /* how long nb_session_start waits for every peer to answer (its
+                                program may still be starting) before the tensor table is
+                                agreed (> 0; default 120): NB_ERR_UNAVAILABLE naming the peer */
   const char* progress_file; /* NULL (default): none; else a file that gets one JSON line per
                                 round (round, step, density, wan_mbps, bytes_sent, samples, source,
                                 global_xxh3), appended: how a gateway shows a program's rounds */

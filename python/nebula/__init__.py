@@ -172,7 +172,7 @@ _OPTION_KINDS = {
     "outer_momentum": "real", "density": "real", "values": "str", "error_feedback": "bool",
     "peer_timeout_s": "real", "update_norm_bound": "real", "fault_tolerant": "bool",
     "round_deadline_s": "real", "final_wait_s": "real", "rejoin": "bool",
-    "rejoin_timeout_s": "real", "metrics_listen": "str",
+    "rejoin_timeout_s": "real", "metrics_listen": "str", "start_timeout_s": "real",
 }
 
 
@@ -257,6 +257,7 @@ class Session:
         rejoin: bool | None = None,
         rejoin_timeout_s: float | None = None,
         metrics_listen: str | None = None,
+        start_timeout_s: float | None = None,
     ):
         o = _cffi.new("nb_session_options_t*")
         _lib.nb_session_options_default(o)
@@ -269,7 +270,7 @@ class Session:
             peer_timeout_s=peer_timeout_s, update_norm_bound=update_norm_bound,
             fault_tolerant=fault_tolerant, round_deadline_s=round_deadline_s,
             final_wait_s=final_wait_s, rejoin=rejoin, rejoin_timeout_s=rejoin_timeout_s,
-            metrics_listen=metrics_listen))
+            metrics_listen=metrics_listen, start_timeout_s=start_timeout_s))
 
     @classmethod
     def from_env(cls, **overrides) -> "Session":
