@@ -309,6 +309,7 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
   } else {
     s = nb__gw_jobdir_write(gw, id, req->descriptor.data, req->descriptor.len, req->signature.data,
                             req->signature.len, req->cert_pem);
+    if (s == NB_OK) s = nb__gw_fetch_files(gw, st, id, NULL, NULL);
     if (s == NB_OK) s = nb__gw_launch(gw, st, id, my_workers, NULL);
     if (s == NB_OK) nb__gw_log_launched(gw, id);
     if (s != NB_OK) {

@@ -286,6 +286,16 @@ nb_status_t nb__gw_fed_start(nb_gateway_t* gw, nb_job_store_t* st, const char* i
   if (!wk.listen)
     return nb_error(NB_ERR_INVALID, "no Exchange endpoint for cluster '%s'", gw->cfg.cluster_id);
   NB_CHECK(nb__gw_fetch_base(gw, st, id, secret));
+  {
+    nb_job_fed_t fed;
+    json_t* finfo = NULL;
+    char origin[NB_JOB_ID_MAX] = "";
+    if (nb__gw_fed_load(st, id, &fed, &finfo) == NB_OK) {
+      snprintf(origin, sizeof origin, "%s", fed.origin);
+      nb__gw_fed_release(&fed, finfo);
+    }
+    NB_CHECK(nb__gw_fetch_files(gw, st, id, secret, origin[0] ? origin : NULL));
+  }
   NB_CHECK(nb__gw_launch(gw, st, id, workers, clusters > 1 ? &wk : NULL));
   nb__gw_log_launched(gw, id);
   return NB_OK;

@@ -1,6 +1,7 @@
 /* Artifacts of jobs: a job's outputs put in the artifact store once it succeeded here, what
- * the artifact service may serve to a peer of a job, and fetching a job's base checkpoint from
- * the cluster that holds it. The store and the wire protocol are gateway/artifact.h. */
+ * the artifact service may serve to a peer of a job, who may put files, and fetching a job's
+ * base checkpoint and its program's files from the cluster that holds them. The store and the
+ * wire protocol are gateway/artifact.h. */
 #include "gateway/gateway_internal.h"
 
 #include <dirent.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "jobs/job_paths.h"
 
 /* Puts the files of one output folder in the artifact store as
  * "<owner>/<job name>/<prefix><file>", owned by (owner, id): every *.safetensors, summary.json
@@ -135,6 +137,10 @@ nb_status_t nb__gw_artifact_job(void* user, const char* job_id, const char* peer
     snprintf(out->owner, sizeof out->owner, "%.63s", rec.owner);
     snprintf(out->base, sizeof out->base, "%.255s", cfg->model.base_checkpoint);
     snprintf(out->base_sha256, sizeof out->base_sha256, "%s", cfg->model.base_sha256);
+    out->n_files = 0;
+    for (int i = 0; i < cfg->program.n_files && i < NB_ARTIFACT_JOB_FILES; i++)
+      snprintf(out->files[out->n_files++], sizeof out->files[0], "%.255s",
+               cfg->program.files[i].artifact);
   }
   nb_job_record_clear(&rec);
   if (loaded) nb__gw_fed_release(&fed, info);
@@ -217,6 +223,132 @@ nb_status_t nb__gw_fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   NB_INFO(JOB, "job %s: base checkpoint %s fetched from %s (%llu bytes)", id, o.name,
           mo->base_cluster, (unsigned long long)info.size);
 out:
+  nb_free(cfg);
+  return s;
+}
+
+/* Artifacts.Put: a user the ACL names (any rule of that user or of "*") may put files into its
+ * own namespace here; what the files may be used for is the job's business (Submit's ACL). */
+nb_status_t nb__gw_may_put(void* user, const char* name) {
+  const nb_gateway_t* gw = user;
+  for (int i = 0; i < gw->cfg.acl.n_rules; i++)
+    if (!strcmp(gw->cfg.acl.rules[i].user, name) || !strcmp(gw->cfg.acl.rules[i].user, "*"))
+      return NB_OK;
+  return nb_error(NB_ERR_PERMISSION, "user '%s' is not in this gateway's ACL", name);
+}
+
+/* Gives dest and the folders made for it, up to the job's folder dir, to run_as. */
+static void nb__give_up_to(nb_gateway_t* gw, const char* dir, const char* dest) {
+  if (!gw->run_as) return;
+  char q[NB_GW_STR * 2 + NB_JOB_PATH_MAX * 2];
+  snprintf(q, sizeof q, "%s", dest);
+  while (strlen(q) > strlen(dir)) {
+    nb__gw_give(gw, q);
+    char* sl = strrchr(q, '/');
+    if (!sl) break;
+    *sl = 0;
+  }
+}
+
+/* A job that runs the user's program with spec.program.files: each file into
+ * <jobdir>/<workDir>/<path> before launch, from this gateway's own store when the file's cluster
+ * is this one, else fetched from that cluster's gateway as the base checkpoint is (sealed with
+ * the job's secret; NULL secret: a job of this cluster only). The default cluster is the
+ * origin's (origin NULL: this gateway). A file that cannot be had fails the launch naming it. */
+nb_status_t nb__gw_fetch_files(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
+                               const uint8_t* secret, const char* origin) {
+  nb_job_config_t* cfg = NULL;
+  NB_CHECK(nb__gw_job_config(st, id, &cfg));
+  nb_status_t s = NB_OK;
+  nb_job_record_t rec = {0};
+  nb_descriptor_diag_t* diag = NULL;
+  const nb_job_program_t* pg = &cfg->program;
+  if (pg->n_files == 0) goto out;
+  NB_CHECK_GOTO(nb_job_store_get(st, id, &rec), s, out);
+  if (!rec.owner[0]) {
+    s = nb_error(NB_ERR_PERMISSION, "job %s has no owner: its program's files cannot be had", id);
+    goto out;
+  }
+  char dir[NB_GW_STR + NB_JOB_ID_MAX + 2];
+  nb__gw_jobdir(gw, id, dir, sizeof dir);
+  /* the files land where the descriptor's paths say, inside the job's folder as it is now */
+  const char* roots[NB_JOB_PATHS_MAX_ROOTS];
+  for (int i = 0; i < gw->cfg.n_allow; i++) roots[i] = gw->cfg.allow[i];
+  NB_CHECK_GOTO(nb_calloc((void**)&diag, 1, sizeof *diag, "diagnostics"), s, out);
+  if (nb_job_paths_check(cfg, dir, roots, gw->cfg.n_allow, diag) != NB_OK) {
+    s = nb__gw_diag_error(NB_ERR_PERMISSION, "descriptor refused:", diag);
+    goto out;
+  }
+  for (int i = 0; i < pg->n_files; i++) {
+    const char* art = pg->files[i].artifact;
+    const char* from = pg->files[i].cluster[0] ? pg->files[i].cluster
+                       : origin && origin[0]   ? origin
+                                               : gw->cfg.cluster_id;
+    char dest[sizeof dir + 2 * NB_JOB_PATH_MAX + 4], parent[sizeof dest];
+    if (snprintf(dest, sizeof dest, "%s/%s%s%s", dir, pg->workdir, pg->workdir[0] ? "/" : "",
+                 pg->files[i].path) >= (int)sizeof dest) {
+      s = nb_error(NB_ERR_INVALID, "$.spec.program.files[%d].path: too long", i);
+      goto out;
+    }
+    snprintf(parent, sizeof parent, "%s", dest);
+    *strrchr(parent, '/') = 0;
+    if (nb__gw_mkdirs(parent) != 0) {
+      s = nb_error(NB_ERR_IO, "$.spec.program.files[%d]: cannot create %s: %s", i, parent,
+                   strerror(errno));
+      goto out;
+    }
+    nb_artifact_info_t info;
+    double t0 = nb_now_s();
+    if (!strcmp(from, gw->cfg.cluster_id)) {
+      s = nb_artifact_copy_out(gw->art, art, rec.owner, dest, &info);
+    } else {
+      const char* target = NULL;
+      for (int k = 0; k < gw->cfg.n_peers; k++)
+        if (!strcmp(gw->cfg.peers[k].id, from)) target = gw->cfg.peers[k].address;
+      if (!target || !secret) {
+        s = nb_error(NB_ERR_INVALID, "cluster '%s' is not a peer of gateway '%s'", from,
+                     gw->cfg.cluster_id);
+      } else {
+        nb_artifact_fetch_opts_t o;
+        memset(&o, 0, sizeof o);
+        nb_tls_t* tls = nb_tls_source_get(gw->tls_src);
+        o.target = target;
+        o.tls = tls;
+        o.account = gw->art;
+        o.expected_cluster = from;
+        o.job_id = id;
+        o.secret = secret;
+        o.name = art;
+        o.dest = dest;
+        o.timeout_ms = (int64_t)gw->cfg.federation_timeout_ms * 30;
+        s = nb_artifact_fetch(&o, &info);
+        nb_tls_destroy(tls);
+      }
+    }
+    if (s != NB_OK) {
+      s = nb_error_wrap(s, "$.spec.program.files[%d]: artifact '%s' from cluster '%s'", i, art,
+                        from);
+      goto out;
+    }
+    mode_t mode = pg->files[i].mode ? (mode_t)pg->files[i].mode : 0644;
+    if (chmod(dest, mode) != 0) {
+      s = nb_error(NB_ERR_IO, "$.spec.program.files[%d]: chmod %s: %s", i, dest, strerror(errno));
+      goto out;
+    }
+    nb__give_up_to(gw, dir, dest);
+    json_t* j = json_pack("{s:s, s:s, s:s, s:s, s:I, s:f}", "name", art, "path", pg->files[i].path,
+                          "from", from, "sha256", info.sha256, "size", (json_int_t)info.size,
+                          "seconds", nb_now_s() - t0);
+    char* txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (txt) nb_job_store_append_event(st, id, "fetch", txt, NULL);
+    free(txt);
+    json_decref(j);
+    NB_INFO(JOB, "job %s: program file %s = artifact %s from %s (%llu bytes)", id,
+            pg->files[i].path, art, from, (unsigned long long)info.size);
+  }
+out:
+  nb_free(diag);
+  nb_job_record_clear(&rec);
   nb_free(cfg);
   return s;
 }
