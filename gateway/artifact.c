@@ -580,7 +580,8 @@ static nb_status_t nb__lookup_for(nb_artifact_store_t* store, const char* name_o
                     job_id, j->owner, name_or_hash);
   return nb_error(NB_ERR_NOT_FOUND,
                   "no artifact '%s' in the namespace of user '%s' (names are "
-                  "<user>/<job>/<path>; other users' artifacts are not served)",
+                  "<user>/<job>/<path>, or <user>/<name> for a file the user put; other users' "
+                  "artifacts are not served)",
                   name_or_hash, j->owner);
 }
 

@@ -325,6 +325,7 @@ typedef struct {
   const nb__part_t* parts;
   int np, mine;             /* mine: this cluster's index in parts, or -1 */
   const char* base_cluster; /* model.base.cluster ("" none) */
+  int ships_files;          /* spec.program.files: each cluster with workers fetches them */
   nb_job_fed_t fed;         /* the origin's record, with the secret once made */
   json_t* info;             /* its info: clusters and their states */
   json_t* endpoints;        /* cluster id -> Exchange endpoint */
@@ -466,8 +467,9 @@ static void nb__fsub_commit(nb__fsub_t* x) {
     cr.n_endpoints = n_eps;
     cr.endpoints = epp;
     ProtobufCMessage* resp = NULL;
-    int fetches = x->base_cluster && x->base_cluster[0] &&
-                  strcmp(x->base_cluster, x->parts[i].id) && x->parts[i].workers > 0;
+    int fetches = (x->ships_files || (x->base_cluster && x->base_cluster[0] &&
+                                      strcmp(x->base_cluster, x->parts[i].id))) &&
+                  x->parts[i].workers > 0;
     s = nb__fed_call(x->gw, x->parts[i].id, "Commit", &cr.base,
                      &nebula__v1__federation_ack__descriptor, &resp, fetches ? 2 : 1);
     if (resp) protobuf_c_message_free_unpacked(resp, NULL);
@@ -539,7 +541,7 @@ static void nb__fsub_merge(nb__fsub_t* x) {
  * failed and the returned error names the cluster and its reason. */
 nb_status_t nb__gw_fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
                               const Nebula__V1__SubmitRequest* req, const nb__part_t* parts, int np,
-                              int mine, const char* base_cluster) {
+                              int mine, const char* base_cluster, int ships_files) {
   nb__fsub_t* x = NULL;
   NB_CHECK(nb_calloc((void**)&x, 1, sizeof *x, "federated submit"));
   x->gw = gw;
@@ -550,6 +552,7 @@ nb_status_t nb__gw_fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   x->np = np;
   x->mine = mine;
   x->base_cluster = base_cluster;
+  x->ships_files = ships_files;
   snprintf(x->fed.job_id, sizeof x->fed.job_id, "%s", id);
   snprintf(x->fed.role, sizeof x->fed.role, "origin");
   snprintf(x->fed.origin, sizeof x->fed.origin, "%s", gw->cfg.cluster_id);

@@ -258,7 +258,7 @@ nb_status_t nb__gw_fed_cancel_peers(nb_gateway_t* gw, nb_job_store_t* st, const 
 void nb__gw_fed_aggregate(nb_gateway_t* gw, nb_job_store_t* st, const char* id, json_t* info);
 nb_status_t nb__gw_fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
                               const Nebula__V1__SubmitRequest* req, const nb__part_t* parts, int np,
-                              int mine, const char* base_cluster);
+                              int mine, const char* base_cluster, int ships_files);
 nb_status_t nb__gw_fed_start(nb_gateway_t* gw, nb_job_store_t* st, const char* id, int workers,
                              const uint8_t secret[32], json_t* endpoints);
 

@@ -21,6 +21,7 @@
 #include "gateway/store.h"
 #include "inter/rpc.h"
 #include "jobs/descriptor.h"
+#include "nebula/v1/artifact.pb-c.h"
 #include "security/tls.h"
 #include "tests/lib/gw_testlib.h"
 
@@ -54,8 +55,8 @@ static void make_config(int i) {
 static int setup(void** state) {
   (void)state;
   gwt_make_dir(g_dir, sizeof g_dir, "nb_progfiles");
-  const char* users[] = {"alice", "bob"};
-  gwt_make_pki(g_dir, g_ids, 2, users, 2, NULL, NULL);
+  const char* users[] = {"alice", "bob", "carol"}; /* carol: not in the ACL */
+  gwt_make_pki(g_dir, g_ids, 2, users, 3, NULL, NULL);
   gwt_start_pair(g_port, g_cfg, g_gw, make_config);
   return 0;
 }
@@ -231,6 +232,73 @@ static void test_oversize(void** state) {
   assert_int_equal(info.size, MAX_PUT);
 }
 
+/* One Put call by hand: first message (name, size, sha256, data), then `more` as a second. */
+static nb_status_t raw_put(const char* name, uint64_t size, const char* sha256, const char* data,
+                           const char* more) {
+  nb_tls_t* tls = NULL;
+  nb_rpc_client_t* cli = gwt_client(g_dir, "alice", g_port[0], &tls);
+  nb_rpc_stream_t* s = NULL;
+  nb_status_t st = nb_rpc_stream_open(cli, "/nebula.v1.Artifacts/Put", 30000, 0, &s);
+  Nebula__V1__PutChunk m = NEBULA__V1__PUT_CHUNK__INIT;
+  m.name = (char*)name;
+  m.size = size;
+  m.sha256 = (char*)sha256;
+  m.data.data = (uint8_t*)data;
+  m.data.len = strlen(data);
+  if (st == NB_OK) st = nb_rpc_stream_send_pb(s, &m.base);
+  if (st == NB_OK && more) {
+    Nebula__V1__PutChunk m2 = NEBULA__V1__PUT_CHUNK__INIT;
+    m2.data.data = (uint8_t*)more;
+    m2.data.len = strlen(more);
+    st = nb_rpc_stream_send_pb(s, &m2.base);
+  }
+  if (st == NB_OK) st = nb_rpc_stream_close_send(s);
+  if (st == NB_OK) { /* the reply, or the end of a refused call */
+    nb_rpc_msg_t r = {0};
+    int end = 0;
+    st = nb_rpc_stream_recv(s, &r, &end, NB_RPC_INFINITE);
+    nb_rpc_msg_release(&r);
+  }
+  nb_status_t fs = s ? nb_rpc_stream_finish(s) : st;
+  nb_rpc_stream_destroy(s);
+  nb_rpc_client_destroy(cli);
+  nb_tls_destroy(tls);
+  return fs != NB_OK ? fs : st;
+}
+
+/* What a Put is checked for: the caller's certificate and ACL, the announced hash and size. */
+static void test_put_checks(void** state) {
+  (void)state;
+  char p[512];
+  write_file("train.sh", g_script, strlen(g_script), p, sizeof p);
+  nb_artifact_info_t info;
+  assert_int_equal(put("carol", "train.sh", "train.sh", &info), NB_ERR_PERMISSION);
+  assert_non_null(strstr(nb_error_last(), "user 'carol' is not in this gateway's ACL"));
+  /* the hash of "ab" is not that of "abc": nothing stored */
+  static const char h_abc[] = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+  assert_int_equal(raw_put("x.txt", 2, h_abc, "a", "b"), NB_ERR_INTEGRITY);
+  assert_non_null(strstr(nb_error_last(), "nothing stored"));
+  assert_int_equal(raw_put("x.txt", 3, h_abc, "ab", NULL), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "2 bytes arrived of the announced 3"));
+  assert_int_equal(raw_put("x.txt", 2, h_abc, "ab", "c"), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "more bytes than the announced 2"));
+  assert_int_equal(raw_put("../x.txt", 3, h_abc, "abc", NULL), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "'../x.txt'"));
+  assert_int_equal(raw_put("x.txt", 3, "12", "abc", NULL), NB_ERR_INVALID);
+  assert_non_null(strstr(nb_error_last(), "sha256"));
+  /* in two pieces with the right hash it is stored */
+  assert_int_equal(raw_put("x.txt", 3, h_abc, "a", "bc"), NB_OK);
+  char doc[4096], id[128];
+  job_doc(doc, sizeof doc, "abc", 0, "{\"artifact\": \"x.txt\", \"path\": \"train.sh\"}");
+  assert_int_equal(submit("alice", doc, id, sizeof id), NB_OK);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_FAILED, 30); /* sh runs "abc": not a command */
+  assert_string_equal(job_file(0, id, "run/train.sh"), "abc");
+  char tmp[600], cmd[700];
+  snprintf(tmp, sizeof tmp, "%s/artifacts/tmp", g_cfg[0].work_dir);
+  snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s')\"", tmp);
+  assert_int_equal(system(cmd), 0);
+}
+
 /* A job naming an artifact nobody put fails before launch, naming the file. */
 static void test_missing(void** state) {
   (void)state;
@@ -315,6 +383,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_shipped_two_clusters, setup, teardown),
       cmocka_unit_test_setup_teardown(test_other_user, setup, teardown),
       cmocka_unit_test_setup_teardown(test_oversize, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_put_checks, setup, teardown),
       cmocka_unit_test_setup_teardown(test_missing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_validate, setup, teardown),
   };
