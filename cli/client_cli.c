@@ -60,6 +60,10 @@ static const char* nb__usage_line(const char* cmd) {
            "artifact store as <you>/NAME (default: FILE's base name),\n  for a job's "
            "spec.program.files to name; prints the name and its sha256\n  (largest file: the "
            "gateway's artifacts.max_put_bytes, 256 MiB by default)";
+  if (!strcmp(cmd, "artifact ls"))
+    return "usage: nebula artifact ls [PREFIX] [--json]\n  list your artifacts at your gateway "
+           "(the files you put and your jobs' outputs),\n  those named <you>/PREFIX... only "
+           "when given";
   if (!strcmp(cmd, "list"))
     return "usage: nebula list [--owner USER] [--state STATE] [--json]\n  list your jobs (all "
            "jobs for admins)";
@@ -140,6 +144,7 @@ static int nb__parse(int argc, char** argv, nb__copts_t* o) {
       .arg_name = is_list                           ? NULL
                   : !strcmp(o->cmd, "submit")       ? "FILE"
                   : !strcmp(o->cmd, "artifact put") ? "FILE"
+                  : !strcmp(o->cmd, "artifact ls")  ? "PREFIX"
                                                     : "JOB",
       .arg = &o->arg,
       .opts = opts,
@@ -154,7 +159,7 @@ static int nb__parse(int argc, char** argv, nb__copts_t* o) {
             nb__safe(o->reason));
     return NB_EXIT_USAGE;
   }
-  if (!o->arg && !is_list) {
+  if (!o->arg && !is_list && strcmp(o->cmd, "artifact ls") != 0) {
     char what[64];
     snprintf(what, sizeof what, "%s is required", spec.arg_name);
     return nb_opts_usage_error(&spec, what);
@@ -672,13 +677,49 @@ int nb_logs_main(int argc, char** argv) {
   return nb__run(argc, argv, nb__logs);
 }
 
+/* `nebula artifact ls [PREFIX]`. */
+static int nb__artifact_ls(int argc, char** argv) {
+  argv[0] = "artifact ls";
+  nb__copts_t o;
+  int rc = nb__parse(argc, argv, &o);
+  if (rc >= 0) return rc;
+  nb_tls_files_t f = {o.ca, o.cert, o.key};
+  nb_tls_t* tls = NULL;
+  nb_artifact_info_t* a = NULL;
+  size_t n = 0;
+  int more = 0;
+  nb_status_t st = nb_tls_create(&f, &tls);
+  if (st == NB_OK) {
+    nb_artifact_upload_opts_t uo = {
+        .target = o.gateway, .tls = tls, .server_name = o.server_name, .timeout_ms = o.timeout_ms};
+    st = nb_artifact_list(&uo, o.arg, &a, &n, &more);
+  }
+  nb_tls_destroy(tls);
+  if (st != NB_OK) return nb__fail(&o, st);
+  if (o.json) {
+    json_t* arr = json_array();
+    for (size_t i = 0; i < n; i++)
+      json_array_append_new(arr, json_pack("{s:s, s:s, s:I}", "name", a[i].name, "sha256",
+                                           a[i].sha256, "size", (json_int_t)a[i].size));
+    nb__print_json(arr);
+  } else {
+    printf("%-64s %-12s %s\n", "NAME", "BYTES", "SHA256");
+    for (size_t i = 0; i < n; i++)
+      printf("%-64s %-12llu %s\n", nb__safe(a[i].name), (unsigned long long)a[i].size, a[i].sha256);
+    if (more) printf("(more: give a PREFIX)\n");
+  }
+  nb_free(a);
+  return NB_EXIT_OK;
+}
+
 /* `nebula artifact put FILE [NAME]`: NAME, the second word that is not an option or an option's
  * value, is taken out before the common parser (which knows one positional argument). */
 int nb_artifact_main(int argc, char** argv) {
+  if (argc >= 2 && !strcmp(argv[1], "ls")) return nb__artifact_ls(argc - 1, argv + 1);
   if (argc < 2 || strcmp(argv[1], "put") != 0) {
     fprintf(stderr,
-            "usage: nebula artifact put FILE [NAME] [options]  (nebula artifact put "
-            "--help)\n");
+            "usage: nebula artifact put FILE [NAME] | nebula artifact ls [PREFIX]  (--help on "
+            "each)\n");
     return argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) ? NB_EXIT_OK
                                                                                : NB_EXIT_USAGE;
   }

@@ -42,6 +42,8 @@ NB_PARAM_INT(ArtifactConnectMs, "NB_ARTIFACT_CONNECT_MS", 5000, 100, 600000,
 #define NB__M_RESOLVE "/nebula.v1.Artifacts/Resolve"
 #define NB__M_FETCH "/nebula.v1.Artifacts/Fetch"
 #define NB__M_PUT "/nebula.v1.Artifacts/Put"
+#define NB__M_LIST "/nebula.v1.Artifacts/List"
+#define NB__LIST_MAX 1000
 #define NB__IO_BUF ((size_t)1 << 20)
 
 typedef struct nb__svc {
@@ -1032,6 +1034,81 @@ out:
   return st;
 }
 
+static nb_status_t nb__h_list(nb_rpc_call_t* call, void* user) {
+  nb__put_svc_t* svc = user;
+  const nb_tls_peer_t* p = nb_rpc_call_peer(call);
+  if (!p || p->kind != NB_TLS_PEER_USER || !p->name[0] || strchr(p->name, '/') ||
+      strlen(p->name) >= NB_ARTIFACT_ID_MAX)
+    return nb_error(NB_ERR_PERMISSION, "artifacts are listed by users (a user certificate) only");
+  const char* who = p->name;
+  if (svc->may_put && svc->may_put(svc->may_put_user, who) != NB_OK)
+    return nb_error_wrap(NB_ERR_PERMISSION, "user '%s' may not list artifacts here", who);
+  Nebula__V1__ListArtifactsRequest* req = NULL;
+  int end = 0;
+  NB_CHECK(nb_rpc_call_recv_pb(call, &nebula__v1__list_artifacts_request__descriptor,
+                               (ProtobufCMessage**)&req, &end, NB_RPC_INFINITE));
+  if (!req) return nb_error(NB_ERR_INVALID, "List: no request");
+  char pre[NB_ARTIFACT_NAME_MAX * 2];
+  snprintf(pre, sizeof pre, "%s/%s", who, req->prefix ? req->prefix : "");
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+  Nebula__V1__ArtifactInfo* items = NULL;
+  Nebula__V1__ArtifactInfo** ptrs = NULL;
+  char(*names)[NB_ARTIFACT_NAME_MAX + NB_ARTIFACT_HASH_HEX] = NULL;
+  nb_status_t st = nb_calloc((void**)&items, NB__LIST_MAX, sizeof *items, "artifact list");
+  if (st == NB_OK) st = nb_calloc((void**)&ptrs, NB__LIST_MAX, sizeof *ptrs, "artifact list");
+  if (st == NB_OK) st = nb_calloc((void**)&names, NB__LIST_MAX, sizeof *names, "artifact list");
+  size_t n = 0;
+  int more = 0;
+  if (st == NB_OK) {
+    pthread_mutex_lock(&svc->store->mu);
+    sqlite3_stmt* q = NULL;
+    /* substr, not LIKE: a name may hold '%' or '_' */
+    int rc = sqlite3_prepare_v2(svc->store->db,
+                                "SELECT name, sha256, size FROM names WHERE owner = ? AND "
+                                "substr(name, 1, ?) = ? ORDER BY name LIMIT ?",
+                                -1, &q, NULL);
+    if (rc == SQLITE_OK) {
+      sqlite3_bind_text(q, 1, who, -1, SQLITE_STATIC);
+      sqlite3_bind_int(q, 2, (int)strlen(pre));
+      sqlite3_bind_text(q, 3, pre, -1, SQLITE_STATIC);
+      sqlite3_bind_int(q, 4, NB__LIST_MAX + 1);
+      while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        if (n == NB__LIST_MAX) {
+          more = 1;
+          break;
+        }
+        const unsigned char* nm = sqlite3_column_text(q, 0);
+        const unsigned char* hx = sqlite3_column_text(q, 1);
+        snprintf(names[n], NB_ARTIFACT_NAME_MAX, "%s", nm ? (const char*)nm : "");
+        snprintf(names[n] + NB_ARTIFACT_NAME_MAX, NB_ARTIFACT_HASH_HEX, "%s",
+                 hx ? (const char*)hx : "");
+        nebula__v1__artifact_info__init(&items[n]);
+        items[n].name = names[n];
+        items[n].sha256 = names[n] + NB_ARTIFACT_NAME_MAX;
+        int64_t size = sqlite3_column_int64(q, 2);
+        items[n].size = size > 0 ? (uint64_t)size : 0;
+        ptrs[n] = &items[n];
+        n++;
+      }
+      rc = rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
+    }
+    if (rc != SQLITE_OK) st = nb__sql(svc->store, rc, "listing names");
+    sqlite3_finalize(q);
+    pthread_mutex_unlock(&svc->store->mu);
+  }
+  if (st == NB_OK) {
+    Nebula__V1__ArtifactList r = NEBULA__V1__ARTIFACT_LIST__INIT;
+    r.n_artifacts = n;
+    r.artifacts = ptrs;
+    r.truncated = more;
+    st = nb_rpc_call_send_pb(call, &r.base);
+  }
+  nb_free(names);
+  nb_free(ptrs);
+  nb_free(items);
+  return st;
+}
+
 nb_status_t nb_artifact_put_service_add(nb_rpc_server_t* srv, nb_artifact_store_t* store,
                                         uint64_t max_bytes, nb_artifact_user_fn may_put,
                                         void* may_put_user) {
@@ -1054,7 +1131,8 @@ nb_status_t nb_artifact_put_service_add(nb_rpc_server_t* srv, nb_artifact_store_
   keep->next = store->svcs;
   store->svcs = keep;
   pthread_mutex_unlock(&store->mu);
-  return nb_rpc_server_add_method(srv, NB__M_PUT, NB_RPC_CLIENT_STREAMING, nb__h_put, svc);
+  NB_CHECK(nb_rpc_server_add_method(srv, NB__M_PUT, NB_RPC_CLIENT_STREAMING, nb__h_put, svc));
+  return nb_rpc_server_add_method(srv, NB__M_LIST, NB_RPC_UNARY, nb__h_list, svc);
 }
 
 nb_status_t nb_artifact_copy_out(nb_artifact_store_t* store, const char* name_or_hash,
@@ -1456,5 +1534,43 @@ out:
   nb_rpc_client_destroy(cli);
   nb_free(buf);
   close(fd);
+  return st;
+}
+
+nb_status_t nb_artifact_list(const nb_artifact_upload_opts_t* o, const char* prefix,
+                             nb_artifact_info_t** out, size_t* n, int* truncated) {
+  if (!o || !o->target || !o->tls || !out || !n)
+    return nb_error(NB_ERR_INVALID, "artifact list: NULL argument");
+  *out = NULL;
+  *n = 0;
+  if (truncated) *truncated = 0;
+  nb_rpc_client_t* cli = NULL;
+  nb_rpc_client_opts_t co = {0};
+  co.tls = o->tls;
+  co.server_name = o->server_name;
+  NB_CHECK(nb_rpc_client_create(o->target, &co, &cli));
+  Nebula__V1__ListArtifactsRequest req = NEBULA__V1__LIST_ARTIFACTS_REQUEST__INIT;
+  req.prefix = (char*)(prefix ? prefix : "");
+  ProtobufCMessage* rep = NULL;
+  nb_status_t st =
+      nb_rpc_unary_pb(cli, NB__M_LIST, &req.base, &nebula__v1__artifact_list__descriptor, &rep,
+                      o->timeout_ms > 0 ? o->timeout_ms : NB_RPC_INFINITE, 0);
+  if (st == NB_OK) {
+    Nebula__V1__ArtifactList* r = (Nebula__V1__ArtifactList*)rep;
+    nb_artifact_info_t* a = NULL;
+    if (r->n_artifacts) st = nb_calloc((void**)&a, r->n_artifacts, sizeof *a, "artifact list");
+    for (size_t i = 0; st == NB_OK && i < r->n_artifacts; i++) {
+      snprintf(a[i].name, sizeof a[i].name, "%s", r->artifacts[i]->name);
+      snprintf(a[i].sha256, sizeof a[i].sha256, "%s", r->artifacts[i]->sha256);
+      a[i].size = r->artifacts[i]->size;
+    }
+    if (st == NB_OK) {
+      *out = a;
+      *n = r->n_artifacts;
+      if (truncated) *truncated = r->truncated;
+    }
+  }
+  if (rep) protobuf_c_message_free_unpacked(rep, NULL);
+  nb_rpc_client_destroy(cli);
   return st;
 }

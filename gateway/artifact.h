@@ -86,7 +86,8 @@ typedef nb_status_t (*nb_artifact_job_fn)(void* user, const char* job_id, const 
 nb_status_t nb_artifact_service_add(nb_rpc_server_t* srv, nb_artifact_store_t* store,
                                     nb_artifact_job_fn job_fn, void* job_user);
 
-/* Adds nebula.v1.Artifacts/Put to srv, before it starts: a caller with a user certificate puts a
+/* Adds nebula.v1.Artifacts/Put and List to srv, before it starts. List answers a user (the same
+ * checks as Put's caller) the names it owns here. Put: a caller with a user certificate puts a
  * file of at most max_bytes (0 = NB_ARTIFACT_PUT_MAX_DEFAULT) into store under
  * "<user>/<name>", owned by that user and no job. The bytes go to a temp file of the store; the
  * name is recorded (nb_artifact_put) only once the announced size and SHA-256 match. A name
@@ -148,6 +149,14 @@ typedef struct {
  * namespace), NB_ERR_INVALID (bad name, over the gateway's size limit), NB_ERR_INTEGRITY,
  * NB_ERR_UNAVAILABLE, NB_ERR_TIMEOUT. */
 nb_status_t nb_artifact_upload(const nb_artifact_upload_opts_t* opts, nb_artifact_info_t* out);
+
+/* The client of Artifacts.List: the names of the caller's namespace at its gateway (at most
+ * 1000, name order) whose name starts with "<user>/<prefix>" (prefix NULL or "" = all).
+ * *out: an array of *n entries (name, sha256, size) the caller frees with nb_free; *truncated:
+ * more exist (may be NULL). opts->file and opts->name are not used. Returns
+ * NB_ERR_PERMISSION, NB_ERR_UNAVAILABLE, NB_ERR_TIMEOUT, NB_ERR_NOMEM. */
+nb_status_t nb_artifact_list(const nb_artifact_upload_opts_t* opts, const char* prefix,
+                             nb_artifact_info_t** out, size_t* n, int* truncated);
 
 /* NB_OK when name is a valid artifact name ("<job>/<path>": 1..255 bytes, relative, no empty,
  * "." or ".." component, no control character or backslash, not starting with "sha256:"), else

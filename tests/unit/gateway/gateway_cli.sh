@@ -161,6 +161,10 @@ SUM=$(sha256sum "$T/train.sh" | cut -d' ' -f1)
 "$NB" artifact put "$T/train.sh" code/run.sh --json | grep -q '"name": "alice/code/run.sh"' \
   || fail "artifact put NAME --json"
 "$NB" artifact put --help | grep -q "artifacts.max_put_bytes" || fail "artifact put --help"
+"$NB" artifact ls > "$T/ls.out" || fail "artifact ls"
+grep -q "^alice/train.sh  *13  *$SUM$" "$T/ls.out" && grep -q "^alice/code/run.sh " "$T/ls.out" \
+  || fail "artifact ls printed $(cat "$T/ls.out")"
+"$NB" artifact ls code/ --json | grep -c '"name"' | grep -qx 1 || fail "artifact ls PREFIX --json"
 NB_CERT="$T/pki/clusters/dc-a.crt" NB_KEY="$T/pki/clusters/dc-a.key" "$NB" artifact put \
   "$T/train.sh" >/dev/null 2>&1; [ $? -eq 3 ] || fail "a cluster certificate may put"
 "$NB" artifact put "$T/nope.sh" >/dev/null 2>&1; [ $? -eq 1 ] || fail "put of a missing file: not 1"

@@ -1,8 +1,9 @@
 /* A job's program shipped as artifacts (spec.program.files): two in-process gateways over mutual
  * TLS on loopback, alice puts a shell script into her gateway's store (Artifacts.Put) and a
  * job runs it with `sh train.sh` on both clusters. Also: bob can neither put into alice's
- * namespace nor have her file, an upload over artifacts.max_put_bytes is refused, a missing
- * artifact fails the job naming it, and bad `files` entries are refused naming the field. */
+ * namespace nor have her file nor see it listed, an upload over artifacts.max_put_bytes is refused,
+ * a missing artifact fails the job naming it, and bad `files` entries are refused naming the field.
+ */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -201,6 +202,36 @@ static void test_other_user(void** state) {
   assert_int_equal(put("bob", "train.sh", "train.sh", &info), NB_OK);
   assert_string_equal(info.name, "bob/train.sh");
   assert_string_equal(info.sha256, sh.sha256);
+  /* List: each user sees its own namespace only */
+  const char* users[2] = {"alice", "bob"};
+  for (int u = 0; u < 2; u++) {
+    nb_tls_t* tls = NULL;
+    nb_rpc_client_destroy(gwt_client(g_dir, users[u], g_port[0], &tls));
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", g_port[0]);
+    nb_artifact_upload_opts_t o = {.target = target, .tls = tls, .timeout_ms = 30000};
+    nb_artifact_info_t* a = NULL;
+    size_t n = 0;
+    int more = 1;
+    assert_int_equal(nb_artifact_list(&o, u == 0 ? "" : NULL, &a, &n, &more), NB_OK);
+    assert_false(more);
+    if (u == 0) {
+      assert_int_equal(n, 2);
+      assert_string_equal(a[0].name, "alice/conf/lr.txt");
+      assert_string_equal(a[0].sha256, conf.sha256);
+      assert_string_equal(a[1].name, "alice/train.sh");
+      assert_int_equal(a[1].size, strlen(g_script));
+      nb_free(a);
+      assert_int_equal(nb_artifact_list(&o, "conf/", &a, &n, NULL), NB_OK);
+      assert_int_equal(n, 1);
+      assert_string_equal(a[0].name, "alice/conf/lr.txt");
+    } else {
+      assert_int_equal(n, 1);
+      assert_string_equal(a[0].name, "bob/train.sh");
+    }
+    nb_free(a);
+    nb_tls_destroy(tls);
+  }
 }
 
 /* A file over dc-a's artifacts.max_put_bytes is refused and leaves nothing in the store. */
