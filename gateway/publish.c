@@ -149,6 +149,48 @@ nb_status_t nb__gw_artifact_job(void* user, const char* job_id, const char* peer
   return s;
 }
 
+/* Gives dest and the folders made for it, up to the job's folder dir, to run_as. */
+static void nb__give_up_to(nb_gateway_t* gw, const char* dir, const char* dest) {
+  if (!gw->run_as) return;
+  char q[NB_GW_STR * 2 + NB_JOB_PATH_MAX * 2];
+  snprintf(q, sizeof q, "%s", dest);
+  while (strlen(q) > strlen(dir)) {
+    nb__gw_give(gw, q);
+    char* sl = strrchr(q, '/');
+    if (!sl) break;
+    *sl = 0;
+  }
+}
+
+/* Fetches artifact `name` of job id from cluster `from`'s gateway into dest (sealed with the job's
+ * secret, resumed, hash-checked: gateway/artifact.h); the one path by which a job's base
+ * checkpoint and its program's files reach a cluster that does not hold them. */
+static nb_status_t nb__fetch_from(nb_gateway_t* gw, const char* from, const char* id,
+                                  const uint8_t* secret, const char* name, const char* dest,
+                                  nb_artifact_info_t* info) {
+  const char* target = NULL;
+  for (int i = 0; i < gw->cfg.n_peers; i++)
+    if (!strcmp(gw->cfg.peers[i].id, from)) target = gw->cfg.peers[i].address;
+  if (!target || !secret)
+    return nb_error(NB_ERR_INVALID, "cluster '%s' is not a peer of gateway '%s'", from,
+                    gw->cfg.cluster_id);
+  nb_artifact_fetch_opts_t o;
+  memset(&o, 0, sizeof o);
+  nb_tls_t* tls = nb_tls_source_get(gw->tls_src); /* the pair in use now (SIGHUP reloads) */
+  o.target = target;
+  o.tls = tls;
+  o.account = gw->art;
+  o.expected_cluster = from;
+  o.job_id = id;
+  o.secret = secret;
+  o.name = name;
+  o.dest = dest;
+  o.timeout_ms = (int64_t)gw->cfg.federation_timeout_ms * 30;
+  nb_status_t s = nb_artifact_fetch(&o, info);
+  nb_tls_destroy(tls);
+  return s;
+}
+
 /* A job whose model.base names another cluster: fetch that checkpoint from that cluster's
  * gateway into the job folder at the descriptor's relative path (by content hash when the
  * descriptor pins one), before anything runs. */
@@ -158,7 +200,6 @@ nb_status_t nb__gw_fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   NB_CHECK(nb__gw_job_config(st, id, &cfg));
   nb_status_t s = NB_OK;
   const nb_job_model_t* mo = &cfg->model;
-  const char* target = NULL;
   char dir[NB_GW_STR + NB_JOB_ID_MAX + 2], dest[sizeof dir + NB_JOB_PATH_MAX + 2],
       parent[sizeof dest], name[NB_JOB_SHA256_HEX + 8];
   if (!mo->base_checkpoint[0] || !mo->base_cluster[0] ||
@@ -169,9 +210,9 @@ nb_status_t nb__gw_fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const char* 
                       mo->base_checkpoint);
     goto out;
   }
-  for (int i = 0; i < gw->cfg.n_peers; i++)
-    if (!strcmp(gw->cfg.peers[i].id, mo->base_cluster)) target = gw->cfg.peers[i].address;
-  if (!target) {
+  int peer = 0;
+  for (int i = 0; i < gw->cfg.n_peers; i++) peer |= !strcmp(gw->cfg.peers[i].id, mo->base_cluster);
+  if (!peer) {
     s = nb_error(NB_ERR_INVALID, "model.base.cluster '%s' is not a peer of gateway '%s'",
                  mo->base_cluster, gw->cfg.cluster_id);
     goto out;
@@ -185,42 +226,24 @@ nb_status_t nb__gw_fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const char* 
     goto out;
   }
   if (mo->base_sha256[0]) snprintf(name, sizeof name, "sha256:%s", mo->base_sha256);
-  nb_artifact_fetch_opts_t o;
-  memset(&o, 0, sizeof o);
-  o.target = target;
-  nb_tls_t* tls = nb_tls_source_get(gw->tls_src); /* the pair in use now (SIGHUP reloads) */
-  o.tls = tls;
-  o.account = gw->art;
-  o.expected_cluster = mo->base_cluster;
-  o.job_id = id;
-  o.secret = secret;
-  o.name = mo->base_sha256[0] ? name : mo->base_checkpoint;
-  o.dest = dest;
-  o.timeout_ms = (int64_t)gw->cfg.federation_timeout_ms * 30;
+  const char* what = mo->base_sha256[0] ? name : mo->base_checkpoint;
   nb_artifact_info_t info;
   double t0 = nb_now_s();
-  s = nb_artifact_fetch(&o, &info);
-  nb_tls_destroy(tls);
+  s = nb__fetch_from(gw, mo->base_cluster, id, secret, what, dest, &info);
   if (s != NB_OK) {
-    s = nb_error_wrap(s, "fetching the base checkpoint %s from cluster '%s'", o.name,
+    s = nb_error_wrap(s, "fetching the base checkpoint %s from cluster '%s'", what,
                       mo->base_cluster);
     goto out;
   }
-  if (gw->run_as) /* the fetched file and the folders made for it, up to the job's folder */
-    for (char* q = dest; strlen(q) > strlen(dir);) {
-      nb__gw_give(gw, q);
-      char* sl = strrchr(q, '/');
-      if (!sl) break;
-      *sl = 0;
-    }
+  nb__give_up_to(gw, dir, dest); /* the fetched file and the folders made for it */
   json_t* j =
-      json_pack("{s:s, s:s, s:s, s:I, s:f}", "name", o.name, "from", mo->base_cluster, "sha256",
+      json_pack("{s:s, s:s, s:s, s:I, s:f}", "name", what, "from", mo->base_cluster, "sha256",
                 info.sha256, "size", (json_int_t)info.size, "seconds", nb_now_s() - t0);
   char* txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
   if (txt) nb_job_store_append_event(st, id, "fetch", txt, NULL);
   free(txt);
   json_decref(j);
-  NB_INFO(JOB, "job %s: base checkpoint %s fetched from %s (%llu bytes)", id, o.name,
+  NB_INFO(JOB, "job %s: base checkpoint %s fetched from %s (%llu bytes)", id, what,
           mo->base_cluster, (unsigned long long)info.size);
 out:
   nb_free(cfg);
@@ -235,19 +258,6 @@ nb_status_t nb__gw_may_put(void* user, const char* name) {
     if (!strcmp(gw->cfg.acl.rules[i].user, name) || !strcmp(gw->cfg.acl.rules[i].user, "*"))
       return NB_OK;
   return nb_error(NB_ERR_PERMISSION, "user '%s' is not in this gateway's ACL", name);
-}
-
-/* Gives dest and the folders made for it, up to the job's folder dir, to run_as. */
-static void nb__give_up_to(nb_gateway_t* gw, const char* dir, const char* dest) {
-  if (!gw->run_as) return;
-  char q[NB_GW_STR * 2 + NB_JOB_PATH_MAX * 2];
-  snprintf(q, sizeof q, "%s", dest);
-  while (strlen(q) > strlen(dir)) {
-    nb__gw_give(gw, q);
-    char* sl = strrchr(q, '/');
-    if (!sl) break;
-    *sl = 0;
-  }
 }
 
 /* A job that runs the user's program with spec.program.files: each file into
@@ -302,28 +312,7 @@ nb_status_t nb__gw_fetch_files(nb_gateway_t* gw, nb_job_store_t* st, const char*
     if (!strcmp(from, gw->cfg.cluster_id)) {
       s = nb_artifact_copy_out(gw->art, art, rec.owner, dest, &info);
     } else {
-      const char* target = NULL;
-      for (int k = 0; k < gw->cfg.n_peers; k++)
-        if (!strcmp(gw->cfg.peers[k].id, from)) target = gw->cfg.peers[k].address;
-      if (!target || !secret) {
-        s = nb_error(NB_ERR_INVALID, "cluster '%s' is not a peer of gateway '%s'", from,
-                     gw->cfg.cluster_id);
-      } else {
-        nb_artifact_fetch_opts_t o;
-        memset(&o, 0, sizeof o);
-        nb_tls_t* tls = nb_tls_source_get(gw->tls_src);
-        o.target = target;
-        o.tls = tls;
-        o.account = gw->art;
-        o.expected_cluster = from;
-        o.job_id = id;
-        o.secret = secret;
-        o.name = art;
-        o.dest = dest;
-        o.timeout_ms = (int64_t)gw->cfg.federation_timeout_ms * 30;
-        s = nb_artifact_fetch(&o, &info);
-        nb_tls_destroy(tls);
-      }
+      s = nb__fetch_from(gw, from, id, secret, art, dest, &info);
     }
     if (s != NB_OK) {
       s = nb_error_wrap(s, "$.spec.program.files[%d]: artifact '%s' from cluster '%s'", i, art,
