@@ -1,8 +1,9 @@
 /* Artifacts: a content-addressed store on disk (objects named by SHA-256, a SQLite index of
- * names), the nebula.v1.Artifacts service that serves it in sealed chunks, and the resumable
- * client fetch. It is not a general file server nor a transport: inter/rpc carries the calls and
- * security/seal the keys; which cluster takes part in which job is the gateway's callback, and
- * what a job is entitled to (its owner's outputs and base, gateway/artifact.h) is decided here. */
+ * names), the nebula.v1.Artifacts service that serves it in sealed chunks and takes users' own
+ * files (Put, List), and the resumable client fetch and the upload. It is not a general file
+ * server nor a transport: inter/rpc carries the calls and security/seal the keys; which cluster
+ * takes part in which job, and who may put, are the gateway's callbacks, and what a job is
+ * entitled to (its owner's outputs, base and program files, gateway/artifact.h) is decided here. */
 #include "gateway/artifact.h"
 
 #include <errno.h>
@@ -1147,6 +1148,9 @@ nb_status_t nb_artifact_copy_out(nb_artifact_store_t* store, const char* name_or
   nb_artifact_info_t info;
   nb_status_t st = nb__lookup_for(store, name_or_hash, j, "", &info);
   nb_free(j);
+  if (st == NB_ERR_NOT_FOUND && !strncmp(name_or_hash, "sha256:", 7))
+    return nb_error(NB_ERR_NOT_FOUND, "no artifact %.80s of user '%s' in this store", name_or_hash,
+                    owner);
   NB_CHECK(st);
   char part[PATH_MAX], hex[NB_ARTIFACT_HASH_HEX];
   if (snprintf(part, sizeof part, "%s.part", dest) >= (int)sizeof part)

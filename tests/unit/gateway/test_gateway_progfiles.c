@@ -190,6 +190,15 @@ static void test_other_user(void** state) {
   assert_non_null(strstr(why, "$.spec.program.files[0]: artifact 'alice/train.sh'"));
   assert_non_null(strstr(why, "no artifact 'alice/train.sh' in the namespace of user 'bob'"));
   assert_string_equal(job_file(0, id, "run/train.sh"), "");
+  char files0[256];
+  snprintf(files0, sizeof files0, "{\"artifact\": \"sha256:%s\", \"path\": \"train.sh\"}",
+           sh.sha256);
+  job_doc(doc, sizeof doc, "bob-hash", 0, files0);
+  assert_int_equal(submit("bob", doc, id, sizeof id), NB_OK);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_FAILED, 30);
+  gwt_job_state(&g_cfg[0], id, why, sizeof why);
+  assert_non_null(strstr(why, "of user 'bob' in this store"));
+  assert_string_equal(job_file(0, id, "run/train.sh"), "");
   /* by hash: the same answer as for a hash nobody holds */
   char files[256];
   snprintf(files, sizeof files, "{\"artifact\": \"sha256:%s\", \"path\": \"train.sh\"}", sh.sha256);
@@ -330,6 +339,26 @@ static void test_put_checks(void** state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* A shipped file with mode 0755 is the command itself ("./run.sh", inside the job's folder). */
+static void test_run_directly(void** state) {
+  (void)state;
+  static const char prog[] = "#!/bin/sh\necho direct in $(basename \"$PWD\")\n";
+  char p[512], doc[4096], id[128];
+  write_file("run.sh", prog, strlen(prog), p, sizeof p);
+  nb_artifact_info_t info;
+  assert_int_equal(put("alice", "run.sh", "tools/run.sh", &info), NB_OK);
+  job_doc(doc, sizeof doc, "direct", 0,
+          "{\"artifact\": \"tools/run.sh\", \"path\": \"bin/run.sh\", \"mode\": \"0755\"}");
+  char* cmd = strstr(doc, "[\"sh\", \"train.sh\"]");
+  assert_non_null(cmd);
+  char rest[4096];
+  snprintf(rest, sizeof rest, "[\"./bin/run.sh\"]%s", cmd + strlen("[\"sh\", \"train.sh\"]"));
+  snprintf(cmd, sizeof doc - (size_t)(cmd - doc), "%s", rest);
+  assert_int_equal(submit("alice", doc, id, sizeof id), NB_OK);
+  gwt_wait_state(&g_cfg[0], id, NB_JOB_SUCCEEDED, 30);
+  assert_string_equal(job_file(0, id, "stdout.log"), "direct in run\n");
+}
+
 /* A job naming an artifact nobody put fails before launch, naming the file. */
 static void test_missing(void** state) {
   (void)state;
@@ -415,6 +444,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_other_user, setup, teardown),
       cmocka_unit_test_setup_teardown(test_oversize, setup, teardown),
       cmocka_unit_test_setup_teardown(test_put_checks, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_directly, setup, teardown),
       cmocka_unit_test_setup_teardown(test_missing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_validate, setup, teardown),
   };
