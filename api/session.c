@@ -20,6 +20,7 @@
 #include "security/seal.h"
 #include "security/tls.h"
 #include "train/hybrid.h"
+#include "train/leader_metrics.h"
 
 #define NB__SS_NAME_MAX 128
 #define NB__SS_NDIM_MAX 8
@@ -78,6 +79,11 @@ struct nb_session {
   char* progress_file; /* NULL: no progress lines */
   double loss;         /* the caller's training loss for the next progress line */
   int have_loss;       /* 0: none given since the last line */
+  /* metrics_listen: the leader's Prometheus endpoint (train/leader_metrics); NULL = off */
+  nb_prom_t* prom;
+  uint64_t wan_sent, received; /* totals since open: ours put on the WAN, the peers' frames */
+  long skipped, late;          /* rounds not applied, and applied late (fault-tolerant) */
+  double exchange_total_s;
 };
 
 void nb_session_options_default(nb_session_options_t* o) {
@@ -172,7 +178,10 @@ static nb_status_t nb__ss_exchange_id(uint64_t round, const void* msg, size_t le
 
 static nb_status_t nb__ss_exchange(void* ctx, uint64_t round, const void* msg, size_t len,
                                    nb_hybrid_msg_t* peers, size_t n_peers, uint64_t* sent) {
-  return nb__ss_exchange_id(round + 1, msg, len, ctx, peers, n_peers, sent, NULL);
+  nb_session_t* s = ctx;
+  nb_status_t st = nb__ss_exchange_id(round + 1, msg, len, s, peers, n_peers, sent, NULL);
+  for (size_t i = 0; st == NB_OK && i < n_peers; i++) s->received += peers[i].len;
+  return st;
 }
 
 /* ---- open ----------------------------------------------------------------------------------- */
@@ -318,6 +327,11 @@ nb_status_t nb_session_open(const nb_session_options_t* o, nb_session_t** out) {
   }
   for (size_t i = 0; i < o->n_peers; i++)
     NB_CHECK_GOTO(nb_session_add_peer(s, o->peers[i]), st, fail);
+  if (o->metrics_listen && o->metrics_listen[0])
+    NB_CHECK_GOTO(nb_error_wrap(nb_leader_metrics_start(o->metrics_listen, s->job_id, s->cluster_id,
+                                                        &s->prom),
+                                "session: metrics_listen %s", o->metrics_listen),
+                  st, fail);
   *out = s;
   return NB_OK;
 fail:
@@ -327,6 +341,10 @@ fail:
 
 int nb_session_port(const nb_session_t* s) {
   return s && s->ex ? nb_exchange_port(s->ex) : -1;
+}
+
+int nb_session_metrics_port(const nb_session_t* s) {
+  return s && s->prom ? nb_prom_port(s->prom) : -1;
 }
 
 nb_status_t nb_session_add_peer(nb_session_t* s, const char* peer) {
@@ -657,7 +675,14 @@ static nb_status_t nb__ss_adopt(void* ctx, const uint8_t* b, size_t len) {
   size_t tl = (size_t)b[0] | (size_t)b[1] << 8 | (size_t)b[2] << 16 | (size_t)b[3] << 24;
   if (tl > len - 4) return nb_error(NB_ERR_CODEC, "session: a published state's table is cut");
   NB_CHECK(nb__ss_published_check(a->s, b + 4, tl));
-  return nb_hybrid_import(a->s->h, b + 4 + tl, len - 4 - tl, a->skip);
+  /* the state after a table of any length: copied to an aligned buffer (it holds floats) */
+  uint8_t* state = NULL;
+  size_t sl = len - 4 - tl;
+  NB_CHECK(nb_alloc((void**)&state, sl ? sl : 1, 1, "session: pulled state"));
+  memcpy(state, b + 4 + tl, sl);
+  nb_status_t st = nb_hybrid_import(a->s->h, state, sl, a->skip);
+  nb_free(state);
+  return st;
 }
 
 /* Adopts a live peer's global state; skip: rounds added to its round (2 when this process
@@ -804,34 +829,68 @@ static void nb__ss_link_figures(nb_session_t* s, nb_session_round_t* out) {
   out->rtt_s = rtt;
 }
 
-/* The progress line and *out (nullable) of a round applied on every cluster; wait_s: what the
- * caller waited for the exchange. */
+/* The leader's metrics after a round (metrics_listen): the round's figures and the totals. */
+static void nb__ss_metrics(nb_session_t* s, const nb_hybrid_round_t* rec,
+                           const nb_session_round_t* r) {
+  s->wan_sent += r->bytes_sent;
+  s->exchange_total_s += r->exchange_s;
+  if (s->ft && rec->landed && !rec->applied) s->skipped++;
+  if (r->late) s->late++;
+  if (!s->prom) return;
+  uint64_t rounds = s->ft ? r->next_round : r->round + 1;
+  nb_leader_figures_t f = {
+      .round = (long)rounds,
+      .rounds = 0, /* the caller's loop decides: unknown here */
+      .step = (long)(rounds * (uint64_t)s->inner_steps),
+      .max_steps = 0,
+      .loss = rec->loss,
+      .density = r->density,
+      .wan_sent = s->wan_sent,
+      .wan_received = s->ft ? s->ftx.received : s->received,
+      .goodput_Bps = r->goodput_Bps,
+      .rtt_s = r->rtt_s,
+      .peers = (int)s->n_peers,
+      .peers_alive = (int)r->peers_alive,
+      .applied = r->commits,
+      .skipped = s->skipped,
+      .late = s->late,
+      .compute_s = 0,
+      .exchange_s = s->exchange_total_s,
+  };
+  if (s->have_loss) f.loss = s->loss;
+  nb_leader_metrics_round(s->prom, &f);
+}
+
+/* The progress line, the metrics and *out (nullable) of a round applied on every cluster;
+ * wait_s: what the caller waited for the exchange. */
 static void nb__ss_figures(nb_session_t* s, uint64_t samples, const nb_hybrid_round_t* rec,
                            double wait_s, nb_session_round_t* out) {
   nb__ss_progress(s, samples, rec);
-  s->have_loss = 0; /* a loss is of one round */
-  if (!out) return;
-  memset(out, 0, sizeof *out);
-  out->round = rec->round;
+  nb_session_round_t r;
+  memset(&r, 0, sizeof r);
+  r.round = rec->round;
   /* a round without fault tolerance that returns NB_OK was applied on every cluster */
-  out->applied = s->ft ? rec->applied : 1;
-  out->commits = s->ft ? rec->commits : rec->round + 1;
-  out->peers_ok = s->ft ? rec->peers_ok : (uint32_t)s->n_peers;
-  out->peers_alive = s->ft ? rec->peers_alive : (uint32_t)s->n_peers;
-  out->late = s->ft ? rec->caught_up : 0;
-  out->pulled = s->ft ? rec->need_state : 0;
-  out->next_round = s->ft ? rec->next_round : rec->round + 1;
-  out->samples = samples;
-  out->samples_all = rec->samples_all;
-  out->msg_bytes = rec->msg_bytes;
-  out->bytes_sent = rec->bytes_sent;
-  out->density = rec->density;
-  out->wait_s = wait_s;
-  out->exchange_s = rec->exchange_s;
-  out->codec_s = rec->codec_s;
-  out->global_hash = rec->global_hash;
-  out->update_norm = rec->update_norm;
-  nb__ss_link_figures(s, out);
+  r.applied = s->ft ? rec->applied : 1;
+  r.commits = s->ft ? rec->commits : rec->round + 1;
+  r.peers_ok = s->ft ? rec->peers_ok : (uint32_t)s->n_peers;
+  r.peers_alive = s->ft ? rec->peers_alive : (uint32_t)s->n_peers;
+  r.late = s->ft ? rec->caught_up : 0;
+  r.pulled = s->ft ? rec->need_state : 0;
+  r.next_round = s->ft ? rec->next_round : rec->round + 1;
+  r.samples = samples;
+  r.samples_all = rec->samples_all;
+  r.msg_bytes = rec->msg_bytes;
+  r.bytes_sent = rec->bytes_sent;
+  r.density = rec->density;
+  r.wait_s = wait_s;
+  r.exchange_s = rec->exchange_s;
+  r.codec_s = rec->codec_s;
+  r.global_hash = rec->global_hash;
+  r.update_norm = rec->update_norm;
+  nb__ss_link_figures(s, &r);
+  nb__ss_metrics(s, rec, &r);
+  s->have_loss = 0; /* a loss is of one round */
+  if (out) *out = r;
 }
 
 /* After a fault-tolerant round: a cluster found behind (the others applied rounds it cannot
@@ -1086,5 +1145,6 @@ void nb_session_close(nb_session_t* s) {
   nb_free(s->at_begin);
   memset(s->secret, 0, sizeof s->secret);
   nb_free(s->progress_file);
+  nb_prom_destroy(s->prom);
   nb_free(s);
 }

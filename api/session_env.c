@@ -18,6 +18,8 @@
 
 #include "common/common.h"
 #include "compress/compress.h"
+#include "jobs/descriptor.h"
+#include "jobs/job_program.h"
 #include "security/seal.h"
 
 typedef enum {
@@ -61,6 +63,7 @@ static const nb__ev_t nb__ev_table[] = {
     {"NEBULA_PEER_TIMEOUT_S", NB__EV_DOUBLE, NB__EV_OFF(peer_timeout_s), 0, 86400, 0, 0},
     {"NEBULA_UPDATE_NORM_BOUND", NB__EV_DOUBLE, NB__EV_OFF(update_norm_bound), 0, INFINITY, 0, 1},
     {"NEBULA_PROGRESS_FILE", NB__EV_TEXT, NB__EV_OFF(progress_file), 0, 0, 0, 0},
+    {"NEBULA_METRICS_LISTEN", NB__EV_TEXT, NB__EV_OFF(metrics_listen), 0, 0, 0, 0},
     {"NEBULA_FAULT_TOLERANT", NB__EV_FLAG, NB__EV_OFF(fault_tolerant), 0, 1, 0, 0},
     {"NEBULA_ROUND_DEADLINE_S", NB__EV_DOUBLE, NB__EV_OFF(round_deadline_s), 0, 86400, 1, 0},
     {"NEBULA_REJOIN", NB__EV_FLAG, NB__EV_OFF(rejoin), 0, 1, 0, 0},
@@ -245,8 +248,10 @@ static nb_status_t nb__ev_read(size_t row, const char* text, nb__ev_store_t* st,
   return NB_OK;
 }
 
-nb_status_t nb_session_options_from_env(nb_session_options_t* o) {
-  if (!o) return nb_error(NB_ERR_INVALID, "session options: NULL argument");
+/* The defaults, then every variable get(ctx, name) gives (NULL: not set), read by the table;
+ * `source` names where they came from in the log. */
+static nb_status_t nb__ev_fill(nb_session_options_t* o, const char* (*get)(void*, const char*),
+                               void* ctx, const char* source) {
   nb_session_options_default(o);
   nb_session_options_t tmp = *o;
   nb__ev_store_t* store = NULL;
@@ -254,12 +259,12 @@ nb_status_t nb_session_options_from_env(nb_session_options_t* o) {
   nb_status_t st = NB_OK;
   int have_index = 0;
   for (size_t i = 0; i < NB__EV_N && st == NB_OK; i++) {
-    const char* text = getenv(nb__ev_table[i].env);
+    const char* text = get(ctx, nb__ev_table[i].env);
     if (!text) continue;
     st = nb__ev_read(i, text, store, &tmp);
     if (nb__ev_table[i].off == NB__EV_OFF(cluster_index)) have_index = 1;
     /* never the secret's bytes: only where it came from */
-    if (st == NB_OK) NB_INFO(ENV, "%s=%s (environment)", nb__ev_table[i].env, text);
+    if (st == NB_OK) NB_INFO(ENV, "%s=%s (%s)", nb__ev_table[i].env, text, source);
   }
   if (st == NB_OK && have_index && tmp.cluster_index >= tmp.n_clusters)
     st = nb_error(NB_ERR_CONFIG,
@@ -273,6 +278,80 @@ nb_status_t nb_session_options_from_env(nb_session_options_t* o) {
   tmp.env_storage = store;
   *o = tmp;
   return NB_OK;
+}
+
+static const char* nb__ev_getenv(void* ctx, const char* name) {
+  (void)ctx;
+  return getenv(name);
+}
+
+nb_status_t nb_session_options_from_env(nb_session_options_t* o) {
+  if (!o) return nb_error(NB_ERR_INVALID, "session options: NULL argument");
+  return nb__ev_fill(o, nb__ev_getenv, NULL, "environment");
+}
+
+/* A descriptor's settings as the launchers' variables (jobs/job_program.c: one mapping), less
+ * those of the deployment, which the caller gives. */
+typedef struct {
+  char** env;
+  int n;
+} nb__ev_list_t;
+
+static const char* nb__ev_from_list(void* ctx, const char* name) {
+  static const char* const deployment[] = {"NEBULA_LISTEN", "NEBULA_PEERS", "NEBULA_PKI_DIR",
+                                           "NEBULA_JOB_SECRET_FILE", "NEBULA_PROGRESS_FILE"};
+  for (size_t i = 0; i < sizeof deployment / sizeof deployment[0]; i++)
+    if (!strcmp(name, deployment[i])) return NULL;
+  const nb__ev_list_t* l = ctx;
+  size_t len = strlen(name);
+  for (int i = 0; i < l->n; i++)
+    if (!strncmp(l->env[i], name, len) && l->env[i][len] == '=') return l->env[i] + len + 1;
+  return NULL;
+}
+
+nb_status_t nb_session_options_from_descriptor(nb_session_options_t* o, const char* path,
+                                               const char* cluster_id) {
+  if (!o || !path || !cluster_id) return nb_error(NB_ERR_INVALID, "session options: NULL argument");
+  nb_session_options_default(o);
+  nb_job_config_t* cfg = NULL;
+  NB_CHECK(nb_calloc((void**)&cfg, 1, sizeof *cfg, "session options: descriptor"));
+  nb_status_t st = nb_descriptor_load(path, cfg, NULL);
+  if (st != NB_OK) {
+    nb_free(cfg);
+    return nb_error_wrap(st, "session options: descriptor %s", path);
+  }
+  int index = -1;
+  char known[NB_JOB_MAX_CLUSTERS * (NB_JOB_NAME_MAX + 2) + 1] = "";
+  size_t at = 0;
+  for (int i = 0; i < cfg->n_clusters; i++) {
+    if (!strcmp(cfg->clusters[i].id, cluster_id)) index = i;
+    at +=
+        (size_t)snprintf(known + at, sizeof known - at, "%s%s", i ? ", " : "", cfg->clusters[i].id);
+    if (at >= sizeof known) at = sizeof known - 1;
+  }
+  if (index < 0) {
+    st = nb_error(NB_ERR_CONFIG,
+                  "session options: descriptor %s: cluster '%s' is not in $.spec.clusters (%s)",
+                  path, cluster_id, known);
+    nb_free(cfg);
+    return st;
+  }
+  nb_job_program_site_t site = {.job_id = cfg->name,
+                                .cluster_id = cluster_id,
+                                .cluster_index = index,
+                                .listen = "",
+                                .pki_dir = "",
+                                .secret_file = ""};
+  char* env[NB_JOB_PROGRAM_MAX_ENV + 1];
+  int n = 0;
+  st = nb_job_program_env(cfg, &site, env, NB_JOB_PROGRAM_MAX_ENV + 1, &n);
+  if (st == NB_OK) {
+    nb__ev_list_t l = {env, n};
+    st = nb__ev_fill(o, nb__ev_from_list, &l, path);
+    nb_job_program_env_free(env, n);
+  }
+  nb_free(cfg);
+  return st;
 }
 
 void nb_session_options_free(nb_session_options_t* o) {

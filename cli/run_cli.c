@@ -447,7 +447,9 @@ static int nb__run_spawn(const nb__run_spawn_t* s, int i, int rejoin) {
     setenv("OPENBLAS_NUM_THREADS", th, 0);
     if (pg->argc > 0) {
       setenv("OMP_NUM_THREADS", th, 0); /* PyTorch's intra-op threads */
-      for (int e = 0; e < n_penv; e++) putenv(penv[e]);
+      for (int e = 0; e < n_penv; e++)  /* NEBULA_METRICS_LISTEN of our own wins over the key */
+        if (strncmp(penv[e], "NEBULA_METRICS_LISTEN=", 22) || !getenv("NEBULA_METRICS_LISTEN"))
+          putenv(penv[e]);
       if (chdir(pdir) != 0) {
         fprintf(stderr, "nebula run: %s: cannot enter the program's folder %s: %s\n", ch[i].id,
                 pdir, strerror(errno));

@@ -133,9 +133,14 @@ typedef struct {
   const char* progress_file; /* NULL (default): none; else a file that gets one JSON line per
                                 round (round, step, density, wan_mbps, bytes_sent, samples, source,
                                 global_xxh3), appended: how a gateway shows a program's rounds */
-  void* env_storage;         /* owned by the options when nb_session_options_from_env filled
-                                them (the strings, peers and secret it read; freed by
-                                nb_session_options_free); NULL otherwise: leave it alone */
+  const char* metrics_listen; /* NULL or "" (default): none; else "HOST:PORT" (port 0 picks a
+                                 free one: nb_session_metrics_port) where the session serves the
+                                 cluster leader's Prometheus metrics at GET /metrics, updated
+                                 after each round (docs/operations.md); an empty host is
+                                 loopback. nb_session_open fails when it cannot serve there */
+  void* env_storage;          /* owned by the options when nb_session_options_from_env filled
+                                 them (the strings, peers and secret it read; freed by
+                                 nb_session_options_free); NULL otherwise: leave it alone */
 } nb_session_options_t;
 
 /* Fills *o with the defaults above (NULL pointers, one cluster, H 50, outer lr 0.7, momentum 0.9,
@@ -155,6 +160,7 @@ void nb_session_options_default(nb_session_options_t* o);
  *                             may access (chmod 600)
  *   NEBULA_INSECURE, NEBULA_UNSEALED   "0" or "1" (tests only)
  *   NEBULA_PROGRESS_FILE      a path: progress_file
+ *   NEBULA_METRICS_LISTEN     "HOST:PORT": metrics_listen
  * A variable that is not set keeps its default, so the caller may set fields afterwards
  * (nb_session_open checks that the required ones are there). The strings, the peer list and the
  * secret are copied into storage that *o owns (o->env_storage): they stay valid until
@@ -168,9 +174,22 @@ void nb_session_options_default(nb_session_options_t* o);
  * Thread-safe (it only reads the environment: do not setenv concurrently). */
 nb_status_t nb_session_options_from_env(nb_session_options_t* o);
 
-/* Frees what nb_session_options_from_env stored in *o (wiping the secret) and clears the fields
- * that pointed into it; the other fields are left as they are. NULL, or options that own
- * nothing, ok. */
+/* Fills *o from a job descriptor (a `nebula validate` file, docs/descriptor.md) for cluster
+ * `cluster_id` of it: job_id = metadata.name, n_clusters and cluster_index from spec.clusters,
+ * inner_steps, outer_lr, outer_momentum (sync), density (compression.density.initial), values,
+ * error_feedback, peer_timeout_s, and unsealed when security.seal is false: the same mapping
+ * a gateway's launcher uses for NEBULA_* (one implementation). What belongs to the deployment is
+ * left to the caller: listen, peers, pki_dir (or insecure), job_secret. Storage as
+ * nb_session_options_from_env (free it with nb_session_options_free). NB_ERR_CONFIG naming the
+ * first problem of the descriptor (`$.spec...`), or a cluster_id that is not in it (the ids it
+ * has are listed); NB_ERR_IO (unreadable file), NB_ERR_INVALID (NULL), NB_ERR_NOMEM. On error
+ * *o holds the defaults and owns nothing. */
+nb_status_t nb_session_options_from_descriptor(nb_session_options_t* o, const char* path,
+                                               const char* cluster_id);
+
+/* Frees what nb_session_options_from_env (or _from_descriptor) stored in *o (wiping the secret) and
+ * clears the fields that pointed into it; the other fields are left as they are. NULL, or options
+ * that own nothing, ok. */
 void nb_session_options_free(nb_session_options_t* o);
 
 /* Opens a session: validates the options, loads the PKI, and starts our exchange server (bound
@@ -183,6 +202,10 @@ nb_status_t nb_session_open(const nb_session_options_t* o, nb_session_t** out);
 
 /* The bound port of our exchange server (for listen "host:0"); -1 for a one-cluster session. */
 int nb_session_port(const nb_session_t* s);
+
+/* The bound port of the metrics endpoint (for metrics_listen "host:0"); -1 without one.
+ * Thread-safe. */
+int nb_session_metrics_port(const nb_session_t* s);
 
 /* Adds a peer cluster "id=host:port" (borrowed during the call), before nb_session_start.
  * NB_ERR_INVALID (malformed text, after start), NB_ERR_EXISTS (an id given twice), NB_ERR_CONFIG

@@ -14,6 +14,7 @@
 
 #include "common/opts.h"
 #include "common/common.h"
+#include "jobs/cli_checks.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Names of the enumerations (index = enum value), shared by parser and printer. */
@@ -63,8 +64,9 @@ static const char* const nb__meta_keys[] = {"name", "description", NULL};
 static const char* const nb__spec_keys[] = {"task",       "clusters",    "model", "training",
                                             "sync",       "compression", "link",  "security",
                                             "checkpoint", "program",     NULL};
-static const char* const nb__cluster_keys[] = {"id",       "workers", "device", "threadsPerWorker",
-                                               "slowdown", "data",    NULL};
+static const char* const nb__cluster_keys[] = {"id",       "workers", "device",  "threadsPerWorker",
+                                               "slowdown", "data",    "metrics", NULL};
+static const char* const nb__metrics_keys[] = {"listen", NULL};
 static const char* const nb__data_keys[] = {"tier", "dir", "languages", "pairs", NULL};
 static const char* const nb__model_keys[] = {"layers", "width", "heads", "context", "base", NULL};
 static const char* const nb__base_keys[] = {"checkpoint", "cluster", "sha256", NULL};
@@ -563,6 +565,41 @@ static void nb__parse_data(nb__dctx_t* c, json_t* clobj, nb_job_cluster_t* cl, b
   nb__pop(c, mark);
 }
 
+/* clusters[i].metrics: {"listen": "HOST:PORT"}, the leader's Prometheus endpoint. A TCP address
+ * with a port in 0..65535 (the checks of the gateway's metrics.listen): a unix: target, a host
+ * without a port or a port out of range is refused here, not when the job starts. */
+static void nb__parse_metrics(nb__dctx_t* c, json_t* clobj, nb_job_cluster_t* cl) {
+  size_t mark;
+  json_t* m = nb__enter(c, clobj, "metrics", nb__metrics_keys, &mark);
+  if (m) {
+    json_t* v = json_object_get(m, "listen");
+    size_t lm = nb__push_key(c, "listen");
+    char addr[NB_JOB_ADDR_MAX];
+    if (!v) { /* an object of unknown fields only has its did-you-mean already */
+      nb__pop(c, lm);
+      if (json_object_size(m) == 0)
+        nb__missing(c, "listen", "a \"HOST:PORT\" address such as \"127.0.0.1:9465\"");
+    } else if (nb__take_str(c, v, NB__STR_ARG, addr, sizeof addr)) {
+      /* nb_cli_addr_check reports through nb_error: keep the descriptor's first error there */
+      char first[512];
+      snprintf(first, sizeof first, "%s", c->errors ? nb_error_last() : "");
+      if (!strncmp(addr, "unix:", 5) || !strncmp(addr, "unix-abstract:", 14)) {
+        nb__err(c, v, "expected HOST:PORT (TCP; Prometheus scrapes over HTTP), not a unix: target");
+      } else if (nb_cli_addr_check(addr, 1, "listen") != NB_OK) {
+        char why[384];
+        const char* e = nb_error_last();
+        snprintf(why, sizeof why, "%s", strncmp(e, "listen: ", 8) ? e : e + 8);
+        if (c->errors) nb_error(NB_ERR_CONFIG, "%s", first);
+        nb__err(c, NULL, "expected HOST:PORT: %s", why);
+      } else {
+        snprintf(cl->metrics_listen, sizeof cl->metrics_listen, "%s", addr);
+      }
+    }
+    if (v) nb__pop(c, lm);
+  }
+  nb__pop(c, mark);
+}
+
 static void nb__parse_clusters(nb__dctx_t* c, json_t* spec, nb_job_config_t* cfg,
                                nb__seen_t* seen) {
   size_t mark;
@@ -592,6 +629,7 @@ static void nb__parse_clusters(nb__dctx_t* c, json_t* spec, nb_job_config_t* cfg
       nb__get_i32(c, o, "threadsPerWorker", 0, 1024, &cl->threads_per_worker);
       nb__get_num(c, o, "slowdown", 1, 1000, NB__CLOSED, &cl->slowdown);
       nb__parse_data(c, o, cl, &seen->has_languages[i], &seen->has_pairs[i], seen->program);
+      nb__parse_metrics(c, o, cl);
       /* the built-in model's settings of a cluster, with a program of the user's */
       static const char* const builtin[] = {"data", "threadsPerWorker", "slowdown", NULL};
       for (int k = 0; seen->program && builtin[k]; k++) {
@@ -1225,7 +1263,11 @@ nb_status_t nb_descriptor_to_json(const nb_job_config_t* cfg, char** out) {
     nb__set_str(&b, o, "id", cl->id);
     nb__set_int(&b, o, "workers", cl->workers);
     nb__set_str(&b, o, "device", nb_job_device_name(cl->device));
-    if (prog) continue;
+    if (prog) {
+      if (cl->metrics_listen[0])
+        nb__set_str(&b, nb__set_obj(&b, o, "metrics"), "listen", cl->metrics_listen);
+      continue;
+    }
     nb__set_int(&b, o, "threadsPerWorker", cl->threads_per_worker);
     nb__set_num(&b, o, "slowdown", cl->slowdown);
     json_t* d = nb__set_obj(&b, o, "data");
@@ -1242,6 +1284,8 @@ nb_status_t nb_descriptor_to_json(const nb_job_config_t* cfg, char** out) {
         nb__append_str(&b, a, pair);
       }
     }
+    if (cl->metrics_listen[0])
+      nb__set_str(&b, nb__set_obj(&b, o, "metrics"), "listen", cl->metrics_listen);
   }
 
   const nb_job_model_t* m = &cfg->model;

@@ -25,6 +25,7 @@ extern "C" {
 #define NB_JOB_PROGRAM_MAX_ARGS 32  /* words of spec.program.command */
 #define NB_JOB_PROGRAM_MAX_FILES 16 /* entries of spec.program.files */
 #define NB_JOB_ARTIFACT_MAX 256     /* an artifact name or "sha256:<hex>", with NUL */
+#define NB_JOB_ADDR_MAX 256         /* a HOST:PORT address, with NUL */
 
 typedef enum { NB_JOB_TASK_PRETRAIN = 0, NB_JOB_TASK_TRANSLATION = 1 } nb_job_task_t;
 typedef enum { NB_JOB_DEVICE_CPU = 0, NB_JOB_DEVICE_CUDA = 1 } nb_job_device_t;
@@ -67,6 +68,9 @@ typedef struct {
   int n_pairs; /* translation: source→target pairs */
   char pair_src[NB_JOB_MAX_LANGS][NB_JOB_LANG_MAX];
   char pair_tgt[NB_JOB_MAX_LANGS][NB_JOB_LANG_MAX];
+  /* The cluster leader's Prometheus endpoint (docs/operations.md), "HOST:PORT" with port
+   * 0..65535 (0: a free one); "" = off. NEBULA_METRICS_LISTEN, when set, overrides it. */
+  char metrics_listen[NB_JOB_ADDR_MAX];
 } nb_job_cluster_t;
 
 typedef struct {

@@ -66,6 +66,10 @@ nb_status_t nb_job_program_env(const nb_job_config_t* cfg, const nb_job_program_
   NB__PE("NEBULA_ERROR_FEEDBACK=%d", cfg->compression.error_feedback ? 1 : 0);
   NB__PE("NEBULA_PEER_TIMEOUT_S=%.9g", cfg->sync.peer_timeout_seconds);
   if (site->progress_file) NB__PE("NEBULA_PROGRESS_FILE=%s", site->progress_file);
+  /* the cluster's spec.clusters[i].metrics.listen: the session's metrics_listen */
+  if (site->cluster_index >= 0 && site->cluster_index < cfg->n_clusters &&
+      cfg->clusters[site->cluster_index].metrics_listen[0])
+    NB__PE("NEBULA_METRICS_LISTEN=%s", cfg->clusters[site->cluster_index].metrics_listen);
 #undef NB__PE
   if (s != NB_OK) {
     nb_job_program_env_free(env, *n);

@@ -230,26 +230,49 @@ out:
   return st;
 }
 
-/* The curve from the summary: "evals" [{step, mean_bpb}] (entries of another shape are left
- * out), then the final evaluation at the last inner step when it lies beyond them. */
+/* The value of language `lang` in a {"lang": bpb} object: NaN when it is not there. */
+static double nb__rp_lang_bpb(json_t* obj, const char* lang) {
+  json_t* v = json_object_get(obj, lang);
+  return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+/* The curve from the summary: "evals" [{step, mean_bpb, bpb: {lang: x}}] (entries of another
+ * shape are left out; "bpb", written by `nebula worker` since it records each language's point,
+ * gives one curve per language, its languages in the order they first appear), then the final
+ * evaluation (final_eval_mean_bpb, final_eval_bpb) at the last inner step when it lies beyond
+ * them. Languages past NB__RP_LANGS are left out. */
 static nb_status_t nb__rp_summary_curve(nb__rp_cluster_t* c) {
   int cap = 0;
   json_t* ev = json_object_get(c->sum, "evals");
   size_t i;
   json_t* e;
-  double last = -INFINITY;
+  json_array_foreach(ev, i, e) {
+    const char* k;
+    json_t* v;
+    json_object_foreach(json_object_get(e, "bpb"), k, v) {
+      int known = 0;
+      for (int l = 0; l < c->nl && !known; l++) known = strcmp(c->lang[l], k) == 0;
+      if (!known && c->nl < NB__RP_LANGS && strlen(k) < sizeof c->lang[0])
+        snprintf(c->lang[c->nl++], sizeof c->lang[0], "%s", k);
+    }
+  }
+  double last = -INFINITY, lv[NB__RP_LANGS];
   json_array_foreach(ev, i, e) {
     json_t* st = json_object_get(e, "step");
     json_t* m = json_object_get(e, "mean_bpb");
     if (!json_is_number(st) || !json_is_number(m)) continue;
-    NB_CHECK(nb__rp_ev_push(c, &cap, json_number_value(st), json_number_value(m), NULL));
+    for (int l = 0; l < c->nl; l++) lv[l] = nb__rp_lang_bpb(json_object_get(e, "bpb"), c->lang[l]);
+    NB_CHECK(nb__rp_ev_push(c, &cap, json_number_value(st), json_number_value(m), lv));
     last = fmax(last, json_number_value(st));
   }
   json_t* fin = json_object_get(c->sum, "final_eval_mean_bpb");
   json_t* steps = json_object_get(c->sum, "inner_steps");
   if (!json_is_number(steps)) steps = json_object_get(c->sum, "steps");
-  if (json_is_number(fin) && json_is_number(steps) && json_number_value(steps) > last)
-    NB_CHECK(nb__rp_ev_push(c, &cap, json_number_value(steps), json_number_value(fin), NULL));
+  if (json_is_number(fin) && json_is_number(steps) && json_number_value(steps) > last) {
+    for (int l = 0; l < c->nl; l++)
+      lv[l] = nb__rp_lang_bpb(json_object_get(c->sum, "final_eval_bpb"), c->lang[l]);
+    NB_CHECK(nb__rp_ev_push(c, &cap, json_number_value(steps), json_number_value(fin), lv));
+  }
   return NB_OK;
 }
 

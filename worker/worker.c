@@ -25,7 +25,7 @@
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
 #include "worker/codec_points.h"
-#include "worker/leader_metrics.h"
+#include "train/leader_metrics.h"
 #include "worker/worker.h"
 #include "security/pki.h"
 #include "security/seal.h"
@@ -51,7 +51,8 @@ NB_PARAM_DOUBLE(RejoinTimeoutS, "NB_REJOIN_TIMEOUT_S", 60, 1, 3600,
 NB_PARAM_STRING(MetricsListen, "NEBULA_METRICS_LISTEN", "",
                 "nebula worker, cluster leader (rank 0): serve Prometheus metrics (round, loss, "
                 "WAN bytes, link, rounds applied) at http://HOST:PORT/metrics; port 0 picks a "
-                "free one, printed at the start; empty: off (docs/operations.md)")
+                "free one, printed at the start; overrides the descriptor's "
+                "spec.clusters[i].metrics.listen; empty: that key, or off (docs/operations.md)")
 
 static nb_worker_outcome_t nb__wk_fail(const char* cluster, const char* what) {
   fprintf(stderr, "nebula worker: %s: %s: %s\n", cluster ? cluster : "?", what, nb_error_last());
@@ -623,14 +624,20 @@ static nb_worker_outcome_t nb__wk_scheduler(nb__wk_t* w) {
   return NB_WORKER_DONE;
 }
 
-/* NEBULA_METRICS_LISTEN: the leader's Prometheus endpoint. A value that does not serve (a bad
- * address, a port in use) stops the worker: metrics asked for and missing would go unnoticed. */
+/* The leader's Prometheus endpoint: NEBULA_METRICS_LISTEN when set, else the cluster's
+ * spec.clusters[i].metrics.listen. A value that does not serve (a bad address, a port in use)
+ * stops the worker: metrics asked for and missing would go unnoticed. */
 static nb_worker_outcome_t nb__wk_metrics_start(nb__wk_t* w) {
   const char* listen = nb_param_MetricsListen();
+  char from[64];
+  snprintf(from, sizeof from, "NEBULA_METRICS_LISTEN");
+  if (!listen[0]) {
+    listen = w->job->clusters[w->ci].metrics_listen;
+    snprintf(from, sizeof from, "$.spec.clusters[%d].metrics.listen", w->ci);
+  }
   if (!listen[0]) return NB_WORKER_DONE;
   if (nb_leader_metrics_start(listen, w->job->name, w->cluster, &w->prom) != NB_OK) {
-    fprintf(stderr, "nebula worker: %s: NEBULA_METRICS_LISTEN=%s: %s\n", w->cluster, listen,
-            nb_error_last());
+    fprintf(stderr, "nebula worker: %s: %s=%s: %s\n", w->cluster, from, listen, nb_error_last());
     return NB_WORKER_FAILED;
   }
   const char* colon = strrchr(listen, ':');
@@ -856,6 +863,12 @@ static nb_worker_outcome_t nb__wk_eval_round(nb__wk_t* w, long r) {
   json_object_set_new(e, "round", json_integer(r + 1));
   json_object_set_new(e, "step", json_integer(nb_trainer_step(w->t)));
   json_object_set_new(e, "mean_bpb", json_real(mid.mean_bpb));
+  /* each language's point too (the report draws one curve per language); one that scored
+   * nothing (NaN, which JSON cannot hold) is left out */
+  json_t* langs = json_object();
+  for (int i = 0; i < mid.n; i++)
+    if (isfinite(mid.bpb[i])) json_object_set_new(langs, mid.label[i], json_real(mid.bpb[i]));
+  json_object_set_new(e, "bpb", langs);
   json_array_append_new(w->evals, e);
   return NB_WORKER_DONE;
 }

@@ -172,7 +172,7 @@ _OPTION_KINDS = {
     "outer_momentum": "real", "density": "real", "values": "str", "error_feedback": "bool",
     "peer_timeout_s": "real", "update_norm_bound": "real", "fault_tolerant": "bool",
     "round_deadline_s": "real", "final_wait_s": "real", "rejoin": "bool",
-    "rejoin_timeout_s": "real",
+    "rejoin_timeout_s": "real", "metrics_listen": "str",
 }
 
 
@@ -256,6 +256,7 @@ class Session:
         final_wait_s: float | None = None,
         rejoin: bool | None = None,
         rejoin_timeout_s: float | None = None,
+        metrics_listen: str | None = None,
     ):
         o = _cffi.new("nb_session_options_t*")
         _lib.nb_session_options_default(o)
@@ -267,7 +268,8 @@ class Session:
             density=density, values=values, error_feedback=error_feedback,
             peer_timeout_s=peer_timeout_s, update_norm_bound=update_norm_bound,
             fault_tolerant=fault_tolerant, round_deadline_s=round_deadline_s,
-            final_wait_s=final_wait_s, rejoin=rejoin, rejoin_timeout_s=rejoin_timeout_s))
+            final_wait_s=final_wait_s, rejoin=rejoin, rejoin_timeout_s=rejoin_timeout_s,
+            metrics_listen=metrics_listen))
 
     @classmethod
     def from_env(cls, **overrides) -> "Session":
@@ -281,6 +283,23 @@ class Session:
             self._open(o, overrides)
         finally:
             _lib.nb_session_options_free(o)  # the session copied what it keeps
+        return self
+
+    @classmethod
+    def from_descriptor(cls, path, cluster_id: str, **overrides) -> "Session":
+        """A session for cluster `cluster_id` of a job descriptor (nb_session_options_from_descriptor:
+        the job's settings from the file, the same mapping a gateway uses), then `overrides`: the
+        deployment's (listen, peers, pki_dir or insecure, job_secret) and any other keyword. A bad
+        descriptor or an unknown cluster is NebulaError NB_ERR_CONFIG naming it."""
+        o = _cffi.new("nb_session_options_t*")
+        keep = []
+        _check("nb_session_options_from_descriptor", _lib.nb_session_options_from_descriptor(
+            o, _cstr(keep, "path", str(path)), _cstr(keep, "cluster_id", cluster_id)))
+        self = cls.__new__(cls)
+        try:
+            self._open(o, overrides)
+        finally:
+            _lib.nb_session_options_free(o)
         return self
 
     def _open(self, o, opts: dict) -> None:
@@ -304,6 +323,12 @@ class Session:
         """The bound port of our exchange server (listen "host:0" picks one); -1 with one
         cluster."""
         return int(_lib.nb_session_port(self._handle()))
+
+    @property
+    def metrics_port(self) -> int:
+        """The bound port of the metrics endpoint (metrics_listen "host:0" picks one); -1 without
+        one."""
+        return int(_lib.nb_session_metrics_port(self._handle()))
 
     def add_peer(self, peer: str) -> None:
         """Adds a peer cluster "id=host:port", before start."""

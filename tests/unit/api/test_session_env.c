@@ -1,7 +1,8 @@
-/* nb_session_options_from_env through libnebula.so and <nebula.h> only: every variable read into
- * its field, the storage the options own and nb_session_options_free, a one-cluster session
- * opened from the environment, each malformed variable refused naming it, and the job secret
- * file's checks (size, hex, mode, kind). Single-threaded: it sets the process environment. */
+/* nb_session_options_from_env (and _from_descriptor) through libnebula.so and <nebula.h> only:
+ * every variable read into its field, the storage the options own and nb_session_options_free, a
+ * one-cluster session opened from the environment, each malformed variable refused naming it, and
+ * the job secret file's checks (size, hex, mode, kind). Single-threaded: it sets the process
+ * environment. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -313,12 +314,80 @@ static void test_secret_file_checks(void** state) {
   assert_non_null(strstr(nb_error_last(), "regular file"));
 }
 
+/* nb_session_options_from_descriptor: the job's settings from a descriptor, the deployment's
+ * left to the caller, the environment ignored; a cluster that is not in it, a bad descriptor and
+ * a missing file refused. */
+static void test_from_descriptor(void** state) {
+  (void)state;
+  env_clear();
+  setenv("NEBULA_DENSITY", "0.9", 1); /* the environment is not read here */
+  const char* doc =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+      "\"desc-job\"},\n \"spec\": {\"clusters\": [{\"id\": \"dc-a\"}, {\"id\": \"dc-b\"}],\n"
+      "  \"program\": {\"command\": [\"/bin/true\"]},\n"
+      "  \"sync\": {\"innerSteps\": 8, \"peerTimeoutSeconds\": 3, \"outer\": {\"lr\": 0.5, "
+      "\"momentum\": 0.25}},\n"
+      "  \"compression\": {\"density\": {\"initial\": 0.05}, \"values\": \"4bit\", "
+      "\"errorFeedback\": false}}}\n";
+  char path[512];
+  write_file("job.json", doc, strlen(doc), 0644, path, sizeof path);
+  nb_session_options_t o;
+  assert_int_equal(nb_session_options_from_descriptor(&o, path, "dc-b"), NB_OK);
+  assert_string_equal(o.job_id, "desc-job");
+  assert_string_equal(o.cluster_id, "dc-b");
+  assert_int_equal(o.cluster_index, 1);
+  assert_int_equal(o.n_clusters, 2);
+  assert_int_equal(o.inner_steps, 8);
+  assert_true(o.outer_lr == 0.5f && o.outer_momentum == 0.25f);
+  assert_true(o.density == 0.05);
+  assert_string_equal(o.values, "4bit");
+  assert_int_equal(o.error_feedback, 0);
+  assert_true(o.peer_timeout_s == 3);
+  /* the deployment's fields stay the defaults: the caller gives them */
+  assert_string_equal(o.listen, "127.0.0.1:0");
+  assert_null(o.pki_dir);
+  assert_null(o.job_secret);
+  assert_int_equal(o.n_peers, 0);
+  assert_non_null(o.env_storage);
+  nb_session_options_free(&o);
+  assert_null(o.job_id);
+
+  /* one cluster of it, the caller's deployment: a session opens */
+  const char* one =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+      "\"solo-job\"}, \"spec\": {\"clusters\": [{\"id\": \"solo\"}], \"program\": {\"command\": "
+      "[\"/bin/true\"]}}}";
+  write_file("one.json", one, strlen(one), 0644, path, sizeof path);
+  assert_int_equal(nb_session_options_from_descriptor(&o, path, "solo"), NB_OK);
+  o.insecure = 1;
+  o.unsealed = 1;
+  nb_session_t* s = NULL;
+  assert_int_equal(nb_session_open(&o, &s), NB_OK);
+  nb_session_options_free(&o);
+  nb_session_close(s);
+
+  /* refusals */
+  assert_int_equal(nb_session_options_from_descriptor(&o, path, "dc-z"), NB_ERR_CONFIG);
+  assert_non_null(strstr(nb_error_last(), "cluster 'dc-z' is not in $.spec.clusters (solo)"));
+  assert_null(o.env_storage);
+  const char* bad =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+      "\"b\"}, \"spec\": {\"clusters\": [{\"id\": \"a\"}], \"program\": {\"command\": "
+      "[\"/bin/true\"]}, \"sync\": {\"innerStep\": 3}}}";
+  write_file("bad.json", bad, strlen(bad), 0644, path, sizeof path);
+  assert_int_equal(nb_session_options_from_descriptor(&o, path, "a"), NB_ERR_CONFIG);
+  assert_non_null(strstr(nb_error_last(), "$.spec.sync.innerStep"));
+  snprintf(path, sizeof path, "%s/none.json", dir);
+  assert_int_not_equal(nb_session_options_from_descriptor(&o, path, "a"), NB_OK);
+  assert_int_equal(nb_session_options_from_descriptor(NULL, path, "a"), NB_ERR_INVALID);
+  unsetenv("NEBULA_DENSITY");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_reads_every_variable),
-      cmocka_unit_test(test_defaults_and_open),
-      cmocka_unit_test(test_each_bad_variable),
-      cmocka_unit_test(test_secret_file_checks),
+      cmocka_unit_test(test_reads_every_variable), cmocka_unit_test(test_defaults_and_open),
+      cmocka_unit_test(test_each_bad_variable),    cmocka_unit_test(test_secret_file_checks),
+      cmocka_unit_test(test_from_descriptor),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

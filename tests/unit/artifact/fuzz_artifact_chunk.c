@@ -43,7 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 }
 
 #ifndef NB_FUZZ_LIBFUZZER
-#include <dirent.h>
+#include "tests/lib/corpus_walk.h"
 
 static int nb__fz_write(const char* dir, const char* name, const uint8_t* b, size_t n) {
   char p[1024];
@@ -81,43 +81,28 @@ static int nb__fz_seed(const char* dir) {
   return rc;
 }
 
+/* ok-* files must be accepted, integrity-* ones refused as such, any other must not crash */
+static int nb__fz_replay(void* ctx, const char* name, const uint8_t* buf, size_t n) {
+  (void)ctx;
+  nb_status_t st = nb__fz_one(buf, n);
+  nb_status_t want = !strncmp(name, "ok-", 3)           ? NB_OK
+                     : !strncmp(name, "integrity-", 10) ? NB_ERR_INTEGRITY
+                                                        : st;
+  if (st != want) {
+    fprintf(stderr, "%s: %s, expected %s\n", name, nb_status_name(st), nb_status_name(want));
+    return 1;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && strcmp(argv[1], "--write-seed") == 0) return nb__fz_seed(argv[2]);
   if (argc != 2) {
     fprintf(stderr, "usage: %s CORPUS_DIR | --write-seed DIR\n", argv[0]);
     return 2;
   }
-  DIR* d = opendir(argv[1]);
-  if (!d) {
-    perror(argv[1]);
-    return 1;
-  }
-  int files = 0, failures = 0;
-  struct dirent* e;
-  while ((e = readdir(d))) {
-    if (e->d_name[0] == '.') continue;
-    char p[4096];
-    snprintf(p, sizeof p, "%s/%s", argv[1], e->d_name);
-    FILE* f = fopen(p, "rb");
-    if (!f) {
-      perror(p);
-      failures++;
-      continue;
-    }
-    uint8_t buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf, f);
-    fclose(f);
-    nb_status_t st = nb__fz_one(buf, n);
-    nb_status_t want = !strncmp(e->d_name, "ok-", 3)           ? NB_OK
-                       : !strncmp(e->d_name, "integrity-", 10) ? NB_ERR_INTEGRITY
-                                                               : st;
-    if (st != want) {
-      fprintf(stderr, "%s: %s, expected %s\n", e->d_name, nb_status_name(st), nb_status_name(want));
-      failures++;
-    }
-    files++;
-  }
-  closedir(d);
+  int files = 0;
+  int failures = nb_corpus_walk((const char* const*)argv + 1, 1, nb__fz_replay, NULL, &files);
   printf("%d corpus files, %d failures\n", files, failures);
   return failures || files == 0 ? 1 : 0;
 }

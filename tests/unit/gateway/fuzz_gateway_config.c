@@ -2,13 +2,13 @@
  * either a config that passes its own invariants or NB_ERR_CONFIG with a message starting with
  * "config". Never a crash. Built as a replay driver over config-corpus/ in every build, and as a
  * libFuzzer target with -DNB_FUZZ=ON and clang. */
-#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
+#include "tests/lib/corpus_walk.h"
 #include "gateway/gateway.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
@@ -41,41 +41,25 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 }
 
 #ifndef NB_FUZZ_LIBFUZZER
+/* files named good*.json must be accepted, all others refused */
+static int replay(void* ctx, const char* name, const uint8_t* buf, size_t len) {
+  int* accepted = ctx;
+  nb_gateway_config_t c;
+  nb_gateway_config_defaults(&c);
+  int ok = nb_gateway_config_parse((const char*)buf, len, "/base", &c) == NB_OK;
+  if (ok != (strncmp(name, "good", 4) == 0)) {
+    fprintf(stderr, "%s: %s (%s)\n", name, ok ? "accepted" : "refused", ok ? "" : nb_error_last());
+    return -1;
+  }
+  if (!ok) printf("%-26s %s\n", name, nb_error_last());
+  *accepted += ok;
+  LLVMFuzzerTestOneInput(buf, len);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   int n = 0, accepted = 0;
-  for (int i = 1; i < argc; i++) {
-    DIR* d = opendir(argv[i]);
-    if (!d) {
-      fprintf(stderr, "cannot open %s\n", argv[i]);
-      return 1;
-    }
-    struct dirent* e;
-    while ((e = readdir(d))) {
-      if (e->d_name[0] == '.') continue;
-      char p[4096];
-      snprintf(p, sizeof p, "%s/%s", argv[i], e->d_name);
-      FILE* f = fopen(p, "rb");
-      if (!f) continue;
-      static uint8_t buf[1 << 20];
-      size_t len = fread(buf, 1, sizeof buf, f);
-      fclose(f);
-      nb_gateway_config_t c;
-      nb_gateway_config_defaults(&c);
-      int ok = nb_gateway_config_parse((const char*)buf, len, "/base", &c) == NB_OK;
-      /* files named good*.json must be accepted, all others refused */
-      if (ok != (strncmp(e->d_name, "good", 4) == 0)) {
-        fprintf(stderr, "%s: %s (%s)\n", e->d_name, ok ? "accepted" : "refused",
-                ok ? "" : nb_error_last());
-        closedir(d);
-        return 1;
-      }
-      if (!ok) printf("%-26s %s\n", e->d_name, nb_error_last());
-      accepted += ok;
-      LLVMFuzzerTestOneInput(buf, len);
-      n++;
-    }
-    closedir(d);
-  }
+  if (nb_corpus_walk((const char* const*)argv + 1, argc - 1, replay, &accepted, &n) != 0) return 1;
   printf("replayed %d configs (%d accepted)\n", n, accepted);
   return n ? 0 : 1;
 }

@@ -1,7 +1,7 @@
 /* The gateway's Prometheus metrics (metrics.listen): the config checks, the figures a scrape of
  * GET /metrics shows after real submits over mutual TLS (accepted, refused by the ACL, by a bad
  * signature, by an unreachable peer), and Debian's own prometheus server scraping the gateway on
- * loopback every second, together with a cluster leader's endpoint (worker/leader_metrics.c, built
+ * loopback every second, together with a cluster leader's endpoint (train/leader_metrics.c, built
  * in here: it stands on common/ only), read back through its HTTP query API. The last test skips
  * when no `prometheus` binary is installed (scripts/setup.sh installs it). */
 #include <stdarg.h>
@@ -28,7 +28,7 @@
 #include "nebula/v1/gateway.pb-c.h"
 #include "security/tls.h"
 #include "tests/lib/gw_testlib.h"
-#include "worker/leader_metrics.h"
+#include "train/leader_metrics.h"
 
 static char g_dir[256];
 static nb_gateway_config_t g_cfg;

@@ -19,6 +19,7 @@
 #include "common/common.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
+#include "jobs/job_program.h"
 
 static const char* nb_src = ".";
 
@@ -237,6 +238,103 @@ static void test_normalized_roundtrip(void** state) {
   roundtrip(wall, strlen(wall));
 }
 
+/* spec.clusters[i].metrics.listen: the leader's Prometheus endpoint per cluster, accepted for the
+ * built-in model and a program job, written back by the printer (round trip), absent = off; an
+ * address that cannot be a TCP listener refused naming the path, the first error of a document
+ * staying the thread's error detail. */
+static void test_metrics_listen(void** state) {
+  (void)state;
+  nb_job_config_t* cfg = calloc(1, sizeof *cfg);
+  nb_descriptor_diag_t* diag = calloc(1, sizeof *diag);
+  assert_non_null(cfg);
+  assert_non_null(diag);
+  static const char* ok =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+      "\"m\"}, \"spec\": {\"clusters\": [{\"id\": \"a\", \"data\": {\"languages\": [\"en\"]}}, "
+      "{\"id\": \"b\", \"data\": {\"languages\": [\"en\"]}, \"metrics\": {\"listen\": "
+      "\"127.0.0.1:0\"}}, {\"id\": \"c\", \"data\": {\"languages\": [\"en\"]}, \"metrics\": "
+      "{\"listen\": \"[::1]:9465\"}}]}}";
+  assert_int_equal(nb_descriptor_parse(ok, strlen(ok), cfg, diag), NB_OK);
+  assert_string_equal(cfg->clusters[0].metrics_listen, "");
+  assert_string_equal(cfg->clusters[1].metrics_listen, "127.0.0.1:0");
+  assert_string_equal(cfg->clusters[2].metrics_listen, "[::1]:9465");
+  char* j = NULL;
+  assert_int_equal(nb_descriptor_to_json(cfg, &j), NB_OK);
+  assert_non_null(strstr(j, "\"metrics\": {\n          \"listen\": \"127.0.0.1:0\"\n        }"));
+  /* cluster a has none written: its first "metrics" is cluster b's, after b's id */
+  assert_true(strstr(j, "\"metrics\"") > strstr(j, "\"id\": \"b\""));
+  free(j);
+  roundtrip(ok, strlen(ok));
+  static const char* prog =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+      "\"p\"}, \"spec\": {\"clusters\": [{\"id\": \"a\", \"metrics\": {\"listen\": "
+      "\"0.0.0.0:9465\"}}], \"program\": {\"command\": [\"python3\", \"train.py\"]}}}";
+  assert_int_equal(nb_descriptor_parse(prog, strlen(prog), cfg, diag), NB_OK);
+  assert_string_equal(cfg->clusters[0].metrics_listen, "0.0.0.0:9465");
+  roundtrip(prog, strlen(prog));
+  /* a program job's session gets it as NEBULA_METRICS_LISTEN (docs/api.md, The environment) */
+  char* env[NB_JOB_PROGRAM_MAX_ENV + 1];
+  int n_env = 0, found = 0;
+  nb_job_program_site_t site = {.job_id = "p",
+                                .cluster_id = "a",
+                                .listen = "127.0.0.1:0",
+                                .pki_dir = "pki",
+                                .secret_file = "secret"};
+  assert_int_equal(nb_job_program_env(cfg, &site, env, NB_JOB_PROGRAM_MAX_ENV + 1, &n_env), NB_OK);
+  for (int i = 0; i < n_env; i++) found += !strcmp(env[i], "NEBULA_METRICS_LISTEN=0.0.0.0:9465");
+  assert_int_equal(found, 1);
+  nb_job_program_env_free(env, n_env);
+  cfg->clusters[0].metrics_listen[0] = 0; /* no key: no variable */
+  assert_int_equal(nb_job_program_env(cfg, &site, env, NB_JOB_PROGRAM_MAX_ENV + 1, &n_env), NB_OK);
+  for (int i = 0; i < n_env; i++) assert_null(strstr(env[i], "NEBULA_METRICS_LISTEN"));
+  nb_job_program_env_free(env, n_env);
+
+  static const struct {
+    const char* metrics; /* the value of clusters[1].metrics */
+    const char *path, *msg;
+  } bad[] = {
+      {"{\"listen\": \"localhost\"}", "$.spec.clusters[1].metrics.listen", "has no port"},
+      {"{\"listen\": \"127.0.0.1:99999\"}", "$.spec.clusters[1].metrics.listen",
+       "expected HOST:PORT: port '99999' of '127.0.0.1:99999' is not a port number in 0..65535"},
+      {"{\"listen\": \"h:-1\"}", "$.spec.clusters[1].metrics.listen", "not a port number"},
+      {"{\"listen\": \"h:80x\"}", "$.spec.clusters[1].metrics.listen", "not a port number"},
+      {"{\"listen\": \"\"}", "$.spec.clusters[1].metrics.listen", "empty address"},
+      {"{\"listen\": \"unix:/tmp/m\"}", "$.spec.clusters[1].metrics.listen", "not a unix:"},
+      {"{\"listen\": 9465}", "$.spec.clusters[1].metrics.listen", "expected a string"},
+      {"{\"listen\": \"a\\nb:1\"}", "$.spec.clusters[1].metrics.listen", "control characters"},
+      {"{}", "$.spec.clusters[1].metrics.listen", "required field is missing"},
+      {"{\"listn\": \"h:1\"}", "$.spec.clusters[1].metrics.listn", "did you mean \"listen\"?"},
+      {"\"127.0.0.1:9465\"", "$.spec.clusters[1].metrics", "expected an object"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char doc[768];
+    snprintf(doc, sizeof doc,
+             "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": "
+             "{\"name\": \"m\"}, \"spec\": {\"clusters\": [{\"id\": \"a\", \"data\": "
+             "{\"languages\": [\"en\"]}}, {\"id\": \"b\", \"data\": {\"languages\": [\"en\"]}, "
+             "\"metrics\": %s}]}}",
+             bad[i].metrics);
+    assert_int_equal(nb_descriptor_parse(doc, strlen(doc), cfg, diag), NB_ERR_CONFIG);
+    if (diag->count != 1 || strcmp(diag->errors[0].path, bad[i].path) ||
+        !strstr(diag->errors[0].message, bad[i].msg))
+      fail_msg("%s: got %d errors, the first %s: %s", bad[i].metrics, diag->count,
+               diag->errors[0].path, diag->errors[0].message);
+    assert_non_null(strstr(nb_error_last(), bad[i].path));
+  }
+  /* an earlier error stays the thread's detail (the address check reports through it too) */
+  static const char* two =
+      "{\"apiVersion\": \"nebula/v1\", \"kind\": \"TrainingJob\", \"metadata\": {\"name\": "
+      "\"m\"}, \"spec\": {\"clusters\": [{\"id\": \"a\", \"workers\": 0, \"data\": "
+      "{\"languages\": [\"en\"]}, \"metrics\": {\"listen\": \"h:70000\"}}]}}";
+  assert_int_equal(nb_descriptor_parse(two, strlen(two), cfg, diag), NB_ERR_CONFIG);
+  assert_int_equal(diag->count, 2);
+  assert_string_equal(diag->errors[1].path, "$.spec.clusters[0].metrics.listen");
+  assert_non_null(strstr(nb_error_last(), "$.spec.clusters[0].workers"));
+  assert_null(strstr(nb_error_last(), "70000"));
+  free(cfg);
+  free(diag);
+}
+
 /* Reals are held to 15 significant digits, so the normalized text and the config agree bit for
  * bit whatever digits the author wrote. */
 static void test_reals_canonical(void** state) {
@@ -441,6 +539,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_default_warmup_shrinks_for_short_runs),
       cmocka_unit_test(test_normalized_roundtrip),
       cmocka_unit_test(test_reals_canonical),
+      cmocka_unit_test(test_metrics_listen),
       cmocka_unit_test(test_many_errors_reported),
       cmocka_unit_test(test_error_limit),
       cmocka_unit_test(test_limits_and_args),

@@ -250,6 +250,57 @@ def solo(**kw):
                                       unsealed=True), **kw))
 
 
+class Metrics(unittest.TestCase):
+    """metrics_listen: the session serves the cluster leader's Prometheus metrics."""
+
+    def scrape(self, port):
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            self.assertEqual(r.status, 200)
+            return r.read().decode()
+
+    @staticmethod
+    def sample(text, series):
+        for line in text.splitlines():
+            if line.startswith(series + " "):
+                return float(line.split(" ", 1)[1])
+        return None
+
+    def test_solo_serves(self):
+        with solo() as s:
+            self.assertEqual(s.metrics_port, -1)
+        with solo(metrics_listen="127.0.0.1:0", inner_steps=3) as s:
+            self.assertGreater(s.metrics_port, 0)
+            x = np.arange(4, dtype=np.float32)
+            s.register("x", x)
+            s.start()
+            for r in range(2):
+                x += 1
+                s.set_loss(1.5)
+                s.round(4)
+            text = self.scrape(s.metrics_port)
+            self.assertEqual(self.sample(text, "nebula_leader_round"), 2)
+            self.assertEqual(self.sample(text, "nebula_leader_step"), 6)
+            self.assertEqual(self.sample(text, "nebula_leader_loss"), 1.5)
+            self.assertIn('nebula_leader_info{job_name="py-solo",cluster="solo"} 1', text)
+        with self.assertRaises(nebula.NebulaError) as cm:
+            solo(metrics_listen="localhost")
+        self.assertIn("metrics_listen", cm.exception.message)
+
+    def test_from_env(self):
+        os.environ.update(NEBULA_JOB_ID="py-env", NEBULA_CLUSTER_ID="solo", NEBULA_INSECURE="1",
+                          NEBULA_UNSEALED="1", NEBULA_METRICS_LISTEN="127.0.0.1:0")
+        try:
+            with nebula.Session.from_env() as s:
+                self.assertGreater(s.metrics_port, 0)
+                self.assertIn('nebula_leader_info{job_name="py-env",cluster="solo"} 1',
+                              self.scrape(s.metrics_port))
+        finally:
+            for k in ("NEBULA_JOB_ID", "NEBULA_CLUSTER_ID", "NEBULA_INSECURE", "NEBULA_UNSEALED",
+                      "NEBULA_METRICS_LISTEN"):
+                os.environ.pop(k, None)
+
+
 class BadInputs(unittest.TestCase):
     def test_options(self):
         with self.assertRaisesRegex(ValueError, "job_secret must be 32 bytes, not 31"):
@@ -421,6 +472,25 @@ class FromEnv(unittest.TestCase):
             self.assertEqual(s.round(3).samples_all, 3)
         with self.assertRaises(TypeError):
             nebula.Session.from_env(no_such_option=1)
+
+    def test_from_descriptor(self):
+        import tempfile
+        doc = ('{"apiVersion": "nebula/v1", "kind": "TrainingJob", "metadata": {"name": "py-d"},'
+               ' "spec": {"clusters": [{"id": "solo"}], "program": {"command": ["/bin/true"]},'
+               ' "sync": {"innerSteps": 6}}}')
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "job.json")
+            with open(path, "w") as f:
+                f.write(doc)
+            with nebula.Session.from_descriptor(path, "solo", insecure=True, unsealed=True) as s:
+                x = np.zeros(4, np.float32)
+                s.register("x", x)
+                s.start()
+                self.assertTrue(s.round(1).applied)
+            with self.assertRaises(nebula.NebulaError) as cm:
+                nebula.Session.from_descriptor(path, "elsewhere", insecure=True, unsealed=True)
+            self.assertEqual(cm.exception.status, "NB_ERR_CONFIG")
+            self.assertIn("'elsewhere' is not in $.spec.clusters (solo)", cm.exception.message)
 
     def test_bad_variable_names_it(self):
         for var, value in (("NEBULA_DENSITY", "1.5"), ("NEBULA_N_CLUSTERS", "0"),

@@ -420,6 +420,57 @@ static void test_report_curves(void** state) {
   rm_rf(dir);
 }
 
+/* A worker's summary with each language's point of every evaluation ("evals"[].bpb, and
+ * final_eval_bpb for the final one): one curve per language beside the mean, a language missing
+ * from one point (an evaluation that scored nothing) not drawn there. */
+static void test_report_summary_langs(void** state) {
+  (void)state;
+  char dir[] = "/tmp/nb_report_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const char* ids[] = {"dc-a"};
+  char buf[4096];
+  int o = snprintf(buf, sizeof buf, "%s", nb__hdr);
+  for (int r = 0; r < 3; r++)
+    o += snprintf(buf + o, sizeof buf - (size_t)o,
+                  "%d\t4\t16\t32\t%.2f\t1500\t1600\t0.05\t0.02\t0.01\t0.03\t%016x\n", r,
+                  5.4 - 0.3 * r, 0xabcu + (unsigned)r);
+  put(dir, "dc-a", "rounds.tsv", buf);
+  put(dir, "dc-a", "summary.json",
+      "{\"cluster\":\"dc-a\",\"job\":\"langs\",\"mode\":\"outer\",\"values\":\"int8\","
+      "\"adaptive\":false,\"inner_steps\":12,\"final_eval_mean_bpb\":6.75,"
+      "\"final_eval_bpb\":{\"en\":6.5,\"de\":7.0},"
+      "\"evals\":[{\"round\":1,\"step\":4,\"mean_bpb\":7.9,\"bpb\":{\"en\":7.8,\"de\":8.0}},"
+      "{\"round\":2,\"step\":8,\"mean_bpb\":7.25,\"bpb\":{\"en\":7.25}}],"
+      "\"global_xxh3\":\"00000000deadbeef\"}");
+  assert_int_equal(nb_report_write(dir, ids, 1, NULL), NB_OK);
+  char p[512];
+  snprintf(p, sizeof p, "%s/report.html", dir);
+  char* h = slurp(p);
+  assert_non_null(h);
+  char* ev = section(h, "<figure id=\"chart-eval\">", "</figure>");
+  assert_non_null(ev);
+  /* the mean, en and de (de's line without step 8, where it has no value) */
+  assert_int_equal(count(ev, "<polyline"), 3);
+  assert_non_null(strstr(ev, ">dc-a mean</text>"));
+  assert_non_null(strstr(ev, ">dc-a en</text>"));
+  assert_non_null(strstr(ev, ">dc-a de (1 not finite, not drawn)</text>"));
+  /* the points of the lines in order (mean, en, de): steps 4, 8 and the final evaluation at
+   * 12, de without 8; y down to en's final 6.5 */
+  const char* at = ev;
+  int want[3] = {3, 3, 2};
+  for (int k = 0; k < 3; k++) {
+    at = strstr(at, "<polyline");
+    char* pts = section(at, "points=\"", "\"/>");
+    assert_int_equal(count(pts, ","), want[k]);
+    free(pts);
+    at++;
+  }
+  assert_non_null(strstr(ev, "text-anchor=\"end\">6.5</text>"));
+  free(ev);
+  free(h);
+  rm_rf(dir);
+}
+
 /* With the job's settings the configuration block shows the model's shape, steps, compression
  * and link as the descriptor gives them. */
 static void test_report_job_config(void** state) {
@@ -553,8 +604,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_report_ok),          cmocka_unit_test(test_report_bad),
       cmocka_unit_test(test_report_translation), cmocka_unit_test(test_report_overflow),
-      cmocka_unit_test(test_report_curves),      cmocka_unit_test(test_report_job_config),
-      cmocka_unit_test(test_report_damaged),
+      cmocka_unit_test(test_report_curves),      cmocka_unit_test(test_report_summary_langs),
+      cmocka_unit_test(test_report_job_config),  cmocka_unit_test(test_report_damaged),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,7 +6,8 @@ trainer's committed corpus) each get their report (`nebula report --job`). Chrom
 of each with a measuring script appended (the product's file has no script) and --dump-dom gives
 back what it measured: no element reaches past the 1000 px window, no axis label, title or legend
 overlaps a tick label, every axis's ticks are a 1, 2 or 5 x 10^k step with labels that carry only
-the digits the step needs, and the evaluation curve is drawn (per language for `nebula train`).
+the digits the step needs, and the evaluation curve is drawn per language (from summary.json's
+evals for `nebula run`, curve.tsv for `nebula train`).
 A screenshot of the run's report is a 1000 px wide PNG that is not blank (decoded here with zlib
 and struct). Exits 77 (skipped) when no chromium is installed.
 
@@ -261,8 +262,9 @@ def main():
             os.path.join(tmp, "run.log"))
         run([nebula, "report", out, "--job", job], os.path.join(tmp, "report.log"))
         r, text = load_checked(chrome, os.path.join(out, "report.html"), tmp, "run")
-        check(r["evalSeries"] == 2, "run: %d evaluation curves, expected 2 (one per cluster)"
-              % r["evalSeries"])
+        # per cluster its mean and one per language (summary.json's evals carry each language)
+        check(r["evalSeries"] == 6, "run: %d evaluation curves, expected 6 (per cluster: mean and "
+              "its two languages)" % r["evalSeries"])
         check("chart-eval" in r["axes"], "run: no evaluation chart")
         check("<th>final loss (nats)</th>" in text, "run: loss without its unit")
         check("1 layer, width 32, 2 heads, context 32" in text, "run: no model shape")

@@ -2,7 +2,10 @@
 # NEBULA_METRICS_LISTEN through the real binary: `nebula env` lists it; a one-cluster
 # `nebula worker` (tiny model, 2 rounds) with 127.0.0.1:0 prints where its metrics are and ends
 # as it does without; one with an address that cannot serve stops, naming the variable and the
-# problem; one whose port is taken stops too. Then a live leader: cluster dc-a of a two-cluster
+# problem; one whose port is taken stops too. The descriptor's spec.clusters[0].metrics.listen
+# does the same (its run ends with the same theta), a taken port in it stops the worker naming
+# the key, and the variable overrides the key. Then a live leader (its metrics from the key):
+# cluster dc-a of a two-cluster
 # job whose dc-b never comes skips both rounds and waits in its final check (NB_FINAL_WAIT_S),
 # serving its metrics meanwhile: a scrape shows round 2 of 2, both rounds skipped, none applied,
 # the peer not alive; and when Debian's prometheus is installed it scrapes that leader every
@@ -64,6 +67,27 @@ b=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["global_xxh3
   "$tmp/on/summary.json" 2>/dev/null)
 [ -n "$a" ] && [ "$a" = "$b" ] || bad "metrics changed the run: theta $a vs $b"
 
+# the descriptor's key (spec.clusters[i].metrics.listen) instead of the variable
+sed 's|"languages": \["en"\]}}\]|"languages": ["en"]}, "metrics": {"listen": "LISTEN"}}]|' \
+  "$tmp/job.json" >"$tmp/job_key.tmpl"
+grep -q '"metrics": {"listen": "LISTEN"}' "$tmp/job_key.tmpl" || bad "no metrics key in the job"
+sed 's|LISTEN|127.0.0.1:0|' "$tmp/job_key.tmpl" >"$tmp/job_key.json"
+runjob() { # JOB OUT_NAME [env assignments...]
+  local job=$1 name=$2
+  shift 2
+  env "$@" "$nebula" worker --job "$job" --cluster dc-a --out "$tmp/$name" \
+    --data-dir "$data" --insecure >"$tmp/$name.log" 2>&1
+}
+runjob "$tmp/job_key.json" key
+rc=$?
+[ "$rc" -eq 0 ] || bad "worker with the metrics key: exit $rc: $(tail -3 "$tmp/key.log")"
+grep -Eq '^nebula worker: dc-a metrics at http://127\.0\.0\.1:[1-9][0-9]*/metrics$' "$tmp/key.log" ||
+  bad "no metrics line from the key: $(head -5 "$tmp/key.log")"
+grep -q 'dc-a done: 2 rounds' "$tmp/key.log" || bad "worker with the key did not finish its rounds"
+c=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["global_xxh3"])' \
+  "$tmp/key/summary.json" 2>/dev/null)
+[ -n "$c" ] && [ "$c" = "$a" ] || bad "the metrics key changed the run: theta $a vs $c"
+
 run bad NEBULA_METRICS_LISTEN=localhost
 rc=$?
 [ "$rc" -ne 0 ] || bad "worker with NEBULA_METRICS_LISTEN=localhost: exit 0"
@@ -86,6 +110,20 @@ if [ -n "$port" ]; then
   [ "$rc" -ne 0 ] || bad "worker on a taken port: exit 0"
   grep -q "cannot listen on 127.0.0.1:$port" "$tmp/busy.log" ||
     bad "taken port: $(tail -3 "$tmp/busy.log")"
+  # the key on the taken port: the worker stops naming the key; the variable overrides the key
+  sed "s|LISTEN|127.0.0.1:$port|" "$tmp/job_key.tmpl" >"$tmp/job_busy.json"
+  runjob "$tmp/job_busy.json" busykey
+  rc=$?
+  [ "$rc" -ne 0 ] || bad "worker with the key on a taken port: exit 0"
+  grep -q "\$.spec.clusters\[0\].metrics.listen=127.0.0.1:$port: .*cannot listen on 127.0.0.1:$port" \
+    "$tmp/busykey.log" || bad "taken port in the key: $(tail -3 "$tmp/busykey.log")"
+  runjob "$tmp/job_busy.json" override NEBULA_METRICS_LISTEN=127.0.0.1:0
+  rc=$?
+  [ "$rc" -eq 0 ] || bad "NEBULA_METRICS_LISTEN over the key: exit $rc: $(tail -3 "$tmp/override.log")"
+  oport=$(sed -n 's|^nebula worker: dc-a metrics at http://127\.0\.0\.1:\([0-9]*\)/metrics$|\1|p' \
+    "$tmp/override.log")
+  [ -n "$oport" ] && [ "$oport" != "$port" ] ||
+    bad "NEBULA_METRICS_LISTEN did not override the key: '$oport' (key's $port)"
 fi
 
 kill "$holder" 2>/dev/null && wait "$holder" 2>/dev/null
@@ -106,14 +144,15 @@ sample() { printf '%s\n' "$1" | awk -v s="$2" '$1 == s {print $2}'; }
 cat > "$tmp/job2.json" <<'JOB'
 {"apiVersion": "nebula/v1", "kind": "TrainingJob", "metadata": {"name": "metrics-2dc"},
  "spec": {"task": "pretrain",
-  "clusters": [{"id": "dc-a", "data": {"tier": "quick", "languages": ["en"]}},
+  "clusters": [{"id": "dc-a", "data": {"tier": "quick", "languages": ["en"]},
+                "metrics": {"listen": "127.0.0.1:0"}},
                {"id": "dc-b", "data": {"tier": "quick", "languages": ["en"]}}],
   "model": {"layers": 1, "width": 32, "heads": 2, "context": 32},
   "training": {"seed": 5, "batchSize": 4, "maxSteps": 8, "eval": {"everyRounds": 1, "batches": 1}},
   "sync": {"mode": "outer", "innerSteps": 4, "peerTimeoutSeconds": 1}}}
 JOB
 dead=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-NEBULA_METRICS_LISTEN=127.0.0.1:0 NB_ROUND_DEADLINE_S=1 NB_FINAL_WAIT_S=600 \
+NB_ROUND_DEADLINE_S=1 NB_FINAL_WAIT_S=600 \
   "$nebula" worker --job "$tmp/job2.json" --cluster dc-a --out "$tmp/live" --data-dir "$data" \
   --insecure --peer "dc-b=127.0.0.1:$dead" >"$tmp/live.log" 2>&1 &
 worker=$!

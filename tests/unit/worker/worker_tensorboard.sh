@@ -78,6 +78,22 @@ JOB
 ls "$tmp/train/tb" 2>/dev/null | grep -q '^events\.out\.tfevents\.' ||
   bad "nebula train wrote no event file: $(ls "$tmp/train" 2>&1)"
 
+# summary.json's evals (the evaluation after round 1; the final one is final_eval_*) carry each
+# language's bpb beside the mean (the report's curves per language): one language here, so the
+# mean is its value
+python3 - "$tmp/run" <<'PY' || bad "summary.json evals lack the per-language bpb (above)"
+import json, math, os, sys
+ok = True
+for c in ("dc-a", "dc-b"):
+    ev = json.load(open(os.path.join(sys.argv[1], c, "summary.json")))["evals"]
+    if [e["round"] for e in ev] != [1] or any(sorted(e.get("bpb", {})) != ["en"] or
+                                                not math.isfinite(e["bpb"]["en"]) or
+                                                e["bpb"]["en"] != e["mean_bpb"] for e in ev):
+        print(f"FAIL: {c}: evals {ev}")
+        ok = False
+sys.exit(0 if ok else 1)
+PY
+
 if ! python3 -c 'import tensorboard.backend.event_processing.event_accumulator' 2>/dev/null; then
   [ "$fail" = 0 ] || exit 1
   echo "SKIP: the tensorboard Python package is not importable (scripts/setup.sh installs it)"
@@ -139,6 +155,8 @@ for c in ("dc-a", "dc-b"):
           f"{c}: bpb {bpb[-1][1]} vs summary {summary['final_eval_mean_bpb']}")
     check(close(s["eval/bpb/en"][-1][1], summary["final_eval_bpb"]["en"]), f"{c}: bpb/en")
     check(close(bpb[0][1], summary["evals"][0]["mean_bpb"]), f"{c}: bpb after round 1")
+    check(close(s["eval/bpb/en"][0][1], summary["evals"][0]["bpb"]["en"]),
+          f"{c}: bpb/en after round 1")
     print(f"{c}: {len(s)} tags, loss {[v for _, v in s['loss']]}, bytes "
           f"{[v for _, v in s['wan/bytes_sent']]}, bpb {[v for _, v in bpb]}")
 

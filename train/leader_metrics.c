@@ -1,6 +1,7 @@
-/* The leader's Prometheus families (worker/leader_metrics.h) and their update from a round's
- * figures. Not here: measuring them (worker/worker.c) or serving them (common/prom). */
-#include "worker/leader_metrics.h"
+/* The leader's Prometheus families (train/leader_metrics.h) and their update from a round's
+ * figures. Not here: measuring them (worker/worker.c, api/session.c) or serving them
+ * (common/prom). */
+#include "train/leader_metrics.h"
 
 #include <math.h>
 #include <stddef.h>

@@ -1,8 +1,9 @@
-/* The Prometheus metrics of a cluster's leader (`nebula worker` rank 0, NEBULA_METRICS_LISTEN;
- * docs/operations.md): the families it exports and the update after each round. The exposition
- * and the HTTP listener are common/prom's; what a round measured is worker/worker.c's. */
-#ifndef NB_WORKER_LEADER_METRICS_H
-#define NB_WORKER_LEADER_METRICS_H
+/* The Prometheus metrics of a cluster's leader (docs/operations.md): the families it exports and
+ * their update after each round, shared by `nebula worker` rank 0 and the public API's session
+ * (api/session.c), which is why they sit on train/, below both. The exposition and the HTTP
+ * listener are common/prom's; what a round measured is its caller's. */
+#ifndef NB_TRAIN_LEADER_METRICS_H
+#define NB_TRAIN_LEADER_METRICS_H
 
 #include <stdint.h>
 

@@ -1,4 +1,4 @@
-/* worker/leader_metrics.h: a leader's endpoint on 127.0.0.1:0 read by a socket client before any
+/* train/leader_metrics.h: a leader's endpoint on 127.0.0.1:0 read by a socket client before any
  * round (info, NaN held-out bpb), after two rounds and an evaluation (every figure where it
  * belongs, counters as totals), and its refusals (a bad address, a port in use). */
 #include <stdarg.h>
@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
-#include "worker/leader_metrics.h"
+#include "train/leader_metrics.h"
 
 static char* scrape(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
