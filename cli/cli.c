@@ -39,6 +39,8 @@ static const nb_cli_cmd_t nb__cmds[] = {
     {"watch", "follow a job's progress until it ends", nb_watch_main},
     {"cancel", "cancel a job (stops every process of it)", nb_cancel_main},
     {"logs", "print a job's output (-f follows it)", nb_logs_main},
+    {"artifact", "your files at your gateway: artifact put FILE [NAME], artifact ls",
+     nb_artifact_main},
     {"help", "show this help", nb__cmd_help},
 };
 

@@ -1,6 +1,7 @@
-/* `nebula submit|get|list|watch|cancel|logs`: a thin client of nebula.v1.Gateway over mutual TLS
- * with the user's certificate. It signs descriptors with the user's key (security/sign) and
- * prints; every decision is the gateway's. It does not talk to peers or read the job store. */
+/* `nebula submit|get|list|watch|cancel|logs|artifact put`: a thin client of nebula.v1.Gateway
+ * (and of Artifacts.Put) over mutual TLS with the user's certificate. It signs descriptors with the
+ * user's key (security/sign) and prints; every decision is the gateway's. It does not talk to peers
+ * or read the job store. */
 #include "cli/client_cli.h"
 
 #include <errno.h>
@@ -16,6 +17,7 @@
 #include "common/opts.h"
 #include "inter/rpc.h"
 #include "cli/cli.h"
+#include "gateway/artifact.h"
 #include "jobs/descriptor.h"
 #include "nebula/v1/gateway.pb-c.h"
 #include "security/pki.h"
@@ -53,6 +55,15 @@ static const char* nb__usage_line(const char* cmd) {
     return "usage: nebula submit FILE [--json]\n  sign FILE with your key and "
            "submit it; prints the job id";
   if (!strcmp(cmd, "get")) return "usage: nebula get JOB [--json]\n  show one job";
+  if (!strcmp(cmd, "artifact put"))
+    return "usage: nebula artifact put FILE [NAME] [--json]\n  put FILE into your gateway's "
+           "artifact store as <you>/NAME (default: FILE's base name),\n  for a job's "
+           "spec.program.files to name; prints the name and its sha256\n  (largest file: the "
+           "gateway's artifacts.max_put_bytes, 256 MiB by default)";
+  if (!strcmp(cmd, "artifact ls"))
+    return "usage: nebula artifact ls [PREFIX] [--json]\n  list your artifacts at your gateway "
+           "(the files you put and your jobs' outputs),\n  those named <you>/PREFIX... only "
+           "when given";
   if (!strcmp(cmd, "list"))
     return "usage: nebula list [--owner USER] [--state STATE] [--json]\n  list your jobs (all "
            "jobs for admins)";
@@ -130,9 +141,11 @@ static int nb__parse(int argc, char** argv, nb__copts_t* o) {
       .synopsis = nb__usage_line(o->cmd),
       .about = "connection: the flags override the environment",
       .epilog = NB__CLIENT_EPILOG,
-      .arg_name = is_list                     ? NULL
-                  : !strcmp(o->cmd, "submit") ? "FILE"
-                                              : "JOB",
+      .arg_name = is_list                           ? NULL
+                  : !strcmp(o->cmd, "submit")       ? "FILE"
+                  : !strcmp(o->cmd, "artifact put") ? "FILE"
+                  : !strcmp(o->cmd, "artifact ls")  ? "PREFIX"
+                                                    : "JOB",
       .arg = &o->arg,
       .opts = opts,
   };
@@ -146,7 +159,7 @@ static int nb__parse(int argc, char** argv, nb__copts_t* o) {
             nb__safe(o->reason));
     return NB_EXIT_USAGE;
   }
-  if (!o->arg && !is_list) {
+  if (!o->arg && !is_list && strcmp(o->cmd, "artifact ls") != 0) {
     char what[64];
     snprintf(what, sizeof what, "%s is required", spec.arg_name);
     return nb_opts_usage_error(&spec, what);
@@ -662,4 +675,108 @@ static nb_status_t nb__logs(const nb__copts_t* o, nb__conn_t* c, int* ok) {
 }
 int nb_logs_main(int argc, char** argv) {
   return nb__run(argc, argv, nb__logs);
+}
+
+/* `nebula artifact ls [PREFIX]`. */
+static int nb__artifact_ls(int argc, char** argv) {
+  argv[0] = "artifact ls";
+  nb__copts_t o;
+  int rc = nb__parse(argc, argv, &o);
+  if (rc >= 0) return rc;
+  nb_tls_files_t f = {o.ca, o.cert, o.key};
+  nb_tls_t* tls = NULL;
+  nb_artifact_info_t* a = NULL;
+  size_t n = 0;
+  int more = 0;
+  nb_status_t st = nb_tls_create(&f, &tls);
+  if (st == NB_OK) {
+    nb_artifact_upload_opts_t uo = {
+        .target = o.gateway, .tls = tls, .server_name = o.server_name, .timeout_ms = o.timeout_ms};
+    st = nb_artifact_list(&uo, o.arg, &a, &n, &more);
+  }
+  nb_tls_destroy(tls);
+  if (st != NB_OK) return nb__fail(&o, st);
+  if (o.json) {
+    json_t* arr = json_array();
+    for (size_t i = 0; i < n; i++)
+      json_array_append_new(arr, json_pack("{s:s, s:s, s:I}", "name", a[i].name, "sha256",
+                                           a[i].sha256, "size", (json_int_t)a[i].size));
+    nb__print_json(arr);
+  } else {
+    printf("%-64s %-12s %s\n", "NAME", "BYTES", "SHA256");
+    for (size_t i = 0; i < n; i++)
+      printf("%-64s %-12llu %s\n", nb__safe(a[i].name), (unsigned long long)a[i].size, a[i].sha256);
+    if (more) printf("(more: give a PREFIX)\n");
+  }
+  nb_free(a);
+  return NB_EXIT_OK;
+}
+
+/* `nebula artifact put FILE [NAME]`: NAME, the second word that is not an option or an option's
+ * value, is taken out before the common parser (which knows one positional argument). */
+int nb_artifact_main(int argc, char** argv) {
+  if (argc >= 2 && !strcmp(argv[1], "ls")) return nb__artifact_ls(argc - 1, argv + 1);
+  if (argc < 2 || strcmp(argv[1], "put") != 0) {
+    fprintf(stderr,
+            "usage: nebula artifact put FILE [NAME] | nebula artifact ls [PREFIX]  (--help on "
+            "each)\n");
+    return argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) ? NB_EXIT_OK
+                                                                               : NB_EXIT_USAGE;
+  }
+  static const char* const valued[] = {"--gateway",     "--ca",      "--cert", "--key",
+                                       "--server-name", "--timeout", NULL};
+  char* args[64];
+  int n = 0, pos = 0;
+  const char* name = NULL;
+  if (argc > 63) {
+    fprintf(stderr, "nebula artifact put: too many arguments\n");
+    return NB_EXIT_USAGE;
+  }
+  args[n++] = "artifact put";
+  for (int i = 2; i < argc; i++) {
+    int takes = 0;
+    for (int k = 0; valued[k]; k++) takes |= !strcmp(argv[i], valued[k]);
+    if (takes && i + 1 < argc) {
+      args[n++] = argv[i];
+      args[n++] = argv[++i];
+      continue;
+    }
+    if (argv[i][0] == '-' || ++pos != 2) {
+      args[n++] = argv[i];
+      continue;
+    }
+    name = argv[i];
+  }
+  args[n] = NULL;
+  nb__copts_t o;
+  int rc = nb__parse(n, args, &o);
+  if (rc >= 0) return rc;
+  if (!name) {
+    const char* sl = strrchr(o.arg, '/');
+    name = sl ? sl + 1 : o.arg;
+  }
+  nb_tls_files_t f = {o.ca, o.cert, o.key};
+  nb_tls_t* tls = NULL;
+  nb_status_t st = nb_tls_create(&f, &tls);
+  nb_artifact_info_t info;
+  if (st == NB_OK) {
+    nb_artifact_upload_opts_t uo = {.target = o.gateway,
+                                    .tls = tls,
+                                    .server_name = o.server_name,
+                                    .file = o.arg,
+                                    .name = name,
+                                    .timeout_ms = o.timeout_ms};
+    st = nb_artifact_upload(&uo, &info);
+  }
+  nb_tls_destroy(tls);
+  if (st != NB_OK) return nb__fail(&o, st);
+  if (o.json) {
+    json_t* j = json_pack("{s:s, s:s, s:I}", "name", info.name, "sha256", info.sha256, "size",
+                          (json_int_t)info.size);
+    nb__print_json(j);
+  } else {
+    printf("%s sha256:%s %llu bytes\n", nb__safe(info.name), info.sha256,
+           (unsigned long long)info.size);
+  }
+  return NB_EXIT_OK;
 }

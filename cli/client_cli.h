@@ -1,5 +1,6 @@
 /* The client side of nebula.v1.Gateway on the command line: `nebula submit|get|list|watch|
- * cancel|logs`. Each is a subcommand main (cli/cli.h); exit codes are in docs/gateway.md. */
+ * cancel|logs`, and `nebula artifact put|ls` (Artifacts.Put, List). Each is a subcommand main
+ * (cli/cli.h); exit codes are in docs/gateway.md. */
 #ifndef NB_CLI_CLIENT_CLI_H
 #define NB_CLI_CLIENT_CLI_H
 
@@ -23,6 +24,7 @@ int nb_list_main(int argc, char** argv);
 int nb_watch_main(int argc, char** argv);
 int nb_cancel_main(int argc, char** argv);
 int nb_logs_main(int argc, char** argv);
+int nb_artifact_main(int argc, char** argv); /* nebula artifact put | ls */
 
 #ifdef __cplusplus
 }

@@ -681,6 +681,21 @@ static int nb__run_prepare(nb__run_t* r) {
     fprintf(stderr, "nebula run: %s: cannot resolve its folder: %s\n", r->file, strerror(errno));
     return NB_EXIT_FAIL;
   }
+  /* spec.program.files come from a gateway's artifact store; on one machine they are the
+   * user's own files, expected where the job would have them */
+  for (int i = 0; i < job->program.n_files; i++) {
+    const nb_job_program_t* pg = &job->program;
+    char fp[4096 + 2 * NB_JOB_PATH_MAX + 4];
+    snprintf(fp, sizeof fp, "%s/%s%s%s", r->job_dir, pg->workdir, pg->workdir[0] ? "/" : "",
+             pg->files[i].path);
+    if (access(fp, R_OK) != 0) {
+      fprintf(stderr,
+              "nebula run: %s: $.spec.program.files[%d]: %s: %s (nebula run does not fetch "
+              "artifacts: put the file '%s' there, or submit the job to a gateway)\n",
+              r->file, i, fp, strerror(errno), pg->files[i].artifact);
+      return NB_EXIT_FAIL;
+    }
+  }
   int rc = nb__run_choose_net(r);
   if (rc != NB_EXIT_OK) return rc;
   if (nb__run_setup_security(r->dir, job, &r->wan, r->pki, sizeof r->pki, r->secret,

@@ -301,7 +301,8 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
   NB_CHECK_GOTO(nb_job_store_transition(st, id, NB_JOB_PROPOSED, NULL), s, done);
   if (fed) {
     /* two-phase with every other cluster; on failure the job is failed here and Submit fails */
-    s = nb__gw_fed_submit(gw, st, id, req, parts, np, mine, cfg->model.base_cluster);
+    s = nb__gw_fed_submit(gw, st, id, req, parts, np, mine, cfg->model.base_cluster,
+                          cfg->program.n_files > 0);
     if (s != NB_OK) {
       refused = "federation"; /* a peer refused or could not be reached: Submit fails */
       goto done;
@@ -309,6 +310,7 @@ static nb_status_t nb__submit(nb_rpc_call_t* call, nb_gateway_t* gw, const void*
   } else {
     s = nb__gw_jobdir_write(gw, id, req->descriptor.data, req->descriptor.len, req->signature.data,
                             req->signature.len, req->cert_pem);
+    if (s == NB_OK) s = nb__gw_fetch_files(gw, st, id, NULL, NULL);
     if (s == NB_OK) s = nb__gw_launch(gw, st, id, my_workers, NULL);
     if (s == NB_OK) nb__gw_log_launched(gw, id);
     if (s != NB_OK) {

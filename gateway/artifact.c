@@ -1,8 +1,9 @@
 /* Artifacts: a content-addressed store on disk (objects named by SHA-256, a SQLite index of
- * names), the nebula.v1.Artifacts service that serves it in sealed chunks, and the resumable
- * client fetch. It is not a general file server nor a transport: inter/rpc carries the calls and
- * security/seal the keys; which cluster takes part in which job is the gateway's callback, and
- * what a job is entitled to (its owner's outputs and base, gateway/artifact.h) is decided here. */
+ * names), the nebula.v1.Artifacts service that serves it in sealed chunks and takes users' own
+ * files (Put, List), and the resumable client fetch and the upload. It is not a general file
+ * server nor a transport: inter/rpc carries the calls and security/seal the keys; which cluster
+ * takes part in which job, and who may put, are the gateway's callbacks, and what a job is
+ * entitled to (its owner's outputs, base and program files, gateway/artifact.h) is decided here. */
 #include "gateway/artifact.h"
 
 #include <errno.h>
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -40,6 +42,9 @@ NB_PARAM_INT(ArtifactConnectMs, "NB_ARTIFACT_CONNECT_MS", 5000, 100, 600000,
 #define NB__SENDER "nebula.artifacts" /* the sending side of every artifact key */
 #define NB__M_RESOLVE "/nebula.v1.Artifacts/Resolve"
 #define NB__M_FETCH "/nebula.v1.Artifacts/Fetch"
+#define NB__M_PUT "/nebula.v1.Artifacts/Put"
+#define NB__M_LIST "/nebula.v1.Artifacts/List"
+#define NB__LIST_MAX 1000
 #define NB__IO_BUF ((size_t)1 << 20)
 
 typedef struct nb__svc {
@@ -47,6 +52,7 @@ typedef struct nb__svc {
   nb_artifact_job_fn job_fn;
   void* job_user;
   nb_ratelimit_t* rl; /* NULL: no cap */
+  void* put;          /* an nb__put_svc_t kept here (nb_artifact_put_service_add), or NULL */
   struct nb__svc* next;
 } nb__svc_t;
 
@@ -281,6 +287,7 @@ void nb_artifact_store_close(nb_artifact_store_t* store) {
   while (store->svcs) {
     nb__svc_t* n = store->svcs->next;
     nb_ratelimit_destroy(store->svcs->rl);
+    nb_free(store->svcs->put);
     nb_free(store->svcs);
     store->svcs = n;
   }
@@ -434,6 +441,17 @@ static int nb__entitled(const nb__who_t* w, const nb_artifact_info_t* o) {
     if (!strcmp(o->name, q)) return 1;
     if (nb__in_namespace(j->base, j->owner) && !strcmp(o->name, j->base)) return 1;
   }
+  for (int k = 0; k < j->n_files && k < NB_ARTIFACT_JOB_FILES; k++) { /* its program's files */
+    const char* f = j->files[k];
+    if (!strncmp(f, "sha256:", 7)) {
+      if (!strcasecmp(f + 7, o->sha256)) return 1;
+      continue;
+    }
+    char q[NB_ARTIFACT_NAME_MAX * 2];
+    snprintf(q, sizeof q, "%s/%s", j->owner, f);
+    if (!strcmp(o->name, q)) return 1;
+    if (nb__in_namespace(f, j->owner) && !strcmp(o->name, f)) return 1;
+  }
   return 0;
 }
 
@@ -538,7 +556,8 @@ static nb_status_t nb__lookup_for(nb_artifact_store_t* store, const char* name_o
     if (st == NB_ERR_NOT_FOUND)
       return nb_error(NB_ERR_NOT_FOUND,
                       "no artifact sha256:%s that job '%s' of user '%s' may fetch here (a job may "
-                      "fetch its own outputs and the base checkpoint it names, of the same user)",
+                      "fetch its own outputs, the base checkpoint and the program files it names, "
+                      "of the same user)",
                       hex, job_id, j->owner);
     NB_CHECK(st);
     return nb__object_of(store, 1, out);
@@ -560,11 +579,12 @@ static nb_status_t nb__lookup_for(nb_artifact_store_t* store, const char* name_o
   if (any)
     return nb_error(NB_ERR_PERMISSION,
                     "job '%s' of user '%s' may not fetch artifact '%s': a job may fetch its own "
-                    "outputs and the base checkpoint it names",
+                    "outputs, the base checkpoint and the program files it names",
                     job_id, j->owner, name_or_hash);
   return nb_error(NB_ERR_NOT_FOUND,
                   "no artifact '%s' in the namespace of user '%s' (names are "
-                  "<user>/<job>/<path>; other users' artifacts are not served)",
+                  "<user>/<job>/<path>, or <user>/<name> for a file the user put; other users' "
+                  "artifacts are not served)",
                   name_or_hash, j->owner);
 }
 
@@ -854,6 +874,358 @@ fail:
   return st;
 }
 
+/* ------------------------------------------------------------------ put, copy out */
+
+typedef struct {
+  nb_artifact_store_t* store;
+  uint64_t max_bytes;
+  nb_artifact_user_fn may_put;
+  void* may_put_user;
+} nb__put_svc_t;
+
+/* 1 when some name of the store is owned by `user`. */
+static int nb__owner_known(nb_artifact_store_t* store, const char* user) {
+  int yes = 0;
+  pthread_mutex_lock(&store->mu);
+  sqlite3_stmt* q = NULL;
+  if (sqlite3_prepare_v2(store->db, "SELECT 1 FROM names WHERE owner = ? LIMIT 1", -1, &q, NULL) ==
+      SQLITE_OK) {
+    sqlite3_bind_text(q, 1, user, -1, SQLITE_STATIC);
+    yes = sqlite3_step(q) == SQLITE_ROW;
+  }
+  sqlite3_finalize(q);
+  pthread_mutex_unlock(&store->mu);
+  return yes;
+}
+
+/* The stored name of a user's Put: "<user>/<name>", or name itself when it already is in the
+ * user's namespace; a name that starts with another user's namespace is refused. */
+static nb_status_t nb__put_name(nb_artifact_store_t* store, const char* user, const char* name,
+                                char full[NB_ARTIFACT_NAME_MAX]) {
+  if (nb_artifact_name_check(name) != NB_OK)
+    return nb_error_wrap(NB_ERR_INVALID, "Put: artifact name '%.255s'", name);
+  if (nb__in_namespace(name, user)) {
+    snprintf(full, NB_ARTIFACT_NAME_MAX, "%s", name);
+    return NB_OK;
+  }
+  const char* sl = strchr(name, '/');
+  if (sl) {
+    char first[NB_ARTIFACT_ID_MAX];
+    size_t n = (size_t)(sl - name);
+    if (n < sizeof first) {
+      memcpy(first, name, n);
+      first[n] = 0;
+      if (nb__owner_known(store, first))
+        return nb_error(NB_ERR_PERMISSION,
+                        "user '%s' may not put artifact '%s': '%s/' is the namespace of user "
+                        "'%s'; a user puts only into its own ('%s/...')",
+                        user, name, first, first, user);
+    }
+  }
+  if (snprintf(full, NB_ARTIFACT_NAME_MAX, "%s/%s", user, name) >= NB_ARTIFACT_NAME_MAX)
+    return nb_error(NB_ERR_INVALID, "Put: artifact name '%s/%s' is longer than %d bytes", user,
+                    name, NB_ARTIFACT_NAME_MAX - 1);
+  return NB_OK;
+}
+
+static nb_status_t nb__h_put(nb_rpc_call_t* call, void* user) {
+  nb__put_svc_t* svc = user;
+  const nb_tls_peer_t* p = nb_rpc_call_peer(call);
+  if (!p || p->kind != NB_TLS_PEER_USER || !p->name[0] || strchr(p->name, '/') ||
+      strlen(p->name) >= NB_ARTIFACT_ID_MAX)
+    return nb_error(NB_ERR_PERMISSION, "artifacts are put by users (a user certificate) only");
+  const char* who = p->name;
+  if (svc->may_put && svc->may_put(svc->may_put_user, who) != NB_OK)
+    return nb_error_wrap(NB_ERR_PERMISSION, "user '%s' may not put artifacts here", who);
+  Nebula__V1__PutChunk* m = NULL;
+  int end = 0, fd = -1;
+  char tmp[PATH_MAX] = "", full[NB_ARTIFACT_NAME_MAX], want[NB_ARTIFACT_HASH_HEX], hex[65];
+  EVP_MD_CTX* md = NULL;
+  uint64_t size = 0, got = 0;
+  nb_status_t st = nb_rpc_call_recv_pb(call, &nebula__v1__put_chunk__descriptor,
+                                       (ProtobufCMessage**)&m, &end, NB_RPC_INFINITE);
+  if (st != NB_OK) return st;
+  if (!m) return nb_error(NB_ERR_INVALID, "Put: no request");
+  NB_CHECK_GOTO(nb__put_name(svc->store, who, m->name ? m->name : "", full), st, out);
+  if (nb__hash_check(m->sha256, want) != NB_OK) {
+    st = nb_error_wrap(NB_ERR_INVALID, "Put of '%s': sha256", full);
+    goto out;
+  }
+  size = m->size;
+  if (size > svc->max_bytes) {
+    st =
+        nb_error(NB_ERR_INVALID,
+                 "Put of '%s': %llu bytes is more than this gateway takes (artifacts.max_put_bytes "
+                 "= %llu)",
+                 full, (unsigned long long)size, (unsigned long long)svc->max_bytes);
+    goto out;
+  }
+  snprintf(tmp, sizeof tmp, "%s/tmp/upload.XXXXXX", svc->store->dir);
+  fd = mkostemp(tmp, O_CLOEXEC);
+  if (fd < 0) {
+    st = nb_error(NB_ERR_IO, "artifact store temp file %s: %s", tmp, strerror(errno));
+    tmp[0] = 0;
+    goto out;
+  }
+  md = EVP_MD_CTX_new();
+  if (!md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
+    st = nb_error(NB_ERR_CRYPTO, "SHA-256 init failed");
+    goto out;
+  }
+  for (;;) {
+    if (m->data.len > size - got) {
+      st = nb_error(NB_ERR_INVALID, "Put of '%s': more bytes than the announced %llu", full,
+                    (unsigned long long)size);
+      goto out;
+    }
+    if (m->data.len) {
+      if (EVP_DigestUpdate(md, m->data.data, m->data.len) != 1) {
+        st = nb_error(NB_ERR_CRYPTO, "SHA-256 update failed");
+        goto out;
+      }
+      NB_CHECK_GOTO(nb__write_all(fd, m->data.data, m->data.len, got, tmp), st, out);
+      got += m->data.len;
+    }
+    protobuf_c_message_free_unpacked(&m->base, NULL);
+    m = NULL;
+    NB_CHECK_GOTO(nb_rpc_call_recv_pb(call, &nebula__v1__put_chunk__descriptor,
+                                      (ProtobufCMessage**)&m, &end, NB_RPC_INFINITE),
+                  st, out);
+    if (end || !m) break;
+  }
+  if (got != size) {
+    st = nb_error(NB_ERR_INVALID, "Put of '%s': %llu bytes arrived of the announced %llu", full,
+                  (unsigned long long)got, (unsigned long long)size);
+    goto out;
+  }
+  uint8_t dg[NB__SHA_BYTES];
+  unsigned dl = 0;
+  if (EVP_DigestFinal_ex(md, dg, &dl) != 1) {
+    st = nb_error(NB_ERR_CRYPTO, "SHA-256 final failed");
+    goto out;
+  }
+  nb__hex(dg, NB__SHA_BYTES, hex);
+  if (strcmp(hex, want) != 0) {
+    st = nb_error(NB_ERR_INTEGRITY,
+                  "Put of '%s': the bytes that arrived have sha256 %s, not the announced %s; "
+                  "nothing stored",
+                  full, hex, want);
+    goto out;
+  }
+  if (fsync(fd) != 0) {
+    st = nb_error(NB_ERR_IO, "fsync of %s: %s", tmp, strerror(errno));
+    goto out;
+  }
+  close(fd);
+  fd = -1;
+  nb_artifact_info_t info;
+  NB_CHECK_GOTO(nb_artifact_put(svc->store, full, who, "", tmp, &info), st, out);
+  Nebula__V1__ArtifactInfo r = NEBULA__V1__ARTIFACT_INFO__INIT;
+  r.name = info.name;
+  r.sha256 = info.sha256;
+  r.size = info.size;
+  st = nb_rpc_call_send_pb(call, &r.base);
+  NB_INFO(JOB, "Put '%s' by user '%s': sha256:%s (%llu bytes)", full, who, info.sha256,
+          (unsigned long long)info.size);
+out:
+  if (fd >= 0) close(fd);
+  if (tmp[0]) unlink(tmp);
+  EVP_MD_CTX_free(md);
+  if (m) protobuf_c_message_free_unpacked(&m->base, NULL);
+  return st;
+}
+
+static nb_status_t nb__h_list(nb_rpc_call_t* call, void* user) {
+  nb__put_svc_t* svc = user;
+  const nb_tls_peer_t* p = nb_rpc_call_peer(call);
+  if (!p || p->kind != NB_TLS_PEER_USER || !p->name[0] || strchr(p->name, '/') ||
+      strlen(p->name) >= NB_ARTIFACT_ID_MAX)
+    return nb_error(NB_ERR_PERMISSION, "artifacts are listed by users (a user certificate) only");
+  const char* who = p->name;
+  if (svc->may_put && svc->may_put(svc->may_put_user, who) != NB_OK)
+    return nb_error_wrap(NB_ERR_PERMISSION, "user '%s' may not list artifacts here", who);
+  Nebula__V1__ListArtifactsRequest* req = NULL;
+  int end = 0;
+  NB_CHECK(nb_rpc_call_recv_pb(call, &nebula__v1__list_artifacts_request__descriptor,
+                               (ProtobufCMessage**)&req, &end, NB_RPC_INFINITE));
+  if (!req) return nb_error(NB_ERR_INVALID, "List: no request");
+  char pre[NB_ARTIFACT_NAME_MAX * 2];
+  snprintf(pre, sizeof pre, "%s/%s", who, req->prefix ? req->prefix : "");
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+  Nebula__V1__ArtifactInfo* items = NULL;
+  Nebula__V1__ArtifactInfo** ptrs = NULL;
+  char(*names)[NB_ARTIFACT_NAME_MAX + NB_ARTIFACT_HASH_HEX] = NULL;
+  nb_status_t st = nb_calloc((void**)&items, NB__LIST_MAX, sizeof *items, "artifact list");
+  if (st == NB_OK) st = nb_calloc((void**)&ptrs, NB__LIST_MAX, sizeof *ptrs, "artifact list");
+  if (st == NB_OK) st = nb_calloc((void**)&names, NB__LIST_MAX, sizeof *names, "artifact list");
+  size_t n = 0;
+  int more = 0;
+  if (st == NB_OK) {
+    pthread_mutex_lock(&svc->store->mu);
+    sqlite3_stmt* q = NULL;
+    /* substr, not LIKE: a name may hold '%' or '_' */
+    int rc = sqlite3_prepare_v2(svc->store->db,
+                                "SELECT name, sha256, size FROM names WHERE owner = ? AND "
+                                "substr(name, 1, ?) = ? ORDER BY name LIMIT ?",
+                                -1, &q, NULL);
+    if (rc == SQLITE_OK) {
+      sqlite3_bind_text(q, 1, who, -1, SQLITE_STATIC);
+      sqlite3_bind_int(q, 2, (int)strlen(pre));
+      sqlite3_bind_text(q, 3, pre, -1, SQLITE_STATIC);
+      sqlite3_bind_int(q, 4, NB__LIST_MAX + 1);
+      while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        if (n == NB__LIST_MAX) {
+          more = 1;
+          break;
+        }
+        const unsigned char* nm = sqlite3_column_text(q, 0);
+        const unsigned char* hx = sqlite3_column_text(q, 1);
+        snprintf(names[n], NB_ARTIFACT_NAME_MAX, "%s", nm ? (const char*)nm : "");
+        snprintf(names[n] + NB_ARTIFACT_NAME_MAX, NB_ARTIFACT_HASH_HEX, "%s",
+                 hx ? (const char*)hx : "");
+        nebula__v1__artifact_info__init(&items[n]);
+        items[n].name = names[n];
+        items[n].sha256 = names[n] + NB_ARTIFACT_NAME_MAX;
+        int64_t size = sqlite3_column_int64(q, 2);
+        items[n].size = size > 0 ? (uint64_t)size : 0;
+        ptrs[n] = &items[n];
+        n++;
+      }
+      rc = rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
+    }
+    if (rc != SQLITE_OK) st = nb__sql(svc->store, rc, "listing names");
+    sqlite3_finalize(q);
+    pthread_mutex_unlock(&svc->store->mu);
+  }
+  if (st == NB_OK) {
+    Nebula__V1__ArtifactList r = NEBULA__V1__ARTIFACT_LIST__INIT;
+    r.n_artifacts = n;
+    r.artifacts = ptrs;
+    r.truncated = more;
+    st = nb_rpc_call_send_pb(call, &r.base);
+  }
+  nb_free(names);
+  nb_free(ptrs);
+  nb_free(items);
+  return st;
+}
+
+nb_status_t nb_artifact_put_service_add(nb_rpc_server_t* srv, nb_artifact_store_t* store,
+                                        uint64_t max_bytes, nb_artifact_user_fn may_put,
+                                        void* may_put_user) {
+  if (!srv || !store) return nb_error(NB_ERR_INVALID, "artifact put service: NULL argument");
+  nb__put_svc_t* svc = NULL;
+  NB_CHECK(nb_calloc((void**)&svc, 1, sizeof *svc, "artifact put service"));
+  svc->store = store;
+  svc->max_bytes = max_bytes ? max_bytes : NB_ARTIFACT_PUT_MAX_DEFAULT;
+  svc->may_put = may_put;
+  svc->may_put_user = may_put_user;
+  /* kept with the store, as the other services are (the handler holds a pointer to it) */
+  nb__svc_t* keep = NULL;
+  nb_status_t st = nb_calloc((void**)&keep, 1, sizeof *keep, "artifact put service");
+  if (st != NB_OK) {
+    nb_free(svc);
+    return st;
+  }
+  keep->put = svc;
+  pthread_mutex_lock(&store->mu);
+  keep->next = store->svcs;
+  store->svcs = keep;
+  pthread_mutex_unlock(&store->mu);
+  NB_CHECK(nb_rpc_server_add_method(srv, NB__M_PUT, NB_RPC_CLIENT_STREAMING, nb__h_put, svc));
+  return nb_rpc_server_add_method(srv, NB__M_LIST, NB_RPC_UNARY, nb__h_list, svc);
+}
+
+nb_status_t nb_artifact_copy_out(nb_artifact_store_t* store, const char* name_or_hash,
+                                 const char* owner, const char* dest, nb_artifact_info_t* out) {
+  if (!store || !name_or_hash || !owner || !owner[0] || !dest)
+    return nb_error(NB_ERR_INVALID, "artifact copy: NULL argument");
+  nb_artifact_job_t* j = NULL;
+  NB_CHECK(nb_calloc((void**)&j, 1, sizeof *j, "artifact job"));
+  snprintf(j->owner, sizeof j->owner, "%s", owner);
+  snprintf(j->files[0], sizeof j->files[0], "%s", name_or_hash);
+  j->n_files = 1;
+  nb_artifact_info_t info;
+  nb_status_t st = nb__lookup_for(store, name_or_hash, j, "", &info);
+  nb_free(j);
+  if (st == NB_ERR_NOT_FOUND && !strncmp(name_or_hash, "sha256:", 7))
+    return nb_error(NB_ERR_NOT_FOUND, "no artifact %.80s of user '%s' in this store", name_or_hash,
+                    owner);
+  NB_CHECK(st);
+  char part[PATH_MAX], hex[NB_ARTIFACT_HASH_HEX];
+  if (snprintf(part, sizeof part, "%s.part", dest) >= (int)sizeof part)
+    return nb_error(NB_ERR_INVALID, "artifact copy: %s is too long", dest);
+  int in = open(info.path, O_RDONLY | O_CLOEXEC);
+  if (in < 0) return nb_error(NB_ERR_IO, "artifact object %s: %s", info.path, strerror(errno));
+  unlink(part);
+  int fd = open(part, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  uint8_t* buf = NULL;
+  EVP_MD_CTX* md = NULL;
+  uint64_t total = 0;
+  if (fd < 0) {
+    st = nb_error(NB_ERR_IO, "creating %s: %s", part, strerror(errno));
+    goto out;
+  }
+  NB_CHECK_GOTO(nb_alloc((void**)&buf, 1, NB__IO_BUF, "artifact copy buffer"), st, out);
+  md = EVP_MD_CTX_new();
+  if (!md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
+    st = nb_error(NB_ERR_CRYPTO, "SHA-256 init failed");
+    goto out;
+  }
+  for (;;) {
+    ssize_t r = read(in, buf, NB__IO_BUF);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      st = nb_error(NB_ERR_IO, "reading %s: %s", info.path, strerror(errno));
+      goto out;
+    }
+    if (r == 0) break;
+    if (EVP_DigestUpdate(md, buf, (size_t)r) != 1) {
+      st = nb_error(NB_ERR_CRYPTO, "SHA-256 update failed");
+      goto out;
+    }
+    NB_CHECK_GOTO(nb__write_all(fd, buf, (size_t)r, total, part), st, out);
+    total += (uint64_t)r;
+  }
+  uint8_t dg[NB__SHA_BYTES];
+  unsigned dl = 0;
+  if (EVP_DigestFinal_ex(md, dg, &dl) != 1) {
+    st = nb_error(NB_ERR_CRYPTO, "SHA-256 final failed");
+    goto out;
+  }
+  nb__hex(dg, NB__SHA_BYTES, hex);
+  if (total != info.size || strcmp(hex, info.sha256) != 0) {
+    NB_WARN("artifact object %s does not hold sha256:%s: the store is damaged; put the file again",
+            info.path, info.sha256);
+    st = nb_error(NB_ERR_INTEGRITY, "artifact '%s' (sha256:%s) is damaged in this store", info.name,
+                  info.sha256);
+    goto out;
+  }
+  if (fsync(fd) != 0) {
+    st = nb_error(NB_ERR_IO, "fsync of %s: %s", part, strerror(errno));
+    goto out;
+  }
+  if (close(fd) != 0) {
+    fd = -1;
+    st = nb_error(NB_ERR_IO, "closing %s: %s", part, strerror(errno));
+    goto out;
+  }
+  fd = -1;
+  if (rename(part, dest) != 0) {
+    st = nb_error(NB_ERR_IO, "rename %s -> %s: %s", part, dest, strerror(errno));
+    goto out;
+  }
+  NB_CHECK_GOTO(nb__fsync_parent(dest), st, out);
+  if (out) *out = info;
+out:
+  if (fd >= 0) close(fd);
+  if (st != NB_OK) unlink(part);
+  close(in);
+  EVP_MD_CTX_free(md);
+  nb_free(buf);
+  return st;
+}
+
 /* ------------------------------------------------------------------ client */
 
 typedef struct {
@@ -1084,6 +1456,125 @@ nb_status_t nb_artifact_fetch(const nb_artifact_fetch_opts_t* opts, nb_artifact_
 done:
   if (out) *out = info;
 out:
+  nb_rpc_client_destroy(cli);
+  return st;
+}
+
+/* ------------------------------------------------------------------ upload (Put's client) */
+
+nb_status_t nb_artifact_upload(const nb_artifact_upload_opts_t* o, nb_artifact_info_t* out) {
+  if (!o || !o->target || !o->tls || !o->file || !o->name)
+    return nb_error(NB_ERR_INVALID, "artifact upload: NULL argument");
+  int fd = open(o->file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nb_error(NB_ERR_IO, "cannot open %s: %s", o->file, strerror(errno));
+  char hex[NB_ARTIFACT_HASH_HEX];
+  uint64_t size = 0;
+  nb_rpc_client_t* cli = NULL;
+  nb_rpc_stream_t* s = NULL;
+  uint8_t* buf = NULL;
+  nb_status_t st;
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    st = nb_error(NB_ERR_IO, "%s is not a regular file", o->file);
+    goto out;
+  }
+  NB_CHECK_GOTO(nb__hash_fd(fd, o->file, hex, &size), st, out);
+  NB_CHECK_GOTO(nb_alloc((void**)&buf, 1, NB__IO_BUF, "upload buffer"), st, out);
+  nb_rpc_client_opts_t co = {0};
+  co.tls = o->tls;
+  co.server_name = o->server_name;
+  NB_CHECK_GOTO(nb_rpc_client_create(o->target, &co, &cli), st, out);
+  NB_CHECK_GOTO(nb_rpc_stream_open(cli, NB__M_PUT,
+                                   o->timeout_ms > 0 ? o->timeout_ms : NB_RPC_INFINITE, 0, &s),
+                st, out);
+  uint64_t off = 0;
+  do {
+    size_t want = size - off < NB__IO_BUF ? (size_t)(size - off) : NB__IO_BUF, got = 0;
+    while (got < want) {
+      ssize_t r = pread(fd, buf + got, want - got, (off_t)(off + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        st = nb_error(NB_ERR_IO, "reading %s: %s", o->file, r < 0 ? strerror(errno) : "shrank");
+        goto out;
+      }
+      got += (size_t)r;
+    }
+    Nebula__V1__PutChunk m = NEBULA__V1__PUT_CHUNK__INIT;
+    if (off == 0) {
+      m.name = (char*)o->name;
+      m.size = size;
+      m.sha256 = hex;
+    }
+    m.data.data = buf;
+    m.data.len = got;
+    NB_CHECK_GOTO(nb_rpc_stream_send_pb(s, &m.base), st, fail_call);
+    off += got;
+  } while (off < size);
+  NB_CHECK_GOTO(nb_rpc_stream_close_send(s), st, fail_call);
+  Nebula__V1__ArtifactInfo* r = NULL;
+  int end = 0;
+  st = nb_rpc_stream_recv_pb(s, &nebula__v1__artifact_info__descriptor, (ProtobufCMessage**)&r,
+                             &end, NB_RPC_INFINITE);
+  if (st == NB_OK && (end || !r)) st = nb_rpc_stream_finish(s);
+  if (st == NB_OK && !r) st = nb_error(NB_ERR_RPC, "Put: no reply");
+  if (st != NB_OK) goto fail_call;
+  if (out) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", r->name ? r->name : "");
+    snprintf(out->sha256, sizeof out->sha256, "%s", r->sha256 ? r->sha256 : "");
+    out->size = r->size;
+  }
+  protobuf_c_message_free_unpacked(&r->base, NULL);
+  st = nb_rpc_stream_finish(s);
+  goto out;
+fail_call:
+  /* a send that failed: the server's status says why (its refusal, not "stream broken") */
+  if (s) {
+    nb_status_t fs = nb_rpc_stream_finish(s);
+    if (fs != NB_OK) st = fs;
+  }
+out:
+  nb_rpc_stream_destroy(s);
+  nb_rpc_client_destroy(cli);
+  nb_free(buf);
+  close(fd);
+  return st;
+}
+
+nb_status_t nb_artifact_list(const nb_artifact_upload_opts_t* o, const char* prefix,
+                             nb_artifact_info_t** out, size_t* n, int* truncated) {
+  if (!o || !o->target || !o->tls || !out || !n)
+    return nb_error(NB_ERR_INVALID, "artifact list: NULL argument");
+  *out = NULL;
+  *n = 0;
+  if (truncated) *truncated = 0;
+  nb_rpc_client_t* cli = NULL;
+  nb_rpc_client_opts_t co = {0};
+  co.tls = o->tls;
+  co.server_name = o->server_name;
+  NB_CHECK(nb_rpc_client_create(o->target, &co, &cli));
+  Nebula__V1__ListArtifactsRequest req = NEBULA__V1__LIST_ARTIFACTS_REQUEST__INIT;
+  req.prefix = (char*)(prefix ? prefix : "");
+  ProtobufCMessage* rep = NULL;
+  nb_status_t st =
+      nb_rpc_unary_pb(cli, NB__M_LIST, &req.base, &nebula__v1__artifact_list__descriptor, &rep,
+                      o->timeout_ms > 0 ? o->timeout_ms : NB_RPC_INFINITE, 0);
+  if (st == NB_OK) {
+    Nebula__V1__ArtifactList* r = (Nebula__V1__ArtifactList*)rep;
+    nb_artifact_info_t* a = NULL;
+    if (r->n_artifacts) st = nb_calloc((void**)&a, r->n_artifacts, sizeof *a, "artifact list");
+    for (size_t i = 0; st == NB_OK && i < r->n_artifacts; i++) {
+      snprintf(a[i].name, sizeof a[i].name, "%s", r->artifacts[i]->name);
+      snprintf(a[i].sha256, sizeof a[i].sha256, "%s", r->artifacts[i]->sha256);
+      a[i].size = r->artifacts[i]->size;
+    }
+    if (st == NB_OK) {
+      *out = a;
+      *n = r->n_artifacts;
+      if (truncated) *truncated = r->truncated;
+    }
+  }
+  if (rep) protobuf_c_message_free_unpacked(rep, NULL);
   nb_rpc_client_destroy(cli);
   return st;
 }

@@ -85,6 +85,8 @@ static const nb__opt_t nb__opts[] = {
      "its public name behind NAT, a load balancer or a Kubernetes Service"},
     {"federation_timeout_ms", NB__OPT_INT, NB__F(federation_timeout_ms), 100, 600000, "",
      "deadline of one call to a peer gateway"},
+    {"artifacts.max_put_bytes", NB__OPT_INT, NB__F(max_put_bytes), 1, 2147483647, "",
+     "largest file a user may put into this gateway's artifact store (nebula artifact put)"},
     {"resources.slots", NB__OPT_INT, NB__F(slots), 1, 1 << 20, "",
      "workers run at once over all jobs; a submit beyond is refused"},
     {"resources.device", NB__OPT_DEVICE, NB__F(device), 0, 0, "",
@@ -130,6 +132,7 @@ void nb_gateway_config_defaults(nb_gateway_config_t* c) {
     snprintf(c->worker_command[i], NB_GW_STR, "%s", wcmd[i]);
   snprintf(c->exchange_host, sizeof c->exchange_host, "127.0.0.1");
   c->federation_timeout_ms = 10000;
+  c->max_put_bytes = 256 << 20;
   c->slots = 4;
   c->device = NB_JOB_DEVICE_CPU;
   snprintf(c->work_dir, sizeof c->work_dir, "work");

@@ -286,6 +286,16 @@ nb_status_t nb__gw_fed_start(nb_gateway_t* gw, nb_job_store_t* st, const char* i
   if (!wk.listen)
     return nb_error(NB_ERR_INVALID, "no Exchange endpoint for cluster '%s'", gw->cfg.cluster_id);
   NB_CHECK(nb__gw_fetch_base(gw, st, id, secret));
+  {
+    nb_job_fed_t fed;
+    json_t* finfo = NULL;
+    char origin[NB_JOB_ID_MAX] = "";
+    if (nb__gw_fed_load(st, id, &fed, &finfo) == NB_OK) {
+      snprintf(origin, sizeof origin, "%s", fed.origin);
+      nb__gw_fed_release(&fed, finfo);
+    }
+    NB_CHECK(nb__gw_fetch_files(gw, st, id, secret, origin[0] ? origin : NULL));
+  }
   NB_CHECK(nb__gw_launch(gw, st, id, workers, clusters > 1 ? &wk : NULL));
   nb__gw_log_launched(gw, id);
   return NB_OK;
@@ -315,6 +325,7 @@ typedef struct {
   const nb__part_t* parts;
   int np, mine;             /* mine: this cluster's index in parts, or -1 */
   const char* base_cluster; /* model.base.cluster ("" none) */
+  int ships_files;          /* spec.program.files: each cluster with workers fetches them */
   nb_job_fed_t fed;         /* the origin's record, with the secret once made */
   json_t* info;             /* its info: clusters and their states */
   json_t* endpoints;        /* cluster id -> Exchange endpoint */
@@ -456,8 +467,9 @@ static void nb__fsub_commit(nb__fsub_t* x) {
     cr.n_endpoints = n_eps;
     cr.endpoints = epp;
     ProtobufCMessage* resp = NULL;
-    int fetches = x->base_cluster && x->base_cluster[0] &&
-                  strcmp(x->base_cluster, x->parts[i].id) && x->parts[i].workers > 0;
+    int fetches = (x->ships_files || (x->base_cluster && x->base_cluster[0] &&
+                                      strcmp(x->base_cluster, x->parts[i].id))) &&
+                  x->parts[i].workers > 0;
     s = nb__fed_call(x->gw, x->parts[i].id, "Commit", &cr.base,
                      &nebula__v1__federation_ack__descriptor, &resp, fetches ? 2 : 1);
     if (resp) protobuf_c_message_free_unpacked(resp, NULL);
@@ -529,7 +541,7 @@ static void nb__fsub_merge(nb__fsub_t* x) {
  * failed and the returned error names the cluster and its reason. */
 nb_status_t nb__gw_fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
                               const Nebula__V1__SubmitRequest* req, const nb__part_t* parts, int np,
-                              int mine, const char* base_cluster) {
+                              int mine, const char* base_cluster, int ships_files) {
   nb__fsub_t* x = NULL;
   NB_CHECK(nb_calloc((void**)&x, 1, sizeof *x, "federated submit"));
   x->gw = gw;
@@ -540,6 +552,7 @@ nb_status_t nb__gw_fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   x->np = np;
   x->mine = mine;
   x->base_cluster = base_cluster;
+  x->ships_files = ships_files;
   snprintf(x->fed.job_id, sizeof x->fed.job_id, "%s", id);
   snprintf(x->fed.role, sizeof x->fed.role, "origin");
   snprintf(x->fed.origin, sizeof x->fed.origin, "%s", gw->cfg.cluster_id);

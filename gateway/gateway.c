@@ -226,6 +226,9 @@ nb_status_t nb_gateway_create(const nb_gateway_config_t* cfg, nb_gateway_t** out
     snprintf(adir, sizeof adir, "%s/artifacts", gw->cfg.work_dir);
     NB_CHECK_GOTO(nb_artifact_store_open(adir, &gw->art), s, fail);
     NB_CHECK_GOTO(nb_artifact_service_add(gw->srv, gw->art, nb__gw_artifact_job, gw), s, fail);
+    NB_CHECK_GOTO(nb_artifact_put_service_add(gw->srv, gw->art, (uint64_t)gw->cfg.max_put_bytes,
+                                              nb__gw_may_put, gw),
+                  s, fail);
   }
   for (size_t i = 0; i < NB__N_METHODS; i++) {
     const nb__gw_method_t* m = i < NB__GW_API_METHODS ? &nb__gw_api_methods[i]

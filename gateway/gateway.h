@@ -71,9 +71,10 @@ typedef struct {
   char exchange_advertise[NB_GW_STR];     /* exchange.advertise: host peers are told to dial for
                                              this cluster's Exchange ("" = exchange_host) */
   int federation_timeout_ms;              /* one Federation call; also how long a proposal waits */
-  int cancel_grace_ms;                    /* SIGTERM → SIGKILL */
-  int poll_ms;                            /* how often processes and progress files are looked at */
-  int calls_per_identity;       /* limits.calls_per_identity: concurrent calls of one certificate */
+  int max_put_bytes;      /* artifacts.max_put_bytes: largest file a user may put (Artifacts.Put) */
+  int cancel_grace_ms;    /* SIGTERM → SIGKILL */
+  int poll_ms;            /* how often processes and progress files are looked at */
+  int calls_per_identity; /* limits.calls_per_identity: concurrent calls of one certificate */
   char run_as[NB_ACL_NAME_MAX]; /* run_as: the user jobs run as ("" = the gateway's own) */
   int n_allow; /* paths.allow: folders besides the job's own that descriptor paths may name */
   char allow[NB_JOB_PATHS_MAX_ROOTS][NB_GW_STR];

@@ -258,7 +258,7 @@ nb_status_t nb__gw_fed_cancel_peers(nb_gateway_t* gw, nb_job_store_t* st, const 
 void nb__gw_fed_aggregate(nb_gateway_t* gw, nb_job_store_t* st, const char* id, json_t* info);
 nb_status_t nb__gw_fed_submit(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
                               const Nebula__V1__SubmitRequest* req, const nb__part_t* parts, int np,
-                              int mine, const char* base_cluster);
+                              int mine, const char* base_cluster, int ships_files);
 nb_status_t nb__gw_fed_start(nb_gateway_t* gw, nb_job_store_t* st, const char* id, int workers,
                              const uint8_t secret[32], json_t* endpoints);
 
@@ -276,6 +276,11 @@ nb_status_t nb__gw_artifact_job(void* user, const char* job_id, const char* peer
 nb_status_t nb__gw_fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
                               const uint8_t secret[32]);
 void nb__gw_publish(nb_gateway_t* gw, nb_job_store_t* st, const char* id);
+nb_status_t nb__gw_may_put(void* user, const char* name);
+/* spec.program.files into the job's folder before launch (secret NULL: a job of this cluster
+ * only; origin NULL: this gateway is the origin). */
+nb_status_t nb__gw_fetch_files(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
+                               const uint8_t* secret, const char* origin);
 
 /* report_queue.c: run reports and the report thread */
 int nb__gw_report_pending(nb_gateway_t* gw, const char* id);

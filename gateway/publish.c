@@ -1,6 +1,7 @@
 /* Artifacts of jobs: a job's outputs put in the artifact store once it succeeded here, what
- * the artifact service may serve to a peer of a job, and fetching a job's base checkpoint from
- * the cluster that holds it. The store and the wire protocol are gateway/artifact.h. */
+ * the artifact service may serve to a peer of a job, who may put files, and fetching a job's
+ * base checkpoint and its program's files from the cluster that holds them. The store and the
+ * wire protocol are gateway/artifact.h. */
 #include "gateway/gateway_internal.h"
 
 #include <dirent.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "jobs/job_paths.h"
 
 /* Puts the files of one output folder in the artifact store as
  * "<owner>/<job name>/<prefix><file>", owned by (owner, id): every *.safetensors, summary.json
@@ -135,11 +137,57 @@ nb_status_t nb__gw_artifact_job(void* user, const char* job_id, const char* peer
     snprintf(out->owner, sizeof out->owner, "%.63s", rec.owner);
     snprintf(out->base, sizeof out->base, "%.255s", cfg->model.base_checkpoint);
     snprintf(out->base_sha256, sizeof out->base_sha256, "%s", cfg->model.base_sha256);
+    out->n_files = 0;
+    for (int i = 0; i < cfg->program.n_files && i < NB_ARTIFACT_JOB_FILES; i++)
+      snprintf(out->files[out->n_files++], sizeof out->files[0], "%.255s",
+               cfg->program.files[i].artifact);
   }
   nb_job_record_clear(&rec);
   if (loaded) nb__gw_fed_release(&fed, info);
   nb_free(cfg);
   nb_job_store_close(st);
+  return s;
+}
+
+/* Gives dest and the folders made for it, up to the job's folder dir, to run_as. */
+static void nb__give_up_to(nb_gateway_t* gw, const char* dir, const char* dest) {
+  if (!gw->run_as) return;
+  char q[NB_GW_STR * 2 + NB_JOB_PATH_MAX * 2];
+  snprintf(q, sizeof q, "%s", dest);
+  while (strlen(q) > strlen(dir)) {
+    nb__gw_give(gw, q);
+    char* sl = strrchr(q, '/');
+    if (!sl) break;
+    *sl = 0;
+  }
+}
+
+/* Fetches artifact `name` of job id from cluster `from`'s gateway into dest (sealed with the job's
+ * secret, resumed, hash-checked: gateway/artifact.h); the one path by which a job's base
+ * checkpoint and its program's files reach a cluster that does not hold them. */
+static nb_status_t nb__fetch_from(nb_gateway_t* gw, const char* from, const char* id,
+                                  const uint8_t* secret, const char* name, const char* dest,
+                                  nb_artifact_info_t* info) {
+  const char* target = NULL;
+  for (int i = 0; i < gw->cfg.n_peers; i++)
+    if (!strcmp(gw->cfg.peers[i].id, from)) target = gw->cfg.peers[i].address;
+  if (!target || !secret)
+    return nb_error(NB_ERR_INVALID, "cluster '%s' is not a peer of gateway '%s'", from,
+                    gw->cfg.cluster_id);
+  nb_artifact_fetch_opts_t o;
+  memset(&o, 0, sizeof o);
+  nb_tls_t* tls = nb_tls_source_get(gw->tls_src); /* the pair in use now (SIGHUP reloads) */
+  o.target = target;
+  o.tls = tls;
+  o.account = gw->art;
+  o.expected_cluster = from;
+  o.job_id = id;
+  o.secret = secret;
+  o.name = name;
+  o.dest = dest;
+  o.timeout_ms = (int64_t)gw->cfg.federation_timeout_ms * 30;
+  nb_status_t s = nb_artifact_fetch(&o, info);
+  nb_tls_destroy(tls);
   return s;
 }
 
@@ -152,7 +200,6 @@ nb_status_t nb__gw_fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const char* 
   NB_CHECK(nb__gw_job_config(st, id, &cfg));
   nb_status_t s = NB_OK;
   const nb_job_model_t* mo = &cfg->model;
-  const char* target = NULL;
   char dir[NB_GW_STR + NB_JOB_ID_MAX + 2], dest[sizeof dir + NB_JOB_PATH_MAX + 2],
       parent[sizeof dest], name[NB_JOB_SHA256_HEX + 8];
   if (!mo->base_checkpoint[0] || !mo->base_cluster[0] ||
@@ -163,9 +210,9 @@ nb_status_t nb__gw_fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const char* 
                       mo->base_checkpoint);
     goto out;
   }
-  for (int i = 0; i < gw->cfg.n_peers; i++)
-    if (!strcmp(gw->cfg.peers[i].id, mo->base_cluster)) target = gw->cfg.peers[i].address;
-  if (!target) {
+  int peer = 0;
+  for (int i = 0; i < gw->cfg.n_peers; i++) peer |= !strcmp(gw->cfg.peers[i].id, mo->base_cluster);
+  if (!peer) {
     s = nb_error(NB_ERR_INVALID, "model.base.cluster '%s' is not a peer of gateway '%s'",
                  mo->base_cluster, gw->cfg.cluster_id);
     goto out;
@@ -179,44 +226,118 @@ nb_status_t nb__gw_fetch_base(nb_gateway_t* gw, nb_job_store_t* st, const char* 
     goto out;
   }
   if (mo->base_sha256[0]) snprintf(name, sizeof name, "sha256:%s", mo->base_sha256);
-  nb_artifact_fetch_opts_t o;
-  memset(&o, 0, sizeof o);
-  o.target = target;
-  nb_tls_t* tls = nb_tls_source_get(gw->tls_src); /* the pair in use now (SIGHUP reloads) */
-  o.tls = tls;
-  o.account = gw->art;
-  o.expected_cluster = mo->base_cluster;
-  o.job_id = id;
-  o.secret = secret;
-  o.name = mo->base_sha256[0] ? name : mo->base_checkpoint;
-  o.dest = dest;
-  o.timeout_ms = (int64_t)gw->cfg.federation_timeout_ms * 30;
+  const char* what = mo->base_sha256[0] ? name : mo->base_checkpoint;
   nb_artifact_info_t info;
   double t0 = nb_now_s();
-  s = nb_artifact_fetch(&o, &info);
-  nb_tls_destroy(tls);
+  s = nb__fetch_from(gw, mo->base_cluster, id, secret, what, dest, &info);
   if (s != NB_OK) {
-    s = nb_error_wrap(s, "fetching the base checkpoint %s from cluster '%s'", o.name,
+    s = nb_error_wrap(s, "fetching the base checkpoint %s from cluster '%s'", what,
                       mo->base_cluster);
     goto out;
   }
-  if (gw->run_as) /* the fetched file and the folders made for it, up to the job's folder */
-    for (char* q = dest; strlen(q) > strlen(dir);) {
-      nb__gw_give(gw, q);
-      char* sl = strrchr(q, '/');
-      if (!sl) break;
-      *sl = 0;
-    }
+  nb__give_up_to(gw, dir, dest); /* the fetched file and the folders made for it */
   json_t* j =
-      json_pack("{s:s, s:s, s:s, s:I, s:f}", "name", o.name, "from", mo->base_cluster, "sha256",
+      json_pack("{s:s, s:s, s:s, s:I, s:f}", "name", what, "from", mo->base_cluster, "sha256",
                 info.sha256, "size", (json_int_t)info.size, "seconds", nb_now_s() - t0);
   char* txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
   if (txt) nb_job_store_append_event(st, id, "fetch", txt, NULL);
   free(txt);
   json_decref(j);
-  NB_INFO(JOB, "job %s: base checkpoint %s fetched from %s (%llu bytes)", id, o.name,
+  NB_INFO(JOB, "job %s: base checkpoint %s fetched from %s (%llu bytes)", id, what,
           mo->base_cluster, (unsigned long long)info.size);
 out:
+  nb_free(cfg);
+  return s;
+}
+
+/* Artifacts.Put: a user the ACL names (any rule of that user or of "*") may put files into its
+ * own namespace here; what the files may be used for is the job's business (Submit's ACL). */
+nb_status_t nb__gw_may_put(void* user, const char* name) {
+  const nb_gateway_t* gw = user;
+  for (int i = 0; i < gw->cfg.acl.n_rules; i++)
+    if (!strcmp(gw->cfg.acl.rules[i].user, name) || !strcmp(gw->cfg.acl.rules[i].user, "*"))
+      return NB_OK;
+  return nb_error(NB_ERR_PERMISSION, "user '%s' is not in this gateway's ACL", name);
+}
+
+/* A job that runs the user's program with spec.program.files: each file into
+ * <jobdir>/<workDir>/<path> before launch, from this gateway's own store when the file's cluster
+ * is this one, else fetched from that cluster's gateway as the base checkpoint is (sealed with
+ * the job's secret; NULL secret: a job of this cluster only). The default cluster is the
+ * origin's (origin NULL: this gateway). A file that cannot be had fails the launch naming it. */
+nb_status_t nb__gw_fetch_files(nb_gateway_t* gw, nb_job_store_t* st, const char* id,
+                               const uint8_t* secret, const char* origin) {
+  nb_job_config_t* cfg = NULL;
+  NB_CHECK(nb__gw_job_config(st, id, &cfg));
+  nb_status_t s = NB_OK;
+  nb_job_record_t rec = {0};
+  nb_descriptor_diag_t* diag = NULL;
+  const nb_job_program_t* pg = &cfg->program;
+  if (pg->n_files == 0) goto out;
+  NB_CHECK_GOTO(nb_job_store_get(st, id, &rec), s, out);
+  if (!rec.owner[0]) {
+    s = nb_error(NB_ERR_PERMISSION, "job %s has no owner: its program's files cannot be had", id);
+    goto out;
+  }
+  char dir[NB_GW_STR + NB_JOB_ID_MAX + 2];
+  nb__gw_jobdir(gw, id, dir, sizeof dir);
+  /* the files land where the descriptor's paths say, inside the job's folder as it is now */
+  const char* roots[NB_JOB_PATHS_MAX_ROOTS];
+  for (int i = 0; i < gw->cfg.n_allow; i++) roots[i] = gw->cfg.allow[i];
+  NB_CHECK_GOTO(nb_calloc((void**)&diag, 1, sizeof *diag, "diagnostics"), s, out);
+  if (nb_job_paths_check(cfg, dir, roots, gw->cfg.n_allow, diag) != NB_OK) {
+    s = nb__gw_diag_error(NB_ERR_PERMISSION, "descriptor refused:", diag);
+    goto out;
+  }
+  for (int i = 0; i < pg->n_files; i++) {
+    const char* art = pg->files[i].artifact;
+    const char* from = pg->files[i].cluster[0] ? pg->files[i].cluster
+                       : origin && origin[0]   ? origin
+                                               : gw->cfg.cluster_id;
+    char dest[sizeof dir + 2 * NB_JOB_PATH_MAX + 4], parent[sizeof dest];
+    if (snprintf(dest, sizeof dest, "%s/%s%s%s", dir, pg->workdir, pg->workdir[0] ? "/" : "",
+                 pg->files[i].path) >= (int)sizeof dest) {
+      s = nb_error(NB_ERR_INVALID, "$.spec.program.files[%d].path: too long", i);
+      goto out;
+    }
+    snprintf(parent, sizeof parent, "%s", dest);
+    *strrchr(parent, '/') = 0;
+    if (nb__gw_mkdirs(parent) != 0) {
+      s = nb_error(NB_ERR_IO, "$.spec.program.files[%d]: cannot create %s: %s", i, parent,
+                   strerror(errno));
+      goto out;
+    }
+    nb_artifact_info_t info;
+    double t0 = nb_now_s();
+    if (!strcmp(from, gw->cfg.cluster_id)) {
+      s = nb_artifact_copy_out(gw->art, art, rec.owner, dest, &info);
+    } else {
+      s = nb__fetch_from(gw, from, id, secret, art, dest, &info);
+    }
+    if (s != NB_OK) {
+      s = nb_error_wrap(s, "$.spec.program.files[%d]: artifact '%s' from cluster '%s'", i, art,
+                        from);
+      goto out;
+    }
+    mode_t mode = pg->files[i].mode ? (mode_t)pg->files[i].mode : 0644;
+    if (chmod(dest, mode) != 0) {
+      s = nb_error(NB_ERR_IO, "$.spec.program.files[%d]: chmod %s: %s", i, dest, strerror(errno));
+      goto out;
+    }
+    nb__give_up_to(gw, dir, dest);
+    json_t* j = json_pack("{s:s, s:s, s:s, s:s, s:I, s:f}", "name", art, "path", pg->files[i].path,
+                          "from", from, "sha256", info.sha256, "size", (json_int_t)info.size,
+                          "seconds", nb_now_s() - t0);
+    char* txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    if (txt) nb_job_store_append_event(st, id, "fetch", txt, NULL);
+    free(txt);
+    json_decref(j);
+    NB_INFO(JOB, "job %s: program file %s = artifact %s from %s (%llu bytes)", id,
+            pg->files[i].path, art, from, (unsigned long long)info.size);
+  }
+out:
+  nb_free(diag);
+  nb_job_record_clear(&rec);
   nb_free(cfg);
   return s;
 }

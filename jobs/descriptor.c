@@ -90,7 +90,8 @@ static const char* const nb__density_keys[] = {"initial", "min", "max", NULL};
 static const char* const nb__link_keys[] = {"rateMbit", "delayMs", "streams", "chunkKib", NULL};
 static const char* const nb__sec_keys[] = {"ca", "cert", "key", "seal", NULL};
 static const char* const nb__ckpt_keys[] = {"everyRounds", "keep", "dir", NULL};
-static const char* const nb__program_keys[] = {"command", "workDir", NULL};
+static const char* const nb__program_keys[] = {"command", "workDir", "files", NULL};
+static const char* const nb__file_keys[] = {"artifact", "path", "cluster", "mode", NULL};
 
 /* ---------------------------------------------------------------------------------------------
  * Walking context: the current JSON path and where errors go. */
@@ -798,8 +799,104 @@ static void nb__parse_compression(nb__dctx_t* c, json_t* spec, nb_job_compressio
   nb__pop(c, mark);
 }
 
+/* Why s is not a relative path of '/'-separated components none of which is empty, "." or
+ * "..", or NULL when it is one. */
+static const char* nb__relpath_problem(const char* s) {
+  if (s[0] == '/') return "must be relative (inside the program's workDir)";
+  if (strchr(s, '\\')) return "must not hold a backslash";
+  for (const char* q = s;;) {
+    const char* e = strchr(q, '/');
+    size_t n = e ? (size_t)(e - q) : strlen(q);
+    if (n == 0) return "must not hold an empty component (\"//\" or a trailing '/')";
+    if (n == 1 && q[0] == '.') return "must not hold a \".\" component";
+    if (n == 2 && q[0] == '.' && q[1] == '.')
+      return "must not hold \"..\" (the files stay inside the job's folder)";
+    if (!e) return NULL;
+    q = e + 1;
+  }
+}
+
+/* spec.program.files[i]: one file the gateways put in the program's folder before launch, from
+ * an artifact store (gateway/artifact.h: the same name rules, checked here again because this
+ * layer sits below the gateway). */
+static void nb__parse_program_file(nb__dctx_t* c, json_t* v, const nb_job_config_t* cfg,
+                                   nb_job_program_t* p, int i) {
+  if (!nb__check_object(c, v, nb__file_keys)) return;
+  char* art = p->files[i].artifact;
+  json_t* a = json_object_get(v, "artifact");
+  size_t m = nb__push_key(c, "artifact");
+  if (!a) {
+    nb__pop(c, m);
+    nb__missing(c, "artifact",
+                "the name of an artifact you put (nebula artifact put), such as \"train.sh\", or "
+                "\"sha256:<64 hex digits>\"");
+  } else {
+    if (nb__take_str(c, a, NB__STR_PATH, art, NB_JOB_ARTIFACT_MAX)) {
+      if (!strncmp(art, "sha256:", 7)) {
+        if (!nb__valid_sha256(art + 7, strlen(art + 7)))
+          nb__err(c, a, "expected \"sha256:\" and 64 lower-case hexadecimal digits");
+      } else {
+        const char* why = nb__relpath_problem(art);
+        if (why) nb__err(c, a, "an artifact name %s", why);
+      }
+    }
+    nb__pop(c, m);
+  }
+  char* path = p->files[i].path;
+  json_t* pv = json_object_get(v, "path");
+  m = nb__push_key(c, "path");
+  if (!pv) {
+    nb__pop(c, m);
+    nb__missing(c, "path", "where the file goes, relative to workDir, such as \"train.sh\"");
+  } else {
+    if (nb__take_str(c, pv, NB__STR_PATH, path, NB_JOB_PATH_MAX)) {
+      const char* why = nb__relpath_problem(path);
+      if (why) nb__err(c, pv, "%s", why);
+      for (int k = 0; !why && k < i; k++) {
+        const char* o = p->files[k].path;
+        size_t lo = strlen(o), ln = strlen(path);
+        if (!strcmp(o, path))
+          nb__err(c, pv, "the same path as $.spec.program.files[%d].path", k);
+        else if ((lo < ln && !strncmp(o, path, lo) && path[lo] == '/') ||
+                 (ln < lo && !strncmp(o, path, ln) && o[ln] == '/'))
+          nb__err(c, pv, "a file cannot lie inside $.spec.program.files[%d].path, nor hold it", k);
+      }
+    }
+    nb__pop(c, m);
+  }
+  char* cl = p->files[i].cluster;
+  json_t* cv = json_object_get(v, "cluster");
+  m = nb__push_key(c, "cluster");
+  if (cv && nb__take_str(c, cv, NB__STR_NAME, cl, NB_JOB_NAME_MAX)) {
+    int in = 0;
+    for (int k = 0; k < cfg->n_clusters; k++) in |= !strcmp(cfg->clusters[k].id, cl);
+    if (!in) nb__err(c, cv, "expected the id of one of the job's clusters ($.spec.clusters)");
+  }
+  nb__pop(c, m);
+  json_t* mv = json_object_get(v, "mode");
+  m = nb__push_key(c, "mode");
+  char mode[8];
+  if (mv && nb__take_str(c, mv, NB__STR_ARG, mode, sizeof mode)) {
+    size_t n = strlen(mode);
+    int ok = n >= 3 && n <= 4;
+    long bits = 0;
+    for (size_t k = 0; ok && k < n; k++) {
+      ok = mode[k] >= '0' && mode[k] <= '7';
+      bits = bits * 8 + (mode[k] - '0');
+    }
+    if (!ok || bits > 0777 || !(bits & 0400))
+      nb__err(c, mv,
+              "expected permission bits as 3 or 4 octal digits such as \"0755\", at most "
+              "\"0777\" and readable by the owner");
+    else
+      p->files[i].mode = (int)bits;
+  }
+  nb__pop(c, m);
+}
+
 /* spec.program: the user's command as an argv array (no shell) and the folder it runs in. */
-static void nb__parse_program(nb__dctx_t* c, json_t* spec, nb_job_program_t* p) {
+static void nb__parse_program(nb__dctx_t* c, json_t* spec, const nb_job_config_t* cfg,
+                              nb_job_program_t* p) {
   size_t mark, am;
   json_t* o = nb__enter(c, spec, "program", nb__program_keys, &mark);
   if (o) {
@@ -821,6 +918,14 @@ static void nb__parse_program(nb__dctx_t* c, json_t* spec, nb_job_program_t* p) 
       nb__pop(c, am);
     }
     nb__get_str(c, o, "workDir", NB__STR_PATH, p->workdir, sizeof p->workdir);
+    json_t* files = nb__enter_array(c, o, "files", NB_JOB_PROGRAM_MAX_FILES, &am);
+    for (size_t i = 0; files && i < json_array_size(files); i++) {
+      size_t em = nb__push(c, "[%zu]", i);
+      nb__parse_program_file(c, json_array_get(files, i), cfg, p, (int)i);
+      nb__pop(c, em);
+    }
+    if (files) p->n_files = (int)json_array_size(files);
+    nb__pop(c, am);
   }
   nb__pop(c, mark);
 }
@@ -1027,7 +1132,7 @@ static void nb__parse_doc(nb__dctx_t* c, json_t* root, nb_job_config_t* cfg) {
     nb__parse_sync(c, spec, &cfg->sync, &seen);
     nb__parse_compression(c, spec, &cfg->compression);
     nb__parse_rest(c, spec, cfg);
-    nb__parse_program(c, spec, &cfg->program);
+    nb__parse_program(c, spec, cfg, &cfg->program);
   }
   nb__pop(c, m);
   if (!json_object_get(root, "spec")) nb__missing(c, "spec", "an object with \"clusters\"");
@@ -1288,6 +1393,23 @@ nb_status_t nb_descriptor_to_json(const nb_job_config_t* cfg, char** out) {
     json_t* cmd = nb__set(&b, po, "command", json_array());
     for (int k2 = 0; k2 < cfg->program.argc; k2++) nb__append_str(&b, cmd, cfg->program.argv[k2]);
     if (cfg->program.workdir[0]) nb__set_str(&b, po, "workDir", cfg->program.workdir);
+    json_t* fl = cfg->program.n_files ? nb__set(&b, po, "files", json_array()) : NULL;
+    for (int k2 = 0; fl && k2 < cfg->program.n_files; k2++) {
+      json_t* fo = json_object();
+      if (!fo || json_array_append_new(fl, fo) != 0) {
+        b.ok = false;
+        break;
+      }
+      nb__set_str(&b, fo, "artifact", cfg->program.files[k2].artifact);
+      nb__set_str(&b, fo, "path", cfg->program.files[k2].path);
+      if (cfg->program.files[k2].cluster[0])
+        nb__set_str(&b, fo, "cluster", cfg->program.files[k2].cluster);
+      if (cfg->program.files[k2].mode) {
+        char mode[8];
+        snprintf(mode, sizeof mode, "%04o", (unsigned)cfg->program.files[k2].mode & 0777u);
+        nb__set_str(&b, fo, "mode", mode);
+      }
+    }
   }
 
   char* text = b.ok ? json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(15)) : NULL;

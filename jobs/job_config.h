@@ -22,8 +22,10 @@ extern "C" {
 #define NB_JOB_PATH_MAX 512  /* file and folder paths, with NUL */
 #define NB_JOB_TEXT_MAX 256  /* free-form description, with NUL */
 #define NB_JOB_SHA256_HEX 65 /* 64 lower-case hex digits and NUL */
-#define NB_JOB_PROGRAM_MAX_ARGS 32 /* words of spec.program.command */
-#define NB_JOB_ADDR_MAX 256        /* a HOST:PORT address, with NUL */
+#define NB_JOB_PROGRAM_MAX_ARGS 32  /* words of spec.program.command */
+#define NB_JOB_PROGRAM_MAX_FILES 16 /* entries of spec.program.files */
+#define NB_JOB_ARTIFACT_MAX 256     /* an artifact name or "sha256:<hex>", with NUL */
+#define NB_JOB_ADDR_MAX 256         /* a HOST:PORT address, with NUL */
 
 typedef enum { NB_JOB_TASK_PRETRAIN = 0, NB_JOB_TASK_TRANSLATION = 1 } nb_job_task_t;
 typedef enum { NB_JOB_DEVICE_CPU = 0, NB_JOB_DEVICE_CUDA = 1 } nb_job_device_t;
@@ -166,6 +168,13 @@ typedef struct {
   char argv[NB_JOB_PROGRAM_MAX_ARGS][NB_JOB_PATH_MAX]; /* argv[0]: a name looked up in PATH, or a
                                                           path (confined: jobs/job_paths.h) */
   char workdir[NB_JOB_PATH_MAX]; /* "" = the job's folder; relative, inside it */
+  int n_files;                   /* spec.program.files: fetched into workdir before launch */
+  struct {
+    char artifact[NB_JOB_ARTIFACT_MAX]; /* "<name>" (the user's namespace) or "sha256:<hex>" */
+    char path[NB_JOB_PATH_MAX];         /* relative to workdir, no "..", unique */
+    char cluster[NB_JOB_NAME_MAX];      /* the cluster whose store holds it; "" = the origin */
+    int mode;                           /* permission bits (<= 0777); 0 = not given (0644) */
+  } files[NB_JOB_PROGRAM_MAX_FILES];
 } nb_job_program_t;
 
 typedef struct {

@@ -196,6 +196,14 @@ static nb_status_t nb__check(const nb_job_config_t* cfg, const nb__where_t* w,
       snprintf(joined, sizeof joined, "%s", pg->argv[0]);
     nb__one(&c, w, "$.spec.program.command[0]", joined, 0);
   }
+  /* shipped files are written into the workDir: the job's folder only */
+  for (int i = 0; i < pg->n_files; i++) {
+    char joined[2 * NB_JOB_PATH_MAX + 2];
+    snprintf(joined, sizeof joined, "%s%s%s", pg->workdir, pg->workdir[0] ? "/" : "",
+             pg->files[i].path);
+    snprintf(jp, sizeof jp, "$.spec.program.files[%d].path", i);
+    nb__one(&c, w, jp, joined, 1);
+  }
   if (!c.errors) return NB_OK;
   return nb_error(NB_ERR_PERMISSION, "%s", all_in_message ? c.all : c.first);
 }

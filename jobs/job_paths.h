@@ -1,9 +1,10 @@
 /* Path confinement of a job descriptor run by a gateway: every path a descriptor names
  * (checkpoint.dir, model.base.checkpoint, data.dir, the distillation teacher, security.*,
- * program.workDir, and program.command[0] when it is a path rather than a name) must resolve,
- * symlinks followed, inside the job's own folder or one of the gateway's allowed roots. A user's
- * own `nebula train` / `nebula run` on their own machine is not confined; this is for a gateway
- * that runs someone else's descriptor with its own privileges (docs/security.md). */
+ * program.workDir, program.files[i].path, and program.command[0] when it is a path rather than a
+ * name) must resolve, symlinks followed, inside the job's own folder or one of the gateway's
+ * allowed roots. A user's own `nebula train` / `nebula run` on their own machine is not
+ * confined; this is for a gateway that runs someone else's descriptor with its own privileges
+ * (docs/security.md). */
 #ifndef NB_JOBS_JOB_PATHS_H
 #define NB_JOBS_JOB_PATHS_H
 

@@ -152,6 +152,23 @@ NB_CERT="$T/pki/clusters/dc-a.crt" NB_KEY="$T/pki/clusters/dc-a.key" "$NB" submi
   >/dev/null 2>&1; [ $? -eq 3 ] || fail "a cluster certificate may submit"
 NB_GATEWAY=127.0.0.1:1 "$NB" list --timeout 2 >/dev/null 2>&1; [ $? -eq 5 ] || fail "unreachable: not 5"
 
+# nebula artifact put: into alice's namespace, name and sha256 printed; a cluster certificate
+# may not put
+printf 'echo shipped\n' > "$T/train.sh"
+SUM=$(sha256sum "$T/train.sh" | cut -d' ' -f1)
+"$NB" artifact put "$T/train.sh" --timeout 10 > "$T/put.out" || fail "artifact put"
+[ "$(cat "$T/put.out")" = "alice/train.sh sha256:$SUM 13 bytes" ] || fail "artifact put printed $(cat "$T/put.out")"
+"$NB" artifact put "$T/train.sh" code/run.sh --json | grep -q '"name": "alice/code/run.sh"' \
+  || fail "artifact put NAME --json"
+"$NB" artifact put --help | grep -q "artifacts.max_put_bytes" || fail "artifact put --help"
+"$NB" artifact ls > "$T/ls.out" || fail "artifact ls"
+grep -q "^alice/train.sh  *13  *$SUM$" "$T/ls.out" && grep -q "^alice/code/run.sh " "$T/ls.out" \
+  || fail "artifact ls printed $(cat "$T/ls.out")"
+"$NB" artifact ls code/ --json | grep -c '"name"' | grep -qx 1 || fail "artifact ls PREFIX --json"
+NB_CERT="$T/pki/clusters/dc-a.crt" NB_KEY="$T/pki/clusters/dc-a.key" "$NB" artifact put \
+  "$T/train.sh" >/dev/null 2>&1; [ $? -eq 3 ] || fail "a cluster certificate may put"
+"$NB" artifact put "$T/nope.sh" >/dev/null 2>&1; [ $? -eq 1 ] || fail "put of a missing file: not 1"
+
 # misleading output: each says what is wrong with what it was given
 mkdir "$T/folder"; : > "$T/empty.json"; truncate -s 100M "$T/big.json"
 "$NB" submit "$T/folder" 2> "$T/e"; rc=$?
