@@ -40,7 +40,12 @@ static void nb__blas_reexec(char** argv) {
     return;
   }
   if (!b.generic) return;
-  if (b.user_coretype[0] || !b.dynamic || !b.best[0]) { /* the user's choice, or nothing to do */
+  if (b.user_coretype[0]) { /* the user's own choice (an older kernel on purpose): said, not warned
+                             */
+    NB_INFO(INIT, "%s", nb_blas_describe(&b, line, sizeof line));
+    return;
+  }
+  if (!b.dynamic || !b.best[0]) { /* nothing to do about it */
     NB_WARN("%s", nb_blas_describe(&b, line, sizeof line));
     return;
   }
