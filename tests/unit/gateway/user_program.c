@@ -1,8 +1,9 @@
 /* A user's own program as a gateway job runs it (spec.program): only <nebula.h> and libnebula.
  * It prints the NEBULA_* environment it was given (the secret file by its path and mode, never
  * its bytes), then, on the leader rank, opens the session from the environment, syncs one small
- * tensor for a few rounds and prints θ_global's hash (the rank from mpirun or srun). Options: --rounds N (default 3), --exit N
- * (print, then exit N at once), --sleep S (print, then sleep S seconds: a job to cancel). */
+ * tensor for a few rounds and prints θ_global's hash (the rank from mpirun or srun). Options:
+ * --rounds N (default 3), --exit N (print, then exit N at once), --sleep S (print, then sleep S
+ * seconds: a job to cancel). */
 #include <nebula.h>
 
 #include <stdio.h>
