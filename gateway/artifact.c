@@ -296,33 +296,25 @@ void nb_artifact_store_close(nb_artifact_store_t* store) {
   nb_free(store);
 }
 
-/* Copies src into a temp file of the store while hashing it; fsyncs it. */
-static nb_status_t nb__ingest(nb_artifact_store_t* s, const char* file, char* tmp, size_t tmp_cap,
-                              char hex[NB_ARTIFACT_HASH_HEX], uint64_t* size) {
-  int in = open(file, O_RDONLY | O_CLOEXEC);
-  if (in < 0) return nb_error(NB_ERR_IO, "artifact source %s: %s", file, strerror(errno));
-  snprintf(tmp, tmp_cap, "%s/tmp/put.XXXXXX", s->dir);
-  int fd = mkostemp(tmp, O_CLOEXEC);
+/* Copies the open file `in` (named `src` in errors) into `fd` (named `dst`) while hashing it:
+ * *total bytes, hex their SHA-256. The descriptors stay the caller's. */
+static nb_status_t nb__copy_hashing(int in, const char* src, int fd, const char* dst,
+                                    char hex[NB_ARTIFACT_HASH_HEX], uint64_t* total) {
   uint8_t* buf = NULL;
   EVP_MD_CTX* md = NULL;
   nb_status_t st = NB_OK;
-  if (fd < 0) {
-    st = nb_error(NB_ERR_IO, "artifact store temp file %s: %s", tmp, strerror(errno));
-    tmp[0] = 0;
-    goto out;
-  }
+  *total = 0;
   NB_CHECK_GOTO(nb_alloc((void**)&buf, 1, NB__IO_BUF, "artifact copy buffer"), st, out);
   md = EVP_MD_CTX_new();
   if (!md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
     st = nb_error(NB_ERR_CRYPTO, "SHA-256 init failed");
     goto out;
   }
-  uint64_t total = 0;
   for (;;) {
     ssize_t r = read(in, buf, NB__IO_BUF);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
-      st = nb_error(NB_ERR_IO, "reading %s: %s", file, strerror(errno));
+      st = nb_error(NB_ERR_IO, "reading %s: %s", src, strerror(errno));
       goto out;
     }
     if (r == 0) break;
@@ -330,8 +322,8 @@ static nb_status_t nb__ingest(nb_artifact_store_t* s, const char* file, char* tm
       st = nb_error(NB_ERR_CRYPTO, "SHA-256 update failed");
       goto out;
     }
-    NB_CHECK_GOTO(nb__write_all(fd, buf, (size_t)r, total, tmp), st, out);
-    total += (uint64_t)r;
+    NB_CHECK_GOTO(nb__write_all(fd, buf, (size_t)r, *total, dst), st, out);
+    *total += (uint64_t)r;
   }
   uint8_t dg[NB__SHA_BYTES];
   unsigned dl = 0;
@@ -340,15 +332,32 @@ static nb_status_t nb__ingest(nb_artifact_store_t* s, const char* file, char* tm
     goto out;
   }
   nb__hex(dg, NB__SHA_BYTES, hex);
-  *size = total;
+out:
+  EVP_MD_CTX_free(md);
+  nb_free(buf);
+  return st;
+}
+
+/* Copies src into a temp file of the store while hashing it; fsyncs it. */
+static nb_status_t nb__ingest(nb_artifact_store_t* s, const char* file, char* tmp, size_t tmp_cap,
+                              char hex[NB_ARTIFACT_HASH_HEX], uint64_t* size) {
+  int in = open(file, O_RDONLY | O_CLOEXEC);
+  if (in < 0) return nb_error(NB_ERR_IO, "artifact source %s: %s", file, strerror(errno));
+  snprintf(tmp, tmp_cap, "%s/tmp/put.XXXXXX", s->dir);
+  int fd = mkostemp(tmp, O_CLOEXEC);
+  nb_status_t st = NB_OK;
+  if (fd < 0) {
+    st = nb_error(NB_ERR_IO, "artifact store temp file %s: %s", tmp, strerror(errno));
+    tmp[0] = 0;
+    goto out;
+  }
+  NB_CHECK_GOTO(nb__copy_hashing(in, file, fd, tmp, hex, size), st, out);
   if (fchmod(fd, 0644) != 0 || fsync(fd) != 0)
     st = nb_error(NB_ERR_IO, "fsync of %s: %s", tmp, strerror(errno));
 out:
   if (fd >= 0 && close(fd) != 0 && st == NB_OK)
     st = nb_error(NB_ERR_IO, "closing %s: %s", tmp, strerror(errno));
   close(in);
-  EVP_MD_CTX_free(md);
-  nb_free(buf);
   return st;
 }
 
@@ -1159,41 +1168,12 @@ nb_status_t nb_artifact_copy_out(nb_artifact_store_t* store, const char* name_or
   if (in < 0) return nb_error(NB_ERR_IO, "artifact object %s: %s", info.path, strerror(errno));
   unlink(part);
   int fd = open(part, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  uint8_t* buf = NULL;
-  EVP_MD_CTX* md = NULL;
   uint64_t total = 0;
   if (fd < 0) {
     st = nb_error(NB_ERR_IO, "creating %s: %s", part, strerror(errno));
     goto out;
   }
-  NB_CHECK_GOTO(nb_alloc((void**)&buf, 1, NB__IO_BUF, "artifact copy buffer"), st, out);
-  md = EVP_MD_CTX_new();
-  if (!md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
-    st = nb_error(NB_ERR_CRYPTO, "SHA-256 init failed");
-    goto out;
-  }
-  for (;;) {
-    ssize_t r = read(in, buf, NB__IO_BUF);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      st = nb_error(NB_ERR_IO, "reading %s: %s", info.path, strerror(errno));
-      goto out;
-    }
-    if (r == 0) break;
-    if (EVP_DigestUpdate(md, buf, (size_t)r) != 1) {
-      st = nb_error(NB_ERR_CRYPTO, "SHA-256 update failed");
-      goto out;
-    }
-    NB_CHECK_GOTO(nb__write_all(fd, buf, (size_t)r, total, part), st, out);
-    total += (uint64_t)r;
-  }
-  uint8_t dg[NB__SHA_BYTES];
-  unsigned dl = 0;
-  if (EVP_DigestFinal_ex(md, dg, &dl) != 1) {
-    st = nb_error(NB_ERR_CRYPTO, "SHA-256 final failed");
-    goto out;
-  }
-  nb__hex(dg, NB__SHA_BYTES, hex);
+  NB_CHECK_GOTO(nb__copy_hashing(in, info.path, fd, part, hex, &total), st, out);
   if (total != info.size || strcmp(hex, info.sha256) != 0) {
     NB_WARN("artifact object %s does not hold sha256:%s: the store is damaged; put the file again",
             info.path, info.sha256);
@@ -1221,8 +1201,6 @@ out:
   if (fd >= 0) close(fd);
   if (st != NB_OK) unlink(part);
   close(in);
-  EVP_MD_CTX_free(md);
-  nb_free(buf);
   return st;
 }
 
