@@ -937,15 +937,24 @@ static nb_status_t nb__put_name(nb_artifact_store_t* store, const char* user, co
   return NB_OK;
 }
 
-static nb_status_t nb__h_put(nb_rpc_call_t* call, void* user) {
-  nb__put_svc_t* svc = user;
+/* The caller of Put or List (`what`): a user certificate whose name the gateway's rule allows. */
+static nb_status_t nb__store_caller(nb_rpc_call_t* call, const nb__put_svc_t* svc, const char* what,
+                                    const char** who) {
   const nb_tls_peer_t* p = nb_rpc_call_peer(call);
   if (!p || p->kind != NB_TLS_PEER_USER || !p->name[0] || strchr(p->name, '/') ||
       strlen(p->name) >= NB_ARTIFACT_ID_MAX)
-    return nb_error(NB_ERR_PERMISSION, "artifacts are put by users (a user certificate) only");
-  const char* who = p->name;
-  if (svc->may_put && svc->may_put(svc->may_put_user, who) != NB_OK)
-    return nb_error_wrap(NB_ERR_PERMISSION, "user '%s' may not put artifacts here", who);
+    return nb_error(NB_ERR_PERMISSION, "artifacts are %s by users (a user certificate) only",
+                    !strcmp(what, "put") ? "put" : "listed");
+  if (svc->may_put && svc->may_put(svc->may_put_user, p->name) != NB_OK)
+    return nb_error_wrap(NB_ERR_PERMISSION, "user '%s' may not %s artifacts here", p->name, what);
+  *who = p->name;
+  return NB_OK;
+}
+
+static nb_status_t nb__h_put(nb_rpc_call_t* call, void* user) {
+  nb__put_svc_t* svc = user;
+  const char* who;
+  NB_CHECK(nb__store_caller(call, svc, "put", &who));
   Nebula__V1__PutChunk* m = NULL;
   int end = 0, fd = -1;
   char tmp[PATH_MAX] = "", full[NB_ARTIFACT_NAME_MAX], want[NB_ARTIFACT_HASH_HEX], hex[65];
@@ -1046,13 +1055,8 @@ out:
 
 static nb_status_t nb__h_list(nb_rpc_call_t* call, void* user) {
   nb__put_svc_t* svc = user;
-  const nb_tls_peer_t* p = nb_rpc_call_peer(call);
-  if (!p || p->kind != NB_TLS_PEER_USER || !p->name[0] || strchr(p->name, '/') ||
-      strlen(p->name) >= NB_ARTIFACT_ID_MAX)
-    return nb_error(NB_ERR_PERMISSION, "artifacts are listed by users (a user certificate) only");
-  const char* who = p->name;
-  if (svc->may_put && svc->may_put(svc->may_put_user, who) != NB_OK)
-    return nb_error_wrap(NB_ERR_PERMISSION, "user '%s' may not list artifacts here", who);
+  const char* who;
+  NB_CHECK(nb__store_caller(call, svc, "list", &who));
   Nebula__V1__ListArtifactsRequest* req = NULL;
   int end = 0;
   NB_CHECK(nb_rpc_call_recv_pb(call, &nebula__v1__list_artifacts_request__descriptor,
