@@ -989,10 +989,6 @@ static void nb__ss_read_buffers(const nb_session_t* s, float* dst) {
 
 nb_status_t nb_session_round_begin(nb_session_t* s, uint64_t samples) {
   NB_CHECK(nb__ss_ready(s, "round_begin"));
-  if (s->ft)
-    return nb_error(NB_ERR_UNSUPPORTED,
-                    "session: round_begin: overlapped rounds are not built for fault_tolerant "
-                    "sessions yet; use nb_session_round");
   if (samples > UINT64_MAX - s->samples)
     return nb_error(NB_ERR_INVALID, "session: round_begin: sample count overflows");
   if (!s->at_begin)
@@ -1001,12 +997,21 @@ nb_status_t nb_session_round_begin(nb_session_t* s, uint64_t samples) {
   s->samples += samples;
   nb__ss_read_buffers(s, s->at_begin);
   s->fly_round = nb_hybrid_rounds(s->h);
+  s->fly_samples = samples;
+  if (s->ft) { /* the update and the vote run on the hybrid's own thread */
+    nb_status_t st = nb_hybrid_ft_begin(s->h);
+    if (st != NB_OK) {
+      s->failed = 1;
+      return nb_error_wrap(st, "session: round %llu", (unsigned long long)s->fly_round);
+    }
+    s->in_flight = 1;
+    return NB_OK;
+  }
   nb_status_t st = nb_hybrid_prepare(s->h, &s->fly_msg, &s->fly_len);
   if (st != NB_OK) {
     s->failed = 1;
     return nb_error_wrap(st, "session: round %llu", (unsigned long long)s->fly_round);
   }
-  s->fly_samples = samples;
   memset(s->fly_peers, 0, sizeof s->fly_peers);
   if (pthread_create(&s->fly, NULL, nb__ss_fly_main, s) != 0) {
     s->failed = 1;
@@ -1027,10 +1032,50 @@ static nb_status_t nb__ss_fly_join(nb_session_t* s) {
   return nb_error(s->fly_status, "hybrid: exchange: %s", s->fly_error);
 }
 
+/* theta_local (theta_global in local now) plus what the caller trained since the round began:
+ * its buffers now minus then (a bf16 buffer's progress in its own precision, as in gather), into
+ * the caller's buffers. */
+static void nb__ss_add_progress(nb_session_t* s) {
+  const float* then = s->at_begin;
+  for (size_t i = 0; i < s->n_tensors; i++) {
+    const nb__ss_tensor_t* t = &s->tensors[i];
+    float* l = s->local + t->offset;
+    const float* b0 = then + t->offset;
+    if (t->dtype == NB_DTYPE_FP32) {
+      const float* b1 = t->data;
+      for (size_t j = 0; j < t->count; j++) l[j] += b1[j] - b0[j];
+    } else {
+      const uint16_t* b1 = t->data;
+      for (size_t j = 0; j < t->count; j++) l[j] += nb__ss_h2f(t->dtype, b1[j]) - b0[j];
+    }
+  }
+  nb__ss_scatter(s);
+}
+
+/* round_end of a fault-tolerant session: the round applied (or a held one landed late, or the
+ * state pulled) moves the buffers to theta_global plus the progress since begin; a skipped or
+ * held round leaves them as the caller trained them (the next Delta carries that round too). */
+static nb_status_t nb__ss_round_end_ft(nb_session_t* s, nb_session_round_t* out) {
+  double t0 = nb_now_s();
+  nb_hybrid_round_t rec;
+  nb_status_t st = nb_hybrid_ft_end(s->h, &rec);
+  s->in_flight = 0;
+  double waited = nb_now_s() - t0;
+  if (st == NB_OK) st = nb__ss_after_ft(s, &rec);
+  if (st != NB_OK) {
+    s->failed = 1;
+    return nb_error_wrap(st, "session: round %llu", (unsigned long long)s->fly_round);
+  }
+  if (rec.applied || rec.caught_up || rec.need_state) nb__ss_add_progress(s);
+  nb__ss_figures(s, s->fly_samples, &rec, waited, out);
+  return NB_OK;
+}
+
 nb_status_t nb_session_round_end(nb_session_t* s, nb_session_round_t* out) {
   NB_CHECK(nb__ss_ready(s, "round_end"));
   if (!s->in_flight)
     return nb_error(NB_ERR_INVALID, "session: round_end without nb_session_round_begin");
+  if (s->ft) return nb__ss_round_end_ft(s, out);
   double t0 = nb_now_s();
   nb_status_t st = nb__ss_fly_join(s);
   double waited = nb_now_s() - t0;
@@ -1046,22 +1091,7 @@ nb_status_t nb_session_round_end(nb_session_t* s, nb_session_round_t* out) {
     s->failed = 1; /* the caller's buffers keep their own values: nothing was applied */
     return nb_error_wrap(st, "session: round %llu", (unsigned long long)s->fly_round);
   }
-  /* theta_global (in local now) plus what the caller trained since the round began: its
-   * buffers now minus then (a bf16 buffer's progress in its own precision, as in gather) */
-  float* now = s->at_begin;
-  for (size_t i = 0; i < s->n_tensors; i++) {
-    const nb__ss_tensor_t* t = &s->tensors[i];
-    float* l = s->local + t->offset;
-    const float* b0 = now + t->offset;
-    if (t->dtype == NB_DTYPE_FP32) {
-      const float* b1 = t->data;
-      for (size_t j = 0; j < t->count; j++) l[j] += b1[j] - b0[j];
-    } else {
-      const uint16_t* b1 = t->data;
-      for (size_t j = 0; j < t->count; j++) l[j] += nb__ss_h2f(t->dtype, b1[j]) - b0[j];
-    }
-  }
-  nb__ss_scatter(s);
+  nb__ss_add_progress(s);
   rec.bytes_sent = s->fly_sent;
   rec.exchange_s = s->fly_secs;
   nb__ss_figures(s, s->fly_samples, &rec, waited, out);
@@ -1167,8 +1197,9 @@ nb_status_t nb_session_load(nb_session_t* s, const char* path) {
 
 void nb_session_close(nb_session_t* s) {
   if (!s) return;
-  if (s->in_flight) nb__ss_fly_join(s); /* an overlapped round never ended: wait for it */
-  nb_hybrid_destroy(s->h);              /* first: it may wait for an exchange in flight */
+  /* an overlapped round never ended: wait for it (a fault-tolerant one: the hybrid does) */
+  if (s->in_flight && !s->ft) nb__ss_fly_join(s);
+  nb_hybrid_destroy(s->h); /* first: it may wait for an exchange in flight */
   nb_exchange_destroy(s->ex);
   nb_tls_destroy(s->tls);
   nb_free(s->tensors);

@@ -313,7 +313,12 @@ nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round
  * trained on but not freed; nb_session_close waits for a round in flight. Errors as
  * nb_session_round (begin: the codec's and the refusal of a non-finite update are found by end
  * on every cluster, the thread's start failure NB_ERR_INTERNAL); end without begin is
- * NB_ERR_INVALID. The session keeps one more copy of the tensors (fp32) for it. */
+ * NB_ERR_INVALID. The session keeps one more copy of the tensors (fp32) for it. Fault-tolerant
+ * sessions: the update exchange and the vote run on the thread; end reports the round as
+ * nb_session_round does (applied, commits, peers_*, late, pulled), moves the buffers to
+ * theta_global plus the progress since begin when the round was applied (or a held one landed,
+ * or the state was pulled) and leaves them as trained otherwise; a non-finite update fails begin
+ * (the peers skip the round). */
 nb_status_t nb_session_round_begin(nb_session_t* s, uint64_t samples);
 nb_status_t nb_session_round_end(nb_session_t* s, nb_session_round_t* out);
 

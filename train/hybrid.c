@@ -1468,6 +1468,57 @@ static nb_status_t nb__hy_round_ft_overlap(nb_hybrid_t* h, nb_hybrid_round_t* re
   return NB_OK;
 }
 
+nb_status_t nb_hybrid_ft_begin(nb_hybrid_t* h) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (!h->cfg.ft_exchange || h->cfg.overlap || h->local.steps)
+    return nb_error(NB_ERR_INVALID,
+                    "hybrid: ft_begin is for fault-tolerant rounds of a local model without "
+                    "steps or overlap");
+  if (h->inflight)
+    return nb_error(NB_ERR_INVALID, "hybrid: ft_begin while round %llu is in flight",
+                    (unsigned long long)h->inflight_round);
+  if (!h->own) NB_CHECK(nb_alloc((void**)&h->own, h->n, sizeof(float), "own delta"));
+  NB_CHECK(nb__hy_ft_prepare(h));
+  if (h->msg_len > h->fly_cap) {
+    NB_CHECK(nb_realloc((void**)&h->fly, h->msg_len, 1, "hybrid message in flight"));
+    h->fly_cap = h->msg_len;
+  }
+  memcpy(h->fly, h->msg, h->msg_len);
+  h->fly_len = h->msg_len;
+  h->inflight_round = h->round;
+  h->inflight_hash = h->hash;
+  h->fly_k = h->commits;
+  h->fly_samples = h->ft_samples;
+  h->fly_folded = 0; /* a skipped round's residual goes back to before its encode */
+  h->own_valid = 0;  /* theta_local is the caller's: nothing kept on top of theta_global */
+  h->eshift_valid = 0;
+  if (pthread_create(&h->thread, NULL, nb__hy_fly_ft_main, h) != 0)
+    return nb_error(NB_ERR_SYSTEM, "hybrid: cannot start the exchange thread");
+  h->inflight = 1;
+  h->round++;
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_ft_end(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
+  if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  if (!h->inflight || h->cfg.overlap)
+    return nb_error(NB_ERR_INVALID, "hybrid: ft_end without ft_begin");
+  /* as a drain: the caller's progress since begin is its own to add */
+  NB_CHECK(nb__hy_land_ft(h, NB__HY_LAND_DRAIN));
+  if (!rec) return NB_OK;
+  *rec = h->mid_rec;
+  rec->round = h->inflight_round;
+  rec->steps = h->steps;
+  rec->samples = h->samples;
+  rec->msg_bytes = h->fly_len;
+  rec->density = h->cfg.density;
+  rec->exchange_s = h->fly_secs;
+  rec->landed = 1;
+  rec->global_hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+  rec->next_round = h->round;
+  return NB_OK;
+}
+
 nb_status_t nb_hybrid_drain(nb_hybrid_t* h, nb_hybrid_round_t* rec) {
   if (!h) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
   if (rec) memset(rec, 0, sizeof *rec);

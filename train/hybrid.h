@@ -236,6 +236,18 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len);
 nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t n_msgs,
                             nb_hybrid_round_t* rec);
 
+/* A fault-tolerant round in two halves, for a local model without steps whose caller trains on
+ * while the round's exchange runs (the session's overlapped round; cfg.overlap 0): begin encodes
+ * the round's update from theta_local as it is now (as nb_hybrid_round does) and starts the
+ * update exchange and the vote on a thread; end waits for them and applies, holds or skips the
+ * round. *rec (nullable) as nb_hybrid_round's for that round (next_round included). The local
+ * model's theta_local is theta_global after an applied round (or a held one that landed late:
+ * rec->caught_up), else it stays what begin read. NB_ERR_INVALID for begin without fault-tolerant
+ * rounds, with steps, or with a round in flight, and for end without begin; else the errors of
+ * nb_hybrid_round. */
+nb_status_t nb_hybrid_ft_begin(nb_hybrid_t* h);
+nb_status_t nb_hybrid_ft_end(nb_hybrid_t* h, nb_hybrid_round_t* rec);
+
 /* Overlap: lands the update in flight now, waiting for its exchange (a checkpoint round: then
  * nothing is in flight and nb_hybrid_save works); the trainer's theta_local is theta_global when
  * it is applied (call it right after nb_hybrid_round: no inner step since). Fault-tolerant

@@ -3,8 +3,9 @@
  * report applied 0 and go on); a restarted cluster rejoins the running job with `rejoin`,
  * pulling the global state from a live peer, and both end on one theta_global. Also the
  * refusals: fault tolerance with the norm bound, rejoin without fault tolerance, clusters that
- * disagree on fault tolerance, overlapped rounds. Each cluster's model is a vector pulled towards
- * its own target (a quadratic loss), trained by plain gradient steps. */
+ * disagree on fault tolerance. The same with overlapped rounds (round_begin, TAU steps,
+ * round_end), the restarted cluster then with blocking ones beside them. Each cluster's model is a
+ * vector pulled towards its own target (a quadratic loss), trained by plain gradient steps. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,6 +25,7 @@
 
 #define DIM 64
 #define H 5
+#define TAU 2          /* overlapped rounds: steps between round_begin and round_end */
 #define PHASE1 3       /* rounds both clusters run before west dies */
 #define TARGET 7       /* rounds applied at which both stop */
 #define MAX_SECONDS 60 /* a bound on each loop: a hang is a failure, not a stuck test */
@@ -38,6 +40,7 @@ typedef struct {
   nb_session_t* s;
   int stop_at; /* run rounds until this many were applied (commits) */
   int finish;  /* then call nb_session_finish */
+  int overlap; /* 1: rounds as round_begin, TAU steps, round_end; 2: no step between */
   /* results, shared with the main thread under mu */
   nb_status_t st;
   char msg[512];
@@ -57,10 +60,10 @@ static void side_init(side_t* sd, int index) {
   }
 }
 
-/* H gradient steps; each takes 2 ms, as a real model's step takes time (a round alone with a
+/* k gradient steps; each takes 2 ms, as a real model's step takes time (a round alone with a
  * dead peer returns at once: without it the survivor would race through its rounds). */
-static void side_steps(side_t* sd) {
-  for (int k = 0; k < H; k++) {
+static void side_steps(side_t* sd, int steps) {
+  for (int k = 0; k < steps; k++) {
     for (int i = 0; i < DIM; i++) sd->x[i] -= 0.2f * (sd->x[i] - sd->target[i]);
     usleep(2000);
   }
@@ -100,9 +103,20 @@ static void* side_main(void* arg) {
   side_t* sd = arg;
   time_t until = time(NULL) + MAX_SECONDS;
   while (time(NULL) < until) {
-    side_steps(sd);
     nb_session_round_t rec;
-    nb_status_t st = nb_session_round(sd->s, H, &rec);
+    nb_status_t st;
+    if (sd->overlap) { /* H - tau steps, the round sent, tau more while it is in flight */
+      int tau = sd->overlap == 1 ? TAU : 0;
+      side_steps(sd, H - tau);
+      st = nb_session_round_begin(sd->s, H);
+      if (st == NB_OK) {
+        side_steps(sd, tau);
+        st = nb_session_round_end(sd->s, &rec);
+      }
+    } else {
+      side_steps(sd, H);
+      st = nb_session_round(sd->s, H, &rec);
+    }
     if (st != NB_OK) {
       side_fail(sd, st);
       return NULL;
@@ -140,12 +154,15 @@ static void run_both(side_t* a, side_t* b, void* (*fn)(void*)) {
 
 static side_t sides[3]; /* east, west, west restarted */
 
-static void test_dead_and_rejoin(void** state) {
-  (void)state;
+/* Two clusters apply PHASE1 rounds, west dies, east's rounds are skipped, west restarts and
+ * rejoins; both reach TARGET applied rounds on one theta_global. overlap: east's and the first
+ * west's rounds overlapped (the restarted west's blocking). */
+static void dead_and_rejoin(int overlap) {
   side_t *east = &sides[0], *west = &sides[1], *again = &sides[2];
   side_init(east, 0);
   side_init(west, 1);
   side_init(again, 1);
+  east->overlap = west->overlap = overlap;
   assert_int_equal(side_open(east, "api-ft", 1, 0, NULL), NB_OK);
   assert_int_equal(side_open(west, "api-ft", 1, 0, NULL), NB_OK);
   int west_port = nb_session_port(west->s);
@@ -165,9 +182,6 @@ static void test_dead_and_rejoin(void** state) {
     assert_int_equal(sd->last.peers_ok, 1);
   }
   assert_int_equal(east->last.global_hash, west->last.global_hash);
-  /* overlapped rounds are not built for fault-tolerant sessions: refused, the session goes on */
-  assert_int_equal(nb_session_round_begin(east->s, H), NB_ERR_UNSUPPORTED);
-  assert_non_null(strstr(nb_error_last(), "fault_tolerant"));
 
   /* west dies; east trains on: its rounds are skipped, not errors */
   nb_session_close(west->s);
@@ -223,6 +237,52 @@ static void test_dead_and_rejoin(void** state) {
   nb_session_close(again->s);
 }
 
+static void test_dead_and_rejoin(void** state) {
+  (void)state;
+  dead_and_rejoin(0);
+}
+
+static void test_dead_and_rejoin_overlapped(void** state) {
+  (void)state;
+  dead_and_rejoin(1);
+}
+
+/* Overlapped fault-tolerant rounds with no step between begin and end are the blocking rounds
+ * bit for bit (the same wire, the same outcome), and calls out of order are refused. */
+static void test_overlapped_equals_blocking(void** state) {
+  (void)state;
+  uint64_t hash[2] = {0};
+  float x[2][DIM];
+  for (int mode = 0; mode < 2; mode++) {
+    side_t *east = &sides[0], *west = &sides[1];
+    side_init(east, 0);
+    side_init(west, 1);
+    assert_int_equal(side_open(east, mode ? "api-ft-ov" : "api-ft-bl", 1, 0, NULL), NB_OK);
+    assert_int_equal(side_open(west, mode ? "api-ft-ov" : "api-ft-bl", 1, 0, NULL), NB_OK);
+    assert_int_equal(pair_connect(east->s, west->s), NB_OK);
+    run_both(east, west, start_main);
+    if (east->st || west->st) fail_msg("start: %s / %s", east->msg, west->msg);
+    if (mode) { /* out of order: an end without a begin */
+      nb_session_round_t r;
+      assert_int_equal(nb_session_round_end(east->s, &r), NB_ERR_INVALID);
+    }
+    east->stop_at = west->stop_at = 4;
+    east->finish = west->finish = 1;
+    east->overlap = west->overlap = mode ? 2 : 0;
+    run_both(east, west, side_main);
+    if (east->st || west->st) fail_msg("mode %d: %s / %s", mode, east->msg, west->msg);
+    assert_int_equal(east->rounds, 4);
+    assert_int_equal(east->skipped, 0);
+    assert_int_equal(nb_session_global_hash(east->s), nb_session_global_hash(west->s));
+    hash[mode] = nb_session_global_hash(east->s);
+    memcpy(x[mode], east->x, sizeof x[mode]);
+    nb_session_close(east->s);
+    nb_session_close(west->s);
+  }
+  assert_int_equal(hash[0], hash[1]);
+  assert_memory_equal(x[0], x[1], sizeof x[0]);
+}
+
 static void test_refusals(void** state) {
   (void)state;
   side_t* sd = &sides[0];
@@ -265,6 +325,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_dead_and_rejoin),
+      cmocka_unit_test(test_overlapped_equals_blocking),
+      cmocka_unit_test(test_dead_and_rejoin_overlapped),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
