@@ -262,12 +262,16 @@ void nb_e2e_collect(const char* out, nb_e2e_result_t* r) {
  * frames landing about 12 steps in) lost less than rounds of 32 (top-5 %, landing late) and of
  * 8 (where only top-0.75 % fits a round) for the same link (docs/hybrid.md) */
 #define NB__E2E_THIN_H 16
+/* --thin's error-feedback decay beta (SparseLoCo's e <- beta e + delta) beside the job's outer
+ * momentum */
+#define NB__E2E_THIN_DECAY 0.9
 
 /* The flags of `nebula bench e2e`. */
 typedef struct {
   const char *job, *data_dir, *out;
   double rate, delay, thin;
-  long thin_h; /* the nebula run's inner steps per round at --thin */
+  long thin_h;       /* the nebula run's inner steps per round at --thin */
+  double thin_decay; /* and its compression.errorFeedbackDecay */
   int no_dense, as_json;
   long seed, eval_batches, steps; /* steps 0: the job's */
 } nb__e2e_opts_t;
@@ -285,9 +289,9 @@ static const char nb__e2e_epilog[] =
     "(F = 10 is a 10-70B model on a few hundred Mbit/s); the dense baseline is skipped there\n"
     "(it would take hours) and the rate chosen is reported; nebula then runs with\n"
     "compression.values \"auto\" (the scheduler picks the codec point each round),\n"
-    "errorFeedbackDecay 0.9 and rounds of --thin-inner-steps steps (the link's bits per second\n"
-    "buy more at short rounds with sparse frames than at long ones with denser frames:\n"
-    "docs/hybrid.md).";
+    "errorFeedbackDecay --thin-decay and rounds of --thin-inner-steps steps (the link's bits\n"
+    "per second buy more at short rounds with sparse frames than at long ones with denser\n"
+    "frames: docs/hybrid.md).";
 
 /* Parses the flags into *o; -1 to go on, else the exit code (0 after --help, 2 on a bad flag,
  * having said why in one line). */
@@ -298,7 +302,8 @@ static int nb__e2e_parse(int argc, char** argv, nb__e2e_opts_t* o) {
                         .delay = 25,
                         .seed = -1,
                         .eval_batches = -1,
-                        .thin_h = NB__E2E_THIN_H};
+                        .thin_h = NB__E2E_THIN_H,
+                        .thin_decay = NB__E2E_THIN_DECAY};
   const nb_opt_t opts[] = {
       NB_E2E_RUN_OPTIONS(o, "runs/bench-e2e"),
       NB_OPTION("rate-mbit", NB_OPT_DOUBLE, &o->rate, "R", "the link's rate (default 100)",
@@ -309,6 +314,9 @@ static int nb__e2e_parse(int argc, char** argv, nb__e2e_opts_t* o) {
       NB_OPTION("thin-inner-steps", NB_OPT_LONG, &o->thin_h, "H",
                 "the nebula run's inner steps per round at --thin (default 16)", .min = 1,
                 .max = 100000),
+      NB_OPTION("thin-decay", NB_OPT_DOUBLE, &o->thin_decay, "B",
+                "the nebula run's error-feedback decay at --thin (default 0.9)", .min = 0.01,
+                .max = 1),
       NB_OPTION("delay-ms", NB_OPT_DOUBLE, &o->delay, "D", "one-way delay (default 25)", .min = 0,
                 .max = 100000),
       NB_OPTION("seed", NB_OPT_LONG, &o->seed, "S", "training.seed of all three runs", .min = 0),
@@ -322,7 +330,7 @@ static int nb__e2e_parse(int argc, char** argv, nb__e2e_opts_t* o) {
           "usage: nebula bench e2e [--job FILE] [--rate-mbit R | --thin F] [--delay-ms D]\n"
           "                        [--steps N] [--seed S] [--eval-batches B]\n"
           "                        [--data-dir DIR] [--out DIR] [--no-dense]\n"
-          "                        [--thin-inner-steps H] [--json]",
+          "                        [--thin-inner-steps H] [--thin-decay B] [--json]",
       .about = nb__e2e_about,
       .epilog = nb__e2e_epilog,
       .opts = opts,
@@ -374,9 +382,14 @@ static int nb__e2e_runs(nb__e2e_opts_t* o, json_t* base, nb_e2e_result_t* res, i
     snprintf(op, sizeof op, "%s/%s", o->out, res[i].name);
     snprintf(lp, sizeof lp, "%s/%s.log", o->out, res[i].name);
     /* --thin: the scheduler picks whole codec points (values "auto"), with SparseLoCo's
-     * decaying error feedback (beta 0.9) beside the job's outer momentum, in rounds of thin_h
-     * steps (docs/hybrid.md); the rate stays the one set by the job's own round */
-    const nb_e2e_point_t thin_point = {"auto", 0, "auto", 1, 0.9, -1, 0, 0, 0, (int)o->thin_h, 0};
+     * decaying error feedback (beta --thin-decay) beside the job's outer momentum, in rounds of
+     * thin_h steps (docs/hybrid.md); the rate stays the one set by the job's own round */
+    const nb_e2e_point_t thin_point = {.name = "auto",
+                                       .values = "auto",
+                                       .adaptive = 1,
+                                       .ef_decay = o->thin_decay,
+                                       .outer_momentum = -1,
+                                       .inner_steps = (int)o->thin_h};
     if (nb_e2e_write_job(base, res[i].name, o->rate, o->delay, jp,
                          o->thin > 0 && i == 2 ? &thin_point : NULL) != 0) {
       fprintf(stderr, "nebula bench e2e: %s: cannot derive the %s job\n", o->job, res[i].name);
