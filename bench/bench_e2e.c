@@ -263,8 +263,8 @@ void nb_e2e_collect(const char* out, nb_e2e_result_t* r) {
  * 8 (where only top-0.75 % fits a round) for the same link (docs/hybrid.md) */
 #define NB__E2E_THIN_H 16
 /* --thin's error-feedback decay beta (SparseLoCo's e <- beta e + delta) beside the job's outer
- * momentum */
-#define NB__E2E_THIN_DECAY 0.9
+ * momentum: 0.85 lost least of 0.8-1 in the pareto sweep and at --thin 10 (docs/hybrid.md) */
+#define NB__E2E_THIN_DECAY 0.85
 
 /* The flags of `nebula bench e2e`. */
 typedef struct {
@@ -315,7 +315,7 @@ static int nb__e2e_parse(int argc, char** argv, nb__e2e_opts_t* o) {
                 "the nebula run's inner steps per round at --thin (default 16)", .min = 1,
                 .max = 100000),
       NB_OPTION("thin-decay", NB_OPT_DOUBLE, &o->thin_decay, "B",
-                "the nebula run's error-feedback decay at --thin (default 0.9)", .min = 0.01,
+                "the nebula run's error-feedback decay at --thin (default 0.85)", .min = 0.01,
                 .max = 1),
       NB_OPTION("delay-ms", NB_OPT_DOUBLE, &o->delay, "D", "one-way delay (default 25)", .min = 0,
                 .max = 100000),
