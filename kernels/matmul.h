@@ -20,6 +20,18 @@ void nb_matmul_forward(float* out, const float* inp, const float* weight, const 
 void nb_matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, int N, int C, int OC);
 
+/* The weight half of the backward for output rows [o0, o1) only: dweight rows o0..o1-1 (OC, C)
+ * += dout[:, o0:o1]^T @ inp, dbias[o0:o1] += those columns' sums (dbias may be NULL), so callers
+ * may split OC over threads. dbias gets the same bits as from nb_matmul_backward; dweight agrees to
+ * rounding (the BLAS's kernels for a block of rows depend on the block's size). */
+void nb_matmul_backward_weight_rows(float* dweight, float* dbias, const float* dout,
+                                    const float* inp, int N, int C, int OC, int o0, int o1);
+
+/* The CPU BLAS's own thread count for the products (OpenBLAS's openblas_set_num_threads): sets it
+ * to n >= 1 and returns the count before, or 0 (nothing set) when the BLAS has no such control.
+ * Process-wide: a caller that runs the products on its own threads sets 1 and restores after. */
+int nb_matmul_cpu_threads(int n);
+
 /* CUDA versions on device pointers (d_*), same semantics, launched on `stream` (cudaStream_t or
  * NULL for the default stream). NB_ERR_UNSUPPORTED in builds without CUDA; NB_ERR_CUDA on a
  * cuBLAS / launch failure. Not thread-safe: one process-wide cuBLAS handle. */

@@ -97,6 +97,36 @@ static void test_matmul(void** state) {
   free(c.inp), free(c.w), free(c.b), free(c.lw), free(c.out);
 }
 
+/* The weight half by output rows, as the model runs it over its pool: split in uneven pieces it
+ * gives the whole backward's dbias to the bit and its dweight to rounding (accumulating); empty
+ * ranges touch nothing. The BLAS thread control sets and gives back the count before. */
+static void test_matmul_weight_rows(void** state) {
+  int N = 37, C = 19, OC = 23;
+  float *inp = rand_f(N * C, 1), *lw = rand_f(N * OC, 1), *w = rand_f(OC * C, 0.5);
+  float *dw = rand_f(OC * C, 0.1), *db = rand_f(OC, 0.1);
+  float *dw2 = malloc(sizeof(float) * OC * C), *db2 = malloc(sizeof(float) * OC);
+  memcpy(dw2, dw, sizeof(float) * OC * C);
+  memcpy(db2, db, sizeof(float) * OC);
+  nb_matmul_backward(NULL, dw, db, lw, inp, w, N, C, OC);
+  const int cut[] = {0, 1, 9, 9, 16, OC};
+  for (int i = 0; i + 1 < (int)(sizeof cut / sizeof cut[0]); i++)
+    nb_matmul_backward_weight_rows(dw2, db2, lw, inp, N, C, OC, cut[i], cut[i + 1]);
+  for (int i = 0; i < OC * C; i++) assert_true(fabsf(dw[i] - dw2[i]) <= 1e-5f * (1 + fabsf(dw[i])));
+  assert_memory_equal(db, db2, sizeof(float) * OC);
+  memcpy(dw, dw2, sizeof(float) * OC * C);
+  nb_matmul_backward_weight_rows(dw2, NULL, lw, inp, N, C, OC, 5, 5);
+  nb_matmul_backward_weight_rows(dw2, NULL, lw, inp, N, C, OC, 7, 3);
+  assert_memory_equal(dw, dw2, sizeof(float) * OC * C);
+  int before = nb_matmul_cpu_threads(1);
+  assert_true(before >= 0);
+  if (before > 0) { /* OpenBLAS: the count was set, and restores */
+    assert_int_equal(nb_matmul_cpu_threads(before), 1);
+    assert_int_equal(nb_matmul_cpu_threads(before), before);
+  }
+  assert_int_equal(nb_matmul_cpu_threads(0), 0); /* nothing set */
+  free(inp), free(lw), free(w), free(dw), free(db), free(dw2), free(db2);
+}
+
 /* ---- layernorm ---- */
 typedef struct {
   double *inp, *w, *b, *lw, *out;
@@ -490,6 +520,7 @@ int main(void) {
   nb_rng_seed(&rng, 1234);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_matmul_weight_rows),
       cmocka_unit_test(test_layernorm),
       cmocka_unit_test(test_gelu),
       cmocka_unit_test(test_gelu_paths),
