@@ -27,11 +27,12 @@
 #endif
 #define NB__BEST_SGEMM_N 1024
 
-#define NB__TRAIN_USAGE                                                                  \
-  "usage: nebula bench train [--layers L] [--dim D] [--heads H] [--ctx T] [--batch B]\n" \
-  "                          [--steps N] [--torch SCRIPT|none] [--json]\n"               \
-  "  defaults: 4 layers, width 256, heads D/64, context 256, batch 4, 5 timed steps;\n"  \
-  "  threads: OPENBLAS_NUM_THREADS (and NB_TRAIN_THREADS for the elementwise pool)"
+#define NB__TRAIN_USAGE                                                                    \
+  "usage: nebula bench train [--layers L] [--dim D] [--heads H] [--ctx T] [--batch B]\n"   \
+  "                          [--steps N] [--torch SCRIPT|none] [--json]\n"                 \
+  "  defaults: 4 layers, width 256, heads D/64, context 256, batch 4, 5 timed steps;\n"    \
+  "  threads: NB_TRAIN_THREADS, the step's one thread count (its pool runs the products\n" \
+  "  too); PyTorch and the best-sgemm reference run with as many"
 
 /* PyTorch training the same model in a child (bench/torch_train.py --serve), one step on
  * request, so that its steps alternate with ours and both see the same machine load. */
@@ -284,7 +285,8 @@ int nb_bench_train_main(int argc, char** argv) {
     goto done;
   }
   /* the best rate first, each core type in its own process, before the model's buffers exist */
-  int threads = openblas_get_num_threads();
+  /* the step's threads (its pool runs the products too): PyTorch and the reference get as many */
+  int threads = nb_parallel_threads();
   nb_blas_info_t bi;
   nb_blas_detect(&bi);
   double best_sgemm = 0.0;
