@@ -21,15 +21,7 @@ void nb_matmul_backward(float* dinp, float* dweight, float* dbias, const float* 
   if (dinp)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
                 1.0f, dinp, C);
-  if (dweight)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-                dweight, C);
-  if (dbias) {
-    for (int i = 0; i < N; i++) {
-      const float* row = dout + (size_t)i * OC;
-      for (int o = 0; o < OC; o++) dbias[o] += row[o];
-    }
-  }
+  nb_matmul_backward_weight_rows(dweight, dbias, dout, inp, N, C, OC, 0, OC);
 }
 
 void nb_matmul_backward_weight_rows(float* dweight, float* dbias, const float* dout,

@@ -310,7 +310,7 @@ static void nb__par_run(void (*fn)(void*, size_t), nb__par_t* p) {
 }
 
 /* ---- the dense products over the same pool: one thread plan for the whole step. OpenBLAS's own
- * threads are set to 1 for the forward and the backward (nb__blas_solo), and the pool splits
+ * threads are set to 1 for the forward and the backward (and restored after), and the pool splits
  * each product: the forward and dinp by rows of N, dweight and dbias by rows of OC. The split
  * depends on the sizes only (never the thread count), so the bits are the same on any pool size
  * (OpenBLAS's own results depend on how a product is split: a chunk is a sgemm of its own, on one
@@ -335,8 +335,7 @@ static void nb__mm_fwd_chunk(void* ctx, size_t i) {
   nb__mm_par_t* p = ctx;
   size_t b, e;
   nb_parallel_range((size_t)p->N, (size_t)p->row_chunks, i, &b, &e);
-  if (e > b)
-    nb_matmul_forward(p->out + b * p->OC, p->inp + b * p->C, p->w, p->b, (int)(e - b), p->C, p->OC);
+  nb_matmul_forward(p->out + b * p->OC, p->inp + b * p->C, p->w, p->b, (int)(e - b), p->C, p->OC);
 }
 
 /* out (N, OC) = inp W^T (+ bias) over the pool. */
@@ -355,9 +354,8 @@ static void nb__mm_bwd_chunk(void* ctx, size_t i) {
   size_t b, e;
   if (i < (size_t)p->row_chunks) {
     nb_parallel_range((size_t)p->N, (size_t)p->row_chunks, i, &b, &e);
-    if (e > b)
-      nb_matmul_backward(p->dinp + b * p->C, NULL, NULL, p->dout + b * p->OC, NULL, p->w,
-                         (int)(e - b), p->C, p->OC);
+    nb_matmul_backward(p->dinp + b * p->C, NULL, NULL, p->dout + b * p->OC, NULL, p->w,
+                       (int)(e - b), p->C, p->OC);
     return;
   }
   nb_parallel_range((size_t)p->OC, (size_t)p->oc_chunks, i - (size_t)p->row_chunks, &b, &e);
@@ -383,15 +381,6 @@ static void nb__mm_backward(float* dinp, float* dweight, float* dbias, const flo
     nb_matmul_backward(dinp, dweight, dbias, dout, inp, w, N, C, OC);
   else
     nb_parallel_for((size_t)(p.row_chunks + p.oc_chunks), nb__mm_bwd_chunk, &p);
-}
-
-/* OpenBLAS to one thread for a forward or backward (returns what to restore): the pool is the
- * step's only thread set, and a product's bits do not depend on how many threads OpenBLAS has. */
-static int nb__blas_solo(void) {
-  return nb_matmul_cpu_threads(1);
-}
-static void nb__blas_restore(int before) {
-  if (before > 1) nb_matmul_cpu_threads(before);
 }
 
 /* fc bias + GELU in one pass over row chunks: a = pre-activation (bias added in place),
@@ -707,9 +696,9 @@ static nb_status_t nb__forward_layers_run(nb_model_t* m, const int* tokens, cons
 
 static nb_status_t nb__forward_layers(nb_model_t* m, const int* tokens, const int* targets, int B,
                                       int T, int nl) {
-  int blas = nb__blas_solo();
+  int blas = nb_matmul_cpu_threads(1); /* the pool is the step's one thread set */
   nb_status_t s = nb__forward_layers_run(m, tokens, targets, B, T, nl);
-  nb__blas_restore(blas);
+  if (blas) nb_matmul_cpu_threads(blas);
   return s;
 }
 
@@ -843,9 +832,9 @@ static nb_status_t nb__backward(nb_model_t* m) {
 
 nb_status_t nb_model_backward(nb_model_t* m) {
   if (!m) return nb_error(NB_ERR_INVALID, "model backward: NULL model");
-  int blas = nb__blas_solo();
+  int blas = nb_matmul_cpu_threads(1); /* the pool is the step's one thread set */
   nb_status_t s = nb__backward(m);
-  nb__blas_restore(blas);
+  if (blas) nb_matmul_cpu_threads(blas);
   return s;
 }
 

@@ -366,8 +366,13 @@ static void stop_gateway(int expect_clean) {
     snprintf(p, sizeof p, "%s/gw.err", g_dir);
     char* log = slurp(p);
     fail_msg("the gateway did not exit cleanly on SIGTERM (%s %d); its log:\n%s",
-             r == 0 ? "killed" : WIFEXITED(status) ? "exit" : "signal",
-             r == 0 ? 9 : WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), log);
+             r == 0              ? "killed"
+             : WIFEXITED(status) ? "exit"
+                                 : "signal",
+             r == 0              ? 9
+             : WIFEXITED(status) ? WEXITSTATUS(status)
+                                 : WTERMSIG(status),
+             log);
   }
 }
 
