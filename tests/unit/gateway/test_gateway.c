@@ -45,7 +45,8 @@ static const char* g_script =
     "& echo $! >> pids; echo $$ >> pids; wait;;\n"
     "fail-*) echo oops >&2; exit 3;;\n"
     "stray-*) sleep 300 & echo $! > pids; sleep 300 & echo $! >> pids; echo $$ >> pids;;\n"
-    "slow-*) for i in 1 2 3; do echo \"line $i\"; sleep 0.1; done;;\n"
+    "slow-*) echo \"line 1\"; i=0; while [ ! -e release ] && [ $i -lt 1500 ]; do sleep 0.02; "
+    "i=$((i+1)); done; echo \"line 2\";;\n"
     "late-*) sleep 1; printf 'round\\tloss\\tbytes_sent\\tdensity\\tcompute_s\\texchange_s\\t"
     "global_xxh3\\n0\\t2.5\\t0\\t0\\t0.1\\t0\\t-\\n' > rounds.tsv; echo '{\"job\": \"late\"}' > "
     "summary.json;;\n"
@@ -1156,8 +1157,13 @@ static void test_restart(void** state) {
   assert_true(pid_alive(pg1));
   kill(-pg1, SIGKILL); /* job 1 dies while no gateway watches */
   for (int i = 0; i < 100 && nb_launcher_group_alive(pg1); i++) nb_sleep_ns(10000000);
-  /* job 3 ends while no gateway watches: its exit_code file appears */
+  /* job 3 ends while no gateway watches (it waits for its release file, whatever the load):
+   * its exit_code file appears */
   char exit_file[1200];
+  snprintf(exit_file, sizeof exit_file, "%s/%s/release", g_cfg.work_dir, id3);
+  FILE* rel = fopen(exit_file, "w");
+  assert_non_null(rel);
+  assert_int_equal(fclose(rel), 0);
   snprintf(exit_file, sizeof exit_file, "%s/%s/exit_code", g_cfg.work_dir, id3);
   for (int i = 0; i < 500 && access(exit_file, F_OK) != 0; i++) nb_sleep_ns(20000000);
   assert_int_equal(access(exit_file, F_OK), 0);
