@@ -4,25 +4,46 @@
 
 #include <math.h>
 
+/* One row normalised, its mean m (sum of x already taken, divided here) and rstd written. */
+static void nb__ln_row(float* y, float* mean, float* rstd, const float* x, double m,
+                       const float* weight, const float* bias, int C) {
+  m /= C;
+  double v = 0.0;
+  for (int c = 0; c < C; c++) {
+    double d = x[c] - m;
+    v += d * d;
+  }
+  v /= C;
+  float s = (float)(1.0 / sqrt(v + NB_LAYERNORM_EPS));
+  float mf = (float)m;
+  for (int c = 0; c < C; c++) y[c] = (x[c] - mf) * s * weight[c] + bias[c];
+  *mean = mf;
+  *rstd = s;
+}
+
 void nb_layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                           const float* weight, const float* bias, int N, int C) {
   for (int i = 0; i < N; i++) {
     const float* x = inp + (size_t)i * C;
-    float* y = out + (size_t)i * C;
     double m = 0.0;
     for (int c = 0; c < C; c++) m += x[c];
-    m /= C;
-    double v = 0.0;
+    nb__ln_row(out + (size_t)i * C, mean + i, rstd + i, x, m, weight, bias, C);
+  }
+}
+
+void nb_residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                   const float* b, const float* weight, const float* bias, int N,
+                                   int C) {
+  for (int i = 0; i < N; i++) {
+    const float* xa = a + (size_t)i * C;
+    const float* xb = b + (size_t)i * C;
+    float* x = res + (size_t)i * C;
+    double m = 0.0;
     for (int c = 0; c < C; c++) {
-      double d = x[c] - m;
-      v += d * d;
+      x[c] = xa[c] + xb[c];
+      m += x[c];
     }
-    v /= C;
-    float s = (float)(1.0 / sqrt(v + NB_LAYERNORM_EPS));
-    float mf = (float)m;
-    for (int c = 0; c < C; c++) y[c] = (x[c] - mf) * s * weight[c] + bias[c];
-    mean[i] = mf;
-    rstd[i] = s;
+    nb__ln_row(out + (size_t)i * C, mean + i, rstd + i, x, m, weight, bias, C);
   }
 }
 

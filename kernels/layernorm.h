@@ -1,5 +1,6 @@
 /* LayerNorm over the last dimension, forward and backward (llm.c layout: mean and reciprocal
- * standard deviation are kept for the backward). Not RMSNorm, not a fused residual add. */
+ * standard deviation are kept for the backward), and the same fused with the residual add that
+ * precedes it in a pre-LN transformer. Not RMSNorm. */
 #ifndef NB_KERNELS_LAYERNORM_H
 #define NB_KERNELS_LAYERNORM_H
 
@@ -14,6 +15,12 @@ extern "C" {
 /* out (N, C) = (inp - mean) * rstd * weight + bias; mean (N), rstd (N) written. All borrowed. */
 void nb_layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                           const float* weight, const float* bias, int N, int C);
+
+/* res (N, C) = a + b, then out = LayerNorm(res) as nb_layernorm_forward, one pass per row (the
+ * row is summed while it is written): the same bits as the add followed by the LayerNorm. */
+void nb_residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                   const float* b, const float* weight, const float* bias, int N,
+                                   int C);
 
 /* Accumulating: dinp (N, C) +=, dweight (C) +=, dbias (C) +=. dweight/dbias may be NULL. */
 void nb_layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,

@@ -289,7 +289,7 @@ void nb__model_attach_lora(nb_model_t* m, nb_lora_t* l) {
 #define NB__CHUNKS 16
 
 typedef struct {
-  float *out, *a, *b, *c, *d, *e, *f;
+  float *out, *a, *b, *c, *d, *e, *f, *g;
   const int* ints;
   size_t n;
   int rows, cols;
@@ -448,6 +448,30 @@ static void nb__par_ln_forward(float* out, float* mean, float* rstd, const float
                  .rows = N,
                  .cols = C};
   nb__par_run(nb__ln_fwd_chunk, &p);
+}
+
+static void nb__res_ln_fwd_chunk(void* ctx, size_t i) {
+  nb__par_t* p = ctx;
+  size_t b, e, C = (size_t)p->cols;
+  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  nb_residual_layernorm_forward(p->g + b * C, p->out + b * C, p->b + b, p->c + b, p->a + b * C,
+                                p->f + b * C, p->d, p->e, (int)(e - b), p->cols);
+}
+/* res = x + y, out = LN(res; w, bias) in one pass (the same bits as the add, then the LN) */
+static void nb__par_res_ln_forward(float* res, float* out, float* mean, float* rstd, const float* x,
+                                   const float* y, const float* w, const float* bias, int N,
+                                   int C) {
+  nb__par_t p = {.g = res,
+                 .out = out,
+                 .a = (float*)x,
+                 .f = (float*)y,
+                 .b = mean,
+                 .c = rstd,
+                 .d = (float*)w,
+                 .e = (float*)bias,
+                 .rows = N,
+                 .cols = C};
+  nb__par_run(nb__res_ln_fwd_chunk, &p);
 }
 
 static void nb__ln_bwd_chunk(void* ctx, size_t i) {
@@ -662,20 +686,25 @@ static nb_status_t nb__forward_layers_run(nb_model_t* m, const int* tokens, cons
   int L = c->n_layer, C = c->n_embd, V = c->vocab, n = (int)N;
 
   nb_embedding_forward(m->encoded, m->tokens, GP(m, V_WTE), GP(m, V_WPE), B, T, C);
+  /* Each residual add is fused with the LayerNorm after it: res2 with ln2, res3 with the next
+   * layer's ln1 (or the final one). Layer 0's ln1 reads the embeddings. */
   const float* residual = m->encoded;
+  if (nl > 0)
+    nb__par_ln_forward(m->la[0].ln1, m->la[0].ln1_mean, m->la[0].ln1_rstd, residual,
+                       LP(m, 0, P_LN1W), LP(m, 0, P_LN1B), n, C);
+  else if (nl == L)
+    nb__par_ln_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, GP(m, V_LNFW(m)),
+                       GP(m, V_LNFB(m)), n, C);
   for (int l = 0; l < nl; l++) {
     nb__layer_acts_t* a = &m->la[l];
-    nb__par_ln_forward(a->ln1, a->ln1_mean, a->ln1_rstd, residual, LP(m, l, P_LN1W),
-                       LP(m, l, P_LN1B), n, C);
     nb__mm_forward(a->qkv, a->ln1, LP(m, l, P_QKVW), LP(m, l, P_QKVB), n, C, 3 * C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_QKV, a->ln1, a->qkv, n));
     nb__att_par_t ap = {.out = a->atty, .lse = a->lse, .qkv = a->qkv, .B = B, .T = T};
     nb__par_attention(m, &ap);
     nb__mm_forward(a->attproj, a->atty, LP(m, l, P_PROJW), LP(m, l, P_PROJB), n, C, C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_ATTN_PROJ, a->atty, a->attproj, n));
-    nb__par_elementwise(nb__add_chunk, a->res2, (float*)residual, a->attproj, N * C);
-    nb__par_ln_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, LP(m, l, P_LN2W),
-                       LP(m, l, P_LN2B), n, C);
+    nb__par_res_ln_forward(a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, residual, a->attproj,
+                           LP(m, l, P_LN2W), LP(m, l, P_LN2B), n, C);
     /* the fc bias joins the GELU pass instead of being broadcast before the product */
     nb__mm_forward(a->fch, a->ln2, LP(m, l, P_FCW), NULL, n, C, 4 * C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC, a->ln2, a->fch, n));
@@ -684,12 +713,19 @@ static nb_status_t nb__forward_layers_run(nb_model_t* m, const int* tokens, cons
     nb__par_run(nb__bias_gelu_fwd_chunk, &gp);
     nb__mm_forward(a->fcproj, a->fch_gelu, LP(m, l, P_FCPROJW), LP(m, l, P_FCPROJB), n, 4 * C, C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC_PROJ, a->fch_gelu, a->fcproj, n));
-    nb__par_elementwise(nb__add_chunk, a->res3, a->res2, a->fcproj, N * C);
+    if (l + 1 < nl) {
+      nb__layer_acts_t* an = &m->la[l + 1];
+      nb__par_res_ln_forward(a->res3, an->ln1, an->ln1_mean, an->ln1_rstd, a->res2, a->fcproj,
+                             LP(m, l + 1, P_LN1W), LP(m, l + 1, P_LN1B), n, C);
+    } else if (nl == L) {
+      nb__par_res_ln_forward(a->res3, m->lnf, m->lnf_mean, m->lnf_rstd, a->res2, a->fcproj,
+                             GP(m, V_LNFW(m)), GP(m, V_LNFB(m)), n, C);
+    } else {
+      nb__par_elementwise(nb__add_chunk, a->res3, a->res2, a->fcproj, N * C);
+    }
     residual = a->res3;
   }
   if (nl < L) return NB_OK;
-  nb__par_ln_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, GP(m, V_LNFW(m)), GP(m, V_LNFB(m)),
-                     n, C);
   nb__mm_forward(m->logits, m->lnf, GP(m, V_WTE), NULL, n, C, V);
   return NB_OK;
 }

@@ -56,8 +56,13 @@ void gwt_parse_config(const char* dir, const char* json, nb_gateway_config_t* cf
   assert_int_equal(nb_gateway_config_parse(json, strlen(json), dir, cfg), NB_OK);
 }
 
+/* The gateways a failed wait describes (gwt_start_pair's pair; else only the one waited on). */
+static const nb_gateway_config_t* gwt_known[2];
+
 void gwt_start_pair(int port[2], nb_gateway_config_t cfg[2], nb_gateway_t* gw[2],
                     void (*make_config)(int i)) {
+  gwt_known[0] = &cfg[0];
+  gwt_known[1] = &cfg[1];
   port[0] = gwt_free_port();
   port[1] = gwt_free_port();
   for (int i = 0; i < 2; i++) {
@@ -67,6 +72,7 @@ void gwt_start_pair(int port[2], nb_gateway_config_t cfg[2], nb_gateway_t* gw[2]
 }
 
 void gwt_stop_pair(nb_gateway_t* gw[2]) {
+  gwt_known[0] = gwt_known[1] = NULL;
   for (int i = 0; i < 2; i++) {
     nb_gateway_destroy(gw[i]);
     gw[i] = NULL;
@@ -203,8 +209,60 @@ void gwt_wait_state(const nb_gateway_config_t* cfg, const char* id, nb_job_state
     if ((int)s >= 0 && nb_job_state_is_final(s)) break;
     nb_sleep_ns(50000000);
   }
-  fail_msg("job %s at %s never reached %s (is %s: %s)", id, cfg->cluster_id,
-           nb_job_state_name(want), nb_job_state_name(s), why);
+  fprintf(stderr, "ERROR: job %s at %s never reached %s (is %s: %s)\n", id, cfg->cluster_id,
+          nb_job_state_name(want), nb_job_state_name(s), why);
+  int dumped = 0;
+  for (int i = 0; i < 2; i++)
+    if (gwt_known[i]) {
+      gwt_dump_job(gwt_known[i], id);
+      dumped |= gwt_known[i] == cfg;
+    }
+  if (!dumped) gwt_dump_job(cfg, id);
+  fail_msg("job %s at %s never reached %s", id, cfg->cluster_id, nb_job_state_name(want));
+}
+
+/* The last max bytes of file dir/name on stderr, under a header; nothing when it is absent. */
+static void gwt_dump_tail(const char* dir, const char* name, long max) {
+  char p[1400];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  FILE* f = fopen(p, "r");
+  if (!f) return;
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  fseek(f, size > max ? size - max : 0, SEEK_SET);
+  fprintf(stderr, "---- %s (%ld bytes%s)\n", p, size, size > max ? ", the end" : "");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, stderr);
+  fprintf(stderr, "\n");
+  fclose(f);
+}
+
+void gwt_dump_job(const nb_gateway_config_t* cfg, const char* id) {
+  char dir[1200];
+  snprintf(dir, sizeof dir, "%s/%s", cfg->work_dir, id);
+  char why[1024] = "";
+  nb_job_state_t s = gwt_job_state(cfg, id, why, sizeof why);
+  fprintf(stderr, "==== job %s at %s: %s%s%s\n", id, cfg->cluster_id,
+          (int)s >= 0 ? nb_job_state_name(s) : "unknown", why[0] ? ": " : "", why);
+  nb_job_store_t* st = gwt_open_store(cfg);
+  nb_job_event_t* ev = NULL;
+  size_t n = 0;
+  if (nb_job_store_events(st, id, 0, 0, &ev, &n) == NB_OK)
+    for (size_t k = n > 40 ? n - 40 : 0; k < n; k++)
+      fprintf(stderr, "event %lld %s %s\n", (long long)ev[k].seq, ev[k].kind, ev[k].payload);
+  nb_job_events_free(ev, n);
+  nb_job_store_close(st);
+  gwt_dump_tail(dir, "stdout.log", 4096);
+  gwt_dump_tail(dir, "stderr.log", 8192);
+  gwt_dump_tail(dir, "exit_code", 64);
+  for (int r = 0; r < 4; r++) {
+    char name[64];
+    snprintf(name, sizeof name, "ranks/%d/stderr.log", r);
+    gwt_dump_tail(dir, name, 8192);
+    snprintf(name, sizeof name, "ranks/%d/exit_code", r);
+    gwt_dump_tail(dir, name, 64);
+  }
 }
 
 int gwt_count_events(const nb_gateway_config_t* cfg, const char* id, const char* kind,

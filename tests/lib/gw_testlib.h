@@ -77,6 +77,11 @@ nb_job_state_t gwt_job_state(const nb_gateway_config_t* cfg, const char* id, cha
 void gwt_wait_state(const nb_gateway_config_t* cfg, const char* id, nb_job_state_t want,
                     int seconds);
 
+/* What a failed wait prints on stderr: the job's state, its last events, the tails of its
+ * stdout.log and stderr.log, and its exit files. gwt_wait_state does it for both gateways of
+ * gwt_start_pair's pair (or the one it waited on) before it fails. */
+void gwt_dump_job(const nb_gateway_config_t* cfg, const char* id);
+
 /* The job's events in cfg's store of kind (NULL: any) whose payload holds needle (NULL: any). */
 int gwt_count_events(const nb_gateway_config_t* cfg, const char* id, const char* kind,
                      const char* needle);

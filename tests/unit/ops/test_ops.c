@@ -165,6 +165,23 @@ static void test_layernorm(void** state) {
   free(c.inp), free(c.w), free(c.b), free(c.lw), free(c.out);
 }
 
+/* The residual add fused with the LayerNorm: the same bits as the add, then the LayerNorm. */
+static void test_residual_layernorm(void** state) {
+  (void)state;
+  int N = 7, C = 96;
+  float *x = rand_f(N * C, 5), *y = rand_f(N * C, 6), *w = rand_f(C, 7), *b = rand_f(C, 8);
+  float *res = zeros(N * C), *out = zeros(N * C), *res2 = zeros(N * C), *out2 = zeros(N * C);
+  float mean[7], rstd[7], mean2[7], rstd2[7];
+  nb_residual_layernorm_forward(res, out, mean, rstd, x, y, w, b, N, C);
+  for (int i = 0; i < N * C; i++) res2[i] = x[i] + y[i];
+  nb_layernorm_forward(out2, mean2, rstd2, res2, w, b, N, C);
+  assert_memory_equal(res, res2, sizeof(float) * N * C);
+  assert_memory_equal(out, out2, sizeof(float) * N * C);
+  assert_memory_equal(mean, mean2, sizeof mean);
+  assert_memory_equal(rstd, rstd2, sizeof rstd);
+  free(x), free(y), free(w), free(b), free(res), free(out), free(res2), free(out2);
+}
+
 /* ---- gelu ---- */
 typedef struct {
   double *inp, *lw, *out;
@@ -522,6 +539,7 @@ int main(void) {
       cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_matmul_weight_rows),
       cmocka_unit_test(test_layernorm),
+      cmocka_unit_test(test_residual_layernorm),
       cmocka_unit_test(test_gelu),
       cmocka_unit_test(test_gelu_paths),
       cmocka_unit_test(test_attention),
