@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "security/openssl_init.h"
 #include "security/pki.h"
 
 NB_PARAM_INT(
@@ -130,6 +131,7 @@ static nb_status_t nb__check_name(const char* s, const char* what) {
 nb_status_t nb_seal_ctx_create(const uint8_t job_secret[NB_SEAL_SECRET_BYTES], const char* job_id,
                                const char* local_cluster, const char* peer_cluster,
                                const nb_seal_opts_t* opts, nb_seal_ctx_t** out) {
+  nb_openssl_init();
   if (!out) return nb_error(NB_ERR_INVALID, "NULL output");
   *out = NULL;
   if (!job_secret) return nb_error(NB_ERR_INVALID, "NULL job secret");

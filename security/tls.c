@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "common/common.h"
+#include "security/openssl_init.h"
 
 /* gRPC 1.51 hands its cipher list (GRPC_SSL_CIPHER_SUITES, AES-128-GCM first) only to
  * SSL_CTX_set_cipher_list, which governs TLS 1.2; TLS 1.3 connections get OpenSSL's default
@@ -290,6 +291,7 @@ fail:
 nb_status_t nb_tls_create(const nb_tls_files_t* files, nb_tls_t** out) {
   if (out == NULL || files == NULL) return nb_error(NB_ERR_INVALID, "nb_tls_create: NULL argument");
   *out = NULL;
+  nb_openssl_init();
   nb_status_t st = NB_OK;
   nb_tls_t* t = NULL;
   NB_CHECK(nb_calloc((void**)&t, 1, sizeof *t, "tls"));
