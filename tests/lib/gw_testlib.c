@@ -253,6 +253,31 @@ void gwt_dump_job(const nb_gateway_config_t* cfg, const char* id) {
       fprintf(stderr, "event %lld %s %s\n", (long long)ev[k].seq, ev[k].kind, ev[k].payload);
   nb_job_events_free(ev, n);
   nb_job_store_close(st);
+  /* the launched process and its children, as /proc has them (a wait that never ends) */
+  pid_t pid = gwt_event_pid(cfg, id, "launch");
+  for (int depth = 0; pid > 0 && depth < 4; depth++) {
+    char p[128], stat[512] = "", wchan[128] = "", kids[256] = "";
+    snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+    FILE* f = fopen(p, "r");
+    if (f) {
+      if (!fgets(stat, sizeof stat, f)) stat[0] = 0;
+      fclose(f);
+    }
+    snprintf(p, sizeof p, "/proc/%d/wchan", (int)pid);
+    if ((f = fopen(p, "r"))) {
+      if (!fgets(wchan, sizeof wchan, f)) wchan[0] = 0;
+      fclose(f);
+    }
+    snprintf(p, sizeof p, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    if ((f = fopen(p, "r"))) {
+      if (!fgets(kids, sizeof kids, f)) kids[0] = 0;
+      fclose(f);
+    }
+    stat[strcspn(stat, "\n")] = 0;
+    fprintf(stderr, "process %d: %s wchan %s children [%s]\n", (int)pid, stat[0] ? stat : "(gone)",
+            wchan, kids);
+    pid = (pid_t)atoi(kids);
+  }
   gwt_dump_tail(dir, "stdout.log", 4096);
   gwt_dump_tail(dir, "stderr.log", 8192);
   gwt_dump_tail(dir, "exit_code", 64);
