@@ -429,35 +429,20 @@ static void nb__par_bias_gelu_backward(nb_model_t* m, float* dpre, float* dbias,
   }
 }
 
+/* g = a + f first when f is given (the residual add fused: the same bits as the add, then the
+ * LayerNorm), then out = LN(a or g; d, e), mean b / rstd c per row */
 static void nb__ln_fwd_chunk(void* ctx, size_t i) {
   nb__par_t* p = ctx;
   size_t b, e, C = (size_t)p->cols;
   nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
-  nb_layernorm_forward(p->out + b * C, p->b + b, p->c + b, p->a + b * C, p->d, p->e, (int)(e - b),
-                       p->cols);
+  if (p->f)
+    nb_residual_layernorm_forward(p->g + b * C, p->out + b * C, p->b + b, p->c + b, p->a + b * C,
+                                  p->f + b * C, p->d, p->e, (int)(e - b), p->cols);
+  else
+    nb_layernorm_forward(p->out + b * C, p->b + b, p->c + b, p->a + b * C, p->d, p->e, (int)(e - b),
+                         p->cols);
 }
-/* out = LN(inp; w, bias), mean/rstd per row */
-static void nb__par_ln_forward(float* out, float* mean, float* rstd, const float* inp,
-                               const float* w, const float* bias, int N, int C) {
-  nb__par_t p = {.out = out,
-                 .a = (float*)inp,
-                 .b = mean,
-                 .c = rstd,
-                 .d = (float*)w,
-                 .e = (float*)bias,
-                 .rows = N,
-                 .cols = C};
-  nb__par_run(nb__ln_fwd_chunk, &p);
-}
-
-static void nb__res_ln_fwd_chunk(void* ctx, size_t i) {
-  nb__par_t* p = ctx;
-  size_t b, e, C = (size_t)p->cols;
-  nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
-  nb_residual_layernorm_forward(p->g + b * C, p->out + b * C, p->b + b, p->c + b, p->a + b * C,
-                                p->f + b * C, p->d, p->e, (int)(e - b), p->cols);
-}
-/* res = x + y, out = LN(res; w, bias) in one pass (the same bits as the add, then the LN) */
+/* res = x + y (when y is given), out = LN(res or x; w, bias) in one pass per row */
 static void nb__par_res_ln_forward(float* res, float* out, float* mean, float* rstd, const float* x,
                                    const float* y, const float* w, const float* bias, int N,
                                    int C) {
@@ -471,7 +456,12 @@ static void nb__par_res_ln_forward(float* res, float* out, float* mean, float* r
                  .e = (float*)bias,
                  .rows = N,
                  .cols = C};
-  nb__par_run(nb__res_ln_fwd_chunk, &p);
+  nb__par_run(nb__ln_fwd_chunk, &p);
+}
+/* out = LN(inp; w, bias), mean/rstd per row */
+static void nb__par_ln_forward(float* out, float* mean, float* rstd, const float* inp,
+                               const float* w, const float* bias, int N, int C) {
+  nb__par_res_ln_forward(NULL, out, mean, rstd, inp, NULL, w, bias, N, C);
 }
 
 static void nb__ln_bwd_chunk(void* ctx, size_t i) {
