@@ -89,6 +89,14 @@ struct nb_model {
   int frozen;
   nb_lora_t* lora;
 
+  /* tensor parallelism (size 1 when off): this shard's width of the split products (C / size)
+   * and heads, the logical parameter count and the local -> logical segments */
+  nb_model_tp_t tp;
+  int Cl, NHl;
+  size_t n_logical;
+  nb_model_segment_t* seg;
+  size_t n_seg, cap_seg;
+
   /* decoding: key and value caches (dec_cap, L, ctx, C) each, one position's activations for
    * dec_cap rows */
   float* dec;
@@ -121,16 +129,61 @@ nb_status_t nb_model_config_check(const nb_model_config_t* c) {
   return NB_OK;
 }
 
-static void nb__add_view(nb_model_t* m, const char* name, int rows, int cols, int decay) {
+/* How a tensor is split across a tensor-parallel group. */
+enum {
+  SPLIT_NONE, /* replicated */
+  SPLIT_QKV,  /* rows, in three blocks (q, k, v): each rank its share of each */
+  SPLIT_ROWS, /* rows */
+  SPLIT_COLS  /* columns */
+};
+
+static void nb__add_seg(nb_model_t* m, size_t local, size_t logical, size_t len, int sharded) {
+  nb_model_segment_t* last = m->n_seg ? &m->seg[m->n_seg - 1] : NULL;
+  if (last && last->sharded == sharded && last->local + last->len == local &&
+      last->logical + last->len == logical) {
+    last->len += len;
+    return;
+  }
+  m->seg[m->n_seg++] = (nb_model_segment_t){local, logical, len, sharded};
+}
+
+/* Adds the shard of a logical (rows, cols) tensor (cols 0: a vector) split as split says, with
+ * its segments. */
+static void nb__add_view(nb_model_t* m, const char* name, int rows, int cols, int decay,
+                         int split) {
+  int P = m->tp.size, r = m->tp.rank;
+  if (P == 1) split = SPLIT_NONE;
+  int lrows = (split == SPLIT_QKV || split == SPLIT_ROWS) ? rows / P : rows;
+  int lcols = split == SPLIT_COLS ? cols / P : cols;
+  size_t w = (size_t)(cols > 0 ? cols : 1), lw = (size_t)(lcols > 0 ? lcols : 1);
   nb_tensor_view_t* v = &m->views[m->n_views++];
   snprintf(v->name, sizeof v->name, "%s", name);
   v->offset = m->n_params;
   v->ndim = cols > 0 ? 2 : 1;
-  v->shape[0] = rows;
-  v->shape[1] = cols > 0 ? cols : 0;
-  v->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+  v->shape[0] = lrows;
+  v->shape[1] = cols > 0 ? lcols : 0;
+  v->numel = (size_t)lrows * lw;
   v->decay = decay;
+  size_t lo = v->offset, go = m->n_logical, part = (size_t)rows / 3 / (size_t)P;
+  switch (split) {
+    case SPLIT_NONE:
+      nb__add_seg(m, lo, go, v->numel, 0);
+      break;
+    case SPLIT_QKV:
+      for (size_t k = 0; k < 3; k++)
+        nb__add_seg(m, lo + k * part * w, go + (k * (size_t)rows / 3 + (size_t)r * part) * w,
+                    part * w, 1);
+      break;
+    case SPLIT_ROWS:
+      nb__add_seg(m, lo, go + (size_t)r * v->numel, v->numel, 1);
+      break;
+    case SPLIT_COLS:
+      for (size_t i = 0; i < (size_t)rows; i++)
+        nb__add_seg(m, lo + i * lw, go + i * w + (size_t)r * lw, lw, 1);
+      break;
+  }
   m->n_params += v->numel;
+  m->n_logical += (size_t)rows * w;
 }
 
 #define LP(m, l, k) \
@@ -146,29 +199,56 @@ static void nb__add_view(nb_model_t* m, const char* name, int rows, int cols, in
 #define V_LNFB(m) ((m)->n_views - 1)
 
 nb_status_t nb_model_create(const nb_model_config_t* cfg, uint64_t seed, nb_model_t** out) {
+  return nb_model_create_tp(cfg, seed, NULL, out);
+}
+
+nb_status_t nb_model_create_tp(const nb_model_config_t* cfg, uint64_t seed, const nb_model_tp_t* tp,
+                               nb_model_t** out) {
   nb_status_t st = NB_OK;
   nb_model_t* m = NULL;
+  nb_model_t* full = NULL;
   *out = NULL;
   NB_CHECK(nb_model_config_check(cfg));
+  nb_model_tp_t one = {.rank = 0, .size = 1};
+  if (!tp) tp = &one;
+  if (tp->size < 1 || tp->size > cfg->n_head || cfg->n_head % tp->size != 0)
+    return nb_error(NB_ERR_INVALID,
+                    "model: tensor-parallel size %d must divide n_head %d (each rank whole heads)",
+                    tp->size, cfg->n_head);
+  if (tp->rank < 0 || tp->rank >= tp->size)
+    return nb_error(NB_ERR_INVALID, "model: tensor-parallel rank %d not in [0, %d)", tp->rank,
+                    tp->size);
+  if (tp->size > 1 && !tp->allreduce)
+    return nb_error(NB_ERR_INVALID, "model: tensor-parallel size %d needs an allreduce", tp->size);
   NB_CHECK(nb_calloc((void**)&m, 1, sizeof *m, "model"));
   m->cfg = *cfg;
+  m->tp = *tp;
   int L = cfg->n_layer, C = cfg->n_embd, V = cfg->vocab;
+  m->Cl = C / tp->size;
+  m->NHl = cfg->n_head / tp->size;
+  /* at most 2 C + 6 segments per layer (the column-split matrices one per row) */
+  m->cap_seg = 4 + (size_t)L * (P_LAYER_COUNT + 2 * (size_t)C + 6);
   NB_CHECK_GOTO(nb_calloc((void**)&m->views, 4 + (size_t)L * P_LAYER_COUNT, sizeof *m->views,
                           "model tensor table"),
                 st, fail);
-  nb__add_view(m, "wte", V, C, 1);
-  nb__add_view(m, "wpe", cfg->ctx, C, 0);
+  NB_CHECK_GOTO(nb_calloc((void**)&m->seg, m->cap_seg, sizeof *m->seg, "model shard segments"), st,
+                fail);
+  nb__add_view(m, "wte", V, C, 1, SPLIT_NONE);
+  nb__add_view(m, "wpe", cfg->ctx, C, 0, SPLIT_NONE);
   m->layer_view0 = m->n_views;
   const int rows[P_LAYER_COUNT] = {C, C, 3 * C, 3 * C, C, C, C, C, 4 * C, 4 * C, C, C};
   const int cols[P_LAYER_COUNT] = {0, 0, C, 0, C, 0, 0, 0, C, 0, 4 * C, 0};
+  const int split[P_LAYER_COUNT] = {SPLIT_NONE, SPLIT_NONE, SPLIT_QKV,  SPLIT_QKV,
+                                    SPLIT_COLS, SPLIT_NONE, SPLIT_NONE, SPLIT_NONE,
+                                    SPLIT_ROWS, SPLIT_ROWS, SPLIT_COLS, SPLIT_NONE};
   for (int l = 0; l < L; l++)
     for (int k = 0; k < P_LAYER_COUNT; k++) {
       char name[64];
       snprintf(name, sizeof name, "h.%d.%s", l, nb__layer_names[k]);
-      nb__add_view(m, name, rows[k], cols[k], cols[k] > 0);
+      nb__add_view(m, name, rows[k], cols[k], cols[k] > 0, split[k]);
     }
-  nb__add_view(m, "ln_f.weight", C, 0, 0);
-  nb__add_view(m, "ln_f.bias", C, 0, 0);
+  nb__add_view(m, "ln_f.weight", C, 0, 0, SPLIT_NONE);
+  nb__add_view(m, "ln_f.bias", C, 0, 0, SPLIT_NONE);
 
   NB_CHECK_GOTO(nb_aligned_alloc((void**)&m->params, m->n_params, sizeof(float), "parameters"), st,
                 fail);
@@ -176,7 +256,17 @@ nb_status_t nb_model_create(const nb_model_config_t* cfg, uint64_t seed, nb_mode
                 fail);
   NB_CHECK_GOTO(nb_alloc((void**)&m->decay, m->n_params, 1, "decay mask"), st, fail);
   memset(m->grads, 0, m->n_params * sizeof(float));
+  for (size_t i = 0; i < m->n_views; i++)
+    memset(m->decay + m->views[i].offset, m->views[i].decay, m->views[i].numel);
 
+  if (tp->size > 1) {
+    /* the shard of the size-1 model of the same seed */
+    NB_CHECK_GOTO(nb_model_create_tp(cfg, seed, NULL, &full), st, fail);
+    nb_model_tp_scatter(m, full->params, m->params);
+    nb_model_destroy(full);
+    *out = m;
+    return NB_OK;
+  }
   /* deterministic init: one stream, tensors in arena order */
   nb_rng_t rng;
   nb_rng_seed(&rng, seed);
@@ -184,7 +274,6 @@ nb_status_t nb_model_create(const nb_model_config_t* cfg, uint64_t seed, nb_mode
   for (size_t i = 0; i < m->n_views; i++) {
     const nb_tensor_view_t* v = &m->views[i];
     float* p = m->params + v->offset;
-    memset(m->decay + v->offset, v->decay, v->numel);
     size_t len = strlen(v->name);
     int is_ln_w = strstr(v->name, "ln_") && len > 7 && strcmp(v->name + len - 7, ".weight") == 0;
     int is_bias = len > 5 && strcmp(v->name + len - 5, ".bias") == 0;
@@ -223,6 +312,7 @@ void nb_model_destroy(nb_model_t* m) {
   nb_free(m->grads);
   nb_free(m->decay);
   nb_free(m->views);
+  nb_free(m->seg);
   nb_free(m);
 }
 
@@ -268,11 +358,73 @@ void nb_model_set_frozen(nb_model_t* m, int frozen) {
 }
 
 double nb_model_flops_per_token(const nb_model_t* m, int T) {
-  return 6.0 * (double)m->n_params + 12.0 * m->cfg.n_layer * m->cfg.n_embd * (double)T;
+  return 6.0 * (double)m->n_logical + 12.0 * m->cfg.n_layer * m->cfg.n_embd * (double)T;
+}
+
+int nb_model_tp_size(const nb_model_t* m) {
+  return m->tp.size;
+}
+int nb_model_tp_rank(const nb_model_t* m) {
+  return m->tp.rank;
+}
+size_t nb_model_num_logical_params(const nb_model_t* m) {
+  return m->n_logical;
+}
+const nb_model_segment_t* nb_model_segments(const nb_model_t* m, size_t* n) {
+  if (n) *n = m->n_seg;
+  return m->seg;
+}
+
+static nb_status_t nb__tp_sum(nb_model_t* m, float* buf, size_t n) {
+  if (m->tp.size == 1) return NB_OK;
+  nb_status_t st = m->tp.allreduce(m->tp.ctx, buf, n);
+  if (st != NB_OK)
+    return nb_error(st, "model: tensor-parallel allreduce of %zu floats failed (rank %d of %d)", n,
+                    m->tp.rank, m->tp.size);
+  return NB_OK;
+}
+
+nb_status_t nb_model_tp_gather(nb_model_t* m, const float* local, float* logical) {
+  if (m->tp.size == 1) {
+    memcpy(logical, local, m->n_params * sizeof(float));
+    return NB_OK;
+  }
+  /* each element is written by exactly one rank (replicated ones by rank 0), the rest are
+   * zero, so the sum is exact */
+  memset(logical, 0, m->n_logical * sizeof(float));
+  for (size_t i = 0; i < m->n_seg; i++) {
+    const nb_model_segment_t* g = &m->seg[i];
+    if (g->sharded || m->tp.rank == 0)
+      memcpy(logical + g->logical, local + g->local, g->len * sizeof(float));
+  }
+  return nb__tp_sum(m, logical, m->n_logical);
+}
+
+void nb_model_tp_scatter(const nb_model_t* m, const float* logical, float* local) {
+  for (size_t i = 0; i < m->n_seg; i++) {
+    const nb_model_segment_t* g = &m->seg[i];
+    memcpy(local + g->local, logical + g->logical, g->len * sizeof(float));
+  }
+}
+
+nb_status_t nb_model_tp_norm(nb_model_t* m, const float* buf, double* norm) {
+  double sq[2] = {0.0, 0.0}; /* replicated, sharded */
+  for (size_t i = 0; i < m->n_seg; i++) {
+    const nb_model_segment_t* g = &m->seg[i];
+    double s = 0.0;
+    for (size_t j = 0; j < g->len; j++) s += (double)buf[g->local + j] * buf[g->local + j];
+    sq[g->sharded] += s;
+  }
+  /* the sharded partial sums meet in float (enough for clipping); every rank receives the
+   * same total */
+  float part = (float)sq[1];
+  NB_CHECK(nb__tp_sum(m, &part, 1));
+  *norm = sqrt(sq[0] + (double)part);
+  return NB_OK;
 }
 
 float* nb__model_site_weight(nb_model_t* m, int layer, int site, int* OC, int* IC) {
-  int C = m->cfg.n_embd;
+  int C = m->cfg.n_embd; /* the whole model's shapes: LoRA refuses a sharded one */
   static const int k[NB_SITE_COUNT] = {P_QKVW, P_PROJW, P_FCW, P_FCPROJW};
   static const int oc[NB_SITE_COUNT] = {3, 1, 4, 1}, ic[NB_SITE_COUNT] = {1, 1, 1, 4};
   *OC = oc[site] * C;
@@ -533,8 +685,8 @@ static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
    * whole heads, so the results do not depend on how many there are */
   int chunks = nb_parallel_threads();
   if (chunks > NB__CHUNKS) chunks = NB__CHUNKS;
-  if (chunks > B * NH) chunks = B * NH;
-  size_t ws = (nb_attention_blocked_scratch(T, C, NH) + 15) / 16 * 16;
+  if (chunks > B * m->NHl) chunks = B * m->NHl;
+  size_t ws = (nb_attention_blocked_scratch(T, m->Cl, m->NHl) + 15) / 16 * 16;
   /* per layer: ln1 atty attproj res2 ln2 fcproj res3 (7 NC), qkv (3 NC), fch and fch_gelu
    * (8 NC), four row statistics (4 N) and the attention row statistics (no (T, T) matrix: the
    * backward recomputes the probabilities) */
@@ -615,7 +767,7 @@ typedef struct {
 static void nb__att_chunk(void* ctx, size_t i) {
   nb__att_par_t* p = ctx;
   nb_model_t* m = p->m;
-  int C = m->cfg.n_embd, NH = m->cfg.n_head;
+  int C = m->Cl, NH = m->NHl; /* this shard's heads */
   size_t b, e;
   nb_parallel_range((size_t)p->B * NH, (size_t)p->chunks, i, &b, &e);
   float* ws = m->att_ws + i * m->att_ws_n;
@@ -629,7 +781,7 @@ static void nb__att_chunk(void* ctx, size_t i) {
 
 static void nb__par_attention(nb_model_t* m, nb__att_par_t* p) {
   p->m = m;
-  p->chunks = m->att_chunks < p->B * m->cfg.n_head ? m->att_chunks : p->B * m->cfg.n_head;
+  p->chunks = m->att_chunks < p->B * m->NHl ? m->att_chunks : p->B * m->NHl;
   if (p->chunks == 1)
     nb__att_chunk(p, 0);
   else
@@ -674,6 +826,7 @@ static nb_status_t nb__forward_layers_run(nb_model_t* m, const int* tokens, cons
   m->T = T;
   m->have_targets = 0;
   int L = c->n_layer, C = c->n_embd, V = c->vocab, n = (int)N;
+  int Cl = m->Cl, lead = m->tp.rank == 0; /* the row-parallel biases are added once */
 
   nb_embedding_forward(m->encoded, m->tokens, GP(m, V_WTE), GP(m, V_WPE), B, T, C);
   /* Each residual add is fused with the LayerNorm after it: res2 with ln2, res3 with the next
@@ -687,22 +840,26 @@ static nb_status_t nb__forward_layers_run(nb_model_t* m, const int* tokens, cons
                        GP(m, V_LNFB(m)), n, C);
   for (int l = 0; l < nl; l++) {
     nb__layer_acts_t* a = &m->la[l];
-    nb__mm_forward(a->qkv, a->ln1, LP(m, l, P_QKVW), LP(m, l, P_QKVB), n, C, 3 * C);
+    nb__mm_forward(a->qkv, a->ln1, LP(m, l, P_QKVW), LP(m, l, P_QKVB), n, C, 3 * Cl);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_QKV, a->ln1, a->qkv, n));
     nb__att_par_t ap = {.out = a->atty, .lse = a->lse, .qkv = a->qkv, .B = B, .T = T};
     nb__par_attention(m, &ap);
-    nb__mm_forward(a->attproj, a->atty, LP(m, l, P_PROJW), LP(m, l, P_PROJB), n, C, C);
+    nb__mm_forward(a->attproj, a->atty, LP(m, l, P_PROJW), lead ? LP(m, l, P_PROJB) : NULL, n, Cl,
+                   C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_ATTN_PROJ, a->atty, a->attproj, n));
+    NB_CHECK(nb__tp_sum(m, a->attproj, N * C));
     nb__par_res_ln_forward(a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, residual, a->attproj,
                            LP(m, l, P_LN2W), LP(m, l, P_LN2B), n, C);
     /* the fc bias joins the GELU pass instead of being broadcast before the product */
-    nb__mm_forward(a->fch, a->ln2, LP(m, l, P_FCW), NULL, n, C, 4 * C);
+    nb__mm_forward(a->fch, a->ln2, LP(m, l, P_FCW), NULL, n, C, 4 * Cl);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC, a->ln2, a->fch, n));
     nb__par_t gp = {
-        .out = a->fch_gelu, .a = a->fch, .d = LP(m, l, P_FCB), .rows = n, .cols = 4 * C};
+        .out = a->fch_gelu, .a = a->fch, .d = LP(m, l, P_FCB), .rows = n, .cols = 4 * Cl};
     nb__par_run(nb__bias_gelu_fwd_chunk, &gp);
-    nb__mm_forward(a->fcproj, a->fch_gelu, LP(m, l, P_FCPROJW), LP(m, l, P_FCPROJB), n, 4 * C, C);
+    nb__mm_forward(a->fcproj, a->fch_gelu, LP(m, l, P_FCPROJW), lead ? LP(m, l, P_FCPROJB) : NULL,
+                   n, 4 * Cl, C);
     if (m->lora) NB_CHECK(nb__lora_forward(m->lora, l, NB_SITE_FC_PROJ, a->fch_gelu, a->fcproj, n));
+    NB_CHECK(nb__tp_sum(m, a->fcproj, N * C));
     if (l + 1 < nl) {
       nb__layer_acts_t* an = &m->la[l + 1];
       nb__par_res_ln_forward(a->res3, an->ln1, an->ln1_mean, an->ln1_rstd, a->res2, a->fcproj,
@@ -783,9 +940,9 @@ static nb_status_t nb__backward(nb_model_t* m) {
   if (!m->have_targets)
     return nb_error(NB_ERR_INVALID, "model backward: no forward with targets before it");
   const nb_model_config_t* c = &m->cfg;
-  int B = m->B, T = m->T, L = c->n_layer, C = c->n_embd, V = c->vocab;
+  int B = m->B, T = m->T, L = c->n_layer, C = c->n_embd, V = c->vocab, Cl = m->Cl;
   int n = B * T;
-  size_t N = (size_t)n, NC = N * C;
+  size_t N = (size_t)n, NC = N * C, NCl = N * Cl;
   int fz = m->frozen;
 #define G(ptr) (fz ? NULL : (ptr))
 
@@ -816,25 +973,26 @@ static nb_status_t nb__backward(nb_model_t* m) {
     nb__layer_acts_t* a = &m->la[l];
     const float* residual = l == 0 ? m->encoded : m->la[l - 1].res3;
     /* dres is d(res3) = d(res2) (skip) = d(fcproj) */
-    memset(m->dfch_gelu, 0, 4 * NC * sizeof(float));
+    memset(m->dfch_gelu, 0, 4 * NCl * sizeof(float));
     nb__mm_backward(m->dfch_gelu, G(LG(m, l, P_FCPROJW)), G(LG(m, l, P_FCPROJB)), m->dres,
-                    a->fch_gelu, LP(m, l, P_FCPROJW), n, 4 * C, C);
+                    a->fch_gelu, LP(m, l, P_FCPROJW), n, 4 * Cl, C);
     if (m->lora)
       nb__lora_backward(m->lora, l, NB_SITE_FC_PROJ, a->fch_gelu, m->dres, m->dfch_gelu, n);
     /* dfch written (not accumulated) by the GELU pass, which also sums the fc bias gradient */
-    nb__par_bias_gelu_backward(m, m->dfch, G(LG(m, l, P_FCB)), a->fch, m->dfch_gelu, n, 4 * C);
+    nb__par_bias_gelu_backward(m, m->dfch, G(LG(m, l, P_FCB)), a->fch, m->dfch_gelu, n, 4 * Cl);
     memset(m->dln, 0, NC * sizeof(float));
     nb__mm_backward(m->dln, G(LG(m, l, P_FCW)), NULL, m->dfch, a->ln2, LP(m, l, P_FCW), n, C,
-                    4 * C);
+                    4 * Cl);
     if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_FC, a->ln2, m->dfch, m->dln, n);
+    NB_CHECK(nb__tp_sum(m, m->dln, NC));
     nb__par_ln_backward(m, m->dres, G(LG(m, l, P_LN2W)), G(LG(m, l, P_LN2B)), m->dln, a->res2,
                         LP(m, l, P_LN2W), a->ln2_mean, a->ln2_rstd, n, C);
     /* dres is now d(res2) = d(residual) (skip) = d(attproj) */
-    memset(m->datty, 0, NC * sizeof(float));
+    memset(m->datty, 0, NCl * sizeof(float));
     nb__mm_backward(m->datty, G(LG(m, l, P_PROJW)), G(LG(m, l, P_PROJB)), m->dres, a->atty,
-                    LP(m, l, P_PROJW), n, C, C);
+                    LP(m, l, P_PROJW), n, Cl, C);
     if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_ATTN_PROJ, a->atty, m->dres, m->datty, n);
-    memset(m->dqkv, 0, 3 * NC * sizeof(float));
+    memset(m->dqkv, 0, 3 * NCl * sizeof(float));
     nb__att_par_t ap = {.out = a->atty,
                         .lse = a->lse,
                         .dqkv = m->dqkv,
@@ -846,8 +1004,9 @@ static nb_status_t nb__backward(nb_model_t* m) {
     nb__par_attention(m, &ap);
     memset(m->dln, 0, NC * sizeof(float));
     nb__mm_backward(m->dln, G(LG(m, l, P_QKVW)), G(LG(m, l, P_QKVB)), m->dqkv, a->ln1,
-                    LP(m, l, P_QKVW), n, C, 3 * C);
+                    LP(m, l, P_QKVW), n, C, 3 * Cl);
     if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_QKV, a->ln1, m->dqkv, m->dln, n);
+    NB_CHECK(nb__tp_sum(m, m->dln, NC));
     nb__par_ln_backward(m, m->dres, G(LG(m, l, P_LN1W)), G(LG(m, l, P_LN1B)), m->dln, residual,
                         LP(m, l, P_LN1W), a->ln1_mean, a->ln1_rstd, n, C);
   }
@@ -1052,6 +1211,11 @@ static nb_status_t nb__generate_cached(nb_model_t* m, int B, const int* const* p
                                        int* const* out, int* n_out, float* logits0) {
   if (!m || B < 1 || !prompts || !n_prompt || !max_new || !out || !n_out)
     return nb_error(NB_ERR_INVALID, "generate: need a model, B >= 1 and every array");
+  if (m->tp.size > 1)
+    return nb_error(NB_ERR_UNSUPPORTED,
+                    "generate: K/V-cached decoding of a tensor-parallel model (size %d) is not "
+                    "supported yet",
+                    m->tp.size);
   int V = m->cfg.vocab, ctx = m->cfg.ctx;
   size_t total = 0;
   for (int b = 0; b < B; b++) {

@@ -69,6 +69,61 @@ void nb_model_destroy(nb_model_t* m); /* NULL ok */
 
 const nb_model_config_t* nb_model_get_config(const nb_model_t* m);
 
+/* ---- Tensor parallelism (Megatron-style) inside one replica. The tp.size ranks of a group each
+ * hold a shard: attn.c_attn and mlp.c_fc are split by output rows (each rank has n_head / size
+ * whole heads: its rows of q, of k and of v), attn.c_proj and mlp.c_proj by input columns; the
+ * embeddings, LayerNorms and the biases of the two row-parallel products are replicated. The
+ * forward sums the partial outputs of attn.c_proj and mlp.c_proj over the group, the backward the
+ * partial input gradients of attn.c_attn and mlp.c_fc: two allreduces each way per layer, of
+ * (B, T, C) floats. Every rank of a group calls forward and backward with the same tokens;
+ * logits, losses and the replicated parameters' gradients then have the same bits on every
+ * rank. The arenas, the tensor table (names as without tensor parallelism, shapes those of the
+ * shard) and the decay mask are the shard's; nb_model_segments maps them into the logical
+ * (size 1) layout that checkpoints and the outer sync use. Decoding and LoRA refuse a sharded
+ * model (NB_ERR_UNSUPPORTED). */
+typedef nb_status_t (*nb_model_allreduce_fn)(void* ctx, float* buf, size_t n);
+typedef struct {
+  int rank; /* in [0, size) */
+  int size; /* ranks of the group; 1 = no tensor parallelism (allreduce unused) */
+  /* In-place sum of n floats over the group; every rank must receive the same bits (any
+   * reduction order that gives all ranks one result). */
+  nb_model_allreduce_fn allreduce;
+  void* ctx;
+} nb_model_tp_t;
+
+/* nb_model_create for rank tp->rank of a group of tp->size (NULL = size 1). The shard holds
+ * exactly the values the size-1 model of the same seed has at its logical positions.
+ * NB_ERR_INVALID naming the field when n_head is not divisible by the size, the rank is out of
+ * range or the allreduce is missing. */
+nb_status_t nb_model_create_tp(const nb_model_config_t* cfg, uint64_t seed, const nb_model_tp_t* tp,
+                               nb_model_t** out);
+
+int nb_model_tp_size(const nb_model_t* m);
+int nb_model_tp_rank(const nb_model_t* m);
+
+/* Parameters of the whole model (nb_model_num_params of the size-1 model). */
+size_t nb_model_num_logical_params(const nb_model_t* m);
+
+/* One run of the shard's arena in the logical arena: local[local + i] is logical[logical + i]
+ * for i < len. sharded: 1 when only this rank of the group holds those elements, 0 when every
+ * rank holds the same values (replicated). The segments cover the local arena once, in order,
+ * and the segments of all ranks of a group cover the logical arena (replicated ones once per
+ * rank). Size 1: one segment. */
+typedef struct {
+  size_t local, logical, len;
+  int sharded;
+} nb_model_segment_t;
+const nb_model_segment_t* nb_model_segments(const nb_model_t* m, size_t* n);
+
+/* The logical arena (nb_model_num_logical_params floats) from an arena-shaped local buffer
+ * (parameters, gradients, a moment): collective over the group, every rank receives the whole. */
+nb_status_t nb_model_tp_gather(nb_model_t* m, const float* local, float* logical);
+/* This rank's shard of a logical arena into an arena-shaped local buffer (no communication). */
+void nb_model_tp_scatter(const nb_model_t* m, const float* logical, float* local);
+/* The global L2 norm of an arena-shaped buffer (the gradients, for clipping): sharded elements
+ * summed over the group, replicated ones counted once. Collective; the same bits on every rank. */
+nb_status_t nb_model_tp_norm(nb_model_t* m, const float* buf, double* norm);
+
 /* The flat arenas (owned by the model, valid until destroy; n set to the element count). The
  * gradient arena has the same layout as the parameter arena. */
 float* nb_model_params(nb_model_t* m, size_t* n);
@@ -152,7 +207,7 @@ nb_status_t nb_model_backward(nb_model_t* m);
 void nb_model_set_frozen(nb_model_t* m, int frozen);
 
 /* Model FLOPs per token for one training step (forward + backward): 6 * params + 12 * L * C * T
- * (attention scores and values, PaLM's accounting). */
+ * (attention scores and values, PaLM's accounting), of the whole model (all shards). */
 double nb_model_flops_per_token(const nb_model_t* m, int T);
 
 #ifdef __cplusplus

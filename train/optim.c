@@ -111,9 +111,14 @@ static void nb__adamw_chunk(void* ctx, size_t k) {
 
 nb_status_t nb_adamw_step(nb_adamw_t* o, float* params, float* grads, const uint8_t* decay_mask,
                           double* grad_norm) {
-  size_t n = o->n;
-  double norm = nb_grad_norm(grads, n);
+  double norm = nb_grad_norm(grads, o->n);
   if (grad_norm) *grad_norm = norm;
+  return nb_adamw_step_norm(o, params, grads, decay_mask, norm);
+}
+
+nb_status_t nb_adamw_step_norm(nb_adamw_t* o, float* params, float* grads,
+                               const uint8_t* decay_mask, double norm) {
+  size_t n = o->n;
   if (!isfinite(norm))
     return nb_error(NB_ERR_INVALID, "adamw step %ld: gradient norm is not finite; step skipped",
                     o->t + 1);

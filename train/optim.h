@@ -53,6 +53,10 @@ double nb_grad_norm(const float* g, size_t n);
  * (the parameters are then left untouched and the step is not counted). Not thread-safe per o. */
 nb_status_t nb_adamw_step(nb_adamw_t* o, float* params, float* grads, const uint8_t* decay_mask,
                           double* grad_norm);
+/* The same step with the gradients' global norm given (a tensor-parallel shard's norm is the
+ * group's, nb_model_tp_norm, not its own arena's). */
+nb_status_t nb_adamw_step_norm(nb_adamw_t* o, float* params, float* grads,
+                               const uint8_t* decay_mask, double norm);
 
 /* Outer Nesterov step for DiLoCo-style sync on the host, identical bits everywhere:
  * momentum = mu * momentum + delta; theta_global -= lr * (delta + mu * momentum), where delta is
