@@ -132,6 +132,20 @@ nb_status_t nb_train_config_check(const nb_train_config_t* c) {
     if (c->lora.sites == 0 || c->lora.sites >= (1u << NB_SITE_COUNT))
       return NB__CFGERR("lora sites must be a non-empty mask of the %d projections", NB_SITE_COUNT);
   }
+  if (c->tp.size < 0 || c->tp.size > 1024)
+    return NB__CFGERR("tp.size must be in [0, 1024], got %d", c->tp.size);
+  if (c->tp.size > 1) {
+    if (c->tp.rank < 0 || c->tp.rank >= c->tp.size)
+      return NB__CFGERR("tp.rank must be in [0, %d), got %d", c->tp.size, c->tp.rank);
+    if (!c->tp.allreduce) return NB__CFGERR("tp.allreduce is NULL");
+    if (c->model.n_head % c->tp.size != 0)
+      return NB__CFGERR("tensor parallelism over %d ranks needs n_head divisible by it, got %d",
+                        c->tp.size, c->model.n_head);
+    if (c->lora_enabled || c->teacher_checkpoint[0])
+      return NB__CFGERR(
+          "tensor parallelism works on the whole model: not with LoRA or "
+          "distillation");
+  }
   if (c->teacher_checkpoint[0]) {
     if (!(c->distill_alpha >= 0 && c->distill_alpha <= 1))
       return NB__CFGERR("distill_alpha must be in [0, 1], got %g", (double)c->distill_alpha);
@@ -458,9 +472,60 @@ static void nb__prune(const char* dir, int keep) {
   }
 }
 
+static int nb__tp_on(const nb_trainer_t* t) {
+  return t->cfg.tp.size > 1;
+}
+
+/* Under tensor parallelism: every rank of the group learns whether any failed (a rank that
+ * failed keeps its own error). */
+static nb_status_t nb__tp_agree(nb_trainer_t* t, nb_status_t st, const char* what) {
+  if (!nb__tp_on(t)) return st;
+  float bad = st != NB_OK ? 1.0f : 0.0f;
+  nb_status_t a = t->cfg.tp.allreduce(t->cfg.tp.ctx, &bad, 1);
+  if (st != NB_OK) return st;
+  if (a != NB_OK) return a;
+  if (bad > 0)
+    return nb_error(NB_ERR_IO, "trainer: %s failed on another tensor-parallel rank", what);
+  return NB_OK;
+}
+
+/* The logical model of a sharded one (parameters gathered from the group; collective), for
+ * checkpoints: *out is NULL on the ranks other than 0, which only take part in the gathers. */
+static nb_status_t nb__tp_logical_model(nb_trainer_t* t, float* buf, nb_model_t** out) {
+  *out = NULL;
+  NB_CHECK(nb_model_tp_gather(t->model, t->params, buf));
+  if (t->cfg.tp.rank != 0) return NB_OK;
+  NB_CHECK(nb_model_create(&t->cfg.model, t->cfg.seed, out));
+  size_t n;
+  memcpy(nb_model_params(*out, &n), buf, nb_model_num_logical_params(t->model) * sizeof(float));
+  return NB_OK;
+}
+
+static nb_status_t nb__checkpoint(nb_trainer_t* t, const float* m, const float* v, size_t n_m,
+                                  const nb_model_t* model);
+
 nb_status_t nb_trainer_checkpoint(nb_trainer_t* t) {
+  if (!t->cfg.checkpoint_dir[0]) return nb_error(NB_ERR_CONFIG, "trainer: no checkpoint_dir set");
+  size_t nf;
+  const float* st = nb_adamw_state(t->opt, &nf);
+  if (!nb__tp_on(t)) return nb__checkpoint(t, st, st + t->n_train, t->n_train, t->model);
+  /* the logical layout: parameters and both moments gathered (every rank takes part) */
+  size_t nl = nb_model_num_logical_params(t->model);
+  float* buf = NULL;
+  nb_model_t* lm = NULL;
+  nb_status_t s = nb_alloc((void**)&buf, 3 * nl, sizeof(float), "checkpoint gather");
+  if (s == NB_OK) s = nb__tp_logical_model(t, buf, &lm);
+  if (s == NB_OK) s = nb_model_tp_gather(t->model, st, buf + nl);
+  if (s == NB_OK) s = nb_model_tp_gather(t->model, st + t->n_train, buf + 2 * nl);
+  if (s == NB_OK && lm) s = nb__checkpoint(t, buf + nl, buf + 2 * nl, nl, lm);
+  nb_model_destroy(lm);
+  nb_free(buf);
+  return nb__tp_agree(t, s, "the checkpoint");
+}
+
+static nb_status_t nb__checkpoint(nb_trainer_t* t, const float* m, const float* v, size_t n_m,
+                                  const nb_model_t* model) {
   const char* dir = t->cfg.checkpoint_dir;
-  if (!dir[0]) return nb_error(NB_ERR_CONFIG, "trainer: no checkpoint_dir set");
   char sdir[NB_TRAIN_PATH_MAX + 64], path[NB_TRAIN_PATH_MAX + 128], name[64];
   snprintf(name, sizeof name, "step-%ld", t->step);
   snprintf(sdir, sizeof sdir, "%s/%s", dir, name);
@@ -470,12 +535,9 @@ nb_status_t nb_trainer_checkpoint(nb_trainer_t* t) {
     NB_CHECK(nb_checkpoint_save_lora(path, t->lora, t->step));
   } else {
     snprintf(path, sizeof path, "%s/model.safetensors", sdir);
-    NB_CHECK(nb_checkpoint_save(path, t->model, t->step));
+    NB_CHECK(nb_checkpoint_save(path, model, t->step));
   }
-  size_t nf;
-  const float* st = nb_adamw_state(t->opt, &nf);
-  nb_ckpt_tensor_t ten[2] = {{"adam.m", 1, {(int64_t)t->n_train}, st},
-                             {"adam.v", 1, {(int64_t)t->n_train}, st + t->n_train}};
+  nb_ckpt_tensor_t ten[2] = {{"adam.m", 1, {(int64_t)n_m}, m}, {"adam.v", 1, {(int64_t)n_m}, v}};
   char step_s[32], samples_s[32], tokens_s[32], seed_s[32], rank_s[32], lora_s[8];
   snprintf(step_s, sizeof step_s, "%ld", t->step);
   snprintf(samples_s, sizeof samples_s, "%llu", (unsigned long long)t->samples);
@@ -529,6 +591,14 @@ static nb_status_t nb__resume(nb_trainer_t* t) {
   if (t->lora) {
     snprintf(path, sizeof path, "%s/%s/lora.safetensors", dir, name);
     NB_CHECK(nb_checkpoint_load_lora_into(path, t->lora, &step));
+  } else if (nb__tp_on(t)) { /* the logical model, then this rank's shard of it */
+    snprintf(path, sizeof path, "%s/%s/model.safetensors", dir, name);
+    nb_model_t* lm = NULL;
+    nb_status_t s = nb_model_create(&t->cfg.model, t->cfg.seed, &lm);
+    if (s == NB_OK) s = nb_checkpoint_load_into(path, lm, &step);
+    if (s == NB_OK) nb_model_tp_scatter(t->model, nb_model_params(lm, NULL), t->params);
+    nb_model_destroy(lm);
+    NB_CHECK(s);
   } else {
     snprintf(path, sizeof path, "%s/%s/model.safetensors", dir, name);
     NB_CHECK(nb_checkpoint_load_into(path, t->model, &step));
@@ -566,6 +636,7 @@ static nb_status_t nb__resume(nb_trainer_t* t) {
   }
   size_t nf;
   float* state = nb_adamw_state(t->opt, &nf);
+  size_t n_m = nb__tp_on(t) ? nb_model_num_logical_params(t->model) : t->n_train;
   for (size_t i = 0; i < 2; i++) {
     const char* nm;
     int nd;
@@ -574,12 +645,20 @@ static nb_status_t nb__resume(nb_trainer_t* t) {
     size_t nbytes;
     if ((st = nb_checkpoint_tensor(c, i, &nm, &nd, shape, &data, &nbytes)) != NB_OK) goto done;
     int which = strcmp(nm, "adam.m") == 0 ? 0 : strcmp(nm, "adam.v") == 0 ? 1 : -1;
-    if (which < 0 || nd != 1 || (size_t)shape[0] != t->n_train) {
+    if (which < 0 || nd != 1 || (size_t)shape[0] != n_m) {
       st = nb_error(NB_ERR_INVALID, "%s: tensor %s: expected adam.m / adam.v of shape [%zu]", path,
-                    nm, t->n_train);
+                    nm, n_m);
       goto done;
     }
-    memcpy(state + (size_t)which * t->n_train, data, nbytes);
+    if (nb__tp_on(t)) { /* the logical moments (copied: the file's may be unaligned): a shard */
+      float* lg = NULL;
+      if ((st = nb_alloc((void**)&lg, n_m, sizeof(float), "moments")) != NB_OK) goto done;
+      memcpy(lg, data, nbytes);
+      nb_model_tp_scatter(t->model, lg, state + (size_t)which * t->n_train);
+      nb_free(lg);
+    } else {
+      memcpy(state + (size_t)which * t->n_train, data, nbytes);
+    }
   }
   nb_adamw_set_steps(t->opt, (long)asteps);
   t->step = step;
@@ -604,11 +683,13 @@ nb_status_t nb_trainer_create(const nb_train_config_t* cfg, nb_trainer_t** out) 
   for (int i = 0; i < cfg->n_sources && st == NB_OK; i++) st = nb__load_source(cfg, i, &t->src[i]);
   if (st != NB_OK) goto fail;
 
+  const nb_model_tp_t* tp = cfg->tp.size > 1 ? &cfg->tp : NULL;
   if (cfg->init_checkpoint[0]) {
     long s0;
-    st = nb_checkpoint_load(cfg->init_checkpoint, &t->model, &s0);
+    nb_model_t* lm = NULL; /* the logical model; the shard is taken from it under TP */
+    st = nb_checkpoint_load(cfg->init_checkpoint, &lm, &s0);
     if (st == NB_OK) {
-      const nb_model_config_t* mc = nb_model_get_config(t->model);
+      const nb_model_config_t* mc = nb_model_get_config(lm);
       if (memcmp(mc, &cfg->model, sizeof *mc) != 0)
         st = nb_error(NB_ERR_CONFIG,
                       "train config: model (%d layers, width %d, %d heads, ctx %d) does not "
@@ -616,8 +697,16 @@ nb_status_t nb_trainer_create(const nb_train_config_t* cfg, nb_trainer_t** out) 
                       cfg->model.n_layer, cfg->model.n_embd, cfg->model.n_head, cfg->model.ctx,
                       cfg->init_checkpoint, mc->n_layer, mc->n_embd, mc->n_head, mc->ctx);
     }
+    if (st == NB_OK && tp) {
+      st = nb_model_create_tp(&cfg->model, cfg->seed, tp, &t->model);
+      if (st == NB_OK)
+        nb_model_tp_scatter(t->model, nb_model_params(lm, NULL), nb_model_params(t->model, NULL));
+      nb_model_destroy(lm);
+    } else {
+      t->model = lm;
+    }
   } else {
-    st = nb_model_create(&cfg->model, cfg->seed, &t->model);
+    st = nb_model_create_tp(&cfg->model, cfg->seed, tp, &t->model);
   }
   if (st != NB_OK) goto fail;
   if (cfg->teacher_checkpoint[0]) {
@@ -646,7 +735,7 @@ nb_status_t nb_trainer_create(const nb_train_config_t* cfg, nb_trainer_t** out) 
   if ((st = nb_alloc((void**)&t->tokens, bt, sizeof(int), "batch")) != NB_OK ||
       (st = nb_alloc((void**)&t->targets, bt, sizeof(int), "batch")) != NB_OK)
     goto fail;
-  if (cfg->resume && (st = nb__resume(t)) != NB_OK) goto fail;
+  if (cfg->resume && (st = nb__tp_agree(t, nb__resume(t), "the resume")) != NB_OK) goto fail;
   t->started_s = nb_now_s();
   *out = t;
   return NB_OK;
@@ -698,7 +787,12 @@ static nb_status_t nb__one_step(nb_trainer_t* t, double* loss_out, double* gn_ou
   }
   if (c->grad_hook) NB_CHECK(c->grad_hook(c->grad_hook_ctx, t->grads, t->n_train));
   const uint8_t* mask = t->lora ? NULL : nb_model_decay_mask(t->model);
-  NB_CHECK(nb_adamw_step(t->opt, t->params, t->grads, mask, gn_out));
+  if (nb__tp_on(t)) { /* clipped by the norm of the whole gradient, not of this shard */
+    NB_CHECK(nb_model_tp_norm(t->model, t->grads, gn_out));
+    NB_CHECK(nb_adamw_step_norm(t->opt, t->params, t->grads, mask, *gn_out));
+  } else {
+    NB_CHECK(nb_adamw_step(t->opt, t->params, t->grads, mask, gn_out));
+  }
   t->step++;
   t->samples += (uint64_t)B * (uint64_t)M;
   t->tokens_total += (uint64_t)scored;
@@ -878,6 +972,25 @@ nb_status_t nb_trainer_set_sync_params(nb_trainer_t* t, const float* src, size_t
                     t ? t->n_train : 0, n);
   memmove(t->params, src, n * sizeof(float));
   return NB_OK;
+}
+
+size_t nb_trainer_logical_params(const nb_trainer_t* t) {
+  return nb__tp_on(t) ? nb_model_num_logical_params(t->model) : t->n_train;
+}
+
+nb_status_t nb_trainer_tp_gather(nb_trainer_t* t, float* logical) {
+  if (!nb__tp_on(t)) {
+    memcpy(logical, t->params, t->n_train * sizeof(float));
+    return NB_OK;
+  }
+  return nb_model_tp_gather(t->model, t->params, logical);
+}
+
+void nb_trainer_tp_scatter(nb_trainer_t* t, const float* logical) {
+  if (!nb__tp_on(t))
+    memmove(t->params, logical, t->n_train * sizeof(float));
+  else
+    nb_model_tp_scatter(t->model, logical, t->params);
 }
 
 long nb_trainer_step(const nb_trainer_t* t) {

@@ -117,6 +117,14 @@ typedef struct {
   void* progress_ctx;
   nb_train_grad_hook_fn grad_hook; /* nullable */
   void* grad_hook_ctx;
+
+  /* Tensor parallelism (train/model.h): this process holds shard tp.rank of tp.size; size 0 or
+   * 1 = none. Every rank of the group runs the same steps, evaluations and checkpoints together
+   * (they are collective) with the same data_rank. The grad hook sees the shard's gradients (a
+   * data-parallel allreduce then runs over the ranks holding the same shard); the synced buffer
+   * is the shard (nb_trainer_tp_gather / _scatter give the logical one). Checkpoints are written
+   * in the logical layout by tp.rank 0 and load at any tp.size. Not with LoRA or distillation. */
+  nb_model_tp_t tp;
 } nb_train_config_t;
 
 /* Defaults: 4 layers, width 256, 4 heads, ctx 256; seed 1; batch 8; 1 micro-batch; 1000 steps;
@@ -176,6 +184,14 @@ nb_status_t nb_trainer_checkpoint(nb_trainer_t* t);
 float* nb_trainer_sync_params(nb_trainer_t* t, size_t* n);
 /* Copies n floats into the synced buffer. NB_ERR_INVALID when n does not match. */
 nb_status_t nb_trainer_set_sync_params(nb_trainer_t* t, const float* src, size_t n);
+
+/* Tensor parallelism: the logical synced buffer (nb_trainer_logical_params floats) from every
+ * rank's shard (collective over the group: every rank receives the whole), and this rank's
+ * shard of a logical buffer into the synced buffer (no communication). Without tensor
+ * parallelism the logical buffer is the synced one (a copy). */
+size_t nb_trainer_logical_params(const nb_trainer_t* t);
+nb_status_t nb_trainer_tp_gather(nb_trainer_t* t, float* logical);
+void nb_trainer_tp_scatter(nb_trainer_t* t, const float* logical);
 
 long nb_trainer_step(const nb_trainer_t* t);        /* optimizer steps done */
 uint64_t nb_trainer_samples(const nb_trainer_t* t); /* sequences trained on */
