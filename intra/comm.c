@@ -160,6 +160,25 @@ static int nb__gpu_usable(void) {
 #endif
 }
 
+nb_status_t nb_comm_split(nb_comm_t* c, int color, int key, nb_comm_t** out) {
+  if (!c || !out || color < 0)
+    return nb_error(NB_ERR_INVALID, "nb_comm_split: %s",
+                    !c     ? "NULL communicator"
+                    : !out ? "out is NULL"
+                           : "color must be >= 0");
+  *out = NULL;
+  MPI_Comm sub = MPI_COMM_NULL;
+  int rc = MPI_Comm_split(c->mpi, color, key, &sub);
+  if (rc != MPI_SUCCESS) return nb__mpi_error(rc, "MPI_Comm_split");
+  nb_comm_config_t cfg;
+  nb_comm_config_init(&cfg);
+  cfg.device = c->device;
+  cfg.mpi_comm = &sub;
+  nb_status_t st = nb_comm_create(&cfg, out); /* duplicates sub */
+  MPI_Comm_free(&sub);
+  return st;
+}
+
 nb_status_t nb_comm_create(const nb_comm_config_t* cfg_in, nb_comm_t** out) {
   if (!out) return nb_error(NB_ERR_INVALID, "nb_comm_create: out is NULL");
   *out = NULL;

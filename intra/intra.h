@@ -80,6 +80,13 @@ void nb_intra_finalize(void);
  * NCCL or this rank has no device), NB_ERR_MPI, NB_ERR_NCCL, NB_ERR_CUDA, NB_ERR_NOMEM. */
 nb_status_t nb_comm_create(const nb_comm_config_t* cfg, nb_comm_t** out);
 
+/* Splits c into sub-communicators (MPI_Comm_split): the ranks giving the same color form one,
+ * ordered by key (then by rank in c), on c's device (a GPU one gets its own NCCL communicator).
+ * Collective over c. For the grids of model parallelism: the tensor-parallel groups and the
+ * data-parallel ones across them. NB_ERR_INVALID (color < 0, NULL out), NB_ERR_MPI, and the
+ * errors of nb_comm_create. */
+nb_status_t nb_comm_split(nb_comm_t* c, int color, int key, nb_comm_t** out);
+
 /* Frees the communicator (NULL ok). Collective for NCCL communicators. Outstanding requests must
  * have been waited for. */
 void nb_comm_destroy(nb_comm_t* c);

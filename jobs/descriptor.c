@@ -64,8 +64,9 @@ static const char* const nb__meta_keys[] = {"name", "description", NULL};
 static const char* const nb__spec_keys[] = {"task",       "clusters",    "model", "training",
                                             "sync",       "compression", "link",  "security",
                                             "checkpoint", "program",     NULL};
-static const char* const nb__cluster_keys[] = {"id",       "workers", "device",  "threadsPerWorker",
-                                               "slowdown", "data",    "metrics", NULL};
+static const char* const nb__cluster_keys[] = {
+    "id", "workers", "device", "threadsPerWorker", "slowdown", "data", "metrics", "parallel", NULL};
+static const char* const nb__parallel_keys[] = {"tensor", "pipeline", NULL};
 static const char* const nb__metrics_keys[] = {"listen", NULL};
 static const char* const nb__data_keys[] = {"tier", "dir", "languages", "pairs", NULL};
 static const char* const nb__model_keys[] = {"layers", "width", "heads", "context", "base", NULL};
@@ -630,8 +631,16 @@ static void nb__parse_clusters(nb__dctx_t* c, json_t* spec, nb_job_config_t* cfg
       nb__get_num(c, o, "slowdown", 1, 1000, NB__CLOSED, &cl->slowdown);
       nb__parse_data(c, o, cl, &seen->has_languages[i], &seen->has_pairs[i], seen->program);
       nb__parse_metrics(c, o, cl);
+      size_t pm;
+      json_t* par = nb__enter(c, o, "parallel", nb__parallel_keys, &pm);
+      if (par) {
+        nb__get_i32(c, par, "tensor", 1, 256, &cl->tensor_parallel);
+        nb__get_i32(c, par, "pipeline", 1, 256, &cl->pipeline_parallel);
+      }
+      nb__pop(c, pm);
       /* the built-in model's settings of a cluster, with a program of the user's */
-      static const char* const builtin[] = {"data", "threadsPerWorker", "slowdown", NULL};
+      static const char* const builtin[] = {"data", "threadsPerWorker", "slowdown", "parallel",
+                                            NULL};
       for (int k = 0; seen->program && builtin[k]; k++) {
         if (!json_object_get(o, builtin[k])) continue;
         size_t bm = nb__push_key(c, builtin[k]);
@@ -993,6 +1002,36 @@ static void nb__cross_checks(nb__dctx_t* c, const nb_job_config_t* cfg, const nb
     nb__err_at(c, "$.spec.model.heads", "width %d is not divisible by heads %d", m->width,
                m->heads);
   const nb_job_training_t* t = &cfg->training;
+  for (int i = 0; i < cfg->n_clusters && !seen->program; i++) {
+    const nb_job_cluster_t* cl = &cfg->clusters[i];
+    int tp = cl->tensor_parallel, pp = cl->pipeline_parallel;
+    snprintf(p, sizeof p, "$.spec.clusters[%d].parallel.tensor", i);
+    if (m->heads % tp != 0)
+      nb__err_at(c, p,
+                 "tensor parallelism over %d ranks splits whole heads: heads %d is not "
+                 "divisible by it",
+                 tp, m->heads);
+    if (tp > 1 && t->lora.enabled)
+      nb__err_at(c, p,
+                 "tensor parallelism trains the whole model: not with "
+                 "$.spec.training.lora");
+    if (tp > 1 && t->distill.enabled)
+      nb__err_at(c, p,
+                 "tensor parallelism is not built for distillation "
+                 "($.spec.training.distillation)");
+    snprintf(p, sizeof p, "$.spec.clusters[%d].parallel.pipeline", i);
+    if (pp > m->layers)
+      nb__err_at(c, p, "%d stages for %d layers ($.spec.model.layers): a stage needs a layer", pp,
+                 m->layers);
+    else if (pp > 1)
+      nb__err_at(c, p, "pipeline parallelism is not built yet: 1 (tensor parallelism is)");
+    snprintf(p, sizeof p, "$.spec.clusters[%d].workers", i);
+    if (cl->workers % (tp * pp) != 0)
+      nb__err_at(c, p,
+                 "%d workers do not divide into replicas of tensor %d x pipeline %d "
+                 "ranks (workers = data x tensor x pipeline)",
+                 cl->workers, tp, pp);
+  }
   bool has_base = m->base_checkpoint[0] != 0;
   if (t->lora.enabled && !has_base)
     nb__err_at(c, "$.spec.training.lora",
@@ -1286,6 +1325,11 @@ nb_status_t nb_descriptor_to_json(const nb_job_config_t* cfg, char** out) {
     }
     if (cl->metrics_listen[0])
       nb__set_str(&b, nb__set_obj(&b, o, "metrics"), "listen", cl->metrics_listen);
+    if (cl->tensor_parallel > 1 || cl->pipeline_parallel > 1) {
+      json_t* par = nb__set_obj(&b, o, "parallel");
+      nb__set_int(&b, par, "tensor", cl->tensor_parallel);
+      nb__set_int(&b, par, "pipeline", cl->pipeline_parallel);
+    }
   }
 
   const nb_job_model_t* m = &cfg->model;

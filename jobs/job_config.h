@@ -71,6 +71,11 @@ typedef struct {
   /* The cluster leader's Prometheus endpoint (docs/operations.md), "HOST:PORT" with port
    * 0..65535 (0: a free one); "" = off. NEBULA_METRICS_LISTEN, when set, overrides it. */
   char metrics_listen[NB_JOB_ADDR_MAX];
+  /* Model parallelism inside the cluster (built-in model): the workers form a grid of
+   * workers / (tensor x pipeline) data-parallel replicas, each split over `tensor` ranks
+   * (Megatron-style, heads divisible by it) and `pipeline` stages. 1 = none. */
+  int tensor_parallel;
+  int pipeline_parallel;
 } nb_job_cluster_t;
 
 typedef struct {
@@ -201,6 +206,8 @@ static inline void nb_job_cluster_defaults(nb_job_cluster_t* c) {
   c->threads_per_worker = 0;
   c->slowdown = 1.0;
   c->data_tier = NB_JOB_DATA_QUICK;
+  c->tensor_parallel = 1;
+  c->pipeline_parallel = 1;
 }
 
 /* Every optional setting at its default; name, clusters and their data are left empty. The

@@ -34,6 +34,7 @@
 #include "train/hybrid.h"
 #include "train/lora.h"
 #include "train/trainer.h"
+#include "worker/ranks.h"
 
 NB_PARAM_DOUBLE(RoundDeadlineS, "NB_ROUND_DEADLINE_S", 30, 0.5, 3600,
                 "fault-tolerant rounds: how long a round's update or vote exchange waits for a "
@@ -158,48 +159,6 @@ static void nb__wk_prune_states(const char* dir) {
   closedir(d);
 }
 
-/* Ranks of a cluster under mpirun: the gradient of every step is averaged over the ranks. */
-static nb_status_t nb__wk_allreduce_hook(void* ctx, float* grads, size_t n) {
-  return nb_comm_allreduce((nb_comm_t*)ctx, grads, grads, n, NB_COMM_FP32, NB_COMM_AVG);
-}
-
-/* A rank other than the leader: before each run of inner steps the leader broadcasts {steps,
- * go} and then the theta_local they start from (after an applied, landed, skipped or pulled
- * update alike); the rank takes it and runs the steps, allreducing every gradient. */
-static nb_worker_outcome_t nb__wk_follower(nb_trainer_t* t, nb_comm_t* comm) {
-  size_t n;
-  float* p = nb_trainer_sync_params(t, &n);
-  for (;;) {
-    float ctl[2] = {0, 0};
-    if (nb_comm_broadcast(comm, ctl, ctl, 2, NB_COMM_FP32, 0) != NB_OK) return NB_WORKER_FAILED;
-    if (ctl[1] == 0) return NB_WORKER_DONE;
-    if (nb_comm_broadcast(comm, p, p, n, NB_COMM_FP32, 0) != NB_OK ||
-        nb_trainer_steps(t, (long)ctl[0], NULL) != NB_OK)
-      return NB_WORKER_FAILED;
-  }
-}
-
-/* Leader side of the above. */
-static nb_status_t nb__wk_lead(nb_comm_t* comm, long steps, int go) {
-  float ctl[2] = {(float)steps, go ? 1.0f : 0.0f};
-  return comm ? nb_comm_broadcast(comm, ctl, ctl, 2, NB_COMM_FP32, 0) : NB_OK;
-}
-
-/* The hybrid round's hook under mpirun: before each run of inner steps the other ranks take
- * theta_local from the leader and run the steps with it. */
-typedef struct {
-  nb_comm_t* comm;
-  nb_trainer_t* t;
-} nb__wk_ranks_t;
-
-static nb_status_t nb__wk_steps_hook(void* ctx, long k) {
-  nb__wk_ranks_t* r = ctx;
-  size_t n;
-  float* p = nb_trainer_sync_params(r->t, &n);
-  NB_CHECK(nb__wk_lead(r->comm, k, 1));
-  return nb_comm_broadcast(r->comm, p, p, n, NB_COMM_FP32, 0);
-}
-
 /* One progress line per round for a gateway ($NB_JOB_PROGRESS, docs/gateway.md). */
 static void nb__wk_progress(const char* cluster, long round, long rounds, long step, long max_steps,
                             const nb_hybrid_round_t* rec) {
@@ -256,7 +215,7 @@ typedef struct {
   /* connect */
   nb_exchange_t* ex;
   nb__wk_exchange_t xctx;
-  nb__wk_ranks_t ranks;
+  nb_wk_ranks_t ranks; /* this cluster's ranks and their grid (worker/ranks.h) */
   nb_hybrid_config_t hc;
   nb_hybrid_t* h;
   int ft; /* fault-tolerant rounds: outer mode, several clusters, NB_FAULT_TOLERANT */
@@ -403,12 +362,23 @@ static nb_worker_outcome_t nb__wk_train_config(nb__wk_t* w) {
               "step-counted rounds\n");
       return NB_WORKER_MISFIT;
     }
-    /* real ranks replace the accumulated micro-batches that stand for workers otherwise */
-    int workers = job->clusters[w->ci].workers;
-    tc->micro_batches = workers > w->size ? workers / w->size : 1;
-    tc->data_rank = (int)w->index * 1000 + w->rank;
-    tc->grad_hook = nb__wk_allreduce_hook;
-    tc->grad_hook_ctx = w->comm;
+  }
+  /* the grid: replicas of parallel.tensor ranks, data parallel across them */
+  const nb_job_cluster_t* cl = &job->clusters[w->ci];
+  if (cl->tensor_parallel > 1 && w->size == 1) {
+    fprintf(stderr,
+            "nebula worker: %s: parallel.tensor %d needs that many ranks: start the cluster "
+            "under mpirun (or through a gateway's mpirun or slurm launcher)\n",
+            w->cluster, cl->tensor_parallel);
+    return NB_WORKER_MISFIT;
+  }
+  if (nb_wk_ranks_grid(&w->ranks, w->comm, cl->tensor_parallel) != NB_OK)
+    return nb__wk_fail(w->cluster, "the ranks");
+  if (w->size > 1) {
+    /* real replicas replace the accumulated micro-batches that stand for workers otherwise */
+    int replicas = cl->workers / (cl->tensor_parallel * cl->pipeline_parallel);
+    tc->micro_batches = replicas > w->ranks.dp ? replicas / w->ranks.dp : 1;
+    nb_wk_ranks_train_config(&w->ranks, tc, (int)w->index * 1000);
   }
   return NB_WORKER_DONE;
 }
@@ -486,6 +456,7 @@ static nb_worker_outcome_t nb__wk_trainer(nb__wk_t* w) {
   }
   w->t_start = nb_now_s();
   nb_status_t st = nb_trainer_create(w->tc, &w->t);
+  if (st == NB_OK) st = nb_wk_ranks_attach(&w->ranks, w->t);
   if (st != NB_OK) {
     nb_worker_outcome_t rc = nb__wk_fail(w->cluster, "creating the trainer");
     if (st == NB_ERR_IO && strstr(nb_error_last(), "data file")) /* not a checkpoint's */
@@ -555,11 +526,6 @@ static nb_worker_outcome_t nb__wk_hybrid(nb__wk_t* w) {
     printf("values auto: %zu codec points, their loss measured at H %ld (this job: H %ld)\n",
            w->n_points, table_h, hc->inner_steps);
   }
-  w->ranks = (nb__wk_ranks_t){w->comm, w->t};
-  if (w->comm) {
-    hc->steps_hook = nb__wk_steps_hook;
-    hc->hook_ctx = &w->ranks;
-  }
   if (w->job->sync.overlap && hc->mode != NB_HYBRID_OUTER)
     fprintf(stderr, "nebula worker: %s: sync.overlap applies to the outer mode only; ignored\n",
             w->cluster);
@@ -575,8 +541,7 @@ static nb_worker_outcome_t nb__wk_hybrid(nb__wk_t* w) {
             "clusters, NB_FAULT_TOLERANT=1)\n");
     return NB_WORKER_MISFIT;
   }
-  hc->samples_scale = (uint32_t)w->size;
-  if (nb_hybrid_create(hc, w->t, &w->h) != NB_OK)
+  if (nb_wk_ranks_hybrid(&w->ranks, hc, &w->h) != NB_OK)
     return nb__wk_fail(w->cluster, "creating the round state");
   nb_hybrid_global(w->h, &w->n_params);
   return NB_WORKER_DONE;
@@ -855,7 +820,7 @@ static void nb__wk_log(nb__wk_t* w, long r, const nb_hybrid_round_t* rec, const 
 /* The held-out curve on theta_global (with overlap: the parameters as they are). */
 static nb_worker_outcome_t nb__wk_eval_round(nb__wk_t* w, long r) {
   nb_train_eval_t mid;
-  if (nb_trainer_eval(w->t, &mid) != NB_OK) return nb__wk_fail(w->cluster, "evaluation");
+  if (nb_wk_ranks_eval(&w->ranks, &mid) != NB_OK) return nb__wk_fail(w->cluster, "evaluation");
   printf("eval after round %ld: mean %.4f bpb\n", r + 1, mid.mean_bpb);
   nb_leader_metrics_eval(w->prom, r + 1, mid.mean_bpb);
   nb__wk_tensorboard_eval(w, nb_trainer_step(w->t), &mid);
@@ -877,7 +842,7 @@ static nb_worker_outcome_t nb__wk_eval_round(nb__wk_t* w, long r) {
 static nb_worker_outcome_t nb__wk_checkpoint(nb__wk_t* w) {
   const char* dir = w->tc->checkpoint_dir;
   snprintf(w->path, sizeof w->path, "%s/hybrid-step-%ld.bin", dir, nb_trainer_step(w->t));
-  if (nb_hybrid_save(w->h, w->path) != NB_OK || nb_trainer_checkpoint(w->t) != NB_OK)
+  if (nb_hybrid_save(w->h, w->path) != NB_OK || nb_wk_ranks_checkpoint(&w->ranks) != NB_OK)
     return nb__wk_fail(w->cluster, "checkpoint");
   nb__wk_prune_states(dir);
   return NB_WORKER_DONE;
@@ -1077,7 +1042,10 @@ static nb_worker_outcome_t nb__wk_summary(nb__wk_t* w, const nb_train_eval_t* ev
 /* Stops the ranks, lands the last update, runs the final check and the final evaluation, and
  * writes final.safetensors (LoRA merged, what a gateway publishes) and summary.json. */
 static nb_worker_outcome_t nb__wk_finish(nb__wk_t* w) {
-  if (nb__wk_lead(w->comm, 0, 0) != NB_OK) return nb__wk_fail(w->cluster, "stopping the ranks");
+  /* the ranks stop now, unless the final evaluation needs the leader's replica */
+  int tp = w->ranks.tp > 1;
+  if (!tp && nb_wk_ranks_stop(&w->ranks) != NB_OK)
+    return nb__wk_fail(w->cluster, "stopping the ranks");
   if (w->ft && w->hc.overlap) NB__WK_TRY(nb__wk_land_last(w));
   /* the final check asks a silent peer again on fresh ids: each attempt waits a quarter of the
    * final wait at most, so that the whole check stays within about the final wait */
@@ -1086,22 +1054,32 @@ static nb_worker_outcome_t nb__wk_finish(nb__wk_t* w) {
   if (nb_hybrid_finish(w->h) != NB_OK) return nb__wk_fail(w->cluster, "final check");
   nb_train_eval_t ev;
   double te = nb_now_s();
-  if (nb_trainer_eval(w->t, &ev) != NB_OK) return nb__wk_fail(w->cluster, "evaluation");
+  if (nb_wk_ranks_eval(&w->ranks, &ev) != NB_OK) return nb__wk_fail(w->cluster, "evaluation");
+  if (tp && nb_wk_ranks_stop(&w->ranks) != NB_OK)
+    return nb__wk_fail(w->cluster, "stopping the ranks");
+  /* the unsharded model: what decoding and final.safetensors take */
+  nb_model_t* model = NULL;
+  int owned = 0;
+  if (nb_wk_ranks_model(&w->ranks, &model, &owned) != NB_OK)
+    return nb__wk_fail(w->cluster, "the final model");
   /* Translation jobs: chrF/BLEU of the base and the final model on the test split. */
   json_t* tr_scores = NULL;
   const nb_job_config_t* job = w->job;
   if (job->task == NB_JOB_TASK_TRANSLATION && job->training.eval_sentences > 0 &&
-      nb_translation_eval(w->tc, nb_trainer_model(w->t), (size_t)job->training.eval_sentences,
-                          &tr_scores) != NB_OK)
+      nb_translation_eval(w->tc, model, (size_t)job->training.eval_sentences, &tr_scores) != NB_OK)
     NB_WARN("no translation scores in the summary: %s", nb_error_last());
   double eval_s = nb_now_s() - te;
   nb__wk_tensorboard_eval(w, nb_trainer_step(w->t), &ev);
   snprintf(w->path, sizeof w->path, "%s/final.safetensors", w->odir);
   nb_lora_t* lora = nb_trainer_lora(w->t);
-  if ((lora && nb_lora_merge(lora) != NB_OK) ||
-      nb_checkpoint_save(w->path, nb_trainer_model(w->t), nb_trainer_step(w->t)) != NB_OK) {
+  nb_status_t saved = NB_OK;
+  if ((lora && (saved = nb_lora_merge(lora)) != NB_OK) ||
+      (saved = nb_checkpoint_save(w->path, model, nb_trainer_step(w->t))) != NB_OK)
+    nb__wk_fail(w->cluster, w->path);
+  if (owned) nb_model_destroy(model);
+  if (saved != NB_OK) {
     json_decref(tr_scores);
-    return nb__wk_fail(w->cluster, w->path);
+    return NB_WORKER_FAILED;
   }
   double wall = nb_now_s() - w->t_start;
   char hex[24];
@@ -1126,6 +1104,7 @@ static void nb__wk_release(nb__wk_t* w, nb_worker_outcome_t rc) {
   nb_exchange_destroy(w->ex);
   nb_tls_destroy(w->tls);
   nb_trainer_destroy(w->t);
+  nb_wk_ranks_release(&w->ranks);
   nb_free(w->tc);
   nb_free(w->diag);
   nb_free(w->job);
@@ -1149,7 +1128,8 @@ nb_worker_outcome_t nb_worker_run(const nb_worker_opts_t* o) {
   w->cluster = o->cluster;
   nb_worker_outcome_t rc = nb__wk_setup(w);
   if (rc == NB_WORKER_DONE && w->rank > 0) {
-    rc = nb__wk_follower(w->t, w->comm);
+    rc = nb_wk_ranks_follow(&w->ranks) == NB_OK ? NB_WORKER_DONE
+                                                : nb__wk_fail(w->cluster, "following the leader");
   } else if (rc == NB_WORKER_DONE) {
     rc = nb__wk_connect(w);
     for (long r = w->round0; rc == NB_WORKER_DONE && r < w->rounds;
