@@ -25,6 +25,8 @@ static const nb_bench_entry_t nb__benches[] = {
      nb_bench_pareto_main},
     {"decode", "greedy decoding: K/V cache vs full recompute, tokens/s", nb_bench_decode_main},
     {"sgemm", "square cblas_sgemm GFLOP/s of the OpenBLAS kernel loaded", nb_bench_sgemm_main},
+    {"parallel", "one cluster's step: data vs tensor parallelism at 2 and 4 ranks (mpirun)",
+     nb_bench_parallel_main},
     {"torch", "a PyTorch GPT: single vs DDP vs nebula's binding (bench/torch_e2e.py)",
      nb_bench_torch_main},
     {NULL, NULL, NULL},

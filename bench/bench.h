@@ -45,6 +45,8 @@ double nb_bench_sgemm_gflops(int n, int reps);
  * when none). */
 json_t* nb_bench_sgemm_candidates(int n, int threads, double* best, const char** best_core);
 /* (Off x86 there are no types to choose from: one row of the loaded kernel, in this process.) */
+/* `nebula bench parallel` (bench_parallel.c): data vs tensor parallelism at 2 and 4 ranks */
+int nb_bench_parallel_main(int argc, char** argv);
 /* `nebula bench torch` (bench_torch.c: runs bench/torch_e2e.py) */
 int nb_bench_torch_main(int argc, char** argv);
 

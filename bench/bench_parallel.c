@@ -1,0 +1,253 @@
+/* `nebula bench parallel`: one cluster's training step under the layouts of model parallelism
+ * at 2 and 4 ranks: data parallel (every rank the whole model), tensor parallel (the model split
+ * over the ranks, train/model.h) and the grid of both, each as ratios to data parallelism at the
+ * same rank count: tokens/s of the same global batch, and per-rank memory (parameters, gradients
+ * and AdamW moments held; the process's peak resident set). Each layout is a child `mpirun -np N
+ * nebula bench parallel --child-tp TP` on synthetic tokens; its rank 0 prints one JSON line. On a
+ * CPU with fewer cores than ranks the ranks share the cores (oversubscribed): the ratios then
+ * show what a layout costs, not what it gains. Not a test. */
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "bench/bench.h"
+#include "common/common.h"
+#include "common/opts.h"
+#include "intra/intra.h"
+#include "train/model.h"
+#include "train/optim.h"
+#include "train/rng.h"
+
+#define NB__PAR_SYNOPSIS                                                                         \
+  "nebula bench parallel [--layers L] [--dim D] [--heads H] [--ctx T] [--batch B] [--steps N] "  \
+  "[--json]\n"                                                                                   \
+  "  defaults: 4 layers, width 256, 4 heads, context 128, global batch 8, 5 timed steps; each\n" \
+  "  layout in its own mpirun (OPENBLAS_NUM_THREADS=1, NB_TRAIN_THREADS=1 per rank).\n"          \
+  "  --child-tp is internal: one rank of a layout, under mpirun"
+
+typedef struct {
+  int layers, dim, heads, ctx, batch, steps, child_tp, json;
+} nb__par_opts_t;
+
+static nb_status_t nb__par_sum(void* ctx, float* buf, size_t n) {
+  return nb_comm_allreduce(ctx, buf, buf, n, NB_COMM_FP32, NB_COMM_SUM);
+}
+
+/* ---- one rank of a layout ------------------------------------------------------------------ */
+
+typedef struct {
+  nb_comm_t *world, *tp, *dp;
+  nb_model_t* m;
+  nb_adamw_t* opt;
+  int *tok, *tgt;
+} nb__par_rank_t;
+
+static void nb__par_rank_free(nb__par_rank_t* r) {
+  nb_adamw_destroy(r->opt);
+  nb_model_destroy(r->m);
+  nb_comm_destroy(r->dp);
+  nb_comm_destroy(r->tp);
+  nb_comm_destroy(r->world);
+  free(r->tok);
+  free(r->tgt);
+}
+
+/* One step: the replica's batch (the same tokens on every rank of a replica), forward, backward,
+ * the gradient averaged over the replicas, clipped by the whole gradient's norm, AdamW. */
+static nb_status_t nb__par_step(nb__par_rank_t* r, const nb__par_opts_t* o, int tp, int rows,
+                                uint64_t seed) {
+  nb_rng_t g;
+  nb_rng_seed(&g, seed);
+  size_t bt = (size_t)rows * (size_t)o->ctx;
+  for (size_t i = 0; i < bt; i++) {
+    r->tok[i] = (int)(nb_rng_u64(&g) % 256u);
+    r->tgt[i] = (int)(nb_rng_u64(&g) % 256u);
+  }
+  nb_model_zero_grad(r->m);
+  float loss = 0;
+  NB_CHECK(nb_model_forward(r->m, r->tok, r->tgt, rows, o->ctx, &loss));
+  NB_CHECK(nb_model_backward(r->m));
+  size_t n;
+  float* grads = nb_model_grads(r->m, &n);
+  if (r->dp) NB_CHECK(nb_comm_allreduce(r->dp, grads, grads, n, NB_COMM_FP32, NB_COMM_AVG));
+  double norm = 0;
+  if (tp > 1)
+    NB_CHECK(nb_model_tp_norm(r->m, grads, &norm));
+  else
+    norm = nb_grad_norm(grads, n);
+  return nb_adamw_step_norm(r->opt, nb_model_params(r->m, NULL), grads, nb_model_decay_mask(r->m),
+                            norm);
+}
+
+static int nb__par_child(const nb__par_opts_t* o) {
+  nb__par_rank_t r = {0};
+  nb_status_t st = nb_comm_create(NULL, &r.world);
+  int rank = st == NB_OK ? nb_comm_rank(r.world) : 0,
+      size = st == NB_OK ? nb_comm_size(r.world) : 1;
+  int tp = o->child_tp, dp = size / tp;
+  if (st == NB_OK && (size % tp != 0 || o->batch % dp != 0))
+    st = nb_error(NB_ERR_CONFIG,
+                  "%d ranks at tensor %d: %d replicas must divide the ranks and the "
+                  "batch %d",
+                  size, tp, dp, o->batch);
+  int tp_rank = rank % tp, dp_rank = rank / tp;
+  if (st == NB_OK && tp > 1) st = nb_comm_split(r.world, dp_rank, tp_rank, &r.tp);
+  if (st == NB_OK && dp > 1) st = nb_comm_split(r.world, tp_rank, dp_rank, &r.dp);
+  nb_model_config_t cfg = nb_model_config_make(o->layers, o->dim, o->heads, o->ctx);
+  nb_model_tp_t tpc = {tp_rank, tp, nb__par_sum, r.tp};
+  if (st == NB_OK) st = nb_model_create_tp(&cfg, 1, tp > 1 ? &tpc : NULL, &r.m);
+  nb_adamw_config_t oc = nb_adamw_config_default();
+  oc.total_steps = o->steps + 1;
+  if (st == NB_OK) st = nb_adamw_create(&oc, nb_model_num_params(r.m), &r.opt);
+  int rows = o->batch / dp;
+  size_t bt = (size_t)rows * (size_t)o->ctx;
+  if (st == NB_OK && (!(r.tok = malloc(bt * sizeof(int))) || !(r.tgt = malloc(bt * sizeof(int)))))
+    st = nb_error(NB_ERR_NOMEM, "batch");
+  /* one warm-up step (first touch of the activations), then the timed ones */
+  double t0 = 0;
+  for (int s = 0; st == NB_OK && s <= o->steps; s++) {
+    if (s == 1) {
+      st = nb_comm_barrier(r.world);
+      t0 = nb_now_s();
+    }
+    if (st == NB_OK)
+      st = nb__par_step(&r, o, tp, rows,
+                        0x9e3779b97f4a7c15ull * (uint64_t)(s + 1) + (uint64_t)dp_rank);
+  }
+  float stats[3] = {0, 0, 0}; /* seconds, KiB resident, bytes of state: the slowest rank's */
+  if (st == NB_OK) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    stats[0] = (float)(nb_now_s() - t0);
+    stats[1] = (float)ru.ru_maxrss;
+    stats[2] = (float)(nb_model_num_params(r.m) * 4 * sizeof(float)); /* params, grads, m, v */
+    if (MPI_Allreduce(MPI_IN_PLACE, stats, 3, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
+      st = nb_error(NB_ERR_MPI, "MPI_Allreduce of the figures failed");
+  }
+  if (st != NB_OK) {
+    fprintf(stderr, "nebula bench parallel: rank %d: %s\n", rank, nb_error_last());
+    nb__par_rank_free(&r);
+    nb_comm_abort(NULL, 1);
+  }
+  if (rank == 0) {
+    json_t* j = json_object();
+    json_object_set_new(j, "ranks", json_integer(size));
+    json_object_set_new(j, "data", json_integer(dp));
+    json_object_set_new(j, "tensor", json_integer(tp));
+    json_object_set_new(j, "tokens_per_s",
+                        nb_bench_json_real((double)o->batch * o->ctx * o->steps / stats[0]));
+    json_object_set_new(j, "state_mib_per_rank", nb_bench_json_real(stats[2] / 1048576.0));
+    json_object_set_new(j, "max_rss_mib", nb_bench_json_real(stats[1] / 1024.0));
+    nb_bench_json_print(stdout, j);
+  }
+  nb__par_rank_free(&r);
+  nb_intra_finalize();
+  return 0;
+}
+
+/* ---- the parent: every layout in its own mpirun ---------------------------------------------- */
+
+static json_t* nb__par_run(const nb__par_opts_t* o, int n, int tp) {
+  char exe[1024];
+  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (k <= 0) return NULL;
+  exe[k] = 0;
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader "
+           "--mca mpi_yield_when_idle 1 -np %d '%s' bench parallel --child-tp %d --layers %d "
+           "--dim %d --heads %d --ctx %d --batch %d --steps %d",
+           n, exe, tp, o->layers, o->dim, o->heads, o->ctx, o->batch, o->steps);
+  FILE* p = popen(cmd, "r");
+  if (!p) return NULL;
+  char line[4096];
+  json_t* got = NULL;
+  while (fgets(line, sizeof line, p)) {
+    json_t* j = line[0] == '{' ? json_loads(line, 0, NULL) : NULL;
+    if (j) {
+      json_decref(got);
+      got = j;
+    }
+  }
+  if (pclose(p) != 0) {
+    json_decref(got);
+    return NULL;
+  }
+  return got;
+}
+
+static double nb__par_num(json_t* o, const char* key) {
+  json_t* v = o ? json_object_get(o, key) : NULL;
+  return v && json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+int nb_bench_parallel_main(int argc, char** argv) {
+  nb__par_opts_t o = {4, 256, 4, 128, 8, 5, 0, 0};
+  const nb_bench_int_flag_t flags[] = {
+      {"--layers", &o.layers}, {"--dim", &o.dim},     {"--heads", &o.heads},      {"--ctx", &o.ctx},
+      {"--batch", &o.batch},   {"--steps", &o.steps}, {"--child-tp", &o.child_tp}};
+  int rc = nb_bench_parse_int_flags("nebula bench parallel", NB__PAR_SYNOPSIS, argc, argv, flags,
+                                    (int)(sizeof flags / sizeof flags[0]), &o.json);
+  if (rc != NB_OPTS_RUN) return rc;
+  nb_model_config_t cfg = nb_model_config_make(o.layers, o.dim, o.heads, o.ctx);
+  if (nb_model_config_check(&cfg) != NB_OK) {
+    fprintf(stderr, "nebula bench parallel: %s\n", nb_error_last());
+    return 2;
+  }
+  if (o.child_tp > 0) return nb__par_child(&o);
+
+  setenv("OPENBLAS_NUM_THREADS", "1", 1);
+  setenv("NB_TRAIN_THREADS", "1", 1);
+  static const int layouts[][2] = {{2, 1}, {2, 2}, {4, 1}, {4, 2}, {4, 4}}; /* ranks, tensor */
+  json_t* rows = json_array();
+  double dp_tok = NAN, dp_mem = NAN, dp_rss = NAN;
+  if (!o.json)
+    printf("%-6s %-5s %-7s %12s %9s %12s %8s %11s %8s\n", "ranks", "data", "tensor", "tokens/s",
+           "vs_data", "state_MiB", "vs_data", "max_rss_MiB", "vs_data");
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
+    int n = layouts[i][0], tp = layouts[i][1];
+    if (o.heads % tp != 0 || o.batch % (n / tp) != 0) continue;
+    json_t* r = nb__par_run(&o, n, tp);
+    double tok = nb__par_num(r, "tokens_per_s"), mem = nb__par_num(r, "state_mib_per_rank"),
+           rss = nb__par_num(r, "max_rss_mib");
+    if (tp == 1) dp_tok = tok, dp_mem = mem, dp_rss = rss;
+    json_t* row = r ? r : json_object();
+    if (!r) {
+      json_object_set_new(row, "ranks", json_integer(n));
+      json_object_set_new(row, "tensor", json_integer(tp));
+      json_object_set_new(row, "error", json_string("the mpirun of this layout failed"));
+    }
+    json_object_set_new(row, "tokens_vs_data", nb_bench_json_real(tok / dp_tok));
+    json_object_set_new(row, "state_vs_data", nb_bench_json_real(mem / dp_mem));
+    json_object_set_new(row, "rss_vs_data", nb_bench_json_real(rss / dp_rss));
+    json_object_set_new(row, "oversubscribed", json_boolean(n > cores));
+    if (!o.json)
+      printf("%-6d %-5d %-7d %12.0f %9.2f %12.2f %8.2f %11.1f %8.2f%s\n", n, n / tp, tp, tok,
+             tok / dp_tok, mem, mem / dp_mem, rss, rss / dp_rss,
+             r ? (n > cores ? "  (oversubscribed)" : "") : "  (failed)");
+    json_array_append_new(rows, row);
+  }
+  if (o.json) {
+    json_t* j = json_object();
+    json_object_set_new(j, "bench", json_string("parallel"));
+    json_object_set_new(j, "layers", json_integer(o.layers));
+    json_object_set_new(j, "dim", json_integer(o.dim));
+    json_object_set_new(j, "heads", json_integer(o.heads));
+    json_object_set_new(j, "ctx", json_integer(o.ctx));
+    json_object_set_new(j, "batch", json_integer(o.batch));
+    json_object_set_new(j, "cores", json_integer(cores));
+    json_object_set_new(j, "runs", rows);
+    nb_bench_json_print(stdout, j);
+  } else {
+    json_decref(rows);
+    printf("same global batch of %d x %d tokens in every layout; %ld cores: ", o.batch, o.ctx,
+           cores);
+    printf("with more ranks than cores the ratios show what a layout costs, not its speed-up\n");
+  }
+  return 0;
+}
