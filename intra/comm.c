@@ -592,6 +592,37 @@ nb_status_t nb_comm_reduce(nb_comm_t* c, const void* send, void* recv, size_t co
   return c->be->reduce(c, send, recv, count, dt, op, root);
 }
 
+nb_status_t nb_comm_sendrecv(nb_comm_t* c, const void* send, size_t send_count, int dest,
+                             void* recv, size_t recv_count, int source, nb_comm_dtype_t dt) {
+  if (!c) return nb_error(NB_ERR_INVALID, "sendrecv: communicator is NULL");
+  if (c->device != NB_COMM_DEVICE_CPU)
+    return nb_error(NB_ERR_UNSUPPORTED, "sendrecv: point to point runs on CPU communicators only");
+  size_t es = nb_comm_dtype_size(dt);
+  if (es == 0) return nb_error(NB_ERR_INVALID, "sendrecv: unknown dtype %d", (int)dt);
+  if (dest < -1 || dest >= c->size || dest == c->rank || source < -1 || source >= c->size ||
+      source == c->rank)
+    return nb_error(NB_ERR_INVALID, "sendrecv: rank %d: peers %d and %d must be other ranks of %d",
+                    c->rank, dest, source, c->size);
+  if ((dest >= 0 && send_count && !send) || (source >= 0 && recv_count && !recv))
+    return nb_error(NB_ERR_INVALID, "sendrecv: NULL buffer");
+  if (send_count * es > INT_MAX || recv_count * es > INT_MAX)
+    return nb_error(NB_ERR_UNSUPPORTED, "sendrecv: more than INT_MAX bytes");
+  int rc = MPI_Sendrecv(send, dest >= 0 ? (int)(send_count * es) : 0, MPI_BYTE,
+                        dest >= 0 ? dest : MPI_PROC_NULL, 0x6e62, recv,
+                        source >= 0 ? (int)(recv_count * es) : 0, MPI_BYTE,
+                        source >= 0 ? source : MPI_PROC_NULL, 0x6e62, c->mpi, MPI_STATUS_IGNORE);
+  return rc == MPI_SUCCESS ? NB_OK : nb__mpi_error(rc, "MPI_Sendrecv");
+}
+
+nb_status_t nb_comm_send(nb_comm_t* c, const void* send, size_t count, int dest,
+                         nb_comm_dtype_t dt) {
+  return nb_comm_sendrecv(c, send, count, dest, NULL, 0, -1, dt);
+}
+
+nb_status_t nb_comm_recv(nb_comm_t* c, void* recv, size_t count, int source, nb_comm_dtype_t dt) {
+  return nb_comm_sendrecv(c, NULL, 0, -1, recv, count, source, dt);
+}
+
 nb_status_t nb_comm_barrier(nb_comm_t* c) {
   if (!c) return nb_error(NB_ERR_INVALID, "barrier: communicator is NULL");
   return c->be->barrier(c);

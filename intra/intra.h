@@ -142,6 +142,18 @@ nb_status_t nb_comm_broadcast(nb_comm_t* c, const void* send, void* recv, size_t
  * root is in place. */
 nb_status_t nb_comm_reduce(nb_comm_t* c, const void* send, void* recv, size_t count,
                            nb_comm_dtype_t dt, nb_comm_op_t op, int root);
+/* ---- Point to point (pipeline parallelism: activations forward, their gradients back) ------
+ * Not collective: the two ranks of each transfer call it, with the same count and dtype. One
+ * call sends send_count elements to rank dest and receives recv_count from rank source at once
+ * (MPI_Sendrecv: two neighbours that both send do not deadlock); dest or source -1 leaves that
+ * side out. Blocking. CPU communicators only for now (NB_ERR_UNSUPPORTED on a GPU one).
+ * NB_ERR_INVALID (a rank out of range or this rank, a NULL buffer with a count), NB_ERR_MPI. */
+nb_status_t nb_comm_sendrecv(nb_comm_t* c, const void* send, size_t send_count, int dest,
+                             void* recv, size_t recv_count, int source, nb_comm_dtype_t dt);
+nb_status_t nb_comm_send(nb_comm_t* c, const void* send, size_t count, int dest,
+                         nb_comm_dtype_t dt);
+nb_status_t nb_comm_recv(nb_comm_t* c, void* recv, size_t count, int source, nb_comm_dtype_t dt);
+
 /* Returns when every rank has entered it (GPU: after the stream has drained). */
 nb_status_t nb_comm_barrier(nb_comm_t* c);
 

@@ -595,7 +595,7 @@ static nb_status_t nb__read_config(const nb_ckpt_t* c, const char* path, nb_mode
 }
 
 nb_status_t nb_checkpoint_save(const char* path, const nb_model_t* m, long step) {
-  if (nb_model_tp_size(m) > 1) /* a shard's tensors are not the model's: save the logical one */
+  if (nb_model_is_sharded(m)) /* a shard's tensors are not the model's: save the logical one */
     return nb_error(NB_ERR_UNSUPPORTED, "checkpoint %s: a tensor-parallel shard (gather it)", path);
   const nb_model_config_t* c = nb_model_get_config(m);
   char v[6][24];
@@ -612,7 +612,7 @@ nb_status_t nb_checkpoint_save(const char* path, const nb_model_t* m, long step)
 }
 
 nb_status_t nb_checkpoint_load_into(const char* path, nb_model_t* m, long* step) {
-  if (nb_model_tp_size(m) > 1)
+  if (nb_model_is_sharded(m))
     return nb_error(NB_ERR_UNSUPPORTED, "checkpoint %s: a tensor-parallel shard (scatter it)",
                     path);
   nb_ckpt_t* c;

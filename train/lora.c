@@ -48,10 +48,10 @@ nb_status_t nb_lora_create(nb_model_t* m, const nb_lora_config_t* cfg, uint64_t 
   if (cfg->sites == 0 || (cfg->sites >> NB_SITE_COUNT) != 0)
     return nb_error(NB_ERR_INVALID, "lora: site mask 0x%x selects no valid projection", cfg->sites);
   if (!(cfg->alpha > 0.0f)) return nb_error(NB_ERR_INVALID, "lora: alpha must be > 0");
-  if (nb_model_tp_size(m) > 1)
+  if (nb_model_is_sharded(m))
     return nb_error(NB_ERR_UNSUPPORTED,
-                    "lora: adapters on a tensor-parallel model (size %d) are not supported yet",
-                    nb_model_tp_size(m));
+                    "lora: adapters on a tensor-parallel shard or pipeline stage are not supported "
+                    "yet");
   nb_status_t st = NB_OK;
   nb_lora_t* l = NULL;
   NB_CHECK(nb_calloc((void**)&l, 1, sizeof *l, "lora"));

@@ -56,6 +56,25 @@ typedef struct {
   float* res3;     /* (N, C) */
 } nb__layer_acts_t;
 
+/* What one micro-batch in flight holds: the activation arena and everything of the last forward
+ * (pipeline parallelism keeps several; nb_model_use_slot swaps them in). */
+#define NB__SLOT_FIELDS(X)                                                                       \
+  X(int, cap_B)                                                                                  \
+  X(int, cap_T)                                                                                  \
+  X(float*, acts) X(nb__layer_acts_t*, la) X(float*, encoded) X(float*, lnf) X(float*, lnf_mean) \
+      X(float*, lnf_rstd) X(float*, logits) X(float*, probs) X(float*, losses) X(float*, dres)   \
+          X(float*, dln) X(float*, dqkv) X(float*, datty) X(float*, dfch) X(float*, dfch_gelu)   \
+              X(float*, dlogits) X(float*, att_ws) X(size_t, att_ws_n) X(int, att_chunks)        \
+                  X(float*, ps) X(float*, pt) X(float*, kl) X(float*, partial) X(int*, tokens)   \
+                      X(int*, targets) X(int, B) X(int, T) X(int, have_targets) X(int, count)    \
+                          X(float, alpha) X(float, temp)
+
+typedef struct {
+#define X(type, name) type name;
+  NB__SLOT_FIELDS(X)
+#undef X
+} nb__slot_t;
+
 struct nb_model {
   nb_model_config_t cfg;
   size_t n_params;
@@ -96,6 +115,14 @@ struct nb_model {
   size_t n_logical;
   nb_model_segment_t* seg;
   size_t n_seg, cap_seg;
+  /* pipeline parallelism (1 stage when off): this stage holds layers [l0, l0 + Ls) of the
+   * logical model, the embeddings and the final LayerNorm (replicated over the stages) */
+  int pp_stage, pp_stages, l0, Ls;
+  int in_layers; /* while building the table: a layer's tensor (sharded over the stages) */
+  /* the group gather, scatter and the norm run over: the tensor-parallel one or the pipeline */
+  nb_model_tp_t grp;
+  nb__slot_t* slots; /* NULL, or n_slots activation sets (the current one lives in the fields) */
+  int n_slots, cur_slot;
 
   /* decoding: key and value caches (dec_cap, L, ctx, C) each, one position's activations for
    * dec_cap rows */
@@ -167,7 +194,7 @@ static void nb__add_view(nb_model_t* m, const char* name, int rows, int cols, in
   size_t lo = v->offset, go = m->n_logical, part = (size_t)rows / 3 / (size_t)P;
   switch (split) {
     case SPLIT_NONE:
-      nb__add_seg(m, lo, go, v->numel, 0);
+      nb__add_seg(m, lo, go, v->numel, m->in_layers && m->pp_stages > 1);
       break;
     case SPLIT_QKV:
       for (size_t k = 0; k < 3; k++)
@@ -198,19 +225,48 @@ static void nb__add_view(nb_model_t* m, const char* name, int rows, int cols, in
 #define V_LNFW(m) ((m)->n_views - 2)
 #define V_LNFB(m) ((m)->n_views - 1)
 
+static nb_status_t nb__create(const nb_model_config_t* cfg, uint64_t seed, const nb_model_tp_t* tp,
+                              const nb_model_pp_t* pp, nb_model_t** out);
+
 nb_status_t nb_model_create(const nb_model_config_t* cfg, uint64_t seed, nb_model_t** out) {
-  return nb_model_create_tp(cfg, seed, NULL, out);
+  return nb__create(cfg, seed, NULL, NULL, out);
 }
 
 nb_status_t nb_model_create_tp(const nb_model_config_t* cfg, uint64_t seed, const nb_model_tp_t* tp,
                                nb_model_t** out) {
+  return nb__create(cfg, seed, tp, NULL, out);
+}
+
+nb_status_t nb_model_create_pp(const nb_model_config_t* cfg, uint64_t seed, const nb_model_pp_t* pp,
+                               nb_model_t** out) {
+  if (!pp) return nb_error(NB_ERR_INVALID, "model: NULL pipeline settings");
+  return nb__create(cfg, seed, NULL, pp, out);
+}
+
+static nb_status_t nb__create(const nb_model_config_t* cfg, uint64_t seed, const nb_model_tp_t* tp,
+                              const nb_model_pp_t* pp, nb_model_t** out) {
   nb_status_t st = NB_OK;
   nb_model_t* m = NULL;
   nb_model_t* full = NULL;
+  if (!out) return nb_error(NB_ERR_INVALID, "model: NULL out");
   *out = NULL;
   NB_CHECK(nb_model_config_check(cfg));
   nb_model_tp_t one = {.rank = 0, .size = 1};
   if (!tp) tp = &one;
+  nb_model_pp_t one_stage = {.stage = 0, .stages = 1};
+  if (!pp) pp = &one_stage;
+  if (pp->stages < 1 || pp->stages > cfg->n_layer || cfg->n_layer % pp->stages != 0)
+    return nb_error(NB_ERR_INVALID,
+                    "model: %d pipeline stages must divide n_layer %d (each stage whole layers)",
+                    pp->stages, cfg->n_layer);
+  if (pp->stage < 0 || pp->stage >= pp->stages)
+    return nb_error(NB_ERR_INVALID, "model: pipeline stage %d not in [0, %d)", pp->stage,
+                    pp->stages);
+  if (pp->stages > 1 && !pp->allreduce)
+    return nb_error(NB_ERR_INVALID, "model: %d pipeline stages need an allreduce", pp->stages);
+  if (pp->stages > 1 && tp->size > 1)
+    return nb_error(NB_ERR_UNSUPPORTED,
+                    "model: tensor and pipeline parallelism together are not built yet");
   if (tp->size < 1 || tp->size > cfg->n_head || cfg->n_head % tp->size != 0)
     return nb_error(NB_ERR_INVALID,
                     "model: tensor-parallel size %d must divide n_head %d (each rank whole heads)",
@@ -223,6 +279,11 @@ nb_status_t nb_model_create_tp(const nb_model_config_t* cfg, uint64_t seed, cons
   NB_CHECK(nb_calloc((void**)&m, 1, sizeof *m, "model"));
   m->cfg = *cfg;
   m->tp = *tp;
+  m->pp_stage = pp->stage;
+  m->pp_stages = pp->stages;
+  m->Ls = cfg->n_layer / pp->stages;
+  m->l0 = pp->stage * m->Ls;
+  m->grp = tp->size > 1 ? *tp : (nb_model_tp_t){pp->stage, pp->stages, pp->allreduce, pp->ctx};
   int L = cfg->n_layer, C = cfg->n_embd, V = cfg->vocab;
   m->Cl = C / tp->size;
   m->NHl = cfg->n_head / tp->size;
@@ -241,12 +302,18 @@ nb_status_t nb_model_create_tp(const nb_model_config_t* cfg, uint64_t seed, cons
   const int split[P_LAYER_COUNT] = {SPLIT_NONE, SPLIT_NONE, SPLIT_QKV,  SPLIT_QKV,
                                     SPLIT_COLS, SPLIT_NONE, SPLIT_NONE, SPLIT_NONE,
                                     SPLIT_ROWS, SPLIT_ROWS, SPLIT_COLS, SPLIT_NONE};
+  m->in_layers = 1;
   for (int l = 0; l < L; l++)
     for (int k = 0; k < P_LAYER_COUNT; k++) {
+      if (l < m->l0 || l >= m->l0 + m->Ls) { /* another stage's layer: only its logical place */
+        m->n_logical += (size_t)rows[k] * (size_t)(cols[k] > 0 ? cols[k] : 1);
+        continue;
+      }
       char name[64];
       snprintf(name, sizeof name, "h.%d.%s", l, nb__layer_names[k]);
       nb__add_view(m, name, rows[k], cols[k], cols[k] > 0, split[k]);
     }
+  m->in_layers = 0;
   nb__add_view(m, "ln_f.weight", C, 0, 0, SPLIT_NONE);
   nb__add_view(m, "ln_f.bias", C, 0, 0, SPLIT_NONE);
 
@@ -259,9 +326,9 @@ nb_status_t nb_model_create_tp(const nb_model_config_t* cfg, uint64_t seed, cons
   for (size_t i = 0; i < m->n_views; i++)
     memset(m->decay + m->views[i].offset, m->views[i].decay, m->views[i].numel);
 
-  if (tp->size > 1) {
-    /* the shard of the size-1 model of the same seed */
-    NB_CHECK_GOTO(nb_model_create_tp(cfg, seed, NULL, &full), st, fail);
+  if (tp->size > 1 || pp->stages > 1) {
+    /* the shard (or stage) of the size-1 model of the same seed */
+    NB_CHECK_GOTO(nb__create(cfg, seed, NULL, NULL, &full), st, fail);
     nb_model_tp_scatter(m, full->params, m->params);
     nb_model_destroy(full);
     *out = m;
@@ -304,8 +371,11 @@ static void nb__free_acts(nb_model_t* m) {
   m->cap_B = m->cap_T = 0;
 }
 
+static void nb__slots_free(nb_model_t* m);
+
 void nb_model_destroy(nb_model_t* m) {
   if (!m) return;
+  nb__slots_free(m);
   nb__free_acts(m);
   nb_free(m->dec);
   nb_free(m->params);
@@ -384,8 +454,27 @@ static nb_status_t nb__tp_sum(nb_model_t* m, float* buf, size_t n) {
   return NB_OK;
 }
 
+static nb_status_t nb__grp_sum(nb_model_t* m, float* buf, size_t n) {
+  if (m->grp.size == 1) return NB_OK;
+  nb_status_t st = m->grp.allreduce(m->grp.ctx, buf, n);
+  if (st != NB_OK)
+    return nb_error(st, "model: allreduce of %zu floats over the %s group failed (rank %d of %d)",
+                    n, m->tp.size > 1 ? "tensor-parallel" : "pipeline", m->grp.rank, m->grp.size);
+  return NB_OK;
+}
+
+int nb_model_pp_stages(const nb_model_t* m) {
+  return m->pp_stages;
+}
+int nb_model_pp_stage(const nb_model_t* m) {
+  return m->pp_stage;
+}
+int nb_model_is_sharded(const nb_model_t* m) {
+  return m->tp.size > 1 || m->pp_stages > 1;
+}
+
 nb_status_t nb_model_tp_gather(nb_model_t* m, const float* local, float* logical) {
-  if (m->tp.size == 1) {
+  if (m->grp.size == 1) {
     memcpy(logical, local, m->n_params * sizeof(float));
     return NB_OK;
   }
@@ -394,10 +483,10 @@ nb_status_t nb_model_tp_gather(nb_model_t* m, const float* local, float* logical
   memset(logical, 0, m->n_logical * sizeof(float));
   for (size_t i = 0; i < m->n_seg; i++) {
     const nb_model_segment_t* g = &m->seg[i];
-    if (g->sharded || m->tp.rank == 0)
+    if (g->sharded || m->grp.rank == 0)
       memcpy(logical + g->logical, local + g->local, g->len * sizeof(float));
   }
-  return nb__tp_sum(m, logical, m->n_logical);
+  return nb__grp_sum(m, logical, m->n_logical);
 }
 
 void nb_model_tp_scatter(const nb_model_t* m, const float* logical, float* local) {
@@ -418,7 +507,7 @@ nb_status_t nb_model_tp_norm(nb_model_t* m, const float* buf, double* norm) {
   /* the sharded partial sums meet in float (enough for clipping); every rank receives the
    * same total */
   float part = (float)sq[1];
-  NB_CHECK(nb__tp_sum(m, &part, 1));
+  NB_CHECK(nb__grp_sum(m, &part, 1));
   *norm = sqrt(sq[0] + (double)part);
   return NB_OK;
 }
@@ -679,7 +768,7 @@ static void nb__kl_fwd_chunk(void* ctx, size_t i) {
 static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
   if (m->acts && B <= m->cap_B && T <= m->cap_T) return NB_OK;
   nb__free_acts(m);
-  int L = m->cfg.n_layer, C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab;
+  int L = m->Ls, C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab;
   size_t N = (size_t)B * T, NC = N * C, NV = N * V, att = (size_t)B * NH * T;
   /* attention runs (batch, head) ranges on the pool, one scratch per range; the ranges are
    * whole heads, so the results do not depend on how many there are */
@@ -804,7 +893,7 @@ static int nb__par_crossentropy(nb_model_t* m, int N) {
 /* The forward through the first nl layers; with nl == n_layer also the final LayerNorm and the
  * logits (nb__forward). */
 static nb_status_t nb__forward_layers_run(nb_model_t* m, const int* tokens, const int* targets,
-                                          int B, int T, int nl) {
+                                          const float* x_in, int B, int T, int nl) {
   if (!m || !tokens) return nb_error(NB_ERR_INVALID, "model forward: NULL model or tokens");
   const nb_model_config_t* c = &m->cfg;
   if (B < 1 || T < 1 || T > c->ctx)
@@ -825,17 +914,22 @@ static nb_status_t nb__forward_layers_run(nb_model_t* m, const int* tokens, cons
   m->B = B;
   m->T = T;
   m->have_targets = 0;
-  int L = c->n_layer, C = c->n_embd, V = c->vocab, n = (int)N;
+  int C = c->n_embd, V = c->vocab, n = (int)N;
   int Cl = m->Cl, lead = m->tp.rank == 0; /* the row-parallel biases are added once */
+  /* the last pipeline stage (or the whole model) ends in the final LayerNorm and the logits */
+  int head = nl == m->Ls && m->pp_stage == m->pp_stages - 1;
 
-  nb_embedding_forward(m->encoded, m->tokens, GP(m, V_WTE), GP(m, V_WPE), B, T, C);
+  if (x_in) /* a later pipeline stage: the previous stage's output is the residual stream */
+    memcpy(m->encoded, x_in, N * C * sizeof(float));
+  else
+    nb_embedding_forward(m->encoded, m->tokens, GP(m, V_WTE), GP(m, V_WPE), B, T, C);
   /* Each residual add is fused with the LayerNorm after it: res2 with ln2, res3 with the next
    * layer's ln1 (or the final one). Layer 0's ln1 reads the embeddings. */
   const float* residual = m->encoded;
   if (nl > 0)
     nb__par_ln_forward(m->la[0].ln1, m->la[0].ln1_mean, m->la[0].ln1_rstd, residual,
                        LP(m, 0, P_LN1W), LP(m, 0, P_LN1B), n, C);
-  else if (nl == L)
+  else if (head)
     nb__par_ln_forward(m->lnf, m->lnf_mean, m->lnf_rstd, residual, GP(m, V_LNFW(m)),
                        GP(m, V_LNFB(m)), n, C);
   for (int l = 0; l < nl; l++) {
@@ -864,7 +958,7 @@ static nb_status_t nb__forward_layers_run(nb_model_t* m, const int* tokens, cons
       nb__layer_acts_t* an = &m->la[l + 1];
       nb__par_res_ln_forward(a->res3, an->ln1, an->ln1_mean, an->ln1_rstd, a->res2, a->fcproj,
                              LP(m, l + 1, P_LN1W), LP(m, l + 1, P_LN1B), n, C);
-    } else if (nl == L) {
+    } else if (head) {
       nb__par_res_ln_forward(a->res3, m->lnf, m->lnf_mean, m->lnf_rstd, a->res2, a->fcproj,
                              GP(m, V_LNFW(m)), GP(m, V_LNFB(m)), n, C);
     } else {
@@ -872,7 +966,7 @@ static nb_status_t nb__forward_layers_run(nb_model_t* m, const int* tokens, cons
     }
     residual = a->res3;
   }
-  if (nl < L) return NB_OK;
+  if (!head) return NB_OK;
   nb__mm_forward(m->logits, m->lnf, GP(m, V_WTE), NULL, n, C, V);
   return NB_OK;
 }
@@ -880,13 +974,16 @@ static nb_status_t nb__forward_layers_run(nb_model_t* m, const int* tokens, cons
 static nb_status_t nb__forward_layers(nb_model_t* m, const int* tokens, const int* targets, int B,
                                       int T, int nl) {
   int blas = nb_matmul_cpu_threads(1); /* the pool is the step's one thread set */
-  nb_status_t s = nb__forward_layers_run(m, tokens, targets, B, T, nl);
+  nb_status_t s = nb__forward_layers_run(m, tokens, targets, NULL, B, T, nl);
   if (blas) nb_matmul_cpu_threads(blas);
   return s;
 }
 
 static nb_status_t nb__forward(nb_model_t* m, const int* tokens, const int* targets, int B, int T) {
-  return nb__forward_layers(m, tokens, targets, B, T, m ? m->cfg.n_layer : 0);
+  if (m && m->pp_stages > 1) /* one stage alone is not the model */
+    return nb_error(NB_ERR_UNSUPPORTED,
+                    "model forward: a pipeline stage runs through train/pipeline.h, not alone");
+  return nb__forward_layers(m, tokens, targets, B, T, m ? m->Ls : 0);
 }
 
 nb_status_t nb_model_forward(nb_model_t* m, const int* tokens, const int* targets, int B, int T,
@@ -936,16 +1033,13 @@ nb_status_t nb_model_forward_distill(nb_model_t* m, const int* tokens, const int
   return NB_OK;
 }
 
-static nb_status_t nb__backward(nb_model_t* m) {
-  if (!m->have_targets)
-    return nb_error(NB_ERR_INVALID, "model backward: no forward with targets before it");
-  const nb_model_config_t* c = &m->cfg;
-  int B = m->B, T = m->T, L = c->n_layer, C = c->n_embd, V = c->vocab, Cl = m->Cl;
+/* The last stage's (or the whole model's) backward through the loss, the tied output head and
+ * the final LayerNorm: dres receives the gradient of the last layer's output. The gradient
+ * pointers are NULL for a frozen model. */
+static void nb__backward_head(nb_model_t* m, float* dwte, float* dlnfw, float* dlnfb) {
+  int B = m->B, T = m->T, L = m->Ls, C = m->cfg.n_embd, V = m->cfg.vocab;
   int n = B * T;
-  size_t N = (size_t)n, NC = N * C, NCl = N * Cl;
-  int fz = m->frozen;
-#define G(ptr) (fz ? NULL : (ptr))
-
+  size_t N = (size_t)n, NC = N * C;
   memset(m->dlogits, 0, N * V * sizeof(float));
   if (m->count > 0) {
     float inv = 1.0f / (float)m->count;
@@ -964,11 +1058,33 @@ static nb_status_t nb__backward(nb_model_t* m) {
     nb__par_run(nb__ce_bwd_chunk, &p);
   }
   memset(m->dln, 0, NC * sizeof(float));
-  nb__mm_backward(m->dln, G(GG(m, V_WTE)), NULL, m->dlogits, m->lnf, GP(m, V_WTE), n, C, V);
+  nb__mm_backward(m->dln, dwte, NULL, m->dlogits, m->lnf, GP(m, V_WTE), n, C, V);
   memset(m->dres, 0, NC * sizeof(float));
   const float* last = L > 0 ? m->la[L - 1].res3 : m->encoded;
-  nb__par_ln_backward(m, m->dres, G(GG(m, V_LNFW(m))), G(GG(m, V_LNFB(m))), m->dln, last,
-                      GP(m, V_LNFW(m)), m->lnf_mean, m->lnf_rstd, n, C);
+  nb__par_ln_backward(m, m->dres, dlnfw, dlnfb, m->dln, last, GP(m, V_LNFW(m)), m->lnf_mean,
+                      m->lnf_rstd, n, C);
+}
+
+/* dx_out: a pipeline stage before the last: the gradient of its output (B, T, C); NULL on the
+ * last stage (or the whole model), which starts from its loss. */
+static nb_status_t nb__backward(nb_model_t* m, const float* dx_out) {
+  int last_stage = m->pp_stage == m->pp_stages - 1;
+  if (!m->have_targets)
+    return nb_error(NB_ERR_INVALID, "model backward: no forward with targets before it");
+  if (!last_stage && !dx_out)
+    return nb_error(NB_ERR_INVALID, "model backward: stage %d needs its output's gradient",
+                    m->pp_stage);
+  const nb_model_config_t* c = &m->cfg;
+  int B = m->B, T = m->T, L = m->Ls, C = c->n_embd, Cl = m->Cl;
+  int n = B * T;
+  size_t N = (size_t)n, NC = N * C, NCl = N * Cl;
+  int fz = m->frozen;
+#define G(ptr) (fz ? NULL : (ptr))
+
+  if (last_stage)
+    nb__backward_head(m, G(GG(m, V_WTE)), G(GG(m, V_LNFW(m))), G(GG(m, V_LNFB(m))));
+  else /* the gradient of this stage's output, from the next stage */
+    memcpy(m->dres, dx_out, NC * sizeof(float));
   for (int l = L - 1; l >= 0; l--) {
     nb__layer_acts_t* a = &m->la[l];
     const float* residual = l == 0 ? m->encoded : m->la[l - 1].res3;
@@ -1010,17 +1126,122 @@ static nb_status_t nb__backward(nb_model_t* m) {
     nb__par_ln_backward(m, m->dres, G(LG(m, l, P_LN1W)), G(LG(m, l, P_LN1B)), m->dln, residual,
                         LP(m, l, P_LN1W), a->ln1_mean, a->ln1_rstd, n, C);
   }
-  if (!fz) nb_embedding_backward(GG(m, V_WTE), GG(m, V_WPE), m->dres, m->tokens, B, T, C);
+  /* a later pipeline stage leaves d(its input) in dres (nb_model_stage_dinput) */
+  if (!fz && m->pp_stage == 0)
+    nb_embedding_backward(GG(m, V_WTE), GG(m, V_WPE), m->dres, m->tokens, B, T, C);
 #undef G
   return NB_OK;
 }
 
 nb_status_t nb_model_backward(nb_model_t* m) {
   if (!m) return nb_error(NB_ERR_INVALID, "model backward: NULL model");
+  if (m->pp_stages > 1)
+    return nb_error(NB_ERR_UNSUPPORTED,
+                    "model backward: a pipeline stage runs through train/pipeline.h, not alone");
   int blas = nb_matmul_cpu_threads(1); /* the pool is the step's one thread set */
-  nb_status_t s = nb__backward(m);
+  nb_status_t s = nb__backward(m, NULL);
   if (blas) nb_matmul_cpu_threads(blas);
   return s;
+}
+
+/* ---- pipeline stages ---------------------------------------------------------------------- */
+
+nb_status_t nb_model_stage_forward(nb_model_t* m, const int* tokens, const int* targets,
+                                   const float* x_in, int B, int T, float* loss) {
+  if (!m) return nb_error(NB_ERR_INVALID, "stage forward: NULL model");
+  int first = m->pp_stage == 0, last = m->pp_stage == m->pp_stages - 1;
+  if (first == (x_in != NULL))
+    return nb_error(NB_ERR_INVALID, "stage forward: stage %d %s an input activation", m->pp_stage,
+                    first ? "takes tokens, not" : "needs");
+  if (last && !targets)
+    return nb_error(NB_ERR_INVALID, "stage forward: the last stage needs the targets");
+  int blas = nb_matmul_cpu_threads(1);
+  nb_status_t st = nb__forward_layers_run(m, tokens, targets, x_in, B, T, m->Ls);
+  if (blas) nb_matmul_cpu_threads(blas);
+  NB_CHECK(st);
+  m->alpha = 0.0f;
+  m->have_targets = 1; /* backward may run */
+  if (loss) *loss = 0.0f;
+  if (!last) return NB_OK;
+  int N = B * T;
+  m->count = nb__par_crossentropy(m, N);
+  double s = 0.0;
+  for (int i = 0; i < N; i++) s += m->losses[i];
+  if (loss) *loss = m->count ? (float)(s / m->count) : 0.0f;
+  return NB_OK;
+}
+
+const float* nb_model_stage_output(const nb_model_t* m) {
+  return m->Ls > 0 ? m->la[m->Ls - 1].res3 : m->encoded;
+}
+
+nb_status_t nb_model_stage_backward(nb_model_t* m, const float* dx_out) {
+  if (!m) return nb_error(NB_ERR_INVALID, "stage backward: NULL model");
+  int blas = nb_matmul_cpu_threads(1);
+  nb_status_t s = nb__backward(m, dx_out);
+  if (blas) nb_matmul_cpu_threads(blas);
+  return s;
+}
+
+const float* nb_model_stage_dinput(const nb_model_t* m) {
+  return m->dres;
+}
+
+nb_status_t nb_model_pp_reduce_grads(nb_model_t* m) {
+  if (m->pp_stages == 1) return NB_OK;
+  /* the embeddings (used by the first stage, and wte by the last as the output head) and the
+   * final LayerNorm (the last stage): their contributions meet on every stage */
+  const size_t idx[4] = {V_WTE, V_WPE, V_LNFW(m), V_LNFB(m)};
+  for (size_t i = 0; i < 4; i++) NB_CHECK(nb__grp_sum(m, GG(m, idx[i]), m->views[idx[i]].numel));
+  return NB_OK;
+}
+
+static void nb__slot_save(const nb_model_t* m, nb__slot_t* s) {
+#define X(type, name) s->name = m->name;
+  NB__SLOT_FIELDS(X)
+#undef X
+}
+
+static void nb__slot_load(nb_model_t* m, const nb__slot_t* s) {
+#define X(type, name) m->name = s->name;
+  NB__SLOT_FIELDS(X)
+#undef X
+}
+
+/* Frees every slot but the current one (which stays in the model's fields). */
+static void nb__slots_free(nb_model_t* m) {
+  if (!m->slots) return;
+  nb__slot_t cur;
+  nb__slot_save(m, &cur);
+  for (int i = 0; i < m->n_slots; i++) {
+    if (i == m->cur_slot) continue;
+    nb__slot_load(m, &m->slots[i]);
+    nb__free_acts(m);
+  }
+  nb__slot_load(m, &cur);
+  nb_free(m->slots);
+  m->slots = NULL;
+  m->n_slots = m->cur_slot = 0;
+}
+
+nb_status_t nb_model_set_slots(nb_model_t* m, int k) {
+  if (!m || k < 1 || k > 256) return nb_error(NB_ERR_INVALID, "model: slots %d not in [1, 256]", k);
+  nb__slots_free(m);
+  if (k == 1) return NB_OK;
+  NB_CHECK(nb_calloc((void**)&m->slots, (size_t)k, sizeof *m->slots, "activation slots"));
+  m->n_slots = k;
+  m->cur_slot = 0;
+  return NB_OK;
+}
+
+nb_status_t nb_model_use_slot(nb_model_t* m, int i) {
+  int n = m && m->slots ? m->n_slots : 1;
+  if (!m || i < 0 || i >= n) return nb_error(NB_ERR_INVALID, "model: slot %d not in [0, %d)", i, n);
+  if (i == m->cur_slot) return NB_OK;
+  nb__slot_save(m, &m->slots[m->cur_slot]);
+  nb__slot_load(m, &m->slots[i]);
+  m->cur_slot = i;
+  return NB_OK;
 }
 
 /* ---- greedy decoding. Each prompt goes once through the training forward (B = 1), whose packed
@@ -1211,11 +1432,10 @@ static nb_status_t nb__generate_cached(nb_model_t* m, int B, const int* const* p
                                        int* const* out, int* n_out, float* logits0) {
   if (!m || B < 1 || !prompts || !n_prompt || !max_new || !out || !n_out)
     return nb_error(NB_ERR_INVALID, "generate: need a model, B >= 1 and every array");
-  if (m->tp.size > 1)
+  if (nb_model_is_sharded(m))
     return nb_error(NB_ERR_UNSUPPORTED,
-                    "generate: K/V-cached decoding of a tensor-parallel model (size %d) is not "
-                    "supported yet",
-                    m->tp.size);
+                    "generate: K/V-cached decoding of a tensor-parallel shard or a pipeline stage "
+                    "is not supported yet");
   int V = m->cfg.vocab, ctx = m->cfg.ctx;
   size_t total = 0;
   for (int b = 0; b < B; b++) {

@@ -124,6 +124,55 @@ void nb_model_tp_scatter(const nb_model_t* m, const float* logical, float* local
  * summed over the group, replicated ones counted once. Collective; the same bits on every rank. */
 nb_status_t nb_model_tp_norm(nb_model_t* m, const float* buf, double* norm);
 
+/* ---- Pipeline parallelism: the model's layers split into `stages` stages of n_layer / stages
+ * consecutive layers, one per rank of a pipeline group. Every stage also holds the embeddings
+ * and the final LayerNorm (replicated: the first stage embeds, the last applies the final
+ * LayerNorm and the tied output head; nb_model_pp_reduce_grads sums their gradients over the
+ * stages after a step's micro-batches, so every stage keeps the same values). A stage's table
+ * names its layers as in the whole model (h.<l>...); nb_model_segments, nb_model_tp_gather,
+ * _scatter and _norm then run over the pipeline group as they do over a tensor-parallel one.
+ * nb_model_forward and nb_model_backward refuse a stage: the pipeline (train/pipeline.h) drives
+ * the stage calls below and moves the activations between them. */
+typedef struct {
+  int stage;                       /* in [0, stages) */
+  int stages;                      /* 1 = no pipeline; must divide n_layer */
+  nb_model_allreduce_fn allreduce; /* in-place sum over the stages (the same bits everywhere) */
+  void* ctx;
+} nb_model_pp_t;
+
+/* Stage pp->stage of pp->stages: the values the size-1 model of the same seed has there.
+ * NB_ERR_INVALID naming the field (stages not dividing n_layer, stage out of range, no
+ * allreduce), NB_ERR_UNSUPPORTED together with tensor parallelism. */
+nb_status_t nb_model_create_pp(const nb_model_config_t* cfg, uint64_t seed, const nb_model_pp_t* pp,
+                               nb_model_t** out);
+int nb_model_pp_stages(const nb_model_t* m);
+int nb_model_pp_stage(const nb_model_t* m);
+/* 1 when the model is a tensor-parallel shard or a pipeline stage (its tables are not the whole
+ * model's: checkpoints, decoding and LoRA refuse it). */
+int nb_model_is_sharded(const nb_model_t* m);
+
+/* A stage's forward of one micro-batch: the first stage embeds `tokens` (x_in NULL), a later one
+ * continues from x_in (B, T, C), the previous stage's output; the last needs `targets` and gives
+ * the mean loss (0 elsewhere). nb_model_stage_output: this stage's output (B, T, C), valid until
+ * the next forward in the same slot. */
+nb_status_t nb_model_stage_forward(nb_model_t* m, const int* tokens, const int* targets,
+                                   const float* x_in, int B, int T, float* loss);
+const float* nb_model_stage_output(const nb_model_t* m);
+/* The backward of the current slot's micro-batch, accumulating into the gradients: the last stage
+ * from its loss (dx_out NULL), an earlier one from dx_out (B, T, C), the gradient of its output.
+ * nb_model_stage_dinput: the gradient of its input (stages after the first), valid until the next
+ * backward. */
+nb_status_t nb_model_stage_backward(nb_model_t* m, const float* dx_out);
+const float* nb_model_stage_dinput(const nb_model_t* m);
+/* Sums the replicated tensors' gradients over the stages (collective; a no-op without stages). */
+nb_status_t nb_model_pp_reduce_grads(nb_model_t* m);
+
+/* Activation slots: k sets of activations, so that k micro-batches can be in flight between their
+ * forward and their backward (each slot allocated at its first forward). use_slot selects the one
+ * the next forward or backward works in. NB_ERR_INVALID out of range. */
+nb_status_t nb_model_set_slots(nb_model_t* m, int k);
+nb_status_t nb_model_use_slot(nb_model_t* m, int i);
+
 /* The flat arenas (owned by the model, valid until destroy; n set to the element count). The
  * gradient arena has the same layout as the parameter arena. */
 float* nb_model_params(nb_model_t* m, size_t* n);
