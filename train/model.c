@@ -58,16 +58,17 @@ typedef struct {
 
 /* What one micro-batch in flight holds: the activation arena and everything of the last forward
  * (pipeline parallelism keeps several; nb_model_use_slot swaps them in). */
-#define NB__SLOT_FIELDS(X)                                                                       \
-  X(int, cap_B)                                                                                  \
-  X(int, cap_T)                                                                                  \
-  X(float*, acts) X(nb__layer_acts_t*, la) X(float*, encoded) X(float*, lnf) X(float*, lnf_mean) \
-      X(float*, lnf_rstd) X(float*, logits) X(float*, probs) X(float*, losses) X(float*, dres)   \
-          X(float*, dln) X(float*, dqkv) X(float*, datty) X(float*, dfch) X(float*, dfch_gelu)   \
-              X(float*, dlogits) X(float*, att_ws) X(size_t, att_ws_n) X(int, att_chunks)        \
-                  X(float*, ps) X(float*, pt) X(float*, kl) X(float*, partial) X(int*, tokens)   \
-                      X(int*, targets) X(int, B) X(int, T) X(int, have_targets) X(int, count)    \
-                          X(float, alpha) X(float, temp)
+#define NB__SLOT_FIELDS(X)                                                                         \
+  X(int, cap_B)                                                                                    \
+  X(int, cap_T)                                                                                    \
+  X(float*, acts)                                                                                  \
+  X(nb__layer_acts_t*, la)                                                                         \
+  X(float*, encoded) X(float*, lnf) X(float*, lnf_mean) X(float*, lnf_rstd) X(float*, logits)      \
+      X(float*, probs) X(float*, losses) X(float*, dres) X(float*, dln) X(float*, dqkv)            \
+          X(float*, datty) X(float*, dfch) X(float*, dfch_gelu) X(float*, dlogits)                 \
+              X(float*, att_ws) X(size_t, att_ws_n) X(int, att_chunks) X(float*, ps) X(float*, pt) \
+                  X(float*, kl) X(float*, partial) X(int*, tokens) X(int*, targets) X(int, B)      \
+                      X(int, T) X(int, have_targets) X(int, count) X(float, alpha) X(float, temp)
 
 typedef struct {
 #define X(type, name) type name;
@@ -1561,6 +1562,19 @@ nb_status_t nb_model_generate_greedy_batch(nb_model_t* m, int B, const int* cons
   return nb__generate_cached(m, B, prompts, n_prompt, max_new, stop_token, out, n_out, NULL);
 }
 
+int nb_model_text_windows(const uint8_t* text, size_t len, int B, int T, size_t* start, int* tok,
+                          int* tgt) {
+  int b = 0;
+  for (; b < B && *start + 1 < len; b++, *start += (size_t)T) {
+    for (int t = 0; t < T; t++) {
+      size_t i = *start + (size_t)t;
+      tok[b * T + t] = i < len ? text[i] : NB_TOKEN_PAD;
+      tgt[b * T + t] = i + 1 < len ? text[i + 1] : -1;
+    }
+  }
+  return b;
+}
+
 nb_status_t nb_model_bits_per_byte(nb_model_t* m, const uint8_t* text, size_t len, int B, int T,
                                    double* bpb, size_t* n_scored) {
   if (!m || !text || !bpb || len < 2 || B < 1 || T < 1 || T > m->cfg.ctx)
@@ -1574,14 +1588,7 @@ nb_status_t nb_model_bits_per_byte(nb_model_t* m, const uint8_t* text, size_t le
   double nats = 0.0;
   size_t scored = 0, start = 0; /* the next window predicts text[start + 1 ...] */
   while (start + 1 < len) {
-    int b = 0;
-    for (; b < B && start + 1 < len; b++, start += (size_t)T) {
-      for (int t = 0; t < T; t++) {
-        size_t i = start + (size_t)t;
-        tok[b * T + t] = i < len ? text[i] : NB_TOKEN_PAD;
-        tgt[b * T + t] = i + 1 < len ? text[i + 1] : -1;
-      }
-    }
+    int b = nb_model_text_windows(text, len, B, T, &start, tok, tgt);
     float loss;
     NB_CHECK_GOTO(nb_model_forward(m, tok, tgt, b, T, &loss), st, done);
     nats += (double)loss * m->count;

@@ -235,6 +235,12 @@ nb_status_t nb_model_generate_greedy_batch(nb_model_t* m, int B, const int* cons
                                            const int* n_prompt, const int* max_new, int stop_token,
                                            int* const* out, int* n_out);
 
+/* The windows nb_model_bits_per_byte scores: up to B rows of T tokens from text[*start ...] and
+ * their targets (the next bytes; -1 past the end, the last row padded), *start moved past them.
+ * Returns the rows filled (0 when *start + 1 >= len). For a pipelined evaluation. */
+int nb_model_text_windows(const uint8_t* text, size_t len, int B, int T, size_t* start, int* tok,
+                          int* tgt);
+
 /* Held-out loss of a byte text in bits per byte: every byte after the first is predicted once,
  * from windows of up to T bytes of context (consecutive windows of T + 1 bytes overlapping by
  * one), B windows per forward. *bpb = mean cross-entropy / ln 2; *n_scored (nullable) receives

@@ -1,6 +1,7 @@
 /* train/pipeline: the 1F1B schedule of a pipeline stage (train/pipeline.h). */
 #include "train/pipeline.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -146,5 +147,30 @@ nb_status_t nb_pipeline_forward(nb_model_t* m, const nb_pipeline_t* p, const int
     *scored = c;
   }
   nb__pl_free(&q);
+  return st;
+}
+
+nb_status_t nb_pipeline_bits_per_byte(nb_model_t* m, const nb_pipeline_t* p, const uint8_t* text,
+                                      size_t len, int B, int T, double* bpb, size_t* n_scored) {
+  if (!m || !p || !text || !bpb || len < 2 || B < 1 || T < 1)
+    return nb_error(NB_ERR_INVALID, "pipeline bits per byte: need a stage, >= 2 bytes, B, T >= 1");
+  int *tok = NULL, *tgt = NULL;
+  nb_status_t st = nb_alloc((void**)&tok, (size_t)B * T, sizeof(int), "eval tokens");
+  if (st == NB_OK) st = nb_alloc((void**)&tgt, (size_t)B * T, sizeof(int), "eval targets");
+  double nats = 0.0;
+  size_t scored = 0, start = 0;
+  while (st == NB_OK && start + 1 < len) {
+    int rows = nb_model_text_windows(text, len, B, T, &start, tok, tgt), c = 0;
+    double loss = 0;
+    st = nb_pipeline_forward(m, p, tok, tgt, rows, T, &loss, &c);
+    nats += loss * c;
+    scored += (size_t)c;
+  }
+  if (st == NB_OK) {
+    *bpb = scored ? nats / (double)scored / log(2.0) : 0;
+    if (n_scored) *n_scored = scored;
+  }
+  nb_free(tok);
+  nb_free(tgt);
   return st;
 }

@@ -42,6 +42,10 @@ nb_status_t nb_pipeline_step(nb_model_t* m, const nb_pipeline_t* p, const int* t
 nb_status_t nb_pipeline_forward(nb_model_t* m, const nb_pipeline_t* p, const int* tokens,
                                 const int* targets, int B, int T, double* loss, int* scored);
 
+/* nb_model_bits_per_byte through the stages: held-out bits per byte of text, on every stage. */
+nb_status_t nb_pipeline_bits_per_byte(nb_model_t* m, const nb_pipeline_t* p, const uint8_t* text,
+                                      size_t len, int B, int T, double* bpb, size_t* n_scored);
+
 #ifdef __cplusplus
 }
 #endif

@@ -146,6 +146,23 @@ nb_status_t nb_train_config_check(const nb_train_config_t* c) {
           "tensor parallelism works on the whole model: not with LoRA or "
           "distillation");
   }
+  if (c->pp.stages < 0 || c->pp.stages > 256)
+    return NB__CFGERR("pp.stages must be in [0, 256], got %d", c->pp.stages);
+  if (c->pp.stages > 1) {
+    if (c->pp.stage < 0 || c->pp.stage >= c->pp.stages)
+      return NB__CFGERR("pp.stage must be in [0, %d), got %d", c->pp.stages, c->pp.stage);
+    if (!c->pp.allreduce || !c->pipe.sendrecv || !c->pipe.allreduce)
+      return NB__CFGERR("pp.allreduce, pipe.sendrecv and pipe.allreduce are required");
+    if (c->model.n_layer % c->pp.stages != 0)
+      return NB__CFGERR("%d pipeline stages need n_layer divisible by them, got %d", c->pp.stages,
+                        c->model.n_layer);
+    if (c->tp.size > 1)
+      return NB__CFGERR("tensor and pipeline parallelism together are not built yet");
+    if (c->lora_enabled || c->teacher_checkpoint[0])
+      return NB__CFGERR(
+          "pipeline parallelism works on the whole model: not with LoRA or "
+          "distillation");
+  }
   if (c->teacher_checkpoint[0]) {
     if (!(c->distill_alpha >= 0 && c->distill_alpha <= 1))
       return NB__CFGERR("distill_alpha must be in [0, 1], got %g", (double)c->distill_alpha);
@@ -472,8 +489,18 @@ static void nb__prune(const char* dir, int keep) {
   }
 }
 
+/* The model-parallel group of this rank: the tensor-parallel one, or the pipeline's stages. */
+static nb_model_tp_t nb__grp(const nb_trainer_t* t) {
+  const nb_train_config_t* c = &t->cfg;
+  if (c->tp.size > 1) return c->tp;
+  if (c->pp.stages > 1)
+    return (nb_model_tp_t){c->pp.stage, c->pp.stages, c->pp.allreduce, c->pp.ctx};
+  return (nb_model_tp_t){0, 1, NULL, NULL};
+}
+
+/* 1 when the model is a shard or a stage of a model-parallel group. */
 static int nb__tp_on(const nb_trainer_t* t) {
-  return t->cfg.tp.size > 1;
+  return nb__grp(t).size > 1;
 }
 
 /* Under tensor parallelism: every rank of the group learns whether any failed (a rank that
@@ -481,11 +508,13 @@ static int nb__tp_on(const nb_trainer_t* t) {
 static nb_status_t nb__tp_agree(nb_trainer_t* t, nb_status_t st, const char* what) {
   if (!nb__tp_on(t)) return st;
   float bad = st != NB_OK ? 1.0f : 0.0f;
-  nb_status_t a = t->cfg.tp.allreduce(t->cfg.tp.ctx, &bad, 1);
+  nb_model_tp_t g = nb__grp(t);
+  nb_status_t a = g.allreduce(g.ctx, &bad, 1);
   if (st != NB_OK) return st;
   if (a != NB_OK) return a;
   if (bad > 0)
-    return nb_error(NB_ERR_IO, "trainer: %s failed on another tensor-parallel rank", what);
+    return nb_error(NB_ERR_IO, "trainer: %s failed on another rank of the model-parallel group",
+                    what);
   return NB_OK;
 }
 
@@ -494,7 +523,7 @@ static nb_status_t nb__tp_agree(nb_trainer_t* t, nb_status_t st, const char* wha
 static nb_status_t nb__tp_logical_model(nb_trainer_t* t, float* buf, nb_model_t** out) {
   *out = NULL;
   NB_CHECK(nb_model_tp_gather(t->model, t->params, buf));
-  if (t->cfg.tp.rank != 0) return NB_OK;
+  if (nb__grp(t).rank != 0) return NB_OK;
   NB_CHECK(nb_model_create(&t->cfg.model, t->cfg.seed, out));
   size_t n;
   memcpy(nb_model_params(*out, &n), buf, nb_model_num_logical_params(t->model) * sizeof(float));
@@ -684,6 +713,7 @@ nb_status_t nb_trainer_create(const nb_train_config_t* cfg, nb_trainer_t** out) 
   if (st != NB_OK) goto fail;
 
   const nb_model_tp_t* tp = cfg->tp.size > 1 ? &cfg->tp : NULL;
+  const nb_model_pp_t* pp = cfg->pp.stages > 1 ? &cfg->pp : NULL;
   if (cfg->init_checkpoint[0]) {
     long s0;
     nb_model_t* lm = NULL; /* the logical model; the shard is taken from it under TP */
@@ -697,14 +727,17 @@ nb_status_t nb_trainer_create(const nb_train_config_t* cfg, nb_trainer_t** out) 
                       cfg->model.n_layer, cfg->model.n_embd, cfg->model.n_head, cfg->model.ctx,
                       cfg->init_checkpoint, mc->n_layer, mc->n_embd, mc->n_head, mc->ctx);
     }
-    if (st == NB_OK && tp) {
-      st = nb_model_create_tp(&cfg->model, cfg->seed, tp, &t->model);
+    if (st == NB_OK && (tp || pp)) {
+      st = pp ? nb_model_create_pp(&cfg->model, cfg->seed, pp, &t->model)
+              : nb_model_create_tp(&cfg->model, cfg->seed, tp, &t->model);
       if (st == NB_OK)
         nb_model_tp_scatter(t->model, nb_model_params(lm, NULL), nb_model_params(t->model, NULL));
       nb_model_destroy(lm);
     } else {
       t->model = lm;
     }
+  } else if (pp) {
+    st = nb_model_create_pp(&cfg->model, cfg->seed, pp, &t->model);
   } else {
     st = nb_model_create_tp(&cfg->model, cfg->seed, tp, &t->model);
   }
@@ -731,7 +764,8 @@ nb_status_t nb_trainer_create(const nb_train_config_t* cfg, nb_trainer_t** out) 
     st = nb_error(NB_ERR_CONFIG, "train config: optimizer: %s", nb_error_last());
     goto fail;
   }
-  size_t bt = (size_t)cfg->batch_size * (size_t)t->T;
+  /* a pipeline takes a step's micro-batches at once */
+  size_t bt = (size_t)cfg->batch_size * (size_t)t->T * (size_t)(pp ? cfg->micro_batches : 1);
   if ((st = nb_alloc((void**)&t->tokens, bt, sizeof(int), "batch")) != NB_OK ||
       (st = nb_alloc((void**)&t->targets, bt, sizeof(int), "batch")) != NB_OK)
     goto fail;
@@ -767,7 +801,15 @@ static nb_status_t nb__one_step(nb_trainer_t* t, double* loss_out, double* gn_ou
   else
     nb_model_zero_grad(t->model);
   long scored = 0;
-  for (int mb = 0; mb < M; mb++) {
+  if (c->pp.stages > 1) { /* the step's micro-batches through the stages, 1F1B */
+    size_t bt = (size_t)B * (size_t)T;
+    for (int mb = 0; mb < M; mb++)
+      scored += nb__fill_batch(t, t->step, mb, t->tokens + mb * bt, t->targets + mb * bt);
+    double l = 0;
+    NB_CHECK(nb_pipeline_step(t->model, &c->pipe, t->tokens, t->targets, M, B, T, &l));
+    loss_sum = l * M;
+  }
+  for (int mb = 0; mb < M && c->pp.stages <= 1; mb++) {
     scored += nb__fill_batch(t, t->step, mb, t->tokens, t->targets);
     float loss = 0;
     if (t->teacher) {
@@ -781,7 +823,7 @@ static nb_status_t nb__one_step(nb_trainer_t* t, double* loss_out, double* gn_ou
     NB_CHECK(nb_model_backward(t->model));
     loss_sum += loss;
   }
-  if (M > 1) {
+  if (M > 1 && c->pp.stages <= 1) { /* (the pipeline averaged its own) */
     float s = 1.0f / (float)M;
     for (size_t i = 0; i < t->n_train; i++) t->grads[i] *= s;
   }
@@ -884,7 +926,12 @@ nb_status_t nb_trainer_eval(nb_trainer_t* t, nb_train_eval_t* out) {
     if (c->data_kind == NB_TRAIN_DATA_MONO) {
       size_t cap = (size_t)c->eval_batches * B * T + 1;
       size_t len = s->held_len < cap ? s->held_len : cap;
-      NB_CHECK(nb_model_bits_per_byte(t->model, s->held, len, B, T, &out->bpb[i], &out->scored[i]));
+      if (c->pp.stages > 1)
+        NB_CHECK(nb_pipeline_bits_per_byte(t->model, &c->pipe, s->held, len, B, T, &out->bpb[i],
+                                           &out->scored[i]));
+      else
+        NB_CHECK(
+            nb_model_bits_per_byte(t->model, s->held, len, B, T, &out->bpb[i], &out->scored[i]));
     } else {
       size_t n = (size_t)c->eval_batches * B;
       if (n > s->n_held_pairs) n = s->n_held_pairs;
@@ -899,7 +946,14 @@ nb_status_t nb_trainer_eval(nb_trainer_t* t, nb_train_eval_t* out) {
         for (size_t j = 0; j < (size_t)rows * T; j++) c_b += t->targets[j] >= 0;
         float loss = 0;
         /* the loss is the mean over the scored positions of the batch */
-        NB_CHECK(nb_model_forward(t->model, t->tokens, t->targets, rows, T, &loss));
+        if (c->pp.stages > 1) {
+          double l = 0;
+          NB_CHECK(
+              nb_pipeline_forward(t->model, &c->pipe, t->tokens, t->targets, rows, T, &l, NULL));
+          loss = (float)l;
+        } else {
+          NB_CHECK(nb_model_forward(t->model, t->tokens, t->targets, rows, T, &loss));
+        }
         nats += (double)loss * (double)c_b;
         cnt += c_b;
       }

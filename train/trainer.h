@@ -13,6 +13,7 @@
 #include "train/lora.h"
 #include "train/model.h"
 #include "train/optim.h"
+#include "train/pipeline.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -125,6 +126,12 @@ typedef struct {
    * is the shard (nb_trainer_tp_gather / _scatter give the logical one). Checkpoints are written
    * in the logical layout by tp.rank 0 and load at any tp.size. Not with LoRA or distillation. */
   nb_model_tp_t tp;
+  /* Pipeline parallelism (train/pipeline.h): this process runs stage pp.stage of pp.stages
+   * (0 or 1 = none), each step's micro_batches through the 1F1B schedule over `pipe`; the same
+   * rules as tp above (collective steps, evaluations and checkpoints; the stage's buffer synced;
+   * checkpoints in the logical layout from stage 0). Not together with tp. */
+  nb_model_pp_t pp;
+  nb_pipeline_t pipe;
 } nb_train_config_t;
 
 /* Defaults: 4 layers, width 256, 4 heads, ctx 256; seed 1; batch 8; 1 micro-batch; 1000 steps;
@@ -185,8 +192,8 @@ float* nb_trainer_sync_params(nb_trainer_t* t, size_t* n);
 /* Copies n floats into the synced buffer. NB_ERR_INVALID when n does not match. */
 nb_status_t nb_trainer_set_sync_params(nb_trainer_t* t, const float* src, size_t n);
 
-/* Tensor parallelism: the logical synced buffer (nb_trainer_logical_params floats) from every
- * rank's shard (collective over the group: every rank receives the whole), and this rank's
+/* Tensor or pipeline parallelism: the logical synced buffer (nb_trainer_logical_params floats) from
+ * every rank's shard (collective over the group: every rank receives the whole), and this rank's
  * shard of a logical buffer into the synced buffer (no communication). Without tensor
  * parallelism the logical buffer is the synced one (a copy). */
 size_t nb_trainer_logical_params(const nb_trainer_t* t);

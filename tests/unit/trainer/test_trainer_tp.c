@@ -1,8 +1,10 @@
-/* The training loop with tensor parallelism (train/trainer.h, cfg.tp) under mpirun -np 2: the two
- * ranks are one TP=2 group. Every rank also runs the unsharded trainer of the same config, so
- * each checks against it: 20 steps follow the TP=1 loss trajectory, a TP=2 checkpoint resumes at
- * TP=1 and a TP=1 checkpoint at TP=2 (both then follow the uninterrupted run), and bad tensor
- * settings are refused naming the field. The argument is the folder of the trainer tests' data
+/* The training loop with tensor and pipeline parallelism (train/trainer.h, cfg.tp and cfg.pp)
+ * under mpirun -np 2: the two ranks are one TP=2 group, or two pipeline stages (PP=2, 4
+ * micro-batches per step through the 1F1B schedule). Every rank also runs the unsharded trainer
+ * of the same config (the same gradient accumulation), so each checks against it: 20 steps follow
+ * the TP=1 / PP=1 loss trajectory, a TP=2 or PP=2 checkpoint resumes at TP=1 and a TP=1
+ * checkpoint at TP=2 and PP=2 (each then follows the uninterrupted run), and bad settings are
+ * refused naming the field. The argument is the folder of the trainer tests' data
  * (its mono folder). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -43,6 +45,14 @@ static nb_status_t tp_allreduce(void* ctx, float* buf, size_t n) {
   return nb_comm_allreduce(ctx, buf, buf, n, NB_COMM_FP32, NB_COMM_SUM);
 }
 
+static nb_status_t pp_sendrecv(void* ctx, const float* send, int to, float* recv, int from,
+                               size_t n) {
+  return nb_comm_sendrecv(ctx, send, n, to, recv, n, from, NB_COMM_FP32);
+}
+
+/* The layouts of a run: 1 = one process, TP2 = tensor parallel, PP2 = two pipeline stages. */
+enum { ONE = 1, TP2 = 2, PP2 = -2 };
+
 typedef struct {
   double loss[STEPS + 1];
 } losses_t;
@@ -54,13 +64,14 @@ static int record(void* ctx, const nb_train_progress_t* p) {
   return 0;
 }
 
-/* A small config on the test corpus; tp 2 = this rank's shard of the group. */
+/* A small config on the test corpus in one of the layouts. */
 static void config(nb_train_config_t* c, int tp, losses_t* l, const char* ckpt, int resume,
                    long steps) {
   nb_train_config_defaults(c);
   c->model = nb_model_config_make(2, 64, 4, 32);
   c->seed = 7;
-  c->batch_size = 4;
+  c->batch_size = 2;
+  c->micro_batches = 4;
   c->max_steps = steps;
   c->optim.lr = 3e-3f;
   c->optim.warmup_steps = 2;
@@ -78,7 +89,15 @@ static void config(nb_train_config_t* c, int tp, losses_t* l, const char* ckpt, 
   if (ckpt) snprintf(c->checkpoint_dir, NB_TRAIN_PATH_MAX, "%s", ckpt);
   c->checkpoint_keep = 0;
   c->resume = resume;
-  if (tp > 1) c->tp = (nb_model_tp_t){g_rank, tp, tp_allreduce, g_comm};
+  if (tp == TP2) c->tp = (nb_model_tp_t){g_rank, 2, tp_allreduce, g_comm};
+  if (tp == PP2) {
+    c->pp = (nb_model_pp_t){g_rank, 2, tp_allreduce, g_comm};
+    c->pipe = (nb_pipeline_t){pp_sendrecv, tp_allreduce, g_comm};
+  }
+}
+
+static const char* layout_name(int tp) {
+  return tp == TP2 ? "tp=2" : tp == PP2 ? "pp=2" : "tp=1";
 }
 
 static int run(int tp, losses_t* l, const char* ckpt, int resume, long steps, float** logical,
@@ -88,7 +107,7 @@ static int run(int tp, losses_t* l, const char* ckpt, int resume, long steps, fl
   nb_trainer_t* t = NULL;
   nb_train_eval_t ev;
   if (nb_trainer_create(&c, &t) != NB_OK || nb_trainer_run(t, &ev) != NB_OK) {
-    fprintf(stderr, "rank %d, tp %d: %s\n", g_rank, tp, nb_error_last());
+    fprintf(stderr, "rank %d, %s: %s\n", g_rank, layout_name(tp), nb_error_last());
     nb_trainer_destroy(t);
     return 0;
   }
@@ -121,14 +140,15 @@ static int resumed(const losses_t* l) {
   return l->loss[HALF + 1] != 0;
 }
 
-static void test_tp_trainer_trajectory(void** state) {
-  (void)state;
+static void trajectory(int layout) {
   losses_t ref = {0}, tp = {0};
   float *pr = NULL, *pt = NULL;
   size_t nr = 0, nt = 0;
-  int ok = run(1, &ref, NULL, 0, STEPS, &pr, &nr);
-  ok = ok && run(2, &tp, NULL, 0, STEPS, &pt, &nt);
-  ok = ok && nr == nt && same_losses(&tp, &ref, 1, STEPS, "tp=2 vs tp=1");
+  char what[64];
+  snprintf(what, sizeof what, "%s vs tp=1", layout_name(layout));
+  int ok = run(ONE, &ref, NULL, 0, STEPS, &pr, &nr);
+  ok = ok && run(layout, &tp, NULL, 0, STEPS, &pt, &nt);
+  ok = ok && nr == nt && same_losses(&tp, &ref, 1, STEPS, what);
   double worst = 0, scale = 0;
   for (size_t i = 0; ok && i < nr; i++) {
     double d = fabs((double)pt[i] - pr[i]);
@@ -139,36 +159,70 @@ static void test_tp_trainer_trajectory(void** state) {
   ok = ok && worst <= 1e-3 * scale;
   free(pr);
   free(pt);
-  agree(ok, "tp trainer trajectory");
+  agree(ok, what);
+}
+
+static void test_tp_trainer_trajectory(void** state) {
+  (void)state;
+  trajectory(TP2);
+}
+
+static void test_pp_trainer_trajectory(void** state) {
+  (void)state;
+  trajectory(PP2);
 }
 
 /* Resharding: the first half at one degree, the checkpoint, the second half at the other; the
  * second half follows the uninterrupted TP=1 run. */
-static void test_tp_checkpoint_reshards(void** state) {
-  (void)state;
+/* Resharding: the first half in one layout, the checkpoint, the second half in another; the
+ * second half follows the uninterrupted TP=1 run. `layout` is TP2 or PP2; tag names its
+ * folders. */
+static int reshard(int layout, const char* tag) {
   losses_t ref = {0}, a = {0}, b = {0}, c = {0}, d = {0};
-  char d_tp2[300], d_tp1[300];
-  snprintf(d_tp2, sizeof d_tp2, "%s/from-tp2", g_dir); /* written by the group's rank 0 */
-  snprintf(d_tp1, sizeof d_tp1, "%s/from-tp1", g_dir); /* written by rank 0 alone */
-  char mine[300];
-  snprintf(mine, sizeof mine, "%s/tp1-rank%d", g_dir, g_rank); /* TP=1 runs of each rank */
-  int ok = run(1, &ref, NULL, 0, STEPS, NULL, NULL);
-  /* TP=2 for the first half, then each rank alone at TP=1 from a copy of that checkpoint */
-  ok = ok && run(2, &a, d_tp2, 0, HALF, NULL, NULL);
+  char d_mp[300], d_one[300], mine[300], what[96];
+  snprintf(d_mp, sizeof d_mp, "%s/from-%s", g_dir, tag);       /* written by the group's rank 0 */
+  snprintf(d_one, sizeof d_one, "%s/from-one-%s", g_dir, tag); /* written by rank 0 alone */
+  snprintf(mine, sizeof mine, "%s/%s-one-rank%d", g_dir, tag, g_rank); /* TP=1 runs of each rank */
+  int ok = run(ONE, &ref, NULL, 0, STEPS, NULL, NULL);
+  /* the layout for the first half, then each rank alone at TP=1 from a copy of that checkpoint */
+  ok = ok && run(layout, &a, d_mp, 0, HALF, NULL, NULL);
   MPI_Barrier(MPI_COMM_WORLD);
   char cmd[1024];
-  snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", d_tp2, mine);
+  snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", d_mp, mine);
   ok = ok && system(cmd) == 0;
-  ok = ok && run(1, &b, mine, 1, STEPS, NULL, NULL);
-  ok = ok && resumed(&b) &&
-       same_losses(&b, &ref, HALF + 1, STEPS, "tp=2 checkpoint resumed at tp=1");
-  /* the reverse: rank 0 alone at TP=1, then both at TP=2 */
-  if (g_rank == 0) ok = ok && run(1, &c, d_tp1, 0, HALF, NULL, NULL);
+  ok = ok && run(ONE, &b, mine, 1, STEPS, NULL, NULL);
+  snprintf(what, sizeof what, "%s checkpoint resumed at tp=1", layout_name(layout));
+  ok = ok && resumed(&b) && same_losses(&b, &ref, HALF + 1, STEPS, what);
+  /* the reverse: rank 0 alone at TP=1, then both in the layout */
+  if (g_rank == 0) ok = ok && run(ONE, &c, d_one, 0, HALF, NULL, NULL);
   MPI_Barrier(MPI_COMM_WORLD);
-  ok = ok && run(2, &d, d_tp1, 1, STEPS, NULL, NULL);
-  ok = ok && resumed(&d) &&
-       same_losses(&d, &ref, HALF + 1, STEPS, "tp=1 checkpoint resumed at tp=2");
-  agree(ok, "checkpoint resharding");
+  ok = ok && run(layout, &d, d_one, 1, STEPS, NULL, NULL);
+  snprintf(what, sizeof what, "tp=1 checkpoint resumed at %s", layout_name(layout));
+  ok = ok && resumed(&d) && same_losses(&d, &ref, HALF + 1, STEPS, what);
+  return ok;
+}
+
+static void test_tp_checkpoint_reshards(void** state) {
+  (void)state;
+  agree(reshard(TP2, "tp2"), "checkpoint resharding (tensor)");
+}
+
+static void test_pp_checkpoint_reshards(void** state) {
+  (void)state;
+  agree(reshard(PP2, "pp2"), "checkpoint resharding (pipeline)");
+}
+
+/* A TP=2 checkpoint resumed as two pipeline stages. */
+static void test_tp_checkpoint_to_pp(void** state) {
+  (void)state;
+  losses_t ref = {0}, a = {0}, b = {0};
+  char dir[300];
+  snprintf(dir, sizeof dir, "%s/tp-to-pp", g_dir);
+  int ok = run(ONE, &ref, NULL, 0, STEPS, NULL, NULL);
+  ok = ok && run(TP2, &a, dir, 0, HALF, NULL, NULL);
+  ok = ok && run(PP2, &b, dir, 1, STEPS, NULL, NULL);
+  ok = ok && resumed(&b) && same_losses(&b, &ref, HALF + 1, STEPS, "tp=2 checkpoint at pp=2");
+  agree(ok, "a tensor-parallel checkpoint resumed by a pipeline");
 }
 
 static void expect_refused(nb_train_config_t* c, const char* needle) {
@@ -185,18 +239,27 @@ static void test_tp_trainer_bad_config(void** state) {
   (void)state;
   losses_t l;
   nb_train_config_t c;
-  config(&c, 2, &l, NULL, 0, 1);
+  config(&c, TP2, &l, NULL, 0, 1);
   c.model = nb_model_config_make(2, 60, 3, 32);
   expect_refused(&c, "n_head");
-  config(&c, 2, &l, NULL, 0, 1);
+  config(&c, TP2, &l, NULL, 0, 1);
   c.lora_enabled = 1;
   expect_refused(&c, "LoRA");
-  config(&c, 2, &l, NULL, 0, 1);
+  config(&c, TP2, &l, NULL, 0, 1);
   c.tp.rank = 2;
   expect_refused(&c, "tp.rank");
-  config(&c, 2, &l, NULL, 0, 1);
+  config(&c, TP2, &l, NULL, 0, 1);
   c.tp.allreduce = NULL;
   expect_refused(&c, "tp.allreduce");
+  config(&c, PP2, &l, NULL, 0, 1);
+  c.model = nb_model_config_make(3, 64, 4, 32);
+  expect_refused(&c, "n_layer");
+  config(&c, PP2, &l, NULL, 0, 1);
+  c.pipe.sendrecv = NULL;
+  expect_refused(&c, "pipe.sendrecv");
+  config(&c, PP2, &l, NULL, 0, 1);
+  c.tp = (nb_model_tp_t){g_rank, 2, tp_allreduce, g_comm};
+  expect_refused(&c, "together");
 }
 
 int main(int argc, char** argv) {
@@ -221,9 +284,9 @@ int main(int argc, char** argv) {
   if (nb_comm_create(&cfg, &g_comm) != NB_OK) nb_comm_abort(NULL, 1);
 
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_tp_trainer_trajectory),
-      cmocka_unit_test(test_tp_checkpoint_reshards),
-      cmocka_unit_test(test_tp_trainer_bad_config),
+      cmocka_unit_test(test_tp_trainer_trajectory), cmocka_unit_test(test_tp_checkpoint_reshards),
+      cmocka_unit_test(test_pp_trainer_trajectory), cmocka_unit_test(test_pp_checkpoint_reshards),
+      cmocka_unit_test(test_tp_checkpoint_to_pp),   cmocka_unit_test(test_tp_trainer_bad_config),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   MPI_Barrier(MPI_COMM_WORLD);
