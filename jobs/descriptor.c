@@ -66,7 +66,7 @@ static const char* const nb__spec_keys[] = {"task",       "clusters",    "model"
                                             "checkpoint", "program",     NULL};
 static const char* const nb__cluster_keys[] = {
     "id", "workers", "device", "threadsPerWorker", "slowdown", "data", "metrics", "parallel", NULL};
-static const char* const nb__parallel_keys[] = {"tensor", "pipeline", NULL};
+static const char* const nb__parallel_keys[] = {"tensor", "pipeline", "microBatches", NULL};
 static const char* const nb__metrics_keys[] = {"listen", NULL};
 static const char* const nb__data_keys[] = {"tier", "dir", "languages", "pairs", NULL};
 static const char* const nb__model_keys[] = {"layers", "width", "heads", "context", "base", NULL};
@@ -636,6 +636,7 @@ static void nb__parse_clusters(nb__dctx_t* c, json_t* spec, nb_job_config_t* cfg
       if (par) {
         nb__get_i32(c, par, "tensor", 1, 256, &cl->tensor_parallel);
         nb__get_i32(c, par, "pipeline", 1, 256, &cl->pipeline_parallel);
+        nb__get_i32(c, par, "microBatches", 1, 4096, &cl->micro_batches);
       }
       nb__pop(c, pm);
       /* the built-in model's settings of a cluster, with a program of the user's */
@@ -1023,8 +1024,24 @@ static void nb__cross_checks(nb__dctx_t* c, const nb_job_config_t* cfg, const nb
     if (pp > m->layers)
       nb__err_at(c, p, "%d stages for %d layers ($.spec.model.layers): a stage needs a layer", pp,
                  m->layers);
-    else if (pp > 1)
-      nb__err_at(c, p, "pipeline parallelism is not built yet: 1 (tensor parallelism is)");
+    else if (m->layers % pp != 0)
+      nb__err_at(c, p,
+                 "%d layers ($.spec.model.layers) do not split into %d stages of whole layers",
+                 m->layers, pp);
+    else if (pp > 1 && tp > 1)
+      nb__err_at(c, p, "tensor and pipeline parallelism together are not built yet: one of them");
+    else if (pp > 1 && (t->lora.enabled || t->distill.enabled))
+      nb__err_at(c, p,
+                 "pipeline parallelism trains the whole model: not with "
+                 "$.spec.training.lora or distillation");
+    snprintf(p, sizeof p, "$.spec.clusters[%d].parallel.microBatches", i);
+    int mb = cl->micro_batches > 0 ? cl->micro_batches : pp;
+    if (cl->micro_batches > 0 && pp == 1)
+      nb__err_at(c, p, "applies to pipeline parallelism (parallel.pipeline above 1)");
+    else if (pp > 1 && t->batch_size % mb != 0)
+      nb__err_at(c, p, "%d micro-batches do not divide $.spec.training.batchSize %d%s", mb,
+                 t->batch_size,
+                 cl->micro_batches > 0 ? "" : " (the default is the pipeline degree)");
     snprintf(p, sizeof p, "$.spec.clusters[%d].workers", i);
     if (cl->workers % (tp * pp) != 0)
       nb__err_at(c, p,
@@ -1329,6 +1346,7 @@ nb_status_t nb_descriptor_to_json(const nb_job_config_t* cfg, char** out) {
       json_t* par = nb__set_obj(&b, o, "parallel");
       nb__set_int(&b, par, "tensor", cl->tensor_parallel);
       nb__set_int(&b, par, "pipeline", cl->pipeline_parallel);
+      if (cl->micro_batches > 0) nb__set_int(&b, par, "microBatches", cl->micro_batches);
     }
   }
 

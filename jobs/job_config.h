@@ -76,6 +76,9 @@ typedef struct {
    * (Megatron-style, heads divisible by it) and `pipeline` stages. 1 = none. */
   int tensor_parallel;
   int pipeline_parallel;
+  /* Pipeline only: micro-batches a step's training.batchSize sequences are split into (they
+   * go through the stages by the 1F1B schedule); 0 = the pipeline degree. Divides batchSize. */
+  int micro_batches;
 } nb_job_cluster_t;
 
 typedef struct {

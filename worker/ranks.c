@@ -14,44 +14,58 @@ static nb_status_t nb__rk_tp_allreduce(void* ctx, float* buf, size_t n) {
   return nb_comm_allreduce(ctx, buf, buf, n, NB_COMM_FP32, NB_COMM_SUM);
 }
 
+/* The activations of a pipeline between the stages (ranks of the replica). */
+static nb_status_t nb__rk_sendrecv(void* ctx, const float* send, int to, float* recv, int from,
+                                   size_t n) {
+  return nb_comm_sendrecv(ctx, send, n, to, recv, n, from, NB_COMM_FP32);
+}
+
 /* The gradient of every step averaged over the ranks that hold the same shard. */
 static nb_status_t nb__rk_grad_hook(void* ctx, float* grads, size_t n) {
   return nb_comm_allreduce(ctx, grads, grads, n, NB_COMM_FP32, NB_COMM_AVG);
 }
 
-nb_status_t nb_wk_ranks_grid(nb_wk_ranks_t* r, nb_comm_t* world, int tp) {
+nb_status_t nb_wk_ranks_grid(nb_wk_ranks_t* r, nb_comm_t* world, int tp, int pp) {
   memset(r, 0, sizeof *r);
   r->world = world;
   r->size = world ? nb_comm_size(world) : 1;
   r->rank = world ? nb_comm_rank(world) : 0;
-  r->tp = tp > 1 ? tp : 1;
-  if (r->size % r->tp != 0)
+  if (tp > 1 && pp > 1)
+    return nb_error(NB_ERR_CONFIG, "tensor and pipeline parallelism together are not built yet");
+  r->pp = pp > 1 ? pp : 1;
+  r->mp = tp > 1 ? tp : r->pp;
+  if (r->size % r->mp != 0)
     return nb_error(NB_ERR_CONFIG,
-                    "%d ranks do not divide into tensor-parallel replicas of %d (start a multiple "
-                    "of parallel.tensor ranks)",
-                    r->size, r->tp);
-  r->tp_rank = r->rank % r->tp;
-  r->dp_rank = r->rank / r->tp;
-  r->dp = r->size / r->tp;
-  if (r->tp > 1) { /* replicas of consecutive ranks; across them, the ranks of one shard */
-    NB_CHECK(nb_comm_split(world, r->dp_rank, r->tp_rank, &r->tp_comm));
-    if (r->dp > 1) NB_CHECK(nb_comm_split(world, r->tp_rank, r->dp_rank, &r->dp_comm));
+                    "%d ranks do not divide into replicas of %d (start a multiple of "
+                    "parallel.%s ranks)",
+                    r->size, r->mp, r->pp > 1 ? "pipeline" : "tensor");
+  r->mp_rank = r->rank % r->mp;
+  r->dp_rank = r->rank / r->mp;
+  r->dp = r->size / r->mp;
+  if (r->mp > 1) { /* replicas of consecutive ranks; across them, the ranks of one shard */
+    NB_CHECK(nb_comm_split(world, r->dp_rank, r->mp_rank, &r->mp_comm));
+    if (r->dp > 1) NB_CHECK(nb_comm_split(world, r->mp_rank, r->dp_rank, &r->dp_comm));
   }
   return NB_OK;
 }
 
 void nb_wk_ranks_train_config(nb_wk_ranks_t* r, nb_train_config_t* tc, int data_rank_base) {
   tc->data_rank = data_rank_base + r->dp_rank;
-  if (r->tp > 1) tc->tp = (nb_model_tp_t){r->tp_rank, r->tp, nb__rk_tp_allreduce, r->tp_comm};
+  if (r->mp > 1 && r->pp == 1)
+    tc->tp = (nb_model_tp_t){r->mp_rank, r->mp, nb__rk_tp_allreduce, r->mp_comm};
+  if (r->pp > 1) {
+    tc->pp = (nb_model_pp_t){r->mp_rank, r->pp, nb__rk_tp_allreduce, r->mp_comm};
+    tc->pipe = (nb_pipeline_t){nb__rk_sendrecv, nb__rk_tp_allreduce, r->mp_comm};
+  }
   if (r->dp > 1) {
     tc->grad_hook = nb__rk_grad_hook;
-    tc->grad_hook_ctx = r->tp > 1 ? r->dp_comm : r->world;
+    tc->grad_hook_ctx = r->mp > 1 ? r->dp_comm : r->world;
   }
 }
 
 nb_status_t nb_wk_ranks_attach(nb_wk_ranks_t* r, nb_trainer_t* t) {
   r->t = t;
-  if (r->tp <= 1) return NB_OK;
+  if (r->mp <= 1) return NB_OK;
   r->n_logical = nb_trainer_logical_params(t);
   NB_CHECK(nb_alloc((void**)&r->logical, r->n_logical, sizeof(float), "logical parameters"));
   return nb_trainer_tp_gather(t, r->logical);
@@ -65,7 +79,7 @@ static nb_status_t nb__rk_lead(nb_wk_ranks_t* r, long steps, int cmd) {
 /* Every rank takes the leader's parameters before a run of inner steps: its trainer buffer, or
  * (tensor parallelism) the logical one and its shard of it. */
 static nb_status_t nb__rk_share(nb_wk_ranks_t* r) {
-  if (r->tp <= 1) {
+  if (r->mp <= 1) {
     size_t n;
     float* p = nb_trainer_sync_params(r->t, &n);
     return nb_comm_broadcast(r->world, p, p, n, NB_COMM_FP32, 0);
@@ -78,14 +92,14 @@ static nb_status_t nb__rk_share(nb_wk_ranks_t* r) {
 /* The leader's replica takes the logical parameters (an evaluation or a checkpoint after the
  * outer step wrote them). */
 static nb_status_t nb__rk_share_replica(nb_wk_ranks_t* r) {
-  NB_CHECK(nb_comm_broadcast(r->tp_comm, r->logical, r->logical, r->n_logical, NB_COMM_FP32, 0));
+  NB_CHECK(nb_comm_broadcast(r->mp_comm, r->logical, r->logical, r->n_logical, NB_COMM_FP32, 0));
   nb_trainer_tp_scatter(r->t, r->logical);
   return NB_OK;
 }
 
 /* After a run of inner steps the leader's replica gathers the logical parameters. */
 static nb_status_t nb__rk_gather(nb_wk_ranks_t* r) {
-  return r->tp > 1 && r->dp_rank == 0 ? nb_trainer_tp_gather(r->t, r->logical) : NB_OK;
+  return r->mp > 1 && r->dp_rank == 0 ? nb_trainer_tp_gather(r->t, r->logical) : NB_OK;
 }
 
 /* ---- the leader's hybrid -------------------------------------------------------------------- */
@@ -130,7 +144,7 @@ nb_status_t nb_wk_ranks_hybrid(nb_wk_ranks_t* r, nb_hybrid_config_t* hc, nb_hybr
     hc->hook_ctx = r;
   }
   hc->samples_scale = (uint32_t)r->dp; /* every replica trains on its own batches */
-  if (r->tp <= 1) return nb_hybrid_create(hc, r->t, out);
+  if (r->mp <= 1) return nb_hybrid_create(hc, r->t, out);
   nb_hybrid_local_t local = {.ctx = r,
                              .params = nb__rk_params,
                              .samples = nb__rk_samples,
@@ -143,7 +157,7 @@ nb_status_t nb_wk_ranks_hybrid(nb_wk_ranks_t* r, nb_hybrid_config_t* hc, nb_hybr
 /* ---- evaluation, checkpoints, the model ------------------------------------------------------ */
 
 nb_status_t nb_wk_ranks_eval(nb_wk_ranks_t* r, nb_train_eval_t* out) {
-  if (r->tp > 1) {
+  if (r->mp > 1) {
     NB_CHECK(nb__rk_lead(r, 0, NB__RK_EVAL));
     NB_CHECK(nb__rk_share_replica(r));
   }
@@ -151,7 +165,7 @@ nb_status_t nb_wk_ranks_eval(nb_wk_ranks_t* r, nb_train_eval_t* out) {
 }
 
 nb_status_t nb_wk_ranks_checkpoint(nb_wk_ranks_t* r) {
-  if (r->tp > 1) {
+  if (r->mp > 1) {
     NB_CHECK(nb__rk_lead(r, 0, NB__RK_CHECKPOINT));
     NB_CHECK(nb__rk_share_replica(r));
   }
@@ -160,7 +174,7 @@ nb_status_t nb_wk_ranks_checkpoint(nb_wk_ranks_t* r) {
 
 nb_status_t nb_wk_ranks_model(nb_wk_ranks_t* r, nb_model_t** m, int* owned) {
   *owned = 0;
-  if (r->tp <= 1) {
+  if (r->mp <= 1) {
     *m = nb_trainer_model(r->t);
     return NB_OK;
   }
@@ -193,7 +207,7 @@ nb_status_t nb_wk_ranks_follow(nb_wk_ranks_t* r) {
     }
     if (cmd != NB__RK_EVAL && cmd != NB__RK_CHECKPOINT)
       return nb_error(NB_ERR_INTERNAL, "rank %d: unknown command %d from the leader", r->rank, cmd);
-    if (r->tp <= 1 || r->dp_rank != 0) continue; /* the leader's replica only */
+    if (r->mp <= 1 || r->dp_rank != 0) continue; /* the leader's replica only */
     NB_CHECK(nb__rk_share_replica(r));
     if (cmd == NB__RK_EVAL) {
       nb_train_eval_t ev;
@@ -206,8 +220,8 @@ nb_status_t nb_wk_ranks_follow(nb_wk_ranks_t* r) {
 
 void nb_wk_ranks_release(nb_wk_ranks_t* r) {
   nb_comm_destroy(r->dp_comm);
-  nb_comm_destroy(r->tp_comm);
+  nb_comm_destroy(r->mp_comm);
   nb_free(r->logical);
-  r->dp_comm = r->tp_comm = NULL;
+  r->dp_comm = r->mp_comm = NULL;
   r->logical = NULL;
 }

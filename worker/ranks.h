@@ -1,17 +1,19 @@
 /* The ranks of one cluster under mpirun: rank 0 leads (it alone talks to the other clusters and
  * holds the round state), the others follow its control messages. The ranks form a grid:
- * replicas of `tp` consecutive ranks (tensor parallelism, spec.clusters[i].parallel.tensor),
- * and across the replicas data parallelism (the gradient of every step averaged over the ranks
- * that hold the same shard).
+ * replicas of `mp` consecutive ranks that hold one copy of the model between them, split by
+ * tensor parallelism (spec.clusters[i].parallel.tensor: each rank a shard of every layer) or by
+ * pipeline parallelism (parallel.pipeline: each rank a stage of consecutive layers, micro-batches
+ * through the 1F1B schedule), and across the replicas data parallelism (the gradient of every
+ * step averaged over the ranks that hold the same part).
  *
- * Without tensor parallelism the leader's trainer buffer is what the round state syncs, and
+ * Without model parallelism the leader's trainer buffer is what the round state syncs, and
  * before every run of inner steps the leader broadcasts it to every rank. With it the round
- * state works on the logical parameters (the layout of the unsharded model, what every cluster
- * agrees on whatever its own degree): the leader's replica gathers them after its steps, the
- * leader broadcasts them before the next ones and every rank takes its shard. Evaluations and
+ * state works on the logical parameters (the layout of the whole model, what every cluster
+ * agrees on whatever its own layout): the leader's replica gathers them after its steps, the
+ * leader broadcasts them before the next ones and every rank takes its part. Evaluations and
  * checkpoints are collective over the leader's replica, which the leader announces first.
  * Memory: the logical buffer is held by every rank (the broadcast's target), besides the
- * shard's parameters, gradients and moments. */
+ * part's parameters, gradients and moments. */
 #ifndef NB_WORKER_RANKS_H
 #define NB_WORKER_RANKS_H
 
@@ -25,20 +27,21 @@
 typedef struct {
   nb_comm_t* world; /* every rank of the cluster (NULL: one process, nothing to do) */
   int rank, size;
-  int tp, tp_rank;    /* replica width and this rank's place in it */
+  int mp, mp_rank;    /* replica width (ranks of one model) and this rank's place in it */
+  int pp;             /* pipeline stages of a replica (mp), or 1: tensor parallel or none */
   int dp, dp_rank;    /* replicas and this rank's */
-  nb_comm_t* tp_comm; /* this rank's replica (tp > 1) */
+  nb_comm_t* mp_comm; /* this rank's replica (mp > 1) */
   nb_comm_t* dp_comm; /* the ranks holding the same shard (dp > 1) */
   nb_trainer_t* t;    /* borrowed, set by nb_wk_ranks_attach */
-  float* logical;     /* tp > 1: the logical parameters */
+  float* logical;     /* mp > 1: the logical parameters */
   size_t n_logical;
 } nb_wk_ranks_t;
 
-/* The grid over world (NULL = one process) with replicas of tp ranks: NB_ERR_CONFIG when the
- * ranks do not divide into them. Collective. */
-nb_status_t nb_wk_ranks_grid(nb_wk_ranks_t* r, nb_comm_t* world, int tp);
+/* The grid over world (NULL = one process) with replicas of tp (tensor) or pp (pipeline) ranks:
+ * NB_ERR_CONFIG when the ranks do not divide into them or both are above 1. Collective. */
+nb_status_t nb_wk_ranks_grid(nb_wk_ranks_t* r, nb_comm_t* world, int tp, int pp);
 
-/* This rank's part of the trainer's config: the shard (tp), the gradient average over the
+/* This rank's part of the trainer's config: its shard or stage, the gradient average over the
  * replicas (grad hook) and the data order (data_rank = base + replica). */
 void nb_wk_ranks_train_config(nb_wk_ranks_t* r, nb_train_config_t* tc, int data_rank_base);
 

@@ -363,21 +363,27 @@ static nb_worker_outcome_t nb__wk_train_config(nb__wk_t* w) {
       return NB_WORKER_MISFIT;
     }
   }
-  /* the grid: replicas of parallel.tensor ranks, data parallel across them */
+  /* the grid: replicas of parallel.tensor or parallel.pipeline ranks, data parallel across */
   const nb_job_cluster_t* cl = &job->clusters[w->ci];
-  if (cl->tensor_parallel > 1 && w->size == 1) {
+  int width = cl->tensor_parallel * cl->pipeline_parallel;
+  if (width > 1 && w->size == 1) {
     fprintf(stderr,
-            "nebula worker: %s: parallel.tensor %d needs that many ranks: start the cluster "
-            "under mpirun (or through a gateway's mpirun or slurm launcher)\n",
-            w->cluster, cl->tensor_parallel);
+            "nebula worker: %s: parallel.%s %d needs that many ranks: start the cluster under "
+            "mpirun (or through a gateway's mpirun or slurm launcher)\n",
+            w->cluster, cl->pipeline_parallel > 1 ? "pipeline" : "tensor", width);
     return NB_WORKER_MISFIT;
   }
-  if (nb_wk_ranks_grid(&w->ranks, w->comm, cl->tensor_parallel) != NB_OK)
+  if (nb_wk_ranks_grid(&w->ranks, w->comm, cl->tensor_parallel, cl->pipeline_parallel) != NB_OK)
     return nb__wk_fail(w->cluster, "the ranks");
   if (w->size > 1) {
     /* real replicas replace the accumulated micro-batches that stand for workers otherwise */
-    int replicas = cl->workers / (cl->tensor_parallel * cl->pipeline_parallel);
+    int replicas = cl->workers / width;
     tc->micro_batches = replicas > w->ranks.dp ? replicas / w->ranks.dp : 1;
+    if (cl->pipeline_parallel > 1) { /* the step's batch in micro-batches through the stages */
+      int m = cl->micro_batches > 0 ? cl->micro_batches : cl->pipeline_parallel;
+      tc->batch_size /= m;
+      tc->micro_batches *= m;
+    }
     nb_wk_ranks_train_config(&w->ranks, tc, (int)w->index * 1000);
   }
   return NB_WORKER_DONE;
@@ -648,6 +654,11 @@ static nb_worker_outcome_t nb__wk_open_log(nb__wk_t* w) {
       job->name, w->cluster, w->index, job->n_clusters, w->n_params, w->rounds, hc->inner_steps,
       hc->density, nb_values_name(hc->values), hc->overlap ? ", overlap" : "",
       w->ex ? nb_exchange_port(w->ex) : 0);
+  const nb_wk_ranks_t* rk = &w->ranks;
+  if (rk->size > 1)
+    printf("nebula worker: %s: %d ranks: data %d x %s %d%s\n", w->cluster, rk->size, rk->dp,
+           rk->pp > 1 ? "pipeline" : "tensor", rk->mp,
+           rk->pp > 1 ? " (1F1B over the step's micro-batches)" : "");
   fflush(stdout);
   snprintf(w->path, sizeof w->path, "%s/rounds.tsv", w->odir);
   w->tsv = fopen(w->path, w->o->resume || w->o->rejoin ? "a" : "w");
@@ -985,6 +996,11 @@ static nb_worker_outcome_t nb__wk_summary(nb__wk_t* w, const nb_train_eval_t* ev
   json_object_set_new(sum, "cluster", json_string(w->cluster));
   json_object_set_new(sum, "cluster_index", json_integer(w->index));
   json_object_set_new(sum, "ranks", json_integer(w->size));
+  json_t* par = json_object();
+  json_object_set_new(par, "data", json_integer(w->ranks.dp > 0 ? w->ranks.dp : 1));
+  json_object_set_new(par, "tensor", json_integer(w->ranks.pp > 1 ? 1 : w->ranks.mp));
+  json_object_set_new(par, "pipeline", json_integer(w->ranks.pp > 1 ? w->ranks.pp : 1));
+  json_object_set_new(sum, "parallel", par);
   json_object_set_new(sum, "pid", json_integer(getpid()));
   json_object_set_new(sum, "mode", json_string(nb_job_sync_name(job->sync.mode)));
   json_object_set_new(sum, "overlap", json_boolean(hc->overlap));
@@ -1043,7 +1059,7 @@ static nb_worker_outcome_t nb__wk_summary(nb__wk_t* w, const nb_train_eval_t* ev
  * writes final.safetensors (LoRA merged, what a gateway publishes) and summary.json. */
 static nb_worker_outcome_t nb__wk_finish(nb__wk_t* w) {
   /* the ranks stop now, unless the final evaluation needs the leader's replica */
-  int tp = w->ranks.tp > 1;
+  int tp = w->ranks.mp > 1;
   if (!tp && nb_wk_ranks_stop(&w->ranks) != NB_OK)
     return nb__wk_fail(w->cluster, "stopping the ranks");
   if (w->ft && w->hc.overlap) NB__WK_TRY(nb__wk_land_last(w));

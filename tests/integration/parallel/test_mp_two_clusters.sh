@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Two clusters with different layouts train one model: dc-a runs tensor parallelism over 2 MPI
-# ranks (spec.clusters[0].parallel.tensor 2), dc-b one unsharded process. The outer rounds work
-# on the logical parameters, so both clusters apply every round and end with the same
-# theta_global hash and the same final.safetensors bytes; dc-a's evaluations and checkpoints
-# are collective over its two ranks, and a checkpoint it wrote loads into an unsharded model
-# (`nebula eval`). Loopback, no root; skipped (77) without mpirun.
-# usage: test_tp_two_clusters.sh NEBULA DATA_DIR
+# Two clusters with different layouts train one model: dc-a runs model parallelism over 2 MPI
+# ranks (LAYOUT "tensor": spec.clusters[0].parallel.tensor 2; "pipeline": parallel.pipeline 2,
+# the step's batch in 4 micro-batches through the 1F1B schedule), dc-b one unsharded process.
+# The outer rounds work on the logical parameters, so both clusters apply every round and end
+# with the same theta_global hash and the same final.safetensors bytes; dc-a's evaluations and
+# checkpoints are collective over its two ranks, and a checkpoint it wrote loads into an
+# unsharded model (`nebula eval`). Loopback, no root; skipped (77) without mpirun.
+# usage: test_tp_two_clusters.sh NEBULA DATA_DIR [tensor|pipeline]
 set -euo pipefail
 nebula=$1
 data=$2
+layout=${3:-tensor}
+case "$layout" in
+  tensor) parallel='{"tensor": 2}' ;;
+  pipeline) parallel='{"pipeline": 2, "microBatches": 4}' ;;
+  *) echo "usage: $0 NEBULA DATA_DIR [tensor|pipeline]"; exit 2 ;;
+esac
 here=$(cd "$(dirname "$0")" && pwd)
 command -v mpirun >/dev/null 2>&1 || { echo "no mpirun: skipped"; exit 77; }
 tmp=$(mktemp -d)
@@ -23,10 +30,10 @@ trap cleanup EXIT
 export OPENBLAS_NUM_THREADS=1 NB_TRAIN_THREADS=1
 cat >"$tmp/job.json" <<JOB
 {"apiVersion": "nebula/v1", "kind": "TrainingJob",
- "metadata": {"name": "tp-2dc"},
+ "metadata": {"name": "mp-2dc"},
  "spec": {"task": "pretrain",
   "clusters": [
-   {"id": "dc-a", "workers": 2, "parallel": {"tensor": 2},
+   {"id": "dc-a", "workers": 2, "parallel": $parallel,
     "data": {"tier": "quick", "languages": ["en", "de"]}},
    {"id": "dc-b", "data": {"tier": "quick", "languages": ["en", "ru"]}}],
   "model": {"layers": 2, "width": 64, "heads": 2, "context": 64},
@@ -53,21 +60,23 @@ pids+=("$apid")
 ("$nebula" $(args dc-b "$port_b" dc-a "$port_a")) >"$tmp/b.log" 2>&1 &
 bpid=$!
 pids+=("$bpid")
-wait "$apid" || fail "dc-a (tensor parallel, 2 ranks) failed"
+wait "$apid" || fail "dc-a ($layout parallel, 2 ranks) failed"
 wait "$bpid" || fail "dc-b failed"
 pids=()
 same_hash "$tmp/dc-a" "$tmp/dc-b"
 [ "$(json_field "$tmp/dc-a/summary.json" ranks)" = 2 ] || fail "dc-a did not run 2 ranks"
+grep -q "dc-a: 2 ranks: data 1 x $layout 2" "$tmp/a.log" || fail "dc-a did not run $layout parallel"
 for c in dc-a dc-b; do
   n=$(tsv_count "$tmp/$c/rounds.tsv" applied 1)
   [ "$n" = 6 ] || fail "$c applied $n of 6 rounds"
 done
 cmp "$tmp/dc-a/final.safetensors" "$tmp/dc-b/final.safetensors" ||
-  fail "final.safetensors differ between the TP=2 and the TP=1 cluster"
+  fail "final.safetensors differ between the $layout-parallel and the unsharded cluster"
 # dc-a's checkpoint (written in the logical layout by its two ranks) loads unsharded
 ck=$(ls -d "$tmp/dc-a/checkpoints"/step-* | sort -t- -k2 -n | tail -1)
 "$nebula" eval "$ck/model.safetensors" --data-dir "$data" --langs en --batches 1 \
   >"$tmp/eval.log" 2>&1 || fail "nebula eval of dc-a's checkpoint $ck: $(tail -3 "$tmp/eval.log")"
-echo "dc-a (TP=2) and dc-b (TP=1): 6 rounds applied on both, same theta_global and final model;" \
+echo "dc-a ($layout parallel, 2 ranks) and dc-b (one process): 6 rounds applied on both, same" \
+  "theta_global and final model;" \
   "dc-a's $(basename "$ck") evaluates unsharded"
 echo "PASS"
