@@ -1,11 +1,13 @@
 /* `nebula bench parallel`: one cluster's training step under the layouts of model parallelism
- * at 2 and 4 ranks: data parallel (every rank the whole model), tensor parallel (the model split
- * over the ranks, train/model.h) and the grid of both, each as ratios to data parallelism at the
- * same rank count: tokens/s of the same global batch, and per-rank memory (parameters, gradients
- * and AdamW moments held; the process's peak resident set). Each layout is a child `mpirun -np N
- * nebula bench parallel --child-tp TP` on synthetic tokens; its rank 0 prints one JSON line. On a
- * CPU with fewer cores than ranks the ranks share the cores (oversubscribed): the ratios then
- * show what a layout costs, not what it gains. Not a test. */
+ * at 2 and 4 ranks: data parallel (every rank the whole model), tensor parallel (every layer
+ * split over the ranks, train/model.h), pipeline parallel (the layers in stages, the replica's
+ * rows in --micro micro-batches through the 1F1B schedule, train/pipeline.h) and grids of data
+ * with either, each as ratios to data parallelism at the same rank count: tokens/s of the same
+ * global batch, and per-rank memory (parameters, gradients and AdamW moments held; the process's
+ * peak resident set). Each layout is a child `mpirun -np N nebula bench parallel --child-tp TP
+ * --child-pp PP` on synthetic tokens; its rank 0 prints one JSON line. On a CPU with fewer cores
+ * than ranks the ranks share the cores (oversubscribed): the ratios then show what a layout
+ * costs, not what it gains. Not a test. */
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -20,21 +22,28 @@
 #include "intra/intra.h"
 #include "train/model.h"
 #include "train/optim.h"
+#include "train/pipeline.h"
 #include "train/rng.h"
 
 #define NB__PAR_SYNOPSIS                                                                         \
-  "nebula bench parallel [--layers L] [--dim D] [--heads H] [--ctx T] [--batch B] [--steps N] "  \
-  "[--json]\n"                                                                                   \
-  "  defaults: 4 layers, width 256, 4 heads, context 128, global batch 8, 5 timed steps; each\n" \
-  "  layout in its own mpirun (OPENBLAS_NUM_THREADS=1, NB_TRAIN_THREADS=1 per rank).\n"          \
-  "  --child-tp is internal: one rank of a layout, under mpirun"
+  "nebula bench parallel [--layers L] [--dim D] [--heads H] [--ctx T] [--batch B] [--micro M]\n" \
+  "                      [--steps N] [--json]\n"                                                 \
+  "  defaults: 4 layers, width 256, 4 heads, context 128, global batch 8, pipelines in 4\n"      \
+  "  micro-batches, 5 timed steps; each layout in its own mpirun (OPENBLAS_NUM_THREADS=1,\n"     \
+  "  NB_TRAIN_THREADS=1 per rank). --child-tp and --child-pp are internal: one rank of a\n"      \
+  "  layout, under mpirun"
 
 typedef struct {
-  int layers, dim, heads, ctx, batch, steps, child_tp, json;
+  int layers, dim, heads, ctx, batch, micro, steps, child_tp, child_pp, json;
 } nb__par_opts_t;
 
 static nb_status_t nb__par_sum(void* ctx, float* buf, size_t n) {
   return nb_comm_allreduce(ctx, buf, buf, n, NB_COMM_FP32, NB_COMM_SUM);
+}
+
+static nb_status_t nb__par_sendrecv(void* ctx, const float* send, int to, float* recv, int from,
+                                    size_t n) {
+  return nb_comm_sendrecv(ctx, send, n, to, recv, n, from, NB_COMM_FP32);
 }
 
 /* ---- one rank of a layout ------------------------------------------------------------------ */
@@ -58,8 +67,8 @@ static void nb__par_rank_free(nb__par_rank_t* r) {
 
 /* One step: the replica's batch (the same tokens on every rank of a replica), forward, backward,
  * the gradient averaged over the replicas, clipped by the whole gradient's norm, AdamW. */
-static nb_status_t nb__par_step(nb__par_rank_t* r, const nb__par_opts_t* o, int tp, int rows,
-                                uint64_t seed) {
+static nb_status_t nb__par_step(nb__par_rank_t* r, const nb__par_opts_t* o, int tp, int pp,
+                                int rows, uint64_t seed) {
   nb_rng_t g;
   nb_rng_seed(&g, seed);
   size_t bt = (size_t)rows * (size_t)o->ctx;
@@ -67,15 +76,21 @@ static nb_status_t nb__par_step(nb__par_rank_t* r, const nb__par_opts_t* o, int 
     r->tok[i] = (int)(nb_rng_u64(&g) % 256u);
     r->tgt[i] = (int)(nb_rng_u64(&g) % 256u);
   }
-  nb_model_zero_grad(r->m);
-  float loss = 0;
-  NB_CHECK(nb_model_forward(r->m, r->tok, r->tgt, rows, o->ctx, &loss));
-  NB_CHECK(nb_model_backward(r->m));
+  if (pp > 1) { /* the replica's rows in micro-batches through the stages */
+    nb_pipeline_t pipe = {nb__par_sendrecv, nb__par_sum, r->tp};
+    NB_CHECK(
+        nb_pipeline_step(r->m, &pipe, r->tok, r->tgt, o->micro, rows / o->micro, o->ctx, NULL));
+  } else {
+    nb_model_zero_grad(r->m);
+    float loss = 0;
+    NB_CHECK(nb_model_forward(r->m, r->tok, r->tgt, rows, o->ctx, &loss));
+    NB_CHECK(nb_model_backward(r->m));
+  }
   size_t n;
   float* grads = nb_model_grads(r->m, &n);
   if (r->dp) NB_CHECK(nb_comm_allreduce(r->dp, grads, grads, n, NB_COMM_FP32, NB_COMM_AVG));
   double norm = 0;
-  if (tp > 1)
+  if (tp > 1 || pp > 1)
     NB_CHECK(nb_model_tp_norm(r->m, grads, &norm));
   else
     norm = nb_grad_norm(grads, n);
@@ -88,22 +103,29 @@ static int nb__par_child(const nb__par_opts_t* o) {
   nb_status_t st = nb_comm_create(NULL, &r.world);
   int rank = st == NB_OK ? nb_comm_rank(r.world) : 0,
       size = st == NB_OK ? nb_comm_size(r.world) : 1;
-  int tp = o->child_tp, dp = size / tp;
-  if (st == NB_OK && (size % tp != 0 || o->batch % dp != 0))
+  int tp = o->child_tp, pp = o->child_pp > 1 ? o->child_pp : 1, w = tp * pp, dp = size / w;
+  if (st == NB_OK && (size % w != 0 || o->batch % dp != 0))
     st = nb_error(NB_ERR_CONFIG,
-                  "%d ranks at tensor %d: %d replicas must divide the ranks and the "
-                  "batch %d",
-                  size, tp, dp, o->batch);
-  int tp_rank = rank % tp, dp_rank = rank / tp;
-  if (st == NB_OK && tp > 1) st = nb_comm_split(r.world, dp_rank, tp_rank, &r.tp);
-  if (st == NB_OK && dp > 1) st = nb_comm_split(r.world, tp_rank, dp_rank, &r.dp);
+                  "%d ranks at tensor %d x pipeline %d: %d replicas must divide the ranks and "
+                  "the batch %d",
+                  size, tp, pp, dp, o->batch);
+  int mp_rank = rank % w, dp_rank = rank / w;
+  /* r.tp: the replica's ranks (the shards of a tensor-parallel one, or a pipeline's stages) */
+  if (st == NB_OK && w > 1) st = nb_comm_split(r.world, dp_rank, mp_rank, &r.tp);
+  if (st == NB_OK && dp > 1) st = nb_comm_split(r.world, mp_rank, dp_rank, &r.dp);
   nb_model_config_t cfg = nb_model_config_make(o->layers, o->dim, o->heads, o->ctx);
-  nb_model_tp_t tpc = {tp_rank, tp, nb__par_sum, r.tp};
-  if (st == NB_OK) st = nb_model_create_tp(&cfg, 1, tp > 1 ? &tpc : NULL, &r.m);
+  nb_model_tp_t tpc = {mp_rank, tp, nb__par_sum, r.tp};
+  nb_model_pp_t ppc = {mp_rank, pp, nb__par_sum, r.tp};
+  if (st == NB_OK)
+    st = pp > 1 ? nb_model_create_pp(&cfg, 1, &ppc, &r.m)
+                : nb_model_create_tp(&cfg, 1, tp > 1 ? &tpc : NULL, &r.m);
   nb_adamw_config_t oc = nb_adamw_config_default();
   oc.total_steps = o->steps + 1;
   if (st == NB_OK) st = nb_adamw_create(&oc, nb_model_num_params(r.m), &r.opt);
   int rows = o->batch / dp;
+  if (st == NB_OK && pp > 1 && rows % o->micro != 0)
+    st = nb_error(NB_ERR_CONFIG, "a replica's %d rows do not split into %d micro-batches", rows,
+                  o->micro);
   size_t bt = (size_t)rows * (size_t)o->ctx;
   if (st == NB_OK && (!(r.tok = malloc(bt * sizeof(int))) || !(r.tgt = malloc(bt * sizeof(int)))))
     st = nb_error(NB_ERR_NOMEM, "batch");
@@ -115,7 +137,7 @@ static int nb__par_child(const nb__par_opts_t* o) {
       t0 = nb_now_s();
     }
     if (st == NB_OK)
-      st = nb__par_step(&r, o, tp, rows,
+      st = nb__par_step(&r, o, tp, pp, rows,
                         0x9e3779b97f4a7c15ull * (uint64_t)(s + 1) + (uint64_t)dp_rank);
   }
   float stats[3] = {0, 0, 0}; /* seconds, KiB resident, bytes of state: the slowest rank's */
@@ -138,6 +160,7 @@ static int nb__par_child(const nb__par_opts_t* o) {
     json_object_set_new(j, "ranks", json_integer(size));
     json_object_set_new(j, "data", json_integer(dp));
     json_object_set_new(j, "tensor", json_integer(tp));
+    json_object_set_new(j, "pipeline", json_integer(pp));
     json_object_set_new(j, "tokens_per_s",
                         nb_bench_json_real((double)o->batch * o->ctx * o->steps / stats[0]));
     json_object_set_new(j, "state_mib_per_rank", nb_bench_json_real(stats[2] / 1048576.0));
@@ -151,7 +174,7 @@ static int nb__par_child(const nb__par_opts_t* o) {
 
 /* ---- the parent: every layout in its own mpirun ---------------------------------------------- */
 
-static json_t* nb__par_run(const nb__par_opts_t* o, int n, int tp) {
+static json_t* nb__par_run(const nb__par_opts_t* o, int n, int tp, int pp) {
   char exe[1024];
   ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (k <= 0) return NULL;
@@ -159,9 +182,9 @@ static json_t* nb__par_run(const nb__par_opts_t* o, int n, int tp) {
   char cmd[2048];
   snprintf(cmd, sizeof cmd,
            "mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader "
-           "--mca mpi_yield_when_idle 1 -np %d '%s' bench parallel --child-tp %d --layers %d "
-           "--dim %d --heads %d --ctx %d --batch %d --steps %d",
-           n, exe, tp, o->layers, o->dim, o->heads, o->ctx, o->batch, o->steps);
+           "--mca mpi_yield_when_idle 1 -np %d '%s' bench parallel --child-tp %d --child-pp %d "
+           "--layers %d --dim %d --heads %d --ctx %d --batch %d --micro %d --steps %d",
+           n, exe, tp, pp, o->layers, o->dim, o->heads, o->ctx, o->batch, o->micro, o->steps);
   FILE* p = popen(cmd, "r");
   if (!p) return NULL;
   char line[4096];
@@ -186,10 +209,11 @@ static double nb__par_num(json_t* o, const char* key) {
 }
 
 int nb_bench_parallel_main(int argc, char** argv) {
-  nb__par_opts_t o = {4, 256, 4, 128, 8, 5, 0, 0};
+  nb__par_opts_t o = {4, 256, 4, 128, 8, 4, 5, 0, 0, 0};
   const nb_bench_int_flag_t flags[] = {
-      {"--layers", &o.layers}, {"--dim", &o.dim},     {"--heads", &o.heads},      {"--ctx", &o.ctx},
-      {"--batch", &o.batch},   {"--steps", &o.steps}, {"--child-tp", &o.child_tp}};
+      {"--layers", &o.layers}, {"--dim", &o.dim},           {"--heads", &o.heads},
+      {"--ctx", &o.ctx},       {"--batch", &o.batch},       {"--micro", &o.micro},
+      {"--steps", &o.steps},   {"--child-tp", &o.child_tp}, {"--child-pp", &o.child_pp}};
   int rc = nb_bench_parse_int_flags("nebula bench parallel", NB__PAR_SYNOPSIS, argc, argv, flags,
                                     (int)(sizeof flags / sizeof flags[0]), &o.json);
   if (rc != NB_OPTS_RUN) return rc;
@@ -202,24 +226,29 @@ int nb_bench_parallel_main(int argc, char** argv) {
 
   setenv("OPENBLAS_NUM_THREADS", "1", 1);
   setenv("NB_TRAIN_THREADS", "1", 1);
-  static const int layouts[][2] = {{2, 1}, {2, 2}, {4, 1}, {4, 2}, {4, 4}}; /* ranks, tensor */
+  /* ranks, tensor, pipeline */
+  static const int layouts[][3] = {{2, 1, 1}, {2, 2, 1}, {2, 1, 2}, {4, 1, 1},
+                                   {4, 2, 1}, {4, 1, 2}, {4, 4, 1}, {4, 1, 4}};
   json_t* rows = json_array();
   double dp_tok = NAN, dp_mem = NAN, dp_rss = NAN;
   if (!o.json)
-    printf("%-6s %-5s %-7s %12s %9s %12s %8s %11s %8s\n", "ranks", "data", "tensor", "tokens/s",
-           "vs_data", "state_MiB", "vs_data", "max_rss_MiB", "vs_data");
+    printf("%-6s %-5s %-7s %-9s %12s %9s %12s %8s %11s %8s\n", "ranks", "data", "tensor",
+           "pipeline", "tokens/s", "vs_data", "state_MiB", "vs_data", "max_rss_MiB", "vs_data");
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
-    int n = layouts[i][0], tp = layouts[i][1];
-    if (o.heads % tp != 0 || o.batch % (n / tp) != 0) continue;
-    json_t* r = nb__par_run(&o, n, tp);
+    int n = layouts[i][0], tp = layouts[i][1], pp = layouts[i][2], dp = n / (tp * pp);
+    if (o.heads % tp != 0 || o.layers % pp != 0 || o.batch % dp != 0 ||
+        (pp > 1 && (o.batch / dp) % o.micro != 0))
+      continue; /* a layout this shape does not split into */
+    json_t* r = nb__par_run(&o, n, tp, pp);
     double tok = nb__par_num(r, "tokens_per_s"), mem = nb__par_num(r, "state_mib_per_rank"),
            rss = nb__par_num(r, "max_rss_mib");
-    if (tp == 1) dp_tok = tok, dp_mem = mem, dp_rss = rss;
+    if (tp == 1 && pp == 1) dp_tok = tok, dp_mem = mem, dp_rss = rss;
     json_t* row = r ? r : json_object();
     if (!r) {
       json_object_set_new(row, "ranks", json_integer(n));
       json_object_set_new(row, "tensor", json_integer(tp));
+      json_object_set_new(row, "pipeline", json_integer(pp));
       json_object_set_new(row, "error", json_string("the mpirun of this layout failed"));
     }
     json_object_set_new(row, "tokens_vs_data", nb_bench_json_real(tok / dp_tok));
@@ -227,7 +256,7 @@ int nb_bench_parallel_main(int argc, char** argv) {
     json_object_set_new(row, "rss_vs_data", nb_bench_json_real(rss / dp_rss));
     json_object_set_new(row, "oversubscribed", json_boolean(n > cores));
     if (!o.json)
-      printf("%-6d %-5d %-7d %12.0f %9.2f %12.2f %8.2f %11.1f %8.2f%s\n", n, n / tp, tp, tok,
+      printf("%-6d %-5d %-7d %-9d %12.0f %9.2f %12.2f %8.2f %11.1f %8.2f%s\n", n, dp, tp, pp, tok,
              tok / dp_tok, mem, mem / dp_mem, rss, rss / dp_rss,
              r ? (n > cores ? "  (oversubscribed)" : "") : "  (failed)");
     json_array_append_new(rows, row);
@@ -240,14 +269,17 @@ int nb_bench_parallel_main(int argc, char** argv) {
     json_object_set_new(j, "heads", json_integer(o.heads));
     json_object_set_new(j, "ctx", json_integer(o.ctx));
     json_object_set_new(j, "batch", json_integer(o.batch));
+    json_object_set_new(j, "micro", json_integer(o.micro));
     json_object_set_new(j, "cores", json_integer(cores));
     json_object_set_new(j, "runs", rows);
     nb_bench_json_print(stdout, j);
   } else {
     json_decref(rows);
-    printf("same global batch of %d x %d tokens in every layout; %ld cores: ", o.batch, o.ctx,
-           cores);
-    printf("with more ranks than cores the ratios show what a layout costs, not its speed-up\n");
+    printf(
+        "same global batch of %d x %d tokens in every layout (pipelines: %d micro-batches); "
+        "%ld cores: with more ranks than cores the ratios show what a layout costs, not its "
+        "speed-up\n",
+        o.batch, o.ctx, o.micro, cores);
   }
   return 0;
 }
