@@ -5,7 +5,9 @@
 # The outer rounds work on the logical parameters, so both clusters apply every round and end
 # with the same theta_global hash and the same final.safetensors bytes; dc-a's evaluations and
 # checkpoints are collective over its two ranks, and a checkpoint it wrote loads into an
-# unsharded model (`nebula eval`). Loopback, no root; skipped (77) without mpirun.
+# unsharded model (`nebula eval`). Then both clusters resume (--resume) for 6 more rounds with
+# dc-a as one unsharded process: its model-parallel checkpoint resumes in another layout, and
+# both end again with the same theta_global. Loopback, no root; skipped (77) without mpirun.
 # usage: test_tp_two_clusters.sh NEBULA DATA_DIR [tensor|pipeline]
 set -euo pipefail
 nebula=$1
@@ -28,16 +30,17 @@ trap cleanup EXIT
 . "$here/../faults/lib.sh"
 
 export OPENBLAS_NUM_THREADS=1 NB_TRAIN_THREADS=1
-cat >"$tmp/job.json" <<JOB
+mp_job() { # FILE DC_A_CLUSTER_FIELDS MAX_STEPS
+  cat >"$1" <<JOB
 {"apiVersion": "nebula/v1", "kind": "TrainingJob",
  "metadata": {"name": "mp-2dc"},
  "spec": {"task": "pretrain",
   "clusters": [
-   {"id": "dc-a", "workers": 2, "parallel": $parallel,
+   {"id": "dc-a", $2,
     "data": {"tier": "quick", "languages": ["en", "de"]}},
    {"id": "dc-b", "data": {"tier": "quick", "languages": ["en", "ru"]}}],
   "model": {"layers": 2, "width": 64, "heads": 2, "context": 64},
-  "training": {"seed": 7, "batchSize": 8, "maxSteps": 48,
+  "training": {"seed": 7, "batchSize": 8, "maxSteps": $3,
                "optimizer": {"lr": 0.003, "warmupSteps": 2}, "eval": {"everyRounds": 2}},
   "sync": {"mode": "outer", "innerSteps": 8},
   "compression": {"density": {"initial": 0.05, "min": 0.001, "max": 0.1}, "values": "int8",
@@ -45,6 +48,8 @@ cat >"$tmp/job.json" <<JOB
   "checkpoint": {"everyRounds": 3},
   "link": {"rateMbit": 50}}}
 JOB
+}
+mp_job "$tmp/job.json" "\"workers\": 2, \"parallel\": $parallel" 48
 "$nebula" validate "$tmp/job.json" >/dev/null || fail "the job does not validate"
 make_pki "$tmp/pki" 127.0.0.1 127.0.0.1
 port_a=$((20000 + ($$ % 20000)))
@@ -79,4 +84,23 @@ ck=$(ls -d "$tmp/dc-a/checkpoints"/step-* | sort -t- -k2 -n | tail -1)
 echo "dc-a ($layout parallel, 2 ranks) and dc-b (one process): 6 rounds applied on both, same" \
   "theta_global and final model;" \
   "dc-a's $(basename "$ck") evaluates unsharded"
+# the resume in another layout: dc-a one process, both clusters 6 more rounds
+mp_job "$tmp/job2.json" '"workers": 1' 96
+args2() { args "$@" | sed "s|$tmp/job.json|$tmp/job2.json|"; }
+("$nebula" $(args2 dc-a "$port_a" dc-b "$port_b") --resume) >"$tmp/a2.log" 2>&1 &
+apid=$!
+pids+=("$apid")
+("$nebula" $(args2 dc-b "$port_b" dc-a "$port_a") --resume) >"$tmp/b2.log" 2>&1 &
+bpid=$!
+pids+=("$bpid")
+wait "$apid" || fail "dc-a (resumed as one process) failed"
+wait "$bpid" || fail "dc-b (resumed) failed"
+pids=()
+grep -q "dc-a resumes at round 6 (step 48)" "$tmp/a2.log" || fail "dc-a did not resume at round 6"
+same_hash "$tmp/dc-a" "$tmp/dc-b"
+for c in dc-a dc-b; do
+  n=$(tsv_count "$tmp/$c/rounds.tsv" applied 1)
+  [ "$n" = 12 ] || fail "$c applied $n of 12 rounds after the resume"
+done
+echo "dc-a's $layout-parallel checkpoint resumed as one process: 12 rounds on both, same theta_global"
 echo "PASS"
