@@ -9,7 +9,6 @@
  * than ranks the ranks share the cores (oversubscribed): the ratios then show what a layout
  * costs, not what it gains. Not a test. */
 #include <math.h>
-#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,16 +139,32 @@ static int nb__par_child(const nb__par_opts_t* o) {
       st = nb__par_step(&r, o, tp, pp, rows,
                         0x9e3779b97f4a7c15ull * (uint64_t)(s + 1) + (uint64_t)dp_rank);
   }
-  float stats[3] = {0, 0, 0}; /* seconds, KiB resident, bytes of state: the slowest rank's */
+  /* seconds of the steps, KiB resident, bytes of state, seconds of one gather of the logical
+   * parameters (what the worker's replica does once per outer round): the slowest rank's */
+  float stats[4] = {0, 0, 0, 0};
   if (st == NB_OK) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     stats[0] = (float)(nb_now_s() - t0);
     stats[1] = (float)ru.ru_maxrss;
     stats[2] = (float)(nb_model_num_params(r.m) * 4 * sizeof(float)); /* params, grads, m, v */
-    if (MPI_Allreduce(MPI_IN_PLACE, stats, 3, MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD) != MPI_SUCCESS)
-      st = nb_error(NB_ERR_MPI, "MPI_Allreduce of the figures failed");
+    float* logical = NULL;
+    st = nb_alloc((void**)&logical, nb_model_num_logical_params(r.m), sizeof(float), "gather");
+    double best = 1e30;
+    for (int k = 0; st == NB_OK && k < 3; k++) {
+      double g0 = nb_now_s();
+      st = nb_model_tp_gather(r.m, nb_model_params(r.m, NULL), logical);
+      if (nb_now_s() - g0 < best) best = nb_now_s() - g0;
+    }
+    nb_free(logical);
+    stats[3] = (float)best;
   }
+  float* all = NULL; /* every rank's figures, then the largest of each */
+  if (st == NB_OK) st = nb_alloc((void**)&all, (size_t)size * 4, sizeof(float), "figures");
+  if (st == NB_OK) st = nb_comm_allgather(r.world, stats, all, 4, NB_COMM_FP32);
+  for (int i = 0; st == NB_OK && i < size * 4; i++)
+    if (all[i] > stats[i % 4]) stats[i % 4] = all[i];
+  nb_free(all);
   if (st != NB_OK) {
     fprintf(stderr, "nebula bench parallel: rank %d: %s\n", rank, nb_error_last());
     nb__par_rank_free(&r);
@@ -165,6 +180,10 @@ static int nb__par_child(const nb__par_opts_t* o) {
                         nb_bench_json_real((double)o->batch * o->ctx * o->steps / stats[0]));
     json_object_set_new(j, "state_mib_per_rank", nb_bench_json_real(stats[2] / 1048576.0));
     json_object_set_new(j, "max_rss_mib", nb_bench_json_real(stats[1] / 1024.0));
+    /* the outer sync's gather against one inner step (a round has H of them) */
+    json_object_set_new(j, "gather_ms", nb_bench_json_real(w > 1 ? stats[3] * 1e3 : 0));
+    json_object_set_new(j, "gather_vs_step",
+                        nb_bench_json_real(w > 1 ? stats[3] / (stats[0] / o->steps) : 0));
     nb_bench_json_print(stdout, j);
   }
   nb__par_rank_free(&r);
@@ -232,8 +251,9 @@ int nb_bench_parallel_main(int argc, char** argv) {
   json_t* rows = json_array();
   double dp_tok = NAN, dp_mem = NAN, dp_rss = NAN;
   if (!o.json)
-    printf("%-6s %-5s %-7s %-9s %12s %9s %12s %8s %11s %8s\n", "ranks", "data", "tensor",
-           "pipeline", "tokens/s", "vs_data", "state_MiB", "vs_data", "max_rss_MiB", "vs_data");
+    printf("%-6s %-5s %-7s %-9s %12s %9s %12s %8s %11s %8s %12s\n", "ranks", "data", "tensor",
+           "pipeline", "tokens/s", "vs_data", "state_MiB", "vs_data", "max_rss_MiB", "vs_data",
+           "gather/step");
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   for (size_t i = 0; i < sizeof layouts / sizeof layouts[0]; i++) {
     int n = layouts[i][0], tp = layouts[i][1], pp = layouts[i][2], dp = n / (tp * pp);
@@ -256,8 +276,9 @@ int nb_bench_parallel_main(int argc, char** argv) {
     json_object_set_new(row, "rss_vs_data", nb_bench_json_real(rss / dp_rss));
     json_object_set_new(row, "oversubscribed", json_boolean(n > cores));
     if (!o.json)
-      printf("%-6d %-5d %-7d %-9d %12.0f %9.2f %12.2f %8.2f %11.1f %8.2f%s\n", n, dp, tp, pp, tok,
-             tok / dp_tok, mem, mem / dp_mem, rss, rss / dp_rss,
+      printf("%-6d %-5d %-7d %-9d %12.0f %9.2f %12.2f %8.2f %11.1f %8.2f %12.3f%s\n", n, dp, tp,
+             pp, tok, tok / dp_tok, mem, mem / dp_mem, rss, rss / dp_rss,
+             nb__par_num(r, "gather_vs_step"),
              r ? (n > cores ? "  (oversubscribed)" : "") : "  (failed)");
     json_array_append_new(rows, row);
   }
