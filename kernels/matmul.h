@@ -20,12 +20,16 @@ void nb_matmul_forward(float* out, const float* inp, const float* weight, const 
 void nb_matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, int N, int C, int OC);
 
-/* The weight half of the backward for output rows [o0, o1) only: dweight rows o0..o1-1 (OC, C)
- * += dout[:, o0:o1]^T @ inp, dbias[o0:o1] += those columns' sums (dbias may be NULL), so callers
- * may split OC over threads. dbias gets the same bits as from nb_matmul_backward; dweight agrees to
- * rounding (the BLAS's kernels for a block of rows depend on the block's size). */
-void nb_matmul_backward_weight_rows(float* dweight, float* dbias, const float* dout,
-                                    const float* inp, int N, int C, int OC, int o0, int o1);
+/* The backward's halves, each writing its result (accumulate 0: as if the output were zeroed
+ * first, without a pass to zero it) or adding to it (accumulate 1, as nb_matmul_backward), so a
+ * caller may split a product over threads: dinp (N, C) = / += dout @ weight, and dweight (OC, C)
+ * = / += dout^T @ inp with dbias (OC) = / += the column sums of dout (either may be NULL). A
+ * caller splitting N sums the partial weight products of its ranges itself; the bits agree with
+ * the whole product to rounding (the BLAS's kernels depend on a block's size). */
+void nb_matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C,
+                              int OC, int accumulate);
+void nb_matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp,
+                               int N, int C, int OC, int accumulate);
 
 /* The CPU BLAS's own thread count for the products (OpenBLAS's openblas_set_num_threads): sets it
  * to n >= 1 and returns the count before, or 0 (nothing set) when the BLAS has no such control.

@@ -67,7 +67,7 @@ typedef struct {
       X(float*, probs) X(float*, losses) X(float*, dres) X(float*, dln) X(float*, dqkv)            \
           X(float*, datty) X(float*, dfch) X(float*, dfch_gelu) X(float*, dlogits)                 \
               X(float*, att_ws) X(size_t, att_ws_n) X(int, att_chunks) X(float*, ps) X(float*, pt) \
-                  X(float*, kl) X(float*, partial) X(int*, tokens) X(int*, targets) X(int, B)      \
+                  X(float*, kl) X(float*, partial) X(float*, mm_partial) X(int*, tokens) X(int*, targets) X(int, B)      \
                       X(int, T) X(int, have_targets) X(int, count) X(float, alpha) X(float, temp)
 
 typedef struct {
@@ -97,6 +97,7 @@ struct nb_model {
   int att_chunks;
   float *ps, *pt, *kl; /* distillation */
   float* partial;      /* (NB__CHUNKS, 4C) per-chunk gradient partials (LayerNorm 2C, fc bias 4C) */
+  float* mm_partial;   /* dweight / dbias partial products (nb__mm_partial_floats) */
   int* tokens;
   int* targets;
 
@@ -553,30 +554,48 @@ static void nb__par_run(void (*fn)(void*, size_t), nb__par_t* p) {
 
 /* ---- the dense products over the same pool: one thread plan for the whole step. OpenBLAS's own
  * threads are set to 1 for the forward and the backward (and restored after), and the pool splits
- * each product: the forward and dinp by rows of N, dweight and dbias by rows of OC. The split
- * depends on the sizes only (never the thread count), so the bits are the same on any pool size
- * (OpenBLAS's own results depend on how a product is split: a chunk is a sgemm of its own, on one
- * OpenBLAS thread). OpenBLAS's idle threads then sleep instead of spinning
- * beside the pool's (8-17 % of the step's samples in perf before). */
-#define NB__MM_MAX_CHUNKS 16
-#define NB__MM_MIN_ROWS 64 /* a chunk's rows at least (the packing of W is per chunk) */
+ * each product into tasks, each a sgemm of its own on one OpenBLAS thread: the forward and dinp
+ * by rows of N, dweight by the rows of N it sums over (each task a partial product, summed in a
+ * fixed order after). The split depends on the sizes only (never the thread count), so the bits
+ * are the same on any pool size (OpenBLAS's own results depend on how a product is split).
+ * OpenBLAS's idle threads then sleep instead of spinning beside the pool's (8-17 % of the step's
+ * samples in perf before).
+ *
+ * Fewer, larger tasks: every task packs its whole panel of W (forward, dinp) or of the input
+ * (dweight) again, and a sgemm of 128 rows ran at 0.82 of a whole one (one AVX-512 core: 125
+ * against 152 GFLOP/s), dweight split by output rows at 0.72 (each task packed all N rows of the
+ * input). A product is split into NB__MM_TASKS(N) tasks, four up to 4096 rows. */
+#define NB__MM_MAX_TASKS 16
+#define NB__MM_ROWS_PER_TASK 512 /* rows of N per task beyond the first four tasks */
+#define NB__MM_MIN_ROWS 64       /* a task's rows at least */
+#define NB__MM_KSPLIT_MAX 4      /* dweight's partial products at most (their buffers) */
 
 typedef struct {
-  float *out, *dinp, *dw, *db;
+  float *out, *dinp, *dw, *db, *partial;
   const float *inp, *w, *b, *dout;
   int N, C, OC;
-  int row_chunks, oc_chunks; /* the backward's tasks: row_chunks of dinp, then oc_chunks */
+  int row_tasks, k_tasks; /* the backward's tasks: row_tasks of dinp, then k_tasks of dweight */
 } nb__mm_par_t;
 
-static int nb__mm_chunks(int rows) {
-  int c = rows / NB__MM_MIN_ROWS;
-  return c < 1 ? 1 : c > NB__MM_MAX_CHUNKS ? NB__MM_MAX_CHUNKS : c;
+/* Tasks for a product over N rows: 4 up to 4 * NB__MM_ROWS_PER_TASK rows, then one per
+ * NB__MM_ROWS_PER_TASK rows (a power of two, at most 16), none under NB__MM_MIN_ROWS rows. */
+static int nb__mm_tasks(int rows) {
+  int t = 4;
+  while (t < NB__MM_MAX_TASKS && rows >= 2 * t * NB__MM_ROWS_PER_TASK) t *= 2;
+  while (t > 1 && rows < t * NB__MM_MIN_ROWS) t /= 2;
+  return t;
+}
+
+/* Floats of dweight partial products a model of this width needs (nb__ensure_acts). */
+static size_t nb__mm_partial_floats(int C, int V) {
+  size_t oc = (size_t)(4 * C > V ? 4 * C : V);
+  return (size_t)(NB__MM_KSPLIT_MAX - 1) * oc * (size_t)C + (size_t)NB__MM_KSPLIT_MAX * oc;
 }
 
 static void nb__mm_fwd_chunk(void* ctx, size_t i) {
   nb__mm_par_t* p = ctx;
   size_t b, e;
-  nb_parallel_range((size_t)p->N, (size_t)p->row_chunks, i, &b, &e);
+  nb_parallel_range((size_t)p->N, (size_t)p->row_tasks, i, &b, &e);
   nb_matmul_forward(p->out + b * p->OC, p->inp + b * p->C, p->w, p->b, (int)(e - b), p->C, p->OC);
 }
 
@@ -584,45 +603,83 @@ static void nb__mm_fwd_chunk(void* ctx, size_t i) {
 static void nb__mm_forward(float* out, const float* inp, const float* w, const float* bias, int N,
                            int C, int OC) {
   nb__mm_par_t p = {.out = out, .inp = inp, .w = w, .b = bias, .N = N, .C = C, .OC = OC};
-  p.row_chunks = nb__mm_chunks(N);
-  if (p.row_chunks == 1)
+  p.row_tasks = nb__mm_tasks(N);
+  if (p.row_tasks == 1)
     nb_matmul_forward(out, inp, w, bias, N, C, OC);
   else
-    nb_parallel_for((size_t)p.row_chunks, nb__mm_fwd_chunk, &p);
+    nb_parallel_for((size_t)p.row_tasks, nb__mm_fwd_chunk, &p);
 }
 
+/* Task i < row_tasks: rows of dinp (written). Task row_tasks + k: dweight and dbias over the k-th
+ * range of N: the first adds to dweight / dbias, the others write partial k - 1. */
 static void nb__mm_bwd_chunk(void* ctx, size_t i) {
   nb__mm_par_t* p = ctx;
   size_t b, e;
-  if (i < (size_t)p->row_chunks) {
-    nb_parallel_range((size_t)p->N, (size_t)p->row_chunks, i, &b, &e);
-    nb_matmul_backward(p->dinp + b * p->C, NULL, NULL, p->dout + b * p->OC, NULL, p->w,
-                       (int)(e - b), p->C, p->OC);
+  if (i < (size_t)p->row_tasks) {
+    nb_parallel_range((size_t)p->N, (size_t)p->row_tasks, i, &b, &e);
+    nb_matmul_backward_input(p->dinp + b * p->C, p->dout + b * p->OC, p->w, (int)(e - b), p->C,
+                             p->OC, 0);
     return;
   }
-  nb_parallel_range((size_t)p->OC, (size_t)p->oc_chunks, i - (size_t)p->row_chunks, &b, &e);
-  nb_matmul_backward_weight_rows(p->dw, p->db, p->dout, p->inp, p->N, p->C, p->OC, (int)b, (int)e);
+  size_t k = i - (size_t)p->row_tasks, OC = (size_t)p->OC, C = (size_t)p->C;
+  nb_parallel_range((size_t)p->N, (size_t)p->k_tasks, k, &b, &e);
+  float* dw = p->dw;
+  float* db = p->db;
+  if (k > 0) {
+    if (dw) dw = p->partial + (k - 1) * OC * C;
+    if (db) db = p->partial + (size_t)(NB__MM_KSPLIT_MAX - 1) * OC * C + k * OC;
+  }
+  nb_matmul_backward_weight(dw, db, p->dout + b * OC, p->inp + b * C, (int)(e - b), p->C, p->OC,
+                            k == 0);
 }
 
-/* nb_matmul_backward over the pool: dinp by rows, dweight and dbias by output rows, as tasks of
- * one loop (they write disjoint buffers). */
-static void nb__mm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                            const float* inp, const float* w, int N, int C, int OC) {
+/* dweight (and dbias) += the partials 1.. in order, over rows of OC. */
+static void nb__mm_sum_chunk(void* ctx, size_t i) {
+  nb__mm_par_t* p = ctx;
+  size_t b, e, OC = (size_t)p->OC, C = (size_t)p->C;
+  nb_parallel_range(OC, NB__CHUNKS, i, &b, &e);
+  for (int k = 1; k < p->k_tasks; k++) {
+    if (p->dw) {
+      const float* part = p->partial + (size_t)(k - 1) * OC * C;
+      for (size_t j = b * C; j < e * C; j++) p->dw[j] += part[j];
+    }
+    if (p->db) {
+      const float* part = p->partial + (size_t)(NB__MM_KSPLIT_MAX - 1) * OC * C + (size_t)k * OC;
+      for (size_t j = b; j < e; j++) p->db[j] += part[j];
+    }
+  }
+}
+
+/* The dense backward over the pool: dinp (N, C) written (not accumulated: no pass to zero it
+ * first), dweight and dbias accumulated as nb_matmul_backward does, from partial products over
+ * ranges of N (tasks of one loop with dinp's rows: they write disjoint buffers), then the
+ * partials summed in a fixed order. */
+static void nb__mm_backward(nb_model_t* m, float* dinp, float* dweight, float* dbias,
+                            const float* dout, const float* inp, const float* w, int N, int C,
+                            int OC) {
   nb__mm_par_t p = {.dinp = dinp,
                     .dw = dweight,
                     .db = dbias,
+                    .partial = m->mm_partial,
                     .dout = dout,
                     .inp = inp,
                     .w = w,
                     .N = N,
                     .C = C,
                     .OC = OC};
-  p.row_chunks = dinp ? nb__mm_chunks(N) : 0;
-  p.oc_chunks = dweight || dbias ? nb__mm_chunks(OC) : 0;
-  if (p.row_chunks + p.oc_chunks <= 1)
-    nb_matmul_backward(dinp, dweight, dbias, dout, inp, w, N, C, OC);
-  else
-    nb_parallel_for((size_t)(p.row_chunks + p.oc_chunks), nb__mm_bwd_chunk, &p);
+  p.row_tasks = dinp ? nb__mm_tasks(N) : 0;
+  p.k_tasks = 0;
+  if (dweight || dbias) {
+    p.k_tasks = nb__mm_tasks(N);
+    if (p.k_tasks > NB__MM_KSPLIT_MAX) p.k_tasks = NB__MM_KSPLIT_MAX;
+  }
+  if (p.row_tasks + p.k_tasks <= 1) {
+    if (dinp) nb_matmul_backward_input(dinp, dout, w, N, C, OC, 0);
+    nb_matmul_backward_weight(dweight, dbias, dout, inp, N, C, OC, 1);
+    return;
+  }
+  nb_parallel_for((size_t)(p.row_tasks + p.k_tasks), nb__mm_bwd_chunk, &p);
+  if (p.k_tasks > 1) nb_parallel_for(NB__CHUNKS, nb__mm_sum_chunk, &p);
 }
 
 /* fc bias + GELU in one pass over row chunks: a = pre-activation (bias added in place),
@@ -784,7 +841,8 @@ static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
   size_t total = per_layer * L + NC * 2 + N * 3 + NV * 2 /* encoded lnf, stats, logits probs */
                  + NC * 14 + NV + ws * (size_t)chunks    /* backward and attention scratch */
                  + NV * 2 + N                            /* distillation */
-                 + (size_t)NB__CHUNKS * 4 * C;           /* gradient partials */
+                 + (size_t)NB__CHUNKS * 4 * C            /* gradient partials */
+                 + nb__mm_partial_floats(C, V);          /* dweight partial products */
   nb_status_t st = NB_OK;
   NB_CHECK_GOTO(nb_aligned_alloc((void**)&m->acts, total, sizeof(float), "activations"), st, fail);
   NB_CHECK_GOTO(nb_calloc((void**)&m->la, (size_t)L, sizeof *m->la, "activation table"), st, fail);
@@ -833,6 +891,7 @@ static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
   TAKE(m->pt, NV);
   TAKE(m->kl, N);
   TAKE(m->partial, (size_t)NB__CHUNKS * 4 * C);
+  TAKE(m->mm_partial, nb__mm_partial_floats(C, V));
 #undef TAKE
   if ((size_t)(p - m->acts) > total) return nb_error(NB_ERR_INTERNAL, "activation arena overrun");
   m->att_ws_n = ws;
@@ -1058,8 +1117,7 @@ static void nb__backward_head(nb_model_t* m, float* dwte, float* dlnfw, float* d
     }
     nb__par_run(nb__ce_bwd_chunk, &p);
   }
-  memset(m->dln, 0, NC * sizeof(float));
-  nb__mm_backward(m->dln, dwte, NULL, m->dlogits, m->lnf, GP(m, V_WTE), n, C, V);
+  nb__mm_backward(m, m->dln, dwte, NULL, m->dlogits, m->lnf, GP(m, V_WTE), n, C, V);
   memset(m->dres, 0, NC * sizeof(float));
   const float* last = L > 0 ? m->la[L - 1].res3 : m->encoded;
   nb__par_ln_backward(m, m->dres, dlnfw, dlnfb, m->dln, last, GP(m, V_LNFW(m)), m->lnf_mean,
@@ -1090,23 +1148,20 @@ static nb_status_t nb__backward(nb_model_t* m, const float* dx_out) {
     nb__layer_acts_t* a = &m->la[l];
     const float* residual = l == 0 ? m->encoded : m->la[l - 1].res3;
     /* dres is d(res3) = d(res2) (skip) = d(fcproj) */
-    memset(m->dfch_gelu, 0, 4 * NCl * sizeof(float));
-    nb__mm_backward(m->dfch_gelu, G(LG(m, l, P_FCPROJW)), G(LG(m, l, P_FCPROJB)), m->dres,
+    nb__mm_backward(m, m->dfch_gelu, G(LG(m, l, P_FCPROJW)), G(LG(m, l, P_FCPROJB)), m->dres,
                     a->fch_gelu, LP(m, l, P_FCPROJW), n, 4 * Cl, C);
     if (m->lora)
       nb__lora_backward(m->lora, l, NB_SITE_FC_PROJ, a->fch_gelu, m->dres, m->dfch_gelu, n);
     /* dfch written (not accumulated) by the GELU pass, which also sums the fc bias gradient */
     nb__par_bias_gelu_backward(m, m->dfch, G(LG(m, l, P_FCB)), a->fch, m->dfch_gelu, n, 4 * Cl);
-    memset(m->dln, 0, NC * sizeof(float));
-    nb__mm_backward(m->dln, G(LG(m, l, P_FCW)), NULL, m->dfch, a->ln2, LP(m, l, P_FCW), n, C,
+    nb__mm_backward(m, m->dln, G(LG(m, l, P_FCW)), NULL, m->dfch, a->ln2, LP(m, l, P_FCW), n, C,
                     4 * Cl);
     if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_FC, a->ln2, m->dfch, m->dln, n);
     NB_CHECK(nb__tp_sum(m, m->dln, NC));
     nb__par_ln_backward(m, m->dres, G(LG(m, l, P_LN2W)), G(LG(m, l, P_LN2B)), m->dln, a->res2,
                         LP(m, l, P_LN2W), a->ln2_mean, a->ln2_rstd, n, C);
     /* dres is now d(res2) = d(residual) (skip) = d(attproj) */
-    memset(m->datty, 0, NCl * sizeof(float));
-    nb__mm_backward(m->datty, G(LG(m, l, P_PROJW)), G(LG(m, l, P_PROJB)), m->dres, a->atty,
+    nb__mm_backward(m, m->datty, G(LG(m, l, P_PROJW)), G(LG(m, l, P_PROJB)), m->dres, a->atty,
                     LP(m, l, P_PROJW), n, Cl, C);
     if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_ATTN_PROJ, a->atty, m->dres, m->datty, n);
     memset(m->dqkv, 0, 3 * NCl * sizeof(float));
@@ -1119,8 +1174,7 @@ static nb_status_t nb__backward(nb_model_t* m, const float* dx_out) {
                         .T = T,
                         .backward = 1};
     nb__par_attention(m, &ap);
-    memset(m->dln, 0, NC * sizeof(float));
-    nb__mm_backward(m->dln, G(LG(m, l, P_QKVW)), G(LG(m, l, P_QKVB)), m->dqkv, a->ln1,
+    nb__mm_backward(m, m->dln, G(LG(m, l, P_QKVW)), G(LG(m, l, P_QKVB)), m->dqkv, a->ln1,
                     LP(m, l, P_QKVW), n, C, 3 * Cl);
     if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_QKV, a->ln1, m->dqkv, m->dln, n);
     NB_CHECK(nb__tp_sum(m, m->dln, NC));
