@@ -41,11 +41,13 @@ size_t nb_attention_blocked_scratch(int T, int C, int NH);
 void nb_attention_blocked_forward(float* out, float* lse, const float* qkv, int B, int T, int C,
                                   int NH, int bh0, int bh1, float* scratch, nb_cpu_path_t path);
 
-/* Accumulating backward over the same ranges: dqkv (B, T, 3C) += gradient, from dout (B, T, C),
- * the forward's out and lse, and qkv. Disjoint ranges touch disjoint columns of dqkv. */
+/* Backward over the same ranges: dqkv (B, T, 3C) += gradient (accumulate 1) or = gradient
+ * (accumulate 0: nothing of those columns is read first), from dout (B, T, C), the forward's out
+ * and lse, and qkv. Disjoint ranges touch disjoint columns of dqkv. */
 void nb_attention_blocked_backward(float* dqkv, const float* dout, const float* out,
                                    const float* lse, const float* qkv, int B, int T, int C, int NH,
-                                   int bh0, int bh1, float* scratch, nb_cpu_path_t path);
+                                   int bh0, int bh1, float* scratch, nb_cpu_path_t path,
+                                   int accumulate);
 
 /* CUDA versions (cuBLAS strided-batched products + softmax kernels); d_scratch holds
  * B*NH*T*T floats. NB_ERR_UNSUPPORTED without CUDA, NB_ERR_CUDA on failure. */

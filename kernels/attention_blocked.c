@@ -249,7 +249,8 @@ void nb_attention_blocked_forward(float* out, float* lse, const float* qkv, int 
 
 void nb_attention_blocked_backward(float* dqkv, const float* dout, const float* out,
                                    const float* lse, const float* qkv, int B, int T, int C, int NH,
-                                   int bh0, int bh1, float* scratch, nb_cpu_path_t path) {
+                                   int bh0, int bh1, float* scratch, nb_cpu_path_t path,
+                                   int accumulate) {
   const nb__att_ops_t* ops = nb__att_ops(path);
   int hs = C / NH, hp = nb__round_up(hs, NB__HPAD), tp = nb__round_up(T, NB__BC), C3 = 3 * C;
   float scale = 1.0f / sqrtf((float)hs);
@@ -312,10 +313,18 @@ void nb_attention_blocked_backward(float* dqkv, const float* dout, const float* 
       float *dqr = dq + (size_t)t * C3, *dkr = dk + (size_t)t * C3, *dvr = dv + (size_t)t * C3;
       const float *gq = w.dq + (size_t)t * hp, *gk = w.dk + (size_t)t * hp,
                   *gv = w.dv + (size_t)t * hp;
-      for (int d = 0; d < hs; d++) {
-        dqr[d] += gq[d] * scale;
-        dkr[d] += gk[d];
-        dvr[d] += gv[d];
+      if (accumulate) {
+        for (int d = 0; d < hs; d++) {
+          dqr[d] += gq[d] * scale;
+          dkr[d] += gk[d];
+          dvr[d] += gv[d];
+        }
+      } else {
+        for (int d = 0; d < hs; d++) {
+          dqr[d] = gq[d] * scale;
+          dkr[d] = gk[d];
+          dvr[d] = gv[d];
+        }
       }
     }
   }

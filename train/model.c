@@ -422,9 +422,6 @@ const float* nb_model_logits(const nb_model_t* m) {
 const float* nb_model_losses(const nb_model_t* m) {
   return m->losses;
 }
-void nb_model_zero_grad(nb_model_t* m) {
-  memset(m->grads, 0, m->n_params * sizeof(float));
-}
 void nb_model_set_frozen(nb_model_t* m, int frozen) {
   m->frozen = frozen;
 }
@@ -552,6 +549,19 @@ static void nb__par_run(void (*fn)(void*, size_t), nb__par_t* p) {
     nb_parallel_for(NB__CHUNKS, fn, p);
 }
 
+static void nb__zero_chunk(void* ctx, size_t i) {
+  nb_model_t* m = ctx;
+  size_t b, e;
+  nb_parallel_range(m->n_params, NB__CHUNKS, i, &b, &e);
+  memset(m->grads + b, 0, (e - b) * sizeof(float));
+}
+
+void nb_model_zero_grad(nb_model_t* m) { /* over the pool: a pass over memory, bound by it */
+  if (m->n_params < (1u << 16))
+    memset(m->grads, 0, m->n_params * sizeof(float));
+  else
+    nb_parallel_for(NB__CHUNKS, nb__zero_chunk, m);
+}
 /* ---- the dense products over the same pool: one thread plan for the whole step. OpenBLAS's own
  * threads are set to 1 for the forward and the backward (and restored after), and the pool splits
  * each product into tasks, each a sgemm of its own on one OpenBLAS thread: the forward and dinp
@@ -808,6 +818,7 @@ static void nb__ce_bwd_chunk(void* ctx, size_t i) {
   nb__par_t* p = ctx;
   size_t b, e, V = (size_t)p->cols;
   nb_parallel_range((size_t)p->rows, NB__CHUNKS, i, &b, &e);
+  memset(p->out + b * V, 0, (e - b) * V * sizeof(float)); /* its rows of dlogits, zeroed here */
   nb_crossentropy_backward(p->out + b * V, p->a + b * V, p->ints + b, p->scalar, (int)(e - b),
                            p->cols);
   if (p->c) /* distillation term: c = ps, d = pt */
@@ -922,7 +933,7 @@ static void nb__att_chunk(void* ctx, size_t i) {
   float* ws = m->att_ws + i * m->att_ws_n;
   if (p->backward)
     nb_attention_blocked_backward(p->dqkv, p->dout, p->out, p->lse, p->qkv, p->B, p->T, C, NH,
-                                  (int)b, (int)e, ws, NB_CPU_PATH_AUTO);
+                                  (int)b, (int)e, ws, NB_CPU_PATH_AUTO, 0);
   else
     nb_attention_blocked_forward(p->out, p->lse, p->qkv, p->B, p->T, C, NH, (int)b, (int)e, ws,
                                  NB_CPU_PATH_AUTO);
@@ -1100,8 +1111,8 @@ static void nb__backward_head(nb_model_t* m, float* dwte, float* dlnfw, float* d
   int B = m->B, T = m->T, L = m->Ls, C = m->cfg.n_embd, V = m->cfg.vocab;
   int n = B * T;
   size_t N = (size_t)n, NC = N * C;
-  memset(m->dlogits, 0, N * V * sizeof(float));
-  if (m->count > 0) {
+  if (m->count == 0) memset(m->dlogits, 0, N * V * sizeof(float));
+  if (m->count > 0) { /* each chunk zeroes its rows of dlogits first */
     float inv = 1.0f / (float)m->count;
     nb__par_t p = {.out = m->dlogits,
                    .a = m->probs,
@@ -1136,7 +1147,7 @@ static nb_status_t nb__backward(nb_model_t* m, const float* dx_out) {
   const nb_model_config_t* c = &m->cfg;
   int B = m->B, T = m->T, L = m->Ls, C = c->n_embd, Cl = m->Cl;
   int n = B * T;
-  size_t N = (size_t)n, NC = N * C, NCl = N * Cl;
+  size_t N = (size_t)n, NC = N * C;
   int fz = m->frozen;
 #define G(ptr) (fz ? NULL : (ptr))
 
@@ -1164,7 +1175,7 @@ static nb_status_t nb__backward(nb_model_t* m, const float* dx_out) {
     nb__mm_backward(m, m->datty, G(LG(m, l, P_PROJW)), G(LG(m, l, P_PROJB)), m->dres, a->atty,
                     LP(m, l, P_PROJW), n, Cl, C);
     if (m->lora) nb__lora_backward(m->lora, l, NB_SITE_ATTN_PROJ, a->atty, m->dres, m->datty, n);
-    memset(m->dqkv, 0, 3 * NCl * sizeof(float));
+    /* dqkv written by the attention's backward (every column of every row: no zeroing pass) */
     nb__att_par_t ap = {.out = a->atty,
                         .lse = a->lse,
                         .dqkv = m->dqkv,

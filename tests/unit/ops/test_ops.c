@@ -388,15 +388,24 @@ static int check_blocked(int B, int T, int C, int NH, nb_cpu_path_t path, const 
   int BH = B * NH, mid = BH / 2;
   nb_attention_blocked_forward(out, lse, qkv, B, T, C, NH, 0, mid, scratch, path);
   nb_attention_blocked_forward(out, lse, qkv, B, T, C, NH, mid, BH, scratch, path);
-  nb_attention_blocked_backward(dqkv, dy, out, lse, qkv, B, T, C, NH, mid, BH, scratch, path);
-  nb_attention_blocked_backward(dqkv, dy, out, lse, qkv, B, T, C, NH, 0, mid, scratch, path);
-  char what[3][64];
+  nb_attention_blocked_backward(dqkv, dy, out, lse, qkv, B, T, C, NH, mid, BH, scratch, path, 1);
+  nb_attention_blocked_backward(dqkv, dy, out, lse, qkv, B, T, C, NH, 0, mid, scratch, path, 1);
+  /* written, not accumulated: over a NaN-filled buffer, the gradient alone */
+  float* dw = malloc(sizeof(float) * nq);
+  for (size_t i = 0; i < nq; i++) dw[i] = NAN;
+  nb_attention_blocked_backward(dw, dy, out, lse, qkv, B, T, C, NH, 0, mid, scratch, path, 0);
+  nb_attention_blocked_backward(dw, dy, out, lse, qkv, B, T, C, NH, mid, BH, scratch, path, 0);
+  for (size_t i = 0; i < nq; i++) dw[i] += base[i];
+  char what[4][64];
   snprintf(what[0], sizeof what[0], "%s B%d T%d C%d NH%d out", pname, B, T, C, NH);
   snprintf(what[1], sizeof what[1], "%s lse", pname);
   snprintf(what[2], sizeof what[2], "%s dqkv", pname);
   int ok = ref_compare(what[0], out, outd, no, 2e-6, 2e-5);
   ok &= ref_compare(what[1], lse, lsed, nl, 2e-6, 2e-5);
   ok &= ref_compare(what[2], dqkv, gd, nq, 2e-5, 2e-4);
+  snprintf(what[3], sizeof what[3], "%s dqkv written", pname);
+  ok &= ref_compare(what[3], dw, gd, nq, 2e-5, 2e-4);
+  free(dw);
   free(qkv), free(dy), free(base), free(out), free(lse), free(dqkv), free(scratch);
   free(qd), free(dyd), free(outd), free(gd), free(lsed);
   return ok;
