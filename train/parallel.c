@@ -1,10 +1,16 @@
-/* Persistent pthread pool behind nb_parallel_for: workers sleep on a condition variable, take
- * chunk indices from an atomic counter, and the caller waits for the last one. Started once,
- * lazily; the threads live until the process exits (they hold no resources worth releasing). */
+/* Persistent pthread pool behind nb_parallel_for: workers take chunk indices from an atomic
+ * counter, and the caller waits for the last one. Between loops a worker (and the caller, for the
+ * last chunk) first spins for up to NB__SPIN_S watching an atomic, then sleeps on a condition
+ * variable: a training step runs a few hundred loops with microseconds between them, and a
+ * wake-up through the scheduler for each cost more than the gaps (the way OpenMP runtimes wait).
+ * Started once, lazily; the threads live until the process exits (they hold no resources worth
+ * releasing). */
 #include "train/parallel.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/common.h"
@@ -12,13 +18,15 @@
 NB_PARAM_INT(TrainThreads, "NB_TRAIN_THREADS", 0, 0, 64,
              "threads for the training runtime's elementwise ops (0 = online CPUs)")
 
+#define NB__SPIN_S 100e-6 /* how long a waiting thread spins before it sleeps */
+
 typedef struct {
-  pthread_mutex_t mu;   /* guards generation/active and the condition variables */
+  pthread_mutex_t mu;   /* the condition variables' (a sleeper checks and waits under it) */
   pthread_mutex_t busy; /* held by the one caller running a loop */
   pthread_cond_t wake, done;
-  unsigned long generation;
-  int n_threads; /* including the caller */
-  int active;    /* workers still inside the current loop */
+  atomic_ulong generation; /* one more per loop: workers watch it */
+  int n_threads;           /* including the caller */
+  atomic_int active;       /* workers still inside the current loop */
   void (*fn)(void*, size_t);
   void* ctx;
   size_t n_chunks;
@@ -39,17 +47,54 @@ static void nb__run_chunks(nb__pool_t* p) {
   }
 }
 
+static double nb__now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static inline void nb__relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  sched_yield();
+#endif
+}
+
+/* Spins until *a != v (generation) or up to NB__SPIN_S; returns the value last seen. */
+static unsigned long nb__spin_change(atomic_ulong* a, unsigned long v) {
+  double t0 = 0;
+  for (unsigned i = 0;; i++) {
+    unsigned long now = atomic_load_explicit(a, memory_order_acquire);
+    if (now != v) return now;
+    if ((i & 63) == 63) {
+      double t = nb__now();
+      if (t0 == 0)
+        t0 = t;
+      else if (t - t0 > NB__SPIN_S)
+        return now;
+    }
+    nb__relax();
+  }
+}
+
 static void* nb__worker(void* arg) {
   nb__pool_t* p = arg;
   unsigned long seen = 0;
-  pthread_mutex_lock(&p->mu);
   for (;;) {
-    while (p->generation == seen) pthread_cond_wait(&p->wake, &p->mu);
-    seen = p->generation;
-    pthread_mutex_unlock(&p->mu);
+    unsigned long g = nb__spin_change(&p->generation, seen);
+    if (g == seen) { /* nothing came while spinning: sleep until the next loop */
+      pthread_mutex_lock(&p->mu);
+      while ((g = atomic_load(&p->generation)) == seen) pthread_cond_wait(&p->wake, &p->mu);
+      pthread_mutex_unlock(&p->mu);
+    }
+    seen = g;
     nb__run_chunks(p);
-    pthread_mutex_lock(&p->mu);
-    if (--p->active == 0) pthread_cond_signal(&p->done);
+    if (atomic_fetch_sub(&p->active, 1) == 1) { /* the last one out wakes a sleeping caller */
+      pthread_mutex_lock(&p->mu);
+      pthread_cond_signal(&p->done);
+      pthread_mutex_unlock(&p->mu);
+    }
   }
   return NULL;
 }
@@ -99,13 +144,25 @@ void nb_parallel_for(size_t n_chunks, void (*fn)(void* ctx, size_t i), void* ctx
   p->ctx = ctx;
   p->n_chunks = n_chunks;
   atomic_store(&p->next, 0);
-  p->active = p->n_threads - 1;
-  p->generation++;
+  atomic_store(&p->active, p->n_threads - 1);
+  atomic_fetch_add_explicit(&p->generation, 1, memory_order_release); /* publishes the above */
   pthread_cond_broadcast(&p->wake);
   pthread_mutex_unlock(&p->mu);
   nb__run_chunks(p);
-  pthread_mutex_lock(&p->mu);
-  while (p->active > 0) pthread_cond_wait(&p->done, &p->mu);
-  pthread_mutex_unlock(&p->mu);
+  double t0 = 0;
+  for (unsigned i = 0; atomic_load_explicit(&p->active, memory_order_acquire) > 0; i++) {
+    if ((i & 63) == 63) {
+      double t = nb__now();
+      if (t0 == 0) {
+        t0 = t;
+      } else if (t - t0 > NB__SPIN_S) {
+        pthread_mutex_lock(&p->mu);
+        while (atomic_load(&p->active) > 0) pthread_cond_wait(&p->done, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+        break;
+      }
+    }
+    nb__relax();
+  }
   pthread_mutex_unlock(&p->busy);
 }
