@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bench/bench.h"
@@ -167,6 +168,17 @@ static double nb__torch_step(nb__torch_t* t) {
 }
 
 /* Seconds for one n x n x n sgemm on a, b -> c. */
+/* A pause before each timed piece. The three contenders share the machine's cores in turn, and
+ * each leaves threads busy-waiting after its work: OpenBLAS's for about 2^28 cycles (its
+ * THREAD_TIMEOUT), PyTorch's OpenMP threads for their spin count. Timed right after another's,
+ * a piece shared the cores with them (measured on a 2-core Xeon: our step 4-5 % slower, the
+ * n = 1024 sgemm at 180 GFLOP/s against 300 in a process of its own). */
+static void nb__quiet(void) {
+  struct timespec d = {0, 150 * 1000 * 1000};
+  while (nanosleep(&d, &d) != 0 && errno == EINTR) {
+  }
+}
+
 static double nb__sgemm_once(int n, const float* a, const float* b, float* c) {
   double t0 = nb_now_s();
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
@@ -304,11 +316,14 @@ int nb_bench_train_main(int argc, char** argv) {
     sb[i] = (float)nb_rng_uniform(&r) - 0.5f;
     sc[i] = 0.0f;
   }
-  /* training steps, sgemm calls and PyTorch's steps alternate, so all see the same load */
+  /* training steps, sgemm calls and PyTorch's steps alternate, so all see the same load; each
+   * starts after a quiet gap (nb__quiet) */
   double t[16], fwd[16], ts[16], tt[16];
   int torch_steps = 0;
   for (int k = -1; k < steps; k++) { /* round -1 warms up (first touch of every buffer) */
+    nb__quiet();
     double tsg = nb__sgemm_once(sn, sa, sb, sc);
+    nb__quiet();
     double t0 = nb_now_s();
     float loss;
     if (nb_model_forward(m, tok, tgt, B, T, &loss) != NB_OK) goto fail;
@@ -318,6 +333,7 @@ int nb_bench_train_main(int argc, char** argv) {
         nb_adamw_step(opt, p, nb_model_grads(m, NULL), nb_model_decay_mask(m), NULL) != NB_OK)
       goto fail;
     double t2 = nb_now_s();
+    if (tq.pid > 0) nb__quiet();
     double tts = nb__torch_step(&tq);
     if (k >= 0) {
       t[k] = t2 - t0;
