@@ -122,7 +122,8 @@ struct nb_model {
   int pp_stage, pp_stages, l0, Ls;
   int in_layers; /* while building the table: a layer's tensor (sharded over the stages) */
   /* the group gather, scatter and the norm run over: the tensor-parallel one or the pipeline */
-  nb_model_tp_t grp;
+  nb_model_tp_t grp; /* the whole replica: rank stage * tp.size + tp.rank of tp.size * stages */
+  nb_model_pp_t pp;  /* the pipeline group (this tensor-parallel rank's stages) */
   nb__slot_t* slots; /* NULL, or n_slots activation sets (the current one lives in the fields) */
   int n_slots, cur_slot;
 
@@ -195,20 +196,22 @@ static void nb__add_view(nb_model_t* m, const char* name, int rows, int cols, in
   v->decay = decay;
   size_t lo = v->offset, go = m->n_logical, part = (size_t)rows / 3 / (size_t)P;
   switch (split) {
-    case SPLIT_NONE:
-      nb__add_seg(m, lo, go, v->numel, m->in_layers && m->pp_stages > 1);
+    case SPLIT_NONE: /* a stage's own layer: this rank's alone, or its tensor group's */
+      nb__add_seg(m, lo, go, v->numel,
+                  m->in_layers && m->pp_stages > 1 ? (P > 1 ? NB_SEG_STAGE : NB_SEG_OWN)
+                                                   : NB_SEG_REPLICATED);
       break;
     case SPLIT_QKV:
       for (size_t k = 0; k < 3; k++)
         nb__add_seg(m, lo + k * part * w, go + (k * (size_t)rows / 3 + (size_t)r * part) * w,
-                    part * w, 1);
+                    part * w, NB_SEG_OWN);
       break;
     case SPLIT_ROWS:
-      nb__add_seg(m, lo, go + (size_t)r * v->numel, v->numel, 1);
+      nb__add_seg(m, lo, go + (size_t)r * v->numel, v->numel, NB_SEG_OWN);
       break;
     case SPLIT_COLS:
       for (size_t i = 0; i < (size_t)rows; i++)
-        nb__add_seg(m, lo + i * lw, go + i * w + (size_t)r * lw, lw, 1);
+        nb__add_seg(m, lo + i * lw, go + i * w + (size_t)r * lw, lw, NB_SEG_OWN);
       break;
   }
   m->n_params += v->numel;
@@ -245,6 +248,11 @@ nb_status_t nb_model_create_pp(const nb_model_config_t* cfg, uint64_t seed, cons
   return nb__create(cfg, seed, NULL, pp, out);
 }
 
+nb_status_t nb_model_create_mp(const nb_model_config_t* cfg, uint64_t seed, const nb_model_tp_t* tp,
+                               const nb_model_pp_t* pp, nb_model_t** out) {
+  return nb__create(cfg, seed, tp, pp, out);
+}
+
 static nb_status_t nb__create(const nb_model_config_t* cfg, uint64_t seed, const nb_model_tp_t* tp,
                               const nb_model_pp_t* pp, nb_model_t** out) {
   nb_status_t st = NB_OK;
@@ -266,9 +274,6 @@ static nb_status_t nb__create(const nb_model_config_t* cfg, uint64_t seed, const
                     pp->stages);
   if (pp->stages > 1 && !pp->allreduce)
     return nb_error(NB_ERR_INVALID, "model: %d pipeline stages need an allreduce", pp->stages);
-  if (pp->stages > 1 && tp->size > 1)
-    return nb_error(NB_ERR_UNSUPPORTED,
-                    "model: tensor and pipeline parallelism together are not built yet");
   if (tp->size < 1 || tp->size > cfg->n_head || cfg->n_head % tp->size != 0)
     return nb_error(NB_ERR_INVALID,
                     "model: tensor-parallel size %d must divide n_head %d (each rank whole heads)",
@@ -285,7 +290,9 @@ static nb_status_t nb__create(const nb_model_config_t* cfg, uint64_t seed, const
   m->pp_stages = pp->stages;
   m->Ls = cfg->n_layer / pp->stages;
   m->l0 = pp->stage * m->Ls;
-  m->grp = tp->size > 1 ? *tp : (nb_model_tp_t){pp->stage, pp->stages, pp->allreduce, pp->ctx};
+  m->pp = *pp;
+  /* the replica's group: its sums run over the tensor-parallel group, then the pipeline's */
+  m->grp = (nb_model_tp_t){pp->stage * tp->size + tp->rank, tp->size * pp->stages, NULL, NULL};
   int L = cfg->n_layer, C = cfg->n_embd, V = cfg->vocab;
   m->Cl = C / tp->size;
   m->NHl = cfg->n_head / tp->size;
@@ -453,13 +460,37 @@ static nb_status_t nb__tp_sum(nb_model_t* m, float* buf, size_t n) {
   return NB_OK;
 }
 
-static nb_status_t nb__grp_sum(nb_model_t* m, float* buf, size_t n) {
-  if (m->grp.size == 1) return NB_OK;
-  nb_status_t st = m->grp.allreduce(m->grp.ctx, buf, n);
+/* The pipeline group's sum (this tensor-parallel rank's stages). */
+static nb_status_t nb__pp_sum(nb_model_t* m, float* buf, size_t n) {
+  if (m->pp_stages == 1) return NB_OK;
+  nb_status_t st = m->pp.allreduce(m->pp.ctx, buf, n);
   if (st != NB_OK)
-    return nb_error(st, "model: allreduce of %zu floats over the %s group failed (rank %d of %d)",
-                    n, m->tp.size > 1 ? "tensor-parallel" : "pipeline", m->grp.rank, m->grp.size);
+    return nb_error(st, "model: pipeline allreduce of %zu floats failed (stage %d of %d)", n,
+                    m->pp_stage, m->pp_stages);
   return NB_OK;
+}
+
+/* The replica's sum: over the tensor-parallel group, then over the pipeline's. */
+static nb_status_t nb__grp_sum(nb_model_t* m, float* buf, size_t n) {
+  NB_CHECK(nb__tp_sum(m, buf, n));
+  return nb__pp_sum(m, buf, n);
+}
+
+int nb_model_group_rank(const nb_model_t* m) {
+  return m->grp.rank;
+}
+int nb_model_group_size(const nb_model_t* m) {
+  return m->grp.size;
+}
+nb_status_t nb_model_group_sum(nb_model_t* m, float* buf, size_t n) {
+  return nb__grp_sum(m, buf, n);
+}
+
+/* 1 when this rank writes segment g into a gather: its own elements, its stage's (tensor rank 0
+ * of the stage), the replica's (rank 0 of the replica). */
+static int nb__seg_mine(const nb_model_t* m, const nb_model_segment_t* g) {
+  return g->sharded == NB_SEG_OWN || (g->sharded == NB_SEG_STAGE && m->tp.rank == 0) ||
+         (g->sharded == NB_SEG_REPLICATED && m->grp.rank == 0);
 }
 
 int nb_model_pp_stages(const nb_model_t* m) {
@@ -482,8 +513,7 @@ nb_status_t nb_model_tp_gather(nb_model_t* m, const float* local, float* logical
   memset(logical, 0, m->n_logical * sizeof(float));
   for (size_t i = 0; i < m->n_seg; i++) {
     const nb_model_segment_t* g = &m->seg[i];
-    if (g->sharded || m->grp.rank == 0)
-      memcpy(logical + g->logical, local + g->local, g->len * sizeof(float));
+    if (nb__seg_mine(m, g)) memcpy(logical + g->logical, local + g->local, g->len * sizeof(float));
   }
   return nb__grp_sum(m, logical, m->n_logical);
 }
@@ -496,12 +526,13 @@ void nb_model_tp_scatter(const nb_model_t* m, const float* logical, float* local
 }
 
 nb_status_t nb_model_tp_norm(nb_model_t* m, const float* buf, double* norm) {
-  double sq[2] = {0.0, 0.0}; /* replicated, sharded */
+  double sq[2] = {0.0, 0.0}; /* replicated over the replica; summed over it */
   for (size_t i = 0; i < m->n_seg; i++) {
     const nb_model_segment_t* g = &m->seg[i];
+    if (g->sharded == NB_SEG_STAGE && m->tp.rank != 0) continue; /* the stage's, counted once */
     double s = 0.0;
     for (size_t j = 0; j < g->len; j++) s += (double)buf[g->local + j] * buf[g->local + j];
-    sq[g->sharded] += s;
+    sq[g->sharded != NB_SEG_REPLICATED] += s;
   }
   /* the sharded partial sums meet in float (enough for clipping); every rank receives the
    * same total */
@@ -1258,7 +1289,7 @@ nb_status_t nb_model_pp_reduce_grads(nb_model_t* m) {
   /* the embeddings (used by the first stage, and wte by the last as the output head) and the
    * final LayerNorm (the last stage): their contributions meet on every stage */
   const size_t idx[4] = {V_WTE, V_WPE, V_LNFW(m), V_LNFB(m)};
-  for (size_t i = 0; i < 4; i++) NB_CHECK(nb__grp_sum(m, GG(m, idx[i]), m->views[idx[i]].numel));
+  for (size_t i = 0; i < 4; i++) NB_CHECK(nb__pp_sum(m, GG(m, idx[i]), m->views[idx[i]].numel));
   return NB_OK;
 }
 

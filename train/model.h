@@ -105,13 +105,19 @@ int nb_model_tp_rank(const nb_model_t* m);
 size_t nb_model_num_logical_params(const nb_model_t* m);
 
 /* One run of the shard's arena in the logical arena: local[local + i] is logical[logical + i]
- * for i < len. sharded: 1 when only this rank of the group holds those elements, 0 when every
- * rank holds the same values (replicated). The segments cover the local arena once, in order,
- * and the segments of all ranks of a group cover the logical arena (replicated ones once per
- * rank). Size 1: one segment. */
+ * for i < len. sharded: NB_SEG_OWN when only this rank of the group holds those elements,
+ * NB_SEG_REPLICATED when every rank holds the same values, NB_SEG_STAGE (tensor and pipeline
+ * parallelism together) when the tensor-parallel ranks of this stage do. The segments cover the
+ * local arena once, in order, and the segments of all ranks of a group cover the logical arena
+ * (replicated ones once per rank). Size 1: one segment. */
+enum {
+  NB_SEG_REPLICATED = 0, /* every rank of the replica holds the same values */
+  NB_SEG_OWN = 1,        /* only this rank holds them */
+  NB_SEG_STAGE = 2       /* tensor and pipeline together: this stage's tensor group holds them */
+};
 typedef struct {
   size_t local, logical, len;
-  int sharded;
+  int sharded; /* NB_SEG_* */
 } nb_model_segment_t;
 const nb_model_segment_t* nb_model_segments(const nb_model_t* m, size_t* n);
 
@@ -142,9 +148,20 @@ typedef struct {
 
 /* Stage pp->stage of pp->stages: the values the size-1 model of the same seed has there.
  * NB_ERR_INVALID naming the field (stages not dividing n_layer, stage out of range, no
- * allreduce), NB_ERR_UNSUPPORTED together with tensor parallelism. */
+ * allreduce). */
 nb_status_t nb_model_create_pp(const nb_model_config_t* cfg, uint64_t seed, const nb_model_pp_t* pp,
                                nb_model_t** out);
+/* Both (either may be NULL): rank tp->rank of the tensor-parallel shards of stage pp->stage. The
+ * replica is tp->size x pp->stages ranks; tp's allreduce runs over this stage's shards, pp's over
+ * the stages of the same tensor-parallel rank, and the pipeline moves activations between those
+ * (every shard of a stage holds the whole activation). */
+nb_status_t nb_model_create_mp(const nb_model_config_t* cfg, uint64_t seed, const nb_model_tp_t* tp,
+                               const nb_model_pp_t* pp, nb_model_t** out);
+/* The replica's group (tensor x pipeline): this rank in it (stage * tp size + tp rank), its
+ * size, and an in-place sum over it (the tensor-parallel sum, then the pipeline's). */
+int nb_model_group_rank(const nb_model_t* m);
+int nb_model_group_size(const nb_model_t* m);
+nb_status_t nb_model_group_sum(nb_model_t* m, float* buf, size_t n);
 int nb_model_pp_stages(const nb_model_t* m);
 int nb_model_pp_stage(const nb_model_t* m);
 /* 1 when the model is a tensor-parallel shard or a pipeline stage (its tables are not the whole

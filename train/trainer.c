@@ -156,8 +156,6 @@ nb_status_t nb_train_config_check(const nb_train_config_t* c) {
     if (c->model.n_layer % c->pp.stages != 0)
       return NB__CFGERR("%d pipeline stages need n_layer divisible by them, got %d", c->pp.stages,
                         c->model.n_layer);
-    if (c->tp.size > 1)
-      return NB__CFGERR("tensor and pipeline parallelism together are not built yet");
     if (c->lora_enabled || c->teacher_checkpoint[0])
       return NB__CFGERR(
           "pipeline parallelism works on the whole model: not with LoRA or "
@@ -489,18 +487,10 @@ static void nb__prune(const char* dir, int keep) {
   }
 }
 
-/* The model-parallel group of this rank: the tensor-parallel one, or the pipeline's stages. */
-static nb_model_tp_t nb__grp(const nb_trainer_t* t) {
-  const nb_train_config_t* c = &t->cfg;
-  if (c->tp.size > 1) return c->tp;
-  if (c->pp.stages > 1)
-    return (nb_model_tp_t){c->pp.stage, c->pp.stages, c->pp.allreduce, c->pp.ctx};
-  return (nb_model_tp_t){0, 1, NULL, NULL};
-}
-
-/* 1 when the model is a shard or a stage of a model-parallel group. */
+/* 1 when the model is a shard or a stage of a model-parallel group (the replica: its tensor-
+ * parallel shards times its pipeline's stages, nb_model_group_*). */
 static int nb__tp_on(const nb_trainer_t* t) {
-  return nb__grp(t).size > 1;
+  return t->cfg.tp.size > 1 || t->cfg.pp.stages > 1;
 }
 
 /* Under tensor parallelism: every rank of the group learns whether any failed (a rank that
@@ -508,8 +498,7 @@ static int nb__tp_on(const nb_trainer_t* t) {
 static nb_status_t nb__tp_agree(nb_trainer_t* t, nb_status_t st, const char* what) {
   if (!nb__tp_on(t)) return st;
   float bad = st != NB_OK ? 1.0f : 0.0f;
-  nb_model_tp_t g = nb__grp(t);
-  nb_status_t a = g.allreduce(g.ctx, &bad, 1);
+  nb_status_t a = nb_model_group_sum(t->model, &bad, 1);
   if (st != NB_OK) return st;
   if (a != NB_OK) return a;
   if (bad > 0)
@@ -523,7 +512,7 @@ static nb_status_t nb__tp_agree(nb_trainer_t* t, nb_status_t st, const char* wha
 static nb_status_t nb__tp_logical_model(nb_trainer_t* t, float* buf, nb_model_t** out) {
   *out = NULL;
   NB_CHECK(nb_model_tp_gather(t->model, t->params, buf));
-  if (nb__grp(t).rank != 0) return NB_OK;
+  if (nb_model_group_rank(t->model) != 0) return NB_OK;
   NB_CHECK(nb_model_create(&t->cfg.model, t->cfg.seed, out));
   size_t n;
   memcpy(nb_model_params(*out, &n), buf, nb_model_num_logical_params(t->model) * sizeof(float));
@@ -728,18 +717,15 @@ nb_status_t nb_trainer_create(const nb_train_config_t* cfg, nb_trainer_t** out) 
                       cfg->init_checkpoint, mc->n_layer, mc->n_embd, mc->n_head, mc->ctx);
     }
     if (st == NB_OK && (tp || pp)) {
-      st = pp ? nb_model_create_pp(&cfg->model, cfg->seed, pp, &t->model)
-              : nb_model_create_tp(&cfg->model, cfg->seed, tp, &t->model);
+      st = nb_model_create_mp(&cfg->model, cfg->seed, tp, pp, &t->model);
       if (st == NB_OK)
         nb_model_tp_scatter(t->model, nb_model_params(lm, NULL), nb_model_params(t->model, NULL));
       nb_model_destroy(lm);
     } else {
       t->model = lm;
     }
-  } else if (pp) {
-    st = nb_model_create_pp(&cfg->model, cfg->seed, pp, &t->model);
   } else {
-    st = nb_model_create_tp(&cfg->model, cfg->seed, tp, &t->model);
+    st = nb_model_create_mp(&cfg->model, cfg->seed, tp, pp, &t->model);
   }
   if (st != NB_OK) goto fail;
   if (cfg->teacher_checkpoint[0]) {

@@ -1,6 +1,8 @@
 /* Pipeline parallelism of the built-in model (train/model.h, train/pipeline.h) under mpirun: 2
  * ranks are two stages of a 4-layer model, 4 ranks four stages (one layer each, so the middle
- * stages are exercised). Every rank also builds the whole model of the same seed and trains it
+ * stages are exercised) and then two stages of two tensor-parallel shards each (tensor and
+ * pipeline together: ranks 0, 1 the first stage's shards, 2, 3 the second's; the pipeline runs
+ * between ranks of the same shard). Every rank also builds the whole model of the same seed and trains it
  * with the same gradient accumulation over the same 4 micro-batches, and checks its stage
  * against it: the stage holds the reference's values, the first step's gathered gradients agree
  * to fp32 rounding, 20 AdamW steps (1F1B each) follow the reference's loss trajectory, a
@@ -54,6 +56,10 @@ static nb_status_t pp_sendrecv(void* ctx, const float* send, int to, float* recv
 }
 
 static nb_pipeline_t g_pipe = {pp_sendrecv, pp_allreduce, NULL};
+/* The layout under test: g_tp shards per stage (1, or 2 at 4 ranks), g_size / g_tp stages; the
+ * communicators of this rank's stage (its shards) and of its shard's pipeline. */
+static int g_tp = 1;
+static nb_comm_t *g_stage_comm, *g_pipe_comm;
 
 static nb_model_config_t test_cfg(void) {
   return nb_model_config_make(4, 64, 4, 32);
@@ -84,11 +90,24 @@ static double max_diff(const float* a, const float* b, size_t n) {
 }
 
 static nb_model_t* make_stage(const nb_model_config_t* cfg, uint64_t seed) {
-  nb_model_pp_t pp = {g_rank, g_size, pp_allreduce, g_comm};
   nb_model_t* m = NULL;
-  if (nb_model_create_pp(cfg, seed, &pp, &m) != NB_OK)
-    fprintf(stderr, "rank %d: %s\n", g_rank, nb_error_last());
+  nb_status_t st;
+  if (g_tp == 1) {
+    nb_model_pp_t pp = {g_rank, g_size, pp_allreduce, g_comm};
+    g_pipe.ctx = g_comm;
+    st = nb_model_create_pp(cfg, seed, &pp, &m);
+  } else {
+    nb_model_tp_t tp = {g_rank % g_tp, g_tp, pp_allreduce, g_stage_comm};
+    nb_model_pp_t pp = {g_rank / g_tp, g_size / g_tp, pp_allreduce, g_pipe_comm};
+    g_pipe.ctx = g_pipe_comm;
+    st = nb_model_create_mp(cfg, seed, &tp, &pp, &m);
+  }
+  if (st != NB_OK) fprintf(stderr, "rank %d: %s\n", g_rank, nb_error_last());
   return m;
+}
+
+static int stages(void) {
+  return g_size / g_tp;
 }
 
 /* The reference: the whole model, the same micro-batches accumulated and averaged. */
@@ -119,7 +138,9 @@ static void test_pp_matches_reference(void** state) {
   float* p = nb_model_params(m, &nl);
   float* pr = nb_model_params(ref, &nr);
   assert_int_equal(nb_model_num_logical_params(m), nr);
-  assert_int_equal(nb_model_pp_stages(m), g_size);
+  assert_int_equal(nb_model_pp_stages(m), stages());
+  assert_int_equal(nb_model_tp_size(m), g_tp);
+  assert_int_equal(nb_model_group_size(m), g_size);
   assert_true(nb_model_is_sharded(m));
   float* logical = malloc(nr * sizeof(float));
   assert_non_null(logical);
@@ -153,9 +174,9 @@ static void test_pp_matches_reference(void** state) {
   double de = fabs(eloss - eref) / eref;
   if (g_rank == 0)
     printf(
-        "pp=%d, %d micro-batches: loss %.7f vs %.7f (rel %.2e), grads max rel %.2e, norm rel "
-        "%.2e, pipelined forward rel %.2e\n",
-        g_size, MICRO, loss, loss_ref, dl, dg, dn, de);
+        "pp=%d tp=%d, %d micro-batches: loss %.7f vs %.7f (rel %.2e), grads max rel %.2e, norm "
+        "rel %.2e, pipelined forward rel %.2e\n",
+        stages(), g_tp, MICRO, loss, loss_ref, dl, dg, dn, de);
   agree(dl <= 1e-6 && dg <= TOL_GRAD && dn <= TOL_GRAD, "first step within fp32 tolerance");
   agree(de <= 1e-6 && scored == MB * T, "pipelined forward's loss");
   free(tok);
@@ -211,9 +232,9 @@ static void test_pp_trajectory(void** state) {
   double dp = max_diff(logical, pr, nr) / max_abs(pr, nr);
   if (g_rank == 0)
     printf(
-        "pp=%d: %d steps of %d micro-batches (%d clipped), loss %.4f -> %.4f, worst loss rel "
-        "diff %.2e, final params max rel diff %.2e\n",
-        g_size, STEPS, MICRO, clipped, first, last, worst, dp);
+        "pp=%d tp=%d: %d steps of %d micro-batches (%d clipped), loss %.4f -> %.4f, worst loss "
+        "rel diff %.2e, final params max rel diff %.2e\n",
+        stages(), g_tp, STEPS, MICRO, clipped, first, last, worst, dp);
   agree(worst <= TOL_TRAJ, "loss trajectory within tolerance");
   agree(clipped > 0 && last < first, "clipping exercised and loss decreasing");
   size_t nopt;
@@ -223,10 +244,10 @@ static void test_pp_trajectory(void** state) {
   MPI_Allreduce(MPI_IN_PLACE, &worst_mem, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   if (g_rank == 0)
     printf(
-        "pp=%d per-rank params+grads+adamw (largest stage): %.0f KiB vs %.0f KiB whole "
+        "pp=%d tp=%d per-rank params+grads+adamw (largest): %.0f KiB vs %.0f KiB whole "
         "(ratio %.3f)\n",
-        g_size, worst_mem / 1024, mem_ref / 1024, worst_mem / mem_ref);
-  agree(worst_mem / mem_ref < 0.6 + 0.5 / g_size, "per-rank memory about 1/stages");
+        stages(), g_tp, worst_mem / 1024, mem_ref / 1024, worst_mem / mem_ref);
+  agree(worst_mem / mem_ref < 0.6 + 0.5 / g_size, "per-rank memory about 1/ranks");
   free(logical);
   free(tok);
   free(tgt);
@@ -234,6 +255,20 @@ static void test_pp_trajectory(void** state) {
   nb_adamw_destroy(opt_ref);
   nb_model_destroy(m);
   nb_model_destroy(ref);
+}
+
+/* Tensor and pipeline together (4 ranks): the same two checks on two stages of two shards. */
+static void test_tp_pp_matches_reference(void** state) {
+  if (g_size != 4) skip();
+  g_tp = 2;
+  test_pp_matches_reference(state);
+  g_tp = 1;
+}
+static void test_tp_pp_trajectory(void** state) {
+  if (g_size != 4) skip();
+  g_tp = 2;
+  test_pp_trajectory(state);
+  g_tp = 1;
 }
 
 static void test_pp_bad_layout(void** state) {
@@ -309,12 +344,17 @@ int main(int argc, char** argv) {
   cfg.device = NB_COMM_DEVICE_CPU;
   if (nb_comm_create(&cfg, &g_comm) != NB_OK) nb_comm_abort(NULL, 1);
   g_pipe.ctx = g_comm;
+  if (g_size == 4 && (nb_comm_split(g_comm, g_rank / 2, g_rank % 2, &g_stage_comm) != NB_OK ||
+                      nb_comm_split(g_comm, g_rank % 2, g_rank / 2, &g_pipe_comm) != NB_OK))
+    nb_comm_abort(NULL, 1);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_pp_matches_reference),
-      cmocka_unit_test(test_pp_trajectory),
+      cmocka_unit_test(test_pp_matches_reference),    cmocka_unit_test(test_pp_trajectory),
+      cmocka_unit_test(test_tp_pp_matches_reference), cmocka_unit_test(test_tp_pp_trajectory),
       cmocka_unit_test(test_pp_bad_layout),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  nb_comm_destroy(g_pipe_comm);
+  nb_comm_destroy(g_stage_comm);
   nb_comm_destroy(g_comm);
   free(g_text);
   nb_intra_finalize();

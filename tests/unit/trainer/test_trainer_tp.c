@@ -1,6 +1,7 @@
 /* The training loop with tensor and pipeline parallelism (train/trainer.h, cfg.tp and cfg.pp)
  * under mpirun -np 2: the two ranks are one TP=2 group, or two pipeline stages (PP=2, 4
- * micro-batches per step through the 1F1B schedule). Every rank also runs the unsharded trainer
+ * micro-batches per step through the 1F1B schedule); under -np 4, both together (two stages of
+ * two tensor-parallel shards: TP2 x PP2). Every rank also runs the unsharded trainer
  * of the same config (the same gradient accumulation), so each checks against it: 20 steps follow
  * the TP=1 / PP=1 loss trajectory, a TP=2 or PP=2 checkpoint resumes at TP=1 and a TP=1
  * checkpoint at TP=2 and PP=2 (each then follows the uninterrupted run), and bad settings are
@@ -50,8 +51,10 @@ static nb_status_t pp_sendrecv(void* ctx, const float* send, int to, float* recv
   return nb_comm_sendrecv(ctx, send, n, to, recv, n, from, NB_COMM_FP32);
 }
 
-/* The layouts of a run: 1 = one process, TP2 = tensor parallel, PP2 = two pipeline stages. */
-enum { ONE = 1, TP2 = 2, PP2 = -2 };
+/* The layouts of a run: 1 = one process, TP2 = tensor parallel, PP2 = two pipeline stages,
+ * TP2PP2 = both (4 ranks: ranks 0, 1 the first stage's shards, 2, 3 the second's). */
+enum { ONE = 1, TP2 = 2, PP2 = -2, TP2PP2 = 4 };
+static nb_comm_t *g_stage_comm, *g_pipe_comm; /* 4 ranks: this stage's shards, this shard's stages */
 
 typedef struct {
   double loss[STEPS + 1];
@@ -94,10 +97,15 @@ static void config(nb_train_config_t* c, int tp, losses_t* l, const char* ckpt, 
     c->pp = (nb_model_pp_t){g_rank, 2, tp_allreduce, g_comm};
     c->pipe = (nb_pipeline_t){pp_sendrecv, tp_allreduce, g_comm};
   }
+  if (tp == TP2PP2) {
+    c->tp = (nb_model_tp_t){g_rank % 2, 2, tp_allreduce, g_stage_comm};
+    c->pp = (nb_model_pp_t){g_rank / 2, 2, tp_allreduce, g_pipe_comm};
+    c->pipe = (nb_pipeline_t){pp_sendrecv, tp_allreduce, g_pipe_comm};
+  }
 }
 
 static const char* layout_name(int tp) {
-  return tp == TP2 ? "tp=2" : tp == PP2 ? "pp=2" : "tp=1";
+  return tp == TP2 ? "tp=2" : tp == PP2 ? "pp=2" : tp == TP2PP2 ? "tp=2 x pp=2" : "tp=1";
 }
 
 static int run(int tp, losses_t* l, const char* ckpt, int resume, long steps, float** logical,
@@ -162,13 +170,25 @@ static void trajectory(int layout) {
   agree(ok, what);
 }
 
+/* The tests of 2 ranks skip under 4, and the reverse. */
+#define NB_RANKS(n)            \
+  do {                         \
+    (void)state;               \
+    if (g_size != (n)) skip(); \
+  } while (0)
+
 static void test_tp_trainer_trajectory(void** state) {
-  (void)state;
+  NB_RANKS(2);
   trajectory(TP2);
 }
 
+static void test_tp_pp_trainer_trajectory(void** state) {
+  NB_RANKS(4);
+  trajectory(TP2PP2);
+}
+
 static void test_pp_trainer_trajectory(void** state) {
-  (void)state;
+  NB_RANKS(2);
   trajectory(PP2);
 }
 
@@ -203,18 +223,23 @@ static int reshard(int layout, const char* tag) {
 }
 
 static void test_tp_checkpoint_reshards(void** state) {
-  (void)state;
+  NB_RANKS(2);
   agree(reshard(TP2, "tp2"), "checkpoint resharding (tensor)");
 }
 
 static void test_pp_checkpoint_reshards(void** state) {
-  (void)state;
+  NB_RANKS(2);
   agree(reshard(PP2, "pp2"), "checkpoint resharding (pipeline)");
+}
+
+static void test_tp_pp_checkpoint_reshards(void** state) {
+  NB_RANKS(4);
+  agree(reshard(TP2PP2, "tp2pp2"), "checkpoint resharding (tensor x pipeline)");
 }
 
 /* A TP=2 checkpoint resumed as two pipeline stages. */
 static void test_tp_checkpoint_to_pp(void** state) {
-  (void)state;
+  NB_RANKS(2);
   losses_t ref = {0}, a = {0}, b = {0};
   char dir[300];
   snprintf(dir, sizeof dir, "%s/tp-to-pp", g_dir);
@@ -236,7 +261,7 @@ static void expect_refused(nb_train_config_t* c, const char* needle) {
 }
 
 static void test_tp_trainer_bad_config(void** state) {
-  (void)state;
+  NB_RANKS(2);
   losses_t l;
   nb_train_config_t c;
   config(&c, TP2, &l, NULL, 0, 1);
@@ -259,15 +284,16 @@ static void test_tp_trainer_bad_config(void** state) {
   expect_refused(&c, "pipe.sendrecv");
   config(&c, PP2, &l, NULL, 0, 1);
   c.tp = (nb_model_tp_t){g_rank, 2, tp_allreduce, g_comm};
-  expect_refused(&c, "together");
+  c.lora_enabled = 1;
+  expect_refused(&c, "LoRA");
 }
 
 int main(int argc, char** argv) {
   if (nb_intra_init(&argc, &argv) != NB_OK) return 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-  if (argc < 2 || g_size != 2) {
-    if (g_rank == 0) fprintf(stderr, "usage: mpirun -np 2 %s DATA_DIR\n", argv[0]);
+  if (argc < 2 || (g_size != 2 && g_size != 4)) {
+    if (g_rank == 0) fprintf(stderr, "usage: mpirun -np 2|4 %s DATA_DIR\n", argv[0]);
     nb_intra_finalize();
     return 2;
   }
@@ -282,11 +308,16 @@ int main(int argc, char** argv) {
   nb_comm_config_init(&cfg);
   cfg.device = NB_COMM_DEVICE_CPU;
   if (nb_comm_create(&cfg, &g_comm) != NB_OK) nb_comm_abort(NULL, 1);
+  if (g_size == 4 && (nb_comm_split(g_comm, g_rank / 2, g_rank % 2, &g_stage_comm) != NB_OK ||
+                      nb_comm_split(g_comm, g_rank % 2, g_rank / 2, &g_pipe_comm) != NB_OK))
+    nb_comm_abort(NULL, 1);
 
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_tp_trainer_trajectory), cmocka_unit_test(test_tp_checkpoint_reshards),
       cmocka_unit_test(test_pp_trainer_trajectory), cmocka_unit_test(test_pp_checkpoint_reshards),
       cmocka_unit_test(test_tp_checkpoint_to_pp),   cmocka_unit_test(test_tp_trainer_bad_config),
+      cmocka_unit_test(test_tp_pp_trainer_trajectory),
+      cmocka_unit_test(test_tp_pp_checkpoint_reshards),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -295,6 +326,8 @@ int main(int argc, char** argv) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
   }
+  nb_comm_destroy(g_pipe_comm);
+  nb_comm_destroy(g_stage_comm);
   nb_comm_destroy(g_comm);
   nb_intra_finalize();
   return rc;
