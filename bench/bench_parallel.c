@@ -1,8 +1,8 @@
 /* `nebula bench parallel`: one cluster's training step under the layouts of model parallelism
  * at 2 and 4 ranks: data parallel (every rank the whole model), tensor parallel (every layer
  * split over the ranks, train/model.h), pipeline parallel (the layers in stages, the replica's
- * rows in --micro micro-batches through the 1F1B schedule, train/pipeline.h) and grids of data
- * with either, each as ratios to data parallelism at the same rank count: tokens/s of the same
+ * rows in --micro micro-batches through the 1F1B schedule, train/pipeline.h), both (two stages
+ * of two shards) and grids of data with either, each as ratios to data parallelism at the same rank count: tokens/s of the same
  * global batch, and per-rank memory (parameters, gradients and AdamW moments held; the process's
  * peak resident set). Each layout is a child `mpirun -np N nebula bench parallel --child-tp TP
  * --child-pp PP` on synthetic tokens; its rank 0 prints one JSON line. On a CPU with fewer cores
@@ -49,6 +49,7 @@ static nb_status_t nb__par_sendrecv(void* ctx, const float* send, int to, float*
 
 typedef struct {
   nb_comm_t *world, *tp, *dp;
+  nb_comm_t *stage, *pipe; /* tensor and pipeline together: the stage's shards, the shard's stages */
   nb_model_t* m;
   nb_adamw_t* opt;
   int *tok, *tgt;
@@ -58,6 +59,8 @@ static void nb__par_rank_free(nb__par_rank_t* r) {
   nb_adamw_destroy(r->opt);
   nb_model_destroy(r->m);
   nb_comm_destroy(r->dp);
+  nb_comm_destroy(r->pipe);
+  nb_comm_destroy(r->stage);
   nb_comm_destroy(r->tp);
   nb_comm_destroy(r->world);
   free(r->tok);
@@ -76,7 +79,7 @@ static nb_status_t nb__par_step(nb__par_rank_t* r, const nb__par_opts_t* o, int 
     r->tgt[i] = (int)(nb_rng_u64(&g) % 256u);
   }
   if (pp > 1) { /* the replica's rows in micro-batches through the stages */
-    nb_pipeline_t pipe = {nb__par_sendrecv, nb__par_sum, r->tp};
+    nb_pipeline_t pipe = {nb__par_sendrecv, nb__par_sum, r->pipe ? r->pipe : r->tp};
     NB_CHECK(
         nb_pipeline_step(r->m, &pipe, r->tok, r->tgt, o->micro, rows / o->micro, o->ctx, NULL));
   } else {
@@ -115,9 +118,15 @@ static int nb__par_child(const nb__par_opts_t* o) {
   nb_model_config_t cfg = nb_model_config_make(o->layers, o->dim, o->heads, o->ctx);
   nb_model_tp_t tpc = {mp_rank, tp, nb__par_sum, r.tp};
   nb_model_pp_t ppc = {mp_rank, pp, nb__par_sum, r.tp};
+  if (st == NB_OK && tp > 1 && pp > 1) { /* replica rank = stage * tp + shard */
+    int stage = mp_rank / tp, shard = mp_rank % tp;
+    st = nb_comm_split(r.tp, stage, shard, &r.stage);
+    if (st == NB_OK) st = nb_comm_split(r.tp, shard, stage, &r.pipe);
+    tpc = (nb_model_tp_t){shard, tp, nb__par_sum, r.stage};
+    ppc = (nb_model_pp_t){stage, pp, nb__par_sum, r.pipe};
+  }
   if (st == NB_OK)
-    st = pp > 1 ? nb_model_create_pp(&cfg, 1, &ppc, &r.m)
-                : nb_model_create_tp(&cfg, 1, tp > 1 ? &tpc : NULL, &r.m);
+    st = nb_model_create_mp(&cfg, 1, tp > 1 ? &tpc : NULL, pp > 1 ? &ppc : NULL, &r.m);
   nb_adamw_config_t oc = nb_adamw_config_default();
   oc.total_steps = o->steps + 1;
   if (st == NB_OK) st = nb_adamw_create(&oc, nb_model_num_params(r.m), &r.opt);
@@ -246,8 +255,8 @@ int nb_bench_parallel_main(int argc, char** argv) {
   setenv("OPENBLAS_NUM_THREADS", "1", 1);
   setenv("NB_TRAIN_THREADS", "1", 1);
   /* ranks, tensor, pipeline */
-  static const int layouts[][3] = {{2, 1, 1}, {2, 2, 1}, {2, 1, 2}, {4, 1, 1},
-                                   {4, 2, 1}, {4, 1, 2}, {4, 4, 1}, {4, 1, 4}};
+  static const int layouts[][3] = {{2, 1, 1}, {2, 2, 1}, {2, 1, 2}, {4, 1, 1}, {4, 2, 1},
+                                   {4, 1, 2}, {4, 4, 1}, {4, 1, 4}, {4, 2, 2}};
   json_t* rows = json_array();
   double dp_tok = NAN, dp_mem = NAN, dp_rss = NAN;
   if (!o.json)

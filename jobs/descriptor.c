@@ -1028,8 +1028,6 @@ static void nb__cross_checks(nb__dctx_t* c, const nb_job_config_t* cfg, const nb
       nb__err_at(c, p,
                  "%d layers ($.spec.model.layers) do not split into %d stages of whole layers",
                  m->layers, pp);
-    else if (pp > 1 && tp > 1)
-      nb__err_at(c, p, "tensor and pipeline parallelism together are not built yet: one of them");
     else if (pp > 1 && (t->lora.enabled || t->distill.enabled))
       nb__err_at(c, p,
                  "pipeline parallelism trains the whole model: not with "

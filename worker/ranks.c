@@ -1,5 +1,5 @@
-/* worker/ranks: the leader/follower protocol of a cluster's ranks and their data x tensor grid
- * (worker/ranks.h). */
+/* worker/ranks: the leader/follower protocol of a cluster's ranks and their data x tensor x
+ * pipeline grid (worker/ranks.h). */
 #include "worker/ranks.h"
 
 #include <string.h>
@@ -30,15 +30,14 @@ nb_status_t nb_wk_ranks_grid(nb_wk_ranks_t* r, nb_comm_t* world, int tp, int pp)
   r->world = world;
   r->size = world ? nb_comm_size(world) : 1;
   r->rank = world ? nb_comm_rank(world) : 0;
-  if (tp > 1 && pp > 1)
-    return nb_error(NB_ERR_CONFIG, "tensor and pipeline parallelism together are not built yet");
+  r->tp = tp > 1 ? tp : 1;
   r->pp = pp > 1 ? pp : 1;
-  r->mp = tp > 1 ? tp : r->pp;
+  r->mp = r->tp * r->pp;
   if (r->size % r->mp != 0)
     return nb_error(NB_ERR_CONFIG,
                     "%d ranks do not divide into replicas of %d (start a multiple of "
-                    "parallel.%s ranks)",
-                    r->size, r->mp, r->pp > 1 ? "pipeline" : "tensor");
+                    "parallel.tensor x parallel.pipeline ranks)",
+                    r->size, r->mp);
   r->mp_rank = r->rank % r->mp;
   r->dp_rank = r->rank / r->mp;
   r->dp = r->size / r->mp;
@@ -46,14 +45,24 @@ nb_status_t nb_wk_ranks_grid(nb_wk_ranks_t* r, nb_comm_t* world, int tp, int pp)
     NB_CHECK(nb_comm_split(world, r->dp_rank, r->mp_rank, &r->mp_comm));
     if (r->dp > 1) NB_CHECK(nb_comm_split(world, r->mp_rank, r->dp_rank, &r->dp_comm));
   }
+  if (r->tp > 1 && r->pp > 1) { /* replica rank = stage * tp + shard */
+    int stage = r->mp_rank / r->tp, shard = r->mp_rank % r->tp;
+    NB_CHECK(nb_comm_split(r->mp_comm, stage, shard, &r->stage_comm));
+    NB_CHECK(nb_comm_split(r->mp_comm, shard, stage, &r->pipe_comm));
+  }
   return NB_OK;
 }
 
 void nb_wk_ranks_train_config(nb_wk_ranks_t* r, nb_train_config_t* tc, int data_rank_base) {
   tc->data_rank = data_rank_base + r->dp_rank;
-  if (r->mp > 1 && r->pp == 1)
+  if (r->tp > 1 && r->pp > 1) {
+    int stage = r->mp_rank / r->tp, shard = r->mp_rank % r->tp;
+    tc->tp = (nb_model_tp_t){shard, r->tp, nb__rk_tp_allreduce, r->stage_comm};
+    tc->pp = (nb_model_pp_t){stage, r->pp, nb__rk_tp_allreduce, r->pipe_comm};
+    tc->pipe = (nb_pipeline_t){nb__rk_sendrecv, nb__rk_tp_allreduce, r->pipe_comm};
+  } else if (r->tp > 1) {
     tc->tp = (nb_model_tp_t){r->mp_rank, r->mp, nb__rk_tp_allreduce, r->mp_comm};
-  if (r->pp > 1) {
+  } else if (r->pp > 1) {
     tc->pp = (nb_model_pp_t){r->mp_rank, r->pp, nb__rk_tp_allreduce, r->mp_comm};
     tc->pipe = (nb_pipeline_t){nb__rk_sendrecv, nb__rk_tp_allreduce, r->mp_comm};
   }
@@ -219,6 +228,9 @@ nb_status_t nb_wk_ranks_follow(nb_wk_ranks_t* r) {
 }
 
 void nb_wk_ranks_release(nb_wk_ranks_t* r) {
+  nb_comm_destroy(r->pipe_comm);
+  nb_comm_destroy(r->stage_comm);
+  r->pipe_comm = r->stage_comm = NULL;
   nb_comm_destroy(r->dp_comm);
   nb_comm_destroy(r->mp_comm);
   nb_free(r->logical);

@@ -1,10 +1,11 @@
 /* The ranks of one cluster under mpirun: rank 0 leads (it alone talks to the other clusters and
  * holds the round state), the others follow its control messages. The ranks form a grid:
  * replicas of `mp` consecutive ranks that hold one copy of the model between them, split by
- * tensor parallelism (spec.clusters[i].parallel.tensor: each rank a shard of every layer) or by
+ * tensor parallelism (spec.clusters[i].parallel.tensor: each rank a shard of every layer), by
  * pipeline parallelism (parallel.pipeline: each rank a stage of consecutive layers, micro-batches
- * through the 1F1B schedule), and across the replicas data parallelism (the gradient of every
- * step averaged over the ranks that hold the same part).
+ * through the 1F1B schedule) or by both (stages of `tensor` shards each: a replica's rank
+ * stage * tensor + shard), and across the replicas data parallelism (the gradient of every step
+ * averaged over the ranks that hold the same part).
  *
  * Without model parallelism the leader's trainer buffer is what the round state syncs, and
  * before every run of inner steps the leader broadcasts it to every rank. With it the round
@@ -28,17 +29,19 @@ typedef struct {
   nb_comm_t* world; /* every rank of the cluster (NULL: one process, nothing to do) */
   int rank, size;
   int mp, mp_rank;    /* replica width (ranks of one model) and this rank's place in it */
-  int pp;             /* pipeline stages of a replica (mp), or 1: tensor parallel or none */
+  int tp, pp;         /* tensor shards per stage and pipeline stages of a replica (mp = tp x pp) */
   int dp, dp_rank;    /* replicas and this rank's */
   nb_comm_t* mp_comm; /* this rank's replica (mp > 1) */
   nb_comm_t* dp_comm; /* the ranks holding the same shard (dp > 1) */
+  /* both tensor and pipeline: this stage's shards, and the stages of this rank's shard */
+  nb_comm_t *stage_comm, *pipe_comm;
   nb_trainer_t* t;    /* borrowed, set by nb_wk_ranks_attach */
   float* logical;     /* mp > 1: the logical parameters */
   size_t n_logical;
 } nb_wk_ranks_t;
 
-/* The grid over world (NULL = one process) with replicas of tp (tensor) or pp (pipeline) ranks:
- * NB_ERR_CONFIG when the ranks do not divide into them or both are above 1. Collective. */
+/* The grid over world (NULL = one process) with replicas of tp (tensor) x pp (pipeline) ranks:
+ * NB_ERR_CONFIG when the ranks do not divide into them. Collective. */
 nb_status_t nb_wk_ranks_grid(nb_wk_ranks_t* r, nb_comm_t* world, int tp, int pp);
 
 /* This rank's part of the trainer's config: its shard or stage, the gradient average over the

@@ -656,8 +656,8 @@ static nb_worker_outcome_t nb__wk_open_log(nb__wk_t* w) {
       w->ex ? nb_exchange_port(w->ex) : 0);
   const nb_wk_ranks_t* rk = &w->ranks;
   if (rk->size > 1)
-    printf("nebula worker: %s: %d ranks: data %d x %s %d%s\n", w->cluster, rk->size, rk->dp,
-           rk->pp > 1 ? "pipeline" : "tensor", rk->mp,
+    printf("nebula worker: %s: %d ranks: data %d x tensor %d x pipeline %d%s\n", w->cluster,
+           rk->size, rk->dp, rk->tp, rk->pp,
            rk->pp > 1 ? " (1F1B over the step's micro-batches)" : "");
   fflush(stdout);
   snprintf(w->path, sizeof w->path, "%s/rounds.tsv", w->odir);

@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # Two clusters with different layouts train one model: dc-a runs model parallelism over 2 MPI
 # ranks (LAYOUT "tensor": spec.clusters[0].parallel.tensor 2; "pipeline": parallel.pipeline 2,
-# the step's batch in 4 micro-batches through the 1F1B schedule), dc-b one unsharded process.
+# the step's batch in 4 micro-batches through the 1F1B schedule) or over 4 ("both": two stages
+# of two tensor-parallel shards), dc-b one unsharded process.
 # The outer rounds work on the logical parameters, so both clusters apply every round and end
 # with the same theta_global hash and the same final.safetensors bytes; dc-a's evaluations and
 # checkpoints are collective over its two ranks, and a checkpoint it wrote loads into an
 # unsharded model (`nebula eval`). Then both clusters resume (--resume) for 6 more rounds with
 # dc-a as one unsharded process: its model-parallel checkpoint resumes in another layout, and
 # both end again with the same theta_global. Loopback, no root; skipped (77) without mpirun.
-# usage: test_tp_two_clusters.sh NEBULA DATA_DIR [tensor|pipeline]
+# usage: test_mp_two_clusters.sh NEBULA DATA_DIR [tensor|pipeline|both]
 set -euo pipefail
 nebula=$1
 data=$2
 layout=${3:-tensor}
 case "$layout" in
-  tensor) parallel='{"tensor": 2}' ;;
-  pipeline) parallel='{"pipeline": 2, "microBatches": 4}' ;;
-  *) echo "usage: $0 NEBULA DATA_DIR [tensor|pipeline]"; exit 2 ;;
+  tensor) parallel='{"tensor": 2}' ranks=2 grid="tensor 2 x pipeline 1" ;;
+  pipeline) parallel='{"pipeline": 2, "microBatches": 4}' ranks=2 grid="tensor 1 x pipeline 2" ;;
+  both) parallel='{"tensor": 2, "pipeline": 2, "microBatches": 4}' ranks=4
+    grid="tensor 2 x pipeline 2" ;;
+  *) echo "usage: $0 NEBULA DATA_DIR [tensor|pipeline|both]"; exit 2 ;;
 esac
 here=$(cd "$(dirname "$0")" && pwd)
 command -v mpirun >/dev/null 2>&1 || { echo "no mpirun: skipped"; exit 77; }
@@ -49,7 +52,7 @@ mp_job() { # FILE DC_A_CLUSTER_FIELDS MAX_STEPS
   "link": {"rateMbit": 50}}}
 JOB
 }
-mp_job "$tmp/job.json" "\"workers\": 2, \"parallel\": $parallel" 48
+mp_job "$tmp/job.json" "\"workers\": $ranks, \"parallel\": $parallel" 48
 "$nebula" validate "$tmp/job.json" >/dev/null || fail "the job does not validate"
 make_pki "$tmp/pki" 127.0.0.1 127.0.0.1
 port_a=$((20000 + ($$ % 20000)))
@@ -59,29 +62,29 @@ args() { # CLUSTER LISTEN_PORT PEER PEER_PORT
     --peer "$3=127.0.0.1:$4" --pki "$tmp/pki" --secret-file "$tmp/pki/job.secret" --data-dir "$data"
 }
 (exec setsid mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader \
-   -np 2 "$nebula" $(args dc-a "$port_a" dc-b "$port_b")) >"$tmp/a.log" 2>&1 &
+   -np "$ranks" "$nebula" $(args dc-a "$port_a" dc-b "$port_b")) >"$tmp/a.log" 2>&1 &
 apid=$!
 pids+=("$apid")
 ("$nebula" $(args dc-b "$port_b" dc-a "$port_a")) >"$tmp/b.log" 2>&1 &
 bpid=$!
 pids+=("$bpid")
-wait "$apid" || fail "dc-a ($layout parallel, 2 ranks) failed"
+wait "$apid" || fail "dc-a ($layout parallel, $ranks ranks) failed"
 wait "$bpid" || fail "dc-b failed"
 pids=()
 same_hash "$tmp/dc-a" "$tmp/dc-b"
-[ "$(json_field "$tmp/dc-a/summary.json" ranks)" = 2 ] || fail "dc-a did not run 2 ranks"
-grep -q "dc-a: 2 ranks: data 1 x $layout 2" "$tmp/a.log" || fail "dc-a did not run $layout parallel"
+[ "$(json_field "$tmp/dc-a/summary.json" ranks)" = "$ranks" ] || fail "dc-a did not run $ranks ranks"
+grep -q "dc-a: $ranks ranks: data 1 x $grid" "$tmp/a.log" || fail "dc-a did not run $layout parallel"
 for c in dc-a dc-b; do
   n=$(tsv_count "$tmp/$c/rounds.tsv" applied 1)
   [ "$n" = 6 ] || fail "$c applied $n of 6 rounds"
 done
 cmp "$tmp/dc-a/final.safetensors" "$tmp/dc-b/final.safetensors" ||
   fail "final.safetensors differ between the $layout-parallel and the unsharded cluster"
-# dc-a's checkpoint (written in the logical layout by its two ranks) loads unsharded
+# dc-a's checkpoint (written in the logical layout by its ranks) loads unsharded
 ck=$(ls -d "$tmp/dc-a/checkpoints"/step-* | sort -t- -k2 -n | tail -1)
 "$nebula" eval "$ck/model.safetensors" --data-dir "$data" --langs en --batches 1 \
   >"$tmp/eval.log" 2>&1 || fail "nebula eval of dc-a's checkpoint $ck: $(tail -3 "$tmp/eval.log")"
-echo "dc-a ($layout parallel, 2 ranks) and dc-b (one process): 6 rounds applied on both, same" \
+echo "dc-a ($layout parallel, $ranks ranks) and dc-b (one process): 6 rounds applied on both, same" \
   "theta_global and final model;" \
   "dc-a's $(basename "$ck") evaluates unsharded"
 # the resume in another layout: dc-a one process, both clusters 6 more rounds

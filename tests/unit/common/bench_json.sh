@@ -30,7 +30,7 @@ run train --layers 1 --dim 32 --heads 1 --ctx 16 --batch 1 --steps 1 --torch non
 run sgemm --n 64 --reps 1; check sgemm 'assert o["gflops"] > 0 and o["core"], o'
 run decode --layers 1 --dim 32 --heads 1 --ctx 16 --prompt 4 --new 2 --batch 1 --reps 1; check decode
 run parallel --layers 4 --dim 32 --heads 4 --ctx 16 --batch 8 --micro 2 --steps 1
-check parallel 'assert [(r["ranks"], r["tensor"], r["pipeline"]) for r in o["runs"]] == [(2, 1, 1), (2, 2, 1), (2, 1, 2), (4, 1, 1), (4, 2, 1), (4, 1, 2), (4, 4, 1), (4, 1, 4)] and all(r["tokens_per_s"] > 0 and r["state_mib_per_rank"] > 0 for r in o["runs"]) and o["runs"][1]["state_vs_data"] < 0.75 and o["runs"][2]["state_vs_data"] < 0.75, o'
+check parallel 'assert [(r["ranks"], r["tensor"], r["pipeline"]) for r in o["runs"]] == [(2, 1, 1), (2, 2, 1), (2, 1, 2), (4, 1, 1), (4, 2, 1), (4, 1, 2), (4, 4, 1), (4, 1, 4), (4, 2, 2)] and all(r["tokens_per_s"] > 0 and r["state_mib_per_rank"] > 0 for r in o["runs"]) and o["runs"][1]["state_vs_data"] < 0.75 and o["runs"][2]["state_vs_data"] < 0.75 and o["runs"][8]["state_vs_data"] < 0.5, o'
 cat >"$tmp/job.json" <<JSON
 {"apiVersion": "nebula/v1", "kind": "TrainingJob", "metadata": {"name": "bench-tiny"},
  "spec": {"task": "pretrain",
