@@ -2,9 +2,10 @@
  * at 2 and 4 ranks: data parallel (every rank the whole model), tensor parallel (every layer
  * split over the ranks, train/model.h), pipeline parallel (the layers in stages, the replica's
  * rows in --micro micro-batches through the 1F1B schedule, train/pipeline.h), both (two stages
- * of two shards) and grids of data with either, each as ratios to data parallelism at the same rank count: tokens/s of the same
- * global batch, and per-rank memory (parameters, gradients and AdamW moments held; the process's
- * peak resident set). Each layout is a child `mpirun -np N nebula bench parallel --child-tp TP
+ * of two shards) and grids of data with either, each as ratios to data parallelism at the same rank
+ * count: tokens/s of the same global batch, and per-rank memory (parameters, gradients and AdamW
+ * moments held; the process's peak resident set). Each layout is a child `mpirun -np N nebula bench
+ * parallel --child-tp TP
  * --child-pp PP` on synthetic tokens; its rank 0 prints one JSON line. On a CPU with fewer cores
  * than ranks the ranks share the cores (oversubscribed): the ratios then show what a layout
  * costs, not what it gains. Not a test. */
@@ -49,7 +50,8 @@ static nb_status_t nb__par_sendrecv(void* ctx, const float* send, int to, float*
 
 typedef struct {
   nb_comm_t *world, *tp, *dp;
-  nb_comm_t *stage, *pipe; /* tensor and pipeline together: the stage's shards, the shard's stages */
+  nb_comm_t *stage,
+      *pipe; /* tensor and pipeline together: the stage's shards, the shard's stages */
   nb_model_t* m;
   nb_adamw_t* opt;
   int *tok, *tgt;
@@ -285,8 +287,8 @@ int nb_bench_parallel_main(int argc, char** argv) {
     json_object_set_new(row, "rss_vs_data", nb_bench_json_real(rss / dp_rss));
     json_object_set_new(row, "oversubscribed", json_boolean(n > cores));
     if (!o.json)
-      printf("%-6d %-5d %-7d %-9d %12.0f %9.2f %12.2f %8.2f %11.1f %8.2f %12.3f%s\n", n, dp, tp,
-             pp, tok, tok / dp_tok, mem, mem / dp_mem, rss, rss / dp_rss,
+      printf("%-6d %-5d %-7d %-9d %12.0f %9.2f %12.2f %8.2f %11.1f %8.2f %12.3f%s\n", n, dp, tp, pp,
+             tok, tok / dp_tok, mem, mem / dp_mem, rss, rss / dp_rss,
              nb__par_num(r, "gather_vs_step"),
              r ? (n > cores ? "  (oversubscribed)" : "") : "  (failed)");
     json_array_append_new(rows, row);

@@ -35,8 +35,8 @@ typedef struct {
   nb_comm_t* dp_comm; /* the ranks holding the same shard (dp > 1) */
   /* both tensor and pipeline: this stage's shards, and the stages of this rank's shard */
   nb_comm_t *stage_comm, *pipe_comm;
-  nb_trainer_t* t;    /* borrowed, set by nb_wk_ranks_attach */
-  float* logical;     /* mp > 1: the logical parameters */
+  nb_trainer_t* t; /* borrowed, set by nb_wk_ranks_attach */
+  float* logical;  /* mp > 1: the logical parameters */
   size_t n_logical;
 } nb_wk_ranks_t;
 

@@ -2,8 +2,8 @@
  * ranks are two stages of a 4-layer model, 4 ranks four stages (one layer each, so the middle
  * stages are exercised) and then two stages of two tensor-parallel shards each (tensor and
  * pipeline together: ranks 0, 1 the first stage's shards, 2, 3 the second's; the pipeline runs
- * between ranks of the same shard). Every rank also builds the whole model of the same seed and trains it
- * with the same gradient accumulation over the same 4 micro-batches, and checks its stage
+ * between ranks of the same shard). Every rank also builds the whole model of the same seed and
+ * trains it with the same gradient accumulation over the same 4 micro-batches, and checks its stage
  * against it: the stage holds the reference's values, the first step's gathered gradients agree
  * to fp32 rounding, 20 AdamW steps (1F1B each) follow the reference's loss trajectory, a
  * pipelined forward gives the reference's loss. It prints the per-rank parameter + optimizer

@@ -54,7 +54,8 @@ static nb_status_t pp_sendrecv(void* ctx, const float* send, int to, float* recv
 /* The layouts of a run: 1 = one process, TP2 = tensor parallel, PP2 = two pipeline stages,
  * TP2PP2 = both (4 ranks: ranks 0, 1 the first stage's shards, 2, 3 the second's). */
 enum { ONE = 1, TP2 = 2, PP2 = -2, TP2PP2 = 4 };
-static nb_comm_t *g_stage_comm, *g_pipe_comm; /* 4 ranks: this stage's shards, this shard's stages */
+static nb_comm_t *g_stage_comm,
+    *g_pipe_comm; /* 4 ranks: this stage's shards, this shard's stages */
 
 typedef struct {
   double loss[STEPS + 1];
@@ -313,9 +314,12 @@ int main(int argc, char** argv) {
     nb_comm_abort(NULL, 1);
 
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_tp_trainer_trajectory), cmocka_unit_test(test_tp_checkpoint_reshards),
-      cmocka_unit_test(test_pp_trainer_trajectory), cmocka_unit_test(test_pp_checkpoint_reshards),
-      cmocka_unit_test(test_tp_checkpoint_to_pp),   cmocka_unit_test(test_tp_trainer_bad_config),
+      cmocka_unit_test(test_tp_trainer_trajectory),
+      cmocka_unit_test(test_tp_checkpoint_reshards),
+      cmocka_unit_test(test_pp_trainer_trajectory),
+      cmocka_unit_test(test_pp_checkpoint_reshards),
+      cmocka_unit_test(test_tp_checkpoint_to_pp),
+      cmocka_unit_test(test_tp_trainer_bad_config),
       cmocka_unit_test(test_tp_pp_trainer_trajectory),
       cmocka_unit_test(test_tp_pp_checkpoint_reshards),
   };
