@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "api/adapt.h"
 #include "api/blas_check.h"
 #include "api/ft.h"
 #include "common/common.h"
@@ -85,6 +86,14 @@ struct nb_session {
   uint64_t wan_sent, received; /* totals since open: ours put on the WAN, the peers' frames */
   long skipped, late;          /* rounds not applied, and applied late (fault-tolerant) */
   double exchange_total_s;
+  /* adaptive density (docs/api.md): the scheduler's settings and last decision; the caller's
+   * compute is timed from when a call gave it control back (t_ready: start or a round returned;
+   * t_begun: round_begin returned) to its next call */
+  int adaptive, have_dec;
+  nb_sched_config_t scfg;
+  nb_sched_decision_t dec;
+  double rate_Bps; /* the operator's cap per link, 0 = none */
+  double t_ready, t_begun;
 };
 
 void nb_session_options_default(nb_session_options_t* o) {
@@ -103,6 +112,8 @@ void nb_session_options_default(nb_session_options_t* o) {
   o->final_wait_s = 30;
   o->rejoin_timeout_s = 60;
   o->start_timeout_s = 120;
+  o->density_min = 0.0001;
+  o->density_max = 1;
 }
 
 /* ---- the local model: theta_local, and the samples the caller reported -------------------- */
@@ -270,6 +281,28 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
     return nb_error(NB_ERR_CONFIG, "session: start_timeout_s must be in (0, 86400]");
   if (o->rejoin && (!(o->rejoin_timeout_s > 0) || o->rejoin_timeout_s > 86400))
     return nb_error(NB_ERR_CONFIG, "session: rejoin_timeout_s must be in (0, 86400]");
+  if (o->adaptive != 0 && o->adaptive != 1)
+    return nb_error(NB_ERR_CONFIG, "session: adaptive must be 0 or 1");
+  if (!(o->density_max > 0 && o->density_max <= 1))
+    return nb_error(NB_ERR_CONFIG, "session: density_max %g outside (0, 1]", o->density_max);
+  if (!(o->density_min > 0 && o->density_min <= o->density_max))
+    return nb_error(NB_ERR_CONFIG, "session: density_min %g outside (0, density_max %g]",
+                    o->density_min, o->density_max);
+  if (!(o->rate_mbit >= 0 && o->rate_mbit <= 1e6))
+    return nb_error(NB_ERR_CONFIG, "session: rate_mbit %g outside [0, 1e6] (0: no cap)",
+                    o->rate_mbit);
+  s->adaptive = o->adaptive;
+  s->rate_Bps = o->rate_mbit * 1e6 / 8;
+  if (s->adaptive) {
+    nb_sched_config_default(&s->scfg);
+    s->scfg.density_floor = o->density_min;
+    s->scfg.density_ceiling = o->density_max;
+    s->scfg.initial_density = o->density;
+    s->scfg.max_steps_factor = 1; /* the caller runs its own rounds: never lengthened */
+    if (hc->density < o->density_min) hc->density = o->density_min; /* the first rounds' */
+    if (hc->density > o->density_max) hc->density = o->density_max;
+    NB_CHECK(nb_error_wrap(nb_sched_config_check(&s->scfg), "session: adaptive density"));
+  }
   return NB_OK;
 }
 
@@ -317,6 +350,8 @@ nb_status_t nb_session_open(const nb_session_options_t* o, nb_session_t** out) {
     xc.job_secret = s->have_secret ? s->secret : NULL;
     xc.allow_unsealed = !s->have_secret;
     xc.dead_ms = (int)(o->peer_timeout_s * 1000);
+    xc.rate_cap_Bps = s->rate_Bps;
+    xc.rate_hint_Bps = s->rate_Bps;
     NB_CHECK_GOTO(nb_error_wrap(nb_exchange_create(&xc, &s->ex), "session: exchange"), st, fail);
     /* fault-tolerant rounds: with several clusters only (one alone has nobody to miss) */
     if (o->fault_tolerant) {
@@ -698,6 +733,15 @@ static nb_status_t nb__ss_pull(nb_session_t* s, double timeout_s, uint64_t skip,
   return nb_ft_pull(s->ex, timeout_s, nb__ss_adopt, &a, from);
 }
 
+/* Adaptive density: the idle-link probes (a thin link's small frames may never measure it), and
+ * the caller's clock from here. */
+static nb_status_t nb__ss_adaptive_start(nb_session_t* s) {
+  if (s->adaptive && s->ex)
+    NB_CHECK(nb_error_wrap(nb_adapt_probes_start(s->ex), "session: start (adaptive density)"));
+  s->t_ready = nb_now_s();
+  return NB_OK;
+}
+
 /* start with `rejoin`: no table agreement (the others are past it); the hybrid on our buffers,
  * then a live peer's state, checked against our table. */
 static nb_status_t nb__ss_start_rejoin(nb_session_t* s) {
@@ -711,6 +755,7 @@ static nb_status_t nb__ss_start_rejoin(nb_session_t* s) {
           (unsigned long long)nb_hybrid_commits(s->h));
   nb__ss_scatter(s);
   NB_CHECK(nb__ss_publish(s));
+  NB_CHECK(nb__ss_adaptive_start(s));
   s->started = 1;
   s->failed = 0;
   return NB_OK;
@@ -785,6 +830,7 @@ nb_status_t nb_session_start(nb_session_t* s) {
   NB_CHECK(nb_error_wrap(nb_hybrid_create_local(&s->hc, &lm, &s->h), "session: start"));
   nb__ss_scatter(s);
   if (s->ft) NB_CHECK(nb__ss_publish(s));
+  NB_CHECK(nb__ss_adaptive_start(s));
   s->started = 1;
   s->failed = 0;
   return NB_OK;
@@ -894,8 +940,66 @@ static void nb__ss_metrics(nb_session_t* s, const nb_hybrid_round_t* rec,
 
 /* The progress line, the metrics and *out (nullable) of a round applied on every cluster;
  * wait_s: what the caller waited for the exchange. */
+/* Adaptive density: the next frame's density from the slowest link's estimate and the caller's
+ * compute the exchange hid under (compute_s; overlapped: between round_begin and round_end, of
+ * which the transfer may fill the headroom; blocking: between rounds, of which it may take the
+ * fraction), as `nebula worker` decides it (inter/sched.h); then the hybrid's density. */
+static void nb__ss_schedule(nb_session_t* s, const nb_hybrid_round_t* rec, double compute_s,
+                            int overlap, nb_session_round_t* r) {
+  r->next_density = rec->density;
+  r->sched = "fixed";
+  if (!s->adaptive || !s->ex) return;
+  nb_estimate_t est;
+  nb_adapt_estimate(s->ex, &est);
+  nb_sched_input_t in;
+  memset(&in, 0, sizeof in);
+  in.round = rec->round + 1;
+  nb_sched_input_from_estimate(&in, &est);
+  /* the cap bounds what is measured (a burst after an idle gap can look faster than the link),
+   * and stands in for it until a transfer has measured it (90 %: TCP, TLS and gRPC framing) */
+  if (s->rate_Bps > 0 && in.goodput_Bps > s->rate_Bps) in.goodput_Bps = s->rate_Bps;
+  if (s->rate_Bps > 0 && in.goodput_Bps <= 0) in.goodput_Bps = 0.9 * s->rate_Bps;
+  in.steps = (uint32_t)(s->inner_steps < UINT32_MAX ? s->inner_steps : UINT32_MAX);
+  in.step_compute_s = compute_s > 0 ? compute_s / (double)in.steps : 0;
+  in.n_params = s->n;
+  nb_adapt_bits(s->hc.values, rec->density, s->hc.topk_chunk, &in.bits_per_value,
+                &in.bits_per_index);
+  in.fanout = 1; /* one link per peer */
+  nb_sched_config_t cfg = s->scfg;
+  cfg.overlap = overlap;
+  nb_sched_decision_t dec;
+  if (nb_sched_decide(&cfg, &in, s->have_dec ? &s->dec : NULL, &dec) != NB_OK ||
+      nb_hybrid_set_density(s->h, dec.density) != NB_OK) {
+    NB_WARN("session: adaptive density: %s (the density stays %g)", nb_error_last(), rec->density);
+    return;
+  }
+  s->dec = dec;
+  s->have_dec = 1;
+  r->next_density = dec.density;
+  switch (dec.reason) {
+    case NB_SCHED_NO_ESTIMATE:
+      r->sched = "no-estimate";
+      break;
+    case NB_SCHED_FIT:
+      r->sched = "fit";
+      break;
+    case NB_SCHED_CEILING:
+      r->sched = "ceiling";
+      break;
+    case NB_SCHED_HOLD:
+      r->sched = "hold";
+      break;
+    default:
+      r->sched = "floor-max-steps";
+      break; /* rounds are never lengthened here */
+  }
+  char line[512];
+  nb_sched_decision_format(&dec, line, sizeof line);
+  NB_INFO(TRAIN, "session: %s: %s", s->cluster_id, line);
+}
+
 static void nb__ss_figures(nb_session_t* s, uint64_t samples, const nb_hybrid_round_t* rec,
-                           double wait_s, nb_session_round_t* out) {
+                           double wait_s, double compute_s, int overlap, nb_session_round_t* out) {
   nb__ss_progress(s, samples, rec);
   nb_session_round_t r;
   memset(&r, 0, sizeof r);
@@ -919,6 +1023,7 @@ static void nb__ss_figures(nb_session_t* s, uint64_t samples, const nb_hybrid_ro
   r.global_hash = rec->global_hash;
   r.update_norm = rec->update_norm;
   nb__ss_link_figures(s, &r);
+  nb__ss_schedule(s, rec, compute_s, overlap, &r);
   nb__ss_metrics(s, rec, &r);
   s->have_loss = 0; /* a loss is of one round */
   if (out) *out = r;
@@ -943,6 +1048,7 @@ static nb_status_t nb__ss_after_ft(nb_session_t* s, nb_hybrid_round_t* rec) {
 
 nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round_t* out) {
   NB_CHECK(nb__ss_ready(s, "round"));
+  double compute_s = nb_now_s() - s->t_ready; /* the caller's steps since it had control */
   if (samples > UINT64_MAX - s->samples)
     return nb_error(NB_ERR_INVALID, "session: round: sample count overflows");
   nb__ss_gather(s, 1);
@@ -955,7 +1061,8 @@ nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round
     return nb_error_wrap(st, "session: round %llu", (unsigned long long)nb_hybrid_rounds(s->h));
   }
   nb__ss_scatter(s);
-  nb__ss_figures(s, samples, &rec, rec.exchange_s, out);
+  nb__ss_figures(s, samples, &rec, rec.exchange_s, compute_s, 0, out);
+  s->t_ready = nb_now_s();
   return NB_OK;
 }
 
@@ -1005,6 +1112,7 @@ nb_status_t nb_session_round_begin(nb_session_t* s, uint64_t samples) {
       return nb_error_wrap(st, "session: round %llu", (unsigned long long)s->fly_round);
     }
     s->in_flight = 1;
+    s->t_begun = nb_now_s();
     return NB_OK;
   }
   nb_status_t st = nb_hybrid_prepare(s->h, &s->fly_msg, &s->fly_len);
@@ -1019,6 +1127,7 @@ nb_status_t nb_session_round_begin(nb_session_t* s, uint64_t samples) {
                     (unsigned long long)s->fly_round);
   }
   s->in_flight = 1;
+  s->t_begun = nb_now_s();
   return NB_OK;
 }
 
@@ -1056,7 +1165,7 @@ static void nb__ss_add_progress(nb_session_t* s) {
  * state pulled) moves the buffers to theta_global plus the progress since begin; a skipped or
  * held round leaves them as the caller trained them (the next Delta carries that round too). */
 static nb_status_t nb__ss_round_end_ft(nb_session_t* s, nb_session_round_t* out) {
-  double t0 = nb_now_s();
+  double t0 = nb_now_s(), hidden = t0 - s->t_begun;
   nb_hybrid_round_t rec;
   nb_status_t st = nb_hybrid_ft_end(s->h, &rec);
   s->in_flight = 0;
@@ -1067,7 +1176,8 @@ static nb_status_t nb__ss_round_end_ft(nb_session_t* s, nb_session_round_t* out)
     return nb_error_wrap(st, "session: round %llu", (unsigned long long)s->fly_round);
   }
   if (rec.applied || rec.caught_up || rec.need_state) nb__ss_add_progress(s);
-  nb__ss_figures(s, s->fly_samples, &rec, waited, out);
+  nb__ss_figures(s, s->fly_samples, &rec, waited, hidden, 1, out);
+  s->t_ready = nb_now_s();
   return NB_OK;
 }
 
@@ -1076,7 +1186,7 @@ nb_status_t nb_session_round_end(nb_session_t* s, nb_session_round_t* out) {
   if (!s->in_flight)
     return nb_error(NB_ERR_INVALID, "session: round_end without nb_session_round_begin");
   if (s->ft) return nb__ss_round_end_ft(s, out);
-  double t0 = nb_now_s();
+  double t0 = nb_now_s(), hidden = t0 - s->t_begun;
   nb_status_t st = nb__ss_fly_join(s);
   double waited = nb_now_s() - t0;
   nb_hybrid_round_t rec;
@@ -1094,7 +1204,8 @@ nb_status_t nb_session_round_end(nb_session_t* s, nb_session_round_t* out) {
   nb__ss_add_progress(s);
   rec.bytes_sent = s->fly_sent;
   rec.exchange_s = s->fly_secs;
-  nb__ss_figures(s, s->fly_samples, &rec, waited, out);
+  nb__ss_figures(s, s->fly_samples, &rec, waited, hidden, 1, out);
+  s->t_ready = nb_now_s();
   return NB_OK;
 }
 

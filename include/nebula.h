@@ -141,13 +141,28 @@ typedef struct {
                                  cluster leader's Prometheus metrics at GET /metrics, updated
                                  after each round (docs/operations.md); an empty host is
                                  loopback. nb_session_open fails when it cannot serve there */
+  int adaptive;               /* 1: each round's density is chosen from the measured link and
+                                 the caller's compute (docs/api.md "Adaptive density"): the
+                                 largest in [density_min, density_max] whose frame crosses the
+                                 slowest peer link within the compute the exchange hides under
+                                 (overlapped rounds: the caller's time between round_begin and
+                                 round_end; blocking ones: a tenth of its time between rounds),
+                                 as `nebula worker` chooses it; `density` until the link and the
+                                 compute are measured. Every cluster decides its own (frames say
+                                 theirs). Default 0: `density` every round */
+  double density_min;         /* adaptive: the lowest density, (0, density_max]; default 0.0001 */
+  double density_max;         /* adaptive: the highest density, (0, 1]; default 1 */
+  double rate_mbit;           /* the link's rate per peer in Mbit/s, as an operator caps it: our
+                                 sends are held to it, and adaptive density takes it as the
+                                 link's rate until a transfer has measured the link, and as the
+                                 bound of what is measured after. 0 (default): no cap */
   void* env_storage;          /* owned by the options when nb_session_options_from_env filled
                                  them (the strings, peers and secret it read; freed by
                                  nb_session_options_free); NULL otherwise: leave it alone */
 } nb_session_options_t;
 
 /* Fills *o with the defaults above (NULL pointers, one cluster, H 50, outer lr 0.7, momentum 0.9,
- * density 0.01, "int8", error feedback). */
+ * density 0.01, "int8", error feedback, adaptive off, density range [0.0001, 1], no rate cap). */
 void nb_session_options_default(nb_session_options_t* o);
 
 /* Fills *o from the environment a launcher sets: the defaults (nb_session_options_default), then
@@ -156,7 +171,8 @@ void nb_session_options_default(nb_session_options_t* o);
  *   NEBULA_CLUSTER_INDEX, NEBULA_N_CLUSTERS (1..64), NEBULA_INNER_STEPS (>= 1)     integers
  *   NEBULA_OUTER_LR (> 0), NEBULA_OUTER_MOMENTUM ([0, 1)), NEBULA_DENSITY ((0, 1]) numbers
  *   NEBULA_UPDATE_NORM_BOUND (0 = off, or >= 1), NEBULA_PEER_TIMEOUT_S ([0, 86400]) numbers
- *   NEBULA_ERROR_FEEDBACK     "0" or "1"
+ *   NEBULA_DENSITY_MIN, NEBULA_DENSITY_MAX ((0, 1]), NEBULA_RATE_MBIT (>= 0)       numbers
+ *   NEBULA_ERROR_FEEDBACK, NEBULA_ADAPTIVE   "0" or "1"
  *   NEBULA_PEERS              "id=host:port,id=host:port" (one per other cluster; "" = none)
  *   NEBULA_JOB_SECRET_FILE    a file of exactly 32 bytes, or 64 hex digits (one trailing
  *                             newline allowed); a regular file that neither group nor others
@@ -180,7 +196,8 @@ nb_status_t nb_session_options_from_env(nb_session_options_t* o);
 /* Fills *o from a job descriptor (a `nebula validate` file, docs/descriptor.md) for cluster
  * `cluster_id` of it: job_id = metadata.name, n_clusters and cluster_index from spec.clusters,
  * inner_steps, outer_lr, outer_momentum (sync), density (compression.density.initial), values,
- * error_feedback, peer_timeout_s, and unsealed when security.seal is false: the same mapping
+ * error_feedback, adaptive, density_min and density_max (compression), rate_mbit (link.rateMbit),
+ * peer_timeout_s, and unsealed when security.seal is false: the same mapping
  * a gateway's launcher uses for NEBULA_* (one implementation). What belongs to the deployment is
  * left to the caller: listen, peers, pki_dir (or insecure), job_secret. Storage as
  * nb_session_options_from_env (free it with nb_session_options_free). NB_ERR_CONFIG naming the
@@ -283,6 +300,13 @@ typedef struct {
                            (our buffers now hold it; the progress since the last applied round
                            is dropped) */
   uint64_t next_round;  /* the round we run next (> round + 1 when a peer was further) */
+  /* adaptive density (otherwise next_density = density and sched "fixed"): */
+  double next_density; /* the density of our next frame, chosen after this round */
+  const char* sched;   /* why (static text): "no-estimate" (link or compute not measured yet),
+                          "fit" (the frame fills the budget), "ceiling" (density_max fits),
+                          "hold" (kept: the fit rose by less than the hysteresis),
+                          "floor-max-steps" (density_min does not fit: training waits on the
+                          link), or "fixed" */
 } nb_session_round_t;
 
 /* One blocking outer round, called by every cluster after its H inner steps: Delta =

@@ -64,6 +64,10 @@ nb_status_t nb_job_program_env(const nb_job_config_t* cfg, const nb_job_program_
   NB__PE("NEBULA_DENSITY=%.15g", cfg->compression.density_initial);
   NB__PE("NEBULA_VALUES=%s", nb_job_values_name(cfg->compression.values));
   NB__PE("NEBULA_ERROR_FEEDBACK=%d", cfg->compression.error_feedback ? 1 : 0);
+  NB__PE("NEBULA_ADAPTIVE=%d", cfg->compression.adaptive ? 1 : 0);
+  NB__PE("NEBULA_DENSITY_MIN=%.15g", cfg->compression.density_min);
+  NB__PE("NEBULA_DENSITY_MAX=%.15g", cfg->compression.density_max);
+  NB__PE("NEBULA_RATE_MBIT=%.15g", cfg->link.rate_mbit);
   NB__PE("NEBULA_PEER_TIMEOUT_S=%.9g", cfg->sync.peer_timeout_seconds);
   if (site->progress_file) NB__PE("NEBULA_PROGRESS_FILE=%s", site->progress_file);
   /* the cluster's spec.clusters[i].metrics.listen: the session's metrics_listen */

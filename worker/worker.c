@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "api/adapt.h"
 #include "api/ft.h"
 #include "common/common.h"
 #include "common/tfevents.h"
@@ -101,35 +102,6 @@ static nb_status_t nb__wk_exchange(void* ctx, uint64_t round, const void* msg, s
   nb_status_t st = nb_exchange_round_take(x->ex, round, msg, len, 0, n_peers, peers, NULL, sent);
   for (size_t i = 0; st == NB_OK && i < n_peers; i++) x->received += peers[i].len;
   return st;
-}
-
-/* Codec bits per kept value and per index, for the scheduler's prediction: int8 carries one
- * fp32 scale per block; delta+varint indices take about log2(1/density)/7 bytes each. */
-static void nb__wk_bits(nb_values_t v, double density, uint32_t chunk, double* per_value,
-                        double* per_index) {
-  double scale = 32.0 / 256; /* one fp32 scale per block of 256 (the codec's default) */
-  *per_value = v == NB_VALUES_FP32   ? 32
-               : v == NB_VALUES_INT8 ? 8 + scale
-               : v == NB_VALUES_INT4 ? 4 + scale
-               : v == NB_VALUES_INT2 ? 2 + scale
-                                     : 16;
-  double gap = density > 0 ? 1.0 / density : 1;
-  double bytes = ceil(log2(gap + 1) / 7);
-  *per_index = 8 * (bytes < 1 ? 1 : bytes);
-  if (chunk > 0 && log2((double)chunk) < *per_index) *per_index = log2((double)chunk);
-}
-
-/* The slowest peer link's estimate (goodput 0 while any link has none yet). */
-static void nb__wk_estimate(nb_exchange_t* ex, nb_estimate_t* out) {
-  memset(out, 0, sizeof *out);
-  size_t np = ex ? nb_exchange_peer_count(ex) : 0;
-  for (size_t i = 0; i < np; i++) {
-    nb_estimate_t e;
-    nb_estimator_get(nb_link_estimator(nb_exchange_link(ex, i)), &e);
-    if (i == 0 || e.goodput_Bps < out->goodput_Bps) out->goodput_Bps = e.goodput_Bps;
-    if (e.rtt_s > out->rtt_s) out->rtt_s = e.rtt_s;
-    if (e.rtt_min_s > out->rtt_min_s) out->rtt_min_s = e.rtt_min_s;
-  }
 }
 
 /* The trainer's grad hook in step and dense modes; ctx is the nb_hybrid_t* slot, filled right
@@ -589,9 +561,8 @@ static nb_worker_outcome_t nb__wk_scheduler(nb__wk_t* w) {
   nb_sched_config_from_job(w->job, &w->scfg);
   if (w->adaptive && nb_sched_config_check(&w->scfg) != NB_OK)
     return nb__wk_fail(w->cluster, "compression settings for the scheduler");
-  for (int i = 0; w->adaptive && i < w->n_peers; i++)
-    if (nb_link_probe_start(nb_exchange_link(w->ex, (size_t)i), 0, 0) != NB_OK)
-      return nb__wk_fail(w->cluster, "starting the link probe");
+  if (w->adaptive && nb_adapt_probes_start(w->ex) != NB_OK)
+    return nb__wk_fail(w->cluster, "starting the link probe");
   return NB_WORKER_DONE;
 }
 
@@ -788,7 +759,7 @@ static void nb__wk_log(nb__wk_t* w, long r, const nb_hybrid_round_t* rec, const 
   w->prev_r = r;
   fflush(stdout);
   nb_estimate_t est;
-  nb__wk_estimate(w->ex, &est);
+  nb_adapt_estimate(w->ex, &est);
   if (w->tb) { /* the step axis: inner steps done; statuses ignored (a failure warns once) */
     long st = w->steps_done;
     nb_tfevents_scalar(w->tb, st, "loss", rec->loss);
@@ -879,7 +850,7 @@ static json_t* nb__wk_decision_json(long r, const nb_sched_input_t* in,
 static nb_worker_outcome_t nb__wk_schedule(nb__wk_t* w, long r, const nb_hybrid_round_t* rec) {
   const nb_hybrid_config_t* hc = &w->hc;
   nb_estimate_t est;
-  nb__wk_estimate(w->ex, &est);
+  nb_adapt_estimate(w->ex, &est);
   nb_sched_input_t in;
   memset(&in, 0, sizeof in);
   in.round = (uint64_t)r + 1;
@@ -895,7 +866,7 @@ static nb_worker_outcome_t nb__wk_schedule(nb__wk_t* w, long r, const nb_hybrid_
   in.step_compute_s = rec->steps > 0 ? rec->compute_s / (double)rec->steps : 0;
   in.steps = (uint32_t)hc->inner_steps;
   in.n_params = w->n_params;
-  nb__wk_bits(hc->values, rec->density, hc->topk_chunk, &in.bits_per_value, &in.bits_per_index);
+  nb_adapt_bits(hc->values, rec->density, hc->topk_chunk, &in.bits_per_value, &in.bits_per_index);
   in.fanout = 1; /* one capped link per peer */
   in.round_s = hc->round_seconds;
   /* with overlap the update lands tau steps into the next round: only those hide it */

@@ -87,6 +87,9 @@ class RoundInfo:
     late: bool = False  # a round held from before (its vote lost) was applied now
     pulled: bool = False  # we were behind and adopted a peer's global state
     next_round: int = 0  # the round we run next
+    # adaptive density (otherwise next_density = density and sched "fixed")
+    next_density: float = 0.0  # the density of our next frame, chosen after this round
+    sched: str = "fixed"  # why: no-estimate, fit, ceiling, hold, floor-max-steps, or fixed
 
     @classmethod
     def _from_c(cls, r) -> "RoundInfo":
@@ -111,6 +114,8 @@ class RoundInfo:
             late=bool(r.late),
             pulled=bool(r.pulled),
             next_round=int(r.next_round),
+            next_density=float(r.next_density),
+            sched=_cffi.string(r.sched).decode() if r.sched != _cffi.NULL else "fixed",
         )
 
 
@@ -173,6 +178,7 @@ _OPTION_KINDS = {
     "peer_timeout_s": "real", "update_norm_bound": "real", "fault_tolerant": "bool",
     "round_deadline_s": "real", "final_wait_s": "real", "rejoin": "bool",
     "rejoin_timeout_s": "real", "metrics_listen": "str", "start_timeout_s": "real",
+    "adaptive": "bool", "density_min": "real", "density_max": "real", "rate_mbit": "real",
 }
 
 
@@ -258,6 +264,10 @@ class Session:
         rejoin_timeout_s: float | None = None,
         metrics_listen: str | None = None,
         start_timeout_s: float | None = None,
+        adaptive: bool | None = None,
+        density_min: float | None = None,
+        density_max: float | None = None,
+        rate_mbit: float | None = None,
     ):
         o = _cffi.new("nb_session_options_t*")
         _lib.nb_session_options_default(o)
@@ -270,7 +280,8 @@ class Session:
             peer_timeout_s=peer_timeout_s, update_norm_bound=update_norm_bound,
             fault_tolerant=fault_tolerant, round_deadline_s=round_deadline_s,
             final_wait_s=final_wait_s, rejoin=rejoin, rejoin_timeout_s=rejoin_timeout_s,
-            metrics_listen=metrics_listen, start_timeout_s=start_timeout_s))
+            metrics_listen=metrics_listen, start_timeout_s=start_timeout_s, adaptive=adaptive,
+            density_min=density_min, density_max=density_max, rate_mbit=rate_mbit))
 
     @classmethod
     def from_env(cls, **overrides) -> "Session":

@@ -98,6 +98,8 @@ APPLIED, SKIPPED, IN_FLIGHT, DONE, ERROR = range(5)
 _ROUND_FIELDS = [f.name for f in dataclasses.fields(RoundInfo)]
 _ST_LEN = 8 + len(_ROUND_FIELDS)
 _FLOAT_FIELDS = {f.name for f in dataclasses.fields(RoundInfo) if f.type in ("float", float)}
+# RoundInfo.sched travels as its index here (the names nb_session_round_t.sched takes)
+_SCHED_NAMES = ("fixed", "no-estimate", "fit", "ceiling", "hold", "floor-max-steps")
 _RELAYED = {"RuntimeError": RuntimeError, "ValueError": ValueError, "TypeError": TypeError,
             "OSError": OSError, "FileNotFoundError": FileNotFoundError}
 _BIG_BYTES = 1 << 20  # a parameter this large is broadcast alone, in place
@@ -301,6 +303,8 @@ def _status(op: int, outcome: int, session, info: RoundInfo | None = None,
         st[7] = info.round
         for k, name in enumerate(_ROUND_FIELDS):
             v = getattr(info, name)
+            if name == "sched":
+                v = _SCHED_NAMES.index(v) if v in _SCHED_NAMES else 0
             st[8 + k] = (np.float64(v).view(np.int64) if name in _FLOAT_FIELDS
                          else _i64(int(v)))
     return st, payload
@@ -316,6 +320,8 @@ def _round_info(st: np.ndarray) -> RoundInfo:
             kw[name] = bool(v)
         elif name == "global_hash":
             kw[name] = _u64(int(v))
+        elif name == "sched":
+            kw[name] = _SCHED_NAMES[int(v)] if 0 <= int(v) < len(_SCHED_NAMES) else "fixed"
         else:
             kw[name] = int(v)
     return RoundInfo(**kw)

@@ -24,7 +24,9 @@ static const char* const vars[] = {"NEBULA_JOB_ID",         "NEBULA_CLUSTER_ID",
                                    "NEBULA_OUTER_MOMENTUM", "NEBULA_DENSITY",
                                    "NEBULA_VALUES",         "NEBULA_INSECURE",
                                    "NEBULA_UNSEALED",       "NEBULA_UPDATE_NORM_BOUND",
-                                   "NEBULA_ERROR_FEEDBACK", "NEBULA_PEER_TIMEOUT_S"};
+                                   "NEBULA_ERROR_FEEDBACK", "NEBULA_PEER_TIMEOUT_S",
+                                   "NEBULA_ADAPTIVE",       "NEBULA_DENSITY_MIN",
+                                   "NEBULA_DENSITY_MAX",    "NEBULA_RATE_MBIT"};
 
 static char dir[256];
 
@@ -84,8 +86,14 @@ static void test_reads_every_variable(void** state) {
   setenv("NEBULA_UNSEALED", "0", 1);
   setenv("NEBULA_UPDATE_NORM_BOUND", "0", 1);
   setenv("NEBULA_PEER_TIMEOUT_S", "7.5", 1);
+  setenv("NEBULA_ADAPTIVE", "1", 1);
+  setenv("NEBULA_DENSITY_MIN", "0.002", 1);
+  setenv("NEBULA_DENSITY_MAX", "0.5", 1);
+  setenv("NEBULA_RATE_MBIT", "250", 1);
   nb_session_options_t o;
   assert_int_equal(nb_session_options_from_env(&o), NB_OK);
+  assert_int_equal(o.adaptive, 1);
+  assert_true(o.density_min == 0.002 && o.density_max == 0.5 && o.rate_mbit == 250);
   assert_string_equal(o.job_id, "env-job");
   assert_string_equal(o.cluster_id, "east");
   assert_int_equal(o.cluster_index, 1);
@@ -210,6 +218,10 @@ static void test_each_bad_variable(void** state) {
       {"NEBULA_UPDATE_NORM_BOUND", "inf"},
       {"NEBULA_UPDATE_NORM_BOUND", "big"},
       {"NEBULA_VALUES", "int7"},
+      {"NEBULA_ADAPTIVE", "yes"},
+      {"NEBULA_DENSITY_MIN", "0"},
+      {"NEBULA_DENSITY_MAX", "2"},
+      {"NEBULA_RATE_MBIT", "-1"},
       {"NEBULA_ERROR_FEEDBACK", "off"},
       {"NEBULA_ERROR_FEEDBACK", "2"},
       {"NEBULA_PEER_TIMEOUT_S", "-1"},
@@ -327,8 +339,9 @@ static void test_from_descriptor(void** state) {
       "  \"program\": {\"command\": [\"/bin/true\"]},\n"
       "  \"sync\": {\"innerSteps\": 8, \"peerTimeoutSeconds\": 3, \"outer\": {\"lr\": 0.5, "
       "\"momentum\": 0.25}},\n"
-      "  \"compression\": {\"density\": {\"initial\": 0.05}, \"values\": \"4bit\", "
-      "\"errorFeedback\": false}}}\n";
+      "  \"compression\": {\"density\": {\"initial\": 0.05, \"min\": 0.01, \"max\": 0.2}, "
+      "\"values\": \"4bit\", \"errorFeedback\": false, \"adaptive\": true},\n"
+      "  \"link\": {\"rateMbit\": 40}}}\n";
   char path[512];
   write_file("job.json", doc, strlen(doc), 0644, path, sizeof path);
   nb_session_options_t o;
@@ -343,6 +356,8 @@ static void test_from_descriptor(void** state) {
   assert_string_equal(o.values, "4bit");
   assert_int_equal(o.error_feedback, 0);
   assert_true(o.peer_timeout_s == 3);
+  assert_int_equal(o.adaptive, 1);
+  assert_true(o.density_min == 0.01 && o.density_max == 0.2 && o.rate_mbit == 40);
   /* the deployment's fields stay the defaults: the caller gives them */
   assert_string_equal(o.listen, "127.0.0.1:0");
   assert_null(o.pki_dir);
