@@ -976,23 +976,7 @@ static void nb__ss_schedule(nb_session_t* s, const nb_hybrid_round_t* rec, doubl
   s->dec = dec;
   s->have_dec = 1;
   r->next_density = dec.density;
-  switch (dec.reason) {
-    case NB_SCHED_NO_ESTIMATE:
-      r->sched = "no-estimate";
-      break;
-    case NB_SCHED_FIT:
-      r->sched = "fit";
-      break;
-    case NB_SCHED_CEILING:
-      r->sched = "ceiling";
-      break;
-    case NB_SCHED_HOLD:
-      r->sched = "hold";
-      break;
-    default:
-      r->sched = "floor-max-steps";
-      break; /* rounds are never lengthened here */
-  }
+  r->sched = nb_sched_reason_name(dec.reason); /* the names the worker logs */
   char line[512];
   nb_sched_decision_format(&dec, line, sizeof line);
   NB_INFO(TRAIN, "session: %s: %s", s->cluster_id, line);

@@ -302,10 +302,10 @@ typedef struct {
   uint64_t next_round;  /* the round we run next (> round + 1 when a peer was further) */
   /* adaptive density (otherwise next_density = density and sched "fixed"): */
   double next_density; /* the density of our next frame, chosen after this round */
-  const char* sched;   /* why (static text): "no-estimate" (link or compute not measured yet),
+  const char* sched;   /* why (static text): "no_estimate" (link or compute not measured yet),
                           "fit" (the frame fills the budget), "ceiling" (density_max fits),
                           "hold" (kept: the fit rose by less than the hysteresis),
-                          "floor-max-steps" (density_min does not fit: training waits on the
+                          "floor_max_steps" (density_min does not fit: training waits on the
                           link), or "fixed" */
 } nb_session_round_t;
 

@@ -89,7 +89,7 @@ class RoundInfo:
     next_round: int = 0  # the round we run next
     # adaptive density (otherwise next_density = density and sched "fixed")
     next_density: float = 0.0  # the density of our next frame, chosen after this round
-    sched: str = "fixed"  # why: no-estimate, fit, ceiling, hold, floor-max-steps, or fixed
+    sched: str = "fixed"  # why: no_estimate, fit, ceiling, hold, floor_max_steps, or fixed
 
     @classmethod
     def _from_c(cls, r) -> "RoundInfo":

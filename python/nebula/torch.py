@@ -99,7 +99,8 @@ _ROUND_FIELDS = [f.name for f in dataclasses.fields(RoundInfo)]
 _ST_LEN = 8 + len(_ROUND_FIELDS)
 _FLOAT_FIELDS = {f.name for f in dataclasses.fields(RoundInfo) if f.type in ("float", float)}
 # RoundInfo.sched travels as its index here (the names nb_session_round_t.sched takes)
-_SCHED_NAMES = ("fixed", "no-estimate", "fit", "ceiling", "hold", "floor-max-steps")
+_SCHED_NAMES = ("fixed", "no_estimate", "fit", "ceiling", "hold", "floor_max_steps",
+                "floor_lengthen", "floor_later")
 _RELAYED = {"RuntimeError": RuntimeError, "ValueError": ValueError, "TypeError": TypeError,
             "OSError": OSError, "FileNotFoundError": FileNotFoundError}
 _BIG_BYTES = 1 << 20  # a parameter this large is broadcast alone, in place

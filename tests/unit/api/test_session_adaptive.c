@@ -5,7 +5,7 @@
  *     256 Ki floats. A dense int8 frame (about 256 KiB) would take half a second at the cap, so
  *     the density falls from its initial 0.5 to what fits a tenth of the compute: below 0.05 from
  *     the second round on (the cap stands in for the link until it is measured), "fit" (or
- *     "floor-max-steps"), the last frame a tenth of the first's or less;
+ *     "floor_max_steps"), the last frame a tenth of the first's or less;
  *   - uncapped, overlapped rounds with 60 ms between round_begin and round_end, 128 Ki floats
  *     from density 0.5: a dense frame crosses loopback in well under the 54 ms it may fill, so
  *     the density rises to density_max, "ceiling";
@@ -134,7 +134,7 @@ static void test_capped_link(void** state) {
     assert_true(r[0].density == 0.5);
     for (int k = 1; k < ROUNDS; k++) {
       assert_true(r[k].density < 0.05);
-      assert_true(strcmp(r[k].sched, "fit") == 0 || strcmp(r[k].sched, "floor-max-steps") == 0 ||
+      assert_true(strcmp(r[k].sched, "fit") == 0 || strcmp(r[k].sched, "floor_max_steps") == 0 ||
                   strcmp(r[k].sched, "hold") == 0);
     }
     assert_true(r[ROUNDS - 1].msg_bytes * 10 <= r[0].msg_bytes);
