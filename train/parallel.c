@@ -10,7 +10,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/common.h"
@@ -47,12 +46,6 @@ static void nb__run_chunks(nb__pool_t* p) {
   }
 }
 
-static double nb__now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static inline void nb__relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -68,7 +61,7 @@ static unsigned long nb__spin_change(atomic_ulong* a, unsigned long v) {
     unsigned long now = atomic_load_explicit(a, memory_order_acquire);
     if (now != v) return now;
     if ((i & 63) == 63) {
-      double t = nb__now();
+      double t = nb_now_s();
       if (t0 == 0)
         t0 = t;
       else if (t - t0 > NB__SPIN_S)
@@ -152,7 +145,7 @@ void nb_parallel_for(size_t n_chunks, void (*fn)(void* ctx, size_t i), void* ctx
   double t0 = 0;
   for (unsigned i = 0; atomic_load_explicit(&p->active, memory_order_acquire) > 0; i++) {
     if ((i & 63) == 63) {
-      double t = nb__now();
+      double t = nb_now_s();
       if (t0 == 0) {
         t0 = t;
       } else if (t - t0 > NB__SPIN_S) {
