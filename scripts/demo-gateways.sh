@@ -127,7 +127,9 @@ import json, sys
 for l in open(sys.argv[1]):
     e = json.loads(l)
     p = e.get("payload") or {}
-    if e["kind"] == "artifact" and p.get("name") == "pretrain-2dc-small/final.safetensors":
+    n, want = p.get("name", ""), "pretrain-2dc-small/final.safetensors"
+    # artifacts live in their owner'"'"'s namespace: "alice/pretrain-2dc-small/..."
+    if e["kind"] == "artifact" and (n == want or n.endswith("/" + want)):
         print(p["sha256"])' "$work/job1-events.jsonl" | tail -1)
   [ -n "$hash" ] && break
   sleep 0.2
