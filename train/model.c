@@ -58,19 +58,17 @@ typedef struct {
 
 /* What one micro-batch in flight holds: the activation arena and everything of the last forward
  * (pipeline parallelism keeps several; nb_model_use_slot swaps them in). */
-#define NB__SLOT_FIELDS(X)                                                                     \
-  X(int, cap_B)                                                                                \
-  X(int, cap_T)                                                                                \
-  X(float*, acts)                                                                              \
-  X(nb__layer_acts_t*, la)                                                                     \
-  X(float*, encoded)                                                                           \
-  X(float*, lnf) X(float*, lnf_mean) X(float*, lnf_rstd) X(float*, logits) X(float*, probs)    \
-      X(float*, losses) X(float*, dres) X(float*, dln) X(float*, dqkv) X(float*, datty)        \
-          X(float*, dfch) X(float*, dfch_gelu) X(float*, dlogits) X(float*, att_ws)            \
-              X(size_t, att_ws_n) X(int, att_chunks) X(float*, ps) X(float*, pt) X(float*, kl) \
-                  X(float*, partial) X(float*, mm_partial) X(int*, tokens) X(int*, targets)    \
-                      X(int, B) X(int, T) X(int, have_targets) X(int, count) X(float, alpha)   \
-                          X(float, temp)
+/* (clang-format lays this list out anew each time it runs) */
+/* clang-format off */
+#define NB__SLOT_FIELDS(X)                                                                      \
+  X(int, cap_B) X(int, cap_T) X(float*, acts) X(nb__layer_acts_t*, la) X(float*, encoded)       \
+  X(float*, lnf) X(float*, lnf_mean) X(float*, lnf_rstd) X(float*, logits) X(float*, probs)     \
+  X(float*, losses) X(float*, dres) X(float*, dln) X(float*, dqkv) X(float*, datty)             \
+  X(float*, dfch) X(float*, dfch_gelu) X(float*, dlogits) X(float*, att_ws) X(size_t, att_ws_n) \
+  X(int, att_chunks) X(float*, ps) X(float*, pt) X(float*, kl) X(float*, partial)               \
+  X(float*, mm_partial) X(int*, tokens) X(int*, targets) X(int, B) X(int, T)                    \
+  X(int, have_targets) X(int, count) X(float, alpha) X(float, temp)
+/* clang-format on */
 
 typedef struct {
 #define X(type, name) type name;
