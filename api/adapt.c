@@ -1,4 +1,4 @@
-/* api/adapt: the exchange's link estimate and the codec's bits for the adaptive scheduler
+/* api/adapt: the exchange's link estimate and the scheduler's input from it and the codec
  * (api/adapt.h). */
 #include "api/adapt.h"
 
@@ -19,8 +19,9 @@ void nb_adapt_estimate(nb_exchange_t* ex, nb_estimate_t* out) {
   }
 }
 
-void nb_adapt_bits(nb_values_t v, double density, uint32_t chunk, double* per_value,
-                   double* per_index) {
+/* Codec bits per kept value and per index, for the scheduler's prediction. */
+static void nb__adapt_bits(nb_values_t v, double density, uint32_t chunk, double* per_value,
+                           double* per_index) {
   double scale = 32.0 / 256; /* one fp32 scale per block of 256 (the codec's default) */
   *per_value = v == NB_VALUES_FP32   ? 32
                : v == NB_VALUES_INT8 ? 8 + scale
@@ -31,6 +32,20 @@ void nb_adapt_bits(nb_values_t v, double density, uint32_t chunk, double* per_va
   double bytes = ceil(log2(gap + 1) / 7);
   *per_index = 8 * (bytes < 1 ? 1 : bytes);
   if (chunk > 0 && log2((double)chunk) < *per_index) *per_index = log2((double)chunk);
+}
+
+void nb_adapt_input(nb_exchange_t* ex, uint64_t round, double cap_Bps, int hint_cap, nb_values_t v,
+                    double density, uint32_t chunk, uint64_t n_params, nb_sched_input_t* in) {
+  nb_estimate_t est;
+  nb_adapt_estimate(ex, &est);
+  memset(in, 0, sizeof *in);
+  in->round = round;
+  nb_sched_input_from_estimate(in, &est);
+  if (cap_Bps > 0 && in->goodput_Bps > cap_Bps) in->goodput_Bps = cap_Bps;
+  if (hint_cap && cap_Bps > 0 && in->goodput_Bps <= 0) in->goodput_Bps = 0.9 * cap_Bps;
+  in->n_params = n_params;
+  nb__adapt_bits(v, density, chunk, &in->bits_per_value, &in->bits_per_index);
+  in->fanout = 1; /* one (capped) link per peer */
 }
 
 nb_status_t nb_adapt_probes_start(nb_exchange_t* ex) {

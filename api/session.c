@@ -938,8 +938,6 @@ static void nb__ss_metrics(nb_session_t* s, const nb_hybrid_round_t* rec,
   nb_leader_metrics_round(s->prom, &f);
 }
 
-/* The progress line, the metrics and *out (nullable) of a round applied on every cluster;
- * wait_s: what the caller waited for the exchange. */
 /* Adaptive density: the next frame's density from the slowest link's estimate and the caller's
  * compute the exchange hid under (compute_s; overlapped: between round_begin and round_end, of
  * which the transfer may fill the headroom; blocking: between rounds, of which it may take the
@@ -949,22 +947,11 @@ static void nb__ss_schedule(nb_session_t* s, const nb_hybrid_round_t* rec, doubl
   r->next_density = rec->density;
   r->sched = "fixed";
   if (!s->adaptive || !s->ex) return;
-  nb_estimate_t est;
-  nb_adapt_estimate(s->ex, &est);
   nb_sched_input_t in;
-  memset(&in, 0, sizeof in);
-  in.round = rec->round + 1;
-  nb_sched_input_from_estimate(&in, &est);
-  /* the cap bounds what is measured (a burst after an idle gap can look faster than the link),
-   * and stands in for it until a transfer has measured it (90 %: TCP, TLS and gRPC framing) */
-  if (s->rate_Bps > 0 && in.goodput_Bps > s->rate_Bps) in.goodput_Bps = s->rate_Bps;
-  if (s->rate_Bps > 0 && in.goodput_Bps <= 0) in.goodput_Bps = 0.9 * s->rate_Bps;
+  nb_adapt_input(s->ex, rec->round + 1, s->rate_Bps, 1, s->hc.values, rec->density,
+                 s->hc.topk_chunk, s->n, &in);
   in.steps = (uint32_t)(s->inner_steps < UINT32_MAX ? s->inner_steps : UINT32_MAX);
   in.step_compute_s = compute_s > 0 ? compute_s / (double)in.steps : 0;
-  in.n_params = s->n;
-  nb_adapt_bits(s->hc.values, rec->density, s->hc.topk_chunk, &in.bits_per_value,
-                &in.bits_per_index);
-  in.fanout = 1; /* one link per peer */
   nb_sched_config_t cfg = s->scfg;
   cfg.overlap = overlap;
   nb_sched_decision_t dec;
@@ -982,6 +969,9 @@ static void nb__ss_schedule(nb_session_t* s, const nb_hybrid_round_t* rec, doubl
   NB_INFO(TRAIN, "session: %s: %s", s->cluster_id, line);
 }
 
+/* The progress line, the metrics, the next density (nb__ss_schedule) and *out (nullable) of a
+ * round applied on every cluster; wait_s: what the caller waited for the exchange; compute_s and
+ * overlap as nb__ss_schedule takes them. */
 static void nb__ss_figures(nb_session_t* s, uint64_t samples, const nb_hybrid_round_t* rec,
                            double wait_s, double compute_s, int overlap, nb_session_round_t* out) {
   nb__ss_progress(s, samples, rec);

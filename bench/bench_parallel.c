@@ -2,13 +2,13 @@
  * at 2 and 4 ranks: data parallel (every rank the whole model), tensor parallel (every layer
  * split over the ranks, train/model.h), pipeline parallel (the layers in stages, the replica's
  * rows in --micro micro-batches through the 1F1B schedule, train/pipeline.h), both (two stages
- * of two shards) and grids of data with either, each as ratios to data parallelism at the same rank
- * count: tokens/s of the same global batch, and per-rank memory (parameters, gradients and AdamW
- * moments held; the process's peak resident set). Each layout is a child `mpirun -np N nebula bench
- * parallel --child-tp TP
- * --child-pp PP` on synthetic tokens; its rank 0 prints one JSON line. On a CPU with fewer cores
- * than ranks the ranks share the cores (oversubscribed): the ratios then show what a layout
- * costs, not what it gains. Not a test. */
+ * of two shards) and grids of data with either, each as ratios to data parallelism at the same
+ * rank count: tokens/s of the same global batch, per-rank memory (parameters, gradients and
+ * AdamW moments held; the process's peak resident set), and one gather of the logical
+ * parameters against one step. Each layout is a child `mpirun -np N nebula bench parallel
+ * --child-tp TP --child-pp PP` on synthetic tokens; its rank 0 prints one JSON line. On a CPU
+ * with fewer cores than ranks the ranks share the cores (oversubscribed): the ratios then show
+ * what a layout costs, not what it gains. Not a test. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,8 +50,8 @@ static nb_status_t nb__par_sendrecv(void* ctx, const float* send, int to, float*
 
 typedef struct {
   nb_comm_t *world, *tp, *dp;
-  nb_comm_t *stage,
-      *pipe; /* tensor and pipeline together: the stage's shards, the shard's stages */
+  /* tensor and pipeline together: the stage's shards, and the shard's stages */
+  nb_comm_t *stage, *pipe;
   nb_model_t* m;
   nb_adamw_t* opt;
   int *tok, *tgt;
@@ -165,7 +165,7 @@ static int nb__par_child(const nb__par_opts_t* o) {
     for (int k = 0; st == NB_OK && k < 3; k++) {
       double g0 = nb_now_s();
       st = nb_model_tp_gather(r.m, nb_model_params(r.m, NULL), logical);
-      if (nb_now_s() - g0 < best) best = nb_now_s() - g0;
+      best = fmin(best, nb_now_s() - g0);
     }
     nb_free(logical);
     stats[3] = (float)best;

@@ -167,7 +167,6 @@ static double nb__torch_step(nb__torch_t* t) {
   return s;
 }
 
-/* Seconds for one n x n x n sgemm on a, b -> c. */
 /* A pause before each timed piece. The three contenders share the machine's cores in turn, and
  * each leaves threads busy-waiting after its work: OpenBLAS's for about 2^28 cycles (its
  * THREAD_TIMEOUT), PyTorch's OpenMP threads for their spin count. Timed right after another's,
@@ -179,6 +178,7 @@ static void nb__quiet(void) {
   }
 }
 
+/* Seconds for one n x n x n sgemm on a, b -> c. */
 static double nb__sgemm_once(int n, const float* a, const float* b, float* c) {
   double t0 = nb_now_s();
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);

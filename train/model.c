@@ -66,8 +66,8 @@ typedef struct {
   X(float*, losses) X(float*, dres) X(float*, dln) X(float*, dqkv) X(float*, datty)             \
   X(float*, dfch) X(float*, dfch_gelu) X(float*, dlogits) X(float*, att_ws) X(size_t, att_ws_n) \
   X(int, att_chunks) X(float*, ps) X(float*, pt) X(float*, kl) X(float*, partial)               \
-  X(float*, mm_partial) X(int*, tokens) X(int*, targets) X(int, B) X(int, T)                    \
-  X(int, have_targets) X(int, count) X(float, alpha) X(float, temp)
+  X(int*, tokens) X(int*, targets) X(int, B) X(int, T) X(int, have_targets) X(int, count)      \
+  X(float, alpha) X(float, temp)
 /* clang-format on */
 
 typedef struct {
@@ -97,7 +97,6 @@ struct nb_model {
   int att_chunks;
   float *ps, *pt, *kl; /* distillation */
   float* partial;      /* (NB__CHUNKS, 4C) per-chunk gradient partials (LayerNorm 2C, fc bias 4C) */
-  float* mm_partial;   /* dweight / dbias partial products (nb__mm_partial_floats) */
   int* tokens;
   int* targets;
 
@@ -121,9 +120,12 @@ struct nb_model {
    * logical model, the embeddings and the final LayerNorm (replicated over the stages) */
   int pp_stage, pp_stages, l0, Ls;
   int in_layers; /* while building the table: a layer's tensor (sharded over the stages) */
-  /* the group gather, scatter and the norm run over: the tensor-parallel one or the pipeline */
-  nb_model_tp_t grp; /* the whole replica: rank stage * tp.size + tp.rank of tp.size * stages */
+  /* the replica gather, scatter and the norm run over (its tensor-parallel group, then its
+   * pipeline): this rank in it, stage * tp.size + tp.rank, of tp.size * stages */
+  int grp_rank, grp_size;
   nb_model_pp_t pp;  /* the pipeline group (this tensor-parallel rank's stages) */
+  float* mm_partial; /* dweight / dbias partial products (nb__mm_partial_floats), at the first
+                        backward: scratch of one product at a time, whatever the slot */
   nb__slot_t* slots; /* NULL, or n_slots activation sets (the current one lives in the fields) */
   int n_slots, cur_slot;
 
@@ -291,8 +293,8 @@ static nb_status_t nb__create(const nb_model_config_t* cfg, uint64_t seed, const
   m->Ls = cfg->n_layer / pp->stages;
   m->l0 = pp->stage * m->Ls;
   m->pp = *pp;
-  /* the replica's group: its sums run over the tensor-parallel group, then the pipeline's */
-  m->grp = (nb_model_tp_t){pp->stage * tp->size + tp->rank, tp->size * pp->stages, NULL, NULL};
+  m->grp_rank = pp->stage * tp->size + tp->rank;
+  m->grp_size = tp->size * pp->stages;
   int L = cfg->n_layer, C = cfg->n_embd, V = cfg->vocab;
   m->Cl = C / tp->size;
   m->NHl = cfg->n_head / tp->size;
@@ -387,6 +389,7 @@ void nb_model_destroy(nb_model_t* m) {
   nb__slots_free(m);
   nb__free_acts(m);
   nb_free(m->dec);
+  nb_free(m->mm_partial);
   nb_free(m->params);
   nb_free(m->grads);
   nb_free(m->decay);
@@ -477,10 +480,10 @@ static nb_status_t nb__grp_sum(nb_model_t* m, float* buf, size_t n) {
 }
 
 int nb_model_group_rank(const nb_model_t* m) {
-  return m->grp.rank;
+  return m->grp_rank;
 }
 int nb_model_group_size(const nb_model_t* m) {
-  return m->grp.size;
+  return m->grp_size;
 }
 nb_status_t nb_model_group_sum(nb_model_t* m, float* buf, size_t n) {
   return nb__grp_sum(m, buf, n);
@@ -490,7 +493,7 @@ nb_status_t nb_model_group_sum(nb_model_t* m, float* buf, size_t n) {
  * of the stage), the replica's (rank 0 of the replica). */
 static int nb__seg_mine(const nb_model_t* m, const nb_model_segment_t* g) {
   return g->sharded == NB_SEG_OWN || (g->sharded == NB_SEG_STAGE && m->tp.rank == 0) ||
-         (g->sharded == NB_SEG_REPLICATED && m->grp.rank == 0);
+         (g->sharded == NB_SEG_REPLICATED && m->grp_rank == 0);
 }
 
 int nb_model_pp_stages(const nb_model_t* m) {
@@ -504,7 +507,7 @@ int nb_model_is_sharded(const nb_model_t* m) {
 }
 
 nb_status_t nb_model_tp_gather(nb_model_t* m, const float* local, float* logical) {
-  if (m->grp.size == 1) {
+  if (m->grp_size == 1) {
     memcpy(logical, local, m->n_params * sizeof(float));
     return NB_OK;
   }
@@ -593,6 +596,7 @@ void nb_model_zero_grad(nb_model_t* m) { /* over the pool: a pass over memory, b
   else
     nb_parallel_for(NB__CHUNKS, nb__zero_chunk, m);
 }
+
 /* ---- the dense products over the same pool: one thread plan for the whole step. OpenBLAS's own
  * threads are set to 1 for the forward and the backward (and restored after), and the pool splits
  * each product into tasks, each a sgemm of its own on one OpenBLAS thread: the forward and dinp
@@ -627,7 +631,7 @@ static int nb__mm_tasks(int rows) {
   return t;
 }
 
-/* Floats of dweight partial products a model of this width needs (nb__ensure_acts). */
+/* Floats of dweight partial products a model of this width needs (m->mm_partial). */
 static size_t nb__mm_partial_floats(int C, int V) {
   size_t oc = (size_t)(4 * C > V ? 4 * C : V);
   return (size_t)(NB__MM_KSPLIT_MAX - 1) * oc * (size_t)C + (size_t)NB__MM_KSPLIT_MAX * oc;
@@ -883,8 +887,7 @@ static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
   size_t total = per_layer * L + NC * 2 + N * 3 + NV * 2 /* encoded lnf, stats, logits probs */
                  + NC * 14 + NV + ws * (size_t)chunks    /* backward and attention scratch */
                  + NV * 2 + N                            /* distillation */
-                 + (size_t)NB__CHUNKS * 4 * C            /* gradient partials */
-                 + nb__mm_partial_floats(C, V);          /* dweight partial products */
+                 + (size_t)NB__CHUNKS * 4 * C;           /* gradient partials */
   nb_status_t st = NB_OK;
   NB_CHECK_GOTO(nb_aligned_alloc((void**)&m->acts, total, sizeof(float), "activations"), st, fail);
   NB_CHECK_GOTO(nb_calloc((void**)&m->la, (size_t)L, sizeof *m->la, "activation table"), st, fail);
@@ -933,7 +936,6 @@ static nb_status_t nb__ensure_acts(nb_model_t* m, int B, int T) {
   TAKE(m->pt, NV);
   TAKE(m->kl, N);
   TAKE(m->partial, (size_t)NB__CHUNKS * 4 * C);
-  TAKE(m->mm_partial, nb__mm_partial_floats(C, V));
 #undef TAKE
   if ((size_t)(p - m->acts) > total) return nb_error(NB_ERR_INTERNAL, "activation arena overrun");
   m->att_ws_n = ws;
@@ -1142,8 +1144,9 @@ static void nb__backward_head(nb_model_t* m, float* dwte, float* dlnfw, float* d
   int B = m->B, T = m->T, L = m->Ls, C = m->cfg.n_embd, V = m->cfg.vocab;
   int n = B * T;
   size_t N = (size_t)n, NC = N * C;
-  if (m->count == 0) memset(m->dlogits, 0, N * V * sizeof(float));
-  if (m->count > 0) { /* each chunk zeroes its rows of dlogits first */
+  if (m->count == 0) {
+    memset(m->dlogits, 0, N * V * sizeof(float));
+  } else { /* each chunk zeroes its rows of dlogits first */
     float inv = 1.0f / (float)m->count;
     nb__par_t p = {.out = m->dlogits,
                    .a = m->probs,
@@ -1180,6 +1183,9 @@ static nb_status_t nb__backward(nb_model_t* m, const float* dx_out) {
   int n = B * T;
   size_t N = (size_t)n, NC = N * C;
   int fz = m->frozen;
+  if (!m->mm_partial)
+    NB_CHECK(nb_aligned_alloc((void**)&m->mm_partial, nb__mm_partial_floats(C, c->vocab),
+                              sizeof(float), "dweight partial products"));
 #define G(ptr) (fz ? NULL : (ptr))
 
   if (last_stage)

@@ -849,25 +849,14 @@ static json_t* nb__wk_decision_json(long r, const nb_sched_input_t* in,
 /* The next round's density (and length) from the measured link and compute. */
 static nb_worker_outcome_t nb__wk_schedule(nb__wk_t* w, long r, const nb_hybrid_round_t* rec) {
   const nb_hybrid_config_t* hc = &w->hc;
-  nb_estimate_t est;
-  nb_adapt_estimate(w->ex, &est);
+  /* with values "auto", until a transfer large enough to measure has crossed, 90 % of the
+   * link's rate is the estimate, so that the point and the landing step fit the link from the
+   * second round on */
   nb_sched_input_t in;
-  memset(&in, 0, sizeof in);
-  in.round = (uint64_t)r + 1;
-  nb_sched_input_from_estimate(&in, &est);
-  /* the link's rate (the cap we apply, or the emulated link's) bounds what is measured: a burst
-   * after an idle gap can make a sample look faster than the link. With values "auto", until a
-   * transfer large enough to measure has crossed (the small frames of a thin link may never be
-   * one), 90 % of it is the estimate (TCP, TLS and gRPC framing take the rest), so that the
-   * point and the landing step fit the link from the second round on */
-  double cap_Bps = w->job->link.rate_mbit * 1e6 / 8;
-  if (cap_Bps > 0 && in.goodput_Bps > cap_Bps) in.goodput_Bps = cap_Bps;
-  if (w->auto_codec && cap_Bps > 0 && in.goodput_Bps <= 0) in.goodput_Bps = 0.9 * cap_Bps;
+  nb_adapt_input(w->ex, (uint64_t)r + 1, w->job->link.rate_mbit * 1e6 / 8, w->auto_codec,
+                 hc->values, rec->density, hc->topk_chunk, w->n_params, &in);
   in.step_compute_s = rec->steps > 0 ? rec->compute_s / (double)rec->steps : 0;
   in.steps = (uint32_t)hc->inner_steps;
-  in.n_params = w->n_params;
-  nb_adapt_bits(hc->values, rec->density, hc->topk_chunk, &in.bits_per_value, &in.bits_per_index);
-  in.fanout = 1; /* one capped link per peer */
   in.round_s = hc->round_seconds;
   /* with overlap the update lands tau steps into the next round: only those hide it */
   if (hc->overlap && hc->overlap_steps > 0)
