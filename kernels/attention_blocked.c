@@ -16,6 +16,9 @@
 #define NB__BC 64
 /* Head dimension padded to a multiple of every path's vector width. */
 #define NB__HPAD 16
+/* Extra floats on each row of the transposed tiles: a row stride of tp floats is a power of two
+ * for the usual contexts, and the hp rows a transposing write touches would share a few L1 sets. */
+#define NB__TSKEW 16
 
 typedef struct {
   void (*gemm)(float* c, int ldc, const float* a, int sar, int sak, const float* b, int ldb, int M,
@@ -24,6 +27,9 @@ typedef struct {
   float (*exp_sum)(float* s, int n, float sub);
   void (*scale)(float* y, int n, float f);
   void (*softmax_bwd)(float* s, float* dp, int n, float lse, float D);
+  void (*copy_scaled)(float* y, const float* x, int n, float f);
+  void (*add_scaled)(float* y, const float* x, int n, float f);
+  float (*dot)(const float* x, const float* y, int n);
 } nb__att_ops_t;
 
 #define NB__CAT2(a, b) a##_##b
@@ -124,13 +130,26 @@ static inline int nb__round_up(int x, int m) {
   return (x + m - 1) / m * m;
 }
 
+/* dst (n rows of stride ld) = the first n columns of the T rows of src (stride ss), transposed.
+ * Blocks of 16 rows, so each block's writes fill whole cache lines of dst. */
+static void nb__att_transpose(float* dst, int ld, const float* src, size_t ss, int T, int n) {
+  for (int t0 = 0; t0 < T; t0 += 16) {
+    int t1 = t0 + 16 < T ? t0 + 16 : T;
+    for (int d = 0; d < n; d++) {
+      float* dr = dst + (size_t)d * ld;
+      const float* sc = src + d;
+      for (int t = t0; t < t1; t++) dr[t] = sc[(size_t)t * ss];
+    }
+  }
+}
+
 /* Scratch layout (floats), each piece starting on a 64-byte boundary; hp = padded head size,
  * tp = T padded to a key block. The forward uses the first four and s, m, l; the backward all. */
 typedef struct {
   float* qs;  /* (tp, hp) q * scale */
-  float* kt;  /* (hp, tp) k transposed */
+  float* kt;  /* (hp, tp + NB__TSKEW) k transposed */
   float* v;   /* (tp, hp) v (forward) or dout (backward) */
-  float* vt;  /* (hp, tp) v transposed (backward) */
+  float* vt;  /* (hp, tp + NB__TSKEW) v transposed (backward) */
   float* k;   /* (tp, hp) k (backward) */
   float* dq;  /* (tp, hp) */
   float* dk;  /* (tp, hp) */
@@ -145,11 +164,11 @@ typedef struct {
 static size_t nb__att_carve(float* base, int tp, int hp, nb__att_ws_t* w) {
   float* p = base ? (float*)(((uintptr_t)base + 63) & ~(uintptr_t)63) : NULL;
   size_t used = 16; /* alignment slack */
-  size_t th = (size_t)tp * hp;
+  size_t th = (size_t)tp * hp, tt = (size_t)(tp + NB__TSKEW) * hp;
   size_t sizes[13] = {th,
+                      tt,
                       th,
-                      th,
-                      th,
+                      tt,
                       th,
                       th,
                       th,
@@ -184,7 +203,8 @@ void nb_attention_blocked_forward(float* out, float* lse, const float* qkv, int 
   float scale = 1.0f / sqrtf((float)hs);
   nb__att_ws_t w;
   nb__att_carve(scratch, tp, hp, &w);
-  size_t th = (size_t)tp * hp;
+  int ldt = tp + NB__TSKEW;
+  size_t th = (size_t)tp * hp, tt = (size_t)ldt * hp;
   int padded = tp != T || hp != hs;
   for (int bh = bh0; bh < bh1; bh++) {
     int b = bh / NH, h = bh % NH;
@@ -195,17 +215,14 @@ void nb_attention_blocked_forward(float* out, float* lse, const float* qkv, int 
     /* zero padding: rows past T and columns past hs contribute nothing to any product */
     if (padded) {
       memset(w.qs, 0, th * sizeof(float));
-      memset(w.kt, 0, th * sizeof(float));
+      memset(w.kt, 0, tt * sizeof(float));
       memset(w.v, 0, th * sizeof(float));
     }
     for (int t = 0; t < T; t++) {
-      const float *qr = q + (size_t)t * C3, *kr = k + (size_t)t * C3, *vr = v + (size_t)t * C3;
-      for (int d = 0; d < hs; d++) {
-        w.qs[(size_t)t * hp + d] = qr[d] * scale;
-        w.kt[(size_t)d * tp + t] = kr[d];
-        w.v[(size_t)t * hp + d] = vr[d];
-      }
+      ops->copy_scaled(w.qs + (size_t)t * hp, q + (size_t)t * C3, hs, scale);
+      memcpy(w.v + (size_t)t * hp, v + (size_t)t * C3, (size_t)hs * sizeof(float));
     }
+    nb__att_transpose(w.kt, ldt, k, (size_t)C3, T, hs);
     for (int r0 = 0; r0 < T; r0 += NB__BR) {
       int nr = T - r0 < NB__BR ? T - r0 : NB__BR;
       float *m = w.row, *l = w.aux;
@@ -216,7 +233,7 @@ void nb_attention_blocked_forward(float* out, float* lse, const float* qkv, int 
       }
       for (int c0 = 0; c0 <= r0; c0 += NB__BC) {
         int diag = c0 == r0;
-        ops->gemm(w.s, NB__BC, w.qs + (size_t)r0 * hp, hp, 1, w.kt + c0, tp, nr, hp, NB__BC, 0);
+        ops->gemm(w.s, NB__BC, w.qs + (size_t)r0 * hp, hp, 1, w.kt + c0, ldt, nr, hp, NB__BC, 0);
         for (int r = 0; r < nr; r++) {
           float* sr = w.s + (size_t)r * NB__BC;
           if (diag)
@@ -237,10 +254,7 @@ void nb_attention_blocked_forward(float* out, float* lse, const float* qkv, int 
                   1);
       }
       for (int r = 0; r < nr; r++) {
-        float inv = 1.0f / l[r];
-        float* orow = o + (size_t)(r0 + r) * C;
-        const float* acc = w.o + (size_t)r * hp;
-        for (int d = 0; d < hs; d++) orow[d] = acc[d] * inv;
+        ops->copy_scaled(o + (size_t)(r0 + r) * C, w.o + (size_t)r * hp, hs, 1.0f / l[r]);
         lse[(size_t)bh * T + r0 + r] = m[r] + logf(l[r]);
       }
     }
@@ -256,7 +270,8 @@ void nb_attention_blocked_backward(float* dqkv, const float* dout, const float* 
   float scale = 1.0f / sqrtf((float)hs);
   nb__att_ws_t w;
   nb__att_carve(scratch, tp, hp, &w);
-  size_t th = (size_t)tp * hp;
+  int ldt = tp + NB__TSKEW;
+  size_t th = (size_t)tp * hp, tt = (size_t)ldt * hp;
   int padded = tp != T || hp != hs;
   float* dO = w.v;
   for (int bh = bh0; bh < bh1; bh++) {
@@ -271,31 +286,27 @@ void nb_attention_blocked_backward(float* dqkv, const float* dout, const float* 
     const float* dy = dout + oo;
     const float* y = out + oo;
     /* the packed inputs need zeros only where they are padded; the accumulators always */
-    float* pieces[8] = {w.dq, w.dk, w.dv, w.qs, w.kt, w.v, w.vt, w.k};
-    for (int i = 0; i < (padded ? 8 : 3); i++) memset(pieces[i], 0, th * sizeof(float));
+    float* pieces[8] = {w.dq, w.dk, w.dv, w.qs, w.v, w.k, w.kt, w.vt};
+    for (int i = 0; i < (padded ? 8 : 3); i++)
+      memset(pieces[i], 0, (i < 6 ? th : tt) * sizeof(float));
     for (int t = 0; t < T; t++) {
-      const float *qr = q + (size_t)t * C3, *kr = k + (size_t)t * C3, *vr = v + (size_t)t * C3;
       const float *dyr = dy + (size_t)t * C, *yr = y + (size_t)t * C;
-      double D = 0.0;
-      for (int d = 0; d < hs; d++) {
-        w.qs[(size_t)t * hp + d] = qr[d] * scale;
-        w.kt[(size_t)d * tp + t] = kr[d];
-        w.k[(size_t)t * hp + d] = kr[d];
-        w.vt[(size_t)d * tp + t] = vr[d];
-        dO[(size_t)t * hp + d] = dyr[d];
-        D += (double)dyr[d] * yr[d];
-      }
+      ops->copy_scaled(w.qs + (size_t)t * hp, q + (size_t)t * C3, hs, scale);
+      memcpy(w.k + (size_t)t * hp, k + (size_t)t * C3, (size_t)hs * sizeof(float));
+      memcpy(dO + (size_t)t * hp, dyr, (size_t)hs * sizeof(float));
       w.row[t] = lse[(size_t)bh * T + t];
-      w.aux[t] = (float)D;
+      w.aux[t] = ops->dot(dyr, yr, hs);
     }
+    nb__att_transpose(w.kt, ldt, w.k, (size_t)hp, T, hs);
+    nb__att_transpose(w.vt, ldt, v, (size_t)C3, T, hs);
     for (int r0 = 0; r0 < T; r0 += NB__BR) {
       int nr = T - r0 < NB__BR ? T - r0 : NB__BR;
       const float* qs_i = w.qs + (size_t)r0 * hp;
       const float* dO_i = dO + (size_t)r0 * hp;
       for (int c0 = 0; c0 <= r0; c0 += NB__BC) {
         int diag = c0 == r0, nc = diag ? nr : NB__BC; /* keys any row of the block sees */
-        ops->gemm(w.s, NB__BC, qs_i, hp, 1, w.kt + c0, tp, nr, hp, NB__BC, 0);
-        ops->gemm(w.dp, NB__BC, dO_i, hp, 1, w.vt + c0, tp, nr, hp, NB__BC, 0);
+        ops->gemm(w.s, NB__BC, qs_i, hp, 1, w.kt + c0, ldt, nr, hp, NB__BC, 0);
+        ops->gemm(w.dp, NB__BC, dO_i, hp, 1, w.vt + c0, ldt, nr, hp, NB__BC, 0);
         for (int r = 0; r < nr; r++) {
           float *sr = w.s + (size_t)r * NB__BC, *dr = w.dp + (size_t)r * NB__BC;
           ops->softmax_bwd(sr, dr, NB__BC, w.row[r0 + r], w.aux[r0 + r]);
@@ -314,17 +325,13 @@ void nb_attention_blocked_backward(float* dqkv, const float* dout, const float* 
       const float *gq = w.dq + (size_t)t * hp, *gk = w.dk + (size_t)t * hp,
                   *gv = w.dv + (size_t)t * hp;
       if (accumulate) {
-        for (int d = 0; d < hs; d++) {
-          dqr[d] += gq[d] * scale;
-          dkr[d] += gk[d];
-          dvr[d] += gv[d];
-        }
+        ops->add_scaled(dqr, gq, hs, scale);
+        ops->add_scaled(dkr, gk, hs, 1.0f);
+        ops->add_scaled(dvr, gv, hs, 1.0f);
       } else {
-        for (int d = 0; d < hs; d++) {
-          dqr[d] = gq[d] * scale;
-          dkr[d] = gk[d];
-          dvr[d] = gv[d];
-        }
+        ops->copy_scaled(dqr, gq, hs, scale);
+        memcpy(dkr, gk, (size_t)hs * sizeof(float));
+        memcpy(dvr, gv, (size_t)hs * sizeof(float));
       }
     }
   }

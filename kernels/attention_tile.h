@@ -96,8 +96,35 @@ static NB__TGT void NB__FN(softmax_bwd)(float* s, float* dp, int n, float lse, f
   }
 }
 
-static const nb__att_ops_t NB__FN(ops) = {NB__FN(gemm), NB__FN(row_max), NB__FN(exp_sum),
-                                          NB__FN(scale), NB__FN(softmax_bwd)};
+/* y[0, n) = x[0, n) * f; any n. */
+static NB__TGT void NB__FN(copy_scaled)(float* y, const float* x, int n, float f) {
+  vf vf_ = V_SET1(f);
+  int i = 0;
+  for (; i + VW <= n; i += VW) V_STORE(y + i, V_MUL(V_LOAD(x + i), vf_));
+  for (; i < n; i++) y[i] = x[i] * f;
+}
+
+/* y[0, n) += x[0, n) * f; any n. */
+static NB__TGT void NB__FN(add_scaled)(float* y, const float* x, int n, float f) {
+  vf vf_ = V_SET1(f);
+  int i = 0;
+  for (; i + VW <= n; i += VW) V_STORE(y + i, V_FMA(V_LOAD(x + i), vf_, V_LOAD(y + i)));
+  for (; i < n; i++) y[i] += x[i] * f;
+}
+
+/* The sum of x[i] * y[i] over [0, n); any n. */
+static NB__TGT float NB__FN(dot)(const float* x, const float* y, int n) {
+  vf acc = V_ZERO();
+  int i = 0;
+  for (; i + VW <= n; i += VW) acc = V_FMA(V_LOAD(x + i), V_LOAD(y + i), acc);
+  float r = V_HSUM(acc);
+  for (; i < n; i++) r += x[i] * y[i];
+  return r;
+}
+
+static const nb__att_ops_t NB__FN(ops) = {
+    NB__FN(gemm),        NB__FN(row_max),     NB__FN(exp_sum),    NB__FN(scale),
+    NB__FN(softmax_bwd), NB__FN(copy_scaled), NB__FN(add_scaled), NB__FN(dot)};
 
 #undef NB__TGT
 #undef NB__FN
