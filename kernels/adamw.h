@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "common/status.h"
+#include "kernels/cpu_path.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -16,6 +17,12 @@ extern "C" {
  * params, m, v updated in place; grads borrowed. */
 void nb_adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, long t);
+
+/* The same on the vector path asked for (nb_adamw_update takes AUTO); every path gives the same
+ * bits. */
+void nb_adamw_update_path(float* params, const float* grads, float* m, float* v, size_t n, float lr,
+                          float beta1, float beta2, float eps, float weight_decay, long t,
+                          nb_cpu_path_t path);
 
 /* CUDA version on device pointers; NB_ERR_UNSUPPORTED without CUDA, NB_ERR_CUDA on failure. */
 nb_status_t nb_adamw_update_cuda(float* d_params, const float* d_grads, float* d_m, float* d_v,

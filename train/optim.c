@@ -71,9 +71,36 @@ void nb_adamw_set_steps(nb_adamw_t* o, long steps) {
   o->t = steps;
 }
 
+/* The norm's sum in a fixed number of chunks (each with eight running sums, added in a fixed
+ * order), so it is the same bits whatever the thread count. */
+#define NB__NORM_CHUNKS 16
+typedef struct {
+  const float* g;
+  size_t n;
+  double part[NB__NORM_CHUNKS];
+} nb__norm_job_t;
+
+static void nb__norm_chunk(void* ctx, size_t k) {
+  nb__norm_job_t* j = ctx;
+  size_t lo, hi;
+  nb_parallel_range(j->n, NB__NORM_CHUNKS, k, &lo, &hi);
+  const float* g = j->g;
+  double a[8] = {0};
+  size_t i = lo;
+  for (; i + 8 <= hi; i += 8)
+    for (int l = 0; l < 8; l++) a[l] += (double)g[i + l] * g[i + l];
+  for (; i < hi; i++) a[0] += (double)g[i] * g[i];
+  j->part[k] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
 double nb_grad_norm(const float* g, size_t n) {
+  nb__norm_job_t job = {.g = g, .n = n};
+  if (n < 65536)
+    for (size_t k = 0; k < NB__NORM_CHUNKS; k++) nb__norm_chunk(&job, k);
+  else
+    nb_parallel_for(NB__NORM_CHUNKS, nb__norm_chunk, &job);
   double s = 0.0;
-  for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
+  for (size_t k = 0; k < NB__NORM_CHUNKS; k++) s += job.part[k];
   return sqrt(s);
 }
 
@@ -82,9 +109,10 @@ double nb_grad_norm(const float* g, size_t n) {
 typedef struct {
   nb_adamw_t* o;
   float* params;
-  const float* grads;
+  float* grads;
   const uint8_t* mask;
   float lr;
+  float clip; /* the gradient's scale before the update, 1 = none */
   long t;
 } nb__adamw_job_t;
 
@@ -94,6 +122,8 @@ static void nb__adamw_chunk(void* ctx, size_t k) {
   size_t n = j->o->n, lo, hi;
   nb_parallel_range(n, NB__ADAMW_CHUNKS, k, &lo, &hi);
   float *m = j->o->state, *v = j->o->state + n;
+  if (j->clip != 1.0f)
+    for (size_t i = lo; i < hi; i++) j->grads[i] *= j->clip;
   /* runs of equal mask value go to the kernel in one call */
   size_t i = lo;
   while (i < hi) {
@@ -122,13 +152,11 @@ nb_status_t nb_adamw_step_norm(nb_adamw_t* o, float* params, float* grads,
   if (!isfinite(norm))
     return nb_error(NB_ERR_INVALID, "adamw step %ld: gradient norm is not finite; step skipped",
                     o->t + 1);
-  if (o->cfg.grad_clip > 0.0f && norm > o->cfg.grad_clip) {
-    float s = (float)(o->cfg.grad_clip / norm);
-    for (size_t i = 0; i < n; i++) grads[i] *= s;
-  }
+  float clip = 1.0f; /* applied to each chunk's gradients before its update (the same bits) */
+  if (o->cfg.grad_clip > 0.0f && norm > o->cfg.grad_clip) clip = (float)(o->cfg.grad_clip / norm);
   float lr = nb_adamw_lr(&o->cfg, o->t); /* the schedule is 0-based, the bias correction 1-based */
   o->t++;
-  nb__adamw_job_t job = {o, params, grads, decay_mask, lr, o->t};
+  nb__adamw_job_t job = {o, params, grads, decay_mask, lr, clip, o->t};
   if (n < 65536)
     for (size_t i = 0; i < NB__ADAMW_CHUNKS; i++) nb__adamw_chunk(&job, i);
   else

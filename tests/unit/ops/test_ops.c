@@ -556,6 +556,32 @@ static void test_adamw(void** state) {
   free(p), free(m), free(v), free(pd), free(md), free(vd);
 }
 
+/* Every vector path of AdamW gives the portable loop's bits (odd n: the tail too). */
+static void test_adamw_paths(void** state) {
+  size_t n = 1000 + 37;
+  float* p0 = rand_f(n, 1);
+  nb_cpu_path_t paths[2] = {NB_CPU_PATH_AVX2, NB_CPU_PATH_AVX512};
+  for (int k = 0; k < 2; k++) {
+    if (!nb_cpu_path_supported(paths[k])) continue;
+    float *pa = malloc(n * sizeof(float)), *pb = malloc(n * sizeof(float));
+    float *ma = zeros(n), *va = zeros(n), *mb = zeros(n), *vb = zeros(n);
+    memcpy(pa, p0, n * sizeof(float));
+    memcpy(pb, p0, n * sizeof(float));
+    for (long t = 1; t <= 3; t++) {
+      float* g = rand_f(n, 1);
+      nb_adamw_update_path(pa, g, ma, va, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t,
+                           NB_CPU_PATH_PORTABLE);
+      nb_adamw_update_path(pb, g, mb, vb, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, paths[k]);
+      free(g);
+    }
+    assert_memory_equal(pa, pb, n * sizeof(float));
+    assert_memory_equal(ma, mb, n * sizeof(float));
+    assert_memory_equal(va, vb, n * sizeof(float));
+    free(pa), free(pb), free(ma), free(va), free(mb), free(vb);
+  }
+  free(p0);
+}
+
 int main(void) {
   nb_rng_seed(&rng, 1234);
   const struct CMUnitTest tests[] = {
@@ -573,6 +599,7 @@ int main(void) {
       cmocka_unit_test(test_crossentropy),
       cmocka_unit_test(test_embedding),
       cmocka_unit_test(test_adamw),
+      cmocka_unit_test(test_adamw_paths),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
