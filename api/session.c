@@ -12,6 +12,7 @@
 
 #include "api/adapt.h"
 #include "api/blas_check.h"
+#include "api/codec_points.h"
 #include "api/ft.h"
 #include "common/common.h"
 #include "compress/compress.h"
@@ -27,6 +28,7 @@
 #define NB__SS_NAME_MAX 128
 #define NB__SS_NDIM_MAX 8
 #define NB__SS_MAX_PEERS (NB_HYBRID_MAX_CLUSTERS - 1)
+#define NB__SS_POINTS_MAX 16 /* values "auto": the largest codec table */
 /* The start message (the tensor table, docs/api.md): little-endian, exchange id 0; hybrid round
  * r travels as exchange id r + 1, so that no (round, chunk) is sealed twice. */
 #define NB__SS_TABLE_MAGIC 0x5453424eu /* bytes 'N' 'B' 'S' 'T' */
@@ -94,6 +96,12 @@ struct nb_session {
   nb_sched_decision_t dec;
   double rate_Bps; /* the operator's cap per link, 0 = none */
   double t_ready, t_begun;
+  /* values "auto": the codec points the scheduler picks from (api/codec_points.h), the one of
+   * our next frame */
+  int auto_codec;
+  const nb_codec_point_t* points;
+  size_t n_points, point;
+  nb_sched_point_t spoints[NB__SS_POINTS_MAX];
 };
 
 void nb_session_options_default(nb_session_options_t* o) {
@@ -114,6 +122,7 @@ void nb_session_options_default(nb_session_options_t* o) {
   o->start_timeout_s = 120;
   o->density_min = 0.0001;
   o->density_max = 1;
+  o->error_feedback_decay = 1;
 }
 
 /* ---- the local model: theta_local, and the samples the caller reported -------------------- */
@@ -238,8 +247,13 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
   hc->density = o->density;
   hc->error_feedback = o->error_feedback ? 1 : 0;
   hc->norm_bound = o->update_norm_bound;
-  if (o->values)
+  s->auto_codec = o->values && strcmp(o->values, "auto") == 0;
+  if (o->values && !s->auto_codec)
     NB_CHECK(nb_error_wrap(nb_values_parse(o->values, &hc->values), "session: values"));
+  if (!(o->error_feedback_decay > 0 && o->error_feedback_decay <= 1))
+    return nb_error(NB_ERR_CONFIG, "session: error_feedback_decay %g outside (0, 1] (1: no decay)",
+                    o->error_feedback_decay);
+  hc->ef_decay = (float)o->error_feedback_decay;
   hc->exchange = nb__ss_exchange;
   hc->exchange_ctx = s;
   if (o->n_clusters < 1 || o->n_clusters > NB_HYBRID_MAX_CLUSTERS)
@@ -302,6 +316,23 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
     if (hc->density < o->density_min) hc->density = o->density_min; /* the first rounds' */
     if (hc->density > o->density_max) hc->density = o->density_max;
     NB_CHECK(nb_error_wrap(nb_sched_config_check(&s->scfg), "session: adaptive density"));
+  }
+  if (s->auto_codec) {
+    if (!s->adaptive)
+      return nb_error(NB_ERR_CONFIG,
+                      "session: values \"auto\" needs adaptive 1 (the scheduler picks the codec "
+                      "point each round from the measured link)");
+    /* the table measured at the H nearest ours; until the link is measured, the point of
+     * fewest bytes, as `nebula worker` starts */
+    s->points = nb_codec_points(o->inner_steps, &s->n_points, NULL);
+    if (s->n_points > NB__SS_POINTS_MAX)
+      return nb_error(NB_ERR_INTERNAL, "session: %zu codec points (at most %d)", s->n_points,
+                      NB__SS_POINTS_MAX);
+    for (size_t i = 0; i < s->n_points; i++) s->spoints[i] = s->points[i].sched;
+    s->point = s->n_points - 1;
+    hc->values = s->points[s->point].values;
+    hc->density = s->points[s->point].sched.density;
+    hc->topk_chunk = s->points[s->point].topk_chunk;
   }
   return NB_OK;
 }
@@ -946,6 +977,7 @@ static void nb__ss_schedule(nb_session_t* s, const nb_hybrid_round_t* rec, doubl
                             int overlap, nb_session_round_t* r) {
   r->next_density = rec->density;
   r->sched = "fixed";
+  r->point = s->auto_codec ? s->points[s->point].sched.name : NULL;
   if (!s->adaptive || !s->ex) return;
   nb_sched_input_t in;
   nb_adapt_input(s->ex, rec->round + 1, s->rate_Bps, 1, s->hc.values, rec->density,
@@ -955,18 +987,29 @@ static void nb__ss_schedule(nb_session_t* s, const nb_hybrid_round_t* rec, doubl
   nb_sched_config_t cfg = s->scfg;
   cfg.overlap = overlap;
   nb_sched_decision_t dec;
-  if (nb_sched_decide(&cfg, &in, s->have_dec ? &s->dec : NULL, &dec) != NB_OK ||
-      nb_hybrid_set_density(s->h, dec.density) != NB_OK) {
+  size_t point = s->point;
+  nb_status_t st = s->auto_codec
+                       ? nb_sched_pick(&cfg, &in, s->spoints, s->n_points,
+                                       s->have_dec ? &s->dec : NULL, s->point, &dec, &point)
+                       : nb_sched_decide(&cfg, &in, s->have_dec ? &s->dec : NULL, &dec);
+  if (st == NB_OK && s->auto_codec)
+    st = nb_hybrid_set_codec(s->h, s->points[point].values, s->points[point].topk_chunk);
+  if (st != NB_OK || nb_hybrid_set_density(s->h, dec.density) != NB_OK) {
     NB_WARN("session: adaptive density: %s (the density stays %g)", nb_error_last(), rec->density);
     return;
   }
   s->dec = dec;
   s->have_dec = 1;
+  s->point = point;
   r->next_density = dec.density;
   r->sched = nb_sched_reason_name(dec.reason); /* the names the worker logs */
+  if (s->auto_codec) r->point = s->points[point].sched.name;
   char line[512];
   nb_sched_decision_format(&dec, line, sizeof line);
-  NB_INFO(TRAIN, "session: %s: %s", s->cluster_id, line);
+  if (s->auto_codec)
+    NB_INFO(TRAIN, "session: %s: %s point=%s", s->cluster_id, line, r->point);
+  else
+    NB_INFO(TRAIN, "session: %s: %s", s->cluster_id, line);
 }
 
 /* The progress line, the metrics, the next density (nb__ss_schedule) and *out (nullable) of a

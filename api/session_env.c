@@ -60,6 +60,7 @@ static const nb__ev_t nb__ev_table[] = {
     {"NEBULA_INSECURE", NB__EV_FLAG, NB__EV_OFF(insecure), 0, 1, 0, 0},
     {"NEBULA_UNSEALED", NB__EV_FLAG, NB__EV_OFF(unsealed), 0, 1, 0, 0},
     {"NEBULA_ERROR_FEEDBACK", NB__EV_FLAG, NB__EV_OFF(error_feedback), 0, 1, 0, 0},
+    {"NEBULA_ERROR_FEEDBACK_DECAY", NB__EV_DOUBLE, NB__EV_OFF(error_feedback_decay), 0, 1, 1, 0},
     {"NEBULA_ADAPTIVE", NB__EV_FLAG, NB__EV_OFF(adaptive), 0, 1, 0, 0},
     {"NEBULA_DENSITY_MIN", NB__EV_DOUBLE, NB__EV_OFF(density_min), 0, 1, 1, 0},
     {"NEBULA_DENSITY_MAX", NB__EV_DOUBLE, NB__EV_OFF(density_max), 0, 1, 1, 0},
@@ -230,8 +231,8 @@ static nb_status_t nb__ev_read(size_t row, const char* text, nb__ev_store_t* st,
       if (v->kind == NB__EV_PEERS) return nb__ev_peers(v, st->text[row], st, o);
       if (v->off == NB__EV_OFF(values)) {
         nb_values_t vt;
-        if (nb_values_parse(text, &vt) != NB_OK)
-          return nb__ev_bad(v, text, "fp32, fp16, bf16, int8, 4bit or 2bit");
+        if (strcmp(text, "auto") != 0 && nb_values_parse(text, &vt) != NB_OK)
+          return nb__ev_bad(v, text, "fp32, fp16, bf16, int8, 4bit, 2bit or auto");
       }
       *(const char**)field = st->text[row];
       return NB_OK;

@@ -103,7 +103,11 @@ typedef struct {
   double density;            /* top-k fraction of the update sent per round, (0, 1]; 1 = a dense
                                 frame; default 0.01 */
   const char* values;        /* value type on the wire: "fp32", "fp16", "bf16", "int8", "4bit",
-                                "2bit"; default "int8" */
+                                "2bit"; default "int8". "auto" (needs adaptive): each round the
+                                scheduler picks a whole codec point (value type, density,
+                                chunked top-k) from the table `nebula bench pareto` measured,
+                                the least loss whose transfer fits (docs/api.md "Adaptive
+                                density"); the round names it in `point` */
   int error_feedback;        /* 1 (default): keep what top-k and quantization dropped and send it
                                 in later rounds */
   double peer_timeout_s;     /* a peer silent for this long is dead (its round fails with
@@ -136,33 +140,38 @@ typedef struct {
   const char* progress_file; /* NULL (default): none; else a file that gets one JSON line per
                                 round (round, step, density, wan_mbps, bytes_sent, samples, source,
                                 global_xxh3), appended: how a gateway shows a program's rounds */
-  const char* metrics_listen; /* NULL or "" (default): none; else "HOST:PORT" (port 0 picks a
-                                 free one: nb_session_metrics_port) where the session serves the
-                                 cluster leader's Prometheus metrics at GET /metrics, updated
-                                 after each round (docs/operations.md); an empty host is
-                                 loopback. nb_session_open fails when it cannot serve there */
-  int adaptive;               /* 1: each round's density is chosen from the measured link and
-                                 the caller's compute (docs/api.md "Adaptive density"): the
-                                 largest in [density_min, density_max] whose frame crosses the
-                                 slowest peer link within the compute the exchange hides under
-                                 (overlapped rounds: the caller's time between round_begin and
-                                 round_end; blocking ones: a tenth of its time between rounds),
-                                 as `nebula worker` chooses it; `density` until the link and the
-                                 compute are measured. Every cluster decides its own (frames say
-                                 theirs). Default 0: `density` every round */
-  double density_min;         /* adaptive: the lowest density, (0, density_max]; default 0.0001 */
-  double density_max;         /* adaptive: the highest density, (0, 1]; default 1 */
-  double rate_mbit;           /* the link's rate per peer in Mbit/s, as an operator caps it: our
-                                 sends are held to it, and adaptive density takes it as the
-                                 link's rate until a transfer has measured the link, and as the
-                                 bound of what is measured after. 0 (default): no cap */
-  void* env_storage;          /* owned by the options when nb_session_options_from_env filled
-                                 them (the strings, peers and secret it read; freed by
-                                 nb_session_options_free); NULL otherwise: leave it alone */
+  const char* metrics_listen;  /* NULL or "" (default): none; else "HOST:PORT" (port 0 picks a
+                                  free one: nb_session_metrics_port) where the session serves the
+                                  cluster leader's Prometheus metrics at GET /metrics, updated
+                                  after each round (docs/operations.md); an empty host is
+                                  loopback. nb_session_open fails when it cannot serve there */
+  int adaptive;                /* 1: each round's density is chosen from the measured link and
+                                  the caller's compute (docs/api.md "Adaptive density"): the
+                                  largest in [density_min, density_max] whose frame crosses the
+                                  slowest peer link within the compute the exchange hides under
+                                  (overlapped rounds: the caller's time between round_begin and
+                                  round_end; blocking ones: a tenth of its time between rounds),
+                                  as `nebula worker` chooses it; `density` until the link and the
+                                  compute are measured. Every cluster decides its own (frames say
+                                  theirs). Default 0: `density` every round */
+  double density_min;          /* adaptive: the lowest density, (0, density_max]; default 0.0001 */
+  double density_max;          /* adaptive: the highest density, (0, 1]; default 1 */
+  double rate_mbit;            /* the link's rate per peer in Mbit/s, as an operator caps it: our
+                                  sends are held to it, and adaptive density takes it as the
+                                  link's rate until a transfer has measured the link, and as the
+                                  bound of what is measured after. 0 (default): no cap */
+  double error_feedback_decay; /* beta in (0, 1]: each round the error-feedback residual is
+                                  scaled by beta before the new Delta joins it (SparseLoCo's
+                                  e <- beta e + Delta; 0.85-0.9 with 2-bit values, docs/hybrid.md);
+                                  default 1: all of it is kept */
+  void* env_storage;           /* owned by the options when nb_session_options_from_env filled
+                                  them (the strings, peers and secret it read; freed by
+                                  nb_session_options_free); NULL otherwise: leave it alone */
 } nb_session_options_t;
 
 /* Fills *o with the defaults above (NULL pointers, one cluster, H 50, outer lr 0.7, momentum 0.9,
- * density 0.01, "int8", error feedback, adaptive off, density range [0.0001, 1], no rate cap). */
+ * density 0.01, "int8", error feedback without decay, adaptive off, density range [0.0001, 1], no
+ * rate cap). */
 void nb_session_options_default(nb_session_options_t* o);
 
 /* Fills *o from the environment a launcher sets: the defaults (nb_session_options_default), then
@@ -307,6 +316,8 @@ typedef struct {
                           "hold" (kept: the fit rose by less than the hysteresis),
                           "floor_max_steps" (density_min does not fit: training waits on the
                           link), or "fixed" */
+  const char* point;   /* values "auto": the codec point of our next frame (static text, e.g.
+                          "top3-2bit", "dense-int8"); otherwise NULL */
 } nb_session_round_t;
 
 /* One blocking outer round, called by every cluster after its H inner steps: Delta =

@@ -1115,8 +1115,8 @@ static void nb__cross_checks(nb__dctx_t* c, const nb_job_config_t* cfg, const nb
   if (se->cert[0] && !se->ca[0])
     nb__err_at(c, "$.spec.security.ca", "required when \"cert\" is given (the CA that signed it)");
 
-  /* A program syncs through the public session: outer rounds of H steps it counts itself, one
-   * fixed value type, no overlapped round (include/nebula.h). */
+  /* A program syncs through the public session: outer rounds of H steps it counts itself, no
+   * overlapped round of the worker's kind (include/nebula.h); values "auto" as the worker's. */
   if (seen->program) {
     const char* why = "a job with $.spec.program syncs through the session of include/nebula.h";
     if (s->mode != NB_JOB_SYNC_OUTER)
@@ -1126,11 +1126,6 @@ static void nb__cross_checks(nb__dctx_t* c, const nb_job_config_t* cfg, const nb
                  "%s: a round is the program's innerSteps steps, not a time budget", why);
     if (s->overlap)
       nb__err_at(c, "$.spec.sync.overlap", "%s, which has no overlapped round (yet)", why);
-    if (k->values == NB_JOB_VALUES_AUTO)
-      nb__err_at(c, "$.spec.compression.values",
-                 "\"auto\" is for the built-in worker's scheduler; %s, which takes one of "
-                 "\"fp32\", \"fp16\", \"bf16\", \"int8\", \"4bit\", \"2bit\"",
-                 why);
   }
 }
 

@@ -25,7 +25,7 @@
 #include "jobs/cli_checks.h"
 #include "jobs/descriptor.h"
 #include "jobs/job_paths.h"
-#include "worker/codec_points.h"
+#include "api/codec_points.h"
 #include "train/leader_metrics.h"
 #include "worker/worker.h"
 #include "security/pki.h"
@@ -490,7 +490,7 @@ static nb_worker_outcome_t nb__wk_exchange_start(nb__wk_t* w) {
 static nb_worker_outcome_t nb__wk_hybrid(nb__wk_t* w) {
   nb_hybrid_config_t* hc = &w->hc;
   nb_hybrid_config_from_job(w->job, w->index, hc);
-  /* values "auto": the scheduler picks a codec point each round (worker/codec_points.h); until
+  /* values "auto": the scheduler picks a codec point each round (api/codec_points.h); until
    * it has measured the link, the point of fewest bytes */
   long table_h = 0;
   w->points = nb_codec_points(hc->inner_steps, &w->n_points, &table_h);

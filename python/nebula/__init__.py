@@ -90,6 +90,7 @@ class RoundInfo:
     # adaptive density (otherwise next_density = density and sched "fixed")
     next_density: float = 0.0  # the density of our next frame, chosen after this round
     sched: str = "fixed"  # why: no_estimate, fit, ceiling, hold, floor_max_steps, or fixed
+    point: str | None = None  # values "auto": the codec point of our next frame
 
     @classmethod
     def _from_c(cls, r) -> "RoundInfo":
@@ -116,6 +117,7 @@ class RoundInfo:
             next_round=int(r.next_round),
             next_density=float(r.next_density),
             sched=_cffi.string(r.sched).decode() if r.sched != _cffi.NULL else "fixed",
+            point=_cffi.string(r.point).decode() if r.point != _cffi.NULL else None,
         )
 
 
@@ -179,6 +181,7 @@ _OPTION_KINDS = {
     "round_deadline_s": "real", "final_wait_s": "real", "rejoin": "bool",
     "rejoin_timeout_s": "real", "metrics_listen": "str", "start_timeout_s": "real",
     "adaptive": "bool", "density_min": "real", "density_max": "real", "rate_mbit": "real",
+    "error_feedback_decay": "real",
 }
 
 
@@ -268,6 +271,7 @@ class Session:
         density_min: float | None = None,
         density_max: float | None = None,
         rate_mbit: float | None = None,
+        error_feedback_decay: float | None = None,
     ):
         o = _cffi.new("nb_session_options_t*")
         _lib.nb_session_options_default(o)
@@ -281,7 +285,8 @@ class Session:
             fault_tolerant=fault_tolerant, round_deadline_s=round_deadline_s,
             final_wait_s=final_wait_s, rejoin=rejoin, rejoin_timeout_s=rejoin_timeout_s,
             metrics_listen=metrics_listen, start_timeout_s=start_timeout_s, adaptive=adaptive,
-            density_min=density_min, density_max=density_max, rate_mbit=rate_mbit))
+            density_min=density_min, density_max=density_max, rate_mbit=rate_mbit,
+            error_feedback_decay=error_feedback_decay))
 
     @classmethod
     def from_env(cls, **overrides) -> "Session":

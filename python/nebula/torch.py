@@ -95,8 +95,10 @@ _OP_NAMES = {_OP_START: "start", _OP_ROUND: "round", _OP_BEGIN: "round_begin",
 # the outcome: a round applied on every cluster, one that returned without applying (the session
 # took no outer step), a round begun (in flight, lands later), another call done, or an error
 APPLIED, SKIPPED, IN_FLIGHT, DONE, ERROR = range(5)
-_ROUND_FIELDS = [f.name for f in dataclasses.fields(RoundInfo)]
-_ST_LEN = 8 + len(_ROUND_FIELDS)
+_ROUND_FIELDS = [f.name for f in dataclasses.fields(RoundInfo) if f.name != "point"]
+# RoundInfo.point (None or a codec point's name) travels as UTF-8 in the last slots, 8 bytes each
+_POINT_SLOTS = 4
+_ST_LEN = 8 + len(_ROUND_FIELDS) + _POINT_SLOTS
 _FLOAT_FIELDS = {f.name for f in dataclasses.fields(RoundInfo) if f.type in ("float", float)}
 # RoundInfo.sched travels as its index here (the names nb_session_round_t.sched takes)
 _SCHED_NAMES = ("fixed", "no_estimate", "fit", "ceiling", "hold", "floor_max_steps",
@@ -308,6 +310,9 @@ def _status(op: int, outcome: int, session, info: RoundInfo | None = None,
                 v = _SCHED_NAMES.index(v) if v in _SCHED_NAMES else 0
             st[8 + k] = (np.float64(v).view(np.int64) if name in _FLOAT_FIELDS
                          else _i64(int(v)))
+        if info.point is not None:
+            raw = info.point.encode()[: 8 * _POINT_SLOTS - 1].ljust(8 * _POINT_SLOTS, b"\0")
+            st[_ST_LEN - _POINT_SLOTS:] = np.frombuffer(raw, dtype=np.int64)
     return st, payload
 
 
@@ -325,6 +330,8 @@ def _round_info(st: np.ndarray) -> RoundInfo:
             kw[name] = _SCHED_NAMES[int(v)] if 0 <= int(v) < len(_SCHED_NAMES) else "fixed"
         else:
             kw[name] = int(v)
+    raw = np.asarray(st[_ST_LEN - _POINT_SLOTS:], dtype=np.int64).tobytes().rstrip(b"\0")
+    kw["point"] = raw.decode() if raw else None
     return RoundInfo(**kw)
 
 

@@ -9,9 +9,14 @@
  *   - uncapped, overlapped rounds with 60 ms between round_begin and round_end, 128 Ki floats
  *     from density 0.5: a dense frame crosses loopback in well under the 54 ms it may fill, so
  *     the density rises to density_max, "ceiling";
- *   - adaptive off: "fixed", the density as given;
+ *   - adaptive off: "fixed", the density as given, no codec point;
+ *   - values "auto" (whole codec points, api/codec_points.h) on the capped link with decaying
+ *     error feedback: a sparse 2-bit point every round, each frame under a twentieth of a dense
+ *     int8 one; uncapped and overlapped (512 Ki floats, 100 ms between begin and end):
+ *     "dense-int8" at the ceiling;
  *   - bad settings refused naming the field.
- * Every round: both clusters hold the same theta_global (their densities differ from round to
+ * Idle-link probes run every 100 ms (NB_LINK_PROBE_MS). Every round: both clusters hold the same
+ * theta_global (their densities differ from round to
  * round: a frame says its own). The margins are orders of magnitude, so load does not decide. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,7 +36,8 @@
 typedef struct {
   int index, overlap, adaptive;
   size_t n;
-  double rate_mbit, density, compute_s;
+  double rate_mbit, density, compute_s, ef_decay;
+  const char* values; /* NULL: int8 */
   float* x;
   nb_session_t* s;
   nb_status_t st;
@@ -62,7 +68,8 @@ static void side_open(side_t* sd, const char* job) {
   pair_options(&o, job, sd->index, secret);
   o.inner_steps = 10;
   o.density = sd->density;
-  o.values = "int8";
+  o.values = sd->values ? sd->values : "int8";
+  if (sd->ef_decay > 0) o.error_feedback_decay = sd->ef_decay;
   o.adaptive = sd->adaptive;
   o.rate_mbit = sd->rate_mbit;
   assert_int_equal(nb_session_open(&o, &sd->s), NB_OK);
@@ -102,9 +109,9 @@ static void run(side_t* sd, const char* job) {
     if (sd[c].st != NB_OK) fail_msg("cluster %d: %s", c, sd[c].msg);
     for (int k = 0; k < ROUNDS; k++) {
       const nb_session_round_t* r = &sd[c].r[k];
-      printf("  %s round %d: density %.4f msg %llu B, goodput %.0f B/s -> next %.4f (%s)\n",
+      printf("  %s round %d: density %.4f msg %llu B, goodput %.0f B/s -> next %.4f (%s%s%s)\n",
              c ? "west" : "east", k, r->density, (unsigned long long)r->msg_bytes, r->goodput_Bps,
-             r->next_density, r->sched);
+             r->next_density, r->sched, r->point ? ", point " : "", r->point ? r->point : "");
     }
   }
   for (int k = 0; k < ROUNDS; k++) assert_true(sd[0].r[k].global_hash == sd[1].r[k].global_hash);
@@ -173,7 +180,60 @@ static void test_fixed(void** state) {
     for (int k = 0; k < ROUNDS; k++) {
       assert_true(sd[c].r[k].density == 0.25 && sd[c].r[k].next_density == 0.25);
       assert_string_equal(sd[c].r[k].sched, "fixed");
+      assert_null(sd[c].r[k].point);
     }
+  sides_close(sd);
+}
+
+/* values "auto" on the capped link: the scheduler may only pick sparse 2-bit points (a dense
+ * int8 frame of 256 Ki floats is 256 KiB, half a second at the cap); its H 8 table (the nearest
+ * to our H 10) starts at the point of fewest bytes. */
+static void test_auto_capped(void** state) {
+  (void)state;
+  side_t sd[2];
+  memset(sd, 0, sizeof sd);
+  for (int c = 0; c < 2; c++)
+    sd[c] = (side_t){.index = c,
+                     .adaptive = 1,
+                     .values = "auto",
+                     .ef_decay = 0.85,
+                     .n = 256 * 1024,
+                     .rate_mbit = 4,
+                     .density = 0.5,
+                     .compute_s = 0.04};
+  run(sd, "auto-capped");
+  for (int c = 0; c < 2; c++)
+    for (int k = 0; k < ROUNDS; k++) {
+      const nb_session_round_t* r = &sd[c].r[k];
+      assert_non_null(r->point);
+      assert_true(strncmp(r->point, "top", 3) == 0 && strstr(r->point, "-2bit"));
+      assert_true(r->density < 0.05 && r->next_density < 0.05);
+      assert_true(r->msg_bytes * 20 < 256 * 1024);
+    }
+  sides_close(sd);
+}
+
+/* values "auto" on an uncapped loopback link with overlapped rounds: the best point fits. 512 Ki
+ * floats, so that even the first point's frame (about 6 KB) is long enough to time the link. */
+static void test_auto_fast_overlapped(void** state) {
+  (void)state;
+  side_t sd[2];
+  memset(sd, 0, sizeof sd);
+  for (int c = 0; c < 2; c++)
+    sd[c] = (side_t){.index = c,
+                     .overlap = 1,
+                     .adaptive = 1,
+                     .values = "auto",
+                     .n = 512 * 1024,
+                     .density = 0.5,
+                     .compute_s = 0.1};
+  run(sd, "auto-fast");
+  for (int c = 0; c < 2; c++) {
+    const nb_session_round_t* last = &sd[c].r[ROUNDS - 1];
+    assert_string_equal(last->point, "dense-int8");
+    assert_true(last->next_density == 1.0);
+    assert_string_equal(last->sched, "ceiling");
+  }
   sides_close(sd);
 }
 
@@ -202,8 +262,17 @@ static void bad_rate(nb_session_options_t* o) {
   o->rate_mbit = -1;
 }
 
+static void bad_auto(nb_session_options_t* o) {
+  o->values = "auto"; /* without adaptive */
+}
+static void bad_decay(nb_session_options_t* o) {
+  o->error_feedback_decay = 0;
+}
+
 static void test_bad_settings(void** state) {
   (void)state;
+  refused(bad_auto, "auto");
+  refused(bad_decay, "error_feedback_decay");
   refused(bad_adaptive, "adaptive");
   refused(bad_min, "density_min");
   refused(bad_max, "density_max");
@@ -211,11 +280,13 @@ static void test_bad_settings(void** state) {
 }
 
 int main(void) {
+  /* idle-link probes every 100 ms, not 2 s: the tests' rounds last a fraction of a second, and
+   * a cluster whose frames are all too small to time a link learns its rate from them */
+  setenv("NB_LINK_PROBE_MS", "100", 1);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_bad_settings),
-      cmocka_unit_test(test_fixed),
-      cmocka_unit_test(test_capped_link),
-      cmocka_unit_test(test_fast_link_overlapped),
+      cmocka_unit_test(test_bad_settings), cmocka_unit_test(test_fixed),
+      cmocka_unit_test(test_capped_link),  cmocka_unit_test(test_fast_link_overlapped),
+      cmocka_unit_test(test_auto_capped),  cmocka_unit_test(test_auto_fast_overlapped),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

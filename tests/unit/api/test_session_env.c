@@ -16,17 +16,29 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char* const vars[] = {"NEBULA_JOB_ID",         "NEBULA_CLUSTER_ID",
-                                   "NEBULA_CLUSTER_INDEX",  "NEBULA_N_CLUSTERS",
-                                   "NEBULA_LISTEN",         "NEBULA_PEERS",
-                                   "NEBULA_PKI_DIR",        "NEBULA_JOB_SECRET_FILE",
-                                   "NEBULA_INNER_STEPS",    "NEBULA_OUTER_LR",
-                                   "NEBULA_OUTER_MOMENTUM", "NEBULA_DENSITY",
-                                   "NEBULA_VALUES",         "NEBULA_INSECURE",
-                                   "NEBULA_UNSEALED",       "NEBULA_UPDATE_NORM_BOUND",
-                                   "NEBULA_ERROR_FEEDBACK", "NEBULA_PEER_TIMEOUT_S",
-                                   "NEBULA_ADAPTIVE",       "NEBULA_DENSITY_MIN",
-                                   "NEBULA_DENSITY_MAX",    "NEBULA_RATE_MBIT"};
+static const char* const vars[] = {"NEBULA_JOB_ID",
+                                   "NEBULA_CLUSTER_ID",
+                                   "NEBULA_CLUSTER_INDEX",
+                                   "NEBULA_N_CLUSTERS",
+                                   "NEBULA_LISTEN",
+                                   "NEBULA_PEERS",
+                                   "NEBULA_PKI_DIR",
+                                   "NEBULA_JOB_SECRET_FILE",
+                                   "NEBULA_INNER_STEPS",
+                                   "NEBULA_OUTER_LR",
+                                   "NEBULA_OUTER_MOMENTUM",
+                                   "NEBULA_DENSITY",
+                                   "NEBULA_VALUES",
+                                   "NEBULA_INSECURE",
+                                   "NEBULA_UNSEALED",
+                                   "NEBULA_UPDATE_NORM_BOUND",
+                                   "NEBULA_ERROR_FEEDBACK",
+                                   "NEBULA_PEER_TIMEOUT_S",
+                                   "NEBULA_ADAPTIVE",
+                                   "NEBULA_DENSITY_MIN",
+                                   "NEBULA_DENSITY_MAX",
+                                   "NEBULA_RATE_MBIT",
+                                   "NEBULA_ERROR_FEEDBACK_DECAY"};
 
 static char dir[256];
 
@@ -90,8 +102,10 @@ static void test_reads_every_variable(void** state) {
   setenv("NEBULA_DENSITY_MIN", "0.002", 1);
   setenv("NEBULA_DENSITY_MAX", "0.5", 1);
   setenv("NEBULA_RATE_MBIT", "250", 1);
+  setenv("NEBULA_ERROR_FEEDBACK_DECAY", "0.85", 1);
   nb_session_options_t o;
   assert_int_equal(nb_session_options_from_env(&o), NB_OK);
+  assert_true(o.error_feedback_decay == 0.85);
   assert_int_equal(o.adaptive, 1);
   assert_true(o.density_min == 0.002 && o.density_max == 0.5 && o.rate_mbit == 250);
   assert_string_equal(o.job_id, "env-job");
@@ -222,6 +236,9 @@ static void test_each_bad_variable(void** state) {
       {"NEBULA_DENSITY_MIN", "0"},
       {"NEBULA_DENSITY_MAX", "2"},
       {"NEBULA_RATE_MBIT", "-1"},
+      {"NEBULA_ERROR_FEEDBACK_DECAY", "0"},
+      {"NEBULA_ERROR_FEEDBACK_DECAY", "1.5"},
+      {"NEBULA_VALUES", "automatic"},
       {"NEBULA_ERROR_FEEDBACK", "off"},
       {"NEBULA_ERROR_FEEDBACK", "2"},
       {"NEBULA_PEER_TIMEOUT_S", "-1"},
@@ -340,7 +357,8 @@ static void test_from_descriptor(void** state) {
       "  \"sync\": {\"innerSteps\": 8, \"peerTimeoutSeconds\": 3, \"outer\": {\"lr\": 0.5, "
       "\"momentum\": 0.25}},\n"
       "  \"compression\": {\"density\": {\"initial\": 0.05, \"min\": 0.01, \"max\": 0.2}, "
-      "\"values\": \"4bit\", \"errorFeedback\": false, \"adaptive\": true},\n"
+      "\"values\": \"auto\", \"errorFeedback\": false, \"errorFeedbackDecay\": 0.9, "
+      "\"adaptive\": true},\n"
       "  \"link\": {\"rateMbit\": 40}}}\n";
   char path[512];
   write_file("job.json", doc, strlen(doc), 0644, path, sizeof path);
@@ -353,7 +371,8 @@ static void test_from_descriptor(void** state) {
   assert_int_equal(o.inner_steps, 8);
   assert_true(o.outer_lr == 0.5f && o.outer_momentum == 0.25f);
   assert_true(o.density == 0.05);
-  assert_string_equal(o.values, "4bit");
+  assert_string_equal(o.values, "auto");
+  assert_true(o.error_feedback_decay == 0.9);
   assert_int_equal(o.error_feedback, 0);
   assert_true(o.peer_timeout_s == 3);
   assert_int_equal(o.adaptive, 1);

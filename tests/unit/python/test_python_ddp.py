@@ -371,6 +371,21 @@ class OneClusterOfTwoRanks(unittest.TestCase):
             self.assertTrue(ia.applied)
 
 
+class Relay(unittest.TestCase):
+    def test_round_info_round_trip(self):
+        """The leader's RoundInfo as the other ranks rebuild it from the broadcast status: every
+        field, the adaptive scheduler's reason and the codec point of values "auto" too."""
+        base = dict(round=3, applied=True, samples=64, samples_all=128, msg_bytes=1500,
+                    bytes_sent=1500, density=0.03, wait_s=0.25, exchange_s=0.5, codec_s=0.01,
+                    global_hash=(1 << 64) - 5, update_norm=1.5, goodput_Bps=3e5, rtt_s=0.05,
+                    commits=4, peers_ok=1, peers_alive=1, next_round=4, next_density=0.03,
+                    sched="fit")
+        for point in (None, "top3-2bit", "top1.5-2bit", "dense-int8"):
+            info = nebula.RoundInfo(**base, point=point)
+            st, _ = nebula.torch._status(1, nebula.torch.APPLIED, None, info)
+            self.assertEqual(nebula.torch._round_info(st), info)
+
+
 class Buckets(unittest.TestCase):
     def test_plan(self):
         """>= 1 MiB alone; smaller ones as bytes into buckets of at most 4 MiB, dtypes mixed."""

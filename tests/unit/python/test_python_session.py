@@ -117,6 +117,7 @@ class TwoProcesses(unittest.TestCase):
             self.assertLess(last.msg_bytes, (DIM * DIM + DIM) * 4)  # compressed
             self.assertEqual(last.global_hash, r["hash"])
             self.assertEqual((last.sched, last.next_density), ("fixed", 0.25))  # not adaptive
+            self.assertIsNone(last.point)  # values "auto" only
         # bit-identical parameters and the same hash on both clusters
         self.assertEqual(results[0]["w"].tobytes(), results[1]["w"].tobytes())
         self.assertEqual(results[0]["b"].tobytes(), results[1]["b"].tobytes())
@@ -334,7 +335,9 @@ class BadInputs(unittest.TestCase):
                  (dict(outer_lr=0.0), "NB_ERR_CONFIG", "outer_lr"),
                  (dict(adaptive=True, density_min=0.5, density_max=0.1), "NB_ERR_CONFIG",
                   "density_min"),
-                 (dict(rate_mbit=-1.0), "NB_ERR_CONFIG", "rate_mbit")]
+                 (dict(rate_mbit=-1.0), "NB_ERR_CONFIG", "rate_mbit"),
+                 (dict(values="auto"), "NB_ERR_CONFIG", "adaptive"),
+                 (dict(error_feedback_decay=0.0), "NB_ERR_CONFIG", "error_feedback_decay")]
         for kw, status, text in cases:
             with self.subTest(**kw):
                 with self.assertRaises(nebula.NebulaError) as cm:

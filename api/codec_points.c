@@ -11,7 +11,7 @@
  * demo job with those inner steps, the `-h16` / `-h8` points; landing 4 steps in and later)
  * gives the tables for jobs with shorter rounds: a point costs far less at short H, and a late
  * landing costs by the steps it is late, so a job takes the table of the H nearest its own. */
-#include "worker/codec_points.h"
+#include "api/codec_points.h"
 
 #include <math.h>
 

@@ -2,8 +2,8 @@
  * round by round (inter/sched.h, nb_sched_pick): a value type, a density and a top-k chunk each,
  * with the bits per parameter per sync and the held-out loss cost measured for it by
  * `nebula bench pareto` (docs/hybrid.md, "Choosing a point"). */
-#ifndef NB_WORKER_CODEC_POINTS_H
-#define NB_WORKER_CODEC_POINTS_H
+#ifndef NB_API_CODEC_POINTS_H
+#define NB_API_CODEC_POINTS_H
 
 #include <stddef.h>
 #include <stdint.h>
