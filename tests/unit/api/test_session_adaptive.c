@@ -99,7 +99,12 @@ static void* side_main(void* arg) {
   return NULL;
 }
 
-static void run(side_t* sd, const char* job) {
+/* Both clusters as proto says (their index set here), run to the end; the hashes agree. */
+static void run(side_t* sd, side_t proto, const char* job) {
+  for (int c = 0; c < 2; c++) {
+    sd[c] = proto;
+    sd[c].index = c;
+  }
   for (int c = 0; c < 2; c++) side_open(&sd[c], job);
   assert_int_equal(pair_connect(sd[0].s, sd[1].s), NB_OK);
   pthread_t th[2];
@@ -127,15 +132,9 @@ static void sides_close(side_t* sd) {
 static void test_capped_link(void** state) {
   (void)state;
   side_t sd[2];
-  memset(sd, 0, sizeof sd);
-  for (int c = 0; c < 2; c++)
-    sd[c] = (side_t){.index = c,
-                     .adaptive = 1,
-                     .n = 256 * 1024,
-                     .rate_mbit = 4,
-                     .density = 0.5,
-                     .compute_s = 0.04};
-  run(sd, "adaptive-capped");
+  run(sd,
+      (side_t){.adaptive = 1, .n = 256 * 1024, .rate_mbit = 4, .density = 0.5, .compute_s = 0.04},
+      "adaptive-capped");
   for (int c = 0; c < 2; c++) {
     const nb_session_round_t* r = sd[c].r;
     assert_true(r[0].density == 0.5);
@@ -152,15 +151,8 @@ static void test_capped_link(void** state) {
 static void test_fast_link_overlapped(void** state) {
   (void)state;
   side_t sd[2];
-  memset(sd, 0, sizeof sd);
-  for (int c = 0; c < 2; c++)
-    sd[c] = (side_t){.index = c,
-                     .overlap = 1,
-                     .adaptive = 1,
-                     .n = 128 * 1024,
-                     .density = 0.5,
-                     .compute_s = 0.06};
-  run(sd, "adaptive-fast");
+  run(sd, (side_t){.overlap = 1, .adaptive = 1, .n = 128 * 1024, .density = 0.5, .compute_s = 0.06},
+      "adaptive-fast");
   for (int c = 0; c < 2; c++) {
     const nb_session_round_t* last = &sd[c].r[ROUNDS - 1];
     assert_true(last->density == 1.0);
@@ -172,10 +164,7 @@ static void test_fast_link_overlapped(void** state) {
 static void test_fixed(void** state) {
   (void)state;
   side_t sd[2];
-  memset(sd, 0, sizeof sd);
-  for (int c = 0; c < 2; c++)
-    sd[c] = (side_t){.index = c, .n = 4096, .density = 0.25, .compute_s = 0.001};
-  run(sd, "adaptive-off");
+  run(sd, (side_t){.n = 4096, .density = 0.25, .compute_s = 0.001}, "adaptive-off");
   for (int c = 0; c < 2; c++)
     for (int k = 0; k < ROUNDS; k++) {
       assert_true(sd[c].r[k].density == 0.25 && sd[c].r[k].next_density == 0.25);
@@ -191,17 +180,15 @@ static void test_fixed(void** state) {
 static void test_auto_capped(void** state) {
   (void)state;
   side_t sd[2];
-  memset(sd, 0, sizeof sd);
-  for (int c = 0; c < 2; c++)
-    sd[c] = (side_t){.index = c,
-                     .adaptive = 1,
-                     .values = "auto",
-                     .ef_decay = 0.85,
-                     .n = 256 * 1024,
-                     .rate_mbit = 4,
-                     .density = 0.5,
-                     .compute_s = 0.04};
-  run(sd, "auto-capped");
+  run(sd,
+      (side_t){.adaptive = 1,
+               .values = "auto",
+               .ef_decay = 0.85,
+               .n = 256 * 1024,
+               .rate_mbit = 4,
+               .density = 0.5,
+               .compute_s = 0.04},
+      "auto-capped");
   for (int c = 0; c < 2; c++)
     for (int k = 0; k < ROUNDS; k++) {
       const nb_session_round_t* r = &sd[c].r[k];
@@ -218,16 +205,14 @@ static void test_auto_capped(void** state) {
 static void test_auto_fast_overlapped(void** state) {
   (void)state;
   side_t sd[2];
-  memset(sd, 0, sizeof sd);
-  for (int c = 0; c < 2; c++)
-    sd[c] = (side_t){.index = c,
-                     .overlap = 1,
-                     .adaptive = 1,
-                     .values = "auto",
-                     .n = 512 * 1024,
-                     .density = 0.5,
-                     .compute_s = 0.1};
-  run(sd, "auto-fast");
+  run(sd,
+      (side_t){.overlap = 1,
+               .adaptive = 1,
+               .values = "auto",
+               .n = 512 * 1024,
+               .density = 0.5,
+               .compute_s = 0.1},
+      "auto-fast");
   for (int c = 0; c < 2; c++) {
     const nb_session_round_t* last = &sd[c].r[ROUNDS - 1];
     assert_string_equal(last->point, "dense-int8");
