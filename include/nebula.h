@@ -205,7 +205,8 @@ nb_status_t nb_session_options_from_env(nb_session_options_t* o);
 /* Fills *o from a job descriptor (a `nebula validate` file, docs/descriptor.md) for cluster
  * `cluster_id` of it: job_id = metadata.name, n_clusters and cluster_index from spec.clusters,
  * inner_steps, outer_lr, outer_momentum (sync), density (compression.density.initial), values,
- * error_feedback, adaptive, density_min and density_max (compression), rate_mbit (link.rateMbit),
+ * error_feedback, error_feedback_decay, adaptive, density_min and density_max (compression),
+ * rate_mbit (link.rateMbit),
  * peer_timeout_s, and unsealed when security.seal is false: the same mapping
  * a gateway's launcher uses for NEBULA_* (one implementation). What belongs to the deployment is
  * left to the caller: listen, peers, pki_dir (or insecure), job_secret. Storage as
