@@ -77,16 +77,31 @@ struct nb_exchange {
   uint64_t state_round;
 };
 
+/* The server answers as soon as nb_exchange_create returns, and the caller adds its peers after:
+ * a peer whose process started first can call in between (seen under load: its first frame
+ * refused, its round failed). A cluster not (yet) among our peers is waited for this long, as
+ * nb_exchange_add_peer may be about to add it, before it is refused: well under the dead
+ * timeout's floor, so that a cluster that is no peer hears "not a peer", not silence. */
+#define NB__EX_AUTH_WAIT_NS 500000000LL
+
 static nb_status_t nb__ex_authorize(const nb_tls_peer_t* peer, const char* method, void* user) {
   nb_exchange_t* ex = user;
-  nb_status_t st =
-      nb_error(NB_ERR_PERMISSION, "%s '%s' is not a peer of job %s on %s",
-               peer->kind == NB_TLS_PEER_USER ? "user" : "cluster", peer->name, ex->job, ex->self);
-  if (peer->kind != NB_TLS_PEER_CLUSTER) return st;
-  pthread_mutex_lock(&ex->mu);
-  for (size_t i = 0; i < ex->n; i++)
-    if (strcmp(ex->peers[i]->id, peer->name) == 0) st = NB_OK;
-  pthread_mutex_unlock(&ex->mu);
+  nb_status_t st = NB_ERR_PERMISSION;
+  if (peer->kind == NB_TLS_PEER_CLUSTER) {
+    int64_t until = nb_now_ns() + NB__EX_AUTH_WAIT_NS;
+    pthread_mutex_lock(&ex->mu);
+    for (;;) {
+      for (size_t i = 0; i < ex->n; i++)
+        if (strcmp(ex->peers[i]->id, peer->name) == 0) st = NB_OK;
+      if (st == NB_OK || ex->stopping || nb_now_ns() >= until) break;
+      nb_cond_wait_until(&ex->cv, &ex->mu, until);
+    }
+    pthread_mutex_unlock(&ex->mu);
+  }
+  if (st != NB_OK)
+    st = nb_error(NB_ERR_PERMISSION, "%s '%s' is not a peer of job %s on %s",
+                  peer->kind == NB_TLS_PEER_USER ? "user" : "cluster", peer->name, ex->job,
+                  ex->self);
   return st;
 }
 
@@ -633,6 +648,7 @@ nb_status_t nb_exchange_add_peer(nb_exchange_t* ex, const char* peer, const char
   p->last_ok_ns = nb_now_ns();
   pthread_mutex_lock(&ex->mu);
   ex->peers[ex->n++] = p;
+  pthread_cond_broadcast(&ex->cv); /* a call from it may wait in nb__ex_authorize */
   pthread_mutex_unlock(&ex->mu);
   if (pthread_create(&p->hb, NULL, nb__heartbeat, p) != 0)
     return nb_error(NB_ERR_SYSTEM, "exchange %s: cannot start the heartbeat of %s", ex->self, peer);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <stdarg.h>
@@ -274,6 +275,58 @@ static void test_peer_killed(void** state) {
   nb_tls_destroy(tls);
 }
 
+static void sleep_ms(int ms) {
+  struct timespec d = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&d, &d) != 0) {
+  }
+}
+
+/* A peer's frame that arrives before our side has added that peer (its process started first:
+ * our server answers from nb_exchange_create on) waits for nb_exchange_add_peer instead of being
+ * refused; a cluster of the job that never becomes a peer is still refused. */
+static void test_peer_added_late(void** state) {
+  nb_tls_t* tls[3];
+  nb_exchange_t* ex[3];
+  char target[3][64];
+  for (int i = 0; i < 3; i++) {
+    tls[i] = nb_test_tls_load(g_dir, g_ids[i]);
+    assert_non_null(tls[i]);
+    ex[i] = make_exchange(g_ids[i], tls[i]);
+    assert_non_null(ex[i]);
+    snprintf(target[i], sizeof target[i], "127.0.0.1:%d", nb_exchange_port(ex[i]));
+  }
+  /* dc-a knows dc-b and sends at once; dc-b adds dc-a 300 ms later */
+  assert_int_equal(nb_exchange_add_peer(ex[0], g_ids[1], target[1]), NB_OK);
+  leader_t l[2];
+  pthread_t th;
+  l[0] = (leader_t){.ex = ex[0], .me = 0, .round = 1, .deadline_ns = nb_now_ns() + 30000000000LL};
+  assert_int_equal(pthread_create(&th, NULL, leader, &l[0]), 0);
+  sleep_ms(300);
+  assert_int_equal(nb_exchange_add_peer(ex[1], g_ids[0], target[0]), NB_OK);
+  l[1] = (leader_t){.ex = ex[1], .me = 1, .round = 1, .deadline_ns = nb_now_ns() + 30000000000LL};
+  leader(&l[1]);
+  pthread_join(th, NULL);
+  for (int i = 0; i < 2; i++) {
+    if (l[i].st != NB_OK) fail_msg("%s: %s", g_ids[i], l[i].res[0].detail);
+    assert_int_equal(l[i].res[0].status, NB_OK);
+    assert_int_equal(l[i].res[0].len, frame_len(1 - i, 1));
+    nb_exchange_results_release(l[i].res, 1);
+  }
+  /* dc-c knows dc-b, but dc-b never adds dc-c: refused, after the wait */
+  assert_int_equal(nb_exchange_add_peer(ex[2], g_ids[1], target[1]), NB_OK);
+  leader_t c = {.ex = ex[2], .me = 2, .round = 1, .deadline_ns = nb_now_ns() + 10000000000LL};
+  leader(&c);
+  printf("dc-c to dc-b, never its peer: send %s, round %s (%s)\n",
+         nb_status_name(c.res[0].send_status), nb_status_name(c.res[0].status), c.res[0].detail);
+  assert_int_not_equal(c.res[0].status, NB_OK);
+  assert_int_equal(c.res[0].send_status, NB_ERR_PERMISSION);
+  nb_exchange_results_release(c.res, 1);
+  for (int i = 0; i < 3; i++) {
+    nb_exchange_destroy(ex[i]);
+    nb_tls_destroy(tls[i]);
+  }
+}
+
 static int setup(void** state) {
   const char* tmp = getenv("TMPDIR");
   snprintf(g_dir, sizeof g_dir, "%s/nb-exchange-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -296,6 +349,7 @@ int main(int argc, char** argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_three_clusters),
       cmocka_unit_test(test_peer_killed),
+      cmocka_unit_test(test_peer_added_late),
   };
   return cmocka_run_group_tests_name("exchange", tests, setup, teardown);
 }
