@@ -79,10 +79,8 @@ static void* leader(void* arg) {
   return NULL;
 }
 
-static void test_three_clusters(void** state) {
-  nb_tls_t* tls[3];
-  nb_exchange_t* ex[3];
-  char target[3][64];
+/* The three clusters' exchanges, no peers added yet; target: each one's address. */
+static void open_three(nb_tls_t* tls[3], nb_exchange_t* ex[3], char target[3][64]) {
   for (int i = 0; i < 3; i++) {
     tls[i] = nb_test_tls_load(g_dir, g_ids[i]);
     assert_non_null(tls[i]);
@@ -90,6 +88,13 @@ static void test_three_clusters(void** state) {
     assert_non_null(ex[i]);
     snprintf(target[i], sizeof target[i], "127.0.0.1:%d", nb_exchange_port(ex[i]));
   }
+}
+
+static void test_three_clusters(void** state) {
+  nb_tls_t* tls[3];
+  nb_exchange_t* ex[3];
+  char target[3][64];
+  open_three(tls, ex, target);
   for (int i = 0; i < 3; i++)
     for (int j = 0; j < 3; j++)
       if (i != j) assert_int_equal(nb_exchange_add_peer(ex[i], g_ids[j], target[j]), NB_OK);
@@ -288,13 +293,7 @@ static void test_peer_added_late(void** state) {
   nb_tls_t* tls[3];
   nb_exchange_t* ex[3];
   char target[3][64];
-  for (int i = 0; i < 3; i++) {
-    tls[i] = nb_test_tls_load(g_dir, g_ids[i]);
-    assert_non_null(tls[i]);
-    ex[i] = make_exchange(g_ids[i], tls[i]);
-    assert_non_null(ex[i]);
-    snprintf(target[i], sizeof target[i], "127.0.0.1:%d", nb_exchange_port(ex[i]));
-  }
+  open_three(tls, ex, target);
   /* dc-a knows dc-b and sends at once; dc-b adds dc-a 300 ms later */
   assert_int_equal(nb_exchange_add_peer(ex[0], g_ids[1], target[1]), NB_OK);
   leader_t l[2];
