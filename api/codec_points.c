@@ -51,6 +51,10 @@ static const nb_codec_point_t nb__points_h8[] = {
     {{"top0.75-2bit", 0.0075, 10.67, 0, 0.0340, 0.5, 0.75, 0.0410}, NB_VALUES_INT2, 4096},
 };
 
+_Static_assert(sizeof nb__points_h32 / sizeof nb__points_h32[0] <= NB_CODEC_POINTS_MAX, "h32");
+_Static_assert(sizeof nb__points_h16 / sizeof nb__points_h16[0] <= NB_CODEC_POINTS_MAX, "h16");
+_Static_assert(sizeof nb__points_h8 / sizeof nb__points_h8[0] <= NB_CODEC_POINTS_MAX, "h8");
+
 #define NB__TABLE(h, t) \
   { h, t, sizeof t / sizeof t[0] }
 static const struct {
@@ -70,4 +74,23 @@ const nb_codec_point_t* nb_codec_points(long inner_steps, size_t* n, long* measu
   *n = nb__tables[best].n;
   if (measured_h) *measured_h = nb__tables[best].h;
   return nb__tables[best].points;
+}
+
+void nb_codec_auto_init(nb_codec_auto_t* a, long inner_steps, nb_hybrid_config_t* hc) {
+  a->points = nb_codec_points(inner_steps, &a->n, &a->measured_h);
+  for (size_t i = 0; i < a->n; i++) a->sched[i] = a->points[i].sched;
+  a->cur = a->n - 1;
+  hc->values = a->points[a->cur].values;
+  hc->density = a->points[a->cur].sched.density;
+  hc->topk_chunk = a->points[a->cur].topk_chunk;
+}
+
+nb_status_t nb_codec_auto_pick(nb_codec_auto_t* a, const nb_sched_config_t* cfg,
+                               const nb_sched_input_t* in, const nb_sched_decision_t* prev,
+                               nb_hybrid_t* h, nb_sched_decision_t* dec) {
+  size_t next = a->cur;
+  NB_CHECK(nb_sched_pick(cfg, in, a->sched, a->n, prev, a->cur, dec, &next));
+  NB_CHECK(nb_hybrid_set_codec(h, a->points[next].values, a->points[next].topk_chunk));
+  a->cur = next;
+  return NB_OK;
 }

@@ -28,7 +28,6 @@
 #define NB__SS_NAME_MAX 128
 #define NB__SS_NDIM_MAX 8
 #define NB__SS_MAX_PEERS (NB_HYBRID_MAX_CLUSTERS - 1)
-#define NB__SS_POINTS_MAX 16 /* values "auto": the largest codec table */
 /* The start message (the tensor table, docs/api.md): little-endian, exchange id 0; hybrid round
  * r travels as exchange id r + 1, so that no (round, chunk) is sealed twice. */
 #define NB__SS_TABLE_MAGIC 0x5453424eu /* bytes 'N' 'B' 'S' 'T' */
@@ -99,9 +98,7 @@ struct nb_session {
   /* values "auto": the codec points the scheduler picks from (api/codec_points.h), the one of
    * our next frame */
   int auto_codec;
-  const nb_codec_point_t* points;
-  size_t n_points, point;
-  nb_sched_point_t spoints[NB__SS_POINTS_MAX];
+  nb_codec_auto_t codec;
 };
 
 void nb_session_options_default(nb_session_options_t* o) {
@@ -324,15 +321,7 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
                       "point each round from the measured link)");
     /* the table measured at the H nearest ours; until the link is measured, the point of
      * fewest bytes, as `nebula worker` starts */
-    s->points = nb_codec_points(o->inner_steps, &s->n_points, NULL);
-    if (s->n_points > NB__SS_POINTS_MAX)
-      return nb_error(NB_ERR_INTERNAL, "session: %zu codec points (at most %d)", s->n_points,
-                      NB__SS_POINTS_MAX);
-    for (size_t i = 0; i < s->n_points; i++) s->spoints[i] = s->points[i].sched;
-    s->point = s->n_points - 1;
-    hc->values = s->points[s->point].values;
-    hc->density = s->points[s->point].sched.density;
-    hc->topk_chunk = s->points[s->point].topk_chunk;
+    nb_codec_auto_init(&s->codec, o->inner_steps, hc);
   }
   return NB_OK;
 }
@@ -977,7 +966,7 @@ static void nb__ss_schedule(nb_session_t* s, const nb_hybrid_round_t* rec, doubl
                             int overlap, nb_session_round_t* r) {
   r->next_density = rec->density;
   r->sched = "fixed";
-  r->point = s->auto_codec ? s->points[s->point].sched.name : NULL;
+  r->point = s->auto_codec ? nb_codec_auto_name(&s->codec) : NULL;
   if (!s->adaptive || !s->ex) return;
   nb_sched_input_t in;
   nb_adapt_input(s->ex, rec->round + 1, s->rate_Bps, 1, s->hc.values, rec->density,
@@ -987,29 +976,22 @@ static void nb__ss_schedule(nb_session_t* s, const nb_hybrid_round_t* rec, doubl
   nb_sched_config_t cfg = s->scfg;
   cfg.overlap = overlap;
   nb_sched_decision_t dec;
-  size_t point = s->point;
-  nb_status_t st = s->auto_codec
-                       ? nb_sched_pick(&cfg, &in, s->spoints, s->n_points,
-                                       s->have_dec ? &s->dec : NULL, s->point, &dec, &point)
-                       : nb_sched_decide(&cfg, &in, s->have_dec ? &s->dec : NULL, &dec);
-  if (st == NB_OK && s->auto_codec)
-    st = nb_hybrid_set_codec(s->h, s->points[point].values, s->points[point].topk_chunk);
+  const nb_sched_decision_t* prev = s->have_dec ? &s->dec : NULL;
+  nb_status_t st = s->auto_codec ? nb_codec_auto_pick(&s->codec, &cfg, &in, prev, s->h, &dec)
+                                 : nb_sched_decide(&cfg, &in, prev, &dec);
   if (st != NB_OK || nb_hybrid_set_density(s->h, dec.density) != NB_OK) {
     NB_WARN("session: adaptive density: %s (the density stays %g)", nb_error_last(), rec->density);
     return;
   }
   s->dec = dec;
   s->have_dec = 1;
-  s->point = point;
   r->next_density = dec.density;
   r->sched = nb_sched_reason_name(dec.reason); /* the names the worker logs */
-  if (s->auto_codec) r->point = s->points[point].sched.name;
+  r->point = s->auto_codec ? nb_codec_auto_name(&s->codec) : NULL;
   char line[512];
   nb_sched_decision_format(&dec, line, sizeof line);
-  if (s->auto_codec)
-    NB_INFO(TRAIN, "session: %s: %s point=%s", s->cluster_id, line, r->point);
-  else
-    NB_INFO(TRAIN, "session: %s: %s", s->cluster_id, line);
+  NB_INFO(TRAIN, "session: %s: %s%s%s", s->cluster_id, line, r->point ? " point=" : "",
+          r->point ? r->point : "");
 }
 
 /* The progress line, the metrics, the next density (nb__ss_schedule) and *out (nullable) of a

@@ -198,9 +198,7 @@ typedef struct {
   nb_sched_decision_t prev_dec;
   int have_dec;
   /* values "auto": the codec points the scheduler picks from, and the one in use */
-  const nb_codec_point_t* points;
-  size_t n_points, point;
-  nb_sched_point_t spoints[16];
+  nb_codec_auto_t codec;
   int auto_codec;
   /* the rounds' log and totals */
   FILE* tsv;
@@ -492,17 +490,11 @@ static nb_worker_outcome_t nb__wk_hybrid(nb__wk_t* w) {
   nb_hybrid_config_from_job(w->job, w->index, hc);
   /* values "auto": the scheduler picks a codec point each round (api/codec_points.h); until
    * it has measured the link, the point of fewest bytes */
-  long table_h = 0;
-  w->points = nb_codec_points(hc->inner_steps, &w->n_points, &table_h);
-  w->auto_codec = w->job->compression.values == NB_JOB_VALUES_AUTO && w->n_points <= 16;
-  for (size_t i = 0; w->auto_codec && i < w->n_points; i++) w->spoints[i] = w->points[i].sched;
+  w->auto_codec = w->job->compression.values == NB_JOB_VALUES_AUTO;
   if (w->auto_codec) {
-    w->point = w->n_points - 1;
-    hc->values = w->points[w->point].values;
-    hc->density = w->points[w->point].sched.density;
-    hc->topk_chunk = w->points[w->point].topk_chunk;
+    nb_codec_auto_init(&w->codec, hc->inner_steps, hc);
     printf("values auto: %zu codec points, their loss measured at H %ld (this job: H %ld)\n",
-           w->n_points, table_h, hc->inner_steps);
+           w->codec.n, w->codec.measured_h, hc->inner_steps);
   }
   if (w->job->sync.overlap && hc->mode != NB_HYBRID_OUTER)
     fprintf(stderr, "nebula worker: %s: sync.overlap applies to the outer mode only; ignored\n",
@@ -863,13 +855,9 @@ static nb_worker_outcome_t nb__wk_schedule(nb__wk_t* w, long r, const nb_hybrid_
     in.hide_steps = (uint32_t)(hc->overlap_steps < UINT32_MAX ? hc->overlap_steps : UINT32_MAX);
   nb_sched_decision_t dec;
   const nb_sched_decision_t* prev = w->have_dec ? &w->prev_dec : NULL;
-  nb_status_t sst = w->auto_codec ? nb_sched_pick(&w->scfg, &in, w->spoints, w->n_points, prev,
-                                                  w->point, &dec, &w->point)
+  nb_status_t sst = w->auto_codec ? nb_codec_auto_pick(&w->codec, &w->scfg, &in, prev, w->h, &dec)
                                   : nb_sched_decide(&w->scfg, &in, prev, &dec);
-  const nb_codec_point_t* pt = &w->points[w->point];
-  if (sst != NB_OK ||
-      (w->auto_codec && nb_hybrid_set_codec(w->h, pt->values, pt->topk_chunk) != NB_OK) ||
-      nb_hybrid_set_density(w->h, dec.density) != NB_OK ||
+  if (sst != NB_OK || nb_hybrid_set_density(w->h, dec.density) != NB_OK ||
       nb_hybrid_set_inner_steps(w->h, (long)dec.steps) != NB_OK ||
       (in.hide_steps > 0 &&
        nb_hybrid_set_overlap_steps(
@@ -879,12 +867,10 @@ static nb_worker_outcome_t nb__wk_schedule(nb__wk_t* w, long r, const nb_hybrid_
   w->have_dec = 1;
   char line[512];
   nb_sched_decision_format(&dec, line, sizeof line);
-  if (w->auto_codec)
-    printf("%s point=%s\n", line, pt->sched.name);
-  else
-    printf("%s\n", line);
+  const char* point = w->auto_codec ? nb_codec_auto_name(&w->codec) : NULL;
+  printf("%s%s%s\n", line, point ? " point=" : "", point ? point : "");
   json_t* d = nb__wk_decision_json(r, &in, &dec);
-  if (w->auto_codec) json_object_set_new(d, "point", json_string(pt->sched.name));
+  if (point) json_object_set_new(d, "point", json_string(point));
   json_array_append_new(w->decisions, d);
   return NB_WORKER_DONE;
 }
