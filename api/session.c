@@ -68,6 +68,9 @@ struct nb_session {
   int in_flight;
   pthread_t fly;
   float* at_begin;
+  /* eager (docs/api.md "The overlapped round"): begin moved the buffers to the round's predicted
+   * landing (at_begin then holds that, as the buffers took it); local still holds theta_local */
+  int eager, moved;
   const uint8_t* fly_msg;
   size_t fly_len;
   uint64_t fly_round, fly_sent, fly_samples;
@@ -112,6 +115,7 @@ void nb_session_options_default(nb_session_options_t* o) {
   o->density = 0.01;
   o->values = "int8";
   o->error_feedback = 1;
+  o->eager = 1;
   o->update_norm_bound = NB_SESSION_NORM_BOUND_DEFAULT;
   o->round_deadline_s = 30;
   o->final_wait_s = 30;
@@ -164,19 +168,22 @@ static void nb__ss_gather(nb_session_t* s, int master_valid) {
   }
 }
 
-/* theta_local (theta_global after a round) into the caller's buffers; bf16 and fp16 rounded to
- * nearest even (fp16 saturating at its largest finite value). */
-static void nb__ss_scatter(nb_session_t* s) {
+/* src (n floats) into the caller's buffers; bf16 and fp16 rounded to nearest even (fp16
+ * saturating at its largest finite value). */
+static void nb__ss_write(nb_session_t* s, const float* src) {
   for (size_t i = 0; i < s->n_tensors; i++) {
     const nb__ss_tensor_t* t = &s->tensors[i];
     if (t->dtype == NB_DTYPE_FP32)
-      memcpy(t->data, s->local + t->offset, t->count * sizeof(float));
+      memcpy(t->data, src + t->offset, t->count * sizeof(float));
     else if (t->dtype == NB_DTYPE_BF16)
-      nb_quantize_bf16(s->local + t->offset, t->count, t->data);
+      nb_quantize_bf16(src + t->offset, t->count, t->data);
     else
-      nb_quantize_fp16(s->local + t->offset, t->count, t->data);
+      nb_quantize_fp16(src + t->offset, t->count, t->data);
   }
 }
+
+/* theta_local (theta_global after a round) into the caller's buffers. */
+static void nb__ss_scatter(nb_session_t* s) { nb__ss_write(s, s->local); }
 
 static const char* nb__ss_dtype_name(uint32_t d) {
   return d == NB_DTYPE_FP32   ? "fp32"
@@ -251,6 +258,8 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
     return nb_error(NB_ERR_CONFIG, "session: error_feedback_decay %g outside (0, 1] (1: no decay)",
                     o->error_feedback_decay);
   hc->ef_decay = (float)o->error_feedback_decay;
+  hc->eager = o->eager ? 1 : 0;
+  s->eager = hc->eager;
   hc->exchange = nb__ss_exchange;
   hc->exchange_ctx = s;
   if (o->n_clusters < 1 || o->n_clusters > NB_HYBRID_MAX_CLUSTERS)
@@ -1093,6 +1102,24 @@ static void nb__ss_read_buffers(const nb_session_t* s, float* dst) {
   }
 }
 
+/* Eager start (the session's `eager`, a sparse frame): the caller's buffers move to where the
+ * round in flight will land as far as we know (nb_hybrid_eager_target), so that its steps until
+ * round_end train on a model that has most of the update already; at_begin then holds that
+ * start as the buffers took it (bf16 and fp16 rounded), the progress is measured from there, and
+ * s->local keeps theta_local as read at begin, which a round that is not applied goes back to. */
+static nb_status_t nb__ss_eager_start(nb_session_t* s) {
+  if (!s->eager) return NB_OK;
+  int moved = 0;
+  NB_CHECK(nb_hybrid_eager_target(s->h, s->at_begin, &moved));
+  if (!moved) return NB_OK;
+  nb__ss_write(s, s->at_begin);
+  nb__ss_read_buffers(s, s->at_begin);
+  s->moved = 1;
+  return NB_OK;
+}
+
+int nb_session_begin_moved(const nb_session_t* s) { return s && s->in_flight && s->moved; }
+
 nb_status_t nb_session_round_begin(nb_session_t* s, uint64_t samples) {
   NB_CHECK(nb__ss_ready(s, "round_begin"));
   if (samples > UINT64_MAX - s->samples)
@@ -1104,17 +1131,22 @@ nb_status_t nb_session_round_begin(nb_session_t* s, uint64_t samples) {
   nb__ss_read_buffers(s, s->at_begin);
   s->fly_round = nb_hybrid_rounds(s->h);
   s->fly_samples = samples;
+  s->moved = 0;
   if (s->ft) { /* the update and the vote run on the hybrid's own thread */
     nb_status_t st = nb_hybrid_ft_begin(s->h);
+    if (st == NB_OK) {
+      s->in_flight = 1;
+      st = nb__ss_eager_start(s);
+    }
     if (st != NB_OK) {
       s->failed = 1;
       return nb_error_wrap(st, "session: round %llu", (unsigned long long)s->fly_round);
     }
-    s->in_flight = 1;
     s->t_begun = nb_now_s();
     return NB_OK;
   }
   nb_status_t st = nb_hybrid_prepare(s->h, &s->fly_msg, &s->fly_len);
+  if (st == NB_OK) st = nb__ss_eager_start(s);
   if (st != NB_OK) {
     s->failed = 1;
     return nb_error_wrap(st, "session: round %llu", (unsigned long long)s->fly_round);
@@ -1172,9 +1204,12 @@ static nb_status_t nb__ss_round_end_ft(nb_session_t* s, nb_session_round_t* out)
   if (st == NB_OK) st = nb__ss_after_ft(s, &rec);
   if (st != NB_OK) {
     s->failed = 1;
+    if (s->moved) nb__ss_add_progress(s); /* back to theta_local plus the progress */
     return nb_error_wrap(st, "session: round %llu", (unsigned long long)s->fly_round);
   }
-  if (rec.applied || rec.caught_up || rec.need_state) nb__ss_add_progress(s);
+  /* applied (or landed late, or pulled): theta_global plus the progress; else, after an eager
+   * start, theta_local as it was at begin plus the progress (what the next Delta carries) */
+  if (rec.applied || rec.caught_up || rec.need_state || s->moved) nb__ss_add_progress(s);
   nb__ss_figures(s, s->fly_samples, &rec, waited, hidden, 1, out);
   s->t_ready = nb_now_s();
   return NB_OK;
@@ -1198,6 +1233,7 @@ nb_status_t nb_session_round_end(nb_session_t* s, nb_session_round_t* out) {
   }
   if (st != NB_OK) {
     s->failed = 1; /* the caller's buffers keep their own values: nothing was applied */
+    if (s->moved) nb__ss_add_progress(s); /* local is theta_local: undo the eager start */
     return nb_error_wrap(st, "session: round %llu", (unsigned long long)s->fly_round);
   }
   nb__ss_add_progress(s);

@@ -62,6 +62,7 @@ static const nb__ev_t nb__ev_table[] = {
     {"NEBULA_ERROR_FEEDBACK", NB__EV_FLAG, NB__EV_OFF(error_feedback), 0, 1, 0, 0},
     {"NEBULA_ERROR_FEEDBACK_DECAY", NB__EV_DOUBLE, NB__EV_OFF(error_feedback_decay), 0, 1, 1, 0},
     {"NEBULA_ADAPTIVE", NB__EV_FLAG, NB__EV_OFF(adaptive), 0, 1, 0, 0},
+    {"NEBULA_EAGER", NB__EV_FLAG, NB__EV_OFF(eager), 0, 1, 0, 0},
     {"NEBULA_DENSITY_MIN", NB__EV_DOUBLE, NB__EV_OFF(density_min), 0, 1, 1, 0},
     {"NEBULA_DENSITY_MAX", NB__EV_DOUBLE, NB__EV_OFF(density_max), 0, 1, 1, 0},
     {"NEBULA_RATE_MBIT", NB__EV_DOUBLE, NB__EV_OFF(rate_mbit), 0, 1e6, 0, 0},

@@ -164,6 +164,13 @@ typedef struct {
                                   scaled by beta before the new Delta joins it (SparseLoCo's
                                   e <- beta e + Delta; 0.85-0.9 with 2-bit values, docs/hybrid.md);
                                   default 1: all of it is kept */
+  int eager;                   /* overlapped rounds with a sparse frame (density < 1): 1
+                                  (default) round_begin moves the caller's buffers to where the
+                                  round will land as far as this cluster knows it (the outer step
+                                  on its share of the frame it sent), so that the steps until
+                                  round_end train on a model that holds most of the update
+                                  (docs/api.md "The overlapped round"); 0: they train on from
+                                  their own values. The built-in worker's sync.eager */
   void* env_storage;           /* owned by the options when nb_session_options_from_env filled
                                   them (the strings, peers and secret it read; freed by
                                   nb_session_options_free); NULL otherwise: leave it alone */
@@ -181,7 +188,7 @@ void nb_session_options_default(nb_session_options_t* o);
  *   NEBULA_OUTER_LR (> 0), NEBULA_OUTER_MOMENTUM ([0, 1)), NEBULA_DENSITY ((0, 1]) numbers
  *   NEBULA_UPDATE_NORM_BOUND (0 = off, or >= 1), NEBULA_PEER_TIMEOUT_S ([0, 86400]) numbers
  *   NEBULA_DENSITY_MIN, NEBULA_DENSITY_MAX ((0, 1]), NEBULA_RATE_MBIT (>= 0)       numbers
- *   NEBULA_ERROR_FEEDBACK, NEBULA_ADAPTIVE   "0" or "1"
+ *   NEBULA_ERROR_FEEDBACK, NEBULA_ADAPTIVE, NEBULA_EAGER   "0" or "1"
  *   NEBULA_PEERS              "id=host:port,id=host:port" (one per other cluster; "" = none)
  *   NEBULA_JOB_SECRET_FILE    a file of exactly 32 bytes, or 64 hex digits (one trailing
  *                             newline allowed); a regular file that neither group nor others
@@ -354,9 +361,18 @@ nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round
  * nb_session_round does (applied, commits, peers_*, late, pulled), moves the buffers to
  * theta_global plus the progress since begin when the round was applied (or a held one landed,
  * or the state was pulled) and leaves them as trained otherwise; a non-finite update fails begin
- * (the peers skip the round). */
+ * (the peers skip the round).
+ * Eager start (options.eager, the default, and a sparse frame): begin also writes into the
+ * buffers the round's predicted landing, theta_global - lr mu^2 m - lr (1 + mu) / n_clusters *
+ * (our frame, decoded) (nb_session_begin_moved says so: a caller that trains on a copy of the
+ * buffers must copy them back), and the progress end adds is measured from there; a round that
+ * is not applied (skipped, held, or an error) puts the buffers back to their values at begin
+ * plus the progress since. */
 nb_status_t nb_session_round_begin(nb_session_t* s, uint64_t samples);
 nb_status_t nb_session_round_end(nb_session_t* s, nb_session_round_t* out);
+/* 1 while an overlapped round is in flight whose begin moved the caller's buffers (eager start);
+ * 0 otherwise (and for NULL). */
+int nb_session_begin_moved(const nb_session_t* s);
 
 /* A final hash-only exchange after the last round, so that its result is compared too; every
  * cluster calls it once. NB_ERR_INTEGRITY when the replicas differ, NB_ERR_INVALID (before start

@@ -9,7 +9,7 @@
 #include "common/common.h"
 #include "jobs/job_config.h"
 
-#define NB_JOB_PROGRAM_MAX_ENV 24
+#define NB_JOB_PROGRAM_MAX_ENV 28
 /* The per-round progress lines' file in a job's (or a `nebula run` cluster's) folder: the
  * NEBULA_PROGRESS_FILE launchers set; one JSON object per line, appended by the job. */
 #define NB_JOB_PROGRESS_FILE "progress.jsonl"

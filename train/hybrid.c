@@ -626,6 +626,18 @@ static nb_status_t nb__hy_sum(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_
   return NB_OK;
 }
 
+/* The eager prediction's move for our message of length len (header included): p = lr mu^2 m +
+ * lr (1 + mu) / n_clusters times our decoded frame. codec: scratch, or NULL (a call while the
+ * exchange thread runs). */
+static nb_status_t nb__hy_eager_move(nb_hybrid_t* h, nb_codec_t* codec, const uint8_t* msg,
+                                     size_t len, float* p) {
+  float lr = h->cfg.outer_lr, mu = h->cfg.outer_momentum;
+  float base = lr * mu * mu, w = lr * (1.0f + mu) / (float)h->cfg.n_clusters;
+  for (size_t i = 0; i < h->n; i++) p[i] = base * h->momentum[i];
+  return nb_codec_decode_accumulate(codec, msg + NB_HYBRID_MSG_HEADER_BYTES,
+                                    len - NB_HYBRID_MSG_HEADER_BYTES, w, p, h->n, NULL);
+}
+
 /* Eager overlap (a sparse round): theta_local for the round that starts now, whose own frame is
  * in flight, is the outer step (Nesterov as nb_outer_step, momentum untouched) on this cluster's
  * share of what that frame carries, sent / n_clusters, instead of theta_global - own: what the
@@ -646,19 +658,28 @@ static nb_status_t nb__hy_eager_start(nb_hybrid_t* h, float* local) {
     return NB_OK;
   }
   if (!h->eshift) NB_CHECK(nb_alloc((void**)&h->eshift, h->n, sizeof(float), "eager shift"));
-  float lr = h->cfg.outer_lr, mu = h->cfg.outer_momentum;
-  float base = lr * mu * mu, w = lr * (1.0f + mu) / (float)h->cfg.n_clusters;
-  for (size_t i = 0; i < h->n; i++) {
-    h->eshift[i] = -h->own[i];
-    h->own[i] = base * h->momentum[i];
-  }
-  NB_CHECK(nb_codec_decode_accumulate(h->codec, h->msg + NB_HYBRID_MSG_HEADER_BYTES, flen, w,
-                                      h->own, h->n, NULL));
+  for (size_t i = 0; i < h->n; i++) h->eshift[i] = -h->own[i];
+  NB_CHECK(nb__hy_eager_move(h, h->codec, h->msg, h->msg_len, h->own));
   for (size_t i = 0; i < h->n; i++) {
     h->eshift[i] += h->own[i];
     local[i] = h->global[i] - h->own[i];
   }
   h->eshift_valid = 1;
+  return NB_OK;
+}
+
+nb_status_t nb_hybrid_eager_target(nb_hybrid_t* h, float* out, int* moved) {
+  if (!h || !out || !moved) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  *moved = 0;
+  /* ours in flight (ft_begin: the copy the thread sends, read only there) or just prepared */
+  const uint8_t* msg = h->inflight ? h->fly : h->msg;
+  size_t len = h->inflight ? h->fly_len : h->msg_len;
+  if (!h->cfg.eager || h->cfg.mode != NB_HYBRID_OUTER || h->cfg.density >= 1 || !msg ||
+      len <= NB_HYBRID_MSG_HEADER_BYTES)
+    return NB_OK;
+  NB_CHECK(nb__hy_eager_move(h, NULL, msg, len, out));
+  for (size_t i = 0; i < h->n; i++) out[i] = h->global[i] - out[i];
+  *moved = 1;
   return NB_OK;
 }
 

@@ -248,6 +248,16 @@ nb_status_t nb_hybrid_apply(nb_hybrid_t* h, const nb_hybrid_msg_t* msgs, size_t 
 nb_status_t nb_hybrid_ft_begin(nb_hybrid_t* h);
 nb_status_t nb_hybrid_ft_end(nb_hybrid_t* h, nb_hybrid_round_t* rec);
 
+/* The eager start of a local model's overlapped round (cfg.eager; docs/hybrid.md "Eager
+ * overlap"), for a driver whose caller trains on while the round is in flight (the session):
+ * right after nb_hybrid_prepare or nb_hybrid_ft_begin, out (n floats) = where the round will land
+ * as far as this cluster knows it, theta_global - lr mu^2 m - lr (1 + mu) / n_clusters * (our
+ * frame, decoded), and *moved = 1; *moved = 0 and out untouched when there is nothing to
+ * predict (cfg.eager 0, not outer mode, a dense frame, a refused message without a frame).
+ * Reads our message, theta_global and the momentum only (safe while the exchange thread runs).
+ * NB_ERR_INVALID for NULL, NB_ERR_NOMEM. */
+nb_status_t nb_hybrid_eager_target(nb_hybrid_t* h, float* out, int* moved);
+
 /* Overlap: lands the update in flight now, waiting for its exchange (a checkpoint round: then
  * nothing is in flight and nb_hybrid_save works); the trainer's theta_local is theta_global when
  * it is applied (call it right after nb_hybrid_round: no inner step since). Fault-tolerant

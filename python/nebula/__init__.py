@@ -181,7 +181,7 @@ _OPTION_KINDS = {
     "round_deadline_s": "real", "final_wait_s": "real", "rejoin": "bool",
     "rejoin_timeout_s": "real", "metrics_listen": "str", "start_timeout_s": "real",
     "adaptive": "bool", "density_min": "real", "density_max": "real", "rate_mbit": "real",
-    "error_feedback_decay": "real",
+    "error_feedback_decay": "real", "eager": "bool",
 }
 
 
@@ -272,6 +272,7 @@ class Session:
         density_max: float | None = None,
         rate_mbit: float | None = None,
         error_feedback_decay: float | None = None,
+        eager: bool | None = None,
     ):
         o = _cffi.new("nb_session_options_t*")
         _lib.nb_session_options_default(o)
@@ -286,7 +287,7 @@ class Session:
             final_wait_s=final_wait_s, rejoin=rejoin, rejoin_timeout_s=rejoin_timeout_s,
             metrics_listen=metrics_listen, start_timeout_s=start_timeout_s, adaptive=adaptive,
             density_min=density_min, density_max=density_max, rate_mbit=rate_mbit,
-            error_feedback_decay=error_feedback_decay))
+            error_feedback_decay=error_feedback_decay, eager=eager))
 
     @classmethod
     def from_env(cls, **overrides) -> "Session":
@@ -394,12 +395,16 @@ class Session:
         _check("nb_session_round", _lib.nb_session_round(s, n, r))
         return RoundInfo._from_c(r)
 
-    def round_begin(self, samples: int) -> None:
+    def round_begin(self, samples: int) -> bool:
         """The first half of an overlapped round: Delta from the buffers now, sent on a
         background thread; returns at once, and the caller keeps training on its buffers.
-        round_end() lands it (docs/api.md, "The overlapped round")."""
+        round_end() lands it (docs/api.md, "The overlapped round"). True when the eager start
+        (the option `eager`, a sparse frame) moved the buffers to the round's predicted landing:
+        a caller that trains on a copy of them copies them back."""
+        s = self._handle()
         n = _uint(samples, "samples", _U64_MAX)
-        _check("nb_session_round_begin", _lib.nb_session_round_begin(self._handle(), n))
+        _check("nb_session_round_begin", _lib.nb_session_round_begin(s, n))
+        return bool(_lib.nb_session_begin_moved(s))
 
     def round_end(self) -> RoundInfo:
         """Waits for the peers' updates of the round begun last, takes the outer step, and leaves

@@ -87,7 +87,8 @@ class _Param:
 
 # What the leader broadcasts after each call of the session, before any tensor moves, as int64s:
 # [magic, call, outcome, error kind (0 none, 1 NebulaError, 2 another), status code, the error
-# payload's length, global hash, round, then every RoundInfo field (floats as their bits)].
+# payload's length, global hash, round (after round_begin: 1 when it moved the parameters, the
+# eager start), then every RoundInfo field (floats as their bits)].
 _ST_MAGIC = 0x4E42_5354  # "NBST"
 _OP_START, _OP_ROUND, _OP_BEGIN, _OP_END, _OP_FINISH, _OP_SAVE, _OP_LOAD = range(1, 8)
 _OP_NAMES = {_OP_START: "start", _OP_ROUND: "round", _OP_BEGIN: "round_begin",
@@ -509,6 +510,8 @@ class DiLoCo:
             outcome = (ERROR if error is not None else IN_FLIGHT if op == _OP_BEGIN
                        else DONE if info is None else APPLIED if info.applied else SKIPPED)
             st, payload = _status(op, outcome, self.session, info, error)
+            if op == _OP_BEGIN and error is None and result:
+                st[7] = 1  # the eager start moved the parameters: they go to every rank
         else:
             st, payload = None, b""
         st, payload = self._group.broadcast_status(st, payload)
@@ -522,7 +525,7 @@ class DiLoCo:
             if error is not None:
                 raise error
             raise _relayed_error(payload)
-        if params:
+        if params or (op == _OP_BEGIN and int(st[7]) == 1):
             self._group.broadcast_params([prm.param.data for prm in self.params])
         if self.leader:
             return result
@@ -570,7 +573,11 @@ class DiLoCo:
                 prm.to_host()
             if loss is not None:
                 self.session.set_loss(loss)
-            self.session.round_begin(n)
+            moved = self.session.round_begin(n)
+            if moved:  # the eager start: the steps until the landing train from its prediction
+                for prm in self.params:
+                    prm.from_host()
+            return moved
 
         self._call(_OP_BEGIN, begin, params=False)
         self.steps = 0

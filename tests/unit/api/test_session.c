@@ -449,6 +449,56 @@ static void test_overlap_misuse(void** state) {
   nb_session_close(s); /* with a round in flight */
 }
 
+/* Eager start: with a sparse frame, round_begin moves the buffers to the round's predicted
+ * landing. One cluster knows the whole update, so the prediction is the landing itself (to float
+ * rounding), also once the momentum is not zero; eager 0, or a dense frame, leaves them. */
+static void test_overlap_eager(void** state) {
+  (void)state;
+  for (int mode = 0; mode < 3; mode++) { /* eager sparse, eager 0 sparse, eager dense */
+    nb_session_options_t o;
+    nb_session_options_default(&o);
+    o.job_id = "api-ovl-eager";
+    o.cluster_id = "solo";
+    o.insecure = o.unsealed = 1;
+    o.values = "fp32";
+    o.outer_lr = 0.8f;
+    o.outer_momentum = 0.5f;
+    o.density = mode == 2 ? 1.0 : 0.5;
+    o.eager = mode != 1;
+    nb_session_t* s = NULL;
+    float v[8];
+    for (int i = 0; i < 8; i++) v[i] = (float)i;
+    int64_t shape[1] = {8};
+    assert_int_equal(nb_session_open(&o, &s), NB_OK);
+    assert_int_equal(nb_session_register(s, "v", v, shape, 1), NB_OK);
+    assert_int_equal(nb_session_start(s), NB_OK);
+    assert_int_equal(nb_session_begin_moved(s), 0);
+    for (int r = 0; r < 3; r++) {
+      float before[8], pred[8];
+      for (int i = 0; i < 8; i++) v[i] -= 0.1f * (float)((i * 5 + r) % 8); /* "trained" */
+      memcpy(before, v, sizeof v);
+      assert_int_equal(nb_session_round_begin(s, 4), NB_OK);
+      int moved = nb_session_begin_moved(s);
+      memcpy(pred, v, sizeof v);
+      nb_session_round_t rr;
+      assert_int_equal(nb_session_round_end(s, &rr), NB_OK); /* no step in between */
+      assert_int_equal(nb_session_begin_moved(s), 0);
+      float g[8];
+      assert_int_equal(nb_session_read_global(s, "v", g, 8), NB_OK);
+      assert_memory_equal(v, g, sizeof g); /* as a blocking round */
+      if (mode == 0) {
+        assert_int_equal(moved, 1);
+        assert_memory_not_equal(pred, before, sizeof pred);
+        for (int i = 0; i < 8; i++) assert_true(fabsf(pred[i] - g[i]) <= 1e-5f);
+      } else {
+        assert_int_equal(moved, 0);
+        assert_memory_equal(pred, before, sizeof pred);
+      }
+    }
+    nb_session_close(s);
+  }
+}
+
 /* The caller's loss of a round goes into that round's progress line, once; a loss that is not
  * finite is refused and nothing kept. */
 static void test_loss_in_progress(void** state) {
@@ -560,6 +610,7 @@ int main(void) {
       cmocka_unit_test(test_norm_bound_differs),
       cmocka_unit_test(test_overlap),
       cmocka_unit_test(test_overlap_misuse),
+      cmocka_unit_test(test_overlap_eager),
       cmocka_unit_test(test_loss_in_progress),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -283,6 +283,40 @@ static void test_overlapped_equals_blocking(void** state) {
   assert_memory_equal(x[0], x[1], sizeof x[0]);
 }
 
+/* An eager start (round_begin moved the buffers to the predicted landing) whose round is then
+ * skipped (the peer is gone) puts the buffers back: their values at begin plus what was trained
+ * since, so that the next Delta carries the skipped round as without the eager start. */
+static void test_eager_skipped(void** state) {
+  (void)state;
+  side_t *east = &sides[0], *west = &sides[1];
+  side_init(east, 0);
+  side_init(west, 1);
+  assert_int_equal(side_open(east, "api-ft-eager", 1, 0, NULL), NB_OK);
+  assert_int_equal(side_open(west, "api-ft-eager", 1, 0, NULL), NB_OK);
+  assert_int_equal(pair_connect(east->s, west->s), NB_OK);
+  run_both(east, west, start_main);
+  if (east->st || west->st) fail_msg("start: %s / %s", east->msg, west->msg);
+  nb_session_close(west->s);
+  west->s = NULL;
+  for (int r = 0; r < 2; r++) {
+    float before[DIM], trained[DIM];
+    side_steps(east, H);
+    memcpy(before, east->x, sizeof before);
+    assert_int_equal(nb_session_round_begin(east->s, H), NB_OK);
+    assert_int_equal(nb_session_begin_moved(east->s), 1); /* density 0.5: a sparse frame */
+    assert_memory_not_equal(east->x, before, sizeof before);
+    for (int i = 0; i < DIM; i++) {
+      trained[i] = 0.001f * (float)(i + 1);
+      east->x[i] += trained[i];
+    }
+    nb_session_round_t rec;
+    assert_int_equal(nb_session_round_end(east->s, &rec), NB_OK);
+    assert_int_equal(rec.applied, 0);
+    for (int i = 0; i < DIM; i++) assert_true(fabsf(east->x[i] - (before[i] + trained[i])) <= 1e-5f);
+  }
+  nb_session_close(east->s);
+}
+
 static void test_refusals(void** state) {
   (void)state;
   side_t* sd = &sides[0];
@@ -327,6 +361,7 @@ int main(void) {
       cmocka_unit_test(test_dead_and_rejoin),
       cmocka_unit_test(test_overlapped_equals_blocking),
       cmocka_unit_test(test_dead_and_rejoin_overlapped),
+      cmocka_unit_test(test_eager_skipped),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

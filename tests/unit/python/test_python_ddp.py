@@ -126,7 +126,7 @@ def train_main(cluster, rank, overlap, store_dir, to_parent, from_parent):
             start = params_hash(ddp.module)
             with torch.no_grad():
                 loss0 = float(torch.mean((ddp(x) - y) ** 2))
-            rounds, at = [], 0
+            rounds, steps, at = [], [], 0
             for _ in range(H * ROUNDS):
                 idx = (torch.arange(at, at + BATCH) % N_DATA)[rank::RANKS]  # this rank's half
                 at += BATCH
@@ -137,6 +137,7 @@ def train_main(cluster, rank, overlap, store_dir, to_parent, from_parent):
                 info = diloco.step(samples=len(idx))
                 if info is not None:
                     rounds.append((info, params_hash(ddp.module)))
+                steps.append(params_hash(ddp.module))
             if overlap:  # the last round lands in finish
                 diloco.finish()
                 rounds.append((diloco.last_round, params_hash(ddp.module)))
@@ -152,7 +153,7 @@ def train_main(cluster, rank, overlap, store_dir, to_parent, from_parent):
         dist.destroy_process_group()
         to_parent.put(("done", me, dict(start=start, final=final, rounds=rounds, loss0=loss0,
                                         loss1=loss1, names=names, leader=leader,
-                                        hash=ghash)))
+                                        hash=ghash, steps=steps)))
     except BaseException as e:
         to_parent.put(("error", me, f"{type(e).__name__}: {e}"))
 
@@ -302,6 +303,9 @@ class TwoClustersOfTwoRanks(unittest.TestCase):
             self.assertEqual(res[k]["start"], res[(0, 0)]["start"], k)
             self.assertEqual(res[k]["final"], res[(0, 0)]["final"], k)
             self.assertNotEqual(res[k]["final"], res[k]["start"], k)
+            # after every step, also while a round is in flight (its begin may have moved the
+            # leader's parameters: the eager start), the ranks of a cluster hold the same ones
+            self.assertEqual(res[k]["steps"], res[(k[0], 0)]["steps"], k)
             for n in range(ROUNDS):
                 info, h = res[k]["rounds"][n]
                 info0, h0 = res[(0, 0)]["rounds"][n]

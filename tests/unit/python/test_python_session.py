@@ -307,6 +307,26 @@ class Metrics(unittest.TestCase):
                 os.environ.pop(k, None)
 
 
+class EagerStart(unittest.TestCase):
+    def test_eager_start(self):
+        """round_begin says whether it moved the buffers (the eager start of a sparse frame:
+        one cluster predicts its own landing); eager=False or a dense frame leaves them."""
+        for eager, density, moves in ((None, 0.5, True), (False, 0.5, False), (True, 1.0, False)):
+            with solo(eager=eager, density=density, values="fp32", outer_momentum=0.5) as s:
+                x = np.arange(8, dtype=np.float32)
+                s.register("x", x)
+                s.start()
+                x -= 1
+                before = x.copy()
+                self.assertEqual(s.round_begin(8), moves)
+                predicted = x.copy()
+                info = s.round_end()
+                self.assertTrue(info.applied)
+                self.assertEqual(not np.array_equal(predicted, before), moves)
+                if moves:
+                    np.testing.assert_allclose(predicted, x, atol=1e-5)
+
+
 class BadInputs(unittest.TestCase):
     def test_options(self):
         with self.assertRaisesRegex(ValueError, "job_secret must be 32 bytes, not 31"):
