@@ -259,6 +259,13 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
                     o->error_feedback_decay);
   hc->ef_decay = (float)o->error_feedback_decay;
   hc->eager = o->eager ? 1 : 0;
+  if (o->topk_chunk != 0 && (o->topk_chunk < NB_FRAME_MIN_CHUNK ||
+                             o->topk_chunk > NB_FRAME_MAX_CHUNK ||
+                             (o->topk_chunk & (o->topk_chunk - 1)) != 0))
+    return nb_error(NB_ERR_CONFIG,
+                    "session: topk_chunk %u is not 0 or a power of two in [%u, %u]",
+                    o->topk_chunk, NB_FRAME_MIN_CHUNK, NB_FRAME_MAX_CHUNK);
+  hc->topk_chunk = o->topk_chunk;
   s->eager = hc->eager;
   hc->exchange = nb__ss_exchange;
   hc->exchange_ctx = s;

@@ -63,6 +63,8 @@ static const nb__ev_t nb__ev_table[] = {
     {"NEBULA_ERROR_FEEDBACK_DECAY", NB__EV_DOUBLE, NB__EV_OFF(error_feedback_decay), 0, 1, 1, 0},
     {"NEBULA_ADAPTIVE", NB__EV_FLAG, NB__EV_OFF(adaptive), 0, 1, 0, 0},
     {"NEBULA_EAGER", NB__EV_FLAG, NB__EV_OFF(eager), 0, 1, 0, 0},
+    /* a power of two: nb_session_open checks that, as for the field set in code */
+    {"NEBULA_TOPK_CHUNK", NB__EV_U32, NB__EV_OFF(topk_chunk), 0, 65536, 0, 0},
     {"NEBULA_DENSITY_MIN", NB__EV_DOUBLE, NB__EV_OFF(density_min), 0, 1, 1, 0},
     {"NEBULA_DENSITY_MAX", NB__EV_DOUBLE, NB__EV_OFF(density_max), 0, 1, 1, 0},
     {"NEBULA_RATE_MBIT", NB__EV_DOUBLE, NB__EV_OFF(rate_mbit), 0, 1e6, 0, 0},

@@ -77,12 +77,15 @@ def run_nebula(a, seed: int, out: str, env: dict, netns: bool) -> list[dict]:
             "clusters": [{"id": "dc-a"}, {"id": "dc-b"}],
             "program": {"command": [sys.executable, GPT, "--overlap", str(a.overlap)] +
                         model_args(a, seed)},
-            "sync": {"innerSteps": a.sync_every,
+            "sync": {"innerSteps": a.sync_every, "eager": not a.no_eager,
                      "outer": {"lr": a.outer_lr, "momentum": a.outer_momentum}},
-            "compression": {"density": {"initial": 1, "max": 1}, "values": a.values},
+            "compression": {"density": {"initial": a.density, "max": a.density},
+                            "values": a.values, "topkChunk": a.topk_chunk},
             "link": {"rateMbit": a.rate_mbit, "delayMs": a.delay_ms if netns else 0},
         },
     }
+    if a.ef_decay is not None:
+        job["spec"]["compression"]["errorFeedbackDecay"] = a.ef_decay
     desc = os.path.join(out, "job.json")
     with open(desc, "w") as f:
         json.dump(job, f, indent=1)
@@ -156,6 +159,15 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=8, help="per cluster and step")
     ap.add_argument("--values", default="2bit", help="the nebula run's value codec (dense, with "
                     "error feedback)")
+    ap.add_argument("--density", type=float, default=1.0,
+                    help="the nebula run's top-k density (default 1: dense frames)")
+    ap.add_argument("--topk-chunk", type=int, default=0,
+                    help="chunked top-k: 0 (whole vector) or a power of two in [16, 65536]")
+    ap.add_argument("--ef-decay", type=float, default=None,
+                    help="error-feedback decay beta in (0, 1] (default: the job's, 1)")
+    ap.add_argument("--no-eager", action="store_true",
+                    help="overlapped sparse rounds train on from their own values (sync.eager "
+                    "false) instead of the predicted landing")
     ap.add_argument("--outer-lr", type=float, default=0.8)
     ap.add_argument("--outer-momentum", type=float, default=0.5)
     ap.add_argument("--rate-mbit", type=float, default=100)
@@ -176,6 +188,10 @@ def main(argv=None) -> int:
             ap.error(f"--{k.replace('_', '-')} must be >= 1")
     if not 0 <= a.overlap < a.sync_every:
         ap.error("--overlap must be in [0, --sync-every)")
+    if not 0 < a.density <= 1:
+        ap.error("--density must be in (0, 1]")
+    if a.ef_decay is not None and not 0 < a.ef_decay <= 1:
+        ap.error("--ef-decay must be in (0, 1]")
     skip = {s for s in a.skip.split(",") if s}
     if skip - {"ddp", "single"}:
         ap.error(f"--skip: unknown run(s) {sorted(skip - {'ddp', 'single'})}")
@@ -244,7 +260,9 @@ def main(argv=None) -> int:
 
     out = {
         "link": link, "netns": netns, "steps": a.steps, "sync_every": a.sync_every,
-        "overlap": a.overlap, "values": a.values, "seeds": a.seeds,
+        "overlap": a.overlap, "values": a.values, "density": a.density,
+        "topk_chunk": a.topk_chunk, "ef_decay": a.ef_decay, "eager": not a.no_eager,
+        "seeds": a.seeds,
         "nebula_vs_single_loss": mean("nebula_vs_single_loss"),
         "nebula_vs_single_time": mean("nebula_vs_single_time"),
         "ddp_over_nebula_bytes": mean("ddp_over_nebula_bytes"),

@@ -164,6 +164,12 @@ typedef struct {
                                   scaled by beta before the new Delta joins it (SparseLoCo's
                                   e <- beta e + Delta; 0.85-0.9 with 2-bit values, docs/hybrid.md);
                                   default 1: all of it is kept */
+  uint32_t topk_chunk;         /* chunked top-k (the thin link's points, docs/hybrid.md):
+                                  0 (default) the codec's (the top-k of the whole update);
+                                  C, a power of two in [16, 65536]: every chunk of C values
+                                  sends its own top share, its indices Golomb-Rice coded
+                                  (about 6.6 bits each at 3 % instead of 12 and more).
+                                  values "auto" sets it per point */
   int eager;                   /* overlapped rounds with a sparse frame (density < 1): 1
                                   (default) round_begin moves the caller's buffers to where the
                                   round will land as far as this cluster knows it (the outer step
@@ -188,6 +194,7 @@ void nb_session_options_default(nb_session_options_t* o);
  *   NEBULA_OUTER_LR (> 0), NEBULA_OUTER_MOMENTUM ([0, 1)), NEBULA_DENSITY ((0, 1]) numbers
  *   NEBULA_UPDATE_NORM_BOUND (0 = off, or >= 1), NEBULA_PEER_TIMEOUT_S ([0, 86400]) numbers
  *   NEBULA_DENSITY_MIN, NEBULA_DENSITY_MAX ((0, 1]), NEBULA_RATE_MBIT (>= 0)       numbers
+ *   NEBULA_TOPK_CHUNK (0, or a power of two in [16, 65536])                       integer
  *   NEBULA_ERROR_FEEDBACK, NEBULA_ADAPTIVE, NEBULA_EAGER   "0" or "1"
  *   NEBULA_PEERS              "id=host:port,id=host:port" (one per other cluster; "" = none)
  *   NEBULA_JOB_SECRET_FILE    a file of exactly 32 bytes, or 64 hex digits (one trailing

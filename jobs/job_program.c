@@ -67,6 +67,7 @@ nb_status_t nb_job_program_env(const nb_job_config_t* cfg, const nb_job_program_
   NB__PE("NEBULA_ERROR_FEEDBACK_DECAY=%.9g", cfg->compression.error_feedback_decay);
   NB__PE("NEBULA_ADAPTIVE=%d", cfg->compression.adaptive ? 1 : 0);
   NB__PE("NEBULA_EAGER=%d", cfg->sync.eager ? 1 : 0);
+  NB__PE("NEBULA_TOPK_CHUNK=%d", cfg->compression.topk_chunk);
   NB__PE("NEBULA_DENSITY_MIN=%.15g", cfg->compression.density_min);
   NB__PE("NEBULA_DENSITY_MAX=%.15g", cfg->compression.density_max);
   NB__PE("NEBULA_RATE_MBIT=%.15g", cfg->link.rate_mbit);

@@ -181,7 +181,7 @@ _OPTION_KINDS = {
     "round_deadline_s": "real", "final_wait_s": "real", "rejoin": "bool",
     "rejoin_timeout_s": "real", "metrics_listen": "str", "start_timeout_s": "real",
     "adaptive": "bool", "density_min": "real", "density_max": "real", "rate_mbit": "real",
-    "error_feedback_decay": "real", "eager": "bool",
+    "error_feedback_decay": "real", "eager": "bool", "topk_chunk": "u32",
 }
 
 
@@ -273,6 +273,7 @@ class Session:
         rate_mbit: float | None = None,
         error_feedback_decay: float | None = None,
         eager: bool | None = None,
+        topk_chunk: int | None = None,
     ):
         o = _cffi.new("nb_session_options_t*")
         _lib.nb_session_options_default(o)
@@ -287,7 +288,8 @@ class Session:
             final_wait_s=final_wait_s, rejoin=rejoin, rejoin_timeout_s=rejoin_timeout_s,
             metrics_listen=metrics_listen, start_timeout_s=start_timeout_s, adaptive=adaptive,
             density_min=density_min, density_max=density_max, rate_mbit=rate_mbit,
-            error_feedback_decay=error_feedback_decay, eager=eager))
+            error_feedback_decay=error_feedback_decay, eager=eager,
+            topk_chunk=topk_chunk))
 
     @classmethod
     def from_env(cls, **overrides) -> "Session":

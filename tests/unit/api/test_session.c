@@ -499,6 +499,40 @@ static void test_overlap_eager(void** state) {
   }
 }
 
+/* topk_chunk: the same update at 3 % in 2-bit values, its indices chunked and Golomb-Rice coded,
+ * is a smaller frame than with the top-k of the whole vector (delta varints). */
+static void test_topk_chunk(void** state) {
+  (void)state;
+  enum { N = 1 << 16 };
+  static float v[N];
+  size_t bytes[2];
+  for (int mode = 0; mode < 2; mode++) {
+    nb_session_options_t o;
+    nb_session_options_default(&o);
+    o.job_id = "api-chunk";
+    o.cluster_id = "solo";
+    o.insecure = o.unsealed = 1;
+    o.values = "2bit";
+    o.density = 0.03;
+    o.topk_chunk = mode ? 4096 : 0;
+    nb_session_t* s = NULL;
+    uint64_t rng = 42;
+    for (int i = 0; i < N; i++) v[i] = 0;
+    int64_t shape[1] = {N};
+    assert_int_equal(nb_session_open(&o, &s), NB_OK);
+    assert_int_equal(nb_session_register(s, "v", v, shape, 1), NB_OK);
+    assert_int_equal(nb_session_start(s), NB_OK);
+    for (int i = 0; i < N; i++) v[i] = (float)rng_unit(&rng);
+    nb_session_round_t r;
+    assert_int_equal(nb_session_round(s, 1, &r), NB_OK);
+    bytes[mode] = r.msg_bytes;
+    nb_session_close(s);
+  }
+  print_message("2-bit at 3 %% of %d: %zu bytes global top-k, %zu chunked\n", N, bytes[0],
+                bytes[1]);
+  assert_true(bytes[1] < bytes[0]);
+}
+
 /* The caller's loss of a round goes into that round's progress line, once; a loss that is not
  * finite is refused and nothing kept. */
 static void test_loss_in_progress(void** state) {
@@ -589,6 +623,12 @@ static void test_open_refuses(void** state) {
   o.values = "int7";
   assert_int_equal(nb_session_open(&o, &s), NB_ERR_INVALID);
   o.values = "int8";
+  o.topk_chunk = 100; /* not a power of two */
+  assert_int_equal(nb_session_open(&o, &s), NB_ERR_CONFIG);
+  assert_non_null(strstr(nb_error_last(), "topk_chunk 100"));
+  o.topk_chunk = 8; /* below 16 */
+  assert_int_equal(nb_session_open(&o, &s), NB_ERR_CONFIG);
+  o.topk_chunk = 0;
   o.cluster_index = 1;
   assert_int_equal(nb_session_open(&o, &s), NB_ERR_CONFIG);
   o.cluster_index = 0;
@@ -611,6 +651,7 @@ int main(void) {
       cmocka_unit_test(test_overlap),
       cmocka_unit_test(test_overlap_misuse),
       cmocka_unit_test(test_overlap_eager),
+      cmocka_unit_test(test_topk_chunk),
       cmocka_unit_test(test_loss_in_progress),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -39,7 +39,8 @@ static const char* const vars[] = {"NEBULA_JOB_ID",
                                    "NEBULA_DENSITY_MAX",
                                    "NEBULA_RATE_MBIT",
                                    "NEBULA_ERROR_FEEDBACK_DECAY",
-                                   "NEBULA_EAGER"};
+                                   "NEBULA_EAGER",
+                                   "NEBULA_TOPK_CHUNK"};
 
 static char dir[256];
 
@@ -105,10 +106,12 @@ static void test_reads_every_variable(void** state) {
   setenv("NEBULA_RATE_MBIT", "250", 1);
   setenv("NEBULA_ERROR_FEEDBACK_DECAY", "0.85", 1);
   setenv("NEBULA_EAGER", "0", 1);
+  setenv("NEBULA_TOPK_CHUNK", "4096", 1);
   nb_session_options_t o;
   assert_int_equal(nb_session_options_from_env(&o), NB_OK);
   assert_true(o.error_feedback_decay == 0.85);
   assert_int_equal(o.eager, 0);
+  assert_int_equal(o.topk_chunk, 4096);
   assert_int_equal(o.adaptive, 1);
   assert_true(o.density_min == 0.002 && o.density_max == 0.5 && o.rate_mbit == 250);
   assert_string_equal(o.job_id, "env-job");
@@ -244,6 +247,8 @@ static void test_each_bad_variable(void** state) {
       {"NEBULA_VALUES", "automatic"},
       {"NEBULA_ERROR_FEEDBACK", "off"},
       {"NEBULA_EAGER", "true"},
+      {"NEBULA_TOPK_CHUNK", "70000"},
+      {"NEBULA_TOPK_CHUNK", "-16"},
       {"NEBULA_ERROR_FEEDBACK", "2"},
       {"NEBULA_PEER_TIMEOUT_S", "-1"},
       {"NEBULA_PEER_TIMEOUT_S", "1e9"},
@@ -361,7 +366,7 @@ static void test_from_descriptor(void** state) {
       "  \"sync\": {\"innerSteps\": 8, \"peerTimeoutSeconds\": 3, \"outer\": {\"lr\": 0.5, "
       "\"momentum\": 0.25}, \"eager\": false},\n"
       "  \"compression\": {\"density\": {\"initial\": 0.05, \"min\": 0.01, \"max\": 0.2}, "
-      "\"values\": \"auto\", \"errorFeedback\": false, \"errorFeedbackDecay\": 0.9, "
+      "\"values\": \"auto\", \"topkChunk\": 1024, \"errorFeedback\": false, \"errorFeedbackDecay\": 0.9, "
       "\"adaptive\": true},\n"
       "  \"link\": {\"rateMbit\": 40}}}\n";
   char path[512];
@@ -380,6 +385,7 @@ static void test_from_descriptor(void** state) {
   assert_int_equal(o.error_feedback, 0);
   assert_true(o.peer_timeout_s == 3);
   assert_int_equal(o.eager, 0); /* sync.eager */
+  assert_int_equal(o.topk_chunk, 1024);
   assert_int_equal(o.adaptive, 1);
   assert_true(o.density_min == 0.01 && o.density_max == 0.2 && o.rate_mbit == 40);
   /* the deployment's fields stay the defaults: the caller gives them */
