@@ -7,9 +7,10 @@
     diloco.finish()
 
 The inner optimizer stays the user's; nebula's round is the outer step. Inside a cluster trained
-with DDP (torch.distributed initialised: the world group, or process_group=), rank 0 of the group
-alone holds the session and the other ranks get each round's outcome and theta_global by
-broadcast (_Group below). It is not a trainer, a data loader or a launcher, and not FSDP.
+with DDP or FSDP2 (torch.distributed initialised: the world group, or process_group=), rank 0 of
+the group alone holds the session and the other ranks get each round's outcome and theta_global
+(broadcast; a sharded parameter gathered to the leader before each round and scattered back
+after it: _Group below). It is not a trainer, a data loader or a launcher.
 What crosses: every trainable parameter (requires_grad), named as model.named_parameters()
 names it; CPU fp32, bf16 and fp16 parameters in place, others through host staging buffers.
 diloco.save(path) / diloco.load(path) (or state_dict() / load_state_dict() for torch.save)
@@ -38,22 +39,34 @@ def _bf16_bits(t: torch.Tensor) -> np.ndarray:
     return t.view(torch.int16).numpy().view(np.uint16)
 
 
+def _dtensor_type():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch without distributed
+        return None
+    return DTensor
+
+
 class _Param:
     """One registered parameter: either its own memory (a CPU contiguous fp32, bf16 or fp16
     tensor: the round reads and writes it in place, a 16-bit one through the session's fp32
     master) or a host staging buffer copied to before each round and from after it (GPU
-    parameters, other dtypes): bf16 or fp16 for such a parameter (half the copy; the session
-    converts), else fp32."""
+    parameters, other dtypes, a sharded parameter's whole value): bf16 or fp16 for such a
+    parameter (half the copy; the session converts), else fp32. `sharded`: a DTensor (FSDP2's
+    fully_shard): every rank holds a shard; the wrapper gathers it whole into the leader's
+    staging buffer before a round (DiLoCo._gather) and scatters theta_global back after."""
 
     def __init__(self, name: str, p: torch.nn.Parameter, leader: bool = True):
         self.name = name
         self.param = p
         t = p.data
-        if not leader:  # a DDP rank other than the leader: receives theta_global in place
+        DTensor = _dtensor_type()
+        self.sharded = DTensor is not None and isinstance(t, DTensor)
+        if not leader:  # a rank other than the leader: receives theta_global in place
             self.shared, self.host_t, self.ptr, self.host = False, None, None, None
             return
         bf16, fp16 = t.dtype == torch.bfloat16, t.dtype == torch.float16
-        self.shared = t.device.type == "cpu" and t.is_contiguous() and (
+        self.shared = not self.sharded and t.device.type == "cpu" and t.is_contiguous() and (
             t.dtype == torch.float32 or bf16 or fp16)
         if self.shared:
             self.host_t = t  # the same memory as p.data
@@ -66,6 +79,8 @@ class _Param:
 
     def to_host(self) -> None:
         t = self.param.data
+        if self.sharded:
+            return  # gathered by DiLoCo._gather on every rank
         if self.shared:
             # the round works on the memory registered at start: a parameter whose .data was
             # replaced (p.data = ..., a .to() of the model) would silently sync a dead buffer
@@ -79,7 +94,7 @@ class _Param:
             self.host_t.copy_(t)  # device -> host and dtype -> fp32; synchronous
 
     def from_host(self) -> None:
-        if not self.shared:
+        if not self.shared and not self.sharded:  # sharded: DiLoCo._scatter on every rank
             self.param.data.copy_(self.host_t)  # host -> device, fp32 -> the parameter's dtype
 
 
@@ -119,33 +134,47 @@ def _u64(v: int) -> int:
     return v + (1 << 64) if v < 0 else v
 
 
-def _refuse_sharded(model: torch.nn.Module) -> None:
-    """FSDP (FullyShardedDataParallel, fully_shard) and DTensor parameters hold a shard per rank:
-    the leader's copy is not the cluster's model, so broadcasting it would be wrong. Refused."""
+def _check_sharded(model: torch.nn.Module, pg) -> None:
+    """FSDP2 (fully_shard) and other DTensor parameters are taken when each is sharded or
+    replicated over one mesh dimension that is exactly the cluster's group (the leader, rank 0
+    of the group, is then the mesh's rank 0: theta_global is scattered from it). Refused, naming
+    the module or parameter: FSDP1 (FullyShardedDataParallel, whose flat parameters hide the
+    model's shapes: use fully_shard), a mesh of several dimensions (HSDP, tensor parallel) or of
+    other ranks."""
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     except ImportError:  # torch without distributed
         return
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
-        FSDPModule = ()
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        DTensor = ()
+    DTensor = _dtensor_type()
     for name, m in model.named_modules():
-        if isinstance(m, FSDP) or (FSDPModule and isinstance(m, FSDPModule)):
+        if isinstance(m, FSDP):
             where = f"module '{name}' is" if name else "the model is"
             raise TypeError(
-                f"nebula.torch: {where} FSDP-wrapped ({type(m).__name__}): sharded parameters are "
-                "not supported yet; wrap the model with DistributedDataParallel (or none) instead")
+                f"nebula.torch: {where} wrapped in FullyShardedDataParallel (FSDP1): not "
+                "supported; shard it with torch.distributed.fsdp.fully_shard (FSDP2) or wrap it "
+                "with DistributedDataParallel instead")
+    if DTensor is None:
+        return
+    import torch.distributed as dist
+
+    group = None
     for name, p in model.named_parameters():
-        if DTensor and isinstance(p, DTensor):
+        if not isinstance(p, DTensor) or not p.requires_grad:
+            continue
+        mesh = p.device_mesh
+        if mesh.ndim != 1:
             raise TypeError(
-                f"nebula.torch: parameter '{name}' is a DTensor (FSDP2 or tensor parallel): "
-                "sharded parameters are not supported yet; use DistributedDataParallel (or none) "
-                "instead")
+                f"nebula.torch: parameter '{name}' is a DTensor over a {mesh.ndim}-dimensional "
+                "mesh (HSDP or tensor parallel): only one dimension, the cluster's group, is "
+                "supported")
+        if group is None:
+            group = dist.get_process_group_ranks(pg) if pg is not None else list(
+                range(dist.get_world_size()))
+        ranks = dist.get_process_group_ranks(mesh.get_group())
+        if ranks != group:
+            raise TypeError(
+                f"nebula.torch: parameter '{name}' is sharded over ranks {ranks}, the cluster's "
+                f"group is {group}: give process_group= the group the model is sharded over")
 
 
 class _Group:
@@ -378,7 +407,10 @@ class DiLoCo:
     is raised on every rank) and then theta_global, so every rank returns the same RoundInfo and
     holds the same parameters. The ranks must train the same parameters (DDP keeps them so): the
     leader's are what crosses. A DistributedDataParallel model is unwrapped (the names are the
-    module's); FSDP is refused.
+    module's). A model sharded with FSDP2 (fully_shard over the cluster's group) is taken too:
+    its parameters are gathered whole to the leader before each round and scattered back after
+    it (memory: one whole parameter at a time on every rank, the whole model in the leader's
+    host staging buffers). FSDP1 (FullyShardedDataParallel) is refused.
     """
 
     def __init__(
@@ -400,8 +432,8 @@ class DiLoCo:
                              f"not {overlap_steps!r}")
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"nebula.torch: model must be an nn.Module, not {type(model).__name__}")
-        _refuse_sharded(model)
         self._group = self._make_group(process_group)
+        _check_sharded(model, process_group)
         self.leader = self._group is None or self._group.leader
         if not self.leader:
             if isinstance(session_or_options, Session):
@@ -458,6 +490,7 @@ class DiLoCo:
         self._hash = 0  # on a non-leader rank: the leader's global hash after its last call
         self.params = [_Param(n, p, self.leader) for n, p in named.named_parameters()
                        if p.requires_grad]
+        self._sharded = [prm for prm in self.params if prm.sharded]
         if not self.params:
             raise ValueError("nebula.torch: the model has no trainable parameter to sync")
         self.steps = 0  # inner steps since the last round
@@ -494,8 +527,12 @@ class DiLoCo:
         """fn() on the leader (the session's call with the host copies around it); with a group,
         then its status to every rank (an error raised on every rank before any tensor moves),
         then, when `params`, the leader's parameters to every rank. Returns fn's result on the
-        leader, the RoundInfo (a round) or None elsewhere."""
+        leader, the RoundInfo (a round) or None elsewhere. Sharded parameters are gathered whole
+        into the leader's staging buffers before fn (every rank takes part) and scattered back
+        with the broadcast."""
         result, error = None, None
+        if self._sharded and op in (_OP_START, _OP_ROUND, _OP_BEGIN, _OP_END):
+            self._gather()
         if self.leader:
             try:
                 result = fn()
@@ -504,6 +541,8 @@ class DiLoCo:
                     raise
                 error = e
         if self._group is None:
+            if self._sharded and (params or (op == _OP_BEGIN and result)):
+                self._scatter()
             return result
         if self.leader:
             info = result if isinstance(result, RoundInfo) else None
@@ -526,10 +565,37 @@ class DiLoCo:
                 raise error
             raise _relayed_error(payload)
         if params or (op == _OP_BEGIN and int(st[7]) == 1):
-            self._group.broadcast_params([prm.param.data for prm in self.params])
+            self._group.broadcast_params([prm.param.data for prm in self.params
+                                          if not prm.sharded])
+            if self._sharded:
+                self._scatter()
         if self.leader:
             return result
         return _round_info(st) if int(st[2]) in (APPLIED, SKIPPED) else None
+
+    def _gather(self) -> None:
+        """Every sharded parameter whole (a collective of its mesh, the cluster's group: every
+        rank calls it), into the leader's staging buffer; one parameter at a time."""
+        for prm in self._sharded:
+            full = prm.param.data.full_tensor()
+            if self.leader:
+                prm.host_t.copy_(full)
+            del full
+
+    def _scatter(self) -> None:
+        """The leader's staging buffers (theta_global) into every rank's shards: each is
+        distributed from the mesh's rank 0 (the leader; the other ranks' source values are not
+        read) with the parameter's own placements, and copied into its local shard in place."""
+        from torch.distributed.tensor import distribute_tensor
+
+        for prm in self._sharded:
+            d = prm.param.data
+            if self.leader:
+                src = prm.host_t.to(device=d.device, dtype=d.dtype)
+            else:
+                src = torch.empty(tuple(d.shape), dtype=d.dtype, device=d.device)
+            new = distribute_tensor(src, d.device_mesh, d.placements, src_data_rank=0)
+            d.to_local().copy_(new.to_local())
 
     def _cluster_samples(self) -> int:
         return self.samples if self._group is None else self._group.sum(self.samples)

@@ -8,9 +8,10 @@ agree each round, all four at the end). An error on the leader is raised on ever
 leader's status and text, no hang: another model on one cluster (start refused), a NaN (a round
 refused, blocking and overlapped), a missing checkpoint; save and load through the leader. The
 ranks' tables compared (another model on rank 1 named); a Session on rank 1, a group without
-this rank, FSDP and fully_shard refused. The broadcast's buckets: a plan checked alone, and a model with a 1 MiB
-parameter, two buckets' worth of smaller ones and an odd-sized bf16 and an fp64 one, whose rank 1
-ends with the leader's values.
+this rank, FSDP1 refused. The same training with the MLP sharded by fully_shard (FSDP2) instead
+of DDP, blocking and overlapped, and FSDP2 in a world of one rank. The broadcast's buckets: a
+plan checked alone, and a model with a 1 MiB parameter, two buckets' worth of smaller ones and an
+odd-sized bf16 and an fp64 one, whose rank 1 ends with the leader's values.
 
 Exits 77 (CTest: skipped) when torch (with torch.distributed), numpy or cffi is missing."""
 
@@ -75,9 +76,13 @@ def data(cluster):
 
 
 def params_hash(model):
+    """Of the whole parameters: a sharded (DTensor) one gathered first (every rank calls it)."""
     h = hashlib.sha256()
     for _, p in sorted(model.named_parameters()):
-        v = p.detach().cpu().contiguous()
+        v = p.detach()
+        if hasattr(v, "full_tensor"):
+            v = v.full_tensor()
+        v = v.cpu().contiguous()
         h.update((v.view(torch.int16) if v.dtype == torch.bfloat16 else v).numpy().tobytes())
     return h.hexdigest()
 
@@ -110,19 +115,46 @@ def error_of(e):
                 status=getattr(e, "status", None), call=getattr(e, "call", None))
 
 
-def train_main(cluster, rank, overlap, store_dir, to_parent, from_parent):
-    """One rank of a cluster: DDP over the cluster's group, DiLoCo over the clusters."""
+def sharded(model):
+    """FSDP2: every Linear its own unit, then the whole model."""
+    from torch.distributed.fsdp import fully_shard
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            fully_shard(m)
+    fully_shard(model)
+    return model
+
+
+class Unwrapped(torch.nn.Module):
+    """A sharded model seen as DDP is: .module is the model (the code below names both so)."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.module = m
+
+    def forward(self, x):
+        return self.module(x)
+
+
+def train_main(cluster, rank, overlap, wrap, store_dir, to_parent, from_parent):
+    """One rank of a cluster: DDP (or FSDP2's fully_shard) over the cluster's group, DiLoCo
+    over the clusters."""
     me = (cluster, rank)
     session = None
     try:
         init_group(cluster, rank, store_dir)
         torch.manual_seed(1000 + 10 * cluster + rank)  # DDP takes rank 0's, start cluster 0's
-        ddp = torch.nn.parallel.DistributedDataParallel(MLP())
+        if wrap == "fsdp2":  # each rank's shard of its own initial values: start overwrites them
+            ddp = Unwrapped(sharded(MLP()))
+        else:
+            ddp = torch.nn.parallel.DistributedDataParallel(MLP())
         x, y = data(cluster)
         opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
         if rank == 0:
-            session = open_session(cluster, 2, to_parent, from_parent, f"py-ddp-{overlap}")
-        with nebula.torch.DiLoCo(session, ddp, sync_every=H, overlap_steps=overlap) as diloco:
+            session = open_session(cluster, 2, to_parent, from_parent, f"py-{wrap}-{overlap}")
+        model = ddp.module if wrap == "fsdp2" else ddp
+        with nebula.torch.DiLoCo(session, model, sync_every=H, overlap_steps=overlap) as diloco:
             start = params_hash(ddp.module)
             with torch.no_grad():
                 loss0 = float(torch.mean((ddp(x) - y) ** 2))
@@ -280,13 +312,13 @@ KEYS = [(c, r) for c in range(2) for r in range(RANKS)]
 
 
 class TwoClustersOfTwoRanks(unittest.TestCase):
-    def check_training(self, overlap):
-        res = two_clusters.run_ranks(self, train_main, (overlap,), 2, RANKS, TIMEOUT_S)
+    def check_training(self, overlap, wrap="ddp"):
+        res = two_clusters.run_ranks(self, train_main, (overlap, wrap), 2, RANKS, TIMEOUT_S)
         synced = ["body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias",
                   "head.weight", "head.bias"]
         for k in KEYS:
             r = res[k]
-            print(f"overlap {overlap} cluster {k[0]} rank {k[1]}: loss {r['loss0']:.4f} -> "
+            print(f"{wrap} overlap {overlap} cluster {k[0]} rank {k[1]}: loss {r['loss0']:.4f} -> "
                   f"{r['loss1']:.4f} over {len(r['rounds'])} rounds")
             self.assertEqual(r["names"], synced)  # the module's names, not DDP's "module."
             self.assertEqual(r["leader"], k[1] == 0)
@@ -324,6 +356,14 @@ class TwoClustersOfTwoRanks(unittest.TestCase):
         cluster's own 2 steps: the clusters differ there, the ranks of one do not); the last
         lands in finish right after it began, so all four end with one model."""
         self.check_training(2)
+
+    def test_fsdp2(self):
+        """The same with the MLP sharded by fully_shard (FSDP2: each rank holds half of every
+        parameter) instead of DDP: gathered to the leader for each round, scattered back."""
+        self.check_training(0, "fsdp2")
+
+    def test_fsdp2_overlap(self):
+        self.check_training(2, "fsdp2")
 
     def test_leader_error_on_every_rank(self):
         """Another model on cluster 1: both leaders' start fails (NB_ERR_CONFIG naming the
@@ -410,9 +450,11 @@ class Buckets(unittest.TestCase):
 
 
 class Sharded(unittest.TestCase):
-    def test_fsdp_refused(self):
-        """FullyShardedDataParallel and fully_shard (DTensor parameters): a TypeError naming FSDP
-        before any session is touched (a group of one rank in this process)."""
+    def test_fsdp1_refused_fsdp2_solo(self):
+        """FullyShardedDataParallel (FSDP1): a TypeError naming it before any session is touched;
+        fully_shard (FSDP2) in a group of one rank: taken, its parameters gathered and scattered
+        around each round (one cluster: a blocking and an overlapped round move them to
+        theta_global)."""
         from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
         opts = dict(job_id="py-ddp-fsdp", cluster_id="solo", insecure=True, unsealed=True)
@@ -421,12 +463,25 @@ class Sharded(unittest.TestCase):
                                     world_size=1)
             try:
                 fsdp = FullyShardedDataParallel(MLP(), device_id=torch.device("cpu"))
-                with self.assertRaisesRegex(TypeError, "FSDP-wrapped.*not supported yet"):
+                with self.assertRaisesRegex(TypeError, "FullyShardedDataParallel.*fully_shard"):
                     nebula.torch.DiLoCo(opts, fsdp, sync_every=2)
                 m = MLP()
                 fully_shard(m)
-                with self.assertRaisesRegex(TypeError, "FSDP-wrapped|DTensor"):
-                    nebula.torch.DiLoCo(opts, m, sync_every=2)
+                opt = torch.optim.SGD(m.parameters(), lr=0.1)
+                x, y = data(0)
+                with nebula.torch.DiLoCo(dict(opts, density=0.5, values="fp32"), m, sync_every=2,
+                                         overlap_steps=1) as diloco:
+                    for _ in range(6):
+                        loss = torch.mean((m(x) - y) ** 2)
+                        opt.zero_grad()
+                        loss.backward()
+                        opt.step()
+                        diloco.step()
+                    diloco.finish()
+                    for name, p in m.named_parameters():  # the landing wrote theta_global
+                        self.assertTrue(numpy.array_equal(p.full_tensor().detach().numpy(),
+                                                          diloco.session.read_global(name)), name)
+                    self.assertEqual(diloco.rounds, 3)
             finally:
                 dist.destroy_process_group()
         with self.assertRaisesRegex(ValueError, "process_group given but torch.distributed"):
