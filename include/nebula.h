@@ -124,7 +124,8 @@ typedef struct {
                                 returns NB_OK with applied 0: the progress stays in our buffers
                                 and goes into the next round), not the session; a cluster that
                                 restarts rejoins with `rejoin`. Every cluster must give the
-                                same; needs update_norm_bound 0 and blocking rounds. Default 0 */
+                                same; needs update_norm_bound 0; blocking or overlapped rounds.
+                                Default 0 */
   double round_deadline_s;   /* fault-tolerant rounds: how long one exchange waits for a peer
                                 before the round goes on without it (> 0; default 30) */
   double final_wait_s;       /* fault-tolerant rounds: how long nb_session_finish keeps asking a
