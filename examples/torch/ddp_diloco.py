@@ -1,6 +1,7 @@
-"""DiLoCo across clusters, DDP inside each: one torchrun per cluster, every rank this program.
-Rank 0 of each cluster opens the nebula session; nebula.torch.DiLoCo broadcasts each round's
-theta_global to the other ranks. A tiny regression model on synthetic data, CPU (gloo) or GPU
+"""DiLoCo across clusters, DDP (or FSDP2 with --fsdp2) inside each: one torchrun per cluster,
+every rank this program. Rank 0 of each cluster opens the nebula session; nebula.torch.DiLoCo
+broadcasts each round's theta_global to the other ranks (with FSDP2: gathers the shards to rank 0
+before the round and scatters theta_global back into them after it). A tiny regression model on synthetic data, CPU (gloo) or GPU
 (NCCL), so that it runs anywhere; not a benchmark. Two clusters on one machine:
 
     PYTHONPATH=python torchrun --nproc-per-node 2 --master-port 29500 \
@@ -31,6 +32,8 @@ def main():
     ap.add_argument("--sync-every", type=int, default=8, help="H: inner steps per round")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--batch", type=int, default=64, help="per rank")
+    ap.add_argument("--fsdp2", action="store_true",
+                    help="shard the model with fully_shard (FSDP2) instead of DDP")
     a = ap.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -43,7 +46,14 @@ def main():
     torch.manual_seed(rank)  # DDP takes rank 0's weights, the session cluster 0's
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(),
                                 torch.nn.Linear(64, 1)).to(device)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    if a.fsdp2:  # every rank holds half of each parameter; the session starts them all the same
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        ddp = fully_shard(model)
+    else:
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
 
     session = None
