@@ -264,6 +264,51 @@ static void* start_only(void* arg) {
   return NULL;
 }
 
+/* The eager start on a 16-bit tensor (one cluster, a sparse frame): begin writes the predicted
+ * landing rounded to the tensor's type and measures the progress from those values; end leaves
+ * the rounding of theta_global's master plus that progress (the session's own float sums). */
+static void test_eager_half(void** state) {
+  (void)state;
+  for (int t = 0; t < 2; t++) {
+    g_half = t ? NB_DTYPE_FP16 : NB_DTYPE_BF16;
+    nb_session_options_t o;
+    nb_session_options_default(&o);
+    o.job_id = "api-eager-half";
+    o.cluster_id = "solo";
+    o.insecure = o.unsealed = 1;
+    o.values = "fp32";
+    o.density = 0.5;
+    o.outer_lr = 0.8f;
+    o.outer_momentum = 0.5f;
+    nb_session_t* s = NULL;
+    uint16_t h[NW], moved[NW];
+    for (int i = 0; i < NW; i++) h[i] = ref_half((float)(cos(0.21 * i) * (1 + i % 5)));
+    int64_t shape[1] = {NW};
+    assert_int_equal(nb_session_open(&o, &s), NB_OK);
+    assert_int_equal(nb_session_register_dtype(s, "h", h, g_half, shape, 1), NB_OK);
+    assert_int_equal(nb_session_start(s), NB_OK);
+    for (int r = 0; r < 2; r++) {
+      for (int i = 0; i < NW; i++) h[i] = ref_half(half_f32(h[i]) - 0.25f * (float)(i % 3));
+      uint16_t before[NW];
+      memcpy(before, h, sizeof h);
+      assert_int_equal(nb_session_round_begin(s, 1), NB_OK);
+      assert_int_equal(nb_session_begin_moved(s), 1);
+      assert_memory_not_equal(h, before, sizeof h);
+      memcpy(moved, h, sizeof h);
+      uint16_t trained[NW];
+      for (int i = 0; i < NW; i++) trained[i] = h[i] = ref_half(half_f32(h[i]) + 0.5f);
+      assert_int_equal(nb_session_round_end(s, NULL), NB_OK);
+      float g[NW];
+      assert_int_equal(nb_session_read_global(s, "h", g, NW), NB_OK);
+      for (int i = 0; i < NW; i++) {
+        float progress = half_f32(trained[i]) - half_f32(moved[i]);
+        assert_int_equal(h[i], ref_half(g[i] + progress));
+      }
+    }
+    nb_session_close(s);
+  }
+}
+
 static void test_dtype_mismatch(void** state) {
   (void)state;
   side_t* sd = sides;
@@ -306,6 +351,7 @@ int main(void) {
       cmocka_unit_test(test_bf16_and_fp32_rounds),
       cmocka_unit_test(test_fp16_and_fp32_rounds),
       cmocka_unit_test(test_dtype_mismatch),
+      cmocka_unit_test(test_eager_half),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
