@@ -72,8 +72,11 @@ class _Param:
             self.host_t = t  # the same memory as p.data
             self.ptr = t.data_ptr()
         else:
+            # a GPU parameter's staging buffer is pinned (page-locked): the copies each way are
+            # direct DMA, not through a bounce buffer
             self.host_t = torch.empty(tuple(t.shape), dtype=torch.bfloat16 if bf16 else
-                                      torch.float16 if fp16 else torch.float32)
+                                      torch.float16 if fp16 else torch.float32,
+                                      pin_memory=t.device.type == "cuda")
             self.ptr = None
         self.host = _bf16_bits(self.host_t) if bf16 else self.host_t.numpy()
 
