@@ -1,7 +1,7 @@
-/* What the two-cluster session tests share: the options of cluster "east" (index 0) or "west"
- * (1) of one job on loopback (plaintext gRPC, frames sealed with the job secret, a 10 s peer
- * timeout), and the rendezvous that tells each side where the other listens. Through the public
- * header only, as a user's program. */
+/* What the session tests share: the options of cluster "east" (index 0) or "west" (1) of one job
+ * on loopback (plaintext gRPC, frames sealed with the job secret, a 10 s peer timeout), the
+ * rendezvous that tells each side where the other listens, and the options of one cluster alone.
+ * Through the public header only, as a user's program. */
 #ifndef NB_TESTS_API_SESSION_PAIR_H
 #define NB_TESTS_API_SESSION_PAIR_H
 
@@ -21,6 +21,15 @@ static inline void pair_options(nb_session_options_t* o, const char* job, int in
   o->insecure = 1; /* loopback; the frames are still sealed with the job secret */
   o->job_secret = secret;
   o->peer_timeout_s = 10;
+}
+
+/* One cluster alone ("solo"): the defaults, plaintext and unsealed (nothing leaves the process). */
+static inline void solo_options(nb_session_options_t* o, const char* job) {
+  nb_session_options_default(o);
+  o->job_id = job;
+  o->cluster_id = "solo";
+  o->insecure = 1;
+  o->unsealed = 1;
 }
 
 /* east learns west's port and west east's; NB_OK or the first add_peer's status. */

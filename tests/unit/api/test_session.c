@@ -418,10 +418,7 @@ static void test_overlap(void** state) {
 static void test_overlap_misuse(void** state) {
   (void)state;
   nb_session_options_t o;
-  nb_session_options_default(&o);
-  o.job_id = "api-ovl-misuse";
-  o.cluster_id = "solo";
-  o.insecure = o.unsealed = 1;
+  solo_options(&o, "api-ovl-misuse");
   nb_session_t* s = NULL;
   float v[4] = {1, 2, 3, 4};
   int64_t shape[1] = {4};
@@ -456,10 +453,7 @@ static void test_overlap_eager(void** state) {
   (void)state;
   for (int mode = 0; mode < 3; mode++) { /* eager sparse, eager 0 sparse, eager dense */
     nb_session_options_t o;
-    nb_session_options_default(&o);
-    o.job_id = "api-ovl-eager";
-    o.cluster_id = "solo";
-    o.insecure = o.unsealed = 1;
+    solo_options(&o, "api-ovl-eager");
     o.values = "fp32";
     o.outer_lr = 0.8f;
     o.outer_momentum = 0.5f;
@@ -508,10 +502,7 @@ static void test_topk_chunk(void** state) {
   size_t bytes[2];
   for (int mode = 0; mode < 2; mode++) {
     nb_session_options_t o;
-    nb_session_options_default(&o);
-    o.job_id = "api-chunk";
-    o.cluster_id = "solo";
-    o.insecure = o.unsealed = 1;
+    solo_options(&o, "api-chunk");
     o.values = "2bit";
     o.density = 0.03;
     o.topk_chunk = mode ? 4096 : 0;
@@ -542,10 +533,7 @@ static void test_loss_in_progress(void** state) {
   assert_true(fd >= 0);
   close(fd);
   nb_session_options_t o;
-  nb_session_options_default(&o);
-  o.job_id = "api-loss";
-  o.cluster_id = "solo";
-  o.insecure = o.unsealed = 1;
+  solo_options(&o, "api-loss");
   o.progress_file = path;
   nb_session_t* s = NULL;
   float v[4] = {1, 2, 3, 4};
@@ -577,11 +565,7 @@ static void test_loss_in_progress(void** state) {
 static void test_round_before_start(void** state) {
   (void)state;
   nb_session_options_t o;
-  nb_session_options_default(&o);
-  o.job_id = "api-one";
-  o.cluster_id = "solo";
-  o.insecure = 1;
-  o.unsealed = 1;
+  solo_options(&o, "api-one");
   nb_session_t* s = NULL;
   assert_int_equal(nb_session_open(&o, &s), NB_OK);
   float v[4] = {1, 2, 3, 4};

@@ -272,10 +272,7 @@ static void test_eager_half(void** state) {
   for (int t = 0; t < 2; t++) {
     g_half = t ? NB_DTYPE_FP16 : NB_DTYPE_BF16;
     nb_session_options_t o;
-    nb_session_options_default(&o);
-    o.job_id = "api-eager-half";
-    o.cluster_id = "solo";
-    o.insecure = o.unsealed = 1;
+    solo_options(&o, "api-eager-half");
     o.values = "fp32";
     o.density = 0.5;
     o.outer_lr = 0.8f;
@@ -331,10 +328,7 @@ static void test_dtype_mismatch(void** state) {
   }
   /* an unknown dtype is refused at register */
   nb_session_options_t o;
-  nb_session_options_default(&o);
-  o.job_id = "api-bf16-bad";
-  o.cluster_id = "solo";
-  o.insecure = o.unsealed = 1;
+  solo_options(&o, "api-bf16-bad");
   nb_session_t* s = NULL;
   assert_int_equal(nb_session_open(&o, &s), NB_OK);
   uint16_t v[4] = {0};

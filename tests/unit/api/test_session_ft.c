@@ -154,6 +154,18 @@ static void run_both(side_t* a, side_t* b, void* (*fn)(void*)) {
 
 static side_t sides[3]; /* east, west, west restarted */
 
+/* East (fault-tolerant) and west (fault-tolerant when west_ft) of job `job` opened, connected
+ * and started, each on its own thread; the outcome in sides[0].st and sides[1].st. */
+static void start_pair(const char* job, int west_ft) {
+  side_t *east = &sides[0], *west = &sides[1];
+  side_init(east, 0);
+  side_init(west, 1);
+  assert_int_equal(side_open(east, job, 1, 0, NULL), NB_OK);
+  assert_int_equal(side_open(west, job, west_ft, 0, NULL), NB_OK);
+  assert_int_equal(pair_connect(east->s, west->s), NB_OK);
+  run_both(east, west, start_main);
+}
+
 /* Two clusters apply PHASE1 rounds, west dies, east's rounds are skipped, west restarts and
  * rejoins; both reach TARGET applied rounds on one theta_global. overlap: east's and the first
  * west's rounds overlapped (the restarted west's blocking). */
@@ -255,12 +267,7 @@ static void test_overlapped_equals_blocking(void** state) {
   float x[2][DIM];
   for (int mode = 0; mode < 2; mode++) {
     side_t *east = &sides[0], *west = &sides[1];
-    side_init(east, 0);
-    side_init(west, 1);
-    assert_int_equal(side_open(east, mode ? "api-ft-ov" : "api-ft-bl", 1, 0, NULL), NB_OK);
-    assert_int_equal(side_open(west, mode ? "api-ft-ov" : "api-ft-bl", 1, 0, NULL), NB_OK);
-    assert_int_equal(pair_connect(east->s, west->s), NB_OK);
-    run_both(east, west, start_main);
+    start_pair(mode ? "api-ft-ov" : "api-ft-bl", 1);
     if (east->st || west->st) fail_msg("start: %s / %s", east->msg, west->msg);
     if (mode) { /* out of order: an end without a begin */
       nb_session_round_t r;
@@ -289,12 +296,7 @@ static void test_overlapped_equals_blocking(void** state) {
 static void test_eager_skipped(void** state) {
   (void)state;
   side_t *east = &sides[0], *west = &sides[1];
-  side_init(east, 0);
-  side_init(west, 1);
-  assert_int_equal(side_open(east, "api-ft-eager", 1, 0, NULL), NB_OK);
-  assert_int_equal(side_open(west, "api-ft-eager", 1, 0, NULL), NB_OK);
-  assert_int_equal(pair_connect(east->s, west->s), NB_OK);
-  run_both(east, west, start_main);
+  start_pair("api-ft-eager", 1);
   if (east->st || west->st) fail_msg("start: %s / %s", east->msg, west->msg);
   nb_session_close(west->s);
   west->s = NULL;
@@ -340,13 +342,7 @@ static void test_refusals(void** state) {
   assert_null(s);
 
   /* clusters that disagree on fault tolerance: both refuse at start, naming it */
-  side_t *east = &sides[0], *west = &sides[1];
-  side_init(east, 0);
-  side_init(west, 1);
-  assert_int_equal(side_open(east, "api-ft-mixed", 1, 0, NULL), NB_OK);
-  assert_int_equal(side_open(west, "api-ft-mixed", 0, 0, NULL), NB_OK);
-  assert_int_equal(pair_connect(east->s, west->s), NB_OK);
-  run_both(east, west, start_main);
+  start_pair("api-ft-mixed", 0);
   for (int c = 0; c < 2; c++) {
     print_message("cluster %d: %s\n", c, sides[c].msg);
     assert_int_equal(sides[c].st, NB_ERR_CONFIG);
