@@ -6,6 +6,11 @@
   nebula  two clusters through the binding (nebula.torch.DiLoCo) across the same link,
           started by `nebula run` as a spec.program job
 
+With --thin F the link's rate is set so that one dense int8 frame of the model takes F times a
+round's compute (H steps of single's measured step time), ddp is skipped (hours at such a
+rate), and nebula runs with values "auto" (the scheduler's codec points, adaptive) and decaying
+error feedback: a user's own model on the thin link of `nebula bench e2e --thin`.
+
 As root the link is deploy/wan's emulated one (two network namespaces, --rate-mbit each way,
 --delay-ms one way) and the WAN bytes are what the link device sent; otherwise both run on
 loopback without the link's delay (said in the output) and the bytes are counted. Prints one
@@ -68,8 +73,18 @@ def run_single(a, seed: int, out: str, env: dict) -> dict:
     return read(os.path.join(out, "torch-summary-single.json"))
 
 
-def run_nebula(a, seed: int, out: str, env: dict, netns: bool) -> list[dict]:
+def thin_rate_mbit(a, single: dict) -> float:
+    """The rate at which one dense int8 frame (a byte per parameter and an fp32 scale per 256)
+    takes a.thin x one round's compute (H steps at single's mean step time)."""
+    frame_bytes = single["params"] * (1 + 4 / 256)
+    round_s = single["wall_s"] / single["steps"] * a.sync_every
+    return frame_bytes * 8 / (a.thin * round_s) / 1e6
+
+
+def run_nebula(a, seed: int, out: str, env: dict, netns: bool,
+               rate_mbit: float | None = None) -> list[dict]:
     os.makedirs(out, exist_ok=True)
+    rate = a.rate_mbit if rate_mbit is None else rate_mbit
     job = {
         "apiVersion": "nebula/v1", "kind": "TrainingJob",
         "metadata": {"name": f"bench-torch-{seed}"},
@@ -81,9 +96,12 @@ def run_nebula(a, seed: int, out: str, env: dict, netns: bool) -> list[dict]:
                      "outer": {"lr": a.outer_lr, "momentum": a.outer_momentum}},
             "compression": {"density": {"initial": a.density, "max": a.density},
                             "values": a.values, "topkChunk": a.topk_chunk},
-            "link": {"rateMbit": a.rate_mbit, "delayMs": a.delay_ms if netns else 0},
+            "link": {"rateMbit": rate, "delayMs": a.delay_ms if netns else 0},
         },
     }
+    if a.thin:  # the scheduler picks whole codec points for the measured link
+        job["spec"]["compression"] = {"values": "auto", "adaptive": True,
+                                      "density": {"initial": 0.03, "min": 0.0001, "max": 1}}
     if a.ef_decay is not None:
         job["spec"]["compression"]["errorFeedbackDecay"] = a.ef_decay
     desc = os.path.join(out, "job.json")
@@ -181,6 +199,9 @@ def main(argv=None) -> int:
                     help="languages of dc-a;dc-b (single trains on both)")
     ap.add_argument("--out", default=os.path.join("bench-out", "torch"))
     ap.add_argument("--nebula", default=os.environ.get("NEBULA_EXE", "nebula"))
+    ap.add_argument("--thin", type=float, default=0,
+                    help="F > 0: the link's rate so that a dense int8 frame takes F rounds of "
+                    "compute; ddp skipped, nebula with values auto (default 0: --rate-mbit)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     for k in ("seeds", "steps", "sync_every", "layers", "width", "context", "batch", "threads"):
@@ -195,15 +216,21 @@ def main(argv=None) -> int:
     skip = {s for s in a.skip.split(",") if s}
     if skip - {"ddp", "single"}:
         ap.error(f"--skip: unknown run(s) {sorted(skip - {'ddp', 'single'})}")
+    if a.thin < 0 or (a.thin and "single" in skip):
+        ap.error("--thin must be > 0 and needs the single run (it measures the step time)")
+    if a.thin:
+        skip.add("ddp")  # hours at a thin rate
+        if a.ef_decay is None:
+            a.ef_decay = 0.85  # the thin link's points were measured with decay (docs/hybrid.md)
     try:
         import torch  # noqa: F401
     except ImportError:
         log("PyTorch is not installed (scripts/setup.sh installs it): nothing to measure")
         return 77
     netns = os.geteuid() == 0 and not a.loopback and a.delay_ms > 0
-    link = (f"emulated {a.rate_mbit:g} Mbit/s, {a.delay_ms:g} ms one way (network namespaces)"
-            if netns else f"loopback (no delay; nebula capped at {a.rate_mbit:g} Mbit/s; ddp "
-            "uncapped)")
+    rate = f"--thin {a.thin:g}'s rate (per seed)" if a.thin else f"{a.rate_mbit:g} Mbit/s"
+    link = (f"emulated {rate}, {a.delay_ms:g} ms one way (network namespaces)"
+            if netns else f"loopback (no delay; nebula capped at {rate}; ddp uncapped)")
     log("link: " + link)
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep +
                os.environ.get("PYTHONPATH", ""), PYTHONDONTWRITEBYTECODE="1")
@@ -213,9 +240,13 @@ def main(argv=None) -> int:
         r = {"seed": seed}
         base = os.path.join(a.out, f"seed{seed}")
         try:
+            rate = None
             if "single" not in skip:
                 r["single"] = run_single(a, seed, os.path.join(base, "single"), env)
-            neb = run_nebula(a, seed, os.path.join(base, "nebula"), env, netns)
+                if a.thin:
+                    rate = r["rate_mbit"] = thin_rate_mbit(a, r["single"])
+                    log(f"seed {seed}: --thin {a.thin:g}: {rate:.4f} Mbit/s")
+            neb = run_nebula(a, seed, os.path.join(base, "nebula"), env, netns, rate)
             r["nebula"] = {
                 "wall_s": max(s["wall_s"] for s in neb),
                 "final_eval_loss": neb[0]["final_eval_loss"],
@@ -223,6 +254,10 @@ def main(argv=None) -> int:
                 "compute_utilization": min(s["compute_utilization"] for s in neb),
                 "binding_overhead": max(s["binding_overhead"] or 0 for s in neb),
                 "same_hash": neb[0]["global_xxh3"] == neb[1]["global_xxh3"],
+                "rounds": min(s["rounds"] for s in neb),
+                # frames' bytes as the clusters counted them, per parameter and round
+                "bits_per_param_per_sync": 8 * sum(s["wan_bytes_counted"] for s in neb) / max(
+                    1, len(neb) * neb[0]["params"] * max(1, min(s["rounds"] for s in neb))),
             }
             if "ddp" not in skip:
                 d = run_ddp(a, seed, os.path.join(base, "ddp"), env, netns)
@@ -253,6 +288,10 @@ def main(argv=None) -> int:
                     print(f"seed {seed} {k} {r[k]:.4f}")
             if "nebula" in r:
                 print(f"seed {seed} binding_overhead {r['nebula']['binding_overhead']:.4f}")
+                print(f"seed {seed} bits_per_param_per_sync "
+                      f"{r['nebula']['bits_per_param_per_sync']:.4f}")
+            if "rate_mbit" in r:
+                print(f"seed {seed} rate_mbit {r['rate_mbit']:.4f}")
 
     def mean(k, sub=None):
         v = [(r[sub][k] if sub else r[k]) for r in results if (sub in r if sub else k in r)]
@@ -262,6 +301,7 @@ def main(argv=None) -> int:
         "link": link, "netns": netns, "steps": a.steps, "sync_every": a.sync_every,
         "overlap": a.overlap, "values": a.values, "density": a.density,
         "topk_chunk": a.topk_chunk, "ef_decay": a.ef_decay, "eager": not a.no_eager,
+        "thin": a.thin, "bits_per_param_per_sync": mean("bits_per_param_per_sync", "nebula"),
         "seeds": a.seeds,
         "nebula_vs_single_loss": mean("nebula_vs_single_loss"),
         "nebula_vs_single_time": mean("nebula_vs_single_time"),

@@ -170,6 +170,33 @@ class BenchTorch(unittest.TestCase):
             self.assertGreater(run["ddp"]["wan_bytes"], run["nebula"]["wan_bytes"])
             self.assertFalse(r["netns"])
 
+    def test_thin(self):
+        """--thin 10: the rate from single's step time (a finite, positive Mbit/s), no ddp run,
+        nebula with values auto under that cap: one theta_global, sparse frames (far below a
+        byte per parameter per round), every ratio a finite number."""
+        with tempfile.TemporaryDirectory(prefix="nb-bt-") as out:
+            p = subprocess.run(
+                [NEBULA, "bench", "torch", "--json", "--loopback", "--thin", "10", "--steps", "16",
+                 "--sync-every", "4", "--overlap", "2", "--layers", "1", "--width", "32",
+                 "--context", "32", "--batch", "2", "--threads", "1", "--data-dir", DATA,
+                 "--langs", "en,de;ru,zh", "--out", out], capture_output=True, text=True,
+                timeout=300)
+            self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+            r = json.loads(p.stdout)
+            run = r["runs"][0]
+            self.assertNotIn("ddp", run)
+            self.assertTrue(math.isfinite(run["rate_mbit"]) and run["rate_mbit"] > 0)
+            self.assertTrue(run["nebula"]["same_hash"])
+            self.assertEqual(r["thin"], 10)
+            for k in ("nebula_vs_single_loss", "nebula_vs_single_time", "binding_overhead"):
+                self.assertTrue(math.isfinite(r[k]), k)
+            self.assertGreater(r["bits_per_param_per_sync"], 0)
+            self.assertLess(r["bits_per_param_per_sync"], 8)
+            with open(os.path.join(out, "seed1", "nebula", "job.json")) as f:
+                comp = json.load(f)["spec"]["compression"]
+            self.assertEqual(comp["values"], "auto")
+            self.assertTrue(comp["adaptive"])
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
