@@ -1089,6 +1089,12 @@ enum { NB__CH_MISSING = 0, NB__CH_OPENING = 1, NB__CH_HELD = 2 };
  * (the last one frees it then). */
 static void nb__rx_fail_locked(nb_link_rx_t* rx, nb__rx_xfer_t* x, const char* msg);
 
+/* How long a transfer from a sender not (yet) among the receiver's peers waits for
+ * nb_link_rx_add_peer before it is refused (the exchange's authorisation waits as long for a
+ * certificate's cluster; docs/link.md): well under the dead timeout's floor, so that a cluster
+ * that is no peer hears "unknown sender", not silence. */
+#define NB__RX_PEER_WAIT_NS 500000000LL
+
 struct nb_link_rx {
   char job[NB_LINK_ID_MAX], local[NB_LINK_ID_MAX];
   int allow_plaintext, allow_unsealed;
@@ -1172,6 +1178,7 @@ nb_status_t nb_link_rx_add_peer(nb_link_rx_t* rx, const char* peer, nb_seal_ctx_
     p->seal = seal;
     p->next = rx->peers;
     rx->peers = p;
+    pthread_cond_broadcast(&rx->cv); /* a transfer from it may wait in nb__rx_open */
   }
   pthread_mutex_unlock(&rx->mu);
   return st;
@@ -1223,7 +1230,8 @@ static nb__rx_peer_t* nb__rx_peer_find(nb_link_rx_t* rx, const char* id) {
 nb_status_t nb_link_rx_peer(nb_link_rx_t* rx, const char* peer, nb_link_rx_peer_t* out) {
   if (!rx || !peer || !out) return nb_error(NB_ERR_INVALID, "link rx peer: NULL");
   memset(out, 0, sizeof *out);
-  nb_status_t st = nb_error(NB_ERR_NOT_FOUND, "link rx: '%.64s' is not a peer", peer);
+  nb_status_t st = NB_ERR_NOT_FOUND; /* the message only when so: a lookup must not overwrite a
+                                        caller's last error with a failure that did not happen */
   pthread_mutex_lock(&rx->mu);
   for (nb__rx_peer_t* p = rx->peers; p; p = p->next) {
     if (strcmp(p->id, peer) != 0) continue;
@@ -1234,6 +1242,7 @@ nb_status_t nb_link_rx_peer(nb_link_rx_t* rx, const char* peer, nb_link_rx_peer_
     st = NB_OK;
   }
   pthread_mutex_unlock(&rx->mu);
+  if (st != NB_OK) return nb_error(st, "link rx: '%.64s' is not a peer", peer);
   return st;
 }
 
@@ -1375,10 +1384,19 @@ static nb_status_t nb__rx_open(nb__rx_call_t* c, const Nebula__V1__PushOpen* o) 
     return nb__rx_refuse(c, k->transfer_id, NB_ERR_PERMISSION, NB__ST_REJECTED,
                          "caller without a certificate");
   }
+  /* A sender not (yet) among our peers is waited for a while: our server answers from the
+   * exchange's creation on and the peers are added after it, so a peer whose process started
+   * first can open a transfer in between (seen under load on plaintext links, which have no
+   * certificate for the exchange's authorisation to wait on) */
   nb__rx_peer_t* peer = NULL;
+  int64_t until = nb_now_ns() + NB__RX_PEER_WAIT_NS;
   pthread_mutex_lock(&rx->mu);
-  for (nb__rx_peer_t* p = rx->peers; p; p = p->next)
-    if (strcmp(p->id, k->sender) == 0) peer = p;
+  for (;;) {
+    for (nb__rx_peer_t* p = rx->peers; p; p = p->next)
+      if (strcmp(p->id, k->sender) == 0) peer = p;
+    if (peer || rx->cancelled || nb_now_ns() >= until) break;
+    nb_cond_wait_until(&rx->cv, &rx->mu, until);
+  }
   pthread_mutex_unlock(&rx->mu);
   if (!peer)
     return nb__rx_refuse(c, k->transfer_id, NB_ERR_PERMISSION, NB__ST_REJECTED,

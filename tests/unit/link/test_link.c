@@ -740,10 +740,13 @@ static void test_adaptive_chunks(void** state) {
   }
   /* the receiver heard dc-a: opens and chunks; the chunk size it saw is gone with the frame */
   nb_link_rx_peer_t rp;
+  nb_error(NB_ERR_IO, "an earlier failure");
   assert_int_equal(nb_link_rx_peer(r.rx, "dc-a", &rp), NB_OK);
+  assert_string_equal(nb_error_last(), "an earlier failure"); /* a lookup that found it says nothing */
   assert_true(rp.last_heard_ns > 0 && rp.messages >= 3);
   assert_int_equal(rp.chunk_bytes, 0);
   assert_int_equal(nb_link_rx_peer(r.rx, "dc-z", &rp), NB_ERR_NOT_FOUND);
+  assert_non_null(strstr(nb_error_last(), "'dc-z' is not a peer"));
   free(f);
   nb_link_destroy(l);
   nb_seal_ctx_destroy(seal_a);
