@@ -68,9 +68,10 @@ struct nb_session {
   int in_flight;
   pthread_t fly;
   float* at_begin;
-  /* eager (docs/api.md "The overlapped round"): begin moved the buffers to the round's predicted
-   * landing (at_begin then holds that, as the buffers took it); local still holds theta_local */
-  int eager, moved;
+  /* the eager start (hc.eager, docs/api.md "The overlapped round"): begin moved the buffers to
+   * the round's predicted landing (at_begin then holds that, as the buffers took it); local
+   * still holds theta_local */
+  int moved;
   const uint8_t* fly_msg;
   size_t fly_len;
   uint64_t fly_round, fly_sent, fly_samples;
@@ -183,7 +184,9 @@ static void nb__ss_write(nb_session_t* s, const float* src) {
 }
 
 /* theta_local (theta_global after a round) into the caller's buffers. */
-static void nb__ss_scatter(nb_session_t* s) { nb__ss_write(s, s->local); }
+static void nb__ss_scatter(nb_session_t* s) {
+  nb__ss_write(s, s->local);
+}
 
 static const char* nb__ss_dtype_name(uint32_t d) {
   return d == NB_DTYPE_FP32   ? "fp32"
@@ -259,14 +262,12 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
                     o->error_feedback_decay);
   hc->ef_decay = (float)o->error_feedback_decay;
   hc->eager = o->eager ? 1 : 0;
-  if (o->topk_chunk != 0 && (o->topk_chunk < NB_FRAME_MIN_CHUNK ||
-                             o->topk_chunk > NB_FRAME_MAX_CHUNK ||
-                             (o->topk_chunk & (o->topk_chunk - 1)) != 0))
-    return nb_error(NB_ERR_CONFIG,
-                    "session: topk_chunk %u is not 0 or a power of two in [%u, %u]",
+  if (o->topk_chunk != 0 &&
+      (o->topk_chunk < NB_FRAME_MIN_CHUNK || o->topk_chunk > NB_FRAME_MAX_CHUNK ||
+       (o->topk_chunk & (o->topk_chunk - 1)) != 0))
+    return nb_error(NB_ERR_CONFIG, "session: topk_chunk %u is not 0 or a power of two in [%u, %u]",
                     o->topk_chunk, NB_FRAME_MIN_CHUNK, NB_FRAME_MAX_CHUNK);
   hc->topk_chunk = o->topk_chunk;
-  s->eager = hc->eager;
   hc->exchange = nb__ss_exchange;
   hc->exchange_ctx = s;
   if (o->n_clusters < 1 || o->n_clusters > NB_HYBRID_MAX_CLUSTERS)
@@ -1109,13 +1110,13 @@ static void nb__ss_read_buffers(const nb_session_t* s, float* dst) {
   }
 }
 
-/* Eager start (the session's `eager`, a sparse frame): the caller's buffers move to where the
- * round in flight will land as far as we know (nb_hybrid_eager_target), so that its steps until
- * round_end train on a model that has most of the update already; at_begin then holds that
- * start as the buffers took it (bf16 and fp16 rounded), the progress is measured from there, and
- * s->local keeps theta_local as read at begin, which a round that is not applied goes back to. */
+/* Eager start (hc.eager and a sparse frame: nb_hybrid_eager_target decides): the caller's
+ * buffers move to where the round in flight will land as far as we know, so that its steps
+ * until round_end train on a model that has most of the update already; at_begin then holds
+ * that start as the buffers took it (bf16 and fp16 rounded), the progress is measured from
+ * there, and s->local keeps theta_local as read at begin, which a round that is not applied
+ * goes back to. */
 static nb_status_t nb__ss_eager_start(nb_session_t* s) {
-  if (!s->eager) return NB_OK;
   int moved = 0;
   NB_CHECK(nb_hybrid_eager_target(s->h, s->at_begin, &moved));
   if (!moved) return NB_OK;
@@ -1125,7 +1126,9 @@ static nb_status_t nb__ss_eager_start(nb_session_t* s) {
   return NB_OK;
 }
 
-int nb_session_begin_moved(const nb_session_t* s) { return s && s->in_flight && s->moved; }
+int nb_session_begin_moved(const nb_session_t* s) {
+  return s && s->in_flight && s->moved;
+}
 
 nb_status_t nb_session_round_begin(nb_session_t* s, uint64_t samples) {
   NB_CHECK(nb__ss_ready(s, "round_begin"));

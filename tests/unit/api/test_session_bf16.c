@@ -341,10 +341,8 @@ static void test_dtype_mismatch(void** state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_reference_conversion),
-      cmocka_unit_test(test_bf16_and_fp32_rounds),
-      cmocka_unit_test(test_fp16_and_fp32_rounds),
-      cmocka_unit_test(test_dtype_mismatch),
+      cmocka_unit_test(test_reference_conversion), cmocka_unit_test(test_bf16_and_fp32_rounds),
+      cmocka_unit_test(test_fp16_and_fp32_rounds), cmocka_unit_test(test_dtype_mismatch),
       cmocka_unit_test(test_eager_half),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

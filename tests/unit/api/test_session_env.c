@@ -366,7 +366,8 @@ static void test_from_descriptor(void** state) {
       "  \"sync\": {\"innerSteps\": 8, \"peerTimeoutSeconds\": 3, \"outer\": {\"lr\": 0.5, "
       "\"momentum\": 0.25}, \"eager\": false},\n"
       "  \"compression\": {\"density\": {\"initial\": 0.05, \"min\": 0.01, \"max\": 0.2}, "
-      "\"values\": \"auto\", \"topkChunk\": 1024, \"errorFeedback\": false, \"errorFeedbackDecay\": 0.9, "
+      "\"values\": \"auto\", \"topkChunk\": 1024, \"errorFeedback\": false, "
+      "\"errorFeedbackDecay\": 0.9, "
       "\"adaptive\": true},\n"
       "  \"link\": {\"rateMbit\": 40}}}\n";
   char path[512];

@@ -314,7 +314,8 @@ static void test_eager_skipped(void** state) {
     nb_session_round_t rec;
     assert_int_equal(nb_session_round_end(east->s, &rec), NB_OK);
     assert_int_equal(rec.applied, 0);
-    for (int i = 0; i < DIM; i++) assert_true(fabsf(east->x[i] - (before[i] + trained[i])) <= 1e-5f);
+    for (int i = 0; i < DIM; i++)
+      assert_true(fabsf(east->x[i] - (before[i] + trained[i])) <= 1e-5f);
   }
   nb_session_close(east->s);
 }

@@ -742,7 +742,8 @@ static void test_adaptive_chunks(void** state) {
   nb_link_rx_peer_t rp;
   nb_error(NB_ERR_IO, "an earlier failure");
   assert_int_equal(nb_link_rx_peer(r.rx, "dc-a", &rp), NB_OK);
-  assert_string_equal(nb_error_last(), "an earlier failure"); /* a lookup that found it says nothing */
+  assert_string_equal(nb_error_last(),
+                      "an earlier failure"); /* a lookup that found it says nothing */
   assert_true(rp.last_heard_ns > 0 && rp.messages >= 3);
   assert_int_equal(rp.chunk_bytes, 0);
   assert_int_equal(nb_link_rx_peer(r.rx, "dc-z", &rp), NB_ERR_NOT_FOUND);
