@@ -16,7 +16,7 @@ nb_status_t nb_ft_exchange(void* ctx, uint64_t xround, const void* msg, size_t l
   nb_exchange_result_t res[NB_HYBRID_MAX_CLUSTERS - 1];
   memset(res, 0, sizeof res);
   int64_t deadline = nb_now_ns() + (int64_t)(x->deadline_s * 1e9);
-  nb_status_t st = nb_exchange_round(x->ex, xround, msg, len, deadline, res);
+  nb_status_t st = nb_exchange_round_early(x->ex, xround, msg, len, deadline, res);
   if (st == NB_ERR_INVALID || st == NB_ERR_NOMEM) return st;
   uint64_t bytes = 0, newest = 0;
   uint32_t up = 0;

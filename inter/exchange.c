@@ -20,6 +20,8 @@
 /* what one heartbeat costs on the wire, both ways (gRPC unary Ping over TLS: HTTP/2 frames, TLS
  * records, TCP/IP headers and ACKs), for the Ping period on a thin link */
 #define NB__EX_HB_WIRE_BYTES 600
+/* nb_exchange_destroy waits this long at most for the sends early rounds left running */
+#define NB__EX_FLUSH_NS 10000000000LL
 
 NB_PARAM_INT(ExchangeHeartbeatMs, "NB_EXCHANGE_HEARTBEAT_MS", 250, 20, 60000,
              "Ping period of the exchange heartbeat per peer")
@@ -49,6 +51,7 @@ typedef struct {
   int64_t dead_ms_told; /* under ex->mu: the derived dead timeout last logged */
   int64_t ping_ns;      /* heartbeat thread only: when its latest Ping ended (0 = none yet) */
   uint64_t pings_ok, pings_failed;
+  struct nb__bg* bg; /* round caller only: sends left running by nb_exchange_round_early */
 } nb__peer_t;
 
 struct nb_exchange {
@@ -71,6 +74,7 @@ struct nb_exchange {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int stopping;
+  uint64_t calls; /* round calls so far (the caller's thread only) */
   /* the published global state (Pull), under mu */
   uint8_t* state;
   size_t state_len;
@@ -670,13 +674,87 @@ typedef struct {
   nb_status_t st;
   char detail[256];
   nb_link_send_stats_t stats;
+  int done; /* atomic: the send returned */
 } nb__send_job_t;
+
+/* A send that nb_exchange_round_early left running: its thread and its own copy of the frame,
+ * joined by a later round call (its figures reported there) or by nb_exchange_destroy. */
+typedef struct nb__bg {
+  pthread_t th;
+  nb__send_job_t job;
+  uint8_t* copy;
+  uint64_t call; /* the round call that started it */
+  struct nb__bg* next;
+} nb__bg_t;
 
 static void* nb__sender(void* arg) {
   nb__send_job_t* j = arg;
   j->st = nb_link_send(j->p->link, j->round, j->frame, j->len, NULL, 0, j->deadline_ns, &j->stats);
   if (j->st != NB_OK) snprintf(j->detail, sizeof j->detail, "%s", nb_error_last());
+  __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
   return NULL;
+}
+
+/* Starts a background send of a copy of frame to p (call: the round call's number). */
+static nb_status_t nb__bg_start(nb__peer_t* p, uint64_t call, uint64_t round, const void* frame,
+                                size_t len, int64_t deadline_ns) {
+  nb__bg_t* b = NULL;
+  NB_CHECK(NB_CALLOC(b, 1, "background send"));
+  nb_status_t st = nb_alloc((void**)&b->copy, len, 1, "frame in flight");
+  if (st != NB_OK) {
+    nb_free(b);
+    return st;
+  }
+  memcpy(b->copy, frame, len);
+  b->call = call;
+  b->job = (nb__send_job_t){
+      .p = p, .round = round, .frame = b->copy, .len = len, .deadline_ns = deadline_ns};
+  if (pthread_create(&b->th, NULL, nb__sender, &b->job) != 0) {
+    nb_free(b->copy);
+    nb_free(b);
+    return nb_error(NB_ERR_SYSTEM, "cannot start a sender thread");
+  }
+  b->next = p->bg;
+  p->bg = b;
+  return NB_OK;
+}
+
+/* Joins p's background sends started before round call `call` (all of them for call 0), adds
+ * their bytes, chunk messages and reconnects to *sent (nullable) and returns the first failed
+ * one's status (NB_OK when none failed), its detail in why. */
+static nb_status_t nb__bg_reap(nb__peer_t* p, uint64_t call, nb_link_send_stats_t* sent, char* why,
+                               size_t why_cap) {
+  nb_status_t first = NB_OK;
+  for (nb__bg_t** at = &p->bg; *at;) {
+    nb__bg_t* b = *at;
+    if (call && b->call >= call) {
+      at = &b->next;
+      continue;
+    }
+    pthread_join(b->th, NULL);
+    if (sent) {
+      sent->bytes += b->job.stats.bytes;
+      sent->chunks_sent += b->job.stats.chunks_sent;
+      sent->reconnects += b->job.stats.reconnects;
+    }
+    if (b->job.st != NB_OK && first == NB_OK) {
+      first = b->job.st;
+      snprintf(why, why_cap, "sending round %llu to %.60s: %.160s",
+               (unsigned long long)b->job.round, p->id, b->job.detail);
+    }
+    *at = b->next;
+    nb_free(b->copy);
+    nb_free(b);
+  }
+  return first;
+}
+
+/* 1 when every background send of every peer has returned. */
+static int nb__bg_idle(const nb_exchange_t* ex) {
+  for (size_t i = 0; i < ex->n; i++)
+    for (const nb__bg_t* b = ex->peers[i]->bg; b; b = b->next)
+      if (!__atomic_load_n(&b->job.done, __ATOMIC_ACQUIRE)) return 0;
+  return 1;
 }
 
 void nb_exchange_results_release(nb_exchange_result_t* r, size_t n) {
@@ -714,11 +792,17 @@ nb_status_t nb_exchange_round_take(nb_exchange_t* ex, uint64_t round, const void
   return st;
 }
 
-nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* frame, size_t len,
-                              int64_t deadline_ns, nb_exchange_result_t* results) {
+/* nb_exchange_round (early 0) and nb_exchange_round_early (1). */
+static nb_status_t nb__ex_round(nb_exchange_t* ex, uint64_t round, const void* frame, size_t len,
+                                int64_t deadline_ns, int early, nb_exchange_result_t* results) {
   if (!ex || !frame || len == 0 || !results)
     return nb_error(NB_ERR_INVALID, "exchange round: NULL argument or empty frame");
   size_t n = ex->n;
+  uint64_t call = ++ex->calls;
+  /* A peer that sent a later round's frame has moved past this one: a plain round's sends are
+   * over when it returns. An early round's are not (they are over when the round after it
+   * returns), so its frame of round + 1 can overtake this round's, even to our receiver's
+   * threads (the two transfers' opens race): only round + 2 or later proves it past. */
   nb__send_job_t* jobs = NULL;
   pthread_t* th = NULL;
   int* started = NULL;
@@ -746,7 +830,13 @@ nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* fra
     nb_link_resume(p->link);
     jobs[i] = (nb__send_job_t){
         .p = p, .round = round, .frame = frame, .len = len, .deadline_ns = deadline_ns};
-    if (pthread_create(&th[i], NULL, nb__sender, &jobs[i]) == 0) {
+    if (early) {
+      nb_status_t bs = nb__bg_start(p, call, round, frame, len, deadline_ns);
+      if (bs != NB_OK) {
+        jobs[i].st = bs;
+        snprintf(jobs[i].detail, sizeof jobs[i].detail, "%s", nb_error_last());
+      }
+    } else if (pthread_create(&th[i], NULL, nb__sender, &jobs[i]) == 0) {
       started[i] = 1;
     } else {
       jobs[i].st = NB_ERR_SYSTEM;
@@ -771,7 +861,8 @@ nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* fra
                  "peer %s (%.100s) stopped answering: nothing heard for %lld ms", p->id, p->target,
                  silent);
         nb_link_cancel(p->link);
-      } else if (rs == NB_ERR_TIMEOUT && nb_link_rx_newest(ex->rx, p->id) > round) {
+      } else if (rs == NB_ERR_TIMEOUT && nb_link_rx_newest(ex->rx, p->id) > round + early &&
+                 !nb_link_rx_arriving(ex->rx, p->id, round)) {
         snprintf(r->detail, sizeof r->detail, "peer %s is already at round %llu, past %llu", p->id,
                  (unsigned long long)nb_link_rx_newest(ex->rx, p->id), (unsigned long long)round);
       } else if (rs == NB_ERR_TIMEOUT && deadline_ns && nb_now_ns() >= deadline_ns) {
@@ -807,6 +898,7 @@ nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* fra
   st = NB_OK;
   for (size_t i = 0; i < n; i++) {
     nb_exchange_result_t* r = &results[i];
+    nb__peer_t* p = ex->peers[i];
     if (started[i]) {
       pthread_join(th[i], NULL);
       r->send_status = jobs[i].st;
@@ -814,13 +906,26 @@ nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* fra
     } else if (jobs[i].p) {
       r->send_status = jobs[i].st;
     }
+    /* the sends earlier early rounds left running: a peer that is gone ends them at once; a
+     * refusal or a corrupt frame among them is this round's failure, any other failure of
+     * theirs (the peer was down for a while) is no news about this round's frames */
+    char why[256] = "";
+    nb_status_t bst = NB_OK;
+    if (p->bg) {
+      if (!nb_exchange_peer_alive(ex, i)) nb_link_cancel(p->link);
+      bst = nb__bg_reap(p, call, &r->send, why, sizeof why);
+      if (r->send_status == NB_OK) r->send_status = bst;
+    }
     if (r->status == NB_OK) {
       int alive = nb_exchange_peer_alive(ex, i);
       if (r->recv_status != NB_OK) {
         r->status = r->recv_status;
-      } else if (r->send_status != NB_OK) {
-        r->status = r->send_status;
+      } else if (jobs[i].st != NB_OK) {
+        r->status = jobs[i].st;
         snprintf(r->detail, sizeof r->detail, "sending to %.60s: %.180s", r->peer, jobs[i].detail);
+      } else if (bst == NB_ERR_PERMISSION || bst == NB_ERR_INTEGRITY) {
+        r->status = bst;
+        snprintf(r->detail, sizeof r->detail, "%s", why);
       }
       if (r->status == NB_ERR_CANCELLED && !alive) r->status = NB_ERR_UNAVAILABLE;
       if (r->status != NB_OK && !alive && r->status != NB_ERR_UNAVAILABLE) {
@@ -848,14 +953,39 @@ out:
   return st;
 }
 
+nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* frame, size_t len,
+                              int64_t deadline_ns, nb_exchange_result_t* results) {
+  return nb__ex_round(ex, round, frame, len, deadline_ns, 0, results);
+}
+
+nb_status_t nb_exchange_round_early(nb_exchange_t* ex, uint64_t round, const void* frame,
+                                    size_t len, int64_t deadline_ns,
+                                    nb_exchange_result_t* results) {
+  return nb__ex_round(ex, round, frame, len, deadline_ns, 1, results);
+}
+
+/* Waits until every background send has returned, a peer with one still running stops
+ * answering (its link is cancelled), or until_ns. */
+static void nb__ex_flush(nb_exchange_t* ex, int64_t until_ns) {
+  while (!nb__bg_idle(ex) && nb_now_ns() < until_ns) {
+    for (size_t i = 0; i < ex->n; i++)
+      if (ex->peers[i]->bg && !nb_exchange_peer_alive(ex, i)) nb_link_cancel(ex->peers[i]->link);
+    nb_sleep_ns(5000000LL);
+  }
+}
+
 void nb_exchange_destroy(nb_exchange_t* ex) {
   if (!ex) return;
+  /* the last early round's sends (its vote) still reach a live peer, which may be waiting for
+   * them; bounded by NB__EX_FLUSH_NS, then cancelled with the links below */
+  nb__ex_flush(ex, nb_now_ns() + NB__EX_FLUSH_NS);
   pthread_mutex_lock(&ex->mu);
   ex->stopping = 1;
   pthread_cond_broadcast(&ex->cv);
   pthread_mutex_unlock(&ex->mu);
   for (size_t i = 0; i < ex->n; i++) {
     nb_link_cancel(ex->peers[i]->link);
+    nb__bg_reap(ex->peers[i], 0, NULL, NULL, 0);
     if (ex->peers[i]->hb_started) pthread_join(ex->peers[i]->hb, NULL);
   }
   if (ex->rx) nb_link_rx_cancel(ex->rx);

@@ -126,6 +126,24 @@ int64_t nb__exchange_dead_ms(int64_t floor_ms, int rtts, int chunks, double rtt_
 nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* frame, size_t len,
                               int64_t deadline_ns, nb_exchange_result_t* results);
 
+/* nb_exchange_round that returns as soon as every peer's frame of `round` is here (or given up
+ * on), leaving its sends running in the background on a copy of frame: a fault-tolerant round's
+ * update exchange is followed by its vote without waiting for the update's final acks, and the
+ * vote's own acks are not waited for (they overlap the next compute). So a result's status is
+ * the receive's (NB_OK: the peer's frame is here, whether or not ours is there yet), and
+ * send_status / send describe the sends that earlier early rounds left running to that peer,
+ * which every round call (early or not) waits for before it returns (the vote round thus waits
+ * for its update's acks, which come about when the peers' votes do); a refusal or a corrupt
+ * frame among them (NB_ERR_PERMISSION, NB_ERR_INTEGRITY) fails the round for that peer, any
+ * other failure of theirs is reported in send_status only. nb_exchange_destroy lets the last
+ * ones finish first (at most 10 s, less when their peer stops answering). A peer that uses
+ * early rounds too sends round + 1 before its frame of this round is over, so here a peer
+ * counts as past this round (given up on at once) only once a frame of round + 2 or later came
+ * from it; in nb_exchange_round, a frame of round + 1 or later while this round's is not
+ * arriving. */
+nb_status_t nb_exchange_round_early(nb_exchange_t* ex, uint64_t round, const void* frame,
+                                    size_t len, int64_t deadline_ns, nb_exchange_result_t* results);
+
 /* The global state this cluster serves to a peer that rejoins (Exchange.Pull): the exchange
  * copies `state` (len bytes, borrowed) and serves it, sealed, until the next publish. `round`
  * (< 2^32) names this state in the seal's nonce; a new state needs a new round. Before the

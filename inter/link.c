@@ -35,6 +35,8 @@ NB_PARAM_INT(LinkChunkMinKib, "NB_LINK_CHUNK_MIN_KIB", 16, 1, 65536,
              "adaptive chunks: smallest chunk in KiB")
 
 #define NB__LINK_BACKOFF_MIN_NS 100000000LL
+/* sends of one link in progress at once whose streams nb_link_cancel reaches directly */
+#define NB__LINK_MAX_SENDS 4
 #define NB__LINK_BACKOFF_MAX_NS 2000000000LL
 #define NB__LINK_TICK_MS 100
 /* a send this large measures the rate well enough to plan chunks with (the estimator's own
@@ -206,7 +208,7 @@ nb_status_t nb_link_create(const nb_link_config_t* cfg, nb_link_t** out) {
     goto fail;
   }
   NB_CHECK_GOTO(NB_CALLOC(L->data, L->streams, "link clients"), st, fail);
-  NB_CHECK_GOTO(NB_CALLOC(L->active, L->streams, "link streams"), st, fail);
+  NB_CHECK_GOTO(NB_CALLOC(L->active, L->streams * NB__LINK_MAX_SENDS, "link streams"), st, fail);
   nb_rpc_client_opts_t co = {.tls = cfg->tls,
                              .allow_insecure = cfg->allow_insecure,
                              .expected_cluster = cfg->tls ? cfg->peer_cluster : NULL,
@@ -249,7 +251,7 @@ void nb_link_cancel(nb_link_t* L) {
   if (!L) return;
   pthread_mutex_lock(&L->mu);
   L->cancelled = 1;
-  for (uint32_t i = 0; i < L->streams; i++)
+  for (uint32_t i = 0; i < L->streams * NB__LINK_MAX_SENDS; i++)
     if (L->active[i]) nb_rpc_stream_cancel(L->active[i]);
   pthread_mutex_unlock(&L->mu);
 }
@@ -583,6 +585,20 @@ static void nb__xfer_ack(nb__xfer_t* x, uint32_t i) {
   }
 }
 
+/* Registers an open stream for nb_link_cancel in a free slot (sends may overlap: an exchange's
+ * next frame can start while the last one waits for its final ack). Returns the slot, or the
+ * slot count when every slot is taken (the stream then ends by the cancel flag, at the next
+ * tick). L->mu held. */
+static uint32_t nb__link_track(nb_link_t* L, nb_rpc_stream_t* s) {
+  uint32_t cap = L->streams * NB__LINK_MAX_SENDS;
+  for (uint32_t i = 0; i < cap; i++)
+    if (!L->active[i]) {
+      L->active[i] = s;
+      return i;
+    }
+  return cap;
+}
+
 static int nb__xfer_over(nb__xfer_t* x) {
   return x->complete || x->fatal != NB_OK;
 }
@@ -747,10 +763,25 @@ typedef struct {
   uint32_t nin, head, window;
   nb_status_t err; /* the stream failed (or was told to stop) */
   int64_t last_ack_ns;
+  int open_pending; /* the PushOpen's ack is still to come (a first open: chunks follow it at once)
+                     */
 } nb__stream_t;
 
+/* Applies the PushOpen's ack: the transfer's status, and the chunks the receiver already holds
+ * (a resumed transfer) counted as acknowledged. Returns 1 when the transfer is over. x->mu held. */
+static int nb__open_acked(nb__xfer_t* x, const Nebula__V1__PushAck* a) {
+  int done = nb__xfer_status(x, a);
+  if (!done) {
+    uint32_t next = a->next_chunk > x->count ? x->count : a->next_chunk;
+    for (uint32_t i = 0; i < next; i++) nb__xfer_ack(x, i);
+    if (next > x->resumed_from) x->resumed_from = next;
+  }
+  return done;
+}
+
 /* Reads acks until the stream fails, is cancelled, or the transfer is over. Acks arrive in the
- * order their chunks were sent, so each one retires the head of the in-flight FIFO. Reading in
+ * order their chunks were sent, so each one retires the head of the in-flight FIFO (after the
+ * PushOpen's own ack, when the stream's chunks followed the open without waiting). Reading in
  * its own thread keeps acks drained while the sender blocks in a send (gRPC delivers a failed
  * call's status only after the messages before it were read). */
 static void* nb__ack_reader(void* arg) {
@@ -769,12 +800,18 @@ static void* nb__ack_reader(void* arg) {
     }
     st->last_ack_ns = nb_now_ns();
     nb__link_heard(x->L);
-    if (st->nin > 0) {
-      nb__xfer_ack(x, st->fifo[st->head]);
-      st->head = (st->head + 1) % st->window;
-      st->nin--;
+    int done;
+    if (st->open_pending) {
+      st->open_pending = 0;
+      done = nb__open_acked(x, a);
+    } else {
+      if (st->nin > 0) {
+        nb__xfer_ack(x, st->fifo[st->head]);
+        st->head = (st->head + 1) % st->window;
+        st->nin--;
+      }
+      done = nb__xfer_status(x, a);
     }
-    int done = nb__xfer_status(x, a);
     pthread_cond_broadcast(&x->cv);
     pthread_mutex_unlock(&x->mu);
     protobuf_c_message_free_unpacked(&a->base, NULL);
@@ -820,13 +857,18 @@ static void* nb__worker(void* arg) {
                                         nb__ms_left(x->deadline_ns), NB_RPC_WAIT_FOR_READY, &s);
     if (rc != NB_OK) continue;
     pthread_mutex_lock(&L->mu);
-    L->active[w->sid] = s;
+    uint32_t slot = nb__link_track(L, s);
     if (L->cancelled) nb_rpc_stream_cancel(s);
     pthread_mutex_unlock(&L->mu);
     rc = nb__send_open(x, s);
+    /* The stream's first open sends its chunks right behind the PushOpen (its ack, read first by
+     * the reader, says what the receiver already holds: nothing, for a transfer new to it), so
+     * a frame arrives one round trip after its first byte leaves, not two. A reopen waits for
+     * the ack, to resume where the receiver is. */
+    int pipelined = attempts == 1;
     Nebula__V1__PushAck* a = NULL;
     /* The open's ack: also waits for the connection (wait-for-ready). */
-    while (rc == NB_OK) {
+    while (rc == NB_OK && !pipelined) {
       rc = nb__recv_ack(s, NB__LINK_TICK_MS, &a);
       if (rc != NB_ERR_TIMEOUT) break;
       rc = NB_OK;
@@ -841,20 +883,19 @@ static void* nb__worker(void* arg) {
     int reader = 0;
     pthread_t rth;
     if (rc == NB_OK) {
-      nb__link_heard(L);
-      pthread_mutex_lock(&x->mu);
-      int done = nb__xfer_status(x, a);
-      if (!done) {
-        uint32_t next = a->next_chunk > x->count ? x->count : a->next_chunk;
-        for (uint32_t i = 0; i < next; i++) nb__xfer_ack(x, i);
-        if (next > x->resumed_from) x->resumed_from = next;
+      int done = 0;
+      if (!pipelined) {
+        nb__link_heard(L);
+        pthread_mutex_lock(&x->mu);
+        done = nb__open_acked(x, a);
+        pthread_mutex_unlock(&x->mu);
+        protobuf_c_message_free_unpacked(&a->base, NULL);
       }
-      pthread_mutex_unlock(&x->mu);
-      protobuf_c_message_free_unpacked(&a->base, NULL);
       backoff = NB__LINK_BACKOFF_MIN_NS;
       st.s = s;
       st.nin = st.head = 0;
       st.err = NB_OK;
+      st.open_pending = pipelined;
       st.last_ack_ns = nb_now_ns();
       if (!done) {
         if (pthread_create(&rth, NULL, nb__ack_reader, &st) == 0)
@@ -884,7 +925,10 @@ static void* nb__worker(void* arg) {
         pthread_mutex_lock(&x->mu);
         continue;
       }
-      if (st.nin > 0 && nb_now_ns() - st.last_ack_ns > L->stall_ms * 1000000LL) {
+      /* (a pipelined open's stream may still be connecting: until its ack only the deadline
+       * and a cancel end the wait, as for a waited-for open) */
+      if (!st.open_pending && st.nin > 0 &&
+          nb_now_ns() - st.last_ack_ns > L->stall_ms * 1000000LL) {
         NB_WARN("link %s -> %s: stream %u stalled (no ack for %lld ms): reopening", L->local,
                 L->peer, w->sid, (long long)L->stall_ms);
         rc = NB_ERR_TIMEOUT;
@@ -897,7 +941,7 @@ static void* nb__worker(void* arg) {
     pthread_mutex_unlock(&x->mu);
     /* Stop the reader (the call is cancelled: it returns at once) and retire the stream. */
     pthread_mutex_lock(&L->mu);
-    L->active[w->sid] = NULL;
+    if (slot < L->streams * NB__LINK_MAX_SENDS) L->active[slot] = NULL;
     pthread_mutex_unlock(&L->mu);
     nb_rpc_stream_cancel(s);
     if (reader) pthread_join(rth, NULL);
@@ -1244,6 +1288,15 @@ nb_status_t nb_link_rx_peer(nb_link_rx_t* rx, const char* peer, nb_link_rx_peer_
   pthread_mutex_unlock(&rx->mu);
   if (st != NB_OK) return nb_error(st, "link rx: '%.64s' is not a peer", peer);
   return st;
+}
+
+int nb_link_rx_arriving(nb_link_rx_t* rx, const char* sender, uint64_t round) {
+  if (!rx || !sender) return 0;
+  pthread_mutex_lock(&rx->mu);
+  nb__rx_xfer_t* x = nb__rx_find(rx, sender, round);
+  int arriving = x && x->state == NB__RX_RECEIVING;
+  pthread_mutex_unlock(&rx->mu);
+  return arriving;
 }
 
 uint64_t nb_link_rx_newest(nb_link_rx_t* rx, const char* sender) {

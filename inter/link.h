@@ -92,12 +92,16 @@ void nb_link_destroy(nb_link_t* link);
  * chunk (may be NULL/0). stats: may be NULL. The chunk size is nb_link_chunk_bytes() at the
  * start: the smallest while the link has no rate yet (no cap, nothing measured), so the first
  * transfer keeps acks coming on any link and measures the rate for the next.
- * A dropped connection is reopened with backoff (100 ms doubling to 2 s) and the transfer resumes
- * from the acknowledged chunks. Returns NB_OK; NB_ERR_INTEGRITY (the receiver found a chunk or
- * the frame corrupt: not retried); NB_ERR_PERMISSION (refused: certificate, identity, or the
- * receiver rejected the transfer, e.g. a replayed round); NB_ERR_TIMEOUT (deadline);
- * NB_ERR_CANCELLED (nb_link_cancel); NB_ERR_INVALID. The detail names the peer.
- * On success the estimator gets (len, seconds, streams). One send at a time per link. */
+ * A stream's chunks follow its PushOpen at once (the open's ack comes first on the stream), so
+ * the frame is at the receiver one-way delay after its last chunk leaves.
+ * A dropped connection is reopened with backoff (100 ms doubling to 2 s), waiting for the open's
+ * ack this time, and the transfer resumes from the acknowledged chunks. Returns NB_OK;
+ * NB_ERR_INTEGRITY (the receiver found a chunk or the frame corrupt: not retried);
+ * NB_ERR_PERMISSION (refused: certificate, identity, or the receiver rejected the transfer, e.g. a
+ * replayed round); NB_ERR_TIMEOUT (deadline); NB_ERR_CANCELLED (nb_link_cancel); NB_ERR_INVALID.
+ * The detail names the peer. On success the estimator gets (len, seconds, streams). Sends of
+ * different rounds may overlap (an exchange's vote starts while its update waits for the final
+ * ack), up to 4 reached directly by nb_link_cancel (more end at its flag, within 100 ms). */
 nb_status_t nb_link_send(nb_link_t* link, uint64_t round, const void* frame, size_t len,
                          const void* frame_header, size_t header_len, int64_t deadline_ns,
                          nb_link_send_stats_t* stats);
@@ -257,6 +261,10 @@ nb_status_t nb_link_rx_peer(nb_link_rx_t* rx, const char* peer, nb_link_rx_peer_
 /* The newest round of any transfer `sender` opened to us (complete, taken or still arriving),
  * 0 when none: a sender already past the round we wait for will not send it. Thread-safe. */
 uint64_t nb_link_rx_newest(nb_link_rx_t* rx, const char* sender);
+
+/* 1 when `sender`'s transfer of `round` is open and still arriving (its PushOpen came, not yet
+ * every chunk): a sender whose later, smaller frame overtook this one is not past it. */
+int nb_link_rx_arriving(nb_link_rx_t* rx, const char* sender, uint64_t round);
 
 /* Wakes every nb_link_rx_take with NB_ERR_CANCELLED (shutdown). Thread-safe. */
 void nb_link_rx_cancel(nb_link_rx_t* rx);

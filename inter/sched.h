@@ -30,8 +30,8 @@ typedef struct {
                              default NB_SCHED_HEADROOM */
   double fraction;        /* share of compute the transfer may take without overlap, (0, 1];
                              default NB_SCHED_FRACTION */
-  double rtts_per_round;  /* fixed round trips each exchange costs (open, acks, hash check),
-                             >= 0; default 2 */
+  double rtts_per_round;  /* fixed round trips each exchange costs (the last chunk's way out
+                             and the peers' votes or acks back), >= 0; default 1 */
   double header_bytes;    /* fixed bytes per frame (headers, seal tags), >= 0; default 1024 */
   uint32_t max_steps_factor; /* a lengthened round has at most factor x base steps, >= 1;
                                 default NB_SCHED_MAX_STEPS_FACTOR */

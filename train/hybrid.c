@@ -46,6 +46,8 @@ struct nb_hybrid {
   double step_exchange_s, step_codec_s;
   /* overlap: the exchange of round inflight_round runs on `thread` with a copy of our message */
   int inflight;
+  int fly_done; /* atomic: the exchange thread of the update in flight has finished */
+  long mid_tau; /* the inner step of this round the update in flight landed after */
   pthread_t thread;
   uint64_t inflight_round, inflight_hash;
   uint8_t* fly; /* our message of that round */
@@ -408,10 +410,20 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
   long kh = h->cfg.inner_steps, done = h->local.steps ? 0 : kh;
   if (h->cfg.overlap && h->inflight && h->own_valid && h->cfg.overlap_steps < kh) {
     long tau = h->cfg.overlap_steps;
-    if (tau > 0) NB_CHECK(nb__hy_steps(h, tau, h->cfg.round_seconds, &done, &loss_sum));
-    /* a wall-time round whose budget ended first lands it at its end, as without tau */
-    if (done == tau && (h->cfg.round_seconds <= 0 || nb_now_s() - t0 < h->cfg.round_seconds))
+    if (h->cfg.land_early && h->cfg.round_seconds <= 0 && h->cfg.n_clusters > 1) {
+      /* one step at a time until the exchange is over, tau at the latest */
+      while (done < tau && !__atomic_load_n(&h->fly_done, __ATOMIC_ACQUIRE))
+        NB_CHECK(nb__hy_steps(h, 1, 0, &done, &loss_sum));
+      h->mid_tau = done;
       NB_CHECK(nb__hy_land_mid(h));
+    } else {
+      if (tau > 0) NB_CHECK(nb__hy_steps(h, tau, h->cfg.round_seconds, &done, &loss_sum));
+      /* a wall-time round whose budget ended first lands it at its end, as without tau */
+      if (done == tau && (h->cfg.round_seconds <= 0 || nb_now_s() - t0 < h->cfg.round_seconds)) {
+        h->mid_tau = done;
+        NB_CHECK(nb__hy_land_mid(h));
+      }
+    }
   }
   if (done < kh && (done == 0 || h->mid_landed)) {
     double left = h->cfg.round_seconds > 0 ? h->cfg.round_seconds - (nb_now_s() - t0) : 0;
@@ -748,7 +760,8 @@ static nb_status_t nb__hy_exchange(nb_hybrid_t* h, nb_hybrid_msg_t* all, uint64_
 }
 
 static void* nb__hy_fly_noop(void* arg) {
-  (void)arg;
+  nb_hybrid_t* h = arg;
+  __atomic_store_n(&h->fly_done, 1, __ATOMIC_RELEASE);
   return NULL;
 }
 
@@ -760,6 +773,7 @@ static void* nb__hy_fly_main(void* arg) {
                                   h->fly_peers, h->cfg.n_clusters - 1, &h->fly_sent);
   h->fly_secs = nb_now_s() - t0;
   if (h->fly_status != NB_OK) snprintf(h->fly_error, sizeof h->fly_error, "%s", nb_error_last());
+  __atomic_store_n(&h->fly_done, 1, __ATOMIC_RELEASE);
   return NULL;
 }
 
@@ -827,10 +841,12 @@ static nb_status_t nb__hy_round_overlap(nb_hybrid_t* h, nb_hybrid_round_t* rec) 
   h->inflight_hash = msg_hash;
   h->fly_status = NB_OK;
   if (h->cfg.n_clusters > 1) {
+    h->fly_done = 0;
     if (pthread_create(&h->thread, NULL, nb__hy_fly_main, h) != 0)
       return nb_error(NB_ERR_SYSTEM, "hybrid: cannot start the exchange thread");
   } else {
     h->fly_sent = 0;
+    h->fly_done = 0;
     if (pthread_create(&h->thread, NULL, nb__hy_fly_noop, h) != 0)
       return nb_error(NB_ERR_SYSTEM, "hybrid: cannot start the exchange thread");
   }
@@ -841,6 +857,7 @@ static nb_status_t nb__hy_round_overlap(nb_hybrid_t* h, nb_hybrid_round_t* rec) 
     rec->steps = h->steps;
     rec->samples = h->samples;
     rec->samples_all = applied.samples_all;
+    rec->landed_step = h->mid_landed ? h->mid_tau : -1;
     rec->loss = h->loss;
     rec->msg_bytes = h->msg_len;
     rec->bytes_sent = sent;
@@ -1307,6 +1324,7 @@ static void* nb__hy_fly_ft_main(void* arg) {
   st = nb__hy_ft_take_updates(h, got, np, a, k, hash, h->fly_all, &h->fly_have_all, &h->fly_ok,
                               &h->fly_newest);
   if (st != NB_OK) goto out;
+  double t1 = nb_now_s();
   /* the vote: 1 when every update arrived; sent even when not, so nobody waits for it */
   uint8_t vote[NB_HYBRID_MSG_HEADER_BYTES];
   nb__hy_header_to(vote, me, NB__HY_FLAG_FT | NB__HY_FLAG_VOTE, a, (uint64_t)h->fly_have_all, 0,
@@ -1320,6 +1338,8 @@ static void* nb__hy_fly_ft_main(void* arg) {
   }
   yes = nb__hy_count_votes(h, votes, np, a, k, hash, &h->fly_newest);
   nb__hy_release(votes, np);
+  NB_INFO(TRAIN, "round %llu: update exchange %.3f s, vote %.3f s", (unsigned long long)a, t1 - t0,
+          nb_now_s() - t1);
   h->fly_commit = h->fly_have_all && yes == np;
   h->fly_sent += sent2;
   h->fly_ahead = ahead2 > ahead ? ahead2 : ahead;
@@ -1331,6 +1351,7 @@ out:
     snprintf(h->fly_error, sizeof h->fly_error, "%s", nb_error_last());
     nb__hy_release(h->fly_all, NB_HYBRID_MAX_CLUSTERS);
   }
+  __atomic_store_n(&h->fly_done, 1, __ATOMIC_RELEASE);
   return NULL;
 }
 
@@ -1462,6 +1483,7 @@ static nb_status_t nb__hy_round_ft_overlap(nb_hybrid_t* h, nb_hybrid_round_t* re
     h->fly_k = h->commits;
     h->fly_samples = h->ft_samples;
     h->fly_folded = h->cfg.error_feedback && h->cfg.density >= 1;
+    h->fly_done = 0;
     if (pthread_create(&h->thread, NULL, nb__hy_fly_ft_main, h) != 0)
       return nb_error(NB_ERR_SYSTEM, "hybrid: cannot start the exchange thread");
     h->inflight = 1;
@@ -1481,6 +1503,7 @@ static nb_status_t nb__hy_round_ft_overlap(nb_hybrid_t* h, nb_hybrid_round_t* re
     rec->exchange_s = landing ? h->mid_waited : 0;
     rec->global_hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
     rec->landed = landing;
+    rec->landed_step = h->mid_landed ? h->mid_tau : -1;
     nb__hy_outcome(rec, h, landed.applied, landed.caught_up, landed.need_state, landed.peers_ok,
                    landed.peers_alive);
   }
@@ -1513,6 +1536,7 @@ nb_status_t nb_hybrid_ft_begin(nb_hybrid_t* h) {
   h->fly_folded = 0; /* a skipped round's residual goes back to before its encode */
   h->own_valid = 0;  /* theta_local is the caller's: nothing kept on top of theta_global */
   h->eshift_valid = 0;
+  h->fly_done = 0;
   if (pthread_create(&h->thread, NULL, nb__hy_fly_ft_main, h) != 0)
     return nb_error(NB_ERR_SYSTEM, "hybrid: cannot start the exchange thread");
   h->inflight = 1;
@@ -1758,6 +1782,10 @@ float* nb_hybrid_global(nb_hybrid_t* h, size_t* n) {
 
 uint64_t nb_hybrid_global_hash(const nb_hybrid_t* h) {
   return nb_xxh3_64(h->global, h->n * sizeof(float), 0);
+}
+
+int nb_hybrid_exchange_done(const nb_hybrid_t* h) {
+  return !h || !h->inflight || __atomic_load_n(&h->fly_done, __ATOMIC_ACQUIRE);
 }
 
 uint64_t nb_hybrid_rounds(const nb_hybrid_t* h) {

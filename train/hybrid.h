@@ -93,6 +93,13 @@ typedef struct {
    * round's steps (or a wall-time round whose budget ends first) = at the round's end, one
    * whole round late. */
   long overlap_steps;
+  /* With overlap and overlap_steps below the round's steps: 1 = the update lands at the first
+   * inner-step boundary after its exchange finished, overlap_steps being the latest (where it
+   * waits for it); the adaptive scheduler's tau is an estimate of the exchange's time, and a
+   * landing later than needed costs loss (docs/hybrid.md). Which step that is depends on the
+   * link's timing, so a run is no longer repeatable bit for bit: 0 (default) = exactly after
+   * overlap_steps. Not with a wall-time round (round_seconds). */
+  int land_early;
   /* With overlap: 1 = a round whose frame is sparse starts from a prediction of the theta_global
    * its update lands on (the outer step on this cluster's equal share of its own Delta) instead
    * of theta_global minus the own Delta; where it lands, the progress made since stays on top as
@@ -160,6 +167,8 @@ typedef struct {
   uint32_t peers_alive; /* peers answering their heartbeat after the exchange */
   uint64_t next_round;  /* the round this cluster runs next (> round + 1 after a jump) */
   double update_norm;   /* L2 norm of the summed update the outer step took (applied rounds) */
+  long landed_step;     /* overlap: the inner step of this round after which the previous round's
+                           update landed; -1 = not inside it (at its end, or none in flight) */
 } nb_hybrid_round_t;
 
 typedef struct nb_hybrid nb_hybrid_t;
@@ -349,6 +358,9 @@ float* nb_hybrid_global(nb_hybrid_t* h, size_t* n);
 uint64_t nb_hybrid_global_hash(const nb_hybrid_t* h);
 /* Rounds completed. */
 uint64_t nb_hybrid_rounds(const nb_hybrid_t* h);
+/* 1 when no update is in flight or its exchange is over (it lands at the next chance without
+ * waiting); 0 while the exchange runs. From the thread running the rounds (or its hooks). */
+int nb_hybrid_exchange_done(const nb_hybrid_t* h);
 
 #ifdef __cplusplus
 }

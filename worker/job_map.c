@@ -149,6 +149,9 @@ void nb_hybrid_config_from_job(const nb_job_config_t* job, uint32_t index, nb_hy
                                                    : NB_HYBRID_OUTER;
   hc->overlap = job->sync.overlap && hc->mode == NB_HYBRID_OUTER;
   hc->overlap_steps = job->sync.overlap_steps;
+  /* the adaptive scheduler's tau is its estimate of the exchange's time (and depends on the
+   * link's timing anyway): the update lands as soon as it is in, tau at the latest */
+  hc->land_early = hc->overlap && job->compression.adaptive;
   hc->eager = job->sync.eager;
 }
 

@@ -736,14 +736,17 @@ static void nb__wk_log(nb__wk_t* w, long r, const nb_hybrid_round_t* rec, const 
   double eta =
       done > 0 ? (nb_now_s() - w->t_rounds) / (double)done * (double)(w->rounds - r - 1) : -1;
   char es[24];
+  int overlap = w->hc.overlap;
+  char at[48] = "";
+  if (overlap && rec->landed && rec->landed_step >= 0)
+    snprintf(at, sizeof at, ", landed after step %ld", rec->landed_step);
   printf(
       "round %ld/%ld: step %ld/%ld, eta %s: %ld steps, loss %.4f, sent %.1f KiB (density %g), "
-      "compute %.2f s, exchange %.2f s, theta %016llx%s%s\n",
+      "compute %.2f s, exchange %.2f s%s, theta %016llx%s%s\n",
       r + 1, w->rounds, w->steps_done, (long)w->job->training.max_steps,
       nb_duration_format(eta, es, sizeof es), rec->steps, rec->loss, rec->msg_bytes / 1024.0,
-      rec->density, rec->compute_s, rec->exchange_s, (unsigned long long)rec->global_hash,
+      rec->density, rec->compute_s, rec->exchange_s, at, (unsigned long long)rec->global_hash,
       evt ? ", " : "", evt ? event : "");
-  int overlap = w->hc.overlap;
   if (w->ft && rec->landed && !rec->applied)
     printf("round %ld%s: not applied (updates from %u of %d peers, %u alive) at unix %.3f\n",
            overlap ? w->prev_r + 1 : r + 1, overlap ? " (decided in the next round)" : "",

@@ -23,18 +23,19 @@ pid=""
 cleanup() {
   [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null && "$NB_WAN_DIR/wan-down.sh" --prefix "nbr-$pid" >/dev/null 2>&1
   for p in $(pgrep -f -- "worker --job $tmp" || true); do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$tmp"
+  [ -n "${KEEP:-}" ] || rm -rf "$tmp"
 }
 trap cleanup EXIT
 
-# 434k parameters; the density that fits 0.2 x 0.8 s at 8 Mbit/s is about 0.05 (~40 KiB frames)
+# 434k parameters; the density that fits 0.13 x 0.8 s less one round trip (51 ms) at 8 Mbit/s is
+# about 0.05 (~40 KiB frames)
 write_job "$tmp/job.json" sched-halve \
   '[{"id": "dc-a", "data": {"tier": "quick", "languages": ["en", "de"]}},
     {"id": "dc-b", "data": {"tier": "quick", "languages": ["en", "ru"]}}]' \
   '{"layers": 2, "width": 128, "heads": 4, "context": 32}' 1000 \
   '{"mode": "outer", "roundSeconds": 0.8}' \
   '{"density": {"initial": 0.05, "min": 0.002, "max": 0.065}, "values": "int8",
-    "budgetFraction": 0.2}' \
+    "budgetFraction": 0.13}' \
   '{"rateMbit": 8, "delayMs": 25}'
 
 half=8
@@ -74,8 +75,13 @@ for c in a b; do
   gt "$g2" "$g1" 0.30 && gt "$g1" "$g2" 1.4 || fail "dc-$c: goodput did not follow the halved link ($g1 -> $g2)"
   gt "$d2" 0 0 || fail "dc-$c: no rate-bound decision in the last rounds"
   gt "$d1" "$d2" 1.15 || fail "dc-$c: density did not follow the halved link ($d1 -> $d2)"
-  [ "$(jq '[.decisions[] | select(.reason == "no_estimate")] | length' "$s")" -le 2 ] ||
-    fail "dc-$c: the scheduler had no estimate for more than 2 rounds"
+  # the first probe ends a second or so in (NB_LINK_PROBE_MS), after the first rounds (how many
+  # depends on this machine's step time): those may have no estimate, none after the first that had
+  [ "$(jq '[.decisions | to_entries[] | select(.value.reason != "no_estimate") | .key] as $has
+           | ($has | if length > 0 then min else 1e9 end) as $first
+           | [.decisions | to_entries[] | select(.value.reason == "no_estimate" and .key > $first)]
+           | length' "$s")" -eq 0 ] ||
+    fail "dc-$c: the scheduler lost its estimate after it had one"
   # every frame stayed under the estimator's transfer threshold: the probes did the measuring
   big=$(awk -F'\t' 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "msg_bytes") c = i; next }
     $c >= 65536 { n++ } END { print n + 0 }' "$tmp/run/dc-$c/rounds.tsv")

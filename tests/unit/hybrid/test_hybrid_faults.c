@@ -53,6 +53,7 @@ typedef struct {
   nb_hybrid_t* h;
   nb_trainer_t* t;
   nb_status_t st;
+  long steps_seen; /* inner steps announced through the steps hook */
   nb_hybrid_round_t rec[ROUNDS];
   uint64_t hash[ROUNDS];
   int local_is_global[ROUNDS];
@@ -149,8 +150,9 @@ static void* side_main(void* arg) {
 typedef struct {
   int overlap, plain, dense;
   long tau, h;
+  int land_early; /* with the gate hook below */
 } opts_t;
-static opts_t g_opt = {0, 0, 0, 0, 2};
+static opts_t g_opt = {0, 0, 0, 0, 2, 0};
 
 /* The plain exchange over the same mailbox (runs without drops). */
 static nb_status_t plain_exchange(void* ctx, uint64_t round, const void* msg, size_t len,
@@ -158,6 +160,18 @@ static nb_status_t plain_exchange(void* ctx, uint64_t round, const void* msg, si
   nb_status_t st = ft_exchange(ctx, round, msg, len, peers, n_peers, sent, NULL, NULL);
   if (st == NB_OK && !peers[0].data) return nb_error(NB_ERR_UNAVAILABLE, "test: no message");
   return st;
+}
+
+/* The early landing's gate: the third inner step of a round, run on its own (the update in
+ * flight has not landed yet), waits until that update's exchange is over, so that it lands
+ * after step 3 at the latest. */
+#define GATE_STEP 3
+static nb_status_t gate_hook(void* ctx, long k) {
+  side_t* s = ctx;
+  if (s->steps_seen % g_opt.h == GATE_STEP - 1 && k == 1)
+    while (!nb_hybrid_exchange_done(s->h)) usleep(1000);
+  s->steps_seen += k;
+  return NB_OK;
 }
 
 static void config_side(side_t* s, nb_hybrid_config_t* hc) {
@@ -174,6 +188,11 @@ static void config_side(side_t* s, nb_hybrid_config_t* hc) {
   }
   hc->overlap = g_opt.overlap;
   hc->overlap_steps = g_opt.tau;
+  hc->land_early = g_opt.land_early;
+  if (g_opt.land_early) {
+    hc->steps_hook = gate_hook;
+    hc->hook_ctx = s;
+  }
   hc->cluster_index = (uint32_t)s->me;
   hc->n_clusters = 2;
   if (g_opt.plain)
@@ -480,9 +499,9 @@ static void test_rejoin_in_process(void** state) {
  * exchange in flight, the rejoined cluster meets it, and both end equal. */
 static void test_rejoin_in_process_overlap(void** state) {
   (void)state;
-  g_opt = (opts_t){1, 0, 0, 1, 3};
+  g_opt = (opts_t){1, 0, 0, 1, 3, 0};
   run_rejoin();
-  g_opt = (opts_t){0, 0, 0, 0, 2};
+  g_opt = (opts_t){0, 0, 0, 0, 2, 0};
 }
 
 /* ------------------------------------------------------------ with overlap */
@@ -503,7 +522,7 @@ static void test_overlap_commit_path_equals_plain(void** state) {
   mailbox_t mb;
   side_t ft[2], plain[2];
   for (int end = 0; end < 2; end++) {
-    g_opt = (opts_t){1, 0, end, end ? 3 : 1, 3};
+    g_opt = (opts_t){1, 0, end, end ? 3 : 1, 3, 0};
     run_pair(ft, &mb, -1, 0);
     for (int c = 0; c < 2; c++) {
       assert_int_equal(ft[c].st, NB_OK);
@@ -541,7 +560,7 @@ static void test_overlap_commit_path_equals_plain(void** state) {
     free(g_plain);
     free_pair(plain, &mb);
   }
-  g_opt = (opts_t){0, 0, 0, 0, 2};
+  g_opt = (opts_t){0, 0, 0, 0, 2, 0};
 }
 
 /* With overlap, cluster 1's update of round 2 never reaches cluster 0: the decision, taken in
@@ -552,7 +571,7 @@ static void test_overlap_dropped_update_skips_everywhere(void** state) {
   for (int end = 0; end < 2; end++) {
     mailbox_t mb;
     side_t side[2];
-    g_opt = (opts_t){1, 0, 0, end ? 3 : 1, 3};
+    g_opt = (opts_t){1, 0, 0, end ? 3 : 1, 3, 0};
     run_pair(side, &mb, 1, update_id(2));
     for (int c = 0; c < 2; c++) {
       assert_int_equal(side[c].st, NB_OK);
@@ -575,7 +594,7 @@ static void test_overlap_dropped_update_skips_everywhere(void** state) {
     assert_int_equal(nb_hybrid_global_hash(side[0].h), nb_hybrid_global_hash(side[1].h));
     free_pair(side, &mb);
   }
-  g_opt = (opts_t){0, 0, 0, 0, 2};
+  g_opt = (opts_t){0, 0, 0, 0, 2, 0};
 }
 
 /* With overlap, cluster 0's vote of round 2 is lost: cluster 0 applies round 2 (decided in round
@@ -586,7 +605,7 @@ static void test_overlap_lost_vote_lands_late(void** state) {
   (void)state;
   mailbox_t mb;
   side_t side[2];
-  g_opt = (opts_t){1, 0, 0, 1, 3};
+  g_opt = (opts_t){1, 0, 0, 1, 3, 0};
   run_pair(side, &mb, 0, vote_id(2));
   for (int c = 0; c < 2; c++) assert_int_equal(side[c].st, NB_OK);
   assert_int_equal(side[0].rec[3].applied, 1);
@@ -602,7 +621,7 @@ static void test_overlap_lost_vote_lands_late(void** state) {
   assert_int_equal(nb_hybrid_commits(side[0].h), ROUNDS - 1);
   assert_int_equal(nb_hybrid_global_hash(side[0].h), nb_hybrid_global_hash(side[1].h));
   free_pair(side, &mb);
-  g_opt = (opts_t){0, 0, 0, 0, 2};
+  g_opt = (opts_t){0, 0, 0, 0, 2, 0};
 }
 
 /* Nothing lost, nothing counted twice: two clusters that train identically, dense fp32 frames,
@@ -619,7 +638,7 @@ static void test_overlap_skip_keeps_progress(void** state) {
     for (int v = 0; v < 3; v++) {
       mailbox_t mb;
       side_t side[2];
-      g_opt = (opts_t){1, 0, 1, tau, 3};
+      g_opt = (opts_t){1, 0, 1, tau, 3, 0};
       if (v == 0) run_pair(side, &mb, -1, 0);
       if (v == 1) run_pair(side, &mb, 1, update_id(2));
       if (v == 2) run_pair(side, &mb, 0, vote_id(2));
@@ -653,7 +672,7 @@ static void test_overlap_skip_keeps_progress(void** state) {
   }
   free(g0);
   g_twins = 0;
-  g_opt = (opts_t){0, 0, 0, 0, 2};
+  g_opt = (opts_t){0, 0, 0, 0, 2, 0};
 }
 
 /* Checkpoints with overlap: after round CK the update in flight is drained (nothing in flight,
@@ -701,7 +720,7 @@ static uint64_t run_ck(int plain, int stop, const char* dir) {
   pthread_mutex_init(&mb.mu, NULL);
   pthread_cond_init(&mb.cv, NULL);
   mb.drop_from = -1;
-  g_opt = (opts_t){1, plain, 0, 1, 3};
+  g_opt = (opts_t){1, plain, 0, 1, 3, 0};
   ckside_t ks[2];
   for (int c = 0; c < 2; c++) {
     memset(&ks[c], 0, sizeof ks[c]);
@@ -727,8 +746,38 @@ static uint64_t run_ck(int plain, int stop, const char* dir) {
   for (int i = 0; i < mb.n; i++) free(mb.posts[i].data);
   pthread_cond_destroy(&mb.cv);
   pthread_mutex_destroy(&mb.mu);
-  g_opt = (opts_t){0, 0, 0, 0, 2};
+  g_opt = (opts_t){0, 0, 0, 0, 2, 0};
   return ks[0].final_hash;
+}
+
+/* Early landing (what the adaptive scheduler's runs use): with land_early the update in flight
+ * lands at the first inner-step boundary after its exchange (and vote) is over, tau being the
+ * latest; without, after tau exactly. H 8, tau 6, the exchange over by step 3 (the gate): every
+ * landing after step 3 or before, on both clusters, plain and fault-tolerant; every round
+ * applied and the replicas equal either way. */
+static void test_land_early(void** state) {
+  (void)state;
+  for (int plain = 0; plain < 2; plain++)
+    for (int early = 0; early < 2; early++) {
+      g_opt = (opts_t){1, plain, 0, 6, 8, early};
+      mailbox_t mb;
+      side_t side[2];
+      run_pair(side, &mb, -1, 0);
+      for (int c = 0; c < 2; c++) {
+        assert_int_equal(side[c].st, NB_OK);
+        assert_int_equal(side[c].rec[0].landed_step, -1); /* nothing in flight yet */
+        for (int r = 1; r < ROUNDS; r++) {
+          if (early)
+            assert_in_range(side[c].rec[r].landed_step, 0, GATE_STEP);
+          else
+            assert_int_equal(side[c].rec[r].landed_step, 6);
+          if (!plain) assert_int_equal(side[c].rec[r].applied, 1);
+        }
+      }
+      assert_memory_equal(side[0].hash, side[1].hash, sizeof side[0].hash);
+      free_pair(side, &mb);
+    }
+  g_opt = (opts_t){0, 0, 0, 0, 2, 0};
 }
 
 static void test_overlap_checkpoint_resume(void** state) {
@@ -758,6 +807,7 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_export_import),
       cmocka_unit_test(test_rejoin_in_process),
       cmocka_unit_test(test_overlap_commit_path_equals_plain),
+      cmocka_unit_test(test_land_early),
       cmocka_unit_test(test_overlap_dropped_update_skips_everywhere),
       cmocka_unit_test(test_overlap_lost_vote_lands_late),
       cmocka_unit_test(test_overlap_skip_keeps_progress),

@@ -340,6 +340,83 @@ static void test_peer_added_late_plaintext(void** state) {
   peer_added_late(1);
 }
 
+/* Early rounds (a fault-tolerant round's update, then its vote), on both sides: dc-a's round 2
+ * returns once dc-b's frame is in, its 4 MiB frame still on its way (dc-a's link capped at
+ * 8 MiB/s, chunks of 64 KiB), and its round 3 starts at once: that small frame overtakes the big
+ * one at dc-b, whose round 2 must still wait for dc-a's frame of round 2 (a peer's frame of
+ * round + 1 does not make it past an early round) and get all of it. dc-a's round 3 reports the
+ * bytes of its round-2 send (the sends earlier early rounds left running), and destroying dc-a's
+ * exchange right after its round 3 returned still delivers its round-3 frame. */
+typedef struct {
+  nb_exchange_t* ex;
+  nb_status_t st[2];
+  nb_exchange_result_t res[2];
+} early_peer_t;
+
+static void* early_peer(void* arg) {
+  early_peer_t* b = arg;
+  for (int k = 0; k < 2; k++) {
+    uint8_t f[64];
+    memset(f, 0xb0 + k, sizeof f);
+    b->st[k] = nb_exchange_round_early(b->ex, 2 + (uint64_t)k, f, sizeof f,
+                                       nb_now_ns() + 60000000000LL, &b->res[k]);
+  }
+  return NULL;
+}
+
+static void test_early_rounds(void** state) {
+  (void)state;
+  nb_tls_t* tls[2];
+  nb_exchange_t* ex[2];
+  char target[2][64];
+  for (int i = 0; i < 2; i++) {
+    tls[i] = nb_test_tls_load(g_dir, g_ids[i]);
+    assert_non_null(tls[i]);
+    nb_exchange_config_t c = {.job_id = JOB,
+                              .self = g_ids[i],
+                              .listen = "127.0.0.1:0",
+                              .tls = tls[i],
+                              .job_secret = g_secret,
+                              .streams = 2,
+                              .chunk_bytes = 64 << 10,
+                              .rate_cap_Bps = i == 0 ? 8.0 * (1 << 20) : 0};
+    assert_int_equal(nb_exchange_create(&c, &ex[i]), NB_OK);
+    snprintf(target[i], sizeof target[i], "127.0.0.1:%d", nb_exchange_port(ex[i]));
+  }
+  assert_int_equal(nb_exchange_add_peer(ex[0], g_ids[1], target[1]), NB_OK);
+  assert_int_equal(nb_exchange_add_peer(ex[1], g_ids[0], target[0]), NB_OK);
+  early_peer_t b = {.ex = ex[1]};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, early_peer, &b), 0);
+  size_t big = (size_t)4 << 20;
+  uint8_t* f2 = make_frame(big, 2);
+  uint8_t f3[32];
+  memset(f3, 0xa3, sizeof f3);
+  nb_exchange_result_t r2[1], r3[1];
+  int64_t deadline = nb_now_ns() + 60000000000LL;
+  assert_int_equal(nb_exchange_round_early(ex[0], 2, f2, big, deadline, r2), NB_OK);
+  assert_int_equal(r2[0].len, 64);
+  assert_int_equal(r2[0].send.bytes, 0); /* nothing earlier; its own send is still running */
+  assert_int_equal(nb_exchange_round_early(ex[0], 3, f3, sizeof f3, deadline, r3), NB_OK);
+  assert_int_equal(r3[0].len, 64);
+  assert_int_equal(r3[0].send_status, NB_OK);
+  assert_int_equal(r3[0].send.bytes, big); /* round 2's send, finished before dc-b's round 3 */
+  nb_exchange_destroy(ex[0]);
+  pthread_join(th, NULL);
+  for (int k = 0; k < 2; k++)
+    if (b.st[k] != NB_OK) fail_msg("dc-b round %d: %s", 2 + k, b.res[k].detail);
+  assert_int_equal(b.res[0].len, big);
+  assert_memory_equal(b.res[0].frame, f2, big);
+  assert_int_equal(b.res[1].len, sizeof f3);
+  assert_memory_equal(b.res[1].frame, f3, sizeof f3);
+  nb_exchange_results_release(b.res, 2);
+  nb_exchange_results_release(r2, 1);
+  nb_exchange_results_release(r3, 1);
+  free(f2);
+  nb_exchange_destroy(ex[1]);
+  for (int i = 0; i < 2; i++) nb_tls_destroy(tls[i]);
+}
+
 static int setup(void** state) {
   const char* tmp = getenv("TMPDIR");
   snprintf(g_dir, sizeof g_dir, "%s/nb-exchange-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -360,10 +437,9 @@ int main(int argc, char** argv) {
     return peer_main(argv[2], argv[3]);
   }
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_three_clusters),
-      cmocka_unit_test(test_peer_killed),
-      cmocka_unit_test(test_peer_added_late),
-      cmocka_unit_test(test_peer_added_late_plaintext),
+      cmocka_unit_test(test_three_clusters),  cmocka_unit_test(test_peer_killed),
+      cmocka_unit_test(test_peer_added_late), cmocka_unit_test(test_peer_added_late_plaintext),
+      cmocka_unit_test(test_early_rounds),
   };
   return cmocka_run_group_tests_name("exchange", tests, setup, teardown);
 }
