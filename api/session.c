@@ -66,6 +66,7 @@ struct nb_session {
   /* the overlapped round (nb_session_round_begin / _end): its exchange on `fly`; at_begin (n)
    * the caller's values when it began (bf16 as fp32), to carry the progress made since */
   int in_flight;
+  int fly_done; /* atomic: the plain round's exchange thread has finished */
   pthread_t fly;
   float* at_begin;
   /* the eager start (hc.eager, docs/api.md "The overlapped round"): begin moved the buffers to
@@ -1094,6 +1095,7 @@ static void* nb__ss_fly_main(void* arg) {
                                     s->n_clusters - 1, &s->fly_sent);
   s->fly_secs = nb_now_s() - t0;
   if (s->fly_status != NB_OK) snprintf(s->fly_error, sizeof s->fly_error, "%s", nb_error_last());
+  __atomic_store_n(&s->fly_done, 1, __ATOMIC_RELEASE);
   return NULL;
 }
 
@@ -1124,6 +1126,12 @@ static nb_status_t nb__ss_eager_start(nb_session_t* s) {
   nb__ss_read_buffers(s, s->at_begin);
   s->moved = 1;
   return NB_OK;
+}
+
+int nb_session_round_ready(const nb_session_t* s) {
+  if (!s || !s->in_flight) return 1;
+  if (s->ft) return nb_hybrid_exchange_done(s->h);
+  return __atomic_load_n(&s->fly_done, __ATOMIC_ACQUIRE);
 }
 
 int nb_session_begin_moved(const nb_session_t* s) {
@@ -1162,6 +1170,7 @@ nb_status_t nb_session_round_begin(nb_session_t* s, uint64_t samples) {
     return nb_error_wrap(st, "session: round %llu", (unsigned long long)s->fly_round);
   }
   memset(s->fly_peers, 0, sizeof s->fly_peers);
+  s->fly_done = 0;
   if (pthread_create(&s->fly, NULL, nb__ss_fly_main, s) != 0) {
     s->failed = 1;
     return nb_error(NB_ERR_INTERNAL, "session: round %llu: cannot start the exchange thread",

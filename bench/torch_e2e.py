@@ -91,7 +91,7 @@ def run_nebula(a, seed: int, out: str, env: dict, netns: bool,
         "spec": {
             "clusters": [{"id": "dc-a"}, {"id": "dc-b"}],
             "program": {"command": [sys.executable, GPT, "--overlap", str(a.overlap)] +
-                        model_args(a, seed)},
+                        (["--land-early"] if a.land_early else []) + model_args(a, seed)},
             "sync": {"innerSteps": a.sync_every, "eager": not a.no_eager,
                      "outer": {"lr": a.outer_lr, "momentum": a.outer_momentum}},
             "compression": {"density": {"initial": a.density, "max": a.density},
@@ -183,6 +183,10 @@ def main(argv=None) -> int:
                     help="chunked top-k: 0 (whole vector) or a power of two in [16, 65536]")
     ap.add_argument("--ef-decay", type=float, default=None,
                     help="error-feedback decay beta in (0, 1] (default: the job's, 1)")
+    ap.add_argument("--land-early", action="store_true",
+                    help="the nebula run lands each overlapped round as soon as its exchange is "
+                         "over, --overlap steps at the latest (DiLoCo's land_early; on with "
+                         "--thin)")
     ap.add_argument("--no-eager", action="store_true",
                     help="overlapped sparse rounds train on from their own values (sync.eager "
                     "false) instead of the predicted landing")
@@ -220,6 +224,7 @@ def main(argv=None) -> int:
         ap.error("--thin must be > 0 and needs the single run (it measures the step time)")
     if a.thin:
         skip.add("ddp")  # hours at a thin rate
+        a.land_early = True  # the scheduler's points assume the landing the link allows
         if a.ef_decay is None:
             a.ef_decay = 0.85  # the thin link's points were measured with decay (docs/hybrid.md)
     try:
@@ -299,7 +304,8 @@ def main(argv=None) -> int:
 
     out = {
         "link": link, "netns": netns, "steps": a.steps, "sync_every": a.sync_every,
-        "overlap": a.overlap, "values": a.values, "density": a.density,
+        "overlap": a.overlap, "land_early": a.land_early, "values": a.values,
+        "density": a.density,
         "topk_chunk": a.topk_chunk, "ef_decay": a.ef_decay, "eager": not a.no_eager,
         "thin": a.thin, "bits_per_param_per_sync": mean("bits_per_param_per_sync", "nebula"),
         "seeds": a.seeds,

@@ -381,6 +381,12 @@ nb_status_t nb_session_round_end(nb_session_t* s, nb_session_round_t* out);
 /* 1 while an overlapped round is in flight whose begin moved the caller's buffers (eager start);
  * 0 otherwise (and for NULL). */
 int nb_session_begin_moved(const nb_session_t* s);
+/* 1 when no overlapped round is in flight or its exchange is over (its vote too), so that
+ * nb_session_round_end lands it without waiting; 0 while the exchange runs. A loop that polls
+ * it after each inner step and ends the round as soon as it says 1 (at the planned step at the
+ * latest) lands the update as early as the link allows: a landing later than needed costs loss
+ * (docs/hybrid.md, thin links). From the thread that calls round_begin and round_end. */
+int nb_session_round_ready(const nb_session_t* s);
 
 /* A final hash-only exchange after the last round, so that its result is compared too; every
  * cluster calls it once. NB_ERR_INTEGRITY when the replicas differ, NB_ERR_INVALID (before start

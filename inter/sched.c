@@ -94,6 +94,10 @@ static nb_status_t sched_input_check(const nb_sched_input_t* in) {
     return nb_error(NB_ERR_INVALID, "scheduler: step compute time must be finite and >= 0, got %g",
                     in->step_compute_s);
   if (in->steps < 1) return nb_error(NB_ERR_INVALID, "scheduler: steps per round must be >= 1");
+  if (!fin_ge0(in->observed_s) || !fin_ge0(in->observed_bytes))
+    return nb_error(NB_ERR_INVALID,
+                    "scheduler: observed exchange (%g s, %g bytes) must be finite and >= 0",
+                    in->observed_s, in->observed_bytes);
   if (in->n_params < 1) return nb_error(NB_ERR_INVALID, "scheduler: no synced parameters");
   if (!(isfinite(in->bits_per_value) && in->bits_per_value > 0.0 && in->bits_per_value <= 64.0))
     return nb_error(NB_ERR_INVALID, "scheduler: bits per value must be in (0, 64], got %g",
@@ -138,6 +142,14 @@ static double clampd(double x, double lo, double hi) {
   return x < lo ? lo : (x > hi ? hi : x);
 }
 
+/* Seconds a frame of `bytes` needs, round trips included: the link's model (fixed_s + bytes / g),
+ * or less where a measured exchange of a frame at least as large took less (in->observed_*). */
+static double nb__sched_time(const nb_sched_input_t* in, double bytes, double fixed_s, double g) {
+  double t = g > 0.0 ? fixed_s + bytes / g : INFINITY;
+  if (in->observed_s > 0.0 && bytes <= in->observed_bytes && in->observed_s < t) t = in->observed_s;
+  return t;
+}
+
 nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t* in,
                             const nb_sched_decision_t* prev, nb_sched_decision_t* out) {
   if (!out) return nb_error(NB_ERR_INVALID, "scheduler: out is NULL");
@@ -176,6 +188,11 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
      * update lands later by what the latency costs (below) */
     double budget = share * hide_compute;
     d.density_fit = (budget - (tau ? 0.0 : fixed_s) - fixed_bytes / g) * g / bytes_full;
+    /* a frame as large as the one measured fits when that exchange did (no extrapolation) */
+    if (in->observed_s > 0.0 && in->observed_s - (tau ? fixed_s : 0.0) <= budget) {
+      double d_obs = (in->observed_bytes - fixed_bytes) / bytes_full;
+      if (d_obs > d.density_fit) d.density_fit = d_obs;
+    }
     if (d.density_fit >= cfg->density_ceiling) {
       d.reason = NB_SCHED_CEILING;
       d.density = cfg->density_ceiling;
@@ -189,7 +206,7 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
       }
     } else {
       d.density = cfg->density_floor;
-      const double need_s = fixed_s + (fixed_bytes + d.density * bytes_full) / g;
+      const double need_s = nb__sched_time(in, fixed_bytes + d.density * bytes_full, fixed_s, g);
       double steps_need = wall ? 0.0 : ceil(need_s / (share * in->step_compute_s));
       double tau_need = tau ? ceil(need_s / (share * in->step_compute_s)) : 0.0;
       if (tau && tau_need < (double)in->steps && tau_need * in->step_compute_s < base_compute) {
@@ -215,8 +232,8 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
   if (tau &&
       (d.reason == NB_SCHED_FIT || d.reason == NB_SCHED_CEILING || d.reason == NB_SCHED_HOLD)) {
     /* the data fits tau steps; the round trips make it land later, while that is in the round */
-    double land =
-        ceil((fixed_s + (fixed_bytes + d.density * bytes_full) / g) / (share * in->step_compute_s));
+    double land = ceil(nb__sched_time(in, fixed_bytes + d.density * bytes_full, fixed_s, g) /
+                       (share * in->step_compute_s));
     if (land > (double)d.hide_steps)
       d.hide_steps = land < (double)in->steps && land * in->step_compute_s < base_compute
                          ? (uint32_t)land
@@ -225,7 +242,7 @@ nb_status_t nb_sched_decide(const nb_sched_config_t* cfg, const nb_sched_input_t
   double kf = ceil(d.density * (double)in->n_params);
   d.k = kf < 1.0 ? 1 : (kf > (double)in->n_params ? in->n_params : (uint64_t)kf);
   d.bytes = fixed_bytes + d.density * bytes_full;
-  d.transfer_s = g > 0.0 ? fixed_s + d.bytes / g : 0.0;
+  d.transfer_s = g > 0.0 ? nb__sched_time(in, d.bytes, fixed_s, g) : 0.0;
   d.compute_s = wall ? compute : in->step_compute_s * d.steps;
   d.budget_s = share * (d.hide_steps > 0 ? in->step_compute_s * d.hide_steps : d.compute_s);
   *out = d;

@@ -59,6 +59,13 @@ typedef struct {
                             decision's hide_steps says when it lands); 0, or >= steps: the whole
                             round. Needs step_compute_s (in wall-time rounds too; without it the
                             whole round counts) */
+  double observed_s;     /* measured: a recent exchange of a frame of observed_bytes took this
+                            long from its start to its decision (round trips, the peers' own
+                            start, the vote: everything); a frame no larger is then taken to need
+                            no longer than that, whatever goodput and RTT say (a shaper's burst
+                            passes a small frame faster than its rate). 0 = none */
+  double observed_bytes; /* that frame's size as a decision counts it (its `bytes`: the same
+                            model, header and fanout included, so that sizes compare) */
 } nb_sched_input_t;
 
 typedef enum {

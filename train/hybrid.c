@@ -811,6 +811,7 @@ static nb_status_t nb__hy_round_overlap(nb_hybrid_t* h, nb_hybrid_round_t* rec) 
   memset(&applied, 0, sizeof applied);
   double waited = 0;
   uint64_t sent = 0;
+  int landed_any = h->inflight || h->mid_landed;
   if (h->inflight) {
     NB_CHECK(nb__hy_land(h, &applied, &waited));
     sent = h->fly_sent;
@@ -835,6 +836,7 @@ static nb_status_t nb__hy_round_overlap(nb_hybrid_t* h, nb_hybrid_round_t* rec) 
     NB_CHECK(nb_realloc((void**)&h->fly, len, 1, "hybrid message in flight"));
     h->fly_cap = len;
   }
+  double took = landed_any ? h->fly_secs : 0; /* the landed exchange's, before the next starts */
   memcpy(h->fly, msg, len);
   h->fly_len = len;
   h->inflight_round = h->round;
@@ -858,6 +860,7 @@ static nb_status_t nb__hy_round_overlap(nb_hybrid_t* h, nb_hybrid_round_t* rec) 
     rec->samples = h->samples;
     rec->samples_all = applied.samples_all;
     rec->landed_step = h->mid_landed ? h->mid_tau : -1;
+    rec->exchange_took_s = took;
     rec->loss = h->loss;
     rec->msg_bytes = h->msg_len;
     rec->bytes_sent = sent;
@@ -1504,6 +1507,7 @@ static nb_status_t nb__hy_round_ft_overlap(nb_hybrid_t* h, nb_hybrid_round_t* re
     rec->global_hash = nb_xxh3_64(h->global, h->n * sizeof(float), 0);
     rec->landed = landing;
     rec->landed_step = h->mid_landed ? h->mid_tau : -1;
+    rec->exchange_took_s = landing ? landed.exchange_s : 0;
     nb__hy_outcome(rec, h, landed.applied, landed.caught_up, landed.need_state, landed.peers_ok,
                    landed.peers_alive);
   }

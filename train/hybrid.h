@@ -158,17 +158,20 @@ typedef struct {
   /* fault-tolerant rounds only (otherwise applied 1, the rest 0). With overlap they describe
    * the previous round's update, which is decided inside this round (landed 1; the first round
    * has none to decide: landed 0). */
-  int landed;           /* 1: an update was decided in this round (applied says how) */
-  int applied;          /* 1: this round's outer step was taken (on every cluster) */
-  int caught_up;        /* 1: a round held from before was applied late (a lost vote) */
-  int need_state;       /* 1: a peer is further ahead than a held round covers: pull its state */
-  uint64_t commits;     /* rounds applied so far (theta_global's version) */
-  uint32_t peers_ok;    /* peers whose update of this round arrived */
-  uint32_t peers_alive; /* peers answering their heartbeat after the exchange */
-  uint64_t next_round;  /* the round this cluster runs next (> round + 1 after a jump) */
-  double update_norm;   /* L2 norm of the summed update the outer step took (applied rounds) */
-  long landed_step;     /* overlap: the inner step of this round after which the previous round's
-                           update landed; -1 = not inside it (at its end, or none in flight) */
+  int landed;             /* 1: an update was decided in this round (applied says how) */
+  int applied;            /* 1: this round's outer step was taken (on every cluster) */
+  int caught_up;          /* 1: a round held from before was applied late (a lost vote) */
+  int need_state;         /* 1: a peer is further ahead than a held round covers: pull its state */
+  uint64_t commits;       /* rounds applied so far (theta_global's version) */
+  uint32_t peers_ok;      /* peers whose update of this round arrived */
+  uint32_t peers_alive;   /* peers answering their heartbeat after the exchange */
+  uint64_t next_round;    /* the round this cluster runs next (> round + 1 after a jump) */
+  double update_norm;     /* L2 norm of the summed update the outer step took (applied rounds) */
+  long landed_step;       /* overlap: the inner step of this round after which the previous round's
+                             update landed; -1 = not inside it (at its end, or none in flight) */
+  double exchange_took_s; /* overlap: how long the update that landed in this round took from
+                             the start of its exchange to its decision (vote included); 0 =
+                             none landed */
 } nb_hybrid_round_t;
 
 typedef struct nb_hybrid nb_hybrid_t;

@@ -161,6 +161,9 @@ static int nb__wk_mkdirs(const char* path) {
 
 /* ---- the run: every phase below shares one nb__wk_t ---------------------------------------- */
 
+/* exchanges the scheduler's measured exchange time is taken over (nb__wk_observe) */
+#define NB__WK_OBS 3
+
 /* What one run holds. The phases fill it in order (set up, connect, rounds, finish) and
  * nb__wk_release frees what it owns. */
 typedef struct {
@@ -197,6 +200,11 @@ typedef struct {
   nb_sched_config_t scfg;
   nb_sched_decision_t prev_dec;
   int have_dec;
+  /* overlap: the model bytes of round r's message (the decision it was made under) at
+   * [r % 4], and the last NB__WK_OBS exchanges that landed: (seconds, model bytes) */
+  double sent_bytes[4];
+  double obs_s[NB__WK_OBS], obs_bytes[NB__WK_OBS];
+  int n_obs;
   /* values "auto": the codec points the scheduler picks from, and the one in use */
   nb_codec_auto_t codec;
   int auto_codec;
@@ -836,9 +844,31 @@ static json_t* nb__wk_decision_json(long r, const nb_sched_input_t* in,
   json_object_set_new(d, "rtt_s", json_real(in->rtt_s));
   json_object_set_new(d, "step_compute_s", json_real(in->step_compute_s));
   json_object_set_new(d, "predicted_transfer_s", json_real(dec->transfer_s));
+  if (in->observed_s > 0) json_object_set_new(d, "observed_exchange_s", json_real(in->observed_s));
   json_object_set_new(d, "budget_s", json_real(dec->budget_s));
   json_object_set_new(d, "overlap_steps", json_integer(dec->hide_steps));
   return d;
+}
+
+/* The scheduler's measured exchange (nb_sched_input_t.observed_*): the slowest of the last
+ * NB__WK_OBS that landed, for the smallest frame among them. Records round r's landing first. */
+static void nb__wk_observe(nb__wk_t* w, long r, const nb_hybrid_round_t* rec,
+                           nb_sched_input_t* in) {
+  double b = r >= 1 ? w->sent_bytes[(r - 1) % 4] : 0; /* round r lands round r - 1's message */
+  if (rec->exchange_took_s > 0 && b > 0) {
+    memmove(w->obs_s + 1, w->obs_s, (NB__WK_OBS - 1) * sizeof(double));
+    memmove(w->obs_bytes + 1, w->obs_bytes, (NB__WK_OBS - 1) * sizeof(double));
+    w->obs_s[0] = rec->exchange_took_s;
+    w->obs_bytes[0] = b;
+    if (w->n_obs < NB__WK_OBS) w->n_obs++;
+  }
+  if (w->n_obs < NB__WK_OBS) return;
+  in->observed_s = 0;
+  in->observed_bytes = INFINITY;
+  for (int i = 0; i < NB__WK_OBS; i++) {
+    if (w->obs_s[i] > in->observed_s) in->observed_s = w->obs_s[i];
+    if (w->obs_bytes[i] < in->observed_bytes) in->observed_bytes = w->obs_bytes[i];
+  }
 }
 
 /* The next round's density (and length) from the measured link and compute. */
@@ -856,6 +886,7 @@ static nb_worker_outcome_t nb__wk_schedule(nb__wk_t* w, long r, const nb_hybrid_
   /* with overlap the update lands tau steps into the next round: only those hide it */
   if (hc->overlap && hc->overlap_steps > 0)
     in.hide_steps = (uint32_t)(hc->overlap_steps < UINT32_MAX ? hc->overlap_steps : UINT32_MAX);
+  if (hc->overlap) nb__wk_observe(w, r, rec, &in);
   nb_sched_decision_t dec;
   const nb_sched_decision_t* prev = w->have_dec ? &w->prev_dec : NULL;
   nb_status_t sst = w->auto_codec ? nb_codec_auto_pick(&w->codec, &w->scfg, &in, prev, w->h, &dec)
@@ -868,6 +899,7 @@ static nb_worker_outcome_t nb__wk_schedule(nb__wk_t* w, long r, const nb_hybrid_
     return nb__wk_fail(w->cluster, "scheduler");
   w->prev_dec = dec;
   w->have_dec = 1;
+  w->sent_bytes[(r + 1) % 4] = dec.bytes; /* round r + 1's message */
   char line[512];
   nb_sched_decision_format(&dec, line, sizeof line);
   const char* point = w->auto_codec ? nb_codec_auto_name(&w->codec) : NULL;

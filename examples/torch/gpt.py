@@ -148,6 +148,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sync-every", type=int, default=0,
                     help="H inner steps per outer round (default NEBULA_INNER_STEPS, else 32)")
     ap.add_argument("--overlap", type=int, default=0, help="overlap_steps of the outer round")
+    ap.add_argument("--land-early", action="store_true",
+                    help="with --overlap: land each round as soon as its exchange is over "
+                         "(DiLoCo's land_early), the overlap step being the latest")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
@@ -205,7 +208,7 @@ def main(argv=None) -> int:
         import nebula.torch
         h = a.sync_every or int(os.environ.get("NEBULA_INNER_STEPS", "32"))
         diloco = nebula.torch.DiLoCo(nebula.Session.from_env(inner_steps=h), model, h,
-                                     overlap_steps=a.overlap)
+                                     overlap_steps=a.overlap, land_early=a.land_early)
         # the binding's cost: time inside the library's round calls, against the whole sync
         # (flattening, copies, Python) as DiLoCo.step spends it
         c_time = [0.0]

@@ -408,6 +408,12 @@ class Session:
         _check("nb_session_round_begin", _lib.nb_session_round_begin(s, n))
         return bool(_lib.nb_session_begin_moved(s))
 
+    def round_ready(self) -> bool:
+        """True when no overlapped round is in flight or its exchange is over, so that
+        round_end() lands it without waiting: polled after each inner step, it lets a loop land
+        the update as early as the link allows (the planned step being the latest)."""
+        return bool(_lib.nb_session_round_ready(self._handle()))
+
     def round_end(self) -> RoundInfo:
         """Waits for the peers' updates of the round begun last, takes the outer step, and leaves
         in the buffers theta_global plus what was trained on them since round_begin."""

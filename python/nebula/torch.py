@@ -242,6 +242,12 @@ class _Group:
             payload = bytes(b.cpu().numpy())
         return st, payload
 
+    def broadcast_flag(self, flag: bool) -> bool:
+        """The leader's yes/no to every rank; returns it."""
+        t = torch.tensor([1 if flag else 0], dtype=torch.int64, device=self.device)
+        self.dist.broadcast(t, self.src, group=self.pg)
+        return bool(t.item())
+
     def broadcast_params(self, tensors: list) -> None:
         """The leader's tensors into every rank's, in place, as _bucket_plan groups them. The
         order is the table's, the same on every rank (check_table)."""
@@ -400,7 +406,11 @@ class DiLoCo:
     (Streaming DiLoCo): at the round's step the update goes out in the background and training
     goes on; tau steps later it lands (theta_global plus the steps trained since), and that
     step() returns the round's RoundInfo. finish() lands a round still in flight first.
-    0 (default): the blocking round.
+    0 (default): the blocking round. land_early=True (with overlap): the update lands at the
+    first step after its exchange is over (Session.round_ready(); in a group the leader's answer
+    is broadcast after each step while a round is in flight), tau steps being the latest: a
+    landing later than the link needs costs loss, but which step it lands at then follows the
+    link's timing, so a run is not repeatable bit for bit.
 
     Inside a cluster of several ranks (torch.distributed initialised; process_group=None means
     the world group): every rank of the group builds the wrapper and calls every method, rank 0
@@ -425,6 +435,7 @@ class DiLoCo:
         optimizer: torch.optim.Optimizer | None = None,
         samples_per_step: int = 1,
         overlap_steps: int = 0,
+        land_early: bool = False,
         process_group=None,
     ):
         if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
@@ -435,6 +446,9 @@ class DiLoCo:
                              f"not {overlap_steps!r}")
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"nebula.torch: model must be an nn.Module, not {type(model).__name__}")
+        if not isinstance(land_early, bool):
+            raise TypeError(f"nebula.torch: land_early must be a bool, not {land_early!r}")
+        self.land_early = land_early
         self._group = self._make_group(process_group)
         _check_sharded(model, process_group)
         self.leader = self._group is None or self._group.leader
@@ -489,6 +503,7 @@ class DiLoCo:
         self.overlap_steps = overlap_steps
         self._in_flight = False
         self._since_begin = 0
+        self.landed_after = None  # the steps after round_begin the last round landed after
         self._closed = False
         self._hash = 0  # on a non-leader rank: the leader's global hash after its last call
         self.params = [_Param(n, p, self.leader) for n, p in named.named_parameters()
@@ -618,7 +633,8 @@ class DiLoCo:
         landed = None
         if self._in_flight:
             self._since_begin += 1
-            if self._since_begin >= self.overlap_steps:
+            if self._since_begin >= self.overlap_steps or (self.land_early and self._ready()):
+                self.landed_after = self._since_begin
                 landed = self._land()
         if self.steps < self.sync_every:
             return landed
@@ -653,6 +669,11 @@ class DiLoCo:
         self.samples = 0
         self._in_flight = True
         self._since_begin = 0
+
+    def _ready(self) -> bool:
+        """Whether the round in flight's exchange is over (the leader's answer, in a group)."""
+        ready = self.leader and self.session.round_ready()
+        return ready if self._group is None else self._group.broadcast_flag(ready)
 
     def _land(self) -> RoundInfo:
         def end():

@@ -10,6 +10,7 @@ checkpoint of a bf16 model: save, load into a new model, the same rounds give th
 Exits 77 (CTest: skipped) when torch, numpy or cffi is missing."""
 
 import sys
+import time
 import unittest
 
 try:
@@ -61,7 +62,7 @@ def host(model):
     return {k: bits(v) for k, v in model.state_dict().items()}
 
 
-def cluster_main(index, dtype, hook, overlap, to_parent, from_parent):
+def cluster_main(index, dtype, hook, overlap, early, to_parent, from_parent):
     try:
         torch.set_num_threads(1)
         torch.manual_seed(1000 + index)  # different initial weights: start takes cluster 0's
@@ -83,6 +84,9 @@ def cluster_main(index, dtype, hook, overlap, to_parent, from_parent):
             kw = dict(optimizer=opt, samples_per_step=BATCH) if hook else {}
             if overlap:
                 kw["overlap_steps"] = overlap
+            if early:
+                kw["land_early"] = True
+            landed = []
             with nebula.torch.DiLoCo(session, model, sync_every=H, **kw) as diloco:
                 staged = [p.name for p in diloco.params if not p.shared]
                 start = host(model)
@@ -94,9 +98,14 @@ def cluster_main(index, dtype, hook, overlap, to_parent, from_parent):
                     at += BATCH
                     loss = torch.mean((model(x[idx]) - y[idx]) ** 2)
                     opt.zero_grad()
+                    if early:  # the exchange in flight is over before this step ends
+                        while not session.round_ready():
+                            time.sleep(0.001)
                     loss.backward()
                     opt.step()
                     info = diloco.last_round if hook else diloco.step(samples=BATCH)
+                    if info is not None and (not infos or info is not infos[-1]):
+                        landed.append(diloco.landed_after)
                     if info is not None and (not infos or info is not infos[-1]):
                         infos.append(info)
                 if overlap:  # the last round lands in finish (the with block's end)
@@ -113,18 +122,18 @@ def cluster_main(index, dtype, hook, overlap, to_parent, from_parent):
                                                loss1=loss1, infos=infos, staged=staged,
                                                names=[p.name for p in diloco.params],
                                                hash=session.global_hash(),
-                                               rounds=diloco.rounds)))
+                                               rounds=diloco.rounds, landed=landed)))
     except BaseException as e:
         to_parent.put(("error", index, f"{type(e).__name__}: {e}"))
 
 
-def run_pair(test, dtype, hook, overlap=0):
-    return two_clusters.run(test, cluster_main, (dtype, hook, overlap), TIMEOUT_S)
+def run_pair(test, dtype, hook, overlap=0, early=False):
+    return two_clusters.run(test, cluster_main, (dtype, hook, overlap, early), TIMEOUT_S)
 
 
 class DiLoCoTwoClusters(unittest.TestCase):
-    def check(self, dtype, hook, overlap=0):
-        r = run_pair(self, dtype, hook, overlap)
+    def check(self, dtype, hook, overlap=0, early=False):
+        r = run_pair(self, dtype, hook, overlap, early)
         synced = ["body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias",
                   "head.weight", "head.bias"]
         for i in range(2):
@@ -146,6 +155,7 @@ class DiLoCoTwoClusters(unittest.TestCase):
             self.assertEqual(r[0]["final"][k].tobytes(), r[1]["final"][k].tobytes(), k)
             self.assertNotEqual(r[0]["start"][k].tobytes(), r[0]["final"][k].tobytes(), k)
         self.assertEqual(r[0]["hash"], r[1]["hash"])
+        return r
 
     def test_fp32_shared_memory(self):
         self.check(torch.float32, hook=False)
@@ -168,6 +178,14 @@ class DiLoCoTwoClusters(unittest.TestCase):
 
     def test_fp64_staged_overlap_hook(self):
         self.check(torch.float64, hook=True, overlap=1)
+
+    def test_fp32_overlap_land_early(self):
+        """land_early with overlap_steps 3 of H 4: the loop waits before each step until
+        round_ready() says the exchange in flight is over, so every round lands after the first
+        step of the next (3 without land_early); the models still end bit-identical."""
+        r = self.check(torch.float32, hook=False, overlap=3, early=True)
+        for i in range(2):
+            self.assertEqual(r[i]["landed"], [1] * (ROUNDS - 1), i)
 
 
 class Checkpoint(unittest.TestCase):

@@ -120,6 +120,50 @@ static void test_floor_later_then_lengthen(void** state) {
   assert_true(d.transfer_s <= d.budget_s + 1e-12);
 }
 
+/* A measured exchange (observed_*) overrides the link's model for frames no larger than the
+ * one measured: the floor frame that "takes 5 s" at the measured goodput (a thin link whose
+ * shaper passed it in a burst) took 0.25 s, so the update lands after 3 steps instead of the
+ * round being lengthened; a frame larger than the one measured gains nothing. At a fit, a
+ * density as large as the measured frame's (0.01, 20 kB in 0.3 s) fits tau 4's 0.36 s though
+ * the model says 0.0018, and never more than that. Bad observations are refused. */
+static void test_observed_exchange(void** state) {
+  (void)state;
+  nb_sched_config_t c = cfg();
+  nb_sched_input_t in = input(1);
+  in.goodput_Bps = 400;
+  in.observed_s = 0.25;
+  in.observed_bytes = 2000;
+  nb_sched_decision_t d;
+  assert_int_equal(nb_sched_decide(&c, &in, NULL, &d), NB_OK);
+  assert_int_equal(d.reason, NB_SCHED_FLOOR_LATER);
+  assert_int_equal(d.hide_steps, 3);
+  assert_int_equal(d.steps, 40);
+  assert_true(fabs(d.transfer_s - 0.25) < 1e-12);
+  in.observed_bytes = 1999; /* smaller than the floor's frame: the model again */
+  assert_int_equal(nb_sched_decide(&c, &in, NULL, &d), NB_OK);
+  assert_int_equal(d.reason, NB_SCHED_FLOOR_LENGTHEN);
+  assert_true(d.steps > 40);
+  in = input(4);
+  in.goodput_Bps = 1e4;
+  assert_int_equal(nb_sched_decide(&c, &in, NULL, &d), NB_OK);
+  assert_int_equal(d.reason, NB_SCHED_FIT);
+  assert_true(fabs(d.density - 0.0018) < 1e-9);
+  in.observed_s = 0.3;
+  in.observed_bytes = 20000;
+  assert_int_equal(nb_sched_decide(&c, &in, NULL, &d), NB_OK);
+  assert_int_equal(d.reason, NB_SCHED_FIT);
+  assert_true(fabs(d.density - 0.01) < 1e-9);
+  assert_int_equal(d.hide_steps, 4);
+  in.observed_s = 0.5; /* longer than tau's 0.36 s: the model's fit */
+  assert_int_equal(nb_sched_decide(&c, &in, NULL, &d), NB_OK);
+  assert_true(fabs(d.density - 0.0018) < 1e-9);
+  in.observed_s = NAN;
+  assert_int_equal(nb_sched_decide(&c, &in, NULL, &d), NB_ERR_INVALID);
+  in.observed_s = 0.1;
+  in.observed_bytes = -1;
+  assert_int_equal(nb_sched_decide(&c, &in, NULL, &d), NB_ERR_INVALID);
+}
+
 /* Wall-time rounds: tau counts only while tau steps end inside the round's budget. */
 static void test_tau_wall_rounds(void** state) {
   (void)state;
@@ -272,6 +316,7 @@ int main(void) {
       cmocka_unit_test(test_tau_budget),
       cmocka_unit_test(test_tau_latency),
       cmocka_unit_test(test_floor_later_then_lengthen),
+      cmocka_unit_test(test_observed_exchange),
       cmocka_unit_test(test_tau_wall_rounds),
       cmocka_unit_test(test_pick),
       cmocka_unit_test(test_pick_hold),
