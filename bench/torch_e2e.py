@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data-dir", default=os.path.join(ROOT, "data", "quick"))
     ap.add_argument("--langs", default="en,de,fr,es;en,ru,zh,fa",
                     help="languages of dc-a;dc-b (single trains on both)")
-    ap.add_argument("--out", default=os.path.join("bench-out", "torch"))
+    ap.add_argument("--out", default=os.path.join("runs", "bench-torch"))
     ap.add_argument("--nebula", default=os.environ.get("NEBULA_EXE", "nebula"))
     ap.add_argument("--thin", type=float, default=0,
                     help="F > 0: the link's rate so that a dense int8 frame takes F rounds of "

@@ -667,6 +667,16 @@ static int nb__run_prepare(nb__run_t* r) {
     fprintf(stderr, "nebula run: cannot create %s: %s\n", r->dir, strerror(errno));
     return NB_EXIT_FAIL;
   }
+  /* a user's program runs in the job's folder: the paths its environment names (PKI, secret,
+   * progress file) must not be relative to ours */
+  char abs[PATH_MAX];
+  if (job->program.argc > 0) {
+    if (!realpath(r->dir, abs) || strlen(abs) >= sizeof r->dir) {
+      fprintf(stderr, "nebula run: cannot resolve %s: %s\n", r->dir, strerror(errno));
+      return NB_EXIT_FAIL;
+    }
+    memcpy(r->dir, abs, strlen(abs) + 1);
+  }
   ssize_t el = readlink("/proc/self/exe", r->exe, sizeof r->exe - 1);
   if (el <= 0) {
     fprintf(stderr, "nebula run: cannot find this executable: %s\n", strerror(errno));

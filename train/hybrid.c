@@ -363,12 +363,14 @@ enum { NB__HY_LAND_MID = 0, NB__HY_LAND_END = 1, NB__HY_LAND_DRAIN = 2 };
 static nb_status_t nb__hy_land_ft(nb_hybrid_t* h, int how);
 
 /* k inner steps (or a wall-time budget of `seconds` with at most k), announced to the
- * cluster's other ranks. Adds the steps to *done and their summed loss to *loss_sum. */
+ * cluster's other ranks (k < 0: -k steps straight after the last run, see steps_hook). Adds the
+ * steps to *done and their summed loss to *loss_sum. */
 static nb_status_t nb__hy_steps(nb_hybrid_t* h, long k, double seconds, long* done,
                                 double* loss_sum) {
+  if (h->cfg.steps_hook) NB_CHECK(h->cfg.steps_hook(h->cfg.hook_ctx, k));
+  if (k < 0) k = -k; /* more steps straight after the last run (see steps_hook) */
   long did = k;
   double loss = 0;
-  if (h->cfg.steps_hook) NB_CHECK(h->cfg.steps_hook(h->cfg.hook_ctx, k));
   if (h->cfg.round_seconds > 0)
     NB_CHECK(h->local.steps_budget(h->local.ctx, k, seconds, &did, &loss));
   else
@@ -411,9 +413,10 @@ nb_status_t nb_hybrid_prepare(nb_hybrid_t* h, const uint8_t** msg, size_t* len) 
   if (h->cfg.overlap && h->inflight && h->own_valid && h->cfg.overlap_steps < kh) {
     long tau = h->cfg.overlap_steps;
     if (h->cfg.land_early && h->cfg.round_seconds <= 0 && h->cfg.n_clusters > 1) {
-      /* one step at a time until the exchange is over, tau at the latest */
+      /* one step at a time until the exchange is over, tau at the latest (the ranks take the
+       * buffer before the first only: nothing changes it in between) */
       while (done < tau && !__atomic_load_n(&h->fly_done, __ATOMIC_ACQUIRE))
-        NB_CHECK(nb__hy_steps(h, 1, 0, &done, &loss_sum));
+        NB_CHECK(nb__hy_steps(h, done > 0 ? -1 : 1, 0, &done, &loss_sum));
       h->mid_tau = done;
       NB_CHECK(nb__hy_land_mid(h));
     } else {

@@ -108,7 +108,9 @@ typedef struct {
   int eager;
   /* Intra-cluster ranks (nullable): steps_hook(ctx, k) runs before each run of k inner steps,
    * when the trainer's synced buffer holds the theta_local they start from (also after an update
-   * landed inside the round), so that the cluster's other ranks can take it and follow. */
+   * landed inside the round), so that the cluster's other ranks can take it and follow. A
+   * negative k: -k more steps straight after a run, nothing changed in between (land_early's
+   * step at a time): the ranks follow without taking the buffer again. */
   nb_status_t (*steps_hook)(void* ctx, long k);
   void* hook_ctx;
   nb_hybrid_exchange_fn exchange; /* required by nb_hybrid_round; unused by prepare/apply */

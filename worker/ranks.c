@@ -8,7 +8,8 @@
 #include "train/model.h"
 
 /* What the leader announces: {steps, command} as two floats, broadcast over every rank. */
-enum { NB__RK_STOP = 0, NB__RK_STEPS = 1, NB__RK_EVAL = 2, NB__RK_CHECKPOINT = 3 };
+/* STEPS: take the leader's parameters, then run steps; MORE: run steps straight on */
+enum { NB__RK_STOP = 0, NB__RK_STEPS = 1, NB__RK_EVAL = 2, NB__RK_CHECKPOINT = 3, NB__RK_MORE = 4 };
 
 static nb_status_t nb__rk_tp_allreduce(void* ctx, float* buf, size_t n) {
   return nb_comm_allreduce(ctx, buf, buf, n, NB_COMM_FP32, NB_COMM_SUM);
@@ -115,6 +116,9 @@ static nb_status_t nb__rk_gather(nb_wk_ranks_t* r) {
 
 static nb_status_t nb__rk_steps_hook(void* ctx, long k) {
   nb_wk_ranks_t* r = ctx;
+  /* k < 0: more steps straight after a run (the hybrid's early landing): every rank already
+   * holds the parameters it goes on from */
+  if (k < 0) return nb__rk_lead(r, -k, NB__RK_MORE);
   NB_CHECK(nb__rk_lead(r, k, NB__RK_STEPS));
   return nb__rk_share(r);
 }
@@ -208,8 +212,8 @@ nb_status_t nb_wk_ranks_follow(nb_wk_ranks_t* r) {
     NB_CHECK(nb_comm_broadcast(r->world, ctl, ctl, 2, NB_COMM_FP32, 0));
     int cmd = (int)ctl[1];
     if (cmd == NB__RK_STOP) return NB_OK;
-    if (cmd == NB__RK_STEPS) {
-      NB_CHECK(nb__rk_share(r));
+    if (cmd == NB__RK_STEPS || cmd == NB__RK_MORE) {
+      if (cmd == NB__RK_STEPS) NB_CHECK(nb__rk_share(r));
       NB_CHECK(nb_trainer_steps(r->t, (long)ctl[0], NULL));
       NB_CHECK(nb__rk_gather(r));
       continue;

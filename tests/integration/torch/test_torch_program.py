@@ -78,6 +78,22 @@ class ProgramJob(unittest.TestCase):
                 self.assertTrue(math.isfinite(ln["loss"]) and ln["loss"] > 0, ln)
         self.assertGreater(sums[0]["wan_bytes_counted"], 0)
 
+    def test_relative_out(self):
+        """--out relative to where nebula run is started, the descriptor in another folder: the
+        program runs in the descriptor's folder, and the PKI, secret and progress paths its
+        environment names still lead to the run folder (they were relative to nebula run's)."""
+        os.mkdir(os.path.join(self.tmp, "jobs"))
+        path = os.path.join(self.tmp, "jobs", "job.json")
+        with open(path, "w") as f:
+            json.dump(job([sys.executable, GPT, "--steps", "4"] + TINY), f)
+        p = subprocess.run([NEBULA, "run", os.path.join("jobs", "job.json"), "--out", "run",
+                            "--loopback"], capture_output=True, text=True, timeout=300,
+                           cwd=self.tmp)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("theta_global identical on every cluster", p.stdout)
+        for c in ("dc-a", "dc-b"):
+            self.assertTrue(os.path.exists(os.path.join(self.tmp, "run", c, "progress.jsonl")), c)
+
     def test_program_failure_stops_the_job(self):
         # the program refuses its arguments (exit 2): the run fails naming the cluster and
         # stops every other

@@ -54,6 +54,7 @@ typedef struct {
   nb_trainer_t* t;
   nb_status_t st;
   long steps_seen; /* inner steps announced through the steps hook */
+  int hook_misuse; /* hook calls with k < 0 at a round's start */
   nb_hybrid_round_t rec[ROUNDS];
   uint64_t hash[ROUNDS];
   int local_is_global[ROUNDS];
@@ -168,9 +169,12 @@ static nb_status_t plain_exchange(void* ctx, uint64_t round, const void* msg, si
 #define GATE_STEP 3
 static nb_status_t gate_hook(void* ctx, long k) {
   side_t* s = ctx;
-  if (s->steps_seen % g_opt.h == GATE_STEP - 1 && k == 1)
+  long pos = s->steps_seen % g_opt.h;
+  /* k < 0: a step straight after the last (the buffer unchanged): never a round's first */
+  if (k < 0 && pos == 0) s->hook_misuse++;
+  if (pos == GATE_STEP - 1 && (k == 1 || k == -1))
     while (!nb_hybrid_exchange_done(s->h)) usleep(1000);
-  s->steps_seen += k;
+  s->steps_seen += k < 0 ? -k : k;
   return NB_OK;
 }
 
@@ -773,6 +777,7 @@ static void test_land_early(void** state) {
             assert_int_equal(side[c].rec[r].landed_step, 6);
           if (!plain) assert_int_equal(side[c].rec[r].applied, 1);
         }
+        assert_int_equal(side[c].hook_misuse, 0);
       }
       assert_memory_equal(side[0].hash, side[1].hash, sizeof side[0].hash);
       free_pair(side, &mb);
