@@ -763,8 +763,7 @@ typedef struct {
   uint32_t nin, head, window;
   nb_status_t err; /* the stream failed (or was told to stop) */
   int64_t last_ack_ns;
-  int open_pending; /* the PushOpen's ack is still to come (a first open: chunks follow it at once)
-                     */
+  int open_pending; /* the PushOpen's ack is yet to come (a first open: chunks follow at once) */
 } nb__stream_t;
 
 /* Applies the PushOpen's ack: the transfer's status, and the chunks the receiver already holds
@@ -863,8 +862,8 @@ static void* nb__worker(void* arg) {
     rc = nb__send_open(x, s);
     /* The stream's first open sends its chunks right behind the PushOpen (its ack, read first by
      * the reader, says what the receiver already holds: nothing, for a transfer new to it), so
-     * a frame arrives one round trip after its first byte leaves, not two. A reopen waits for
-     * the ack, to resume where the receiver is. */
+     * the frame is there one way after its last byte leaves, not a round trip later. A reopen
+     * waits for the ack, to resume where the receiver is. */
     int pipelined = attempts == 1;
     Nebula__V1__PushAck* a = NULL;
     /* The open's ack: also waits for the connection (wait-for-ready). */
