@@ -19,6 +19,7 @@ import datetime
 import hashlib
 import sys
 import tempfile
+import time
 import unittest
 
 try:
@@ -139,9 +140,12 @@ class Unwrapped(torch.nn.Module):
 
 def train_main(cluster, rank, overlap, wrap, store_dir, to_parent, from_parent):
     """One rank of a cluster: DDP (or FSDP2's fully_shard) over the cluster's group, DiLoCo
-    over the clusters."""
+    over the clusters. wrap "...+early": land_early, the leader waiting before each step until
+    the round in flight's exchange is over (so each lands after the first step of the next)."""
     me = (cluster, rank)
     session = None
+    early = wrap.endswith("+early")
+    wrap = wrap.split("+")[0]
     try:
         init_group(cluster, rank, store_dir)
         torch.manual_seed(1000 + 10 * cluster + rank)  # DDP takes rank 0's, start cluster 0's
@@ -152,14 +156,19 @@ def train_main(cluster, rank, overlap, wrap, store_dir, to_parent, from_parent):
         x, y = data(cluster)
         opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
         if rank == 0:
-            session = open_session(cluster, 2, to_parent, from_parent, f"py-{wrap}-{overlap}")
+            session = open_session(cluster, 2, to_parent, from_parent,
+                                   f"py-{wrap}-{overlap}{'-early' if early else ''}")
         model = ddp.module if wrap == "fsdp2" else ddp
-        with nebula.torch.DiLoCo(session, model, sync_every=H, overlap_steps=overlap) as diloco:
+        with nebula.torch.DiLoCo(session, model, sync_every=H, overlap_steps=overlap,
+                                 land_early=early) as diloco:
             start = params_hash(ddp.module)
             with torch.no_grad():
                 loss0 = float(torch.mean((ddp(x) - y) ** 2))
-            rounds, steps, at = [], [], 0
+            rounds, steps, landed, at = [], [], [], 0
             for _ in range(H * ROUNDS):
+                if early and session is not None:
+                    while not session.round_ready():
+                        time.sleep(0.001)
                 idx = (torch.arange(at, at + BATCH) % N_DATA)[rank::RANKS]  # this rank's half
                 at += BATCH
                 loss = torch.mean((ddp(x[idx]) - y[idx]) ** 2)
@@ -169,6 +178,7 @@ def train_main(cluster, rank, overlap, wrap, store_dir, to_parent, from_parent):
                 info = diloco.step(samples=len(idx))
                 if info is not None:
                     rounds.append((info, params_hash(ddp.module)))
+                    landed.append(diloco.landed_after)
                 steps.append(params_hash(ddp.module))
             if overlap:  # the last round lands in finish
                 diloco.finish()
@@ -185,7 +195,7 @@ def train_main(cluster, rank, overlap, wrap, store_dir, to_parent, from_parent):
         dist.destroy_process_group()
         to_parent.put(("done", me, dict(start=start, final=final, rounds=rounds, loss0=loss0,
                                         loss1=loss1, names=names, leader=leader,
-                                        hash=ghash, steps=steps)))
+                                        hash=ghash, steps=steps, landed=landed)))
     except BaseException as e:
         to_parent.put(("error", me, f"{type(e).__name__}: {e}"))
 
@@ -347,6 +357,8 @@ class TwoClustersOfTwoRanks(unittest.TestCase):
                 self.assertEqual(h, hl, (k, n))  # the ranks of a cluster, each round
                 if not overlap:  # blocking: theta_global itself, on all four, each round
                     self.assertEqual(h, h0, (k, n))
+            if wrap.endswith("+early"):  # every rank landed where its leader saw the exchange over
+                self.assertEqual(res[k]["landed"], [1] * (ROUNDS - 1), k)
 
     def test_blocking(self):
         self.check_training(0)
@@ -363,7 +375,10 @@ class TwoClustersOfTwoRanks(unittest.TestCase):
         self.check_training(0, "fsdp2")
 
     def test_fsdp2_overlap(self):
-        self.check_training(2, "fsdp2")
+        """FSDP2 overlapped, with land_early: each step while a round is in flight, the
+        leader's round_ready() goes to the other rank; the leader waits for it before each step,
+        so every round lands after 1 step (of 2) on both ranks, which stay equal."""
+        self.check_training(2, "fsdp2+early")
 
     def test_leader_error_on_every_rank(self):
         """Another model on cluster 1: both leaders' start fails (NB_ERR_CONFIG naming the
