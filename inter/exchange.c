@@ -861,8 +861,7 @@ static nb_status_t nb__ex_round(nb_exchange_t* ex, uint64_t round, const void* f
                  "peer %s (%.100s) stopped answering: nothing heard for %lld ms", p->id, p->target,
                  silent);
         nb_link_cancel(p->link);
-      } else if (rs == NB_ERR_TIMEOUT && nb_link_rx_newest(ex->rx, p->id) > round + early &&
-                 !nb_link_rx_arriving(ex->rx, p->id, round)) {
+      } else if (rs == NB_ERR_TIMEOUT && nb_link_rx_newest(ex->rx, p->id) > round + early) {
         snprintf(r->detail, sizeof r->detail, "peer %s is already at round %llu, past %llu", p->id,
                  (unsigned long long)nb_link_rx_newest(ex->rx, p->id), (unsigned long long)round);
       } else if (rs == NB_ERR_TIMEOUT && deadline_ns && nb_now_ns() >= deadline_ns) {

@@ -139,8 +139,7 @@ nb_status_t nb_exchange_round(nb_exchange_t* ex, uint64_t round, const void* fra
  * ones finish first (at most 10 s, less when their peer stops answering). A peer that uses
  * early rounds too sends round + 1 before its frame of this round is over, so here a peer
  * counts as past this round (given up on at once) only once a frame of round + 2 or later came
- * from it; in nb_exchange_round, a frame of round + 1 or later while this round's is not
- * arriving. */
+ * from it (in nb_exchange_round, of round + 1 or later). */
 nb_status_t nb_exchange_round_early(nb_exchange_t* ex, uint64_t round, const void* frame,
                                     size_t len, int64_t deadline_ns, nb_exchange_result_t* results);
 

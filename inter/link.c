@@ -1289,15 +1289,6 @@ nb_status_t nb_link_rx_peer(nb_link_rx_t* rx, const char* peer, nb_link_rx_peer_
   return st;
 }
 
-int nb_link_rx_arriving(nb_link_rx_t* rx, const char* sender, uint64_t round) {
-  if (!rx || !sender) return 0;
-  pthread_mutex_lock(&rx->mu);
-  nb__rx_xfer_t* x = nb__rx_find(rx, sender, round);
-  int arriving = x && x->state == NB__RX_RECEIVING;
-  pthread_mutex_unlock(&rx->mu);
-  return arriving;
-}
-
 uint64_t nb_link_rx_newest(nb_link_rx_t* rx, const char* sender) {
   if (!rx || !sender) return 0;
   uint64_t newest = 0;
