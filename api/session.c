@@ -13,6 +13,7 @@
 #include "api/adapt.h"
 #include "api/blas_check.h"
 #include "api/codec_points.h"
+#include "api/driven.h"
 #include "api/ft.h"
 #include "common/common.h"
 #include "compress/compress.h"
@@ -35,6 +36,9 @@
 #define NB__SS_STATE_VERSION 2u        /* a saved state's table: version 2 (no bound: not state) */
 #define NB__SS_FLAG_VALUES 0x1u
 #define NB__SS_FLAG_FT 0x2u /* fault-tolerant rounds: every cluster must say the same */
+/* a driven session's start message (api/driven.h): every cluster starts from the same values by
+ * construction, cluster 0 sends none; every cluster must say the same */
+#define NB__SS_FLAG_SEEDED 0x4u
 
 typedef struct {
   char name[NB__SS_NAME_MAX];
@@ -104,6 +108,10 @@ struct nb_session {
    * our next frame */
   int auto_codec;
   nb_codec_auto_t codec;
+  /* a driven session (api/driven.h): the caller's local model with steps, no tensors */
+  int driven;
+  nb_hybrid_local_t drive;
+  char pulled_from[NB_LINK_ID_MAX]; /* the peer of the last pull ("?" before) */
 };
 
 void nb_session_options_default(nb_session_options_t* o) {
@@ -344,7 +352,9 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
   return NB_OK;
 }
 
-nb_status_t nb_session_open(const nb_session_options_t* o, nb_session_t** out) {
+/* nb_session_open, and nb_driven_open with d (the local model, the round's config, the link). */
+static nb_status_t nb__ss_open(const nb_session_options_t* o, const nb_driven_t* d,
+                               nb_session_t** out) {
   if (!o || !out) return nb_error(NB_ERR_INVALID, "session: NULL argument");
   *out = NULL;
   /* the caller's model runs on OpenBLAS too: a generic kernel there must not go unnoticed */
@@ -358,6 +368,35 @@ nb_status_t nb_session_open(const nb_session_options_t* o, nb_session_t** out) {
                                o->cluster_id ? strlen(o->cluster_id) : 0, "cluster_id"),
                 st, fail);
   NB_CHECK_GOTO(nb__ss_config(s, o), st, fail);
+  snprintf(s->pulled_from, sizeof s->pulled_from, "?");
+  if (d) {
+    /* the round is the caller's config; the exchange callbacks stay the session's */
+    nb_hybrid_config_t hc = d->hc;
+    hc.exchange = s->hc.exchange;
+    hc.exchange_ctx = s->hc.exchange_ctx;
+    hc.ft_exchange = NULL;
+    hc.final_wait_s = 0;
+    if (hc.cluster_index != o->cluster_index || hc.n_clusters != o->n_clusters ||
+        hc.outer_lr != o->outer_lr || hc.outer_momentum != o->outer_momentum ||
+        hc.norm_bound != o->update_norm_bound) {
+      st = nb_error(NB_ERR_CONFIG, "session: the driven round's config differs from the options");
+      goto fail;
+    }
+    if (o->adaptive || s->auto_codec || (o->progress_file && o->progress_file[0]) ||
+        (o->metrics_listen && o->metrics_listen[0])) {
+      st = nb_error(NB_ERR_CONFIG,
+                    "session: a driven session schedules, reports and serves metrics itself "
+                    "(adaptive, values auto, progress_file and metrics_listen off)");
+      goto fail;
+    }
+    if (!d->local.params || !d->local.samples) {
+      st = nb_error(NB_ERR_INVALID, "session: a driven local model needs params and samples");
+      goto fail;
+    }
+    s->hc = hc;
+    s->driven = 1;
+    s->drive = d->local;
+  }
   s->index = o->cluster_index;
   s->n_clusters = o->n_clusters;
   if (o->n_peers > s->n_clusters - 1) {
@@ -390,6 +429,11 @@ nb_status_t nb_session_open(const nb_session_options_t* o, nb_session_t** out) {
     xc.dead_ms = (int)(o->peer_timeout_s * 1000);
     xc.rate_cap_Bps = s->rate_Bps;
     xc.rate_hint_Bps = s->rate_Bps;
+    if (d) {
+      xc.streams = d->streams;
+      xc.chunk_bytes = d->chunk_bytes;
+      if (d->rate_hint_Bps > 0) xc.rate_hint_Bps = d->rate_hint_Bps;
+    }
     NB_CHECK_GOTO(nb_error_wrap(nb_exchange_create(&xc, &s->ex), "session: exchange"), st, fail);
     /* fault-tolerant rounds: with several clusters only (one alone has nobody to miss) */
     if (o->fault_tolerant) {
@@ -415,6 +459,16 @@ nb_status_t nb_session_open(const nb_session_options_t* o, nb_session_t** out) {
 fail:
   nb_session_close(s);
   return st;
+}
+
+nb_status_t nb_session_open(const nb_session_options_t* o, nb_session_t** out) {
+  return nb__ss_open(o, NULL, out);
+}
+
+nb_status_t nb_driven_open(const nb_session_options_t* o, const nb_driven_t* d,
+                           nb_session_t** out) {
+  if (!d) return nb_error(NB_ERR_INVALID, "session: NULL argument");
+  return nb__ss_open(o, d, out);
 }
 
 int nb_session_port(const nb_session_t* s) {
@@ -456,6 +510,9 @@ nb_status_t nb_session_register_dtype(nb_session_t* s, const char* name, void* d
   if (dtype != NB_DTYPE_FP32 && dtype != NB_DTYPE_BF16 && dtype != NB_DTYPE_FP16)
     return nb_error(NB_ERR_INVALID, "session: tensor '%s': unknown dtype %d", name, (int)dtype);
   if (s->started) return nb_error(NB_ERR_INVALID, "session: register '%s' after start", name);
+  if (s->driven)
+    return nb_error(NB_ERR_INVALID, "session: register '%s': a driven session syncs its model's",
+                    name);
   size_t len = strlen(name);
   if (len == 0 || len >= NB__SS_NAME_MAX)
     return nb_error(NB_ERR_INVALID, "session: tensor name of %zu bytes (1..%d)", len,
@@ -536,7 +593,8 @@ static nb_status_t nb__ss_table_make(nb_session_t* s, nb__ss_buf_t* b, int value
   nb__ss_put32(b, state ? NB__SS_STATE_VERSION : NB__SS_TABLE_VERSION);
   nb__ss_put32(b, s->index);
   nb__ss_put32(b, s->n_clusters);
-  nb__ss_put32(b, (values ? NB__SS_FLAG_VALUES : 0) | (!state && s->ft ? NB__SS_FLAG_FT : 0));
+  nb__ss_put32(b, (values ? NB__SS_FLAG_VALUES : 0) | (!state && s->ft ? NB__SS_FLAG_FT : 0) |
+                      (!state && s->driven ? NB__SS_FLAG_SEEDED : 0));
   nb__ss_put32(b, (uint32_t)s->n_tensors);
   nb__ss_put32(b, nb__ss_bits(s->hc.outer_lr));
   nb__ss_put32(b, nb__ss_bits(s->hc.outer_momentum));
@@ -680,15 +738,24 @@ static nb_status_t nb__ss_table_check(nb_session_t* s, const char* peer, const u
     return nb_error(NB_ERR_CONFIG, "update_norm_bound differs between us (%g) and cluster %s (%g)",
                     s->hc.norm_bound, peer, bound);
   NB_CHECK(nb__ss_tensors_check(s, &r, hd.nt, where));
+  if (hd.n != s->n && s->driven) /* no tensors: the model's size is the table */
+    return nb_error(NB_ERR_CONFIG, "the model has %zu synced parameters here, %llu at cluster %s",
+                    s->n, (unsigned long long)hd.n, peer);
   if (hd.n != s->n)
     return nb_error(NB_ERR_CODEC, "cluster %s: table of %llu floats, ours %zu", peer,
                     (unsigned long long)hd.n, s->n);
   if (((hd.flags & NB__SS_FLAG_FT) != 0) != (s->ft != 0))
     return nb_error(NB_ERR_CONFIG, "fault_tolerant is %d here, %d at cluster %s", s->ft,
                     (hd.flags & NB__SS_FLAG_FT) != 0, peer);
+  if (((hd.flags & NB__SS_FLAG_SEEDED) != 0) != (s->driven != 0))
+    return nb_error(NB_ERR_CONFIG,
+                    "cluster %s %s the built-in worker's model, we %s (both must, or neither)",
+                    peer, (hd.flags & NB__SS_FLAG_SEEDED) ? "trains" : "does not train",
+                    s->driven ? "do" : "do not");
   size_t want = (hd.flags & NB__SS_FLAG_VALUES) ? s->n * sizeof(float) : 0;
-  if ((hd.flags & ~(NB__SS_FLAG_VALUES | NB__SS_FLAG_FT)) ||
-      ((hd.flags & NB__SS_FLAG_VALUES) != 0) != (hd.idx == 0) || r.len - r.at != want)
+  int sends = hd.idx == 0 && !(hd.flags & NB__SS_FLAG_SEEDED); /* cluster 0 sends its values */
+  if ((hd.flags & ~(NB__SS_FLAG_VALUES | NB__SS_FLAG_FT | NB__SS_FLAG_SEEDED)) ||
+      ((hd.flags & NB__SS_FLAG_VALUES) != 0) != sends || r.len - r.at != want)
     return nb_error(NB_ERR_CODEC, "cluster %s: malformed table (flags %u)", peer, hd.flags);
   if (want) *values = (const float*)(r.p + r.at);
   *sender = hd.idx;
@@ -733,7 +800,7 @@ static nb_status_t nb__ss_published_check(nb_session_t* s, const uint8_t* m, siz
                     s->index, hd.nc);
   if (hd.lr != nb__ss_bits(s->hc.outer_lr) || hd.mu != nb__ss_bits(s->hc.outer_momentum))
     return nb_error(NB_ERR_CONFIG, "outer_lr/outer_momentum differ between us and the state");
-  if (hd.flags != NB__SS_FLAG_FT)
+  if ((hd.flags & ~NB__SS_FLAG_SEEDED) != NB__SS_FLAG_FT)
     return nb_error(NB_ERR_CONFIG, "the state %s is not of fault-tolerant rounds", where);
   NB_CHECK(nb__ss_tensors_check(s, &r, hd.nt, where));
   if (hd.n != s->n || r.at != r.len)
@@ -768,7 +835,16 @@ static nb_status_t nb__ss_adopt(void* ctx, const uint8_t* b, size_t len) {
 static nb_status_t nb__ss_pull(nb_session_t* s, double timeout_s, uint64_t skip,
                                const char** from) {
   nb__ss_adopt_t a = {s, skip};
-  return nb_ft_pull(s->ex, timeout_s, nb__ss_adopt, &a, from);
+  nb_status_t st = nb_ft_pull(s->ex, timeout_s, nb__ss_adopt, &a, from);
+  if (st == NB_OK) snprintf(s->pulled_from, sizeof s->pulled_from, "%s", *from ? *from : "?");
+  return st;
+}
+
+/* The hybrid on the local model: the caller's tensors gathered into local, or a driven one. */
+static nb_status_t nb__ss_hybrid_create(nb_session_t* s) {
+  nb_hybrid_local_t lm = {.ctx = s, .params = nb__ss_params, .samples = nb__ss_samples};
+  return nb_error_wrap(nb_hybrid_create_local(&s->hc, s->driven ? &s->drive : &lm, &s->h),
+                       "session: start");
 }
 
 /* Adaptive density: the idle-link probes (a thin link's small frames may never measure it), and
@@ -783,8 +859,7 @@ static nb_status_t nb__ss_adaptive_start(nb_session_t* s) {
 /* start with `rejoin`: no table agreement (the others are past it); the hybrid on our buffers,
  * then a live peer's state, checked against our table. */
 static nb_status_t nb__ss_start_rejoin(nb_session_t* s) {
-  nb_hybrid_local_t lm = {.ctx = s, .params = nb__ss_params, .samples = nb__ss_samples};
-  NB_CHECK(nb_error_wrap(nb_hybrid_create_local(&s->hc, &lm, &s->h), "session: start"));
+  NB_CHECK(nb__ss_hybrid_create(s));
   const char* from = "?";
   NB_CHECK(nb_error_wrap(nb__ss_pull(s, s->rejoin_timeout_s, 2, &from),
                          "session: start (rejoin: pulling the global state)"));
@@ -828,13 +903,20 @@ nb_status_t nb_session_start(nb_session_t* s) {
   if (!s) return nb_error(NB_ERR_INVALID, "session: NULL argument");
   if (s->started || s->failed)
     return nb_error(NB_ERR_INVALID, "session: start called twice (or after a failed start)");
-  if (s->n_tensors == 0) return nb_error(NB_ERR_INVALID, "session: start: no tensor registered");
+  if (s->n_tensors == 0 && !s->driven)
+    return nb_error(NB_ERR_INVALID, "session: start: no tensor registered");
   if (s->n_peers != s->n_clusters - 1)
     return nb_error(NB_ERR_CONFIG, "session: start: %zu peers for %u clusters", s->n_peers,
                     s->n_clusters);
-  s->failed = 1; /* until it succeeds */
-  NB_CHECK(nb_alloc((void**)&s->local, s->n, sizeof(float), "theta_local"));
-  nb__ss_gather(s, 0);
+  s->failed = 1;   /* until it succeeds */
+  if (s->driven) { /* the table is the model's size; its values stay the model's */
+    s->drive.params(s->drive.ctx, &s->n);
+    if (s->n == 0 || s->n > 0xffffffffu)
+      return nb_error(NB_ERR_INVALID, "session: start: a driven model of %zu floats", s->n);
+  } else {
+    NB_CHECK(nb_alloc((void**)&s->local, s->n, sizeof(float), "theta_local"));
+    nb__ss_gather(s, 0);
+  }
   if (s->rejoin) return nb__ss_start_rejoin(s);
   if (s->n_clusters > 1) {
     NB_CHECK(nb__ss_wait_peers(s, s->start_timeout_s));
@@ -843,7 +925,7 @@ nb_status_t nb_session_start(nb_session_t* s) {
     char names[NB__SS_MAX_PEERS][NB_LINK_ID_MAX];
     memset(got, 0, sizeof got);
     memset(names, 0, sizeof names);
-    nb_status_t st = nb__ss_table_make(s, &b, s->index == 0, 0);
+    nb_status_t st = nb__ss_table_make(s, &b, s->index == 0 && !s->driven, 0);
     if (st == NB_OK) st = nb__ss_exchange_id(0, b.p, b.len, s, got, s->n_peers, NULL, names);
     if (st != NB_OK) st = nb_error_wrap(st, "session: start");
     nb_free(b.p);
@@ -864,8 +946,7 @@ nb_status_t nb_session_start(nb_session_t* s) {
     for (size_t i = 0; i < s->n_peers; i++) nb_free(got[i].data);
     NB_CHECK(st);
   }
-  nb_hybrid_local_t lm = {.ctx = s, .params = nb__ss_params, .samples = nb__ss_samples};
-  NB_CHECK(nb_error_wrap(nb_hybrid_create_local(&s->hc, &lm, &s->h), "session: start"));
+  NB_CHECK(nb__ss_hybrid_create(s));
   nb__ss_scatter(s);
   if (s->ft) NB_CHECK(nb__ss_publish(s));
   NB_CHECK(nb__ss_adaptive_start(s));
@@ -1063,8 +1144,60 @@ static nb_status_t nb__ss_after_ft(nb_session_t* s, nb_hybrid_round_t* rec) {
   return nb__ss_publish(s);
 }
 
+/* The figures of a driven round: the totals the metrics keep, nothing else (the caller reports). */
+static void nb__ss_totals(nb_session_t* s, const nb_hybrid_round_t* rec) {
+  s->wan_sent += rec->bytes_sent;
+  s->exchange_total_s += rec->exchange_s;
+  if (s->ft && rec->landed && !rec->applied) s->skipped++;
+  if (s->ft && rec->caught_up) s->late++;
+}
+
+nb_status_t nb_driven_round(nb_session_t* s, nb_hybrid_round_t* rec) {
+  NB_CHECK(nb__ss_ready(s, "round"));
+  if (!s->driven || !rec) return nb_error(NB_ERR_INVALID, "session: not a driven session");
+  nb_status_t st = nb_hybrid_round(s->h, rec);
+  if (st == NB_OK && s->ft) st = nb__ss_after_ft(s, rec);
+  if (st != NB_OK) {
+    s->failed = 1;
+    return nb_error_wrap(st, "session: round %llu", (unsigned long long)nb_hybrid_rounds(s->h));
+  }
+  nb__ss_totals(s, rec);
+  return NB_OK;
+}
+
+nb_status_t nb_driven_drain(nb_session_t* s, nb_hybrid_round_t* rec) {
+  NB_CHECK(nb__ss_ready(s, "drain"));
+  if (!s->driven || !rec) return nb_error(NB_ERR_INVALID, "session: not a driven session");
+  nb_status_t st = nb_hybrid_drain(s->h, rec);
+  if (st == NB_OK && s->ft) st = nb__ss_after_ft(s, rec);
+  if (st != NB_OK) {
+    s->failed = 1;
+    return nb_error_wrap(st, "session: landing the update in flight");
+  }
+  nb__ss_totals(s, rec);
+  return NB_OK;
+}
+
+nb_hybrid_t* nb_driven_hybrid(nb_session_t* s) {
+  return s ? s->h : NULL;
+}
+
+nb_exchange_t* nb_driven_exchange(nb_session_t* s) {
+  return s ? s->ex : NULL;
+}
+
+uint64_t nb_driven_received(const nb_session_t* s) {
+  return !s ? 0 : s->ft ? s->ftx.received : s->received;
+}
+
+const char* nb_driven_pulled_from(const nb_session_t* s) {
+  return s ? s->pulled_from : "?";
+}
+
 nb_status_t nb_session_round(nb_session_t* s, uint64_t samples, nb_session_round_t* out) {
   NB_CHECK(nb__ss_ready(s, "round"));
+  if (s->driven)
+    return nb_error(NB_ERR_INVALID, "session: round: a driven session's rounds run steps");
   double compute_s = nb_now_s() - s->t_ready; /* the caller's steps since it had control */
   if (samples > UINT64_MAX - s->samples)
     return nb_error(NB_ERR_INVALID, "session: round: sample count overflows");
@@ -1140,6 +1273,8 @@ int nb_session_begin_moved(const nb_session_t* s) {
 
 nb_status_t nb_session_round_begin(nb_session_t* s, uint64_t samples) {
   NB_CHECK(nb__ss_ready(s, "round_begin"));
+  if (s->driven)
+    return nb_error(NB_ERR_INVALID, "session: round_begin: a driven session overlaps inside");
   if (samples > UINT64_MAX - s->samples)
     return nb_error(NB_ERR_INVALID, "session: round_begin: sample count overflows");
   if (!s->at_begin)
@@ -1265,6 +1400,10 @@ nb_status_t nb_session_round_end(nb_session_t* s, nb_session_round_t* out) {
 
 nb_status_t nb_session_finish(nb_session_t* s) {
   NB_CHECK(nb__ss_ready(s, "finish"));
+  /* the final check asks a silent peer again on fresh ids until final_wait_s: each attempt
+   * waits a quarter of it at most (1 s at least), so that the whole check stays within it */
+  double fw = s->hc.final_wait_s;
+  if (s->ft && fw > 0 && s->ftx.deadline_s > fw / 4) s->ftx.deadline_s = fw / 4 > 1 ? fw / 4 : 1;
   nb_status_t st = nb_hybrid_finish(s->h);
   if (st != NB_OK) {
     s->failed = 1;

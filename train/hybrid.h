@@ -217,6 +217,9 @@ nb_status_t nb_hybrid_create_local(const nb_hybrid_config_t* cfg, const nb_hybri
  * of nb_hybrid_create_local. */
 typedef struct nb_trainer nb_trainer_t;
 nb_status_t nb_hybrid_create(const nb_hybrid_config_t* cfg, nb_trainer_t* t, nb_hybrid_t** out);
+/* The local model nb_hybrid_create makes of trainer t (borrowed), for a driver that creates the
+ * hybrid itself (the session of `nebula worker`, api/driven.h). */
+void nb_hybrid_trainer_local(nb_trainer_t* t, nb_hybrid_local_t* out);
 /* Waits for an exchange still in flight (overlap) and frees everything. NULL ok. */
 void nb_hybrid_destroy(nb_hybrid_t* h);
 

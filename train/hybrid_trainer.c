@@ -27,13 +27,18 @@ static uint64_t nb__ht_step_samples(void* ctx) {
   return (uint64_t)tc->batch_size * (uint64_t)(tc->micro_batches > 0 ? tc->micro_batches : 1);
 }
 
-nb_status_t nb_hybrid_create(const nb_hybrid_config_t* cfg, nb_trainer_t* t, nb_hybrid_t** out) {
-  if (!cfg || !t || !out) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
-  nb_hybrid_local_t local = {.ctx = t,
+void nb_hybrid_trainer_local(nb_trainer_t* t, nb_hybrid_local_t* out) {
+  *out = (nb_hybrid_local_t){.ctx = t,
                              .params = nb__ht_params,
                              .samples = nb__ht_samples,
                              .steps = nb__ht_steps,
                              .steps_budget = nb__ht_steps_budget,
                              .step_samples = nb__ht_step_samples};
+}
+
+nb_status_t nb_hybrid_create(const nb_hybrid_config_t* cfg, nb_trainer_t* t, nb_hybrid_t** out) {
+  if (!cfg || !t || !out) return nb_error(NB_ERR_INVALID, "hybrid: NULL argument");
+  nb_hybrid_local_t local;
+  nb_hybrid_trainer_local(t, &local);
   return nb_hybrid_create_local(cfg, &local, out);
 }

@@ -151,20 +151,22 @@ static uint64_t nb__rk_step_samples(void* ctx) {
   return (uint64_t)tc->batch_size * (uint64_t)(tc->micro_batches > 0 ? tc->micro_batches : 1);
 }
 
-nb_status_t nb_wk_ranks_hybrid(nb_wk_ranks_t* r, nb_hybrid_config_t* hc, nb_hybrid_t** out) {
+void nb_wk_ranks_local(nb_wk_ranks_t* r, nb_hybrid_config_t* hc, nb_hybrid_local_t* out) {
   if (r->world) {
     hc->steps_hook = nb__rk_steps_hook;
     hc->hook_ctx = r;
   }
   hc->samples_scale = (uint32_t)r->dp; /* every replica trains on its own batches */
-  if (r->mp <= 1) return nb_hybrid_create(hc, r->t, out);
-  nb_hybrid_local_t local = {.ctx = r,
+  if (r->mp <= 1) {
+    nb_hybrid_trainer_local(r->t, out);
+    return;
+  }
+  *out = (nb_hybrid_local_t){.ctx = r,
                              .params = nb__rk_params,
                              .samples = nb__rk_samples,
                              .steps = nb__rk_steps,
                              .steps_budget = nb__rk_steps_budget,
                              .step_samples = nb__rk_step_samples};
-  return nb_hybrid_create_local(hc, &local, out);
 }
 
 /* ---- evaluation, checkpoints, the model ------------------------------------------------------ */

@@ -51,9 +51,10 @@ void nb_wk_ranks_train_config(nb_wk_ranks_t* r, nb_train_config_t* tc, int data_
 /* After the trainer is created on every rank: the logical buffer, gathered. Collective. */
 nb_status_t nb_wk_ranks_attach(nb_wk_ranks_t* r, nb_trainer_t* t);
 
-/* The leader's hybrid: its local model and the steps hook that hands the ranks each run of
- * inner steps. */
-nb_status_t nb_wk_ranks_hybrid(nb_wk_ranks_t* r, nb_hybrid_config_t* hc, nb_hybrid_t** out);
+/* The leader's local model for the round (*out: the trainer's, or the gathered buffer of tensor
+ * or pipeline ranks), and in hc the steps hook that hands the ranks each run of inner steps and
+ * the samples scale of the data-parallel replicas. */
+void nb_wk_ranks_local(nb_wk_ranks_t* r, nb_hybrid_config_t* hc, nb_hybrid_local_t* out);
 
 /* Leader: the evaluation and the checkpoint of the trainer (collective over its replica under
  * tensor parallelism, announced to the ranks first). */

@@ -1,8 +1,11 @@
 /* The training program of one cluster's leader (`nebula worker`, worker/worker.h), read top to
  * bottom: set up (ranks, descriptor, peers, trainer), connect (exchange, round state, resume or
  * rejoin, scheduler, log), the round loop (round, log, evaluate, checkpoint, schedule), finish
- * (final check, evaluation, final model, summary.json). The cross-datacenter logic is
- * train/hybrid's and inter/exchange's; this file only wires them. It parses no command line. */
+ * (final check, evaluation, final model, summary.json). The cross-datacenter side is the public
+ * session's (api/driven.h: the session of include/nebula.h driving this cluster's trainer), so a
+ * user's program and the built-in worker run one path: connecting, agreeing on the table, the
+ * round, faults, rejoin, the final check and the round state of checkpoints. This file wires the
+ * trainer, the job and the scheduler to it. It parses no command line. */
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
@@ -14,7 +17,7 @@
 #include <unistd.h>
 
 #include "api/adapt.h"
-#include "api/ft.h"
+#include "api/driven.h"
 #include "common/common.h"
 #include "common/tfevents.h"
 #include "compress/compress.h"
@@ -28,9 +31,7 @@
 #include "api/codec_points.h"
 #include "train/leader_metrics.h"
 #include "worker/worker.h"
-#include "security/pki.h"
 #include "security/seal.h"
-#include "security/tls.h"
 #include "train/checkpoint.h"
 #include "train/hybrid.h"
 #include "train/lora.h"
@@ -50,6 +51,9 @@ NB_PARAM_INT(
     "failure stops the worker")
 NB_PARAM_DOUBLE(RejoinTimeoutS, "NB_REJOIN_TIMEOUT_S", 60, 1, 3600,
                 "nebula worker --rejoin: how long to keep trying to pull the global state")
+NB_PARAM_DOUBLE(StartTimeoutS, "NB_START_TIMEOUT_S", 120, 1, 86400,
+                "nebula worker: how long the start waits for every peer cluster to answer "
+                "before the clusters agree on the model (a peer still starting is not dead)")
 NB_PARAM_STRING(MetricsListen, "NEBULA_METRICS_LISTEN", "",
                 "nebula worker, cluster leader (rank 0): serve Prometheus metrics (round, loss, "
                 "WAN bytes, link, rounds applied) at http://HOST:PORT/metrics; port 0 picks a "
@@ -59,49 +63,6 @@ NB_PARAM_STRING(MetricsListen, "NEBULA_METRICS_LISTEN", "",
 static nb_worker_outcome_t nb__wk_fail(const char* cluster, const char* what) {
   fprintf(stderr, "nebula worker: %s: %s: %s\n", cluster ? cluster : "?", what, nb_error_last());
   return NB_WORKER_FAILED;
-}
-
-/* The exchange's context: the one fault-tolerant rounds use (api/ft.h), for both callbacks. */
-typedef nb_ft_link_t nb__wk_exchange_t;
-
-/* Publishes our global state for peers that rejoin (Exchange.Pull). */
-static nb_status_t nb__wk_publish(nb_exchange_t* ex, nb_hybrid_t* h) {
-  if (!ex) return NB_OK;
-  uint8_t* b = NULL;
-  size_t len = 0;
-  NB_CHECK(nb_hybrid_export(h, &b, &len));
-  nb_status_t st = nb_exchange_publish_state(ex, nb_hybrid_rounds(h) & 0xffffffffu, b, len);
-  nb_free(b);
-  return st;
-}
-
-typedef struct {
-  nb_hybrid_t* h;
-  uint64_t skip;
-} nb__wk_adopt_t;
-
-static nb_status_t nb__wk_adopt(void* ctx, const uint8_t* state, size_t len) {
-  const nb__wk_adopt_t* a = ctx;
-  return nb_hybrid_import(a->h, state, len, a->skip);
-}
-
-/* Pulls the global state from the first peer that serves one (alive, and published), trying
- * every peer until timeout_s, and adopts it; skip: rounds added to the pulled round (a restarted
- * process must not reuse the exchange ids of its previous life). */
-static nb_status_t nb__wk_pull_state(nb_exchange_t* ex, nb_hybrid_t* h, double timeout_s,
-                                     uint64_t skip, const char** from) {
-  nb__wk_adopt_t a = {h, skip};
-  return nb_ft_pull(ex, timeout_s, nb__wk_adopt, &a, from);
-}
-
-/* The hybrid's exchange callback over inter/exchange. Peer order does not matter to the hybrid
- * (messages name their sender). */
-static nb_status_t nb__wk_exchange(void* ctx, uint64_t round, const void* msg, size_t len,
-                                   nb_hybrid_msg_t* peers, size_t n_peers, uint64_t* sent) {
-  nb__wk_exchange_t* x = ctx;
-  nb_status_t st = nb_exchange_round_take(x->ex, round, msg, len, 0, n_peers, peers, NULL, sent);
-  for (size_t i = 0; st == NB_OK && i < n_peers; i++) x->received += peers[i].len;
-  return st;
 }
 
 /* The trainer's grad hook in step and dense modes; ctx is the nb_hybrid_t* slot, filled right
@@ -182,17 +143,16 @@ typedef struct {
   int n_peers;
   char odir[NB_JOB_PATH_MAX];
   char path[NB_TRAIN_PATH_MAX + 64]; /* scratch for the files written */
-  nb_tls_t* tls;
   uint8_t secret[NB_SEAL_SECRET_BYTES];
   int have_secret;
   nb_trainer_t* t;
   double t_start;
   /* connect */
-  nb_exchange_t* ex;
-  nb__wk_exchange_t xctx;
+  nb_session_t* s;   /* the session that drives the trainer (api/driven.h) */
+  nb_exchange_t* ex; /* its exchange (NULL for one cluster) and round state, borrowed */
+  nb_hybrid_t* h;
   nb_wk_ranks_t ranks; /* this cluster's ranks and their grid (worker/ranks.h) */
   nb_hybrid_config_t hc;
-  nb_hybrid_t* h;
   int ft; /* fault-tolerant rounds: outer mode, several clusters, NB_FAULT_TOLERANT */
   size_t n_params;
   long rejoined_at, round0, rounds;
@@ -402,19 +362,9 @@ static nb_worker_outcome_t nb__wk_folders(nb__wk_t* w) {
   return NB_WORKER_DONE;
 }
 
-/* The cluster's certificate (mTLS) and the job secret that seals update frames. */
+/* The job secret that seals update frames (the session loads the cluster's certificate). */
 static nb_worker_outcome_t nb__wk_security(nb__wk_t* w) {
-  const char *pki = w->o->pki, *secret_file = w->o->secret_file;
-  if (pki) {
-    char ca[NB_JOB_PATH_MAX], crt[NB_JOB_PATH_MAX], key[NB_JOB_PATH_MAX];
-    if (nb_pki_path(pki, NB_PKI_NONE, NULL, "crt", ca, sizeof ca) != NB_OK ||
-        nb_pki_path(pki, NB_PKI_CLUSTER, w->cluster, "crt", crt, sizeof crt) != NB_OK ||
-        nb_pki_path(pki, NB_PKI_CLUSTER, w->cluster, "key", key, sizeof key) != NB_OK)
-      return nb__wk_fail(w->cluster, "--pki");
-    nb_tls_files_t files = {ca, crt, key};
-    if (nb_tls_create(&files, &w->tls) != NB_OK)
-      return nb__wk_fail(w->cluster, "loading the cluster certificate");
-  }
+  const char* secret_file = w->o->secret_file;
   if (secret_file) {
     FILE* f = fopen(secret_file, "rb");
     size_t got = f ? fread(w->secret, 1, sizeof w->secret, f) : 0;
@@ -462,38 +412,9 @@ static nb_worker_outcome_t nb__wk_setup(nb__wk_t* w) {
 
 /* ---- connect -------------------------------------------------------------------------------- */
 
-/* Our exchange server and one link per peer cluster (none for a one-cluster job). */
-static nb_worker_outcome_t nb__wk_exchange_start(nb__wk_t* w) {
-  const nb_job_config_t* job = w->job;
-  nb_exchange_config_t xc;
-  memset(&xc, 0, sizeof xc);
-  xc.job_id = job->name;
-  xc.self = w->cluster;
-  xc.listen = w->o->listen ? w->o->listen : "127.0.0.1:0";
-  xc.tls = w->tls;
-  xc.allow_insecure = w->tls == NULL;
-  xc.job_secret = w->have_secret ? w->secret : NULL;
-  xc.allow_unsealed = !w->have_secret;
-  xc.streams = job->link.streams > 0 ? (uint32_t)job->link.streams : 0;
-  xc.chunk_bytes = job->link.chunk_kib > 0 ? (size_t)job->link.chunk_kib * 1024 : 0;
-  double rate_Bps = job->link.rate_mbit > 0 ? job->link.rate_mbit * 1e6 / 8 : 0;
-  xc.rate_cap_Bps = w->o->no_rate_cap ? 0 : rate_Bps;
-  xc.rate_hint_Bps = rate_Bps; /* until measured, also where something else shapes the link */
-  if (job->sync.peer_timeout_seconds > 0) xc.dead_ms = (int)(job->sync.peer_timeout_seconds * 1000);
-  if (job->n_clusters > 1) {
-    if (nb_exchange_create(&xc, &w->ex) != NB_OK)
-      return nb__wk_fail(w->cluster, "starting the exchange");
-    for (int i = 0; i < w->n_peers; i++)
-      if (nb_exchange_add_peer(w->ex, w->peer_id[i], w->peer_addr[i]) != NB_OK)
-        return nb__wk_fail(w->cluster, w->peer_id[i]);
-  }
-  w->xctx = (nb__wk_exchange_t){
-      .ex = w->ex, .n_peers = (size_t)w->n_peers, .deadline_s = nb_param_RoundDeadlineS()};
-  return NB_WORKER_DONE;
-}
-
-/* The round state: the job's config (worker/job_map.c) plus our hooks and exchange. */
-static nb_worker_outcome_t nb__wk_hybrid(nb__wk_t* w) {
+/* The round's config from the job (worker/job_map.c), the codec points of values "auto", and
+ * the local model: the trainer, or the gathered buffer of this cluster's ranks. */
+static nb_worker_outcome_t nb__wk_round_config(nb__wk_t* w, nb_driven_t* d) {
   nb_hybrid_config_t* hc = &w->hc;
   nb_hybrid_config_from_job(w->job, w->index, hc);
   /* values "auto": the scheduler picks a codec point each round (api/codec_points.h); until
@@ -507,31 +428,79 @@ static nb_worker_outcome_t nb__wk_hybrid(nb__wk_t* w) {
   if (w->job->sync.overlap && hc->mode != NB_HYBRID_OUTER)
     fprintf(stderr, "nebula worker: %s: sync.overlap applies to the outer mode only; ignored\n",
             w->cluster);
-  hc->exchange = nb__wk_exchange;
-  hc->exchange_ctx = &w->xctx;
   /* fault-tolerant rounds: outer mode (with or without overlap), several clusters */
-  w->ft = w->ex != NULL && hc->mode == NB_HYBRID_OUTER && nb_param_FaultTolerant();
-  if (w->ft) hc->ft_exchange = nb_ft_exchange;
-  hc->final_wait_s = nb_param_FinalWaitS();
+  w->ft = w->job->n_clusters > 1 && hc->mode == NB_HYBRID_OUTER && nb_param_FaultTolerant();
   if (w->o->rejoin && !w->ft) {
     fprintf(stderr,
             "nebula worker: --rejoin needs fault-tolerant rounds (outer mode, several "
             "clusters, NB_FAULT_TOLERANT=1)\n");
     return NB_WORKER_MISFIT;
   }
-  if (nb_wk_ranks_hybrid(&w->ranks, hc, &w->h) != NB_OK)
-    return nb__wk_fail(w->cluster, "creating the round state");
+  memset(d, 0, sizeof *d);
+  nb_wk_ranks_local(&w->ranks, hc, &d->local);
+  d->hc = *hc;
+  const nb_job_config_t* job = w->job;
+  d->streams = job->link.streams > 0 ? (uint32_t)job->link.streams : 0;
+  d->chunk_bytes = job->link.chunk_kib > 0 ? (size_t)job->link.chunk_kib * 1024 : 0;
+  d->rate_hint_Bps = job->link.rate_mbit > 0 ? job->link.rate_mbit * 1e6 / 8 : 0;
+  return NB_WORKER_DONE;
+}
+
+/* The session: our exchange server and a link per peer cluster (mutual TLS with --pki, frames
+ * sealed with the job secret), then the start: every cluster agrees on the model's size and
+ * the job's settings, or (--rejoin) a live peer's global state is pulled. */
+static nb_worker_outcome_t nb__wk_session(nb__wk_t* w) {
+  const nb_job_config_t* job = w->job;
+  nb_driven_t d;
+  NB__WK_TRY(nb__wk_round_config(w, &d));
+  const nb_hybrid_config_t* hc = &w->hc;
+  nb_session_options_t so;
+  nb_session_options_default(&so);
+  so.job_id = job->name;
+  so.cluster_id = w->cluster;
+  so.cluster_index = w->index;
+  so.n_clusters = (uint32_t)job->n_clusters;
+  so.listen = w->o->listen ? w->o->listen : "127.0.0.1:0";
+  so.peers = w->o->peers;
+  so.n_peers = (size_t)w->n_peers;
+  so.pki_dir = w->o->pki;
+  so.insecure = w->o->pki == NULL;
+  so.job_secret = w->have_secret ? w->secret : NULL;
+  so.unsealed = !w->have_secret;
+  so.inner_steps = hc->inner_steps;
+  so.outer_lr = hc->outer_lr;
+  so.outer_momentum = hc->outer_momentum;
+  so.density = hc->density;
+  so.values = nb_values_name(hc->values);
+  so.error_feedback = hc->error_feedback;
+  so.topk_chunk = hc->topk_chunk;
+  so.update_norm_bound = hc->norm_bound;
+  so.peer_timeout_s = job->sync.peer_timeout_seconds > 0 ? job->sync.peer_timeout_seconds : 0;
+  so.fault_tolerant = w->ft;
+  so.round_deadline_s = nb_param_RoundDeadlineS();
+  so.final_wait_s = nb_param_FinalWaitS();
+  so.rejoin = w->o->rejoin;
+  so.rejoin_timeout_s = nb_param_RejoinTimeoutS();
+  so.start_timeout_s = nb_param_StartTimeoutS();
+  so.rate_mbit = w->o->no_rate_cap ? 0 : job->link.rate_mbit;
+  if (nb_driven_open(&so, &d, &w->s) != NB_OK)
+    return nb__wk_fail(w->cluster, "opening the session");
+  w->ex = nb_driven_exchange(w->s);
+  if (nb_session_start(w->s) != NB_OK)
+    return nb__wk_fail(w->cluster, w->o->rejoin ? "rejoining" : "starting the session");
+  w->h = nb_driven_hybrid(w->s);
   nb_hybrid_global(w->h, &w->n_params);
   return NB_WORKER_DONE;
 }
 
-/* --resume: the round state saved beside the trainer's checkpoint; --rejoin: a live peer's. */
+/* --resume: the round state saved beside the trainer's checkpoint (the session's own file);
+ * --rejoin: the start pulled a live peer's. */
 static nb_worker_outcome_t nb__wk_restore(nb__wk_t* w) {
   nb_hybrid_t* h = w->h;
   long step = nb_trainer_step(w->t);
   if (w->o->resume && step > 0) {
     snprintf(w->path, sizeof w->path, "%s/hybrid-step-%ld.bin", w->tc->checkpoint_dir, step);
-    if (nb_hybrid_load(h, w->path) != NB_OK)
+    if (nb_session_load(w->s, w->path) != NB_OK)
       return nb__wk_fail(w->cluster, "resuming the round state");
     printf("nebula worker: %s resumes at round %llu (step %ld), theta %016llx\n", w->cluster,
            (unsigned long long)nb_hybrid_rounds(h), nb_trainer_step(w->t),
@@ -539,17 +508,12 @@ static nb_worker_outcome_t nb__wk_restore(nb__wk_t* w) {
   }
   w->rejoined_at = -1;
   if (w->o->rejoin) {
-    const char* from = "?";
-    if (nb__wk_pull_state(w->ex, h, nb_param_RejoinTimeoutS(), 2, &from) != NB_OK)
-      return nb__wk_fail(w->cluster, "rejoining (pulling the global state)");
     w->rejoined_at = (long)nb_hybrid_rounds(h);
     printf("nebula worker: %s rejoined from %s at round %ld (%llu rounds applied), theta %016llx\n",
-           w->cluster, from, w->rejoined_at, (unsigned long long)nb_hybrid_commits(h),
-           (unsigned long long)nb_hybrid_global_hash(h));
+           w->cluster, nb_driven_pulled_from(w->s), w->rejoined_at,
+           (unsigned long long)nb_hybrid_commits(h), (unsigned long long)nb_hybrid_global_hash(h));
     fflush(stdout);
   }
-  if (w->ft && nb__wk_publish(w->ex, h) != NB_OK)
-    return nb__wk_fail(w->cluster, "publishing the global state");
   w->round0 = (long)nb_hybrid_rounds(h);
   return NB_WORKER_DONE;
 }
@@ -624,7 +588,7 @@ static nb_worker_outcome_t nb__wk_open_log(nb__wk_t* w) {
       "steps, density %g %s%s, exchange on port %d\n",
       job->name, w->cluster, w->index, job->n_clusters, w->n_params, w->rounds, hc->inner_steps,
       hc->density, nb_values_name(hc->values), hc->overlap ? ", overlap" : "",
-      w->ex ? nb_exchange_port(w->ex) : 0);
+      w->ex ? nb_session_port(w->s) : 0);
   const nb_wk_ranks_t* rk = &w->ranks;
   if (rk->size > 1)
     printf("nebula worker: %s: %d ranks: data %d x tensor %d x pipeline %d%s\n", w->cluster,
@@ -647,8 +611,7 @@ static nb_worker_outcome_t nb__wk_open_log(nb__wk_t* w) {
 }
 
 static nb_worker_outcome_t nb__wk_connect(nb__wk_t* w) {
-  NB__WK_TRY(nb__wk_exchange_start(w));
-  NB__WK_TRY(nb__wk_hybrid(w));
+  NB__WK_TRY(nb__wk_session(w));
   NB__WK_TRY(nb__wk_restore(w));
   NB__WK_TRY(nb__wk_scheduler(w));
   return nb__wk_open_log(w);
@@ -656,21 +619,12 @@ static nb_worker_outcome_t nb__wk_connect(nb__wk_t* w) {
 
 /* ---- the round loop ------------------------------------------------------------------------- */
 
-/* A peer applied rounds we cannot replay: adopt its state. */
-static nb_worker_outcome_t nb__wk_catch_up(nb__wk_t* w, const char** from) {
-  *from = "?";
-  if (nb__wk_pull_state(w->ex, w->h, nb_param_RoundDeadlineS(), 0, from) != NB_OK)
-    return nb__wk_fail(w->cluster, "catching up (pulling the global state)");
-  w->pulls++;
-  return NB_WORKER_DONE;
-}
-
 /* A checkpoint round with overlap: this round's update lands now (nothing in flight in the
  * state); *skip: it was decided not applied. */
 static nb_worker_outcome_t nb__wk_land_for_checkpoint(nb__wk_t* w, long r, nb_hybrid_round_t* rec,
                                                       int* skip) {
   nb_hybrid_round_t d;
-  if (nb_hybrid_drain(w->h, &d) != NB_OK)
+  if (nb_driven_drain(w->s, &d) != NB_OK)
     return nb__wk_fail(w->cluster, "landing the update before the checkpoint");
   rec->exchange_s += d.exchange_s;
   rec->bytes_sent += d.bytes_sent;
@@ -704,18 +658,15 @@ static nb_worker_outcome_t nb__wk_tally(nb__wk_t* w, long r, nb_hybrid_round_t* 
   if (skip) w->skipped++, *event = "skipped";
   if (rec->caught_up) w->late++, *event = "late";
   if (rec->next_round > rec->round + 1) w->jumps++, *event = "jump";
-  if (rec->need_state) {
-    const char* from;
-    NB__WK_TRY(nb__wk_catch_up(w, &from));
+  if (rec->need_state) { /* the session pulled it (and published ours) */
+    w->pulls++;
     *event = "pulled";
     rec->commits = nb_hybrid_commits(w->h);
     rec->global_hash = nb_hybrid_global_hash(w->h);
     printf("round %llu: behind the other clusters: pulled the global state from %s\n",
-           (unsigned long long)rec->round, from);
+           (unsigned long long)rec->round, nb_driven_pulled_from(w->s));
   }
   if (r == w->round0 && w->rejoined_at >= 0) *event = "rejoined";
-  if (nb__wk_publish(w->ex, w->h) != NB_OK)
-    return nb__wk_fail(w->cluster, "publishing the global state");
   return NB_WORKER_DONE;
 }
 
@@ -785,7 +736,7 @@ static void nb__wk_log(nb__wk_t* w, long r, const nb_hybrid_round_t* rec, const 
         .loss = rec->loss,
         .density = rec->density,
         .wan_sent = w->wan_bytes,
-        .wan_received = w->xctx.received,
+        .wan_received = nb_driven_received(w->s),
         .goodput_Bps = est.goodput_Bps,
         .rtt_s = est.rtt_s,
         .peers = w->n_peers,
@@ -827,7 +778,7 @@ static nb_worker_outcome_t nb__wk_eval_round(nb__wk_t* w, long r) {
 static nb_worker_outcome_t nb__wk_checkpoint(nb__wk_t* w) {
   const char* dir = w->tc->checkpoint_dir;
   snprintf(w->path, sizeof w->path, "%s/hybrid-step-%ld.bin", dir, nb_trainer_step(w->t));
-  if (nb_hybrid_save(w->h, w->path) != NB_OK || nb_wk_ranks_checkpoint(&w->ranks) != NB_OK)
+  if (nb_session_save(w->s, w->path) != NB_OK || nb_wk_ranks_checkpoint(&w->ranks) != NB_OK)
     return nb__wk_fail(w->cluster, "checkpoint");
   nb__wk_prune_states(dir);
   return NB_WORKER_DONE;
@@ -918,7 +869,7 @@ static nb_worker_outcome_t nb__wk_round(nb__wk_t* w, long r) {
   long left = (long)job->training.max_steps - w->steps_done;
   if (w->hc.mode != NB_HYBRID_OUTER && left < w->hc.inner_steps && left > 0)
     nb_hybrid_set_inner_steps(w->h, left); /* in step modes a round only groups the log */
-  if (nb_hybrid_round(w->h, &rec) != NB_OK) return nb__wk_fail(w->cluster, "round");
+  if (nb_driven_round(w->s, &rec) != NB_OK) return nb__wk_fail(w->cluster, "round");
   int every = job->checkpoint.every_rounds;
   int ckpt_now = every > 0 && ((r + 1) % every == 0 || (long)nb_hybrid_rounds(w->h) >= w->rounds);
   int skip = 0;
@@ -940,7 +891,7 @@ static nb_worker_outcome_t nb__wk_round(nb__wk_t* w, long r) {
  * is counted, and a cluster found behind pulls the state before the check. */
 static nb_worker_outcome_t nb__wk_land_last(nb__wk_t* w) {
   nb_hybrid_round_t d;
-  if (nb_hybrid_drain(w->h, &d) != NB_OK) return nb__wk_fail(w->cluster, "landing the last update");
+  if (nb_driven_drain(w->s, &d) != NB_OK) return nb__wk_fail(w->cluster, "landing the last update");
   w->exchange_s += d.exchange_s;
   w->wan_bytes += d.bytes_sent;
   if (d.landed && !d.applied) {
@@ -951,10 +902,10 @@ static nb_worker_outcome_t nb__wk_land_last(nb__wk_t* w) {
         w->prev_r + 1, d.peers_ok, w->n_peers, d.peers_alive, (double)nb_wall_ns() / 1e9);
   }
   if (d.caught_up) w->late++;
-  if (d.need_state) {
-    const char* from;
-    NB__WK_TRY(nb__wk_catch_up(w, &from));
-    printf("end: behind the other clusters: pulled the global state from %s\n", from);
+  if (d.need_state) { /* the session pulled it */
+    w->pulls++;
+    printf("end: behind the other clusters: pulled the global state from %s\n",
+           nb_driven_pulled_from(w->s));
   }
   fflush(stdout);
   return NB_WORKER_DONE;
@@ -1018,7 +969,7 @@ static nb_worker_outcome_t nb__wk_summary(nb__wk_t* w, const nb_train_eval_t* ev
   json_object_set_new(sum, "adaptive", json_boolean(w->adaptive));
   json_object_set(sum, "decisions", w->decisions);
   json_object_set(sum, "evals", w->evals);
-  json_object_set_new(sum, "tls", json_boolean(w->tls != NULL));
+  json_object_set_new(sum, "tls", json_boolean(w->o->pki != NULL));
   json_object_set_new(sum, "sealed", json_boolean(w->have_secret));
   char data_dir[NB_TRAIN_PATH_MAX];
   if (nb_train_config_data_dir(w->tc, data_dir, sizeof data_dir) == NB_OK)
@@ -1044,11 +995,7 @@ static nb_worker_outcome_t nb__wk_finish(nb__wk_t* w) {
   if (!tp && nb_wk_ranks_stop(&w->ranks) != NB_OK)
     return nb__wk_fail(w->cluster, "stopping the ranks");
   if (w->ft && w->hc.overlap) NB__WK_TRY(nb__wk_land_last(w));
-  /* the final check asks a silent peer again on fresh ids: each attempt waits a quarter of the
-   * final wait at most, so that the whole check stays within about the final wait */
-  double fw = w->hc.final_wait_s;
-  if (fw > 0 && w->xctx.deadline_s > fw / 4) w->xctx.deadline_s = fw / 4 > 1 ? fw / 4 : 1;
-  if (nb_hybrid_finish(w->h) != NB_OK) return nb__wk_fail(w->cluster, "final check");
+  if (nb_session_finish(w->s) != NB_OK) return nb__wk_fail(w->cluster, "final check");
   nb_train_eval_t ev;
   double te = nb_now_s();
   if (nb_wk_ranks_eval(&w->ranks, &ev) != NB_OK) return nb__wk_fail(w->cluster, "evaluation");
@@ -1097,9 +1044,7 @@ static void nb__wk_release(nb__wk_t* w, nb_worker_outcome_t rc) {
   json_decref(w->evals);
   json_decref(w->decisions);
   if (w->tsv) fclose(w->tsv);
-  nb_hybrid_destroy(w->h);
-  nb_exchange_destroy(w->ex);
-  nb_tls_destroy(w->tls);
+  nb_session_close(w->s); /* the round state, the exchange and its links */
   nb_trainer_destroy(w->t);
   nb_wk_ranks_release(&w->ranks);
   nb_free(w->tc);

@@ -5,11 +5,12 @@
 # problem; one whose port is taken stops too. The descriptor's spec.clusters[0].metrics.listen
 # does the same (its run ends with the same theta), a taken port in it stops the worker naming
 # the key, and the variable overrides the key. Then a live leader (its metrics from the key):
-# cluster dc-a of a two-cluster
-# job whose dc-b never comes skips both rounds and waits in its final check (NB_FINAL_WAIT_S),
-# serving its metrics meanwhile: a scrape shows round 2 of 2, both rounds skipped, none applied,
-# the peer not alive; and when Debian's prometheus is installed it scrapes that leader every
-# second and the same values come back through its query API. Args: NEBULA DATA_DIR.
+# cluster dc-a of a two-cluster job whose dc-b agrees at the start, then sends nothing (its
+# rounds are 100000 steps long) and is killed: dc-a skips both rounds and waits in its final
+# check (NB_FINAL_WAIT_S), serving its metrics meanwhile: a scrape shows round 2 of 2, both
+# rounds skipped, none applied, the peer not alive; and when Debian's prometheus is installed it
+# scrapes that leader every second and the same values come back through its query API.
+# Args: NEBULA DATA_DIR.
 set -u
 nebula=${1:?usage: worker_metrics.sh NEBULA DATA_DIR}
 data=${2:?usage: worker_metrics.sh NEBULA DATA_DIR}
@@ -18,9 +19,10 @@ bad() { echo "FAIL: $*"; fail=1; }
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/nb_wkm.XXXXXX")
 holder=
 worker=
+peer=
 prom=
 cleanup() {
-  for p in $holder $worker $prom; do
+  for p in $holder $worker $peer $prom; do
     kill "$p" 2>/dev/null && wait "$p" 2>/dev/null
   done
   [ -n "${NB_KEEP:-}" ] && echo "kept $tmp" || rm -rf "$tmp"
@@ -151,13 +153,23 @@ cat > "$tmp/job2.json" <<'JOB'
   "training": {"seed": 5, "batchSize": 4, "maxSteps": 8, "eval": {"everyRounds": 1, "batches": 1}},
   "sync": {"mode": "outer", "innerSteps": 4, "peerTimeoutSeconds": 1}}}
 JOB
-dead=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# dc-b: the same job but rounds of 100000 steps, so that after the start it sends nothing
+sed 's|"maxSteps": 8|"maxSteps": 100000|; s|"innerSteps": 4|"innerSteps": 100000|' \
+  "$tmp/job2.json" >"$tmp/job2b.json"
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+pa=$(free_port)
+pb=$(free_port)
+"$nebula" worker --job "$tmp/job2b.json" --cluster dc-b --out "$tmp/peer" --data-dir "$data" \
+  --insecure --listen "127.0.0.1:$pb" --peer "dc-a=127.0.0.1:$pa" >"$tmp/peer.log" 2>&1 &
+peer=$!
 NB_ROUND_DEADLINE_S=1 NB_FINAL_WAIT_S=600 \
   "$nebula" worker --job "$tmp/job2.json" --cluster dc-a --out "$tmp/live" --data-dir "$data" \
-  --insecure --peer "dc-b=127.0.0.1:$dead" >"$tmp/live.log" 2>&1 &
+  --insecure --listen "127.0.0.1:$pa" --peer "dc-b=127.0.0.1:$pb" >"$tmp/live.log" 2>&1 &
 worker=$!
 mport=
-for _ in $(seq 600); do
+for _ in $(seq 1200); do
   mport=$(sed -n 's|^nebula worker: dc-a metrics at http://127\.0\.0\.1:\([0-9]*\)/metrics$|\1|p' \
     "$tmp/live.log")
   [ -n "$mport" ] && break
@@ -165,6 +177,9 @@ for _ in $(seq 600); do
   sleep 0.1
 done
 [ -n "$mport" ] || bad "the live leader announced no metrics: $(tail -3 "$tmp/live.log")"
+# the start is agreed (dc-a serves its metrics after it): dc-b goes for good
+kill -9 "$peer" 2>/dev/null && wait "$peer" 2>/dev/null
+peer=
 want="nebula_leader_round=2 nebula_leader_rounds=2 nebula_leader_step=8 nebula_leader_max_steps=8
 nebula_leader_rounds_skipped_total=2 nebula_leader_rounds_applied_total=0 nebula_leader_peers=1
 nebula_leader_peers_alive=0 nebula_leader_eval_round=1 nebula_leader_wan_received_bytes_total=0"
