@@ -62,12 +62,12 @@ def host(model):
     return {k: bits(v) for k, v in model.state_dict().items()}
 
 
-def cluster_main(index, dtype, hook, overlap, early, to_parent, from_parent):
+def cluster_main(index, dtype, hook, overlap, early, device, to_parent, from_parent):
     try:
         torch.set_num_threads(1)
         torch.manual_seed(1000 + index)  # different initial weights: start takes cluster 0's
-        model = MLP().to(dtype)
-        x, y = (t.to(dtype) for t in data(index))
+        model = MLP().to(device=device, dtype=dtype)
+        x, y = (t.to(device=device, dtype=dtype) for t in data(index))
         # fp16 Adam needs an eps that fp16 holds (1e-8 is 0 there: a division by zero)
         opt = torch.optim.Adam(model.parameters(), lr=1e-2,
                                eps=1e-4 if dtype == torch.float16 else 1e-8)
@@ -118,7 +118,9 @@ def cluster_main(index, dtype, hook, overlap, early, to_parent, from_parent):
             # and the slower peer's finish would fail (docs/python.md, "Not there yet")
             to_parent.put(("finished", index, None))
             from_parent.get(timeout=TIMEOUT_S)
+            on_device = all(p.device.type == device for p in model.parameters())
             to_parent.put(("done", index, dict(start=start, final=final, loss0=loss0,
+                                               on_device=on_device,
                                                loss1=loss1, infos=infos, staged=staged,
                                                names=[p.name for p in diloco.params],
                                                hash=session.global_hash(),
@@ -127,20 +129,24 @@ def cluster_main(index, dtype, hook, overlap, early, to_parent, from_parent):
         to_parent.put(("error", index, f"{type(e).__name__}: {e}"))
 
 
-def run_pair(test, dtype, hook, overlap=0, early=False):
-    return two_clusters.run(test, cluster_main, (dtype, hook, overlap, early), TIMEOUT_S)
+def run_pair(test, dtype, hook, overlap=0, early=False, device="cpu"):
+    return two_clusters.run(test, cluster_main, (dtype, hook, overlap, early, device), TIMEOUT_S)
 
 
 class DiLoCoTwoClusters(unittest.TestCase):
-    def check(self, dtype, hook, overlap=0, early=False):
-        r = run_pair(self, dtype, hook, overlap, early)
+    def check(self, dtype, hook, overlap=0, early=False, device="cpu"):
+        """Also the body of test_python_torch_gpu's cases (device "cuda": every parameter
+        staged through a pinned host buffer, and still on the GPU at the end)."""
+        r = run_pair(self, dtype, hook, overlap, early, device)
         synced = ["body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias",
                   "head.weight", "head.bias"]
         for i in range(2):
             print(f"{dtype} cluster {i}: loss {r[i]['loss0']:.4f} -> {r[i]['loss1']:.4f} over "
                   f"{r[i]['rounds']} rounds, {r[i]['infos'][-1].bytes_sent} bytes sent last round")
             self.assertEqual(r[i]["names"], synced)  # named_parameters(), trainable only
-            self.assertEqual(r[i]["staged"], synced if dtype == torch.float64 else [])
+            staged = dtype == torch.float64 or device != "cpu"
+            self.assertEqual(r[i]["staged"], synced if staged else [])
+            self.assertTrue(r[i]["on_device"], f"a parameter left {device}")
             self.assertEqual(r[i]["rounds"], ROUNDS)
             self.assertEqual([inf.round for inf in r[i]["infos"]], list(range(ROUNDS)))
             last = r[i]["infos"][-1]
