@@ -1152,30 +1152,30 @@ static void nb__ss_totals(nb_session_t* s, const nb_hybrid_round_t* rec) {
   if (s->ft && rec->caught_up) s->late++;
 }
 
-nb_status_t nb_driven_round(nb_session_t* s, nb_hybrid_round_t* rec) {
-  NB_CHECK(nb__ss_ready(s, "round"));
-  if (!s->driven || !rec) return nb_error(NB_ERR_INVALID, "session: not a driven session");
-  nb_status_t st = nb_hybrid_round(s->h, rec);
+/* After a driven round or drain (st its status): the catch-up and publishing of fault-tolerant
+ * rounds, then the totals; a failure fails the session. */
+static nb_status_t nb__ss_driven_done(nb_session_t* s, nb_status_t st, nb_hybrid_round_t* rec,
+                                      const char* what) {
   if (st == NB_OK && s->ft) st = nb__ss_after_ft(s, rec);
   if (st != NB_OK) {
     s->failed = 1;
-    return nb_error_wrap(st, "session: round %llu", (unsigned long long)nb_hybrid_rounds(s->h));
+    return nb_error_wrap(st, "session: %s %llu", what, (unsigned long long)nb_hybrid_rounds(s->h));
   }
   nb__ss_totals(s, rec);
   return NB_OK;
 }
 
+nb_status_t nb_driven_round(nb_session_t* s, nb_hybrid_round_t* rec) {
+  NB_CHECK(nb__ss_ready(s, "round"));
+  if (!s->driven || !rec) return nb_error(NB_ERR_INVALID, "session: not a driven session");
+  return nb__ss_driven_done(s, nb_hybrid_round(s->h, rec), rec, "round");
+}
+
 nb_status_t nb_driven_drain(nb_session_t* s, nb_hybrid_round_t* rec) {
   NB_CHECK(nb__ss_ready(s, "drain"));
   if (!s->driven || !rec) return nb_error(NB_ERR_INVALID, "session: not a driven session");
-  nb_status_t st = nb_hybrid_drain(s->h, rec);
-  if (st == NB_OK && s->ft) st = nb__ss_after_ft(s, rec);
-  if (st != NB_OK) {
-    s->failed = 1;
-    return nb_error_wrap(st, "session: landing the update in flight");
-  }
-  nb__ss_totals(s, rec);
-  return NB_OK;
+  return nb__ss_driven_done(s, nb_hybrid_drain(s->h, rec), rec,
+                            "landing the update in flight before round");
 }
 
 nb_hybrid_t* nb_driven_hybrid(nb_session_t* s) {

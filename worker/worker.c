@@ -607,10 +607,13 @@ static nb_worker_outcome_t nb__wk_open_log(nb__wk_t* w) {
   w->prev_r = w->round0 - 1;
   w->t_rounds = nb_now_s();
   nb__wk_tensorboard_open(w);
-  return nb__wk_metrics_start(w);
+  return NB_WORKER_DONE;
 }
 
+/* The metrics first: a leader that waits for its peers at the start is seen doing so (round 0,
+ * no peer alive). */
 static nb_worker_outcome_t nb__wk_connect(nb__wk_t* w) {
+  NB__WK_TRY(nb__wk_metrics_start(w));
   NB__WK_TRY(nb__wk_session(w));
   NB__WK_TRY(nb__wk_restore(w));
   NB__WK_TRY(nb__wk_scheduler(w));

@@ -177,7 +177,14 @@ for _ in $(seq 1200); do
   sleep 0.1
 done
 [ -n "$mport" ] || bad "the live leader announced no metrics: $(tail -3 "$tmp/live.log")"
-# the start is agreed (dc-a serves its metrics after it): dc-b goes for good
+# once the start is agreed (dc-a's banner follows it), dc-b goes for good
+for _ in $(seq 1200); do
+  grep -q '^nebula worker: job metrics-2dc, cluster dc-a' "$tmp/live.log" && break
+  kill -0 "$worker" 2>/dev/null || break
+  sleep 0.1
+done
+grep -q '^nebula worker: job metrics-2dc, cluster dc-a' "$tmp/live.log" ||
+  bad "the live leader did not start: $(tail -3 "$tmp/live.log")"
 kill -9 "$peer" 2>/dev/null && wait "$peer" 2>/dev/null
 peer=
 want="nebula_leader_round=2 nebula_leader_rounds=2 nebula_leader_step=8 nebula_leader_max_steps=8

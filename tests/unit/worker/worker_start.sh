@@ -2,8 +2,8 @@
 # The start of `nebula worker` is the public session's (api/driven.h), through the real binary on
 # loopback: two clusters whose models differ (width 32 and 48) both stop at the start, each
 # naming the other cluster and both sizes, and neither trains a round; a cluster whose peer never
-# comes stops after NB_START_TIMEOUT_S naming the peer; two clusters of one job agree and end
-# with one theta (summary.json), their logs without a warning. Args: NEBULA DATA_DIR.
+# comes stops after NB_START_TIMEOUT_S naming the peer (serving its metrics while it waits); two
+# clusters of one job agree and end with one theta (summary.json). Args: NEBULA DATA_DIR.
 set -u
 nebula=${1:?usage: worker_start.sh NEBULA DATA_DIR}
 data=${2:?usage: worker_start.sh NEBULA DATA_DIR}
@@ -65,12 +65,16 @@ nb=$(sed -n 's/.*model has \([0-9]*\) synced parameters here, \([0-9]*\) at.*/\2
 [ -n "$na" ] && [ "$na" = "$nb" ] || bad "the two sides name other sizes: '$na' vs '$nb'"
 
 dead=$(free_port)
-NB_START_TIMEOUT_S=2 "$nebula" worker --job "$tmp/w32.json" --cluster dc-a --out "$tmp/alone" \
-  --data-dir "$data" --insecure --peer "dc-b=127.0.0.1:$dead" >"$tmp/alone.log" 2>&1
+NB_START_TIMEOUT_S=2 NEBULA_METRICS_LISTEN=127.0.0.1:0 "$nebula" worker --job "$tmp/w32.json" \
+  --cluster dc-a --out "$tmp/alone" --data-dir "$data" --insecure \
+  --peer "dc-b=127.0.0.1:$dead" >"$tmp/alone.log" 2>&1
 rc=$?
 [ "$rc" -ne 0 ] || bad "a worker whose peer never comes: exit 0"
 grep -q "peer dc-b has not answered in 2 s" "$tmp/alone.log" ||
   bad "no start timeout named: $(tail -2 "$tmp/alone.log")"
+# its metrics were served while it waited at the start
+grep -Eq '^nebula worker: dc-a metrics at http://127\.0\.0\.1:[1-9][0-9]*/metrics$' \
+  "$tmp/alone.log" || bad "no metrics while waiting at the start: $(head -3 "$tmp/alone.log")"
 
 pair agree "$tmp/w32.json" "$tmp/w32.json"
 [ "$rc_a" -eq 0 ] && [ "$rc_b" -eq 0 ] || bad "one job: exits $rc_a and $rc_b: $(tail -2 "$tmp/agree-a.log")"
