@@ -99,15 +99,12 @@ struct nb_session {
   /* adaptive density (docs/api.md): the scheduler's settings and last decision; the caller's
    * compute is timed from when a call gave it control back (t_ready: start or a round returned;
    * t_begun: round_begin returned) to its next call */
-  int adaptive, have_dec;
-  nb_sched_config_t scfg;
-  nb_sched_decision_t dec;
+  int adaptive;
+  nb_adapt_t ad;   /* the scheduler (api/adapt.h; nebula worker's too) */
   double rate_Bps; /* the operator's cap per link, 0 = none */
   double t_ready, t_begun;
-  /* values "auto": the codec points the scheduler picks from (api/codec_points.h), the one of
-   * our next frame */
+  /* values "auto": the scheduler picks our next frame's codec point (s->ad.codec) */
   int auto_codec;
-  nb_codec_auto_t codec;
   /* a driven session (api/driven.h): the caller's local model with steps, no tensors */
   int driven;
   nb_hybrid_local_t drive;
@@ -331,14 +328,17 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
   s->adaptive = o->adaptive;
   s->rate_Bps = o->rate_mbit * 1e6 / 8;
   if (s->adaptive) {
-    nb_sched_config_default(&s->scfg);
-    s->scfg.density_floor = o->density_min;
-    s->scfg.density_ceiling = o->density_max;
-    s->scfg.initial_density = o->density;
-    s->scfg.max_steps_factor = 1; /* the caller runs its own rounds: never lengthened */
+    nb_sched_config_t* sc = &s->ad.cfg;
+    nb_sched_config_default(sc);
+    sc->density_floor = o->density_min;
+    sc->density_ceiling = o->density_max;
+    sc->initial_density = o->density;
+    sc->max_steps_factor = 1; /* the caller runs its own rounds: never lengthened */
+    s->ad.cap_Bps = s->rate_Bps;
+    s->ad.hint_cap = 1;
     if (hc->density < o->density_min) hc->density = o->density_min; /* the first rounds' */
     if (hc->density > o->density_max) hc->density = o->density_max;
-    NB_CHECK(nb_error_wrap(nb_sched_config_check(&s->scfg), "session: adaptive density"));
+    NB_CHECK(nb_error_wrap(nb_sched_config_check(sc), "session: adaptive density"));
   }
   if (s->auto_codec) {
     if (!s->adaptive)
@@ -347,7 +347,8 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
                       "point each round from the measured link)");
     /* the table measured at the H nearest ours; until the link is measured, the point of
      * fewest bytes, as `nebula worker` starts */
-    nb_codec_auto_init(&s->codec, o->inner_steps, hc);
+    s->ad.auto_codec = 1;
+    nb_codec_auto_init(&s->ad.codec, o->inner_steps, hc);
   }
   return NB_OK;
 }
@@ -1065,28 +1066,28 @@ static void nb__ss_schedule(nb_session_t* s, const nb_hybrid_round_t* rec, doubl
                             int overlap, nb_session_round_t* r) {
   r->next_density = rec->density;
   r->sched = "fixed";
-  r->point = s->auto_codec ? nb_codec_auto_name(&s->codec) : NULL;
+  r->point = s->auto_codec ? nb_codec_auto_name(&s->ad.codec) : NULL;
   if (!s->adaptive || !s->ex) return;
+  uint32_t steps = (uint32_t)(s->inner_steps < UINT32_MAX ? s->inner_steps : UINT32_MAX);
+  nb_adapt_round_t ar = {
+      .round = rec->round,
+      .values = s->hc.values,
+      .topk_chunk = s->hc.topk_chunk,
+      .density = rec->density,
+      .n_params = s->n,
+      .steps = steps,
+      .step_compute_s = compute_s > 0 ? compute_s / (double)steps : 0,
+  };
+  s->ad.cfg.overlap = overlap;
   nb_sched_input_t in;
-  nb_adapt_input(s->ex, rec->round + 1, s->rate_Bps, 1, s->hc.values, rec->density,
-                 s->hc.topk_chunk, s->n, &in);
-  in.steps = (uint32_t)(s->inner_steps < UINT32_MAX ? s->inner_steps : UINT32_MAX);
-  in.step_compute_s = compute_s > 0 ? compute_s / (double)in.steps : 0;
-  nb_sched_config_t cfg = s->scfg;
-  cfg.overlap = overlap;
   nb_sched_decision_t dec;
-  const nb_sched_decision_t* prev = s->have_dec ? &s->dec : NULL;
-  nb_status_t st = s->auto_codec ? nb_codec_auto_pick(&s->codec, &cfg, &in, prev, s->h, &dec)
-                                 : nb_sched_decide(&cfg, &in, prev, &dec);
-  if (st != NB_OK || nb_hybrid_set_density(s->h, dec.density) != NB_OK) {
+  if (nb_adapt_next(&s->ad, s->ex, s->h, &ar, &in, &dec) != NB_OK) {
     NB_WARN("session: adaptive density: %s (the density stays %g)", nb_error_last(), rec->density);
     return;
   }
-  s->dec = dec;
-  s->have_dec = 1;
   r->next_density = dec.density;
   r->sched = nb_sched_reason_name(dec.reason); /* the names the worker logs */
-  r->point = s->auto_codec ? nb_codec_auto_name(&s->codec) : NULL;
+  r->point = s->auto_codec ? nb_codec_auto_name(&s->ad.codec) : NULL;
   char line[512];
   nb_sched_decision_format(&dec, line, sizeof line);
   NB_INFO(TRAIN, "session: %s: %s%s%s", s->cluster_id, line, r->point ? " point=" : "",

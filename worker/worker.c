@@ -122,9 +122,6 @@ static int nb__wk_mkdirs(const char* path) {
 
 /* ---- the run: every phase below shares one nb__wk_t ---------------------------------------- */
 
-/* exchanges the scheduler's measured exchange time is taken over (nb__wk_observe) */
-#define NB__WK_OBS 3
-
 /* What one run holds. The phases fill it in order (set up, connect, rounds, finish) and
  * nb__wk_release frees what it owns. */
 typedef struct {
@@ -157,17 +154,9 @@ typedef struct {
   size_t n_params;
   long rejoined_at, round0, rounds;
   int adaptive;
-  nb_sched_config_t scfg;
-  nb_sched_decision_t prev_dec;
-  int have_dec;
-  /* overlap: the model bytes of round r's message (the decision it was made under) at
-   * [r % 4], and the last NB__WK_OBS exchanges that landed: (seconds, model bytes) */
-  double sent_bytes[4];
-  double obs_s[NB__WK_OBS], obs_bytes[NB__WK_OBS];
-  int n_obs;
-  /* values "auto": the codec points the scheduler picks from, and the one in use */
-  nb_codec_auto_t codec;
-  int auto_codec;
+  /* the scheduler (api/adapt.h; the public session's too), and with values "auto" the codec
+   * points it picks from */
+  nb_adapt_t ad;
   /* the rounds' log and totals */
   FILE* tsv;
   json_t* decisions;
@@ -419,11 +408,11 @@ static nb_worker_outcome_t nb__wk_round_config(nb__wk_t* w, nb_driven_t* d) {
   nb_hybrid_config_from_job(w->job, w->index, hc);
   /* values "auto": the scheduler picks a codec point each round (api/codec_points.h); until
    * it has measured the link, the point of fewest bytes */
-  w->auto_codec = w->job->compression.values == NB_JOB_VALUES_AUTO;
-  if (w->auto_codec) {
-    nb_codec_auto_init(&w->codec, hc->inner_steps, hc);
+  w->ad.auto_codec = w->job->compression.values == NB_JOB_VALUES_AUTO;
+  if (w->ad.auto_codec) {
+    nb_codec_auto_init(&w->ad.codec, hc->inner_steps, hc);
     printf("values auto: %zu codec points, their loss measured at H %ld (this job: H %ld)\n",
-           w->codec.n, w->codec.measured_h, hc->inner_steps);
+           w->ad.codec.n, w->ad.codec.measured_h, hc->inner_steps);
   }
   if (w->job->sync.overlap && hc->mode != NB_HYBRID_OUTER)
     fprintf(stderr, "nebula worker: %s: sync.overlap applies to the outer mode only; ignored\n",
@@ -522,8 +511,13 @@ static nb_worker_outcome_t nb__wk_restore(nb__wk_t* w) {
  * with: frames may be too small to measure the link (inter/link.h). */
 static nb_worker_outcome_t nb__wk_scheduler(nb__wk_t* w) {
   w->adaptive = w->job->compression.adaptive && w->ex != NULL && w->hc.mode == NB_HYBRID_OUTER;
-  nb_sched_config_from_job(w->job, &w->scfg);
-  if (w->adaptive && nb_sched_config_check(&w->scfg) != NB_OK)
+  nb_sched_config_from_job(w->job, &w->ad.cfg);
+  /* with values "auto", until a transfer large enough to measure has crossed, 90 % of the
+   * link's rate is the estimate, so that the point and the landing step fit the link from the
+   * second round on */
+  w->ad.cap_Bps = w->job->link.rate_mbit * 1e6 / 8;
+  w->ad.hint_cap = w->ad.auto_codec;
+  if (w->adaptive && nb_sched_config_check(&w->ad.cfg) != NB_OK)
     return nb__wk_fail(w->cluster, "compression settings for the scheduler");
   if (w->adaptive && nb_adapt_probes_start(w->ex) != NB_OK)
     return nb__wk_fail(w->cluster, "starting the link probe");
@@ -804,59 +798,31 @@ static json_t* nb__wk_decision_json(long r, const nb_sched_input_t* in,
   return d;
 }
 
-/* The scheduler's measured exchange (nb_sched_input_t.observed_*): the slowest of the last
- * NB__WK_OBS that landed, for the smallest frame among them. Records round r's landing first. */
-static void nb__wk_observe(nb__wk_t* w, long r, const nb_hybrid_round_t* rec,
-                           nb_sched_input_t* in) {
-  double b = r >= 1 ? w->sent_bytes[(r - 1) % 4] : 0; /* round r lands round r - 1's message */
-  if (rec->exchange_took_s > 0 && b > 0) {
-    memmove(w->obs_s + 1, w->obs_s, (NB__WK_OBS - 1) * sizeof(double));
-    memmove(w->obs_bytes + 1, w->obs_bytes, (NB__WK_OBS - 1) * sizeof(double));
-    w->obs_s[0] = rec->exchange_took_s;
-    w->obs_bytes[0] = b;
-    if (w->n_obs < NB__WK_OBS) w->n_obs++;
-  }
-  if (w->n_obs < NB__WK_OBS) return;
-  in->observed_s = 0;
-  in->observed_bytes = INFINITY;
-  for (int i = 0; i < NB__WK_OBS; i++) {
-    if (w->obs_s[i] > in->observed_s) in->observed_s = w->obs_s[i];
-    if (w->obs_bytes[i] < in->observed_bytes) in->observed_bytes = w->obs_bytes[i];
-  }
-}
-
 /* The next round's density (and length) from the measured link and compute. */
 static nb_worker_outcome_t nb__wk_schedule(nb__wk_t* w, long r, const nb_hybrid_round_t* rec) {
   const nb_hybrid_config_t* hc = &w->hc;
-  /* with values "auto", until a transfer large enough to measure has crossed, 90 % of the
-   * link's rate is the estimate, so that the point and the landing step fit the link from the
-   * second round on */
-  nb_sched_input_t in;
-  nb_adapt_input(w->ex, (uint64_t)r + 1, w->job->link.rate_mbit * 1e6 / 8, w->auto_codec,
-                 hc->values, rec->density, hc->topk_chunk, w->n_params, &in);
-  in.step_compute_s = rec->steps > 0 ? rec->compute_s / (double)rec->steps : 0;
-  in.steps = (uint32_t)hc->inner_steps;
-  in.round_s = hc->round_seconds;
+  nb_adapt_round_t ar = {
+      .round = (uint64_t)r,
+      .values = hc->values,
+      .topk_chunk = hc->topk_chunk,
+      .density = rec->density,
+      .n_params = w->n_params,
+      .steps = (uint32_t)hc->inner_steps,
+      .step_compute_s = rec->steps > 0 ? rec->compute_s / (double)rec->steps : 0,
+      .round_s = hc->round_seconds,
+      .exchange_took_s = rec->exchange_took_s,
+      .set_steps = 1,
+  };
   /* with overlap the update lands tau steps into the next round: only those hide it */
   if (hc->overlap && hc->overlap_steps > 0)
-    in.hide_steps = (uint32_t)(hc->overlap_steps < UINT32_MAX ? hc->overlap_steps : UINT32_MAX);
-  if (hc->overlap) nb__wk_observe(w, r, rec, &in);
+    ar.hide_steps = (uint32_t)(hc->overlap_steps < UINT32_MAX ? hc->overlap_steps : UINT32_MAX);
+  nb_sched_input_t in;
   nb_sched_decision_t dec;
-  const nb_sched_decision_t* prev = w->have_dec ? &w->prev_dec : NULL;
-  nb_status_t sst = w->auto_codec ? nb_codec_auto_pick(&w->codec, &w->scfg, &in, prev, w->h, &dec)
-                                  : nb_sched_decide(&w->scfg, &in, prev, &dec);
-  if (sst != NB_OK || nb_hybrid_set_density(w->h, dec.density) != NB_OK ||
-      nb_hybrid_set_inner_steps(w->h, (long)dec.steps) != NB_OK ||
-      (in.hide_steps > 0 &&
-       nb_hybrid_set_overlap_steps(
-           w->h, dec.hide_steps > 0 ? (long)dec.hide_steps : (long)dec.steps) != NB_OK))
+  if (nb_adapt_next(&w->ad, w->ex, w->h, &ar, &in, &dec) != NB_OK)
     return nb__wk_fail(w->cluster, "scheduler");
-  w->prev_dec = dec;
-  w->have_dec = 1;
-  w->sent_bytes[(r + 1) % 4] = dec.bytes; /* round r + 1's message */
   char line[512];
   nb_sched_decision_format(&dec, line, sizeof line);
-  const char* point = w->auto_codec ? nb_codec_auto_name(&w->codec) : NULL;
+  const char* point = w->ad.auto_codec ? nb_codec_auto_name(&w->ad.codec) : NULL;
   printf("%s%s%s\n", line, point ? " point=" : "", point ? point : "");
   json_t* d = nb__wk_decision_json(r, &in, &dec);
   if (point) json_object_set_new(d, "point", json_string(point));
