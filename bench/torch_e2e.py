@@ -94,8 +94,12 @@ def run_nebula(a, seed: int, out: str, env: dict, netns: bool,
                         (["--land-early"] if a.land_early else []) + model_args(a, seed)},
             "sync": {"innerSteps": a.sync_every, "eager": not a.no_eager,
                      "outer": {"lr": a.outer_lr, "momentum": a.outer_momentum}},
+            # the point given, every round: the descriptor's default adaptive density would
+            # let the scheduler move it (with blocking rounds of a fraction of a second, whose
+            # budget one round trip fills, to its floor)
             "compression": {"density": {"initial": a.density, "max": a.density},
-                            "values": a.values, "topkChunk": a.topk_chunk},
+                            "adaptive": False, "values": a.values,
+                            "topkChunk": a.topk_chunk},
             "link": {"rateMbit": rate, "delayMs": a.delay_ms if netns else 0},
         },
     }
