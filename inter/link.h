@@ -262,7 +262,6 @@ nb_status_t nb_link_rx_peer(nb_link_rx_t* rx, const char* peer, nb_link_rx_peer_
  * 0 when none: a sender already past the round we wait for will not send it. Thread-safe. */
 uint64_t nb_link_rx_newest(nb_link_rx_t* rx, const char* sender);
 
-
 /* Wakes every nb_link_rx_take with NB_ERR_CANCELLED (shutdown). Thread-safe. */
 void nb_link_rx_cancel(nb_link_rx_t* rx);
 
