@@ -103,8 +103,6 @@ struct nb_session {
   nb_adapt_t ad;   /* the scheduler (api/adapt.h; nebula worker's too) */
   double rate_Bps; /* the operator's cap per link, 0 = none */
   double t_ready, t_begun;
-  /* values "auto": the scheduler picks our next frame's codec point (s->ad.codec) */
-  int auto_codec;
   /* a driven session (api/driven.h): the caller's local model with steps, no tensors */
   int driven;
   nb_hybrid_local_t drive;
@@ -260,8 +258,9 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
   hc->density = o->density;
   hc->error_feedback = o->error_feedback ? 1 : 0;
   hc->norm_bound = o->update_norm_bound;
-  s->auto_codec = o->values && strcmp(o->values, "auto") == 0;
-  if (o->values && !s->auto_codec)
+  /* values "auto": the scheduler picks our next frame's codec point (s->ad.codec) */
+  s->ad.auto_codec = o->values && strcmp(o->values, "auto") == 0;
+  if (o->values && !s->ad.auto_codec)
     NB_CHECK(nb_error_wrap(nb_values_parse(o->values, &hc->values), "session: values"));
   if (!(o->error_feedback_decay > 0 && o->error_feedback_decay <= 1))
     return nb_error(NB_ERR_CONFIG, "session: error_feedback_decay %g outside (0, 1] (1: no decay)",
@@ -340,14 +339,13 @@ static nb_status_t nb__ss_config(nb_session_t* s, const nb_session_options_t* o)
     if (hc->density > o->density_max) hc->density = o->density_max;
     NB_CHECK(nb_error_wrap(nb_sched_config_check(sc), "session: adaptive density"));
   }
-  if (s->auto_codec) {
+  if (s->ad.auto_codec) {
     if (!s->adaptive)
       return nb_error(NB_ERR_CONFIG,
                       "session: values \"auto\" needs adaptive 1 (the scheduler picks the codec "
                       "point each round from the measured link)");
     /* the table measured at the H nearest ours; until the link is measured, the point of
      * fewest bytes, as `nebula worker` starts */
-    s->ad.auto_codec = 1;
     nb_codec_auto_init(&s->ad.codec, o->inner_steps, hc);
   }
   return NB_OK;
@@ -383,7 +381,7 @@ static nb_status_t nb__ss_open(const nb_session_options_t* o, const nb_driven_t*
       st = nb_error(NB_ERR_CONFIG, "session: the driven round's config differs from the options");
       goto fail;
     }
-    if (o->adaptive || s->auto_codec || (o->progress_file && o->progress_file[0]) ||
+    if (o->adaptive || s->ad.auto_codec || (o->progress_file && o->progress_file[0]) ||
         (o->metrics_listen && o->metrics_listen[0])) {
       st = nb_error(NB_ERR_CONFIG,
                     "session: a driven session schedules, reports and serves metrics itself "
@@ -1066,7 +1064,7 @@ static void nb__ss_schedule(nb_session_t* s, const nb_hybrid_round_t* rec, doubl
                             int overlap, nb_session_round_t* r) {
   r->next_density = rec->density;
   r->sched = "fixed";
-  r->point = s->auto_codec ? nb_codec_auto_name(&s->ad.codec) : NULL;
+  r->point = s->ad.auto_codec ? nb_codec_auto_name(&s->ad.codec) : NULL;
   if (!s->adaptive || !s->ex) return;
   uint32_t steps = (uint32_t)(s->inner_steps < UINT32_MAX ? s->inner_steps : UINT32_MAX);
   nb_adapt_round_t ar = {
@@ -1087,7 +1085,7 @@ static void nb__ss_schedule(nb_session_t* s, const nb_hybrid_round_t* rec, doubl
   }
   r->next_density = dec.density;
   r->sched = nb_sched_reason_name(dec.reason); /* the names the worker logs */
-  r->point = s->auto_codec ? nb_codec_auto_name(&s->ad.codec) : NULL;
+  r->point = s->ad.auto_codec ? nb_codec_auto_name(&s->ad.codec) : NULL;
   char line[512];
   nb_sched_decision_format(&dec, line, sizeof line);
   NB_INFO(TRAIN, "session: %s: %s%s%s", s->cluster_id, line, r->point ? " point=" : "",
@@ -1145,16 +1143,9 @@ static nb_status_t nb__ss_after_ft(nb_session_t* s, nb_hybrid_round_t* rec) {
   return nb__ss_publish(s);
 }
 
-/* The figures of a driven round: the totals the metrics keep, nothing else (the caller reports). */
-static void nb__ss_totals(nb_session_t* s, const nb_hybrid_round_t* rec) {
-  s->wan_sent += rec->bytes_sent;
-  s->exchange_total_s += rec->exchange_s;
-  if (s->ft && rec->landed && !rec->applied) s->skipped++;
-  if (s->ft && rec->caught_up) s->late++;
-}
-
 /* After a driven round or drain (st its status): the catch-up and publishing of fault-tolerant
- * rounds, then the totals; a failure fails the session. */
+ * rounds; a failure fails the session. (The round's figures are the caller's: a driven session
+ * serves no metrics.) */
 static nb_status_t nb__ss_driven_done(nb_session_t* s, nb_status_t st, nb_hybrid_round_t* rec,
                                       const char* what) {
   if (st == NB_OK && s->ft) st = nb__ss_after_ft(s, rec);
@@ -1162,7 +1153,6 @@ static nb_status_t nb__ss_driven_done(nb_session_t* s, nb_status_t st, nb_hybrid
     s->failed = 1;
     return nb_error_wrap(st, "session: %s %llu", what, (unsigned long long)nb_hybrid_rounds(s->h));
   }
-  nb__ss_totals(s, rec);
   return NB_OK;
 }
 

@@ -106,7 +106,6 @@ def cluster_main(index, dtype, hook, overlap, early, device, to_parent, from_par
                     info = diloco.last_round if hook else diloco.step(samples=BATCH)
                     if info is not None and (not infos or info is not infos[-1]):
                         landed.append(diloco.landed_after)
-                    if info is not None and (not infos or info is not infos[-1]):
                         infos.append(info)
                 if overlap:  # the last round lands in finish (the with block's end)
                     diloco.finish()
